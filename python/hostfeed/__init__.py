@@ -1,0 +1,78 @@
+"""hostfeed: JAX host callbacks (``id_tap``, ``id_print``, ``barrier_wait``) for current
+JAX, with the receiving side in Rust.
+
+Use it as ``from hostfeed import host_callback as hcb``, or call :func:`install` once so
+that legacy code's ``from jax.experimental import host_callback`` gets hostfeed.
+"""
+from __future__ import annotations
+
+import sys
+from importlib.metadata import PackageNotFoundError, version as _version
+from typing import Any, Optional
+
+from . import _compat  # noqa: F401  (checks the JAX version first)
+from . import host_callback, receiver, _receiver
+from .host_callback import (CallbackException, TapFunctionException, barrier_wait, id_print,
+                            id_tap, stop_outfeed_receiver)
+
+try:
+    __version__ = _version("hostfeed")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0.0.0"
+
+__all__ = [
+    "host_callback", "install", "id_tap", "id_print", "barrier_wait",
+    "stop_outfeed_receiver", "CallbackException", "TapFunctionException",
+    "start_receiver", "receiver_stats", "__version__",
+]
+
+
+def install() -> None:
+    """Makes ``jax.experimental.host_callback`` refer to ``hostfeed.host_callback``.
+
+    After this, legacy code runs unchanged:
+
+    Example:
+        >>> import hostfeed; hostfeed.install()
+        >>> from jax.experimental import host_callback as hcb
+        >>> hcb.id_tap is hostfeed.id_tap
+        True
+    """
+    import jax.experimental
+
+    sys.modules["jax.experimental.host_callback"] = host_callback
+    setattr(jax.experimental, "host_callback", host_callback)
+
+
+def start_receiver(*, max_queue_byte_size: Optional[int] = None) -> None:
+    """Starts the receiver now (it otherwise starts lazily) and/or sets its byte bound.
+
+    Args:
+      max_queue_byte_size: bytes of tapped data that may wait for the host before devices
+        pause; overrides ``JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE``. Takes effect at once.
+
+    Example:
+        >>> import hostfeed
+        >>> hostfeed.start_receiver(max_queue_byte_size=64 << 20)
+        >>> hostfeed.receiver_stats()["max_queue_bytes"]
+        67108864
+        >>> hostfeed.start_receiver(max_queue_byte_size=256_000_000)
+    """
+    if max_queue_byte_size is not None:
+        if isinstance(max_queue_byte_size, bool) or int(max_queue_byte_size) <= 0:
+            raise ValueError(
+                f"max_queue_byte_size must be a positive int, got {max_queue_byte_size!r}")
+        max_queue_byte_size = int(max_queue_byte_size)
+    receiver.ensure_started(max_queue_byte_size)
+
+
+def receiver_stats() -> dict[str, Any]:
+    """Counters of the receiver: messages and bytes enqueued/processed, current and peak
+    queued bytes, time producers spent blocked on a full queue, and the bound.
+
+    Example:
+        >>> import hostfeed
+        >>> sorted(hostfeed.receiver_stats())[:3]
+        ['bytes_enqueued', 'bytes_processed', 'max_queue_bytes']
+    """
+    return dict(_receiver.stats())

@@ -1,0 +1,65 @@
+"""The one place hostfeed imports JAX internals (``jax._src``), gated on the JAX version.
+
+Everything else in hostfeed imports from here, so a JAX release that moves an internal
+needs a fix in this file only.
+"""
+from __future__ import annotations
+
+import jax
+
+SUPPORTED = ((0, 10), (0, 11))  # [lowest, highest) as (major, minor)
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def check_jax_version(version: str = jax.__version__) -> None:
+    """Raises ImportError with an actionable message if ``version`` is unsupported.
+
+    Example:
+        >>> check_jax_version("0.10.2")
+    """
+    v = _version_tuple(version)[:2]
+    lo, hi = SUPPORTED
+    if not (lo <= v < hi):
+        raise ImportError(
+            f"hostfeed 0.1 supports jax {lo[0]}.{lo[1]}.x; found jax {version}. "
+            f"Install a supported version with: pip install 'jax>={lo[0]}.{lo[1]},"
+            f"<{hi[0]}.{hi[1]}' 'jaxlib>={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]}'"
+        )
+
+
+check_jax_version()
+
+# Internals used by hostfeed; jax 0.10.x layout.
+from jax._src import core  # noqa: E402
+from jax._src import dispatch  # noqa: E402
+from jax._src import effects  # noqa: E402
+from jax._src import ffi as _ffi  # noqa: E402
+from jax._src.interpreters import mlir  # noqa: E402
+
+Primitive = core.Primitive
+abstract_token = core.abstract_token
+apply_primitive = dispatch.apply_primitive
+Effect = effects.Effect
+build_ffi_lowering_function = _ffi.build_ffi_lowering_function
+register_lowering = mlir.register_lowering
+
+EFFECT_SETS = (
+    effects.ordered_effects,
+    effects.lowerable_effects,
+    effects.control_flow_allowed_effects,
+    effects.shardable_ordered_effects,
+    effects.remat_allowed_effects,
+    effects.custom_derivatives_allowed_effects,
+)
+
+
+def is_tracer(x: object) -> bool:
+    """Whether ``x`` is a JAX tracer (abstract value under a transformation)."""
+    return isinstance(x, core.Tracer)

@@ -1,0 +1,236 @@
+"""Host callbacks for JAX: a drop-in for the removed ``jax.experimental.host_callback``.
+
+``id_tap(tap_func, arg)`` behaves like the identity on ``arg`` and, as a side effect, calls
+``tap_func(arg, transforms)`` on the host with the runtime value of ``arg`` as numpy
+arrays. ``id_print`` is ``id_tap`` with a printing function. Taps work eagerly and under
+``jax.jit``, nested jit, ``lax.cond``, ``lax.while_loop`` (body and predicate),
+``lax.scan`` and ``lax.fori_loop``, and run in program order.
+
+How it works: the device side only copies the tapped arrays into a byte-bounded queue in
+Rust; a consumer thread then calls your Python functions, in order. So taps are
+asynchronous: use :func:`barrier_wait` to wait until every tap of the computations
+dispatched so far has been processed. Exceptions raised by tap functions are logged with
+their traceback, the receiver keeps going, and the next :func:`barrier_wait` raises
+:class:`CallbackException` carrying the last one.
+
+Environment variables (the legacy names):
+
+* ``JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE`` (default ``256e6``): bytes of tapped data that
+  may wait for the host; when the queue is full, devices pause until callbacks catch up.
+* ``JAX_HOST_CALLBACK_INLINE=1``: outside of ``jit`` and control flow, run tap functions
+  inline in the calling thread (so their exceptions propagate with your stack).
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from hostfeed import host_callback as hcb
+    >>> seen = []
+    >>> @jax.jit
+    ... def f(x):
+    ...     y = hcb.id_tap(lambda v, transforms: seen.append(v.tolist()), x * 2)
+    ...     return y + 1
+    >>> f(jnp.arange(3.)).tolist()
+    [1.0, 3.0, 5.0]
+    >>> hcb.barrier_wait()
+    >>> seen
+    [[0.0, 2.0, 4.0]]
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional, TypeVar
+
+import jax
+import numpy as np
+
+from . import _compat, _receiver, receiver
+from .primitives import CallbackSpec, outside_call_p
+from .printing import print_tap_func
+from . import lowering as _lowering  # noqa: F401  (registers the lowering and FFI target)
+
+__all__ = [
+    "id_tap", "id_print", "barrier_wait", "stop_outfeed_receiver",
+    "CallbackException", "TapFunctionException",
+]
+
+T = TypeVar("T")
+
+
+class CallbackException(Exception):
+    """Signals that some host callback raised; raised by :func:`barrier_wait`.
+
+    The message includes the text and traceback of the last exception, which is also
+    chained as ``__cause__``.
+
+    Example:
+        >>> issubclass(CallbackException, Exception)
+        True
+    """
+
+
+TapFunctionException = CallbackException  # legacy alias
+
+
+def _check_callable(func: Any, what: str) -> None:
+    if not callable(func):
+        raise TypeError(f"{what} must be callable, got {type(func).__name__}: {func!r}")
+
+
+def _check_leaves(leaves: list, api: str, what: str) -> list:
+    out = []
+    for i, x in enumerate(leaves):
+        if _compat.is_tracer(x) or isinstance(x, jax.Array):
+            dtype = x.dtype
+        elif isinstance(x, (np.ndarray, np.generic)):
+            dtype = x.dtype
+        elif isinstance(x, (bool, int, float, complex)):
+            x = jax.numpy.asarray(x)
+            dtype = x.dtype
+        elif hasattr(x, "__jax_array__"):
+            x = x.__jax_array__()
+            dtype = x.dtype
+        else:
+            raise TypeError(
+                f"{api}: leaf {i} of `{what}` has type {type(x).__name__}, which is not a JAX "
+                f"type; pass arrays, numpy values or Python scalars (wrap other data in a "
+                f"closure of the tap function instead)")
+        if np.dtype(dtype) not in receiver.SUPPORTED_DTYPES:
+            raise TypeError(
+                f"{api}: leaf {i} of `{what}` has dtype {dtype}, which hostfeed cannot transfer "
+                f"to the host. Supported: bool, (u)int8-64, float16/bfloat16/32/64, "
+                f"complex64/128 and the float8 types; cast first, e.g. x.astype(jnp.int8)")
+        out.append(x)
+    return out
+
+
+def _check_device_index(device_index: Any, api: str) -> int:
+    if isinstance(device_index, bool) or not isinstance(device_index, (int, np.integer)) \
+            or device_index < 0:
+        raise ValueError(f"{api}: device_index must be a non-negative int, got {device_index!r}")
+    return int(device_index)
+
+
+def id_tap(tap_func: Callable, arg: T, *, result: Any = None, tap_with_device: bool = False,
+           device_index: int = 0) -> Any:
+    """Identity on ``arg`` that also calls ``tap_func(arg, transforms)`` on the host.
+
+    Args:
+      tap_func: called as ``tap_func(arg, transforms)`` with ``arg`` as a pytree of numpy
+        arrays and ``transforms`` a tuple of ``(name, params)`` pairs describing the JAX
+        transformations applied (empty when none). With ``tap_with_device=True`` it is
+        called as ``tap_func(arg, transforms, device=dev)``. Its return value is ignored.
+      arg: a pytree of JAX arrays, numpy values or Python scalars to send to the host.
+      result: if given, the return value of ``id_tap`` (not sent to the host); the tap
+        still runs even if only ``result`` is used, or nothing at all.
+      tap_with_device: pass the originating ``jax.Device`` as the ``device`` keyword.
+      device_index: under global-view sharding, which device of the computation collects
+        the operand and runs the callback (the JAX 0.4.x keyword; default 0).
+
+    Returns:
+      ``arg``, or ``result`` if given.
+
+    Raises:
+      TypeError: ``tap_func`` is not callable, or a leaf is not a transferable JAX value.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from hostfeed import host_callback as hcb
+        >>> got = []
+        >>> y = hcb.id_tap(lambda a, tr: got.append(a), jnp.float32(2.), result=jnp.int32(1))
+        >>> hcb.barrier_wait(); (int(y), float(got[0]))
+        (1, 2.0)
+    """
+    _check_callable(tap_func, "id_tap: tap_func")
+    device_index = _check_device_index(device_index, "id_tap")
+    flat_args, arg_treedef = jax.tree_util.tree_flatten(arg)
+    flat_args = _check_leaves(flat_args, "id_tap", "arg")
+    if result is not None:
+        flat_results, result_treedef = jax.tree_util.tree_flatten(result)
+        flat_results = _check_leaves(flat_results, "id_tap", "result")
+    else:
+        flat_results, result_treedef = [], None
+    spec = CallbackSpec(tap_func, arg_treedef, tap_with_device, "tap")
+    outs = outside_call_p.bind(*flat_args, *flat_results, callback=spec,
+                               nr_tapped_args=len(flat_args), transforms=(),
+                               device_index=device_index)
+    if result_treedef is None:
+        return arg_treedef.unflatten(outs[:len(flat_args)])
+    return result_treedef.unflatten(outs[len(flat_args):])
+
+
+def id_print(arg: T, *, result: Any = None, tap_with_device: bool = False,
+             device_index: int = 0, output_stream: Any = None,
+             threshold: Optional[int] = None, **kwargs: Any) -> Any:
+    """Like :func:`id_tap` with a tap function that prints ``arg`` on the host.
+
+    Each print shows the ``kwargs`` first (sorted by key, as ``key: value``), together with
+    the transforms and, with ``tap_with_device=True``, the device; then ``arg``, with arrays
+    formatted by ``numpy.array2string`` (``threshold`` is passed to it). ``output_stream``,
+    if given, receives ``output_stream.write(s)`` instead of ``print``.
+
+    Example:
+        >>> import io, jax.numpy as jnp
+        >>> from hostfeed import host_callback as hcb
+        >>> s = io.StringIO()
+        >>> _ = hcb.id_print((jnp.float32(3.), jnp.float32(9.)), what="x,x^2", output_stream=s)
+        >>> hcb.barrier_wait(); print(s.getvalue(), end="")
+        what: x,x^2
+        ( 3.
+          9. )
+    """
+    printer = functools.partial(print_tap_func, output_stream=output_stream,
+                                threshold=threshold, **kwargs)
+    return id_tap(printer, arg, result=result, tap_with_device=tap_with_device,
+                  device_index=device_index)
+
+
+def barrier_wait(logging_name: Optional[str] = None, *, timeout: Optional[float] = None) -> None:
+    """Blocks until every callback of the computations dispatched so far has run.
+
+    Waits for dispatched computations to finish sending, then for the receiver to process
+    everything they sent. The GIL is released while waiting.
+
+    Args:
+      logging_name: a name used in the debug log for this wait.
+      timeout: seconds to wait at most (None: no limit); past it ``TimeoutError`` is raised.
+
+    Raises:
+      CallbackException: a host callback raised since the last ``barrier_wait``; carries
+        the last such exception (as ``__cause__``) and its formatted traceback.
+      RuntimeError: called from inside a host callback, where it would deadlock.
+
+    Example:
+        >>> from hostfeed import host_callback as hcb
+        >>> hcb.barrier_wait("after_step")
+    """
+    if _receiver.in_callback_thread():
+        raise _receiver.CallbackContextError(
+            "hostfeed: barrier_wait was called from inside a host callback; it waits for the "
+            "callback thread itself and would deadlock. Call it from the main program instead")
+    receiver.logger.debug("barrier_wait[%s]: start", logging_name or "")
+    if receiver.is_configured():
+        jax.effects_barrier()
+        _receiver.barrier(timeout)
+    receiver.logger.debug("barrier_wait[%s]: done", logging_name or "")
+    last = receiver.take_last_exception()
+    if last is not None:
+        exc, formatted = last
+        raise CallbackException(
+            "There were exceptions during callback processing. "
+            f"Last one was: {formatted}") from exc
+
+
+def stop_outfeed_receiver() -> None:
+    """Processes everything already sent, then stops the receiver's consumer thread.
+
+    The receiver restarts by itself the next time a host callback is used (including by
+    already-compiled functions). Exceptions recorded from callbacks are kept for the next
+    :func:`barrier_wait`.
+
+    Example:
+        >>> from hostfeed import host_callback as hcb
+        >>> hcb.stop_outfeed_receiver()
+    """
+    if receiver.is_configured():
+        if not _receiver.in_callback_thread():
+            jax.effects_barrier()
+        _receiver.stop()

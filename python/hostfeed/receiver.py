@@ -1,0 +1,171 @@
+"""Python side of the native receiver (``hostfeed._receiver``).
+
+Owns the consumer-id registry (which Python callable a custom call's ``consumer_id``
+refers to), the dispatcher the Rust consumer thread calls with batches of messages, the
+record of the last callback exception, lazy start and the ``atexit`` drain.
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import os
+import threading
+import traceback
+from typing import Any, Callable, Sequence
+
+import jax
+import ml_dtypes
+import numpy as np
+
+from . import _receiver
+
+logger = logging.getLogger("hostfeed")
+
+MAX_QUEUE_ENV = "JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE"
+
+# XLA_FFI_DataType code -> numpy scalar type, for every dtype hostfeed transfers.
+_XLA_DTYPES: dict[int, Any] = {
+    1: np.bool_, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64,
+    6: np.uint8, 7: np.uint16, 8: np.uint32, 9: np.uint64,
+    10: np.float16, 11: np.float32, 12: np.float64, 16: ml_dtypes.bfloat16,
+    15: np.complex64, 18: np.complex128,
+}
+for _code, _name in ((19, "float8_e5m2"), (20, "float8_e4m3fn"), (23, "float8_e4m3b11fnuz"),
+                     (24, "float8_e5m2fnuz"), (25, "float8_e4m3fnuz"), (28, "float8_e4m3"),
+                     (29, "float8_e3m4"), (33, "float8_e8m0fnu")):
+    if hasattr(ml_dtypes, _name):
+        _XLA_DTYPES[_code] = getattr(ml_dtypes, _name)
+
+#: numpy dtypes that taps can carry.
+SUPPORTED_DTYPES: frozenset[np.dtype] = frozenset(np.dtype(t) for t in _XLA_DTYPES.values())
+
+
+def max_queue_bytes_from_env() -> int | None:
+    """The byte bound set by ``JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE``, or None if unset.
+
+    Accepts integers and float notation (``256e6``), as the legacy flag did.
+
+    Example:
+        >>> import os
+        >>> os.environ.pop(MAX_QUEUE_ENV, None) and None
+        >>> max_queue_bytes_from_env() is None
+        True
+    """
+    text = os.environ.get(MAX_QUEUE_ENV)
+    if text is None or not text.strip():
+        return None
+    try:
+        value = int(float(text))
+    except ValueError:
+        raise ValueError(
+            f"{MAX_QUEUE_ENV}={text!r} is not a number of bytes; use e.g. 256e6") from None
+    if value <= 0:
+        raise ValueError(f"{MAX_QUEUE_ENV}={text!r} must be a positive number of bytes")
+    return value
+
+
+class _Entry:
+    """A registered consumer: the user's callable plus how to call it."""
+
+    __slots__ = ("invoke", "name")
+
+    def __init__(self, invoke: Callable[[Sequence[np.ndarray], int], None], name: str):
+        self.invoke = invoke
+        self.name = name
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        # Index = consumer id; id 0 is reserved. Entries live for the whole process because
+        # compiled executables embed their ids.
+        self.entries: list[_Entry | None] = [None]
+        self.ids: dict[Any, int] = {}
+        self.last_exception: tuple[BaseException, str] | None = None
+        self.configured = False
+        self.atexit_registered = False
+
+
+_state = _State()
+
+
+def register(key: Any, invoke: Callable[[Sequence[np.ndarray], int], None], name: str) -> int:
+    """Returns the consumer id for ``key``, registering ``invoke`` under it if new."""
+    with _state.lock:
+        cid = _state.ids.get(key)
+        if cid is None:
+            cid = len(_state.entries)
+            _state.entries.append(_Entry(invoke, name))
+            _state.ids[key] = cid
+        return cid
+
+
+def record_exception(exc: BaseException, where: str) -> None:
+    """Logs ``exc`` with its traceback and keeps it for the next ``barrier_wait``."""
+    formatted = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    logger.error("hostfeed: postponing exception raised in %s:\n%s", where, formatted)
+    _state.last_exception = (exc, formatted)
+
+
+def take_last_exception() -> tuple[BaseException, str] | None:
+    """Returns and clears the recorded callback exception."""
+    exc, _state.last_exception = _state.last_exception, None
+    return exc
+
+
+def _dispatch(batch: list[tuple[int, int, int, tuple[np.ndarray, ...]]]) -> None:
+    # Runs on the consumer thread, with the GIL, for a batch of messages in queue order.
+    entries = _state.entries
+    for cid, ordinal, _flags, arrays in batch:
+        entry = entries[cid]
+        try:
+            entry.invoke(arrays, ordinal)  # type: ignore[union-attr]
+        except Exception as exc:  # noqa: BLE001 - recorded and re-raised by barrier_wait
+            record_exception(exc, f"host callback {entry.name if entry else cid}")
+
+
+@functools.lru_cache(maxsize=None)
+def device_for_ordinal(ordinal: int) -> jax.Device:
+    """The local ``jax.Device`` whose XLA device ordinal is ``ordinal``."""
+    for d in jax.local_devices():
+        hw = getattr(d, "local_hardware_id", None)
+        if (hw if hw is not None else d.id) == ordinal:
+            return d
+    return jax.local_devices()[ordinal]
+
+
+def ensure_started(max_queue_bytes: int | None = None) -> None:
+    """Starts the receiver if it is not running (lazily, on first use).
+
+    The bound is ``max_queue_bytes`` if given, else ``JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE``
+    on first start, else 256e6 bytes.
+    """
+    if max_queue_bytes is None and _state.configured and _receiver.is_running():
+        return
+    with _state.lock:
+        if max_queue_bytes is None and not _state.configured:
+            max_queue_bytes = max_queue_bytes_from_env()
+        dtypes = {code: np.dtype(t) for code, t in _XLA_DTYPES.items()}
+        _receiver.start(_dispatch, dtypes, max_queue_bytes)
+        _state.configured = True
+        if not _state.atexit_registered:
+            atexit.register(_at_exit)
+            _state.atexit_registered = True
+
+
+def is_configured() -> bool:
+    """Whether the receiver was ever started in this process."""
+    return _state.configured
+
+
+def _at_exit() -> None:
+    # Drain what computations already sent, then shut down before the interpreter
+    # finalises (the consumer thread must not outlive it). A pending callback exception
+    # is raised here, so it is printed rather than lost.
+    from .host_callback import barrier_wait
+
+    try:
+        barrier_wait("at_exit")
+    finally:
+        _receiver.finalize()

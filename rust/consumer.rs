@@ -1,0 +1,336 @@
+//! The receiver: the process-wide queue, the consumer thread that takes the GIL and hands
+//! batches of messages to the Python dispatcher, and its start/stop/barrier protocol.
+//!
+//! Lifecycle: Python configures the receiver (dispatcher + dtype table) and starts it. A
+//! handler that finds no consumer running (after `stop_outfeed_receiver`, say) restarts it
+//! from the stored configuration, so compiled code never strands messages. `finalize`
+//! (at interpreter exit) drains, joins and closes the queue for good.
+
+use std::cell::Cell;
+use std::ffi::c_int;
+use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use numpy::npyffi::{self, npy_intp, PY_ARRAY_API};
+use numpy::PyArrayDescr;
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+
+use crate::copy::{HostBuffer, Message};
+use crate::error::Error;
+use crate::queue::{PushError, Queue};
+
+/// Default byte bound, as in the legacy module (`256e6`).
+pub const DEFAULT_MAX_QUEUE_BYTES: usize = 256_000_000;
+/// Most messages handed to Python per GIL acquisition.
+pub const MAX_BATCH: usize = 1024;
+/// Longest single wait with the GIL released before re-checking signals.
+const WAIT_SLICE: Duration = Duration::from_millis(100);
+
+thread_local! {
+    static IS_CONSUMER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the calling thread is the consumer thread (i.e. inside a host callback).
+#[must_use]
+pub fn in_consumer_thread() -> bool {
+    IS_CONSUMER.with(Cell::get)
+}
+
+/// What the consumer needs from Python: the dispatcher and numpy dtypes per XLA code.
+pub struct DispatchConfig {
+    pub dispatcher: Py<PyAny>,
+    /// Indexed by `XLA_FFI_DataType` code.
+    pub descrs: Vec<Option<Py<PyArrayDescr>>>,
+}
+
+#[derive(Default)]
+struct Control {
+    thread: Option<JoinHandle<()>>,
+    config: Option<Arc<DispatchConfig>>,
+}
+
+/// The process-wide receiver.
+pub struct Receiver {
+    pub queue: Queue<Message>,
+    control: Mutex<Control>,
+    finalized: AtomicBool,
+    dispatcher_error: Mutex<Option<PyErr>>,
+}
+
+static RECEIVER: OnceLock<Receiver> = OnceLock::new();
+
+/// The process-wide receiver (created on first use, not started).
+pub fn global() -> &'static Receiver {
+    RECEIVER.get_or_init(|| Receiver::new(DEFAULT_MAX_QUEUE_BYTES))
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Only this module's own code runs under these locks; a panic there leaves the state
+    // consistent (fields are replaced whole), so recover the guard rather than poison
+    // every later call.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Owner of a message's bytes on the Python side; numpy arrays use it as their base.
+#[pyclass(frozen, module = "hostfeed._receiver")]
+pub struct MessageData {
+    buf: HostBuffer,
+}
+
+impl Receiver {
+    fn new(bound: usize) -> Self {
+        Receiver {
+            queue: Queue::new(bound),
+            control: Mutex::new(Control::default()),
+            finalized: AtomicBool::new(false),
+            dispatcher_error: Mutex::new(None),
+        }
+    }
+
+    /// Installs the dispatcher configuration used by current and future consumer threads.
+    pub fn configure(&self, config: DispatchConfig) {
+        lock(&self.control).config = Some(Arc::new(config));
+    }
+
+    /// Whether a consumer thread is running.
+    pub fn is_running(&self) -> bool {
+        lock(&self.control).thread.is_some()
+    }
+
+    /// Starts the consumer thread if it is not running. Returns whether it started one.
+    ///
+    /// # Errors
+    /// [`Error::Closed`] after `finalize`, [`Error::NotConfigured`] before `configure`.
+    pub fn start(&self) -> Result<bool, Error> {
+        let mut control = lock(&self.control);
+        self.start_locked(&mut control)
+    }
+
+    fn start_locked(&self, control: &mut Control) -> Result<bool, Error> {
+        if self.finalized.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        if control.thread.is_some() {
+            return Ok(false);
+        }
+        let config = control.config.clone().ok_or(Error::NotConfigured)?;
+        self.queue.clear_stop();
+        let handle = std::thread::Builder::new()
+            .name("hostfeed-consumer".into())
+            .spawn(move || consumer_main(&config))
+            .map_err(|e| Error::Internal(format!("cannot spawn the consumer thread: {e}")))?;
+        control.thread = Some(handle);
+        Ok(true)
+    }
+
+    /// Enqueues a message from a handler (no GIL), starting the consumer if none runs.
+    ///
+    /// # Errors
+    /// [`Error::Closed`] after `finalize`; start errors.
+    pub fn push(&self, msg: Message) -> Result<(), Error> {
+        let bytes = msg.charged_bytes();
+        let mut msg = msg;
+        loop {
+            match self.queue.push(msg, bytes) {
+                Ok(pushed) => {
+                    if !pushed.consumer_active {
+                        self.start()?;
+                    }
+                    return Ok(());
+                }
+                Err(PushError::Closed(_)) => return Err(Error::Closed),
+                Err(PushError::NoConsumer(m)) => {
+                    // The message must wait for space, and nobody would make space.
+                    self.start()?;
+                    msg = m;
+                }
+            }
+        }
+    }
+
+    /// Drains the queue, then stops and joins the consumer thread. The GIL is released
+    /// while waiting.
+    ///
+    /// # Errors
+    /// [`Error::InsideCallback`] when called from a host callback.
+    pub fn stop(&self, py: Python<'_>) -> Result<(), Error> {
+        if in_consumer_thread() {
+            return Err(Error::InsideCallback("stop_outfeed_receiver"));
+        }
+        // Hold the control lock through the join so that a handler that needs a consumer
+        // waits for this stop to finish and then starts a fresh one.
+        py.detach(|| {
+            let mut control = lock(&self.control);
+            if let Some(handle) = control.thread.take() {
+                self.queue.request_stop();
+                handle
+                    .join()
+                    .map_err(|_| Error::Internal("the consumer thread panicked".into()))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Stops the receiver and refuses all later messages (interpreter exit).
+    ///
+    /// # Errors
+    /// As [`Receiver::stop`].
+    pub fn finalize(&self, py: Python<'_>) -> Result<(), Error> {
+        self.stop(py)?;
+        let mut control = lock(&self.control);
+        self.finalized.store(true, Ordering::Release);
+        let leftovers = self.queue.close();
+        // Drop Python objects while attached.
+        control.config = None;
+        drop(leftovers);
+        Ok(())
+    }
+
+    /// Waits until every message enqueued before this call has been processed, with the
+    /// GIL released (in slices, so Ctrl-C works). `timeout` of `None` waits indefinitely.
+    ///
+    /// # Errors
+    /// [`Error::InsideCallback`] from a host callback, [`Error::Timeout`], a pending
+    /// dispatcher error, or a signal's `KeyboardInterrupt`.
+    pub fn barrier(&self, py: Python<'_>, timeout: Option<Duration>) -> Result<(), Error> {
+        if in_consumer_thread() {
+            return Err(Error::InsideCallback("barrier_wait"));
+        }
+        let target = self.queue.enqueued();
+        let start = Instant::now();
+        if self.queue.processed() < target && !self.finalized.load(Ordering::Acquire) {
+            // Messages are pending; make sure someone will process them.
+            self.start()?;
+        }
+        loop {
+            let slice = match timeout {
+                Some(t) => {
+                    let left = t.saturating_sub(start.elapsed());
+                    if left.is_zero() {
+                        return Err(Error::Timeout {
+                            what: "barrier_wait",
+                            seconds: t.as_secs_f64(),
+                            pending: target.saturating_sub(self.queue.processed()),
+                        });
+                    }
+                    left.min(WAIT_SLICE)
+                }
+                None => WAIT_SLICE,
+            };
+            if py.detach(|| self.queue.wait_processed(target, slice)) {
+                break;
+            }
+            py.check_signals().map_err(Error::Python)?;
+        }
+        match lock(&self.dispatcher_error).take() {
+            Some(e) => Err(Error::Python(e)),
+            None => Ok(()),
+        }
+    }
+
+    fn record_dispatcher_error(&self, py: Python<'_>, err: PyErr) {
+        err.display(py);
+        *lock(&self.dispatcher_error) = Some(err);
+    }
+}
+
+fn consumer_main(config: &Arc<DispatchConfig>) {
+    IS_CONSUMER.with(|c| c.set(true));
+    let receiver = global();
+    let mut batch: Vec<(usize, Message)> = Vec::with_capacity(MAX_BATCH);
+    while receiver.queue.pop_batch(MAX_BATCH, &mut batch) {
+        let count = batch.len() as u64;
+        let bytes: usize = batch.iter().map(|(b, _)| *b).sum();
+        Python::attach(|py| {
+            if let Err(e) = dispatch(py, config, &mut batch) {
+                receiver.record_dispatcher_error(py, e);
+            }
+            // Drop whatever was not handed over (after an error) while attached.
+            batch.clear();
+        });
+        receiver.queue.complete(count, bytes);
+    }
+}
+
+/// Hands a batch to the Python dispatcher as `[(consumer_id, device, flags, arrays), ...]`.
+fn dispatch(
+    py: Python<'_>,
+    config: &DispatchConfig,
+    batch: &mut Vec<(usize, Message)>,
+) -> PyResult<()> {
+    let items = PyList::empty(py);
+    for (_, msg) in batch.drain(..) {
+        let Message { consumer_id, flags, device, arrays, dims, data } = msg;
+        let owner = Bound::new(py, MessageData { buf: data })?;
+        let base = owner.get().buf.as_ptr();
+        let mut views = Vec::with_capacity(arrays.len());
+        for a in &arrays {
+            let shape = &dims[a.dims_start..a.dims_start + a.rank];
+            // SAFETY: `base + a.offset` starts `a.nbytes` bytes of the owner's buffer written
+            // by the handler, exactly the size of an array of this dtype and shape; the
+            // owner becomes the array's base object and keeps the bytes alive.
+            views.push(unsafe { make_array(py, config, &owner, base.add(a.offset), a.dtype, shape) }?);
+        }
+        let arrays = PyTuple::new(py, views)?;
+        items.append((consumer_id, device, flags, arrays))?;
+    }
+    config.dispatcher.call1(py, (items,))?;
+    Ok(())
+}
+
+/// A numpy array viewing `data` (owned by `owner`) with the dtype registered for `code`.
+///
+/// # Safety
+/// `data` must point at a C-contiguous array of `shape` elements of that dtype inside
+/// `owner`'s buffer.
+unsafe fn make_array<'py>(
+    py: Python<'py>,
+    config: &DispatchConfig,
+    owner: &Bound<'py, MessageData>,
+    data: *const u8,
+    code: i32,
+    shape: &[i64],
+) -> PyResult<Bound<'py, PyAny>> {
+    let descr = usize::try_from(code)
+        .ok()
+        .and_then(|i| config.descrs.get(i))
+        .and_then(Option::as_ref)
+        .ok_or_else(|| {
+            crate::error::ReceiverError::new_err(format!(
+                "hostfeed: no numpy dtype registered for XLA dtype code {code}"
+            ))
+        })?;
+    let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
+    let rank = c_int::try_from(dims.len())
+        .map_err(|_| crate::error::ReceiverError::new_err("array rank too large"))?;
+    // SAFETY: the numpy C API is initialised by `PY_ARRAY_API` on first use while attached;
+    // `PyArray_NewFromDescr` steals the descriptor reference we pass (`into_ptr` hands one
+    // over); `dims` holds `rank` entries; null strides mean C order; `data` is valid for
+    // the array's bytes (caller contract). `PyArray_SetBaseObject` steals the reference to
+    // the owner that `into_ptr` on a clone creates.
+    unsafe {
+        let arr = PY_ARRAY_API.PyArray_NewFromDescr(
+            py,
+            npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type),
+            descr.clone_ref(py).into_ptr().cast(),
+            rank,
+            dims.as_mut_ptr(),
+            ptr::null_mut(),
+            data.cast_mut().cast(),
+            npyffi::NPY_ARRAY_WRITEABLE,
+            ptr::null_mut(),
+        );
+        if arr.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        let arr = Bound::from_owned_ptr(py, arr);
+        if PY_ARRAY_API.PyArray_SetBaseObject(py, arr.as_ptr().cast(), owner.clone().into_ptr()) != 0 {
+            return Err(PyErr::fetch(py));
+        }
+        Ok(arr)
+    }
+}

@@ -1,0 +1,219 @@
+//! Device-to-host copy of a custom call's operands into one host message.
+//!
+//! A message is one 16-byte-aligned buffer holding every operand back to back (each at a
+//! 16-byte-aligned offset), plus a small table of (dtype, offset, dims). The consumer hands
+//! views of that buffer to numpy without copying again.
+//!
+//! The only platform-specific piece is [`copy_to_host`]: on CPU the operand is already in
+//! host memory and the copy is a `memcpy`. A GPU backend replaces that one function (with an
+//! async copy on the handler's stream followed by a synchronise).
+
+use std::mem::size_of;
+
+use crate::error::Error;
+use crate::xla_ffi::dtype;
+
+const ALIGN: usize = 16;
+
+/// A heap buffer aligned to 16 bytes whose bytes are written once by the handler.
+pub struct HostBuffer {
+    // Capacity-only storage: `len` stays 0 so that the uninitialised padding between
+    // operands is never typed as `u128` values; all access goes through raw pointers.
+    words: Vec<u128>,
+    len: usize,
+}
+
+impl HostBuffer {
+    fn with_capacity(len: usize) -> Self {
+        HostBuffer { words: Vec::with_capacity(len.div_ceil(size_of::<u128>())), len }
+    }
+
+    /// Number of bytes in use.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer holds no bytes.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Start of the buffer (dangling but aligned when empty).
+    #[must_use]
+    pub fn as_ptr(&self) -> *const u8 {
+        self.words.as_ptr().cast()
+    }
+
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.words.as_mut_ptr().cast()
+    }
+}
+
+/// One operand inside a message.
+#[derive(Debug, Clone, Copy)]
+pub struct ArrayMeta {
+    /// `XLA_FFI_DataType` code.
+    pub dtype: i32,
+    /// Byte offset in the message buffer.
+    pub offset: usize,
+    /// Byte length.
+    pub nbytes: usize,
+    /// Index of the first dimension in [`Message::dims`].
+    pub dims_start: usize,
+    pub rank: usize,
+}
+
+/// What a tap sends to the host.
+pub struct Message {
+    pub consumer_id: i64,
+    pub flags: i64,
+    pub device: i32,
+    pub arrays: Vec<ArrayMeta>,
+    pub dims: Vec<i64>,
+    pub data: HostBuffer,
+}
+
+impl Message {
+    /// Dimensions of operand `a`.
+    #[must_use]
+    pub fn dims_of(&self, a: &ArrayMeta) -> &[i64] {
+        &self.dims[a.dims_start..a.dims_start + a.rank]
+    }
+
+    /// Bytes charged against the queue bound for this message.
+    #[must_use]
+    pub fn charged_bytes(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// A view of one device operand as the handler sees it.
+#[derive(Clone, Copy)]
+pub struct Operand<'a> {
+    pub dtype: i32,
+    pub data: *const u8,
+    pub dims: &'a [i64],
+}
+
+fn nbytes(op: &Operand<'_>) -> Result<usize, Error> {
+    let elem = dtype::element_size(op.dtype).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "operand dtype code {} cannot be transferred (sub-byte and token types are not \
+             supported)",
+            op.dtype
+        ))
+    })?;
+    op.dims.iter().try_fold(elem, |acc, &d| {
+        usize::try_from(d).ok().and_then(|d| acc.checked_mul(d))
+    })
+    .ok_or_else(|| Error::InvalidArgument(format!("operand has invalid dims {:?}", op.dims)))
+}
+
+/// Copies `n` bytes of an operand from device memory at `src` to host memory at `dst`.
+///
+/// # Safety
+/// `src` must be readable and `dst` writable for `n` bytes, and they must not overlap.
+#[inline]
+pub unsafe fn copy_to_host(dst: *mut u8, src: *const u8, n: usize) {
+    if n > 0 {
+        // SAFETY: the caller guarantees both ranges are valid for `n` bytes and disjoint;
+        // on CPU device memory is host memory.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
+    }
+}
+
+/// Builds a message from the operands, copying each one to host memory. The iterator is
+/// walked twice (sizes, then copies), so it must yield the same operands both times.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for an unsupported dtype or invalid dims.
+///
+/// # Safety
+/// Each operand's `data` must be readable for the number of bytes implied by its dtype
+/// and dims.
+pub unsafe fn gather<'a>(
+    consumer_id: i64,
+    flags: i64,
+    device: i32,
+    operands: impl Iterator<Item = Operand<'a>> + Clone,
+) -> Result<Message, Error> {
+    let (lower, _) = operands.size_hint();
+    let mut arrays = Vec::with_capacity(lower);
+    let mut dims = Vec::new();
+    let mut total = 0usize;
+    for op in operands.clone() {
+        let n = nbytes(&op)?;
+        arrays.push(ArrayMeta {
+            dtype: op.dtype,
+            offset: total,
+            nbytes: n,
+            dims_start: dims.len(),
+            rank: op.dims.len(),
+        });
+        dims.extend_from_slice(op.dims);
+        total = total
+            .checked_add(n.next_multiple_of(ALIGN))
+            .ok_or_else(|| Error::InvalidArgument("operands too large".into()))?;
+    }
+    let mut data = HostBuffer::with_capacity(total);
+    let base = data.as_mut_ptr();
+    for (op, meta) in operands.zip(&arrays) {
+        // SAFETY: `meta.offset + meta.nbytes <= total`, the buffer's capacity, so the
+        // destination is in bounds; the caller guarantees the source is readable for that
+        // many bytes; a freshly allocated buffer cannot overlap device data.
+        unsafe { copy_to_host(base.add(meta.offset), op.data, meta.nbytes) };
+    }
+    // The padding after the last operand is not counted.
+    data.len = arrays.last().map_or(0, |m| m.offset + m.nbytes);
+    Ok(Message { consumer_id, flags, device, arrays, dims, data })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gather_copies_and_aligns() {
+        let a: [f32; 3] = [1.0, 2.0, 3.0];
+        let b: [u8; 1] = [7];
+        let c: [f64; 2] = [0.5, -0.5];
+        let ops = [
+            Operand { dtype: dtype::F32, data: a.as_ptr().cast(), dims: &[3] },
+            Operand { dtype: dtype::U8, data: b.as_ptr(), dims: &[] },
+            Operand { dtype: dtype::F64, data: c.as_ptr().cast(), dims: &[1, 2] },
+        ];
+        // SAFETY: each operand points at a live local array of the described size.
+        let m = unsafe { gather(5, 1, 2, ops.iter().copied()) }.unwrap();
+        assert_eq!(m.arrays.iter().map(|x| x.offset).collect::<Vec<_>>(), vec![0, 16, 32]);
+        assert_eq!(m.data.len(), 48);
+        assert_eq!(m.data.as_ptr() as usize % 16, 0);
+        assert_eq!(m.dims_of(&m.arrays[2]), &[1, 2]);
+        // SAFETY: offsets and lengths are within the written part of the buffer.
+        unsafe {
+            assert_eq!(*m.data.as_ptr().add(16), 7);
+            assert_eq!(*(m.data.as_ptr().add(32).cast::<f64>().add(1)), -0.5);
+            assert_eq!(*(m.data.as_ptr().cast::<f32>().add(2)), 3.0);
+        }
+    }
+
+    #[test]
+    fn zero_size_and_no_operands() {
+        let ops = [Operand { dtype: dtype::F32, data: std::ptr::null(), dims: &[0, 4] }];
+        // SAFETY: a zero-size operand is never read.
+        let m = unsafe { gather(1, 0, 0, ops.iter().copied()) }.unwrap();
+        assert_eq!(m.data.len(), 0);
+        // SAFETY: no operands.
+        let m = unsafe { gather(1, 0, 0, std::iter::empty()) }.unwrap();
+        assert!(m.arrays.is_empty());
+    }
+
+    #[test]
+    fn rejects_sub_byte_dtype() {
+        let x = [0u8; 4];
+        let ops = [Operand { dtype: dtype::S4, data: x.as_ptr(), dims: &[4] }];
+        // SAFETY: rejected before any read.
+        assert!(matches!(unsafe { gather(1, 0, 0, ops.iter().copied()) }, Err(Error::InvalidArgument(_))));
+    }
+}

@@ -1,0 +1,104 @@
+//! One error type for the crate, its mapping to XLA FFI error codes (for handlers) and its
+//! single conversion into a Python exception (for the `pyapi` functions).
+
+use std::fmt;
+
+use pyo3::exceptions::{PyRuntimeError, PyTimeoutError};
+use pyo3::{create_exception, PyErr};
+
+use crate::xla_ffi as ffi;
+
+create_exception!(
+    _receiver,
+    ReceiverError,
+    PyRuntimeError,
+    "The hostfeed receiver cannot do what was asked (stopped, shut down, misconfigured)."
+);
+create_exception!(
+    _receiver,
+    ReceiverTimeoutError,
+    PyTimeoutError,
+    "A wait on the hostfeed receiver (barrier, stop) ran past its timeout."
+);
+create_exception!(
+    _receiver,
+    CallbackContextError,
+    PyRuntimeError,
+    "A blocking receiver operation was called from inside a host callback, where it would deadlock."
+);
+
+/// Everything that can go wrong in the crate.
+#[derive(Debug)]
+pub enum Error {
+    /// The handler was given something it cannot transfer (bad attribute, dtype, frame).
+    InvalidArgument(String),
+    /// The receiver was shut down for good (interpreter exit); no more messages accepted.
+    Closed,
+    /// A handler ran before Python ever configured the receiver.
+    NotConfigured,
+    /// A blocking operation was attempted on the consumer thread.
+    InsideCallback(&'static str),
+    /// A wait ran past its deadline.
+    Timeout { what: &'static str, seconds: f64, pending: u64 },
+    /// An internal failure (a panic caught at the FFI boundary, a poisoned invariant).
+    Internal(String),
+    /// A Python exception raised while the consumer dispatched messages.
+    Python(PyErr),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidArgument(m) => write!(f, "hostfeed: {m}"),
+            Error::Closed => write!(
+                f,
+                "hostfeed: the receiver has shut down (interpreter exit); host callbacks can no \
+                 longer be delivered"
+            ),
+            Error::NotConfigured => write!(
+                f,
+                "hostfeed: a host callback ran before the receiver was configured; use \
+                 hostfeed.host_callback (id_tap/id_print/call) so the receiver starts first"
+            ),
+            Error::InsideCallback(what) => write!(
+                f,
+                "hostfeed: {what} was called from inside a host callback; it waits for the \
+                 callback thread itself and would deadlock. Call it from the main program instead"
+            ),
+            Error::Timeout { what, seconds, pending } => write!(
+                f,
+                "hostfeed: {what} timed out after {seconds:.3} s with {pending} message(s) \
+                 still unprocessed; a host callback may be blocked"
+            ),
+            Error::Internal(m) => write!(f, "hostfeed internal error: {m}"),
+            Error::Python(e) => write!(f, "hostfeed: the dispatcher raised: {e}"),
+        }
+    }
+}
+
+impl Error {
+    /// The XLA FFI error code a handler returns for this error.
+    #[must_use]
+    pub fn ffi_code(&self) -> ffi::XLA_FFI_Error_Code {
+        match self {
+            Error::InvalidArgument(_) => ffi::XLA_FFI_Error_Code_INVALID_ARGUMENT,
+            Error::Closed => ffi::XLA_FFI_Error_Code_UNAVAILABLE,
+            Error::NotConfigured | Error::InsideCallback(_) => {
+                ffi::XLA_FFI_Error_Code_FAILED_PRECONDITION
+            }
+            Error::Timeout { .. } => ffi::XLA_FFI_Error_Code_DEADLINE_EXCEEDED,
+            Error::Internal(_) | Error::Python(_) => ffi::XLA_FFI_Error_Code_INTERNAL,
+        }
+    }
+}
+
+impl From<Error> for PyErr {
+    fn from(e: Error) -> PyErr {
+        match e {
+            Error::Python(err) => err,
+            Error::Timeout { .. } => ReceiverTimeoutError::new_err(e.to_string()),
+            Error::InsideCallback(_) => CallbackContextError::new_err(e.to_string()),
+            _ => ReceiverError::new_err(e.to_string()),
+        }
+    }
+}

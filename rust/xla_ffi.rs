@@ -1,0 +1,389 @@
+//! Hand-written `#[repr(C)]` mirror of the parts of XLA's FFI C API that hostfeed uses.
+//!
+//! Source: `xla/ffi/api/c_api.h` as shipped by jaxlib 0.10.x (`jax.ffi.include_dir()`),
+//! `XLA_FFI_API_MAJOR 0`, `XLA_FFI_API_MINOR 3`. Each item keeps its C declaration in a
+//! comment above it. C enums are modelled as `i32` type aliases with constants so that an
+//! unexpected value coming from XLA can never be an invalid Rust enum discriminant.
+//!
+//! `tests/rust/ffi_layout.rs` compiles a C program against the installed header and checks
+//! every size and field offset declared here, so drift fails a test instead of corrupting
+//! memory.
+#![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
+
+use std::ffi::{c_char, c_void};
+
+// #define XLA_FFI_API_MAJOR 0 / #define XLA_FFI_API_MINOR 3
+pub const XLA_FFI_API_MAJOR: i32 = 0;
+pub const XLA_FFI_API_MINOR: i32 = 3;
+
+// typedef enum { XLA_FFI_Extension_Metadata = 1 } XLA_FFI_Extension_Type;
+pub type XLA_FFI_Extension_Type = i32;
+pub const XLA_FFI_Extension_Metadata: XLA_FFI_Extension_Type = 1;
+
+// typedef struct XLA_FFI_Extension_Base { size_t struct_size; XLA_FFI_Extension_Type type;
+//   struct XLA_FFI_Extension_Base* next; } XLA_FFI_Extension_Base;
+#[repr(C)]
+pub struct XLA_FFI_Extension_Base {
+    pub struct_size: usize,
+    pub type_: XLA_FFI_Extension_Type,
+    pub next: *mut XLA_FFI_Extension_Base,
+}
+
+// struct XLA_FFI_Api_Version { size_t struct_size; XLA_FFI_Extension_Base* extension_start;
+//   int major_version; int minor_version; };
+#[repr(C)]
+pub struct XLA_FFI_Api_Version {
+    pub struct_size: usize,
+    pub extension_start: *mut XLA_FFI_Extension_Base,
+    pub major_version: i32,
+    pub minor_version: i32,
+}
+/// `XLA_FFI_Api_Version_STRUCT_SIZE` (offset of `minor_version` + its size).
+pub const XLA_FFI_Api_Version_STRUCT_SIZE: usize =
+    std::mem::offset_of!(XLA_FFI_Api_Version, minor_version) + std::mem::size_of::<i32>();
+
+/// Opaque `XLA_FFI_Error`.
+#[repr(C)]
+pub struct XLA_FFI_Error {
+    _private: [u8; 0],
+}
+
+// typedef enum { XLA_FFI_Error_Code_OK = 0, ... } XLA_FFI_Error_Code;
+pub type XLA_FFI_Error_Code = i32;
+pub const XLA_FFI_Error_Code_CANCELLED: XLA_FFI_Error_Code = 1;
+pub const XLA_FFI_Error_Code_INVALID_ARGUMENT: XLA_FFI_Error_Code = 3;
+pub const XLA_FFI_Error_Code_DEADLINE_EXCEEDED: XLA_FFI_Error_Code = 4;
+pub const XLA_FFI_Error_Code_FAILED_PRECONDITION: XLA_FFI_Error_Code = 9;
+pub const XLA_FFI_Error_Code_INTERNAL: XLA_FFI_Error_Code = 13;
+pub const XLA_FFI_Error_Code_UNAVAILABLE: XLA_FFI_Error_Code = 14;
+
+// struct XLA_FFI_Error_Create_Args { size_t struct_size; XLA_FFI_Extension_Base* extension_start;
+//   const char* message; XLA_FFI_Error_Code errc; };
+#[repr(C)]
+pub struct XLA_FFI_Error_Create_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut XLA_FFI_Extension_Base,
+    pub message: *const c_char,
+    pub errc: XLA_FFI_Error_Code,
+}
+pub const XLA_FFI_Error_Create_Args_STRUCT_SIZE: usize =
+    std::mem::offset_of!(XLA_FFI_Error_Create_Args, errc) + std::mem::size_of::<i32>();
+
+// typedef XLA_FFI_Error* XLA_FFI_Error_Create(XLA_FFI_Error_Create_Args* args);
+pub type XLA_FFI_Error_Create =
+    unsafe extern "C" fn(args: *mut XLA_FFI_Error_Create_Args) -> *mut XLA_FFI_Error;
+
+// typedef enum { XLA_FFI_DataType_INVALID = 0, ... } XLA_FFI_DataType;
+pub type XLA_FFI_DataType = i32;
+pub mod dtype {
+    //! `XLA_FFI_DataType` values.
+    use super::XLA_FFI_DataType;
+    pub const PRED: XLA_FFI_DataType = 1;
+    pub const S1: XLA_FFI_DataType = 30;
+    pub const S2: XLA_FFI_DataType = 26;
+    pub const S4: XLA_FFI_DataType = 21;
+    pub const S8: XLA_FFI_DataType = 2;
+    pub const S16: XLA_FFI_DataType = 3;
+    pub const S32: XLA_FFI_DataType = 4;
+    pub const S64: XLA_FFI_DataType = 5;
+    pub const U1: XLA_FFI_DataType = 31;
+    pub const U2: XLA_FFI_DataType = 27;
+    pub const U4: XLA_FFI_DataType = 22;
+    pub const U8: XLA_FFI_DataType = 6;
+    pub const U16: XLA_FFI_DataType = 7;
+    pub const U32: XLA_FFI_DataType = 8;
+    pub const U64: XLA_FFI_DataType = 9;
+    pub const F16: XLA_FFI_DataType = 10;
+    pub const F32: XLA_FFI_DataType = 11;
+    pub const F64: XLA_FFI_DataType = 12;
+    pub const BF16: XLA_FFI_DataType = 16;
+    pub const C64: XLA_FFI_DataType = 15;
+    pub const C128: XLA_FFI_DataType = 18;
+    pub const TOKEN: XLA_FFI_DataType = 17;
+    pub const F8E5M2: XLA_FFI_DataType = 19;
+    pub const F8E3M4: XLA_FFI_DataType = 29;
+    pub const F8E4M3: XLA_FFI_DataType = 28;
+    pub const F8E4M3FN: XLA_FFI_DataType = 20;
+    pub const F8E4M3B11FNUZ: XLA_FFI_DataType = 23;
+    pub const F8E5M2FNUZ: XLA_FFI_DataType = 24;
+    pub const F8E4M3FNUZ: XLA_FFI_DataType = 25;
+    pub const F4E2M1FN: XLA_FFI_DataType = 32;
+    pub const F8E8M0FNU: XLA_FFI_DataType = 33;
+
+    /// Bytes per element for the byte-addressable types hostfeed transfers; `None` for
+    /// tokens, sub-byte types and unknown codes.
+    #[must_use]
+    pub fn element_size(dt: XLA_FFI_DataType) -> Option<usize> {
+        Some(match dt {
+            PRED | S8 | U8 | F8E5M2 | F8E3M4 | F8E4M3 | F8E4M3FN | F8E4M3B11FNUZ | F8E5M2FNUZ
+            | F8E4M3FNUZ | F8E8M0FNU => 1,
+            S16 | U16 | F16 | BF16 => 2,
+            S32 | U32 | F32 => 4,
+            S64 | U64 | F64 | C64 => 8,
+            C128 => 16,
+            _ => return None,
+        })
+    }
+}
+
+// struct XLA_FFI_Buffer { size_t struct_size; XLA_FFI_Extension_Base* extension_start;
+//   XLA_FFI_DataType dtype; void* data; int64_t rank; int64_t* dims; };
+#[repr(C)]
+pub struct XLA_FFI_Buffer {
+    pub struct_size: usize,
+    pub extension_start: *mut XLA_FFI_Extension_Base,
+    pub dtype: XLA_FFI_DataType,
+    pub data: *mut c_void,
+    pub rank: i64,
+    pub dims: *mut i64,
+}
+
+// typedef enum { XLA_FFI_ArgType_BUFFER = 1 } XLA_FFI_ArgType;
+pub type XLA_FFI_ArgType = i32;
+pub const XLA_FFI_ArgType_BUFFER: XLA_FFI_ArgType = 1;
+// typedef enum { XLA_FFI_RetType_BUFFER = 1 } XLA_FFI_RetType;
+pub type XLA_FFI_RetType = i32;
+pub const XLA_FFI_RetType_BUFFER: XLA_FFI_RetType = 1;
+// typedef enum { ARRAY = 1, DICTIONARY = 2, SCALAR = 3, STRING = 4 } XLA_FFI_AttrType;
+pub type XLA_FFI_AttrType = i32;
+pub const XLA_FFI_AttrType_SCALAR: XLA_FFI_AttrType = 3;
+
+/// Opaque `XLA_FFI_ExecutionContext`.
+#[repr(C)]
+pub struct XLA_FFI_ExecutionContext {
+    _private: [u8; 0],
+}
+
+// typedef struct XLA_FFI_ByteSpan { const char* ptr; size_t len; } XLA_FFI_ByteSpan;
+#[repr(C)]
+pub struct XLA_FFI_ByteSpan {
+    pub ptr: *const c_char,
+    pub len: usize,
+}
+
+// typedef struct XLA_FFI_Scalar { XLA_FFI_DataType dtype; void* value; } XLA_FFI_Scalar;
+#[repr(C)]
+pub struct XLA_FFI_Scalar {
+    pub dtype: XLA_FFI_DataType,
+    pub value: *mut c_void,
+}
+
+// typedef enum { INSTANTIATE = 0, PREPARE = 1, INITIALIZE = 2, EXECUTE = 3 } XLA_FFI_ExecutionStage;
+pub type XLA_FFI_ExecutionStage = i32;
+pub const XLA_FFI_ExecutionStage_EXECUTE: XLA_FFI_ExecutionStage = 3;
+
+// struct XLA_FFI_Args { size_t struct_size; XLA_FFI_Extension_Base* extension_start;
+//   int64_t size; XLA_FFI_ArgType* types; void** args; };
+#[repr(C)]
+pub struct XLA_FFI_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut XLA_FFI_Extension_Base,
+    pub size: i64,
+    pub types: *mut XLA_FFI_ArgType,
+    pub args: *mut *mut c_void,
+}
+
+// struct XLA_FFI_Rets { size_t struct_size; XLA_FFI_Extension_Base* extension_start;
+//   int64_t size; XLA_FFI_RetType* types; void** rets; };
+#[repr(C)]
+pub struct XLA_FFI_Rets {
+    pub struct_size: usize,
+    pub extension_start: *mut XLA_FFI_Extension_Base,
+    pub size: i64,
+    pub types: *mut XLA_FFI_RetType,
+    pub rets: *mut *mut c_void,
+}
+
+// struct XLA_FFI_Attrs { size_t struct_size; XLA_FFI_Extension_Base* extension_start;
+//   int64_t size; XLA_FFI_AttrType* types; XLA_FFI_ByteSpan** names; void** attrs; };
+#[repr(C)]
+pub struct XLA_FFI_Attrs {
+    pub struct_size: usize,
+    pub extension_start: *mut XLA_FFI_Extension_Base,
+    pub size: i64,
+    pub types: *mut XLA_FFI_AttrType,
+    pub names: *mut *mut XLA_FFI_ByteSpan,
+    pub attrs: *mut *mut c_void,
+}
+
+/// Opaque `XLA_FFI_Future`.
+#[repr(C)]
+pub struct XLA_FFI_Future {
+    _private: [u8; 0],
+}
+
+// struct XLA_FFI_CallFrame { size_t struct_size; XLA_FFI_Extension_Base* extension_start;
+//   const XLA_FFI_Api* api; XLA_FFI_ExecutionContext* ctx; XLA_FFI_ExecutionStage stage;
+//   XLA_FFI_Args args; XLA_FFI_Rets rets; XLA_FFI_Attrs attrs; XLA_FFI_Future* future; };
+#[repr(C)]
+pub struct XLA_FFI_CallFrame {
+    pub struct_size: usize,
+    pub extension_start: *mut XLA_FFI_Extension_Base,
+    pub api: *const XLA_FFI_Api,
+    pub ctx: *mut XLA_FFI_ExecutionContext,
+    pub stage: XLA_FFI_ExecutionStage,
+    pub args: XLA_FFI_Args,
+    pub rets: XLA_FFI_Rets,
+    pub attrs: XLA_FFI_Attrs,
+    pub future: *mut XLA_FFI_Future,
+}
+
+// typedef XLA_FFI_Error* XLA_FFI_Handler(XLA_FFI_CallFrame* call_frame);
+pub type XLA_FFI_Handler = unsafe extern "C" fn(call_frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error;
+
+// typedef uint32_t XLA_FFI_Handler_Traits;
+pub type XLA_FFI_Handler_Traits = u32;
+
+// typedef struct XLA_FFI_TypeId { int64_t type_id; } XLA_FFI_TypeId;
+#[repr(C)]
+pub struct XLA_FFI_TypeId {
+    pub type_id: i64,
+}
+
+// struct XLA_FFI_DeviceOrdinal_Get_Args { size_t struct_size; XLA_FFI_Extension_Base* extension_start;
+//   XLA_FFI_ExecutionContext* ctx; int32_t device_ordinal; };
+#[repr(C)]
+pub struct XLA_FFI_DeviceOrdinal_Get_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut XLA_FFI_Extension_Base,
+    pub ctx: *mut XLA_FFI_ExecutionContext,
+    pub device_ordinal: i32,
+}
+pub const XLA_FFI_DeviceOrdinal_Get_Args_STRUCT_SIZE: usize =
+    std::mem::offset_of!(XLA_FFI_DeviceOrdinal_Get_Args, device_ordinal) + std::mem::size_of::<i32>();
+
+// typedef XLA_FFI_Error* XLA_FFI_DeviceOrdinal_Get(XLA_FFI_DeviceOrdinal_Get_Args* args);
+pub type XLA_FFI_DeviceOrdinal_Get =
+    unsafe extern "C" fn(args: *mut XLA_FFI_DeviceOrdinal_Get_Args) -> *mut XLA_FFI_Error;
+
+// struct XLA_FFI_Metadata { size_t struct_size; XLA_FFI_Api_Version api_version;
+//   XLA_FFI_Handler_Traits traits; XLA_FFI_TypeId state_type_id; };
+#[repr(C)]
+pub struct XLA_FFI_Metadata {
+    pub struct_size: usize,
+    pub api_version: XLA_FFI_Api_Version,
+    pub traits: XLA_FFI_Handler_Traits,
+    pub state_type_id: XLA_FFI_TypeId,
+}
+
+// struct XLA_FFI_Metadata_Extension { XLA_FFI_Extension_Base extension_base;
+//   XLA_FFI_Metadata* metadata; };
+#[repr(C)]
+pub struct XLA_FFI_Metadata_Extension {
+    pub extension_base: XLA_FFI_Extension_Base,
+    pub metadata: *mut XLA_FFI_Metadata,
+}
+
+/// A function-pointer slot of `XLA_FFI_Api` that hostfeed does not call.
+pub type UnusedFn = *const c_void;
+
+// struct XLA_FFI_Api { size_t struct_size; XLA_FFI_Extension_Base* extension_start;
+//   XLA_FFI_Api_Version api_version; const XLA_FFI_InternalApi* internal_api;
+//   XLA_FFI_Error_Create* ...; XLA_FFI_Error_GetMessage*; XLA_FFI_Error_Destroy*;
+//   XLA_FFI_Handler_Register*; XLA_FFI_Stream_Get*; XLA_FFI_Type_Register*;
+//   XLA_FFI_ExecutionContext_Get*; XLA_FFI_State_Set*; XLA_FFI_State_Get*;
+//   XLA_FFI_DeviceMemory_Allocate*; XLA_FFI_DeviceMemory_Free*; XLA_FFI_ThreadPool_Schedule*;
+//   XLA_FFI_ThreadPool_NumThreads*; XLA_FFI_Future_Create*; XLA_FFI_Future_SetAvailable*;
+//   XLA_FFI_Future_SetError*; XLA_FFI_RunId_Get*; XLA_FFI_DeviceOrdinal_Get*; };
+#[repr(C)]
+pub struct XLA_FFI_Api {
+    pub struct_size: usize,
+    pub extension_start: *mut XLA_FFI_Extension_Base,
+    pub api_version: XLA_FFI_Api_Version,
+    pub internal_api: *const c_void,
+    pub XLA_FFI_Error_Create: Option<XLA_FFI_Error_Create>,
+    pub XLA_FFI_Error_GetMessage: UnusedFn,
+    pub XLA_FFI_Error_Destroy: UnusedFn,
+    pub XLA_FFI_Handler_Register: UnusedFn,
+    pub XLA_FFI_Stream_Get: UnusedFn,
+    pub XLA_FFI_Type_Register: UnusedFn,
+    pub XLA_FFI_ExecutionContext_Get: UnusedFn,
+    pub XLA_FFI_State_Set: UnusedFn,
+    pub XLA_FFI_State_Get: UnusedFn,
+    pub XLA_FFI_DeviceMemory_Allocate: UnusedFn,
+    pub XLA_FFI_DeviceMemory_Free: UnusedFn,
+    pub XLA_FFI_ThreadPool_Schedule: UnusedFn,
+    pub XLA_FFI_ThreadPool_NumThreads: UnusedFn,
+    pub XLA_FFI_Future_Create: UnusedFn,
+    pub XLA_FFI_Future_SetAvailable: UnusedFn,
+    pub XLA_FFI_Future_SetError: UnusedFn,
+    pub XLA_FFI_RunId_Get: UnusedFn,
+    pub XLA_FFI_DeviceOrdinal_Get: Option<XLA_FFI_DeviceOrdinal_Get>,
+}
+/// `XLA_FFI_Api_STRUCT_SIZE`: the API must be at least this large for us to read
+/// `XLA_FFI_DeviceOrdinal_Get`.
+pub const XLA_FFI_Api_STRUCT_SIZE: usize = std::mem::size_of::<XLA_FFI_Api>();
+
+/// Sizes and field offsets of every mirrored struct, as `(C expression, value)` pairs.
+/// `tests/rust/ffi_layout.rs` evaluates the same C expressions against the real header.
+#[must_use]
+pub fn layout_table() -> Vec<(&'static str, usize)> {
+    use std::mem::{offset_of, size_of};
+    macro_rules! entries {
+        ($( $ty:ident { $($field:ident => $cfield:literal),* } ),* $(,)?) => {
+            vec![$(
+                (concat!("sizeof(", stringify!($ty), ")"), size_of::<$ty>()),
+                $( (concat!("offsetof(", stringify!($ty), ", ", $cfield, ")"), offset_of!($ty, $field)), )*
+            )*]
+        };
+    }
+    entries![
+        XLA_FFI_Extension_Base { struct_size => "struct_size", type_ => "type", next => "next" },
+        XLA_FFI_Api_Version { struct_size => "struct_size", extension_start => "extension_start",
+            major_version => "major_version", minor_version => "minor_version" },
+        XLA_FFI_Error_Create_Args { struct_size => "struct_size", extension_start => "extension_start",
+            message => "message", errc => "errc" },
+        XLA_FFI_Buffer { struct_size => "struct_size", extension_start => "extension_start",
+            dtype => "dtype", data => "data", rank => "rank", dims => "dims" },
+        XLA_FFI_ByteSpan { ptr => "ptr", len => "len" },
+        XLA_FFI_Scalar { dtype => "dtype", value => "value" },
+        XLA_FFI_Args { struct_size => "struct_size", extension_start => "extension_start",
+            size => "size", types => "types", args => "args" },
+        XLA_FFI_Rets { struct_size => "struct_size", extension_start => "extension_start",
+            size => "size", types => "types", rets => "rets" },
+        XLA_FFI_Attrs { struct_size => "struct_size", extension_start => "extension_start",
+            size => "size", types => "types", names => "names", attrs => "attrs" },
+        XLA_FFI_CallFrame { struct_size => "struct_size", extension_start => "extension_start",
+            api => "api", ctx => "ctx", stage => "stage", args => "args", rets => "rets",
+            attrs => "attrs", future => "future" },
+        XLA_FFI_TypeId { type_id => "type_id" },
+        XLA_FFI_DeviceOrdinal_Get_Args { struct_size => "struct_size",
+            extension_start => "extension_start", ctx => "ctx", device_ordinal => "device_ordinal" },
+        XLA_FFI_Metadata { struct_size => "struct_size", api_version => "api_version",
+            traits => "traits", state_type_id => "state_type_id" },
+        XLA_FFI_Metadata_Extension { extension_base => "extension_base", metadata => "metadata" },
+        XLA_FFI_Api { struct_size => "struct_size", extension_start => "extension_start",
+            api_version => "api_version", internal_api => "internal_api",
+            XLA_FFI_Error_Create => "XLA_FFI_Error_Create",
+            XLA_FFI_RunId_Get => "XLA_FFI_RunId_Get",
+            XLA_FFI_DeviceOrdinal_Get => "XLA_FFI_DeviceOrdinal_Get" },
+    ]
+}
+
+/// Enum constants mirrored here, as `(C expression, value)` pairs, for the same test.
+#[must_use]
+pub fn constant_table() -> Vec<(&'static str, i64)> {
+    let mut v: Vec<(&'static str, i64)> = vec![
+        ("XLA_FFI_API_MAJOR", XLA_FFI_API_MAJOR.into()),
+        ("XLA_FFI_API_MINOR", XLA_FFI_API_MINOR.into()),
+        ("XLA_FFI_Extension_Metadata", XLA_FFI_Extension_Metadata.into()),
+        ("XLA_FFI_Error_Code_CANCELLED", XLA_FFI_Error_Code_CANCELLED.into()),
+        ("XLA_FFI_Error_Code_INVALID_ARGUMENT", XLA_FFI_Error_Code_INVALID_ARGUMENT.into()),
+        ("XLA_FFI_Error_Code_DEADLINE_EXCEEDED", XLA_FFI_Error_Code_DEADLINE_EXCEEDED.into()),
+        ("XLA_FFI_Error_Code_FAILED_PRECONDITION", XLA_FFI_Error_Code_FAILED_PRECONDITION.into()),
+        ("XLA_FFI_Error_Code_INTERNAL", XLA_FFI_Error_Code_INTERNAL.into()),
+        ("XLA_FFI_Error_Code_UNAVAILABLE", XLA_FFI_Error_Code_UNAVAILABLE.into()),
+        ("XLA_FFI_ArgType_BUFFER", XLA_FFI_ArgType_BUFFER.into()),
+        ("XLA_FFI_RetType_BUFFER", XLA_FFI_RetType_BUFFER.into()),
+        ("XLA_FFI_AttrType_SCALAR", XLA_FFI_AttrType_SCALAR.into()),
+        ("XLA_FFI_ExecutionStage_EXECUTE", XLA_FFI_ExecutionStage_EXECUTE.into()),
+        ("sizeof(XLA_FFI_DataType)", std::mem::size_of::<XLA_FFI_DataType>() as i64),
+    ];
+    macro_rules! dts {
+        ($($n:ident),*) => { $( v.push((concat!("XLA_FFI_DataType_", stringify!($n)), dtype::$n.into())); )* };
+    }
+    dts!(PRED, S1, S2, S4, S8, S16, S32, S64, U1, U2, U4, U8, U16, U32, U64, F16, F32, F64, BF16,
+        C64, C128, TOKEN, F8E5M2, F8E3M4, F8E4M3, F8E4M3FN, F8E4M3B11FNUZ, F8E5M2FNUZ,
+        F8E4M3FNUZ, F4E2M1FN, F8E8M0FNU);
+    v
+}
