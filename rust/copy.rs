@@ -8,24 +8,114 @@
 //! host memory and the copy is a `memcpy`. A GPU backend replaces that one function (with an
 //! async copy on the handler's stream followed by a synchronise).
 
-use std::mem::size_of;
+use std::alloc::{self, Layout};
+use std::ptr::NonNull;
+use std::sync::{Mutex, PoisonError};
 
 use crate::error::Error;
 use crate::xla_ffi::dtype;
 
 const ALIGN: usize = 16;
 
-/// A heap buffer aligned to 16 bytes whose bytes are written once by the handler.
+/// Buffers at least this large are recycled through [`POOL`]; smaller ones use malloc.
+const POOL_MIN_BYTES: usize = 64 << 10;
+/// Most bytes the pool keeps idle.
+const POOL_MAX_BYTES: usize = 64 << 20;
+/// Buffers at least this large are aligned to it and advised to use transparent huge
+/// pages (as numpy does for its large arrays): fewer page faults and TLB misses.
+const HUGE_PAGE: usize = 2 << 20;
+
+/// One heap allocation, owned exclusively.
+struct RawBuf {
+    ptr: NonNull<u8>,
+    cap: usize,
+}
+
+// SAFETY: a `RawBuf` is the sole owner of its allocation (like a `Box<[u8]>`), so moving it
+// to another thread or sharing `&RawBuf` (which allows no mutation) is sound.
+unsafe impl Send for RawBuf {}
+// SAFETY: see above.
+unsafe impl Sync for RawBuf {}
+
+impl RawBuf {
+    const fn empty() -> Self {
+        RawBuf { ptr: NonNull::<u128>::dangling().cast(), cap: 0 }
+    }
+
+    fn layout(cap: usize) -> Layout {
+        let align = if cap >= HUGE_PAGE { HUGE_PAGE } else { ALIGN };
+        Layout::from_size_align(cap, align).unwrap_or_else(|_| alloc::handle_alloc_error(
+            // Any layout: only reached for sizes near isize::MAX, where allocation fails anyway.
+            Layout::new::<u128>(),
+        ))
+    }
+
+    fn new(cap: usize) -> Self {
+        if cap == 0 {
+            return Self::empty();
+        }
+        let layout = Self::layout(cap);
+        // SAFETY: `layout` has a non-zero size.
+        let raw = unsafe { alloc::alloc(layout) };
+        let Some(ptr) = NonNull::new(raw) else { alloc::handle_alloc_error(layout) };
+        if cap >= HUGE_PAGE {
+            // SAFETY: `ptr..ptr+cap` is a live allocation we own; MADV_HUGEPAGE is only advice
+            // and cannot invalidate memory. Failure (e.g. THP disabled) is harmless.
+            unsafe { libc::madvise(ptr.as_ptr().cast(), cap, libc::MADV_HUGEPAGE) };
+        }
+        RawBuf { ptr, cap }
+    }
+}
+
+impl Drop for RawBuf {
+    fn drop(&mut self) {
+        if self.cap > 0 {
+            // SAFETY: allocated in `RawBuf::new` with exactly this layout, freed once.
+            unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.cap)) };
+        }
+    }
+}
+
+/// Recently freed large buffers, most recent last. A tap's buffer is allocated on the
+/// device thread and freed on the consumer thread; reusing the most recent one keeps large
+/// taps on warm, already-faulted memory.
+static POOL: Mutex<Vec<RawBuf>> = Mutex::new(Vec::new());
+
+fn take_buf(cap: usize) -> RawBuf {
+    if cap >= POOL_MIN_BYTES {
+        // Only this module touches the pool and it never panics while holding the lock.
+        let mut pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
+        let fits = |b: &RawBuf| b.cap >= cap && b.cap / 2 <= cap;
+        if let Some(i) = pool.iter().rposition(fits) {
+            return pool.swap_remove(i);
+        }
+    }
+    RawBuf::new(cap)
+}
+
+fn give_back(buf: RawBuf) {
+    if buf.cap < POOL_MIN_BYTES || buf.cap > POOL_MAX_BYTES {
+        return;
+    }
+    let mut pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut idle: usize = pool.iter().map(|b| b.cap).sum();
+    // Keep the newest buffers: evict the oldest until this one fits.
+    while idle + buf.cap > POOL_MAX_BYTES && !pool.is_empty() {
+        idle -= pool.remove(0).cap;
+    }
+    pool.push(buf);
+}
+
+/// A heap buffer aligned to 16 bytes (2 MiB when large) whose bytes are written once by
+/// the handler and then only read.
 pub struct HostBuffer {
-    // Capacity-only storage: `len` stays 0 so that the uninitialised padding between
-    // operands is never typed as `u128` values; all access goes through raw pointers.
-    words: Vec<u128>,
+    raw: RawBuf,
     len: usize,
 }
 
 impl HostBuffer {
     fn with_capacity(len: usize) -> Self {
-        HostBuffer { words: Vec::with_capacity(len.div_ceil(size_of::<u128>())), len }
+        HostBuffer { raw: take_buf(len), len }
     }
 
     /// Number of bytes in use.
@@ -43,11 +133,17 @@ impl HostBuffer {
     /// Start of the buffer (dangling but aligned when empty).
     #[must_use]
     pub fn as_ptr(&self) -> *const u8 {
-        self.words.as_ptr().cast()
+        self.raw.ptr.as_ptr()
     }
 
     fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.words.as_mut_ptr().cast()
+        self.raw.ptr.as_ptr()
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        give_back(std::mem::replace(&mut self.raw, RawBuf::empty()));
     }
 }
 
@@ -207,6 +303,18 @@ mod tests {
         // SAFETY: no operands.
         let m = unsafe { gather(1, 0, 0, std::iter::empty()) }.unwrap();
         assert!(m.arrays.is_empty());
+    }
+
+    #[test]
+    fn large_buffers_are_recycled() {
+        let cap = POOL_MIN_BYTES * 3;
+        let first = HostBuffer::with_capacity(cap);
+        drop(first);
+        let again = HostBuffer::with_capacity(cap);
+        // Another test may race on the pool; the buffer we got must at least fit.
+        assert!(again.raw.cap >= cap);
+        let huge = HostBuffer::with_capacity(HUGE_PAGE * 2);
+        assert_eq!(huge.as_ptr() as usize % HUGE_PAGE, 0);
     }
 
     #[test]
