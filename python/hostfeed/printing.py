@@ -57,7 +57,7 @@ def print_tap_func(arg: Any, transforms: Sequence[tuple[str, dict]], *, device: 
         >>> s = io.StringIO()
         >>> print_tap_func(np.array(2.), (), output_stream=s, what="x")
         >>> s.getvalue()
-        'what: x\\n2.0\\n'
+        'what: x\\n2.\\n'
     """
     def emit(s: str) -> None:
         if output_stream is not None:

@@ -7,6 +7,9 @@ use std::time::Duration;
 
 use _receiver::queue::{PushError, Queue};
 
+/// (producer, index) pairs as the consumer saw them, and the queue for its counters.
+type RunResult = (Vec<(usize, usize)>, Arc<Queue<(usize, usize)>>);
+
 /// Runs `producers` threads each pushing `per_producer` items of `bytes` bytes, and one
 /// consumer that completes each batch after `work` (a closure run per batch). Returns what
 /// the consumer saw, in order, as (producer, index).
@@ -15,7 +18,7 @@ fn run(
     producers: usize,
     per_producer: usize,
     bytes: impl Fn(usize) -> usize + Send + Sync + Copy + 'static,
-) -> (Vec<(usize, usize)>, Arc<Queue<(usize, usize)>>) {
+) -> RunResult {
     let q = Arc::new(Queue::new(bound));
     q.clear_stop();
     let consumer = {

@@ -1,0 +1,44 @@
+"""Shared test setup: CPU-only JAX, and a check after every test that the receiver has
+processed everything and no callback exception was left unreported."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from typing import Callable
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest  # noqa: E402
+
+from hostfeed import host_callback as hcb  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _receiver_clean_after_test():
+    yield
+    # Raises (and so fails the test's teardown) if a callback exception went unreported.
+    hcb.barrier_wait("test_teardown", timeout=120)
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Waits for a condition (polling in short steps), failing after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    event = threading.Event()
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        event.wait(0.001)
+
+
+def run_python(code: str, env: dict[str, str] | None = None,
+               timeout: float = 180) -> subprocess.CompletedProcess:
+    """Runs ``code`` in a fresh interpreter (for exit-time and environment behaviour)."""
+    full_env = dict(os.environ)
+    full_env.setdefault("JAX_PLATFORMS", "cpu")
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env,
+                          capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,82 @@
+"""Exceptions in tap functions: logged, recorded, raised by the next barrier_wait; the
+receiver keeps going."""
+from __future__ import annotations
+
+import logging
+import threading
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+
+from hostfeed import _receiver
+from hostfeed import host_callback as hcb
+
+
+def test_exception_surfaces_at_barrier_and_later_taps_run(caplog):
+    got = []
+
+    def tap(a, transforms):
+        if int(a) == 2:
+            raise ValueError("tap failed on 2")
+        got.append(int(a))
+
+    f = jax.jit(lambda x: lax.fori_loop(0, 5, lambda i, c: hcb.id_tap(tap, i, result=c), x))
+    with caplog.at_level(logging.ERROR, logger="hostfeed"):
+        f(0)
+        with pytest.raises(hcb.CallbackException, match="tap failed on 2") as info:
+            hcb.barrier_wait()
+    assert got == [0, 1, 3, 4]
+    assert isinstance(info.value.__cause__, ValueError)
+    assert "Traceback" in str(info.value)
+    assert any("tap failed on 2" in r.getMessage() for r in caplog.records)
+    # Reported once: the next barrier is clean, and new taps still work.
+    hcb.barrier_wait()
+    f(0)
+    with pytest.raises(hcb.CallbackException):
+        hcb.barrier_wait()
+
+
+def test_last_exception_is_the_one_reported():
+    def tap(a, transforms):
+        raise KeyError(f"key {int(a)}")
+
+    jax.jit(lambda x: lax.fori_loop(0, 3, lambda i, c: hcb.id_tap(tap, i, result=c), x))(0)
+    with pytest.raises(hcb.CallbackException, match="key 2"):
+        hcb.barrier_wait()
+
+
+def test_tap_function_exception_is_an_alias():
+    assert hcb.TapFunctionException is hcb.CallbackException
+
+
+def test_barrier_wait_inside_callback_is_refused_not_deadlocked():
+    jax.jit(lambda x: hcb.id_tap(lambda a, tr: hcb.barrier_wait(), x))(1.0)
+    with pytest.raises(hcb.CallbackException) as info:
+        hcb.barrier_wait()
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert "from inside a host callback" in str(info.value.__cause__)
+
+
+def test_stop_inside_callback_is_refused():
+    jax.jit(lambda x: hcb.id_tap(lambda a, tr: hcb.stop_outfeed_receiver(), x))(1.0)
+    with pytest.raises(hcb.CallbackException, match="stop_outfeed_receiver was called from inside"):
+        hcb.barrier_wait()
+    assert _receiver.is_running()
+
+
+def test_barrier_timeout_names_pending_messages():
+    release = threading.Event()
+    jax.jit(lambda x: hcb.id_tap(lambda a, tr: release.wait(60), x))(jnp.float32(1))
+    try:
+        with pytest.raises(TimeoutError, match="still unprocessed"):
+            hcb.barrier_wait(timeout=0.05)
+    finally:
+        release.set()
+    hcb.barrier_wait()
+
+
+def test_bad_timeout_is_rejected():
+    with pytest.raises(ValueError, match="timeout"):
+        hcb.barrier_wait(timeout=-1)

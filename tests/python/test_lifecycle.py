@@ -1,0 +1,150 @@
+"""Receiver lifecycle: lazy start, stop/restart, atexit drain, environment settings."""
+from __future__ import annotations
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import hostfeed
+from hostfeed import _compat, _receiver
+from hostfeed import host_callback as hcb
+
+from conftest import run_python
+
+
+def test_stop_drains_then_restart_works_for_new_and_compiled_code():
+    got = []
+    f = jax.jit(lambda x: hcb.id_tap(lambda a, tr: got.append(("f", int(a))), x))
+    for i in range(50):
+        f(i)
+    hcb.stop_outfeed_receiver()
+    assert not _receiver.is_running()
+    assert got == [("f", i) for i in range(50)]  # stop drained everything
+    # Already-compiled code restarts the receiver by itself ...
+    f(50)
+    hcb.barrier_wait()
+    assert got[-1] == ("f", 50)
+    assert _receiver.is_running()
+    # ... and so does new code, after another stop.
+    hcb.stop_outfeed_receiver()
+    g = jax.jit(lambda x: hcb.id_tap(lambda a, tr: got.append(("g", int(a))), x))
+    g(1)
+    hcb.barrier_wait()
+    assert got[-1] == ("g", 1)
+
+
+def test_stop_twice_is_harmless():
+    hcb.stop_outfeed_receiver()
+    hcb.stop_outfeed_receiver()
+    hcb.id_tap(lambda a, tr: None, 1)
+    hcb.barrier_wait()
+
+
+def test_stats_count_messages_and_bytes():
+    before = hostfeed.receiver_stats()
+    jax.jit(lambda x: hcb.id_tap(lambda a, tr: None, (x, x)))(jnp.zeros(10, jnp.float32))
+    hcb.barrier_wait()
+    after = hostfeed.receiver_stats()
+    assert after["messages_enqueued"] - before["messages_enqueued"] == 1
+    assert after["messages_processed"] - before["messages_processed"] == 1
+    # two float32[10] operands, the second at a 16-byte-aligned offset: 48 + 40
+    assert after["bytes_enqueued"] - before["bytes_enqueued"] == 88
+    assert after["queued_bytes"] == 0
+
+
+def test_start_receiver_validates_the_bound():
+    with pytest.raises(ValueError, match="positive"):
+        hostfeed.start_receiver(max_queue_byte_size=0)
+
+
+def test_unsupported_jax_version_message():
+    with pytest.raises(ImportError, match=r"supports jax 0.10.x; found jax 0.4.30.*pip install"):
+        _compat.check_jax_version("0.4.30")
+    with pytest.raises(ImportError, match="found jax 0.11.0"):
+        _compat.check_jax_version("0.11.0")
+    _compat.check_jax_version("0.10.2rc1")
+
+
+def test_callbacks_run_on_the_receiver_thread_not_the_caller():
+    threads = []
+    jax.jit(lambda x: hcb.id_tap(lambda a, tr: threads.append(threading.current_thread()), x))(1)
+    hcb.barrier_wait()
+    assert threads[0] is not threading.main_thread()
+
+
+def test_atexit_drains_pending_taps():
+    r = run_python("""
+        import sys
+        import jax
+        from jax import lax
+        from hostfeed import host_callback as hcb
+        def tap(a, tr):
+            sys.stdout.write(f"tap {int(a)}\\n")  # one write per line: threads interleave
+        f = jax.jit(lambda x: lax.fori_loop(0, 200, lambda i, c: hcb.id_tap(tap, i, result=c), x))
+        f(0)
+        sys.stdout.write("main done\\n")
+    """)
+    assert r.returncode == 0, r.stderr
+    taps = [line for line in r.stdout.splitlines() if line != "main done"]
+    assert taps == [f"tap {i}" for i in range(200)]
+    assert "main done" in r.stdout
+
+
+def test_atexit_reports_a_pending_callback_exception():
+    r = run_python("""
+        import jax
+        from hostfeed import host_callback as hcb
+        def bad(a, tr):
+            raise RuntimeError("failed during shutdown")
+        jax.jit(lambda x: hcb.id_tap(bad, x))(1.0)
+    """)
+    assert "CallbackException" in r.stderr and "failed during shutdown" in r.stderr
+
+
+def test_inline_mode_runs_eager_taps_in_the_caller():
+    r = run_python("""
+        import threading
+        import jax, jax.numpy as jnp
+        from hostfeed import host_callback as hcb
+        seen = []
+        hcb.id_tap(lambda a, tr: seen.append((a.tolist(), threading.current_thread().name)),
+                   jnp.arange(2))
+        assert seen == [([0, 1], "MainThread")], seen
+        def bad(a, tr):
+            raise ValueError("inline boom")
+        try:
+            hcb.id_tap(bad, 1.0)
+        except ValueError as e:
+            print("raised at call site:", e)
+        # Under jit, taps still go through the receiver.
+        jax.jit(lambda x: hcb.id_tap(lambda a, tr: seen.append(
+            threading.current_thread().name), x))(1.0)
+        hcb.barrier_wait()
+        assert seen[-1] != "MainThread", seen
+        print("ok")
+    """, env={"JAX_HOST_CALLBACK_INLINE": "1"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["raised at call site: inline boom", "ok"]
+
+
+def test_queue_bound_comes_from_the_environment():
+    r = run_python("""
+        import hostfeed
+        from hostfeed import host_callback as hcb
+        hcb.id_tap(lambda a, tr: None, 1)
+        hcb.barrier_wait()
+        print(hostfeed.receiver_stats()["max_queue_bytes"])
+    """, env={"JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE": "1.5e5"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "150000"
+
+
+def test_invalid_queue_bound_environment_is_a_clear_error():
+    r = run_python("""
+        from hostfeed import host_callback as hcb
+        hcb.id_tap(lambda a, tr: None, 1)
+    """, env={"JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE": "lots"})
+    assert r.returncode != 0
+    assert "JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE='lots' is not a number of bytes" in r.stderr

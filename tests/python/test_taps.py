@@ -1,0 +1,277 @@
+"""id_tap / id_print values and order: eager, jit, nested jit, control flow, pytrees."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from hostfeed import host_callback as hcb
+
+
+class Recorder:
+    """A tap function that records (tag, value as Python data, transforms)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, tag):
+        def tap(arg, transforms):
+            self.calls.append((tag, jax.tree_util.tree_map(lambda a: a.tolist(), arg),
+                               transforms))
+        return tap
+
+    def values(self, tag=None):
+        return [v for t, v, _ in self.calls if tag is None or t == tag]
+
+    def tags(self):
+        return [t for t, _, _ in self.calls]
+
+
+def test_eager_tap_returns_arg_and_calls_host():
+    rec = Recorder()
+    y = hcb.id_tap(rec("x"), jnp.arange(3.0))
+    hcb.barrier_wait()
+    np.testing.assert_array_equal(y, [0.0, 1.0, 2.0])
+    assert rec.calls == [("x", [0.0, 1.0, 2.0], ())]
+
+
+def test_eager_python_scalar_and_numpy_args():
+    rec = Recorder()
+    hcb.id_tap(rec("s"), 3)
+    hcb.id_tap(rec("n"), np.float32(1.5))
+    hcb.id_tap(rec("a"), np.array([[1, 2]], dtype=np.int16))
+    hcb.barrier_wait()
+    assert rec.calls == [("s", 3, ()), ("n", 1.5, ()), ("a", [[1, 2]], ())]
+
+
+def test_jit_tap_values_and_result():
+    rec = Recorder()
+
+    @jax.jit
+    def f(x):
+        y = hcb.id_tap(rec("y"), x * 2)
+        return y + 1
+
+    np.testing.assert_array_equal(f(jnp.arange(3.0)), [1.0, 3.0, 5.0])
+    hcb.barrier_wait()
+    assert rec.values() == [[0.0, 2.0, 4.0]]
+
+
+def test_tap_runs_when_output_unused():
+    rec = Recorder()
+
+    @jax.jit
+    def f(x):
+        hcb.id_tap(rec("unused"), x)
+        return x + 1
+
+    f(1.0)
+    hcb.barrier_wait()
+    assert rec.values() == [1.0]
+
+
+def test_result_is_returned_and_tap_still_runs():
+    rec = Recorder()
+
+    @jax.jit
+    def f(x):
+        r = hcb.id_tap(rec("x"), x, result=(x * 3, {"k": x + 1}))
+        return r
+
+    r0, r1 = f(2.0)
+    hcb.barrier_wait()
+    assert float(r0) == 6.0 and float(r1["k"]) == 3.0
+    assert rec.values() == [2.0]
+
+
+def test_id_print_result_returns_result():
+    import io
+    s = io.StringIO()
+    out = jax.jit(lambda x: hcb.id_print(x, result=x * 10, output_stream=s))(jnp.int32(4))
+    hcb.barrier_wait()
+    assert int(out) == 40
+    assert s.getvalue() == "4\n"
+
+
+def test_nested_jit_in_program_order():
+    rec = Recorder()
+    inner = jax.jit(lambda x: hcb.id_tap(rec("inner"), x + 1))
+
+    @jax.jit
+    def outer(x):
+        x = hcb.id_tap(rec("before"), x)
+        x = inner(x)
+        x = inner(x)
+        return hcb.id_tap(rec("after"), x * 2)
+
+    assert float(outer(1.0)) == 6.0
+    hcb.barrier_wait()
+    assert rec.calls == [("before", 1.0, ()), ("inner", 2.0, ()), ("inner", 3.0, ()),
+                         ("after", 6.0, ())]
+
+
+@pytest.mark.parametrize("pred_value, expected", [(1.0, "true"), (-1.0, "false")])
+def test_cond_taps_only_taken_branch(pred_value, expected):
+    rec = Recorder()
+
+    @jax.jit
+    def f(x):
+        return lax.cond(x > 0, lambda v: hcb.id_tap(rec("true"), v * 2),
+                        lambda v: hcb.id_tap(rec("false"), v * 3), x)
+
+    f(pred_value)
+    hcb.barrier_wait()
+    assert rec.tags() == [expected]
+
+
+def test_while_loop_body_and_predicate_in_order():
+    rec = Recorder()
+
+    @jax.jit
+    def f(x):
+        def cond(c):
+            hcb.id_tap(rec("pred"), c[0])
+            return c[0] < 3
+
+        def body(c):
+            i, v = c
+            hcb.id_tap(rec("body"), (i, v))
+            return i + 1, v * 2
+
+        return lax.while_loop(cond, body, (0, x))
+
+    i, v = f(1.0)
+    hcb.barrier_wait()
+    assert (int(i), float(v)) == (3, 8.0)
+    assert rec.calls == [
+        ("pred", 0, ()), ("body", (0, 1.0), ()),
+        ("pred", 1, ()), ("body", (1, 2.0), ()),
+        ("pred", 2, ()), ("body", (2, 4.0), ()),
+        ("pred", 3, ()),
+    ]
+
+
+def test_scan_taps_every_iteration_in_order():
+    rec = Recorder()
+
+    def step(c, a):
+        hcb.id_tap(rec("scan"), {"carry": c, "x": a})
+        return c + a, c * a
+
+    c, ys = jax.jit(lambda xs: lax.scan(step, 0.0, xs))(jnp.arange(4.0))
+    hcb.barrier_wait()
+    assert float(c) == 6.0
+    assert rec.values() == [{"carry": 0.0, "x": 0.0}, {"carry": 0.0, "x": 1.0},
+                            {"carry": 1.0, "x": 2.0}, {"carry": 3.0, "x": 3.0}]
+
+
+def test_fori_loop_with_result():
+    rec = Recorder()
+
+    @jax.jit
+    def f(x):
+        return lax.fori_loop(0, 5, lambda i, c: hcb.id_tap(rec("i"), i, result=c + i), x)
+
+    assert int(f(0)) == 10
+    hcb.barrier_wait()
+    assert rec.values() == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("arg, expected", [
+    ((1, 2.0), (1, 2.0)),
+    ([np.int32(3), (4.0, 5.0)], [3, (4.0, 5.0)]),
+    ({"b": 2, "a": [1.0, {"c": 3}]}, {"a": [1.0, {"c": 3}], "b": 2}),
+    (((), [], {}), ((), [], {})),
+])
+def test_pytree_args_round_trip(arg, expected):
+    got = []
+    out = jax.jit(lambda t: hcb.id_tap(lambda a, tr: got.append(a), t))(arg)
+    hcb.barrier_wait()
+    assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(arg)
+    assert len(got) == 1
+    assert jax.tree_util.tree_map(lambda a: a.tolist(), got[0]) == expected
+
+
+def test_tap_func_receives_numpy_arrays():
+    got = []
+    jax.jit(lambda x: hcb.id_tap(lambda a, tr: got.append(a), x))(jnp.ones((2, 3), jnp.int32))
+    hcb.barrier_wait()
+    assert isinstance(got[0], np.ndarray)
+    assert got[0].shape == (2, 3) and got[0].dtype == np.int32
+
+
+def test_tap_with_device_passes_the_device():
+    got = []
+
+    def tap(a, transforms, *, device):
+        got.append((a.tolist(), device))
+
+    jax.jit(lambda x: hcb.id_tap(tap, x, tap_with_device=True))(jnp.float32(1.0))
+    hcb.barrier_wait()
+    assert got == [(1.0, jax.devices()[0])]
+
+
+def test_ten_thousand_taps_arrive_complete_and_in_order():
+    got = []
+
+    @jax.jit
+    def f(x):
+        return lax.fori_loop(0, 10_000, lambda i, c: hcb.id_tap(
+            lambda a, tr: got.append(int(a)), i, result=c + 1), x)
+
+    assert int(f(0)) == 10_000
+    hcb.barrier_wait()
+    assert got == list(range(10_000))
+
+
+def test_taps_from_two_computations_keep_dispatch_order():
+    got = []
+    f = jax.jit(lambda x: hcb.id_tap(lambda a, tr: got.append(("f", int(a))), x))
+    g = jax.jit(lambda x: hcb.id_tap(lambda a, tr: got.append(("g", int(a))), x))
+    for i in range(20):
+        f(i)
+        g(i)
+    hcb.barrier_wait()
+    assert got == [(n, i) for i in range(20) for n in ("f", "g")]
+
+
+def test_second_call_does_not_recompile():
+    traces = []
+
+    @jax.jit
+    def f(x):
+        traces.append(1)
+        return hcb.id_tap(lambda a, tr: None, x)
+
+    f(1.0)
+    f(2.0)
+    hcb.barrier_wait()
+    assert len(traces) == 1
+    assert f._cache_size() == 1
+
+
+def test_not_callable_tap_func_is_rejected():
+    with pytest.raises(TypeError, match="tap_func must be callable"):
+        hcb.id_tap(42, 1.0)
+
+
+def test_non_jax_leaf_is_rejected():
+    with pytest.raises(TypeError, match="leaf 1 of `arg` has type str"):
+        hcb.id_tap(lambda a, tr: None, (1.0, "text"))
+
+
+def test_unsupported_dtype_is_rejected_at_trace_time():
+    with pytest.raises(TypeError, match="dtype int4"):
+        jax.jit(lambda x: hcb.id_tap(lambda a, tr: None, x.astype(jnp.int4)))(jnp.ones(4))
+
+
+def test_unknown_keyword_is_rejected():
+    with pytest.raises(TypeError):
+        hcb.id_tap(lambda a, tr: None, 1.0, what="x")  # type: ignore[call-arg]
+
+
+def test_negative_device_index_is_rejected():
+    with pytest.raises(ValueError, match="device_index"):
+        hcb.id_tap(lambda a, tr: None, 1.0, device_index=-1)
