@@ -7,26 +7,30 @@
 //! (at interpreter exit) drains, joins and closes the queue for good.
 
 use std::cell::Cell;
+use std::collections::HashMap;
 use std::ffi::c_int;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use numpy::npyffi::{self, npy_intp, PY_ARRAY_API};
-use numpy::PyArrayDescr;
+use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
 use crate::copy::{HostBuffer, Message};
-use crate::error::Error;
+use crate::error::{Error, ReceiverError};
 use crate::queue::{PushError, Queue};
+use crate::reply::ReplySlot;
 
 /// Default byte bound, as in the legacy module (`256e6`).
 pub const DEFAULT_MAX_QUEUE_BYTES: usize = 256_000_000;
 /// Most messages handed to Python per GIL acquisition.
 pub const MAX_BATCH: usize = 1024;
+/// How long an idle consumer polls before sleeping (see `Queue::with_spin`).
+const CONSUMER_SPIN: Duration = Duration::from_micros(200);
 /// Longest single wait with the GIL released before re-checking signals.
 const WAIT_SLICE: Duration = Duration::from_millis(100);
 
@@ -59,6 +63,11 @@ pub struct Receiver {
     control: Mutex<Control>,
     finalized: AtomicBool,
     dispatcher_error: Mutex<Option<PyErr>>,
+    /// `call` handlers waiting for a reply, so that `stop` can fail them.
+    pending_calls: Mutex<HashMap<u64, Arc<ReplySlot>>>,
+    next_ticket: AtomicU64,
+    /// Bumped when a stuck consumer is abandoned; a consumer exits when it sees a newer one.
+    generation: AtomicU64,
 }
 
 static RECEIVER: OnceLock<Receiver> = OnceLock::new();
@@ -84,11 +93,32 @@ pub struct MessageData {
 impl Receiver {
     fn new(bound: usize) -> Self {
         Receiver {
-            queue: Queue::new(bound),
+            queue: Queue::new(bound).with_spin(CONSUMER_SPIN),
             control: Mutex::new(Control::default()),
             finalized: AtomicBool::new(false),
             dispatcher_error: Mutex::new(None),
+            pending_calls: Mutex::new(HashMap::new()),
+            next_ticket: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
         }
+    }
+
+    /// Records a waiting `call` handler; returns the ticket for `deregister_call`.
+    pub fn register_call(&self, slot: Arc<ReplySlot>) -> u64 {
+        let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+        lock(&self.pending_calls).insert(ticket, slot);
+        ticket
+    }
+
+    /// Forgets a `call` handler that stopped waiting.
+    pub fn deregister_call(&self, ticket: u64) {
+        lock(&self.pending_calls).remove(&ticket);
+    }
+
+    /// Fails every waiting `call` with `message`; returns how many were failed.
+    pub fn cancel_pending_calls(&self, message: &str) -> usize {
+        let slots: Vec<Arc<ReplySlot>> = lock(&self.pending_calls).values().cloned().collect();
+        slots.iter().filter(|s| s.fail(message.to_string())).count()
     }
 
     /// Installs the dispatcher configuration used by current and future consumer threads.
@@ -119,9 +149,10 @@ impl Receiver {
         }
         let config = control.config.clone().ok_or(Error::NotConfigured)?;
         self.queue.clear_stop();
+        let generation = self.generation.load(Ordering::Acquire);
         let handle = std::thread::Builder::new()
             .name("hostfeed-consumer".into())
-            .spawn(move || consumer_main(&config))
+            .spawn(move || consumer_main(&config, generation))
             .map_err(|e| Error::Internal(format!("cannot spawn the consumer thread: {e}")))?;
         control.thread = Some(handle);
         Ok(true)
@@ -155,9 +186,13 @@ impl Receiver {
     /// Drains the queue, then stops and joins the consumer thread. The GIL is released
     /// while waiting.
     ///
+    /// If the consumer makes no progress for `stall` (a host callback that never returns),
+    /// every waiting `call` is failed, the stuck thread is abandoned (it exits if its
+    /// callback ever returns) and `stop` returns `Ok(false)`; otherwise `Ok(true)`.
+    ///
     /// # Errors
     /// [`Error::InsideCallback`] when called from a host callback.
-    pub fn stop(&self, py: Python<'_>) -> Result<(), Error> {
+    pub fn stop(&self, py: Python<'_>, stall: Duration) -> Result<bool, Error> {
         if in_consumer_thread() {
             return Err(Error::InsideCallback("stop_outfeed_receiver"));
         }
@@ -165,13 +200,32 @@ impl Receiver {
         // waits for this stop to finish and then starts a fresh one.
         py.detach(|| {
             let mut control = lock(&self.control);
-            if let Some(handle) = control.thread.take() {
-                self.queue.request_stop();
-                handle
-                    .join()
-                    .map_err(|_| Error::Internal("the consumer thread panicked".into()))?;
+            let Some(handle) = control.thread.take() else { return Ok(true) };
+            self.queue.request_stop();
+            let mut last = (self.queue.processed(), Instant::now());
+            while !handle.is_finished() {
+                let processed = self.queue.processed();
+                if processed != last.0 {
+                    last = (processed, Instant::now());
+                } else if last.1.elapsed() >= stall {
+                    let failed = self.cancel_pending_calls(&format!(
+                        "hostfeed: stop_outfeed_receiver gave up on a host callback that made \
+                         no progress for {:.1} s; this call was failed instead of waiting \
+                         forever",
+                        stall.as_secs_f64()
+                    ));
+                    self.generation.fetch_add(1, Ordering::AcqRel);
+                    eprintln!(
+                        "hostfeed: a host callback has been running for over {:.1} s; \
+                         abandoning the receiver thread ({failed} waiting call(s) failed)",
+                        stall.as_secs_f64()
+                    );
+                    return Ok(false);
+                }
+                self.queue.wait_processed(processed + 1, Duration::from_millis(20));
             }
-            Ok(())
+            handle.join().map_err(|_| Error::Internal("the consumer thread panicked".into()))?;
+            Ok(true)
         })
     }
 
@@ -179,10 +233,11 @@ impl Receiver {
     ///
     /// # Errors
     /// As [`Receiver::stop`].
-    pub fn finalize(&self, py: Python<'_>) -> Result<(), Error> {
-        self.stop(py)?;
+    pub fn finalize(&self, py: Python<'_>, stall: Duration) -> Result<(), Error> {
+        self.stop(py, stall)?;
         let mut control = lock(&self.control);
         self.finalized.store(true, Ordering::Release);
+        self.cancel_pending_calls("hostfeed: the receiver shut down (interpreter exit)");
         let leftovers = self.queue.close();
         // Drop Python objects while attached.
         control.config = None;
@@ -238,25 +293,31 @@ impl Receiver {
     }
 }
 
-fn consumer_main(config: &Arc<DispatchConfig>) {
+fn consumer_main(config: &Arc<DispatchConfig>, generation: u64) {
     IS_CONSUMER.with(|c| c.set(true));
     let receiver = global();
     let mut batch: Vec<(usize, Message)> = Vec::with_capacity(MAX_BATCH);
-    while receiver.queue.pop_batch(MAX_BATCH, &mut batch) {
-        let count = batch.len() as u64;
-        let bytes: usize = batch.iter().map(|(b, _)| *b).sum();
-        Python::attach(|py| {
+    // Attach once for the thread's life and detach around each wait: re-attaching a
+    // detached thread is cheap, while attaching from scratch creates and destroys a
+    // Python thread state every time.
+    Python::attach(|py| {
+        while receiver.generation.load(Ordering::Acquire) == generation
+            && py.detach(|| receiver.queue.pop_batch(MAX_BATCH, &mut batch))
+        {
+            let count = batch.len() as u64;
+            let bytes: usize = batch.iter().map(|(b, _)| *b).sum();
             if let Err(e) = dispatch(py, config, &mut batch) {
                 receiver.record_dispatcher_error(py, e);
             }
             // Drop whatever was not handed over (after an error) while attached.
             batch.clear();
-        });
-        receiver.queue.complete(count, bytes);
-    }
+            receiver.queue.complete(count, bytes);
+        }
+    });
 }
 
-/// Hands a batch to the Python dispatcher as `[(consumer_id, device, flags, arrays), ...]`.
+/// Hands a batch to the Python dispatcher as
+/// `[(consumer_id, device, flags, arrays, reply_or_None), ...]`.
 fn dispatch(
     py: Python<'_>,
     config: &DispatchConfig,
@@ -264,7 +325,7 @@ fn dispatch(
 ) -> PyResult<()> {
     let items = PyList::empty(py);
     for (_, msg) in batch.drain(..) {
-        let Message { consumer_id, flags, device, arrays, dims, data } = msg;
+        let Message { consumer_id, flags, device, arrays, dims, data, reply } = msg;
         let owner = Bound::new(py, MessageData { buf: data })?;
         let base = owner.get().buf.as_ptr();
         let mut views = Vec::with_capacity(arrays.len());
@@ -276,7 +337,8 @@ fn dispatch(
             views.push(unsafe { make_array(py, config, &owner, base.add(a.offset), a.dtype, shape) }?);
         }
         let arrays = PyTuple::new(py, views)?;
-        items.append((consumer_id, device, flags, arrays))?;
+        let reply = reply.map(|slot| Reply { slot }).map(|r| Bound::new(py, r)).transpose()?;
+        items.append((consumer_id, device, flags, arrays, reply))?;
     }
     config.dispatcher.call1(py, (items,))?;
     Ok(())
@@ -300,13 +362,13 @@ unsafe fn make_array<'py>(
         .and_then(|i| config.descrs.get(i))
         .and_then(Option::as_ref)
         .ok_or_else(|| {
-            crate::error::ReceiverError::new_err(format!(
+            ReceiverError::new_err(format!(
                 "hostfeed: no numpy dtype registered for XLA dtype code {code}"
             ))
         })?;
     let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
     let rank = c_int::try_from(dims.len())
-        .map_err(|_| crate::error::ReceiverError::new_err("array rank too large"))?;
+        .map_err(|_| ReceiverError::new_err("array rank too large"))?;
     // SAFETY: the numpy C API is initialised by `PY_ARRAY_API` on first use while attached;
     // `PyArray_NewFromDescr` steals the descriptor reference we pass (`into_ptr` hands one
     // over); `dims` holds `rank` entries; null strides mean C order; `data` is valid for
@@ -332,5 +394,87 @@ unsafe fn make_array<'py>(
             return Err(PyErr::fetch(py));
         }
         Ok(arr)
+    }
+}
+
+/// The consumer's handle on a waiting `call`: send the results or an error, once.
+#[pyclass(frozen, module = "hostfeed._receiver")]
+pub struct Reply {
+    slot: Arc<ReplySlot>,
+}
+
+#[pymethods]
+impl Reply {
+    /// Whether the call still waits (not replied, timed out or cancelled).
+    #[getter]
+    fn pending(&self) -> bool {
+        self.slot.is_pending()
+    }
+
+    /// Copies `results` (C-contiguous numpy arrays of exactly the expected dtypes and
+    /// shapes, in order) into the call's result buffers. Returns `False` if the call no
+    /// longer waits.
+    fn send(&self, results: Vec<Bound<'_, PyAny>>) -> PyResult<bool> {
+        let mut arrays = Vec::with_capacity(results.len());
+        for (i, r) in results.iter().enumerate() {
+            let a = r.cast::<PyUntypedArray>().map_err(|_| {
+                ReceiverError::new_err(format!("result {i} is not a numpy array"))
+            })?;
+            if !a.is_c_contiguous() {
+                return Err(ReceiverError::new_err(format!("result {i} is not C-contiguous")));
+            }
+            arrays.push(a.clone());
+        }
+        let mut problem: Option<String> = None;
+        let sent = self.slot.reply_with(|outs| {
+            if outs.len() != arrays.len() {
+                let m = format!("expected {} result arrays, got {}", outs.len(), arrays.len());
+                problem = Some(m.clone());
+                return Err(m);
+            }
+            for (i, (a, out)) in arrays.iter().zip(outs).enumerate() {
+                let nbytes = a.len() * a.dtype().itemsize();
+                let shape_ok = a.shape().len() == out.dims.len()
+                    && a.shape().iter().zip(&out.dims).all(|(&x, &y)| i64::try_from(x).is_ok_and(|x| x == y));
+                if nbytes != out.nbytes || !shape_ok {
+                    let m = format!(
+                        "result {i} has shape {:?} and {nbytes} bytes, expected dims {:?} and {} bytes",
+                        a.shape(),
+                        out.dims,
+                        out.nbytes
+                    );
+                    problem = Some(m.clone());
+                    return Err(m);
+                }
+                if nbytes > 0 {
+                    // SAFETY: the array is C-contiguous with `nbytes` bytes of data; the
+                    // output buffer holds `out.nbytes == nbytes` bytes and stays alive while
+                    // the slot is pending (`reply_with` runs this under the slot lock);
+                    // numpy memory and XLA's buffer cannot overlap.
+                    unsafe {
+                        let src = (*npyffi::_PyArray_GET_ITEM_DATA(a.as_array_ptr())).data.cast::<u8>();
+                        std::ptr::copy_nonoverlapping(src, out.data, nbytes);
+                    }
+                }
+            }
+            Ok(())
+        });
+        match problem {
+            Some(m) => Err(ReceiverError::new_err(format!("hostfeed: bad call results: {m}"))),
+            None => Ok(sent),
+        }
+    }
+
+    /// Fails the call with `message` (raised in the JAX caller). Returns `False` if the
+    /// call no longer waits.
+    fn fail(&self, message: String) -> bool {
+        self.slot.fail(message)
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        // A reply object dropped without an answer must not leave the device waiting.
+        self.slot.fail("hostfeed internal error: the host dropped a call without replying".into());
     }
 }

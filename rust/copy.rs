@@ -10,9 +10,10 @@
 
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::error::Error;
+use crate::reply::ReplySlot;
 use crate::xla_ffi::dtype;
 
 const ALIGN: usize = 16;
@@ -169,6 +170,8 @@ pub struct Message {
     pub arrays: Vec<ArrayMeta>,
     pub dims: Vec<i64>,
     pub data: HostBuffer,
+    /// For a `call`: where the consumer sends the results.
+    pub reply: Option<Arc<ReplySlot>>,
 }
 
 impl Message {
@@ -263,7 +266,7 @@ pub unsafe fn gather<'a>(
     }
     // The padding after the last operand is not counted.
     data.len = arrays.last().map_or(0, |m| m.offset + m.nbytes);
-    Ok(Message { consumer_id, flags, device, arrays, dims, data })
+    Ok(Message { consumer_id, flags, device, arrays, dims, data, reply: None })
 }
 
 #[cfg(test)]

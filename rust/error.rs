@@ -40,6 +40,10 @@ pub enum Error {
     InsideCallback(&'static str),
     /// A wait ran past its deadline.
     Timeout { what: &'static str, seconds: f64, pending: u64 },
+    /// A `call`'s host callback failed; the message (built by Python) says how.
+    CallFailed(String),
+    /// A `call` got no reply before `HOSTFEED_CALL_TIMEOUT`.
+    CallTimeout { name: String, seconds: f64 },
     /// An internal failure (a panic caught at the FFI boundary, a poisoned invariant).
     Internal(String),
     /// A Python exception raised while the consumer dispatched messages.
@@ -70,6 +74,12 @@ impl fmt::Display for Error {
                 "hostfeed: {what} timed out after {seconds:.3} s with {pending} message(s) \
                  still unprocessed; a host callback may be blocked"
             ),
+            Error::CallFailed(m) => write!(f, "{m}"),
+            Error::CallTimeout { name, seconds } => write!(
+                f,
+                "hostfeed: the host callback {name} of hcb.call did not reply within \
+                 {seconds:.3} s (HOSTFEED_CALL_TIMEOUT); the device computation was failed"
+            ),
             Error::Internal(m) => write!(f, "hostfeed internal error: {m}"),
             Error::Python(e) => write!(f, "hostfeed: the dispatcher raised: {e}"),
         }
@@ -86,7 +96,10 @@ impl Error {
             Error::NotConfigured | Error::InsideCallback(_) => {
                 ffi::XLA_FFI_Error_Code_FAILED_PRECONDITION
             }
-            Error::Timeout { .. } => ffi::XLA_FFI_Error_Code_DEADLINE_EXCEEDED,
+            Error::Timeout { .. } | Error::CallTimeout { .. } => {
+                ffi::XLA_FFI_Error_Code_DEADLINE_EXCEEDED
+            }
+            Error::CallFailed(_) => ffi::XLA_FFI_Error_Code_FAILED_PRECONDITION,
             Error::Internal(_) | Error::Python(_) => ffi::XLA_FFI_Error_Code_INTERNAL,
         }
     }

@@ -6,17 +6,25 @@
 use std::ffi::CString;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::consumer;
 use crate::copy::{self, Operand};
 use crate::error::Error;
+use crate::reply::{OutBuf, ReplySlot, TimedOut};
 use crate::xla_ffi::{self as ffi, dtype};
 
-/// Attributes a hostfeed custom call carries (`mhlo.backend_config` dictionary).
+/// Attributes a hostfeed custom call carries (`mhlo.backend_config` dictionary). `name`
+/// borrows XLA's attribute storage for the duration of the call.
 #[derive(Debug, Default, Clone, Copy)]
-struct TapAttrs {
+struct Attrs<'a> {
     consumer_id: Option<i64>,
     flags: i64,
+    /// `call` only: milliseconds to wait for the reply; 0 waits forever.
+    timeout_ms: i64,
+    /// `call` only: the callback's name, for error messages.
+    name: &'a [u8],
 }
 
 /// If this call is XLA's metadata probe, fills in the API version and returns `true`.
@@ -71,34 +79,44 @@ unsafe fn to_ffi_error(api: *const ffi::XLA_FFI_Api, err: &Error) -> *mut ffi::X
     unsafe { create(&raw mut args) }
 }
 
-/// Reads the scalar attributes hostfeed's lowering attaches.
+/// Reads the attributes hostfeed's lowering attaches (integer scalars and the name).
 ///
 /// # Safety
 /// `attrs` must come from a valid call frame.
-unsafe fn read_attrs(attrs: &ffi::XLA_FFI_Attrs) -> Result<TapAttrs, Error> {
-    let mut out = TapAttrs::default();
+unsafe fn read_attrs(attrs: &ffi::XLA_FFI_Attrs) -> Result<Attrs<'_>, Error> {
+    let mut out = Attrs::default();
     let n = usize::try_from(attrs.size).unwrap_or(0);
     for i in 0..n {
-        // SAFETY: XLA guarantees `types`, `names` and `attrs` each hold `size` entries, each
-        // name points at a byte span and each scalar attribute at an `XLA_FFI_Scalar`.
+        // SAFETY: XLA guarantees `types`, `names` and `attrs` each hold `size` entries and
+        // each name points at a byte span alive for the call.
         let (ty, name, value) = unsafe {
             let span = &**attrs.names.add(i);
             let name = std::slice::from_raw_parts(span.ptr.cast::<u8>(), span.len);
             (*attrs.types.add(i), name, *attrs.attrs.add(i))
         };
-        let field = match name {
-            b"consumer_id" | b"flags" => name,
+        let field: &mut i64 = match name {
+            b"consumer_id" => out.consumer_id.insert(0),
+            b"flags" => &mut out.flags,
+            b"timeout_ms" => &mut out.timeout_ms,
+            b"name" if ty == ffi::XLA_FFI_AttrType_STRING => {
+                // SAFETY: a string attribute points at a byte span alive for the call.
+                out.name = unsafe {
+                    let span = &*value.cast::<ffi::XLA_FFI_ByteSpan>();
+                    std::slice::from_raw_parts(span.ptr.cast::<u8>(), span.len)
+                };
+                continue;
+            }
             _ => continue,
         };
         if ty != ffi::XLA_FFI_AttrType_SCALAR {
             return Err(Error::InvalidArgument(format!(
-                "attribute {:?} must be a scalar",
-                String::from_utf8_lossy(field)
+                "attribute {:?} must be an integer scalar",
+                String::from_utf8_lossy(name)
             )));
         }
         // SAFETY: a scalar attribute points at an `XLA_FFI_Scalar` owned by XLA.
         let scalar = unsafe { &*value.cast::<ffi::XLA_FFI_Scalar>() };
-        let v = match scalar.dtype {
+        *field = match scalar.dtype {
             // SAFETY: the scalar's dtype tells the width of the value it points at.
             dtype::S64 => unsafe { *scalar.value.cast::<i64>() },
             // SAFETY: as above.
@@ -106,15 +124,10 @@ unsafe fn read_attrs(attrs: &ffi::XLA_FFI_Attrs) -> Result<TapAttrs, Error> {
             other => {
                 return Err(Error::InvalidArgument(format!(
                     "attribute {:?} has dtype code {other}, expected a 64- or 32-bit integer",
-                    String::from_utf8_lossy(field)
+                    String::from_utf8_lossy(name)
                 )))
             }
         };
-        if field == b"flags" {
-            out.flags = v;
-        } else {
-            out.consumer_id = Some(v);
-        }
     }
     Ok(out)
 }
@@ -188,11 +201,11 @@ unsafe fn check_buffers(args: &ffi::XLA_FFI_Args) -> Result<(), Error> {
     Ok(())
 }
 
-/// The body of the tap handler: copy every buffer operand and enqueue one message.
+/// Reads the attributes and device, then copies the operands into a message.
 ///
 /// # Safety
 /// `frame` must be a valid call frame in the EXECUTE stage.
-unsafe fn tap(frame: &ffi::XLA_FFI_CallFrame) -> Result<(), Error> {
+unsafe fn message(frame: &ffi::XLA_FFI_CallFrame) -> Result<(copy::Message, Attrs<'_>), Error> {
     // SAFETY: the frame is valid (caller contract).
     let attrs = unsafe { read_attrs(&frame.attrs) }?;
     let consumer_id = attrs
@@ -206,14 +219,92 @@ unsafe fn tap(frame: &ffi::XLA_FFI_CallFrame) -> Result<(), Error> {
         check_buffers(&frame.args)?;
         copy::gather(consumer_id, attrs.flags, device, operands(&frame.args))
     }?;
+    Ok((msg, attrs))
+}
+
+/// The body of the tap handler: copy every buffer operand and enqueue one message.
+///
+/// # Safety
+/// `frame` must be a valid call frame in the EXECUTE stage.
+unsafe fn tap(frame: &ffi::XLA_FFI_CallFrame) -> Result<(), Error> {
+    // SAFETY: caller contract.
+    let (msg, _) = unsafe { message(frame) }?;
     consumer::global().push(msg)
 }
 
-/// XLA FFI handler `hostfeed_tap`: sends its operands to the host receiver.
+/// The custom call's result buffers (tokens skipped), as reply outputs.
 ///
 /// # Safety
-/// Called by XLA with a valid call frame.
-pub unsafe extern "C" fn hostfeed_tap(frame: *mut ffi::XLA_FFI_CallFrame) -> *mut ffi::XLA_FFI_Error {
+/// `rets` must come from a valid call frame.
+unsafe fn outputs(rets: &ffi::XLA_FFI_Rets) -> Result<Vec<OutBuf>, Error> {
+    let n = usize::try_from(rets.size).unwrap_or(0);
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        // SAFETY: `types` and `rets` hold `size` entries; a BUFFER result points at an
+        // `XLA_FFI_Buffer` whose `dims` hold `rank` entries, alive for the call.
+        let buf = unsafe {
+            if *rets.types.add(i) != ffi::XLA_FFI_RetType_BUFFER {
+                return Err(Error::InvalidArgument(format!("result {i} is not a buffer")));
+            }
+            &*(*rets.rets.add(i)).cast::<ffi::XLA_FFI_Buffer>()
+        };
+        if buf.dtype == dtype::TOKEN {
+            continue;
+        }
+        let rank = usize::try_from(buf.rank).unwrap_or(0);
+        // SAFETY: as above.
+        let dims: Vec<i64> = if rank == 0 { Vec::new() } else { unsafe { std::slice::from_raw_parts(buf.dims, rank) }.to_vec() };
+        let elem = dtype::element_size(buf.dtype).ok_or_else(|| {
+            Error::InvalidArgument(format!("result {i} has unsupported dtype code {}", buf.dtype))
+        })?;
+        let nbytes = dims
+            .iter()
+            .try_fold(elem, |acc, &d| usize::try_from(d).ok().and_then(|d| acc.checked_mul(d)))
+            .ok_or_else(|| Error::InvalidArgument(format!("result {i} has invalid dims {dims:?}")))?;
+        out.push(OutBuf { dtype: buf.dtype, data: buf.data.cast(), nbytes, dims });
+    }
+    Ok(out)
+}
+
+/// The body of the call handler: enqueue the request, wait for the consumer's reply (no
+/// GIL involved), which writes straight into the result buffers.
+///
+/// # Safety
+/// `frame` must be a valid call frame in the EXECUTE stage.
+unsafe fn call(frame: &ffi::XLA_FFI_CallFrame) -> Result<(), Error> {
+    // SAFETY: caller contract.
+    let (mut msg, attrs) = unsafe { message(frame) }?;
+    // SAFETY: as above.
+    let slot = Arc::new(ReplySlot::new(unsafe { outputs(&frame.rets) }?));
+    msg.reply = Some(Arc::clone(&slot));
+    let receiver = consumer::global();
+    let ticket = receiver.register_call(Arc::clone(&slot));
+    let deadline = u64::try_from(attrs.timeout_ms)
+        .ok()
+        .filter(|&ms| ms > 0)
+        .map(|ms| Instant::now() + Duration::from_millis(ms));
+    let waited = receiver.push(msg).map(|()| slot.wait(deadline));
+    receiver.deregister_call(ticket);
+    match waited? {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(message)) => Err(Error::CallFailed(message)),
+        Err(TimedOut) => Err(Error::CallTimeout {
+            name: String::from_utf8_lossy(attrs.name).into_owned(),
+            seconds: attrs.timeout_ms as f64 / 1e3,
+        }),
+    }
+}
+
+/// Shared frame for every handler: metadata probe, stage check, panic guard, error
+/// conversion.
+///
+/// # Safety
+/// `frame` must be null or a valid call frame from XLA.
+unsafe fn run(
+    frame: *mut ffi::XLA_FFI_CallFrame,
+    name: &str,
+    body: unsafe fn(&ffi::XLA_FFI_CallFrame) -> Result<(), Error>,
+) -> *mut ffi::XLA_FFI_Error {
     // SAFETY: XLA passes a valid frame for the duration of the call.
     let Some(frame) = (unsafe { frame.as_ref() }) else { return ptr::null_mut() };
     // SAFETY: the frame is valid.
@@ -224,12 +315,12 @@ pub unsafe extern "C" fn hostfeed_tap(frame: *mut ffi::XLA_FFI_CallFrame) -> *mu
         return ptr::null_mut();
     }
     // SAFETY: the frame is valid and in the EXECUTE stage.
-    let result = catch_unwind(AssertUnwindSafe(|| unsafe { tap(frame) }));
+    let result = catch_unwind(AssertUnwindSafe(|| unsafe { body(frame) }));
     let err = match result {
         Ok(Ok(())) => return ptr::null_mut(),
         Ok(Err(e)) => e,
         Err(panic) => Error::Internal(format!(
-            "panic in hostfeed_tap: {}",
+            "panic in {name}: {}",
             panic
                 .downcast_ref::<&str>()
                 .map(|s| (*s).to_string())
@@ -239,4 +330,23 @@ pub unsafe extern "C" fn hostfeed_tap(frame: *mut ffi::XLA_FFI_CallFrame) -> *mu
     };
     // SAFETY: the api pointer comes from the frame.
     unsafe { to_ffi_error(frame.api, &err) }
+}
+
+/// XLA FFI handler `hostfeed_tap`: sends its operands to the host receiver.
+///
+/// # Safety
+/// Called by XLA with a valid call frame.
+pub unsafe extern "C" fn hostfeed_tap(frame: *mut ffi::XLA_FFI_CallFrame) -> *mut ffi::XLA_FFI_Error {
+    // SAFETY: forwarded caller contract.
+    unsafe { run(frame, "hostfeed_tap", tap) }
+}
+
+/// XLA FFI handler `hostfeed_call`: sends its operands to the host, waits for the host
+/// callback's results and writes them into the call's results.
+///
+/// # Safety
+/// Called by XLA with a valid call frame.
+pub unsafe extern "C" fn hostfeed_call(frame: *mut ffi::XLA_FFI_CallFrame) -> *mut ffi::XLA_FFI_Error {
+    // SAFETY: forwarded caller contract.
+    unsafe { run(frame, "hostfeed_call", call) }
 }

@@ -9,6 +9,7 @@ pub mod error;
 pub mod handlers;
 pub mod pyapi;
 pub mod queue;
+pub mod reply;
 pub mod stats;
 pub mod xla_ffi;
 
@@ -21,6 +22,7 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ReceiverTimeoutError", py.get_type::<error::ReceiverTimeoutError>())?;
     m.add("CallbackContextError", py.get_type::<error::CallbackContextError>())?;
     m.add_class::<consumer::MessageData>()?;
+    m.add_class::<consumer::Reply>()?;
     m.add("DEFAULT_MAX_QUEUE_BYTES", consumer::DEFAULT_MAX_QUEUE_BYTES)?;
     m.add_function(wrap_pyfunction!(pyapi::start, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::stop, m)?)?;

@@ -57,16 +57,26 @@ pub fn start(
     Ok(receiver.start()?)
 }
 
-/// Drains the queue, then stops and joins the consumer thread (GIL released).
+const DEFAULT_STALL_SECONDS: f64 = 10.0;
+
+fn stall(seconds: Option<f64>) -> PyResult<Duration> {
+    Ok(duration(Some(seconds.unwrap_or(DEFAULT_STALL_SECONDS)))?.unwrap_or_default())
+}
+
+/// Drains the queue, then stops and joins the consumer thread (GIL released). If a
+/// callback makes no progress for `stall_timeout` seconds, waiting calls are failed and the
+/// thread is abandoned; returns whether the thread was joined.
 #[pyfunction]
-pub fn stop(py: Python<'_>) -> PyResult<()> {
-    Ok(consumer::global().stop(py)?)
+#[pyo3(signature = (stall_timeout=None))]
+pub fn stop(py: Python<'_>, stall_timeout: Option<f64>) -> PyResult<bool> {
+    Ok(consumer::global().stop(py, stall(stall_timeout)?)?)
 }
 
 /// Stops the receiver for good; later taps fail with an error (interpreter exit).
 #[pyfunction]
-pub fn finalize(py: Python<'_>) -> PyResult<()> {
-    Ok(consumer::global().finalize(py)?)
+#[pyo3(signature = (stall_timeout=None))]
+pub fn finalize(py: Python<'_>, stall_timeout: Option<f64>) -> PyResult<()> {
+    Ok(consumer::global().finalize(py, stall(stall_timeout)?)?)
 }
 
 /// Waits until every message enqueued before the call is processed.
@@ -138,5 +148,6 @@ fn capsule(py: Python<'_>, f: XLA_FFI_Handler) -> PyResult<Bound<'_, PyCapsule>>
 pub fn registrations(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("hostfeed_tap", capsule(py, handlers::hostfeed_tap)?)?;
+    d.set_item("hostfeed_call", capsule(py, handlers::hostfeed_call)?)?;
     Ok(d)
 }

@@ -147,6 +147,7 @@ pub const XLA_FFI_RetType_BUFFER: XLA_FFI_RetType = 1;
 // typedef enum { ARRAY = 1, DICTIONARY = 2, SCALAR = 3, STRING = 4 } XLA_FFI_AttrType;
 pub type XLA_FFI_AttrType = i32;
 pub const XLA_FFI_AttrType_SCALAR: XLA_FFI_AttrType = 3;
+pub const XLA_FFI_AttrType_STRING: XLA_FFI_AttrType = 4;
 
 /// Opaque `XLA_FFI_ExecutionContext`.
 #[repr(C)]
@@ -376,6 +377,7 @@ pub fn constant_table() -> Vec<(&'static str, i64)> {
         ("XLA_FFI_ArgType_BUFFER", XLA_FFI_ArgType_BUFFER.into()),
         ("XLA_FFI_RetType_BUFFER", XLA_FFI_RetType_BUFFER.into()),
         ("XLA_FFI_AttrType_SCALAR", XLA_FFI_AttrType_SCALAR.into()),
+        ("XLA_FFI_AttrType_STRING", XLA_FFI_AttrType_STRING.into()),
         ("XLA_FFI_ExecutionStage_EXECUTE", XLA_FFI_ExecutionStage_EXECUTE.into()),
         ("sizeof(XLA_FFI_DataType)", std::mem::size_of::<XLA_FFI_DataType>() as i64),
     ];

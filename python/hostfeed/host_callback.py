@@ -43,12 +43,13 @@ import jax
 import numpy as np
 
 from . import _compat, _receiver, receiver
-from .primitives import CallbackSpec, outside_call_p
+from .primitives import CallbackSpec, host_call_p, outside_call_p
 from .printing import print_tap_func
 from . import lowering as _lowering  # noqa: F401  (registers the lowering and FFI target)
+from . import rules as _rules  # noqa: F401  (registers the transformation rules)
 
 __all__ = [
-    "id_tap", "id_print", "barrier_wait", "stop_outfeed_receiver",
+    "id_tap", "id_print", "call", "barrier_wait", "stop_outfeed_receiver",
     "CallbackException", "TapFunctionException",
 ]
 
@@ -183,6 +184,87 @@ def id_print(arg: T, *, result: Any = None, tap_with_device: bool = False,
                   device_index=device_index)
 
 
+_RESULT_SHAPE_MSG = (
+    "result_shape should be a pytree of values with structure matching the expected result "
+    "of the callback function. The values must be either numeric scalars, or must have "
+    "'shape' and 'dtype' attributes. Got {}")
+
+
+def _result_avals(result_shape: Any) -> tuple[Any, tuple]:
+    flat, treedef = jax.tree_util.tree_flatten(result_shape)
+    avals = []
+    for r in flat:
+        try:
+            if hasattr(r, "shape") and hasattr(r, "dtype"):
+                shape = tuple(int(d) for d in r.shape)
+                dtype = jax.dtypes.canonicalize_dtype(np.dtype(r.dtype))
+            elif isinstance(r, (bool, int, float, complex, np.number, np.bool_)):
+                shape = ()
+                dtype = jax.dtypes.canonicalize_dtype(jax.numpy.result_type(r))
+            else:
+                raise TypeError(type(r))
+        except Exception:
+            raise ValueError(_RESULT_SHAPE_MSG.format(result_shape)) from None
+        if np.dtype(dtype) not in receiver.SUPPORTED_DTYPES:
+            raise ValueError(
+                f"hcb.call: result_shape has dtype {dtype}, which hostfeed cannot transfer. "
+                + _RESULT_SHAPE_MSG.format(result_shape))
+        avals.append(jax.core.ShapedArray(shape, dtype))
+    return treedef, tuple(avals)
+
+
+def call(callback_func: Callable, arg: Any, *, result_shape: Any = None,
+         call_with_device: bool = False, device_index: int = 0) -> Any:
+    """Calls ``callback_func(arg)`` on the host and returns its result to the computation.
+
+    The device waits for the host's answer. Results must match ``result_shape``; any
+    failure (the callback raises, returns the wrong pytree, shape or dtype, or a non-array)
+    fails the computation with an exception in the caller that names the callback, what was
+    expected and what was received, and is also recorded so that the next
+    :func:`barrier_wait` raises :class:`CallbackException`. The receiver keeps working.
+
+    Args:
+      callback_func: called as ``callback_func(arg)`` (``callback_func(arg, device=d)``
+        with ``call_with_device=True``) with ``arg`` as numpy arrays; returns a pytree of
+        arrays or scalars.
+      arg: a pytree of JAX arrays, numpy values or Python scalars sent to the host.
+      result_shape: a pytree of numeric scalars or objects with ``shape`` and ``dtype``
+        (numpy arrays, ``jax.ShapeDtypeStruct``) describing the results; ``None`` or ``()``
+        for no results. Dtypes are canonicalised as JAX does (``float64`` becomes
+        ``float32`` unless x64 is enabled).
+      call_with_device: pass the originating ``jax.Device`` as the ``device`` keyword.
+      device_index: under global-view sharding, which device of the computation makes the
+        call (the JAX 0.4.x keyword; default 0).
+
+    Returns:
+      The callback's results, with the structure, shapes and dtypes of ``result_shape``.
+
+    Raises:
+      ValueError: ``result_shape`` is not a pytree of scalars or shape/dtype objects.
+      TypeError: ``callback_func`` is not callable, a leaf of ``arg`` is not a JAX value,
+        or the call is differentiated (use ``jax.custom_vjp``).
+
+    The wait for the reply can be bounded with the environment variable
+    ``HOSTFEED_CALL_TIMEOUT`` (seconds, read when the computation is compiled).
+
+    Example:
+        >>> import jax, jax.numpy as jnp, numpy as np
+        >>> from hostfeed import host_callback as hcb
+        >>> f = jax.jit(lambda x: hcb.call(np.sin, x, result_shape=x) * 2)
+        >>> f(jnp.zeros(3)).tolist()
+        [0.0, 0.0, 0.0]
+    """
+    _check_callable(callback_func, "call: callback_func")
+    device_index = _check_device_index(device_index, "call")
+    result_treedef, result_avals = _result_avals(result_shape)
+    flat_args, arg_treedef = jax.tree_util.tree_flatten(arg)
+    flat_args = _check_leaves(flat_args, "call", "arg")
+    spec = CallbackSpec(callback_func, arg_treedef, call_with_device, "call")
+    outs = host_call_p.bind(*flat_args, callback=spec, result_treedef=result_treedef,
+                            result_avals=result_avals, device_index=device_index)
+    return result_treedef.unflatten(outs)
+
+
 def barrier_wait(logging_name: Optional[str] = None, *, timeout: Optional[float] = None) -> None:
     """Blocks until every callback of the computations dispatched so far has run.
 
@@ -233,4 +315,4 @@ def stop_outfeed_receiver() -> None:
     if receiver.is_configured():
         if not _receiver.in_callback_thread():
             jax.effects_barrier()
-        _receiver.stop()
+        _receiver.stop(receiver.stop_timeout())

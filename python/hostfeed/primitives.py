@@ -136,3 +136,154 @@ def _outside_call_impl(*args, callback, nr_tapped_args, transforms, device_index
 
 
 outside_call_p.def_impl(_outside_call_impl)
+
+
+# ----------------------------------------------------------------------------------------
+# `call`: a host callback whose results flow back into the computation.
+
+CALL_TIMEOUT_ENV = "HOSTFEED_CALL_TIMEOUT"
+
+
+def call_timeout_ms() -> int:
+    """Milliseconds a ``call`` waits for its reply (``HOSTFEED_CALL_TIMEOUT`` seconds, read
+    when the computation is lowered); 0 means no limit."""
+    text = os.environ.get(CALL_TIMEOUT_ENV, "").strip()
+    if not text:
+        return 0
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise ValueError(f"{CALL_TIMEOUT_ENV}={text!r} is not a number of seconds") from None
+    if seconds < 0:
+        raise ValueError(f"{CALL_TIMEOUT_ENV}={text!r} must not be negative")
+    return int(round(seconds * 1000))
+
+
+def check_call_results(name: str, res: Any, result_treedef: Any,
+                       result_avals: tuple) -> list[np.ndarray]:
+    """Validates a callback's results against the expected pytree, shapes and dtypes (after
+    JAX's dtype canonicalisation) and returns them as C-contiguous arrays of exactly the
+    expected dtypes. Raises TypeError with the legacy module's wording otherwise."""
+    import jax
+
+    from .receiver import SUPPORTED_DTYPES
+
+    actual_flat, actual_treedef = jax.tree_util.tree_flatten(res)
+    if actual_treedef != result_treedef and not (
+            result_treedef.num_leaves == 0 and actual_treedef.num_leaves == 0):
+        raise TypeError(f"Callback func {name} should have returned a result with pytree "
+                        f"{result_treedef} but returned {actual_treedef}")
+    arrays = []
+    actual_avals = []
+    bad = None
+    for r in actual_flat:
+        if isinstance(r, (np.ndarray, np.generic, jax.Array, bool, int, float, complex)):
+            a = np.asarray(r)
+            if a.dtype not in SUPPORTED_DTYPES and a.dtype.kind not in "biufc":
+                bad = bad or f"a value of dtype {a.dtype}"
+                actual_avals.append(f"<{a.dtype}>")
+                arrays.append(None)
+                continue
+            dtype = jax.dtypes.canonicalize_dtype(a.dtype)
+            actual_avals.append(jax.core.ShapedArray(a.shape, dtype))
+            arrays.append(a)
+        else:
+            bad = bad or f"a non-array value of type {type(r).__name__}"
+            actual_avals.append(f"<{type(r).__name__}>")
+            arrays.append(None)
+    mismatch = bad is not None or any(
+        a.shape != e.shape or a.dtype != e.dtype
+        for a, e in zip(actual_avals, result_avals) if not isinstance(a, str))
+    if mismatch:
+        expected = result_treedef.unflatten(list(result_avals))
+        received = actual_treedef.unflatten(actual_avals)
+        extra = f" ({bad})" if bad else ""
+        raise TypeError(f"Callback func {name} should have returned a result with abstract "
+                        f"values {expected} but returned {received}{extra}")
+    return [np.asarray(a, dtype=e.dtype, order="C") for a, e in zip(arrays, result_avals)]
+
+
+def make_call_invoker(spec: CallbackSpec, result_treedef: Any, result_avals: tuple):
+    """``invoke(arrays, device_ordinal, reply)`` for a ``call``: runs the callback, checks
+    its results and answers ``reply`` (results or an error naming what went wrong)."""
+    from .receiver import device_for_ordinal, record_exception
+
+    import jax
+
+    func = spec.func
+    treedef = spec.arg_treedef
+    name = spec.name
+    expected = result_treedef.unflatten(list(result_avals))
+    exact = [(tuple(a.shape), np.dtype(a.dtype)) for a in result_avals]
+    single = result_treedef.num_leaves == 1 and result_treedef.num_nodes == 1
+    flatten = jax.tree_util.tree_flatten
+
+    def fast_check(res: Any) -> list | None:
+        # The common case, checked cheaply: numpy arrays of exactly the expected shapes and
+        # dtypes. Anything else goes through check_call_results (canonicalisation, errors).
+        if single:
+            flat = [res]
+        else:
+            flat, res_treedef = flatten(res)
+            if res_treedef != result_treedef:
+                return None
+        for a, (shape, dtype) in zip(flat, exact):
+            if not (type(a) is np.ndarray and a.shape == shape and a.dtype == dtype
+                    and a.flags.c_contiguous):
+                return None
+        return flat
+
+    def invoke(arrays: Sequence[np.ndarray], ordinal: int, reply: Any) -> None:
+        arg = treedef.unflatten(arrays)
+        try:
+            if spec.with_device:
+                res = func(arg, device=device_for_ordinal(ordinal))
+            else:
+                res = func(arg)
+        except Exception as exc:  # noqa: BLE001 - recorded and sent to the device
+            record_exception(exc, f"host callback {name} of hcb.call")
+            reply.fail(f"hostfeed: host callback {name} of hcb.call raised "
+                       f"{type(exc).__name__}: {exc} (expected results: {expected})")
+            return
+        flat = fast_check(res)
+        try:
+            if flat is None:
+                flat = check_call_results(name, res, result_treedef, result_avals)
+        except TypeError as exc:
+            record_exception(exc, f"host callback {name} of hcb.call")
+            reply.fail(f"hostfeed: {exc}")
+            return
+        reply.send(flat)
+
+    return invoke
+
+
+host_call_p = _compat.Primitive("host_call")
+host_call_p.multiple_results = True
+
+
+@host_call_p.def_effectful_abstract_eval
+def _host_call_abstract_eval(*avals, callback, result_treedef, result_avals, device_index):
+    del avals, callback, result_treedef, device_index
+    return list(result_avals), {host_callback_effect}
+
+
+def _host_call_impl(*args, callback, result_treedef, result_avals, device_index):
+    if inline_enabled():
+        import jax
+        import jax.numpy as jnp
+
+        arg = callback.arg_treedef.unflatten([np.asarray(a) for a in args])
+        if callback.with_device:
+            devs = [next(iter(a.devices())) for a in args if isinstance(a, jax.Array)]
+            res = callback.func(arg, device=devs[0] if devs else jax.devices()[0])
+        else:
+            res = callback.func(arg)
+        flat = check_call_results(callback.name, res, result_treedef, result_avals)
+        return [jnp.asarray(a) for a in flat]
+    return _compat.apply_primitive(host_call_p, *args, callback=callback,
+                                   result_treedef=result_treedef, result_avals=result_avals,
+                                   device_index=device_index)
+
+
+host_call_p.def_impl(_host_call_impl)

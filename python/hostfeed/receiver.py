@@ -66,11 +66,12 @@ def max_queue_bytes_from_env() -> int | None:
 
 
 class _Entry:
-    """A registered consumer: the user's callable plus how to call it."""
+    """A registered consumer: the user's callable plus how to call it. For a ``call``,
+    ``invoke`` also takes the reply handle and must answer it."""
 
     __slots__ = ("invoke", "name")
 
-    def __init__(self, invoke: Callable[[Sequence[np.ndarray], int], None], name: str):
+    def __init__(self, invoke: Callable[..., None], name: str):
         self.invoke = invoke
         self.name = name
 
@@ -90,7 +91,7 @@ class _State:
 _state = _State()
 
 
-def register(key: Any, invoke: Callable[[Sequence[np.ndarray], int], None], name: str) -> int:
+def register(key: Any, invoke: Callable[..., None], name: str) -> int:
     """Returns the consumer id for ``key``, registering ``invoke`` under it if new."""
     with _state.lock:
         cid = _state.ids.get(key)
@@ -114,15 +115,21 @@ def take_last_exception() -> tuple[BaseException, str] | None:
     return exc
 
 
-def _dispatch(batch: list[tuple[int, int, int, tuple[np.ndarray, ...]]]) -> None:
+def _dispatch(batch: list[tuple[int, int, int, tuple[np.ndarray, ...], Any]]) -> None:
     # Runs on the consumer thread, with the GIL, for a batch of messages in queue order.
     entries = _state.entries
-    for cid, ordinal, _flags, arrays in batch:
+    for cid, ordinal, _flags, arrays, reply in batch:
         entry = entries[cid]
         try:
-            entry.invoke(arrays, ordinal)  # type: ignore[union-attr]
+            if reply is None:
+                entry.invoke(arrays, ordinal)  # type: ignore[union-attr]
+            elif reply.pending:  # a call nobody waits for any more is not run
+                entry.invoke(arrays, ordinal, reply)  # type: ignore[union-attr]
         except Exception as exc:  # noqa: BLE001 - recorded and re-raised by barrier_wait
-            record_exception(exc, f"host callback {entry.name if entry else cid}")
+            name = entry.name if entry else cid
+            record_exception(exc, f"host callback {name}")
+            if reply is not None:
+                reply.fail(f"hostfeed: host callback {name} failed: {type(exc).__name__}: {exc}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -159,6 +166,24 @@ def is_configured() -> bool:
     return _state.configured
 
 
+STOP_TIMEOUT_ENV = "HOSTFEED_STOP_TIMEOUT"
+
+
+def stop_timeout() -> float:
+    """Seconds without progress after which stopping gives up on a stuck callback
+    (``HOSTFEED_STOP_TIMEOUT``, default 10)."""
+    text = os.environ.get(STOP_TIMEOUT_ENV, "").strip()
+    if not text:
+        return 10.0
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{STOP_TIMEOUT_ENV}={text!r} is not a number of seconds") from None
+    if value < 0:
+        raise ValueError(f"{STOP_TIMEOUT_ENV}={text!r} must not be negative")
+    return value
+
+
 def _at_exit() -> None:
     # Drain what computations already sent, then shut down before the interpreter
     # finalises (the consumer thread must not outlive it). A pending callback exception
@@ -168,4 +193,4 @@ def _at_exit() -> None:
     try:
         barrier_wait("at_exit")
     finally:
-        _receiver.finalize()
+        _receiver.finalize(stop_timeout())

@@ -1,0 +1,177 @@
+//! The one-shot reply slot a `call` handler waits on.
+//!
+//! The handler (on an XLA thread) describes its output buffers, pushes the request and
+//! waits. The consumer fills the outputs *directly* (one copy, from the callback's numpy
+//! arrays into XLA's buffers) and records success or an error message. The handler may
+//! give up at a deadline, and `stop` may cancel it; both mark the slot so that a late
+//! reply is refused instead of writing into buffers XLA has reclaimed.
+//!
+//! No Python here.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::queue::spin_until;
+
+/// How long a waiting handler polls for the reply before sleeping: a host callback that
+/// answers within this time costs no thread wake-up.
+const REPLY_SPIN: Duration = Duration::from_micros(200);
+
+/// One output buffer of the custom call, owned by XLA.
+#[derive(Debug)]
+pub struct OutBuf {
+    /// `XLA_FFI_DataType` code.
+    pub dtype: i32,
+    pub data: *mut u8,
+    pub nbytes: usize,
+    pub dims: Vec<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Phase {
+    Pending,
+    Replied(Result<(), String>),
+    /// The handler stopped waiting (deadline or cancellation); the outputs are gone.
+    Abandoned,
+}
+
+struct State {
+    phase: Phase,
+    outputs: Vec<OutBuf>,
+}
+
+/// See the module documentation.
+pub struct ReplySlot {
+    state: Mutex<State>,
+    replied: Condvar,
+    /// Set (after the phase) when a reply was recorded; lets `wait` poll without locking.
+    answered: AtomicBool,
+}
+
+// SAFETY: the raw output pointers are only dereferenced by `reply_with` while the phase is
+// `Pending`, under the slot's lock. While the phase is `Pending` the handler that owns the
+// buffers is blocked in `wait` (it leaves `wait` only after moving the phase out of
+// `Pending` under the same lock), so the buffers are alive and written by one thread at a
+// time. Everything else in the slot is plain owned data.
+unsafe impl Send for ReplySlot {}
+// SAFETY: see above; all access goes through the mutex.
+unsafe impl Sync for ReplySlot {}
+
+/// Why `wait` returned without a reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimedOut;
+
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    // No user code runs under this lock and the state is replaced whole; recover.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl ReplySlot {
+    /// A pending slot for a call with these outputs.
+    #[must_use]
+    pub fn new(outputs: Vec<OutBuf>) -> Self {
+        ReplySlot {
+            state: Mutex::new(State { phase: Phase::Pending, outputs }),
+            replied: Condvar::new(),
+            answered: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether nobody has replied or given up yet.
+    pub fn is_pending(&self) -> bool {
+        lock(&self.state).phase == Phase::Pending
+    }
+
+    /// If still pending, lets `fill` write the outputs and records its outcome. Returns
+    /// `false` (and does not call `fill`) if the slot was already replied to or abandoned.
+    pub fn reply_with(&self, fill: impl FnOnce(&[OutBuf]) -> Result<(), String>) -> bool {
+        let mut g = lock(&self.state);
+        if g.phase != Phase::Pending {
+            return false;
+        }
+        let outcome = fill(&g.outputs);
+        g.phase = Phase::Replied(outcome);
+        self.answered.store(true, Ordering::Release);
+        drop(g);
+        self.replied.notify_all();
+        true
+    }
+
+    /// Replies with an error (the callback failed, the receiver stopped, ...).
+    pub fn fail(&self, message: String) -> bool {
+        self.reply_with(|_| Err(message))
+    }
+
+    /// Waits for the reply until `deadline` (`None`: forever). On timeout the slot is
+    /// abandoned, so a late reply is refused.
+    ///
+    /// # Errors
+    /// [`TimedOut`] when the deadline passed first.
+    pub fn wait(&self, deadline: Option<Instant>) -> Result<Result<(), String>, TimedOut> {
+        spin_until(REPLY_SPIN, || self.answered.load(Ordering::Acquire));
+        let mut g = lock(&self.state);
+        loop {
+            if let Phase::Replied(outcome) = &g.phase {
+                let outcome = outcome.clone();
+                g.phase = Phase::Abandoned; // the outputs belong to XLA again
+                return Ok(outcome);
+            }
+            match deadline {
+                None => g = self.replied.wait(g).unwrap_or_else(PoisonError::into_inner),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        g.phase = Phase::Abandoned;
+                        return Err(TimedOut);
+                    }
+                    g = self.replied.wait_timeout(g, d - now).unwrap_or_else(PoisonError::into_inner).0;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn slot_with(buf: &mut [u8]) -> ReplySlot {
+        ReplySlot::new(vec![OutBuf { dtype: 6, data: buf.as_mut_ptr(), nbytes: buf.len(), dims: vec![4] }])
+    }
+
+    #[test]
+    fn reply_fills_outputs_once() {
+        let mut buf = [0u8; 4];
+        let slot = slot_with(&mut buf);
+        assert!(slot.reply_with(|outs| {
+            // SAFETY: the slot is pending and `buf` outlives it.
+            unsafe { std::ptr::copy_nonoverlapping([1u8, 2, 3, 4].as_ptr(), outs[0].data, 4) };
+            Ok(())
+        }));
+        assert!(!slot.fail("late".into()));
+        assert_eq!(slot.wait(None), Ok(Ok(())));
+        drop(slot);
+        assert_eq!(buf, [1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn timeout_abandons_and_refuses_late_replies() {
+        let mut buf = [0u8; 4];
+        let slot = slot_with(&mut buf);
+        assert_eq!(slot.wait(Some(Instant::now() + Duration::from_millis(5))), Err(TimedOut));
+        assert!(!slot.reply_with(|_| panic!("must not write after abandonment")));
+        assert!(!slot.is_pending());
+    }
+
+    #[test]
+    fn waiter_wakes_on_reply_from_another_thread() {
+        let slot = Arc::new(ReplySlot::new(Vec::new()));
+        let s2 = Arc::clone(&slot);
+        let t = std::thread::spawn(move || s2.wait(Some(Instant::now() + Duration::from_secs(30))));
+        assert!(slot.fail("callback raised".into()));
+        assert_eq!(t.join().unwrap(), Ok(Err("callback raised".into())));
+    }
+}

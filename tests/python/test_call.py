@@ -1,0 +1,316 @@
+"""hcb.call: results back to the device, errors that explain themselves."""
+from __future__ import annotations
+
+import os
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import hostfeed
+from hostfeed import _receiver
+from hostfeed import host_callback as hcb
+
+from conftest import run_python, wait_until
+from test_dtypes import DTYPES, random_array, x64  # noqa: F401  (fixture)
+
+RuntimeErr = jax.errors.JaxRuntimeError
+
+
+def test_scalar_array_and_pytree_results_eager_and_jit():
+    def host(arg):
+        x, y = arg
+        return {"sum": x + y, "both": [x * 2, np.float32(7)]}
+
+    shape = {"sum": jax.ShapeDtypeStruct((3,), jnp.float32),
+             "both": [jax.ShapeDtypeStruct((3,), jnp.float32), 1.0]}
+    x = jnp.arange(3.0)
+    for fn in (lambda a: hcb.call(host, a, result_shape=shape),
+               jax.jit(lambda a: hcb.call(host, a, result_shape=shape))):
+        out = fn((x, x + 1))
+        np.testing.assert_array_equal(out["sum"], [1.0, 3.0, 5.0])
+        np.testing.assert_array_equal(out["both"][0], [0.0, 2.0, 4.0])
+        assert out["both"][1].dtype == jnp.float32 and float(out["both"][1]) == 7.0
+
+
+def test_result_shape_from_numpy_array_and_scalars():
+    out = jax.jit(lambda x: hcb.call(lambda a: (a.sum(), a.astype(np.int32)), x,
+                                     result_shape=(1.0, np.zeros(4, np.int32))))(jnp.arange(4.0))
+    assert float(out[0]) == 6.0
+    assert out[1].dtype == jnp.int32 and out[1].tolist() == [0, 1, 2, 3]
+
+
+def test_results_are_canonicalised_like_jax():
+    # float64 results are accepted when x64 is off and arrive as float32.
+    out = jax.jit(lambda x: hcb.call(lambda a: np.float64(a) * 2, x, result_shape=x))(
+        jnp.float32(1.5))
+    assert out.dtype == jnp.float32 and float(out) == 3.0
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_every_dtype_round_trips_bit_exactly(x64, dtype):  # noqa: F811
+    x = random_array(dtype, (2, 3), seed=11)
+    out = jax.jit(lambda a: hcb.call(lambda v: v.copy(), a, result_shape=a))(x)
+    assert np.asarray(out).tobytes() == x.tobytes()
+
+
+@pytest.mark.parametrize("result_shape", [None, ()])
+def test_no_results(result_shape):
+    seen = []
+    out = jax.jit(lambda x: hcb.call(lambda a: seen.append(float(a)), x,
+                                     result_shape=result_shape))(2.0)
+    assert out == result_shape and seen == [2.0]
+
+
+def test_empty_results_work():
+    out = jax.jit(lambda x: hcb.call(lambda a: (np.zeros((0, 3), np.float32), a), x,
+                                     result_shape=(jax.ShapeDtypeStruct((0, 3), jnp.float32),
+                                                   x)))(jnp.float32(4))
+    assert out[0].shape == (0, 3) and float(out[1]) == 4.0
+
+
+def test_call_with_device_passes_the_device():
+    got = []
+
+    def host(a, *, device):
+        got.append(device)
+        return a
+
+    jax.jit(lambda x: hcb.call(host, x, result_shape=x, call_with_device=True))(1.0)
+    assert got == [jax.devices()[0]]
+
+
+def expect_failure_then_recovery(fn, arg, match):
+    with pytest.raises(RuntimeErr, match=match):
+        np.asarray(fn(arg))
+    with pytest.raises(hcb.CallbackException):
+        hcb.barrier_wait()
+    ok = jax.jit(lambda x: hcb.call(lambda a: a + 1, x, result_shape=x))(jnp.float32(1))
+    assert float(ok) == 2.0
+
+
+def test_wrong_pytree_is_an_error_in_the_caller():
+    f = jax.jit(lambda x: hcb.call(lambda a: (a, a), x, result_shape=x))
+    expect_failure_then_recovery(f, 1.0, r"Callback func .* should have returned a result "
+                                         r"with pytree PyTreeDef\(\*\) but returned")
+
+
+def test_wrong_shape_is_an_error_naming_expected_and_received():
+    f = jax.jit(lambda x: hcb.call(lambda a: np.ones(4, np.float32), x, result_shape=x))
+    expect_failure_then_recovery(f, jnp.ones(3), r"with abstract values float32\[3\] but "
+                                                 r"returned float32\[4\]")
+
+
+def test_wrong_dtype_is_an_error():
+    f = jax.jit(lambda x: hcb.call(lambda a: a.astype(np.int32), x, result_shape=x))
+    expect_failure_then_recovery(f, jnp.ones(3), r"float32\[3\] but returned int32\[3\]")
+
+
+def test_non_array_result_is_an_error():
+    f = jax.jit(lambda x: hcb.call(lambda a: np.array("text"), x, result_shape=x))
+    expect_failure_then_recovery(f, 1.0, r"a value of dtype <U4")
+    g = jax.jit(lambda x: hcb.call(lambda a: "text", x, result_shape=x))
+    expect_failure_then_recovery(g, 1.0, r"but returned <str> \(a non-array value of type str")
+
+
+def test_raising_callback_is_an_error_with_the_exception_text():
+    def host(a):
+        raise ZeroDivisionError("host side went wrong")
+
+    f = jax.jit(lambda x: hcb.call(host, x, result_shape=x))
+    expect_failure_then_recovery(
+        f, 1.0, r"host callback \S*host of hcb.call raised ZeroDivisionError: host side went wrong"
+                r" \(expected results: float32\[\]\)")
+
+
+@pytest.mark.parametrize("bad", ["text", object(), [1.0, "x"]])
+def test_invalid_result_shape_is_a_value_error_at_trace_time(bad):
+    with pytest.raises(ValueError, match="must be either numeric scalars, or must have "
+                                         "'shape' and 'dtype' attributes"):
+        jax.jit(lambda x: hcb.call(lambda a: a, x, result_shape=bad))(1.0)
+
+
+def test_call_in_control_flow_interleaved_with_taps_in_order():
+    events = []
+
+    def host(a):
+        events.append(("call", int(a)))
+        return a * 10
+
+    @jax.jit
+    def f(x):
+        def body(i, c):
+            hcb.id_tap(lambda a, tr: events.append(("tap", int(a))), i)
+            r = hcb.call(host, i, result_shape=i)
+            return c + r
+
+        s = lax.fori_loop(0, 3, body, x)
+        s = lax.cond(s > 0, lambda v: hcb.call(host, v, result_shape=v), lambda v: v, s)
+        _, ys = lax.scan(lambda c, a: (c, hcb.call(host, a, result_shape=a)), 0, jnp.arange(2))
+
+        def wbody(c):
+            return c + hcb.call(host, c, result_shape=c)
+
+        w = lax.while_loop(lambda c: c < 5, wbody, 1)
+        return s, ys, w
+
+    s, ys, w = f(0)
+    hcb.barrier_wait()
+    assert int(s) == 300 and ys.tolist() == [0, 10] and int(w) == 11
+    assert events == [("tap", 0), ("call", 0), ("tap", 1), ("call", 1), ("tap", 2),
+                      ("call", 2), ("call", 30), ("call", 0), ("call", 1), ("call", 1)]
+
+
+def test_nested_jit_call():
+    inner = jax.jit(lambda x: hcb.call(lambda a: a + 1, x, result_shape=x))
+    assert float(jax.jit(lambda x: inner(inner(x)))(1.0)) == 3.0
+
+
+def test_pmap_each_device_gets_its_own_call():
+    got = []
+
+    def host(a, *, device):
+        got.append((float(a), device.id))
+        return a * 2
+
+    out = jax.pmap(lambda x: hcb.call(host, x, result_shape=x, call_with_device=True))(
+        jnp.arange(jax.local_device_count(), dtype=jnp.float32))
+    assert out.tolist() == [2.0 * i for i in range(jax.local_device_count())]
+    assert sorted(got) == [(float(d.id), d.id) for d in jax.local_devices()]
+
+
+def test_pmap_on_four_devices_returns_per_device_results():
+    r = run_python("""
+        import jax, jax.numpy as jnp
+        from hostfeed import host_callback as hcb
+        seen = []
+        def host(a, *, device):
+            seen.append((a.tolist(), device.id))
+            return a + device.id * 100
+        out = jax.pmap(lambda x: hcb.call(host, x, result_shape=x, call_with_device=True))(
+            jnp.arange(8.).reshape(4, 2))
+        print(out.tolist())
+        print(sorted(seen))
+    """, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "[[0.0, 1.0], [102.0, 103.0], [204.0, 205.0], [306.0, 307.0]]",
+        "[([0.0, 1.0], 0), ([2.0, 3.0], 1), ([4.0, 5.0], 2), ([6.0, 7.0], 3)]"]
+
+
+def test_grad_of_call_points_to_custom_vjp():
+    with pytest.raises(TypeError, match="not differentiable.*jax.custom_vjp"):
+        jax.grad(lambda x: hcb.call(np.sin, x, result_shape=x))(1.0)
+
+
+def test_custom_vjp_pattern_from_the_legacy_docstring():
+    # Differentiate a host computation by calling the host for the derivative too.
+    @jax.custom_vjp
+    def host_sin(x):
+        return hcb.call(np.sin, x, result_shape=x)
+
+    def fwd(x):
+        return host_sin(x), x
+
+    def bwd(x, ct):
+        return (hcb.call(np.cos, x, result_shape=x) * ct,)
+
+    host_sin.defvjp(fwd, bwd)
+    x = jnp.float32(0.5)
+    assert np.isclose(float(jax.jit(jax.grad(host_sin))(x)), np.cos(0.5))
+    assert np.isclose(float(jax.grad(lambda v: host_sin(v) ** 2)(x)), 2 * np.sin(0.5) * np.cos(0.5))
+
+
+def test_vmap_calls_the_host_once_per_element():
+    shapes = []
+
+    def host(a):
+        shapes.append(a.shape)
+        return a * 2
+
+    out = jax.vmap(lambda x: hcb.call(host, x, result_shape=x))(jnp.ones((3, 2)))
+    assert out.tolist() == [[2.0, 2.0]] * 3 and shapes == [(2,)] * 3
+
+
+def test_callback_may_run_a_jitted_jax_function_on_the_host():
+    on_host = jax.jit(lambda a: jnp.sin(a) * 2)
+    f = jax.jit(lambda x: hcb.call(lambda a: np.asarray(on_host(a)), x, result_shape=x))
+    assert np.allclose(f(jnp.arange(3.0)), 2 * np.sin(np.arange(3.0)))
+
+
+def test_call_completes_while_the_queue_is_full_of_taps():
+    hcb.barrier_wait()
+    old = hostfeed.receiver_stats()["max_queue_bytes"]
+    hostfeed.start_receiver(max_queue_byte_size=2048)
+    got = []
+    try:
+        @jax.jit
+        def f(x):
+            x = lax.fori_loop(0, 50, lambda i, c: hcb.id_tap(
+                lambda a, tr: got.append(int(a[0])), c + i, result=c), x)
+            return hcb.call(lambda a: (got.append("call"), a + 1)[1], x, result_shape=x)
+
+        out = f(jnp.zeros(256, jnp.int32))
+        assert out.tolist() == [1] * 256
+        hcb.barrier_wait()
+        assert got == list(range(50)) + ["call"]
+    finally:
+        hostfeed.start_receiver(max_queue_byte_size=old)
+
+
+def test_stop_fails_a_call_whose_callback_never_returns(monkeypatch):
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck(a):
+        entered.set()
+        release.wait(120)
+        return a
+
+    f = jax.jit(lambda x: hcb.call(stuck, x, result_shape=x))
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = float(f(1.0))
+        except Exception as e:  # noqa: BLE001 - inspected below
+            outcome["error"] = e
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    assert entered.wait(60)
+    monkeypatch.setenv("HOSTFEED_STOP_TIMEOUT", "0.2")
+    hcb.stop_outfeed_receiver()
+    worker.join(60)
+    assert not worker.is_alive()
+    assert "gave up on a host callback" in str(outcome["error"])
+    release.set()
+    # The receiver restarts for new work.
+    assert float(jax.jit(lambda x: hcb.call(lambda a: a + 1, x, result_shape=x))(1.0)) == 2.0
+    wait_until(lambda: _receiver.stats()["messages_processed"] == _receiver.stats()["messages_enqueued"])
+
+
+def test_timeout_fails_a_slow_call_naming_the_callback(monkeypatch):
+    monkeypatch.setenv("HOSTFEED_CALL_TIMEOUT", "0.1")
+    release = threading.Event()
+
+    def slow_host(a):
+        release.wait(120)
+        return a
+
+    f = jax.jit(lambda x: hcb.call(slow_host, x, result_shape=x))
+    try:
+        with pytest.raises(RuntimeErr, match=r"slow_host of hcb.call did not reply within 0.100 s"):
+            np.asarray(f(1.0))
+    finally:
+        release.set()
+    hcb.barrier_wait()
+
+
+def test_bad_timeout_setting_is_reported(monkeypatch):
+    monkeypatch.setenv("HOSTFEED_CALL_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="HOSTFEED_CALL_TIMEOUT='soon'"):
+        jax.jit(lambda x: hcb.call(lambda a: a, x, result_shape=x))(1.0)
+    del os.environ["HOSTFEED_CALL_TIMEOUT"]
