@@ -37,11 +37,15 @@ def check_jax_version(version: str = jax.__version__) -> None:
 check_jax_version()
 
 # Internals used by hostfeed; jax 0.10.x layout.
+from jax._src import config as _config  # noqa: E402
 from jax._src import core  # noqa: E402
 from jax._src import dispatch  # noqa: E402
+from jax._src import dtypes  # noqa: E402
 from jax._src import effects  # noqa: E402
 from jax._src import ffi as _ffi  # noqa: E402
+from jax._src.interpreters import ad  # noqa: E402
 from jax._src.interpreters import mlir  # noqa: E402
+from jax._src.interpreters import partial_eval as pe  # noqa: E402
 
 Primitive = core.Primitive
 abstract_token = core.abstract_token
@@ -58,6 +62,20 @@ EFFECT_SETS = (
     effects.remat_allowed_effects,
     effects.custom_derivatives_allowed_effects,
 )
+
+
+enum_state = _config.enum_state
+
+# Autodiff and partial-evaluation pieces used by the transformation rules.
+Zero = ad.Zero
+is_undefined_primal = ad.is_undefined_primal
+float0 = dtypes.float0
+DropVar = core.DropVar
+custom_partial_eval_rules = pe.custom_partial_eval_rules
+partial_eval_jaxpr_custom_rules = pe.partial_eval_jaxpr_custom_rules
+dce_rules = pe.dce_rules
+ensure_enum = pe.ensure_enum
+RecomputeType = pe.RecomputeType
 
 
 def is_tracer(x: object) -> bool:

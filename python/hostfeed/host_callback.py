@@ -43,14 +43,15 @@ import jax
 import numpy as np
 
 from . import _compat, _receiver, receiver
-from .primitives import CallbackSpec, host_call_p, outside_call_p
+from .primitives import (CallbackSpec, get_ad_taps, host_call_p, outside_call_p,
+                         outside_call_params, set_ad_taps as _set_ad_taps)
 from .printing import print_tap_func
 from . import lowering as _lowering  # noqa: F401  (registers the lowering and FFI target)
 from . import rules as _rules  # noqa: F401  (registers the transformation rules)
 
 __all__ = [
     "id_tap", "id_print", "call", "barrier_wait", "stop_outfeed_receiver",
-    "CallbackException", "TapFunctionException",
+    "CallbackException", "TapFunctionException", "set_ad_taps", "get_ad_taps",
 ]
 
 T = TypeVar("T")
@@ -69,6 +70,30 @@ class CallbackException(Exception):
 
 
 TapFunctionException = CallbackException  # legacy alias
+
+
+def set_ad_taps(mode: str) -> None:
+    """Chooses what taps see under autodiff, for functions traced from now on.
+
+    * ``'transforms'`` (default; the legacy module's documented behaviour): under ``jvp``
+      one callback receives ``(primals, tangents)`` with ``'jvp'`` in ``transforms``; under
+      ``grad``/``vjp`` the forward pass taps the primals and the backward pass taps the
+      cotangents with ``['jvp', 'transpose']``.
+    * ``'primals'`` (JAX 0.4.x's final legacy module): taps see only primal values, with no
+      autodiff entry in ``transforms``, and the backward pass does not tap; tap tangents or
+      cotangents yourself inside ``jax.custom_jvp``/``jax.custom_vjp`` rules.
+
+    ``vmap`` behaves the same in both modes. The initial mode comes from the environment
+    variable ``HOSTFEED_AD_TAPS``. A function already traced (and cached by ``jax.jit``)
+    keeps the mode it was traced with.
+
+    Example:
+        >>> from hostfeed import host_callback as hcb
+        >>> hcb.set_ad_taps("primals"); hcb.get_ad_taps()
+        'primals'
+        >>> hcb.set_ad_taps("transforms")
+    """
+    _set_ad_taps(mode)
 
 
 def _check_callable(func: Any, what: str) -> None:
@@ -150,9 +175,9 @@ def id_tap(tap_func: Callable, arg: T, *, result: Any = None, tap_with_device: b
     else:
         flat_results, result_treedef = [], None
     spec = CallbackSpec(tap_func, arg_treedef, tap_with_device, "tap")
-    outs = outside_call_p.bind(*flat_args, *flat_results, callback=spec,
-                               nr_tapped_args=len(flat_args), transforms=(),
-                               device_index=device_index)
+    outs = outside_call_p.bind(*flat_args, *flat_results,
+                               **outside_call_params(spec, len(flat_args),
+                                                     device_index=device_index))
     if result_treedef is None:
         return arg_treedef.unflatten(outs[:len(flat_args)])
     return result_treedef.unflatten(outs[len(flat_args):])

@@ -21,8 +21,7 @@ def _consumer_id(spec: CallbackSpec, transforms: tuple) -> int:
     return receiver.register((spec, transforms), make_invoker(spec, transforms), spec.name)
 
 
-def _outside_call_lowering_cpu(ctx, *args, callback, nr_tapped_args, transforms,
-                               device_index):
+def _outside_call_lowering_cpu(ctx, *args, callback, nr_tapped_args, transforms, **_):
     cid = _consumer_id(callback, transforms)
     receiver.ensure_started()
     tapped = args[:nr_tapped_args]

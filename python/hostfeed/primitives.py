@@ -28,6 +28,49 @@ for _effect_set in _compat.EFFECT_SETS:
     _effect_set.add_type(HostCallbackEffect)
 
 INLINE_ENV = "JAX_HOST_CALLBACK_INLINE"
+AD_TAPS_ENV = "HOSTFEED_AD_TAPS"
+AD_TAPS_MODES = ("transforms", "primals")
+
+
+def _check_ad_taps(mode: str, source: str) -> str:
+    value = str(mode).strip().lower()
+    if value not in AD_TAPS_MODES:
+        raise ValueError(f"{source}={mode!r} is not a hostfeed autodiff tap mode; use "
+                         f"'transforms' (taps see primals and tangents/cotangents, with 'jvp' "
+                         f"and 'transpose' in `transforms`) or 'primals' (taps see only primal "
+                         f"values, as in JAX 0.4.x)")
+    return value
+
+
+# A JAX configuration state, so that the mode is part of JAX's tracing and compilation
+# cache keys: switching modes never reuses a jaxpr traced (or a jvp taken) in the other.
+_ad_taps = _compat.enum_state(
+    name="hostfeed_ad_taps",
+    enum_values=list(AD_TAPS_MODES),
+    default=_check_ad_taps(os.environ.get(AD_TAPS_ENV, "transforms") or "transforms",
+                           AD_TAPS_ENV),
+    help="What hostfeed taps see under autodiff: 'transforms' or 'primals'.",
+    include_in_jit_key=True,
+    include_in_trace_context=True,
+)
+
+
+def get_ad_taps() -> str:
+    """The autodiff tap mode for functions traced from now on.
+
+    Example:
+        >>> get_ad_taps() in ("transforms", "primals")
+        True
+    """
+    return _ad_taps.value
+
+
+def set_ad_taps(mode: str) -> None:
+    """Sets the autodiff tap mode (``'transforms'`` or ``'primals'``) for functions traced
+    afterwards; see :func:`hostfeed.host_callback.set_ad_taps`."""
+    import jax
+
+    jax.config.update("hostfeed_ad_taps", _check_ad_taps(mode, "set_ad_taps(mode)"))
 
 
 def inline_enabled() -> bool:
@@ -103,13 +146,29 @@ outside_call_p = _compat.Primitive("outside_call")
 outside_call_p.multiple_results = True
 
 
+def outside_call_params(callback: CallbackSpec, nr_tapped_args: int, transforms: tuple = (),
+                        device_index: int = 0, forward_tapped: bool = False) -> dict:
+    """The parameters of ``outside_call_p``.
+
+    ``callback``: what to call on the host; ``nr_tapped_args``: how many leading operands are
+    sent (the rest pass through, for ``result=``); ``transforms``: internal
+    ``(name, *params)`` records; ``device_index``: which device collects the operand under
+    global-view sharding; ``forward_tapped``: for a jvp tap, whether the forward pass
+    already tapped its primals (so partial evaluation must not tap them again).
+    """
+    return dict(callback=callback, nr_tapped_args=nr_tapped_args, transforms=transforms,
+                device_index=device_index, forward_tapped=forward_tapped)
+
+
 @outside_call_p.def_effectful_abstract_eval
-def _outside_call_abstract_eval(*avals, callback, nr_tapped_args, transforms, device_index):
-    del callback, nr_tapped_args, transforms, device_index
+def _outside_call_abstract_eval(*avals, **params):
+    del params
     return avals, {host_callback_effect}
 
 
-def _outside_call_impl(*args, callback, nr_tapped_args, transforms, device_index):
+def _outside_call_impl(*args, **params):
+    callback, nr_tapped_args = params["callback"], params["nr_tapped_args"]
+    transforms = params["transforms"]
     if inline_enabled():
         # Legacy JAX_HOST_CALLBACK_INLINE: run the callback here, in the caller's thread,
         # so its exceptions propagate with the caller's stack.
@@ -130,9 +189,7 @@ def _outside_call_impl(*args, callback, nr_tapped_args, transforms, device_index
         return list(args)
     # Eager use goes through the device like staged code, so that all callbacks arrive
     # through the receiver, in order.
-    return _compat.apply_primitive(outside_call_p, *args, callback=callback,
-                                   nr_tapped_args=nr_tapped_args, transforms=transforms,
-                                   device_index=device_index)
+    return _compat.apply_primitive(outside_call_p, *args, **params)
 
 
 outside_call_p.def_impl(_outside_call_impl)

@@ -1,9 +1,12 @@
 """Transformation rules for hostfeed's primitives, each registered under its definition."""
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 from jax.interpreters import ad, batching
 
-from .primitives import host_call_p
+from . import _compat
+from .primitives import CallbackSpec, get_ad_taps, host_call_p, outside_call_p
 
 # ----------------------------------------------------------------------------------------
 # host_call_p (`hcb.call`)
@@ -26,7 +29,6 @@ ad.primitive_transposes[host_call_p] = (
 def _host_call_batching(args, dims, *, callback, result_treedef, result_avals, device_index):
     # One host call per batch element, in order (like vmap_method="sequential"): the host
     # function keeps seeing the shapes it was written for.
-    import jax.numpy as jnp
     from jax import lax
 
     is_batched = [d is not None for d in dims]
@@ -44,3 +46,215 @@ def _host_call_batching(args, dims, *, callback, result_treedef, result_avals, d
 
 
 batching.primitive_batchers[host_call_p] = _host_call_batching
+
+
+# ----------------------------------------------------------------------------------------
+# outside_call_p (`id_tap`, `id_print`)
+#
+# Operands are [tapped args..., pass-through args...] (the pass-through ones come from
+# `result=`); outputs are the operands (identity). `transforms` holds internal
+# `(name, *params)` tuples, unpacked for the tap function by primitives.unpack_transforms.
+#
+# A "jvp tap" (transforms mode) has transforms ending in ("jvp",) and tapped operands
+# [primals..., tangents...] whose argument tree is the pair (primals, tangents).
+
+Zero = _compat.Zero
+
+
+def _with_transform(transforms: tuple, name: str, *params) -> tuple:
+    return transforms + ((name, *params),)
+
+
+def _is_jvp_tap(transforms: tuple) -> bool:
+    return bool(transforms) and transforms[-1] == ("jvp",)
+
+
+def _is_float0(aval) -> bool:
+    return getattr(aval, "dtype", None) == _compat.float0
+
+
+def _tangent_aval(x):
+    return x.aval if _compat.is_undefined_primal(x) else jax.typeof(x).to_tangent_aval()
+
+
+def _instantiate(t, aval):
+    """A tangent or cotangent as an array to send: symbolic zeros become zeros of the right
+    shape and dtype; float0 (the tangent type of integers and bools) is sent as bool zeros,
+    as the legacy module did."""
+    if type(t) is Zero:
+        aval = t.aval
+        t = None
+    if _is_float0(aval) or (t is not None and getattr(t, "dtype", None) == _compat.float0):
+        return jnp.zeros(aval.shape, jnp.bool_)
+    if t is None:
+        return jnp.zeros(aval.shape, aval.dtype)
+    return t
+
+
+def _spec_with_tree(spec: CallbackSpec, treedef) -> CallbackSpec:
+    return CallbackSpec(spec.func, treedef, spec.with_device, spec.kind)
+
+
+def _primal_half(callback: CallbackSpec) -> CallbackSpec:
+    return _spec_with_tree(callback, callback.arg_treedef.children()[0])
+
+
+def _outside_call_jvp(primals, tangents, **params):
+    n = params["nr_tapped_args"]
+    if get_ad_taps() == "primals":
+        # JAX 0.4.x behaviour: the tap sees the primals only; tangents pass through.
+        return outside_call_p.bind(*primals, **params), list(tangents)
+    tapped_p, pass_p = list(primals[:n]), list(primals[n:])
+    tapped_t, pass_t = list(tangents[:n]), list(tangents[n:])
+    t_avals = [jax.typeof(p).to_tangent_aval() for p in tapped_p]
+    sent_t = [_instantiate(t, a) for t, a in zip(tapped_t, t_avals)]
+    tree = params["callback"].arg_treedef
+    pair = _spec_with_tree(params["callback"], jax.tree_util.treedef_tuple((tree, tree)))
+    outs = outside_call_p.bind(
+        *tapped_p, *sent_t, *pass_p,
+        **dict(params, callback=pair, nr_tapped_args=2 * n, forward_tapped=False,
+               transforms=_with_transform(params["transforms"], "jvp")))
+    out_p = list(outs[:n]) + list(outs[2 * n:])
+    out_t = [Zero(a) if _is_float0(a) else o for a, o in zip(t_avals, outs[n:2 * n])]
+    return out_p, out_t + pass_t
+
+
+ad.primitive_jvps[outside_call_p] = _outside_call_jvp
+
+
+def _primal_params(params: dict) -> dict:
+    n = params["nr_tapped_args"] // 2
+    return dict(params, callback=_primal_half(params["callback"]), nr_tapped_args=n,
+                transforms=params["transforms"][:-1], forward_tapped=False)
+
+
+def _splittable(params: dict, known_or_unknown: list[bool], known_value: bool) -> bool:
+    # A jvp tap whose primal (and pass-through) operands are known and some tangent is not.
+    if not _is_jvp_tap(params["transforms"]) or params["forward_tapped"]:
+        return False
+    n2 = params["nr_tapped_args"]
+    n = n2 // 2
+    is_known = [k == known_value for k in known_or_unknown]
+    return all(is_known[:n]) and all(is_known[n2:]) and not all(is_known[n:n2])
+
+
+def _outside_call_partial_eval(trace, *tracers, **params):
+    # Linearisation (grad, vjp, linearize) traces the jvp tap with known primals and
+    # unknown tangents. Split it, as the legacy module did: the forward pass taps the
+    # primals (without 'jvp'), and the jvp tap is staged for the backward pass, where its
+    # transpose taps the cotangents.
+    if not _splittable(params, [t.pval.is_known() for t in tracers], True):
+        return trace.default_process_primitive(outside_call_p, tracers, params)
+    n2 = params["nr_tapped_args"]
+    n = n2 // 2
+    outs_known = trace.default_process_primitive(
+        outside_call_p, list(tracers[:n]) + list(tracers[n2:]), _primal_params(params))
+    outs_all = trace.default_process_primitive(outside_call_p, tracers,
+                                               dict(params, forward_tapped=True))
+    return list(outs_known[:n]) + list(outs_all[n:n2]) + list(outs_known[n:])
+
+
+_compat.custom_partial_eval_rules[outside_call_p] = _outside_call_partial_eval
+
+
+def _recomputes(saveable, eqn) -> bool:
+    policy = _compat.ensure_enum(
+        saveable(outside_call_p, *[v.aval for v in eqn.invars], **eqn.params))
+    return isinstance(policy, _compat.RecomputeType)
+
+
+def _outside_call_partial_eval_custom(saveable, unks_in, inst_in, eqn):
+    # Used by jax.checkpoint/remat (and other users of partial_eval_jaxpr_custom). The
+    # checkpoint policy decides whether the taps of a checkpointed function run again in
+    # the backward pass, where it is rematerialised (the default policy: yes).
+    params = eqn.params
+    n_out = len(eqn.outvars)
+    res = [v for v, unk, inst in zip(eqn.invars, unks_in, inst_in) if not unk and not inst]
+    if not any(unks_in):
+        if _recomputes(saveable, eqn):
+            return eqn, eqn, [False] * n_out, [True] * n_out, res
+        return eqn, None, [False] * n_out, [False] * n_out, []
+    if _splittable(params, list(unks_in), False):
+        # Primal tap in the forward pass, jvp tap in the backward pass. When the policy
+        # rematerialises, the staged jvp tap is split again when the backward pass is
+        # built, so the primals are tapped again there too.
+        n2 = params["nr_tapped_args"]
+        n = n2 // 2
+        known_eqn = eqn.replace(invars=eqn.invars[:n] + eqn.invars[n2:],
+                                outvars=eqn.outvars[:n] + eqn.outvars[n2:],
+                                params=_primal_params(params))
+        staged_outvars = ([_compat.DropVar(v.aval) for v in eqn.outvars[:n]]
+                          + eqn.outvars[n:n2]
+                          + [_compat.DropVar(v.aval) for v in eqn.outvars[n2:]])
+        staged_eqn = eqn.replace(
+            outvars=staged_outvars,
+            params=dict(params, forward_tapped=not _recomputes(saveable, eqn)))
+        unks_out = [False] * n + [True] * n + [False] * (n_out - n2)
+        inst_out = [False] * n + [True] * n + [False] * (n_out - n2)
+        return known_eqn, staged_eqn, unks_out, inst_out, res
+    return None, eqn, [True] * n_out, [True] * n_out, res
+
+
+_compat.partial_eval_jaxpr_custom_rules[outside_call_p] = _outside_call_partial_eval_custom
+
+
+def _outside_call_dce(used_outs, eqn):
+    # Never drop a tap. Only the pass-through operands of `result=` whose outputs are unused
+    # can go; tapped operands are always kept.
+    n = eqn.params["nr_tapped_args"]
+    keep = [True] * n + list(used_outs[n:])
+    if all(keep):
+        return keep, eqn
+    new_eqn = eqn.replace(invars=[v for v, k in zip(eqn.invars, keep) if k],
+                          outvars=[v for v, k in zip(eqn.outvars, keep) if k])
+    return keep, new_eqn
+
+
+_compat.dce_rules[outside_call_p] = _outside_call_dce
+
+
+def _outside_call_transpose(cts, *args, **params):
+    n2 = params["nr_tapped_args"]
+    linear = [_compat.is_undefined_primal(a) for a in args]
+    out = [None] * len(args)
+    for i in range(n2, len(args)):  # pass-through operands: identity
+        if linear[i]:
+            out[i] = cts[i]
+    callback = params["callback"]
+    if _is_jvp_tap(params["transforms"]) and not any(linear[:n2 // 2]):
+        # The backward half of a jvp tap: tap the cotangents of the tangents.
+        idx = list(range(n2 // 2, n2))
+        spec = _primal_half(callback)
+    else:
+        # A tap applied to linear values (e.g. inside a custom_jvp rule): tap their
+        # cotangents.
+        idx = [i for i in range(n2) if linear[i]]
+        spec = (callback if len(idx) == n2 else
+                _spec_with_tree(callback, jax.tree_util.tree_structure([0] * len(idx))))
+    if not idx:
+        return out
+    avals = [_tangent_aval(args[i]) for i in idx]
+    sent = [_instantiate(cts[i], a) for i, a in zip(idx, avals)]
+    tapped = outside_call_p.bind(
+        *sent, **dict(params, callback=spec, nr_tapped_args=len(sent), forward_tapped=False,
+                      transforms=_with_transform(params["transforms"], "transpose")))
+    for i, a, t in zip(idx, avals, tapped):
+        if linear[i]:
+            out[i] = Zero(a) if _is_float0(a) else t
+    return out
+
+
+ad.primitive_transposes[outside_call_p] = _outside_call_transpose
+
+
+def _outside_call_batching(args, dims, **params):
+    # The tap sees the batched values; `transforms` records where each tapped operand's
+    # batch dimension is (None for an operand that is not batched).
+    batch_dims = tuple(dims[:params["nr_tapped_args"]])
+    outs = outside_call_p.bind(
+        *args, **dict(params, transforms=_with_transform(params["transforms"], "batch",
+                                                         batch_dims)))
+    return outs, list(dims)
+
+
+batching.primitive_batchers[outside_call_p] = _outside_call_batching
