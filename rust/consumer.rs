@@ -38,6 +38,34 @@ thread_local! {
     static IS_CONSUMER: Cell<bool> = const { Cell::new(false) };
 }
 
+/// Failure messages of `call`s that report through a status result, by ticket.
+static FAILURES: Mutex<Vec<(i32, String)>> = Mutex::new(Vec::new());
+static NEXT_FAILURE: AtomicU64 = AtomicU64::new(0);
+/// Failure messages kept for `hostfeed_check` to find.
+const KEPT_FAILURES: usize = 256;
+
+/// Records a `call` failure and returns its ticket (a positive `i32`).
+pub fn record_failure(message: String) -> i32 {
+    let n = NEXT_FAILURE.fetch_add(1, Ordering::Relaxed);
+    let ticket = i32::try_from(n % (i32::MAX as u64 - 1)).unwrap_or(0) + 1;
+    let mut failures = lock(&FAILURES);
+    if failures.len() >= KEPT_FAILURES {
+        failures.remove(0);
+    }
+    failures.push((ticket, message));
+    ticket
+}
+
+/// The message recorded under `ticket`.
+#[must_use]
+pub fn failure_message(ticket: i32) -> String {
+    lock(&FAILURES)
+        .iter()
+        .rev()
+        .find(|(t, _)| *t == ticket)
+        .map_or_else(|| format!("hostfeed: a host call failed (ticket {ticket})"), |(_, m)| m.clone())
+}
+
 /// Whether the calling thread is the consumer thread (i.e. inside a host callback).
 #[must_use]
 pub fn in_consumer_thread() -> bool {

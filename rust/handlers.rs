@@ -15,6 +15,11 @@ use crate::error::Error;
 use crate::reply::{OutBuf, ReplySlot, TimedOut};
 use crate::xla_ffi::{self as ffi, dtype};
 
+/// `flags` bit: the call has an int32 status result (first after the token) and reports
+/// failures there instead of failing the computation on this device alone; a later
+/// `hostfeed_check`, reached by every device after the status is combined, raises.
+pub const FLAG_STATUS_OUTPUT: i64 = 1 << 1;
+
 /// Attributes a hostfeed custom call carries (`mhlo.backend_config` dictionary). `name`
 /// borrows XLA's attribute storage for the duration of the call.
 #[derive(Debug, Default, Clone, Copy)]
@@ -275,7 +280,17 @@ unsafe fn call(frame: &ffi::XLA_FFI_CallFrame) -> Result<(), Error> {
     // SAFETY: caller contract.
     let (mut msg, attrs) = unsafe { message(frame) }?;
     // SAFETY: as above.
-    let slot = Arc::new(ReplySlot::new(unsafe { outputs(&frame.rets) }?));
+    let mut outs = unsafe { outputs(&frame.rets) }?;
+    let status = if attrs.flags & FLAG_STATUS_OUTPUT != 0 {
+        if outs.is_empty() || outs[0].dtype != dtype::S32 || outs[0].nbytes != 4 {
+            return Err(Error::InvalidArgument("status result must be an int32 scalar".into()));
+        }
+        Some(outs.remove(0))
+    } else {
+        None
+    };
+    let zero_outputs: Vec<(*mut u8, usize)> = outs.iter().map(|o| (o.data, o.nbytes)).collect();
+    let slot = Arc::new(ReplySlot::new(outs));
     msg.reply = Some(Arc::clone(&slot));
     let receiver = consumer::global();
     let ticket = receiver.register_call(Arc::clone(&slot));
@@ -285,13 +300,51 @@ unsafe fn call(frame: &ffi::XLA_FFI_CallFrame) -> Result<(), Error> {
         .map(|ms| Instant::now() + Duration::from_millis(ms));
     let waited = receiver.push(msg).map(|()| slot.wait(deadline));
     receiver.deregister_call(ticket);
-    match waited? {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(message)) => Err(Error::CallFailed(message)),
-        Err(TimedOut) => Err(Error::CallTimeout {
+    let outcome = match waited {
+        Ok(Ok(Ok(()))) => Ok(()),
+        Ok(Ok(Err(message))) => Err(Error::CallFailed(message)),
+        Ok(Err(TimedOut)) => Err(Error::CallTimeout {
             name: String::from_utf8_lossy(attrs.name).into_owned(),
             seconds: attrs.timeout_ms as f64 / 1e3,
         }),
+        Err(e) => Err(e),
+    };
+    let Some(status) = status else { return outcome };
+    let code: i32 = match outcome {
+        Ok(()) => 0,
+        Err(e) => {
+            for (data, n) in zero_outputs {
+                // SAFETY: the slot is no longer pending (replied, abandoned or never pushed),
+                // so nothing else writes these XLA result buffers of `n` bytes.
+                unsafe { ptr::write_bytes(data, 0, n) };
+            }
+            consumer::record_failure(e.to_string())
+        }
+    };
+    // SAFETY: the status result is an int32 scalar buffer (checked above).
+    unsafe { status.data.cast::<i32>().write_unaligned(code) };
+    Ok(())
+}
+
+/// The body of the check handler: fail if the (combined) status names a failed call.
+///
+/// # Safety
+/// `frame` must be a valid call frame in the EXECUTE stage.
+unsafe fn check(frame: &ffi::XLA_FFI_CallFrame) -> Result<(), Error> {
+    // SAFETY: caller contract; the operands are checked to be buffers first.
+    let status = unsafe {
+        check_buffers(&frame.args)?;
+        operands(&frame.args).next()
+    }
+    .ok_or_else(|| Error::InvalidArgument("hostfeed_check needs a status operand".into()))?;
+    if status.dtype != dtype::S32 || !status.dims.is_empty() {
+        return Err(Error::InvalidArgument("hostfeed_check status must be an int32 scalar".into()));
+    }
+    // SAFETY: an int32 scalar buffer holds 4 readable bytes.
+    let code = unsafe { status.data.cast::<i32>().read_unaligned() };
+    match code {
+        0 => Ok(()),
+        ticket => Err(Error::CallFailed(consumer::failure_message(ticket))),
     }
 }
 
@@ -339,6 +392,16 @@ unsafe fn run(
 pub unsafe extern "C" fn hostfeed_tap(frame: *mut ffi::XLA_FFI_CallFrame) -> *mut ffi::XLA_FFI_Error {
     // SAFETY: forwarded caller contract.
     unsafe { run(frame, "hostfeed_tap", tap) }
+}
+
+/// XLA FFI handler `hostfeed_check`: raises the failure of a `call` recorded under its
+/// status operand (every device of a multi-device computation reaches it together).
+///
+/// # Safety
+/// Called by XLA with a valid call frame.
+pub unsafe extern "C" fn hostfeed_check(frame: *mut ffi::XLA_FFI_CallFrame) -> *mut ffi::XLA_FFI_Error {
+    // SAFETY: forwarded caller contract.
+    unsafe { run(frame, "hostfeed_check", check) }
 }
 
 /// XLA FFI handler `hostfeed_call`: sends its operands to the host, waits for the host

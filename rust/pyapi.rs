@@ -149,5 +149,6 @@ pub fn registrations(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("hostfeed_tap", capsule(py, handlers::hostfeed_tap)?)?;
     d.set_item("hostfeed_call", capsule(py, handlers::hostfeed_call)?)?;
+    d.set_item("hostfeed_check", capsule(py, handlers::hostfeed_check)?)?;
     Ok(d)
 }

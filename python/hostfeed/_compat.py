@@ -46,8 +46,11 @@ from jax._src import ffi as _ffi  # noqa: E402
 from jax._src.interpreters import ad  # noqa: E402
 from jax._src.interpreters import mlir  # noqa: E402
 from jax._src.interpreters import partial_eval as pe  # noqa: E402
+from jax._src import sharding_impls  # noqa: E402
+from jax._src.lib import xla_client as _xc  # noqa: E402
 
 Primitive = core.Primitive
+runtime_tokens = dispatch.runtime_tokens  # the effect tokens JAX chains between computations
 abstract_token = core.abstract_token
 apply_primitive = dispatch.apply_primitive
 Effect = effects.Effect
@@ -65,6 +68,20 @@ EFFECT_SETS = (
 
 
 enum_state = _config.enum_state
+use_shardy = _config.use_shardy_partitioner
+
+# Sharding contexts a lowering rule can find itself in.
+SPMDAxisContext = sharding_impls.SPMDAxisContext
+ShardingContext = sharding_impls.ShardingContext
+lower_fun = mlir.lower_fun
+set_sharding = mlir.set_sharding
+
+
+def manual_op_sharding():
+    """A GSPMD ``OpSharding`` of type MANUAL (ops inside a fully manual region)."""
+    proto = _xc.OpSharding()
+    proto.type = _xc.OpSharding.Type.MANUAL
+    return proto
 
 # Autodiff and partial-evaluation pieces used by the transformation rules.
 Zero = ad.Zero

@@ -314,8 +314,9 @@ def barrier_wait(logging_name: Optional[str] = None, *, timeout: Optional[float]
             "hostfeed: barrier_wait was called from inside a host callback; it waits for the "
             "callback thread itself and would deadlock. Call it from the main program instead")
     receiver.logger.debug("barrier_wait[%s]: start", logging_name or "")
+    failed_run = None
     if receiver.is_configured():
-        jax.effects_barrier()
+        failed_run = _effects_barrier()
         _receiver.barrier(timeout)
     receiver.logger.debug("barrier_wait[%s]: done", logging_name or "")
     last = receiver.take_last_exception()
@@ -324,6 +325,24 @@ def barrier_wait(logging_name: Optional[str] = None, *, timeout: Optional[float]
         raise CallbackException(
             "There were exceptions during callback processing. "
             f"Last one was: {formatted}") from exc
+    if failed_run is not None:
+        raise failed_run
+
+
+def _effects_barrier() -> Optional[BaseException]:
+    """Waits for dispatched computations; returns (not raises) the error of one that failed.
+
+    A computation that failed (for example a `call` whose host function raised, which its
+    caller has already seen) leaves JAX's chain of effect tokens in the failed state, so
+    every later computation with host callbacks would fail with the same stale error. The
+    chain is reset here, once the failure has been waited for.
+    """
+    try:
+        jax.effects_barrier()
+        return None
+    except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
+        _compat.runtime_tokens.clear()
+        return exc
 
 
 def stop_outfeed_receiver() -> None:
@@ -339,5 +358,5 @@ def stop_outfeed_receiver() -> None:
     """
     if receiver.is_configured():
         if not _receiver.in_callback_thread():
-            jax.effects_barrier()
+            _effects_barrier()  # a failed computation was already reported to its caller
         _receiver.stop(receiver.stop_timeout())

@@ -320,12 +320,22 @@ host_call_p.multiple_results = True
 
 
 @host_call_p.def_effectful_abstract_eval
-def _host_call_abstract_eval(*avals, callback, result_treedef, result_avals, device_index):
-    del avals, callback, result_treedef, device_index
-    return list(result_avals), {host_callback_effect}
+def _host_call_abstract_eval(*avals, result_avals, with_status=False, **params):
+    # `with_status` (set only by hostfeed's own multi-device lowering) adds a leading int32
+    # status result: 0, or the ticket of a failure that a later check raises everywhere.
+    del avals, params
+    status = [_status_aval()] if with_status else []
+    return status + list(result_avals), {host_callback_effect}
 
 
-def _host_call_impl(*args, callback, result_treedef, result_avals, device_index):
+def _status_aval():
+    import jax
+
+    return jax.core.ShapedArray((), np.int32)
+
+
+def _host_call_impl(*args, callback, result_treedef, result_avals, device_index,
+                    with_status=False):
     if inline_enabled():
         import jax
         import jax.numpy as jnp
@@ -340,7 +350,20 @@ def _host_call_impl(*args, callback, result_treedef, result_avals, device_index)
         return [jnp.asarray(a) for a in flat]
     return _compat.apply_primitive(host_call_p, *args, callback=callback,
                                    result_treedef=result_treedef, result_avals=result_avals,
-                                   device_index=device_index)
+                                   device_index=device_index, with_status=with_status)
 
 
 host_call_p.def_impl(_host_call_impl)
+
+
+# `call_check_p`: fails the computation if a (combined) call status is non-zero. Bound only
+# by the multi-device lowering of `call`, after every device has the same status, so that
+# all devices fail together instead of some waiting forever in a collective.
+call_check_p = _compat.Primitive("host_call_check")
+call_check_p.multiple_results = True
+
+
+@call_check_p.def_effectful_abstract_eval
+def _call_check_abstract_eval(status):
+    del status
+    return [], {host_callback_effect}

@@ -26,7 +26,7 @@ ad.primitive_transposes[host_call_p] = (
     lambda cts, *args, **params: _host_call_not_differentiable(**params))
 
 
-def _host_call_batching(args, dims, *, callback, result_treedef, result_avals, device_index):
+def _host_call_batching(args, dims, **params):
     # One host call per batch element, in order (like vmap_method="sequential"): the host
     # function keeps seeing the shapes it was written for.
     from jax import lax
@@ -38,8 +38,7 @@ def _host_call_batching(args, dims, *, callback, result_treedef, result_avals, d
     def one(batched_slice):
         it = iter(batched_slice)
         operands = [next(it) if b else a for a, b in zip(moved, is_batched)]
-        return host_call_p.bind(*operands, callback=callback, result_treedef=result_treedef,
-                                result_avals=result_avals, device_index=device_index)
+        return host_call_p.bind(*operands, **params)
 
     outs = lax.map(one, batched)
     return outs, [0] * len(outs)
