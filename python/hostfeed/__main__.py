@@ -19,28 +19,28 @@ def demo(steps: int = 5) -> int:
 
     received: list[tuple[str, dict]] = []
 
-    def log_activations(stats, transforms):
-        received.append(("activations", {k: float(v) for k, v in stats.items()}))
+    def log_hidden(h, transforms):
+        # Runs on the host with numpy arrays. Under jax.grad the forward pass taps the
+        # activations; the backward pass taps their cotangents (dloss/dh), marked by
+        # 'transpose' in `transforms`.
+        if any(name == "transpose" for name, _ in transforms):
+            received.append(("dloss/dhidden", {"norm": float(np.linalg.norm(h))}))
+        else:
+            received.append(("hidden", {"mean": float(h.mean()), "std": float(h.std()),
+                                        "max|h|": float(np.abs(h).max())}))
 
     def log_step(arg, transforms):
         step, loss = arg
         received.append(("step", {"step": int(step), "loss": float(loss)}))
 
-    def hidden(params, x):
-        return jnp.tanh(x @ params["w1"] + params["b1"])
-
     def loss_fn(params, x, y):
-        return jnp.mean((hidden(params, x) @ params["w2"] + params["b2"] - y) ** 2)
+        h = jnp.tanh(x @ params["w1"] + params["b1"])
+        h = hcb.id_tap(log_hidden, h)  # identity on h; the device only copies it out
+        return jnp.mean((h @ params["w2"] + params["b2"] - y) ** 2)
 
     @jax.jit
     def train_step(params, step, x, y):
         loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-        # Tap summary statistics of the hidden activations and the loss: the device only
-        # copies a few bytes into the receiver's queue; the Python functions run later on
-        # the receiver thread.
-        h = hidden(params, x)
-        hcb.id_tap(log_activations,
-                   {"mean": jnp.mean(h), "std": jnp.std(h), "max": jnp.max(jnp.abs(h))})
         hcb.id_tap(log_step, (step, loss))
         return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
 

@@ -5,7 +5,7 @@ import numpy as np
 
 __all__ = [
     "DEFAULT_MAX_QUEUE_BYTES", "ReceiverError", "ReceiverTimeoutError", "CallbackContextError",
-    "MessageData", "start", "stop", "finalize", "barrier", "is_running", "in_callback_thread",
+    "MessageData", "Reply", "start", "stop", "finalize", "barrier", "is_running", "in_callback_thread",
     "max_queue_bytes", "set_max_queue_bytes", "stats", "reset_peak", "registrations",
 ]
 
@@ -24,17 +24,34 @@ class CallbackContextError(RuntimeError):
 class MessageData:
     """Owner of one message's bytes; numpy arrays handed to callbacks view it."""
 
+@final
+class Reply:
+    """The consumer's handle on a waiting ``call``: answer it once."""
+
+    @property
+    def pending(self) -> bool:
+        """Whether the call still waits (not replied, timed out or cancelled)."""
+
+    def send(self, results: list[np.ndarray]) -> bool:
+        """Copies C-contiguous results of the expected dtypes and shapes into the call's
+        result buffers; returns False if the call no longer waits."""
+
+    def fail(self, message: str) -> bool:
+        """Fails the call with ``message``; returns False if the call no longer waits."""
+
 def start(
-    dispatcher: Callable[[list[tuple[int, int, int, tuple[np.ndarray, ...]]]], Any],
+    dispatcher: Callable[[list[tuple[int, int, int, tuple[np.ndarray, ...], Reply | None]]], Any],
     dtypes: dict[int, np.dtype],
     max_queue_bytes: int | None = None,
 ) -> bool:
     """Configures and starts the receiver; returns whether a consumer thread was started."""
 
-def stop() -> None:
-    """Drains the queue, then stops and joins the consumer thread (GIL released)."""
+def stop(stall_timeout: float | None = None) -> bool:
+    """Drains the queue, then stops and joins the consumer thread (GIL released). If a
+    callback makes no progress for ``stall_timeout`` seconds (default 10), waiting calls
+    are failed and the thread is abandoned; returns whether the thread was joined."""
 
-def finalize() -> None:
+def finalize(stall_timeout: float | None = None) -> None:
     """Stops the receiver for good; later taps fail with an error (interpreter exit)."""
 
 def barrier(timeout: float | None = None) -> None:

@@ -13,12 +13,31 @@ dispatched so far has been processed. Exceptions raised by tap functions are log
 their traceback, the receiver keeps going, and the next :func:`barrier_wait` raises
 :class:`CallbackException` carrying the last one.
 
+:func:`call` sends values to the host and returns the host function's results to the
+computation, which waits for them; a failing host function fails the computation with an
+exception that names it (and is also recorded for :func:`barrier_wait`).
+
+Under transformations taps keep working and tell the host what was applied through
+``transforms``, a tuple of ``(name, params)`` pairs: ``('batch', {'batch_dims': ...})``
+under ``vmap``; under autodiff, in the default ``'transforms'`` mode, ``('jvp', {})`` and
+``('transpose', {})`` (``jvp`` taps ``(primals, tangents)``; ``grad`` taps the primals in the
+forward pass and the cotangents in the backward pass). The ``'primals'`` mode (JAX 0.4.x's
+final module) taps only primal values; choose it with ``HOSTFEED_AD_TAPS=primals`` or
+:func:`set_ad_taps`.
+
+On several devices, ``pmap`` and ``shard_map`` tap per device; ``jit`` over sharded arrays
+taps the whole logical operand once, on device ``device_index`` of the computation.
+
 Environment variables (the legacy names):
 
 * ``JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE`` (default ``256e6``): bytes of tapped data that
   may wait for the host; when the queue is full, devices pause until callbacks catch up.
 * ``JAX_HOST_CALLBACK_INLINE=1``: outside of ``jit`` and control flow, run tap functions
   inline in the calling thread (so their exceptions propagate with your stack).
+* ``HOSTFEED_AD_TAPS`` (``transforms`` or ``primals``): what taps see under autodiff.
+* ``HOSTFEED_CALL_TIMEOUT``: seconds a :func:`call` waits for its host function.
+* ``HOSTFEED_STOP_TIMEOUT``: seconds without progress after which stopping the receiver
+  fails the calls waiting on a stuck callback (default 10).
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -167,8 +186,10 @@ def id_tap(tap_func: Callable, arg: T, *, result: Any = None, tap_with_device: b
     """
     _check_callable(tap_func, "id_tap: tap_func")
     device_index = _check_device_index(device_index, "id_tap")
+    arg_treedef: Any
     flat_args, arg_treedef = jax.tree_util.tree_flatten(arg)
     flat_args = _check_leaves(flat_args, "id_tap", "arg")
+    result_treedef: Any
     if result is not None:
         flat_results, result_treedef = jax.tree_util.tree_flatten(result)
         flat_results = _check_leaves(flat_results, "id_tap", "result")

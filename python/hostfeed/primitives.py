@@ -225,13 +225,14 @@ def check_call_results(name: str, res: Any, result_treedef: Any,
 
     from .receiver import SUPPORTED_DTYPES
 
+    actual_treedef: Any
     actual_flat, actual_treedef = jax.tree_util.tree_flatten(res)
     if actual_treedef != result_treedef and not (
             result_treedef.num_leaves == 0 and actual_treedef.num_leaves == 0):
         raise TypeError(f"Callback func {name} should have returned a result with pytree "
                         f"{result_treedef} but returned {actual_treedef}")
-    arrays = []
-    actual_avals = []
+    arrays: list[Any] = []
+    actual_avals: list[Any] = []
     bad = None
     for r in actual_flat:
         if isinstance(r, (np.ndarray, np.generic, jax.Array, bool, int, float, complex)):

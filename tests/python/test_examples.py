@@ -50,4 +50,11 @@ def test_demo_runs_and_reports_counters():
     r = run_python("from hostfeed.__main__ import main; raise SystemExit(main(['demo']))")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("host received step") == 5
-    assert "messages_processed       10" in r.stdout
+    assert r.stdout.count("host received dloss/dhidden") == 5
+    assert "messages_processed       15" in r.stdout
+
+
+def test_readme_call_example_prints_what_it_says():
+    r = run_python(readme_blocks()[2])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[0. 1. 2.]"
