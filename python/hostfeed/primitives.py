@@ -204,16 +204,9 @@ CALL_TIMEOUT_ENV = "HOSTFEED_CALL_TIMEOUT"
 def call_timeout_ms() -> int:
     """Milliseconds a ``call`` waits for its reply (``HOSTFEED_CALL_TIMEOUT`` seconds, read
     when the computation is lowered); 0 means no limit."""
-    text = os.environ.get(CALL_TIMEOUT_ENV, "").strip()
-    if not text:
-        return 0
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise ValueError(f"{CALL_TIMEOUT_ENV}={text!r} is not a number of seconds") from None
-    if seconds < 0:
-        raise ValueError(f"{CALL_TIMEOUT_ENV}={text!r} must not be negative")
-    return int(round(seconds * 1000))
+    from .receiver import seconds_from_env
+
+    return int(round(seconds_from_env(CALL_TIMEOUT_ENV, 0.0) * 1000))
 
 
 def check_call_results(name: str, res: Any, result_treedef: Any,

@@ -169,19 +169,29 @@ def is_configured() -> bool:
 STOP_TIMEOUT_ENV = "HOSTFEED_STOP_TIMEOUT"
 
 
-def stop_timeout() -> float:
-    """Seconds without progress after which stopping gives up on a stuck callback
-    (``HOSTFEED_STOP_TIMEOUT``, default 10)."""
-    text = os.environ.get(STOP_TIMEOUT_ENV, "").strip()
+def seconds_from_env(name: str, default: float) -> float:
+    """A non-negative number of seconds from the environment variable ``name``.
+
+    Example:
+        >>> seconds_from_env("HOSTFEED_UNSET_EXAMPLE", 2.5)
+        2.5
+    """
+    text = os.environ.get(name, "").strip()
     if not text:
-        return 10.0
+        return default
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"{STOP_TIMEOUT_ENV}={text!r} is not a number of seconds") from None
+        raise ValueError(f"{name}={text!r} is not a number of seconds") from None
     if value < 0:
-        raise ValueError(f"{STOP_TIMEOUT_ENV}={text!r} must not be negative")
+        raise ValueError(f"{name}={text!r} must not be negative")
     return value
+
+
+def stop_timeout() -> float:
+    """Seconds without progress after which stopping gives up on a stuck callback
+    (``HOSTFEED_STOP_TIMEOUT``, default 10)."""
+    return seconds_from_env(STOP_TIMEOUT_ENV, 10.0)
 
 
 def _at_exit() -> None:
