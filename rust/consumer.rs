@@ -394,7 +394,18 @@ unsafe fn make_array<'py>(
                 "hostfeed: no numpy dtype registered for XLA dtype code {code}"
             ))
         })?;
-    let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
+    // Dimensions as numpy wants them, on the stack for the usual ranks.
+    let mut inline = [0 as npy_intp; 8];
+    let mut heap: Vec<npy_intp> = Vec::new();
+    let dims: &mut [npy_intp] = if shape.len() <= inline.len() {
+        for (d, &s) in inline.iter_mut().zip(shape) {
+            *d = s as npy_intp;
+        }
+        &mut inline[..shape.len()]
+    } else {
+        heap.extend(shape.iter().map(|&d| d as npy_intp));
+        &mut heap
+    };
     let rank = c_int::try_from(dims.len())
         .map_err(|_| ReceiverError::new_err("array rank too large"))?;
     // SAFETY: the numpy C API is initialised by `PY_ARRAY_API` on first use while attached;

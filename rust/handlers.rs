@@ -289,7 +289,12 @@ unsafe fn call(frame: &ffi::XLA_FFI_CallFrame) -> Result<(), Error> {
     } else {
         None
     };
-    let zero_outputs: Vec<(*mut u8, usize)> = outs.iter().map(|o| (o.data, o.nbytes)).collect();
+    // Where to write zeros if the call fails and reports through its status instead.
+    let zero_outputs: Vec<(*mut u8, usize)> = if status.is_some() {
+        outs.iter().map(|o| (o.data, o.nbytes)).collect()
+    } else {
+        Vec::new()
+    };
     let slot = Arc::new(ReplySlot::new(outs));
     msg.reply = Some(Arc::clone(&slot));
     let receiver = consumer::global();
