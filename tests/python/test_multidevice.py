@@ -47,7 +47,13 @@ def test_pmap_taps_and_calls_per_device(run):
 
 def test_pmap_of_vmap(run):
     r = run("pmap_of_vmap")
-    assert r["taps"] == [["pv", [2.0 * d, 2.0 * d + 1], d, ["batch"]] for d in range(run.n)]
+    expected = []
+    for d in range(run.n):
+        # vmap of a call makes one call per batch element, on the element's device.
+        expected += [["pv", [2.0 * d, 2.0 * d + 1], d, ["batch"]],
+                     ["pvcall", 2.0 * d, d], ["pvcall", 2.0 * d + 1, d]]
+    assert r["taps"] == sorted(expected, key=lambda g: (g[2], str(g)))
+    assert r["out"] == [[2.0 * d + 0.5, 2.0 * d + 1.5] for d in range(run.n)]
 
 
 def test_shard_map_full_manual_taps_each_shard_and_calls_return_per_shard(run):

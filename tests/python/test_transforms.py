@@ -228,7 +228,7 @@ def test_result_under_grad_and_jvp(transforms_mode):
 # Primals mode (JAX 0.4.x): only primal values, no autodiff transforms, no backward taps.
 
 @pytest.mark.parametrize("transform", ["jvp", "grad", "vjp", "jacfwd", "jacrev", "linearize",
-                                       "hessian"])
+                                       "hessian", "grad_of_grad"])
 def test_primals_mode_taps_only_primals(primals_mode, transform):
     rec = Rec()
     f = make_power3(rec)
@@ -240,6 +240,7 @@ def test_primals_mode_taps_only_primals(primals_mode, transform):
         "jacrev": lambda: jax.jacrev(f)(3.0),
         "linearize": lambda: jax.linearize(f, 3.0)[1](0.1),
         "hessian": lambda: jax.hessian(f)(3.0),
+        "grad_of_grad": lambda: jax.grad(jax.grad(f))(3.0),
     }[transform]
     _, calls = rec.run(run)
     assert calls == [((3.0, 9.0), ())]
@@ -298,6 +299,36 @@ def test_custom_jvp_primal_tap_in_transforms_mode(transforms_mode):
     h.defjvp(lambda p, t: (h(p[0]), t[0] * 2))
     (_, t), calls = rec.run(lambda: jax.jvp(h, (3.0,), (1.0,)))
     assert float(t) == 2.0 and calls == [(3.0, ())]
+
+
+@pytest.mark.parametrize("transform", ["jvp", "grad", "vmap", "checkpoint"])
+def test_result_under_transformations_in_both_modes(mode, transform):
+    rec = Rec()
+
+    def f(x):
+        return hcb.id_tap(rec, x * 2, result=x * 3)
+
+    if transform == "jvp":
+        out, calls = rec.run(lambda: jax.jvp(f, (1.0,), (1.0,)))
+        assert (float(out[0]), float(out[1])) == (3.0, 3.0)
+        expected = [(2.0, ())] if mode == "primals" else [((2.0, 2.0), (JVP,))]
+    elif transform == "grad":
+        out, calls = rec.run(lambda: jax.grad(f)(1.0))
+        assert float(out) == 3.0
+        expected = [(2.0, ())] + ([] if mode == "primals" else [(0.0, (JVP, TRANSPOSE))])
+    elif transform == "vmap":
+        out, calls = rec.run(lambda: jax.vmap(f)(jnp.arange(2.0)))
+        assert out.tolist() == [0.0, 3.0]
+        expected = [([0.0, 2.0], (batch(0),))]
+    else:
+        out, calls = rec.run(lambda: jax.grad(lambda x: jax.checkpoint(f)(x) * x)(1.0))
+        assert float(out) == 6.0
+        # Rematerialised: the primal tap runs again in the backward pass. The cotangent
+        # tap of the unused tapped value (all zeros) is dropped by JAX's partial
+        # evaluation of the checkpointed jaxpr; the legacy module documented that a tap
+        # whose outputs are unused may be removed under transformations.
+        expected = [(2.0, ()), (2.0, ())]
+    assert calls == expected
 
 
 # ---------------------------------------------------------------------------------------

@@ -74,8 +74,10 @@ def pmap_tap_and_call():
 
 @case
 def pmap_of_vmap():
-    return collect(lambda: jax.pmap(jax.vmap(
-        lambda x: hcb.id_tap(tap("pv"), x, tap_with_device=True)))(
+    def f(x):
+        x = hcb.id_tap(tap("pv"), x, tap_with_device=True)
+        return hcb.call(host_add("pvcall", 0.5), x, result_shape=x, call_with_device=True)
+    return collect(lambda: jax.pmap(jax.vmap(f))(
         jnp.arange(2 * N, dtype=jnp.float32).reshape(N, 2)).tolist())
 
 
