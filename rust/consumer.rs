@@ -193,8 +193,16 @@ impl Receiver {
     pub fn push(&self, msg: Message) -> Result<(), Error> {
         let bytes = msg.charged_bytes();
         let mut msg = msg;
+        // A tap issued from inside a host callback runs on the consumer thread: waiting for
+        // the consumer to make space would wait for ourselves.
+        let on_consumer = in_consumer_thread();
         loop {
-            match self.queue.push(msg, bytes) {
+            let pushed = if on_consumer {
+                self.queue.push_over_bound(msg, bytes)
+            } else {
+                self.queue.push(msg, bytes)
+            };
+            match pushed {
                 Ok(pushed) => {
                     if !pushed.consumer_active {
                         self.start()?;

@@ -277,6 +277,10 @@ unsafe fn outputs(rets: &ffi::XLA_FFI_Rets) -> Result<Vec<OutBuf>, Error> {
 /// # Safety
 /// `frame` must be a valid call frame in the EXECUTE stage.
 unsafe fn call(frame: &ffi::XLA_FFI_CallFrame) -> Result<(), Error> {
+    if consumer::in_consumer_thread() {
+        // The reply would have to come from this very thread.
+        return Err(Error::InsideCallback("a computation containing hcb.call"));
+    }
     // SAFETY: caller contract.
     let (mut msg, attrs) = unsafe { message(frame) }?;
     // SAFETY: as above.

@@ -127,6 +127,20 @@ impl<T> Queue<T> {
     /// [`PushError::Closed`] once [`Queue::close`] was called; [`PushError::NoConsumer`]
     /// when it would have to wait but no consumer is active.
     pub fn push(&self, item: T, bytes: usize) -> Result<Pushed, PushError<T>> {
+        self.push_inner(item, bytes, true)
+    }
+
+    /// Like [`Queue::push`] but never waits for space: the item is admitted over the bound.
+    /// For producers that the consumer itself waits on (a tap issued from inside a host
+    /// callback), where waiting would deadlock.
+    ///
+    /// # Errors
+    /// [`PushError::Closed`] once [`Queue::close`] was called.
+    pub fn push_over_bound(&self, item: T, bytes: usize) -> Result<Pushed, PushError<T>> {
+        self.push_inner(item, bytes, false)
+    }
+
+    fn push_inner(&self, item: T, bytes: usize, may_wait: bool) -> Result<Pushed, PushError<T>> {
         let mut g = lock(&self.inner);
         let mut blocked_since: Option<Instant> = None;
         loop {
@@ -134,7 +148,7 @@ impl<T> Queue<T> {
                 return Err(PushError::Closed(item));
             }
             let bound = self.bound.load(Ordering::Relaxed);
-            if g.held_bytes == 0 || g.held_bytes.saturating_add(bytes) <= bound {
+            if !may_wait || g.held_bytes == 0 || g.held_bytes.saturating_add(bytes) <= bound {
                 break;
             }
             if !g.consumer_active {
@@ -374,6 +388,15 @@ mod tests {
         assert!(q.pop_batch(10, &mut out));
         q.complete(1, 8);
         assert_eq!(q.push(2, 8).unwrap().seq, 1);
+    }
+
+    #[test]
+    fn push_over_bound_never_waits() {
+        let q = Queue::new(10);
+        q.clear_stop();
+        q.push(1, 10).unwrap();
+        assert_eq!(q.push_over_bound(2, 10).unwrap().seq, 1);
+        assert_eq!(q.stats.snapshot().queued_bytes, 20);
     }
 
     #[test]

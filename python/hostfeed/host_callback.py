@@ -301,6 +301,11 @@ def call(callback_func: Callable, arg: Any, *, result_shape: Any = None,
         [0.0, 0.0, 0.0]
     """
     _check_callable(callback_func, "call: callback_func")
+    if _receiver.in_callback_thread():
+        raise _receiver.CallbackContextError(
+            "hostfeed: hcb.call was used inside a host callback; its reply would have to "
+            "come from the callback thread, which is busy running this callback. Compute "
+            "the value directly on the host instead.")
     device_index = _check_device_index(device_index, "call")
     result_treedef, result_avals = _result_avals(result_shape)
     flat_args, arg_treedef = jax.tree_util.tree_flatten(arg)

@@ -167,9 +167,13 @@ def _outside_call_abstract_eval(*avals, **params):
 
 
 def _outside_call_impl(*args, **params):
+    from . import _receiver
+
     callback, nr_tapped_args = params["callback"], params["nr_tapped_args"]
     transforms = params["transforms"]
-    if inline_enabled():
+    # Eager taps from inside a host callback also run inline: going through the device
+    # would have the callback thread wait for a queue that only it can drain.
+    if inline_enabled() or _receiver.in_callback_thread():
         # Legacy JAX_HOST_CALLBACK_INLINE: run the callback here, in the caller's thread,
         # so its exceptions propagate with the caller's stack.
         import jax

@@ -80,3 +80,34 @@ def test_barrier_timeout_names_pending_messages():
 def test_bad_timeout_is_rejected():
     with pytest.raises(ValueError, match="timeout"):
         hcb.barrier_wait(timeout=-1)
+
+
+def test_call_inside_a_callback_is_refused():
+    def outer(a, transforms):
+        hcb.call(lambda v: v, a, result_shape=a)
+
+    jax.jit(lambda x: hcb.id_tap(outer, x))(1.0)
+    with pytest.raises(hcb.CallbackException) as info:
+        hcb.barrier_wait()
+    assert "hcb.call was used inside a host callback" in str(info.value.__cause__)
+
+
+def test_taps_from_inside_a_callback_do_not_deadlock_on_a_full_queue():
+    import hostfeed
+
+    hcb.barrier_wait()
+    old = hostfeed.receiver_stats()["max_queue_bytes"]
+    hostfeed.start_receiver(max_queue_byte_size=64)
+    got = []
+    try:
+        def outer(a, transforms):
+            for i in range(5):  # each inner tap alone exceeds what the queue may hold
+                hcb.id_tap(lambda v, tr: got.append(int(v[0])), jnp.full(32, i))
+            got.append("outer")
+
+        jax.jit(lambda x: hcb.id_tap(outer, x))(1.0)
+        hcb.barrier_wait(timeout=60)
+        # Eager taps inside a callback run inline, at once.
+        assert got == [0, 1, 2, 3, 4, "outer"]
+    finally:
+        hostfeed.start_receiver(max_queue_byte_size=old)
