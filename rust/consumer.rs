@@ -150,6 +150,9 @@ impl Receiver {
     }
 
     /// Installs the dispatcher configuration used by current and future consumer threads.
+    ///
+    /// Like every method that takes the control lock, call it detached from Python: a
+    /// `stop` holds that lock while waiting for a consumer that needs the GIL.
     pub fn configure(&self, config: DispatchConfig) {
         lock(&self.control).config = Some(Arc::new(config));
     }
@@ -271,12 +274,14 @@ impl Receiver {
     /// As [`Receiver::stop`].
     pub fn finalize(&self, py: Python<'_>, stall: Duration) -> Result<(), Error> {
         self.stop(py, stall)?;
-        let mut control = lock(&self.control);
-        self.finalized.store(true, Ordering::Release);
-        self.cancel_pending_calls("hostfeed: the receiver shut down (interpreter exit)");
-        let leftovers = self.queue.close();
+        let (config, leftovers) = py.detach(|| {
+            let mut control = lock(&self.control);
+            self.finalized.store(true, Ordering::Release);
+            self.cancel_pending_calls("hostfeed: the receiver shut down (interpreter exit)");
+            (control.config.take(), self.queue.close())
+        });
         // Drop Python objects while attached.
-        control.config = None;
+        drop(config);
         drop(leftovers);
         Ok(())
     }
@@ -294,8 +299,9 @@ impl Receiver {
         let target = self.queue.enqueued();
         let start = Instant::now();
         if self.queue.processed() < target && !self.finalized.load(Ordering::Acquire) {
-            // Messages are pending; make sure someone will process them.
-            self.start()?;
+            // Messages are pending; make sure someone will process them. (Detached: the
+            // control lock may be held by a `stop` that waits for the GIL-needing consumer.)
+            py.detach(|| self.start())?;
         }
         loop {
             let slice = match timeout {

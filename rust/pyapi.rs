@@ -26,11 +26,12 @@ fn duration(timeout: Option<f64>) -> PyResult<Option<Duration>> {
 /// Configures and starts the receiver.
 ///
 /// `dispatcher(batch)` is called on the consumer thread with a list of
-/// `(consumer_id, device_ordinal, flags, arrays)` tuples; `dtypes` maps XLA dtype codes
+/// `(consumer_id, device_ordinal, flags, arrays, reply_or_None)` tuples; `dtypes` maps XLA dtype codes
 /// to numpy dtypes. Returns whether a consumer thread was started by this call.
 #[pyfunction]
 #[pyo3(signature = (dispatcher, dtypes, max_queue_bytes=None))]
 pub fn start(
+    py: Python<'_>,
     dispatcher: Bound<'_, PyAny>,
     dtypes: &Bound<'_, PyDict>,
     max_queue_bytes: Option<u64>,
@@ -53,8 +54,13 @@ pub fn start(
     if let Some(bound) = max_queue_bytes {
         set_max_queue_bytes(bound)?;
     }
-    receiver.configure(DispatchConfig { dispatcher: dispatcher.unbind(), descrs });
-    Ok(receiver.start()?)
+    let config = DispatchConfig { dispatcher: dispatcher.unbind(), descrs };
+    // Detached: the control lock may be held by a `stop` waiting for the consumer, which
+    // needs the GIL.
+    Ok(py.detach(move || {
+        receiver.configure(config);
+        receiver.start()
+    })?)
 }
 
 const DEFAULT_STALL_SECONDS: f64 = 10.0;
@@ -89,8 +95,8 @@ pub fn barrier(py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
 
 /// Whether the consumer thread is running.
 #[pyfunction]
-pub fn is_running() -> bool {
-    consumer::global().is_running()
+pub fn is_running(py: Python<'_>) -> bool {
+    py.detach(|| consumer::global().is_running())
 }
 
 /// Whether the caller runs on the consumer thread (inside a host callback).

@@ -148,3 +148,30 @@ def test_invalid_queue_bound_environment_is_a_clear_error():
     """, env={"JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE": "lots"})
     assert r.returncode != 0
     assert "JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE='lots' is not a number of bytes" in r.stderr
+
+
+def test_start_while_another_thread_stops_does_not_deadlock():
+    # A stop holds the receiver's control lock while it waits for the consumer, which needs
+    # the GIL to finish its callback; a concurrent start must wait without the GIL.
+    import hostfeed
+
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(a, tr):
+        entered.set()
+        release.wait(60)
+
+    jax.jit(lambda x: hcb.id_tap(slow, x))(1.0)
+    assert entered.wait(60)
+    stopper = threading.Thread(target=hcb.stop_outfeed_receiver)
+    starter = threading.Thread(target=hostfeed.start_receiver)
+    stopper.start()
+    starter.start()
+    release.set()
+    stopper.join(60)
+    starter.join(60)
+    assert not stopper.is_alive() and not starter.is_alive()
+    got = []
+    jax.jit(lambda x: hcb.id_tap(lambda a, tr: got.append(float(a)), x))(2.0)
+    hcb.barrier_wait(timeout=60)
+    assert got == [2.0]
