@@ -1,10 +1,13 @@
-"""Lowering of ``outside_call`` to an XLA FFI custom call with a token in and out."""
+"""Lowering of hostfeed's primitives to XLA FFI custom calls (``hostfeed_tap``,
+``hostfeed_call``, ``hostfeed_check``) that take and return the ordered-effect token, and
+the choice of where they run under sharding (see the comment below)."""
 from __future__ import annotations
 
 import dataclasses
 
 import jax
 import numpy as np
+from jax import lax
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
 from . import _compat, _receiver, receiver
@@ -21,8 +24,13 @@ for _name, _capsule in _receiver.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
 
 
-def _consumer_id(spec: CallbackSpec, transforms: tuple) -> int:
+def _tap_consumer_id(spec: CallbackSpec, transforms: tuple) -> int:
     return receiver.register((spec, transforms), make_invoker(spec, transforms), spec.name)
+
+
+def _call_consumer_id(spec: CallbackSpec, result_treedef, result_avals) -> int:
+    return receiver.register((spec, "call", result_treedef, result_avals),
+                             make_call_invoker(spec, result_treedef, result_avals), spec.name)
 
 
 # ----------------------------------------------------------------------------------------
@@ -36,9 +44,10 @@ def _consumer_id(spec: CallbackSpec, transforms: tuple) -> int:
 #   whole logical operand, once. GSPMD would accept a MAXIMAL sharding on our custom call,
 #   but Shardy keeps such shardings only for XLA's own callback targets and fails ours
 #   ("Side-effect HLO must have sharding"). So we lower, for both partitioners alike, to a
-#   fully manual region over a 1-D mesh of the computation's devices: the operands enter
-#   it replicated (the partitioner all-gathers them), and only the device at `device_index`
-#   runs the custom call, under `axis_index == device_index`. A `call`'s results are then
+#   fully manual region (`shard_map` over the computation's mesh, or a 1-D mesh of its
+#   devices when it has none): the operands enter it replicated (the partitioner
+#   all-gathers them), and only the device at `device_index` runs the custom call, under
+#   `axis_index == device_index`. A `call`'s results are then
 #   broadcast from that device (an exact bitwise psum, since every other device
 #   contributes zeros) and leave the region replicated, so the partitioner hands every
 #   shard its part. Cost: one all-gather of the tapped operands (each device receives
@@ -93,8 +102,6 @@ def _manual_region(ac, avals):
     a 1-D mesh over the computation's devices. Either way logical device k along the axes
     is device k of the device assignment.
     """
-    import jax
-
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         meshes = [getattr(getattr(a, "sharding", None), "mesh", None) for a in avals]
@@ -115,8 +122,6 @@ def _manual_region(ac, avals):
 def _replicated(x):
     """`x` resharded to be replicated over the current mesh, when its type says it is
     sharded (explicit axes); with automatic axes the partitioner reshards by itself."""
-    import jax
-
     sharding = getattr(jax.typeof(x), "sharding", None)
     spec = getattr(sharding, "spec", None)
     if spec is not None and any(p is not None for p in spec):
@@ -126,9 +131,7 @@ def _replicated(x):
 
 def _bitwise_broadcast(x, is_source, axes):
     """Every device gets the source device's `x`, bit for bit (others hold zeros)."""
-    import jax.numpy as jnp
-    from jax import lax
-
+    jnp = jax.numpy
     dtype = np.dtype(x.dtype)
     if dtype.kind == "c":
         part = np.float32 if dtype.itemsize == 8 else np.float64
@@ -152,9 +155,6 @@ def _lower_global_view(ctx, ac, args, avals_in, run, avals_out, device_index, wh
     With `with_status`, `run` returns `(status, *results)`; the status is combined over the
     devices and checked on all of them (see the comment at the top of this section).
     """
-    import jax
-    from jax import lax
-
     mesh, axes, group = _manual_region(ac, avals_in)
     _check_device_index(device_index, group, what)
     spec = P()
@@ -220,7 +220,7 @@ def _outside_call_lowering_cpu(ctx, *args, callback, nr_tapped_args, transforms,
         _lower_global_view(ctx, ac, tapped, ctx.avals_in[:nr_tapped_args], run, [],
                            params["device_index"], "collect the tapped operand")
         return list(args)
-    cid = _consumer_id(callback, transforms)
+    cid = _tap_consumer_id(callback, transforms)
     receiver.ensure_started()
     _emit(ctx, TAP_TARGET, args[:nr_tapped_args], ctx.avals_in[:nr_tapped_args], [],
           where == "per_device", consumer_id=np.int64(cid),
@@ -231,8 +231,6 @@ def _outside_call_lowering_cpu(ctx, *args, callback, nr_tapped_args, transforms,
 
 def _host_call_lowering_cpu(ctx, *args, callback, result_treedef, result_avals, device_index,
                             with_status=False):
-    from jax import lax
-
     where, ac = _context(ctx)
     params = dict(callback=callback, result_treedef=result_treedef,
                   result_avals=result_avals, device_index=device_index)
@@ -251,9 +249,7 @@ def _host_call_lowering_cpu(ctx, *args, callback, result_treedef, result_avals, 
             return outs
 
         return _lower_fun(ctx, per_device, ctx.avals_in, ctx.avals_out, args)
-    cid = receiver.register((callback, "call", result_treedef, result_avals),
-                            make_call_invoker(callback, result_treedef, result_avals),
-                            callback.name)
+    cid = _call_consumer_id(callback, result_treedef, result_avals)
     receiver.ensure_started()
     flags = (FLAG_WITH_DEVICE if callback.with_device else 0) | (
         FLAG_STATUS_OUTPUT if with_status else 0)
