@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.interpreters import ad, batching
 
 from . import _compat
@@ -29,8 +30,6 @@ ad.primitive_transposes[host_call_p] = (
 def _host_call_batching(args, dims, **params):
     # One host call per batch element, in order (like vmap_method="sequential"): the host
     # function keeps seeing the shapes it was written for.
-    from jax import lax
-
     is_batched = [d is not None for d in dims]
     moved = [jnp.moveaxis(a, d, 0) if b else a for a, d, b in zip(args, dims, is_batched)]
     batched = [a for a, b in zip(moved, is_batched) if b]
