@@ -43,36 +43,33 @@ impl RawBuf {
         RawBuf { ptr: NonNull::<u128>::dangling().cast(), cap: 0 }
     }
 
-    fn layout(cap: usize) -> Layout {
+    fn layout(cap: usize) -> Option<Layout> {
         let align = if cap >= HUGE_PAGE { HUGE_PAGE } else { ALIGN };
-        Layout::from_size_align(cap, align).unwrap_or_else(|_| alloc::handle_alloc_error(
-            // Any layout: only reached for sizes near isize::MAX, where allocation fails anyway.
-            Layout::new::<u128>(),
-        ))
+        Layout::from_size_align(cap, align).ok()
     }
 
-    fn new(cap: usize) -> Self {
+    /// A new allocation of `cap` bytes, or `None` when the memory cannot be had.
+    fn new(cap: usize) -> Option<Self> {
         if cap == 0 {
-            return Self::empty();
+            return Some(Self::empty());
         }
-        let layout = Self::layout(cap);
+        let layout = Self::layout(cap)?;
         // SAFETY: `layout` has a non-zero size.
-        let raw = unsafe { alloc::alloc(layout) };
-        let Some(ptr) = NonNull::new(raw) else { alloc::handle_alloc_error(layout) };
+        let ptr = NonNull::new(unsafe { alloc::alloc(layout) })?;
         if cap >= HUGE_PAGE {
             // SAFETY: `ptr..ptr+cap` is a live allocation we own; MADV_HUGEPAGE is only advice
             // and cannot invalidate memory. Failure (e.g. THP disabled) is harmless.
             unsafe { libc::madvise(ptr.as_ptr().cast(), cap, libc::MADV_HUGEPAGE) };
         }
-        RawBuf { ptr, cap }
+        Some(RawBuf { ptr, cap })
     }
 }
 
 impl Drop for RawBuf {
     fn drop(&mut self) {
-        if self.cap > 0 {
+        if let Some(layout) = Self::layout(self.cap).filter(|_| self.cap > 0) {
             // SAFETY: allocated in `RawBuf::new` with exactly this layout, freed once.
-            unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.cap)) };
+            unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
         }
     }
 }
@@ -82,13 +79,13 @@ impl Drop for RawBuf {
 /// taps on warm, already-faulted memory.
 static POOL: Mutex<Vec<RawBuf>> = Mutex::new(Vec::new());
 
-fn take_buf(cap: usize) -> RawBuf {
+fn take_buf(cap: usize) -> Option<RawBuf> {
     if cap >= POOL_MIN_BYTES {
         // Only this module touches the pool and it never panics while holding the lock.
         let mut pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
         let fits = |b: &RawBuf| b.cap >= cap && b.cap / 2 <= cap;
         if let Some(i) = pool.iter().rposition(fits) {
-            return pool.swap_remove(i);
+            return Some(pool.swap_remove(i));
         }
     }
     RawBuf::new(cap)
@@ -115,8 +112,17 @@ pub struct HostBuffer {
 }
 
 impl HostBuffer {
-    fn with_capacity(len: usize) -> Self {
-        HostBuffer { raw: take_buf(len), len }
+    /// A buffer of at least `len` bytes.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] when the memory cannot be allocated.
+    fn with_capacity(len: usize) -> Result<Self, Error> {
+        let raw = take_buf(len).ok_or_else(|| {
+            Error::Internal(format!(
+                "cannot allocate {len} bytes of host memory for a tapped value"
+            ))
+        })?;
+        Ok(HostBuffer { raw, len })
     }
 
     /// Number of bytes in use.
@@ -256,7 +262,7 @@ pub unsafe fn gather<'a>(
             .checked_add(n.next_multiple_of(ALIGN))
             .ok_or_else(|| Error::InvalidArgument("operands too large".into()))?;
     }
-    let mut data = HostBuffer::with_capacity(total);
+    let mut data = HostBuffer::with_capacity(total)?;
     let base = data.as_mut_ptr();
     for (op, meta) in operands.zip(&arrays) {
         // SAFETY: `meta.offset + meta.nbytes <= total`, the buffer's capacity, so the
@@ -311,13 +317,18 @@ mod tests {
     #[test]
     fn large_buffers_are_recycled() {
         let cap = POOL_MIN_BYTES * 3;
-        let first = HostBuffer::with_capacity(cap);
+        let first = HostBuffer::with_capacity(cap).unwrap();
         drop(first);
-        let again = HostBuffer::with_capacity(cap);
+        let again = HostBuffer::with_capacity(cap).unwrap();
         // Another test may race on the pool; the buffer we got must at least fit.
         assert!(again.raw.cap >= cap);
-        let huge = HostBuffer::with_capacity(HUGE_PAGE * 2);
+        let huge = HostBuffer::with_capacity(HUGE_PAGE * 2).unwrap();
         assert_eq!(huge.as_ptr() as usize % HUGE_PAGE, 0);
+    }
+
+    #[test]
+    fn impossible_allocation_is_an_error_not_an_abort() {
+        assert!(matches!(HostBuffer::with_capacity(usize::MAX - 8), Err(Error::Internal(_))));
     }
 
     #[test]
