@@ -9,6 +9,7 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::c_int;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
@@ -175,8 +176,14 @@ impl Receiver {
         if self.finalized.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
-        if control.thread.is_some() {
-            return Ok(false);
+        if let Some(handle) = &control.thread {
+            if !handle.is_finished() {
+                return Ok(false);
+            }
+            // The thread ended on its own (it only does after a panic): replace it.
+            if let Some(handle) = control.thread.take() {
+                let _ = handle.join();
+            }
         }
         let config = control.config.clone().ok_or(Error::NotConfigured)?;
         self.queue.clear_stop();
@@ -335,9 +342,22 @@ impl Receiver {
     }
 }
 
+/// Marks the consumer as gone when its thread ends, however it ends (unless it was
+/// abandoned by `stop`, in which case a newer consumer may be running).
+struct ExitGuard(&'static Receiver, u64);
+
+impl Drop for ExitGuard {
+    fn drop(&mut self) {
+        if self.0.generation.load(Ordering::Acquire) == self.1 {
+            self.0.queue.consumer_exited();
+        }
+    }
+}
+
 fn consumer_main(config: &Arc<DispatchConfig>, generation: u64) {
     IS_CONSUMER.with(|c| c.set(true));
     let receiver = global();
+    let _guard = ExitGuard(receiver, generation);
     let mut batch: Vec<(usize, Message)> = Vec::with_capacity(MAX_BATCH);
     // Attach once for the thread's life and detach around each wait: re-attaching a
     // detached thread is cheap, while attaching from scratch creates and destroys a
@@ -348,8 +368,14 @@ fn consumer_main(config: &Arc<DispatchConfig>, generation: u64) {
         {
             let count = batch.len() as u64;
             let bytes: usize = batch.iter().map(|(b, _)| *b).sum();
-            if let Err(e) = dispatch(py, config, &mut batch) {
-                receiver.record_dispatcher_error(py, e);
+            let outcome = catch_unwind(AssertUnwindSafe(|| dispatch(py, config, &mut batch)));
+            match outcome {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => receiver.record_dispatcher_error(py, e),
+                Err(_) => receiver.record_dispatcher_error(
+                    py,
+                    ReceiverError::new_err("hostfeed internal error: a panic while dispatching"),
+                ),
             }
             // Drop whatever was not handed over (after an error) while attached.
             batch.clear();

@@ -278,6 +278,13 @@ impl<T> Queue<T> {
         g.consumer_active = true;
     }
 
+    /// Records that the consumer thread has exited (normally or not): producers that wait
+    /// for space are told there is no consumer, so that one gets started.
+    pub fn consumer_exited(&self) {
+        lock(&self.inner).consumer_active = false;
+        self.space_freed.notify_all();
+    }
+
     /// Closes the queue for good: pending and future pushes fail, the consumer exits once
     /// the queue is empty. Returns the items that were never popped.
     pub fn close(&self) -> Vec<T> {
