@@ -155,7 +155,7 @@ def _check_device_index(device_index: Any, api: str) -> int:
 
 
 def id_tap(tap_func: Callable, arg: T, *, result: Any = None, tap_with_device: bool = False,
-           device_index: int = 0) -> Any:
+           device_index: int = 0, **kwargs: Any) -> Any:
     """Identity on ``arg`` that also calls ``tap_func(arg, transforms)`` on the host.
 
     Args:
@@ -169,12 +169,14 @@ def id_tap(tap_func: Callable, arg: T, *, result: Any = None, tap_with_device: b
       tap_with_device: pass the originating ``jax.Device`` as the ``device`` keyword.
       device_index: under global-view sharding, which device of the computation collects
         the operand and runs the callback (the JAX 0.4.x keyword; default 0).
+      **kwargs: refused with the legacy module's explanation (use ``functools.partial``).
 
     Returns:
       ``arg``, or ``result`` if given.
 
     Raises:
-      TypeError: ``tap_func`` is not callable, or a leaf is not a transferable JAX value.
+      TypeError: ``tap_func`` is not callable, a leaf is not a transferable JAX value, or
+        extra keyword arguments were given.
 
     Example:
         >>> import jax.numpy as jnp
@@ -184,6 +186,11 @@ def id_tap(tap_func: Callable, arg: T, *, result: Any = None, tap_with_device: b
         >>> hcb.barrier_wait(); (int(y), float(got[0]))
         (1, 2.0)
     """
+    if kwargs:
+        raise TypeError(
+            f"id_tap got unexpected keyword arguments {sorted(kwargs)}. Support for **kwargs "
+            "in id_tap was removed in the legacy module too: pre-apply them with a closure "
+            "or functools.partial(tap_func, **kwargs).")
     _check_callable(tap_func, "id_tap: tap_func")
     device_index = _check_device_index(device_index, "id_tap")
     arg_treedef: Any

@@ -267,9 +267,10 @@ def test_unsupported_dtype_is_rejected_at_trace_time():
         jax.jit(lambda x: hcb.id_tap(lambda a, tr: None, x.astype(jnp.int4)))(jnp.ones(4))
 
 
-def test_unknown_keyword_is_rejected():
-    with pytest.raises(TypeError):
-        hcb.id_tap(lambda a, tr: None, 1.0, what="x")  # type: ignore[call-arg]
+def test_unknown_keyword_is_rejected_with_the_legacy_advice():
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['what'\].*"
+                                        r"functools.partial"):
+        hcb.id_tap(lambda a, tr: None, 1.0, what="x")
 
 
 def test_negative_device_index_is_rejected():
