@@ -385,7 +385,7 @@ fn consumer_main(config: &Arc<DispatchConfig>, generation: u64) {
 }
 
 /// Hands a batch to the Python dispatcher as
-/// `[(consumer_id, device, flags, arrays, reply_or_None), ...]`.
+/// `[(consumer_id, device, flags, arrays, reply_or_None, run_id), ...]`.
 fn dispatch(
     py: Python<'_>,
     config: &DispatchConfig,
@@ -393,7 +393,7 @@ fn dispatch(
 ) -> PyResult<()> {
     let items = PyList::empty(py);
     for (_, msg) in batch.drain(..) {
-        let Message { consumer_id, flags, device, arrays, dims, data, reply } = msg;
+        let Message { consumer_id, flags, device, arrays, dims, data, reply, run_id } = msg;
         let owner = Bound::new(py, MessageData { buf: data })?;
         let base = owner.get().buf.as_ptr();
         let mut views = Vec::with_capacity(arrays.len());
@@ -406,7 +406,7 @@ fn dispatch(
         }
         let arrays = PyTuple::new(py, views)?;
         let reply = reply.map(|slot| Reply { slot }).map(|r| Bound::new(py, r)).transpose()?;
-        items.append((consumer_id, device, flags, arrays, reply))?;
+        items.append((consumer_id, device, flags, arrays, reply, run_id))?;
     }
     config.dispatcher.call1(py, (items,))?;
     Ok(())

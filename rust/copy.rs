@@ -178,6 +178,8 @@ pub struct Message {
     pub data: HostBuffer,
     /// For a `call`: where the consumer sends the results.
     pub reply: Option<Arc<ReplySlot>>,
+    /// XLA's id of the execution that sent this (only read for shard-wise taps, else 0).
+    pub run_id: i64,
 }
 
 impl Message {
@@ -272,7 +274,7 @@ pub unsafe fn gather<'a>(
     }
     // The padding after the last operand is not counted.
     data.len = arrays.last().map_or(0, |m| m.offset + m.nbytes);
-    Ok(Message { consumer_id, flags, device, arrays, dims, data, reply: None })
+    Ok(Message { consumer_id, flags, device, arrays, dims, data, reply: None, run_id: 0 })
 }
 
 #[cfg(test)]

@@ -20,6 +20,10 @@ use crate::xla_ffi::{self as ffi, dtype};
 /// `hostfeed_check`, reached by every device after the status is combined, raises.
 pub const FLAG_STATUS_OUTPUT: i64 = 1 << 1;
 
+/// `flags` bit: a shard of a global-view tap; the message carries XLA's run id so that the
+/// host groups the shards of one execution together.
+pub const FLAG_SHARD: i64 = 1 << 2;
+
 /// Attributes a hostfeed custom call carries (`mhlo.backend_config` dictionary). `name`
 /// borrows XLA's attribute storage for the duration of the call.
 #[derive(Debug, Default, Clone, Copy)]
@@ -168,6 +172,30 @@ unsafe fn device_ordinal(frame: &ffi::XLA_FFI_CallFrame) -> Result<i32, Error> {
     Ok(args.device_ordinal)
 }
 
+/// XLA's id of the current execution (the same on every device of one launch).
+///
+/// # Safety
+/// `frame` must be a valid call frame.
+unsafe fn run_id(frame: &ffi::XLA_FFI_CallFrame) -> Result<i64, Error> {
+    // SAFETY: the frame's api pointer is valid for the duration of the call, and its size
+    // was checked by `device_ordinal` (called first) to cover `XLA_FFI_RunId_Get`.
+    let api = unsafe { frame.api.as_ref() }.ok_or_else(|| Error::Internal("null XLA_FFI_Api".into()))?;
+    let get = api
+        .XLA_FFI_RunId_Get
+        .ok_or_else(|| Error::Internal("XLA_FFI_RunId_Get is missing".into()))?;
+    let mut args = ffi::XLA_FFI_RunId_Get_Args {
+        struct_size: ffi::XLA_FFI_RunId_Get_Args_STRUCT_SIZE,
+        extension_start: ptr::null_mut(),
+        ctx: frame.ctx,
+        run_id: 0,
+    };
+    // SAFETY: `args` is initialised and `ctx` comes from the frame.
+    if !unsafe { get(&raw mut args) }.is_null() {
+        return Err(Error::Internal("XLA_FFI_RunId_Get failed".into()));
+    }
+    Ok(args.run_id)
+}
+
 /// The buffer operands of a call frame, skipping tokens.
 ///
 /// # Safety
@@ -233,7 +261,11 @@ unsafe fn message(frame: &ffi::XLA_FFI_CallFrame) -> Result<(copy::Message, Attr
 /// `frame` must be a valid call frame in the EXECUTE stage.
 unsafe fn tap(frame: &ffi::XLA_FFI_CallFrame) -> Result<(), Error> {
     // SAFETY: caller contract.
-    let (msg, _) = unsafe { message(frame) }?;
+    let (mut msg, attrs) = unsafe { message(frame) }?;
+    if attrs.flags & FLAG_SHARD != 0 {
+        // SAFETY: as above.
+        msg.run_id = unsafe { run_id(frame) }?;
+    }
     consumer::global().push(msg)
 }
 

@@ -26,7 +26,7 @@ fn duration(timeout: Option<f64>) -> PyResult<Option<Duration>> {
 /// Configures and starts the receiver.
 ///
 /// `dispatcher(batch)` is called on the consumer thread with a list of
-/// `(consumer_id, device_ordinal, flags, arrays, reply_or_None)` tuples; `dtypes` maps XLA dtype codes
+/// `(consumer_id, device_ordinal, flags, arrays, reply_or_None, run_id)` tuples; `dtypes` maps XLA dtype codes
 /// to numpy dtypes. Returns whether a consumer thread was started by this call.
 #[pyfunction]
 #[pyo3(signature = (dispatcher, dtypes, max_queue_bytes=None))]

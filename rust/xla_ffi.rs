@@ -275,6 +275,21 @@ pub struct XLA_FFI_Metadata_Extension {
     pub metadata: *mut XLA_FFI_Metadata,
 }
 
+// struct XLA_FFI_RunId_Get_Args { size_t struct_size; XLA_FFI_Extension_Base* extension_start;
+//   XLA_FFI_ExecutionContext* ctx; int64_t run_id; };
+#[repr(C)]
+pub struct XLA_FFI_RunId_Get_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut XLA_FFI_Extension_Base,
+    pub ctx: *mut XLA_FFI_ExecutionContext,
+    pub run_id: i64,
+}
+pub const XLA_FFI_RunId_Get_Args_STRUCT_SIZE: usize =
+    std::mem::offset_of!(XLA_FFI_RunId_Get_Args, run_id) + std::mem::size_of::<i64>();
+
+// typedef XLA_FFI_Error* XLA_FFI_RunId_Get(XLA_FFI_RunId_Get_Args* args);
+pub type XLA_FFI_RunId_Get = unsafe extern "C" fn(args: *mut XLA_FFI_RunId_Get_Args) -> *mut XLA_FFI_Error;
+
 /// A function-pointer slot of `XLA_FFI_Api` that hostfeed does not call.
 pub type UnusedFn = *const c_void;
 
@@ -308,7 +323,7 @@ pub struct XLA_FFI_Api {
     pub XLA_FFI_Future_Create: UnusedFn,
     pub XLA_FFI_Future_SetAvailable: UnusedFn,
     pub XLA_FFI_Future_SetError: UnusedFn,
-    pub XLA_FFI_RunId_Get: UnusedFn,
+    pub XLA_FFI_RunId_Get: Option<XLA_FFI_RunId_Get>,
     pub XLA_FFI_DeviceOrdinal_Get: Option<XLA_FFI_DeviceOrdinal_Get>,
 }
 /// `XLA_FFI_Api_STRUCT_SIZE`: the API must be at least this large for us to read
@@ -350,6 +365,8 @@ pub fn layout_table() -> Vec<(&'static str, usize)> {
         XLA_FFI_TypeId { type_id => "type_id" },
         XLA_FFI_DeviceOrdinal_Get_Args { struct_size => "struct_size",
             extension_start => "extension_start", ctx => "ctx", device_ordinal => "device_ordinal" },
+        XLA_FFI_RunId_Get_Args { struct_size => "struct_size",
+            extension_start => "extension_start", ctx => "ctx", run_id => "run_id" },
         XLA_FFI_Metadata { struct_size => "struct_size", api_version => "api_version",
             traits => "traits", state_type_id => "state_type_id" },
         XLA_FFI_Metadata_Extension { extension_base => "extension_base", metadata => "metadata" },

@@ -40,7 +40,8 @@ class Reply:
         """Fails the call with ``message``; returns False if the call no longer waits."""
 
 def start(
-    dispatcher: Callable[[list[tuple[int, int, int, tuple[np.ndarray, ...], Reply | None]]], Any],
+    dispatcher: Callable[
+        [list[tuple[int, int, int, tuple[np.ndarray, ...], Reply | None, int]]], Any],
     dtypes: dict[int, np.dtype],
     max_queue_bytes: int | None = None,
 ) -> bool:

@@ -8,24 +8,29 @@ import dataclasses
 import jax
 import numpy as np
 from jax import lax
-from jax.sharding import AbstractMesh, PartitionSpec as P
+from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
 
 from . import _compat, _receiver, receiver
 from .primitives import (CallbackSpec, call_check_p, call_timeout_ms, host_call_p,
-                         host_callback_effect, make_call_invoker, make_invoker, outside_call_p)
+                         host_callback_effect, make_call_invoker, make_invoker,
+                         make_shard_assembler, outside_call_p)
 
 TAP_TARGET = "hostfeed_tap"
 CALL_TARGET = "hostfeed_call"
 CHECK_TARGET = "hostfeed_check"
 FLAG_WITH_DEVICE = 1 << 0
 FLAG_STATUS_OUTPUT = 1 << 1  # rust/handlers.rs FLAG_STATUS_OUTPUT
+FLAG_SHARD = 1 << 2  # rust/handlers.rs FLAG_SHARD
 
 for _name, _capsule in _receiver.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
 
 
-def _tap_consumer_id(spec: CallbackSpec, transforms: tuple) -> int:
-    return receiver.register((spec, transforms), make_invoker(spec, transforms), spec.name)
+def _tap_consumer_id(spec: CallbackSpec, transforms: tuple, shard_parts=None) -> int:
+    invoke = make_invoker(spec, transforms)
+    if shard_parts is not None:
+        invoke = make_shard_assembler(invoke, *shard_parts)
+    return receiver.register((spec, transforms, shard_parts), invoke, spec.name)
 
 
 def _call_consumer_id(spec: CallbackSpec, result_treedef, result_avals) -> int:
@@ -41,14 +46,20 @@ def _call_consumer_id(spec: CallbackSpec, result_treedef, result_avals) -> int:
 #   every device runs its own custom call on its own shard. GSPMD needs a MANUAL sharding
 #   on the op; Shardy needs none.
 # * Global view (jit over arrays sharded on several devices): the callback must see the
-#   whole logical operand, once. GSPMD would accept a MAXIMAL sharding on our custom call,
-#   but Shardy keeps such shardings only for XLA's own callback targets and fails ours
-#   ("Side-effect HLO must have sharding"). So we lower, for both partitioners alike, to a
-#   fully manual region (`shard_map` over the computation's mesh, or a 1-D mesh of its
-#   devices when it has none): the operands enter it replicated (the partitioner
-#   all-gathers them), and only the device at `device_index` runs the custom call, under
-#   `axis_index == device_index`. A `call`'s results are then
-#   broadcast from that device (an exact bitwise psum, since every other device
+#   whole logical operand, once. Taps whose operands all split evenly along dimension 0
+#   go shard by shard: a fully manual region where each device taps its own slice (plus
+#   its part number) and the host joins the slices and calls the tap function once
+#   (primitives.make_shard_assembler; the shards of one execution are matched by XLA's
+#   run id). No bytes move between devices when the operands are laid out that way
+#   already; otherwise the partitioner moves each element at most once. Other taps, and
+#   every `call` (whose results must come back), use the gathering scheme:
+#   GSPMD would accept a MAXIMAL sharding on our custom call, but Shardy keeps such
+#   shardings only for XLA's own callback targets and fails ours ("Side-effect HLO must
+#   have sharding"). So we lower, for both partitioners alike, to a fully manual region
+#   (`shard_map` over the computation's mesh, or a 1-D mesh of its devices when it has
+#   none): the operands enter it replicated (the partitioner all-gathers them), and only
+#   the device at `device_index` runs the custom call, under `axis_index ==
+#   device_index`. A `call`'s results are then broadcast from that device (an exact bitwise psum, since every other device
 #   contributes zeros) and leave the region replicated, so the partitioner hands every
 #   shard its part. Cost: one all-gather of the tapped operands (each device receives
 #   (n-1)/n of them) and, for `call`, one all-reduce of the results.
@@ -119,14 +130,19 @@ def _manual_region(ac, avals):
         "automatic mesh axes were found")
 
 
-def _replicated(x):
-    """`x` resharded to be replicated over the current mesh, when its type says it is
-    sharded (explicit axes); with automatic axes the partitioner reshards by itself."""
+def _resharded(x, spec):
+    """`x` resharded to `spec` when its type carries an explicit sharding (explicit mesh
+    axes); with automatic axes the partitioner reshards by itself."""
     sharding = getattr(jax.typeof(x), "sharding", None)
-    spec = getattr(sharding, "spec", None)
-    if spec is not None and any(p is not None for p in spec):
-        return jax.sharding.reshard(x, P())
-    return x
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or mesh.empty or not any(
+            t == AxisType.Explicit for t in mesh.axis_types):
+        return x
+    return jax.sharding.reshard(x, spec)
+
+
+def _replicated(x):
+    return _resharded(x, P())
 
 
 def _bitwise_broadcast(x, is_source, axes):
@@ -206,9 +222,45 @@ def _emit(ctx, target, args, avals_in, avals_out, per_device, **attrs):
     return results
 
 
+def _lower_sharded_tap(ctx, ac, tapped, avals, bind_params):
+    """Global-view tap sent shard by shard, or None when the operands do not allow it.
+
+    Each device of the group taps its own slice (dimension 0 split over the group) plus
+    `[group, part]`; the host assembles the slices and calls the tap function once (see
+    `make_shard_assembler`). No bytes move between devices when the operands are already
+    split that way (the usual case); otherwise the partitioner moves each element at most
+    once, instead of replicating the operands everywhere.
+    """
+    mesh, axes, group = _manual_region(ac, avals)
+    _check_device_index(bind_params["device_index"], group, "collect the tapped operand")
+    if group < 2 or not tapped or not all(
+            len(a.shape) >= 1 and a.shape[0] % group == 0 for a in avals):
+        return None
+    spec = P(axes)
+    manual = tuple(getattr(ac, "manual_axes", ()))
+    params = dict(bind_params, nr_tapped_args=len(tapped) + 1,
+                  shard_parts=(group, bind_params["device_index"]))
+
+    def body(*shards):
+        part = lax.axis_index(axes)
+        grp = lax.axis_index(manual) if manual else 0
+        meta = jax.numpy.stack([jax.numpy.asarray(grp), part]).astype(np.int32)
+        outside_call_p.bind(meta, *shards, **params)
+        return ()
+
+    def fn(*ops):
+        with jax.sharding.use_abstract_mesh(mesh):
+            jax.shard_map(body, mesh=mesh, in_specs=(spec,) * len(ops), out_specs=(),
+                          axis_names=frozenset(axes), check_vma=False)(
+                *(_resharded(o, spec) for o in ops))
+        return ()
+
+    return _lower_fun(ctx, fn, avals, [], tapped)
+
+
 def _outside_call_lowering_cpu(ctx, *args, callback, nr_tapped_args, transforms, **params):
     where, ac = _context(ctx)
-    if where in ("global", "partial_manual"):
+    if where in ("global", "partial_manual") and params.get("shard_parts") is None:
         tapped = args[:nr_tapped_args]
         bind_params = dict(params, callback=callback, nr_tapped_args=nr_tapped_args,
                            transforms=transforms)
@@ -217,14 +269,17 @@ def _outside_call_lowering_cpu(ctx, *args, callback, nr_tapped_args, transforms,
             outside_call_p.bind(*xs, **bind_params)
             return ()
 
-        _lower_global_view(ctx, ac, tapped, ctx.avals_in[:nr_tapped_args], run, [],
-                           params["device_index"], "collect the tapped operand")
+        avals = ctx.avals_in[:nr_tapped_args]
+        if _lower_sharded_tap(ctx, ac, tapped, avals, bind_params) is None:
+            _lower_global_view(ctx, ac, tapped, avals, run, [], params["device_index"],
+                               "collect the tapped operand")
         return list(args)
-    cid = _tap_consumer_id(callback, transforms)
+    cid = _tap_consumer_id(callback, transforms, params.get("shard_parts"))
     receiver.ensure_started()
+    flags = (FLAG_WITH_DEVICE if callback.with_device else 0) | (
+        FLAG_SHARD if params.get("shard_parts") is not None else 0)
     _emit(ctx, TAP_TARGET, args[:nr_tapped_args], ctx.avals_in[:nr_tapped_args], [],
-          where == "per_device", consumer_id=np.int64(cid),
-          flags=np.int64(FLAG_WITH_DEVICE if callback.with_device else 0))
+          where == "per_device", consumer_id=np.int64(cid), flags=np.int64(flags))
     # Identity on every operand: the outputs are the inputs.
     return list(args)
 

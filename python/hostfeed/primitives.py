@@ -142,22 +142,71 @@ def make_invoker(spec: CallbackSpec, transforms: tuple):
     return invoke
 
 
+def make_shard_assembler(invoke, n_parts: int, source: int):
+    """Wraps ``invoke`` for a global-view tap that each of ``n_parts`` devices sends as its
+    own shard: every message is ``(meta, *shards)`` with ``meta = [group, part]`` and the
+    shards cut along dimension 0. Once all parts of one tap of one execution have arrived,
+    ``invoke`` runs once with the whole operands, as if device part ``source`` had sent them.
+
+    Parts are matched by XLA's run id (the same on every device of one launch) and, within
+    a run, by their position in each device's FIFO stream. Parts of an earlier run that
+    never completed (the execution failed on some devices) are dropped once a later run
+    completes a tap, so they can neither pile up nor be matched with later data. Runs only
+    on the consumer thread, so needs no lock.
+    """
+    from .receiver import current_run_id
+
+    counts: dict[tuple[int, int], tuple[int, int]] = {}  # (group, part) -> (run, next)
+    runs: dict[int, dict[tuple[int, int], dict]] = {}  # run -> (group, n) -> {part: ...}
+
+    def assemble(arrays: Sequence[np.ndarray], ordinal: int) -> None:
+        run = current_run_id()
+        meta, *shards = arrays
+        group, part = int(meta[0]), int(meta[1])
+        last_run, n = counts.get((group, part), (run, 0))
+        if last_run != run:
+            n = 0
+        counts[(group, part)] = (run, n + 1)
+        pending = runs.setdefault(run, {})
+        parts = pending.setdefault((group, n), {})
+        parts[part] = (shards, ordinal)
+        if len(parts) < n_parts:
+            return
+        del pending[(group, n)]
+        for older in list(runs):  # insertion order: earlier runs first
+            if older == run:
+                break
+            del runs[older]
+        if not pending:
+            del runs[run]
+        ordered = [parts[i][0] for i in range(n_parts)]
+        whole = [np.concatenate([p[j] for p in ordered], axis=0)
+                 for j in range(len(ordered[0]))]
+        invoke(whole, parts[source][1])
+
+    return assemble
+
+
 outside_call_p = _compat.Primitive("outside_call")
 outside_call_p.multiple_results = True
 
 
 def outside_call_params(callback: CallbackSpec, nr_tapped_args: int, transforms: tuple = (),
-                        device_index: int = 0, forward_tapped: bool = False) -> dict:
+                        device_index: int = 0, forward_tapped: bool = False,
+                        shard_parts: tuple | None = None) -> dict:
     """The parameters of ``outside_call_p``.
 
     ``callback``: what to call on the host; ``nr_tapped_args``: how many leading operands are
     sent (the rest pass through, for ``result=``); ``transforms``: internal
     ``(name, *params)`` records; ``device_index``: which device collects the operand under
     global-view sharding; ``forward_tapped``: for a jvp tap, whether the forward pass
-    already tapped its primals (so partial evaluation must not tap them again).
+    already tapped its primals (so partial evaluation must not tap them again);
+    ``shard_parts``: set only by the global-view lowering, ``(n_parts, source)`` when each
+    device sends its shard and the host assembles them (see ``make_shard_assembler``).
     """
     return dict(callback=callback, nr_tapped_args=nr_tapped_args, transforms=transforms,
-                device_index=device_index, forward_tapped=forward_tapped)
+                device_index=device_index, forward_tapped=forward_tapped,
+                shard_parts=shard_parts)
 
 
 @outside_call_p.def_effectful_abstract_eval

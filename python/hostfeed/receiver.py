@@ -115,10 +115,20 @@ def take_last_exception() -> tuple[BaseException, str] | None:
     return exc
 
 
-def _dispatch(batch: list[tuple[int, int, int, tuple[np.ndarray, ...], Any]]) -> None:
+_run_id = [0]
+
+
+def current_run_id() -> int:
+    """XLA's run id of the message being dispatched (shard-wise taps only; else 0)."""
+    return _run_id[0]
+
+
+def _dispatch(batch: list[tuple[int, int, int, tuple[np.ndarray, ...], Any, int]]) -> None:
     # Runs on the consumer thread, with the GIL, for a batch of messages in queue order.
     entries = _state.entries
-    for cid, ordinal, _flags, arrays, reply in batch:
+    run_id = _run_id
+    for cid, ordinal, _flags, arrays, reply, run in batch:
+        run_id[0] = run
         entry = entries[cid]
         try:
             if reply is None:

@@ -97,6 +97,19 @@ def test_global_view_taps_the_whole_operand_once(run, case, scale, offset):
     assert r["out"] == whole
 
 
+def test_global_view_taps_are_assembled_from_shards_without_collectives(run):
+    n = run.n
+    r = run("global_shardwise_pytree_loop_and_fallback")
+    a = [float(i) for i in range(2 * n)]
+    b = [[3 * i, 3 * i + 1, 3 * i + 2] for i in range(n)]
+    assert r["tree"]["out"] == 3
+    assert r["tree"]["taps"] == [
+        ["tree", {"a": [v + k for v in a], "b": b}, 0, []] for k in range(3)]
+    assert r["tree_collectives"] == 0
+    assert r["mixed"]["taps"] == [["mixed", [a, sum(a)], 0, []]]
+    assert r["mixed_gathers"]
+
+
 def test_device_index_chooses_the_collecting_device(run):
     r = run("global_device_index")
     assert r["taps"] == [["gk", [float(i) for i in range(2 * run.n)], 2, []]]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import traceback
 
@@ -32,8 +33,8 @@ got: list = []
 
 def tap(tag):
     def f(a, transforms, *, device):
-        got.append([tag, np.asarray(a).tolist(), device.id,
-                    [t[0] for t in transforms]])
+        got.append([tag, jax.tree_util.tree_map(lambda v: np.asarray(v).tolist(), a),
+                    device.id, [t[0] for t in transforms]])
     return f
 
 
@@ -183,6 +184,26 @@ def global_device_index():
     _, x = sharded(P("x"), (2 * N,))
     return collect(lambda: jax.jit(lambda v: hcb.id_tap(tap("gk"), v, tap_with_device=True,
                                                         device_index=2))(x).tolist())
+
+
+@case
+def global_shardwise_pytree_loop_and_fallback():
+    mesh, x = sharded(P("x"), (2 * N,))
+    y = jax.device_put(jnp.arange(3 * N, dtype=jnp.int32).reshape(N, 3),
+                       NamedSharding(mesh, P("x")))
+    out = {}
+    # Every leaf splits evenly along dimension 0: each device sends its slice and the
+    # host assembles them; a loop of such taps keeps its order.
+    f = jax.jit(lambda a, b: lax.fori_loop(0, 3, lambda i, c: hcb.id_tap(
+        tap("tree"), {"a": a + i, "b": b}, tap_with_device=True, result=c + 1), 0))
+    out["tree"] = collect(lambda: int(f(x, y)))
+    out["tree_collectives"] = len(re.findall(r"all-gather|all-reduce|collective-permute|"
+                                             r"all-to-all", f.lower(x, y).compile().as_text()))
+    # A scalar leaf cannot be split: the whole tap falls back to gathering the operands.
+    g = jax.jit(lambda a: hcb.id_tap(tap("mixed"), (a, jnp.sum(a)), tap_with_device=True))
+    out["mixed"] = collect(lambda: g(x)[1].tolist())
+    out["mixed_gathers"] = "all-gather" in g.lower(x).compile().as_text()
+    return out
 
 
 @case
