@@ -1,5 +1,5 @@
-"""Cost of the global-view lowering: one tap (and one call) of an array sharded over 8 CPU
-devices. Prints the collectives XLA compiled in (and the bytes they move), and end-to-end
+"""Cost of the global-view lowering: one tap (sent shard by shard, or gathered) and one call
+of an array sharded over 8 CPU devices. Prints the collectives XLA compiled in (and the bytes they move), and end-to-end
 time per tap next to the same computation without the tap, under both partitioners.
 
 Run: python benches/sharded.py
@@ -50,10 +50,15 @@ def main() -> None:
         jax.config.update("jax_use_shardy_partitioner", shardy)
         seen = []
         tap = jax.jit(lambda v: hcb.id_tap(lambda a, tr: seen.append(a.nbytes), v * 2))
+        # A leaf that does not split evenly over the devices (a scalar here) makes the tap
+        # take the gathering path.
+        tap_g = jax.jit(lambda v: hcb.id_tap(lambda a, tr: seen.append(a[0].nbytes),
+                                             (v * 2, jnp.float32(1.0))))
         call = jax.jit(lambda v: hcb.call(lambda a: a, v, result_shape=v) * 2)
         plain = jax.jit(lambda v: v * 2)
         name = "Shardy" if shardy else "GSPMD"
-        for label, fn in (("tap", tap), ("call", call)):
+        for label, fn in (("tap (shard by shard)", tap), ("tap (gathered)", tap_g),
+                          ("call", call)):
             cols = collectives(fn.lower(x).compile().as_text())
             print(f"[{name}] {label}: collectives {[(op, shape) for op, shape, _ in cols]}")
             for op, shape, nbytes in cols:
@@ -69,18 +74,22 @@ def main() -> None:
             tap(x).block_until_ready()
             hcb.barrier_wait()
 
+        def run_tap_g():
+            tap_g(x)[0].block_until_ready()
+            hcb.barrier_wait()
+
         def run_call():
             call(x).block_until_ready()
 
         def run_plain():
             plain(x).block_until_ready()
 
-        res = interleaved({"no tap": run_plain, "tap": run_tap, "call": run_call}, repeats=20,
-                          warmup=3)
+        res = interleaved({"no tap": run_plain, "tap": run_tap, "tap (gathered)": run_tap_g,
+                           "call": run_call}, repeats=20, warmup=3)
         assert seen and all(b == logical for b in seen)
         base = res["no tap"]["min"]
         for k, v in res.items():
-            print(f"    {k:<8} {v['min'] * 1e3:8.3f} ms  (+{(v['min'] - base) * 1e3:.3f} ms "
+            print(f"    {k:<15} {v['min'] * 1e3:8.3f} ms  (+{(v['min'] - base) * 1e3:.3f} ms "
                   f"vs no tap)")
 
 
