@@ -1,5 +1,5 @@
-"""Cost of the global-view lowering: one tap (sent shard by shard, or gathered) and one call
-of an array sharded over 8 CPU devices. Prints the collectives XLA compiled in (and the bytes they move), and end-to-end
+"""Cost of the global-view lowering: one tap and one call of an array sharded over 8 CPU
+devices, each sent shard by shard or (when a leaf does not split evenly) gathered. Prints the collectives XLA compiled in (and the bytes they move), and end-to-end
 time per tap next to the same computation without the tap, under both partitioners.
 
 Run: python benches/sharded.py
@@ -55,10 +55,12 @@ def main() -> None:
         tap_g = jax.jit(lambda v: hcb.id_tap(lambda a, tr: seen.append(a[0].nbytes),
                                              (v * 2, jnp.float32(1.0))))
         call = jax.jit(lambda v: hcb.call(lambda a: a, v, result_shape=v) * 2)
+        # A scalar result cannot be split over the devices: the gathering path.
+        call_g = jax.jit(lambda v: hcb.call(lambda a: a.sum(), v, result_shape=1.0))
         plain = jax.jit(lambda v: v * 2)
         name = "Shardy" if shardy else "GSPMD"
         for label, fn in (("tap (shard by shard)", tap), ("tap (gathered)", tap_g),
-                          ("call", call)):
+                          ("call (shard by shard)", call), ("call (gathered)", call_g)):
             cols = collectives(fn.lower(x).compile().as_text())
             print(f"[{name}] {label}: collectives {[(op, shape) for op, shape, _ in cols]}")
             for op, shape, nbytes in cols:
@@ -81,11 +83,15 @@ def main() -> None:
         def run_call():
             call(x).block_until_ready()
 
+        def run_call_g():
+            call_g(x).block_until_ready()
+
         def run_plain():
             plain(x).block_until_ready()
 
         res = interleaved({"no tap": run_plain, "tap": run_tap, "tap (gathered)": run_tap_g,
-                           "call": run_call}, repeats=20, warmup=3)
+                           "call": run_call, "call (gathered)": run_call_g},
+                          repeats=20, warmup=3)
         assert seen and all(b == logical for b in seen)
         base = res["no tap"]["min"]
         for k, v in res.items():

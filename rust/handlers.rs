@@ -20,8 +20,8 @@ use crate::xla_ffi::{self as ffi, dtype};
 /// `hostfeed_check`, reached by every device after the status is combined, raises.
 pub const FLAG_STATUS_OUTPUT: i64 = 1 << 1;
 
-/// `flags` bit: a shard of a global-view tap; the message carries XLA's run id so that the
-/// host groups the shards of one execution together.
+/// `flags` bit: a shard of a global-view tap or call; the message carries XLA's run id so
+/// that the host groups the shards of one execution together.
 pub const FLAG_SHARD: i64 = 1 << 2;
 
 /// Attributes a hostfeed custom call carries (`mhlo.backend_config` dictionary). `name`
@@ -315,6 +315,10 @@ unsafe fn call(frame: &ffi::XLA_FFI_CallFrame) -> Result<(), Error> {
     }
     // SAFETY: caller contract.
     let (mut msg, attrs) = unsafe { message(frame) }?;
+    if attrs.flags & FLAG_SHARD != 0 {
+        // SAFETY: as above.
+        msg.run_id = unsafe { run_id(frame) }?;
+    }
     // SAFETY: as above.
     let mut outs = unsafe { outputs(&frame.rets) }?;
     let status = if attrs.flags & FLAG_STATUS_OUTPUT != 0 {

@@ -12,8 +12,8 @@ from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
 
 from . import _compat, _receiver, receiver
 from .primitives import (CallbackSpec, call_check_p, call_timeout_ms, host_call_p,
-                         host_callback_effect, make_call_invoker, make_invoker,
-                         make_shard_assembler, outside_call_p)
+                         host_callback_effect, make_call_assembler, make_call_invoker,
+                         make_invoker, make_shard_assembler, outside_call_p)
 
 TAP_TARGET = "hostfeed_tap"
 CALL_TARGET = "hostfeed_call"
@@ -33,9 +33,15 @@ def _tap_consumer_id(spec: CallbackSpec, transforms: tuple, shard_parts=None) ->
     return receiver.register((spec, transforms, shard_parts), invoke, spec.name)
 
 
-def _call_consumer_id(spec: CallbackSpec, result_treedef, result_avals) -> int:
-    return receiver.register((spec, "call", result_treedef, result_avals),
-                             make_call_invoker(spec, result_treedef, result_avals), spec.name)
+def _call_consumer_id(spec: CallbackSpec, result_treedef, result_avals,
+                      shard_parts=None) -> int:
+    if shard_parts is None:
+        invoke = make_call_invoker(spec, result_treedef, result_avals)
+    else:  # (n_parts, source, the whole results' avals)
+        n_parts, source, whole_avals = shard_parts
+        invoke = make_call_assembler(spec, result_treedef, whole_avals, n_parts, source)
+    return receiver.register((spec, "call", result_treedef, result_avals, shard_parts),
+                             invoke, spec.name)
 
 
 # ----------------------------------------------------------------------------------------
@@ -46,13 +52,14 @@ def _call_consumer_id(spec: CallbackSpec, result_treedef, result_avals) -> int:
 #   every device runs its own custom call on its own shard. GSPMD needs a MANUAL sharding
 #   on the op; Shardy needs none.
 # * Global view (jit over arrays sharded on several devices): the callback must see the
-#   whole logical operand, once. Taps whose operands all split evenly along dimension 0
-#   go shard by shard: a fully manual region where each device taps its own slice (plus
-#   its part number) and the host joins the slices and calls the tap function once
-#   (primitives.make_shard_assembler; the shards of one execution are matched by XLA's
-#   run id). No bytes move between devices when the operands are laid out that way
-#   already; otherwise the partitioner moves each element at most once. Other taps, and
-#   every `call` (whose results must come back), use the gathering scheme:
+#   whole logical operand, once. When every operand (and, for `call`, every result)
+#   splits evenly along dimension 0 over the devices, it goes shard by shard: a fully
+#   manual region where each device sends its own slice (plus its part number); the host
+#   joins the slices, calls once, and gives each device its slice of every result
+#   (primitives.PartCollector; the parts of one execution are matched by XLA's run id).
+#   No bytes move between devices when the operands are laid out that way already;
+#   otherwise the partitioner moves each element at most once. The rest use the
+#   gathering scheme:
 #   GSPMD would accept a MAXIMAL sharding on our custom call, but Shardy keeps such
 #   shardings only for XLA's own callback targets and fails ours ("Side-effect HLO must
 #   have sharding"). So we lower, for both partitioners alike, to a fully manual region
@@ -222,6 +229,48 @@ def _emit(ctx, target, args, avals_in, avals_out, per_device, **attrs):
     return results
 
 
+def _splits_evenly(avals, group: int) -> bool:
+    return group >= 2 and all(len(a.shape) >= 1 and a.shape[0] % group == 0 for a in avals)
+
+
+def _part_meta(axes, manual):
+    """`[group, part]` of this device: its group of manual shards and its place in it."""
+    part = lax.axis_index(axes)
+    grp = lax.axis_index(manual) if manual else 0
+    return jax.numpy.stack([jax.numpy.asarray(grp), part]).astype(np.int32)
+
+
+def _lower_sharded_call(ctx, ac, args, params):
+    """Global-view call sent shard by shard, or None when operands or results do not split
+    evenly along dimension 0 over the devices. Each device sends its slices (plus
+    `[group, part]`) and waits; the host joins them, calls once and returns to every device
+    its slice of each result (`make_call_assembler`). No operand or result bytes move
+    between devices; only the int32 status is combined, as for every multi-device call."""
+    mesh, axes, group = _manual_region(ac, ctx.avals_in)
+    _check_device_index(params["device_index"], group, "make the call")
+    whole = tuple(params["result_avals"])
+    if not args or not _splits_evenly(ctx.avals_in, group) or not _splits_evenly(whole, group):
+        return None
+    local = tuple(a.update(shape=(a.shape[0] // group, *a.shape[1:])) for a in whole)
+    spec = P(axes)
+    manual = tuple(getattr(ac, "manual_axes", ()))
+    inner = dict(params, result_avals=local, with_status=True,
+                 shard_parts=(group, params["device_index"], whole))
+
+    def body(*shards):
+        status, *outs = host_call_p.bind(_part_meta(axes, manual), *shards, **inner)
+        call_check_p.bind(lax.pmax(status, axes))
+        return tuple(outs)
+
+    def fn(*ops):
+        with jax.sharding.use_abstract_mesh(mesh):
+            return jax.shard_map(body, mesh=mesh, in_specs=(spec,) * len(ops),
+                                 out_specs=(spec,) * len(whole), axis_names=frozenset(axes),
+                                 check_vma=False)(*(_resharded(o, spec) for o in ops))
+
+    return _lower_fun(ctx, fn, ctx.avals_in, ctx.avals_out, args)
+
+
 def _lower_sharded_tap(ctx, ac, tapped, avals, bind_params):
     """Global-view tap sent shard by shard, or None when the operands do not allow it.
 
@@ -233,8 +282,7 @@ def _lower_sharded_tap(ctx, ac, tapped, avals, bind_params):
     """
     mesh, axes, group = _manual_region(ac, avals)
     _check_device_index(bind_params["device_index"], group, "collect the tapped operand")
-    if group < 2 or not tapped or not all(
-            len(a.shape) >= 1 and a.shape[0] % group == 0 for a in avals):
+    if not tapped or not _splits_evenly(avals, group):
         return None
     spec = P(axes)
     manual = tuple(getattr(ac, "manual_axes", ()))
@@ -242,10 +290,7 @@ def _lower_sharded_tap(ctx, ac, tapped, avals, bind_params):
                   shard_parts=(group, bind_params["device_index"]))
 
     def body(*shards):
-        part = lax.axis_index(axes)
-        grp = lax.axis_index(manual) if manual else 0
-        meta = jax.numpy.stack([jax.numpy.asarray(grp), part]).astype(np.int32)
-        outside_call_p.bind(meta, *shards, **params)
+        outside_call_p.bind(_part_meta(axes, manual), *shards, **params)
         return ()
 
     def fn(*ops):
@@ -285,11 +330,15 @@ def _outside_call_lowering_cpu(ctx, *args, callback, nr_tapped_args, transforms,
 
 
 def _host_call_lowering_cpu(ctx, *args, callback, result_treedef, result_avals, device_index,
-                            with_status=False):
+                            with_status=False, shard_parts=None):
     where, ac = _context(ctx)
     params = dict(callback=callback, result_treedef=result_treedef,
                   result_avals=result_avals, device_index=device_index)
     if where in ("global", "partial_manual") and not with_status:
+        sharded = _lower_sharded_call(ctx, ac, args, params)
+        if sharded is not None:
+            return sharded
+
         def run(*xs):
             return host_call_p.bind(*xs, **params, with_status=True)
 
@@ -304,10 +353,11 @@ def _host_call_lowering_cpu(ctx, *args, callback, result_treedef, result_avals, 
             return outs
 
         return _lower_fun(ctx, per_device, ctx.avals_in, ctx.avals_out, args)
-    cid = _call_consumer_id(callback, result_treedef, result_avals)
+    cid = _call_consumer_id(callback, result_treedef, result_avals, shard_parts)
     receiver.ensure_started()
-    flags = (FLAG_WITH_DEVICE if callback.with_device else 0) | (
-        FLAG_STATUS_OUTPUT if with_status else 0)
+    flags = ((FLAG_WITH_DEVICE if callback.with_device else 0)
+             | (FLAG_STATUS_OUTPUT if with_status else 0)
+             | (FLAG_SHARD if shard_parts is not None else 0))
     return _emit(ctx, CALL_TARGET, args, ctx.avals_in, ctx.avals_out, where == "per_device",
                  consumer_id=np.int64(cid), flags=np.int64(flags),
                  timeout_ms=np.int64(call_timeout_ms()), name=callback.name)

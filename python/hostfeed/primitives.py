@@ -142,47 +142,69 @@ def make_invoker(spec: CallbackSpec, transforms: tuple):
     return invoke
 
 
+class PartCollector:
+    """Groups the messages that the devices of a global-view host callback send, one part
+    each, into complete sets.
+
+    Parts are matched by XLA's run id (the same on every device of one launch) and, within
+    a run and group of devices, by their position in each device's FIFO stream. Parts of an
+    earlier run that never completed (the execution failed on some devices) are dropped
+    once a later run completes a set, so they can neither pile up nor be matched with later
+    data (a dropped `call` reply fails its device). Used only on the consumer thread, so it
+    needs no lock.
+    """
+
+    def __init__(self, n_parts: int):
+        self.n_parts = n_parts
+        self._counts: dict[tuple[int, int], tuple[int, int]] = {}  # (group, part) -> (run, n)
+        self._runs: dict[int, dict[tuple[int, int], dict[int, Any]]] = {}
+
+    def add(self, run: int, group: int, part: int, item: Any) -> list | None:
+        """Adds one part; returns all parts of its set in part order once complete."""
+        last_run, n = self._counts.get((group, part), (run, 0))
+        if last_run != run:
+            n = 0
+        self._counts[(group, part)] = (run, n + 1)
+        pending = self._runs.setdefault(run, {})
+        parts = pending.setdefault((group, n), {})
+        parts[part] = item
+        if len(parts) < self.n_parts:
+            return None
+        del pending[(group, n)]
+        for older in list(self._runs):  # insertion order: earlier runs first
+            if older == run:
+                break
+            del self._runs[older]
+        if not pending:
+            del self._runs[run]
+        return [parts[i] for i in range(self.n_parts)]
+
+
+def _split_meta(arrays: Sequence[np.ndarray]) -> tuple[int, int, list]:
+    meta, *shards = arrays
+    return int(meta[0]), int(meta[1]), shards
+
+
+def _join(shard_lists: list) -> list:
+    return [np.concatenate([p[j] for p in shard_lists], axis=0)
+            for j in range(len(shard_lists[0]))]
+
+
 def make_shard_assembler(invoke, n_parts: int, source: int):
     """Wraps ``invoke`` for a global-view tap that each of ``n_parts`` devices sends as its
     own shard: every message is ``(meta, *shards)`` with ``meta = [group, part]`` and the
-    shards cut along dimension 0. Once all parts of one tap of one execution have arrived,
-    ``invoke`` runs once with the whole operands, as if device part ``source`` had sent them.
-
-    Parts are matched by XLA's run id (the same on every device of one launch) and, within
-    a run, by their position in each device's FIFO stream. Parts of an earlier run that
-    never completed (the execution failed on some devices) are dropped once a later run
-    completes a tap, so they can neither pile up nor be matched with later data. Runs only
-    on the consumer thread, so needs no lock.
-    """
+    shards cut along dimension 0. Once all parts of one tap have arrived (see
+    :class:`PartCollector`), ``invoke`` runs once with the whole operands, as if device part
+    ``source`` had sent them."""
     from .receiver import current_run_id
 
-    counts: dict[tuple[int, int], tuple[int, int]] = {}  # (group, part) -> (run, next)
-    runs: dict[int, dict[tuple[int, int], dict]] = {}  # run -> (group, n) -> {part: ...}
+    collector = PartCollector(n_parts)
 
     def assemble(arrays: Sequence[np.ndarray], ordinal: int) -> None:
-        run = current_run_id()
-        meta, *shards = arrays
-        group, part = int(meta[0]), int(meta[1])
-        last_run, n = counts.get((group, part), (run, 0))
-        if last_run != run:
-            n = 0
-        counts[(group, part)] = (run, n + 1)
-        pending = runs.setdefault(run, {})
-        parts = pending.setdefault((group, n), {})
-        parts[part] = (shards, ordinal)
-        if len(parts) < n_parts:
-            return
-        del pending[(group, n)]
-        for older in list(runs):  # insertion order: earlier runs first
-            if older == run:
-                break
-            del runs[older]
-        if not pending:
-            del runs[run]
-        ordered = [parts[i][0] for i in range(n_parts)]
-        whole = [np.concatenate([p[j] for p in ordered], axis=0)
-                 for j in range(len(ordered[0]))]
-        invoke(whole, parts[source][1])
+        group, part, shards = _split_meta(arrays)
+        parts = collector.add(current_run_id(), group, part, (shards, ordinal))
+        if parts is not None:
+            invoke(_join([p[0] for p in parts]), parts[source][1])
 
     return assemble
 
@@ -307,9 +329,9 @@ def check_call_results(name: str, res: Any, result_treedef: Any,
     return [np.asarray(a, dtype=e.dtype, order="C") for a, e in zip(arrays, result_avals)]
 
 
-def make_call_invoker(spec: CallbackSpec, result_treedef: Any, result_avals: tuple):
-    """``invoke(arrays, device_ordinal, reply)`` for a ``call``: runs the callback, checks
-    its results and answers ``reply`` (results or an error naming what went wrong)."""
+def make_call_runner(spec: CallbackSpec, result_treedef: Any, result_avals: tuple):
+    """``run(arrays, device_ordinal) -> (results, None) | (None, error_message)``: runs the
+    callback of a ``call`` and checks its results; failures are also recorded."""
     from .receiver import device_for_ordinal, record_exception
 
     import jax
@@ -337,7 +359,7 @@ def make_call_invoker(spec: CallbackSpec, result_treedef: Any, result_avals: tup
                 return None
         return flat
 
-    def invoke(arrays: Sequence[np.ndarray], ordinal: int, reply: Any) -> None:
+    def run(arrays: Sequence[np.ndarray], ordinal: int) -> tuple[list | None, str | None]:
         arg = treedef.unflatten(arrays)
         try:
             if spec.with_device:
@@ -346,18 +368,58 @@ def make_call_invoker(spec: CallbackSpec, result_treedef: Any, result_avals: tup
                 res = func(arg)
         except Exception as exc:  # noqa: BLE001 - recorded and sent to the device
             record_exception(exc, f"host callback {name} of hcb.call")
-            reply.fail(f"hostfeed: host callback {name} of hcb.call raised "
-                       f"{type(exc).__name__}: {exc} (expected results: {expected})")
-            return
+            return None, (f"hostfeed: host callback {name} of hcb.call raised "
+                          f"{type(exc).__name__}: {exc} (expected results: {expected})")
         flat = fast_check(res)
         try:
             if flat is None:
                 flat = check_call_results(name, res, result_treedef, result_avals)
         except TypeError as exc:
             record_exception(exc, f"host callback {name} of hcb.call")
-            reply.fail(f"hostfeed: {exc}")
-            return
-        reply.send(flat)
+            return None, f"hostfeed: {exc}"
+        return flat, None
+
+    return run
+
+
+def make_call_invoker(spec: CallbackSpec, result_treedef: Any, result_avals: tuple):
+    """``invoke(arrays, device_ordinal, reply)`` for a ``call``: runs the callback, checks
+    its results and answers ``reply`` (results or an error naming what went wrong)."""
+    run = make_call_runner(spec, result_treedef, result_avals)
+
+    def invoke(arrays: Sequence[np.ndarray], ordinal: int, reply: Any) -> None:
+        flat, error = run(arrays, ordinal)
+        if error is None:
+            reply.send(flat)
+        else:
+            reply.fail(error)
+
+    return invoke
+
+
+def make_call_assembler(spec: CallbackSpec, result_treedef: Any, result_avals: tuple,
+                        n_parts: int, source: int):
+    """``invoke(arrays, device_ordinal, reply)`` for a global-view ``call`` that each of
+    ``n_parts`` devices sends as its own shard (``(meta, *shards)``, as for taps). Once all
+    parts are in, the callback runs once with the whole operands (as from part ``source``)
+    and every device gets its slice (along dimension 0) of each result, or the error."""
+    from .receiver import current_run_id
+
+    run = make_call_runner(spec, result_treedef, result_avals)
+    collector = PartCollector(n_parts)
+
+    def invoke(arrays: Sequence[np.ndarray], ordinal: int, reply: Any) -> None:
+        group, part, shards = _split_meta(arrays)
+        parts = collector.add(current_run_id(), group, part, (shards, ordinal, reply))
+        if parts is None:
+            return  # the reply waits in the collector; the device keeps waiting
+        flat, error = run(_join([p[0] for p in parts]), parts[source][1])
+        pieces = [] if flat is None else [np.split(f, n_parts, axis=0) for f in flat]
+        for i, (_, _, r) in enumerate(parts):
+            if error is not None:
+                r.fail(error)
+            else:
+                r.send([np.ascontiguousarray(p[i]) for p in pieces])
 
     return invoke
 
@@ -382,7 +444,7 @@ def _status_aval():
 
 
 def _host_call_impl(*args, callback, result_treedef, result_avals, device_index,
-                    with_status=False):
+                    with_status=False, shard_parts=None):
     if inline_enabled():
         import jax
         import jax.numpy as jnp
@@ -397,7 +459,8 @@ def _host_call_impl(*args, callback, result_treedef, result_avals, device_index,
         return [jnp.asarray(a) for a in flat]
     return _compat.apply_primitive(host_call_p, *args, callback=callback,
                                    result_treedef=result_treedef, result_avals=result_avals,
-                                   device_index=device_index, with_status=with_status)
+                                   device_index=device_index, with_status=with_status,
+                                   shard_parts=shard_parts)
 
 
 host_call_p.def_impl(_host_call_impl)

@@ -173,7 +173,7 @@ def test_barrier_waits_for_all_devices(run):
 
 def test_failing_call_fails_every_device_and_the_receiver_recovers(run):
     r = run("failing_calls_fail_every_device_and_recover")
-    for name in ("global", "pmap"):
+    for name in ("global", "global_gathered", "pmap"):
         assert r[name] == {"raised": ["JaxRuntimeError", True],
                            "barrier": ["CallbackException", True],
                            "after": [1.0, 2.0, 3.0]}, name

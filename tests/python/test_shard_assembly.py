@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
+import jax
+
 from hostfeed import receiver
-from hostfeed.primitives import make_shard_assembler
+from hostfeed.primitives import CallbackSpec, make_call_assembler, make_shard_assembler
 
 
 def feed(assemble, run, group, part, *shards, ordinal=None):
@@ -58,3 +60,56 @@ def test_groups_are_assembled_separately():
     feed(asm, 5, 0, 1, np.array([1]))
     feed(asm, 5, 1, 1, np.array([11]))
     assert got == [[0, 1], [10, 11]]
+
+
+class FakeReply:
+    def __init__(self):
+        self.sent = None
+        self.failed = None
+        self.pending = True
+
+    def send(self, arrays):
+        self.sent = [a.tolist() for a in arrays]
+
+    def fail(self, message):
+        self.failed = message
+
+
+def call_feed(invoke, run, part, shard, reply):
+    receiver._run_id[0] = run
+    try:
+        invoke([np.array([0, part], np.int32), shard], part, reply)
+    finally:
+        receiver._run_id[0] = 0
+
+
+def test_call_assembler_calls_once_and_returns_each_device_its_slice():
+    calls = []
+
+    def host(x):
+        calls.append(x.tolist())
+        return x * 10
+
+    spec = CallbackSpec(host, jax.tree_util.tree_structure(0), False, "call")
+    avals = (jax.core.ShapedArray((4,), np.float32),)
+    invoke = make_call_assembler(spec, jax.tree_util.tree_structure(0), avals, 2, 0)
+    r0, r1 = FakeReply(), FakeReply()
+    call_feed(invoke, 9, 1, np.array([2, 3], np.float32), r1)
+    assert calls == [] and r1.sent is None  # device 1 waits for device 0's part
+    call_feed(invoke, 9, 0, np.array([0, 1], np.float32), r0)
+    assert calls == [[0.0, 1.0, 2.0, 3.0]]
+    assert (r0.sent, r1.sent) == ([[0.0, 10.0]], [[20.0, 30.0]])
+
+
+def test_call_assembler_fails_every_device_when_the_callback_fails():
+    def host(x):
+        raise ValueError("nope")
+
+    spec = CallbackSpec(host, jax.tree_util.tree_structure(0), False, "call")
+    avals = (jax.core.ShapedArray((2,), np.float32),)
+    invoke = make_call_assembler(spec, jax.tree_util.tree_structure(0), avals, 2, 0)
+    r0, r1 = FakeReply(), FakeReply()
+    call_feed(invoke, 3, 0, np.array([0], np.float32), r0)
+    call_feed(invoke, 3, 1, np.array([1], np.float32), r1)
+    assert "raised ValueError: nope" in r0.failed and r0.failed == r1.failed
+    receiver.take_last_exception()  # recorded for barrier_wait; consumed here

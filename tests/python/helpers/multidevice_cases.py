@@ -125,6 +125,8 @@ def failing_calls_fail_every_device_and_recover():
 
     runs = {
         "global": lambda: jax.jit(lambda v: hcb.call(bad, v, result_shape=v) + 1)(x),
+        # A scalar result cannot be split over the devices: the gathering scheme.
+        "global_gathered": lambda: jax.jit(lambda v: hcb.call(bad, v, result_shape=1.0))(x),
         "pmap": lambda: jax.pmap(lambda v: lax.psum(hcb.call(bad, v, result_shape=v), "i"),
                                  axis_name="i")(jnp.arange(N, dtype=jnp.float32)),
     }
