@@ -51,6 +51,11 @@ struct Inner<T> {
     drain_and_stop: bool,
     /// A consumer is running (between `clear_stop` and `pop_batch` returning `false`).
     consumer_active: bool,
+    /// The consumer sleeps on `not_empty` (so a push must wake it; otherwise the wake-up
+    /// system call is skipped).
+    consumer_sleeping: bool,
+    /// Threads sleeping in `wait_processed`.
+    progress_waiters: usize,
     closed: bool,
 }
 
@@ -87,6 +92,8 @@ impl<T> Queue<T> {
                 processed: 0,
                 drain_and_stop: false,
                 consumer_active: false,
+                consumer_sleeping: false,
+                progress_waiters: 0,
                 closed: false,
             }),
             not_empty: Condvar::new(),
@@ -175,10 +182,10 @@ impl<T> Queue<T> {
         self.stats.bytes_enqueued.fetch_add(bytes as u64, Ordering::Relaxed);
         self.stats.queued_bytes.store(held, Ordering::Relaxed);
         self.stats.peak_queued_bytes.fetch_max(held, Ordering::Relaxed);
-        let was_empty = g.items.len() == 1;
+        let wake = g.consumer_sleeping;
         let consumer_active = g.consumer_active;
         drop(g);
-        if was_empty {
+        if wake {
             self.not_empty.notify_one();
         }
         Ok(Pushed { seq, consumer_active })
@@ -200,7 +207,9 @@ impl<T> Queue<T> {
                 self.space_freed.notify_all();
                 return false;
             }
+            g.consumer_sleeping = true;
             g = self.not_empty.wait(g).unwrap_or_else(PoisonError::into_inner);
+            g.consumer_sleeping = false;
         }
         let n = g.items.len().min(max.max(1));
         out.extend(g.items.drain(..n));
@@ -217,11 +226,14 @@ impl<T> Queue<T> {
         self.stats.messages_processed.fetch_add(count, Ordering::Relaxed);
         self.stats.bytes_processed.fetch_add(bytes as u64, Ordering::Relaxed);
         self.stats.queued_bytes.store(g.held_bytes as u64, Ordering::Relaxed);
+        let barrier_waiting = g.progress_waiters > 0;
         drop(g);
         if self.has_waiting_producers.swap(false, Ordering::Relaxed) {
             self.space_freed.notify_all();
         }
-        self.progress.notify_all();
+        if barrier_waiting {
+            self.progress.notify_all();
+        }
     }
 
     /// The sequence number the next push will get: a barrier taken now waits for
@@ -255,11 +267,13 @@ impl<T> Queue<T> {
             if now >= deadline {
                 return false;
             }
+            g.progress_waiters += 1;
             g = self
                 .progress
                 .wait_timeout(g, deadline - now)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
+            g.progress_waiters -= 1;
         }
         true
     }

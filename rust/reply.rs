@@ -39,6 +39,8 @@ enum Phase {
 struct State {
     phase: Phase,
     outputs: Vec<OutBuf>,
+    /// The handler sleeps on the condvar (so a reply must wake it).
+    sleeping: bool,
 }
 
 /// See the module documentation.
@@ -72,7 +74,7 @@ impl ReplySlot {
     #[must_use]
     pub fn new(outputs: Vec<OutBuf>) -> Self {
         ReplySlot {
-            state: Mutex::new(State { phase: Phase::Pending, outputs }),
+            state: Mutex::new(State { phase: Phase::Pending, outputs, sleeping: false }),
             replied: Condvar::new(),
             answered: AtomicBool::new(false),
         }
@@ -93,8 +95,11 @@ impl ReplySlot {
         let outcome = fill(&g.outputs);
         g.phase = Phase::Replied(outcome);
         self.answered.store(true, Ordering::Release);
+        let wake = g.sleeping;
         drop(g);
-        self.replied.notify_all();
+        if wake {
+            self.replied.notify_all();
+        }
         true
     }
 
@@ -117,6 +122,7 @@ impl ReplySlot {
                 g.phase = Phase::Abandoned; // the outputs belong to XLA again
                 return Ok(outcome);
             }
+            g.sleeping = true;
             match deadline {
                 None => g = self.replied.wait(g).unwrap_or_else(PoisonError::into_inner),
                 Some(d) => {
@@ -128,6 +134,7 @@ impl ReplySlot {
                     g = self.replied.wait_timeout(g, d - now).unwrap_or_else(PoisonError::into_inner).0;
                 }
             }
+            g.sleeping = false;
         }
     }
 }
