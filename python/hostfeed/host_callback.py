@@ -103,8 +103,8 @@ def set_ad_taps(mode: str) -> None:
       cotangents yourself inside ``jax.custom_jvp``/``jax.custom_vjp`` rules.
 
     ``vmap`` behaves the same in both modes. The initial mode comes from the environment
-    variable ``HOSTFEED_AD_TAPS``. A function already traced (and cached by ``jax.jit``)
-    keeps the mode it was traced with.
+    variable ``HOSTFEED_AD_TAPS``. The mode is part of JAX's tracing and compilation cache
+    keys, so a jitted function called after a switch is traced again in the new mode.
 
     Example:
         >>> from hostfeed import host_callback as hcb
