@@ -141,12 +141,13 @@ unsafe fn read_attrs(attrs: &ffi::XLA_FFI_Attrs) -> Result<Attrs<'_>, Error> {
     Ok(out)
 }
 
-/// The ordinal of the device executing this call.
+/// The frame's API table, checked to be at least as large as the one this build mirrors
+/// (so every function slot hostfeed reads exists).
 ///
 /// # Safety
 /// `frame` must be a valid call frame.
-unsafe fn device_ordinal(frame: &ffi::XLA_FFI_CallFrame) -> Result<i32, Error> {
-    // SAFETY: the frame's api pointer is valid for the duration of the call.
+unsafe fn api(frame: &ffi::XLA_FFI_CallFrame) -> Result<&ffi::XLA_FFI_Api, Error> {
+    // SAFETY: the frame's api pointer is null or valid for the duration of the call.
     let api = unsafe { frame.api.as_ref() }.ok_or_else(|| Error::Internal("null XLA_FFI_Api".into()))?;
     if api.struct_size < ffi::XLA_FFI_Api_STRUCT_SIZE {
         return Err(Error::Internal(format!(
@@ -155,7 +156,25 @@ unsafe fn device_ordinal(frame: &ffi::XLA_FFI_CallFrame) -> Result<i32, Error> {
             ffi::XLA_FFI_Api_STRUCT_SIZE
         )));
     }
-    let get = api
+    Ok(api)
+}
+
+/// Turns an FFI getter's result into `Ok(())` or an error naming the getter.
+fn getter_result(err: *mut ffi::XLA_FFI_Error, name: &str) -> Result<(), Error> {
+    if err.is_null() {
+        Ok(())
+    } else {
+        Err(Error::Internal(format!("{name} failed")))
+    }
+}
+
+/// The ordinal of the device executing this call.
+///
+/// # Safety
+/// `frame` must be a valid call frame.
+unsafe fn device_ordinal(frame: &ffi::XLA_FFI_CallFrame) -> Result<i32, Error> {
+    // SAFETY: caller contract.
+    let get = unsafe { api(frame) }?
         .XLA_FFI_DeviceOrdinal_Get
         .ok_or_else(|| Error::Internal("XLA_FFI_DeviceOrdinal_Get is missing".into()))?;
     let mut args = ffi::XLA_FFI_DeviceOrdinal_Get_Args {
@@ -165,10 +184,7 @@ unsafe fn device_ordinal(frame: &ffi::XLA_FFI_CallFrame) -> Result<i32, Error> {
         device_ordinal: 0,
     };
     // SAFETY: `args` is initialised and `ctx` comes from the frame.
-    let err = unsafe { get(&raw mut args) };
-    if !err.is_null() {
-        return Err(Error::Internal("XLA_FFI_DeviceOrdinal_Get failed".into()));
-    }
+    getter_result(unsafe { get(&raw mut args) }, "XLA_FFI_DeviceOrdinal_Get")?;
     Ok(args.device_ordinal)
 }
 
@@ -177,10 +193,8 @@ unsafe fn device_ordinal(frame: &ffi::XLA_FFI_CallFrame) -> Result<i32, Error> {
 /// # Safety
 /// `frame` must be a valid call frame.
 unsafe fn run_id(frame: &ffi::XLA_FFI_CallFrame) -> Result<i64, Error> {
-    // SAFETY: the frame's api pointer is valid for the duration of the call, and its size
-    // was checked by `device_ordinal` (called first) to cover `XLA_FFI_RunId_Get`.
-    let api = unsafe { frame.api.as_ref() }.ok_or_else(|| Error::Internal("null XLA_FFI_Api".into()))?;
-    let get = api
+    // SAFETY: caller contract.
+    let get = unsafe { api(frame) }?
         .XLA_FFI_RunId_Get
         .ok_or_else(|| Error::Internal("XLA_FFI_RunId_Get is missing".into()))?;
     let mut args = ffi::XLA_FFI_RunId_Get_Args {
@@ -190,9 +204,7 @@ unsafe fn run_id(frame: &ffi::XLA_FFI_CallFrame) -> Result<i64, Error> {
         run_id: 0,
     };
     // SAFETY: `args` is initialised and `ctx` comes from the frame.
-    if !unsafe { get(&raw mut args) }.is_null() {
-        return Err(Error::Internal("XLA_FFI_RunId_Get failed".into()));
-    }
+    getter_result(unsafe { get(&raw mut args) }, "XLA_FFI_RunId_Get")?;
     Ok(args.run_id)
 }
 

@@ -2,6 +2,7 @@
 processed everything and no callback exception was left unreported."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -22,6 +23,20 @@ def _receiver_clean_after_test():
     yield
     # Raises (and so fails the test's teardown) if a callback exception went unreported.
     hcb.barrier_wait("test_teardown", timeout=120)
+
+
+@contextlib.contextmanager
+def queue_bound(nbytes: int):
+    """Runs the block with the receiver's byte bound set to ``nbytes``, then restores it."""
+    import hostfeed
+
+    hcb.barrier_wait()
+    old = hostfeed.receiver_stats()["max_queue_bytes"]
+    hostfeed.start_receiver(max_queue_byte_size=nbytes)
+    try:
+        yield
+    finally:
+        hostfeed.start_receiver(max_queue_byte_size=old)
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:

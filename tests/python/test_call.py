@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 from jax import lax
 
-import hostfeed
 from hostfeed import _receiver
 from hostfeed import host_callback as hcb
 
-from conftest import run_python, wait_until
+from conftest import queue_bound, run_python, wait_until
 from test_dtypes import DTYPES, random_array, x64  # noqa: F401  (fixture)
 
 RuntimeErr = jax.errors.JaxRuntimeError
@@ -242,11 +241,8 @@ def test_callback_may_run_a_jitted_jax_function_on_the_host():
 
 
 def test_call_completes_while_the_queue_is_full_of_taps():
-    hcb.barrier_wait()
-    old = hostfeed.receiver_stats()["max_queue_bytes"]
-    hostfeed.start_receiver(max_queue_byte_size=2048)
     got = []
-    try:
+    with queue_bound(2048):
         @jax.jit
         def f(x):
             x = lax.fori_loop(0, 50, lambda i, c: hcb.id_tap(
@@ -257,8 +253,6 @@ def test_call_completes_while_the_queue_is_full_of_taps():
         assert out.tolist() == [1] * 256
         hcb.barrier_wait()
         assert got == list(range(50)) + ["call"]
-    finally:
-        hostfeed.start_receiver(max_queue_byte_size=old)
 
 
 def test_stop_fails_a_call_whose_callback_never_returns(monkeypatch):

@@ -13,6 +13,8 @@ from jax import lax
 from hostfeed import _receiver
 from hostfeed import host_callback as hcb
 
+from conftest import queue_bound
+
 
 def test_exception_surfaces_at_barrier_and_later_taps_run(caplog):
     got = []
@@ -93,13 +95,8 @@ def test_call_inside_a_callback_is_refused():
 
 
 def test_taps_from_inside_a_callback_do_not_deadlock_on_a_full_queue():
-    import hostfeed
-
-    hcb.barrier_wait()
-    old = hostfeed.receiver_stats()["max_queue_bytes"]
-    hostfeed.start_receiver(max_queue_byte_size=64)
     got = []
-    try:
+    with queue_bound(64):
         def outer(a, transforms):
             for i in range(5):  # each inner tap alone exceeds what the queue may hold
                 hcb.id_tap(lambda v, tr: got.append(int(v[0])), jnp.full(32, i))
@@ -109,5 +106,3 @@ def test_taps_from_inside_a_callback_do_not_deadlock_on_a_full_queue():
         hcb.barrier_wait(timeout=60)
         # Eager taps inside a callback run inline, at once.
         assert got == [0, 1, 2, 3, 4, "outer"]
-    finally:
-        hostfeed.start_receiver(max_queue_byte_size=old)

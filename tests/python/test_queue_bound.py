@@ -13,21 +13,20 @@ import hostfeed
 from hostfeed import _receiver
 from hostfeed import host_callback as hcb
 
-from conftest import wait_until
+from conftest import queue_bound, wait_until
 
 
 @pytest.fixture
-def small_bound():
-    old = hostfeed.receiver_stats()["max_queue_bytes"] if _receiver.is_running() else None
-    yield
-    hostfeed.start_receiver(max_queue_byte_size=old or _receiver.DEFAULT_MAX_QUEUE_BYTES)
+def small_bound(request):
+    with queue_bound(request.param):
+        yield request.param
 
 
-@pytest.mark.parametrize("bound, n, elems", [(4096, 64, 256), (100, 20, 256)])
-def test_bound_holds_with_a_slow_callback_and_nothing_is_lost(small_bound, bound, n, elems):
+@pytest.mark.parametrize("small_bound, n, elems", [(4096, 64, 256), (100, 20, 256)],
+                         indirect=["small_bound"])
+def test_bound_holds_with_a_slow_callback_and_nothing_is_lost(small_bound, n, elems):
+    bound = small_bound
     msg_bytes = elems * 4
-    hcb.barrier_wait()
-    hostfeed.start_receiver(max_queue_byte_size=bound)
     _receiver.reset_peak()
     release = threading.Event()
     got = []

@@ -75,6 +75,14 @@ class FakeReply:
         self.failed = message
 
 
+def call_assembler(host, n_elems):
+    """A 2-part call assembler for `host` returning float32[n_elems]."""
+    scalar_tree = jax.tree_util.tree_structure(0)
+    spec = CallbackSpec(host, scalar_tree, False, "call")
+    avals = (jax.core.ShapedArray((n_elems,), np.float32),)
+    return make_call_assembler(spec, scalar_tree, avals, 2, 0)
+
+
 def call_feed(invoke, run, part, shard, reply):
     receiver._run_id[0] = run
     try:
@@ -90,9 +98,7 @@ def test_call_assembler_calls_once_and_returns_each_device_its_slice():
         calls.append(x.tolist())
         return x * 10
 
-    spec = CallbackSpec(host, jax.tree_util.tree_structure(0), False, "call")
-    avals = (jax.core.ShapedArray((4,), np.float32),)
-    invoke = make_call_assembler(spec, jax.tree_util.tree_structure(0), avals, 2, 0)
+    invoke = call_assembler(host, 4)
     r0, r1 = FakeReply(), FakeReply()
     call_feed(invoke, 9, 1, np.array([2, 3], np.float32), r1)
     assert calls == [] and r1.sent is None  # device 1 waits for device 0's part
@@ -105,9 +111,7 @@ def test_call_assembler_fails_every_device_when_the_callback_fails():
     def host(x):
         raise ValueError("nope")
 
-    spec = CallbackSpec(host, jax.tree_util.tree_structure(0), False, "call")
-    avals = (jax.core.ShapedArray((2,), np.float32),)
-    invoke = make_call_assembler(spec, jax.tree_util.tree_structure(0), avals, 2, 0)
+    invoke = call_assembler(host, 2)
     r0, r1 = FakeReply(), FakeReply()
     call_feed(invoke, 3, 0, np.array([0], np.float32), r0)
     call_feed(invoke, 3, 1, np.array([1], np.float32), r1)
