@@ -18,14 +18,13 @@ fn hostfeed_queue() -> f64 {
     let consumer = {
         let q = Arc::clone(&q);
         thread::spawn(move || {
-            let mut batch = Vec::new();
             let mut n = 0;
-            while n < PRODUCERS * PER_PRODUCER && q.pop_batch(1024, &mut batch) {
-                let count = batch.len();
-                let bytes: usize = batch.iter().map(|(b, _)| *b).sum();
-                batch.clear();
-                q.complete(count as u64, bytes);
-                n += count;
+            while n < PRODUCERS * PER_PRODUCER {
+                let Some(epoch) = q.begin_batch(1024) else { break };
+                while q.take(epoch).is_some() {
+                    n += 1;
+                }
+                q.end_batch(epoch);
             }
         })
     };

@@ -1,31 +1,12 @@
-//! One error type for the crate, its mapping to XLA FFI error codes (for handlers) and its
-//! single conversion into a Python exception (for the `pyapi` functions).
+//! One error type for the crate and its mapping to XLA FFI error codes (for handlers).
+//! Its single conversion into a Python exception lives in `exceptions.rs`.
+//!
+//! No Python here.
 
 use std::fmt;
-
-use pyo3::exceptions::{PyRuntimeError, PyTimeoutError};
-use pyo3::{create_exception, PyErr};
+use std::time::Duration;
 
 use crate::xla_ffi as ffi;
-
-create_exception!(
-    _receiver,
-    ReceiverError,
-    PyRuntimeError,
-    "The hostfeed receiver cannot do what was asked (stopped, shut down, misconfigured)."
-);
-create_exception!(
-    _receiver,
-    ReceiverTimeoutError,
-    PyTimeoutError,
-    "A wait on the hostfeed receiver (barrier, stop) ran past its timeout."
-);
-create_exception!(
-    _receiver,
-    CallbackContextError,
-    PyRuntimeError,
-    "A blocking receiver operation was called from inside a host callback, where it would deadlock."
-);
 
 /// Everything that can go wrong in the crate.
 #[derive(Debug)]
@@ -42,12 +23,12 @@ pub enum Error {
     Timeout { what: &'static str, seconds: f64, pending: u64 },
     /// A `call`'s host callback failed; the message (built by Python) says how.
     CallFailed(String),
-    /// A `call` got no reply before `HOSTFEED_CALL_TIMEOUT`.
-    CallTimeout { name: String, seconds: f64 },
+    /// A `call` got no reply before `HOSTFEED_CALL_TIMEOUT`; `blocked_behind` names the
+    /// host callback the receiver was busy with (and for how long) if this call's own
+    /// host function never started.
+    CallTimeout { name: String, seconds: f64, blocked_behind: Option<(String, Duration)> },
     /// An internal failure (a panic caught at the FFI boundary, a poisoned invariant).
     Internal(String),
-    /// A Python exception raised while the consumer dispatched messages.
-    Python(PyErr),
 }
 
 impl fmt::Display for Error {
@@ -75,13 +56,20 @@ impl fmt::Display for Error {
                  still unprocessed; a host callback may be blocked"
             ),
             Error::CallFailed(m) => write!(f, "{m}"),
-            Error::CallTimeout { name, seconds } => write!(
+            Error::CallTimeout { name, seconds, blocked_behind: None } => write!(
                 f,
                 "hostfeed: the host callback {name} of hcb.call did not reply within \
                  {seconds:.3} s (HOSTFEED_CALL_TIMEOUT); the device computation was failed"
             ),
+            Error::CallTimeout { name, seconds, blocked_behind: Some((busy, for_)) } => write!(
+                f,
+                "hostfeed: hcb.call of {name} timed out after {seconds:.3} s \
+                 (HOSTFEED_CALL_TIMEOUT) without {name} ever starting: the receiver has been \
+                 busy for {:.3} s running the host callback {busy}, which has not returned; \
+                 the device computation was failed",
+                for_.as_secs_f64()
+            ),
             Error::Internal(m) => write!(f, "hostfeed internal error: {m}"),
-            Error::Python(e) => write!(f, "hostfeed: the dispatcher raised: {e}"),
         }
     }
 }
@@ -100,18 +88,7 @@ impl Error {
                 ffi::XLA_FFI_Error_Code_DEADLINE_EXCEEDED
             }
             Error::CallFailed(_) => ffi::XLA_FFI_Error_Code_FAILED_PRECONDITION,
-            Error::Internal(_) | Error::Python(_) => ffi::XLA_FFI_Error_Code_INTERNAL,
-        }
-    }
-}
-
-impl From<Error> for PyErr {
-    fn from(e: Error) -> PyErr {
-        match e {
-            Error::Python(err) => err,
-            Error::Timeout { .. } => ReceiverTimeoutError::new_err(e.to_string()),
-            Error::InsideCallback(_) => CallbackContextError::new_err(e.to_string()),
-            _ => ReceiverError::new_err(e.to_string()),
+            Error::Internal(_) => ffi::XLA_FFI_Error_Code_INTERNAL,
         }
     }
 }

@@ -1,16 +1,30 @@
 //! `hostfeed._receiver`: the native core of hostfeed.
 //!
 //! XLA FFI handlers copy tapped operands into a byte-bounded queue; a consumer thread hands
-//! them to Python in batches. See `DESIGN.md` for the data path.
+//! them to Python in batches. `ARCHITECTURE.md` at the repository root follows a tap and a
+//! call through these modules.
+//!
+//! Without Python (tested by `cargo test` alone): `xla_ffi` (the C API mirror), `frame` (the
+//! safe view of a call frame), `hostbuf` and `message` (host memory and the copy),
+//! `waker`, `queue`, `reply`, `receiver` (lifecycle, barrier, stuck consumers), `interrupt`
+//! (Ctrl-C during a call), `stats`, `error`. With Python: `dispatch` (messages as numpy
+//! arrays), `exceptions`, `pyapi` (the module's functions and the consumer that calls
+//! Python), and the module definition below.
 
-pub mod consumer;
-pub mod copy;
+pub mod dispatch;
 pub mod error;
+pub mod exceptions;
+pub mod frame;
 pub mod handlers;
+pub mod hostbuf;
+pub mod interrupt;
+pub mod message;
 pub mod pyapi;
 pub mod queue;
+pub mod receiver;
 pub mod reply;
 pub mod stats;
+pub mod waker;
 pub mod xla_ffi;
 
 use pyo3::prelude::*;
@@ -18,15 +32,21 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
-    m.add("ReceiverError", py.get_type::<error::ReceiverError>())?;
-    m.add("ReceiverTimeoutError", py.get_type::<error::ReceiverTimeoutError>())?;
-    m.add("CallbackContextError", py.get_type::<error::CallbackContextError>())?;
-    m.add_class::<consumer::MessageData>()?;
-    m.add_class::<consumer::Reply>()?;
-    m.add("DEFAULT_MAX_QUEUE_BYTES", consumer::DEFAULT_MAX_QUEUE_BYTES)?;
+    m.add("ReceiverError", py.get_type::<exceptions::ReceiverError>())?;
+    m.add("ReceiverTimeoutError", py.get_type::<exceptions::ReceiverTimeoutError>())?;
+    m.add("CallbackContextError", py.get_type::<exceptions::CallbackContextError>())?;
+    m.add_class::<dispatch::MessageData>()?;
+    m.add_class::<dispatch::BatchIter>()?;
+    m.add_class::<dispatch::Reply>()?;
+    m.add("DEFAULT_MAX_QUEUE_BYTES", receiver::DEFAULT_MAX_QUEUE_BYTES)?;
+    m.add("DEFAULT_STOP_TIMEOUT", receiver::DEFAULT_STOP_TIMEOUT.as_secs_f64())?;
+    m.add("FLAG_STATUS_OUTPUT", handlers::FLAG_STATUS_OUTPUT)?;
+    m.add("FLAG_SHARD", handlers::FLAG_SHARD)?;
+    m.add("DTYPE_CODES", pyapi::dtype_codes(py)?)?;
     m.add_function(wrap_pyfunction!(pyapi::start, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::stop, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::finalize, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::drain, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::barrier, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::is_running, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::in_callback_thread, m)?)?;
@@ -34,6 +54,8 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pyapi::set_max_queue_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::stats, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::reset_peak, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::set_consumer_name, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::install_interrupt_watch, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::registrations, m)?)?;
     Ok(())
 }

@@ -1,33 +1,119 @@
-//! The Python-facing functions of `hostfeed._receiver`: argument checks, conversions, and
-//! the GIL released around every wait. Everything here is a thin wrapper over `consumer`.
+//! The Python binding of the receiver: the `#[pyfunction]`s of `hostfeed._receiver` and the
+//! consumer that runs the Python dispatcher. Argument checks and conversions happen here,
+//! and so does every release of the GIL around a wait: waits are sliced (at most
+//! [`WAIT_SLICE`] each) so that Ctrl-C is honoured between slices.
 
 use std::ffi::c_void;
-use std::time::Duration;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use numpy::PyArrayDescr;
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict};
 
-use crate::consumer::{self, DispatchConfig};
+use crate::dispatch::{BatchIter, Dtypes};
+use crate::error::Error;
+use crate::exceptions::ReceiverError;
 use crate::handlers;
-use crate::xla_ffi::XLA_FFI_Handler;
+use crate::interrupt;
+use crate::receiver::{self, lock, Consume, StopOutcome, Worker};
+use crate::xla_ffi::{self, XLA_FFI_Handler};
 
-fn duration(timeout: Option<f64>) -> PyResult<Option<Duration>> {
-    match timeout {
+/// Longest single wait with the GIL released before re-checking signals.
+const WAIT_SLICE: Duration = Duration::from_millis(100);
+/// Longest timeout accepted (about 31 years); longer is spelled `None` (no limit).
+const MAX_SECONDS: f64 = 1e9;
+
+/// An exception the dispatcher raised (it should never), kept for the next barrier.
+static DISPATCH_ERROR: Mutex<Option<PyErr>> = Mutex::new(None);
+
+fn duration(what: &str, seconds: Option<f64>) -> PyResult<Option<Duration>> {
+    match seconds {
         None => Ok(None),
-        Some(t) if t.is_finite() && t >= 0.0 => Ok(Some(Duration::from_secs_f64(t))),
+        Some(t) if t.is_infinite() && t > 0.0 => Ok(None),
+        Some(t) if (0.0..=MAX_SECONDS).contains(&t) => Ok(Some(Duration::from_secs_f64(t))),
         Some(t) => Err(PyValueError::new_err(format!(
-            "timeout must be a non-negative number of seconds or None, got {t}"
+            "{what} must be a number of seconds between 0 and {MAX_SECONDS:.0e}, or None/inf for \
+             no limit; got {t}"
         ))),
+    }
+}
+
+/// Logs what the Rust side noted (abandoned threads, dropped messages) to the `hostfeed`
+/// Python logger.
+fn report_notes(py: Python<'_>) {
+    let notes = receiver::global().take_notes();
+    if notes.is_empty() {
+        return;
+    }
+    let logger = py.import("logging").and_then(|m| m.call_method1("getLogger", ("hostfeed",)));
+    for note in notes {
+        match &logger {
+            Ok(l) => {
+                if let Err(e) = l.call_method1("warning", ("hostfeed: %s", note)) {
+                    e.display(py);
+                }
+            }
+            Err(e) => e.display(py),
+        }
+    }
+}
+
+fn record_dispatch_error(py: Python<'_>, err: PyErr) {
+    err.display(py);
+    *lock(&DISPATCH_ERROR) = Some(err);
+}
+
+/// The consumer: attached to Python for the thread's life (re-attaching a detached thread
+/// is cheap, attaching from scratch creates a thread state each time), detached while it
+/// waits for messages.
+struct PyConsumer {
+    dispatcher: Py<PyAny>,
+    dtypes: Arc<Dtypes>,
+}
+
+impl Consume for PyConsumer {
+    fn run(&self, worker: &Worker) {
+        Python::attach(|py| {
+            while let Some(batch) = py.detach(|| worker.next_batch()) {
+                let iter = match Bound::new(py, BatchIter::new(batch, Arc::clone(&self.dtypes))) {
+                    Ok(it) => it,
+                    Err(e) => {
+                        record_dispatch_error(py, e);
+                        continue;
+                    }
+                };
+                loop {
+                    let before = iter.get().remaining();
+                    let outcome = catch_unwind(AssertUnwindSafe(|| self.dispatcher.call1(py, (iter.clone(),))));
+                    match outcome {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => record_dispatch_error(py, e),
+                        Err(_) => record_dispatch_error(
+                            py,
+                            ReceiverError::new_err("hostfeed internal error: a panic while dispatching"),
+                        ),
+                    }
+                    // A dispatcher that failed part-way is given the rest of the batch.
+                    let after = iter.get().remaining();
+                    if after == 0 || after == before {
+                        break;
+                    }
+                }
+                drop(iter.get().finish());
+                report_notes(py);
+            }
+        });
     }
 }
 
 /// Configures and starts the receiver.
 ///
-/// `dispatcher(batch)` is called on the consumer thread with a list of
-/// `(consumer_id, device_ordinal, flags, arrays, reply_or_None, run_id)` tuples; `dtypes` maps XLA dtype codes
-/// to numpy dtypes. Returns whether a consumer thread was started by this call.
+/// `dispatcher(batch)` is called on the consumer thread with an iterator of
+/// `(consumer_id, device_ordinal, flags, arrays, reply_or_None, run_id)` tuples; `dtypes`
+/// maps XLA dtype codes to numpy dtypes. Returns whether a consumer thread was started.
 #[pyfunction]
 #[pyo3(signature = (dispatcher, dtypes, max_queue_bytes=None))]
 pub fn start(
@@ -37,78 +123,135 @@ pub fn start(
     max_queue_bytes: Option<u64>,
 ) -> PyResult<bool> {
     if !dispatcher.is_callable() {
-        return Err(PyValueError::new_err("dispatcher must be callable"));
+        return Err(PyTypeError::new_err("dispatcher must be callable"));
     }
     let mut descrs: Vec<Option<Py<PyArrayDescr>>> = Vec::new();
     for (k, v) in dtypes.iter() {
         let code: usize = k.extract()?;
-        let descr = v.cast_into::<PyArrayDescr>().map_err(|e| {
-            PyValueError::new_err(format!("dtypes[{code}] must be a numpy dtype: {e}"))
-        })?;
+        let descr = v
+            .cast_into::<PyArrayDescr>()
+            .map_err(|e| PyTypeError::new_err(format!("dtypes[{code}] must be a numpy dtype: {e}")))?;
         if descrs.len() <= code {
             descrs.resize_with(code + 1, || None);
         }
         descrs[code] = Some(descr.unbind());
     }
-    let receiver = consumer::global();
     if let Some(bound) = max_queue_bytes {
         set_max_queue_bytes(bound)?;
     }
-    let config = DispatchConfig { dispatcher: dispatcher.unbind(), descrs };
+    let consumer = Arc::new(PyConsumer { dispatcher: dispatcher.unbind(), dtypes: Arc::new(Dtypes { descrs }) });
+    let r = receiver::global();
     // Detached: the control lock may be held by a `stop` waiting for the consumer, which
     // needs the GIL.
     Ok(py.detach(move || {
-        receiver.configure(config);
-        receiver.start()
+        r.configure(consumer);
+        r.start()
     })?)
 }
 
-const DEFAULT_STALL_SECONDS: f64 = 10.0;
-
-fn stall(seconds: Option<f64>) -> PyResult<Duration> {
-    Ok(duration(Some(seconds.unwrap_or(DEFAULT_STALL_SECONDS)))?.unwrap_or_default())
-}
-
 /// Drains the queue, then stops and joins the consumer thread (GIL released). If a
-/// callback makes no progress for `stall_timeout` seconds, waiting calls are failed and the
-/// thread is abandoned; returns whether the thread was joined.
+/// callback makes no progress for `stall_timeout` seconds (None: no limit), waiting calls
+/// are failed and the thread is abandoned; returns whether the thread was joined.
 #[pyfunction]
-#[pyo3(signature = (stall_timeout=None))]
+#[pyo3(signature = (stall_timeout))]
 pub fn stop(py: Python<'_>, stall_timeout: Option<f64>) -> PyResult<bool> {
-    Ok(consumer::global().stop(py, stall(stall_timeout)?)?)
+    let stall = duration("stall_timeout", stall_timeout)?;
+    let outcome = py.detach(|| receiver::global().stop(stall));
+    report_notes(py);
+    Ok(!matches!(outcome?, StopOutcome::Abandoned(_)))
 }
 
-/// Stops the receiver for good; later taps fail with an error (interpreter exit).
+/// Stops the receiver for good (interpreter exit): drains what is queued (abandoning
+/// callbacks stuck for `stall_timeout` seconds), then refuses later messages. Returns the
+/// number of messages that could not be processed.
 #[pyfunction]
-#[pyo3(signature = (stall_timeout=None))]
-pub fn finalize(py: Python<'_>, stall_timeout: Option<f64>) -> PyResult<()> {
-    Ok(consumer::global().finalize(py, stall(stall_timeout)?)?)
+#[pyo3(signature = (stall_timeout))]
+pub fn finalize(py: Python<'_>, stall_timeout: Option<f64>) -> PyResult<usize> {
+    let stall = duration("stall_timeout", stall_timeout)?;
+    let dropped = py.detach(|| receiver::global().finalize(stall));
+    report_notes(py);
+    interrupt::remove();
+    Ok(dropped?)
 }
 
-/// Waits until every message enqueued before the call is processed.
+/// One step of draining at interpreter exit, while computations are awaited elsewhere:
+/// keeps a consumer running while messages are pending and abandons one that made no
+/// progress for `stall_timeout` seconds (None: never), then waits up to `slice` seconds.
+/// Returns False when consumers had to be abandoned more than twice (give up waiting).
+#[pyfunction]
+#[pyo3(signature = (stall_timeout, slice))]
+pub fn drain(py: Python<'_>, stall_timeout: Option<f64>, slice: f64) -> PyResult<bool> {
+    let stall = duration("stall_timeout", stall_timeout)?;
+    let slice = duration("slice", Some(slice))?.unwrap_or(WAIT_SLICE).min(WAIT_SLICE);
+    let r = receiver::global();
+    let outcome = py.detach(|| r.drain_step(stall, slice));
+    report_notes(py);
+    if outcome?.is_some() {
+        let n = DRAIN_ABANDONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        return Ok(n <= 2);
+    }
+    Ok(true)
+}
+
+static DRAIN_ABANDONS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Waits until every message enqueued before the call is processed (`timeout` seconds at
+/// most; None: no limit), with the GIL released in slices so that Ctrl-C works. Raises an
+/// error the dispatcher raised meanwhile.
 #[pyfunction]
 #[pyo3(signature = (timeout=None))]
 pub fn barrier(py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
-    let timeout = duration(timeout)?;
-    Ok(consumer::global().barrier(py, timeout)?)
+    let timeout = duration("timeout", timeout)?;
+    if receiver::in_consumer_thread() {
+        return Err(Error::InsideCallback("barrier_wait").into());
+    }
+    let r = receiver::global();
+    let target = r.queue.enqueued();
+    let start = Instant::now();
+    loop {
+        let slice = match timeout {
+            Some(t) => {
+                let left = t.saturating_sub(start.elapsed());
+                if left.is_zero() && r.queue.processed() < target {
+                    return Err(Error::Timeout {
+                        what: "barrier_wait",
+                        seconds: t.as_secs_f64(),
+                        pending: target.saturating_sub(r.queue.processed()),
+                    }
+                    .into());
+                }
+                left.min(WAIT_SLICE)
+            }
+            None => WAIT_SLICE,
+        };
+        if py.detach(|| r.wait_processed(target, slice))? {
+            break;
+        }
+        py.check_signals()?;
+    }
+    report_notes(py);
+    match lock(&DISPATCH_ERROR).take() {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// Whether the consumer thread is running.
 #[pyfunction]
 pub fn is_running(py: Python<'_>) -> bool {
-    py.detach(|| consumer::global().is_running())
+    py.detach(|| receiver::global().is_running())
 }
 
 /// Whether the caller runs on the consumer thread (inside a host callback).
 #[pyfunction]
 pub fn in_callback_thread() -> bool {
-    consumer::in_consumer_thread()
+    receiver::in_consumer_thread()
 }
 
 /// The queue's byte bound.
 #[pyfunction]
 pub fn max_queue_bytes() -> u64 {
-    consumer::global().queue.bound() as u64
+    receiver::global().queue.bound() as u64
 }
 
 /// Sets the queue's byte bound (takes effect at once, also for blocked producers).
@@ -118,7 +261,7 @@ pub fn set_max_queue_bytes(bound: u64) -> PyResult<()> {
         return Err(PyValueError::new_err("max_queue_bytes must be positive"));
     }
     let bound = usize::try_from(bound).map_err(|_| PyValueError::new_err("bound too large"))?;
-    consumer::global().queue.set_bound(bound);
+    receiver::global().queue.set_bound(bound);
     Ok(())
 }
 
@@ -126,7 +269,7 @@ pub fn set_max_queue_bytes(bound: u64) -> PyResult<()> {
 #[pyfunction]
 pub fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
-    for (k, v) in consumer::global().queue.stats.snapshot().fields() {
+    for (k, v) in receiver::global().queue.stats.snapshot().fields() {
         d.set_item(k, v)?;
     }
     d.set_item("max_queue_bytes", max_queue_bytes())?;
@@ -136,7 +279,13 @@ pub fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 /// Resets `peak_queued_bytes` to the current queued bytes.
 #[pyfunction]
 pub fn reset_peak() {
-    consumer::global().queue.stats.reset_peak();
+    receiver::global().queue.stats.reset_peak();
+}
+
+/// Remembers the name of consumer `consumer_id`, for error messages about it.
+#[pyfunction]
+pub fn set_consumer_name(consumer_id: i64, name: String) {
+    receiver::global().set_name(consumer_id, name);
 }
 
 fn capsule(py: Python<'_>, f: XLA_FFI_Handler) -> PyResult<Bound<'_, PyCapsule>> {
@@ -157,4 +306,45 @@ pub fn registrations(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("hostfeed_call", capsule(py, handlers::hostfeed_call)?)?;
     d.set_item("hostfeed_check", capsule(py, handlers::hostfeed_check)?)?;
     Ok(d)
+}
+
+/// `{numpy dtype name: XLA_FFI_DataType code}` for every dtype hostfeed transfers.
+pub fn dtype_codes(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    use xla_ffi::dtype as dt;
+    let d = PyDict::new(py);
+    for (name, code) in [
+        ("bool", dt::PRED),
+        ("int8", dt::S8),
+        ("int16", dt::S16),
+        ("int32", dt::S32),
+        ("int64", dt::S64),
+        ("uint8", dt::U8),
+        ("uint16", dt::U16),
+        ("uint32", dt::U32),
+        ("uint64", dt::U64),
+        ("float16", dt::F16),
+        ("float32", dt::F32),
+        ("float64", dt::F64),
+        ("bfloat16", dt::BF16),
+        ("complex64", dt::C64),
+        ("complex128", dt::C128),
+        ("float8_e5m2", dt::F8E5M2),
+        ("float8_e4m3fn", dt::F8E4M3FN),
+        ("float8_e4m3b11fnuz", dt::F8E4M3B11FNUZ),
+        ("float8_e5m2fnuz", dt::F8E5M2FNUZ),
+        ("float8_e4m3fnuz", dt::F8E4M3FNUZ),
+        ("float8_e4m3", dt::F8E4M3),
+        ("float8_e3m4", dt::F8E3M4),
+        ("float8_e8m0fnu", dt::F8E8M0FNU),
+    ] {
+        d.set_item(name, code)?;
+    }
+    Ok(d)
+}
+
+/// Installs the SIGINT counter that lets a waiting `call` fail on Ctrl-C (see
+/// `interrupt.rs`); returns whether it is installed.
+#[pyfunction]
+pub fn install_interrupt_watch() -> bool {
+    interrupt::install()
 }

@@ -1,24 +1,30 @@
-//! The byte-bounded receive queue: many producers (XLA threads, one or more per device),
-//! one consumer.
+//! A byte-bounded multi-producer queue with one consumer.
 //!
-//! * A message's bytes count against the bound from the moment it is pushed until the
-//!   consumer reports it processed ([`Queue::complete`]), so the bound limits the memory
-//!   held by messages the host has not finished with, including the batch in flight.
-//! * A producer whose message would exceed the bound blocks until enough bytes are
-//!   completed. A message larger than the whole bound is admitted once nothing else is
-//!   held, rather than deadlocking.
-//! * One FIFO for all producers: messages are handed to the consumer in push order, which
-//!   implies per-device FIFO order.
-//! * Every push gets a sequence number; [`Queue::wait_processed`] is the barrier primitive.
+//! Producers (XLA FFI handlers) push messages and block while the bytes held would exceed
+//! the bound, so a host that falls behind pauses the devices instead of growing memory.
+//! A message's bytes stay charged from its push until the consumer has finished with it
+//! (so the bound counts what is queued *and* what is being processed). A message larger
+//! than the bound is admitted when nothing else is held.
+//!
+//! The consumer works in *batches*: [`Queue::begin_batch`] moves up to `max` messages out of
+//! the queue into the in-flight batch, [`Queue::take`] hands them out one at a time and
+//! [`Queue::end_batch`] completes what was taken. If the consumer gets stuck in one message
+//! (a host callback that never returns), [`Queue::reclaim_batch`] writes off what it took
+//! and puts the messages it had not reached back at the head of the queue, for the next
+//! consumer; the stuck consumer's later calls on that batch are ignored (epochs).
+//!
+//! There is a single FIFO, so messages from any one producer are consumed in push order.
+//! Every push gets a sequence number; [`Queue::wait_processed`] is the barrier primitive.
 //!
 //! No Python here: this module is tested with plain `cargo test`.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::stats::Stats;
+use crate::waker::Waker;
 
 /// Why a push did not happen; the item is handed back.
 #[derive(Debug, PartialEq, Eq)]
@@ -39,6 +45,15 @@ pub struct Pushed {
     pub consumer_active: bool,
 }
 
+/// What [`Queue::reclaim_batch`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Reclaimed {
+    /// Messages the stuck consumer had taken, now counted as processed.
+    pub written_off: u64,
+    /// Messages it had not reached, back at the head of the queue.
+    pub requeued: usize,
+}
+
 struct Inner<T> {
     items: VecDeque<(usize, T)>,
     /// Bytes pushed and not yet completed (queued plus in flight).
@@ -49,34 +64,43 @@ struct Inner<T> {
     processed: u64,
     /// The consumer should exit once `items` is empty.
     drain_and_stop: bool,
-    /// A consumer is running (between `clear_stop` and `pop_batch` returning `false`).
+    /// A consumer is running (between `clear_stop` and `begin_batch` returning `None`).
     consumer_active: bool,
-    /// The consumer sleeps on `not_empty` (so a push must wake it; otherwise the wake-up
-    /// system call is skipped).
-    consumer_sleeping: bool,
-    /// Threads sleeping in `wait_processed`.
-    progress_waiters: usize,
     closed: bool,
+}
+
+/// The batch the consumer is working through.
+struct InFlight<T> {
+    epoch: u64,
+    items: VecDeque<(usize, T)>,
+    taken: u64,
+    taken_bytes: usize,
 }
 
 /// See the module documentation.
 pub struct Queue<T> {
     inner: Mutex<Inner<T>>,
-    not_empty: Condvar,
-    space_freed: Condvar,
-    progress: Condvar,
+    /// Locked after `inner` never: lock order is `in_flight` then `inner`.
+    in_flight: Mutex<InFlight<T>>,
+    /// The consumer sleeps here for messages.
+    not_empty: Waker,
+    /// Producers sleep here for space.
+    space_freed: Waker,
+    /// Barrier waiters sleep here for completed messages.
+    progressed: Waker,
     bound: AtomicUsize,
     /// Mirror of `items.len()`, readable without the lock (for the consumer's spin).
     pending: AtomicUsize,
-    /// How long an idle consumer polls `pending` before sleeping on the condvar.
+    /// How long an idle consumer polls `pending` before sleeping.
     spin: Duration,
-    has_waiting_producers: AtomicBool,
+    /// Bumped whenever the consumer takes or completes messages (stall detection).
+    progress: AtomicU64,
     pub stats: Stats,
 }
 
 fn lock<U>(m: &Mutex<U>) -> MutexGuard<'_, U> {
-    // A panic while holding this lock can only come from a bug in this module (no user
-    // code runs under it); the counters stay consistent, so recover the guard.
+    // No user code runs under these locks and every update leaves the state consistent, so
+    // a panic elsewhere cannot leave it half-written: recover the guard.
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -92,17 +116,16 @@ impl<T> Queue<T> {
                 processed: 0,
                 drain_and_stop: false,
                 consumer_active: false,
-                consumer_sleeping: false,
-                progress_waiters: 0,
                 closed: false,
             }),
-            not_empty: Condvar::new(),
-            space_freed: Condvar::new(),
-            progress: Condvar::new(),
+            in_flight: Mutex::new(InFlight { epoch: 0, items: VecDeque::new(), taken: 0, taken_bytes: 0 }),
+            not_empty: Waker::new(),
+            space_freed: Waker::new(),
+            progressed: Waker::new(),
             bound: AtomicUsize::new(bound_bytes.max(1)),
             pending: AtomicUsize::new(0),
             spin: Duration::ZERO,
-            has_waiting_producers: AtomicBool::new(false),
+            progress: AtomicU64::new(0),
             stats: Stats::default(),
         }
     }
@@ -125,6 +148,7 @@ impl<T> Queue<T> {
     pub fn set_bound(&self, bound_bytes: usize) {
         let _g = lock(&self.inner);
         self.bound.store(bound_bytes.max(1), Ordering::Relaxed);
+        drop(_g);
         self.space_freed.notify_all();
     }
 
@@ -165,8 +189,7 @@ impl<T> Queue<T> {
                 blocked_since = Some(Instant::now());
                 self.stats.producer_blocked_count.fetch_add(1, Ordering::Relaxed);
             }
-            self.has_waiting_producers.store(true, Ordering::Relaxed);
-            g = self.space_freed.wait(g).unwrap_or_else(PoisonError::into_inner);
+            g = self.space_freed.wait(g);
         }
         if let Some(t0) = blocked_since {
             let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -182,57 +205,146 @@ impl<T> Queue<T> {
         self.stats.bytes_enqueued.fetch_add(bytes as u64, Ordering::Relaxed);
         self.stats.queued_bytes.store(held, Ordering::Relaxed);
         self.stats.peak_queued_bytes.fetch_max(held, Ordering::Relaxed);
-        let wake = g.consumer_sleeping;
         let consumer_active = g.consumer_active;
         drop(g);
-        if wake {
-            self.not_empty.notify_one();
-        }
+        self.not_empty.notify_one();
         Ok(Pushed { seq, consumer_active })
     }
 
-    /// Moves up to `max` messages into `out` (appending `(bytes, item)`), waiting until at
-    /// least one is available. Returns `false`, with nothing moved, when the queue is empty
-    /// and the consumer was asked to stop ([`Queue::request_stop`]) or the queue is closed.
-    pub fn pop_batch(&self, max: usize, out: &mut Vec<(usize, T)>) -> bool {
+    /// Waits until at least one message is queued, then moves up to `max` of them into the
+    /// in-flight batch and returns its epoch. Returns `None`, with nothing moved, when the
+    /// queue is empty and the consumer was asked to stop ([`Queue::request_stop`]) or the
+    /// queue is closed. The previous batch must have been ended (or reclaimed).
+    pub fn begin_batch(&self, max: usize) -> Option<u64> {
         if !self.spin.is_zero() {
             spin_until(self.spin, || self.pending.load(Ordering::Acquire) != 0);
         }
-        let mut g = lock(&self.inner);
-        while g.items.is_empty() {
-            if g.drain_and_stop || g.closed {
-                g.consumer_active = false;
-                drop(g);
-                // Producers waiting for space must now see that nobody will make any.
-                self.space_freed.notify_all();
-                return false;
+        loop {
+            {
+                let mut g = lock(&self.inner);
+                while g.items.is_empty() {
+                    if g.drain_and_stop || g.closed {
+                        g.consumer_active = false;
+                        drop(g);
+                        // Producers waiting for space must now see that nobody will make any.
+                        self.space_freed.notify_all();
+                        return None;
+                    }
+                    g = self.not_empty.wait(g);
+                }
             }
-            g.consumer_sleeping = true;
-            g = self.not_empty.wait(g).unwrap_or_else(PoisonError::into_inner);
-            g.consumer_sleeping = false;
+            // Lock order: `in_flight`, then `inner`. Only `close` removes queued items
+            // meanwhile; then the next round returns `None`.
+            let mut flight = lock(&self.in_flight);
+            let mut g = lock(&self.inner);
+            if g.items.is_empty() {
+                continue;
+            }
+            let n = g.items.len().min(max.max(1));
+            flight.items.extend(g.items.drain(..n));
+            self.pending.store(g.items.len(), Ordering::Release);
+            flight.epoch += 1;
+            flight.taken = 0;
+            flight.taken_bytes = 0;
+            return Some(flight.epoch);
         }
-        let n = g.items.len().min(max.max(1));
-        out.extend(g.items.drain(..n));
-        self.pending.store(g.items.len(), Ordering::Release);
-        true
     }
 
-    /// Reports `count` popped messages totalling `bytes` as processed: frees their bytes
-    /// and wakes blocked producers and barrier waiters.
-    pub fn complete(&self, count: u64, bytes: usize) {
+    /// The next message of batch `epoch`, or `None` when the batch is exhausted or was
+    /// reclaimed.
+    pub fn take(&self, epoch: u64) -> Option<T> {
+        let mut flight = lock(&self.in_flight);
+        if flight.epoch != epoch {
+            return None;
+        }
+        let (bytes, item) = flight.items.pop_front()?;
+        flight.taken += 1;
+        flight.taken_bytes += bytes;
+        self.progress.fetch_add(1, Ordering::Relaxed);
+        Some(item)
+    }
+
+    /// Messages of batch `epoch` not taken yet.
+    pub fn remaining(&self, epoch: u64) -> usize {
+        let flight = lock(&self.in_flight);
+        if flight.epoch == epoch { flight.items.len() } else { 0 }
+    }
+
+    /// Completes batch `epoch`: the messages taken from it are processed, their bytes freed;
+    /// messages not taken are dropped and counted as processed too (returned count). Does
+    /// nothing for a reclaimed batch.
+    pub fn end_batch(&self, epoch: u64) -> usize {
+        let mut flight = lock(&self.in_flight);
+        if flight.epoch != epoch {
+            return 0;
+        }
+        let dropped = flight.items.len();
+        let dropped_bytes: usize = flight.items.drain(..).map(|(b, _)| b).sum();
+        let count = flight.taken + dropped as u64;
+        let bytes = flight.taken_bytes + dropped_bytes;
+        flight.taken = 0;
+        flight.taken_bytes = 0;
+        flight.epoch += 1;
         let mut g = lock(&self.inner);
+        drop(flight);
+        self.complete_locked(&mut g, count, bytes);
+        drop(g);
+        self.after_complete();
+        dropped
+    }
+
+    /// Takes the in-flight batch away from a consumer that stopped making progress: the
+    /// messages it took are written off as processed (their bytes freed), the ones it had
+    /// not reached go back to the head of the queue, and its later calls on the batch are
+    /// ignored.
+    pub fn reclaim_batch(&self) -> Reclaimed {
+        let mut flight = lock(&self.in_flight);
+        flight.epoch += 1;
+        let rest: Vec<(usize, T)> = flight.items.drain(..).collect();
+        let written_off = flight.taken;
+        let bytes = flight.taken_bytes;
+        flight.taken = 0;
+        flight.taken_bytes = 0;
+        let mut g = lock(&self.inner);
+        drop(flight);
+        let requeued = rest.len();
+        for item in rest.into_iter().rev() {
+            g.items.push_front(item);
+        }
+        self.pending.store(g.items.len(), Ordering::Release);
+        self.complete_locked(&mut g, written_off, bytes);
+        drop(g);
+        self.after_complete();
+        self.not_empty.notify_all();
+        Reclaimed { written_off, requeued }
+    }
+
+    fn complete_locked(&self, g: &mut Inner<T>, count: u64, bytes: usize) {
         g.processed += count;
         g.held_bytes -= bytes;
         self.stats.messages_processed.fetch_add(count, Ordering::Relaxed);
         self.stats.bytes_processed.fetch_add(bytes as u64, Ordering::Relaxed);
         self.stats.queued_bytes.store(g.held_bytes as u64, Ordering::Relaxed);
-        let barrier_waiting = g.progress_waiters > 0;
-        drop(g);
-        if self.has_waiting_producers.swap(false, Ordering::Relaxed) {
-            self.space_freed.notify_all();
-        }
-        if barrier_waiting {
-            self.progress.notify_all();
+    }
+
+    fn after_complete(&self) {
+        self.progress.fetch_add(1, Ordering::Relaxed);
+        self.space_freed.notify_all();
+        self.progressed.notify_all();
+    }
+
+    /// A counter that changes whenever the consumer takes or completes messages: a
+    /// consumer whose counter stays put while messages wait is stuck.
+    pub fn progress(&self) -> u64 {
+        self.progress.load(Ordering::Relaxed)
+    }
+
+    /// Waits up to `timeout` for messages to be completed, if `progress()` still equals
+    /// `seen`.
+    pub fn wait_progress(&self, seen: u64, timeout: Duration) {
+        let g = lock(&self.inner);
+        if self.progress() == seen {
+            drop(self.progressed.wait_timeout(g, timeout));
         }
     }
 
@@ -247,14 +359,19 @@ impl<T> Queue<T> {
         lock(&self.inner).processed
     }
 
-    /// Messages pushed and not yet popped.
+    /// Messages pushed and not yet moved into a batch.
     pub fn len(&self) -> usize {
         lock(&self.inner).items.len()
     }
 
-    /// Whether no message is waiting to be popped.
+    /// Whether no message is waiting to be moved into a batch.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Bytes pushed and not yet completed.
+    pub fn held_bytes(&self) -> usize {
+        lock(&self.inner).held_bytes
     }
 
     /// Waits up to `timeout` until at least `target` messages are processed.
@@ -267,18 +384,12 @@ impl<T> Queue<T> {
             if now >= deadline {
                 return false;
             }
-            g.progress_waiters += 1;
-            g = self
-                .progress
-                .wait_timeout(g, deadline - now)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-            g.progress_waiters -= 1;
+            g = self.progressed.wait_timeout(g, deadline - now);
         }
         true
     }
 
-    /// Asks the consumer to exit once the queue is empty (`pop_batch` returns `false`).
+    /// Asks the consumer to exit once the queue is empty (`begin_batch` returns `None`).
     pub fn request_stop(&self) {
         lock(&self.inner).drain_and_stop = true;
         self.not_empty.notify_all();
@@ -300,14 +411,18 @@ impl<T> Queue<T> {
     }
 
     /// Closes the queue for good: pending and future pushes fail, the consumer exits once
-    /// the queue is empty. Returns the items that were never popped.
+    /// the queue is empty. Returns the items that were never moved into a batch.
     pub fn close(&self) -> Vec<T> {
         let mut g = lock(&self.inner);
         g.closed = true;
         self.pending.store(0, Ordering::Release);
+        let (count, bytes) = (g.items.len() as u64, g.items.iter().map(|(b, _)| *b).sum());
+        let left: Vec<T> = g.items.drain(..).map(|(_, t)| t).collect();
+        self.complete_locked(&mut g, count, bytes);
+        drop(g);
         self.not_empty.notify_all();
-        self.space_freed.notify_all();
-        g.items.drain(..).map(|(_, t)| t).collect()
+        self.after_complete();
+        left
     }
 
     /// Whether [`Queue::close`] was called.
@@ -338,18 +453,29 @@ pub fn spin_until(budget: Duration, mut ready: impl FnMut() -> bool) -> bool {
 mod tests {
     use super::*;
 
+    /// Runs one batch of up to `max` items through `q`, returning them.
+    fn drain<T>(q: &Queue<T>, max: usize) -> Vec<T> {
+        let epoch = q.begin_batch(max).expect("a batch");
+        let mut out = Vec::new();
+        while let Some(x) = q.take(epoch) {
+            out.push(x);
+        }
+        q.end_batch(epoch);
+        out
+    }
+
     #[test]
     fn fifo_and_sequence_numbers() {
         let q = Queue::new(100);
         q.clear_stop();
         assert_eq!(q.push('a', 10).unwrap().seq, 0);
         assert_eq!(q.push('b', 10), Ok(Pushed { seq: 1, consumer_active: true }));
-        let mut out = Vec::new();
-        assert!(q.pop_batch(10, &mut out));
-        assert_eq!(out, vec![(10, 'a'), (10, 'b')]);
+        let epoch = q.begin_batch(10).unwrap();
         assert_eq!(q.enqueued(), 2);
         assert_eq!(q.processed(), 0);
-        q.complete(2, 20);
+        assert_eq!((q.take(epoch), q.take(epoch), q.take(epoch)), (Some('a'), Some('b'), None));
+        assert_eq!(q.stats.snapshot().queued_bytes, 20, "bytes stay held until the batch ends");
+        q.end_batch(epoch);
         assert_eq!(q.processed(), 2);
         assert_eq!(q.stats.snapshot().queued_bytes, 0);
         assert_eq!(q.stats.snapshot().peak_queued_bytes, 20);
@@ -363,30 +489,26 @@ mod tests {
     }
 
     #[test]
-    fn pop_batch_respects_max() {
+    fn batches_respect_max() {
         let q = Queue::new(1000);
         for i in 0..5 {
             q.push(i, 1).unwrap();
         }
-        let mut out = Vec::new();
-        assert!(q.pop_batch(2, &mut out));
-        assert_eq!(out.len(), 2);
+        assert_eq!(drain(&q, 2), vec![0, 1]);
         assert_eq!(q.len(), 3);
     }
 
     #[test]
-    fn stop_request_ends_pop_only_when_empty() {
+    fn stop_request_ends_batches_only_when_empty() {
         let q = Queue::new(1000);
         q.clear_stop();
         q.push(7, 1).unwrap();
         q.request_stop();
-        let mut out = Vec::new();
-        assert!(q.pop_batch(10, &mut out));
-        assert!(!q.pop_batch(10, &mut out));
+        assert_eq!(drain(&q, 10), vec![7]);
+        assert_eq!(q.begin_batch(10), None);
         q.clear_stop();
         assert!(q.push(8, 1).unwrap().consumer_active);
-        assert!(q.pop_batch(10, &mut out));
-        assert_eq!(out.iter().map(|x| x.1).collect::<Vec<_>>(), vec![7, 8]);
+        assert_eq!(drain(&q, 10), vec![8]);
     }
 
     #[test]
@@ -396,6 +518,7 @@ mod tests {
         assert_eq!(q.close(), vec![1]);
         assert_eq!(q.push(2, 1), Err(PushError::Closed(2)));
         assert!(q.is_closed());
+        assert_eq!((q.processed(), q.held_bytes()), (1, 0), "leftovers are accounted for");
     }
 
     #[test]
@@ -405,9 +528,7 @@ mod tests {
         assert!(!first.consumer_active);
         assert_eq!(q.push(2, 8), Err(PushError::NoConsumer(2)));
         q.clear_stop();
-        let mut out = Vec::new();
-        assert!(q.pop_batch(10, &mut out));
-        q.complete(1, 8);
+        assert_eq!(drain(&q, 10), vec![1]);
         assert_eq!(q.push(2, 8).unwrap().seq, 1);
     }
 
@@ -426,5 +547,39 @@ mod tests {
         q.push(1, 1).unwrap();
         assert!(!q.wait_processed(1, Duration::from_millis(10)));
         assert!(q.wait_processed(0, Duration::from_millis(0)));
+    }
+
+    #[test]
+    fn reclaim_writes_off_taken_and_requeues_the_rest_in_order() {
+        let q = Queue::new(1000);
+        q.clear_stop();
+        for i in 0..5 {
+            q.push(i, 10).unwrap();
+        }
+        let stuck = q.begin_batch(3).unwrap();
+        assert_eq!(q.take(stuck), Some(0));
+        assert_eq!(q.take(stuck), Some(1)); // the consumer is stuck in message 1
+        let r = q.reclaim_batch();
+        assert_eq!(r, Reclaimed { written_off: 2, requeued: 1 });
+        assert_eq!((q.processed(), q.held_bytes()), (2, 30));
+        // The stuck consumer's batch is gone: its later calls change nothing.
+        assert_eq!(q.take(stuck), None);
+        assert_eq!(q.end_batch(stuck), 0);
+        assert_eq!((q.processed(), q.held_bytes()), (2, 30));
+        // A new consumer gets message 2 first, then 3 and 4.
+        assert_eq!(drain(&q, 10), vec![2, 3, 4]);
+        assert_eq!((q.processed(), q.held_bytes()), (5, 0));
+        assert!(q.wait_processed(5, Duration::ZERO));
+    }
+
+    #[test]
+    fn end_batch_counts_untaken_messages_as_dropped() {
+        let q = Queue::new(1000);
+        q.push(1, 4).unwrap();
+        q.push(2, 4).unwrap();
+        let e = q.begin_batch(10).unwrap();
+        assert_eq!(q.take(e), Some(1));
+        assert_eq!(q.end_batch(e), 1);
+        assert_eq!((q.processed(), q.held_bytes()), (2, 0));
     }
 }

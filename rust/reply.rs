@@ -9,14 +9,17 @@
 //! No Python here.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::queue::spin_until;
+use crate::waker::Waker;
 
 /// How long a waiting handler polls for the reply before sleeping: a host callback that
 /// answers within this time costs no thread wake-up.
 const REPLY_SPIN: Duration = Duration::from_micros(200);
+/// Longest sleep between two looks at the interruption check of [`ReplySlot::wait`].
+const POLL_SLICE: Duration = Duration::from_millis(20);
 
 /// One output buffer of the custom call, owned by XLA.
 #[derive(Debug)]
@@ -39,16 +42,16 @@ enum Phase {
 struct State {
     phase: Phase,
     outputs: Vec<OutBuf>,
-    /// The handler sleeps on the condvar (so a reply must wake it).
-    sleeping: bool,
 }
 
 /// See the module documentation.
 pub struct ReplySlot {
     state: Mutex<State>,
-    replied: Condvar,
+    replied: Waker,
     /// Set (after the phase) when a reply was recorded; lets `wait` poll without locking.
     answered: AtomicBool,
+    /// Set when the consumer took the request (its host function is about to run).
+    started: AtomicBool,
 }
 
 // SAFETY: the raw output pointers are only dereferenced by `reply_with` while the phase is
@@ -61,8 +64,13 @@ unsafe impl Send for ReplySlot {}
 unsafe impl Sync for ReplySlot {}
 
 /// Why `wait` returned without a reply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TimedOut;
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoReply {
+    /// The deadline passed first.
+    TimedOut,
+    /// The interruption check answered this reason first.
+    Interrupted(String),
+}
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
     // No user code runs under this lock and the state is replaced whole; recover.
@@ -74,10 +82,21 @@ impl ReplySlot {
     #[must_use]
     pub fn new(outputs: Vec<OutBuf>) -> Self {
         ReplySlot {
-            state: Mutex::new(State { phase: Phase::Pending, outputs, sleeping: false }),
-            replied: Condvar::new(),
+            state: Mutex::new(State { phase: Phase::Pending, outputs }),
+            replied: Waker::new(),
             answered: AtomicBool::new(false),
+            started: AtomicBool::new(false),
         }
+    }
+
+    /// Records that the consumer took the request.
+    pub fn mark_started(&self) {
+        self.started.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the consumer took the request.
+    pub fn is_started(&self) -> bool {
+        self.started.load(Ordering::Relaxed)
     }
 
     /// Whether nobody has replied or given up yet.
@@ -95,11 +114,8 @@ impl ReplySlot {
         let outcome = fill(&g.outputs);
         g.phase = Phase::Replied(outcome);
         self.answered.store(true, Ordering::Release);
-        let wake = g.sleeping;
         drop(g);
-        if wake {
-            self.replied.notify_all();
-        }
+        self.replied.notify_all();
         true
     }
 
@@ -108,12 +124,17 @@ impl ReplySlot {
         self.reply_with(|_| Err(message))
     }
 
-    /// Waits for the reply until `deadline` (`None`: forever). On timeout the slot is
-    /// abandoned, so a late reply is refused.
+    /// Waits for the reply until `deadline` (`None`: forever), looking at `interrupted`
+    /// at least every 20 ms: when it answers a reason, the wait ends with that reason. On
+    /// a timeout or interruption the slot is abandoned, so a late reply is refused.
     ///
     /// # Errors
-    /// [`TimedOut`] when the deadline passed first.
-    pub fn wait(&self, deadline: Option<Instant>) -> Result<Result<(), String>, TimedOut> {
+    /// [`NoReply`] when the deadline passed or the wait was interrupted first.
+    pub fn wait(
+        &self,
+        deadline: Option<Instant>,
+        mut interrupted: impl FnMut() -> Option<String>,
+    ) -> Result<Result<(), String>, NoReply> {
         spin_until(REPLY_SPIN, || self.answered.load(Ordering::Acquire));
         let mut g = lock(&self.state);
         loop {
@@ -122,19 +143,17 @@ impl ReplySlot {
                 g.phase = Phase::Abandoned; // the outputs belong to XLA again
                 return Ok(outcome);
             }
-            g.sleeping = true;
-            match deadline {
-                None => g = self.replied.wait(g).unwrap_or_else(PoisonError::into_inner),
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        g.phase = Phase::Abandoned;
-                        return Err(TimedOut);
-                    }
-                    g = self.replied.wait_timeout(g, d - now).unwrap_or_else(PoisonError::into_inner).0;
-                }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                g.phase = Phase::Abandoned;
+                return Err(NoReply::TimedOut);
             }
-            g.sleeping = false;
+            if let Some(why) = interrupted() {
+                g.phase = Phase::Abandoned;
+                return Err(NoReply::Interrupted(why));
+            }
+            let slice = deadline.map_or(POLL_SLICE, |d| (d - now).min(POLL_SLICE));
+            g = self.replied.wait_timeout(g, slice);
         }
     }
 }
@@ -159,7 +178,7 @@ mod tests {
             Ok(())
         }));
         assert!(!slot.fail("late".into()));
-        assert_eq!(slot.wait(None), Ok(Ok(())));
+        assert_eq!(slot.wait(None, || None), Ok(Ok(())));
         drop(slot);
         assert_eq!(buf, [1, 2, 3, 4]);
     }
@@ -168,7 +187,7 @@ mod tests {
     fn timeout_abandons_and_refuses_late_replies() {
         let mut buf = [0u8; 4];
         let slot = slot_with(&mut buf);
-        assert_eq!(slot.wait(Some(Instant::now() + Duration::from_millis(5))), Err(TimedOut));
+        assert_eq!(slot.wait(Some(Instant::now() + Duration::from_millis(5)), || None), Err(NoReply::TimedOut));
         assert!(!slot.reply_with(|_| panic!("must not write after abandonment")));
         assert!(!slot.is_pending());
     }
@@ -177,8 +196,20 @@ mod tests {
     fn waiter_wakes_on_reply_from_another_thread() {
         let slot = Arc::new(ReplySlot::new(Vec::new()));
         let s2 = Arc::clone(&slot);
-        let t = std::thread::spawn(move || s2.wait(Some(Instant::now() + Duration::from_secs(30))));
+        let t = std::thread::spawn(move || s2.wait(Some(Instant::now() + Duration::from_secs(30)), || None));
         assert!(slot.fail("callback raised".into()));
         assert_eq!(t.join().unwrap(), Ok(Err("callback raised".into())));
+    }
+
+    #[test]
+    fn interruption_ends_the_wait_and_refuses_late_replies() {
+        let slot = ReplySlot::new(Vec::new());
+        let mut looks = 0;
+        let got = slot.wait(None, || {
+            looks += 1;
+            (looks == 3).then(|| "interrupted".to_string())
+        });
+        assert_eq!(got, Err(NoReply::Interrupted("interrupted".into())));
+        assert!(!slot.fail("late".into()));
     }
 }

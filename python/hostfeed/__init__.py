@@ -7,11 +7,16 @@ that legacy code's ``from jax.experimental import host_callback`` gets hostfeed.
 from __future__ import annotations
 
 import sys
+
+import jax.experimental
 from importlib.metadata import PackageNotFoundError, version as _version
 from typing import Any, Optional
 
 from . import _compat  # noqa: F401  (checks the JAX version first)
-from . import host_callback, receiver, _receiver
+# The package is assembled here, once: the primitives, then their transformation rules
+# and lowerings (registered with JAX as these modules are imported), then the public API.
+from . import primitives, rules, lowering  # noqa: F401
+from . import host_callback, receiver, settings
 from .host_callback import (CallbackException, TapFunctionException, barrier_wait, id_print,
                             id_tap, stop_outfeed_receiver)
 
@@ -38,7 +43,7 @@ def install() -> None:
         >>> hcb.id_tap is hostfeed.id_tap
         True
     """
-    import jax.experimental
+
 
     sys.modules["jax.experimental.host_callback"] = host_callback
     setattr(jax.experimental, "host_callback", host_callback)
@@ -59,10 +64,7 @@ def start_receiver(*, max_queue_byte_size: Optional[int] = None) -> None:
         >>> hostfeed.start_receiver(max_queue_byte_size=256_000_000)
     """
     if max_queue_byte_size is not None:
-        if isinstance(max_queue_byte_size, bool) or int(max_queue_byte_size) <= 0:
-            raise ValueError(
-                f"max_queue_byte_size must be a positive int, got {max_queue_byte_size!r}")
-        max_queue_byte_size = int(max_queue_byte_size)
+        max_queue_byte_size = settings.byte_count(max_queue_byte_size, "max_queue_byte_size")
     receiver.ensure_started(max_queue_byte_size)
 
 
@@ -75,4 +77,4 @@ def receiver_stats() -> dict[str, Any]:
         >>> sorted(hostfeed.receiver_stats())[:3]
         ['bytes_enqueued', 'bytes_processed', 'max_queue_bytes']
     """
-    return dict(_receiver.stats())
+    return receiver.stats()

@@ -1,15 +1,31 @@
-"""Stubs for ``hostfeed._receiver``, the native (Rust) core of hostfeed."""
-from typing import Any, Callable, Final, final
+"""Stubs for ``hostfeed._receiver``, the native (Rust) core of hostfeed.
+
+Only :mod:`hostfeed.receiver` imports this module; everything else goes through it.
+"""
+from typing import Any, Callable, Final, Iterable, Iterator, final
 
 import numpy as np
 
 __all__ = [
-    "DEFAULT_MAX_QUEUE_BYTES", "ReceiverError", "ReceiverTimeoutError", "CallbackContextError",
-    "MessageData", "Reply", "start", "stop", "finalize", "barrier", "is_running", "in_callback_thread",
-    "max_queue_bytes", "set_max_queue_bytes", "stats", "reset_peak", "registrations",
+    "DEFAULT_MAX_QUEUE_BYTES", "DEFAULT_STOP_TIMEOUT", "FLAG_STATUS_OUTPUT", "FLAG_SHARD",
+    "DTYPE_CODES", "ReceiverError", "ReceiverTimeoutError", "CallbackContextError",
+    "MessageData", "BatchIter", "Reply", "start", "stop", "finalize", "drain", "barrier",
+    "is_running", "in_callback_thread", "max_queue_bytes", "set_max_queue_bytes", "stats",
+    "reset_peak", "set_consumer_name", "install_interrupt_watch", "registrations",
 ]
 
+#: Default byte bound of the queue (the legacy ``256e6``).
 DEFAULT_MAX_QUEUE_BYTES: Final[int]
+#: Default seconds without progress after which stopping abandons a stuck callback.
+DEFAULT_STOP_TIMEOUT: Final[float]
+#: ``flags`` bit of a ``call`` that reports failures through an int32 status result.
+FLAG_STATUS_OUTPUT: Final[int]
+#: ``flags`` bit of one part of a global-view callback sent shard by shard.
+FLAG_SHARD: Final[int]
+#: numpy dtype name -> XLA FFI dtype code, for every dtype hostfeed transfers.
+DTYPE_CODES: Final[dict[str, int]]
+
+_Message = tuple[int, int, int, tuple[np.ndarray, ...], "Reply | None", int]
 
 class ReceiverError(RuntimeError):
     """The receiver cannot do what was asked (stopped, shut down, misconfigured)."""
@@ -23,6 +39,14 @@ class CallbackContextError(RuntimeError):
 @final
 class MessageData:
     """Owner of one message's bytes; numpy arrays handed to callbacks view it."""
+
+@final
+class BatchIter:
+    """A batch of messages for the dispatcher: an iterator of
+    ``(consumer_id, device_ordinal, flags, arrays, reply_or_None, run_id)`` tuples."""
+
+    def __iter__(self) -> Iterator[_Message]: ...
+    def __next__(self) -> _Message: ...
 
 @final
 class Reply:
@@ -40,20 +64,24 @@ class Reply:
         """Fails the call with ``message``; returns False if the call no longer waits."""
 
 def start(
-    dispatcher: Callable[
-        [list[tuple[int, int, int, tuple[np.ndarray, ...], Reply | None, int]]], Any],
+    dispatcher: Callable[[Iterable[_Message]], Any],
     dtypes: dict[int, np.dtype],
     max_queue_bytes: int | None = None,
 ) -> bool:
     """Configures and starts the receiver; returns whether a consumer thread was started."""
 
-def stop(stall_timeout: float | None = None) -> bool:
+def stop(stall_timeout: float | None) -> bool:
     """Drains the queue, then stops and joins the consumer thread (GIL released). If a
-    callback makes no progress for ``stall_timeout`` seconds (default 10), waiting calls
-    are failed and the thread is abandoned; returns whether the thread was joined."""
+    callback makes no progress for ``stall_timeout`` seconds (None: no limit), waiting
+    calls are failed and the thread is abandoned; returns whether the thread was joined."""
 
-def finalize(stall_timeout: float | None = None) -> None:
-    """Stops the receiver for good; later taps fail with an error (interpreter exit)."""
+def finalize(stall_timeout: float | None) -> int:
+    """Stops the receiver for good (interpreter exit); returns how many messages could
+    not be processed."""
+
+def drain(stall_timeout: float | None, slice: float) -> bool:
+    """One step of draining at interpreter exit (abandons callbacks stuck for
+    ``stall_timeout`` seconds); returns False when it gave up."""
 
 def barrier(timeout: float | None = None) -> None:
     """Waits until every message enqueued before the call is processed."""
@@ -75,6 +103,12 @@ def stats() -> dict[str, int]:
 
 def reset_peak() -> None:
     """Resets ``peak_queued_bytes`` to the current queued bytes."""
+
+def set_consumer_name(consumer_id: int, name: str) -> None:
+    """Remembers the name of a consumer, for error messages about it."""
+
+def install_interrupt_watch() -> bool:
+    """Installs the SIGINT counter that lets a waiting ``call`` fail on Ctrl-C."""
 
 def registrations() -> dict[str, Any]:
     """``{target_name: PyCapsule}`` for ``jax.ffi.register_ffi_target(..., platform="cpu")``."""

@@ -61,12 +61,12 @@ from typing import Any, Callable, Optional, TypeVar
 import jax
 import numpy as np
 
-from . import _compat, _receiver, receiver
-from .primitives import (CallbackSpec, get_ad_taps, host_call_p, outside_call_p,
-                         outside_call_params, set_ad_taps as _set_ad_taps)
+from . import _compat, receiver
+from .primitives import (get_ad_taps, host_call_p, outside_call_p, outside_call_params,
+                         set_ad_taps as _set_ad_taps)
 from .printing import print_tap_func
-from . import lowering as _lowering  # noqa: F401  (registers the lowering and FFI target)
-from . import rules as _rules  # noqa: F401  (registers the transformation rules)
+from .receiver import CallbackException
+from .runtime import CallbackSpec
 
 __all__ = [
     "id_tap", "id_print", "call", "barrier_wait", "stop_outfeed_receiver",
@@ -74,18 +74,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-
-class CallbackException(Exception):
-    """Signals that some host callback raised; raised by :func:`barrier_wait`.
-
-    The message includes the text and traceback of the last exception, which is also
-    chained as ``__cause__``.
-
-    Example:
-        >>> issubclass(CallbackException, Exception)
-        True
-    """
 
 
 TapFunctionException = CallbackException  # legacy alias
@@ -147,7 +135,7 @@ def _check_leaves(leaves: list, api: str, what: str) -> list:
     return out
 
 
-def _check_device_index(device_index: Any, api: str) -> int:
+def _device_index_arg(device_index: Any, api: str) -> int:
     if isinstance(device_index, bool) or not isinstance(device_index, (int, np.integer)) \
             or device_index < 0:
         raise ValueError(f"{api}: device_index must be a non-negative int, got {device_index!r}")
@@ -192,7 +180,7 @@ def id_tap(tap_func: Callable, arg: T, *, result: Any = None, tap_with_device: b
             "in id_tap was removed in the legacy module too: pre-apply them with a closure "
             "or functools.partial(tap_func, **kwargs).")
     _check_callable(tap_func, "id_tap: tap_func")
-    device_index = _check_device_index(device_index, "id_tap")
+    device_index = _device_index_arg(device_index, "id_tap")
     arg_treedef: Any
     flat_args, arg_treedef = jax.tree_util.tree_flatten(arg)
     flat_args = _check_leaves(flat_args, "id_tap", "arg")
@@ -308,12 +296,12 @@ def call(callback_func: Callable, arg: Any, *, result_shape: Any = None,
         [0.0, 0.0, 0.0]
     """
     _check_callable(callback_func, "call: callback_func")
-    if _receiver.in_callback_thread():
-        raise _receiver.CallbackContextError(
+    if receiver.in_callback_thread():
+        raise receiver.CallbackContextError(
             "hostfeed: hcb.call was used inside a host callback; its reply would have to "
             "come from the callback thread, which is busy running this callback. Compute "
             "the value directly on the host instead.")
-    device_index = _check_device_index(device_index, "call")
+    device_index = _device_index_arg(device_index, "call")
     result_treedef, result_avals = _result_avals(result_shape)
     flat_args, arg_treedef = jax.tree_util.tree_flatten(arg)
     flat_args = _check_leaves(flat_args, "call", "arg")
@@ -342,40 +330,7 @@ def barrier_wait(logging_name: Optional[str] = None, *, timeout: Optional[float]
         >>> from hostfeed import host_callback as hcb
         >>> hcb.barrier_wait("after_step")
     """
-    if _receiver.in_callback_thread():
-        raise _receiver.CallbackContextError(
-            "hostfeed: barrier_wait was called from inside a host callback; it waits for the "
-            "callback thread itself and would deadlock. Call it from the main program instead")
-    receiver.logger.debug("barrier_wait[%s]: start", logging_name or "")
-    failed_run = None
-    if receiver.is_configured():
-        failed_run = _effects_barrier()
-        _receiver.barrier(timeout)
-    receiver.logger.debug("barrier_wait[%s]: done", logging_name or "")
-    last = receiver.take_last_exception()
-    if last is not None:
-        exc, formatted = last
-        raise CallbackException(
-            "There were exceptions during callback processing. "
-            f"Last one was: {formatted}") from exc
-    if failed_run is not None:
-        raise failed_run
-
-
-def _effects_barrier() -> Optional[BaseException]:
-    """Waits for dispatched computations; returns (not raises) the error of one that failed.
-
-    A computation that failed (for example a `call` whose host function raised, which its
-    caller has already seen) leaves JAX's chain of effect tokens in the failed state, so
-    every later computation with host callbacks would fail with the same stale error. The
-    chain is reset here, once the failure has been waited for.
-    """
-    try:
-        jax.effects_barrier()
-        return None
-    except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
-        _compat.runtime_tokens.clear()
-        return exc
+    receiver.barrier(logging_name, timeout)
 
 
 def stop_outfeed_receiver() -> None:
@@ -389,7 +344,4 @@ def stop_outfeed_receiver() -> None:
         >>> from hostfeed import host_callback as hcb
         >>> hcb.stop_outfeed_receiver()
     """
-    if receiver.is_configured():
-        if not _receiver.in_callback_thread():
-            _effects_barrier()  # a failed computation was already reported to its caller
-        _receiver.stop(receiver.stop_timeout())
+    receiver.stop()

@@ -7,7 +7,8 @@ from jax import lax
 from jax.interpreters import ad, batching
 
 from . import _compat
-from .primitives import CallbackSpec, get_ad_taps, host_call_p, outside_call_p
+from .primitives import get_ad_taps, host_call_p, outside_call_p
+from .runtime import CallbackSpec
 
 # ----------------------------------------------------------------------------------------
 # host_call_p (`hcb.call`)
@@ -51,7 +52,7 @@ batching.primitive_batchers[host_call_p] = _host_call_batching
 #
 # Operands are [tapped args..., pass-through args...] (the pass-through ones come from
 # `result=`); outputs are the operands (identity). `transforms` holds internal
-# `(name, *params)` tuples, unpacked for the tap function by primitives.unpack_transforms.
+# `(name, *params)` tuples, unpacked for the tap function by runtime.unpack_transforms.
 #
 # A "jvp tap" (transforms mode) has transforms ending in ("jvp",) and tapped operands
 # [primals..., tangents...] whose argument tree is the pair (primals, tangents).
@@ -89,12 +90,8 @@ def _instantiate(t, aval):
     return t
 
 
-def _spec_with_tree(spec: CallbackSpec, treedef) -> CallbackSpec:
-    return CallbackSpec(spec.func, treedef, spec.with_device, spec.kind)
-
-
 def _primal_half(callback: CallbackSpec) -> CallbackSpec:
-    return _spec_with_tree(callback, callback.arg_treedef.children()[0])
+    return callback.with_tree(callback.arg_treedef.children()[0])
 
 
 def _outside_call_jvp(primals, tangents, **params):
@@ -107,7 +104,7 @@ def _outside_call_jvp(primals, tangents, **params):
     t_avals = [jax.typeof(p).to_tangent_aval() for p in tapped_p]
     sent_t = [_instantiate(t, a) for t, a in zip(tapped_t, t_avals)]
     tree = params["callback"].arg_treedef
-    pair = _spec_with_tree(params["callback"], jax.tree_util.treedef_tuple((tree, tree)))
+    pair = params["callback"].with_tree(jax.tree_util.treedef_tuple((tree, tree)))
     outs = outside_call_p.bind(
         *tapped_p, *sent_t, *pass_p,
         **dict(params, callback=pair, nr_tapped_args=2 * n, forward_tapped=False,
@@ -228,7 +225,7 @@ def _outside_call_transpose(cts, *args, **params):
         # cotangents.
         idx = [i for i in range(n2) if linear[i]]
         spec = (callback if len(idx) == n2 else
-                _spec_with_tree(callback, jax.tree_util.tree_structure([0] * len(idx))))
+                callback.with_tree(jax.tree_util.tree_structure([0] * len(idx))))
     if not idx:
         return out
     avals = [_tangent_aval(args[i]) for i in idx]

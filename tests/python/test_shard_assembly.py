@@ -1,65 +1,65 @@
-"""The host-side assembly of global-view taps sent shard by shard (unit level)."""
+"""The host-side joining of global-view callbacks sent shard by shard, and the dispatcher
+that keeps each device's messages in order around them (unit level, no device)."""
 from __future__ import annotations
 
+import jax
 import numpy as np
 
-import jax
-
 from hostfeed import receiver
-from hostfeed.primitives import CallbackSpec, make_call_assembler, make_shard_assembler
+from hostfeed.runtime import CallbackSpec, ShardParts, make_joined_call, make_joined_tap
 
 
-def feed(assemble, run, group, part, *shards, ordinal=None):
-    receiver._run_id[0] = run
-    try:
-        assemble([np.array([group, part], np.int32), *shards],
-                 part if ordinal is None else ordinal)
-    finally:
-        receiver._run_id[0] = 0
+def part(group, index, *shards):
+    return [np.array([group, index], np.int32), *shards]
+
+
+def joined_tap(got, n_parts=2, source=0):
+    def invoke(arrays, ordinal):
+        got.append(([a.tolist() for a in arrays], ordinal))
+
+    return make_joined_tap(invoke, ShardParts(n_parts, source), "tap")
 
 
 def test_parts_are_joined_in_part_order_once_all_arrived():
     got = []
-    asm = make_shard_assembler(lambda arrays, ordinal: got.append((arrays, ordinal)), 3, 1)
+    j = joined_tap(got, n_parts=3, source=1)
     # Parts arrive in any order across devices, in order within each device.
-    feed(asm, 7, 0, 2, np.array([4, 5]), np.array([[2]]))
-    feed(asm, 7, 0, 0, np.array([0, 1]), np.array([[0]]))
+    assert j.add(7, part(0, 2, np.array([4, 5]), np.array([[2]])), 12, None) is None
+    assert j.add(7, part(0, 0, np.array([0, 1]), np.array([[0]])), 10, None) is None
     assert got == []
-    feed(asm, 7, 0, 1, np.array([2, 3]), np.array([[1]]))
-    (arrays, ordinal), = got
-    assert [a.tolist() for a in arrays] == [[0, 1, 2, 3, 4, 5], [[0], [1], [2]]]
-    assert ordinal == 1  # the source part's device
+    assert j.add(7, part(0, 1, np.array([2, 3]), np.array([[1]])), 11, None) == (10, 11, 12)
+    assert got == [([[0, 1, 2, 3, 4, 5], [[0], [1], [2]]], 11)]  # as from the source part
 
 
 def test_successive_taps_of_one_run_are_matched_by_position():
     got = []
-    asm = make_shard_assembler(lambda arrays, ordinal: got.append(arrays[0].tolist()), 2, 0)
-    feed(asm, 1, 0, 0, np.array([0]))
-    feed(asm, 1, 0, 0, np.array([10]))  # device 0 is a tap ahead of device 1
-    feed(asm, 1, 0, 1, np.array([1]))
-    feed(asm, 1, 0, 1, np.array([11]))
-    assert got == [[0, 1], [10, 11]]
+    j = joined_tap(got)
+    j.add(1, part(0, 0, np.array([0])), 0, None)
+    j.add(1, part(0, 0, np.array([10])), 0, None)  # device 0 is a tap ahead of device 1
+    j.add(1, part(0, 1, np.array([1])), 1, None)
+    j.add(1, part(0, 1, np.array([11])), 1, None)
+    assert [g[0][0] for g in got] == [[0, 1], [10, 11]]
 
 
-def test_parts_of_a_failed_run_are_dropped_not_mixed_into_later_data():
+def test_abandoned_parts_are_dropped_not_mixed_into_later_data():
     got = []
-    asm = make_shard_assembler(lambda arrays, ordinal: got.append(arrays[0].tolist()), 2, 0)
-    feed(asm, 1, 0, 0, np.array([-1]))  # run 1 failed before device 1 tapped
-    feed(asm, 2, 0, 0, np.array([0]))
-    feed(asm, 2, 0, 1, np.array([1]))
-    feed(asm, 3, 0, 1, np.array([21]))
-    feed(asm, 3, 0, 0, np.array([20]))
-    assert got == [[0, 1], [20, 21]]
+    j = joined_tap(got)
+    j.add(1, part(0, 0, np.array([-1])), 0, None)  # run 1 failed before device 1 tapped
+    assert j.abandon(1, "failed") == (0,)
+    j.add(2, part(0, 0, np.array([0])), 0, None)
+    j.add(2, part(0, 1, np.array([1])), 1, None)
+    assert [g[0][0] for g in got] == [[0, 1]]
+    assert j.incomplete_runs() == []
 
 
 def test_groups_are_assembled_separately():
     got = []
-    asm = make_shard_assembler(lambda arrays, ordinal: got.append(arrays[0].tolist()), 2, 0)
-    feed(asm, 5, 1, 0, np.array([10]))
-    feed(asm, 5, 0, 0, np.array([0]))
-    feed(asm, 5, 0, 1, np.array([1]))
-    feed(asm, 5, 1, 1, np.array([11]))
-    assert got == [[0, 1], [10, 11]]
+    j = joined_tap(got)
+    j.add(5, part(1, 0, np.array([10])), 2, None)
+    j.add(5, part(0, 0, np.array([0])), 0, None)
+    j.add(5, part(0, 1, np.array([1])), 1, None)
+    j.add(5, part(1, 1, np.array([11])), 3, None)
+    assert [g[0][0] for g in got] == [[0, 1], [10, 11]]
 
 
 class FakeReply:
@@ -75,45 +75,126 @@ class FakeReply:
         self.failed = message
 
 
-def call_assembler(host, n_elems):
-    """A 2-part call assembler for `host` returning float32[n_elems]."""
+def joined_call(host, n_elems):
+    """A 2-part joined call of `host` returning float32[n_elems]."""
     scalar_tree = jax.tree_util.tree_structure(0)
     spec = CallbackSpec(host, scalar_tree, False, "call")
     avals = (jax.core.ShapedArray((n_elems,), np.float32),)
-    return make_call_assembler(spec, scalar_tree, avals, 2, 0)
+    return make_joined_call(spec, scalar_tree, ShardParts(2, 0, avals))
 
 
-def call_feed(invoke, run, part, shard, reply):
-    receiver._run_id[0] = run
-    try:
-        invoke([np.array([0, part], np.int32), shard], part, reply)
-    finally:
-        receiver._run_id[0] = 0
-
-
-def test_call_assembler_calls_once_and_returns_each_device_its_slice():
+def test_joined_call_runs_once_and_returns_each_device_its_slice():
     calls = []
 
     def host(x):
         calls.append(x.tolist())
         return x * 10
 
-    invoke = call_assembler(host, 4)
+    j = joined_call(host, 4)
     r0, r1 = FakeReply(), FakeReply()
-    call_feed(invoke, 9, 1, np.array([2, 3], np.float32), r1)
+    assert j.add(9, part(0, 1, np.array([2, 3], np.float32)), 1, r1) is None
     assert calls == [] and r1.sent is None  # device 1 waits for device 0's part
-    call_feed(invoke, 9, 0, np.array([0, 1], np.float32), r0)
+    assert j.add(9, part(0, 0, np.array([0, 1], np.float32)), 0, r0) == (0, 1)
     assert calls == [[0.0, 1.0, 2.0, 3.0]]
     assert (r0.sent, r1.sent) == ([[0.0, 10.0]], [[20.0, 30.0]])
 
 
-def test_call_assembler_fails_every_device_when_the_callback_fails():
+def test_joined_call_fails_every_device_when_the_callback_fails():
     def host(x):
         raise ValueError("nope")
 
-    invoke = call_assembler(host, 2)
+    j = joined_call(host, 2)
     r0, r1 = FakeReply(), FakeReply()
-    call_feed(invoke, 3, 0, np.array([0], np.float32), r0)
-    call_feed(invoke, 3, 1, np.array([1], np.float32), r1)
+    j.add(3, part(0, 0, np.array([0], np.float32)), 0, r0)
+    j.add(3, part(0, 1, np.array([1], np.float32)), 1, r1)
     assert "raised ValueError: nope" in r0.failed and r0.failed == r1.failed
     receiver.take_last_exception()  # recorded for barrier_wait; consumed here
+
+
+def test_abandoning_a_joined_call_fails_its_waiting_parts():
+    j = joined_call(lambda x: x, 2)
+    r0 = FakeReply()
+    j.add(4, part(0, 0, np.array([0], np.float32)), 0, r0)
+    assert j.abandon(4, "device 1 failed") == (0,)
+    assert r0.failed == "device 1 failed"
+
+
+# ----------------------------------------------------------------------------------------
+# The dispatcher: per-device order around joined taps.
+
+
+class Log:
+    """Consumers for the dispatcher tests: `tap(name)` records (name, device)."""
+
+    def __init__(self):
+        self.events = []
+
+    def tap(self, name):
+        return receiver.Consumer(lambda arrays, ordinal: self.events.append((name, ordinal)),
+                                 name, "tap")
+
+    def joined(self, name, n_parts=2):
+        def invoke(arrays, ordinal):
+            self.events.append((name, "joined", [a.tolist() for a in arrays]))
+
+        return receiver.Consumer(make_joined_tap(invoke, ShardParts(n_parts, 0), name), name,
+                                 "joined")
+
+
+def dispatch(consumers, messages):
+    """Runs `messages` (consumer index, device, run, *arrays) through a fresh dispatcher."""
+    d = receiver._Dispatcher()
+    table = list(consumers)
+    saved = receiver._registry.consumers
+    receiver._registry.consumers = table
+    try:
+        d([(cid, dev, 0, tuple(arrays), None, run) for cid, dev, run, *arrays in messages])
+    finally:
+        receiver._registry.consumers = saved
+    return d
+
+
+def test_a_device_waits_for_its_joined_tap_before_its_later_taps():
+    log = Log()
+    consumers = [log.joined("before"), log.tap("inside"), log.joined("after")]
+    d = dispatch(consumers, [
+        (0, 0, 1, *part(0, 0, np.array([0]))),  # device 0: before (part 0) ...
+        (1, 0, 1, np.array([10])),  # ... then inside: must wait for device 1's part
+        (0, 1, 1, *part(0, 1, np.array([1]))),  # device 1: before (part 1) completes it
+        (1, 1, 1, np.array([11])),
+        (2, 1, 1, *part(0, 1, np.array([21]))),  # device 1 is ahead: after (part 1) ...
+        (1, 1, 1, np.array([12])),  # ... and its next tap waits for device 0's part
+        (2, 0, 1, *part(0, 0, np.array([20]))),
+    ])
+    assert log.events == [
+        ("before", "joined", [[0, 1]]), ("inside", 0), ("inside", 1),
+        ("after", "joined", [[20, 21]]), ("inside", 1)]
+    assert d.held == {}
+
+
+def test_a_held_device_moving_on_to_another_execution_releases_it():
+    log = Log()
+    consumers = [log.joined("joined"), log.tap("tap")]
+    d = dispatch(consumers, [
+        (0, 0, 1, *part(0, 0, np.array([0]))),  # run 1: device 1 never sends its part
+        (1, 0, 1, np.array([1])),  # held behind the incomplete set
+        (1, 0, 2, np.array([2])),  # run 2: the set of run 1 can no longer complete
+    ])
+    assert log.events == [("tap", 0), ("tap", 0)]
+    assert d.held == {}
+
+
+def test_abandon_incomplete_releases_every_held_device():
+    log = Log()
+    d = receiver._Dispatcher()
+    saved = receiver._registry.consumers
+    receiver._registry.consumers = [log.joined("joined"), log.tap("tap")]
+    try:
+        d([(0, 0, 0, tuple(part(0, 0, np.array([0]))), None, 1),
+           (1, 0, 0, (np.array([1]),), None, 1)])
+        assert log.events == []
+        d.abandon_incomplete("test")
+    finally:
+        receiver._registry.consumers = saved
+    assert log.events == [("tap", 0)]
+    assert d.held == {}

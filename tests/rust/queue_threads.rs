@@ -19,20 +19,21 @@ fn run(
     per_producer: usize,
     bytes: impl Fn(usize) -> usize + Send + Sync + Copy + 'static,
 ) -> RunResult {
-    let q = Arc::new(Queue::new(bound));
+    let q = Arc::new(Queue::<(usize, usize)>::new(bound));
     q.clear_stop();
     let consumer = {
         let q = Arc::clone(&q);
         thread::spawn(move || {
             let mut seen = Vec::new();
-            let mut batch = Vec::new();
-            while q.pop_batch(7, &mut batch) {
-                let n = batch.len() as u64;
-                let b: usize = batch.iter().map(|x| x.0).sum();
-                // Held bytes include this batch until `complete`.
-                assert!(q.stats.snapshot().queued_bytes as usize >= b);
-                seen.extend(batch.drain(..).map(|x| x.1));
-                q.complete(n, b);
+            while let Some(epoch) = q.begin_batch(7) {
+                let mut batch_bytes = 0;
+                while let Some(x) = q.take(epoch) {
+                    batch_bytes += bytes(x.1);
+                    seen.push(x);
+                }
+                // Held bytes include this batch until it ends.
+                assert!(q.held_bytes() >= batch_bytes);
+                q.end_batch(epoch);
             }
             seen
         })
@@ -131,10 +132,10 @@ fn producer_waiting_for_space_is_told_when_the_consumer_stops() {
     }
     // The consumer drains the one item, then stops; the producer is admitted once the
     // bytes are freed (space is available), or told there is no consumer.
-    let mut batch = Vec::new();
-    assert!(q.pop_batch(10, &mut batch));
+    let epoch = q.begin_batch(10).expect("one item");
+    assert_eq!(q.take(epoch), Some(1));
     q.request_stop();
-    q.complete(1, 10);
+    q.end_batch(epoch);
     match producer.join().unwrap() {
         Ok(p) => assert_eq!(p.seq, 1),
         Err(PushError::NoConsumer(2)) => {}
@@ -153,11 +154,9 @@ fn barrier_waits_for_everything_enqueued_before_it() {
     let consumer = {
         let q = Arc::clone(&q);
         thread::spawn(move || {
-            let mut batch = Vec::new();
-            while q.pop_batch(3, &mut batch) {
-                let n = batch.len() as u64;
-                batch.clear();
-                q.complete(n, n as usize);
+            while let Some(epoch) = q.begin_batch(3) {
+                while q.take(epoch).is_some() {}
+                q.end_batch(epoch);
             }
         })
     };

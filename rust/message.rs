@@ -1,4 +1,5 @@
-//! Device-to-host copy of a custom call's operands into one host message.
+//! A message: what one custom call sends to the host, and the device-to-host copy of its
+//! operands that builds it.
 //!
 //! A message is one 16-byte-aligned buffer holding every operand back to back (each at a
 //! 16-byte-aligned offset), plus a small table of (dtype, offset, dims). The consumer hands
@@ -6,153 +7,22 @@
 //!
 //! The only platform-specific piece is [`copy_to_host`]: on CPU the operand is already in
 //! host memory and the copy is a `memcpy`. A GPU backend replaces that one function (with an
-//! async copy on the handler's stream followed by a synchronise).
+//! async copy on the handler's stream).
+//!
+//! No Python here.
 
-use std::alloc::{self, Layout};
-use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::mem::size_of;
+use std::sync::Arc;
 
 use crate::error::Error;
+use crate::hostbuf::{HostBuffer, ALIGN};
 use crate::reply::ReplySlot;
 use crate::xla_ffi::dtype;
 
-const ALIGN: usize = 16;
-
-/// Buffers at least this large are recycled through [`POOL`]; smaller ones use malloc.
-const POOL_MIN_BYTES: usize = 64 << 10;
-/// Most bytes the pool keeps idle.
-const POOL_MAX_BYTES: usize = 64 << 20;
-/// Buffers at least this large are aligned to it and advised to use transparent huge
-/// pages (as numpy does for its large arrays): fewer page faults and TLB misses.
-const HUGE_PAGE: usize = 2 << 20;
-
-/// One heap allocation, owned exclusively.
-struct RawBuf {
-    ptr: NonNull<u8>,
-    cap: usize,
-}
-
-// SAFETY: a `RawBuf` is the sole owner of its allocation (like a `Box<[u8]>`), so moving it
-// to another thread or sharing `&RawBuf` (which allows no mutation) is sound.
-unsafe impl Send for RawBuf {}
-// SAFETY: see above.
-unsafe impl Sync for RawBuf {}
-
-impl RawBuf {
-    const fn empty() -> Self {
-        RawBuf { ptr: NonNull::<u128>::dangling().cast(), cap: 0 }
-    }
-
-    fn layout(cap: usize) -> Option<Layout> {
-        let align = if cap >= HUGE_PAGE { HUGE_PAGE } else { ALIGN };
-        Layout::from_size_align(cap, align).ok()
-    }
-
-    /// A new allocation of `cap` bytes, or `None` when the memory cannot be had.
-    fn new(cap: usize) -> Option<Self> {
-        if cap == 0 {
-            return Some(Self::empty());
-        }
-        let layout = Self::layout(cap)?;
-        // SAFETY: `layout` has a non-zero size.
-        let ptr = NonNull::new(unsafe { alloc::alloc(layout) })?;
-        if cap >= HUGE_PAGE {
-            // SAFETY: `ptr..ptr+cap` is a live allocation we own; MADV_HUGEPAGE is only advice
-            // and cannot invalidate memory. Failure (e.g. THP disabled) is harmless.
-            unsafe { libc::madvise(ptr.as_ptr().cast(), cap, libc::MADV_HUGEPAGE) };
-        }
-        Some(RawBuf { ptr, cap })
-    }
-}
-
-impl Drop for RawBuf {
-    fn drop(&mut self) {
-        if let Some(layout) = Self::layout(self.cap).filter(|_| self.cap > 0) {
-            // SAFETY: allocated in `RawBuf::new` with exactly this layout, freed once.
-            unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
-        }
-    }
-}
-
-/// Recently freed large buffers, most recent last. A tap's buffer is allocated on the
-/// device thread and freed on the consumer thread; reusing the most recent one keeps large
-/// taps on warm, already-faulted memory.
-static POOL: Mutex<Vec<RawBuf>> = Mutex::new(Vec::new());
-
-fn take_buf(cap: usize) -> Option<RawBuf> {
-    if cap >= POOL_MIN_BYTES {
-        // Only this module touches the pool and it never panics while holding the lock.
-        let mut pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
-        let fits = |b: &RawBuf| b.cap >= cap && b.cap / 2 <= cap;
-        if let Some(i) = pool.iter().rposition(fits) {
-            return Some(pool.swap_remove(i));
-        }
-    }
-    RawBuf::new(cap)
-}
-
-fn give_back(buf: RawBuf) {
-    if buf.cap < POOL_MIN_BYTES || buf.cap > POOL_MAX_BYTES {
-        return;
-    }
-    let mut pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
-    let mut idle: usize = pool.iter().map(|b| b.cap).sum();
-    // Keep the newest buffers: evict the oldest until this one fits.
-    while idle + buf.cap > POOL_MAX_BYTES && !pool.is_empty() {
-        idle -= pool.remove(0).cap;
-    }
-    pool.push(buf);
-}
-
-/// A heap buffer aligned to 16 bytes (2 MiB when large) whose bytes are written once by
-/// the handler and then only read.
-pub struct HostBuffer {
-    raw: RawBuf,
-    len: usize,
-}
-
-impl HostBuffer {
-    /// A buffer of at least `len` bytes.
-    ///
-    /// # Errors
-    /// [`Error::Internal`] when the memory cannot be allocated.
-    fn with_capacity(len: usize) -> Result<Self, Error> {
-        let raw = take_buf(len).ok_or_else(|| {
-            Error::Internal(format!(
-                "cannot allocate {len} bytes of host memory for a tapped value"
-            ))
-        })?;
-        Ok(HostBuffer { raw, len })
-    }
-
-    /// Number of bytes in use.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the buffer holds no bytes.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Start of the buffer (dangling but aligned when empty).
-    #[must_use]
-    pub fn as_ptr(&self) -> *const u8 {
-        self.raw.ptr.as_ptr()
-    }
-
-    fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.raw.ptr.as_ptr()
-    }
-}
-
-impl Drop for HostBuffer {
-    fn drop(&mut self) {
-        give_back(std::mem::replace(&mut self.raw, RawBuf::empty()));
-    }
-}
+/// What the allocator adds to every heap allocation (glibc malloc: a 16-byte header and
+/// 16-byte granularity), charged against the queue bound with each allocation a message
+/// holds.
+const MALLOC_OVERHEAD: usize = 16;
 
 /// One operand inside a message.
 #[derive(Debug, Clone, Copy)]
@@ -168,17 +38,18 @@ pub struct ArrayMeta {
     pub rank: usize,
 }
 
-/// What a tap sends to the host.
+/// What a custom call sends to the host.
 pub struct Message {
     pub consumer_id: i64,
     pub flags: i64,
+    /// XLA device ordinal of the device that sent it.
     pub device: i32,
     pub arrays: Vec<ArrayMeta>,
     pub dims: Vec<i64>,
     pub data: HostBuffer,
     /// For a `call`: where the consumer sends the results.
     pub reply: Option<Arc<ReplySlot>>,
-    /// XLA's id of the execution that sent this (only read for shard-wise taps, else 0).
+    /// XLA's id of the execution that sent it (the same on every device of one launch).
     pub run_id: i64,
 }
 
@@ -189,10 +60,20 @@ impl Message {
         &self.dims[a.dims_start..a.dims_start + a.rank]
     }
 
-    /// Bytes charged against the queue bound for this message.
+    /// Bytes charged against the queue bound for this message: everything it holds in
+    /// memory while queued (its queue slot, its tables and its data buffer, each heap
+    /// allocation with the allocator's overhead), so that the bound bounds memory even
+    /// for tiny or empty operands.
     #[must_use]
     pub fn charged_bytes(&self) -> usize {
-        self.data.len()
+        fn heap(bytes: usize) -> usize {
+            if bytes == 0 { 0 } else { bytes.next_multiple_of(16) + MALLOC_OVERHEAD }
+        }
+        size_of::<(usize, Message)>()
+            + heap(self.arrays.capacity() * size_of::<ArrayMeta>())
+            + heap(self.dims.capacity() * size_of::<i64>())
+            + heap(self.data.capacity())
+            + self.reply.as_ref().map_or(0, |_| heap(size_of::<ReplySlot>() + 16))
     }
 }
 
@@ -273,7 +154,7 @@ pub unsafe fn gather<'a>(
         unsafe { copy_to_host(base.add(meta.offset), op.data, meta.nbytes) };
     }
     // The padding after the last operand is not counted.
-    data.len = arrays.last().map_or(0, |m| m.offset + m.nbytes);
+    data.set_len(arrays.last().map_or(0, |m| m.offset + m.nbytes));
     Ok(Message { consumer_id, flags, device, arrays, dims, data, reply: None, run_id: 0 })
 }
 
@@ -317,20 +198,18 @@ mod tests {
     }
 
     #[test]
-    fn large_buffers_are_recycled() {
-        let cap = POOL_MIN_BYTES * 3;
-        let first = HostBuffer::with_capacity(cap).unwrap();
-        drop(first);
-        let again = HostBuffer::with_capacity(cap).unwrap();
-        // Another test may race on the pool; the buffer we got must at least fit.
-        assert!(again.raw.cap >= cap);
-        let huge = HostBuffer::with_capacity(HUGE_PAGE * 2).unwrap();
-        assert_eq!(huge.as_ptr() as usize % HUGE_PAGE, 0);
-    }
-
-    #[test]
-    fn impossible_allocation_is_an_error_not_an_abort() {
-        assert!(matches!(HostBuffer::with_capacity(usize::MAX - 8), Err(Error::Internal(_))));
+    fn charge_covers_what_a_tiny_message_holds() {
+        let x = [0f32; 4];
+        let ops = [Operand { dtype: dtype::F32, data: x.as_ptr().cast(), dims: &[4] }];
+        // SAFETY: the operand points at a live local array of 16 bytes.
+        let m = unsafe { gather(1, 0, 0, ops.iter().copied()) }.unwrap();
+        assert!(m.charged_bytes() >= 16 + size_of::<Message>() + 3 * MALLOC_OVERHEAD);
+        // SAFETY: a zero-size operand is never read.
+        let empty = unsafe {
+            gather(1, 0, 0, [Operand { dtype: dtype::F32, data: std::ptr::null(), dims: &[0] }].into_iter())
+        }
+        .unwrap();
+        assert!(empty.charged_bytes() >= size_of::<Message>(), "an empty tap is not free");
     }
 
     #[test]

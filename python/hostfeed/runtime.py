@@ -1,0 +1,344 @@
+"""What runs on the host, on the consumer thread: turning a message into a call of the
+user's function.
+
+For every custom call the lowering registers a *consumer* with :mod:`hostfeed.receiver`:
+an ``invoke`` built here that unflattens the arrays, passes ``transforms`` (and the device),
+checks a ``call``'s results and answers its reply. Global-view callbacks sent shard by
+shard are joined here first (:class:`Joiner`). Nothing in this module runs at trace time.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import numpy as np
+
+from .receiver import SUPPORTED_DTYPES, device_for_ordinal, record_exception
+
+
+class CallbackSpec:
+    """What a host callback is: the user's function, the pytree of its argument, and how to
+    call it. Hashable by the function's identity, so it can be a primitive parameter.
+
+    Example:
+        >>> import jax
+        >>> spec = CallbackSpec(print, jax.tree_util.tree_structure(0), False, "tap")
+        >>> spec, spec.name
+        (tap:print, 'print')
+    """
+
+    __slots__ = ("func", "arg_treedef", "with_device", "kind")
+
+    def __init__(self, func: Any, arg_treedef: Any, with_device: bool, kind: str):
+        self.func = func
+        self.arg_treedef = arg_treedef
+        self.with_device = bool(with_device)
+        self.kind = kind
+
+    def _key(self) -> tuple:
+        return (id(self.func), self.arg_treedef, self.with_device, self.kind)
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, CallbackSpec) and self.func is other.func
+                and self._key() == other._key())
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"{self.kind}:{getattr(self.func, '__name__', type(self.func).__name__)}"
+
+    @property
+    def name(self) -> str:
+        return getattr(self.func, "__qualname__", None) or repr(self.func)
+
+    def with_tree(self, treedef: Any) -> CallbackSpec:
+        """The same callback with another argument tree."""
+        return CallbackSpec(self.func, treedef, self.with_device, self.kind)
+
+
+def unpack_transforms(transforms: tuple) -> tuple[tuple[str, dict], ...]:
+    """Internal ``(name, *params)`` tuples -> the legacy ``(name, params_dict)`` form.
+
+    Example:
+        >>> unpack_transforms((("batch", (0,)), ("jvp",)))
+        (('batch', {'batch_dims': (0,)}), ('jvp', {}))
+    """
+    out = []
+    for name, *params in transforms:
+        if name == "batch":
+            out.append((name, {"batch_dims": params[0]}))
+        else:
+            out.append((name, {}))
+    return tuple(out)
+
+
+def make_tap_invoker(spec: CallbackSpec, transforms: tuple) -> Callable[..., None]:
+    """``invoke(arrays, device_ordinal)``: calls the tap function with ``arg`` rebuilt
+    from ``arrays`` and the legacy ``transforms`` (and the device, if asked for)."""
+    func = spec.func
+    treedef = spec.arg_treedef
+    unpacked = unpack_transforms(transforms)
+    single = treedef.num_leaves == 1 and treedef.num_nodes == 1
+    if spec.with_device:
+        def invoke(arrays: Sequence[np.ndarray], ordinal: int) -> None:
+            arg = arrays[0] if single else treedef.unflatten(arrays)
+            func(arg, unpacked, device=device_for_ordinal(ordinal))
+    else:
+        def invoke(arrays: Sequence[np.ndarray], ordinal: int) -> None:
+            func(arrays[0] if single else treedef.unflatten(arrays), unpacked)
+    return invoke
+
+
+def check_call_results(name: str, res: Any, result_treedef: Any,
+                       result_avals: tuple) -> list[np.ndarray]:
+    """Validates a callback's results against the expected pytree, shapes and dtypes (after
+    JAX's dtype canonicalisation) and returns them as C-contiguous arrays of exactly the
+    expected dtypes. Raises TypeError with the legacy module's wording otherwise.
+
+    Example:
+        >>> import jax
+        >>> tree = jax.tree_util.tree_structure(0)
+        >>> check_call_results("f", [1.0], tree, (jax.core.ShapedArray((), np.float32),))
+        Traceback (most recent call last):
+        ...
+        TypeError: Callback func f should have returned a result with pytree PyTreeDef(*) but returned PyTreeDef([*])
+    """
+    actual_treedef: Any
+    actual_flat, actual_treedef = jax.tree_util.tree_flatten(res)
+    if actual_treedef != result_treedef and not (
+            result_treedef.num_leaves == 0 and actual_treedef.num_leaves == 0):
+        raise TypeError(f"Callback func {name} should have returned a result with pytree "
+                        f"{result_treedef} but returned {actual_treedef}")
+    arrays: list[Any] = []
+    actual_avals: list[Any] = []
+    bad = None
+    for r in actual_flat:
+        if isinstance(r, (np.ndarray, np.generic, jax.Array, bool, int, float, complex)):
+            a = np.asarray(r)
+            if a.dtype not in SUPPORTED_DTYPES and a.dtype.kind not in "biufc":
+                bad = bad or f"a value of dtype {a.dtype}"
+                actual_avals.append(f"<{a.dtype}>")
+                arrays.append(None)
+                continue
+            dtype = jax.dtypes.canonicalize_dtype(a.dtype)
+            actual_avals.append(jax.core.ShapedArray(a.shape, dtype))
+            arrays.append(a)
+        else:
+            bad = bad or f"a non-array value of type {type(r).__name__}"
+            actual_avals.append(f"<{type(r).__name__}>")
+            arrays.append(None)
+    mismatch = bad is not None or any(
+        a.shape != e.shape or a.dtype != e.dtype
+        for a, e in zip(actual_avals, result_avals) if not isinstance(a, str))
+    if mismatch:
+        expected = result_treedef.unflatten(list(result_avals))
+        received = actual_treedef.unflatten(actual_avals)
+        extra = f" ({bad})" if bad else ""
+        raise TypeError(f"Callback func {name} should have returned a result with abstract "
+                        f"values {expected} but returned {received}{extra}")
+    return [np.asarray(a, dtype=e.dtype, order="C") for a, e in zip(arrays, result_avals)]
+
+
+CallOutcome = tuple[list | None, str | None]
+
+
+def make_call_runner(spec: CallbackSpec, result_treedef: Any,
+                     result_avals: tuple) -> Callable[[Sequence[np.ndarray], int], CallOutcome]:
+    """``run(arrays, device_ordinal) -> (results, None) | (None, error_message)``: runs the
+    callback of a ``call`` and checks its results; failures are also recorded."""
+    func = spec.func
+    treedef = spec.arg_treedef
+    name = spec.name
+    expected = result_treedef.unflatten(list(result_avals))
+    exact = [(tuple(a.shape), np.dtype(a.dtype)) for a in result_avals]
+    single = result_treedef.num_leaves == 1 and result_treedef.num_nodes == 1
+    flatten = jax.tree_util.tree_flatten
+
+    def fast_check(res: Any) -> list | None:
+        # The common case, checked cheaply: numpy arrays of exactly the expected shapes and
+        # dtypes. Anything else goes through check_call_results (canonicalisation, errors).
+        if single:
+            flat = [res]
+        else:
+            flat, res_treedef = flatten(res)
+            if res_treedef != result_treedef:
+                return None
+        for a, (shape, dtype) in zip(flat, exact):
+            if not (type(a) is np.ndarray and a.shape == shape and a.dtype == dtype
+                    and a.flags.c_contiguous):
+                return None
+        return flat
+
+    def run(arrays: Sequence[np.ndarray], ordinal: int) -> CallOutcome:
+        arg = treedef.unflatten(arrays)
+        try:
+            if spec.with_device:
+                res = func(arg, device=device_for_ordinal(ordinal))
+            else:
+                res = func(arg)
+        except BaseException as exc:  # noqa: BLE001 - recorded and sent to the device
+            record_exception(exc, f"host callback {name} of hcb.call")
+            return None, (f"hostfeed: host callback {name} of hcb.call raised "
+                          f"{type(exc).__name__}: {exc} (expected results: {expected})")
+        flat = fast_check(res)
+        try:
+            if flat is None:
+                flat = check_call_results(name, res, result_treedef, result_avals)
+        except TypeError as exc:
+            record_exception(exc, f"host callback {name} of hcb.call")
+            return None, f"hostfeed: {exc}"
+        return flat, None
+
+    return run
+
+
+def make_call_invoker(spec: CallbackSpec, result_treedef: Any,
+                      result_avals: tuple) -> Callable[..., None]:
+    """``invoke(arrays, device_ordinal, reply)`` for a ``call``: runs the callback, checks
+    its results and answers ``reply`` (results or an error naming what went wrong)."""
+    run = make_call_runner(spec, result_treedef, result_avals)
+
+    def invoke(arrays: Sequence[np.ndarray], ordinal: int, reply: Any) -> None:
+        flat, error = run(arrays, ordinal)
+        if error is None:
+            reply.send(flat)
+        else:
+            reply.fail(error)
+
+    return invoke
+
+
+# ----------------------------------------------------------------------------------------
+# Global-view callbacks sent shard by shard: each of `n_parts` devices sends its slice of
+# every operand (cut along dimension 0) behind `meta = [group, part]`; the host joins the
+# slices of one execution and calls the user's function once.
+
+
+class ShardParts(NamedTuple):
+    """How a global-view callback is split: ``n_parts`` devices each send a slice; the
+    joined callback runs as if device part ``source`` had sent it. For a ``call``,
+    ``whole_avals`` are the avals of its whole (unsplit) results."""
+
+    n_parts: int
+    source: int
+    whole_avals: tuple | None = None
+
+
+class _Part(NamedTuple):
+    shards: list
+    ordinal: int
+    reply: Any
+
+
+def _join(parts: Sequence[_Part]) -> list:
+    return [np.concatenate([p.shards[j] for p in parts], axis=0)
+            for j in range(len(parts[0].shards))]
+
+
+class Joiner:
+    """Groups the parts that the devices of a global-view callback send into complete
+    sets, and runs ``complete(parts)`` once per set.
+
+    Parts are matched by XLA's run id (the same on every device of one launch) and, within
+    a run and group of devices, by their position in each device's FIFO stream. A set that
+    can no longer complete (its execution failed on some device) is dropped by
+    :meth:`abandon`; its waiting ``call`` replies are failed. Used only on the consumer
+    thread (under the dispatcher's lock), so it needs no lock of its own.
+
+    Example:
+        >>> got = []
+        >>> j = Joiner(2, lambda parts: got.append([p.ordinal for p in parts]))
+        >>> j.add(7, [np.array([0, 1], np.int32)], ordinal=5, reply=None) is None
+        True
+        >>> j.add(7, [np.array([0, 0], np.int32)], ordinal=4, reply=None)
+        (4, 5)
+        >>> got
+        [[4, 5]]
+    """
+
+    def __init__(self, n_parts: int, complete: Callable[[list[_Part]], None],
+                 name: str = "global-view host callback"):
+        self.n_parts = n_parts
+        self.name = name
+        self._complete = complete
+        self._counts: dict[tuple[int, int], tuple[int, int]] = {}  # (group, part) -> (run, n)
+        self._runs: dict[int, dict[tuple[int, int], dict[int, _Part]]] = {}
+
+    def add(self, run: int, arrays: Sequence[np.ndarray], ordinal: int,
+            reply: Any) -> tuple[int, ...] | None:
+        """Adds one part (``arrays = (meta, *shards)``). Returns None while its set is
+        incomplete, else runs the set and returns the device ordinals that took part."""
+        meta, *shards = arrays
+        group, part = int(meta[0]), int(meta[1])
+        last_run, n = self._counts.get((group, part), (run, 0))
+        if last_run != run:
+            n = 0
+        self._counts[(group, part)] = (run, n + 1)
+        pending = self._runs.setdefault(run, {})
+        parts = pending.setdefault((group, n), {})
+        parts[part] = _Part(shards, ordinal, reply)
+        if len(parts) < self.n_parts:
+            return None
+        del pending[(group, n)]
+        if not pending:
+            del self._runs[run]
+        ordered = [parts[i] for i in range(self.n_parts)]
+        try:
+            self._complete(ordered)
+        except BaseException as exc:  # noqa: BLE001 - recorded; the devices go on
+            record_exception(exc, f"host callback {self.name}")
+            for p in ordered:
+                if p.reply is not None:
+                    p.reply.fail(f"hostfeed: host callback {self.name} failed: "
+                                 f"{type(exc).__name__}: {exc}")
+        return tuple(p.ordinal for p in ordered)
+
+    def abandon(self, run: int, why: str) -> tuple[int, ...]:
+        """Drops the incomplete sets of ``run``, failing their waiting replies with
+        ``why``; returns the device ordinals whose parts were dropped."""
+        ordinals = []
+        for parts in self._runs.pop(run, {}).values():
+            for p in parts.values():
+                ordinals.append(p.ordinal)
+                if p.reply is not None:
+                    p.reply.fail(why)
+        self._counts = {k: v for k, v in self._counts.items() if v[0] != run}
+        return tuple(ordinals)
+
+    def incomplete_runs(self) -> list[int]:
+        """Runs with parts waiting for other devices."""
+        return list(self._runs)
+
+
+def make_joined_tap(invoke: Callable[..., None], shard_parts: ShardParts,
+                    name: str) -> Joiner:
+    """A :class:`Joiner` that calls the tap ``invoke`` once per complete set, with the
+    joined operands, as if device part ``source`` had sent them."""
+    source = shard_parts.source
+
+    def complete(parts: list[_Part]) -> None:
+        invoke(_join(parts), parts[source].ordinal)
+
+    return Joiner(shard_parts.n_parts, complete, name)
+
+
+def make_joined_call(spec: CallbackSpec, result_treedef: Any,
+                     shard_parts: ShardParts) -> Joiner:
+    """A :class:`Joiner` for a global-view ``call``: once all parts are in, the callback
+    runs once with the whole operands (as from part ``source``) and every device gets its
+    slice (along dimension 0) of each result, or the error."""
+    assert shard_parts.whole_avals is not None
+    run = make_call_runner(spec, result_treedef, shard_parts.whole_avals)
+    n_parts, source = shard_parts.n_parts, shard_parts.source
+
+    def complete(parts: list[_Part]) -> None:
+        flat, error = run(_join(parts), parts[source].ordinal)
+        pieces = [] if flat is None else [np.split(f, n_parts, axis=0) for f in flat]
+        for i, p in enumerate(parts):
+            if error is not None:
+                p.reply.fail(error)
+            else:
+                p.reply.send([np.ascontiguousarray(piece[i]) for piece in pieces])
+
+    return Joiner(n_parts, complete, f"{spec.name} of hcb.call")

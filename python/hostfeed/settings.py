@@ -1,0 +1,187 @@
+"""Settings read from the environment: one parser each, matching the README's table.
+
+| variable | parser |
+|---|---|
+| ``JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE`` | :func:`max_queue_bytes` |
+| ``JAX_HOST_CALLBACK_INLINE`` | :func:`inline` |
+| ``HOSTFEED_AD_TAPS`` | :func:`ad_taps` |
+| ``HOSTFEED_CALL_TIMEOUT`` | :func:`call_timeout` |
+| ``HOSTFEED_STOP_TIMEOUT`` | :func:`stop_timeout` |
+
+Every parser raises ``ValueError`` naming the variable and its value when the value is not
+usable, so a typo fails where the setting is read instead of being ignored.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+MAX_QUEUE_ENV = "JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE"
+INLINE_ENV = "JAX_HOST_CALLBACK_INLINE"
+AD_TAPS_ENV = "HOSTFEED_AD_TAPS"
+CALL_TIMEOUT_ENV = "HOSTFEED_CALL_TIMEOUT"
+STOP_TIMEOUT_ENV = "HOSTFEED_STOP_TIMEOUT"
+
+AD_TAPS_MODES = ("transforms", "primals")
+
+#: Longest finite number of seconds accepted for a timeout (about 31 years); longer waits
+#: are spelled ``inf`` (no limit).
+MAX_TIMEOUT_SECONDS = 1e9
+
+#: Default of ``HOSTFEED_STOP_TIMEOUT``, in seconds.
+DEFAULT_STOP_TIMEOUT = 10.0
+
+
+def _env(name: str) -> str | None:
+    text = os.environ.get(name)
+    if text is None or not text.strip():
+        return None
+    return text.strip()
+
+
+def byte_count(value: Any, what: str) -> int:
+    """A positive whole number of bytes; float notation (``256e6``) is accepted when the
+    value is whole, as the legacy flag did.
+
+    Example:
+        >>> byte_count("256e6", "bound")
+        256000000
+        >>> byte_count(1.5, "bound")
+        Traceback (most recent call last):
+        ...
+        ValueError: bound=1.5 is not a whole number of bytes; use e.g. 256e6 or 67108864
+    """
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be a number of bytes, got the bool {value!r}")
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"{what}={value!r} is not a number of bytes; use e.g. 256e6") \
+                from None
+    elif isinstance(value, (int, float)) or hasattr(value, "__index__"):
+        number = value if isinstance(value, (int, float)) else int(value)
+    else:
+        raise TypeError(f"{what} must be a number of bytes, got {type(value).__name__}: "
+                        f"{value!r}")
+    if isinstance(number, float):
+        if not math.isfinite(number) or number != int(number):
+            raise ValueError(f"{what}={value!r} is not a whole number of bytes; use e.g. "
+                             f"256e6 or 67108864")
+        number = int(number)
+    if number <= 0:
+        raise ValueError(f"{what}={value!r} must be a positive number of bytes")
+    if number >= 1 << 63:
+        raise ValueError(f"{what}={value!r} is larger than any memory; use e.g. 256e6")
+    return number
+
+
+def seconds(value: Any, what: str) -> float | None:
+    """A non-negative number of seconds, or ``None`` for no limit (``inf``).
+
+    Example:
+        >>> seconds("2.5", "timeout"), seconds("inf", "timeout")
+        (2.5, None)
+    """
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be a number of seconds, got the bool {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what}={value!r} is not a number of seconds") from None
+    if math.isnan(number) or number < 0:
+        raise ValueError(f"{what}={value!r} must be a non-negative number of seconds "
+                         f"(or inf for no limit)")
+    if math.isinf(number):
+        return None
+    if number > MAX_TIMEOUT_SECONDS:
+        raise ValueError(f"{what}={value!r} is longer than {MAX_TIMEOUT_SECONDS:.0e} s; use "
+                         f"inf for no limit")
+    return number
+
+
+def max_queue_bytes() -> int | None:
+    """The byte bound from ``JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE``, or None if unset.
+
+    Example:
+        >>> os.environ.pop(MAX_QUEUE_ENV, None) and None
+        >>> max_queue_bytes() is None
+        True
+    """
+    text = _env(MAX_QUEUE_ENV)
+    return None if text is None else byte_count(text, MAX_QUEUE_ENV)
+
+
+def inline() -> bool:
+    """Whether ``JAX_HOST_CALLBACK_INLINE`` asks for eager callbacks to run inline.
+
+    Example:
+        >>> isinstance(inline(), bool)
+        True
+    """
+    text = _env(INLINE_ENV)
+    if text is None:
+        return False
+    value = text.lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{INLINE_ENV}={text!r} is not a boolean; use 1 or 0")
+
+
+def check_ad_taps(mode: Any, source: str) -> str:
+    """``mode`` as one of :data:`AD_TAPS_MODES`; ``source`` names where it came from.
+
+    Example:
+        >>> check_ad_taps(" Primals", "mode")
+        'primals'
+    """
+    value = str(mode).strip().lower()
+    if value not in AD_TAPS_MODES:
+        raise ValueError(f"{source}={mode!r} is not a hostfeed autodiff tap mode; use "
+                         f"'transforms' (taps see primals and tangents/cotangents, with 'jvp' "
+                         f"and 'transpose' in `transforms`) or 'primals' (taps see only primal "
+                         f"values, as in JAX 0.4.x)")
+    return value
+
+
+def ad_taps() -> str:
+    """The initial autodiff tap mode, from ``HOSTFEED_AD_TAPS`` (default ``transforms``).
+
+    Example:
+        >>> ad_taps() in AD_TAPS_MODES
+        True
+    """
+    text = _env(AD_TAPS_ENV)
+    return "transforms" if text is None else check_ad_taps(text, AD_TAPS_ENV)
+
+
+def call_timeout() -> float | None:
+    """Seconds a ``call`` waits for its host function (``HOSTFEED_CALL_TIMEOUT``, read when
+    a computation is lowered); None (unset, ``0`` or ``inf``) means no limit.
+
+    Example:
+        >>> os.environ.pop(CALL_TIMEOUT_ENV, None) and None
+        >>> call_timeout() is None
+        True
+    """
+    text = _env(CALL_TIMEOUT_ENV)
+    if text is None:
+        return None
+    value = seconds(text, CALL_TIMEOUT_ENV)
+    return None if value == 0 else value
+
+
+def stop_timeout() -> float | None:
+    """Seconds without progress after which stopping the receiver gives up on a stuck
+    callback (``HOSTFEED_STOP_TIMEOUT``, default 10); None (``inf``) waits forever.
+
+    Example:
+        >>> os.environ.pop(STOP_TIMEOUT_ENV, None) and None
+        >>> stop_timeout()
+        10.0
+    """
+    text = _env(STOP_TIMEOUT_ENV)
+    return DEFAULT_STOP_TIMEOUT if text is None else seconds(text, STOP_TIMEOUT_ENV)

@@ -1,0 +1,185 @@
+//! Host memory for messages: 16-byte-aligned buffers (2 MiB-aligned, with huge-page
+//! advice, when large), and a small pool that recycles large buffers between the device
+//! thread that fills them and the consumer thread that frees them.
+//!
+//! No Python here.
+
+use std::alloc::{self, Layout};
+use std::ptr::NonNull;
+use std::sync::{Mutex, PoisonError};
+
+use crate::error::Error;
+
+/// Alignment of every buffer (and of every operand inside a message).
+pub const ALIGN: usize = 16;
+
+/// Buffers at least this large are recycled through [`POOL`]; smaller ones use malloc.
+const POOL_MIN_BYTES: usize = 64 << 10;
+/// Most bytes the pool keeps idle.
+const POOL_MAX_BYTES: usize = 64 << 20;
+/// Buffers at least this large are aligned to it and advised to use transparent huge
+/// pages (as numpy does for its large arrays): fewer page faults and TLB misses.
+const HUGE_PAGE: usize = 2 << 20;
+
+/// One heap allocation, owned exclusively.
+struct RawBuf {
+    ptr: NonNull<u8>,
+    cap: usize,
+}
+
+// SAFETY: a `RawBuf` is the sole owner of its allocation (like a `Box<[u8]>`), so moving it
+// to another thread or sharing `&RawBuf` (which allows no mutation) is sound.
+unsafe impl Send for RawBuf {}
+// SAFETY: see above.
+unsafe impl Sync for RawBuf {}
+
+impl RawBuf {
+    const fn empty() -> Self {
+        RawBuf { ptr: NonNull::<u128>::dangling().cast(), cap: 0 }
+    }
+
+    fn layout(cap: usize) -> Option<Layout> {
+        let align = if cap >= HUGE_PAGE { HUGE_PAGE } else { ALIGN };
+        Layout::from_size_align(cap, align).ok()
+    }
+
+    /// A new allocation of `cap` bytes, or `None` when the memory cannot be had.
+    fn new(cap: usize) -> Option<Self> {
+        if cap == 0 {
+            return Some(Self::empty());
+        }
+        let layout = Self::layout(cap)?;
+        // SAFETY: `layout` has a non-zero size.
+        let ptr = NonNull::new(unsafe { alloc::alloc(layout) })?;
+        if cap >= HUGE_PAGE {
+            // SAFETY: `ptr..ptr+cap` is a live allocation we own; MADV_HUGEPAGE is only advice
+            // and cannot invalidate memory. Failure (e.g. THP disabled) is harmless.
+            unsafe { libc::madvise(ptr.as_ptr().cast(), cap, libc::MADV_HUGEPAGE) };
+        }
+        Some(RawBuf { ptr, cap })
+    }
+}
+
+impl Drop for RawBuf {
+    fn drop(&mut self) {
+        if let Some(layout) = Self::layout(self.cap).filter(|_| self.cap > 0) {
+            // SAFETY: allocated in `RawBuf::new` with exactly this layout, freed once.
+            unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
+    }
+}
+
+/// Recently freed large buffers, most recent last. A tap's buffer is allocated on the
+/// device thread and freed on the consumer thread; reusing the most recent one keeps large
+/// taps on warm, already-faulted memory.
+static POOL: Mutex<Vec<RawBuf>> = Mutex::new(Vec::new());
+
+fn take_buf(cap: usize) -> Option<RawBuf> {
+    if cap >= POOL_MIN_BYTES {
+        // Only this module touches the pool and it never panics while holding the lock.
+        let mut pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
+        let fits = |b: &RawBuf| b.cap >= cap && b.cap / 2 <= cap;
+        if let Some(i) = pool.iter().rposition(fits) {
+            return Some(pool.swap_remove(i));
+        }
+    }
+    RawBuf::new(cap)
+}
+
+fn give_back(buf: RawBuf) {
+    if buf.cap < POOL_MIN_BYTES || buf.cap > POOL_MAX_BYTES {
+        return;
+    }
+    let mut pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut idle: usize = pool.iter().map(|b| b.cap).sum();
+    // Keep the newest buffers: evict the oldest until this one fits.
+    while idle + buf.cap > POOL_MAX_BYTES && !pool.is_empty() {
+        idle -= pool.remove(0).cap;
+    }
+    pool.push(buf);
+}
+
+/// A heap buffer aligned to 16 bytes (2 MiB when large) whose bytes are written once by
+/// the handler and then only read.
+pub struct HostBuffer {
+    raw: RawBuf,
+    len: usize,
+}
+
+impl HostBuffer {
+    /// A buffer of at least `len` bytes, of which `len` count as used.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] when the memory cannot be allocated.
+    pub fn with_capacity(len: usize) -> Result<Self, Error> {
+        let raw = take_buf(len).ok_or_else(|| {
+            Error::Internal(format!(
+                "cannot allocate {len} bytes of host memory for a tapped value"
+            ))
+        })?;
+        Ok(HostBuffer { raw, len })
+    }
+
+    /// Number of bytes in use.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer holds no bytes.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Start of the buffer (dangling but aligned when empty).
+    #[must_use]
+    pub fn as_ptr(&self) -> *const u8 {
+        self.raw.ptr.as_ptr()
+    }
+
+    /// Start of the buffer, for writing.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.raw.ptr.as_ptr()
+    }
+
+    /// Sets the number of bytes in use (at most the capacity).
+    pub fn set_len(&mut self, len: usize) {
+        debug_assert!(len <= self.raw.cap.max(len.min(self.raw.cap)));
+        self.len = len.min(self.raw.cap);
+    }
+
+    /// Bytes allocated for this buffer.
+    #[must_use]
+    pub fn capacity(&self) -> usize {
+        self.raw.cap
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        give_back(std::mem::replace(&mut self.raw, RawBuf::empty()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn large_buffers_are_recycled() {
+        let cap = POOL_MIN_BYTES * 3;
+        let first = HostBuffer::with_capacity(cap).unwrap();
+        drop(first);
+        let again = HostBuffer::with_capacity(cap).unwrap();
+        // Another test may race on the pool; the buffer we got must at least fit.
+        assert!(again.capacity() >= cap);
+        let huge = HostBuffer::with_capacity(HUGE_PAGE * 2).unwrap();
+        assert_eq!(huge.as_ptr() as usize % HUGE_PAGE, 0);
+    }
+
+    #[test]
+    fn impossible_allocation_is_an_error_not_an_abort() {
+        assert!(matches!(HostBuffer::with_capacity(usize::MAX - 8), Err(Error::Internal(_))));
+    }
+}

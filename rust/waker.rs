@@ -1,0 +1,105 @@
+//! A condition variable that skips the wake-up system call when nobody sleeps on it.
+//!
+//! Waking a thread costs a futex system call even when no thread waits; on the hot paths
+//! of the queue (a push, a completed batch) and of a `call` reply, the other side is
+//! usually awake (spinning or busy), so that call is pure overhead. [`Waker`] counts its
+//! sleepers (crossbeam-channel's `SyncWaker` is the model) and notifies only when there
+//! are some.
+//!
+//! Contract: the state a sleeper waits for is guarded by the mutex it passes to
+//! [`Waker::wait`], and a notifier changes that state while holding the same mutex and
+//! calls `notify_*` afterwards (with or without the lock). A sleeper registers itself
+//! under the mutex before releasing it inside the wait, so a notifier that changed the
+//! state under the mutex is ordered after the registration and sees the sleeper.
+//!
+//! No Python here.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Condvar, MutexGuard, PoisonError};
+use std::time::Duration;
+
+/// See the module documentation.
+#[derive(Default)]
+pub struct Waker {
+    condvar: Condvar,
+    sleepers: AtomicUsize,
+}
+
+impl Waker {
+    /// A waker nobody sleeps on.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sleeps until notified (or a spurious wake-up); the caller re-checks its condition.
+    pub fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        let guard = self.condvar.wait(guard).unwrap_or_else(PoisonError::into_inner);
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        guard
+    }
+
+    /// Sleeps until notified or `timeout` passed; the caller re-checks its condition and
+    /// its deadline.
+    pub fn wait_timeout<'a, T>(&self, guard: MutexGuard<'a, T>, timeout: Duration) -> MutexGuard<'a, T> {
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        let (guard, _) = self.condvar.wait_timeout(guard, timeout).unwrap_or_else(PoisonError::into_inner);
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        guard
+    }
+
+    /// Wakes one sleeper, if any.
+    pub fn notify_one(&self) {
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            self.condvar.notify_one();
+        }
+    }
+
+    /// Wakes every sleeper, if any.
+    pub fn notify_all(&self) {
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            self.condvar.notify_all();
+        }
+    }
+
+    /// Whether some thread sleeps on this waker now.
+    #[must_use]
+    pub fn has_sleepers(&self) -> bool {
+        self.sleepers.load(Ordering::SeqCst) > 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    #[test]
+    fn notify_without_sleepers_is_a_no_op_and_a_sleeper_is_woken() {
+        let pair = Arc::new((Mutex::new(false), Waker::new()));
+        pair.1.notify_all();
+        assert!(!pair.1.has_sleepers());
+        let p2 = Arc::clone(&pair);
+        let t = std::thread::spawn(move || {
+            let mut g = p2.0.lock().unwrap();
+            while !*g {
+                g = p2.1.wait(g);
+            }
+        });
+        // Set the flag under the lock, then notify: the sleeper cannot miss it.
+        *pair.0.lock().unwrap() = true;
+        pair.1.notify_all();
+        t.join().unwrap();
+        assert!(!pair.1.has_sleepers());
+    }
+
+    #[test]
+    fn wait_timeout_returns() {
+        let m = Mutex::new(());
+        let w = Waker::new();
+        let g = w.wait_timeout(m.lock().unwrap(), Duration::from_millis(1));
+        drop(g);
+        assert!(!w.has_sleepers());
+    }
+}
