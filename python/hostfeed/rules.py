@@ -270,8 +270,8 @@ batching.primitive_batchers[outside_call_p] = _outside_call_batching
 # selects per lane, so lanes that are done keep running the body and the results are
 # wrong. (Without an ordered effect in the cond, the same lowering recomputes the
 # predicate in the body and selects per lane.) For these loops hostfeed builds the
-# per-lane loop itself, as the legacy module's rewrite did, so the loop JAX lowers has an
-# effect-free cond and no batched predicate to mishandle:
+# per-lane loop itself, carrying the predicate as the legacy module's rewrite did, so the
+# loop JAX lowers has an effect-free cond and no batched predicate to mishandle:
 #
 #     pred = cond(carry)                    # cond taps see the initial carry
 #     while any(pred):
@@ -280,8 +280,9 @@ batching.primitive_batchers[outside_call_p] = _outside_call_batching
 #         pred = cond(carry)                # cond taps, once per iteration
 #
 # So the cond's taps see, lane by lane, the carries an unbatched loop has (a lane that is
-# done repeats its final carry), never the body's results for lanes that are done. Every
-# other loop (no hostfeed effect in the cond, or a predicate that is not batched) goes to
+# done repeats its final carry), never the body's results for lanes that are done (the
+# legacy rewrite ran the cond before selecting, so a `call` in the predicate could get
+# values past a lane's end). Every other loop (no hostfeed effect in the cond, or a predicate that is not batched) goes to
 # JAX's own rule, unchanged.
 
 def _has_hostfeed_effect(jaxpr) -> bool:

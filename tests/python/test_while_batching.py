@@ -12,6 +12,8 @@ batched predicate into one, with no per-lane select, so hostfeed batches such lo
 """
 from __future__ import annotations
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,6 +24,8 @@ from jax.interpreters import batching
 
 from hostfeed import host_callback as hcb
 from hostfeed import rules
+
+from conftest import run_python
 
 JVP = ("jvp", {})
 
@@ -244,6 +248,8 @@ def test_taps_in_cond_and_body_keep_program_order():
     out, calls = rec.run(jax.vmap(lambda i, v: lax.while_loop(cond, body, (i, v))),
                          np.array([0, 2, 1], np.int32), np.array([1.0, 5.0, 3.0], np.float32))
     assert tolist(out) == ([2, 2, 2], [4.0, 5.0, 6.0])
+    assert tolist(out) == stack([python_while(lambda c: c[0] < 2, lambda c: (c[0] + 1, c[1] * 2),
+                                              (i, v)) for i, v in [(0, 1.0), (2, 5.0), (1, 3.0)]])
     assert [t for t, _, _ in calls] == ["cond-a", "cond-b", "body"] * 2 + ["cond-a", "cond-b"]
     assert calls[0][1:] == ([0, 2, 1], (B0,))
     assert calls[1][1:] == ([True, False, True], (B0,))
@@ -327,6 +333,10 @@ def test_nested_vmap_with_the_predicate_batched_only_by_the_outer_vmap():
     xs = np.zeros((2, 3), np.float32)
     out, calls = rec.run(jax.vmap(jax.vmap(g, in_axes=(None, 0))), stops, xs)
     assert tolist(out) == ([[1, 1, 1], [3, 3, 3]], [[1.0] * 3, [3.0] * 3])
+    per_lane = [[python_while(lambda c: c[0] < int(s), lambda c: (c[0] + 1, c[1] + 1.0),
+                              (0, float(x))) for x in row] for s, row in zip(stops, xs)]
+    assert tolist(out) == ([[c[0] for c in r] for r in per_lane],
+                           [[c[1] for c in r] for r in per_lane])
     # The inner vmap leaves the predicate unbatched (JAX's own rule); the outer one
     # batches it.
     assert calls == [("cond", [0, 0], (B0,)), ("cond", [1, 1], (B0,)),
@@ -342,6 +352,9 @@ def test_in_axes_with_unbatched_predicate_operands_keep_an_unbatched_predicate()
 
     out, calls = rec.run(jax.vmap(h, in_axes=(None, 0)), 2, jnp.arange(3.0))
     assert tolist(out) == ([2, 2, 2], [0.0, 4.0, 8.0])
+    assert tolist(out) == stack([python_while(lambda c: c[0] < 2,
+                                              lambda c: (c[0] + 1, c[1] * 2.0), (0, x))
+                                 for x in [0.0, 1.0, 2.0]])
     assert calls == [("cond", 0, ()), ("cond", 1, ()), ("cond", 2, ())]
 
 
@@ -373,6 +386,10 @@ def test_batch_axis_other_than_zero_and_per_lane_axis_index():
     rows = np.arange(6, dtype=np.float32).reshape(2, 3)  # lanes on axis 1
     out, calls = rec.run(jax.vmap(g, in_axes=1, axis_name="i"), rows)
     assert tolist(out) == ([1, 2, 3], [[0.0, 3.0], [2.0, 5.0], [5.0, 8.0]])
+    per_lane = [python_while(lambda c, s=lane + 1: c[0] < s,
+                             lambda c: (c[0] + 1, [v + c[0] for v in c[1]]),
+                             (0, rows[:, lane].tolist())) for lane in range(3)]
+    assert tolist(out) == ([n for n, _ in per_lane], [v for _, v in per_lane])
     assert [v for _, v, _ in calls] == [[0, 0, 0], [1, 1, 1], [1, 2, 2], [1, 2, 3]]
 
 
@@ -388,9 +405,13 @@ def test_call_in_the_predicate_sees_each_lane_once_per_iteration():
             lambda c: hcb.call(below_two, c, result_shape=jax.ShapeDtypeStruct((), jnp.bool_)),
             lambda c: c + 1, x)
 
-    out = jax.vmap(g)(np.arange(4, dtype=np.int32))
+    x = np.arange(4, dtype=np.int32)
+    out = jax.vmap(g)(x)
     hcb.barrier_wait()
     assert out.tolist() == [2, 2, 2, 3]
+    assert out.tolist() == jax.vmap(
+        lambda x: lax.while_loop(lambda c: c < 2, lambda c: c + 1, x))(x).tolist()
+    assert out.tolist() == [python_while(lambda c: c < 2, lambda c: c + 1, int(v)) for v in x]
     # One host call per lane (vmap of call is sequential); lanes that are done show their
     # final value again, never a value past it.
     assert seen == [0, 1, 2, 3, 1, 2, 2, 3, 2, 2, 2, 3]
@@ -404,6 +425,34 @@ def test_jit_of_vmap_compiles_once_and_reruns_correctly():
         assert out.tolist() == [python_while(lambda c: c < 2, lambda c: c + 1, int(v))
                                 for v in x]
     assert f._cache_size() == 1
+
+
+@pytest.mark.parametrize("axis_type", ["Auto", "Explicit"])
+def test_lanes_sharded_over_four_devices(axis_type):
+    r = run_python(f"""
+        import json
+        import jax, numpy as np
+        from jax import lax
+        from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+        from hostfeed import host_callback as hcb
+        seen = []
+        def g(x):
+            return lax.while_loop(
+                lambda c: hcb.id_tap(lambda a, t: seen.append(a.tolist()), c) < 2,
+                lambda c: c + 1, x)
+        mesh = jax.make_mesh((4,), ("b",), axis_types=(AxisType.{axis_type},))
+        jax.set_mesh(mesh)
+        x = jax.device_put(np.arange(8, dtype=np.int32) - 2, NamedSharding(mesh, P("b")))
+        outs = [jax.jit(jax.vmap(g))(x).tolist(),
+                jax.jit(jax.vmap(g, spmd_axis_name="b"))(x).tolist()]
+        hcb.barrier_wait()
+        print(json.dumps([outs, seen]))
+    """, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+    assert r.returncode == 0, r.stderr
+    outs, seen = json.loads(r.stdout.splitlines()[-1])
+    lanes, cond_seen, _ = lockstep(lambda c: c < 2, lambda c: c + 1, list(range(-2, 6)))
+    assert outs == [lanes, lanes] == [[2, 2, 2, 2, 2, 3, 4, 5]] * 2
+    assert seen == cond_seen + cond_seen  # each tap sees all lanes, once
 
 
 # ---------------------------------------------------------------------------------------
@@ -491,6 +540,9 @@ def test_vmap_of_fori_loop_with_batched_trip_count_and_taps(mode):
     out, calls = rec.run(jax.vmap(lambda n, x, t: jax.jvp(lambda x: f(n, x), (x,), (t,))),
                          ns, xs, jnp.ones(3))
     assert tolist(out) == ([1.0, 4.0, 5.0], [1.0, 1.0, 1.0])
+    plain = jax.vmap(lambda n, x, t: jax.jvp(
+        lambda x: lax.fori_loop(0, n, lambda i, c: c + i, x), (x,), (t,)))(ns, xs, jnp.ones(3))
+    assert tolist(out) == tolist(plain)
     assert len(calls) == 3  # the batched loop runs for the longest lane
 
 
