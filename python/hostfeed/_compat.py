@@ -98,3 +98,15 @@ RecomputeType = pe.RecomputeType
 def is_tracer(x: object) -> bool:
     """Whether ``x`` is a JAX tracer (abstract value under a transformation)."""
     return isinstance(x, core.Tracer)
+
+
+# ---- Batching of while loops whose predicate taps (rules._while_batching) ----------------
+# JAX 0.10.2, 0.11.2 and 0.12.0.1 alike: `_while_lowering` (lax/control_flow/loops.py), for
+# a cond function with an ordered effect, ORs a batched predicate into one and never
+# selects per lane, so hostfeed batches such loops itself. It needs JAX's jaxpr batching:
+# `batch_jaxpr` (never public) and `batch_jaxpr_axes` (public in jax.interpreters.batching
+# from 0.11 only); same signatures in 0.10-0.12.
+from jax._src.interpreters import batching as _batching  # noqa: E402
+
+batch_jaxpr = _batching.batch_jaxpr
+batch_jaxpr_axes = _batching.batch_jaxpr_axes

@@ -61,7 +61,7 @@ from typing import Any, Callable, Optional, TypeVar
 import jax
 import numpy as np
 
-from . import _compat, receiver
+from . import _compat, keys, receiver
 from .primitives import (get_ad_taps, host_call_p, outside_call_p, outside_call_params,
                          set_ad_taps as _set_ad_taps)
 from .printing import print_tap_func
@@ -151,7 +151,9 @@ def id_tap(tap_func: Callable, arg: T, *, result: Any = None, tap_with_device: b
         arrays and ``transforms`` a tuple of ``(name, params)`` pairs describing the JAX
         transformations applied (empty when none). With ``tap_with_device=True`` it is
         called as ``tap_func(arg, transforms, device=dev)``. Its return value is ignored.
-      arg: a pytree of JAX arrays, numpy values or Python scalars to send to the host.
+      arg: a pytree of JAX arrays, numpy values or Python scalars to send to the host. A
+        typed PRNG key leaf is sent as its key data (what ``jax.random.key_data`` gives)
+        and returned as the typed key.
       result: if given, the return value of ``id_tap`` (not sent to the host); the tap
         still runs even if only ``result`` is used, or nothing at all.
       tap_with_device: pass the originating ``jax.Device`` as the ``device`` keyword.
@@ -163,8 +165,9 @@ def id_tap(tap_func: Callable, arg: T, *, result: Any = None, tap_with_device: b
       ``arg``, or ``result`` if given.
 
     Raises:
-      TypeError: ``tap_func`` is not callable, a leaf is not a transferable JAX value, or
-        extra keyword arguments were given.
+      TypeError: ``tap_func`` is not callable, a leaf is not a transferable JAX value (for
+        example an extended dtype other than a PRNG key), or extra keyword arguments were
+        given.
 
     Example:
         >>> import jax.numpy as jnp
@@ -183,10 +186,12 @@ def id_tap(tap_func: Callable, arg: T, *, result: Any = None, tap_with_device: b
     device_index = _device_index_arg(device_index, "id_tap")
     arg_treedef: Any
     flat_args, arg_treedef = jax.tree_util.tree_flatten(arg)
+    flat_args, arg_keys = keys.unwrap_keys(flat_args, "id_tap", "arg")
     flat_args = _check_leaves(flat_args, "id_tap", "arg")
     result_treedef: Any
     if result is not None:
         flat_results, result_treedef = jax.tree_util.tree_flatten(result)
+        flat_results, result_keys = keys.unwrap_keys(flat_results, "id_tap", "result")
         flat_results = _check_leaves(flat_results, "id_tap", "result")
     else:
         flat_results, result_treedef = [], None
@@ -195,8 +200,8 @@ def id_tap(tap_func: Callable, arg: T, *, result: Any = None, tap_with_device: b
                                **outside_call_params(spec, len(flat_args),
                                                      device_index=device_index))
     if result_treedef is None:
-        return arg_treedef.unflatten(outs[:len(flat_args)])
-    return result_treedef.unflatten(outs[len(flat_args):])
+        return arg_treedef.unflatten(keys.rewrap_keys(outs[:len(flat_args)], arg_keys))
+    return result_treedef.unflatten(keys.rewrap_keys(outs[len(flat_args):], result_keys))
 
 
 def id_print(arg: T, *, result: Any = None, tap_with_device: bool = False,
@@ -231,10 +236,20 @@ _RESULT_SHAPE_MSG = (
     "'shape' and 'dtype' attributes. Got {}")
 
 
-def _result_avals(result_shape: Any) -> tuple[Any, tuple]:
+def _result_avals(result_shape: Any) -> tuple[Any, tuple, tuple]:
+    """(treedef, avals, key dtypes): a typed-key leaf is transferred as its key data."""
     flat, treedef = jax.tree_util.tree_flatten(result_shape)
-    avals = []
-    for r in flat:
+    avals: list = []
+    key_dtypes: list = []
+    for i, r in enumerate(flat):
+        key_dtypes.append(None)
+        if keys.is_extended(getattr(r, "dtype", None)):
+            if not keys.is_key(r.dtype):
+                raise keys.refuse_extended("hcb.call", f"leaf {i} of `result_shape`", r.dtype)
+            key_dtypes[-1] = r.dtype
+            shape, dtype = keys.key_data_shape(tuple(r.shape), r.dtype)
+            avals.append(jax.core.ShapedArray(shape, dtype))
+            continue
         try:
             if hasattr(r, "shape") and hasattr(r, "dtype"):
                 shape = tuple(int(d) for d in r.shape)
@@ -251,7 +266,7 @@ def _result_avals(result_shape: Any) -> tuple[Any, tuple]:
                 f"hcb.call: result_shape has dtype {dtype}, which hostfeed cannot transfer. "
                 + _RESULT_SHAPE_MSG.format(result_shape))
         avals.append(jax.core.ShapedArray(shape, dtype))
-    return treedef, tuple(avals)
+    return treedef, tuple(avals), tuple(key_dtypes)
 
 
 def call(callback_func: Callable, arg: Any, *, result_shape: Any = None,
@@ -268,11 +283,14 @@ def call(callback_func: Callable, arg: Any, *, result_shape: Any = None,
       callback_func: called as ``callback_func(arg)`` (``callback_func(arg, device=d)``
         with ``call_with_device=True``) with ``arg`` as numpy arrays; returns a pytree of
         arrays or scalars.
-      arg: a pytree of JAX arrays, numpy values or Python scalars sent to the host.
+      arg: a pytree of JAX arrays, numpy values or Python scalars sent to the host (typed
+        PRNG keys as their key data).
       result_shape: a pytree of numeric scalars or objects with ``shape`` and ``dtype``
         (numpy arrays, ``jax.ShapeDtypeStruct``) describing the results; ``None`` or ``()``
         for no results. Dtypes are canonicalised as JAX does (``float64`` becomes
-        ``float32`` unless x64 is enabled).
+        ``float32`` unless x64 is enabled). For a leaf with a typed PRNG key dtype the host
+        function returns the key data (``uint32``, shape ``shape + key shape``), and the
+        computation gets typed keys.
       call_with_device: pass the originating ``jax.Device`` as the ``device`` keyword.
       device_index: under global-view sharding, which device of the computation makes the
         call (the JAX 0.4.x keyword; default 0).
@@ -283,6 +301,7 @@ def call(callback_func: Callable, arg: Any, *, result_shape: Any = None,
     Raises:
       ValueError: ``result_shape`` is not a pytree of scalars or shape/dtype objects.
       TypeError: ``callback_func`` is not callable, a leaf of ``arg`` is not a JAX value,
+        a leaf of ``arg`` or ``result_shape`` has an extended dtype other than a PRNG key,
         or the call is differentiated (use ``jax.custom_vjp``).
 
     The wait for the reply can be bounded with the environment variable
@@ -302,13 +321,14 @@ def call(callback_func: Callable, arg: Any, *, result_shape: Any = None,
             "come from the callback thread, which is busy running this callback. Compute "
             "the value directly on the host instead.")
     device_index = _device_index_arg(device_index, "call")
-    result_treedef, result_avals = _result_avals(result_shape)
+    result_treedef, result_avals, result_keys = _result_avals(result_shape)
     flat_args, arg_treedef = jax.tree_util.tree_flatten(arg)
+    flat_args, _ = keys.unwrap_keys(flat_args, "call", "arg")
     flat_args = _check_leaves(flat_args, "call", "arg")
     spec = CallbackSpec(callback_func, arg_treedef, call_with_device, "call")
     outs = host_call_p.bind(*flat_args, callback=spec, result_treedef=result_treedef,
                             result_avals=result_avals, device_index=device_index)
-    return result_treedef.unflatten(outs)
+    return result_treedef.unflatten(keys.rewrap_keys(outs, result_keys))
 
 
 def barrier_wait(logging_name: Optional[str] = None, *, timeout: Optional[float] = None) -> None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.extend.core import jaxpr_as_fun
+from jax.extend.core.primitives import while_p
 from jax.interpreters import ad, batching
 
 from . import _compat
-from .primitives import get_ad_taps, host_call_p, outside_call_p
+from .primitives import HostCallbackEffect, get_ad_taps, host_call_p, outside_call_p
 from .runtime import CallbackSpec
 
 # ----------------------------------------------------------------------------------------
@@ -253,3 +255,93 @@ def _outside_call_batching(args, dims, **params):
 
 
 batching.primitive_batchers[outside_call_p] = _outside_call_batching
+
+
+# ----------------------------------------------------------------------------------------
+# while_p, when its predicate taps (or calls) and is batched
+#
+# JAX (0.10 to 0.12, `_while_lowering` in lax/control_flow/loops.py) lowers a while loop
+# whose cond function has an ordered effect, such as ours, by carrying the predicate
+# through the loop; when the predicate is batched it ORs the lanes into one and never
+# selects per lane, so lanes that are done keep running the body and the results are
+# wrong. (Without an ordered effect in the cond, the same lowering recomputes the
+# predicate in the body and selects per lane.) For these loops hostfeed builds the
+# per-lane loop itself, carrying the predicate as the legacy module's rewrite did, so the
+# loop JAX lowers has an effect-free cond and no batched predicate to mishandle:
+#
+#     pred = cond(carry)                    # cond taps see the initial carry
+#     while any(pred):
+#         new = body(carry)                 # every lane computes the body (body taps)
+#         carry = where(pred, new, carry)   # lanes that are done keep their carry
+#         pred = cond(carry)                # cond taps, once per iteration
+#
+# So the cond's taps see, lane by lane, the carries an unbatched loop has (a lane that is
+# done repeats its final carry), never the body's results for lanes that are done (the
+# legacy rewrite ran the cond before selecting, so a `call` in the predicate could get
+# values past a lane's end). Every other loop (no hostfeed effect in the cond, or a predicate that is not batched) goes to
+# JAX's own rule, unchanged.
+
+def _has_hostfeed_effect(jaxpr) -> bool:
+    return any(isinstance(e, HostCallbackEffect) for e in jaxpr.effects)
+
+
+def _batched_carry(axis_data, bconst_bat: list, init_bat: list, body_jaxpr) -> list:
+    """Which carries are batched: batched initially, or made so by the body (fixpoint)."""
+    carry_bat = list(init_bat)
+    for _ in range(1 + len(carry_bat)):
+        _, out_bat = _compat.batch_jaxpr(body_jaxpr, axis_data, bconst_bat + carry_bat,
+                                         carry_bat)
+        new = [a or b for a, b in zip(carry_bat, out_bat)]
+        if new == carry_bat:
+            return carry_bat
+        carry_bat = new
+    raise AssertionError("while_loop batching: no fixpoint for the batched carries")
+
+
+def _select_lanes(pred, new, old):
+    """`new` in the lanes where `pred` (shape (lanes,)) is true, else `old`; lanes on axis 0."""
+    return lax.select(lax.broadcast_in_dim(pred, jnp.shape(new), (0,)), new, old)
+
+
+def _while_batching(axis_data, args, dims, *, cond_nconsts, cond_jaxpr, body_nconsts,
+                    body_jaxpr):
+    params = dict(cond_nconsts=cond_nconsts, cond_jaxpr=cond_jaxpr,
+                  body_nconsts=body_nconsts, body_jaxpr=body_jaxpr)
+    if not _has_hostfeed_effect(cond_jaxpr):
+        return _jax_while_batching(axis_data, args, dims, **params)
+    n_consts = cond_nconsts + body_nconsts
+    batched = [d is not None for d in dims]
+    carry_bat = _batched_carry(axis_data, batched[cond_nconsts:n_consts],
+                               batched[n_consts:], body_jaxpr)
+    _, (pred_bat,) = _compat.batch_jaxpr(cond_jaxpr, axis_data,
+                                         batched[:cond_nconsts] + carry_bat, False)
+    if not pred_bat:  # JAX lowers a loop with one predicate correctly
+        return _jax_while_batching(axis_data, args, dims, **params)
+
+    cconsts, bconsts = args[:cond_nconsts], args[cond_nconsts:n_consts]
+    n_carry = len(args) - n_consts
+    lanes = [0] * n_carry  # with a batched predicate every carry is batched, on axis 0
+    cond_b, _ = _compat.batch_jaxpr_axes(cond_jaxpr, axis_data,
+                                         list(dims[:cond_nconsts]) + lanes, [0])
+    body_b, _ = _compat.batch_jaxpr_axes(body_jaxpr, axis_data,
+                                         list(dims[cond_nconsts:n_consts]) + lanes, lanes)
+    init = [batching.bdim_at_front(x, d, axis_data.size, axis_data.explicit_mesh_axis)
+            for x, d in zip(args[n_consts:], dims[n_consts:])]
+
+    def lane_preds(carry):
+        return jaxpr_as_fun(cond_b)(*cconsts, *carry)[0]
+
+    def step(state):
+        pred, carry = state
+        new = jaxpr_as_fun(body_b)(*bconsts, *carry)
+        carry = [_select_lanes(pred, a, b) for a, b in zip(new, carry)]
+        return lane_preds(carry), carry
+
+    _, out = lax.while_loop(lambda state: jnp.any(state[0]), step, (lane_preds(init), init))
+    return out, lanes
+
+
+_jax_while_batching = getattr(batching.fancy_primitive_batchers[while_p],
+                              "_hostfeed_wrapped", batching.fancy_primitive_batchers[while_p])
+_while_batching._hostfeed_wrapped = _jax_while_batching  # type: ignore[attr-defined]
+batching.fancy_primitive_batchers[while_p] = _while_batching
