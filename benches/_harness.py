@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 def timeit(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1) -> dict:
@@ -40,7 +40,7 @@ def interleaved(cases: dict[str, Callable[[], object]], *, repeats: int = 5,
 def table(title: str, rows: list[tuple[str, float, str]], baseline: str,
           higher_is_better: bool) -> str:
     """Formats ``(name, value, unit)`` rows with each row's ratio to ``baseline``."""
-    base = dict((r[0], r[1]) for r in rows)[baseline]
+    base = {r[0]: r[1] for r in rows}[baseline]
     lines = [title, f"  {'case':<34}{'value':>14}  {'unit':<8}{'vs ' + baseline:>24}"]
     for name, value, unit in rows:
         ratio = value / base if higher_is_better else base / value

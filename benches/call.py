@@ -16,10 +16,10 @@ from jax import lax
 from jax.experimental import io_callback
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _harness import interleaved, table  # noqa: E402
+from _harness import interleaved, table
 
-import hostfeed  # noqa: E402
-from hostfeed import host_callback as hcb  # noqa: E402
+import hostfeed
+from hostfeed import host_callback as hcb
 
 N_CALLS = int(os.environ.get("HOSTFEED_BENCH_N_CALLS", 2000))
 REPEATS = int(os.environ.get("HOSTFEED_BENCH_REPEATS", 5))
@@ -32,13 +32,13 @@ def host(x):
 def make(kind: str):
     spec = jax.ShapeDtypeStruct((4,), jnp.float32)
     if kind == "hostfeed call":
-        step = lambda c: hcb.call(host, c, result_shape=spec)  # noqa: E731
+        step = lambda c: hcb.call(host, c, result_shape=spec)
     elif kind == "pure_callback":
-        step = lambda c: jax.pure_callback(host, spec, c)  # noqa: E731
+        step = lambda c: jax.pure_callback(host, spec, c)
     elif kind == "io_callback(ordered)":
-        step = lambda c: io_callback(host, spec, c, ordered=True)  # noqa: E731
+        step = lambda c: io_callback(host, spec, c, ordered=True)
     elif kind == "io_callback":
-        step = lambda c: io_callback(host, spec, c)  # noqa: E731
+        step = lambda c: io_callback(host, spec, c)
     else:
         raise ValueError(kind)
     f = jax.jit(lambda x: lax.fori_loop(0, N_CALLS, lambda i, c: step(c), x))

@@ -1,6 +1,8 @@
 //! Queue throughput: hostfeed's byte-bounded queue vs `std::sync::mpsc::sync_channel`, with
 //! 4 producers and 1 consumer moving small messages. Prints messages/s and the ratio.
 
+#![allow(clippy::cast_precision_loss)] // counts and rates far below 2^52
+
 use std::sync::mpsc::sync_channel;
 use std::sync::Arc;
 use std::thread;

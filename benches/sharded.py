@@ -1,5 +1,6 @@
 """Cost of the global-view lowering: one tap and one call of an array sharded over 8 CPU
-devices, each sent shard by shard or (when a leaf does not split evenly) gathered. Prints the collectives XLA compiled in (and the bytes they move), and end-to-end
+devices, each sent shard by shard or (when a leaf does not split evenly) gathered.
+Prints the collectives XLA compiled in (and the bytes they move), and end-to-end
 time per tap next to the same computation without the tap, under both partitioners.
 
 Run: python benches/sharded.py

@@ -24,10 +24,10 @@ from jax import lax
 from jax.experimental import io_callback
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _harness import interleaved, table  # noqa: E402
+from _harness import interleaved, table
 
-import hostfeed  # noqa: E402
-from hostfeed import host_callback as hcb  # noqa: E402
+import hostfeed
+from hostfeed import host_callback as hcb
 
 N_SMALL = int(os.environ.get("HOSTFEED_BENCH_N_SMALL", 10_000))
 N_LARGE = int(os.environ.get("HOSTFEED_BENCH_N_LARGE", 100))
@@ -103,7 +103,7 @@ def numpy_copy_pipelined(n: int, x: np.ndarray, sink: Sink):
         for _ in range(n):
             cur = np.array(x, copy=True)
             sink.tap(cur)
-            prev = cur  # noqa: F841 - keeps two copies alive, like a pipeline
+            prev = cur
         del prev
     return go
 

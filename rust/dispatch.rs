@@ -17,8 +17,9 @@ use pyo3::types::PyTuple;
 use crate::exceptions::ReceiverError;
 use crate::hostbuf::HostBuffer;
 use crate::message::Message;
-use crate::receiver::{lock, Batch};
+use crate::receiver::Batch;
 use crate::reply::ReplySlot;
+use crate::sync::lock;
 
 /// What the consumer needs from Python: numpy dtypes per XLA dtype code.
 pub struct Dtypes {
@@ -114,17 +115,21 @@ unsafe fn make_array<'py>(
         .ok()
         .and_then(|i| dtypes.descrs.get(i))
         .and_then(Option::as_ref)
-        .ok_or_else(|| ReceiverError::new_err(format!("hostfeed: no numpy dtype registered for XLA dtype code {code}")))?;
+        .ok_or_else(|| {
+            ReceiverError::new_err(format!("hostfeed: no numpy dtype registered for XLA dtype code {code}"))
+        })?;
     // Dimensions as numpy wants them, on the stack for the usual ranks.
     let mut inline = [0 as npy_intp; 8];
     let mut heap: Vec<npy_intp> = Vec::new();
     let dims: &mut [npy_intp] = if shape.len() <= inline.len() {
         for (d, &s) in inline.iter_mut().zip(shape) {
-            *d = s as npy_intp;
+            *d = npy_intp::try_from(s).map_err(|_| ReceiverError::new_err("dimension too large"))?;
         }
         &mut inline[..shape.len()]
     } else {
-        heap.extend(shape.iter().map(|&d| d as npy_intp));
+        for &d in shape {
+            heap.push(npy_intp::try_from(d).map_err(|_| ReceiverError::new_err("dimension too large"))?);
+        }
         &mut heap
     };
     let rank = c_int::try_from(dims.len()).map_err(|_| ReceiverError::new_err("array rank too large"))?;
@@ -173,6 +178,7 @@ impl Reply {
     /// Copies `results` (C-contiguous numpy arrays of exactly the expected dtypes and
     /// shapes, in order) into the call's result buffers. Returns `False` if the call no
     /// longer waits.
+    #[allow(clippy::needless_pass_by_value)] // PyO3 extracts the argument as an owned list
     fn send(&self, results: Vec<Bound<'_, PyAny>>) -> PyResult<bool> {
         let mut arrays = Vec::with_capacity(results.len());
         for (i, r) in results.iter().enumerate() {

@@ -81,13 +81,10 @@ impl Error {
         match self {
             Error::InvalidArgument(_) => ffi::XLA_FFI_Error_Code_INVALID_ARGUMENT,
             Error::Closed => ffi::XLA_FFI_Error_Code_UNAVAILABLE,
-            Error::NotConfigured | Error::InsideCallback(_) => {
+            Error::NotConfigured | Error::InsideCallback(_) | Error::CallFailed(_) => {
                 ffi::XLA_FFI_Error_Code_FAILED_PRECONDITION
             }
-            Error::Timeout { .. } | Error::CallTimeout { .. } => {
-                ffi::XLA_FFI_Error_Code_DEADLINE_EXCEEDED
-            }
-            Error::CallFailed(_) => ffi::XLA_FFI_Error_Code_FAILED_PRECONDITION,
+            Error::Timeout { .. } | Error::CallTimeout { .. } => ffi::XLA_FFI_Error_Code_DEADLINE_EXCEEDED,
             Error::Internal(_) => ffi::XLA_FFI_Error_Code_INTERNAL,
         }
     }

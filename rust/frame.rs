@@ -86,7 +86,12 @@ impl<'a> Buffer<'a> {
     /// # Errors
     /// As [`Buffer::nbytes`].
     pub fn out_buf(&self) -> Result<OutBuf, Error> {
-        Ok(OutBuf { dtype: self.raw.dtype, data: self.data(), nbytes: self.nbytes()?, dims: self.dims().to_vec() })
+        Ok(OutBuf {
+            dtype: self.raw.dtype,
+            data: self.data(),
+            nbytes: self.nbytes()?,
+            dims: self.dims().to_vec(),
+        })
     }
 }
 
@@ -133,7 +138,9 @@ impl<'a> Frame<'a> {
     ///
     /// # Safety
     /// `frame` must be null or a valid call frame from XLA, alive for `'a`.
-    pub unsafe fn decode(frame: *mut ffi::XLA_FFI_CallFrame) -> Result<Decoded<'a>, (Error, *const ffi::XLA_FFI_Api)> {
+    pub unsafe fn decode(
+        frame: *mut ffi::XLA_FFI_CallFrame,
+    ) -> Result<Decoded<'a>, (Error, *const ffi::XLA_FFI_Api)> {
         // SAFETY: caller contract: null or valid for 'a.
         let Some(frame) = (unsafe { frame.as_ref() }) else { return Ok(Decoded::Nothing) };
         // SAFETY: as above.
@@ -145,7 +152,8 @@ impl<'a> Frame<'a> {
         }
         let fail = |e: Error| (e, frame.api);
         // SAFETY: the frame's api pointer is null or valid for the call.
-        let api = unsafe { frame.api.as_ref() }.ok_or_else(|| fail(Error::Internal("null XLA_FFI_Api".into())))?;
+        let api =
+            unsafe { frame.api.as_ref() }.ok_or_else(|| fail(Error::Internal("null XLA_FFI_Api".into())))?;
         if api.struct_size < ffi::XLA_FFI_Api_STRUCT_SIZE {
             return Err(fail(Error::Internal(format!(
                 "XLA_FFI_Api is {} bytes, hostfeed needs {}: jaxlib is older than this build expects",
@@ -154,9 +162,21 @@ impl<'a> Frame<'a> {
             ))));
         }
         // SAFETY: `args`/`rets` come from the valid frame; each holds `size` typed entries.
-        let args = unsafe { buffers(frame.args.size, frame.args.types, frame.args.args, ffi::XLA_FFI_ArgType_BUFFER, "argument") }.map_err(fail)?;
+        let args = unsafe {
+            buffers(
+                frame.args.size,
+                frame.args.types,
+                frame.args.args,
+                ffi::XLA_FFI_ArgType_BUFFER,
+                "argument",
+            )
+        }
+        .map_err(fail)?;
         // SAFETY: as above.
-        let rets = unsafe { buffers(frame.rets.size, frame.rets.types, frame.rets.rets, ffi::XLA_FFI_RetType_BUFFER, "result") }.map_err(fail)?;
+        let rets = unsafe {
+            buffers(frame.rets.size, frame.rets.types, frame.rets.rets, ffi::XLA_FFI_RetType_BUFFER, "result")
+        }
+        .map_err(fail)?;
         // SAFETY: the attributes come from the valid frame.
         let attrs = unsafe { read_attrs(&frame.attrs) }.map_err(fail)?;
         // SAFETY: `ctx` comes from the valid frame and `api` is its checked API table.
@@ -178,16 +198,19 @@ impl<'a> Frame<'a> {
     /// An `XLA_FFI_Error` carrying `err`'s message for the handler to return.
     #[must_use]
     pub fn error_for(&self, err: &Error) -> *mut ffi::XLA_FFI_Error {
-        to_ffi_error(self.api, err)
+        // SAFETY: `self.api` is the checked API table of the frame being handled.
+        unsafe { to_ffi_error(self.api, err) }
     }
 }
 
 /// An `XLA_FFI_Error` for `err` through `api` (null when `api` is null or lacks the
 /// constructor, which XLA then treats as success: never expected).
+///
+/// # Safety
+/// `api` must be null or the API table of the call frame being handled.
 #[must_use]
-pub fn to_ffi_error(api: *const ffi::XLA_FFI_Api, err: &Error) -> *mut ffi::XLA_FFI_Error {
-    // SAFETY: `api` is null or the frame's API table, valid for the call (every caller
-    // passes the pointer from the frame it is handling).
+pub unsafe fn to_ffi_error(api: *const ffi::XLA_FFI_Api, err: &Error) -> *mut ffi::XLA_FFI_Error {
+    // SAFETY: caller contract: null or valid for the call.
     let Some(api) = (unsafe { api.as_ref() }) else { return ptr::null_mut() };
     let Some(create) = api.XLA_FFI_Error_Create else { return ptr::null_mut() };
     let text = err.to_string().replace('\0', " ");
@@ -253,7 +276,8 @@ unsafe fn buffers<'a>(
         return Ok(&[]);
     }
     // SAFETY: caller contract: `types` and `ptrs` hold `n` entries alive for 'a.
-    let (types, ptrs) = unsafe { (std::slice::from_raw_parts(types, n), std::slice::from_raw_parts(ptrs, n)) };
+    let (types, ptrs) =
+        unsafe { (std::slice::from_raw_parts(types, n), std::slice::from_raw_parts(ptrs, n)) };
     for (i, (&ty, &p)) in types.iter().zip(ptrs).enumerate() {
         if ty != buffer_type || p.is_null() {
             return Err(Error::InvalidArgument(format!("{what} {i} is not a buffer")));
@@ -269,7 +293,7 @@ unsafe fn buffers<'a>(
 ///
 /// # Safety
 /// `attrs` must come from a valid call frame, alive for `'a`.
-unsafe fn read_attrs<'a>(attrs: &'a ffi::XLA_FFI_Attrs) -> Result<Attrs<'a>, Error> {
+unsafe fn read_attrs(attrs: &ffi::XLA_FFI_Attrs) -> Result<Attrs<'_>, Error> {
     let mut out = Attrs::default();
     let n = usize::try_from(attrs.size).unwrap_or(0);
     for i in 0..n {
@@ -331,7 +355,10 @@ fn getter_result(err: *mut ffi::XLA_FFI_Error, name: &str) -> Result<(), Error> 
 ///
 /// # Safety
 /// `api` and `ctx` must come from the call frame being handled.
-unsafe fn device_ordinal(api: &ffi::XLA_FFI_Api, ctx: *mut ffi::XLA_FFI_ExecutionContext) -> Result<i32, Error> {
+unsafe fn device_ordinal(
+    api: &ffi::XLA_FFI_Api,
+    ctx: *mut ffi::XLA_FFI_ExecutionContext,
+) -> Result<i32, Error> {
     let get = api
         .XLA_FFI_DeviceOrdinal_Get
         .ok_or_else(|| Error::Internal("XLA_FFI_DeviceOrdinal_Get is missing".into()))?;

@@ -52,7 +52,8 @@ fn no_reply_error(receiver: &Receiver, slot: &ReplySlot, frame: &Frame<'_>, why:
             "hostfeed: the wait for host callback {name} of hcb.call was interrupted ({reason})"
         )),
         NoReply::TimedOut => {
-            let seconds = frame.attrs.timeout_ms as f64 / 1e3;
+            let seconds =
+                Duration::from_millis(u64::try_from(frame.attrs.timeout_ms).unwrap_or(0)).as_secs_f64();
             let blocked_behind = if slot.is_started() {
                 None
             } else {
@@ -80,7 +81,8 @@ fn call(frame: &Frame<'_>, receiver: &'static Receiver) -> Result<(), Error> {
     };
     let outs = outs.map(|b| b.out_buf()).collect::<Result<Vec<_>, _>>()?;
     // Where to write zeros if the call fails and reports through its status instead.
-    let zero_outputs: Vec<(*mut u8, usize)> = if status.is_some() { outs.iter().map(|o| (o.data, o.nbytes)).collect() } else { Vec::new() };
+    let zero_outputs: Vec<(*mut u8, usize)> =
+        if status.is_some() { outs.iter().map(|o| (o.data, o.nbytes)).collect() } else { Vec::new() };
     let slot = Arc::new(ReplySlot::new(outs));
     let mut msg = msg;
     msg.reply = Some(Arc::clone(&slot));
@@ -157,7 +159,8 @@ unsafe fn run(
                 Ok(()) => ptr::null_mut(),
                 Err(e) => f.error_for(&e),
             },
-            Err((e, api)) => frame::to_ffi_error(api, &e),
+            // SAFETY: `api` is null or the API table of this frame.
+            Err((e, api)) => unsafe { frame::to_ffi_error(api, &e) },
         }
     }));
     result.unwrap_or_else(|panic| {
@@ -168,7 +171,8 @@ unsafe fn run(
             .unwrap_or_default();
         // SAFETY: caller contract: null or a valid frame.
         let api = unsafe { frame.as_ref() }.map_or(ptr::null(), |f| f.api);
-        frame::to_ffi_error(api, &Error::Internal(format!("panic in {name}: {text}")))
+        // SAFETY: `api` is null or the API table of this frame.
+        unsafe { frame::to_ffi_error(api, &Error::Internal(format!("panic in {name}: {text}"))) }
     })
 }
 

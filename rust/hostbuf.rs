@@ -6,9 +6,10 @@
 
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 use crate::error::Error;
+use crate::sync::lock;
 
 /// Alignment of every buffer (and of every operand inside a message).
 pub const ALIGN: usize = 16;
@@ -76,8 +77,7 @@ static POOL: Mutex<Vec<RawBuf>> = Mutex::new(Vec::new());
 
 fn take_buf(cap: usize) -> Option<RawBuf> {
     if cap >= POOL_MIN_BYTES {
-        // Only this module touches the pool and it never panics while holding the lock.
-        let mut pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut pool = lock(&POOL);
         let fits = |b: &RawBuf| b.cap >= cap && b.cap / 2 <= cap;
         if let Some(i) = pool.iter().rposition(fits) {
             return Some(pool.swap_remove(i));
@@ -90,7 +90,7 @@ fn give_back(buf: RawBuf) {
     if buf.cap < POOL_MIN_BYTES || buf.cap > POOL_MAX_BYTES {
         return;
     }
-    let mut pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut pool = lock(&POOL);
     let mut idle: usize = pool.iter().map(|b| b.cap).sum();
     // Keep the newest buffers: evict the oldest until this one fits.
     while idle + buf.cap > POOL_MAX_BYTES && !pool.is_empty() {
@@ -113,9 +113,7 @@ impl HostBuffer {
     /// [`Error::Internal`] when the memory cannot be allocated.
     pub fn with_capacity(len: usize) -> Result<Self, Error> {
         let raw = take_buf(len).ok_or_else(|| {
-            Error::Internal(format!(
-                "cannot allocate {len} bytes of host memory for a tapped value"
-            ))
+            Error::Internal(format!("cannot allocate {len} bytes of host memory for a tapped value"))
         })?;
         Ok(HostBuffer { raw, len })
     }

@@ -15,7 +15,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use crate::receiver::lock;
+use crate::sync::lock;
 
 /// Number of SIGINTs seen while the watch was installed.
 static INTERRUPTS: AtomicU64 = AtomicU64::new(0);
@@ -45,7 +45,8 @@ extern "C" fn on_sigint(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     if PREV_FLAGS.load(Ordering::Relaxed) & libc::SA_SIGINFO != 0 {
         // SAFETY: `prev` is the `sa_sigaction` of the previously installed handler, which
         // declared SA_SIGINFO, called with the arguments the kernel passed to us.
-        let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut c_void) = unsafe { std::mem::transmute(prev) };
+        let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut c_void) =
+            unsafe { std::mem::transmute(prev) };
         f(sig, info, ctx);
     } else {
         // SAFETY: `prev` is the `sa_handler` of the previously installed handler.

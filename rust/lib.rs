@@ -6,7 +6,7 @@
 //!
 //! Without Python (tested by `cargo test` alone): `xla_ffi` (the C API mirror), `frame` (the
 //! safe view of a call frame), `hostbuf` and `message` (host memory and the copy),
-//! `waker`, `queue`, `reply`, `receiver` (lifecycle, barrier, stuck consumers), `interrupt`
+//! `sync` (one lock helper, a waker), `queue`, `reply`, `receiver` (lifecycle, barrier, stuck consumers), `interrupt`
 //! (Ctrl-C during a call), `stats`, `error`. With Python: `dispatch` (messages as numpy
 //! arrays), `exceptions`, `pyapi` (the module's functions and the consumer that calls
 //! Python), and the module definition below.
@@ -24,7 +24,7 @@ pub mod queue;
 pub mod receiver;
 pub mod reply;
 pub mod stats;
-pub mod waker;
+pub mod sync;
 pub mod xla_ffi;
 
 use pyo3::prelude::*;

@@ -2,6 +2,10 @@
 //! consumer that runs the Python dispatcher. Argument checks and conversions happen here,
 //! and so does every release of the GIL around a wait: waits are sliced (at most
 //! [`WAIT_SLICE`] each) so that Ctrl-C is honoured between slices.
+//!
+//! The doc comments of the `#[pyfunction]`s are their Python docstrings; the exceptions
+//! they raise are described in words there and typed in `_receiver.pyi`.
+#![allow(clippy::missing_errors_doc, clippy::must_use_candidate)]
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -18,7 +22,8 @@ use crate::error::Error;
 use crate::exceptions::ReceiverError;
 use crate::handlers;
 use crate::interrupt;
-use crate::receiver::{self, lock, Consume, StopOutcome, Worker};
+use crate::receiver::{self, Consume, StopOutcome, Worker};
+use crate::sync::lock;
 use crate::xla_ffi::{self, XLA_FFI_Handler};
 
 /// Longest single wait with the GIL released before re-checking signals.
@@ -87,7 +92,8 @@ impl Consume for PyConsumer {
                 };
                 loop {
                     let before = iter.get().remaining();
-                    let outcome = catch_unwind(AssertUnwindSafe(|| self.dispatcher.call1(py, (iter.clone(),))));
+                    let outcome =
+                        catch_unwind(AssertUnwindSafe(|| self.dispatcher.call1(py, (iter.clone(),))));
                     match outcome {
                         Ok(Ok(_)) => {}
                         Ok(Err(e)) => record_dispatch_error(py, e),
@@ -139,7 +145,8 @@ pub fn start(
     if let Some(bound) = max_queue_bytes {
         set_max_queue_bytes(bound)?;
     }
-    let consumer = Arc::new(PyConsumer { dispatcher: dispatcher.unbind(), dtypes: Arc::new(Dtypes { descrs }) });
+    let consumer =
+        Arc::new(PyConsumer { dispatcher: dispatcher.unbind(), dtypes: Arc::new(Dtypes { descrs }) });
     let r = receiver::global();
     // Detached: the control lock may be held by a `stop` waiting for the consumer, which
     // needs the GIL.

@@ -20,11 +20,11 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::stats::Stats;
-use crate::waker::Waker;
+use crate::sync::{lock, Waker};
 
 /// Why a push did not happen; the item is handed back.
 #[derive(Debug, PartialEq, Eq)]
@@ -98,12 +98,6 @@ pub struct Queue<T> {
     pub stats: Stats,
 }
 
-fn lock<U>(m: &Mutex<U>) -> MutexGuard<'_, U> {
-    // No user code runs under these locks and every update leaves the state consistent, so
-    // a panic elsewhere cannot leave it half-written: recover the guard.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl<T> Queue<T> {
     /// A queue holding at most `bound_bytes` bytes (see the module documentation).
     #[must_use]
@@ -146,9 +140,9 @@ impl<T> Queue<T> {
 
     /// Changes the byte bound; producers blocked on the old bound re-check at once.
     pub fn set_bound(&self, bound_bytes: usize) {
-        let _g = lock(&self.inner);
+        let guard = lock(&self.inner);
         self.bound.store(bound_bytes.max(1), Ordering::Relaxed);
-        drop(_g);
+        drop(guard);
         self.space_freed.notify_all();
     }
 
@@ -267,7 +261,11 @@ impl<T> Queue<T> {
     /// Messages of batch `epoch` not taken yet.
     pub fn remaining(&self, epoch: u64) -> usize {
         let flight = lock(&self.in_flight);
-        if flight.epoch == epoch { flight.items.len() } else { 0 }
+        if flight.epoch == epoch {
+            flight.items.len()
+        } else {
+            0
+        }
     }
 
     /// Completes batch `epoch`: the messages taken from it are processed, their bytes freed;
@@ -359,7 +357,7 @@ impl<T> Queue<T> {
         lock(&self.inner).processed
     }
 
-    /// Messages pushed and not yet moved into a batch.
+    /// Messages pushed and not yet moved into a batch (for tests and diagnostics).
     pub fn len(&self) -> usize {
         lock(&self.inner).items.len()
     }
@@ -425,7 +423,8 @@ impl<T> Queue<T> {
         left
     }
 
-    /// Whether [`Queue::close`] was called.
+    /// Whether [`Queue::close`] was called (for tests).
+    #[cfg(test)]
     pub fn is_closed(&self) -> bool {
         lock(&self.inner).closed
     }

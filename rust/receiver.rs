@@ -19,7 +19,7 @@
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -27,6 +27,7 @@ use crate::error::Error;
 use crate::message::Message;
 use crate::queue::{PushError, Queue, Reclaimed};
 use crate::reply::ReplySlot;
+use crate::sync::lock;
 
 /// Default byte bound, as in the legacy module (`256e6`).
 pub const DEFAULT_MAX_QUEUE_BYTES: usize = 256_000_000;
@@ -49,13 +50,6 @@ pub fn in_consumer_thread() -> bool {
     IS_CONSUMER.with(Cell::get)
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // No user code runs under the receiver's locks and every update replaces whole
-    // fields, so a panic elsewhere leaves the state consistent: recover the guard rather
-    // than poison every later call.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// What runs on the consumer thread.
 pub trait Consume: Send + Sync + 'static {
     /// Processes batches from `worker` until [`Worker::next_batch`] returns `None`.
@@ -71,6 +65,7 @@ pub struct Worker {
 impl Worker {
     /// Waits for the next batch; `None` when the consumer must exit (stopped, closed, or
     /// abandoned in favour of a newer consumer).
+    #[must_use]
     pub fn next_batch(&self) -> Option<Batch> {
         let r = self.receiver;
         if r.generation.load(Ordering::Acquire) != self.generation {
@@ -98,6 +93,7 @@ pub struct Batch {
 
 impl Batch {
     /// The next message, or `None` when the batch is exhausted (or was reclaimed).
+    #[must_use]
     pub fn take(&self) -> Option<Message> {
         let m = self.receiver.queue.take(self.epoch)?;
         self.receiver.busy.store(m.consumer_id, Ordering::Relaxed);
@@ -390,7 +386,11 @@ impl Receiver {
     ///
     /// # Errors
     /// Start errors.
-    pub fn drain_step(&'static self, stall: Option<Duration>, slice: Duration) -> Result<Option<Abandoned>, Error> {
+    pub fn drain_step(
+        &'static self,
+        stall: Option<Duration>,
+        slice: Duration,
+    ) -> Result<Option<Abandoned>, Error> {
         let progress = self.queue.progress();
         let pending = self.queue.processed() < self.queue.enqueued();
         let mut abandoned = None;

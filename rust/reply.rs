@@ -9,11 +9,11 @@
 //! No Python here.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::queue::spin_until;
-use crate::waker::Waker;
+use crate::sync::{lock, Waker};
 
 /// How long a waiting handler polls for the reply before sleeping: a host callback that
 /// answers within this time costs no thread wake-up.
@@ -70,11 +70,6 @@ pub enum NoReply {
     TimedOut,
     /// The interruption check answered this reason first.
     Interrupted(String),
-}
-
-fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
-    // No user code runs under this lock and the state is replaced whole; recover.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl ReplySlot {
@@ -187,7 +182,10 @@ mod tests {
     fn timeout_abandons_and_refuses_late_replies() {
         let mut buf = [0u8; 4];
         let slot = slot_with(&mut buf);
-        assert_eq!(slot.wait(Some(Instant::now() + Duration::from_millis(5)), || None), Err(NoReply::TimedOut));
+        assert_eq!(
+            slot.wait(Some(Instant::now() + Duration::from_millis(5)), || None),
+            Err(NoReply::TimedOut)
+        );
         assert!(!slot.reply_with(|_| panic!("must not write after abandonment")));
         assert!(!slot.is_pending());
     }

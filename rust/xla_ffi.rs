@@ -396,13 +396,43 @@ pub fn constant_table() -> Vec<(&'static str, i64)> {
         ("XLA_FFI_AttrType_SCALAR", XLA_FFI_AttrType_SCALAR.into()),
         ("XLA_FFI_AttrType_STRING", XLA_FFI_AttrType_STRING.into()),
         ("XLA_FFI_ExecutionStage_EXECUTE", XLA_FFI_ExecutionStage_EXECUTE.into()),
-        ("sizeof(XLA_FFI_DataType)", std::mem::size_of::<XLA_FFI_DataType>() as i64),
+        ("sizeof(XLA_FFI_DataType)", i64::try_from(std::mem::size_of::<XLA_FFI_DataType>()).unwrap_or(-1)),
     ];
     macro_rules! dts {
         ($($n:ident),*) => { $( v.push((concat!("XLA_FFI_DataType_", stringify!($n)), dtype::$n.into())); )* };
     }
-    dts!(PRED, S1, S2, S4, S8, S16, S32, S64, U1, U2, U4, U8, U16, U32, U64, F16, F32, F64, BF16,
-        C64, C128, TOKEN, F8E5M2, F8E3M4, F8E4M3, F8E4M3FN, F8E4M3B11FNUZ, F8E5M2FNUZ,
-        F8E4M3FNUZ, F4E2M1FN, F8E8M0FNU);
+    dts!(
+        PRED,
+        S1,
+        S2,
+        S4,
+        S8,
+        S16,
+        S32,
+        S64,
+        U1,
+        U2,
+        U4,
+        U8,
+        U16,
+        U32,
+        U64,
+        F16,
+        F32,
+        F64,
+        BF16,
+        C64,
+        C128,
+        TOKEN,
+        F8E5M2,
+        F8E3M4,
+        F8E4M3,
+        F8E4M3FN,
+        F8E4M3B11FNUZ,
+        F8E5M2FNUZ,
+        F8E4M3FNUZ,
+        F4E2M1FN,
+        F8E8M0FNU
+    );
     v
 }

@@ -43,10 +43,9 @@ def install() -> None:
         >>> hcb.id_tap is hostfeed.id_tap
         True
     """
-
-
     sys.modules["jax.experimental.host_callback"] = host_callback
-    setattr(jax.experimental, "host_callback", host_callback)
+    # setattr: JAX no longer declares this attribute, so type checkers refuse assignment.
+    setattr(jax.experimental, "host_callback", host_callback)  # noqa: B010
 
 
 def start_receiver(*, max_queue_byte_size: Optional[int] = None) -> None:

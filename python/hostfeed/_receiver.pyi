@@ -2,7 +2,8 @@
 
 Only :mod:`hostfeed.receiver` imports this module; everything else goes through it.
 """
-from typing import Any, Callable, Final, Iterable, Iterator, final
+from typing import Any, Final, final
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 

@@ -56,7 +56,8 @@ Example:
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Optional, TypeVar
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -110,10 +111,9 @@ def _check_callable(func: Any, what: str) -> None:
 
 def _check_leaves(leaves: list, api: str, what: str) -> list:
     out = []
-    for i, x in enumerate(leaves):
-        if _compat.is_tracer(x) or isinstance(x, jax.Array):
-            dtype = x.dtype
-        elif isinstance(x, (np.ndarray, np.generic)):
+    for i, leaf in enumerate(leaves):
+        x = leaf
+        if _compat.is_tracer(x) or isinstance(x, (jax.Array, np.ndarray, np.generic)):
             dtype = x.dtype
         elif isinstance(x, (bool, int, float, complex)):
             x = jax.numpy.asarray(x)
@@ -259,7 +259,7 @@ def _result_avals(result_shape: Any) -> tuple[Any, tuple, tuple]:
                 dtype = jax.dtypes.canonicalize_dtype(jax.numpy.result_type(r))
             else:
                 raise TypeError(type(r))
-        except Exception:
+        except (TypeError, ValueError, OverflowError):
             raise ValueError(_RESULT_SHAPE_MSG.format(result_shape)) from None
         if np.dtype(dtype) not in receiver.SUPPORTED_DTYPES:
             raise ValueError(

@@ -11,7 +11,8 @@ are refused with a ``TypeError``.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
+from collections.abc import Sequence
 
 import jax
 import numpy as np

@@ -10,7 +10,8 @@ JAX code that placement builds, which binds the primitives again inside a manual
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import jax
 import numpy as np
@@ -91,7 +92,7 @@ def _outside_call_lowering_cpu(ctx: Any, *args: Any, callback: CallbackSpec,
 
 def _call_timeout_ms() -> int:
     seconds = settings.call_timeout()
-    return 0 if seconds is None else max(1, int(round(seconds * 1000)))
+    return 0 if seconds is None else max(1, round(seconds * 1000))
 
 
 def _host_call_lowering_cpu(ctx: Any, *args: Any, callback: CallbackSpec, result_treedef: Any,

@@ -22,8 +22,9 @@ strategies), expressed as JAX code that the lowering rules lower in place.
   the device at `device_index` runs the custom call, under `axis_index ==
   device_index`. A `call`'s results are then broadcast from that device (an exact
   bitwise psum, since every other device contributes zeros) and leave the region
-  replicated, so the partitioner hands every shard its part. Cost: one all-gather of the tapped operands (each device receives
-  (n-1)/n of them) and, for `call`, one all-reduce of the results.
+  replicated, so the partitioner hands every shard its part. Cost: one all-gather of the
+  tapped operands (each device receives (n-1)/n of them) and, for `call`, one all-reduce
+  of the results.
 * A failing `call` in a multi-device computation must not fail on one device while the
   others wait in a collective (XLA would abort the process after its rendezvous
   timeout). There the call reports through an int32 status result instead; the status is
@@ -40,7 +41,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np

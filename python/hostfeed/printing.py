@@ -6,7 +6,8 @@ Values are laid out as blocks of lines: a tuple prints as ``( a`` / ``  b )``, a
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -14,7 +14,8 @@ import functools
 import logging
 import threading
 import traceback
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Optional
+from collections.abc import Callable, Iterable, Sequence
 
 import jax
 import ml_dtypes
@@ -223,7 +224,7 @@ class _Dispatcher:
 _dispatch = _Dispatcher()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def device_for_ordinal(ordinal: int) -> jax.Device:
     """The local ``jax.Device`` whose XLA device ordinal is ``ordinal``."""
     for d in jax.local_devices():

@@ -278,8 +278,8 @@ batching.primitive_batchers[outside_call_p] = _outside_call_batching
 # So the cond's taps see, lane by lane, the carries an unbatched loop has (a lane that is
 # done repeats its final carry), never the body's results for lanes that are done (the
 # legacy rewrite ran the cond before selecting, so a `call` in the predicate could get
-# values past a lane's end). Every other loop (no hostfeed effect in the cond, or a predicate that is not batched) goes to
-# JAX's own rule, unchanged.
+# values past a lane's end). Every other loop (no hostfeed effect in the cond, or a
+# predicate that is not batched) goes to JAX's own rule, unchanged.
 
 def _has_hostfeed_effect(jaxpr) -> bool:
     return any(isinstance(e, HostCallbackEffect) for e in jaxpr.effects)

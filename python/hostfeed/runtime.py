@@ -8,7 +8,8 @@ shard are joined here first (:class:`Joiner`). Nothing in this module runs at tr
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
@@ -102,7 +103,7 @@ def check_call_results(name: str, res: Any, result_treedef: Any,
         >>> check_call_results("f", [1.0], tree, (jax.core.ShapedArray((), np.float32),))
         Traceback (most recent call last):
         ...
-        TypeError: Callback func f should have returned a result with pytree PyTreeDef(*) but returned PyTreeDef([*])
+        TypeError: Callback func f should have returned a result with pytree PyTreeDef(*) ...
     """
     actual_treedef: Any
     actual_flat, actual_treedef = jax.tree_util.tree_flatten(res)

@@ -9,13 +9,13 @@ import sys
 import textwrap
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import pytest  # noqa: E402
+import pytest
 
-from hostfeed import host_callback as hcb  # noqa: E402
+from hostfeed import host_callback as hcb
 
 
 @pytest.fixture(autouse=True)

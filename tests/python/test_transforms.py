@@ -215,7 +215,7 @@ def test_symbolic_zero_tangents_are_instantiated(transforms_mode):
 
 def test_result_under_grad_and_jvp(transforms_mode):
     rec = Rec()
-    f = lambda x: hcb.id_tap(rec, x * 2, result=x * 3)  # noqa: E731
+    f = lambda x: hcb.id_tap(rec, x * 2, result=x * 3)
     g, calls = rec.run(lambda: jax.grad(f)(1.0))
     assert float(g) == 3.0
     assert calls == [(2.0, ()), (0.0, (JVP, TRANSPOSE))]
@@ -414,7 +414,7 @@ def test_vmap_result(mode):
 
 def test_scan_under_grad(mode):
     rec = Rec()
-    f = lambda x: lax.scan(lambda c, a: (hcb.id_tap(rec, c * a), None), x,  # noqa: E731
+    f = lambda x: lax.scan(lambda c, a: (hcb.id_tap(rec, c * a), None), x,
                            jnp.arange(1.0, 3.0))[0]
     g, calls = rec.run(lambda: jax.grad(f)(2.0))
     assert float(g) == 2.0
@@ -427,7 +427,7 @@ def test_scan_under_grad(mode):
 
 def test_while_and_fori_under_jvp(mode):
     rec = Rec()
-    f = lambda x: lax.while_loop(lambda c: c[0] < 2,  # noqa: E731
+    f = lambda x: lax.while_loop(lambda c: c[0] < 2,
                                  lambda c: (c[0] + 1, hcb.id_tap(rec, c[1] * 2.0)), (0, x))[1]
     (p, t), calls = rec.run(lambda: jax.jvp(f, (1.0,), (1.0,)))
     assert (float(p), float(t)) == (4.0, 4.0)
@@ -435,7 +435,7 @@ def test_while_and_fori_under_jvp(mode):
         assert calls == [(2.0, ()), (4.0, ())]
     else:
         assert calls == [((2.0, 2.0), (JVP,)), ((4.0, 4.0), (JVP,))]
-    g = lambda x: lax.fori_loop(0, 2, lambda i, c: hcb.id_tap(rec, c * 3), x)  # noqa: E731
+    g = lambda x: lax.fori_loop(0, 2, lambda i, c: hcb.id_tap(rec, c * 3), x)
     d, calls = rec.run(lambda: jax.grad(g)(1.0))
     assert float(d) == 9.0
     fwd = [(3.0, ()), (9.0, ())]
@@ -445,7 +445,7 @@ def test_while_and_fori_under_jvp(mode):
 
 def test_cond_under_grad_and_vmap(mode):
     rec = Rec()
-    f = lambda x: lax.cond(x > 0, lambda v: hcb.id_tap(rec, v * v), lambda v: v, x)  # noqa: E731
+    f = lambda x: lax.cond(x > 0, lambda v: hcb.id_tap(rec, v * v), lambda v: v, x)
     g, calls = rec.run(lambda: jax.grad(f)(3.0))
     assert float(g) == 6.0
     assert calls == ([(9.0, ())] if mode == "primals" else
@@ -457,7 +457,7 @@ def test_cond_under_grad_and_vmap(mode):
 
 def test_scan_under_vmap(mode):
     rec = Rec()
-    f = lambda x: lax.scan(lambda c, a: (hcb.id_tap(rec, c + a), None), x,  # noqa: E731
+    f = lambda x: lax.scan(lambda c, a: (hcb.id_tap(rec, c + a), None), x,
                            jnp.arange(2.0))[0]
     out, calls = rec.run(lambda: jax.vmap(f)(jnp.array([10.0, 20.0])))
     assert out.tolist() == [11.0, 21.0]

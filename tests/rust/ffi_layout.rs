@@ -5,6 +5,7 @@
 //! The header is found through `HOSTFEED_XLA_FFI_INCLUDE` or, failing that, by asking the
 //! Python interpreter (`PYO3_PYTHON` or `python3`) for `jax.ffi.include_dir()`.
 
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -33,12 +34,14 @@ fn rust_mirror_matches_c_header() {
     assert!(include.join("xla/ffi/api/c_api.h").exists(), "no c_api.h under {include:?}");
     let layouts = layout_table();
     let constants = constant_table();
-    let mut src = String::from("#include <stdio.h>\n#include <stddef.h>\n#include \"xla/ffi/api/c_api.h\"\nint main(void) {\n");
+    let mut src = String::from(
+        "#include <stdio.h>\n#include <stddef.h>\n#include \"xla/ffi/api/c_api.h\"\nint main(void) {\n",
+    );
     for (expr, _) in &layouts {
-        src.push_str(&format!("  printf(\"%zu\\n\", (size_t)({expr}));\n"));
+        let _ = writeln!(src, "  printf(\"%zu\\n\", (size_t)({expr}));");
     }
     for (expr, _) in &constants {
-        src.push_str(&format!("  printf(\"%lld\\n\", (long long)({expr}));\n"));
+        let _ = writeln!(src, "  printf(\"%lld\\n\", (long long)({expr}));");
     }
     src.push_str("  return 0;\n}\n");
     let dir = std::env::temp_dir().join(format!("hostfeed_ffi_layout_{}", std::process::id()));

@@ -1,4 +1,8 @@
-//! A condition variable that skips the wake-up system call when nobody sleeps on it.
+//! Synchronisation helpers shared by the crate: [`lock`], the one way to take a mutex,
+//! and [`Waker`], a condition variable that skips the wake-up system call when nobody
+//! sleeps on it.
+//!
+//! ## `Waker`
 //!
 //! Waking a thread costs a futex system call even when no thread waits; on the hot paths
 //! of the queue (a push, a completed batch) and of a `call` reply, the other side is
@@ -15,8 +19,18 @@
 //! No Python here.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Condvar, MutexGuard, PoisonError};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
+
+/// Locks `m`, recovering the guard if a panic poisoned it.
+///
+/// No user code runs under the crate's locks, and every update under them leaves the
+/// state consistent (fields are replaced whole, counters updated together), so a panic
+/// elsewhere cannot leave a half-written state behind; recovering is sound, whereas
+/// propagating the poison would turn one bug into a failure of every later call.
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// See the module documentation.
 #[derive(Default)]
@@ -73,7 +87,7 @@ impl Waker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
 
     #[test]
     fn notify_without_sleepers_is_a_no_op_and_a_sleeper_is_woken() {
