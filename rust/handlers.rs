@@ -91,13 +91,13 @@ fn call(frame: &Frame<'_>, receiver: &'static Receiver) -> Result<(), Error> {
         .ok()
         .filter(|&ms| ms > 0)
         .map(|ms| Instant::now() + Duration::from_millis(ms));
-    // Ctrl-C fails the wait at once (the host function may never return).
-    let interrupts = interrupt::count();
+    // Ctrl-C or SIGTERM fails the wait at once (the host function may never return).
+    let signals = interrupt::counts();
     let interrupted = || {
         if interrupt::wanted() {
             interrupt::install(); // again, if Python's signal.signal replaced it meanwhile
         }
-        (interrupt::count() != interrupts).then(|| "KeyboardInterrupt: SIGINT".to_string())
+        interrupt::signalled_since(signals).map(str::to_string)
     };
     let waited = receiver.push(msg).map(|()| slot.wait(deadline, interrupted));
     receiver.end_call(ticket);
@@ -124,22 +124,73 @@ fn call(frame: &Frame<'_>, receiver: &'static Receiver) -> Result<(), Error> {
     Ok(())
 }
 
-/// The body of the check handler: fail if the (combined) status names a failed call.
-fn check(frame: &Frame<'_>, receiver: &'static Receiver) -> Result<(), Error> {
+/// An int32 scalar argument (the status of a call), read.
+fn status_arg(frame: &Frame<'_>, what: &str) -> Result<i32, Error> {
     let status = frame
         .args
         .iter()
         .find(|b| !b.is_token())
-        .ok_or_else(|| Error::InvalidArgument("hostfeed_check needs a status operand".into()))?;
+        .ok_or_else(|| Error::InvalidArgument(format!("{what} needs a status operand")))?;
     if status.dtype() != dtype::S32 || !status.dims().is_empty() {
-        return Err(Error::InvalidArgument("hostfeed_check status must be an int32 scalar".into()));
+        return Err(Error::InvalidArgument(format!("{what} status must be an int32 scalar")));
     }
     // SAFETY: an int32 scalar buffer holds 4 readable bytes in host memory.
-    let code = unsafe { status.data().cast::<i32>().read_unaligned() };
-    match code {
+    Ok(unsafe { status.data().cast::<i32>().read_unaligned() })
+}
+
+/// The body of the check handler: fail if the (combined) status names a failed call.
+///
+/// With many processes the failure may have been recorded in another process, whose
+/// tickets mean nothing here; there the lowering passes the failure's message as a second
+/// operand (`uint8[n]`, NUL-padded UTF-8, see [`failure`]), which wins when present.
+fn check(frame: &Frame<'_>, receiver: &'static Receiver) -> Result<(), Error> {
+    match status_arg(frame, "hostfeed_check")? {
         0 => Ok(()),
-        ticket => Err(Error::CallFailed(receiver.failure_message(ticket))),
+        ticket => {
+            let sent = frame.args.iter().filter(|b| !b.is_token()).nth(1).filter(|b| b.dtype() == dtype::U8);
+            let text = match sent {
+                Some(bytes) => {
+                    let n = bytes.nbytes()?;
+                    // SAFETY: a uint8 buffer of `n` bytes in host memory, alive for the call.
+                    let raw = unsafe { std::slice::from_raw_parts(bytes.data().cast_const(), n) };
+                    let end = raw.iter().position(|&b| b == 0).unwrap_or(n);
+                    String::from_utf8_lossy(&raw[..end]).into_owned()
+                }
+                None => String::new(),
+            };
+            let text = if text.is_empty() { receiver.failure_message(ticket) } else { text };
+            Err(Error::CallFailed(text))
+        }
     }
+}
+
+/// The body of the failure handler: writes the message of the failure recorded here
+/// under this device's own status (a ticket of this process) into the `uint8[n]` result,
+/// NUL-padded and cut to fit (zeros when the status is 0). Lets the lowering send the
+/// message to the other processes of a multi-process computation.
+fn failure(frame: &Frame<'_>, receiver: &'static Receiver) -> Result<(), Error> {
+    let ticket = status_arg(frame, "hostfeed_failure")?;
+    let out = frame
+        .outputs()
+        .next()
+        .filter(|b| b.dtype() == dtype::U8)
+        .ok_or_else(|| Error::InvalidArgument("hostfeed_failure needs a uint8 result".into()))?;
+    let n = out.nbytes()?;
+    let text = if ticket == 0 { String::new() } else { receiver.failure_message(ticket) };
+    let mut bytes = text.into_bytes();
+    if bytes.len() > n {
+        const MORE: &[u8] = b" [...]";
+        let mut cut = n.saturating_sub(MORE.len());
+        while cut > 0 && (bytes[cut] & 0xC0) == 0x80 {
+            cut -= 1; // not inside a UTF-8 sequence
+        }
+        bytes.truncate(cut);
+        bytes.extend_from_slice(&MORE[..MORE.len().min(n - cut)]);
+    }
+    bytes.resize(n, 0);
+    // SAFETY: the result is a uint8 buffer of `n` bytes in host memory, owned by this call.
+    unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), out.data(), n) };
+    Ok(())
 }
 
 /// Shared frame for every handler: decoding, panic guard, error conversion.
@@ -193,6 +244,16 @@ pub unsafe extern "C" fn hostfeed_tap(frame: *mut ffi::XLA_FFI_CallFrame) -> *mu
 pub unsafe extern "C" fn hostfeed_check(frame: *mut ffi::XLA_FFI_CallFrame) -> *mut ffi::XLA_FFI_Error {
     // SAFETY: forwarded caller contract.
     unsafe { run(frame, "hostfeed_check", check) }
+}
+
+/// XLA FFI handler `hostfeed_failure`: the message of this process's failed call named
+/// by a status operand, as bytes, so that it can be sent to the other processes.
+///
+/// # Safety
+/// Called by XLA with a valid call frame.
+pub unsafe extern "C" fn hostfeed_failure(frame: *mut ffi::XLA_FFI_CallFrame) -> *mut ffi::XLA_FFI_Error {
+    // SAFETY: forwarded caller contract.
+    unsafe { run(frame, "hostfeed_failure", failure) }
 }
 
 /// XLA FFI handler `hostfeed_call`: sends its operands to the host, waits for the host

@@ -312,6 +312,7 @@ pub fn registrations(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("hostfeed_tap", capsule(py, handlers::hostfeed_tap)?)?;
     d.set_item("hostfeed_call", capsule(py, handlers::hostfeed_call)?)?;
     d.set_item("hostfeed_check", capsule(py, handlers::hostfeed_check)?)?;
+    d.set_item("hostfeed_failure", capsule(py, handlers::hostfeed_failure)?)?; // multiprocess
     Ok(d)
 }
 
@@ -349,8 +350,8 @@ pub fn dtype_codes(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(d)
 }
 
-/// Installs the SIGINT counter that lets a waiting `call` fail on Ctrl-C (see
-/// `interrupt.rs`); returns whether it is installed.
+/// Installs the SIGINT and SIGTERM counters that let a waiting `call` fail on Ctrl-C or
+/// SIGTERM (see `interrupt.rs`); returns whether the SIGINT counter is installed.
 #[pyfunction]
 pub fn install_interrupt_watch() -> bool {
     interrupt::install()

@@ -110,3 +110,13 @@ from jax._src.interpreters import batching as _batching  # noqa: E402
 
 batch_jaxpr = _batching.batch_jaxpr
 batch_jaxpr_axes = _batching.batch_jaxpr_axes
+
+
+# ---- Many processes (placement.py) ------------------------------------------------------
+# The global-view lowering must know which process owns each device of the computation
+# (`ShardingContext.device_assignment`), which JAX 0.10-0.12 fills in only for
+# computations containing a primitive of this registry (as io_callback's). Same name in
+# 0.10.2 through 0.12.
+def require_devices_during_lowering(*prims: Primitive) -> None:
+    """Makes JAX pass the physical devices to the lowering of computations using ``prims``."""
+    dispatch.prim_requires_devices_during_lowering.update(prims)

@@ -109,7 +109,8 @@ def set_consumer_name(consumer_id: int, name: str) -> None:
     """Remembers the name of a consumer, for error messages about it."""
 
 def install_interrupt_watch() -> bool:
-    """Installs the SIGINT counter that lets a waiting ``call`` fail on Ctrl-C."""
+    """Installs the SIGINT and SIGTERM counters that let a waiting ``call`` fail on Ctrl-C
+    or SIGTERM (SIGTERM only where a handler, e.g. jax.distributed's, replaced the default)."""
 
 def registrations() -> dict[str, Any]:
     """``{target_name: PyCapsule}`` for ``jax.ffi.register_ffi_target(..., platform="cpu")``."""

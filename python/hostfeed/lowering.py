@@ -19,13 +19,15 @@ import numpy as np
 from . import _compat, receiver, settings
 from .placement import (Where, lower_global_call, lower_global_tap, lower_per_device_call,
                         where)
-from .primitives import call_check_p, host_call_p, host_callback_effect, outside_call_p
+from .primitives import (call_check_p, failure_message_p, host_call_p, host_callback_effect,
+                         outside_call_p)
 from .runtime import (CallbackSpec, ShardParts, make_call_invoker, make_joined_call,
                       make_joined_tap, make_tap_invoker)
 
 TAP_TARGET = "hostfeed_tap"
 CALL_TARGET = "hostfeed_call"
 CHECK_TARGET = "hostfeed_check"
+FAILURE_TARGET = "hostfeed_failure"
 
 for _name, _capsule in receiver.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
@@ -114,10 +116,21 @@ def _host_call_lowering_cpu(ctx: Any, *args: Any, callback: CallbackSpec, result
                  timeout_ms=np.int64(_call_timeout_ms()), name=callback.name)
 
 
-def _call_check_lowering_cpu(ctx: Any, status: Any) -> list:
+def _call_check_lowering_cpu(ctx: Any, status: Any, *message: Any) -> list:
     context, _ = where(ctx)
-    _emit(ctx, CHECK_TARGET, [status], ctx.avals_in, [], context is Where.PER_DEVICE)
+    _emit(ctx, CHECK_TARGET, [status, *message], ctx.avals_in, [],
+          context is Where.PER_DEVICE)
     return []
+
+
+def _failure_message_lowering_cpu(ctx: Any, status: Any) -> list:
+    # No token: ordered after the call by its data dependency on the call's status.
+    context, _ = where(ctx)
+    op = _compat.build_ffi_lowering_function(FAILURE_TARGET, has_side_effect=False)(
+        ctx, status)
+    if context is Where.PER_DEVICE and not _compat.use_shardy.value:
+        _compat.set_sharding(ctx.module_context, op, _compat.manual_op_sharding())
+    return list(op.results)
 
 
 def _lowering_unsupported(ctx: Any, *args: Any, **params: Any) -> list:
@@ -130,6 +143,7 @@ def _lowering_unsupported(ctx: Any, *args: Any, **params: Any) -> list:
 
 for _prim, _rule in ((outside_call_p, _outside_call_lowering_cpu),
                      (host_call_p, _host_call_lowering_cpu),
-                     (call_check_p, _call_check_lowering_cpu)):
+                     (call_check_p, _call_check_lowering_cpu),
+                     (failure_message_p, _failure_message_lowering_cpu)):
     _compat.register_lowering(_prim, _rule, platform="cpu")
     _compat.register_lowering(_prim, _lowering_unsupported)

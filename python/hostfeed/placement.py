@@ -25,6 +25,20 @@ strategies), expressed as JAX code that the lowering rules lower in place.
   replicated, so the partitioner hands every shard its part. Cost: one all-gather of the
   tapped operands (each device receives (n-1)/n of them) and, for `call`, one all-reduce
   of the results.
+* Many processes (`jax.distributed`): every custom call runs in the process that owns
+  its device, so per-device callbacks need nothing more. A global-view callback runs in
+  the process that owns device `device_index` of the computation (the *owner*), and the
+  host can join only slices that reach that process. So, shard by shard, the slices of
+  the other processes' devices are first moved to the owner process's devices with
+  `ppermute` rounds (round j pairs up to k remote devices with the owner's k devices),
+  and each owner device sends its own slice plus the ones it received in one message
+  (`[group, part_0, part_1, ...]`, -1 for an empty slot); only the owner process's
+  devices send, so its host joins the whole value and never waits for a part that cannot
+  come. A call's results travel back by the same rounds reversed. Bytes between
+  processes: exactly the slices held outside the owner process, once (and their results
+  for a call). One process is the special case with no rounds. The gathering scheme
+  needs nothing more either: only device `device_index` calls, in its own process.
+  Partially manual regions under many processes use the gathering scheme.
 * A failing `call` in a multi-device computation must not fail on one device while the
   others wait in a collective (XLA would abort the process after its rendezvous
   timeout). There the call reports through an int32 status result instead; the status is
@@ -50,7 +64,8 @@ from jax import lax
 from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
 
 from . import _compat
-from .primitives import call_check_p, host_call_p, outside_call_p
+from .primitives import (FAILURE_MESSAGE_BYTES, call_check_p, failure_message_p,
+                         host_call_p, outside_call_p)
 from .runtime import ShardParts
 
 
@@ -159,6 +174,30 @@ def _bitwise_broadcast(x: Any, is_source: Any, axes: tuple) -> Any:
     return lax.bitcast_convert_type(bits, dtype)
 
 
+def check_everywhere(status: Any, axes: tuple) -> None:
+    """Combines the devices' call statuses and fails every device if one call failed.
+
+    A status is a ticket of the process where the call failed. With one process every
+    device can look it up; with many, the failure's message is also sent from a device
+    whose status won (only when a call failed: the branch is taken by all devices alike,
+    so its collectives are too), and the check raises with that text everywhere.
+    """
+    combined = lax.pmax(status, axes)
+    if jax.process_count() == 1:
+        call_check_p.bind(combined)
+        return
+    jnp = jax.numpy
+
+    def message(status):
+        idx = lax.axis_index(axes)
+        source = lax.pmax(jnp.where(status == combined, idx, -1), axes)
+        return _bitwise_broadcast(failure_message_p.bind(status), idx == source, axes)
+
+    text = lax.cond(combined != 0, message,
+                    lambda status: jnp.zeros((FAILURE_MESSAGE_BYTES,), np.uint8), status)
+    call_check_p.bind(combined, text)
+
+
 def lower_fun(ctx: Any, fn: Callable, avals_in: Sequence[Any], avals_out: Sequence[Any],
               args: Sequence[Any]) -> list:
     """`mlir.lower_fun` on a context with the given avals, passing the effect tokens on."""
@@ -195,7 +234,7 @@ def _lower_gathered(ctx: Any, region: Region, args: Sequence[Any], avals_in: Seq
         if with_status:
             status, *outs = outs
             outs = [_bitwise_broadcast(o, is_source, axes) for o in outs]
-            call_check_p.bind(lax.pmax(status, axes))
+            check_everywhere(status, axes)
             return tuple(outs)
         return tuple(_bitwise_broadcast(o, is_source, axes) for o in outs)
 
@@ -216,6 +255,79 @@ def _part_meta(axes: tuple, manual: tuple) -> Any:
     return jax.numpy.stack([jax.numpy.asarray(grp), part]).astype(np.int32)
 
 
+class Rounds(NamedTuple):
+    """How the slices of a shard-by-shard callback reach the process that runs it.
+
+    ``owner[k]``: whether region device k belongs to the owner process (the one holding
+    device ``device_index``); ``perms[j]``: the ``(remote, owner device)`` pairs of round
+    j; ``slots[k]``: the parts device k sends (its own first, then one per round, -1 for
+    none), the rows of the message's meta; ``round_of[k]``: the round that carries remote
+    device k's slice (-1 for the owner's devices)."""
+
+    owner: tuple[bool, ...]
+    perms: tuple[tuple[tuple[int, int], ...], ...]
+    slots: tuple[tuple[int, ...], ...]
+    round_of: tuple[int, ...]
+
+    @property
+    def local(self) -> bool:
+        """Every device of the region belongs to the owner process (no rounds)."""
+        return all(self.owner)
+
+
+def rounds_for(processes: Sequence[int], device_index: int) -> Rounds:
+    """The rounds for a region whose device k belongs to process ``processes[k]``.
+
+    Example:
+        >>> r = rounds_for([0, 0, 1, 1, 1], device_index=0)
+        >>> r.perms, r.slots[:2], r.round_of
+        (((2, 0), (3, 1)), ((4, 0),)), ((0, 2, 4), (1, 3, -1)), (-1, -1, 0, 0, 1))
+    """
+    owner_process = processes[device_index]
+    owner = tuple(p == owner_process for p in processes)
+    local = [k for k, o in enumerate(owner) if o]
+    remote = [k for k, o in enumerate(owner) if not o]
+    width = len(local)
+    perms = tuple(tuple(zip(remote[j:j + width], local))
+                  for j in range(0, len(remote), width))
+    slots = [[k] + [-1] * len(perms) if o else [-1] * (1 + len(perms))
+             for k, o in enumerate(owner)]
+    round_of = [-1] * len(processes)
+    for j, perm in enumerate(perms):
+        for src, dst in perm:
+            slots[dst][1 + j] = src
+            round_of[src] = j
+    return Rounds(owner, perms, tuple(tuple(s) for s in slots), tuple(round_of))
+
+
+def _region_processes(ctx: Any, ac: Any, region: Region) -> list[int] | None:
+    """The process of each region device (in axis-index order), or None when unknown."""
+    if jax.process_count() == 1:
+        return [0] * region.group
+    if where(ctx)[0] is not Where.GLOBAL:
+        return None  # partially manual: several groups; use the gathering scheme
+    devices = getattr(ac, "device_assignment", None)
+    if devices is None or len(devices) != region.group:
+        return None
+    return [d.process_index for d in devices]
+
+
+def _meta_rows(rounds: Rounds, idx: Any, manual: tuple) -> Any:
+    """This device's meta: ``[group, *slots]`` (its row of ``rounds.slots``)."""
+    jnp = jax.numpy
+    grp = lax.axis_index(manual) if manual else 0
+    table = jnp.asarray(np.array(rounds.slots, np.int32))
+    return jnp.concatenate([jnp.asarray(grp, np.int32)[None], table[idx]])
+
+
+def _gather_slots(rounds: Rounds, axes: tuple, shards: Sequence[Any]) -> list:
+    """Own shards, then each round's received shards (zeros where none arrived)."""
+    out = list(shards)
+    for perm in rounds.perms:
+        out += list(lax.ppermute(tuple(shards), axes, perm=list(perm)))
+    return out
+
+
 def lower_global_tap(ctx: Any, ac: Any, tapped: Sequence[Any], bind_params: dict) -> None:
     """A global-view tap: shard by shard when every tapped operand splits evenly along
     dimension 0 over the devices, else gathered onto device ``device_index``.
@@ -230,13 +342,26 @@ def lower_global_tap(ctx: Any, ac: Any, tapped: Sequence[Any], bind_params: dict
     region = _manual_region(ac, avals)
     device_index = bind_params["device_index"]
     check_device_index(device_index, region.group, "collect the tapped operand")
-    if tapped and _splits_evenly(avals, region.group):
+    processes = _region_processes(ctx, ac, region)
+    if tapped and processes is not None and _splits_evenly(avals, region.group):
         manual = tuple(getattr(ac, "manual_axes", ()))
-        params = dict(bind_params, nr_tapped_args=len(tapped) + 1,
+        rounds = rounds_for(processes, device_index)
+        n_slots = 1 + len(rounds.perms)
+        params = dict(bind_params, nr_tapped_args=n_slots * len(tapped) + 1,
                       shard_parts=ShardParts(region.group, device_index))
 
         def body(*shards):
-            outside_call_p.bind(_part_meta(region.axes, manual), *shards, **params)
+            if rounds.local:
+                outside_call_p.bind(_part_meta(region.axes, manual), *shards, **params)
+                return ()
+            idx = lax.axis_index(region.axes)
+            ops = (_meta_rows(rounds, idx, manual), *_gather_slots(rounds, region.axes, shards))
+
+            def send(ops):
+                outside_call_p.bind(*ops, **params)
+                return ()
+
+            lax.cond(jax.numpy.asarray(rounds.owner)[idx], send, lambda ops: (), ops)
             return ()
 
         def fn(*ops):
@@ -267,19 +392,43 @@ def lower_global_call(ctx: Any, ac: Any, args: Sequence[Any], params: dict) -> l
     device_index = params["device_index"]
     check_device_index(device_index, region.group, "make the call")
     whole = tuple(params["result_avals"])
-    if args and _splits_evenly(ctx.avals_in, region.group) \
+    processes = _region_processes(ctx, ac, region)
+    if args and processes is not None and _splits_evenly(ctx.avals_in, region.group) \
             and _splits_evenly(whole, region.group):
         group = region.group
         local = tuple(a.update(shape=(a.shape[0] // group, *a.shape[1:])) for a in whole)
         manual = tuple(getattr(ac, "manual_axes", ()))
-        inner = dict(params, result_avals=local, with_status=True,
+        rounds = rounds_for(processes, device_index)
+        n_slots = 1 + len(rounds.perms)
+        inner = dict(params, result_avals=local * n_slots, with_status=True,
                      shard_parts=ShardParts(group, device_index, whole))
 
         def body(*shards):
-            status, *outs = host_call_p.bind(_part_meta(region.axes, manual), *shards,
-                                             **inner)
-            call_check_p.bind(lax.pmax(status, region.axes))
-            return tuple(outs)
+            if rounds.local:
+                status, *outs = host_call_p.bind(_part_meta(region.axes, manual), *shards,
+                                                 **inner)
+                check_everywhere(status, region.axes)
+                return tuple(outs)
+            jnp = jax.numpy
+            idx = lax.axis_index(region.axes)
+            ops = (_meta_rows(rounds, idx, manual), *_gather_slots(rounds, region.axes, shards))
+
+            def call(ops):
+                return tuple(host_call_p.bind(*ops, **inner))
+
+            def skip(ops):
+                return (np.int32(0), *(jnp.zeros(a.shape, a.dtype) for a in local * n_slots))
+
+            status, *outs = lax.cond(jnp.asarray(rounds.owner)[idx], call, skip, ops)
+            n = len(local)
+            mine = list(outs[:n])
+            my_round = jnp.asarray(np.array(rounds.round_of, np.int32))[idx]
+            for j, perm in enumerate(rounds.perms):
+                back = lax.ppermute(tuple(outs[(j + 1) * n:(j + 2) * n]), region.axes,
+                                    perm=[(dst, src) for src, dst in perm])
+                mine = [jnp.where(my_round == j, b, m) for b, m in zip(back, mine)]
+            check_everywhere(status, region.axes)
+            return tuple(mine)
 
         def fn(*ops):
             return _in_region(region, body, P(region.axes), len(ops), len(whole), ops)
@@ -300,7 +449,7 @@ def lower_per_device_call(ctx: Any, ac: Any, args: Sequence[Any], params: dict) 
 
     def per_device(*xs):
         status, *outs = host_call_p.bind(*xs, **params, with_status=True)
-        call_check_p.bind(lax.pmax(status, axes))
+        check_everywhere(status, axes)
         return outs
 
     return lower_fun(ctx, per_device, ctx.avals_in, ctx.avals_out, args)

@@ -17,7 +17,8 @@ from .runtime import CallbackSpec, check_call_results, unpack_transforms
 
 __all__ = [
     "HostCallbackEffect", "host_callback_effect", "CallbackSpec", "outside_call_p",
-    "outside_call_params", "host_call_p", "call_check_p", "get_ad_taps", "set_ad_taps",
+    "outside_call_params", "host_call_p", "call_check_p", "failure_message_p",
+    "get_ad_taps", "set_ad_taps",
 ]
 
 
@@ -167,6 +168,25 @@ call_check_p.multiple_results = True
 
 
 @call_check_p.def_effectful_abstract_eval
-def _call_check_abstract_eval(status):
-    del status
+def _call_check_abstract_eval(status, *message):
+    # `message` (many processes only): the failure's text as NUL-padded uint8 bytes, sent
+    # from the process where the call failed (its status ticket means nothing elsewhere).
+    del status, message
     return [], {host_callback_effect}
+
+
+# Global-view placement needs each device's process (many processes): see placement.py.
+_compat.require_devices_during_lowering(outside_call_p, host_call_p)
+
+
+# `failure_message_p` (many processes only): the text of this process's failed call named
+# by a device's own status, as `uint8[FAILURE_MESSAGE_BYTES]` (zeros for status 0), so the
+# lowering can send it to the other processes. Pure: it only reads what the call recorded.
+failure_message_p = _compat.Primitive("host_call_failure_message")
+FAILURE_MESSAGE_BYTES = 2048
+
+
+@failure_message_p.def_abstract_eval
+def _failure_message_abstract_eval(status):
+    del status
+    return jax.core.ShapedArray((FAILURE_MESSAGE_BYTES,), np.uint8)

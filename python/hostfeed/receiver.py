@@ -226,12 +226,38 @@ _dispatch = _Dispatcher()
 
 @functools.cache
 def device_for_ordinal(ordinal: int) -> jax.Device:
-    """The local ``jax.Device`` whose XLA device ordinal is ``ordinal``."""
-    for d in jax.local_devices():
-        hw = getattr(d, "local_hardware_id", None)
-        if (hw if hw is not None else d.id) == ordinal:
+    """The ``jax.Device`` of this process whose XLA device ordinal is ``ordinal``.
+
+    What ``XLA_FFI_DeviceOrdinal_Get`` reports differs by setup: on CPU with one process
+    it is the device's id (which equals its ``local_hardware_id``); with many processes
+    (``jax.distributed``) it is the *global* device id (e.g. 2048 for the first CPU device
+    of process 1), not an index into ``jax.local_devices()``. So a local CPU device is
+    matched by ``id`` first, then by ``local_hardware_id`` (the ordinal of platforms that
+    number their devices per process).
+
+    Raises:
+      LookupError: no device of this process has that ordinal (the tap is then recorded
+        as failed for ``barrier_wait``, not lost silently).
+    """
+    devices = _local_callback_devices()
+    for d in devices:
+        if d.id == ordinal:
             return d
-    return jax.local_devices()[ordinal]
+    for d in devices:
+        if getattr(d, "local_hardware_id", None) == ordinal:
+            return d
+    raise LookupError(
+        f"hostfeed: no device of process {jax.process_index()} has XLA device ordinal "
+        f"{ordinal}; its devices are {[(d.id, d.local_hardware_id) for d in devices]} "
+        f"as (id, local_hardware_id)")
+
+
+def _local_callback_devices() -> list:
+    """The local devices host callbacks run on (CPU, the only platform lowered for)."""
+    try:
+        return list(jax.local_devices(backend="cpu"))
+    except RuntimeError:  # no CPU backend: the default one's
+        return list(jax.local_devices())
 
 
 # ----------------------------------------------------------------------------------------

@@ -213,7 +213,11 @@ def make_call_invoker(spec: CallbackSpec, result_treedef: Any,
 # ----------------------------------------------------------------------------------------
 # Global-view callbacks sent shard by shard: each of `n_parts` devices sends its slice of
 # every operand (cut along dimension 0) behind `meta = [group, part]`; the host joins the
-# slices of one execution and calls the user's function once.
+# slices of one execution and calls the user's function once. Under many processes the
+# slices of other processes' devices are first moved to devices of the process that runs
+# the callback (placement.py), which then send several slices in one message:
+# `meta = [group, part_0, part_1, ...]`, one *slot* of operands per part, -1 marking an
+# empty slot (see :class:`Joiner`).
 
 
 class ShardParts(NamedTuple):
@@ -230,6 +234,9 @@ class _Part(NamedTuple):
     shards: list
     ordinal: int
     reply: Any
+    part: int = 0  # the part number (position along dimension 0)
+    slot: int = 0  # the slot of its message that carried it
+    n_slots: int = 1  # the slots of that message
 
 
 def _join(parts: Sequence[_Part]) -> list:
@@ -237,13 +244,28 @@ def _join(parts: Sequence[_Part]) -> list:
             for j in range(len(parts[0].shards))]
 
 
+def _unpack(arrays: Sequence[np.ndarray], ordinal: int, reply: Any) -> tuple[int, list[_Part]]:
+    """``(group, parts)`` of one message ``(meta, *slots)``; empty slots are left out."""
+    meta, *rest = arrays
+    group, slots = int(meta[0]), [int(p) for p in meta[1:]]
+    n_slots = len(slots)
+    if n_slots == 0 or len(rest) % n_slots:
+        raise ValueError(f"hostfeed: malformed part message: meta {meta.tolist()} with "
+                         f"{len(rest)} operands")
+    per = len(rest) // n_slots
+    return group, [_Part(rest[s * per:(s + 1) * per], ordinal, reply, part, s, n_slots)
+                   for s, part in enumerate(slots) if part >= 0]
+
+
 class Joiner:
     """Groups the parts that the devices of a global-view callback send into complete
     sets, and runs ``complete(parts)`` once per set.
 
     Parts are matched by XLA's run id (the same on every device of one launch) and, within
-    a run and group of devices, by their position in each device's FIFO stream. A set that
-    can no longer complete (its execution failed on some device) is dropped by
+    a run and group of devices, by their position in each device's FIFO stream. A message
+    may carry several parts (slots), all of the same set; one device never sends parts of
+    one set in two messages, so a set completes on the message of its last device.
+    A set that can no longer complete (its execution failed on some device) is dropped by
     :meth:`abandon`; its waiting ``call`` replies are failed. Used only on the consumer
     thread (under the dispatcher's lock), so it needs no lock of its own.
 
@@ -268,20 +290,27 @@ class Joiner:
 
     def add(self, run: int, arrays: Sequence[np.ndarray], ordinal: int,
             reply: Any) -> tuple[int, ...] | None:
-        """Adds one part (``arrays = (meta, *shards)``). Returns None while its set is
-        incomplete, else runs the set and returns the device ordinals that took part."""
-        meta, *shards = arrays
-        group, part = int(meta[0]), int(meta[1])
-        last_run, n = self._counts.get((group, part), (run, 0))
-        if last_run != run:
-            n = 0
-        self._counts[(group, part)] = (run, n + 1)
+        """Adds one message's parts (``arrays = (meta, *slots)``). Returns None while their
+        set is incomplete, else runs the set and returns the device ordinals that took
+        part."""
+        group, new = _unpack(arrays, ordinal, reply)
         pending = self._runs.setdefault(run, {})
-        parts = pending.setdefault((group, n), {})
-        parts[part] = _Part(shards, ordinal, reply)
+        parts: dict[int, _Part] = {}
+        key = (group, 0)
+        for p in new:
+            if not 0 <= p.part < self.n_parts:
+                raise ValueError(f"hostfeed: part {p.part} of {self.name} is outside its "
+                                 f"{self.n_parts} parts")
+            last_run, n = self._counts.get((group, p.part), (run, 0))
+            if last_run != run:
+                n = 0
+            self._counts[(group, p.part)] = (run, n + 1)
+            key = (group, n)
+            parts = pending.setdefault(key, {})
+            parts[p.part] = p
         if len(parts) < self.n_parts:
             return None
-        del pending[(group, n)]
+        del pending[key]
         if not pending:
             del self._runs[run]
         ordered = [parts[i] for i in range(self.n_parts)]
@@ -293,7 +322,7 @@ class Joiner:
                 if p.reply is not None:
                     p.reply.fail(f"hostfeed: host callback {self.name} failed: "
                                  f"{type(exc).__name__}: {exc}")
-        return tuple(p.ordinal for p in ordered)
+        return tuple(dict.fromkeys(p.ordinal for p in ordered))
 
     def abandon(self, run: int, why: str) -> tuple[int, ...]:
         """Drops the incomplete sets of ``run``, failing their waiting replies with
@@ -305,7 +334,7 @@ class Joiner:
                 if p.reply is not None:
                     p.reply.fail(why)
         self._counts = {k: v for k, v in self._counts.items() if v[0] != run}
-        return tuple(ordinals)
+        return tuple(dict.fromkeys(ordinals))
 
     def incomplete_runs(self) -> list[int]:
         """Runs with parts waiting for other devices."""
@@ -327,19 +356,31 @@ def make_joined_tap(invoke: Callable[..., None], shard_parts: ShardParts,
 def make_joined_call(spec: CallbackSpec, result_treedef: Any,
                      shard_parts: ShardParts) -> Joiner:
     """A :class:`Joiner` for a global-view ``call``: once all parts are in, the callback
-    runs once with the whole operands (as from part ``source``) and every device gets its
-    slice (along dimension 0) of each result, or the error."""
+    runs once with the whole operands (as from part ``source``) and every message gets,
+    slot by slot, its part's slice (along dimension 0) of each result (zeros for an empty
+    slot), or the error."""
     assert shard_parts.whole_avals is not None
     run = make_call_runner(spec, result_treedef, shard_parts.whole_avals)
     n_parts, source = shard_parts.n_parts, shard_parts.source
 
     def complete(parts: list[_Part]) -> None:
         flat, error = run(_join(parts), parts[source].ordinal)
-        pieces = [] if flat is None else [np.split(f, n_parts, axis=0) for f in flat]
-        for i, p in enumerate(parts):
-            if error is not None:
-                p.reply.fail(error)
-            else:
-                p.reply.send([np.ascontiguousarray(piece[i]) for piece in pieces])
+        messages: dict[int, tuple[Any, list[_Part | None]]] = {}
+        for p in parts:
+            slots = messages.setdefault(id(p.reply), (p.reply, [None] * p.n_slots))[1]
+            slots[p.slot] = p
+        if error is not None:
+            for reply, _ in messages.values():
+                reply.fail(error)
+            return
+        assert flat is not None
+        pieces = [np.split(f, n_parts, axis=0) for f in flat]
+        for reply, slots in messages.values():
+            out = []
+            for p in slots:
+                for piece in pieces:
+                    out.append(np.ascontiguousarray(piece[p.part]) if p is not None
+                               else np.zeros_like(piece[0]))
+            reply.send(out)
 
     return Joiner(n_parts, complete, f"{spec.name} of hcb.call")
