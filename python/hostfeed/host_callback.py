@@ -26,7 +26,10 @@ final module) taps only primal values; choose it with ``HOSTFEED_AD_TAPS=primals
 :func:`set_ad_taps`.
 
 On several devices, ``pmap`` and ``shard_map`` tap per device; ``jit`` over sharded arrays
-taps the whole logical operand once, on device ``device_index`` of the computation.
+taps the whole logical operand once, on device ``device_index`` of the computation. With
+many processes (``jax.distributed``) a callback runs in the process that owns its device:
+per-device taps in each device's process, a global-view tap or call once in the process
+owning device ``device_index`` (a call's results reach every process's shards).
 
 Environment variables (the legacy names):
 
@@ -158,7 +161,8 @@ def id_tap(tap_func: Callable, arg: T, *, result: Any = None, tap_with_device: b
         still runs even if only ``result`` is used, or nothing at all.
       tap_with_device: pass the originating ``jax.Device`` as the ``device`` keyword.
       device_index: under global-view sharding, which device of the computation collects
-        the operand and runs the callback (the JAX 0.4.x keyword; default 0).
+        the operand and runs the callback (the JAX 0.4.x keyword; default 0); with many
+        processes, the tap function runs in that device's process only.
       **kwargs: refused with the legacy module's explanation (use ``functools.partial``).
 
     Returns:
@@ -293,7 +297,8 @@ def call(callback_func: Callable, arg: Any, *, result_shape: Any = None,
         computation gets typed keys.
       call_with_device: pass the originating ``jax.Device`` as the ``device`` keyword.
       device_index: under global-view sharding, which device of the computation makes the
-        call (the JAX 0.4.x keyword; default 0).
+        call (the JAX 0.4.x keyword; default 0); with many processes, the host function
+        runs in that device's process and every process gets its part of the results.
 
     Returns:
       The callback's results, with the structure, shapes and dtypes of ``result_shape``.

@@ -280,8 +280,10 @@ def rounds_for(processes: Sequence[int], device_index: int) -> Rounds:
 
     Example:
         >>> r = rounds_for([0, 0, 1, 1, 1], device_index=0)
-        >>> r.perms, r.slots[:2], r.round_of
-        (((2, 0), (3, 1)), ((4, 0),)), ((0, 2, 4), (1, 3, -1)), (-1, -1, 0, 0, 1))
+        >>> r.perms  # round 0: devices 2, 3 -> 0, 1; round 1: device 4 -> 0
+        (((2, 0), (3, 1)), ((4, 0),))
+        >>> r.slots[:2], r.round_of
+        (((0, 2, 4), (1, 3, -1)), (-1, -1, 0, 0, 1))
     """
     owner_process = processes[device_index]
     owner = tuple(p == owner_process for p in processes)

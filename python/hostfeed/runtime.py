@@ -377,9 +377,9 @@ def make_joined_call(spec: CallbackSpec, result_treedef: Any,
         pieces = [np.split(f, n_parts, axis=0) for f in flat]
         for reply, slots in messages.values():
             out = []
-            for p in slots:
+            for slot in slots:
                 for piece in pieces:
-                    out.append(np.ascontiguousarray(piece[p.part]) if p is not None
+                    out.append(np.ascontiguousarray(piece[slot.part]) if slot is not None
                                else np.zeros_like(piece[0]))
             reply.send(out)
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+import pytest
 
 from hostfeed import receiver
+from hostfeed.placement import rounds_for
 from hostfeed.runtime import CallbackSpec, ShardParts, make_joined_call, make_joined_tap
 
 
@@ -75,12 +77,12 @@ class FakeReply:
         self.failed = message
 
 
-def joined_call(host, n_elems):
-    """A 2-part joined call of `host` returning float32[n_elems]."""
+def joined_call(host, n_elems, n_parts=2):
+    """An `n_parts`-part joined call of `host` returning float32[n_elems]."""
     scalar_tree = jax.tree_util.tree_structure(0)
     spec = CallbackSpec(host, scalar_tree, False, "call")
     avals = (jax.core.ShapedArray((n_elems,), np.float32),)
-    return make_joined_call(spec, scalar_tree, ShardParts(2, 0, avals))
+    return make_joined_call(spec, scalar_tree, ShardParts(n_parts, 0, avals))
 
 
 def test_joined_call_runs_once_and_returns_each_device_its_slice():
@@ -198,3 +200,65 @@ def test_abandon_incomplete_releases_every_held_device():
         receiver._registry.consumers = saved
     assert log.events == [("tap", 0)]
     assert d.held == {}
+
+
+# ----------------------------------------------------------------------------------------
+# Many processes: the owner process's devices send several parts (slots) per message.
+
+
+def test_a_message_carries_several_parts_in_slots():
+    got = []
+    j = joined_tap(got, n_parts=4, source=0)
+    # Device 10 sends its own part 0 and part 2 received from another process; device 11
+    # its part 1 and part 3.
+    assert j.add(5, [np.array([0, 0, 2], np.int32), np.array([0]), np.array([2])], 10,
+                 None) is None
+    assert j.add(5, [np.array([0, 1, 3], np.int32), np.array([1]), np.array([3])], 11,
+                 None) == (10, 11)
+    assert got == [([[0, 1, 2, 3]], 10)]
+
+
+def test_joined_call_answers_every_slot_and_zeros_an_empty_one():
+    j = joined_call(lambda x: x * 10, 3, n_parts=3)
+    r0, r1 = FakeReply(), FakeReply()
+    assert j.add(2, [np.array([0, 0, 2], np.int32), np.array([0], np.float32),
+                     np.array([2], np.float32)], 0, r0) is None
+    # Device 1 received nothing in round 0: slot 1 is empty (-1).
+    assert j.add(2, [np.array([0, 1, -1], np.int32), np.array([1], np.float32),
+                     np.array([0], np.float32)], 1, r1) == (0, 1)
+    assert r0.sent == [[0.0], [20.0]]
+    assert r1.sent == [[10.0], [0.0]]
+
+
+def test_joined_call_fails_a_message_with_several_slots_once():
+    def host(x):
+        raise ValueError("nope")
+
+    j = joined_call(host, 2)
+    r0 = FakeReply()
+    j.add(3, [np.array([0, 0, 1], np.int32), np.array([0], np.float32),
+              np.array([1], np.float32)], 0, r0)
+    assert "raised ValueError: nope" in r0.failed
+    receiver.take_last_exception()
+
+
+@pytest.mark.parametrize("processes, device_index", [
+    ([0, 0, 1, 1], 0), ([0, 0, 1, 1], 3), ([0, 1, 2, 3], 2), ([0, 0, 0, 1, 1, 2], 4),
+    ([1, 0, 1, 0], 1), ([0, 0, 0, 0], 1)])
+def test_rounds_bring_every_slice_to_the_owner_process_once(processes, device_index):
+    r = rounds_for(processes, device_index)
+    owner = processes[device_index]
+    assert r.owner == tuple(p == owner for p in processes)
+    for perm in r.perms:  # each round is a partial permutation towards owner devices
+        sources, targets = [s for s, _ in perm], [t for _, t in perm]
+        assert len(set(sources)) == len(sources) and len(set(targets)) == len(targets)
+        assert all(processes[t] == owner and processes[s] != owner for s, t in perm)
+    # Every part is sent exactly once, by an owner device; others send nothing.
+    sent = [part for k, slots in enumerate(r.slots) for part in slots if part >= 0]
+    assert sorted(sent) == list(range(len(processes)))
+    assert all(all(p < 0 for p in r.slots[k]) for k, o in enumerate(r.owner) if not o)
+    assert all(r.slots[k][0] == k for k, o in enumerate(r.owner) if o)
+    for k, j in enumerate(r.round_of):
+        assert (j == -1) == r.owner[k]
+        if j >= 0:
+            assert any(s == k for s, _ in r.perms[j])

@@ -185,6 +185,9 @@ def failing_calls_fail_every_process():
         "shard_map": lambda: jax.jit(jax.shard_map(
             lambda v: hcb.call(bad, v, result_shape=v), mesh=MESH, in_specs=P("x"),
             out_specs=P("x")))(x),
+        "pmap": lambda: jax.pmap(lambda v: lax.psum(hcb.call(bad, v, result_shape=v), "i"),
+                                 axis_name="i", devices=list(MESH.devices.flat))(
+            np.zeros(LOCAL, np.float32)),
     }
     results = {}
     for name, run in runs.items():
