@@ -177,9 +177,18 @@ fn failure(frame: &Frame<'_>, receiver: &'static Receiver) -> Result<(), Error> 
         .ok_or_else(|| Error::InvalidArgument("hostfeed_failure needs a uint8 result".into()))?;
     let n = out.nbytes()?;
     let text = if ticket == 0 { String::new() } else { receiver.failure_message(ticket) };
+    let bytes = padded(text, n);
+    // SAFETY: the result is a uint8 buffer of `n` bytes in host memory, owned by this call.
+    unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), out.data(), n) };
+    Ok(())
+}
+
+/// `text` as exactly `n` bytes: NUL-padded, or cut at a character boundary and marked
+/// ` [...]` when longer.
+fn padded(text: String, n: usize) -> Vec<u8> {
+    const MORE: &[u8] = b" [...]";
     let mut bytes = text.into_bytes();
     if bytes.len() > n {
-        const MORE: &[u8] = b" [...]";
         let mut cut = n.saturating_sub(MORE.len());
         while cut > 0 && (bytes[cut] & 0xC0) == 0x80 {
             cut -= 1; // not inside a UTF-8 sequence
@@ -188,9 +197,7 @@ fn failure(frame: &Frame<'_>, receiver: &'static Receiver) -> Result<(), Error> 
         bytes.extend_from_slice(&MORE[..MORE.len().min(n - cut)]);
     }
     bytes.resize(n, 0);
-    // SAFETY: the result is a uint8 buffer of `n` bytes in host memory, owned by this call.
-    unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), out.data(), n) };
-    Ok(())
+    bytes
 }
 
 /// Shared frame for every handler: decoding, panic guard, error conversion.
@@ -264,4 +271,22 @@ pub unsafe extern "C" fn hostfeed_failure(frame: *mut ffi::XLA_FFI_CallFrame) ->
 pub unsafe extern "C" fn hostfeed_call(frame: *mut ffi::XLA_FFI_CallFrame) -> *mut ffi::XLA_FFI_Error {
     // SAFETY: forwarded caller contract.
     unsafe { run(frame, "hostfeed_call", call) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::padded;
+
+    #[test]
+    fn failure_text_is_padded_or_cut_at_a_character_boundary() {
+        assert_eq!(padded("ab".into(), 4), b"ab\0\0");
+        assert_eq!(padded(String::new(), 2), b"\0\0");
+        let cut = padded("x".repeat(20), 10);
+        assert_eq!(cut, b"xxxx [...]");
+        // 'é' is two bytes: the cut never splits it, so the text stays valid UTF-8.
+        let cut = padded("é".repeat(10), 11);
+        assert_eq!(cut.len(), 11);
+        assert_eq!(std::str::from_utf8(&cut).unwrap(), "éé [...]\0");
+        assert_eq!(padded("abcdef".into(), 3), b" [."); // too small for any text
+    }
 }

@@ -287,7 +287,7 @@ def ensure_started(max_queue_bytes: int | None = None) -> None:
             max_queue_bytes = settings.max_queue_bytes()
         _receiver.start(_dispatch, XLA_DTYPES, max_queue_bytes)
         if threading.current_thread() is threading.main_thread():
-            _receiver.install_interrupt_watch()  # Ctrl-C fails a waiting hcb.call
+            _receiver.install_interrupt_watch()  # Ctrl-C/SIGTERM fail a waiting hcb.call
         _life.configured = True
         if not _life.atexit_registered:
             atexit.register(_at_exit)
