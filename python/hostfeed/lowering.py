@@ -17,8 +17,8 @@ import jax
 import numpy as np
 
 from . import _compat, receiver, settings
-from .placement import (Where, lower_global_call, lower_global_tap, lower_per_device_call,
-                        where)
+from .placement import (Where, check_device_index, lower_global_call, lower_global_tap,
+                        lower_per_device_call, where)
 from .primitives import call_check_p, host_call_p, host_callback_effect, outside_call_p
 from .runtime import (CallbackSpec, ShardParts, make_call_invoker, make_joined_call,
                       make_joined_tap, make_tap_invoker)
@@ -81,6 +81,8 @@ def _outside_call_lowering_cpu(ctx: Any, *args: Any, callback: CallbackSpec,
                            transforms=transforms)
         lower_global_tap(ctx, ac, args[:nr_tapped_args], bind_params)
         return list(args)
+    if context is Where.SINGLE:
+        check_device_index(params["device_index"], 1, "run this computation")
     cid = _tap_consumer_id(callback, transforms, shard_parts)
     receiver.ensure_started()
     flags = receiver.FLAG_SHARD if shard_parts is not None else 0
@@ -105,6 +107,8 @@ def _host_call_lowering_cpu(ctx: Any, *args: Any, callback: CallbackSpec, result
         return lower_global_call(ctx, ac, args, params)
     if context is Where.PER_DEVICE and not with_status:
         return lower_per_device_call(ctx, ac, args, params)
+    if context is Where.SINGLE:
+        check_device_index(device_index, 1, "run this computation")
     cid = _call_consumer_id(callback, result_treedef, result_avals, shard_parts)
     receiver.ensure_started()
     flags = ((receiver.FLAG_STATUS_OUTPUT if with_status else 0)

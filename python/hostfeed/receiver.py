@@ -141,21 +141,44 @@ class _Dispatcher:
     A held device whose next message comes from another execution (XLA run id) has
     finished the execution of the held part; if the set is still incomplete, another
     device failed before sending its part, so the set is dropped (with a warning; the
-    execution's failure reached its caller) and the device released.
+    execution's failure reached its caller) and the device released. After a failed
+    execution, ``barrier_wait`` sends a control message (consumer id 0) that drops every
+    incomplete set, so nothing stays held once the barrier returns.
+
+    Only the consumer thread runs the dispatcher, so it takes no lock: state changes and
+    callbacks interleave freely. The one exception is a consumer that was abandoned while
+    stuck in a callback and comes back later: it notices that it no longer owns the
+    dispatcher and leaves the messages it was releasing to the current consumer
+    (``orphans``), which runs them first, in order.
     """
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
         # device ordinal -> (joiner, run of its pending part, messages held back)
         self.held: dict[int, tuple[Any, int, collections.deque]] = {}
+        # device ordinal -> messages an abandoned consumer left to be run, in order
+        self.orphans: dict[int, collections.deque] = {}
+        self.owner = 0  # thread id of the consumer running the dispatcher
 
     def __call__(self, batch: Iterable[Message]) -> None:
         consumers = _registry.consumers
-        with self.lock:
-            for msg in batch:
-                self._offer(consumers, msg)
+        self.owner = threading.get_ident()
+        if self.orphans:
+            for ordinal in list(self.orphans):
+                self._run_orphans(consumers, ordinal)
+        for msg in batch:
+            self._offer(consumers, msg)
+
+    def _run_orphans(self, consumers: list, ordinal: int) -> None:
+        waiting = self.orphans.pop(ordinal, None)
+        while waiting:
+            self._offer(consumers, waiting.popleft())
 
     def _offer(self, consumers: list, msg: Message) -> None:
+        if msg[0] == 0:  # control message: drop every incomplete set
+            self._abandon_incomplete("an execution failed")
+            return
+        if self.orphans and msg[1] in self.orphans:
+            self._run_orphans(consumers, msg[1])
         held = self.held
         if held:
             h = held.get(msg[1])
@@ -197,11 +220,17 @@ class _Dispatcher:
     def _release(self, consumers: list, ordinals: Sequence[int]) -> None:
         """Runs the messages held back for ``ordinals``, in each device's order (a device
         that sends another incomplete part on the way is held again)."""
+        me = threading.get_ident()
         for ordinal in ordinals:
             h = self.held.pop(ordinal, None)
-            if h is not None:
-                for msg in h[2]:
-                    self._offer(consumers, msg)
+            if h is None:
+                continue
+            waiting = h[2]
+            while waiting:
+                if self.owner != me:  # abandoned meanwhile: leave the rest to the owner
+                    self.orphans.setdefault(ordinal, collections.deque()).extend(waiting)
+                    break
+                self._offer(consumers, waiting.popleft())
 
     def _abandon(self, joiner: Any, run: int, why: str) -> None:
         dropped = joiner.abandon(run, f"hostfeed: a part of a global-view host call never "
@@ -211,14 +240,13 @@ class _Dispatcher:
                        run, why)
         self._release(_registry.consumers, dropped)
 
-    def abandon_incomplete(self, why: str) -> None:
+    def _abandon_incomplete(self, why: str) -> None:
         """Drops every incomplete set and releases the devices it holds (after a failed
         execution, once everything dispatched has finished)."""
-        with self.lock:
-            while self.held:
-                ordinal, (joiner, run, _) = next(iter(self.held.items()))
-                self._abandon(joiner, run, why)
-                self._release(_registry.consumers, [ordinal])  # in case it was not dropped
+        while self.held:
+            ordinal, (joiner, run, _) = next(iter(self.held.items()))
+            self._abandon(joiner, run, why)
+            self._release(_registry.consumers, [ordinal])  # in case it was not dropped
 
 
 _dispatch = _Dispatcher()
@@ -322,9 +350,11 @@ def barrier(logging_name: Optional[str] = None, timeout: Optional[float] = None)
     failed_run = None
     if _life.configured:
         failed_run = _effects_barrier()
-        _receiver.barrier(timeout)
         if failed_run is not None:
-            _dispatch.abandon_incomplete("an execution failed")
+            # Parts of the failed execution that never came must not hold devices: the
+            # consumer drops them when it reaches this control message.
+            _receiver.push_control()
+        _receiver.barrier(timeout)
     logger.debug("barrier_wait[%s]: done", logging_name or "")
     last = take_last_exception()
     if last is not None:
