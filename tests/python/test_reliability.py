@@ -5,6 +5,7 @@ Each test here failed before the fixes of https://github.com/ (issue 16, "Reliab
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -213,10 +214,8 @@ def test_a_call_timing_out_behind_a_stuck_callback_says_so(monkeypatch):
         release.set()
         worker.join(60)
     assert "did not reply within 0.300 s" in errors["f"]
-    try:  # a failed computation may be reported once more (JAX's effect tokens)
+    with contextlib.suppress(Exception):  # a failed run may be reported once more
         hcb.barrier_wait()
-    except Exception:  # noqa: BLE001 - only the next barrier matters
-        pass
     hcb.barrier_wait()
 
 
