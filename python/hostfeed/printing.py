@@ -163,7 +163,8 @@ class Printer:
         self.threshold = threshold
         self.kwargs = dict(kwargs)
         self.options = np.get_printoptions()
-        self._key = (id(output_stream), threshold, _freeze(self.kwargs), _freeze(self.options))
+        self._key: tuple = (id(output_stream), threshold, _freeze(self.kwargs),
+                            _freeze(self.options))
         try:
             self._hash = hash(self._key)
         except TypeError:  # unhashable keyword values: this printer equals only itself
