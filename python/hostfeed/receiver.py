@@ -14,6 +14,7 @@ import functools
 import logging
 import threading
 import traceback
+import weakref
 from typing import Any, Optional
 from collections.abc import Callable, Iterable, Sequence
 
@@ -86,29 +87,92 @@ class Consumer:
         self.kind = kind
 
 
+class Lease:
+    """Keeps consumer ``cid`` registered while it lives. The lowering attaches one to every
+    lowered module (JAX keeps a module's keepalives as long as the executables compiled
+    from it), so a consumer, and the user's function it holds, is released once no
+    compiled computation refers to it any more."""
+
+    __slots__ = ("__weakref__", "cid")
+
+    def __init__(self, cid: int):
+        self.cid = cid
+
+
 class _Registry:
+    """Consumers by id (index; id 0 is reserved for control messages), with the number of
+    live leases of each. A consumer whose last lease died is released at the next
+    ``barrier_wait``, once every computation dispatched before has finished and its
+    messages are processed (so no message can name it any more)."""
+
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        # Index = consumer id; id 0 is reserved. Entries live for the whole process because
-        # compiled executables embed their ids.
         self.consumers: list[Consumer | None] = [None]
         self.ids: dict[Any, int] = {}
+        self.keys: dict[int, Any] = {}
+        self.leases: dict[int, int] = {}
+        # Ids whose leases died (appended from garbage collection, any thread: no lock).
+        self.dying: collections.deque[int] = collections.deque()
+        # Ids left without leases, to release at the next barrier.
+        self.pending_release: list[int] = []
 
 
 _registry = _Registry()
 
 
-def register(key: Any, make: Callable[[], Consumer]) -> int:
-    """Returns the consumer id for ``key``, registering ``make()`` under it if new."""
+def _lease_died(cid: int) -> None:
+    _registry.dying.append(cid)
+
+
+def register(key: Any, make: Callable[[], Consumer]) -> Lease:
+    """A lease on the consumer id for ``key``, registering ``make()`` under it if new."""
     with _registry.lock:
+        _registry.pending_release += _count_dead_leases()
         cid = _registry.ids.get(key)
         if cid is None:
             consumer = make()
             cid = len(_registry.consumers)
             _registry.consumers.append(consumer)
             _registry.ids[key] = cid
+            _registry.keys[cid] = key
             _receiver.set_consumer_name(cid, consumer.name)
-        return cid
+        _registry.leases[cid] = _registry.leases.get(cid, 0) + 1
+    lease = Lease(cid)
+    weakref.finalize(lease, _lease_died, cid)
+    return lease
+
+
+def _count_dead_leases() -> list[int]:
+    """(Under the registry lock.) Counts the leases that died; returns the ids left
+    without any."""
+    unleased = []
+    while _registry.dying:
+        cid = _registry.dying.popleft()
+        left = _registry.leases.get(cid, 0) - 1
+        _registry.leases[cid] = left
+        if left <= 0:
+            unleased.append(cid)
+    return unleased
+
+
+def _release_unleased(candidates: list[int]) -> int:
+    """Releases the consumers among ``candidates`` that still have no lease (a new
+    lowering may have leased them again meanwhile); returns how many were released."""
+    released = 0
+    with _registry.lock:
+        for cid in candidates:
+            if _registry.leases.get(cid, 0) <= 0 and _registry.consumers[cid] is not None:
+                _registry.consumers[cid] = None
+                _registry.ids.pop(_registry.keys.pop(cid), None)
+                _registry.leases.pop(cid, None)
+                released += 1
+    return released
+
+
+def registered_consumers() -> int:
+    """How many consumers are registered now (for tests and diagnostics)."""
+    with _registry.lock:
+        return sum(c is not None for c in _registry.consumers)
 
 
 _last_exception: list[tuple[BaseException, str]] = []
@@ -347,14 +411,25 @@ def barrier(logging_name: Optional[str] = None, timeout: Optional[float] = None)
     if timeout is not None:
         timeout = settings.seconds(timeout, "barrier_wait(timeout)")
     logger.debug("barrier_wait[%s]: start", logging_name or "")
+    with _registry.lock:  # consumers no compiled computation refers to any more
+        unleased = _count_dead_leases() + _registry.pending_release
+        _registry.pending_release = []
     failed_run = None
-    if _life.configured:
-        failed_run = _effects_barrier()
-        if failed_run is not None:
-            # Parts of the failed execution that never came must not hold devices: the
-            # consumer drops them when it reaches this control message.
-            _receiver.push_control()
-        _receiver.barrier(timeout)
+    try:
+        if _life.configured:
+            failed_run = _effects_barrier()
+            if failed_run is not None:
+                # Parts of the failed execution that never came must not hold devices:
+                # the consumer drops them when it reaches this control message.
+                _receiver.push_control()
+            _receiver.barrier(timeout)
+    except BaseException:
+        with _registry.lock:
+            _registry.pending_release += unleased
+        raise
+    # Every computation dispatched before this barrier finished and its messages ran, so
+    # none can name these consumers any more.
+    _release_unleased(unleased)
     logger.debug("barrier_wait[%s]: done", logging_name or "")
     last = take_last_exception()
     if last is not None:

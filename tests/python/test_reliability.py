@@ -6,10 +6,12 @@ Each test here failed before the fixes of https://github.com/ (issue 16, "Reliab
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import signal
 import threading
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -297,3 +299,47 @@ def test_sigint_handler_chain_keeps_python_handlers_working():
     with pytest.raises(KeyboardInterrupt):
         os.kill(os.getpid(), signal.SIGINT)
         threading.Event().wait(5)  # the handler runs at the next bytecode
+
+
+def test_callbacks_are_released_when_no_computation_refers_to_them():
+    # Tap functions and their closures are not kept forever: once JAX's caches drop the
+    # executables and traces that name them, the next barrier releases them.
+    before = receiver.registered_consumers()
+    refs = []
+
+    def make(i):
+        big = np.full(1 << 20, i, np.float64)  # 8 MB held by the closure
+        refs.append(weakref.ref(big))
+
+        def tap(x, transforms):
+            assert big[0] == i
+
+        return jax.jit(lambda x: hcb.id_tap(tap, x * 2))
+
+    fs = [make(i) for i in range(10)]
+    for f in fs:
+        f(1.0)
+    hcb.barrier_wait()
+    assert receiver.registered_consumers() - before == 10
+    del fs, f
+    jax.clear_caches()
+    gc.collect()
+    hcb.barrier_wait()
+    gc.collect()
+    assert receiver.registered_consumers() == before
+    assert [r() for r in refs] == [None] * 10
+
+
+def test_a_consumer_still_in_use_is_not_released():
+    f = jax.jit(lambda x: hcb.id_tap(lambda a, tr: got.append(float(a)), x))
+    got = []
+    f(1.0)
+    jax.clear_caches()  # drops the executable: its consumer may go at the barrier ...
+    gc.collect()
+    g = jax.jit(lambda x: hcb.id_tap(lambda a, tr: got.append(-float(a)), x))
+    g(2.0)
+    hcb.barrier_wait()
+    f(3.0)  # ... and a new lowering registers it again
+    g(4.0)
+    hcb.barrier_wait()
+    assert got == [1.0, -2.0, 3.0, -4.0]
