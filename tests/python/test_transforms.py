@@ -22,30 +22,6 @@ def batch(*dims):
     return ("batch", {"batch_dims": tuple(dims)})
 
 
-def _in_mode(name):
-    before = hcb.get_ad_taps()
-    hcb.set_ad_taps(name)
-    try:
-        yield name
-    finally:
-        hcb.set_ad_taps(before)
-
-
-@pytest.fixture(params=["transforms", "primals"])
-def mode(request):
-    yield from _in_mode(request.param)
-
-
-@pytest.fixture
-def transforms_mode():
-    yield from _in_mode("transforms")
-
-
-@pytest.fixture
-def primals_mode():
-    yield from _in_mode("primals")
-
-
 class Rec:
     """Records (value as Python data, transforms) for every tap, in order."""
 
