@@ -47,6 +47,7 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pyapi::stop, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::finalize, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::drain, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::push_control, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::barrier, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::is_running, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::in_callback_thread, m)?)?;

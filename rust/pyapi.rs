@@ -243,6 +243,16 @@ pub fn barrier(py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
     }
 }
 
+/// Enqueues a control message (consumer id 0, no data) that the dispatcher acts on in
+/// queue order. The GIL is released while the queue is full.
+#[pyfunction]
+pub fn push_control(py: Python<'_>) -> PyResult<()> {
+    // SAFETY: no operands are read.
+    let msg = unsafe { crate::message::gather(0, 0, -1, std::iter::empty()) }?;
+    let r = receiver::global();
+    Ok(py.detach(|| r.push(msg))?)
+}
+
 /// Whether the consumer thread is running.
 #[pyfunction]
 pub fn is_running(py: Python<'_>) -> bool {

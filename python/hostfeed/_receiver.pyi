@@ -10,7 +10,8 @@ import numpy as np
 __all__ = [
     "DEFAULT_MAX_QUEUE_BYTES", "DEFAULT_STOP_TIMEOUT", "FLAG_STATUS_OUTPUT", "FLAG_SHARD",
     "DTYPE_CODES", "ReceiverError", "ReceiverTimeoutError", "CallbackContextError",
-    "MessageData", "BatchIter", "Reply", "start", "stop", "finalize", "drain", "barrier",
+    "MessageData", "BatchIter", "Reply", "start", "stop", "finalize", "drain", "push_control",
+    "barrier",
     "is_running", "in_callback_thread", "max_queue_bytes", "set_max_queue_bytes", "stats",
     "reset_peak", "set_consumer_name", "install_interrupt_watch", "registrations",
 ]
@@ -83,6 +84,9 @@ def finalize(stall_timeout: float | None) -> int:
 def drain(stall_timeout: float | None, slice: float) -> bool:
     """One step of draining at interpreter exit (abandons callbacks stuck for
     ``stall_timeout`` seconds); returns False when it gave up."""
+
+def push_control() -> None:
+    """Enqueues a control message (consumer id 0) the dispatcher acts on in queue order."""
 
 def barrier(timeout: float | None = None) -> None:
     """Waits until every message enqueued before the call is processed."""

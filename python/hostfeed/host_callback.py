@@ -58,7 +58,6 @@ Example:
 """
 from __future__ import annotations
 
-import functools
 from typing import Any, Optional, TypeVar
 from collections.abc import Callable
 
@@ -68,7 +67,7 @@ import numpy as np
 from . import _compat, keys, receiver
 from .primitives import (get_ad_taps, host_call_p, outside_call_p, outside_call_params,
                          set_ad_taps as _set_ad_taps)
-from .printing import print_tap_func
+from .printing import Printer
 from .receiver import CallbackException
 from .runtime import CallbackSpec
 
@@ -183,9 +182,9 @@ def id_tap(tap_func: Callable, arg: T, *, result: Any = None, tap_with_device: b
     """
     if kwargs:
         raise TypeError(
-            f"id_tap got unexpected keyword arguments {sorted(kwargs)}. Support for **kwargs "
-            "in id_tap was removed in the legacy module too: pre-apply them with a closure "
-            "or functools.partial(tap_func, **kwargs).")
+            "Support for **kwargs in ``id_tap`` has been removed. Instead, pre-apply keyword "
+            "arguments, either by using a closure or by passing "
+            f"``functools.partial(tap_func, **kwargs)``. (id_tap got {sorted(kwargs)}.)")
     _check_callable(tap_func, "id_tap: tap_func")
     device_index = _device_index_arg(device_index, "id_tap")
     arg_treedef: Any
@@ -225,11 +224,9 @@ def id_print(arg: T, *, result: Any = None, tap_with_device: bool = False,
         >>> _ = hcb.id_print((jnp.float32(3.), jnp.float32(9.)), what="x,x^2", output_stream=s)
         >>> hcb.barrier_wait(); print(s.getvalue(), end="")
         what: x,x^2
-        ( 3.
-          9. )
+        ( 3. 9. )
     """
-    printer = functools.partial(print_tap_func, output_stream=output_stream,
-                                threshold=threshold, **kwargs)
+    printer = Printer(output_stream, threshold, kwargs)
     return id_tap(printer, arg, result=result, tap_with_device=tap_with_device,
                   device_index=device_index)
 
@@ -265,6 +262,9 @@ def _result_avals(result_shape: Any) -> tuple[Any, tuple, tuple]:
                 raise TypeError(type(r))
         except (TypeError, ValueError, OverflowError):
             raise ValueError(_RESULT_SHAPE_MSG.format(result_shape)) from None
+        if any(d < 0 for d in shape):
+            raise ValueError(f"hcb.call: leaf {i} of `result_shape` has a negative dimension "
+                             f"in its shape {shape}. " + _RESULT_SHAPE_MSG.format(result_shape))
         if np.dtype(dtype) not in receiver.SUPPORTED_DTYPES:
             raise ValueError(
                 f"hcb.call: result_shape has dtype {dtype}, which hostfeed cannot transfer. "

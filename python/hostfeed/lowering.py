@@ -17,8 +17,8 @@ import jax
 import numpy as np
 
 from . import _compat, receiver, settings
-from .placement import (Where, lower_global_call, lower_global_tap, lower_per_device_call,
-                        where)
+from .placement import (Where, check_device_index, lower_global_call, lower_global_tap,
+                        lower_per_device_call, where)
 from .primitives import (call_check_p, failure_message_p, host_call_p, host_callback_effect,
                          outside_call_p)
 from .runtime import (CallbackSpec, ShardParts, make_call_invoker, make_joined_call,
@@ -33,7 +33,14 @@ for _name, _capsule in receiver.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
 
 
-def _tap_consumer_id(spec: CallbackSpec, transforms: tuple,
+def _consumer_id(ctx: Any, lease: receiver.Lease) -> int:
+    # The module keeps the lease (and so the consumer) alive as long as any executable
+    # compiled from it lives.
+    ctx.module_context.add_keepalive(lease)
+    return lease.cid
+
+
+def _tap_consumer_id(ctx: Any, spec: CallbackSpec, transforms: tuple,
                      shard_parts: ShardParts | None) -> int:
     def make() -> receiver.Consumer:
         invoke = make_tap_invoker(spec, transforms)
@@ -42,10 +49,10 @@ def _tap_consumer_id(spec: CallbackSpec, transforms: tuple,
         return receiver.Consumer(make_joined_tap(invoke, shard_parts, spec.name), spec.name,
                                  "joined")
 
-    return receiver.register((spec, transforms, shard_parts), make)
+    return _consumer_id(ctx, receiver.register((spec, transforms, shard_parts), make))
 
 
-def _call_consumer_id(spec: CallbackSpec, result_treedef: Any, result_avals: tuple,
+def _call_consumer_id(ctx: Any, spec: CallbackSpec, result_treedef: Any, result_avals: tuple,
                       shard_parts: ShardParts | None) -> int:
     def make() -> receiver.Consumer:
         if shard_parts is None:
@@ -54,7 +61,8 @@ def _call_consumer_id(spec: CallbackSpec, result_treedef: Any, result_avals: tup
         return receiver.Consumer(make_joined_call(spec, result_treedef, shard_parts),
                                  spec.name, "joined")
 
-    return receiver.register((spec, "call", result_treedef, result_avals, shard_parts), make)
+    key = (spec, "call", result_treedef, result_avals, shard_parts)
+    return _consumer_id(ctx, receiver.register(key, make))
 
 
 def _emit(ctx: Any, target: str, args: Sequence[Any], avals_in: Sequence[Any],
@@ -83,7 +91,9 @@ def _outside_call_lowering_cpu(ctx: Any, *args: Any, callback: CallbackSpec,
                            transforms=transforms)
         lower_global_tap(ctx, ac, args[:nr_tapped_args], bind_params)
         return list(args)
-    cid = _tap_consumer_id(callback, transforms, shard_parts)
+    if context is Where.SINGLE:
+        check_device_index(params["device_index"], 1, "run this computation")
+    cid = _tap_consumer_id(ctx, callback, transforms, shard_parts)
     receiver.ensure_started()
     flags = receiver.FLAG_SHARD if shard_parts is not None else 0
     _emit(ctx, TAP_TARGET, args[:nr_tapped_args], ctx.avals_in[:nr_tapped_args], [],
@@ -107,7 +117,9 @@ def _host_call_lowering_cpu(ctx: Any, *args: Any, callback: CallbackSpec, result
         return lower_global_call(ctx, ac, args, params)
     if context is Where.PER_DEVICE and not with_status:
         return lower_per_device_call(ctx, ac, args, params)
-    cid = _call_consumer_id(callback, result_treedef, result_avals, shard_parts)
+    if context is Where.SINGLE:
+        check_device_index(device_index, 1, "run this computation")
+    cid = _call_consumer_id(ctx, callback, result_treedef, result_avals, shard_parts)
     receiver.ensure_started()
     flags = ((receiver.FLAG_STATUS_OUTPUT if with_status else 0)
              | (receiver.FLAG_SHARD if shard_parts is not None else 0))

@@ -14,6 +14,7 @@ import functools
 import logging
 import threading
 import traceback
+import weakref
 from typing import Any, Optional
 from collections.abc import Callable, Iterable, Sequence
 
@@ -86,29 +87,92 @@ class Consumer:
         self.kind = kind
 
 
+class Lease:
+    """Keeps consumer ``cid`` registered while it lives. The lowering attaches one to every
+    lowered module (JAX keeps a module's keepalives as long as the executables compiled
+    from it), so a consumer, and the user's function it holds, is released once no
+    compiled computation refers to it any more."""
+
+    __slots__ = ("__weakref__", "cid")
+
+    def __init__(self, cid: int):
+        self.cid = cid
+
+
 class _Registry:
+    """Consumers by id (index; id 0 is reserved for control messages), with the number of
+    live leases of each. A consumer whose last lease died is released at the next
+    ``barrier_wait``, once every computation dispatched before has finished and its
+    messages are processed (so no message can name it any more)."""
+
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        # Index = consumer id; id 0 is reserved. Entries live for the whole process because
-        # compiled executables embed their ids.
         self.consumers: list[Consumer | None] = [None]
         self.ids: dict[Any, int] = {}
+        self.keys: dict[int, Any] = {}
+        self.leases: dict[int, int] = {}
+        # Ids whose leases died (appended from garbage collection, any thread: no lock).
+        self.dying: collections.deque[int] = collections.deque()
+        # Ids left without leases, to release at the next barrier.
+        self.pending_release: list[int] = []
 
 
 _registry = _Registry()
 
 
-def register(key: Any, make: Callable[[], Consumer]) -> int:
-    """Returns the consumer id for ``key``, registering ``make()`` under it if new."""
+def _lease_died(cid: int) -> None:
+    _registry.dying.append(cid)
+
+
+def register(key: Any, make: Callable[[], Consumer]) -> Lease:
+    """A lease on the consumer id for ``key``, registering ``make()`` under it if new."""
     with _registry.lock:
+        _registry.pending_release += _count_dead_leases()
         cid = _registry.ids.get(key)
         if cid is None:
             consumer = make()
             cid = len(_registry.consumers)
             _registry.consumers.append(consumer)
             _registry.ids[key] = cid
+            _registry.keys[cid] = key
             _receiver.set_consumer_name(cid, consumer.name)
-        return cid
+        _registry.leases[cid] = _registry.leases.get(cid, 0) + 1
+    lease = Lease(cid)
+    weakref.finalize(lease, _lease_died, cid)
+    return lease
+
+
+def _count_dead_leases() -> list[int]:
+    """(Under the registry lock.) Counts the leases that died; returns the ids left
+    without any."""
+    unleased = []
+    while _registry.dying:
+        cid = _registry.dying.popleft()
+        left = _registry.leases.get(cid, 0) - 1
+        _registry.leases[cid] = left
+        if left <= 0:
+            unleased.append(cid)
+    return unleased
+
+
+def _release_unleased(candidates: list[int]) -> int:
+    """Releases the consumers among ``candidates`` that still have no lease (a new
+    lowering may have leased them again meanwhile); returns how many were released."""
+    released = 0
+    with _registry.lock:
+        for cid in candidates:
+            if _registry.leases.get(cid, 0) <= 0 and _registry.consumers[cid] is not None:
+                _registry.consumers[cid] = None
+                _registry.ids.pop(_registry.keys.pop(cid), None)
+                _registry.leases.pop(cid, None)
+                released += 1
+    return released
+
+
+def registered_consumers() -> int:
+    """How many consumers are registered now (for tests and diagnostics)."""
+    with _registry.lock:
+        return sum(c is not None for c in _registry.consumers)
 
 
 _last_exception: list[tuple[BaseException, str]] = []
@@ -141,21 +205,44 @@ class _Dispatcher:
     A held device whose next message comes from another execution (XLA run id) has
     finished the execution of the held part; if the set is still incomplete, another
     device failed before sending its part, so the set is dropped (with a warning; the
-    execution's failure reached its caller) and the device released.
+    execution's failure reached its caller) and the device released. After a failed
+    execution, ``barrier_wait`` sends a control message (consumer id 0) that drops every
+    incomplete set, so nothing stays held once the barrier returns.
+
+    Only the consumer thread runs the dispatcher, so it takes no lock: state changes and
+    callbacks interleave freely. The one exception is a consumer that was abandoned while
+    stuck in a callback and comes back later: it notices that it no longer owns the
+    dispatcher and leaves the messages it was releasing to the current consumer
+    (``orphans``), which runs them first, in order.
     """
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
         # device ordinal -> (joiner, run of its pending part, messages held back)
         self.held: dict[int, tuple[Any, int, collections.deque]] = {}
+        # device ordinal -> messages an abandoned consumer left to be run, in order
+        self.orphans: dict[int, collections.deque] = {}
+        self.owner = 0  # thread id of the consumer running the dispatcher
 
     def __call__(self, batch: Iterable[Message]) -> None:
         consumers = _registry.consumers
-        with self.lock:
-            for msg in batch:
-                self._offer(consumers, msg)
+        self.owner = threading.get_ident()
+        if self.orphans:
+            for ordinal in list(self.orphans):
+                self._run_orphans(consumers, ordinal)
+        for msg in batch:
+            self._offer(consumers, msg)
+
+    def _run_orphans(self, consumers: list, ordinal: int) -> None:
+        waiting = self.orphans.pop(ordinal, None)
+        while waiting:
+            self._offer(consumers, waiting.popleft())
 
     def _offer(self, consumers: list, msg: Message) -> None:
+        if msg[0] == 0:  # control message: drop every incomplete set
+            self._abandon_incomplete("an execution failed")
+            return
+        if self.orphans and msg[1] in self.orphans:
+            self._run_orphans(consumers, msg[1])
         held = self.held
         if held:
             h = held.get(msg[1])
@@ -197,11 +284,17 @@ class _Dispatcher:
     def _release(self, consumers: list, ordinals: Sequence[int]) -> None:
         """Runs the messages held back for ``ordinals``, in each device's order (a device
         that sends another incomplete part on the way is held again)."""
+        me = threading.get_ident()
         for ordinal in ordinals:
             h = self.held.pop(ordinal, None)
-            if h is not None:
-                for msg in h[2]:
-                    self._offer(consumers, msg)
+            if h is None:
+                continue
+            waiting = h[2]
+            while waiting:
+                if self.owner != me:  # abandoned meanwhile: leave the rest to the owner
+                    self.orphans.setdefault(ordinal, collections.deque()).extend(waiting)
+                    break
+                self._offer(consumers, waiting.popleft())
 
     def _abandon(self, joiner: Any, run: int, why: str) -> None:
         dropped = joiner.abandon(run, f"hostfeed: a part of a global-view host call never "
@@ -211,14 +304,13 @@ class _Dispatcher:
                        run, why)
         self._release(_registry.consumers, dropped)
 
-    def abandon_incomplete(self, why: str) -> None:
+    def _abandon_incomplete(self, why: str) -> None:
         """Drops every incomplete set and releases the devices it holds (after a failed
         execution, once everything dispatched has finished)."""
-        with self.lock:
-            while self.held:
-                ordinal, (joiner, run, _) = next(iter(self.held.items()))
-                self._abandon(joiner, run, why)
-                self._release(_registry.consumers, [ordinal])  # in case it was not dropped
+        while self.held:
+            ordinal, (joiner, run, _) = next(iter(self.held.items()))
+            self._abandon(joiner, run, why)
+            self._release(_registry.consumers, [ordinal])  # in case it was not dropped
 
 
 _dispatch = _Dispatcher()
@@ -345,12 +437,25 @@ def barrier(logging_name: Optional[str] = None, timeout: Optional[float] = None)
     if timeout is not None:
         timeout = settings.seconds(timeout, "barrier_wait(timeout)")
     logger.debug("barrier_wait[%s]: start", logging_name or "")
+    with _registry.lock:  # consumers no compiled computation refers to any more
+        unleased = _count_dead_leases() + _registry.pending_release
+        _registry.pending_release = []
     failed_run = None
-    if _life.configured:
-        failed_run = _effects_barrier()
-        _receiver.barrier(timeout)
-        if failed_run is not None:
-            _dispatch.abandon_incomplete("an execution failed")
+    try:
+        if _life.configured:
+            failed_run = _effects_barrier()
+            if failed_run is not None:
+                # Parts of the failed execution that never came must not hold devices:
+                # the consumer drops them when it reaches this control message.
+                _receiver.push_control()
+            _receiver.barrier(timeout)
+    except BaseException:
+        with _registry.lock:
+            _registry.pending_release += unleased
+        raise
+    # Every computation dispatched before this barrier finished and its messages ran, so
+    # none can name these consumers any more.
+    _release_unleased(unleased)
     logger.debug("barrier_wait[%s]: done", logging_name or "")
     last = take_last_exception()
     if last is not None:

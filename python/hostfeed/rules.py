@@ -17,9 +17,10 @@ from .runtime import CallbackSpec
 
 
 def _host_call_not_differentiable(*args, callback, **params):
-    raise TypeError(
-        f"hcb.call of {callback.name} is not differentiable: JAX cannot see through the host "
-        f"function (the legacy module did not differentiate it either). Define the "
+    # The legacy module's wording first (code and tests match on it), then the way out.
+    raise NotImplementedError(
+        f"differentiation rules are implemented only for id_tap, not for call (hcb.call of "
+        f"{callback.name}): JAX cannot see through the host function. Define the "
         f"derivative yourself with jax.custom_vjp (or jax.custom_jvp), for example by "
         f"calling hcb.call again with the host function's derivative in the backward rule.")
 

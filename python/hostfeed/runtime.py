@@ -37,11 +37,13 @@ class CallbackSpec:
         self.kind = kind
 
     def _key(self) -> tuple:
-        return (id(self.func), self.arg_treedef, self.with_device, self.kind)
+        # Callables are told apart by identity, except hostfeed's own value-like ones
+        # (id_print's printers), which compare by their settings.
+        func = self.func if getattr(self.func, "__hostfeed_by_value__", False) else id(self.func)
+        return (func, self.arg_treedef, self.with_device, self.kind)
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, CallbackSpec) and self.func is other.func
-                and self._key() == other._key())
+        return isinstance(other, CallbackSpec) and self._key() == other._key()
 
     def __hash__(self) -> int:
         return hash(self._key())
@@ -51,7 +53,8 @@ class CallbackSpec:
 
     @property
     def name(self) -> str:
-        return getattr(self.func, "__qualname__", None) or repr(self.func)
+        name = getattr(self.func, "__qualname__", None)
+        return name if isinstance(name, str) else getattr(self.func, "__name__", repr(self.func))
 
     def with_tree(self, treedef: Any) -> CallbackSpec:
         """The same callback with another argument tree."""

@@ -25,6 +25,33 @@ def _receiver_clean_after_test():
     hcb.barrier_wait("test_teardown", timeout=120)
 
 
+def _in_mode(name: str):
+    before = hcb.get_ad_taps()
+    hcb.set_ad_taps(name)
+    try:
+        yield name
+    finally:
+        hcb.set_ad_taps(before)
+
+
+@pytest.fixture(params=["transforms", "primals"])
+def mode(request):
+    """Runs the test in each autodiff tap mode."""
+    yield from _in_mode(request.param)
+
+
+@pytest.fixture
+def transforms_mode():
+    """Runs the test in the 'transforms' autodiff tap mode."""
+    yield from _in_mode("transforms")
+
+
+@pytest.fixture
+def primals_mode():
+    """Runs the test in the 'primals' autodiff tap mode."""
+    yield from _in_mode("primals")
+
+
 @contextlib.contextmanager
 def queue_bound(nbytes: int):
     """Runs the block with the receiver's byte bound set to ``nbytes``, then restores it."""

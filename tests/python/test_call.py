@@ -200,9 +200,21 @@ def test_pmap_on_four_devices_returns_per_device_results():
         "[([0.0, 1.0], 0), ([2.0, 3.0], 1), ([4.0, 5.0], 2), ([6.0, 7.0], 3)]"]
 
 
-def test_grad_of_call_points_to_custom_vjp():
-    with pytest.raises(TypeError, match="not differentiable.*jax.custom_vjp"):
-        jax.grad(lambda x: hcb.call(np.sin, x, result_shape=x))(1.0)
+def test_grad_and_jvp_of_call_raise_the_legacy_error_and_point_to_custom_vjp():
+    f = lambda x: hcb.call(np.sin, x, result_shape=x)
+    for transform in (lambda: jax.grad(f)(1.0), lambda: jax.jvp(f, (1.0,), (1.0,)),
+                      lambda: jax.linearize(f, 1.0)):
+        with pytest.raises(NotImplementedError, match="only for id_tap, not for call") as e:
+            transform()
+        assert "jax.custom_vjp" in str(e.value)
+
+
+def test_vmap_of_call_works_one_call_per_element():
+    got = []
+    f = jax.vmap(lambda x: hcb.call(lambda a: got.append(float(a)) or a * 2, x,
+                                    result_shape=x))
+    assert f(jnp.arange(3.0)).tolist() == [0.0, 2.0, 4.0]
+    assert got == [0.0, 1.0, 2.0]
 
 
 def test_custom_vjp_pattern_from_the_legacy_docstring():

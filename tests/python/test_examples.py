@@ -38,7 +38,7 @@ def test_readme_example_prints_what_it_says():
     block = readme_blocks()[0]
     r = run_python(block)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == ["8.0", "[2.0, 4.0, 8.0]", "what: x,x^2", "( 3", "  9 )"]
+    assert r.stdout.splitlines() == ["8.0", "[2.0, 4.0, 8.0]", "what: x,x^2", "( 3 9 )"]
 
 
 def test_readme_install_example_runs():

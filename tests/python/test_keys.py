@@ -21,16 +21,6 @@ JVP, TRANSPOSE = ("jvp", {}), ("transpose", {})
 IMPLS = ["threefry2x32", "rbg"]
 
 
-@pytest.fixture(params=["transforms", "primals"])
-def mode(request):
-    before = hcb.get_ad_taps()
-    hcb.set_ad_taps(request.param)
-    try:
-        yield request.param
-    finally:
-        hcb.set_ad_taps(before)
-
-
 class Rec:
     def __init__(self):
         self.calls = []

@@ -23,15 +23,50 @@ def test_print_scalar_with_kwargs_sorted():
     assert out == "a: 1 what: x*2\n6.\n"
 
 
-def test_print_tuple_layout():
+def test_print_tuple_on_one_line_when_it_fits():
     out = printed(lambda s, x: hcb.id_print((x, x * x), what="x,x^2", output_stream=s), 3.0)
-    assert out == "what: x,x^2\n( 3.\n  9. )\n"
+    assert out == "what: x,x^2\n( 3. 9. )\n"
 
 
-def test_print_nested_containers():
+def test_print_nested_containers_on_one_line_when_they_fit():
     out = printed(lambda s, x: hcb.id_print({"b": [x, x + 1], "a": (x,)}, output_stream=s),
                   jnp.int32(1))
-    assert out == "{ a=( 1 )\n  b=[ 1\n      2 ] }\n"
+    assert out == "{ a=( 1 ) b=[ 1 2 ] }\n"
+
+
+def test_print_layouts_of_the_legacy_module_examples():
+    # The outputs JAX 0.4.x's module documented and its users' tests assert.
+    with np.printoptions(precision=2, floatmode="fixed"):
+        d = printed(lambda s, x: hcb.id_print({"a": x * 2, "b": x * 3}, output_stream=s), 3.0)
+        pair = printed(lambda s, x, y: hcb.id_print((x, y), output_stream=s),
+                       jnp.array([0.7, 0.8]), jnp.array([11, 12, 13]))
+        empty = printed(lambda s, x, y: hcb.id_print((x, y), output_stream=s),
+                        jnp.float32(1.0), jnp.zeros((0,)))
+    assert (d, pair, empty) == ("{ a=6.00 b=9.00 }\n", "( [0.70 0.80] [11 12 13] )\n",
+                                "( 1.00 [] )\n")
+
+
+def test_print_breaks_a_group_that_does_not_fit_one_element_per_line():
+    out = printed(lambda s, x, y: hcb.id_print((x, y), output_stream=s),
+                  jnp.arange(20.0), jnp.arange(3))
+    assert out == ("( [ 0.  1.  2.  3.  4.  5.  6.  7.  8.  9. 10. 11. 12. 13. 14. 15. 16. 17.\n"
+                   "   18. 19.]\n"
+                   "  [0 1 2] )\n")
+
+
+def test_print_nested_groups_decide_for_themselves():
+    lines = format_value({"long": tuple("x" * 30 for _ in range(3)), "short": (1, 2)})
+    assert lines == ["{ long=( " + "x" * 30,
+                     "         " + "x" * 30,
+                     "         " + "x" * 30 + " )",
+                     "  short=( 1 2 ) }"]
+
+
+def test_print_width_counts_the_column_and_closing_brackets():
+    # 77 characters fit alone on a line, but not after "( " and before " )".
+    inner = ("a" * 36, "b" * 36)
+    assert format_value(inner) == ["( " + "a" * 36 + " " + "b" * 36 + " )"]
+    assert format_value((inner,)) == ["( ( " + "a" * 36, "    " + "b" * 36 + " ) )"]
 
 
 def test_print_array_uses_array2string_and_threshold():

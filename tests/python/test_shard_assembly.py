@@ -146,11 +146,10 @@ class Log:
 def dispatch(consumers, messages):
     """Runs `messages` (consumer index, device, run, *arrays) through a fresh dispatcher."""
     d = receiver._Dispatcher()
-    table = list(consumers)
     saved = receiver._registry.consumers
-    receiver._registry.consumers = table
+    receiver._registry.consumers = [None, *consumers]  # id 0 is reserved
     try:
-        d([(cid, dev, 0, tuple(arrays), None, run) for cid, dev, run, *arrays in messages])
+        d([(cid + 1, dev, 0, tuple(arrays), None, run) for cid, dev, run, *arrays in messages])
     finally:
         receiver._registry.consumers = saved
     return d
@@ -190,12 +189,12 @@ def test_abandon_incomplete_releases_every_held_device():
     log = Log()
     d = receiver._Dispatcher()
     saved = receiver._registry.consumers
-    receiver._registry.consumers = [log.joined("joined"), log.tap("tap")]
+    receiver._registry.consumers = [None, log.joined("joined"), log.tap("tap")]
     try:
-        d([(0, 0, 0, tuple(part(0, 0, np.array([0]))), None, 1),
-           (1, 0, 0, (np.array([1]),), None, 1)])
+        d([(1, 0, 0, tuple(part(0, 0, np.array([0]))), None, 1),
+           (2, 0, 0, (np.array([1]),), None, 1)])
         assert log.events == []
-        d.abandon_incomplete("test")
+        d([(0, -1, 0, (), None, 0)])  # the control message barrier_wait sends
     finally:
         receiver._registry.consumers = saved
     assert log.events == [("tap", 0)]

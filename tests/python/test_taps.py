@@ -267,10 +267,13 @@ def test_unsupported_dtype_is_rejected_at_trace_time():
         jax.jit(lambda x: hcb.id_tap(lambda a, tr: None, x.astype(jnp.int4)))(jnp.ones(4))
 
 
-def test_unknown_keyword_is_rejected_with_the_legacy_advice():
-    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['what'\].*"
-                                        r"functools.partial"):
-        hcb.id_tap(lambda a, tr: None, 1.0, what="x")
+def test_unknown_keyword_is_rejected_with_the_legacy_message():
+    with pytest.raises(TypeError) as e:
+        hcb.id_tap(lambda a, tr: None, 1.0, y=2)
+    # The legacy sentence, word for word (existing code and tests match on it).
+    assert "Support for **kwargs in ``id_tap`` has been removed" in str(e.value)
+    assert "functools.partial(tap_func, **kwargs)" in str(e.value)
+    assert "['y']" in str(e.value)
 
 
 def test_negative_device_index_is_rejected():

@@ -37,16 +37,6 @@ def batch(*dims):
 B0 = batch(0)
 
 
-@pytest.fixture(params=["transforms", "primals"])
-def mode(request):
-    before = hcb.get_ad_taps()
-    hcb.set_ad_taps(request.param)
-    try:
-        yield request.param
-    finally:
-        hcb.set_ad_taps(before)
-
-
 def tolist(tree):
     return jax.tree_util.tree_map(lambda a: np.asarray(a).tolist(), tree)
 
