@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 
 import jax
@@ -291,7 +292,9 @@ def test_stop_fails_a_call_whose_callback_never_returns(monkeypatch):
     hcb.stop_outfeed_receiver()
     worker.join(60)
     assert not worker.is_alive()
-    assert "stuck made no progress for 0.2 s (HOSTFEED_STOP_TIMEOUT)" in str(outcome["error"])
+    # The seconds are measured (at least 0.2; more on a loaded machine).
+    assert re.search(r"stuck made no progress for \d+\.\d s \(HOSTFEED_STOP_TIMEOUT\)",
+                     str(outcome["error"]))
     # The abandoned message is accounted for: nothing is left pending.
     stats = _receiver.stats()
     assert stats["messages_processed"] == stats["messages_enqueued"]

@@ -326,7 +326,8 @@ def test_callbacks_are_released_when_no_computation_refers_to_them():
     gc.collect()
     hcb.barrier_wait()
     gc.collect()
-    assert receiver.registered_consumers() == before
+    # At most `before`: clear_caches may also release consumers of earlier tests.
+    assert receiver.registered_consumers() <= before
     assert [r() for r in refs] == [None] * 10
 
 
