@@ -109,6 +109,7 @@ pub struct Attrs<'a> {
 /// A decoded call frame in the EXECUTE stage.
 pub struct Frame<'a> {
     api: &'a ffi::XLA_FFI_Api,
+    ctx: *mut ffi::XLA_FFI_ExecutionContext,
     /// Argument buffers, the token included.
     pub args: &'a [Buffer<'a>],
     /// Result buffers, the token included.
@@ -182,7 +183,7 @@ impl<'a> Frame<'a> {
         // SAFETY: `ctx` comes from the valid frame and `api` is its checked API table.
         let (device, run_id) = unsafe { (device_ordinal(api, frame.ctx), run_id(api, frame.ctx)) };
         let (device, run_id) = (device.map_err(fail)?, run_id.map_err(fail)?);
-        Ok(Decoded::Execute(Frame { api, args, rets, attrs, device, run_id }))
+        Ok(Decoded::Execute(Frame { api, ctx: frame.ctx, args, rets, attrs, device, run_id }))
     }
 
     /// The argument buffers that carry data (the token skipped).
@@ -193,6 +194,31 @@ impl<'a> Frame<'a> {
     /// The result buffers that carry data (the token skipped).
     pub fn outputs(&self) -> impl Iterator<Item = Buffer<'a>> + 'a {
         self.rets.iter().copied().filter(|b| !b.is_token())
+    }
+
+    /// The platform stream this call runs on (`XLA_FFI_Stream_Get`): a `CUstream` on
+    /// CUDA. Only GPU handlers ask for it.
+    ///
+    /// # Errors
+    /// The getter is missing or fails, or returns no stream.
+    pub fn stream(&self) -> Result<*mut c_void, Error> {
+        let get = self
+            .api
+            .XLA_FFI_Stream_Get
+            .ok_or_else(|| Error::Internal("XLA_FFI_Stream_Get is missing".into()))?;
+        let mut args = ffi::XLA_FFI_Stream_Get_Args {
+            struct_size: ffi::XLA_FFI_Stream_Get_Args_STRUCT_SIZE,
+            extension_start: ptr::null_mut(),
+            ctx: self.ctx,
+            stream: ptr::null_mut(),
+        };
+        // SAFETY: `args` is initialised and `ctx` comes from the frame being handled, whose
+        // checked API table provided the getter.
+        getter_result(unsafe { get(&raw mut args) }, "XLA_FFI_Stream_Get")?;
+        if args.stream.is_null() {
+            return Err(Error::Internal("XLA_FFI_Stream_Get returned no stream".into()));
+        }
+        Ok(args.stream)
     }
 
     /// An `XLA_FFI_Error` carrying `err`'s message for the handler to return.
@@ -252,8 +278,10 @@ unsafe fn answer_metadata(frame: &ffi::XLA_FFI_CallFrame) -> bool {
             minor_version: ffi::XLA_FFI_API_MINOR,
         };
         // Not compatible with command buffers / CUDA graphs: the handlers have host side
-        // effects that must run at every execution.
+        // effects that must run at every execution (on GPUs they also launch host
+        // functions and copies into pooled buffers, which a replayed graph would repeat).
         meta.traits = 0;
+        debug_assert_eq!(meta.traits & ffi::XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE, 0);
     }
     true
 }

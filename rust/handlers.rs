@@ -10,11 +10,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
-use crate::frame::{self, Decoded, Frame};
+use crate::frame::{self, Attrs, Decoded, Frame};
 use crate::interrupt;
 use crate::message::{self, Message};
 use crate::receiver::{self, in_consumer_thread, Receiver};
-use crate::reply::{NoReply, ReplySlot};
+use crate::reply::{NoReply, OutBuf, ReplySlot};
 use crate::xla_ffi::{self as ffi, dtype};
 
 /// `flags` bit: the call has an int32 status result (first after the token) and reports
@@ -45,15 +45,14 @@ fn tap(frame: &Frame<'_>, receiver: &'static Receiver) -> Result<(), Error> {
 }
 
 /// Why a `call` has no reply, in words.
-fn no_reply_error(receiver: &Receiver, slot: &ReplySlot, frame: &Frame<'_>, why: NoReply) -> Error {
-    let name = String::from_utf8_lossy(frame.attrs.name).into_owned();
+fn no_reply_error(receiver: &Receiver, slot: &ReplySlot, attrs: &Attrs<'_>, why: NoReply) -> Error {
+    let name = String::from_utf8_lossy(attrs.name).into_owned();
     match why {
         NoReply::Interrupted(reason) => Error::CallFailed(format!(
             "hostfeed: the wait for host callback {name} of hcb.call was interrupted ({reason})"
         )),
         NoReply::TimedOut => {
-            let seconds =
-                Duration::from_millis(u64::try_from(frame.attrs.timeout_ms).unwrap_or(0)).as_secs_f64();
+            let seconds = Duration::from_millis(u64::try_from(attrs.timeout_ms).unwrap_or(0)).as_secs_f64();
             let blocked_behind = if slot.is_started() {
                 None
             } else {
@@ -61,6 +60,43 @@ fn no_reply_error(receiver: &Receiver, slot: &ReplySlot, frame: &Frame<'_>, why:
             };
             Error::CallTimeout { name, seconds, blocked_behind }
         }
+    }
+}
+
+/// Enqueues a `call`'s request `msg` and waits for the consumer's reply (no GIL involved),
+/// which writes the results into `outs` (XLA's result buffers on CPU, a staging buffer on
+/// GPUs). Honours the call's timeout, Ctrl-C and SIGTERM. Shared by every platform.
+///
+/// # Errors
+/// The host function's failure, a timeout or interruption, or a push error.
+pub(crate) fn await_reply(
+    receiver: &'static Receiver,
+    attrs: &Attrs<'_>,
+    mut msg: Message,
+    outs: Vec<OutBuf>,
+) -> Result<(), Error> {
+    let slot = Arc::new(ReplySlot::new(outs));
+    msg.reply = Some(Arc::clone(&slot));
+    let ticket = receiver.begin_call(Arc::clone(&slot));
+    let deadline = u64::try_from(attrs.timeout_ms)
+        .ok()
+        .filter(|&ms| ms > 0)
+        .map(|ms| Instant::now() + Duration::from_millis(ms));
+    // Ctrl-C or SIGTERM fails the wait at once (the host function may never return).
+    let signals = interrupt::counts();
+    let interrupted = || {
+        if interrupt::wanted() {
+            interrupt::install(); // again, if Python's signal.signal replaced it meanwhile
+        }
+        interrupt::signalled_since(signals).map(str::to_string)
+    };
+    let waited = receiver.push(msg).map(|()| slot.wait(deadline, interrupted));
+    receiver.end_call(ticket);
+    match waited {
+        Ok(Ok(Ok(()))) => Ok(()),
+        Ok(Ok(Err(message))) => Err(Error::CallFailed(message)),
+        Ok(Err(why)) => Err(no_reply_error(receiver, &slot, attrs, why)),
+        Err(e) => Err(e),
     }
 }
 
@@ -83,30 +119,7 @@ fn call(frame: &Frame<'_>, receiver: &'static Receiver) -> Result<(), Error> {
     // Where to write zeros if the call fails and reports through its status instead.
     let zero_outputs: Vec<(*mut u8, usize)> =
         if status.is_some() { outs.iter().map(|o| (o.data, o.nbytes)).collect() } else { Vec::new() };
-    let slot = Arc::new(ReplySlot::new(outs));
-    let mut msg = msg;
-    msg.reply = Some(Arc::clone(&slot));
-    let ticket = receiver.begin_call(Arc::clone(&slot));
-    let deadline = u64::try_from(frame.attrs.timeout_ms)
-        .ok()
-        .filter(|&ms| ms > 0)
-        .map(|ms| Instant::now() + Duration::from_millis(ms));
-    // Ctrl-C or SIGTERM fails the wait at once (the host function may never return).
-    let signals = interrupt::counts();
-    let interrupted = || {
-        if interrupt::wanted() {
-            interrupt::install(); // again, if Python's signal.signal replaced it meanwhile
-        }
-        interrupt::signalled_since(signals).map(str::to_string)
-    };
-    let waited = receiver.push(msg).map(|()| slot.wait(deadline, interrupted));
-    receiver.end_call(ticket);
-    let outcome = match waited {
-        Ok(Ok(Ok(()))) => Ok(()),
-        Ok(Ok(Err(message))) => Err(Error::CallFailed(message)),
-        Ok(Err(why)) => Err(no_reply_error(receiver, &slot, frame, why)),
-        Err(e) => Err(e),
-    };
+    let outcome = await_reply(receiver, &frame.attrs, msg, outs);
     let Some(status) = status else { return outcome };
     let code: i32 = match outcome {
         Ok(()) => 0,
@@ -185,7 +198,7 @@ fn failure(frame: &Frame<'_>, receiver: &'static Receiver) -> Result<(), Error> 
 
 /// `text` as exactly `n` bytes: NUL-padded, or cut at a character boundary and marked
 /// ` [...]` when longer.
-fn padded(text: String, n: usize) -> Vec<u8> {
+pub(crate) fn padded(text: String, n: usize) -> Vec<u8> {
     const MORE: &[u8] = b" [...]";
     let mut bytes = text.into_bytes();
     if bytes.len() > n {
@@ -204,7 +217,7 @@ fn padded(text: String, n: usize) -> Vec<u8> {
 ///
 /// # Safety
 /// `frame` must be null or a valid call frame from XLA.
-unsafe fn run(
+pub(crate) unsafe fn run(
     frame: *mut ffi::XLA_FFI_CallFrame,
     name: &str,
     body: fn(&Frame<'_>, &'static Receiver) -> Result<(), Error>,

@@ -1,6 +1,8 @@
 //! Host memory for messages: 16-byte-aligned buffers (2 MiB-aligned, with huge-page
 //! advice, when large), and a small pool that recycles large buffers between the device
-//! thread that fills them and the consumer thread that frees them.
+//! thread that fills them and the consumer thread that frees them. A buffer may instead
+//! hold a block of pinned memory (messages from GPUs, see `pinned.rs`), which returns to
+//! its own pool when the buffer is dropped.
 //!
 //! No Python here.
 
@@ -9,6 +11,7 @@ use std::ptr::NonNull;
 use std::sync::Mutex;
 
 use crate::error::Error;
+use crate::pinned::PinnedBlock;
 use crate::sync::lock;
 
 /// Alignment of every buffer (and of every operand inside a message).
@@ -99,10 +102,17 @@ fn give_back(buf: RawBuf) {
     pool.push(buf);
 }
 
-/// A heap buffer aligned to 16 bytes (2 MiB when large) whose bytes are written once by
-/// the handler and then only read.
+/// The memory behind a [`HostBuffer`].
+enum Storage {
+    Heap(RawBuf),
+    Pinned(PinnedBlock),
+}
+
+/// A heap buffer aligned to 16 bytes (2 MiB when large), or a block of pinned memory,
+/// whose bytes are written once (by the handler or a device-to-host copy) and then only
+/// read.
 pub struct HostBuffer {
-    raw: RawBuf,
+    storage: Storage,
     len: usize,
 }
 
@@ -115,7 +125,20 @@ impl HostBuffer {
         let raw = take_buf(len).ok_or_else(|| {
             Error::Internal(format!("cannot allocate {len} bytes of host memory for a tapped value"))
         })?;
-        Ok(HostBuffer { raw, len })
+        Ok(HostBuffer { storage: Storage::Heap(raw), len })
+    }
+
+    /// A buffer of `len` bytes in a block of pinned memory (at least `len` bytes).
+    #[must_use]
+    pub fn pinned(block: PinnedBlock, len: usize) -> Self {
+        let len = len.min(block.capacity());
+        HostBuffer { storage: Storage::Pinned(block), len }
+    }
+
+    /// Whether the bytes are in pinned memory.
+    #[must_use]
+    pub fn is_pinned(&self) -> bool {
+        matches!(self.storage, Storage::Pinned(_))
     }
 
     /// Number of bytes in use.
@@ -133,30 +156,38 @@ impl HostBuffer {
     /// Start of the buffer (dangling but aligned when empty).
     #[must_use]
     pub fn as_ptr(&self) -> *const u8 {
-        self.raw.ptr.as_ptr()
+        match &self.storage {
+            Storage::Heap(raw) => raw.ptr.as_ptr(),
+            Storage::Pinned(block) => block.as_ptr(),
+        }
     }
 
     /// Start of the buffer, for writing.
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.raw.ptr.as_ptr()
+        self.as_ptr().cast_mut()
     }
 
     /// Sets the number of bytes in use (at most the capacity).
     pub fn set_len(&mut self, len: usize) {
-        debug_assert!(len <= self.raw.cap.max(len.min(self.raw.cap)));
-        self.len = len.min(self.raw.cap);
+        self.len = len.min(self.capacity());
     }
 
     /// Bytes allocated for this buffer.
     #[must_use]
     pub fn capacity(&self) -> usize {
-        self.raw.cap
+        match &self.storage {
+            Storage::Heap(raw) => raw.cap,
+            Storage::Pinned(block) => block.capacity(),
+        }
     }
 }
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {
-        give_back(std::mem::replace(&mut self.raw, RawBuf::empty()));
+        // A pinned block returns to its pool when dropped with the storage.
+        if let Storage::Heap(raw) = &mut self.storage {
+            give_back(std::mem::replace(raw, RawBuf::empty()));
+        }
     }
 }
 

@@ -6,19 +6,24 @@
 //!
 //! Without Python (tested by `cargo test` alone): `xla_ffi` (the C API mirror), `frame` (the
 //! safe view of a call frame), `hostbuf` and `message` (host memory and the copy),
+//! `pinned` (pinned memory for GPUs), `gpu` (taps and calls on a device stream), `cuda`
+//! (the CUDA handlers and driver, loaded at run time),
 //! `sync` (one lock helper, a waker), `queue`, `reply`, `receiver` (lifecycle, barrier, stuck consumers), `interrupt`
 //! (Ctrl-C during a call), `stats`, `error`. With Python: `dispatch` (messages as numpy
 //! arrays), `exceptions`, `pyapi` (the module's functions and the consumer that calls
 //! Python), and the module definition below.
 
+pub mod cuda;
 pub mod dispatch;
 pub mod error;
 pub mod exceptions;
 pub mod frame;
+pub mod gpu;
 pub mod handlers;
 pub mod hostbuf;
 pub mod interrupt;
 pub mod message;
+pub mod pinned;
 pub mod pyapi;
 pub mod queue;
 pub mod receiver;
@@ -58,5 +63,11 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pyapi::set_consumer_name, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::install_interrupt_watch, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::registrations, m)?)?;
+    // gpu branch: the CUDA platform
+    m.add_function(wrap_pyfunction!(pyapi::cuda_registrations, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::cuda_driver_error, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::cuda_driver_version, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::cuda_pool_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::cuda_copy_floor, m)?)?;
     Ok(())
 }

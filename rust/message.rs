@@ -5,9 +5,8 @@
 //! 16-byte-aligned offset), plus a small table of (dtype, offset, dims). The consumer hands
 //! views of that buffer to numpy without copying again.
 //!
-//! The only platform-specific piece is [`copy_to_host`]: on CPU the operand is already in
-//! host memory and the copy is a `memcpy`. A GPU backend replaces that one function (with an
-//! async copy on the handler's stream).
+//! On CPU the operand is already in host memory and [`copy_to_host`] is a `memcpy`; GPUs
+//! use the same [`layout`] with asynchronous copies into pinned memory (`gpu.rs`).
 //!
 //! No Python here.
 
@@ -116,6 +115,69 @@ pub unsafe fn copy_to_host(dst: *mut u8, src: *const u8, n: usize) {
     }
 }
 
+/// Where each operand goes in a message's buffer.
+pub struct Layout {
+    pub arrays: Vec<ArrayMeta>,
+    pub dims: Vec<i64>,
+    /// Bytes of buffer needed (each operand padded to [`ALIGN`]).
+    pub capacity: usize,
+}
+
+impl Layout {
+    /// Bytes in use: up to the end of the last operand (its padding not counted).
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.arrays.last().map_or(0, |m| m.offset + m.nbytes)
+    }
+
+    /// Whether no operand holds any byte.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The message for these tables and `data` (which holds the operands as laid out).
+    #[must_use]
+    pub fn into_message(self, consumer_id: i64, flags: i64, device: i32, data: HostBuffer) -> Message {
+        Message {
+            consumer_id,
+            flags,
+            device,
+            arrays: self.arrays,
+            dims: self.dims,
+            data,
+            reply: None,
+            run_id: 0,
+        }
+    }
+}
+
+/// Lays the operands out back to back, each at a 16-byte-aligned offset.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for an unsupported dtype or invalid dims.
+pub fn layout<'a>(operands: impl Iterator<Item = Operand<'a>>) -> Result<Layout, Error> {
+    let (lower, _) = operands.size_hint();
+    let mut arrays = Vec::with_capacity(lower);
+    let mut dims = Vec::new();
+    let mut total = 0usize;
+    for op in operands {
+        let n = nbytes(&op)?;
+        arrays.push(ArrayMeta {
+            dtype: op.dtype,
+            offset: total,
+            nbytes: n,
+            dims_start: dims.len(),
+            rank: op.dims.len(),
+        });
+        dims.extend_from_slice(op.dims);
+        total = total
+            .checked_add(n.next_multiple_of(ALIGN))
+            .ok_or_else(|| Error::InvalidArgument("operands too large".into()))?;
+    }
+    Ok(Layout { arrays, dims, capacity: total })
+}
+
 /// Builds a message from the operands, copying each one to host memory. The iterator is
 /// walked twice (sizes, then copies), so it must yield the same operands both times.
 ///
@@ -131,35 +193,18 @@ pub unsafe fn gather<'a>(
     device: i32,
     operands: impl Iterator<Item = Operand<'a>> + Clone,
 ) -> Result<Message, Error> {
-    let (lower, _) = operands.size_hint();
-    let mut arrays = Vec::with_capacity(lower);
-    let mut dims = Vec::new();
-    let mut total = 0usize;
-    for op in operands.clone() {
-        let n = nbytes(&op)?;
-        arrays.push(ArrayMeta {
-            dtype: op.dtype,
-            offset: total,
-            nbytes: n,
-            dims_start: dims.len(),
-            rank: op.dims.len(),
-        });
-        dims.extend_from_slice(op.dims);
-        total = total
-            .checked_add(n.next_multiple_of(ALIGN))
-            .ok_or_else(|| Error::InvalidArgument("operands too large".into()))?;
-    }
-    let mut data = HostBuffer::with_capacity(total)?;
+    let lay = layout(operands.clone())?;
+    let mut data = HostBuffer::with_capacity(lay.capacity)?;
     let base = data.as_mut_ptr();
-    for (op, meta) in operands.zip(&arrays) {
-        // SAFETY: `meta.offset + meta.nbytes <= total`, the buffer's capacity, so the
+    for (op, meta) in operands.zip(&lay.arrays) {
+        // SAFETY: `meta.offset + meta.nbytes <= capacity`, the buffer's capacity, so the
         // destination is in bounds; the caller guarantees the source is readable for that
         // many bytes; a freshly allocated buffer cannot overlap device data.
         unsafe { copy_to_host(base.add(meta.offset), op.data, meta.nbytes) };
     }
     // The padding after the last operand is not counted.
-    data.set_len(arrays.last().map_or(0, |m| m.offset + m.nbytes));
-    Ok(Message { consumer_id, flags, device, arrays, dims, data, reply: None, run_id: 0 })
+    data.set_len(lay.len());
+    Ok(lay.into_message(consumer_id, flags, device, data))
 }
 
 #[cfg(test)]

@@ -163,6 +163,7 @@ pub fn start(
 #[pyo3(signature = (stall_timeout))]
 pub fn stop(py: Python<'_>, stall_timeout: Option<f64>) -> PyResult<bool> {
     let stall = duration("stall_timeout", stall_timeout)?;
+    wait_gpu_deliveries(py, stall.unwrap_or(receiver::DEFAULT_STOP_TIMEOUT)); // gpu branch
     let outcome = py.detach(|| receiver::global().stop(stall));
     report_notes(py);
     Ok(!matches!(outcome?, StopOutcome::Abandoned(_)))
@@ -175,6 +176,7 @@ pub fn stop(py: Python<'_>, stall_timeout: Option<f64>) -> PyResult<bool> {
 #[pyo3(signature = (stall_timeout))]
 pub fn finalize(py: Python<'_>, stall_timeout: Option<f64>) -> PyResult<usize> {
     let stall = duration("stall_timeout", stall_timeout)?;
+    wait_gpu_deliveries(py, stall.unwrap_or(receiver::DEFAULT_STOP_TIMEOUT)); // gpu branch
     let dropped = py.detach(|| receiver::global().finalize(stall));
     report_notes(py);
     interrupt::remove();
@@ -213,8 +215,16 @@ pub fn barrier(py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
         return Err(Error::InsideCallback("barrier_wait").into());
     }
     let r = receiver::global();
-    let target = r.queue.enqueued();
     let start = Instant::now();
+    // gpu branch: taps GPUs sent before the barrier reach the queue first.
+    let parcels = crate::gpu::DELIVERY.submitted();
+    while !py.detach(|| crate::gpu::DELIVERY.wait_delivered(parcels, WAIT_SLICE)) {
+        py.check_signals()?;
+        if timeout.is_some_and(|t| start.elapsed() >= t) {
+            break; // the queue wait below reports the timeout
+        }
+    }
+    let target = r.queue.enqueued();
     loop {
         let slice = match timeout {
             Some(t) => {
@@ -366,3 +376,59 @@ pub fn dtype_codes(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 pub fn install_interrupt_watch() -> bool {
     interrupt::install()
 }
+
+// ---- gpu branch: the CUDA platform ----------------------------------------------------
+
+/// Waits (GIL released, `limit` at most) until the GPU couriers delivered every tap
+/// handed to them, so that stopping or exiting does not leave GPU taps behind.
+fn wait_gpu_deliveries(py: Python<'_>, limit: Duration) {
+    let parcels = crate::gpu::DELIVERY.submitted();
+    py.detach(|| crate::gpu::DELIVERY.wait_delivered(parcels, limit));
+}
+
+/// `{target_name: PyCapsule}` of the CUDA handlers, for
+/// `jax.ffi.register_ffi_target(..., platform="CUDA")` (same names as on CPU).
+#[pyfunction]
+pub fn cuda_registrations(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("hostfeed_tap", capsule(py, crate::cuda::hostfeed_tap)?)?;
+    d.set_item("hostfeed_call", capsule(py, crate::cuda::hostfeed_call)?)?;
+    d.set_item("hostfeed_check", capsule(py, crate::cuda::hostfeed_check)?)?;
+    d.set_item("hostfeed_failure", capsule(py, crate::cuda::hostfeed_failure)?)?;
+    Ok(d)
+}
+
+/// Why the CUDA driver cannot be used (no library, a missing function), or `None` when it
+/// can. Loads the driver library if present but does not initialise CUDA.
+#[pyfunction]
+pub fn cuda_driver_error(py: Python<'_>) -> Option<String> {
+    py.detach(crate::cuda::driver_library).err()
+}
+
+/// The CUDA driver's version (e.g. 13000 for 13.0), or `None` without a usable driver.
+/// Initialises CUDA.
+#[pyfunction]
+pub fn cuda_driver_version(py: Python<'_>) -> Option<i32> {
+    py.detach(crate::cuda::driver_version)
+}
+
+/// Counters of the pinned-memory pool of GPU messages.
+#[pyfunction]
+pub fn cuda_pool_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let s = crate::cuda::pool_stats();
+    let d = PyDict::new(py);
+    d.set_item("allocations", s.allocations)?;
+    d.set_item("frees", s.frees)?;
+    d.set_item("allocated_bytes", s.allocated_bytes)?;
+    d.set_item("in_use_bytes", s.in_use_bytes)?;
+    d.set_item("blocks_taken", s.blocks_taken)?;
+    Ok(d)
+}
+
+/// Seconds taken by each of `repeats` device-to-host copies of `nbytes` from GPU
+/// `ordinal` into pinned memory (benchmark floor; GIL released).
+#[pyfunction]
+pub fn cuda_copy_floor(py: Python<'_>, ordinal: i32, nbytes: usize, repeats: usize) -> PyResult<Vec<f64>> {
+    Ok(py.detach(|| crate::cuda::copy_floor(ordinal, nbytes, repeats))?)
+}
+// ---- end gpu branch -------------------------------------------------------------------

@@ -275,6 +275,31 @@ pub struct XLA_FFI_Metadata_Extension {
     pub metadata: *mut XLA_FFI_Metadata,
 }
 
+// ---- gpu branch: the stream of a GPU handler, and the traits bit it must not declare ----
+
+// enum XLA_FFI_Handler_TraitsBits { XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE = 1u << 0 };
+/// hostfeed's handlers never declare this: they have host side effects at every execution
+/// (and launch host functions), so XLA must not capture them into command buffers.
+pub const XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE: XLA_FFI_Handler_Traits = 1 << 0;
+
+// struct XLA_FFI_Stream_Get_Args { size_t struct_size; XLA_FFI_Extension_Base* extension_start;
+//   XLA_FFI_ExecutionContext* ctx; void* stream; };
+// Same layout in jaxlib 0.10.2, 0.11.2 and 0.12.0.1 (0.11.1 renamed the extension and
+// context types only). For the CUDA platform `stream` is a `CUstream`.
+#[repr(C)]
+pub struct XLA_FFI_Stream_Get_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut XLA_FFI_Extension_Base,
+    pub ctx: *mut XLA_FFI_ExecutionContext,
+    pub stream: *mut c_void,
+}
+pub const XLA_FFI_Stream_Get_Args_STRUCT_SIZE: usize =
+    std::mem::offset_of!(XLA_FFI_Stream_Get_Args, stream) + std::mem::size_of::<*mut c_void>();
+
+// typedef XLA_FFI_Error* XLA_FFI_Stream_Get(XLA_FFI_Stream_Get_Args* args);
+pub type XLA_FFI_Stream_Get = unsafe extern "C" fn(args: *mut XLA_FFI_Stream_Get_Args) -> *mut XLA_FFI_Error;
+// ---- end gpu branch ----
+
 // struct XLA_FFI_RunId_Get_Args { size_t struct_size; XLA_FFI_Extension_Base* extension_start;
 //   XLA_FFI_ExecutionContext* ctx; int64_t run_id; };
 #[repr(C)]
@@ -311,7 +336,7 @@ pub struct XLA_FFI_Api {
     pub XLA_FFI_Error_GetMessage: UnusedFn,
     pub XLA_FFI_Error_Destroy: UnusedFn,
     pub XLA_FFI_Handler_Register: UnusedFn,
-    pub XLA_FFI_Stream_Get: UnusedFn,
+    pub XLA_FFI_Stream_Get: Option<XLA_FFI_Stream_Get>,
     pub XLA_FFI_Type_Register: UnusedFn,
     pub XLA_FFI_ExecutionContext_Get: UnusedFn,
     pub XLA_FFI_State_Set: UnusedFn,
@@ -365,6 +390,8 @@ pub fn layout_table() -> Vec<(&'static str, usize)> {
         XLA_FFI_TypeId { type_id => "type_id" },
         XLA_FFI_DeviceOrdinal_Get_Args { struct_size => "struct_size",
             extension_start => "extension_start", ctx => "ctx", device_ordinal => "device_ordinal" },
+        XLA_FFI_Stream_Get_Args { struct_size => "struct_size",
+            extension_start => "extension_start", ctx => "ctx", stream => "stream" },
         XLA_FFI_RunId_Get_Args { struct_size => "struct_size",
             extension_start => "extension_start", ctx => "ctx", run_id => "run_id" },
         XLA_FFI_Metadata { struct_size => "struct_size", api_version => "api_version",
@@ -373,6 +400,7 @@ pub fn layout_table() -> Vec<(&'static str, usize)> {
         XLA_FFI_Api { struct_size => "struct_size", extension_start => "extension_start",
             api_version => "api_version", internal_api => "internal_api",
             XLA_FFI_Error_Create => "XLA_FFI_Error_Create",
+            XLA_FFI_Stream_Get => "XLA_FFI_Stream_Get",
             XLA_FFI_RunId_Get => "XLA_FFI_RunId_Get",
             XLA_FFI_DeviceOrdinal_Get => "XLA_FFI_DeviceOrdinal_Get" },
     ]
@@ -396,6 +424,10 @@ pub fn constant_table() -> Vec<(&'static str, i64)> {
         ("XLA_FFI_AttrType_SCALAR", XLA_FFI_AttrType_SCALAR.into()),
         ("XLA_FFI_AttrType_STRING", XLA_FFI_AttrType_STRING.into()),
         ("XLA_FFI_ExecutionStage_EXECUTE", XLA_FFI_ExecutionStage_EXECUTE.into()),
+        (
+            "XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE",
+            XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE.into(),
+        ),
         ("sizeof(XLA_FFI_DataType)", i64::try_from(std::mem::size_of::<XLA_FFI_DataType>()).unwrap_or(-1)),
     ];
     macro_rules! dts {

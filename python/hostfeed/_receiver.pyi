@@ -14,6 +14,8 @@ __all__ = [
     "barrier",
     "is_running", "in_callback_thread", "max_queue_bytes", "set_max_queue_bytes", "stats",
     "reset_peak", "set_consumer_name", "install_interrupt_watch", "registrations",
+    "cuda_registrations", "cuda_driver_error", "cuda_driver_version", "cuda_pool_stats",
+    "cuda_copy_floor",
 ]
 
 #: Default byte bound of the queue (the legacy ``256e6``).
@@ -118,3 +120,24 @@ def install_interrupt_watch() -> bool:
 
 def registrations() -> dict[str, Any]:
     """``{target_name: PyCapsule}`` for ``jax.ffi.register_ffi_target(..., platform="cpu")``."""
+
+# The CUDA platform (the driver is loaded at run time; nothing here needs CUDA to import).
+
+def cuda_registrations() -> dict[str, Any]:
+    """``{target_name: PyCapsule}`` of the CUDA handlers, for
+    ``jax.ffi.register_ffi_target(..., platform="CUDA")`` (the same names as on CPU)."""
+
+def cuda_driver_error() -> str | None:
+    """Why the CUDA driver cannot be used (no library, a missing function), or None.
+    Loads the driver library if present; does not initialise CUDA."""
+
+def cuda_driver_version() -> int | None:
+    """The CUDA driver's version (e.g. 13000 for 13.0), or None without a usable driver."""
+
+def cuda_pool_stats() -> dict[str, int]:
+    """Counters of the pinned-memory pool of GPU messages: ``allocations``, ``frees``,
+    ``allocated_bytes``, ``in_use_bytes``, ``blocks_taken``."""
+
+def cuda_copy_floor(ordinal: int, nbytes: int, repeats: int) -> list[float]:
+    """Seconds taken by each of ``repeats`` device-to-host copies of ``nbytes`` from GPU
+    ``ordinal`` into pinned memory (a benchmark floor). Raises ReceiverError without CUDA."""

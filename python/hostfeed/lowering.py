@@ -1,6 +1,11 @@
 """Lowering of hostfeed's primitives to XLA FFI custom calls (``hostfeed_tap``,
 ``hostfeed_call``, ``hostfeed_check``) that take and return the ordered-effect token.
 
+The custom calls have the same names on every platform: XLA keeps one handler per
+(name, platform), so the CPU handlers are registered for ``cpu`` and the GPU ones for
+``CUDA``, and one lowering rule serves both (a computation lowered for several platforms
+at once gets one custom call, no switch on the platform).
+
 Each custom call names its host-side consumer by an integer attribute, ``consumer_id``,
 registered with :mod:`hostfeed.receiver` when the call is lowered. Where a callback runs
 under sharding is decided in :mod:`hostfeed.placement`; the rules below either emit the
@@ -10,7 +15,10 @@ JAX code that placement builds, which binds the primitives again inside a manual
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import importlib.metadata
+import importlib.util
+import logging
+from typing import Any, Optional
 from collections.abc import Sequence
 
 import jax
@@ -31,6 +39,51 @@ FAILURE_TARGET = "hostfeed_failure"
 
 for _name, _capsule in receiver.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
+
+
+# ---- gpu branch: the CUDA handlers --------------------------------------------------------
+def _cuda_plugins() -> list[str]:
+    """The JAX CUDA plugins installed (``jax_plugins.xla_cuda12``/``xla_cuda13``), found
+    without importing or initialising them."""
+    names = {ep.name for ep in importlib.metadata.entry_points(group="jax_plugins")
+             if ep.name.startswith("xla_cuda")}
+    for name in ("xla_cuda12", "xla_cuda13"):
+        try:
+            if importlib.util.find_spec(f"jax_plugins.{name}") is not None:
+                names.add(name)
+        except (ImportError, ValueError):
+            pass
+    return sorted(names)
+
+
+def _register_cuda() -> Optional[str]:
+    """Registers the CUDA handlers when JAX can have a CUDA backend here (a CUDA plugin is
+    installed and the CUDA driver library loads); returns why they were not, else None.
+
+    Registering never initialises a backend: JAX holds registrations for ``CUDA`` until the
+    plugin initialises (or applies them at once if it already has).
+    """
+    plugins = _cuda_plugins()
+    if not plugins:
+        return "no JAX CUDA plugin is installed (jax-cuda12-plugin / jax-cuda13-plugin)"
+    why = receiver.cuda_driver_error()
+    if why is not None:
+        return f"{why} (JAX CUDA plugin: {', '.join(plugins)})"
+    try:
+        for name, capsule in receiver.cuda_registrations().items():
+            jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+    except Exception as exc:  # noqa: BLE001 - reported, never fails the import
+        return f"registering the CUDA handlers failed: {type(exc).__name__}: {exc}"
+    return None
+
+
+#: Why hostfeed's CUDA handlers were not registered (None: they were). Where they were
+#: not, host callbacks still lower for CUDA (e.g. to export), but cannot run there.
+cuda_skip_reason: Optional[str] = _register_cuda()
+if cuda_skip_reason is not None:
+    logging.getLogger("hostfeed").debug("hostfeed: CUDA handlers not registered: %s",
+                                        cuda_skip_reason)
+# ---- end gpu branch -----------------------------------------------------------------------
 
 
 def _consumer_id(ctx: Any, lease: receiver.Lease) -> int:
@@ -82,7 +135,7 @@ def _emit(ctx: Any, target: str, args: Sequence[Any], avals_in: Sequence[Any],
     return results
 
 
-def _outside_call_lowering_cpu(ctx: Any, *args: Any, callback: CallbackSpec,
+def _outside_call_lowering(ctx: Any, *args: Any, callback: CallbackSpec,
                                nr_tapped_args: int, transforms: tuple, **params: Any) -> list:
     context, ac = where(ctx)
     shard_parts = params.get("shard_parts")
@@ -107,7 +160,7 @@ def _call_timeout_ms() -> int:
     return 0 if seconds is None else max(1, round(seconds * 1000))
 
 
-def _host_call_lowering_cpu(ctx: Any, *args: Any, callback: CallbackSpec, result_treedef: Any,
+def _host_call_lowering(ctx: Any, *args: Any, callback: CallbackSpec, result_treedef: Any,
                             result_avals: tuple, device_index: int, with_status: bool = False,
                             shard_parts: ShardParts | None = None) -> list:
     context, ac = where(ctx)
@@ -128,14 +181,14 @@ def _host_call_lowering_cpu(ctx: Any, *args: Any, callback: CallbackSpec, result
                  timeout_ms=np.int64(_call_timeout_ms()), name=callback.name)
 
 
-def _call_check_lowering_cpu(ctx: Any, status: Any, *message: Any) -> list:
+def _call_check_lowering(ctx: Any, status: Any, *message: Any) -> list:
     context, _ = where(ctx)
     _emit(ctx, CHECK_TARGET, [status, *message], ctx.avals_in, [],
           context is Where.PER_DEVICE)
     return []
 
 
-def _failure_message_lowering_cpu(ctx: Any, status: Any) -> list:
+def _failure_message_lowering(ctx: Any, status: Any) -> list:
     # No token: ordered after the call by its data dependency on the call's status.
     context, _ = where(ctx)
     op = _compat.build_ffi_lowering_function(FAILURE_TARGET, has_side_effect=False)(
@@ -148,14 +201,15 @@ def _failure_message_lowering_cpu(ctx: Any, status: Any) -> list:
 def _lowering_unsupported(ctx: Any, *args: Any, **params: Any) -> list:
     platforms = ", ".join(ctx.module_context.platforms)
     raise NotImplementedError(
-        f"hostfeed host callbacks currently run on CPU only; this computation targets "
+        f"hostfeed host callbacks run on CPU and CUDA GPUs only; this computation targets "
         f"{platforms}. Run it on CPU (jax.default_device(jax.devices('cpu')[0])) or use "
         f"jax.experimental.io_callback there.")
 
 
-for _prim, _rule in ((outside_call_p, _outside_call_lowering_cpu),
-                     (host_call_p, _host_call_lowering_cpu),
-                     (call_check_p, _call_check_lowering_cpu),
-                     (failure_message_p, _failure_message_lowering_cpu)):
+for _prim, _rule in ((outside_call_p, _outside_call_lowering),
+                     (host_call_p, _host_call_lowering),
+                     (call_check_p, _call_check_lowering),
+                     (failure_message_p, _failure_message_lowering)):
     _compat.register_lowering(_prim, _rule, platform="cpu")
+    _compat.register_lowering(_prim, _rule, platform="cuda")  # gpu branch
     _compat.register_lowering(_prim, _lowering_unsupported)

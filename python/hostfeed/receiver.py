@@ -33,6 +33,12 @@ CallbackContextError = _receiver.CallbackContextError
 FLAG_STATUS_OUTPUT: int = _receiver.FLAG_STATUS_OUTPUT
 FLAG_SHARD: int = _receiver.FLAG_SHARD
 registrations = _receiver.registrations
+# The CUDA platform (gpu branch): handlers, the driver (loaded at run time), pinned memory.
+cuda_registrations = _receiver.cuda_registrations
+cuda_driver_error = _receiver.cuda_driver_error
+cuda_driver_version = _receiver.cuda_driver_version
+cuda_pool_stats = _receiver.cuda_pool_stats
+cuda_copy_floor = _receiver.cuda_copy_floor
 in_callback_thread = _receiver.in_callback_thread
 is_running = _receiver.is_running
 
@@ -318,20 +324,25 @@ _dispatch = _Dispatcher()
 
 @functools.cache
 def device_for_ordinal(ordinal: int) -> jax.Device:
-    """The ``jax.Device`` of this process whose XLA device ordinal is ``ordinal``.
+    """The ``jax.Device`` of this process that a message's device key ``ordinal`` names.
 
-    What ``XLA_FFI_DeviceOrdinal_Get`` reports differs by setup: on CPU with one process
-    it is the device's id (which equals its ``local_hardware_id``); with many processes
-    (``jax.distributed``) it is the *global* device id (e.g. 2048 for the first CPU device
-    of process 1), not an index into ``jax.local_devices()``. So a local CPU device is
-    matched by ``id`` first, then by ``local_hardware_id`` (the ordinal of platforms that
-    number their devices per process).
+    A message from a CPU device carries its XLA device ordinal; one from a GPU carries
+    ``-1 - ordinal`` (the GPU handlers set it, so that the keys of a CPU and a GPU device
+    never collide). What ``XLA_FFI_DeviceOrdinal_Get`` reports differs by setup: on CPU
+    with one process it is the device's id (which equals its ``local_hardware_id``); with
+    many processes (``jax.distributed``) it is the *global* device id (e.g. 2048 for the
+    first CPU device of process 1), not an index into ``jax.local_devices()``; a GPU's is
+    its ordinal on this host. So a local device is matched by ``id`` first, then by
+    ``local_hardware_id`` (the ordinal of platforms that number their devices per process).
 
     Raises:
       LookupError: no device of this process has that ordinal (the tap is then recorded
         as failed for ``barrier_wait``, not lost silently).
     """
-    devices = _local_callback_devices()
+    platform = "cpu"
+    if ordinal < 0:
+        platform, ordinal = "gpu", -1 - ordinal
+    devices = _local_callback_devices(platform)
     for d in devices:
         if d.id == ordinal:
             return d
@@ -339,16 +350,16 @@ def device_for_ordinal(ordinal: int) -> jax.Device:
         if getattr(d, "local_hardware_id", None) == ordinal:
             return d
     raise LookupError(
-        f"hostfeed: no device of process {jax.process_index()} has XLA device ordinal "
-        f"{ordinal}; its devices are {[(d.id, d.local_hardware_id) for d in devices]} "
-        f"as (id, local_hardware_id)")
+        f"hostfeed: no {platform} device of process {jax.process_index()} has XLA device "
+        f"ordinal {ordinal}; its devices are "
+        f"{[(d.id, d.local_hardware_id) for d in devices]} as (id, local_hardware_id)")
 
 
-def _local_callback_devices() -> list:
-    """The local devices host callbacks run on (CPU, the only platform lowered for)."""
+def _local_callback_devices(platform: str) -> list:
+    """The local devices of ``platform`` (``"cpu"`` or ``"gpu"``) host callbacks run on."""
     try:
-        return list(jax.local_devices(backend="cpu"))
-    except RuntimeError:  # no CPU backend: the default one's
+        return list(jax.local_devices(backend=platform))
+    except RuntimeError:  # no such backend: the default one's
         return list(jax.local_devices())
 
 

@@ -1,5 +1,6 @@
-"""Shared test setup: CPU-only JAX, and a check after every test that the receiver has
-processed everything and no callback exception was left unreported."""
+"""Shared test setup: CPU-only JAX (unless ``JAX_PLATFORMS`` says otherwise, e.g. ``cuda`` on
+a GPU machine), and a check after every test that the receiver has processed everything
+and no callback exception was left unreported."""
 from __future__ import annotations
 
 import contextlib
@@ -16,6 +17,20 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import pytest
 
 from hostfeed import host_callback as hcb
+
+#: The suite runs on a GPU (``JAX_PLATFORMS=cuda``, see ``benches/gpu_check.sh``).
+ON_GPU = os.environ["JAX_PLATFORMS"].split(",")[0].strip() in ("cuda", "gpu")
+
+
+def pytest_collection_modifyitems(config, items):
+    """On a GPU, tests marked ``several_devices`` (many CPU devices or processes in
+    subprocesses) are skipped: the GPU machine has one device, and CI runs them on CPU."""
+    if not ON_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs several devices (runs on CPU devices in CI)")
+    for item in items:
+        if item.get_closest_marker("several_devices"):
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

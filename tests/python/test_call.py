@@ -182,6 +182,7 @@ def test_pmap_each_device_gets_its_own_call():
     assert sorted(got) == [(float(d.id), d.id) for d in jax.local_devices()]
 
 
+@pytest.mark.several_devices
 def test_pmap_on_four_devices_returns_per_device_results():
     r = run_python("""
         import jax, jax.numpy as jnp

@@ -11,6 +11,8 @@ import pytest
 
 from conftest import run_python
 
+pytestmark = pytest.mark.several_devices
+
 HELPER = os.path.join(os.path.dirname(__file__), "helpers", "multidevice_cases.py")
 COMBOS = [(4, True), (4, False), (8, True), (8, False)]
 _cache: dict = {}

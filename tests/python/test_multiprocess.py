@@ -20,6 +20,8 @@ import time
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.several_devices
+
 HELPER = os.path.join(os.path.dirname(__file__), "helpers", "multiprocess_cases.py")
 LAUNCH_TIMEOUT = 180.0  # seconds for a whole group of processes (2 cores, shared)
 CONFIGS = [(2, 2, True), (2, 2, False), (4, 2, True)]

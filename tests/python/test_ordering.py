@@ -16,6 +16,8 @@ from collections import Counter
 
 import pytest
 
+pytestmark = pytest.mark.several_devices
+
 HELPER = os.path.join(os.path.dirname(__file__), "helpers", "ordering_cases.py")
 ITERATIONS = 25
 # step -> which devices it happens on: all (joined), each (per device), or device 0.

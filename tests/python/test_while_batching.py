@@ -418,6 +418,7 @@ def test_jit_of_vmap_compiles_once_and_reruns_correctly():
 
 
 @pytest.mark.parametrize("axis_type", ["Auto", "Explicit"])
+@pytest.mark.several_devices
 def test_lanes_sharded_over_four_devices(axis_type):
     r = run_python(f"""
         import json

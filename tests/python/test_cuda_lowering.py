@@ -1,0 +1,191 @@
+"""The CUDA platform without a GPU: the build and import without CUDA, registration
+skipped cleanly, and the lowering for CUDA (JAX lowers for a platform it does not have).
+
+Issue: "GPUs: taps and calls on CUDA devices, the device never waiting for Python".
+"""
+from __future__ import annotations
+
+import re
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import hostfeed
+from hostfeed import host_callback as hcb
+from hostfeed import lowering, receiver
+
+from conftest import ON_GPU, run_python
+
+TARGET = re.compile(
+    r"stablehlo\.custom_call @(hostfeed_\w+)\((.*?)\) \{(.*?)\} : \((.*?)\) -> (.*)")
+
+
+def custom_calls(f, *args, platforms=("cuda",)) -> list[tuple[str, str, str, str]]:
+    """(target, attributes, operand types, result types) of every hostfeed custom call in
+    the StableHLO of ``f`` lowered for ``platforms``."""
+    text = jax.jit(f).trace(*args).lower(lowering_platforms=platforms).as_text()
+    return [(m[1], m[3], m[4], m[5]) for m in TARGET.finditer(text)]
+
+
+def noop(x, transforms):
+    pass
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks the machine without CUDA")
+def test_without_cuda_registration_is_skipped_with_a_reason():
+    assert isinstance(lowering.cuda_skip_reason, str)
+    assert "CUDA" in lowering.cuda_skip_reason
+    # The driver check answers (a reason or None) rather than raising.
+    why = receiver.cuda_driver_error()
+    assert why is None or "CUDA" in why
+    assert receiver.cuda_pool_stats()["allocations"] == 0
+    # Taps still run on CPU.
+    got = []
+    jax.jit(lambda x: hcb.id_tap(lambda a, t: got.append(a.tolist()), x))(jnp.arange(3))
+    hcb.barrier_wait()
+    assert got == [[0, 1, 2]]
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks the machine without CUDA")
+def test_a_cuda_plugin_without_a_driver_is_skipped_with_the_driver_named(tmp_path):
+    # A stand-in JAX CUDA plugin (found by name, never initialised by hostfeed).
+    plugin = tmp_path / "jax_plugins" / "xla_cuda13"
+    plugin.mkdir(parents=True)
+    (plugin / "__init__.py").write_text("def initialize():\n    pass\n")
+    r = run_python(f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        import jax, jax.numpy as jnp
+        from hostfeed import host_callback as hcb, lowering, receiver
+        print(lowering.cuda_skip_reason)
+        got = []
+        jax.jit(lambda x: hcb.id_tap(lambda a, t: got.append(int(a)), x))(jnp.int32(5))
+        hcb.barrier_wait()
+        print(got)
+    """)
+    assert r.returncode == 0, r.stderr
+    reason, got = r.stdout.splitlines()[-2:]
+    if receiver.cuda_driver_error() is None:  # a driver library without a GPU
+        assert reason == "None"
+    else:
+        assert "driver library" in reason and "xla_cuda13" in reason
+    assert got == "[5]"
+
+
+def test_tap_lowers_for_cuda_to_the_custom_call_with_a_token():
+    calls = custom_calls(lambda x: hcb.id_tap(noop, x * 2) + 1, jnp.ones(3))
+    assert len(calls) == 1
+    target, attrs, operands, results = calls[0]
+    assert target == "hostfeed_tap"
+    assert "has_side_effect = true" in attrs
+    assert re.search(r"consumer_id = \d+ : i64", attrs) and "flags = 0 : i64" in attrs
+    assert operands == "!stablehlo.token, tensor<3xf32>"
+    assert results == "!stablehlo.token"
+
+
+def test_call_lowers_for_cuda_with_its_results_and_attributes():
+    def host(x):
+        return x.astype(np.int32)
+
+    def f(x):
+        return hcb.call(host, x, result_shape=jax.ShapeDtypeStruct((2, 2), jnp.int32))
+
+    calls = custom_calls(f, jnp.ones((2, 2)))
+    assert [c[0] for c in calls] == ["hostfeed_call"]
+    _, attrs, operands, results = calls[0]
+    assert "timeout_ms = " in attrs and re.search(r'name = "[^"]*host"', attrs)
+    assert operands == "!stablehlo.token, tensor<2x2xf32>"
+    assert results == "(!stablehlo.token, tensor<2x2xi32>)"
+
+
+def test_several_taps_under_transformations_lower_for_cuda_in_one_token_chain():
+    def f(x):
+        def body(c, _):
+            c = hcb.id_tap(noop, c * 2)
+            return c, None
+        y, _ = lax.scan(body, x, None, length=3)
+        return hcb.id_print(jnp.sum(y), what="sum")
+
+    grad = jax.grad(lambda x: f(x).astype(jnp.float32))
+    calls = custom_calls(jax.vmap(grad), jnp.ones((4,)))
+    assert calls and all(c[0] == "hostfeed_tap" for c in calls)
+    assert all(c[2].startswith("!stablehlo.token") for c in calls), "every tap takes the token"
+
+
+def test_lowering_for_cpu_and_cuda_at_once_uses_the_same_custom_call_on_both():
+    def f(x):
+        return hcb.id_tap(noop, x) + 1
+
+    lowered = jax.jit(f).trace(jnp.arange(3.0)).lower(lowering_platforms=("cpu", "cuda"))
+    text = lowered.as_text()
+    # One branch per platform, each with the tap in the token chain.
+    assert re.findall(r"custom_call @(hostfeed_\w+)", text) == ["hostfeed_tap"] * 2
+    assert "stablehlo.case" in text
+
+
+def test_other_gpu_platforms_are_refused_with_a_clear_message():
+    with pytest.raises(NotImplementedError, match="CPU and CUDA GPUs only"):
+        jax.jit(lambda x: hcb.id_tap(noop, x)).trace(1.0).lower(lowering_platforms=("rocm",))
+
+
+def test_gpu_device_keys_name_gpu_devices(monkeypatch):
+    asked = []
+
+    def fake_devices(platform):
+        asked.append(platform)
+        return jax.local_devices()
+
+    receiver.device_for_ordinal.cache_clear()
+    monkeypatch.setattr(receiver, "_local_callback_devices", fake_devices)
+    try:
+        assert receiver.device_for_ordinal(-1) == jax.local_devices()[0]  # GPU ordinal 0
+        assert receiver.device_for_ordinal(0) == jax.local_devices()[0]
+    finally:
+        receiver.device_for_ordinal.cache_clear()
+    assert asked == ["gpu", "cpu"]
+
+
+def test_sharded_taps_lower_for_cuda_on_several_devices():
+    r = run_python("""
+        import re
+        import jax, jax.numpy as jnp
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        from hostfeed import host_callback as hcb
+        mesh = jax.make_mesh((4,), ("x",))
+        x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("x")))
+        def f(x):
+            return hcb.id_tap(lambda a, t: None, x * 2)
+        text = jax.jit(f).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+        print(sorted(set(re.findall(r"custom_call @(hostfeed_\\w+)", text))))
+        smap = jax.shard_map(lambda v: hcb.id_tap(lambda a, t: None, v), mesh=mesh,
+                             in_specs=P("x"), out_specs=P("x"))
+        text = jax.jit(smap).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+        print(len(re.findall(r"custom_call @hostfeed_tap", text)))
+    """, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines()[-2:] == ["['hostfeed_tap']", "1"]
+
+
+def test_the_package_imports_without_cuda_libraries_in_a_fresh_process():
+    r = run_python(textwrap.dedent("""
+        import hostfeed
+        from hostfeed import lowering, receiver
+        print(type(lowering.cuda_skip_reason).__name__, hostfeed.__version__ != "")
+    """))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[-1] == "True"
+
+
+def test_cuda_pool_stats_and_copy_floor_answer_without_a_gpu():
+    stats = receiver.cuda_pool_stats()
+    assert set(stats) == {"allocations", "frees", "allocated_bytes", "in_use_bytes",
+                          "blocks_taken"}
+    if ON_GPU:
+        assert len(receiver.cuda_copy_floor(0, 1 << 20, 3)) == 3
+    elif receiver.cuda_driver_error() is not None:
+        with pytest.raises(hostfeed.receiver.ReceiverError, match="cannot use CUDA"):
+            receiver.cuda_copy_floor(0, 1 << 20, 3)

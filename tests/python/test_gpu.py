@@ -1,0 +1,123 @@
+"""Taps and calls on a CUDA GPU (run with ``JAX_PLATFORMS=cuda``, see
+``benches/gpu_check.sh``; skipped elsewhere). The rest of the suite runs on the GPU too
+there; these tests check what is particular to it: the handlers are registered, the device
+never waits for a tap's host function, pinned buffers are reused, results come back in
+stream order, failures keep the process alive.
+
+Issue: "GPUs: taps and calls on CUDA devices, the device never waiting for Python".
+"""
+from __future__ import annotations
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from hostfeed import host_callback as hcb
+from hostfeed import lowering, receiver
+
+from conftest import ON_GPU
+
+pytestmark = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (JAX_PLATFORMS=cuda)")
+
+
+def test_cuda_handlers_are_registered_and_the_driver_answers():
+    assert lowering.cuda_skip_reason is None
+    assert receiver.cuda_driver_error() is None
+    version = receiver.cuda_driver_version()
+    assert version is not None and version >= 12000
+    assert jax.devices()[0].platform == "gpu"
+
+
+def test_the_computation_finishes_while_the_tap_function_is_still_blocked():
+    release = threading.Event()
+    entered = threading.Event()
+
+    def slow(x, transforms):
+        entered.set()
+        assert release.wait(60)
+
+    f = jax.jit(lambda x: jnp.sum(hcb.id_tap(slow, x * 2)) + 1)
+    out = f(jnp.ones(1024))
+    out.block_until_ready()  # the device did not wait for the host function
+    assert float(out) == 2049.0
+    assert entered.wait(60)
+    release.set()
+    hcb.barrier_wait()
+
+
+def test_values_and_order_of_many_taps_in_a_loop():
+    got = []
+
+    def body(i, c):
+        c = c + 1.0
+        return hcb.id_tap(lambda a, t: got.append(a.copy()), c)
+
+    n = 500
+    out = jax.jit(lambda x: lax.fori_loop(0, n, body, x))(jnp.zeros((3, 5)))
+    hcb.barrier_wait()
+    assert out.tolist() == np.full((3, 5), float(n)).tolist()
+    assert [float(a[0, 0]) for a in got] == [float(i + 1) for i in range(n)]
+
+
+def test_tap_with_device_names_the_gpu():
+    got = []
+    jax.jit(lambda x: hcb.id_tap(lambda a, t, *, device: got.append(device), x,
+                                 tap_with_device=True))(jnp.int32(1))
+    hcb.barrier_wait()
+    assert got == [jax.devices()[0]]
+
+
+def test_pinned_buffers_are_reused_in_steady_state():
+    f = jax.jit(lambda x: hcb.id_tap(lambda a, t: None, x))
+    x = jnp.ones(1 << 18)  # 1 MiB
+
+    def rounds():
+        for _ in range(30):
+            f(x)
+        hcb.barrier_wait()
+
+    rounds()
+    before = receiver.cuda_pool_stats()
+    rounds()
+    after = receiver.cuda_pool_stats()
+    assert after["blocks_taken"] >= before["blocks_taken"] + 30
+    assert after["allocations"] == before["allocations"], (before, after)
+    assert after["in_use_bytes"] == 0
+
+
+def test_a_large_tap_arrives_intact():
+    got = []
+    x = jnp.arange(16 << 20, dtype=jnp.float32)  # 64 MiB
+    jax.jit(lambda v: hcb.id_tap(lambda a, t: got.append(a.copy()), v * 2))(x)
+    hcb.barrier_wait()
+    np.testing.assert_array_equal(got[0], np.arange(16 << 20, dtype=np.float32) * 2)
+
+
+def test_a_call_result_feeds_the_rest_of_the_computation():
+    def host(a):
+        return (a * 3).astype(np.int32)
+
+    def f(x):
+        y = hcb.call(host, x, result_shape=jax.ShapeDtypeStruct(x.shape, jnp.int32))
+        return jnp.sum(y * 2)
+
+    for n in (1, 7, 1 << 20):
+        x = jnp.arange(n, dtype=jnp.float32)
+        assert int(jax.jit(f)(x)) == int(np.sum((np.arange(n) * 3) * 2))
+
+
+def test_a_failing_call_fails_the_computation_and_the_process_goes_on():
+    def bad(a):
+        raise ValueError("no result on the host")
+
+    f = jax.jit(lambda x: hcb.call(bad, x, result_shape=x))
+    with pytest.raises(Exception, match="no result on the host"):
+        f(jnp.ones(3)).block_until_ready()
+    with pytest.raises(hcb.CallbackException):
+        hcb.barrier_wait()
+    g = jax.jit(lambda x: hcb.call(lambda a: a + 1, x, result_shape=x))
+    assert g(jnp.ones(3)).tolist() == [2.0, 2.0, 2.0]
