@@ -39,30 +39,38 @@ if [ -z "$wheel" ]; then
     say "FAIL: no hostfeed wheel for $tag in dist/ (build it with benches/gpu_wheel.sh and carry dist/)"
     exit 2
 fi
+unpack() { "$python" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$1" "$2"; }
 venv="$out/venv"
 rm -rf "$venv"
+# A virtual environment that sees the machine's JAX, with the wheel installed offline.
 if "$python" -m venv --system-site-packages "$venv" >> "$out/install.log" 2>&1 \
+        && "$venv/bin/python" -c 'import jax' >> "$out/install.log" 2>&1 \
         && "$venv/bin/python" -m pip install --no-index --no-deps --force-reinstall "$wheel" >> "$out/install.log" 2>&1; then
     py="$venv/bin/python"
-    # pytest, offline, from wheels carried in dist/ if the machine lacks it.
-    if ! "$py" -c 'import pytest, pytest_timeout' 2>/dev/null; then
+    if ! "$py" -c 'import pytest, pytest_timeout' 2>/dev/null; then  # offline, from dist/
         "$py" -m pip install --no-index --find-links dist pytest pytest-timeout >> "$out/install.log" 2>&1
     fi
 else
-    # No venv/pip: unpack the wheel onto PYTHONPATH (it holds only the package and its metadata).
-    say "venv/pip unavailable; unpacking the wheel instead (see install.log)"
+    # No venv/pip, or JAX lives in another environment than the interpreter's base: unpack
+    # the wheel (it holds only the package and its metadata) onto PYTHONPATH instead.
+    say "venv unusable here (see install.log): unpacking the wheel onto PYTHONPATH"
     site="$out/site"
     rm -rf "$site" && mkdir -p "$site"
-    "$python" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$wheel" "$site"
-    for w in dist/*.whl; do
-        case "$w" in *hostfeed-*) ;; *) "$python" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$w" "$site" ;; esac
-    done
+    unpack "$wheel" "$site"
+    if ! "$python" -c 'import pytest, pytest_timeout' 2>/dev/null; then
+        for w in dist/*.whl; do
+            case "$w" in *hostfeed-*) ;; *) unpack "$w" "$site" ;; esac
+        done
+    fi
     export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
     py=$python
 fi
 if ! (cd /tmp && "$py" -c 'import hostfeed' >> "$out/install.log" 2>&1); then
     say "FAIL: hostfeed does not import with this JAX (see install.log):"
-    tail -5 "$out/install.log" | tee -a "$summary"
+    tail -3 "$out/install.log" | tee -a "$summary"
+    if grep -q "supports jax" "$out/install.log"; then
+        say "this build predates support for the machine's JAX: build the wheel from a tree with it (the JAX-range work)"
+    fi
     exit 2
 fi
 say "installed $(basename "$wheel") into $py"

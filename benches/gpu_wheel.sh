@@ -8,7 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${1:-python3.12}
-if ! command -v "$python" >/dev/null 2>&1 && command -v pyenv >/dev/null 2>&1; then
+if ! "$python" --version >/dev/null 2>&1 && command -v pyenv >/dev/null 2>&1; then
+    # pyenv's shim serves only the global version: use the installed one directly.
     python="$(pyenv root)/versions/$(pyenv latest "${python#python}")/bin/$python"
 fi
 maturin=${MATURIN:-maturin}

@@ -304,6 +304,8 @@ def test_sigint_handler_chain_keeps_python_handlers_working():
 def test_callbacks_are_released_when_no_computation_refers_to_them():
     # Tap functions and their closures are not kept forever: once JAX's caches drop the
     # executables and traces that name them, the next barrier releases them.
+    gc.collect()
+    hcb.barrier_wait()  # earlier tests' consumers that nothing refers to go first
     before = receiver.registered_consumers()
     refs = []
 
