@@ -217,9 +217,11 @@ impl Delivery {
         // A computation run from inside a host callback: the consumer is this thread, so
         // waiting for it would never end (as `Receiver::push` admits such a message).
         let on_consumer = in_consumer_thread();
-        loop {
+        let stats = &receiver.queue.stats;
+        let mut blocked_since: Option<Instant> = None;
+        let outcome = loop {
             if receiver.is_finalized() {
-                return Err(Error::Closed);
+                break Err(Error::Closed);
             }
             let seen = receiver.queue.progress();
             let held = receiver.queue.held_bytes();
@@ -230,14 +232,26 @@ impl Delivery {
                 }
                 if on_consumer || admits(t[i], held, bytes, receiver.queue.bound()) {
                     t[i] += bytes;
-                    return Ok(());
+                    break Ok(());
                 }
             }
+            if blocked_since.is_none() {
+                // Counted as the queue counts producers waiting for space.
+                blocked_since = Some(Instant::now());
+                stats.producer_blocked_count.fetch_add(1, Ordering::Relaxed);
+            }
             if held > 0 && !receiver.is_running() {
-                receiver.start()?; // nobody would make room
+                if let Err(e) = receiver.start() {
+                    break Err(e); // nobody would make room
+                }
             }
             receiver.queue.wait_progress(seen, GATE_SLICE);
+        };
+        if let Some(t0) = blocked_since {
+            let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            stats.producer_blocked_ns.fetch_add(ns, Ordering::Relaxed);
         }
+        outcome
     }
 
     /// Ends a reservation made by [`Delivery::reserve`].
@@ -981,23 +995,39 @@ mod tests {
         let data = [5u8; 4000];
         let charged = {
             let probe = FakeStream::new();
-            // SAFETY: only sizes the message.
             new_message(&probe, header(0, 0), [u8s(&data, &[4000])].into_iter()).unwrap().charged_bytes()
         };
         // Room for two messages in flight.
         let (recv, c, delivery) = setup(2 * charged + 1);
-        let stream = FakeStream::new();
-        for i in 0..40 {
-            // SAFETY: `data` outlives the copies.
-            unsafe { tap(&stream, recv, delivery, header(i, 0), [u8s(&data, &[4000])].into_iter()) }.unwrap();
-            assert!(
-                delivery.reserved(0) + recv.queue.held_bytes() <= 3 * charged,
-                "the reservation bounds memory"
-            );
+        let stream = Arc::new(FakeStream::new());
+        // The device is paused: two taps are admitted, the third must wait on the host
+        // thread for the device (and the consumer) to make room.
+        stream.pause(true);
+        let s2 = Arc::clone(&stream);
+        let producer = std::thread::spawn(move || {
+            for i in 0..40 {
+                // SAFETY: `data` is copied into the closure and outlives the copies.
+                unsafe { tap(&*s2, recv, delivery, header(i, 0), [u8s(&data, &[4000])].into_iter()) }
+                    .unwrap();
+                assert!(
+                    delivery.reserved(0) + recv.queue.held_bytes() <= 3 * charged,
+                    "the reservation bounds memory"
+                );
+            }
+            s2.synchronize().unwrap();
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while recv.queue.stats.snapshot().producer_blocked_count == 0 {
+            assert!(Instant::now() < deadline, "the third tap never waited");
+            std::thread::yield_now();
         }
+        assert_eq!(delivery.submitted(), 2, "only two taps were admitted while the device was paused");
+        stream.pause(false);
+        producer.join().unwrap();
         wait_all(recv, 40);
         assert_eq!(lock(&c.seen).len(), 40);
         assert_eq!(delivery.reserved(0), 0);
+        assert!(recv.queue.stats.snapshot().producer_blocked_ns > 0, "the wait is counted");
     }
 
     #[test]
