@@ -170,12 +170,12 @@ def main() -> None:
         "jax": jax.__version__, "hostfeed": hostfeed.__version__, "device": str(dev),
         "device_kind": getattr(dev, "device_kind", "?"), "backend": jax.default_backend(),
         "cuda_driver": receiver.cuda_driver_version(),
-        "cuda_handlers": lowering.cuda_skip_reason or "registered",
+        "cuda_handlers": lowering.cuda_status() or "registered",
         "cpus": os.cpu_count(),
     }
     results["environment"] = env
     print("environment:", json.dumps(env))
-    if jax.default_backend() != "gpu" or lowering.cuda_skip_reason is not None:
+    if jax.default_backend() != "gpu" or lowering.cuda_status() is not None:
         raise SystemExit("benches/gpu.py needs a CUDA GPU with hostfeed's CUDA handlers")
 
     # ---- small taps ------------------------------------------------------------------

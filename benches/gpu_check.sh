@@ -81,7 +81,7 @@ export JAX_PLATFORMS=${GPU_CHECK_PLATFORM:-cuda}
 import jax
 from hostfeed import lowering, receiver
 print("devices:", jax.devices())
-print("hostfeed CUDA handlers:", lowering.cuda_skip_reason or "registered",
+print("hostfeed CUDA handlers:", lowering.cuda_status() or "registered",
       "| CUDA driver", receiver.cuda_driver_version())
 EOF
 

@@ -2,9 +2,9 @@
 ``hostfeed_call``, ``hostfeed_check``) that take and return the ordered-effect token.
 
 The custom calls have the same names on every platform: XLA keeps one handler per
-(name, platform), so the CPU handlers are registered for ``cpu`` and the GPU ones for
-``CUDA``, and one lowering rule serves both (a computation lowered for several platforms
-at once gets one custom call, no switch on the platform).
+(name, platform), so the CPU handlers are registered for ``cpu`` (at import) and the GPU
+ones for ``CUDA`` (at the first lowering for ``cuda``, see :func:`cuda_status`), and the
+same lowering serves both.
 
 Each custom call names its host-side consumer by an integer attribute, ``consumer_id``,
 registered with :mod:`hostfeed.receiver` when the call is lowered. Where a callback runs
@@ -18,6 +18,7 @@ import dataclasses
 import importlib.metadata
 import importlib.util
 import logging
+import threading
 from typing import Any, Optional
 from collections.abc import Sequence
 
@@ -58,11 +59,7 @@ def _cuda_plugins() -> list[str]:
 
 def _register_cuda() -> Optional[str]:
     """Registers the CUDA handlers when JAX can have a CUDA backend here (a CUDA plugin is
-    installed and the CUDA driver library loads); returns why they were not, else None.
-
-    Registering never initialises a backend: JAX holds registrations for ``CUDA`` until the
-    plugin initialises (or applies them at once if it already has).
-    """
+    installed and the CUDA driver library loads); returns why they were not, else None."""
     plugins = _cuda_plugins()
     if not plugins:
         return "no JAX CUDA plugin is installed (jax-cuda12-plugin / jax-cuda13-plugin)"
@@ -72,17 +69,60 @@ def _register_cuda() -> Optional[str]:
     try:
         for name, capsule in receiver.cuda_registrations().items():
             jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
-    except Exception as exc:  # noqa: BLE001 - reported, never fails the import
+    except Exception as exc:  # noqa: BLE001 - reported where CUDA is lowered for
         return f"registering the CUDA handlers failed: {type(exc).__name__}: {exc}"
     return None
 
 
-#: Why hostfeed's CUDA handlers were not registered (None: they were). Where they were
-#: not, host callbacks still lower for CUDA (e.g. to export), but cannot run there.
-cuda_skip_reason: Optional[str] = _register_cuda()
-if cuda_skip_reason is not None:
-    logging.getLogger("hostfeed").debug("hostfeed: CUDA handlers not registered: %s",
-                                        cuda_skip_reason)
+class _CudaTargets:
+    lock = threading.Lock()
+    tried = False
+    reason: Optional[str] = None
+
+
+def cuda_status() -> Optional[str]:
+    """Why hostfeed's CUDA handlers are not registered (None: they are); registers them on
+    the first call.
+
+    The lowering for ``cuda`` calls this, so registration happens once JAX has
+    initialised its backends (lowering needs them): the CUDA plugin then takes the
+    handlers at once, and a failure is reported here instead of inside the plugin's
+    initialisation (where it would also keep JAX's own CUDA handlers from registering).
+    Without a CUDA backend, computations still lower for CUDA (the handlers are held by
+    JAX until a CUDA plugin initialises, if ever).
+
+    Example:
+        >>> from hostfeed import lowering
+        >>> lowering.cuda_status() is None or "CUDA" in lowering.cuda_status()
+        True
+    """
+    with _CudaTargets.lock:
+        if not _CudaTargets.tried:
+            _CudaTargets.reason = _register_cuda()
+            _CudaTargets.tried = True
+            if _CudaTargets.reason is not None:
+                logging.getLogger("hostfeed").debug(
+                    "hostfeed: CUDA handlers not registered: %s", _CudaTargets.reason)
+        return _CudaTargets.reason
+
+
+def _has_cuda_backend() -> bool:
+    try:
+        return bool(jax.devices("cuda"))
+    except RuntimeError:
+        return False
+
+
+def _on_cuda(rule: Any) -> Any:
+    """``rule`` for the ``cuda`` platform: registers the CUDA handlers first, and refuses
+    clearly where a CUDA backend exists but the handlers could not be registered."""
+    def lower(ctx: Any, *args: Any, **params: Any) -> list:
+        reason = cuda_status()
+        if reason is not None and _has_cuda_backend():
+            raise NotImplementedError(
+                f"hostfeed cannot run host callbacks on this CUDA backend: {reason}")
+        return rule(ctx, *args, **params)
+    return lower
 # ---- end gpu branch -----------------------------------------------------------------------
 
 
@@ -211,5 +251,5 @@ for _prim, _rule in ((outside_call_p, _outside_call_lowering),
                      (call_check_p, _call_check_lowering),
                      (failure_message_p, _failure_message_lowering)):
     _compat.register_lowering(_prim, _rule, platform="cpu")
-    _compat.register_lowering(_prim, _rule, platform="cuda")  # gpu branch
+    _compat.register_lowering(_prim, _on_cuda(_rule), platform="cuda")  # gpu branch
     _compat.register_lowering(_prim, _lowering_unsupported)

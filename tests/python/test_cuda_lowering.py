@@ -37,8 +37,9 @@ def noop(x, transforms):
 
 @pytest.mark.skipif(ON_GPU, reason="checks the machine without CUDA")
 def test_without_cuda_registration_is_skipped_with_a_reason():
-    assert isinstance(lowering.cuda_skip_reason, str)
-    assert "CUDA" in lowering.cuda_skip_reason
+    reason = lowering.cuda_status()
+    assert isinstance(reason, str)
+    assert "CUDA" in reason
     # The driver check answers (a reason or None) rather than raising.
     why = receiver.cuda_driver_error()
     assert why is None or "CUDA" in why
@@ -61,7 +62,7 @@ def test_a_cuda_plugin_without_a_driver_is_skipped_with_the_driver_named(tmp_pat
         sys.path.insert(0, {str(tmp_path)!r})
         import jax, jax.numpy as jnp
         from hostfeed import host_callback as hcb, lowering, receiver
-        print(lowering.cuda_skip_reason)
+        print(lowering.cuda_status())
         got = []
         jax.jit(lambda x: hcb.id_tap(lambda a, t: got.append(int(a)), x))(jnp.int32(5))
         hcb.barrier_wait()
@@ -174,7 +175,7 @@ def test_the_package_imports_without_cuda_libraries_in_a_fresh_process():
     r = run_python(textwrap.dedent("""
         import hostfeed
         from hostfeed import lowering, receiver
-        print(type(lowering.cuda_skip_reason).__name__, hostfeed.__version__ != "")
+        print(type(lowering.cuda_status()).__name__, hostfeed.__version__ != "")
     """))
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[-1] == "True"

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (JAX_PLATFO
 
 
 def test_cuda_handlers_are_registered_and_the_driver_answers():
-    assert lowering.cuda_skip_reason is None
+    assert lowering.cuda_status() is None
     assert receiver.cuda_driver_error() is None
     version = receiver.cuda_driver_version()
     assert version is not None and version >= 12000
