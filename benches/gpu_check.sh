@@ -9,8 +9,8 @@
 #   bash benches/gpu_check.sh        # on the GPU machine, from the repository root, with
 #                                    # dist/ carried along; results under $OUT (or ./gpu_check_out)
 #
-# Budget: about 10 minutes (pytest at most GPU_CHECK_PYTEST_S = 390 s, benchmarks at most
-# GPU_CHECK_BENCH_S = 200 s). Exit status: 0 when the suite passed and every target was met.
+# Budget: under 10 minutes (pytest at most GPU_CHECK_PYTEST_S = 360 s, benchmarks at most
+# GPU_CHECK_BENCH_S = 180 s). Exit status: 0 when the suite passed and every target was met.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -87,8 +87,8 @@ EOF
 
 # ---- the test suite on the GPU ------------------------------------------------------------
 # No preallocation: tests start fresh interpreters on the same GPU while this one runs.
-say "pytest (JAX_PLATFORMS=$JAX_PLATFORMS, at most ${GPU_CHECK_PYTEST_S:-390} s)"
-XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 10 "${GPU_CHECK_PYTEST_S:-390}" \
+say "pytest (JAX_PLATFORMS=$JAX_PLATFORMS, at most ${GPU_CHECK_PYTEST_S:-360} s)"
+XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 10 "${GPU_CHECK_PYTEST_S:-360}" \
     "$py" -m pytest tests/python -q -p no:cacheprovider -o addopts="" -rfEs \
     --junitxml="$out/pytest.xml" > "$out/pytest.txt" 2>&1
 pytest_rc=$?
@@ -98,8 +98,8 @@ tail -1 "$out/pytest.txt" | tee -a "$summary"
 say "pytest exit status $pytest_rc after $((SECONDS - start)) s"
 
 # ---- benchmarks -------------------------------------------------------------------------
-say "benches/gpu.py (at most ${GPU_CHECK_BENCH_S:-200} s)"
-OUT="$out" timeout -k 10 "${GPU_CHECK_BENCH_S:-200}" "$py" benches/gpu.py > "$out/bench.txt" 2>&1
+say "benches/gpu.py (at most ${GPU_CHECK_BENCH_S:-180} s)"
+OUT="$out" timeout -k 10 "${GPU_CHECK_BENCH_S:-180}" "$py" benches/gpu.py > "$out/bench.txt" 2>&1
 bench_rc=$?
 cat "$out/bench.txt" | tee -a "$summary" | tail -60
 say "bench exit status $bench_rc; total $((SECONDS - start)) s"

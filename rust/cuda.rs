@@ -469,7 +469,12 @@ pub fn copy_floor(ordinal: i32, nbytes: usize, repeats: usize) -> Result<Vec<f64
         let stream = r::stream::create(r::stream::StreamKind::NonBlocking).map_err(de("cuStreamCreate"))?;
         let mut device_mem: sys::CUdeviceptr = 0;
         // SAFETY: a context is current; `device_mem` is a valid out pointer.
-        check(unsafe { sys::cuMemAlloc_v2(&raw mut device_mem, nbytes.max(1)) }, "cuMemAlloc")?;
+        if let Err(e) = check(unsafe { sys::cuMemAlloc_v2(&raw mut device_mem, nbytes.max(1)) }, "cuMemAlloc")
+        {
+            // SAFETY: the stream was created above and nothing was enqueued on it.
+            let _ = unsafe { r::stream::destroy(stream) };
+            return Err(e);
+        }
         let host = CudaHostAlloc.alloc(nbytes.max(1));
         let mut times = Vec::with_capacity(repeats);
         let mut outcome = Ok(());
