@@ -74,9 +74,24 @@ impl BatchIter {
     }
 }
 
-/// `(consumer_id, device, flags, arrays, reply_or_None, run_id)` for one message.
+/// The host payload of an eager tap's message: the dispatcher entry (standing in for a
+/// consumer) and the arrays, made in Python.
+pub struct EagerTap {
+    pub entry: Py<PyAny>,
+    pub arrays: Py<PyTuple>,
+}
+
+/// `(consumer_id, device, flags, arrays, reply_or_None, run_id)` for one message; for an
+/// eager tap `(entry, device, flags, arrays, None, 0)`.
 fn message_tuple<'py>(py: Python<'py>, dtypes: &Dtypes, msg: Message) -> PyResult<Bound<'py, PyTuple>> {
-    let Message { consumer_id, flags, device, arrays, dims, data, reply, run_id } = msg;
+    let Message { consumer_id, flags, device, arrays, dims, data, reply, run_id, host, .. } = msg;
+    if let Some(host) = host {
+        let eager = host
+            .downcast::<EagerTap>()
+            .map_err(|_| ReceiverError::new_err("hostfeed internal error: unknown host message"))?;
+        let EagerTap { entry, arrays } = *eager;
+        return (entry, device, flags, arrays, py.None(), 0i64).into_pyobject(py);
+    }
     // The reply first: if building the arrays fails, dropping it fails the call.
     let reply = reply
         .map(|slot| {

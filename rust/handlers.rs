@@ -26,6 +26,10 @@ pub const FLAG_STATUS_OUTPUT: i64 = 1 << 1;
 /// the parts of one execution).
 pub const FLAG_SHARD: i64 = 1 << 2;
 
+/// `flags` bit of a message made on the host by an eager tap (no device involved): it
+/// carries the callback and its arrays instead of a consumer id.
+pub const FLAG_EAGER: i64 = 1 << 3;
+
 /// Copies the frame's operands into a message for the consumer the lowering named.
 fn message(frame: &Frame<'_>) -> Result<Message, Error> {
     let consumer_id = frame

@@ -118,6 +118,12 @@ impl HostBuffer {
         Ok(HostBuffer { raw, len })
     }
 
+    /// A buffer of no bytes (no allocation).
+    #[must_use]
+    pub fn empty() -> Self {
+        HostBuffer { raw: RawBuf::empty(), len: 0 }
+    }
+
     /// Number of bytes in use.
     #[must_use]
     pub fn len(&self) -> usize {

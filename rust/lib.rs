@@ -42,12 +42,14 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DEFAULT_STOP_TIMEOUT", receiver::DEFAULT_STOP_TIMEOUT.as_secs_f64())?;
     m.add("FLAG_STATUS_OUTPUT", handlers::FLAG_STATUS_OUTPUT)?;
     m.add("FLAG_SHARD", handlers::FLAG_SHARD)?;
+    m.add("FLAG_EAGER", handlers::FLAG_EAGER)?;
     m.add("DTYPE_CODES", pyapi::dtype_codes(py)?)?;
     m.add_function(wrap_pyfunction!(pyapi::start, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::stop, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::finalize, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::drain, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::push_control, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::push_eager, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::barrier, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::is_running, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::in_callback_thread, m)?)?;

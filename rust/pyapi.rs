@@ -9,20 +9,22 @@
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use numpy::PyArrayDescr;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyCapsule, PyDict};
+use pyo3::types::{PyCapsule, PyDict, PyTuple};
 
-use crate::dispatch::{BatchIter, Dtypes};
+use crate::dispatch::{BatchIter, Dtypes, EagerTap};
 use crate::error::Error;
 use crate::exceptions::ReceiverError;
 use crate::handlers;
 use crate::interrupt;
-use crate::receiver::{self, Consume, StopOutcome, Worker};
+use crate::message::Message;
+use crate::receiver::{self, Batch, Consume, StopOutcome, TryPush, Worker};
 use crate::sync::lock;
 use crate::xla_ffi::{self, XLA_FFI_Handler};
 
@@ -33,6 +35,8 @@ const MAX_SECONDS: f64 = 1e9;
 
 /// An exception the dispatcher raised (it should never), kept for the next barrier.
 static DISPATCH_ERROR: Mutex<Option<PyErr>> = Mutex::new(None);
+/// Whether `DISPATCH_ERROR` holds one (so that an idle barrier takes no lock).
+static HAS_DISPATCH_ERROR: AtomicBool = AtomicBool::new(false);
 
 fn duration(what: &str, seconds: Option<f64>) -> PyResult<Option<Duration>> {
     match seconds {
@@ -69,6 +73,7 @@ fn report_notes(py: Python<'_>) {
 fn record_dispatch_error(py: Python<'_>, err: PyErr) {
     err.display(py);
     *lock(&DISPATCH_ERROR) = Some(err);
+    HAS_DISPATCH_ERROR.store(true, Ordering::Release);
 }
 
 /// The consumer: attached to Python for the thread's life (re-attaching a detached thread
@@ -82,7 +87,13 @@ struct PyConsumer {
 impl Consume for PyConsumer {
     fn run(&self, worker: &Worker) {
         Python::attach(|py| {
-            while let Some(batch) = py.detach(|| worker.next_batch()) {
+            // A batch is completed only once the GIL is released again, so that a barrier
+            // that sees it complete can take the GIL at once.
+            let mut done: Option<Batch> = None;
+            while let Some(batch) = py.detach(|| {
+                drop(done.take());
+                worker.next_batch()
+            }) {
                 let iter = match Bound::new(py, BatchIter::new(batch, Arc::clone(&self.dtypes))) {
                     Ok(it) => it,
                     Err(e) => {
@@ -108,9 +119,10 @@ impl Consume for PyConsumer {
                         break;
                     }
                 }
-                drop(iter.get().finish());
+                done = iter.get().finish();
                 report_notes(py);
             }
+            drop(done);
         });
     }
 }
@@ -194,13 +206,13 @@ pub fn drain(py: Python<'_>, stall_timeout: Option<f64>, slice: f64) -> PyResult
     let outcome = py.detach(|| r.drain_step(stall, slice));
     report_notes(py);
     if outcome?.is_some() {
-        let n = DRAIN_ABANDONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let n = DRAIN_ABANDONS.fetch_add(1, Ordering::Relaxed) + 1;
         return Ok(n <= 2);
     }
     Ok(true)
 }
 
-static DRAIN_ABANDONS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static DRAIN_ABANDONS: AtomicUsize = AtomicUsize::new(0);
 
 /// Waits until every message enqueued before the call is processed (`timeout` seconds at
 /// most; None: no limit), with the GIL released in slices so that Ctrl-C works. Raises an
@@ -215,7 +227,8 @@ pub fn barrier(py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
     let r = receiver::global();
     let target = r.queue.enqueued();
     let start = Instant::now();
-    loop {
+    // Idle (the usual case after the first one): two atomic loads, no lock, no detach.
+    while r.queue.processed() < target {
         let slice = match timeout {
             Some(t) => {
                 let left = t.saturating_sub(start.elapsed());
@@ -237,9 +250,34 @@ pub fn barrier(py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
         py.check_signals()?;
     }
     report_notes(py);
-    match lock(&DISPATCH_ERROR).take() {
-        Some(e) => Err(e),
-        None => Ok(()),
+    if HAS_DISPATCH_ERROR.swap(false, Ordering::AcqRel) {
+        if let Some(e) = lock(&DISPATCH_ERROR).take() {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Enqueues an eager tap: `entry` (what the dispatcher calls, standing in for a consumer)
+/// runs on the consumer thread with `arrays`, after everything already enqueued. `nbytes`
+/// (the arrays' bytes) counts against the queue bound; when the queue is full this waits
+/// for space with the GIL released.
+#[pyfunction]
+pub fn push_eager(
+    py: Python<'_>,
+    entry: Bound<'_, PyAny>,
+    arrays: Bound<'_, PyTuple>,
+    nbytes: usize,
+) -> PyResult<()> {
+    let payload = EagerTap { entry: entry.unbind(), arrays: arrays.unbind() };
+    let msg = Message::from_host(handlers::FLAG_EAGER, -1, Box::new(payload), nbytes);
+    let r = receiver::global();
+    // While attached only what cannot wait; waiting (or starting a consumer, which takes
+    // the control lock a `stop` may hold while it waits for the GIL) happens detached.
+    match r.try_push(msg)? {
+        TryPush::Pushed => Ok(()),
+        TryPush::NeedsConsumer => Ok(py.detach(|| r.start().map(drop))?),
+        TryPush::Full(msg) => Ok(py.detach(|| r.push(msg))?),
     }
 }
 
@@ -296,7 +334,7 @@ pub fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 /// Resets `peak_queued_bytes` to the current queued bytes.
 #[pyfunction]
 pub fn reset_peak() {
-    receiver::global().queue.stats.reset_peak();
+    receiver::global().queue.reset_peak();
 }
 
 /// Remembers the name of consumer `consumer_id`, for error messages about it.

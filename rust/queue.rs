@@ -34,6 +34,16 @@ pub enum PushError<T> {
     /// The item must wait for space but no consumer is active to make any: start one
     /// and push again.
     NoConsumer(T),
+    /// [`Queue::try_push`] only: the item would have to wait for space.
+    WouldBlock(T),
+}
+
+/// What a push does when the item does not fit under the bound.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum WhenFull {
+    Wait,
+    Admit,
+    Refuse,
 }
 
 /// A successful push.
@@ -95,6 +105,10 @@ pub struct Queue<T> {
     spin: Duration,
     /// Bumped whenever the consumer takes or completes messages (stall detection).
     progress: AtomicU64,
+    /// Mirrors of `Inner::enqueued` / `Inner::processed` (stored under the lock), so that
+    /// an idle barrier reads them without locking.
+    enqueued: AtomicU64,
+    processed: AtomicU64,
     pub stats: Stats,
 }
 
@@ -120,6 +134,8 @@ impl<T> Queue<T> {
             pending: AtomicUsize::new(0),
             spin: Duration::ZERO,
             progress: AtomicU64::new(0),
+            enqueued: AtomicU64::new(0),
+            processed: AtomicU64::new(0),
             stats: Stats::default(),
         }
     }
@@ -152,7 +168,17 @@ impl<T> Queue<T> {
     /// [`PushError::Closed`] once [`Queue::close`] was called; [`PushError::NoConsumer`]
     /// when it would have to wait but no consumer is active.
     pub fn push(&self, item: T, bytes: usize) -> Result<Pushed, PushError<T>> {
-        self.push_inner(item, bytes, true)
+        self.push_inner(item, bytes, WhenFull::Wait)
+    }
+
+    /// Like [`Queue::push`] but never waits: an item that would have to wait for space is
+    /// handed back as [`PushError::WouldBlock`]. For a producer that holds a resource the
+    /// consumer needs (the GIL) and must release it before it may wait.
+    ///
+    /// # Errors
+    /// [`PushError::Closed`], [`PushError::WouldBlock`].
+    pub fn try_push(&self, item: T, bytes: usize) -> Result<Pushed, PushError<T>> {
+        self.push_inner(item, bytes, WhenFull::Refuse)
     }
 
     /// Like [`Queue::push`] but never waits for space: the item is admitted over the bound.
@@ -162,10 +188,10 @@ impl<T> Queue<T> {
     /// # Errors
     /// [`PushError::Closed`] once [`Queue::close`] was called.
     pub fn push_over_bound(&self, item: T, bytes: usize) -> Result<Pushed, PushError<T>> {
-        self.push_inner(item, bytes, false)
+        self.push_inner(item, bytes, WhenFull::Admit)
     }
 
-    fn push_inner(&self, item: T, bytes: usize, may_wait: bool) -> Result<Pushed, PushError<T>> {
+    fn push_inner(&self, item: T, bytes: usize, when_full: WhenFull) -> Result<Pushed, PushError<T>> {
         let mut g = lock(&self.inner);
         let mut blocked_since: Option<Instant> = None;
         loop {
@@ -173,8 +199,14 @@ impl<T> Queue<T> {
                 return Err(PushError::Closed(item));
             }
             let bound = self.bound.load(Ordering::Relaxed);
-            if !may_wait || g.held_bytes == 0 || g.held_bytes.saturating_add(bytes) <= bound {
+            if when_full == WhenFull::Admit
+                || g.held_bytes == 0
+                || g.held_bytes.saturating_add(bytes) <= bound
+            {
                 break;
+            }
+            if when_full == WhenFull::Refuse {
+                return Err(PushError::WouldBlock(item));
             }
             if !g.consumer_active {
                 return Err(PushError::NoConsumer(item));
@@ -191,14 +223,11 @@ impl<T> Queue<T> {
         }
         let seq = g.enqueued;
         g.enqueued += 1;
+        self.enqueued.store(g.enqueued, Ordering::Release);
         g.held_bytes += bytes;
         g.items.push_back((bytes, item));
         self.pending.store(g.items.len(), Ordering::Release);
-        let held = g.held_bytes as u64;
-        self.stats.messages_enqueued.fetch_add(1, Ordering::Relaxed);
-        self.stats.bytes_enqueued.fetch_add(bytes as u64, Ordering::Relaxed);
-        self.stats.queued_bytes.store(held, Ordering::Relaxed);
-        self.stats.peak_queued_bytes.fetch_max(held, Ordering::Relaxed);
+        self.stats.record_push(bytes as u64, g.held_bytes as u64);
         let consumer_active = g.consumer_active;
         drop(g);
         self.not_empty.notify_one();
@@ -320,9 +349,8 @@ impl<T> Queue<T> {
     fn complete_locked(&self, g: &mut Inner<T>, count: u64, bytes: usize) {
         g.processed += count;
         g.held_bytes -= bytes;
-        self.stats.messages_processed.fetch_add(count, Ordering::Relaxed);
-        self.stats.bytes_processed.fetch_add(bytes as u64, Ordering::Relaxed);
-        self.stats.queued_bytes.store(g.held_bytes as u64, Ordering::Relaxed);
+        self.processed.store(g.processed, Ordering::Release);
+        self.stats.record_complete(count, bytes as u64, g.held_bytes as u64);
     }
 
     fn after_complete(&self) {
@@ -349,12 +377,18 @@ impl<T> Queue<T> {
     /// The sequence number the next push will get: a barrier taken now waits for
     /// `processed >= enqueued()`.
     pub fn enqueued(&self) -> u64 {
-        lock(&self.inner).enqueued
+        self.enqueued.load(Ordering::Acquire)
     }
 
     /// Number of messages completed so far.
     pub fn processed(&self) -> u64 {
-        lock(&self.inner).processed
+        self.processed.load(Ordering::Acquire)
+    }
+
+    /// Resets the peak gauge of [`Queue::stats`] to the bytes held now.
+    pub fn reset_peak(&self) {
+        let _guard = lock(&self.inner);
+        self.stats.reset_peak();
     }
 
     /// Messages pushed and not yet moved into a batch (for tests and diagnostics).
@@ -538,6 +572,16 @@ mod tests {
         q.push(1, 10).unwrap();
         assert_eq!(q.push_over_bound(2, 10).unwrap().seq, 1);
         assert_eq!(q.stats.snapshot().queued_bytes, 20);
+    }
+
+    #[test]
+    fn try_push_refuses_instead_of_waiting() {
+        let q = Queue::new(10);
+        q.clear_stop();
+        q.try_push(1, 8).unwrap();
+        assert_eq!(q.try_push(2, 8), Err(PushError::WouldBlock(2)));
+        assert_eq!(drain(&q, 10), vec![1]);
+        assert_eq!(q.try_push(2, 8).unwrap().seq, 1);
     }
 
     #[test]

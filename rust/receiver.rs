@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::message::Message;
-use crate::queue::{PushError, Queue, Reclaimed};
+use crate::queue::{spin_until, PushError, Queue, Reclaimed};
 use crate::reply::ReplySlot;
 use crate::sync::lock;
 
@@ -37,6 +37,8 @@ pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_BATCH: usize = 1024;
 /// How long an idle consumer polls before sleeping (see `Queue::with_spin`).
 const CONSUMER_SPIN: Duration = Duration::from_micros(200);
+/// How long a barrier polls before sleeping.
+const BARRIER_SPIN: Duration = Duration::from_micros(100);
 /// Failure messages kept for `hostfeed_check` to find.
 const KEPT_FAILURES: usize = 256;
 
@@ -118,6 +120,16 @@ impl Drop for Batch {
     }
 }
 
+/// What [`Receiver::try_push`] did.
+pub enum TryPush {
+    /// Queued, and a consumer will process it.
+    Pushed,
+    /// Queued, but no consumer runs: call [`Receiver::start`].
+    NeedsConsumer,
+    /// Not queued: it must wait for space; call [`Receiver::push`].
+    Full(Message),
+}
+
 /// How a stop ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopOutcome {
@@ -173,6 +185,7 @@ pub struct Receiver {
     /// Things worth telling the user that happened where nobody could be told at once
     /// (taken by the binding and logged).
     notes: Mutex<Vec<String>>,
+    has_notes: AtomicBool,
     /// Stall detection across [`Receiver::drain_step`] calls: progress last seen, when.
     watch: Mutex<(u64, Instant)>,
 }
@@ -201,6 +214,7 @@ impl Receiver {
             epoch: Instant::now(),
             names: Mutex::new(HashMap::new()),
             notes: Mutex::new(Vec::new()),
+            has_notes: AtomicBool::new(false),
             watch: Mutex::new((0, Instant::now())),
         }
     }
@@ -283,12 +297,28 @@ impl Receiver {
                     return Ok(());
                 }
                 Err(PushError::Closed(_)) => return Err(Error::Closed),
-                Err(PushError::NoConsumer(m)) => {
+                Err(PushError::NoConsumer(m) | PushError::WouldBlock(m)) => {
                     // The message must wait for space, and nobody would make space.
                     self.start()?;
                     msg = m;
                 }
             }
+        }
+    }
+
+    /// Enqueues a message without waiting for space or starting a consumer, for a caller
+    /// that holds a resource the consumer needs (the GIL) and must release it before it
+    /// waits or takes the control lock.
+    ///
+    /// # Errors
+    /// [`Error::Closed`] after `finalize`.
+    pub fn try_push(&self, msg: Message) -> Result<TryPush, Error> {
+        let bytes = msg.charged_bytes();
+        match self.queue.try_push(msg, bytes) {
+            Ok(pushed) if pushed.consumer_active => Ok(TryPush::Pushed),
+            Ok(_) => Ok(TryPush::NeedsConsumer),
+            Err(PushError::WouldBlock(m) | PushError::NoConsumer(m)) => Ok(TryPush::Full(m)),
+            Err(PushError::Closed(_)) => Err(Error::Closed),
         }
     }
 
@@ -357,10 +387,14 @@ impl Receiver {
     /// Keeps a note for the binding to report.
     pub fn note(&self, text: String) {
         lock(&self.notes).push(text);
+        self.has_notes.store(true, Ordering::Release);
     }
 
-    /// Takes the notes kept so far.
+    /// Takes the notes kept so far (without locking when there are none).
     pub fn take_notes(&self) -> Vec<String> {
+        if !self.has_notes.swap(false, Ordering::AcqRel) {
+            return Vec::new();
+        }
         std::mem::take(&mut *lock(&self.notes))
     }
 
@@ -376,7 +410,13 @@ impl Receiver {
         if !self.is_finalized() && !self.is_running() {
             self.start()?;
         }
-        Ok(self.queue.wait_processed(target, timeout))
+        // The consumer usually finishes within microseconds; a sleeping waiter costs a
+        // wake-up system call and a scheduler round trip (tens of microseconds on VMs).
+        let spin = BARRIER_SPIN.min(timeout);
+        if !spin.is_zero() && spin_until(spin, || self.queue.processed() >= target) {
+            return Ok(true);
+        }
+        Ok(self.queue.wait_processed(target, timeout.saturating_sub(spin)))
     }
 
     /// One step of draining while something else (computations finishing) is awaited:

@@ -120,3 +120,30 @@ batch_jaxpr_axes = _batching.batch_jaxpr_axes
 def require_devices_during_lowering(*prims: Primitive) -> None:
     """Makes JAX pass the physical devices to the lowering of computations using ``prims``."""
     dispatch.prim_requires_devices_during_lowering.update(prims)
+
+
+# ---- Eager taps without a computation (primitives.outside_call, _tap_eager) -------------
+# jax 0.10-0.12: `core.trace_ctx.trace` is the active trace; an `EvalTrace` means eager.
+
+
+def eval_trace_active() -> bool:
+    """Whether no transformation or trace is active (eager evaluation), i.e. a primitive
+    bound now would run its evaluation rule."""
+    return type(core.trace_ctx.trace) is core.EvalTrace
+
+
+canonicalize_value = dtypes.canonicalize_value  # what `Primitive.bind` applies to operands
+
+
+# ---- Tap outputs that depend on the tap (lowering) ---------------------------------------
+def add_dependency(value, token):
+    """``value``, made to depend on ``token`` in the HLO (XLA's ``kAddDependency``).
+
+    StableHLO has no such op; the MHLO one (``mhlo.add_dependency``, registered in JAX's
+    MLIR context) converts to HLO's ``add-dependency``, a no-op that only orders: the
+    result aliases ``value``'s buffer.
+    """
+    return _mhlo.AddDependencyOp(value, token, results=[value.type]).result
+
+
+from jax._src.lib.mlir.dialects import mhlo as _mhlo  # noqa: E402

@@ -9,6 +9,7 @@ import numpy as np
 
 __all__ = [
     "DEFAULT_MAX_QUEUE_BYTES", "DEFAULT_STOP_TIMEOUT", "FLAG_STATUS_OUTPUT", "FLAG_SHARD",
+    "FLAG_EAGER", "push_eager",
     "DTYPE_CODES", "ReceiverError", "ReceiverTimeoutError", "CallbackContextError",
     "MessageData", "BatchIter", "Reply", "start", "stop", "finalize", "drain", "push_control",
     "barrier",
@@ -24,6 +25,8 @@ DEFAULT_STOP_TIMEOUT: Final[float]
 FLAG_STATUS_OUTPUT: Final[int]
 #: ``flags`` bit of one part of a global-view callback sent shard by shard.
 FLAG_SHARD: Final[int]
+#: ``flags`` bit of an eager tap's message (its first field is the consumer itself).
+FLAG_EAGER: Final[int]
 #: numpy dtype name -> XLA FFI dtype code, for every dtype hostfeed transfers.
 DTYPE_CODES: Final[dict[str, int]]
 
@@ -84,6 +87,11 @@ def finalize(stall_timeout: float | None) -> int:
 def drain(stall_timeout: float | None, slice: float) -> bool:
     """One step of draining at interpreter exit (abandons callbacks stuck for
     ``stall_timeout`` seconds); returns False when it gave up."""
+
+def push_eager(entry: Any, arrays: tuple[np.ndarray, ...], nbytes: int) -> None:
+    """Enqueues an eager tap: ``entry`` runs on the consumer thread with ``arrays`` after
+    everything already enqueued; ``nbytes`` counts against the bound (waits for space with
+    the GIL released)."""
 
 def push_control() -> None:
     """Enqueues a control message (consumer id 0) the dispatcher acts on in queue order."""

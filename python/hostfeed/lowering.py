@@ -98,8 +98,14 @@ def _outside_call_lowering_cpu(ctx: Any, *args: Any, callback: CallbackSpec,
     flags = receiver.FLAG_SHARD if shard_parts is not None else 0
     _emit(ctx, TAP_TARGET, args[:nr_tapped_args], ctx.avals_in[:nr_tapped_args], [],
           context is Where.PER_DEVICE, consumer_id=np.int64(cid), flags=np.int64(flags))
-    # Identity on every operand: the outputs are the inputs.
-    return list(args)
+    # Identity on every operand, but the outputs depend on the tap's token: code that uses
+    # them runs after the tap. Without this dependency the tap is a side consumer of its
+    # operand, and XLA CPU's instruction fusion duplicates the whole elementwise chain
+    # that produced the operand into every later fusion (N taps along a chain of
+    # elementwise ops compile O(N^2) ops). kAddDependency is a no-op at run time: its
+    # output shares the operand's buffer, nothing is copied.
+    token = ctx.tokens_out.get(host_callback_effect)
+    return [_compat.add_dependency(a, token) for a in args]
 
 
 def _call_timeout_ms() -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import functools
 import logging
 import threading
@@ -32,6 +33,7 @@ ReceiverTimeoutError = _receiver.ReceiverTimeoutError
 CallbackContextError = _receiver.CallbackContextError
 FLAG_STATUS_OUTPUT: int = _receiver.FLAG_STATUS_OUTPUT
 FLAG_SHARD: int = _receiver.FLAG_SHARD
+FLAG_EAGER: int = _receiver.FLAG_EAGER
 registrations = _receiver.registrations
 in_callback_thread = _receiver.in_callback_thread
 is_running = _receiver.is_running
@@ -260,8 +262,10 @@ class _Dispatcher:
     def _deliver(self, consumers: list, msg: Message) -> tuple[int, ...] | None:
         """Runs one message; for the part that completes a joined set, returns the devices
         that took part (to be released)."""
-        cid, ordinal, _flags, arrays, reply, run = msg
-        consumer = consumers[cid]
+        cid, ordinal, flags, arrays, reply, run = msg
+        # An eager tap's message carries its consumer (no device is involved: its device
+        # ordinal is -1, never held).
+        consumer = cid if flags & FLAG_EAGER else consumers[cid]
         try:
             if consumer.kind == "tap":
                 consumer.invoke(arrays, ordinal)
@@ -274,7 +278,7 @@ class _Dispatcher:
                     self.held[ordinal] = (consumer.invoke, run, collections.deque())
                 return done
         except BaseException as exc:  # noqa: BLE001 - recorded and re-raised by barrier_wait
-            name = consumer.name if consumer else cid
+            name = getattr(consumer, "name", cid)
             record_exception(exc, f"host callback {name}")
             if reply is not None:
                 reply.fail(f"hostfeed: host callback {name} failed: "
@@ -386,6 +390,31 @@ def ensure_started(max_queue_bytes: int | None = None) -> None:
             _life.atexit_registered = True
 
 
+def push_eager(invoke: Callable[..., None], name: str, arrays: tuple[np.ndarray, ...],
+               nbytes: int) -> None:
+    """Enqueues an eager tap: ``invoke(arrays, -1)`` runs on the consumer thread after every
+    message already in the queue. Nothing is registered: the consumer travels with the
+    message and is dropped once it has run."""
+    if not _life.configured:
+        ensure_started()
+    _receiver.push_eager(Consumer(invoke, name, "tap"), arrays, nbytes)
+
+
+def wait_for_dispatched(effect: Any) -> None:
+    """Waits until the computations dispatched with ``effect`` have finished, so that every
+    message they send is already in the queue.
+
+    Uses the effect's runtime token, which JAX chains through every computation that has
+    the (ordered) effect. A computation that failed has finished too: its error reaches its
+    caller, and ``barrier_wait`` reports it.
+    """
+    token = _compat.runtime_tokens.current_tokens.get(effect)
+    if token is not None:
+        # A failure is reported by the computation and by barrier_wait.
+        with contextlib.suppress(Exception):
+            token.block_until_ready()
+
+
 def is_configured() -> bool:
     """Whether the receiver was ever started in this process."""
     return _life.configured
@@ -419,6 +448,9 @@ def _effects_barrier() -> Optional[BaseException]:
     every later computation with host callbacks would fail with the same stale error. The
     chain is reset here, once the failure has been waited for.
     """
+    tokens = _compat.runtime_tokens
+    if not tokens.current_tokens and not tokens.output_runtime_tokens:
+        return None  # nothing dispatched since the last barrier: what effects_barrier does
     try:
         jax.effects_barrier()
         return None
@@ -436,7 +468,9 @@ def barrier(logging_name: Optional[str] = None, timeout: Optional[float] = None)
             "callback thread itself and would deadlock. Call it from the main program instead")
     if timeout is not None:
         timeout = settings.seconds(timeout, "barrier_wait(timeout)")
-    logger.debug("barrier_wait[%s]: start", logging_name or "")
+    debug = logger.isEnabledFor(logging.DEBUG)
+    if debug:
+        logger.debug("barrier_wait[%s]: start", logging_name or "")
     with _registry.lock:  # consumers no compiled computation refers to any more
         unleased = _count_dead_leases() + _registry.pending_release
         _registry.pending_release = []
@@ -455,8 +489,10 @@ def barrier(logging_name: Optional[str] = None, timeout: Optional[float] = None)
         raise
     # Every computation dispatched before this barrier finished and its messages ran, so
     # none can name these consumers any more.
-    _release_unleased(unleased)
-    logger.debug("barrier_wait[%s]: done", logging_name or "")
+    if unleased:
+        _release_unleased(unleased)
+    if debug:
+        logger.debug("barrier_wait[%s]: done", logging_name or "")
     last = take_last_exception()
     if last is not None:
         exc, formatted = last
