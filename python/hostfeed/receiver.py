@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import atexit
 import functools
+import hashlib
 import logging
 import os
+import re
 import threading
 import traceback
+import types
 from typing import Any, Callable, Sequence
 
 import jax
@@ -79,9 +82,9 @@ class _Entry:
 class _State:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        # Index = consumer id; id 0 is reserved. Entries live for the whole process because
-        # compiled executables embed their ids.
-        self.entries: list[_Entry | None] = [None]
+        # Consumer id -> entry (0 is never used). Entries live for the whole process
+        # because compiled executables embed their ids.
+        self.entries: dict[int, _Entry] = {}
         self.ids: dict[Any, int] = {}
         self.last_exception: tuple[BaseException, str] | None = None
         self.configured = False
@@ -91,13 +94,73 @@ class _State:
 _state = _State()
 
 
+# Consumer ids and JAX's persistent compilation cache. The id is an attribute of the custom
+# call, so it is part of the lowered module and hence of the cache key: a process that
+# gets an executable from the cache has lowered the same module itself, and so registered
+# each of its ids for its own functions first. Cache hits therefore always call the
+# functions the hitting process wrote. For them to happen at all, a callback must get the
+# same id in every process, whatever else was registered before it: the id is a hash of a
+# description of the callback that holds no memory addresses (module and qualified name of
+# the function, the pytree and transformation records, ...). Callbacks that this
+# description cannot tell apart (closures made by one factory) are numbered in the order
+# they are first lowered; two processes that lower them in another order may compile
+# again, and never call the wrong one.
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _describe(obj: Any, depth: int = 0) -> str:
+    """A text naming ``obj`` the same way in every process (no memory addresses).
+
+    Example:
+        >>> _describe((len, functools.partial(print, sep=","), None))
+        "(builtins.len,partial(builtins.print;();sep=','),None)"
+    """
+    if depth > 8:
+        return type(obj).__qualname__
+    if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes)):
+        return repr(obj)
+    if isinstance(obj, (tuple, list)):
+        return "(" + ",".join(_describe(o, depth + 1) for o in obj) + ")"
+    if isinstance(obj, functools.partial):
+        kws = ";".join(f"{k}={_describe(v, depth + 1)}" for k, v in sorted(obj.keywords.items()))
+        return f"partial({_describe(obj.func, depth + 1)};{_describe(obj.args, depth + 1)};{kws})"
+    if isinstance(obj, types.MethodType):
+        return f"method({_describe(obj.__func__, depth + 1)};{type(obj.__self__).__qualname__})"
+    if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType)):
+        return f"{getattr(obj, '__module__', None)}.{obj.__qualname__}"
+    slots = getattr(type(obj), "__slots__", None)
+    if isinstance(slots, tuple) and slots:  # e.g. primitives.CallbackSpec
+        fields = ",".join(f"{n}={_describe(getattr(obj, n, None), depth + 1)}" for n in slots)
+        return f"{type(obj).__qualname__}({fields})"
+    try:  # pytree definitions, abstract values, callable objects
+        return _ADDRESS.sub("", repr(obj))
+    except Exception:  # noqa: BLE001 - any repr failure just makes the id less stable
+        return type(obj).__qualname__
+
+
+def _id_candidate(description: str, attempt: int) -> int:
+    digest = hashlib.blake2b(f"{attempt}:{description}".encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") >> 2) or 1  # a positive int64, never 0
+
+
 def register(key: Any, invoke: Callable[..., None], name: str) -> int:
-    """Returns the consumer id for ``key``, registering ``invoke`` under it if new."""
+    """Returns the consumer id for ``key``, registering ``invoke`` under it if new.
+
+    The id depends only on what ``key`` describes (see the comment above), not on what
+    else this process registered, so compiled code can be shared through JAX's persistent
+    compilation cache.
+    """
     with _state.lock:
         cid = _state.ids.get(key)
         if cid is None:
-            cid = len(_state.entries)
-            _state.entries.append(_Entry(invoke, name))
+            description = _describe(key)
+            attempt = 0
+            cid = _id_candidate(description, attempt)
+            while cid in _state.entries:  # another callback with the same description
+                attempt += 1
+                cid = _id_candidate(description, attempt)
+            _state.entries[cid] = _Entry(invoke, name)
             _state.ids[key] = cid
         return cid
 
@@ -129,12 +192,17 @@ def _dispatch(batch: list[tuple[int, int, int, tuple[np.ndarray, ...], Any, int]
     run_id = _run_id
     for cid, ordinal, _flags, arrays, reply, run in batch:
         run_id[0] = run
-        entry = entries[cid]
+        entry = entries.get(cid)
         try:
+            if entry is None:
+                raise LookupError(
+                    f"hostfeed: no host callback is registered under consumer id {cid} in this "
+                    f"process: the executable was compiled elsewhere and not lowered here "
+                    f"(hostfeed registers callbacks when JAX lowers a computation)")
             if reply is None:
-                entry.invoke(arrays, ordinal)  # type: ignore[union-attr]
+                entry.invoke(arrays, ordinal)
             elif reply.pending:  # a call nobody waits for any more is not run
-                entry.invoke(arrays, ordinal, reply)  # type: ignore[union-attr]
+                entry.invoke(arrays, ordinal, reply)
         except Exception as exc:  # noqa: BLE001 - recorded and re-raised by barrier_wait
             name = entry.name if entry else cid
             record_exception(exc, f"host callback {name}")
