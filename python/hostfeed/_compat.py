@@ -156,6 +156,7 @@ DCERule = Callable[[list, Any], tuple]
 # contents are read after the equation: rule(used_outs, live_ins, eqn)); jax 0.10 and 0.11
 # call rule(used_outs, eqn). hostfeed's rules take no Refs, so they ignore it.
 _DCE_RULES_TAKE_LIVE_INS = JAX_VERSION >= (0, 12)
+_dce_rules: dict[Any, Any] = _public_pe.dce_rules  # typed for one calling convention only
 
 
 def register_dce_rule(primitive: Any, rule: DCERule) -> None:
@@ -166,6 +167,6 @@ def register_dce_rule(primitive: Any, rule: DCERule) -> None:
             del live_ins
             return rule(used_outs, eqn)
 
-        _public_pe.dce_rules[primitive] = adapted
+        _dce_rules[primitive] = adapted
     else:
-        _public_pe.dce_rules[primitive] = rule
+        _dce_rules[primitive] = rule
