@@ -121,7 +121,6 @@ apply_primitive = _dispatch.apply_primitive
 abstract_token = getattr(_public_ffi, "abstract_token", None) or _core.abstract_token
 enum_state = _config.enum_state
 use_shardy = _config.use_shardy_partitioner
-set_sharding = _mlir_src.set_sharding
 ensure_enum = _pe_src.ensure_enum
 RecomputeType = _pe_src.RecomputeType
 
@@ -157,6 +156,37 @@ DCERule = Callable[[list, Any], tuple]
 # call rule(used_outs, eqn). hostfeed's rules take no Refs, so they ignore it.
 _DCE_RULES_TAKE_LIVE_INS = JAX_VERSION >= (0, 12)
 _dce_rules: dict[Any, Any] = _public_pe.dce_rules  # typed for one calling convention only
+
+
+def set_sharding(ctx: Any, op: Any, sharding: Any) -> None:
+    """Sets ``sharding`` (a GSPMD ``OpSharding``) on the MLIR operation ``op``."""
+    # jax 0.10.1 added the ModuleContext as the first argument of mlir.set_sharding;
+    # jax 0.10.0 has set_sharding(op, sharding).
+    if _SET_SHARDING_TAKES_CTX:
+        _set_sharding(ctx, op, sharding)
+    else:
+        _set_sharding(op, sharding)
+
+
+_SET_SHARDING_TAKES_CTX = JAX_VERSION >= (0, 10, 1)
+_set_sharding: Any = _mlir_src.set_sharding  # typed for one signature only
+
+
+def manual_axes(axis_context: Any) -> tuple[str, ...]:
+    """The mesh axes that are manual where a lowering rule runs, in mesh order (none
+    outside a manual region)."""
+    axes = set(getattr(axis_context, "manual_axes", ()))
+    mesh = getattr(axis_context, "mesh", None)
+    if _NESTED_SHARD_MAP_CONTEXT_OMITS_OUTER_AXES:
+        # jax 0.10.0 and 0.10.1: the body of a shard_map nested in a manual region gets a
+        # context naming only the nested shard_map's own manual axes; the outer ones are
+        # the manual axes of the context's abstract mesh. jax 0.10.2 names both.
+        axes |= set(getattr(mesh, "manual_axes", ()))
+    order = list(getattr(mesh, "axis_names", ()))
+    return tuple(sorted(axes, key=lambda a: (order.index(a) if a in order else len(order), a)))
+
+
+_NESTED_SHARD_MAP_CONTEXT_OMITS_OUTER_AXES = JAX_VERSION < (0, 10, 2)
 
 
 def register_dce_rule(primitive: Any, rule: DCERule) -> None:

@@ -88,7 +88,7 @@ _AXIS = "_hostfeed_devices"
 def _context(ctx):
     ac = ctx.module_context.axis_context
     if isinstance(ac, _compat.SPMDAxisContext):
-        manual = frozenset(ac.manual_axes)
+        manual = frozenset(_compat.manual_axes(ac))
         if manual == frozenset(ac.mesh.axis_names):
             return "per_device", ac
         if _compat.use_shardy.value:
@@ -126,7 +126,7 @@ def _manual_region(ac, avals):
         meshes = [m for m in meshes if m is not None and not m.empty]
         mesh = meshes[0] if meshes else mesh
     if not mesh.empty:
-        manual = frozenset(getattr(ac, "manual_axes", ()))
+        manual = frozenset(_compat.manual_axes(ac))
         axes = tuple(a for a in mesh.axis_names if a not in manual)
         if axes:
             return mesh, axes, int(np.prod([mesh.shape[a] for a in axes]))
@@ -253,7 +253,7 @@ def _lower_sharded_call(ctx, ac, args, params):
         return None
     local = tuple(a.update(shape=(a.shape[0] // group, *a.shape[1:])) for a in whole)
     spec = P(axes)
-    manual = tuple(getattr(ac, "manual_axes", ()))
+    manual = _compat.manual_axes(ac)
     inner = dict(params, result_avals=local, with_status=True,
                  shard_parts=(group, params["device_index"], whole))
 
@@ -285,7 +285,7 @@ def _lower_sharded_tap(ctx, ac, tapped, avals, bind_params):
     if not tapped or not _splits_evenly(avals, group):
         return None
     spec = P(axes)
-    manual = tuple(getattr(ac, "manual_axes", ()))
+    manual = _compat.manual_axes(ac)
     params = dict(bind_params, nr_tapped_args=len(tapped) + 1,
                   shard_parts=(group, bind_params["device_index"]))
 
