@@ -8,7 +8,7 @@
 //! One build serves every supported jaxlib, so this mirror is the common part of their
 //! headers. What changed in the supported range (none of it moves a byte hostfeed uses):
 //! - jaxlib 0.10.0 through 0.11.0 ship the same header (API 0.3).
-//! - jaxlib 0.11.2 (API 0.4) renamed `XLA_FFI_Extension_Base` to
+//! - jaxlib 0.11.1 (API 0.4) renamed `XLA_FFI_Extension_Base` to
 //!   `XLA_FFI_InternalExtension` (same fields; `XLA_FFI_Extension` is now a new, different
 //!   struct) and `XLA_FFI_ExecutionContext` to `XLA_FFI_InvokeContext` (the old name stays
 //!   as a typedef); renamed `XLA_FFI_Error_GetMessage` to `XLA_FFI_Error_GetDetails`, whose

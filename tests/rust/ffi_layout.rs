@@ -39,7 +39,7 @@ fn probe_source(exprs: &[&str]) -> String {
     let mut src = String::from(concat!(
         "#include <stdio.h>\n#include <stddef.h>\n#include \"xla/ffi/api/c_api.h\"\n",
         "#if XLA_FFI_API_MINOR >= 4\n",
-        "/* API 0.4 (jaxlib 0.11.2) renamed XLA_FFI_Extension_Base; same fields. */\n",
+        "/* API 0.4 (jaxlib 0.11.1) renamed XLA_FFI_Extension_Base; same fields. */\n",
         "typedef XLA_FFI_InternalExtension XLA_FFI_Extension_Base;\n",
         "#endif\n",
         "int main(void) {\n",
