@@ -189,6 +189,13 @@ def manual_axes(axis_context: Any) -> tuple[str, ...]:
 _NESTED_SHARD_MAP_CONTEXT_OMITS_OUTER_AXES = JAX_VERSION < (0, 10, 2)
 
 
+# Callbacks in a partially manual shard_map under the Shardy partitioner: hostfeed nests a
+# token-carrying manual region in the partially manual one. XLA in jaxlib 0.10.0 through
+# 0.11.1 aborts the process compiling that (a CHECK failure in shape.h); jaxlib 0.11.2
+# compiles and runs it, so hostfeed refuses it with a clear error only before 0.11.2.
+SHARDY_COMPILES_NESTED_MANUAL_TOKENS = JAX_VERSION >= (0, 11, 2)
+
+
 def register_dce_rule(primitive: Any, rule: DCERule) -> None:
     """Registers ``rule(used_outputs, eqn) -> (used_inputs, new_eqn)`` as the DCE rule of
     ``primitive``, in the calling convention of the installed JAX."""

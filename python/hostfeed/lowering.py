@@ -78,9 +78,10 @@ def _call_consumer_id(spec: CallbackSpec, result_treedef, result_avals,
 # * Partially manual shard_map (some mesh axes manual, others automatic): within each
 #   manual shard the value is global over the automatic axes, so we apply the global-view
 #   scheme over the automatic axes only: one callback per manual shard, with the operand
-#   gathered over the automatic axes. This works with GSPMD; with Shardy, XLA (jaxlib
-#   0.10.2) aborts the process when compiling a token-carrying manual region nested in a
-#   partially manual one, so there we raise a clear error at lowering instead.
+#   gathered over the automatic axes. This works with GSPMD, and with Shardy from jaxlib
+#   0.11.2 on; before that, XLA aborts the process when compiling a token-carrying manual
+#   region nested in a partially manual one under Shardy, so there we raise a clear error
+#   at lowering instead (_compat.SHARDY_COMPILES_NESTED_MANUAL_TOKENS).
 
 _AXIS = "_hostfeed_devices"
 
@@ -91,14 +92,16 @@ def _context(ctx):
         manual = frozenset(_compat.manual_axes(ac))
         if manual == frozenset(ac.mesh.axis_names):
             return "per_device", ac
-        if _compat.use_shardy.value:
+        if _compat.use_shardy.value and not _compat.SHARDY_COMPILES_NESTED_MANUAL_TOKENS:
             auto = sorted(set(ac.mesh.axis_names) - manual)
             raise NotImplementedError(
                 f"hostfeed: host callbacks inside a partially manual shard_map (manual axes "
                 f"{sorted(manual)}, automatic axes {auto}) are not supported with the Shardy "
-                f"partitioner. Make every mesh axis manual (shard_map without axis_names, or "
-                f"axis_names covering {sorted(ac.mesh.axis_names)}), move the callback out of "
-                f"the shard_map, or set jax.config.update('jax_use_shardy_partitioner', False).")
+                f"partitioner before jax 0.11.2 (XLA aborts compiling them). Upgrade jax and "
+                f"jaxlib to 0.11.2 or later, make every mesh axis manual (shard_map without "
+                f"axis_names, or axis_names covering {sorted(ac.mesh.axis_names)}), move the "
+                f"callback out of the shard_map, or set "
+                f"jax.config.update('jax_use_shardy_partitioner', False).")
         return "partial_manual", ac
     if isinstance(ac, _compat.ShardingContext) and ac.num_devices > 1:
         return "global", ac
