@@ -6,6 +6,7 @@
     nox -s "tests(py3.12-jax0.11.2)"    # one environment (or: nox -s tests -p 3.12)
     nox -s tests                        # the three environments
     nox -s rust                         # cargo test (the FFI layout against each jaxlib seen)
+    nox -s releases                     # also 0.10.0, 0.10.1, 0.11.0, 0.11.1, 0.12.0 (not in CI)
 
 Each environment installs one hostfeed wheel. Set ``HOSTFEED_WHEEL`` to a wheel built
 beforehand (CI builds the abi3 wheel once: ``maturin build --release --out dist``);
@@ -43,10 +44,27 @@ def _wheel() -> str:
     return found[0]
 
 
+# The other releases in the supported range whose internals or FFI header differ from a
+# neighbour's (see _compat.py and rust/xla_ffi.rs): not in CI; `nox -s releases`.
+RELEASES = [("3.11", "0.10.0"), ("3.11", "0.10.1"), ("3.12", "0.11.0"), ("3.12", "0.11.1"),
+            ("3.13", "0.12.0")]
+
+
 @nox.session
 @nox.parametrize(["python", "jax"], MATRIX, ids=[f"py{p}-jax{j}" for p, j in MATRIX])
 def tests(session: nox.Session, jax: str) -> None:
     """pytest, the stub check and mypy with one Python and one jax/jaxlib release."""
+    _test(session, jax)
+
+
+@nox.session
+@nox.parametrize(["python", "jax"], RELEASES, ids=[f"py{p}-jax{j}" for p, j in RELEASES])
+def releases(session: nox.Session, jax: str) -> None:
+    """Like `tests`, with the other releases that differ inside the supported range."""
+    _test(session, jax)
+
+
+def _test(session: nox.Session, jax: str) -> None:
     session.install(f"{_wheel()}[test]", f"jax=={jax}", f"jaxlib=={jax}")
     session.run("python", "-c", "import jax, jaxlib, sys; "
                 "print('python', sys.version.split()[0], 'jax', jax.__version__, "
