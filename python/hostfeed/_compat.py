@@ -147,29 +147,26 @@ def is_tracer(x: object) -> bool:
 
 
 # ----------------------------------------------------------------------------------------
-# Differences between supported releases.
+# Differences between supported releases, each gated on the release that made it.
 
-DCERule = Callable[[list, Any], tuple]
-
-# jax 0.12 passes DCE rules a third argument, `live_ins` (for each input Ref, whether its
-# contents are read after the equation: rule(used_outs, live_ins, eqn)); jax 0.10 and 0.11
-# call rule(used_outs, eqn). hostfeed's rules take no Refs, so they ignore it.
-_DCE_RULES_TAKE_LIVE_INS = JAX_VERSION >= (0, 12)
-_dce_rules: dict[Any, Any] = _public_pe.dce_rules  # typed for one calling convention only
+# jax 0.10.1 added the ModuleContext as the first argument of mlir.set_sharding;
+# jax 0.10.0 has set_sharding(op, sharding).
+_SET_SHARDING_TAKES_CTX = JAX_VERSION >= (0, 10, 1)
+_set_sharding: Any = _mlir_src.set_sharding  # typed for one signature only
 
 
 def set_sharding(ctx: Any, op: Any, sharding: Any) -> None:
     """Sets ``sharding`` (a GSPMD ``OpSharding``) on the MLIR operation ``op``."""
-    # jax 0.10.1 added the ModuleContext as the first argument of mlir.set_sharding;
-    # jax 0.10.0 has set_sharding(op, sharding).
     if _SET_SHARDING_TAKES_CTX:
         _set_sharding(ctx, op, sharding)
     else:
         _set_sharding(op, sharding)
 
 
-_SET_SHARDING_TAKES_CTX = JAX_VERSION >= (0, 10, 1)
-_set_sharding: Any = _mlir_src.set_sharding  # typed for one signature only
+# jax 0.10.0 and 0.10.1: the body of a shard_map nested in a manual region gets a lowering
+# context naming only the nested shard_map's own manual axes; the outer ones are the
+# manual axes of the context's abstract mesh. jax 0.10.2 names both.
+_NESTED_SHARD_MAP_CONTEXT_OMITS_OUTER_AXES = JAX_VERSION < (0, 10, 2)
 
 
 def manual_axes(axis_context: Any) -> tuple[str, ...]:
@@ -178,15 +175,9 @@ def manual_axes(axis_context: Any) -> tuple[str, ...]:
     axes = set(getattr(axis_context, "manual_axes", ()))
     mesh = getattr(axis_context, "mesh", None)
     if _NESTED_SHARD_MAP_CONTEXT_OMITS_OUTER_AXES:
-        # jax 0.10.0 and 0.10.1: the body of a shard_map nested in a manual region gets a
-        # context naming only the nested shard_map's own manual axes; the outer ones are
-        # the manual axes of the context's abstract mesh. jax 0.10.2 names both.
         axes |= set(getattr(mesh, "manual_axes", ()))
     order = list(getattr(mesh, "axis_names", ()))
     return tuple(sorted(axes, key=lambda a: (order.index(a) if a in order else len(order), a)))
-
-
-_NESTED_SHARD_MAP_CONTEXT_OMITS_OUTER_AXES = JAX_VERSION < (0, 10, 2)
 
 
 # Callbacks in a partially manual shard_map under the Shardy partitioner: hostfeed nests a
@@ -194,6 +185,13 @@ _NESTED_SHARD_MAP_CONTEXT_OMITS_OUTER_AXES = JAX_VERSION < (0, 10, 2)
 # 0.11.1 aborts the process compiling that (a CHECK failure in shape.h); jaxlib 0.11.2
 # compiles and runs it, so hostfeed refuses it with a clear error only before 0.11.2.
 SHARDY_COMPILES_NESTED_MANUAL_TOKENS = JAX_VERSION >= (0, 11, 2)
+
+# jax 0.12 passes DCE rules a second argument, `live_ins` (for each input Ref, whether its
+# contents are read after the equation: rule(used_outs, live_ins, eqn)); jax 0.10 and 0.11
+# call rule(used_outs, eqn). hostfeed's primitives take no Refs, so its rules ignore it.
+_DCE_RULES_TAKE_LIVE_INS = JAX_VERSION >= (0, 12)
+_dce_rules: dict[Any, Any] = _public_pe.dce_rules  # typed for one calling convention only
+DCERule = Callable[[list, Any], tuple]
 
 
 def register_dce_rule(primitive: Any, rule: DCERule) -> None:
