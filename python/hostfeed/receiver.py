@@ -117,26 +117,29 @@ def _describe(obj: Any, depth: int = 0) -> str:
         "(builtins.len,partial(builtins.print;();sep=','),None)"
     """
     if depth > 8:
-        return type(obj).__qualname__
-    if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes)):
-        return repr(obj)
-    if isinstance(obj, (tuple, list)):
-        return "(" + ",".join(_describe(o, depth + 1) for o in obj) + ")"
-    if isinstance(obj, functools.partial):
+        text = type(obj).__qualname__
+    elif obj is None or isinstance(obj, (bool, int, float, complex, str, bytes)):
+        text = repr(obj)
+    elif isinstance(obj, (tuple, list)):
+        text = "(" + ",".join(_describe(o, depth + 1) for o in obj) + ")"
+    elif isinstance(obj, functools.partial):
         kws = ";".join(f"{k}={_describe(v, depth + 1)}" for k, v in sorted(obj.keywords.items()))
-        return f"partial({_describe(obj.func, depth + 1)};{_describe(obj.args, depth + 1)};{kws})"
-    if isinstance(obj, types.MethodType):
-        return f"method({_describe(obj.__func__, depth + 1)};{type(obj.__self__).__qualname__})"
-    if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType)):
-        return f"{getattr(obj, '__module__', None)}.{obj.__qualname__}"
-    slots = getattr(type(obj), "__slots__", None)
-    if isinstance(slots, tuple) and slots:  # e.g. primitives.CallbackSpec
-        fields = ",".join(f"{n}={_describe(getattr(obj, n, None), depth + 1)}" for n in slots)
-        return f"{type(obj).__qualname__}({fields})"
-    try:  # pytree definitions, abstract values, callable objects
-        return _ADDRESS.sub("", repr(obj))
-    except Exception:  # noqa: BLE001 - any repr failure just makes the id less stable
-        return type(obj).__qualname__
+        text = f"partial({_describe(obj.func, depth + 1)};{_describe(obj.args, depth + 1)};{kws})"
+    elif isinstance(obj, types.MethodType):
+        text = f"method({_describe(obj.__func__, depth + 1)};{type(obj.__self__).__qualname__})"
+    elif isinstance(obj, (types.FunctionType, types.BuiltinFunctionType)):
+        text = f"{getattr(obj, '__module__', None)}.{obj.__qualname__}"
+    elif isinstance(getattr(type(obj), "__slots__", None), tuple) and type(obj).__slots__:
+        # e.g. primitives.CallbackSpec: its fields, described the same way
+        fields = ",".join(f"{n}={_describe(getattr(obj, n, None), depth + 1)}"
+                          for n in type(obj).__slots__)
+        text = f"{type(obj).__qualname__}({fields})"
+    else:  # pytree definitions, abstract values, callable objects
+        try:
+            text = _ADDRESS.sub("", repr(obj))
+        except Exception:  # noqa: BLE001 - a failing repr only makes the id less stable
+            text = type(obj).__qualname__
+    return text
 
 
 def _id_candidate(description: str, attempt: int) -> int:
