@@ -8,6 +8,7 @@
 //! against all of them) or, failing that, by asking the Python interpreter (`PYO3_PYTHON`
 //! or `python3`) for `jax.ffi.include_dir()`.
 
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -45,7 +46,7 @@ fn probe_source(exprs: &[&str]) -> String {
         "int main(void) {\n",
     ));
     for expr in exprs {
-        src.push_str(&format!("  printf(\"%lld\\n\", (long long)({expr}));\n"));
+        let _ = writeln!(src, "  printf(\"%lld\\n\", (long long)({expr}));");
     }
     src.push_str("  return 0;\n}\n");
     src
