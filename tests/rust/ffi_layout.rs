@@ -68,7 +68,7 @@ fn evaluate(include: &Path, exprs: &[&str], tag: usize) -> Vec<i64> {
         .arg(&exe)
         .status()
         .expect("run the C compiler");
-    assert!(status.success(), "compiling the layout probe against {include:?} failed");
+    assert!(status.success(), "compiling the layout probe against {} failed", include.display());
     let out = Command::new(&exe).output().expect("run the layout probe");
     std::fs::remove_dir_all(&dir).ok();
     let text = String::from_utf8(out.stdout).unwrap();
@@ -91,16 +91,21 @@ fn rust_mirror_matches_every_c_header() {
     exprs.extend(minimums.iter().map(|(e, _)| *e));
     let mut mismatches = Vec::new();
     for (tag, include) in include_dirs().iter().enumerate() {
-        assert!(include.join("xla/ffi/api/c_api.h").exists(), "no xla/ffi/api/c_api.h under {include:?}");
+        assert!(
+            include.join("xla/ffi/api/c_api.h").exists(),
+            "no xla/ffi/api/c_api.h under {}",
+            include.display()
+        );
         let values = evaluate(include, &exprs, tag);
+        let include = include.display();
         for ((expr, rust), c) in exact.iter().zip(&values) {
             if c != rust {
-                mismatches.push(format!("{include:?}: {expr}: C says {c}, Rust says {rust}"));
+                mismatches.push(format!("{include}: {expr}: C says {c}, Rust says {rust}"));
             }
         }
         for ((expr, rust), c) in minimums.iter().zip(&values[exact.len()..]) {
             if c < rust {
-                mismatches.push(format!("{include:?}: {expr}: C says {c}, Rust needs at least {rust}"));
+                mismatches.push(format!("{include}: {expr}: C says {c}, Rust needs at least {rust}"));
             }
         }
     }
