@@ -47,7 +47,8 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pyapi::start, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::stop, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::finalize, m)?)?;
-    m.add_function(wrap_pyfunction!(pyapi::drain, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::start_exit_watch, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::stop_exit_watch, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::push_control, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::push_eager, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::barrier, m)?)?;

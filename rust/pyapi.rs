@@ -9,7 +9,7 @@
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -193,26 +193,54 @@ pub fn finalize(py: Python<'_>, stall_timeout: Option<f64>) -> PyResult<usize> {
     Ok(dropped?)
 }
 
-/// One step of draining at interpreter exit, while computations are awaited elsewhere:
-/// keeps a consumer running while messages are pending and abandons one that made no
-/// progress for `stall_timeout` seconds (None: never), then waits up to `slice` seconds.
-/// Returns False when consumers had to be abandoned more than twice (give up waiting).
+/// The exit watchdog: a native thread that keeps the receiver draining while the main
+/// thread waits for computations at interpreter exit (no Python thread can be started
+/// then). It abandons a consumer stuck for the stall timeout, so that computations
+/// blocked on a full queue, or calls waiting for a stuck callback, can finish.
+static EXIT_WATCH: Mutex<Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>> = Mutex::new(None);
+
+/// Starts the exit watchdog (see above): abandons a callback that makes no progress for
+/// `stall_timeout` seconds (None: never). Idempotent.
 #[pyfunction]
-#[pyo3(signature = (stall_timeout, slice))]
-pub fn drain(py: Python<'_>, stall_timeout: Option<f64>, slice: f64) -> PyResult<bool> {
+#[pyo3(signature = (stall_timeout))]
+pub fn start_exit_watch(stall_timeout: Option<f64>) -> PyResult<()> {
     let stall = duration("stall_timeout", stall_timeout)?;
-    let slice = duration("slice", Some(slice))?.unwrap_or(WAIT_SLICE).min(WAIT_SLICE);
-    let r = receiver::global();
-    let outcome = py.detach(|| r.drain_step(stall, slice));
-    report_notes(py);
-    if outcome?.is_some() {
-        let n = DRAIN_ABANDONS.fetch_add(1, Ordering::Relaxed) + 1;
-        return Ok(n <= 2);
+    let mut watch = lock(&EXIT_WATCH);
+    if watch.is_some() {
+        return Ok(());
     }
-    Ok(true)
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&stop);
+    let r = receiver::global();
+    let handle = std::thread::Builder::new()
+        .name("hostfeed-exit-watch".into())
+        .spawn(move || {
+            while !flag.load(Ordering::Acquire) {
+                if let Err(e) = r.drain_step(stall, Duration::from_millis(20)) {
+                    r.note(format!("exit watchdog: {e}"));
+                    break;
+                }
+                if r.queue.processed() >= r.queue.enqueued() {
+                    std::thread::park_timeout(Duration::from_millis(20));
+                }
+            }
+        })
+        .map_err(|e| ReceiverError::new_err(format!("cannot start the exit watchdog: {e}")))?;
+    *watch = Some((stop, handle));
+    Ok(())
 }
 
-static DRAIN_ABANDONS: AtomicUsize = AtomicUsize::new(0);
+/// Stops the exit watchdog and waits for it (GIL released).
+#[pyfunction]
+pub fn stop_exit_watch(py: Python<'_>) {
+    let taken = lock(&EXIT_WATCH).take();
+    if let Some((stop, handle)) = taken {
+        stop.store(true, Ordering::Release);
+        handle.thread().unpark();
+        py.detach(|| drop(handle.join()));
+    }
+    report_notes(py);
+}
 
 /// Waits until every message enqueued before the call is processed (`timeout` seconds at
 /// most; None: no limit), with the GIL released in slices so that Ctrl-C works. Raises an

@@ -654,8 +654,10 @@ mod tests {
         assert_eq!(a.failed_calls, 1);
         assert!(!slot.is_pending(), "the waiting call was failed");
         r.end_call(ticket);
-        // Messages 1 and 2 were taken (2 is written off); 3 and 4 went back to the queue.
-        assert_eq!((a.reclaimed.written_off, a.reclaimed.requeued), (2, 2));
+        // Messages 1 and 2 were taken (2 is written off, with 1 if both came in one batch);
+        // 3 and 4 went back to the queue.
+        assert!(matches!(a.reclaimed.written_off, 1 | 2), "{a:?}");
+        assert_eq!(a.reclaimed.requeued, 2);
         assert_eq!(r.queue.processed(), 2);
         assert!(!r.take_notes().is_empty());
         // A barrier now starts a fresh consumer that processes 3 and 4.

@@ -11,7 +11,8 @@ __all__ = [
     "DEFAULT_MAX_QUEUE_BYTES", "DEFAULT_STOP_TIMEOUT", "FLAG_STATUS_OUTPUT", "FLAG_SHARD",
     "FLAG_EAGER", "push_eager",
     "DTYPE_CODES", "ReceiverError", "ReceiverTimeoutError", "CallbackContextError",
-    "MessageData", "BatchIter", "Reply", "start", "stop", "finalize", "drain", "push_control",
+    "MessageData", "BatchIter", "Reply", "start", "stop", "finalize", "start_exit_watch",
+    "stop_exit_watch", "push_control",
     "barrier",
     "is_running", "in_callback_thread", "max_queue_bytes", "set_max_queue_bytes", "stats",
     "reset_peak", "set_consumer_name", "install_interrupt_watch", "registrations",
@@ -84,9 +85,12 @@ def finalize(stall_timeout: float | None) -> int:
     """Stops the receiver for good (interpreter exit); returns how many messages could
     not be processed."""
 
-def drain(stall_timeout: float | None, slice: float) -> bool:
-    """One step of draining at interpreter exit (abandons callbacks stuck for
-    ``stall_timeout`` seconds); returns False when it gave up."""
+def start_exit_watch(stall_timeout: float | None) -> None:
+    """Starts a native watchdog that keeps the receiver draining at interpreter exit,
+    abandoning callbacks stuck for ``stall_timeout`` seconds (None: never)."""
+
+def stop_exit_watch() -> None:
+    """Stops the exit watchdog and waits for it."""
 
 def push_eager(entry: Any, arrays: tuple[np.ndarray, ...], nbytes: int) -> None:
     """Enqueues an eager tap: ``entry`` runs on the consumer thread with ``arrays`` after

@@ -12,9 +12,12 @@ import atexit
 import collections
 import contextlib
 import functools
+import hashlib
 import logging
+import re
 import threading
 import traceback
+import types
 import weakref
 from typing import Any, Optional
 from collections.abc import Callable, Iterable, Sequence
@@ -109,7 +112,8 @@ class _Registry:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.consumers: list[Consumer | None] = [None]
+        # Consumer id -> consumer (id 0 is reserved for control messages).
+        self.consumers: dict[int, Consumer] = {}
         self.ids: dict[Any, int] = {}
         self.keys: dict[int, Any] = {}
         self.leases: dict[int, int] = {}
@@ -126,15 +130,78 @@ def _lease_died(cid: int) -> None:
     _registry.dying.append(cid)
 
 
+# Consumer ids and JAX's persistent compilation cache. The id is an attribute of the custom
+# call, so it is part of the lowered module and hence of the cache key: a process that
+# gets an executable from the cache has lowered the same module itself, and so registered
+# each of its ids for its own functions first. Cache hits therefore always call the
+# functions the hitting process wrote. For them to happen at all, a callback must get the
+# same id in every process, whatever else was registered before it: the id is a hash of a
+# description of the callback that holds no memory addresses (module and qualified name of
+# the function, the pytree and transformation records, ...). Callbacks that this
+# description cannot tell apart (closures made by one factory) are numbered in the order
+# they are first lowered; two processes that lower them in another order may compile
+# again, and never call the wrong one.
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _describe(obj: Any, depth: int = 0) -> str:
+    """A text naming ``obj`` the same way in every process (no memory addresses).
+
+    Example:
+        >>> _describe((len, functools.partial(print, sep=","), None))
+        "(builtins.len,partial(builtins.print;();sep=','),None)"
+    """
+    if depth > 8:
+        text = type(obj).__qualname__
+    elif obj is None or isinstance(obj, (bool, int, float, complex, str, bytes)):
+        text = repr(obj)
+    elif isinstance(obj, (tuple, list)):
+        text = "(" + ",".join(_describe(o, depth + 1) for o in obj) + ")"
+    elif isinstance(obj, functools.partial):
+        kws = ";".join(f"{k}={_describe(v, depth + 1)}" for k, v in sorted(obj.keywords.items()))
+        text = f"partial({_describe(obj.func, depth + 1)};{_describe(obj.args, depth + 1)};{kws})"
+    elif isinstance(obj, types.MethodType):
+        text = f"method({_describe(obj.__func__, depth + 1)};{type(obj.__self__).__qualname__})"
+    elif isinstance(obj, (types.FunctionType, types.BuiltinFunctionType)):
+        text = f"{getattr(obj, '__module__', None)}.{obj.__qualname__}"
+    elif isinstance(getattr(type(obj), "__slots__", None), tuple) and type(obj).__slots__:
+        # e.g. runtime.CallbackSpec: its fields, described the same way
+        fields = ",".join(f"{n}={_describe(getattr(obj, n, None), depth + 1)}"
+                          for n in type(obj).__slots__ if not n.startswith("_"))
+        text = f"{type(obj).__qualname__}({fields})"
+    else:  # pytree definitions, abstract values, callable objects
+        try:
+            text = _ADDRESS.sub("", repr(obj))
+        except Exception:  # noqa: BLE001 - a failing repr only makes the id less stable
+            text = type(obj).__qualname__
+    return text
+
+
+def _id_candidate(description: str, attempt: int) -> int:
+    digest = hashlib.blake2b(f"{attempt}:{description}".encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") >> 2) or 1  # a positive int64, never 0
+
+
 def register(key: Any, make: Callable[[], Consumer]) -> Lease:
-    """A lease on the consumer id for ``key``, registering ``make()`` under it if new."""
+    """A lease on the consumer id for ``key``, registering ``make()`` under it if new.
+
+    The id depends only on what ``key`` describes (see the comment above), not on what
+    else this process registered, so compiled code can be shared through JAX's persistent
+    compilation cache.
+    """
     with _registry.lock:
         _registry.pending_release += _count_dead_leases()
         cid = _registry.ids.get(key)
         if cid is None:
             consumer = make()
-            cid = len(_registry.consumers)
-            _registry.consumers.append(consumer)
+            description = _describe(key)
+            attempt = 0
+            cid = _id_candidate(description, attempt)
+            while cid in _registry.consumers:  # another callback with the same description
+                attempt += 1
+                cid = _id_candidate(description, attempt)
+            _registry.consumers[cid] = consumer
             _registry.ids[key] = cid
             _registry.keys[cid] = key
             _receiver.set_consumer_name(cid, consumer.name)
@@ -163,8 +230,8 @@ def _release_unleased(candidates: list[int]) -> int:
     released = 0
     with _registry.lock:
         for cid in candidates:
-            if _registry.leases.get(cid, 0) <= 0 and _registry.consumers[cid] is not None:
-                _registry.consumers[cid] = None
+            if _registry.leases.get(cid, 0) <= 0 and cid in _registry.consumers:
+                del _registry.consumers[cid]
                 _registry.ids.pop(_registry.keys.pop(cid), None)
                 _registry.leases.pop(cid, None)
                 released += 1
@@ -174,7 +241,7 @@ def _release_unleased(candidates: list[int]) -> int:
 def registered_consumers() -> int:
     """How many consumers are registered now (for tests and diagnostics)."""
     with _registry.lock:
-        return sum(c is not None for c in _registry.consumers)
+        return len(_registry.consumers)
 
 
 _last_exception: list[tuple[BaseException, str]] = []
@@ -234,12 +301,12 @@ class _Dispatcher:
         for msg in batch:
             self._offer(consumers, msg)
 
-    def _run_orphans(self, consumers: list, ordinal: int) -> None:
+    def _run_orphans(self, consumers: dict, ordinal: int) -> None:
         waiting = self.orphans.pop(ordinal, None)
         while waiting:
             self._offer(consumers, waiting.popleft())
 
-    def _offer(self, consumers: list, msg: Message) -> None:
+    def _offer(self, consumers: dict, msg: Message) -> None:
         if msg[0] == 0:  # control message: drop every incomplete set
             self._abandon_incomplete("an execution failed")
             return
@@ -259,14 +326,19 @@ class _Dispatcher:
         if done:
             self._release(consumers, done)
 
-    def _deliver(self, consumers: list, msg: Message) -> tuple[int, ...] | None:
+    def _deliver(self, consumers: dict, msg: Message) -> tuple[int, ...] | None:
         """Runs one message; for the part that completes a joined set, returns the devices
         that took part (to be released)."""
         cid, ordinal, flags, arrays, reply, run = msg
         # An eager tap's message carries its consumer (no device is involved: its device
         # ordinal is -1, never held).
-        consumer = cid if flags & FLAG_EAGER else consumers[cid]
+        consumer = cid if flags & FLAG_EAGER else consumers.get(cid)
         try:
+            if consumer is None:
+                raise LookupError(
+                    f"hostfeed: no host callback is registered under consumer id {cid} in "
+                    f"this process: the executable was compiled elsewhere and not lowered "
+                    f"here (hostfeed registers callbacks when JAX lowers a computation)")
             if consumer.kind == "tap":
                 consumer.invoke(arrays, ordinal)
             elif consumer.kind == "call":
@@ -285,7 +357,7 @@ class _Dispatcher:
                            f"{type(exc).__name__}: {exc}")
         return None
 
-    def _release(self, consumers: list, ordinals: Sequence[int]) -> None:
+    def _release(self, consumers: dict, ordinals: Sequence[int]) -> None:
         """Runs the messages held back for ``ordinals``, in each device's order (a device
         that sends another incomplete part on the way is held again)."""
         me = threading.get_ident()
@@ -515,27 +587,17 @@ def stop() -> None:
 def _at_exit() -> None:
     # Drain what computations already sent, then shut down before the interpreter
     # finalises (the consumer thread must not outlive it). Never hangs on a stuck host
-    # callback: the computations are waited for in a helper thread while the receiver
-    # is kept draining (a callback that makes no progress for HOSTFEED_STOP_TIMEOUT is
-    # abandoned), and a pending callback exception is raised here, so it is printed
-    # rather than lost.
+    # callback: while this thread waits for the computations, a native watchdog keeps the
+    # receiver draining and abandons a callback that makes no progress for
+    # HOSTFEED_STOP_TIMEOUT (so computations blocked on a full queue, or calls waiting for
+    # it, finish). A pending callback exception is raised here, so it is printed rather
+    # than lost.
     stall = stop_timeout()
-    finished = threading.Event()
-
-    def wait_computations() -> None:
-        try:
-            _effects_barrier()
-        finally:
-            finished.set()
-
-    threading.Thread(target=wait_computations, name="hostfeed-exit", daemon=True).start()
+    _receiver.start_exit_watch(stall)
     try:
-        while not finished.wait(0.05):
-            if not _receiver.drain(stall, 0.05):
-                logger.warning("hostfeed: interpreter exit did not wait for computations "
-                               "whose host callbacks make no progress")
-                break
+        _effects_barrier()
     finally:
+        _receiver.stop_exit_watch()
         _receiver.finalize(stall)
     last = take_last_exception()
     if last is not None:

@@ -208,7 +208,7 @@ def _outside_call_dce(used_outs, eqn):
     return keep, new_eqn
 
 
-_compat.dce_rules[outside_call_p] = _outside_call_dce
+_compat.register_dce_rule(outside_call_p, _outside_call_dce)
 
 
 def _outside_call_transpose(cts, *args, **params):
