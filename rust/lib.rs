@@ -16,6 +16,7 @@ pub mod error;
 pub mod exceptions;
 pub mod frame;
 pub mod handlers;
+pub mod histogram;
 pub mod hostbuf;
 pub mod interrupt;
 pub mod message;
@@ -58,6 +59,9 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pyapi::set_max_queue_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::stats, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::reset_peak, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::histograms, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::reset_histograms, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::set_timing, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::set_consumer_name, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::install_interrupt_watch, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::registrations, m)?)?;

@@ -57,6 +57,8 @@ pub struct Message {
     pub host: Option<Box<dyn Any + Send>>,
     /// Bytes the host payload holds, charged against the bound with the rest.
     pub host_bytes: usize,
+    /// When it entered the queue (`Timing::now`; 0: not timed).
+    pub queued_at: u64,
 }
 
 impl Message {
@@ -101,6 +103,7 @@ impl Message {
             run_id: 0,
             host: Some(payload),
             host_bytes: bytes,
+            queued_at: 0,
         }
     }
 }
@@ -194,6 +197,7 @@ pub unsafe fn gather<'a>(
         run_id: 0,
         host: None,
         host_bytes: 0,
+        queued_at: 0,
     })
 }
 

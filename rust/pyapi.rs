@@ -299,6 +299,7 @@ pub fn push_eager(
 ) -> PyResult<()> {
     let payload = EagerTap { entry: entry.unbind(), arrays: arrays.unbind() };
     let msg = Message::from_host(handlers::FLAG_EAGER, -1, Box::new(payload), nbytes);
+    // (`try_push`/`push` stamp the message for the hand-over histogram.)
     let r = receiver::global();
     // While attached only what cannot wait; waiting (or starting a consumer, which takes
     // the control lock a `stop` may hold while it waits for the GIL) happens detached.
@@ -357,6 +358,37 @@ pub fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     }
     d.set_item("max_queue_bytes", max_queue_bytes())?;
     Ok(d)
+}
+
+/// The timing histograms: `{"device_ns": [(upper_ns, count), ...], "handover_ns": [...]}`
+/// (non-empty log-linear buckets, 3 % wide at most): the device-side cost of each tap
+/// (from the handler's start until its message is queued) and the hand-over latency of
+/// each message (from entering the queue until the consumer takes it for its callback).
+#[pyfunction]
+pub fn histograms(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let t = &receiver::global().timing;
+    let d = PyDict::new(py);
+    d.set_item("device_ns", t.device.snapshot())?;
+    d.set_item("handover_ns", t.handover.snapshot())?;
+    Ok(d)
+}
+
+/// Empties the timing histograms.
+#[pyfunction]
+pub fn reset_histograms() {
+    let t = &receiver::global().timing;
+    t.device.reset();
+    t.handover.reset();
+}
+
+/// Turns the recording of the timing histograms on or off (on by default); returns the
+/// previous setting.
+#[pyfunction]
+pub fn set_timing(enabled: bool) -> bool {
+    let t = &receiver::global().timing;
+    let before = t.enabled();
+    t.set_enabled(enabled);
+    before
 }
 
 /// Resets `peak_queued_bytes` to the current queued bytes.

@@ -24,6 +24,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
+use crate::histogram::Timing;
 use crate::message::Message;
 use crate::queue::{spin_until, PushError, Queue, Reclaimed};
 use crate::reply::ReplySlot;
@@ -98,6 +99,7 @@ impl Batch {
     #[must_use]
     pub fn take(&self) -> Option<Message> {
         let m = self.receiver.queue.take(self.epoch)?;
+        self.receiver.timing.record_handover(m.queued_at);
         self.receiver.busy.store(m.consumer_id, Ordering::Relaxed);
         self.receiver.busy_since_us.store(self.receiver.clock_us(), Ordering::Relaxed);
         Some(m)
@@ -168,6 +170,8 @@ struct Failures {
 /// See the module documentation.
 pub struct Receiver {
     pub queue: Queue<Message>,
+    /// Device-side cost and hand-over latency histograms.
+    pub timing: Timing,
     control: Mutex<Control>,
     finalized: AtomicBool,
     /// `call` handlers waiting for a reply, so that stopping can fail them.
@@ -203,6 +207,7 @@ impl Receiver {
     pub fn new(bound: usize) -> Self {
         Receiver {
             queue: Queue::new(bound).with_spin(CONSUMER_SPIN),
+            timing: Timing::default(),
             control: Mutex::new(Control::default()),
             finalized: AtomicBool::new(false),
             calls: Mutex::new(HashMap::new()),
@@ -280,6 +285,9 @@ impl Receiver {
     pub fn push(&'static self, msg: Message) -> Result<(), Error> {
         let bytes = msg.charged_bytes();
         let mut msg = msg;
+        if msg.queued_at == 0 {
+            msg.queued_at = self.timing.now();
+        }
         // A tap issued from inside a host callback runs on the consumer thread: waiting for
         // the consumer to make space would wait for ourselves.
         let on_consumer = in_consumer_thread();
@@ -312,8 +320,9 @@ impl Receiver {
     ///
     /// # Errors
     /// [`Error::Closed`] after `finalize`.
-    pub fn try_push(&self, msg: Message) -> Result<TryPush, Error> {
+    pub fn try_push(&self, mut msg: Message) -> Result<TryPush, Error> {
         let bytes = msg.charged_bytes();
+        msg.queued_at = self.timing.now();
         match self.queue.try_push(msg, bytes) {
             Ok(pushed) if pushed.consumer_active => Ok(TryPush::Pushed),
             Ok(_) => Ok(TryPush::NeedsConsumer),

@@ -15,7 +15,8 @@ __all__ = [
     "stop_exit_watch", "push_control",
     "barrier",
     "is_running", "in_callback_thread", "max_queue_bytes", "set_max_queue_bytes", "stats",
-    "reset_peak", "set_consumer_name", "install_interrupt_watch", "registrations",
+    "reset_peak", "histograms", "reset_histograms", "set_timing", "set_consumer_name",
+    "install_interrupt_watch", "registrations",
 ]
 
 #: Default byte bound of the queue (the legacy ``256e6``).
@@ -120,6 +121,17 @@ def stats() -> dict[str, int]:
 
 def reset_peak() -> None:
     """Resets ``peak_queued_bytes`` to the current queued bytes."""
+
+def histograms() -> dict[str, list[tuple[int, int]]]:
+    """``{"device_ns": [(upper_ns, count), ...], "handover_ns": [...]}``: the device-side
+    cost of each tap and the hand-over latency of each message, as non-empty log-linear
+    buckets."""
+
+def reset_histograms() -> None:
+    """Empties the timing histograms."""
+
+def set_timing(enabled: bool) -> bool:
+    """Turns the timing histograms on or off; returns the previous setting."""
 
 def set_consumer_name(consumer_id: int, name: str) -> None:
     """Remembers the name of a consumer, for error messages about it."""

@@ -139,7 +139,10 @@ def _manual_region(ac: Any, avals: Sequence[Any]) -> Region:
         if axes:
             return Region(mesh, axes, int(np.prod([mesh.shape[a] for a in axes])))
     if isinstance(ac, _compat.ShardingContext):
-        return Region(AbstractMesh((ac.num_devices,), (_AXIS,)), (_AXIS,), ac.num_devices)
+        # Auto axes (the default became Explicit in jax 0.12): the partitioner reshards the
+        # operands into the region by itself.
+        mesh = AbstractMesh((ac.num_devices,), (_AXIS,), axis_types=(AxisType.Auto,))
+        return Region(mesh, (_AXIS,), ac.num_devices)
     raise NotImplementedError(
         "hostfeed: cannot place a host callback in this partially manual region: no "
         "automatic mesh axes were found")

@@ -512,6 +512,22 @@ def reset_peak() -> None:
     _receiver.reset_peak()
 
 
+def histograms() -> dict[str, list[tuple[int, int]]]:
+    """The timing histograms, ``{"device_ns": [(upper_ns, count), ...], "handover_ns":
+    [...]}``: each tap's device-side cost and each message's hand-over latency."""
+    return dict(_receiver.histograms())
+
+
+def reset_histograms() -> None:
+    """Empties the timing histograms."""
+    _receiver.reset_histograms()
+
+
+def set_timing(enabled: bool) -> bool:
+    """Turns the timing histograms on or off; returns the previous setting."""
+    return _receiver.set_timing(enabled)
+
+
 def _effects_barrier() -> Optional[BaseException]:
     """Waits for dispatched computations; returns (not raises) the error of one that failed.
 
@@ -543,9 +559,11 @@ def barrier(logging_name: Optional[str] = None, timeout: Optional[float] = None)
     debug = logger.isEnabledFor(logging.DEBUG)
     if debug:
         logger.debug("barrier_wait[%s]: start", logging_name or "")
-    with _registry.lock:  # consumers no compiled computation refers to any more
-        unleased = _count_dead_leases() + _registry.pending_release
-        _registry.pending_release = []
+    unleased: list[int] = []
+    if _registry.dying or _registry.pending_release:  # consumers no longer referred to
+        with _registry.lock:
+            unleased = _count_dead_leases() + _registry.pending_release
+            _registry.pending_release = []
     failed_run = None
     try:
         if _life.configured:
@@ -565,6 +583,8 @@ def barrier(logging_name: Optional[str] = None, timeout: Optional[float] = None)
         _release_unleased(unleased)
     if debug:
         logger.debug("barrier_wait[%s]: done", logging_name or "")
+    if not _last_exception and failed_run is None:
+        return
     last = take_last_exception()
     if last is not None:
         exc, formatted = last

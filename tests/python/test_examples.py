@@ -13,7 +13,7 @@ from conftest import run_python
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODULES = ["hostfeed", "hostfeed.host_callback", "hostfeed.printing", "hostfeed.primitives",
            "hostfeed.runtime", "hostfeed.settings", "hostfeed.receiver", "hostfeed._compat",
-           "hostfeed.keys", "hostfeed.placement"]
+           "hostfeed.keys", "hostfeed.placement", "hostfeed.bench", "hostfeed.bench._timing"]
 
 
 @pytest.mark.parametrize("name", MODULES)
