@@ -20,12 +20,15 @@ pub mod hostbuf;
 pub mod interrupt;
 pub mod message;
 pub mod pyapi;
+pub mod pyrecord;
 pub mod queue;
 pub mod receiver;
+pub mod recorder;
 pub mod reply;
 pub mod stats;
 pub mod sync;
 pub mod xla_ffi;
+pub mod zarr;
 
 use pyo3::prelude::*;
 
@@ -35,9 +38,11 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ReceiverError", py.get_type::<exceptions::ReceiverError>())?;
     m.add("ReceiverTimeoutError", py.get_type::<exceptions::ReceiverTimeoutError>())?;
     m.add("CallbackContextError", py.get_type::<exceptions::CallbackContextError>())?;
+    m.add("RecordingError", py.get_type::<exceptions::RecordingError>())?;
     m.add_class::<dispatch::MessageData>()?;
     m.add_class::<dispatch::BatchIter>()?;
     m.add_class::<dispatch::Reply>()?;
+    m.add_class::<pyrecord::PyRecorder>()?;
     m.add("DEFAULT_MAX_QUEUE_BYTES", receiver::DEFAULT_MAX_QUEUE_BYTES)?;
     m.add("DEFAULT_STOP_TIMEOUT", receiver::DEFAULT_STOP_TIMEOUT.as_secs_f64())?;
     m.add("FLAG_STATUS_OUTPUT", handlers::FLAG_STATUS_OUTPUT)?;

@@ -23,6 +23,7 @@ use crate::exceptions::ReceiverError;
 use crate::handlers;
 use crate::interrupt;
 use crate::receiver::{self, Consume, StopOutcome, Worker};
+use crate::recorder;
 use crate::sync::lock;
 use crate::xla_ffi::{self, XLA_FFI_Handler};
 
@@ -34,7 +35,7 @@ const MAX_SECONDS: f64 = 1e9;
 /// An exception the dispatcher raised (it should never), kept for the next barrier.
 static DISPATCH_ERROR: Mutex<Option<PyErr>> = Mutex::new(None);
 
-fn duration(what: &str, seconds: Option<f64>) -> PyResult<Option<Duration>> {
+pub(crate) fn duration(what: &str, seconds: Option<f64>) -> PyResult<Option<Duration>> {
     match seconds {
         None => Ok(None),
         Some(t) if t.is_infinite() && t > 0.0 => Ok(None),
@@ -82,7 +83,9 @@ struct PyConsumer {
 impl Consume for PyConsumer {
     fn run(&self, worker: &Worker) {
         Python::attach(|py| {
-            while let Some(batch) = py.detach(|| worker.next_batch()) {
+            // Messages for recorders are routed in Rust on the way, without attaching; a
+            // batch of records alone never reaches Python.
+            while let Some(batch) = py.detach(|| recorder::sinks().next_batch(worker)) {
                 let iter = match Bound::new(py, BatchIter::new(batch, Arc::clone(&self.dtypes))) {
                     Ok(it) => it,
                     Err(e) => {
