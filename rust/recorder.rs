@@ -54,7 +54,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Write};
+use std::io::{IoSlice, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -77,8 +77,8 @@ pub type ArrayId = usize;
 
 /// Rows per chunk of a per-row metadata array.
 const META_CHUNK_ROWS: u64 = 1 << 16;
-/// Rows at least this large are written one `pwrite` each; smaller ones are gathered.
-const GATHER_BELOW: usize = 256 << 10;
+/// Most buffers in one vectored write (Linux's `IOV_MAX` is 1024).
+const MAX_IOV: usize = 1024;
 /// How often the ticker looks for producers stuck behind partial chunks, and for commits.
 const TICK: Duration = Duration::from_millis(50);
 
@@ -1082,6 +1082,27 @@ fn write_rows_in_place(
     Ok(())
 }
 
+/// Writes `bufs` back to back at `offset` of `f` with vectored writes (at most
+/// [`MAX_IOV`] buffers each, continuing after partial writes).
+fn write_all_vectored_at(f: &File, bufs: &[&[u8]], offset: u64) -> std::io::Result<()> {
+    let mut file = f;
+    file.seek(SeekFrom::Start(offset))?;
+    for group in bufs.chunks(MAX_IOV) {
+        let mut slices: Vec<IoSlice<'_>> = group.iter().map(|b| IoSlice::new(b)).collect();
+        let mut rest = &mut slices[..];
+        IoSlice::advance_slices(&mut rest, 0); // skip empty leading buffers
+        while !rest.is_empty() {
+            match file.write_vectored(rest) {
+                Ok(0) => return Err(std::io::Error::from(std::io::ErrorKind::WriteZero)),
+                Ok(n) => IoSlice::advance_slices(&mut rest, n),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
+}
+
 fn create_parent(path: &Path) -> Result<(), RecordError> {
     match path.parent() {
         Some(p) => fs::create_dir_all(p).map_err(|e| io_error("create", p, &e)),
@@ -1106,19 +1127,10 @@ fn write_chunk(opts: &Options, job: &Job) -> Result<(), RecordError> {
                 .open(&path)
                 .map_err(|e| io_error("open", &path, &e))?;
             let mut off = in_chunk * as_u64(rb);
-            if rb >= GATHER_BELOW {
-                for r in &job.rows {
-                    f.write_all_at(r.bytes(), off).map_err(|e| io_error("write", &path, &e))?;
-                    off += as_u64(rb);
-                }
-            } else {
-                let mut buf = Vec::with_capacity(rb * job.rows.len());
-                for r in &job.rows {
-                    buf.extend_from_slice(r.bytes());
-                }
-                f.write_all_at(&buf, off).map_err(|e| io_error("write", &path, &e))?;
-                off += as_u64(buf.len());
-            }
+            // The rows straight from their message buffers, no gathering copy.
+            let slices: Vec<&[u8]> = job.rows.iter().map(Row::bytes).collect();
+            write_all_vectored_at(&f, &slices, off).map_err(|e| io_error("write", &path, &e))?;
+            off += as_u64(rb * job.rows.len());
             if off < as_u64(chunk_bytes) {
                 // A partial chunk: the padding is a hole, no bytes written; it reads as zeros
                 // (the fill value) and lies past `shape`, so no reader sees it.
@@ -1577,6 +1589,22 @@ mod tests {
         rec.close().unwrap();
         assert_eq!(budget.held.load(Ordering::SeqCst), 0);
         assert_eq!(json_at(&root.join("x"))["shape"], json!([0, 2]), "nothing is announced");
+        let _ = fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn vectored_writes_cover_many_and_empty_buffers() {
+        let root = temp_root("vectored");
+        fs::create_dir_all(&root).unwrap();
+        let path = root.join("f");
+        let rows: Vec<Vec<u8>> =
+            (0..2500u32).map(|i| if i % 7 == 0 { Vec::new() } else { i.to_le_bytes().to_vec() }).collect();
+        let slices: Vec<&[u8]> = rows.iter().map(Vec::as_slice).collect();
+        let f = OpenOptions::new().write(true).create(true).truncate(false).open(&path).unwrap();
+        write_all_vectored_at(&f, &slices, 3).unwrap();
+        let got = fs::read(&path).unwrap();
+        assert_eq!(&got[..3], &[0, 0, 0]);
+        assert_eq!(got[3..], rows.concat());
         let _ = fs::remove_dir_all(&root);
     }
 

@@ -54,6 +54,10 @@ def _make_zdtype(zarr_name: str, np_dtype: np.dtype) -> type:
     from zarr.core.dtype.common import HasItemSize
     from zarr.core.dtype.npy.float import BaseFloat
     from zarr.core.dtype.wrapper import ZDType
+    try:  # zarr 3.2+
+        from zarr.errors import DataTypeValidationError
+    except ImportError:  # zarr 3.1
+        from zarr.core.dtype.common import DataTypeValidationError
 
     def _check_native_dtype(cls: Any, dtype: Any) -> bool:
         return isinstance(dtype, np.dtype) and dtype == np_dtype
@@ -61,7 +65,8 @@ def _make_zdtype(zarr_name: str, np_dtype: np.dtype) -> type:
     def from_native_dtype(cls: Any, dtype: Any) -> Any:
         if cls._check_native_dtype(dtype):
             return cls(endianness="little") if np_dtype.itemsize > 1 else cls()
-        raise TypeError(f"expected {np_dtype}, got {dtype}")
+        # "Not mine": zarr asks every registered data type when it infers one.
+        raise DataTypeValidationError(f"expected {np_dtype}, got {dtype}")
 
     def from_json_scalar(self: Any, data: Any, *, zarr_format: int) -> Any:
         # Raw bits "0x.." of this type's own width (zarr-python parses only 2, 4, 8 bytes).

@@ -493,3 +493,15 @@ def test_multidevice_records_in_a_subprocess(tmp_path):
                            env=dict(os.environ, JAX_PLATFORMS="cpu"))
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
         assert r.stdout.strip().splitlines()[-1] == "all ok", r.stdout
+
+
+def test_registered_dtypes_leave_zarr_python_working_for_other_arrays(tmp_path):
+    # zarr-python infers a data type by asking every registered one; ours must decline
+    # the others, and can also be used to write.
+    plain = zarr.create_array(str(tmp_path / "f.zarr"), shape=(2,), dtype=np.float32)
+    plain[:] = [1.0, 2.0]
+    assert plain[:].tolist() == [1.0, 2.0]
+    bf = zarr.create_array(str(tmp_path / "b.zarr"), shape=(3,), dtype=ml_dtypes.bfloat16)
+    bf[:] = np.array([1.5, -2.0, 3.0], ml_dtypes.bfloat16)
+    got = zarr.open_array(str(tmp_path / "b.zarr"), mode="r")[:]
+    assert got.dtype == ml_dtypes.bfloat16 and got.tolist() == [1.5, -2.0, 3.0]
