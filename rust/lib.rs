@@ -7,9 +7,10 @@
 //! Without Python (tested by `cargo test` alone): `xla_ffi` (the C API mirror), `frame` (the
 //! safe view of a call frame), `hostbuf` and `message` (host memory and the copy),
 //! `sync` (one lock helper, a waker), `queue`, `reply`, `receiver` (lifecycle, barrier, stuck consumers), `interrupt`
-//! (Ctrl-C during a call), `stats`, `error`. With Python: `dispatch` (messages as numpy
-//! arrays), `exceptions`, `pyapi` (the module's functions and the consumer that calls
-//! Python), and the module definition below.
+//! (Ctrl-C during a call), `stats`, `error`, `zarr` and `recorder` (values recorded to a
+//! Zarr v3 store by writer threads). With Python: `dispatch` (messages as numpy arrays),
+//! `exceptions`, `pyapi` (the module's functions and the consumer that calls Python),
+//! `pyrecord` (the recorder's class), and the module definition below.
 
 pub mod dispatch;
 pub mod error;

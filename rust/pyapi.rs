@@ -1,7 +1,7 @@
 //! The Python binding of the receiver: the `#[pyfunction]`s of `hostfeed._receiver` and the
 //! consumer that runs the Python dispatcher. Argument checks and conversions happen here,
-//! and so does every release of the GIL around a wait: waits are sliced (at most
-//! [`WAIT_SLICE`] each) so that Ctrl-C is honoured between slices.
+//! and so does every release of the GIL around a wait (the recorder's are in `pyrecord.rs`):
+//! waits are sliced (at most [`WAIT_SLICE`] each) so that Ctrl-C is honoured between slices.
 //!
 //! The doc comments of the `#[pyfunction]`s are their Python docstrings; the exceptions
 //! they raise are described in words there and typed in `_receiver.pyi`.

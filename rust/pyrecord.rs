@@ -30,7 +30,7 @@ pub struct PyRecorder {
 impl PyRecorder {
     /// Creates the store at `path` and starts its writer threads.
     #[new]
-    #[pyo3(signature = (path, *, mode="w-", compression=None, level=1, chunk_bytes=16 << 20, writers=1,
+    #[pyo3(signature = (path, *, mode="w-", compression=None, level=1, chunk_bytes=16 << 20, writers=2,
                         durable=false, commit_interval=1.0, separator="/"))]
     #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)]
     fn new(

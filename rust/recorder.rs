@@ -56,6 +56,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::fs::{self, File, OpenOptions};
 use std::io::{IoSlice, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -898,6 +899,7 @@ impl Recorder {
     // ---- threads --------------------------------------------------------------------
 
     fn writer_main(&self) {
+        lower_priority();
         loop {
             let job = {
                 let mut g = lock(&self.pool.state);
@@ -914,7 +916,11 @@ impl Recorder {
             let a = Arc::clone(&job.array);
             let key = job.key();
             let (first, n) = (job.first_row, as_u64(job.rows.len()));
-            let result = write_chunk(&self.opts, &job);
+            // A panic must not lose the job's bookkeeping (a flush would wait for it forever).
+            let result =
+                catch_unwind(AssertUnwindSafe(|| write_chunk(&self.opts, &job))).unwrap_or_else(|_| {
+                    Err(RecordError::Invalid("hostfeed internal error: a panic while writing a chunk".into()))
+                });
             let bytes = job.rows.len() * a.spec.row_bytes();
             // The rows are on disk (or failed): their bytes no longer count.
             drop(job);
@@ -1080,6 +1086,23 @@ fn write_rows_in_place(
         row = end;
     }
     Ok(())
+}
+
+/// Lowers the calling thread's scheduling priority (nice +10), so that on a busy machine
+/// the writers use the CPU the computation leaves idle instead of slowing it down. If they
+/// fall behind, the queue bound pauses the computation anyway.
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: `gettid` has no preconditions; `setpriority` on this thread's own id only
+        // changes its nice value (failure is harmless and ignored).
+        let tid = unsafe { libc::gettid() };
+        // Never 0: that would mean the whole process.
+        if let Some(tid) = libc::id_t::try_from(tid).ok().filter(|&t| t > 0) {
+            // SAFETY: see above.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, 10) };
+        }
+    }
 }
 
 /// Writes `bufs` back to back at `offset` of `f` with vectored writes (at most

@@ -84,7 +84,7 @@ class Recorder:
         compression: str | None = None,
         level: int = 1,
         chunk_bytes: int = ...,
-        writers: int = 1,
+        writers: int = 2,
         durable: bool = False,
         commit_interval: float = 1.0,
         separator: str = "/",
