@@ -16,9 +16,9 @@ Cases, each writing the same rows into a fresh directory:
 Timed end to end: from calling the compiled function until the rows are on disk (in the
 page cache: nobody fsyncs) and, for the Recorder, announced. Compilation (the warm-up round,
 and for the Recorder, whose records are bound to one store, an ahead-of-time compile in the
-set-up) and directory set-up are not timed; ``os.sync()`` runs before each timed case so that earlier cases'
-write-back does not throttle it. Rounds interleave the cases; the table shows medians
-(and the best round) and ratios to the floor.
+set-up) and directory set-up are not timed; ``os.sync()`` runs before each timed case so
+that earlier cases' write-back does not throttle it. Rounds interleave the cases; the
+table shows medians (and the best round) and ratios to the floor.
 
 A second table compares the device-side cost per record with a plain tap: the time until
 the computation returns (``block_until_ready``), with a queue bound large enough that

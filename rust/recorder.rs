@@ -450,14 +450,26 @@ impl Recorder {
                 message: format!("cannot start a recorder thread: {e}"),
             })
         };
-        let mut threads = Vec::new();
-        for i in 0..writers {
+        let mut started = Ok(());
+        for i in 0..=writers {
             let r = Arc::clone(&rec);
-            threads.push(spawn(format!("hostfeed-writer-{i}"), Box::new(move || r.writer_main()))?);
+            let (name, main): (String, Box<dyn FnOnce() + Send>) = if i < writers {
+                (format!("hostfeed-writer-{i}"), Box::new(move || r.writer_main()))
+            } else {
+                ("hostfeed-recorder".into(), Box::new(move || r.ticker_main()))
+            };
+            match spawn(name, main) {
+                Ok(t) => lock(&rec.threads).push(t),
+                Err(e) => {
+                    started = Err(e);
+                    break;
+                }
+            }
         }
-        let r = Arc::clone(&rec);
-        threads.push(spawn("hostfeed-recorder".into(), Box::new(move || r.ticker_main()))?);
-        *lock(&rec.threads) = threads;
+        if let Err(e) = started {
+            rec.stop_threads();
+            return Err(e);
+        }
         Ok(rec)
     }
 
@@ -863,6 +875,12 @@ impl Recorder {
         let targets = self.flush_begin();
         while !self.flush_wait(&targets, Duration::from_secs(3600)) {}
         let result = self.flush_end();
+        self.stop_threads();
+        result
+    }
+
+    /// Stops and joins the writer and ticker threads (once the writers ran out of jobs).
+    fn stop_threads(&self) {
         lock(&self.pool.state).stop = true;
         self.pool.work.notify_all();
         *lock(&self.ticker) = true;
@@ -870,11 +888,9 @@ impl Recorder {
         let threads = std::mem::take(&mut *lock(&self.threads));
         for t in threads {
             if t.join().is_err() {
-                self.budget
-                    .note(format!("a writer thread of the recorder of {} panicked", self.root.display()));
+                self.budget.note(format!("a thread of the recorder of {} panicked", self.root.display()));
             }
         }
-        result
     }
 
     /// Counters.

@@ -55,7 +55,7 @@ def _make_zdtype(zarr_name: str, np_dtype: np.dtype) -> type:
     from zarr.core.dtype.npy.float import BaseFloat
     from zarr.core.dtype.wrapper import ZDType
     try:  # zarr 3.2+
-        from zarr.errors import DataTypeValidationError
+        from zarr.errors import DataTypeValidationError  # type: ignore[attr-defined, unused-ignore]
     except ImportError:  # zarr 3.1
         from zarr.core.dtype.common import DataTypeValidationError
 

@@ -459,13 +459,24 @@ def test_taps_and_records_mixed_in_one_computation(store):
     assert read(store, "x").tolist() == [1.0, 2.0, 3.0]
 
 
-def test_a_batch_of_records_alone_does_not_reach_python(store):
+def test_a_batch_of_records_alone_does_not_reach_python(store, monkeypatch):
+    calls = []
+    dispatch = hostfeed.receiver._Dispatcher.__call__
+
+    def counting(self, batch):
+        calls.append(1)
+        return dispatch(self, batch)
+
     with hostfeed.Recorder(store) as rec:
         f = jax.jit(lambda x: lax.fori_loop(0, 200, lambda i, c: rec.record("x", c + 1), x))
         f(0.0)
         hcb.barrier_wait()
-        assert rec.stats()["rows"] == 200
-    # The dispatcher (Python) saw none of them: the consumer routed them in Rust.
+        monkeypatch.setattr(hostfeed.receiver._Dispatcher, "__call__", counting)
+        f(0.0)
+        hcb.barrier_wait()
+        monkeypatch.undo()
+        assert rec.stats()["rows"] == 400
+    assert calls == [], "the consumer routed every record in Rust"
     assert read(store, "x")[-1] == 200.0
 
 
