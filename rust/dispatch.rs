@@ -18,6 +18,7 @@ use crate::exceptions::ReceiverError;
 use crate::hostbuf::HostBuffer;
 use crate::message::Message;
 use crate::receiver::Batch;
+use crate::recorder;
 use crate::reply::ReplySlot;
 use crate::sync::lock;
 
@@ -66,7 +67,11 @@ impl BatchIter {
     }
 
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        let msg = lock(&self.batch).as_ref().and_then(Batch::take);
+        // Messages for recorders met on the way are routed in Rust, in queue order.
+        let msg = lock(&self.batch).as_ref().and_then(|b| {
+            recorder::sinks().route_leading(b);
+            b.take()
+        });
         match msg {
             Some(m) => message_tuple(py, &self.dtypes, m),
             None => Err(PyStopIteration::new_err(())),

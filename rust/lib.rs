@@ -7,9 +7,10 @@
 //! Without Python (tested by `cargo test` alone): `xla_ffi` (the C API mirror), `frame` (the
 //! safe view of a call frame), `hostbuf` and `message` (host memory and the copy),
 //! `sync` (one lock helper, a waker), `queue`, `reply`, `receiver` (lifecycle, barrier, stuck consumers), `interrupt`
-//! (Ctrl-C during a call), `stats`, `error`. With Python: `dispatch` (messages as numpy
-//! arrays), `exceptions`, `pyapi` (the module's functions and the consumer that calls
-//! Python), and the module definition below.
+//! (Ctrl-C during a call), `stats`, `error`, `zarr` and `recorder` (values recorded to a
+//! Zarr v3 store by writer threads). With Python: `dispatch` (messages as numpy arrays),
+//! `exceptions`, `pyapi` (the module's functions and the consumer that calls Python),
+//! `pyrecord` (the recorder's class), and the module definition below.
 
 pub mod dispatch;
 pub mod error;
@@ -21,12 +22,15 @@ pub mod hostbuf;
 pub mod interrupt;
 pub mod message;
 pub mod pyapi;
+pub mod pyrecord;
 pub mod queue;
 pub mod receiver;
+pub mod recorder;
 pub mod reply;
 pub mod stats;
 pub mod sync;
 pub mod xla_ffi;
+pub mod zarr;
 
 use pyo3::prelude::*;
 
@@ -36,9 +40,11 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ReceiverError", py.get_type::<exceptions::ReceiverError>())?;
     m.add("ReceiverTimeoutError", py.get_type::<exceptions::ReceiverTimeoutError>())?;
     m.add("CallbackContextError", py.get_type::<exceptions::CallbackContextError>())?;
+    m.add("RecordingError", py.get_type::<exceptions::RecordingError>())?;
     m.add_class::<dispatch::MessageData>()?;
     m.add_class::<dispatch::BatchIter>()?;
     m.add_class::<dispatch::Reply>()?;
+    m.add_class::<pyrecord::PyRecorder>()?;
     m.add("DEFAULT_MAX_QUEUE_BYTES", receiver::DEFAULT_MAX_QUEUE_BYTES)?;
     m.add("DEFAULT_STOP_TIMEOUT", receiver::DEFAULT_STOP_TIMEOUT.as_secs_f64())?;
     m.add("FLAG_STATUS_OUTPUT", handlers::FLAG_STATUS_OUTPUT)?;

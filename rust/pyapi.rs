@@ -1,7 +1,7 @@
 //! The Python binding of the receiver: the `#[pyfunction]`s of `hostfeed._receiver` and the
 //! consumer that runs the Python dispatcher. Argument checks and conversions happen here,
-//! and so does every release of the GIL around a wait: waits are sliced (at most
-//! [`WAIT_SLICE`] each) so that Ctrl-C is honoured between slices.
+//! and so does every release of the GIL around a wait (the recorder's are in `pyrecord.rs`):
+//! waits are sliced (at most [`WAIT_SLICE`] each) so that Ctrl-C is honoured between slices.
 //!
 //! The doc comments of the `#[pyfunction]`s are their Python docstrings; the exceptions
 //! they raise are described in words there and typed in `_receiver.pyi`.
@@ -25,6 +25,7 @@ use crate::handlers;
 use crate::interrupt;
 use crate::message::Message;
 use crate::receiver::{self, Batch, Consume, StopOutcome, TryPush, Worker};
+use crate::recorder;
 use crate::sync::lock;
 use crate::xla_ffi::{self, XLA_FFI_Handler};
 
@@ -38,7 +39,7 @@ static DISPATCH_ERROR: Mutex<Option<PyErr>> = Mutex::new(None);
 /// Whether `DISPATCH_ERROR` holds one (so that an idle barrier takes no lock).
 static HAS_DISPATCH_ERROR: AtomicBool = AtomicBool::new(false);
 
-fn duration(what: &str, seconds: Option<f64>) -> PyResult<Option<Duration>> {
+pub(crate) fn duration(what: &str, seconds: Option<f64>) -> PyResult<Option<Duration>> {
     match seconds {
         None => Ok(None),
         Some(t) if t.is_infinite() && t > 0.0 => Ok(None),
@@ -88,11 +89,13 @@ impl Consume for PyConsumer {
     fn run(&self, worker: &Worker) {
         Python::attach(|py| {
             // A batch is completed only once the GIL is released again, so that a barrier
-            // that sees it complete can take the GIL at once.
+            // that sees it complete can take the GIL at once. Messages for recorders are
+            // routed in Rust on the way, without attaching; a batch of records alone never
+            // reaches Python.
             let mut done: Option<Batch> = None;
             while let Some(batch) = py.detach(|| {
                 drop(done.take());
-                worker.next_batch()
+                recorder::sinks().next_batch(worker)
             }) {
                 let iter = match Bound::new(py, BatchIter::new(batch, Arc::clone(&self.dtypes))) {
                     Ok(it) => it,

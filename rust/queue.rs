@@ -287,6 +287,57 @@ impl<T> Queue<T> {
         Some(item)
     }
 
+    // ---- Bytes held past the end of a batch (the recorder) ------------------------------
+    //
+    // A consumer that keeps a message's bytes after processing it (the recorder keeps rows
+    // until they are on disk) takes it with `take_retained`: the message counts as
+    // processed when its batch ends (barriers see it), but its bytes stay charged against
+    // the bound until that consumer calls `release`. Bytes it holds without a message
+    // (rows copied from Python) are charged with `charge`. So the bound keeps bounding
+    // memory, and a slow disk pauses the producers.
+
+    /// Like [`Queue::take`], but only if `accept` accepts the next message, and keeping its
+    /// bytes charged after the batch ends: the caller must [`Queue::release`] the returned
+    /// byte count once it no longer holds the message's memory.
+    pub fn take_retained(&self, epoch: u64, accept: impl FnOnce(&T) -> bool) -> Option<(T, usize)> {
+        let mut flight = lock(&self.in_flight);
+        if flight.epoch != epoch || !accept(&flight.items.front()?.1) {
+            return None;
+        }
+        let (bytes, item) = flight.items.pop_front()?;
+        flight.taken += 1;
+        self.progress.fetch_add(1, Ordering::Relaxed);
+        self.stats.bytes_processed.fetch_add(bytes as u64, Ordering::Relaxed);
+        Some((item, bytes))
+    }
+
+    /// Charges `bytes` held outside any message (never waits; see [`Queue::take_retained`]).
+    pub fn charge(&self, bytes: usize) {
+        let mut g = lock(&self.inner);
+        g.held_bytes += bytes;
+        let held = g.held_bytes as u64;
+        drop(g);
+        self.stats.queued_bytes.store(held, Ordering::Relaxed);
+        self.stats.peak_queued_bytes.fetch_max(held, Ordering::Relaxed);
+    }
+
+    /// Frees `bytes` charged by [`Queue::take_retained`] or [`Queue::charge`].
+    pub fn release(&self, bytes: usize) {
+        if bytes == 0 {
+            return;
+        }
+        let mut g = lock(&self.inner);
+        g.held_bytes = g.held_bytes.saturating_sub(bytes);
+        self.stats.queued_bytes.store(g.held_bytes as u64, Ordering::Relaxed);
+        drop(g);
+        self.space_freed.notify_all();
+    }
+
+    /// Whether some producer is waiting for space now.
+    pub fn producers_waiting(&self) -> bool {
+        self.space_freed.has_sleepers()
+    }
+
     /// Messages of batch `epoch` not taken yet.
     pub fn remaining(&self, epoch: u64) -> usize {
         let flight = lock(&self.in_flight);
@@ -613,6 +664,29 @@ mod tests {
         assert_eq!(drain(&q, 10), vec![2, 3, 4]);
         assert_eq!((q.processed(), q.held_bytes()), (5, 0));
         assert!(q.wait_processed(5, Duration::ZERO));
+    }
+
+    #[test]
+    fn retained_bytes_stay_charged_until_released() {
+        let q = Queue::new(100);
+        q.push(1, 60).unwrap();
+        q.push(2, 30).unwrap();
+        let e = q.begin_batch(10).unwrap();
+        assert_eq!(q.take_retained(e, |&x| x == 2), None, "the head is not accepted");
+        assert_eq!(q.take_retained(e, |&x| x == 1), Some((1, 60)));
+        assert_eq!(q.take(e), Some(2));
+        q.end_batch(e);
+        assert_eq!((q.processed(), q.held_bytes()), (2, 60), "processed, but still charged");
+        // A producer waits for the retained bytes, not for the batch.
+        assert_eq!(q.push(3, 50), Err(PushError::NoConsumer(3)));
+        q.release(60);
+        assert_eq!(q.held_bytes(), 0);
+        q.charge(70);
+        assert_eq!(q.stats.snapshot().peak_queued_bytes, 90);
+        assert_eq!(q.push(3, 50), Err(PushError::NoConsumer(3)));
+        q.release(70);
+        assert_eq!(q.push(3, 50).unwrap().seq, 2);
+        assert!(!q.producers_waiting());
     }
 
     #[test]

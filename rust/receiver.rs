@@ -105,6 +105,17 @@ impl Batch {
         Some(m)
     }
 
+    /// The next message if `accept` accepts it, with its bytes still charged after the
+    /// batch ends (see [`Queue::take_retained`]): the caller owes `release` of the returned
+    /// byte count (the recorder keeps rows until they are written).
+    #[must_use]
+    pub fn take_retained(&self, accept: impl FnOnce(&Message) -> bool) -> Option<(Message, usize)> {
+        let (m, bytes) = self.receiver.queue.take_retained(self.epoch, accept)?;
+        self.receiver.busy.store(m.consumer_id, Ordering::Relaxed);
+        self.receiver.busy_since_us.store(self.receiver.clock_us(), Ordering::Relaxed);
+        Some((m, bytes))
+    }
+
     /// Messages not taken yet.
     #[must_use]
     pub fn remaining(&self) -> usize {

@@ -16,10 +16,11 @@ from . import _compat  # noqa: F401  (checks the JAX version first)
 # The package is assembled here, once: the primitives, then their transformation rules
 # and lowerings (registered with JAX as these modules are imported), then the public API.
 from . import primitives, rules, lowering  # noqa: F401
-from . import host_callback, receiver, settings
+from . import host_callback, receiver, recording, settings, zarr_dtypes  # noqa: F401
 from .bench._timing import summary_of_buckets
 from .host_callback import (CallbackException, TapFunctionException, barrier_wait, id_print,
                             id_tap, stop_outfeed_receiver)
+from .recording import Recorder, RecordingError, read_recording
 
 try:
     __version__ = _version("hostfeed")
@@ -29,8 +30,13 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 __all__ = [
     "host_callback", "install", "id_tap", "id_print", "barrier_wait",
     "stop_outfeed_receiver", "CallbackException", "TapFunctionException",
-    "start_receiver", "receiver_stats", "__version__",
+    "start_receiver", "receiver_stats", "Recorder", "RecordingError", "read_recording",
+    "register_zarr_dtypes", "__version__",
 ]
+
+# zarr-python learns bfloat16 and the float8 types when (or as soon as) it is imported.
+zarr_dtypes.register_when_zarr_is_imported()
+register_zarr_dtypes = zarr_dtypes.register
 
 
 def install() -> None:

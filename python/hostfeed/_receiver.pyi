@@ -2,6 +2,8 @@
 
 Only :mod:`hostfeed.receiver` imports this module; everything else goes through it.
 """
+from os import PathLike
+from pathlib import Path
 from typing import Any, Final, final
 from collections.abc import Callable, Iterable, Iterator
 
@@ -11,9 +13,8 @@ __all__ = [
     "DEFAULT_MAX_QUEUE_BYTES", "DEFAULT_STOP_TIMEOUT", "FLAG_STATUS_OUTPUT", "FLAG_SHARD",
     "FLAG_EAGER", "push_eager",
     "DTYPE_CODES", "ReceiverError", "ReceiverTimeoutError", "CallbackContextError",
-    "MessageData", "BatchIter", "Reply", "start", "stop", "finalize", "start_exit_watch",
-    "stop_exit_watch", "push_control",
-    "barrier",
+    "RecordingError", "MessageData", "BatchIter", "Reply", "Recorder", "start", "stop",
+    "finalize", "start_exit_watch", "stop_exit_watch", "push_control", "barrier",
     "is_running", "in_callback_thread", "max_queue_bytes", "set_max_queue_bytes", "stats",
     "reset_peak", "histograms", "reset_histograms", "set_timing", "set_consumer_name",
     "install_interrupt_watch", "registrations",
@@ -43,6 +44,10 @@ class ReceiverTimeoutError(TimeoutError):
 class CallbackContextError(RuntimeError):
     """A blocking receiver operation was called from inside a host callback."""
 
+class RecordingError(OSError):
+    """Recording to a Zarr store failed (a write, a file that cannot be created, a full
+    disk); ``errno`` says how when the OS reported it."""
+
 @final
 class MessageData:
     """Owner of one message's bytes; numpy arrays handed to callbacks view it."""
@@ -69,6 +74,61 @@ class Reply:
 
     def fail(self, message: str) -> bool:
         """Fails the call with ``message``; returns False if the call no longer waits."""
+
+@final
+class Recorder:
+    """A Zarr v3 store that recorded values are written to by Rust threads (wrapped by
+    ``hostfeed.Recorder``)."""
+
+    def __new__(
+        cls,
+        path: str | PathLike[str],
+        *,
+        mode: str = "w-",
+        compression: str | None = None,
+        level: int = 1,
+        chunk_bytes: int = ...,
+        writers: int = 2,
+        durable: bool = False,
+        commit_interval: float = 1.0,
+        separator: str = "/",
+    ) -> Recorder:
+        """Creates the store at ``path`` and starts its writer threads."""
+
+    @property
+    def path(self) -> Path:
+        """The store's path."""
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` was called."""
+
+    def declare(self, name: str, dtype_code: int, shape: list[int]) -> int:
+        """Declares array ``name`` with rows of ``shape`` and XLA dtype ``dtype_code``;
+        returns its id."""
+
+    def bind(
+        self,
+        consumer_id: int,
+        targets: list[int | None],
+        step: int | None,
+        transforms: str,
+        lanes: int = 1,
+    ) -> None:
+        """Routes the messages of ``consumer_id`` to this recorder, in Rust."""
+
+    def append(self, array_id: int, data: Any, step: int, device: int,
+               transforms: str) -> None:
+        """Records one row of ``array_id`` from the C-contiguous bytes ``data``."""
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Writes and announces every row received so far; False if not done in time."""
+
+    def close(self) -> None:
+        """Flushes, then stops the writer threads."""
+
+    def stats(self) -> dict[str, int]:
+        """Counters of the recorder."""
 
 def start(
     dispatcher: Callable[[Iterable[_Message]], Any],

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from . import _compat, receiver, settings
+from . import _compat, receiver, recording, settings
 from .placement import (Where, check_device_index, lower_global_call, lower_global_tap,
                         lower_per_device_call, where)
 from .primitives import (call_check_p, failure_message_p, host_call_p, host_callback_effect,
@@ -86,14 +86,21 @@ def _outside_call_lowering_cpu(ctx: Any, *args: Any, callback: CallbackSpec,
                                nr_tapped_args: int, transforms: tuple, **params: Any) -> list:
     context, ac = where(ctx)
     shard_parts = params.get("shard_parts")
+    record = recording.is_record(callback)
     if context in (Where.GLOBAL, Where.PARTIAL_MANUAL) and shard_parts is None:
+        if record:  # recorded through Python once joined; a clash raises here
+            recording.declare_global(callback, transforms, ctx.avals_in[:nr_tapped_args])
         bind_params = dict(params, callback=callback, nr_tapped_args=nr_tapped_args,
                            transforms=transforms)
         lower_global_tap(ctx, ac, args[:nr_tapped_args], bind_params)
         return list(args)
     if context is Where.SINGLE:
         check_device_index(params["device_index"], 1, "run this computation")
-    cid = _tap_consumer_id(ctx, callback, transforms, shard_parts)
+    if record and shard_parts is None:  # a Rust sink takes the messages
+        cid = _consumer_id(ctx, recording.consumer_lease(callback, transforms,
+                                                         ctx.avals_in[:nr_tapped_args]))
+    else:
+        cid = _tap_consumer_id(ctx, callback, transforms, shard_parts)
     receiver.ensure_started()
     flags = receiver.FLAG_SHARD if shard_parts is not None else 0
     _emit(ctx, TAP_TARGET, args[:nr_tapped_args], ctx.avals_in[:nr_tapped_args], [],

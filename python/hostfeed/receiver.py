@@ -34,6 +34,8 @@ logger = logging.getLogger("hostfeed")
 ReceiverError = _receiver.ReceiverError
 ReceiverTimeoutError = _receiver.ReceiverTimeoutError
 CallbackContextError = _receiver.CallbackContextError
+RecordingError = _receiver.RecordingError
+NativeRecorder = _receiver.Recorder
 FLAG_STATUS_OUTPUT: int = _receiver.FLAG_STATUS_OUTPUT
 FLAG_SHARD: int = _receiver.FLAG_SHARD
 FLAG_EAGER: int = _receiver.FLAG_EAGER
@@ -66,6 +68,9 @@ def _numpy_dtype(name: str) -> np.dtype | None:
 XLA_DTYPES: dict[int, np.dtype] = {
     code: dt for name, code in _receiver.DTYPE_CODES.items()
     if (dt := _numpy_dtype(name)) is not None}
+
+#: numpy dtype name -> XLA_FFI_DataType code.
+DTYPE_CODES: dict[str, int] = dict(_receiver.DTYPE_CODES)
 
 #: numpy dtypes that taps can carry.
 SUPPORTED_DTYPES: frozenset[np.dtype] = frozenset(XLA_DTYPES.values())
@@ -547,18 +552,37 @@ def _effects_barrier() -> Optional[BaseException]:
         return exc
 
 
-def barrier(logging_name: Optional[str] = None, timeout: Optional[float] = None) -> None:
-    """``barrier_wait``: waits for the computations dispatched so far, then for the receiver
-    to process everything they sent; raises what went wrong meanwhile."""
+# Hooks of other modules (the recorder), run by `barrier` after the receiver has processed
+# everything (each returns an exception to raise, or None) and at exit after the receiver
+# has shut down.
+_barrier_hooks: list[Callable[[], Optional[BaseException]]] = []
+_exit_hooks: list[Callable[[], None]] = []
+
+
+def add_barrier_hook(hook: Callable[[], Optional[BaseException]]) -> None:
+    """Runs ``hook()`` in every ``barrier_wait`` once everything dispatched is processed;
+    an exception it returns is raised (after a callback exception, which comes first)."""
+    _barrier_hooks.append(hook)
+
+
+def add_exit_hook(hook: Callable[[], None]) -> None:
+    """Runs ``hook()`` at interpreter exit, after the receiver drained and shut down."""
+    _exit_hooks.append(hook)
+
+
+def check_not_in_callback(what: str) -> None:
+    """Raises CallbackContextError on the consumer thread, where ``what`` would wait for
+    the thread itself."""
     if _receiver.in_callback_thread():
         raise CallbackContextError(
-            "hostfeed: barrier_wait was called from inside a host callback; it waits for the "
-            "callback thread itself and would deadlock. Call it from the main program instead")
-    if timeout is not None:
-        timeout = settings.seconds(timeout, "barrier_wait(timeout)")
-    debug = logger.isEnabledFor(logging.DEBUG)
-    if debug:
-        logger.debug("barrier_wait[%s]: start", logging_name or "")
+            f"hostfeed: {what} was called from inside a host callback; it waits for the "
+            f"callback thread itself and would deadlock. Call it from the main program instead")
+
+
+def drain_dispatched(timeout: Optional[float] = None) -> Optional[BaseException]:
+    """Waits for the computations dispatched so far, then for the receiver to process
+    everything they sent; returns (not raises) the error of a computation that failed.
+    Consumers no compiled computation refers to any more are released on the way."""
     unleased: list[int] = []
     if _registry.dying or _registry.pending_release:  # consumers no longer referred to
         with _registry.lock:
@@ -581,16 +605,35 @@ def barrier(logging_name: Optional[str] = None, timeout: Optional[float] = None)
     # none can name these consumers any more.
     if unleased:
         _release_unleased(unleased)
+    return failed_run
+
+
+def barrier(logging_name: Optional[str] = None, timeout: Optional[float] = None) -> None:
+    """``barrier_wait``: waits for the computations dispatched so far, then for the receiver
+    to process everything they sent; raises what went wrong meanwhile."""
+    check_not_in_callback("barrier_wait")
+    if timeout is not None:
+        timeout = settings.seconds(timeout, "barrier_wait(timeout)")
+    debug = logger.isEnabledFor(logging.DEBUG)
+    if debug:
+        logger.debug("barrier_wait[%s]: start", logging_name or "")
+    failed_run = drain_dispatched(timeout)
+    hook_errors = ([e for e in (hook() for hook in _barrier_hooks) if e is not None]
+                   if _barrier_hooks else [])
     if debug:
         logger.debug("barrier_wait[%s]: done", logging_name or "")
-    if not _last_exception and failed_run is None:
+    if not _last_exception and failed_run is None and not hook_errors:
         return
     last = take_last_exception()
     if last is not None:
         exc, formatted = last
+        for e in hook_errors:
+            logger.error("hostfeed: also failed before this barrier_wait: %s", e)
         raise CallbackException(
             "There were exceptions during callback processing. "
             f"Last one was: {formatted}") from exc
+    if hook_errors:
+        raise hook_errors[0]
     if failed_run is not None:
         raise failed_run
 
@@ -619,6 +662,11 @@ def _at_exit() -> None:
     finally:
         _receiver.stop_exit_watch()
         _receiver.finalize(stall)
+        for hook in _exit_hooks:
+            try:
+                hook()
+            except Exception as exc:  # noqa: BLE001 - printed; the other hooks still run
+                logger.error("hostfeed: at exit: %s", exc)
     last = take_last_exception()
     if last is not None:
         raise CallbackException("There were exceptions during callback processing. "
