@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 import time
 
 import jax
@@ -31,12 +30,10 @@ import numpy as np
 from jax import lax
 from jax.experimental import io_callback
 
-sys.path.insert(0, os.path.dirname(__file__))
-from _harness import interleaved, table
-
 import hostfeed
 from hostfeed import host_callback as hcb
 from hostfeed import lowering, receiver
+from hostfeed.bench._timing import interleaved, table
 
 N_SMALL = int(os.environ.get("HOSTFEED_BENCH_N_SMALL", 500))
 N_LARGE = int(os.environ.get("HOSTFEED_BENCH_N_LARGE", 10))

@@ -39,6 +39,7 @@ if [ -z "$wheel" ]; then
     say "FAIL: no hostfeed wheel for $tag in dist/ (build it with benches/gpu_wheel.sh and carry dist/)"
     exit 2
 fi
+test_tools='import pytest, pytest_timeout, zarr, matplotlib, tqdm'  # the test extra's tools
 unpack() { "$python" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$1" "$2"; }
 venv="$out/venv"
 rm -rf "$venv"
@@ -47,8 +48,9 @@ if "$python" -m venv --system-site-packages "$venv" >> "$out/install.log" 2>&1 \
         && "$venv/bin/python" -c 'import jax' >> "$out/install.log" 2>&1 \
         && "$venv/bin/python" -m pip install --no-index --no-deps --force-reinstall "$wheel" >> "$out/install.log" 2>&1; then
     py="$venv/bin/python"
-    if ! "$py" -c 'import pytest, pytest_timeout' 2>/dev/null; then  # offline, from dist/
-        "$py" -m pip install --no-index --find-links dist pytest pytest-timeout >> "$out/install.log" 2>&1
+    if ! "$py" -c "$test_tools" 2>/dev/null; then  # offline, from dist/
+        "$py" -m pip install --no-index --find-links dist pytest pytest-timeout zarr matplotlib tqdm \
+            >> "$out/install.log" 2>&1
     fi
 else
     # No venv/pip, or JAX lives in another environment than the interpreter's base: unpack
@@ -57,7 +59,7 @@ else
     site="$out/site"
     rm -rf "$site" && mkdir -p "$site"
     unpack "$wheel" "$site"
-    if ! "$python" -c 'import pytest, pytest_timeout' 2>/dev/null; then
+    if ! "$python" -c "$test_tools" 2>/dev/null; then
         for w in dist/*.whl; do
             case "$w" in *hostfeed-*) ;; *) unpack "$w" "$site" ;; esac
         done

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds what benches/gpu_check.sh installs on the GPU machine (which has no network):
-# the hostfeed wheel for its Python (3.12 by default; an abi3 wheel, where the build makes
-# one, serves every Python) and the pure-Python wheels of pytest and pytest-timeout, all
-# into dist/ (gitignored; carry it to the GPU machine with the working tree).
+# the hostfeed wheel (abi3: one file for Python 3.11+) and the wheels of the test extra's
+# tools for its Python (3.12 by default: pytest, pytest-timeout, zarr, matplotlib, tqdm
+# and their dependencies, except numpy, which the machine's JAX brings), all into dist/
+# (gitignored; carry it to the GPU machine with the working tree, about 30 MB).
 #
 #   bash benches/gpu_wheel.sh [python-for-the-gpu-machine]   # default: python3.12
 set -euo pipefail
@@ -16,5 +17,8 @@ maturin=${MATURIN:-maturin}
 mkdir -p dist
 rm -f dist/hostfeed-*.whl
 "$maturin" build --release --interpreter "$python" --out dist
-"$python" -m pip download --only-binary=:all: --dest dist pytest pytest-timeout
+"$python" -m pip download --only-binary=:all: --dest dist \
+    pytest pytest-timeout "zarr>=3.1" "matplotlib>=3.7" "tqdm>=4.60"
+rm -f dist/numpy-*.whl
 ls -la dist
+du -sh dist

@@ -46,10 +46,8 @@ def worker(process_id: int, n_proc: int, port: int) -> None:
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _harness import interleaved
-
     from hostfeed import host_callback as hcb
+    from hostfeed.bench import interleaved
 
     mesh = jax.make_mesh((N_DEV,), ("x",))
     whole = np.arange(ELEMS, dtype=np.float32)

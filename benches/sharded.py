@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 
 N_DEV = 8
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={N_DEV}"
@@ -20,10 +19,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(__file__))
-from _harness import interleaved  # noqa: E402
-
 from hostfeed import host_callback as hcb  # noqa: E402
+from hostfeed.bench import interleaved  # noqa: E402
 
 ELEMS = 1 << 20  # float32: 4 MiB logical array, 512 KiB per device
 ITEMSIZE = {"f32": 4, "s32": 4, "u32": 4, "pred": 1, "u8": 1}

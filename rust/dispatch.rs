@@ -15,9 +15,11 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use crate::exceptions::ReceiverError;
+use crate::handlers;
 use crate::hostbuf::HostBuffer;
 use crate::message::Message;
 use crate::receiver::Batch;
+use crate::recorder;
 use crate::reply::ReplySlot;
 use crate::sync::lock;
 
@@ -66,7 +68,11 @@ impl BatchIter {
     }
 
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        let msg = lock(&self.batch).as_ref().and_then(Batch::take);
+        // Messages for recorders met on the way are routed in Rust, in queue order.
+        let msg = lock(&self.batch).as_ref().and_then(|b| {
+            recorder::sinks().route_leading(b);
+            b.take()
+        });
         match msg {
             Some(m) => message_tuple(py, &self.dtypes, m),
             None => Err(PyStopIteration::new_err(())),
@@ -74,9 +80,24 @@ impl BatchIter {
     }
 }
 
-/// `(consumer_id, device, flags, arrays, reply_or_None, run_id)` for one message.
+/// The host payload of an eager tap's message: the dispatcher entry (standing in for a
+/// consumer) and the arrays, made in Python.
+pub struct EagerTap {
+    pub entry: Py<PyAny>,
+    pub arrays: Py<PyTuple>,
+}
+
+/// `(consumer_id, device, flags, arrays, reply_or_None, run_id)` for one message; for an
+/// eager tap `(entry, device, flags, arrays, None, 0)`.
 fn message_tuple<'py>(py: Python<'py>, dtypes: &Dtypes, msg: Message) -> PyResult<Bound<'py, PyTuple>> {
-    let Message { consumer_id, flags, device, arrays, dims, data, reply, run_id } = msg;
+    let Message { consumer_id, flags, device, arrays, dims, data, reply, run_id, host, .. } = msg;
+    if let Some(host) = host {
+        let eager = host
+            .downcast::<EagerTap>()
+            .map_err(|_| ReceiverError::new_err("hostfeed internal error: unknown host message"))?;
+        let EagerTap { entry, arrays } = *eager;
+        return (entry, device, flags, arrays, py.None(), 0i64).into_pyobject(py);
+    }
     // The reply first: if building the arrays fails, dropping it fails the call.
     let reply = reply
         .map(|slot| {
@@ -95,6 +116,8 @@ fn message_tuple<'py>(py: Python<'py>, dtypes: &Dtypes, msg: Message) -> PyResul
         views.push(unsafe { make_array(py, dtypes, &owner, base.add(a.offset), a.dtype, shape) }?);
     }
     let arrays = PyTuple::new(py, views)?;
+    // gpu branch: a GPU's messages reach Python with a key of their own (see `gpu::device_key`).
+    let device = if flags & handlers::FLAG_GPU == 0 { device } else { crate::gpu::device_key(device) };
     (consumer_id, device, flags, arrays, reply, run_id).into_pyobject(py)
 }
 

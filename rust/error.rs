@@ -89,3 +89,41 @@ impl Error {
         }
     }
 }
+
+/// What can go wrong while recording to a Zarr store (`recorder.rs`, `zarr.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordError {
+    /// A file system operation on the store failed; `errno` as the OS reported it.
+    Io { errno: Option<i32>, message: String },
+    /// An invalid record name, or a name recorded again with another shape or dtype.
+    Invalid(String),
+    /// A value of a dtype the store cannot hold (sub-byte types).
+    Dtype(String),
+    /// The recorder was closed.
+    Closed(String),
+}
+
+impl fmt::Display for RecordError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RecordError::Io { message, .. }
+            | RecordError::Invalid(message)
+            | RecordError::Dtype(message)
+            | RecordError::Closed(message) => write!(f, "hostfeed: {message}"),
+        }
+    }
+}
+
+impl RecordError {
+    /// The same error with `context` ("recording \"layer1/h\"") in front of its message.
+    #[must_use]
+    pub fn context(self, context: &str) -> RecordError {
+        let add = |m: String| format!("{context}: {m}");
+        match self {
+            RecordError::Io { errno, message } => RecordError::Io { errno, message: add(message) },
+            RecordError::Invalid(m) => RecordError::Invalid(add(m)),
+            RecordError::Dtype(m) => RecordError::Dtype(add(m)),
+            RecordError::Closed(m) => RecordError::Closed(add(m)),
+        }
+    }
+}

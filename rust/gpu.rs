@@ -15,6 +15,9 @@
 //!    records an *event* on the stream (a marker that completes when the copies have);
 //! 4. hands (event, message) to the device's *courier* and returns.
 //!
+//! (The message holds the GPU's ordinal and the `FLAG_GPU` bit; Python gets the device as
+//! [`device_key`], distinct from CPU devices.)
+//!
 //! The courier, a thread per device, waits for each event in turn and pushes the message
 //! onto the queue. So the device never synchronises with the host, not even with a host
 //! function (which would stall the stream until the driver's callback thread ran it): it
@@ -61,7 +64,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::frame::Attrs;
-use crate::handlers::{self, FLAG_STATUS_OUTPUT};
+use crate::handlers::{self, FLAG_GPU, FLAG_STATUS_OUTPUT};
 use crate::hostbuf::{HostBuffer, ALIGN};
 use crate::message::{self, Message, Operand};
 use crate::receiver::{in_consumer_thread, Receiver};
@@ -124,12 +127,13 @@ pub trait Stream {
     fn host_buffer(&self, len: usize) -> Result<HostBuffer, Error>;
 }
 
-/// The key of a GPU device in messages (`Message::device`): `-1 - ordinal`, so that it
-/// never equals a CPU device's ordinal (non-negative); `receiver.device_for_ordinal` in
-/// Python decodes it.
+/// The key Python gets for a GPU's messages in place of its ordinal: `-2 - ordinal`, so
+/// that it never equals a CPU device's ordinal (non-negative) nor the host's own messages'
+/// -1 (eager taps, control messages); `receiver.device_for_ordinal` decodes it. In Rust,
+/// `Message::device` keeps the ordinal and `FLAG_GPU` marks the message.
 #[must_use]
 pub fn device_key(ordinal: i32) -> i32 {
-    -1 - ordinal
+    -2 - ordinal
 }
 
 /// What a courier does once a parcel's marker completed.
@@ -178,6 +182,8 @@ pub struct Delivery {
     /// Parcels handed to any courier, and delivered, over the process's life.
     submitted: AtomicU64,
     delivered: Mutex<u64>,
+    /// Mirror of `delivered`, readable without the lock.
+    delivered_fast: AtomicU64,
     delivered_cv: Condvar,
 }
 
@@ -197,6 +203,7 @@ impl Delivery {
             couriers: Mutex::new(Vec::new()),
             submitted: AtomicU64::new(0),
             delivered: Mutex::new(0),
+            delivered_fast: AtomicU64::new(0),
             delivered_cv: Condvar::new(),
         }
     }
@@ -344,7 +351,10 @@ impl Delivery {
             }
             (Err(_), Job::Release(buf)) => std::mem::forget(buf),
         }
-        *lock(&self.delivered) += 1;
+        let mut delivered = lock(&self.delivered);
+        *delivered += 1;
+        self.delivered_fast.store(*delivered, Ordering::Release);
+        drop(delivered);
         self.delivered_cv.notify_all();
     }
 
@@ -362,6 +372,11 @@ impl Delivery {
     /// Parcels handed to couriers so far (a target for [`Delivery::wait_delivered`]).
     pub fn submitted(&self) -> u64 {
         self.submitted.load(Ordering::Acquire)
+    }
+
+    /// Whether at least `target` parcels were delivered (no lock).
+    pub fn delivered_at_least(&self, target: u64) -> bool {
+        self.delivered_fast.load(Ordering::Acquire) >= target
     }
 
     /// Waits up to `timeout` until at least `target` parcels were delivered; returns
@@ -424,7 +439,7 @@ fn new_message<'a>(
     let lay = message::layout(operands)?;
     let mut data = buffer_for(stream, lay.capacity)?;
     data.set_len(lay.len());
-    let mut msg = lay.into_message(header.consumer_id, header.flags, device_key(header.ordinal), data);
+    let mut msg = lay.into_message(header.consumer_id, header.flags | FLAG_GPU, header.ordinal, data);
     msg.run_id = header.run_id;
     Ok(msg)
 }
@@ -942,7 +957,7 @@ mod tests {
         let seen = lock(&c.seen).clone();
         let ids: Vec<i64> = seen.iter().map(|m| m.1).collect();
         assert_eq!(ids, (0..50).collect::<Vec<_>>());
-        assert!(seen.iter().all(|m| m.0 == device_key(2) && m.3), "GPU 2's key, pinned buffers");
+        assert!(seen.iter().all(|m| m.0 == 2 && m.3), "GPU 2's ordinal, pinned buffers");
         assert_eq!(seen[49].2, vec![49, 49, 49]);
         assert_eq!(delivery.reserved(2), 0);
     }
@@ -985,7 +1000,7 @@ mod tests {
         wait_all(recv, 3 * per_device as u64);
         let seen = lock(&c.seen).clone();
         for ordinal in 0..3 {
-            let mine: Vec<i64> = seen.iter().filter(|m| m.0 == device_key(ordinal)).map(|m| m.1).collect();
+            let mine: Vec<i64> = seen.iter().filter(|m| m.0 == ordinal).map(|m| m.1).collect();
             assert_eq!(mine, (0..i64::try_from(per_device).unwrap()).collect::<Vec<_>>(), "device {ordinal}");
         }
     }

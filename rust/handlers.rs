@@ -26,6 +26,14 @@ pub const FLAG_STATUS_OUTPUT: i64 = 1 << 1;
 /// the parts of one execution).
 pub const FLAG_SHARD: i64 = 1 << 2;
 
+/// `flags` bit of a message made on the host by an eager tap (no device involved): it
+/// carries the callback and its arrays instead of a consumer id.
+pub const FLAG_EAGER: i64 = 1 << 3;
+
+/// `flags` bit set by the GPU handlers (not the lowering): the message came from a GPU,
+/// whose device ordinal `Message::device` holds (gpu branch).
+pub const FLAG_GPU: i64 = 1 << 4;
+
 /// Copies the frame's operands into a message for the consumer the lowering named.
 fn message(frame: &Frame<'_>) -> Result<Message, Error> {
     let consumer_id = frame
@@ -40,8 +48,14 @@ fn message(frame: &Frame<'_>) -> Result<Message, Error> {
 }
 
 /// The body of the tap handler: copy every operand and enqueue one message.
-fn tap(frame: &Frame<'_>, receiver: &'static Receiver) -> Result<(), Error> {
-    receiver.push(message(frame)?)
+fn tap(frame: &Frame<'_>, receiver: &'static Receiver, start: u64) -> Result<(), Error> {
+    let mut msg = message(frame)?;
+    // The device-side cost: from the handler's start until the message is ready to queue
+    // (time spent waiting for space on a full queue is counted by `producer_blocked_ns`).
+    // The same timestamp starts the message's hand-over.
+    msg.queued_at = receiver.timing.now();
+    receiver.timing.record_device(start, msg.queued_at);
+    receiver.push(msg)
 }
 
 /// Why a `call` has no reply, in words.
@@ -102,7 +116,7 @@ pub(crate) fn await_reply(
 
 /// The body of the call handler: enqueue the request, wait for the consumer's reply (no
 /// GIL involved), which writes straight into the result buffers.
-fn call(frame: &Frame<'_>, receiver: &'static Receiver) -> Result<(), Error> {
+fn call(frame: &Frame<'_>, receiver: &'static Receiver, _start: u64) -> Result<(), Error> {
     if in_consumer_thread() {
         // The reply would have to come from this very thread.
         return Err(Error::InsideCallback("a computation containing hcb.call"));
@@ -156,7 +170,7 @@ fn status_arg(frame: &Frame<'_>, what: &str) -> Result<i32, Error> {
 /// With many processes the failure may have been recorded in another process, whose
 /// tickets mean nothing here; there the lowering passes the failure's message as a second
 /// operand (`uint8[n]`, NUL-padded UTF-8, see [`failure`]), which wins when present.
-fn check(frame: &Frame<'_>, receiver: &'static Receiver) -> Result<(), Error> {
+fn check(frame: &Frame<'_>, receiver: &'static Receiver, _start: u64) -> Result<(), Error> {
     match status_arg(frame, "hostfeed_check")? {
         0 => Ok(()),
         ticket => {
@@ -181,7 +195,7 @@ fn check(frame: &Frame<'_>, receiver: &'static Receiver) -> Result<(), Error> {
 /// under this device's own status (a ticket of this process) into the `uint8[n]` result,
 /// NUL-padded and cut to fit (zeros when the status is 0). Lets the lowering send the
 /// message to the other processes of a multi-process computation.
-fn failure(frame: &Frame<'_>, receiver: &'static Receiver) -> Result<(), Error> {
+fn failure(frame: &Frame<'_>, receiver: &'static Receiver, _start: u64) -> Result<(), Error> {
     let ticket = status_arg(frame, "hostfeed_failure")?;
     let out = frame
         .outputs()
@@ -220,13 +234,16 @@ pub(crate) fn padded(text: String, n: usize) -> Vec<u8> {
 pub(crate) unsafe fn run(
     frame: *mut ffi::XLA_FFI_CallFrame,
     name: &str,
-    body: fn(&Frame<'_>, &'static Receiver) -> Result<(), Error>,
+    body: fn(&Frame<'_>, &'static Receiver, u64) -> Result<(), Error>,
 ) -> *mut ffi::XLA_FFI_Error {
     let result = catch_unwind(AssertUnwindSafe(|| {
+        let receiver = receiver::global();
+        // The device-side cost of a tap is timed from here (decoding included).
+        let start = receiver.timing.now();
         // SAFETY: caller contract.
         match unsafe { Frame::decode(frame) } {
             Ok(Decoded::Nothing) => ptr::null_mut(),
-            Ok(Decoded::Execute(f)) => match body(&f, receiver::global()) {
+            Ok(Decoded::Execute(f)) => match body(&f, receiver, start) {
                 Ok(()) => ptr::null_mut(),
                 Err(e) => f.error_for(&e),
             },

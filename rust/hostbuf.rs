@@ -141,6 +141,12 @@ impl HostBuffer {
         matches!(self.storage, Storage::Pinned(_))
     }
 
+    /// A buffer of no bytes (no allocation).
+    #[must_use]
+    pub fn empty() -> Self {
+        HostBuffer { storage: Storage::Heap(RawBuf::empty()), len: 0 }
+    }
+
     /// Number of bytes in use.
     #[must_use]
     pub fn len(&self) -> usize {

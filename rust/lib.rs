@@ -9,9 +9,10 @@
 //! `pinned` (pinned memory for GPUs), `gpu` (taps and calls on a device stream), `cuda`
 //! (the CUDA handlers and driver, loaded at run time),
 //! `sync` (one lock helper, a waker), `queue`, `reply`, `receiver` (lifecycle, barrier, stuck consumers), `interrupt`
-//! (Ctrl-C during a call), `stats`, `error`. With Python: `dispatch` (messages as numpy
-//! arrays), `exceptions`, `pyapi` (the module's functions and the consumer that calls
-//! Python), and the module definition below.
+//! (Ctrl-C during a call), `stats`, `error`, `zarr` and `recorder` (values recorded to a
+//! Zarr v3 store by writer threads). With Python: `dispatch` (messages as numpy arrays),
+//! `exceptions`, `pyapi` (the module's functions and the consumer that calls Python),
+//! `pyrecord` (the recorder's class), and the module definition below.
 
 pub mod cuda;
 pub mod dispatch;
@@ -20,17 +21,21 @@ pub mod exceptions;
 pub mod frame;
 pub mod gpu;
 pub mod handlers;
+pub mod histogram;
 pub mod hostbuf;
 pub mod interrupt;
 pub mod message;
 pub mod pinned;
 pub mod pyapi;
+pub mod pyrecord;
 pub mod queue;
 pub mod receiver;
+pub mod recorder;
 pub mod reply;
 pub mod stats;
 pub mod sync;
 pub mod xla_ffi;
+pub mod zarr;
 
 use pyo3::prelude::*;
 
@@ -40,19 +45,24 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ReceiverError", py.get_type::<exceptions::ReceiverError>())?;
     m.add("ReceiverTimeoutError", py.get_type::<exceptions::ReceiverTimeoutError>())?;
     m.add("CallbackContextError", py.get_type::<exceptions::CallbackContextError>())?;
+    m.add("RecordingError", py.get_type::<exceptions::RecordingError>())?;
     m.add_class::<dispatch::MessageData>()?;
     m.add_class::<dispatch::BatchIter>()?;
     m.add_class::<dispatch::Reply>()?;
+    m.add_class::<pyrecord::PyRecorder>()?;
     m.add("DEFAULT_MAX_QUEUE_BYTES", receiver::DEFAULT_MAX_QUEUE_BYTES)?;
     m.add("DEFAULT_STOP_TIMEOUT", receiver::DEFAULT_STOP_TIMEOUT.as_secs_f64())?;
     m.add("FLAG_STATUS_OUTPUT", handlers::FLAG_STATUS_OUTPUT)?;
     m.add("FLAG_SHARD", handlers::FLAG_SHARD)?;
+    m.add("FLAG_EAGER", handlers::FLAG_EAGER)?;
     m.add("DTYPE_CODES", pyapi::dtype_codes(py)?)?;
     m.add_function(wrap_pyfunction!(pyapi::start, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::stop, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::finalize, m)?)?;
-    m.add_function(wrap_pyfunction!(pyapi::drain, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::start_exit_watch, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::stop_exit_watch, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::push_control, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::push_eager, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::barrier, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::is_running, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::in_callback_thread, m)?)?;
@@ -60,6 +70,9 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pyapi::set_max_queue_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::stats, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::reset_peak, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::histograms, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::reset_histograms, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::set_timing, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::set_consumer_name, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::install_interrupt_watch, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::registrations, m)?)?;

@@ -10,6 +10,7 @@
 //!
 //! No Python here.
 
+use std::any::Any;
 use std::mem::size_of;
 use std::sync::Arc;
 
@@ -50,6 +51,13 @@ pub struct Message {
     pub reply: Option<Arc<ReplySlot>>,
     /// XLA's id of the execution that sent it (the same on every device of one launch).
     pub run_id: i64,
+    /// A message made on the host rather than by a device (an eager tap): what the
+    /// binding put there (for Python, the callback and its arrays); `data` is then empty.
+    pub host: Option<Box<dyn Any + Send>>,
+    /// Bytes the host payload holds, charged against the bound with the rest.
+    pub host_bytes: usize,
+    /// When it entered the queue (`Timing::now`; 0: not timed).
+    pub queued_at: u64,
 }
 
 impl Message {
@@ -77,6 +85,25 @@ impl Message {
             + heap(self.dims.capacity() * size_of::<i64>())
             + heap(self.data.capacity())
             + self.reply.as_ref().map_or(0, |_| heap(size_of::<ReplySlot>() + 16))
+            + self.host_bytes
+    }
+
+    /// A message carrying a host payload of `bytes` bytes (see [`Message::host`]).
+    #[must_use]
+    pub fn from_host(flags: i64, device: i32, payload: Box<dyn Any + Send>, bytes: usize) -> Message {
+        Message {
+            consumer_id: -1,
+            flags,
+            device,
+            arrays: Vec::new(),
+            dims: Vec::new(),
+            data: HostBuffer::empty(),
+            reply: None,
+            run_id: 0,
+            host: Some(payload),
+            host_bytes: bytes,
+            queued_at: 0,
+        }
     }
 }
 
@@ -148,6 +175,9 @@ impl Layout {
             data,
             reply: None,
             run_id: 0,
+            host: None,
+            host_bytes: 0,
+            queued_at: 0,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The Python binding of the receiver: the `#[pyfunction]`s of `hostfeed._receiver` and the
 //! consumer that runs the Python dispatcher. Argument checks and conversions happen here,
-//! and so does every release of the GIL around a wait: waits are sliced (at most
-//! [`WAIT_SLICE`] each) so that Ctrl-C is honoured between slices.
+//! and so does every release of the GIL around a wait (the recorder's are in `pyrecord.rs`):
+//! waits are sliced (at most [`WAIT_SLICE`] each) so that Ctrl-C is honoured between slices.
 //!
 //! The doc comments of the `#[pyfunction]`s are their Python docstrings; the exceptions
 //! they raise are described in words there and typed in `_receiver.pyi`.
@@ -9,20 +9,23 @@
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use numpy::PyArrayDescr;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyCapsule, PyDict};
+use pyo3::types::{PyCapsule, PyDict, PyTuple};
 
-use crate::dispatch::{BatchIter, Dtypes};
+use crate::dispatch::{BatchIter, Dtypes, EagerTap};
 use crate::error::Error;
 use crate::exceptions::ReceiverError;
 use crate::handlers;
 use crate::interrupt;
-use crate::receiver::{self, Consume, StopOutcome, Worker};
+use crate::message::Message;
+use crate::receiver::{self, Batch, Consume, StopOutcome, TryPush, Worker};
+use crate::recorder;
 use crate::sync::lock;
 use crate::xla_ffi::{self, XLA_FFI_Handler};
 
@@ -33,8 +36,10 @@ const MAX_SECONDS: f64 = 1e9;
 
 /// An exception the dispatcher raised (it should never), kept for the next barrier.
 static DISPATCH_ERROR: Mutex<Option<PyErr>> = Mutex::new(None);
+/// Whether `DISPATCH_ERROR` holds one (so that an idle barrier takes no lock).
+static HAS_DISPATCH_ERROR: AtomicBool = AtomicBool::new(false);
 
-fn duration(what: &str, seconds: Option<f64>) -> PyResult<Option<Duration>> {
+pub(crate) fn duration(what: &str, seconds: Option<f64>) -> PyResult<Option<Duration>> {
     match seconds {
         None => Ok(None),
         Some(t) if t.is_infinite() && t > 0.0 => Ok(None),
@@ -69,6 +74,7 @@ fn report_notes(py: Python<'_>) {
 fn record_dispatch_error(py: Python<'_>, err: PyErr) {
     err.display(py);
     *lock(&DISPATCH_ERROR) = Some(err);
+    HAS_DISPATCH_ERROR.store(true, Ordering::Release);
 }
 
 /// The consumer: attached to Python for the thread's life (re-attaching a detached thread
@@ -82,7 +88,15 @@ struct PyConsumer {
 impl Consume for PyConsumer {
     fn run(&self, worker: &Worker) {
         Python::attach(|py| {
-            while let Some(batch) = py.detach(|| worker.next_batch()) {
+            // A batch is completed only once the GIL is released again, so that a barrier
+            // that sees it complete can take the GIL at once. Messages for recorders are
+            // routed in Rust on the way, without attaching; a batch of records alone never
+            // reaches Python.
+            let mut done: Option<Batch> = None;
+            while let Some(batch) = py.detach(|| {
+                drop(done.take());
+                recorder::sinks().next_batch(worker)
+            }) {
                 let iter = match Bound::new(py, BatchIter::new(batch, Arc::clone(&self.dtypes))) {
                     Ok(it) => it,
                     Err(e) => {
@@ -108,9 +122,10 @@ impl Consume for PyConsumer {
                         break;
                     }
                 }
-                drop(iter.get().finish());
+                done = iter.get().finish();
                 report_notes(py);
             }
+            drop(done);
         });
     }
 }
@@ -183,26 +198,54 @@ pub fn finalize(py: Python<'_>, stall_timeout: Option<f64>) -> PyResult<usize> {
     Ok(dropped?)
 }
 
-/// One step of draining at interpreter exit, while computations are awaited elsewhere:
-/// keeps a consumer running while messages are pending and abandons one that made no
-/// progress for `stall_timeout` seconds (None: never), then waits up to `slice` seconds.
-/// Returns False when consumers had to be abandoned more than twice (give up waiting).
+/// The exit watchdog: a native thread that keeps the receiver draining while the main
+/// thread waits for computations at interpreter exit (no Python thread can be started
+/// then). It abandons a consumer stuck for the stall timeout, so that computations
+/// blocked on a full queue, or calls waiting for a stuck callback, can finish.
+static EXIT_WATCH: Mutex<Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>> = Mutex::new(None);
+
+/// Starts the exit watchdog (see above): abandons a callback that makes no progress for
+/// `stall_timeout` seconds (None: never). Idempotent.
 #[pyfunction]
-#[pyo3(signature = (stall_timeout, slice))]
-pub fn drain(py: Python<'_>, stall_timeout: Option<f64>, slice: f64) -> PyResult<bool> {
+#[pyo3(signature = (stall_timeout))]
+pub fn start_exit_watch(stall_timeout: Option<f64>) -> PyResult<()> {
     let stall = duration("stall_timeout", stall_timeout)?;
-    let slice = duration("slice", Some(slice))?.unwrap_or(WAIT_SLICE).min(WAIT_SLICE);
-    let r = receiver::global();
-    let outcome = py.detach(|| r.drain_step(stall, slice));
-    report_notes(py);
-    if outcome?.is_some() {
-        let n = DRAIN_ABANDONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-        return Ok(n <= 2);
+    let mut watch = lock(&EXIT_WATCH);
+    if watch.is_some() {
+        return Ok(());
     }
-    Ok(true)
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&stop);
+    let r = receiver::global();
+    let handle = std::thread::Builder::new()
+        .name("hostfeed-exit-watch".into())
+        .spawn(move || {
+            while !flag.load(Ordering::Acquire) {
+                if let Err(e) = r.drain_step(stall, Duration::from_millis(20)) {
+                    r.note(format!("exit watchdog: {e}"));
+                    break;
+                }
+                if r.queue.processed() >= r.queue.enqueued() {
+                    std::thread::park_timeout(Duration::from_millis(20));
+                }
+            }
+        })
+        .map_err(|e| ReceiverError::new_err(format!("cannot start the exit watchdog: {e}")))?;
+    *watch = Some((stop, handle));
+    Ok(())
 }
 
-static DRAIN_ABANDONS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// Stops the exit watchdog and waits for it (GIL released).
+#[pyfunction]
+pub fn stop_exit_watch(py: Python<'_>) {
+    let taken = lock(&EXIT_WATCH).take();
+    if let Some((stop, handle)) = taken {
+        stop.store(true, Ordering::Release);
+        handle.thread().unpark();
+        py.detach(|| drop(handle.join()));
+    }
+    report_notes(py);
+}
 
 /// Waits until every message enqueued before the call is processed (`timeout` seconds at
 /// most; None: no limit), with the GIL released in slices so that Ctrl-C works. Raises an
@@ -216,16 +259,21 @@ pub fn barrier(py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
     }
     let r = receiver::global();
     let start = Instant::now();
-    // gpu branch: taps GPUs sent before the barrier reach the queue first.
+    // gpu branch: taps GPUs sent before the barrier reach the queue first (without GPUs:
+    // one atomic load).
     let parcels = crate::gpu::DELIVERY.submitted();
-    while !py.detach(|| crate::gpu::DELIVERY.wait_delivered(parcels, WAIT_SLICE)) {
+    while !crate::gpu::DELIVERY.delivered_at_least(parcels) {
+        if py.detach(|| crate::gpu::DELIVERY.wait_delivered(parcels, WAIT_SLICE)) {
+            break;
+        }
         py.check_signals()?;
         if timeout.is_some_and(|t| start.elapsed() >= t) {
             break; // the queue wait below reports the timeout
         }
     }
     let target = r.queue.enqueued();
-    loop {
+    // Idle (the usual case after the first one): two atomic loads, no lock, no detach.
+    while r.queue.processed() < target {
         let slice = match timeout {
             Some(t) => {
                 let left = t.saturating_sub(start.elapsed());
@@ -247,9 +295,38 @@ pub fn barrier(py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
         py.check_signals()?;
     }
     report_notes(py);
-    match lock(&DISPATCH_ERROR).take() {
-        Some(e) => Err(e),
-        None => Ok(()),
+    if HAS_DISPATCH_ERROR.swap(false, Ordering::AcqRel) {
+        if let Some(e) = lock(&DISPATCH_ERROR).take() {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Enqueues an eager tap: `entry` (what the dispatcher calls, standing in for a consumer)
+/// runs on the consumer thread with `arrays`, after everything already enqueued. `nbytes`
+/// (the arrays' bytes) counts against the queue bound; when the queue is full this waits
+/// for space with the GIL released.
+#[pyfunction]
+pub fn push_eager(
+    py: Python<'_>,
+    entry: Bound<'_, PyAny>,
+    arrays: Bound<'_, PyTuple>,
+    nbytes: usize,
+) -> PyResult<()> {
+    // gpu branch: Python waited for the computations dispatched before this tap; their GPU
+    // taps reach the queue first (without GPUs: two atomic loads).
+    wait_gpu_parcels(py)?;
+    let payload = EagerTap { entry: entry.unbind(), arrays: arrays.unbind() };
+    let msg = Message::from_host(handlers::FLAG_EAGER, -1, Box::new(payload), nbytes);
+    // (`try_push`/`push` stamp the message for the hand-over histogram.)
+    let r = receiver::global();
+    // While attached only what cannot wait; waiting (or starting a consumer, which takes
+    // the control lock a `stop` may hold while it waits for the GIL) happens detached.
+    match r.try_push(msg)? {
+        TryPush::Pushed => Ok(()),
+        TryPush::NeedsConsumer => Ok(py.detach(|| r.start().map(drop))?),
+        TryPush::Full(msg) => Ok(py.detach(|| r.push(msg))?),
     }
 }
 
@@ -303,10 +380,41 @@ pub fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(d)
 }
 
+/// The timing histograms: `{"device_ns": [(upper_ns, count), ...], "handover_ns": [...]}`
+/// (non-empty log-linear buckets, 3 % wide at most): the device-side cost of each tap
+/// (from the handler's start until its message is queued) and the hand-over latency of
+/// each message (from entering the queue until the consumer takes it for its callback).
+#[pyfunction]
+pub fn histograms(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let t = &receiver::global().timing;
+    let d = PyDict::new(py);
+    d.set_item("device_ns", t.device.snapshot())?;
+    d.set_item("handover_ns", t.handover.snapshot())?;
+    Ok(d)
+}
+
+/// Empties the timing histograms.
+#[pyfunction]
+pub fn reset_histograms() {
+    let t = &receiver::global().timing;
+    t.device.reset();
+    t.handover.reset();
+}
+
+/// Turns the recording of the timing histograms on or off (on by default); returns the
+/// previous setting.
+#[pyfunction]
+pub fn set_timing(enabled: bool) -> bool {
+    let t = &receiver::global().timing;
+    let before = t.enabled();
+    t.set_enabled(enabled);
+    before
+}
+
 /// Resets `peak_queued_bytes` to the current queued bytes.
 #[pyfunction]
 pub fn reset_peak() {
-    receiver::global().queue.stats.reset_peak();
+    receiver::global().queue.reset_peak();
 }
 
 /// Remembers the name of consumer `consumer_id`, for error messages about it.
@@ -378,6 +486,19 @@ pub fn install_interrupt_watch() -> bool {
 }
 
 // ---- gpu branch: the CUDA platform ----------------------------------------------------
+
+/// Waits (GIL released, signals checked) until the GPU couriers delivered every tap handed
+/// to them so far.
+fn wait_gpu_parcels(py: Python<'_>) -> PyResult<()> {
+    let parcels = crate::gpu::DELIVERY.submitted();
+    while !crate::gpu::DELIVERY.delivered_at_least(parcels) {
+        if py.detach(|| crate::gpu::DELIVERY.wait_delivered(parcels, WAIT_SLICE)) {
+            break;
+        }
+        py.check_signals()?;
+    }
+    Ok(())
+}
 
 /// Waits (GIL released, `limit` at most) until the GPU couriers delivered every tap
 /// handed to them, so that stopping or exiting does not leave GPU taps behind.

@@ -34,6 +34,16 @@ pub enum PushError<T> {
     /// The item must wait for space but no consumer is active to make any: start one
     /// and push again.
     NoConsumer(T),
+    /// [`Queue::try_push`] only: the item would have to wait for space.
+    WouldBlock(T),
+}
+
+/// What a push does when the item does not fit under the bound.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum WhenFull {
+    Wait,
+    Admit,
+    Refuse,
 }
 
 /// A successful push.
@@ -95,6 +105,10 @@ pub struct Queue<T> {
     spin: Duration,
     /// Bumped whenever the consumer takes or completes messages (stall detection).
     progress: AtomicU64,
+    /// Mirrors of `Inner::enqueued` / `Inner::processed` (stored under the lock), so that
+    /// an idle barrier reads them without locking.
+    enqueued: AtomicU64,
+    processed: AtomicU64,
     pub stats: Stats,
 }
 
@@ -120,6 +134,8 @@ impl<T> Queue<T> {
             pending: AtomicUsize::new(0),
             spin: Duration::ZERO,
             progress: AtomicU64::new(0),
+            enqueued: AtomicU64::new(0),
+            processed: AtomicU64::new(0),
             stats: Stats::default(),
         }
     }
@@ -152,7 +168,17 @@ impl<T> Queue<T> {
     /// [`PushError::Closed`] once [`Queue::close`] was called; [`PushError::NoConsumer`]
     /// when it would have to wait but no consumer is active.
     pub fn push(&self, item: T, bytes: usize) -> Result<Pushed, PushError<T>> {
-        self.push_inner(item, bytes, true)
+        self.push_inner(item, bytes, WhenFull::Wait)
+    }
+
+    /// Like [`Queue::push`] but never waits: an item that would have to wait for space is
+    /// handed back as [`PushError::WouldBlock`]. For a producer that holds a resource the
+    /// consumer needs (the GIL) and must release it before it may wait.
+    ///
+    /// # Errors
+    /// [`PushError::Closed`], [`PushError::WouldBlock`].
+    pub fn try_push(&self, item: T, bytes: usize) -> Result<Pushed, PushError<T>> {
+        self.push_inner(item, bytes, WhenFull::Refuse)
     }
 
     /// Like [`Queue::push`] but never waits for space: the item is admitted over the bound.
@@ -162,10 +188,10 @@ impl<T> Queue<T> {
     /// # Errors
     /// [`PushError::Closed`] once [`Queue::close`] was called.
     pub fn push_over_bound(&self, item: T, bytes: usize) -> Result<Pushed, PushError<T>> {
-        self.push_inner(item, bytes, false)
+        self.push_inner(item, bytes, WhenFull::Admit)
     }
 
-    fn push_inner(&self, item: T, bytes: usize, may_wait: bool) -> Result<Pushed, PushError<T>> {
+    fn push_inner(&self, item: T, bytes: usize, when_full: WhenFull) -> Result<Pushed, PushError<T>> {
         let mut g = lock(&self.inner);
         let mut blocked_since: Option<Instant> = None;
         loop {
@@ -173,8 +199,14 @@ impl<T> Queue<T> {
                 return Err(PushError::Closed(item));
             }
             let bound = self.bound.load(Ordering::Relaxed);
-            if !may_wait || g.held_bytes == 0 || g.held_bytes.saturating_add(bytes) <= bound {
+            if when_full == WhenFull::Admit
+                || g.held_bytes == 0
+                || g.held_bytes.saturating_add(bytes) <= bound
+            {
                 break;
+            }
+            if when_full == WhenFull::Refuse {
+                return Err(PushError::WouldBlock(item));
             }
             if !g.consumer_active {
                 return Err(PushError::NoConsumer(item));
@@ -191,14 +223,11 @@ impl<T> Queue<T> {
         }
         let seq = g.enqueued;
         g.enqueued += 1;
+        self.enqueued.store(g.enqueued, Ordering::Release);
         g.held_bytes += bytes;
         g.items.push_back((bytes, item));
         self.pending.store(g.items.len(), Ordering::Release);
-        let held = g.held_bytes as u64;
-        self.stats.messages_enqueued.fetch_add(1, Ordering::Relaxed);
-        self.stats.bytes_enqueued.fetch_add(bytes as u64, Ordering::Relaxed);
-        self.stats.queued_bytes.store(held, Ordering::Relaxed);
-        self.stats.peak_queued_bytes.fetch_max(held, Ordering::Relaxed);
+        self.stats.record_push(bytes as u64, g.held_bytes as u64);
         let consumer_active = g.consumer_active;
         drop(g);
         self.not_empty.notify_one();
@@ -256,6 +285,57 @@ impl<T> Queue<T> {
         flight.taken_bytes += bytes;
         self.progress.fetch_add(1, Ordering::Relaxed);
         Some(item)
+    }
+
+    // ---- Bytes held past the end of a batch (the recorder) ------------------------------
+    //
+    // A consumer that keeps a message's bytes after processing it (the recorder keeps rows
+    // until they are on disk) takes it with `take_retained`: the message counts as
+    // processed when its batch ends (barriers see it), but its bytes stay charged against
+    // the bound until that consumer calls `release`. Bytes it holds without a message
+    // (rows copied from Python) are charged with `charge`. So the bound keeps bounding
+    // memory, and a slow disk pauses the producers.
+
+    /// Like [`Queue::take`], but only if `accept` accepts the next message, and keeping its
+    /// bytes charged after the batch ends: the caller must [`Queue::release`] the returned
+    /// byte count once it no longer holds the message's memory.
+    pub fn take_retained(&self, epoch: u64, accept: impl FnOnce(&T) -> bool) -> Option<(T, usize)> {
+        let mut flight = lock(&self.in_flight);
+        if flight.epoch != epoch || !accept(&flight.items.front()?.1) {
+            return None;
+        }
+        let (bytes, item) = flight.items.pop_front()?;
+        flight.taken += 1;
+        self.progress.fetch_add(1, Ordering::Relaxed);
+        self.stats.bytes_processed.fetch_add(bytes as u64, Ordering::Relaxed);
+        Some((item, bytes))
+    }
+
+    /// Charges `bytes` held outside any message (never waits; see [`Queue::take_retained`]).
+    pub fn charge(&self, bytes: usize) {
+        let mut g = lock(&self.inner);
+        g.held_bytes += bytes;
+        let held = g.held_bytes as u64;
+        drop(g);
+        self.stats.queued_bytes.store(held, Ordering::Relaxed);
+        self.stats.peak_queued_bytes.fetch_max(held, Ordering::Relaxed);
+    }
+
+    /// Frees `bytes` charged by [`Queue::take_retained`] or [`Queue::charge`].
+    pub fn release(&self, bytes: usize) {
+        if bytes == 0 {
+            return;
+        }
+        let mut g = lock(&self.inner);
+        g.held_bytes = g.held_bytes.saturating_sub(bytes);
+        self.stats.queued_bytes.store(g.held_bytes as u64, Ordering::Relaxed);
+        drop(g);
+        self.space_freed.notify_all();
+    }
+
+    /// Whether some producer is waiting for space now.
+    pub fn producers_waiting(&self) -> bool {
+        self.space_freed.has_sleepers()
     }
 
     /// Messages of batch `epoch` not taken yet.
@@ -320,9 +400,8 @@ impl<T> Queue<T> {
     fn complete_locked(&self, g: &mut Inner<T>, count: u64, bytes: usize) {
         g.processed += count;
         g.held_bytes -= bytes;
-        self.stats.messages_processed.fetch_add(count, Ordering::Relaxed);
-        self.stats.bytes_processed.fetch_add(bytes as u64, Ordering::Relaxed);
-        self.stats.queued_bytes.store(g.held_bytes as u64, Ordering::Relaxed);
+        self.processed.store(g.processed, Ordering::Release);
+        self.stats.record_complete(count, bytes as u64, g.held_bytes as u64);
     }
 
     fn after_complete(&self) {
@@ -349,12 +428,18 @@ impl<T> Queue<T> {
     /// The sequence number the next push will get: a barrier taken now waits for
     /// `processed >= enqueued()`.
     pub fn enqueued(&self) -> u64 {
-        lock(&self.inner).enqueued
+        self.enqueued.load(Ordering::Acquire)
     }
 
     /// Number of messages completed so far.
     pub fn processed(&self) -> u64 {
-        lock(&self.inner).processed
+        self.processed.load(Ordering::Acquire)
+    }
+
+    /// Resets the peak gauge of [`Queue::stats`] to the bytes held now.
+    pub fn reset_peak(&self) {
+        let _guard = lock(&self.inner);
+        self.stats.reset_peak();
     }
 
     /// Messages pushed and not yet moved into a batch (for tests and diagnostics).
@@ -541,6 +626,16 @@ mod tests {
     }
 
     #[test]
+    fn try_push_refuses_instead_of_waiting() {
+        let q = Queue::new(10);
+        q.clear_stop();
+        q.try_push(1, 8).unwrap();
+        assert_eq!(q.try_push(2, 8), Err(PushError::WouldBlock(2)));
+        assert_eq!(drain(&q, 10), vec![1]);
+        assert_eq!(q.try_push(2, 8).unwrap().seq, 1);
+    }
+
+    #[test]
     fn wait_processed_times_out() {
         let q = Queue::new(1000);
         q.push(1, 1).unwrap();
@@ -569,6 +664,29 @@ mod tests {
         assert_eq!(drain(&q, 10), vec![2, 3, 4]);
         assert_eq!((q.processed(), q.held_bytes()), (5, 0));
         assert!(q.wait_processed(5, Duration::ZERO));
+    }
+
+    #[test]
+    fn retained_bytes_stay_charged_until_released() {
+        let q = Queue::new(100);
+        q.push(1, 60).unwrap();
+        q.push(2, 30).unwrap();
+        let e = q.begin_batch(10).unwrap();
+        assert_eq!(q.take_retained(e, |&x| x == 2), None, "the head is not accepted");
+        assert_eq!(q.take_retained(e, |&x| x == 1), Some((1, 60)));
+        assert_eq!(q.take(e), Some(2));
+        q.end_batch(e);
+        assert_eq!((q.processed(), q.held_bytes()), (2, 60), "processed, but still charged");
+        // A producer waits for the retained bytes, not for the batch.
+        assert_eq!(q.push(3, 50), Err(PushError::NoConsumer(3)));
+        q.release(60);
+        assert_eq!(q.held_bytes(), 0);
+        q.charge(70);
+        assert_eq!(q.stats.snapshot().peak_queued_bytes, 90);
+        assert_eq!(q.push(3, 50), Err(PushError::NoConsumer(3)));
+        q.release(70);
+        assert_eq!(q.push(3, 50).unwrap().seq, 2);
+        assert!(!q.producers_waiting());
     }
 
     #[test]

@@ -5,9 +5,26 @@
 //! comment above it. C enums are modelled as `i32` type aliases with constants so that an
 //! unexpected value coming from XLA can never be an invalid Rust enum discriminant.
 //!
-//! `tests/rust/ffi_layout.rs` compiles a C program against the installed header and checks
-//! every size and field offset declared here, so drift fails a test instead of corrupting
-//! memory.
+//! One build serves every supported jaxlib, so this mirror is the common part of their
+//! headers. What changed in the supported range (none of it moves a byte hostfeed uses):
+//! - jaxlib 0.10.0 through 0.11.0 ship the same header (API 0.3).
+//! - jaxlib 0.11.1 (API 0.4) renamed `XLA_FFI_Extension_Base` to
+//!   `XLA_FFI_InternalExtension` (same fields; `XLA_FFI_Extension` is now a new, different
+//!   struct) and `XLA_FFI_ExecutionContext` to `XLA_FFI_InvokeContext` (the old name stays
+//!   as a typedef); renamed `XLA_FFI_Error_GetMessage` to `XLA_FFI_Error_GetDetails`, whose
+//!   argument struct gained a trailing `errc` (unused here); added the `RECORD` execution
+//!   stage, an optional `record` handler in the bundle, and appended
+//!   `XLA_FFI_InvokeContext_FindExtension` to `XLA_FFI_Api`.
+//! - jaxlib 0.12.0 (API 0.5) appended `XLA_FFI_CustomOptions_Get` to `XLA_FFI_Api`.
+//!
+//! `XLA_FFI_Api` only grows at its end, so this mirror is a prefix of every version's
+//! table: the handlers check that `struct_size` is at least [`XLA_FFI_Api_STRUCT_SIZE`]
+//! before reading a slot. Handlers declare API version 0.3 in their metadata; newer XLA
+//! accepts handlers built against an older minor version.
+//!
+//! `tests/rust/ffi_layout.rs` compiles a C program against the installed header (or each
+//! header named in `HOSTFEED_XLA_FFI_INCLUDE`) and checks every size and field offset
+//! declared here, so drift fails a test instead of corrupting memory.
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
 
 use std::ffi::{c_char, c_void};
@@ -355,7 +372,9 @@ pub struct XLA_FFI_Api {
 /// `XLA_FFI_DeviceOrdinal_Get`.
 pub const XLA_FFI_Api_STRUCT_SIZE: usize = std::mem::size_of::<XLA_FFI_Api>();
 
-/// Sizes and field offsets of every mirrored struct, as `(C expression, value)` pairs.
+/// Sizes and field offsets of every mirrored struct, as `(C expression, value)` pairs that
+/// must match the header exactly. `XLA_FFI_Api`'s size is not here: the mirror is a prefix
+/// of the table, which later versions extend (see [`minimum_table`]).
 /// `tests/rust/ffi_layout.rs` evaluates the same C expressions against the real header.
 #[must_use]
 pub fn layout_table() -> Vec<(&'static str, usize)> {
@@ -404,6 +423,20 @@ pub fn layout_table() -> Vec<(&'static str, usize)> {
             XLA_FFI_RunId_Get => "XLA_FFI_RunId_Get",
             XLA_FFI_DeviceOrdinal_Get => "XLA_FFI_DeviceOrdinal_Get" },
     ]
+    .into_iter()
+    .filter(|(expr, _)| *expr != "sizeof(XLA_FFI_Api)")
+    .collect()
+}
+
+/// `(C expression, value)` pairs where the header may have more than the mirror, but not
+/// less: the API table's size (newer versions append slots) and the API minor version
+/// (newer XLA runs handlers that declare an older minor version).
+#[must_use]
+pub fn minimum_table() -> Vec<(&'static str, i64)> {
+    vec![
+        ("sizeof(XLA_FFI_Api)", i64::try_from(XLA_FFI_Api_STRUCT_SIZE).unwrap_or(i64::MAX)),
+        ("XLA_FFI_API_MINOR", XLA_FFI_API_MINOR.into()),
+    ]
 }
 
 /// Enum constants mirrored here, as `(C expression, value)` pairs, for the same test.
@@ -411,7 +444,6 @@ pub fn layout_table() -> Vec<(&'static str, usize)> {
 pub fn constant_table() -> Vec<(&'static str, i64)> {
     let mut v: Vec<(&'static str, i64)> = vec![
         ("XLA_FFI_API_MAJOR", XLA_FFI_API_MAJOR.into()),
-        ("XLA_FFI_API_MINOR", XLA_FFI_API_MINOR.into()),
         ("XLA_FFI_Extension_Metadata", XLA_FFI_Extension_Metadata.into()),
         ("XLA_FFI_Error_Code_CANCELLED", XLA_FFI_Error_Code_CANCELLED.into()),
         ("XLA_FFI_Error_Code_INVALID_ARGUMENT", XLA_FFI_Error_Code_INVALID_ARGUMENT.into()),

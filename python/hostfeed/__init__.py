@@ -16,9 +16,11 @@ from . import _compat  # noqa: F401  (checks the JAX version first)
 # The package is assembled here, once: the primitives, then their transformation rules
 # and lowerings (registered with JAX as these modules are imported), then the public API.
 from . import primitives, rules, lowering  # noqa: F401
-from . import host_callback, receiver, settings
+from . import host_callback, receiver, recording, settings, zarr_dtypes  # noqa: F401
+from .bench._timing import summary_of_buckets
 from .host_callback import (CallbackException, TapFunctionException, barrier_wait, id_print,
                             id_tap, stop_outfeed_receiver)
+from .recording import Recorder, RecordingError, read_recording
 
 try:
     __version__ = _version("hostfeed")
@@ -28,8 +30,13 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 __all__ = [
     "host_callback", "install", "id_tap", "id_print", "barrier_wait",
     "stop_outfeed_receiver", "CallbackException", "TapFunctionException",
-    "start_receiver", "receiver_stats", "__version__",
+    "start_receiver", "receiver_stats", "Recorder", "RecordingError", "read_recording",
+    "register_zarr_dtypes", "__version__",
 ]
+
+# zarr-python learns bfloat16 and the float8 types when (or as soon as) it is imported.
+zarr_dtypes.register_when_zarr_is_imported()
+register_zarr_dtypes = zarr_dtypes.register
 
 
 def install() -> None:
@@ -68,12 +75,23 @@ def start_receiver(*, max_queue_byte_size: Optional[int] = None) -> None:
 
 
 def receiver_stats() -> dict[str, Any]:
-    """Counters of the receiver: messages and bytes enqueued/processed, current and peak
-    queued bytes, time producers spent blocked on a full queue, and the bound.
+    """Counters of the receiver: messages and bytes enqueued/processed (bytes as charged
+    against the bound: data plus what each message holds besides), current and peak queued
+    bytes, time producers spent blocked on a full queue, and the bound; and two latency
+    distributions in microseconds (``count``, ``mean``, ``p50``, ``p90``, ``p99``,
+    ``p999``, ``max``): ``device_us``, what each tap cost the device (from the handler's
+    start until its message was queued), and ``handover_us``, from a message entering the
+    queue until the receiver took it for its callback. (``hostfeed.receiver.
+    reset_histograms()`` empties them; recording costs a few tens of nanoseconds per tap,
+    ``python -m hostfeed bench --only timing`` measures it.)
 
     Example:
         >>> import hostfeed
         >>> sorted(hostfeed.receiver_stats())[:3]
-        ['bytes_enqueued', 'bytes_processed', 'max_queue_bytes']
+        ['bytes_enqueued', 'bytes_processed', 'device_us']
     """
-    return receiver.stats()
+    stats = receiver.stats()
+    h = receiver.histograms()
+    stats["device_us"] = summary_of_buckets(h["device_ns"], 1e-3)
+    stats["handover_us"] = summary_of_buckets(h["handover_ns"], 1e-3)
+    return stats

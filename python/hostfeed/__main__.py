@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hostfeed import bench
+
 
 def demo(steps: int = 5) -> int:
     """Trains a 2-layer MLP on synthetic data for ``steps`` steps, tapping activations."""
@@ -75,7 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="train a tiny model with taps on its activations")
     p.add_argument("--steps", type=int, default=5, help="training steps (default 5)")
+    b = sub.add_parser("bench", help="latency and throughput against JAX's own callbacks")
+    bench.add_arguments(b)
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        return bench.run_command(args)
     if args.command == "demo":
         if args.steps < 1:
             parser.error("--steps must be at least 1")

@@ -1,80 +1,138 @@
-"""The one place hostfeed imports JAX internals (``jax._src``), gated on the JAX version.
+"""Everything hostfeed needs from JAX that differs between the JAX releases it supports.
 
-Everything else in hostfeed imports from here, so a JAX release that moves an internal
-needs a fix in this file only.
+hostfeed supports jax/jaxlib 0.10.0 through 0.12.x. Every difference between those
+releases lives in this module, keyed on the JAX version (or on the feature itself), with
+a comment naming the release that changed it; every other hostfeed module imports JAX's
+internals from here. Public homes (``jax.extend.core``, ``jax.interpreters.*``,
+``jax.ffi``) are used where they exist in the whole range; ``jax._src`` only for what has
+none.
 """
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
+from typing import Any
+
 import jax
 
-SUPPORTED = ((0, 10), (0, 11))  # [lowest, highest) as (major, minor)
+#: The oldest (major, minor) JAX that hostfeed supports; older is refused at import.
+MINIMUM = (0, 10)
+#: The newest (major, minor) JAX that hostfeed is tested with; newer imports with a warning.
+NEWEST_TESTED = (0, 12)
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
+    """The leading numeric release parts of a version string.
+
+    Example:
+        >>> _version_tuple("0.12.0.1"), _version_tuple("0.13.0.dev20270101")
+        ((0, 12, 0, 1), (0, 13, 0))
+    """
     parts = []
-    for piece in text.split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
+    for piece in text.split("."):
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        parts.append(int(digits))
+        if digits != piece:
+            break
     return tuple(parts)
 
 
+def _tested_range() -> str:
+    return f"{MINIMUM[0]}.{MINIMUM[1]}.0 through {NEWEST_TESTED[0]}.{NEWEST_TESTED[1]}.x"
+
+
 def check_jax_version(version: str = jax.__version__) -> None:
-    """Raises ImportError with an actionable message if ``version`` is unsupported.
+    """Refuses a JAX older than hostfeed supports; warns about one newer than it was
+    tested with.
+
+    Raises:
+      ImportError: ``version`` is older than 0.10, with the command that upgrades JAX.
+
+    Warns:
+      UserWarning: ``version`` is newer than the newest tested minor release (it may well
+        work; the message says how to install a tested release if it does not).
 
     Example:
         >>> check_jax_version("0.10.2")
+        >>> check_jax_version("0.12.0.1")
     """
     v = _version_tuple(version)[:2]
-    lo, hi = SUPPORTED
-    if not (lo <= v < hi):
+    lo, hi = MINIMUM, NEWEST_TESTED
+    if v < lo:
         raise ImportError(
-            f"hostfeed 0.1 supports jax {lo[0]}.{lo[1]}.x; found jax {version}. "
-            f"Install a supported version with: pip install 'jax>={lo[0]}.{lo[1]},"
-            f"<{hi[0]}.{hi[1]}' 'jaxlib>={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]}'"
-        )
+            f"hostfeed needs jax >= {lo[0]}.{lo[1]} (supported and tested: jax "
+            f"{_tested_range()}); found jax {version}. Upgrade JAX with: "
+            f"pip install -U 'jax>={lo[0]}.{lo[1]}' 'jaxlib>={lo[0]}.{lo[1]}'")
+    if v > hi:
+        warnings.warn(
+            f"hostfeed was tested with jax {_tested_range()}; found jax {version}, which is "
+            f"newer. It may well work. If it does not, install a tested release: "
+            f"pip install 'jax>={lo[0]}.{lo[1]},<{hi[0]}.{hi[1] + 1}' "
+            f"'jaxlib>={lo[0]}.{lo[1]},<{hi[0]}.{hi[1] + 1}'",
+            UserWarning, stacklevel=2)
 
 
 check_jax_version()
 
-# Internals used by hostfeed; jax 0.10.x layout.
+#: The installed JAX as a tuple, e.g. ``(0, 12, 0, 1)``; version gates below compare it.
+JAX_VERSION = _version_tuple(jax.__version__)
+
+# ----------------------------------------------------------------------------------------
+# Public homes, the same in every supported release.
+from jax import ffi as _public_ffi  # noqa: E402
+from jax.extend import core as _ext_core  # noqa: E402
+from jax.interpreters import ad as _public_ad  # noqa: E402
+from jax.interpreters import mlir  # noqa: E402
+from jax.interpreters import partial_eval as _public_pe  # noqa: E402
+
+Primitive = _ext_core.Primitive
+Effect = _ext_core.Effect
+DropVar = _ext_core.DropVar
+Zero = _public_ad.Zero
+is_undefined_primal = _public_ad.is_undefined_primal
+float0 = jax.dtypes.float0
+build_ffi_lowering_function = _public_ffi.build_ffi_lowering_function
+register_lowering = mlir.register_lowering
+lower_fun = mlir.lower_fun
+# Sharding contexts a lowering rule can find itself in.
+SPMDAxisContext = mlir.SPMDAxisContext
+ShardingContext = mlir.ShardingContext
+custom_partial_eval_rules = _public_pe.custom_partial_eval_rules
+partial_eval_jaxpr_custom_rules = _public_pe.partial_eval_jaxpr_custom_rules
+
+# ----------------------------------------------------------------------------------------
+# No public home in the whole range: jax._src.
 from jax._src import config as _config  # noqa: E402
-from jax._src import core  # noqa: E402
-from jax._src import dispatch  # noqa: E402
-from jax._src import dtypes  # noqa: E402
-from jax._src import effects  # noqa: E402
-from jax._src import ffi as _ffi  # noqa: E402
-from jax._src.interpreters import ad  # noqa: E402
-from jax._src.interpreters import mlir  # noqa: E402
-from jax._src.interpreters import partial_eval as pe  # noqa: E402
-from jax._src import sharding_impls  # noqa: E402
+from jax._src import core as _core  # noqa: E402
+from jax._src import dispatch as _dispatch  # noqa: E402
+from jax._src import effects as _effects  # noqa: E402
+from jax._src.interpreters import mlir as _mlir_src  # noqa: E402
+from jax._src.interpreters import partial_eval as _pe_src  # noqa: E402
 from jax._src.lib import xla_client as _xc  # noqa: E402
 
-Primitive = core.Primitive
-runtime_tokens = dispatch.runtime_tokens  # the effect tokens JAX chains between computations
-abstract_token = core.abstract_token
-apply_primitive = dispatch.apply_primitive
-Effect = effects.Effect
-build_ffi_lowering_function = _ffi.build_ffi_lowering_function
-register_lowering = mlir.register_lowering
-
-EFFECT_SETS = (
-    effects.ordered_effects,
-    effects.lowerable_effects,
-    effects.control_flow_allowed_effects,
-    effects.shardable_ordered_effects,
-    effects.remat_allowed_effects,
-    effects.custom_derivatives_allowed_effects,
-)
-
-
+runtime_tokens = _dispatch.runtime_tokens  # the effect tokens JAX chains between computations
+apply_primitive = _dispatch.apply_primitive
+# jax 0.11 added `jax.ffi.abstract_token`; jax 0.10 has it only in jax._src.core.
+abstract_token = getattr(_public_ffi, "abstract_token", None) or _core.abstract_token
 enum_state = _config.enum_state
 use_shardy = _config.use_shardy_partitioner
+ensure_enum = _pe_src.ensure_enum
+RecomputeType = _pe_src.RecomputeType
 
-# Sharding contexts a lowering rule can find itself in.
-SPMDAxisContext = sharding_impls.SPMDAxisContext
-ShardingContext = sharding_impls.ShardingContext
-lower_fun = mlir.lower_fun
-set_sharding = mlir.set_sharding
+EFFECT_SETS = (
+    _effects.ordered_effects,
+    _effects.lowerable_effects,
+    _effects.control_flow_allowed_effects,
+    _effects.shardable_ordered_effects,
+    _effects.remat_allowed_effects,
+    _effects.custom_derivatives_allowed_effects,
+)
 
 
 def manual_op_sharding():
@@ -83,21 +141,71 @@ def manual_op_sharding():
     proto.type = _xc.OpSharding.Type.MANUAL
     return proto
 
-# Autodiff and partial-evaluation pieces used by the transformation rules.
-Zero = ad.Zero
-is_undefined_primal = ad.is_undefined_primal
-float0 = dtypes.float0
-DropVar = core.DropVar
-custom_partial_eval_rules = pe.custom_partial_eval_rules
-partial_eval_jaxpr_custom_rules = pe.partial_eval_jaxpr_custom_rules
-dce_rules = pe.dce_rules
-ensure_enum = pe.ensure_enum
-RecomputeType = pe.RecomputeType
-
 
 def is_tracer(x: object) -> bool:
     """Whether ``x`` is a JAX tracer (abstract value under a transformation)."""
-    return isinstance(x, core.Tracer)
+    return isinstance(x, _core.Tracer)
+
+
+# ----------------------------------------------------------------------------------------
+# Differences between supported releases, each gated on the release that made it.
+
+# jax 0.10.1 added the ModuleContext as the first argument of mlir.set_sharding;
+# jax 0.10.0 has set_sharding(op, sharding).
+_SET_SHARDING_TAKES_CTX = JAX_VERSION >= (0, 10, 1)
+_set_sharding: Any = _mlir_src.set_sharding  # typed for one signature only
+
+
+def set_sharding(ctx: Any, op: Any, sharding: Any) -> None:
+    """Sets ``sharding`` (a GSPMD ``OpSharding``) on the MLIR operation ``op``."""
+    if _SET_SHARDING_TAKES_CTX:
+        _set_sharding(ctx, op, sharding)
+    else:
+        _set_sharding(op, sharding)
+
+
+# jax 0.10.0 and 0.10.1: the body of a shard_map nested in a manual region gets a lowering
+# context naming only the nested shard_map's own manual axes; the outer ones are the
+# manual axes of the context's abstract mesh. jax 0.10.2 names both.
+_NESTED_SHARD_MAP_CONTEXT_OMITS_OUTER_AXES = JAX_VERSION < (0, 10, 2)
+
+
+def manual_axes(axis_context: Any) -> tuple[str, ...]:
+    """The mesh axes that are manual where a lowering rule runs, in mesh order (none
+    outside a manual region)."""
+    axes = set(getattr(axis_context, "manual_axes", ()))
+    mesh = getattr(axis_context, "mesh", None)
+    if _NESTED_SHARD_MAP_CONTEXT_OMITS_OUTER_AXES:
+        axes |= set(getattr(mesh, "manual_axes", ()))
+    order = list(getattr(mesh, "axis_names", ()))
+    return tuple(sorted(axes, key=lambda a: (order.index(a) if a in order else len(order), a)))
+
+
+# Callbacks in a partially manual shard_map under the Shardy partitioner: hostfeed nests a
+# token-carrying manual region in the partially manual one. XLA in jaxlib 0.10.0 through
+# 0.11.1 aborts the process compiling that (a CHECK failure in shape.h); jaxlib 0.11.2
+# compiles and runs it, so hostfeed refuses it with a clear error only before 0.11.2.
+SHARDY_COMPILES_NESTED_MANUAL_TOKENS = JAX_VERSION >= (0, 11, 2)
+
+# jax 0.12 passes DCE rules a second argument, `live_ins` (for each input Ref, whether its
+# contents are read after the equation: rule(used_outs, live_ins, eqn)); jax 0.10 and 0.11
+# call rule(used_outs, eqn). hostfeed's primitives take no Refs, so its rules ignore it.
+_DCE_RULES_TAKE_LIVE_INS = JAX_VERSION >= (0, 12)
+_dce_rules: dict[Any, Any] = _public_pe.dce_rules  # typed for one calling convention only
+DCERule = Callable[[list, Any], tuple]
+
+
+def register_dce_rule(primitive: Any, rule: DCERule) -> None:
+    """Registers ``rule(used_outputs, eqn) -> (used_inputs, new_eqn)`` as the DCE rule of
+    ``primitive``, in the calling convention of the installed JAX."""
+    if _DCE_RULES_TAKE_LIVE_INS:
+        def adapted(used_outs, live_ins, eqn):
+            del live_ins
+            return rule(used_outs, eqn)
+
+        _dce_rules[primitive] = adapted
+    else:
+        _dce_rules[primitive] = rule
 
 
 # ---- Batching of while loops whose predicate taps (rules._while_batching) ----------------
@@ -112,11 +220,50 @@ batch_jaxpr = _batching.batch_jaxpr
 batch_jaxpr_axes = _batching.batch_jaxpr_axes
 
 
+# ---- Typed PRNG keys (keys.py) -----------------------------------------------------------
+# jax 0.10.1 added `dtype=` to jax.random.wrap_key_data; jax 0.10.0 takes the key
+# implementation (`impl=`) only, which a key dtype carries as `_impl`.
+_WRAP_KEY_DATA_TAKES_DTYPE = JAX_VERSION >= (0, 10, 1)
+_wrap_key_data: Any = jax.random.wrap_key_data  # typed for one signature only
+
+
+def wrap_key_data(data: Any, dtype: Any) -> Any:
+    """Typed PRNG keys of key dtype ``dtype`` from their raw key data."""
+    if _WRAP_KEY_DATA_TAKES_DTYPE:
+        return _wrap_key_data(data, dtype=dtype)
+    return _wrap_key_data(data, impl=dtype._impl)
+
+
 # ---- Many processes (placement.py) ------------------------------------------------------
 # The global-view lowering must know which process owns each device of the computation
 # (`ShardingContext.device_assignment`), which JAX 0.10-0.12 fills in only for
 # computations containing a primitive of this registry (as io_callback's). Same name in
 # 0.10.2 through 0.12.
-def require_devices_during_lowering(*prims: Primitive) -> None:
+def require_devices_during_lowering(*prims: Any) -> None:
     """Makes JAX pass the physical devices to the lowering of computations using ``prims``."""
-    dispatch.prim_requires_devices_during_lowering.update(prims)
+    _dispatch.prim_requires_devices_during_lowering.update(prims)
+
+
+# ---- Eager taps without a computation (primitives.outside_call, _tap_eager) -------------
+# jax 0.10-0.12: `core.trace_ctx.trace` is the active trace; an `EvalTrace` means eager.
+def eval_trace_active() -> bool:
+    """Whether no transformation or trace is active (eager evaluation), i.e. a primitive
+    bound now would run its evaluation rule."""
+    return type(_core.trace_ctx.trace) is _core.EvalTrace
+
+
+from jax._src import dtypes as _dtypes  # noqa: E402
+
+canonicalize_value = _dtypes.canonicalize_value  # what `Primitive.bind` applies to operands
+
+
+# ---- Tap outputs that depend on the tap (lowering) ---------------------------------------
+# jax 0.10-0.12: StableHLO has no add-dependency; MHLO's (registered in JAX's MLIR
+# context) converts to HLO's kAddDependency and accepts StableHLO's token type.
+from jax._src.lib.mlir.dialects import mhlo as _mhlo  # noqa: E402
+
+
+def add_dependency(value: Any, token: Any) -> Any:
+    """``value``, made to depend on ``token`` in the HLO (XLA's ``kAddDependency``): a no-op
+    that only orders; the result aliases ``value``'s buffer."""
+    return _mhlo.AddDependencyOp(value, token, results=[value.type]).result

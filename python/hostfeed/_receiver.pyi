@@ -2,6 +2,8 @@
 
 Only :mod:`hostfeed.receiver` imports this module; everything else goes through it.
 """
+from os import PathLike
+from pathlib import Path
 from typing import Any, Final, final
 from collections.abc import Callable, Iterable, Iterator
 
@@ -9,11 +11,13 @@ import numpy as np
 
 __all__ = [
     "DEFAULT_MAX_QUEUE_BYTES", "DEFAULT_STOP_TIMEOUT", "FLAG_STATUS_OUTPUT", "FLAG_SHARD",
+    "FLAG_EAGER", "push_eager",
     "DTYPE_CODES", "ReceiverError", "ReceiverTimeoutError", "CallbackContextError",
-    "MessageData", "BatchIter", "Reply", "start", "stop", "finalize", "drain", "push_control",
-    "barrier",
+    "RecordingError", "MessageData", "BatchIter", "Reply", "Recorder", "start", "stop",
+    "finalize", "start_exit_watch", "stop_exit_watch", "push_control", "barrier",
     "is_running", "in_callback_thread", "max_queue_bytes", "set_max_queue_bytes", "stats",
-    "reset_peak", "set_consumer_name", "install_interrupt_watch", "registrations",
+    "reset_peak", "histograms", "reset_histograms", "set_timing", "set_consumer_name",
+    "install_interrupt_watch", "registrations",
     "cuda_registrations", "cuda_driver_error", "cuda_driver_version", "cuda_pool_stats",
     "cuda_copy_floor",
 ]
@@ -26,6 +30,8 @@ DEFAULT_STOP_TIMEOUT: Final[float]
 FLAG_STATUS_OUTPUT: Final[int]
 #: ``flags`` bit of one part of a global-view callback sent shard by shard.
 FLAG_SHARD: Final[int]
+#: ``flags`` bit of an eager tap's message (its first field is the consumer itself).
+FLAG_EAGER: Final[int]
 #: numpy dtype name -> XLA FFI dtype code, for every dtype hostfeed transfers.
 DTYPE_CODES: Final[dict[str, int]]
 
@@ -39,6 +45,10 @@ class ReceiverTimeoutError(TimeoutError):
 
 class CallbackContextError(RuntimeError):
     """A blocking receiver operation was called from inside a host callback."""
+
+class RecordingError(OSError):
+    """Recording to a Zarr store failed (a write, a file that cannot be created, a full
+    disk); ``errno`` says how when the OS reported it."""
 
 @final
 class MessageData:
@@ -67,6 +77,61 @@ class Reply:
     def fail(self, message: str) -> bool:
         """Fails the call with ``message``; returns False if the call no longer waits."""
 
+@final
+class Recorder:
+    """A Zarr v3 store that recorded values are written to by Rust threads (wrapped by
+    ``hostfeed.Recorder``)."""
+
+    def __new__(
+        cls,
+        path: str | PathLike[str],
+        *,
+        mode: str = "w-",
+        compression: str | None = None,
+        level: int = 1,
+        chunk_bytes: int = ...,
+        writers: int = 2,
+        durable: bool = False,
+        commit_interval: float = 1.0,
+        separator: str = "/",
+    ) -> Recorder:
+        """Creates the store at ``path`` and starts its writer threads."""
+
+    @property
+    def path(self) -> Path:
+        """The store's path."""
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` was called."""
+
+    def declare(self, name: str, dtype_code: int, shape: list[int]) -> int:
+        """Declares array ``name`` with rows of ``shape`` and XLA dtype ``dtype_code``;
+        returns its id."""
+
+    def bind(
+        self,
+        consumer_id: int,
+        targets: list[int | None],
+        step: int | None,
+        transforms: str,
+        lanes: int = 1,
+    ) -> None:
+        """Routes the messages of ``consumer_id`` to this recorder, in Rust."""
+
+    def append(self, array_id: int, data: Any, step: int, device: int,
+               transforms: str) -> None:
+        """Records one row of ``array_id`` from the C-contiguous bytes ``data``."""
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Writes and announces every row received so far; False if not done in time."""
+
+    def close(self) -> None:
+        """Flushes, then stops the writer threads."""
+
+    def stats(self) -> dict[str, int]:
+        """Counters of the recorder."""
+
 def start(
     dispatcher: Callable[[Iterable[_Message]], Any],
     dtypes: dict[int, np.dtype],
@@ -83,9 +148,17 @@ def finalize(stall_timeout: float | None) -> int:
     """Stops the receiver for good (interpreter exit); returns how many messages could
     not be processed."""
 
-def drain(stall_timeout: float | None, slice: float) -> bool:
-    """One step of draining at interpreter exit (abandons callbacks stuck for
-    ``stall_timeout`` seconds); returns False when it gave up."""
+def start_exit_watch(stall_timeout: float | None) -> None:
+    """Starts a native watchdog that keeps the receiver draining at interpreter exit,
+    abandoning callbacks stuck for ``stall_timeout`` seconds (None: never)."""
+
+def stop_exit_watch() -> None:
+    """Stops the exit watchdog and waits for it."""
+
+def push_eager(entry: Any, arrays: tuple[np.ndarray, ...], nbytes: int) -> None:
+    """Enqueues an eager tap: ``entry`` runs on the consumer thread with ``arrays`` after
+    everything already enqueued; ``nbytes`` counts against the bound (waits for space with
+    the GIL released)."""
 
 def push_control() -> None:
     """Enqueues a control message (consumer id 0) the dispatcher acts on in queue order."""
@@ -110,6 +183,17 @@ def stats() -> dict[str, int]:
 
 def reset_peak() -> None:
     """Resets ``peak_queued_bytes`` to the current queued bytes."""
+
+def histograms() -> dict[str, list[tuple[int, int]]]:
+    """``{"device_ns": [(upper_ns, count), ...], "handover_ns": [...]}``: the device-side
+    cost of each tap and the hand-over latency of each message, as non-empty log-linear
+    buckets."""
+
+def reset_histograms() -> None:
+    """Empties the timing histograms."""
+
+def set_timing(enabled: bool) -> bool:
+    """Turns the timing histograms on or off; returns the previous setting."""
 
 def set_consumer_name(consumer_id: int, name: str) -> None:
     """Remembers the name of a consumer, for error messages about it."""

@@ -65,7 +65,7 @@ import jax
 import numpy as np
 
 from . import _compat, keys, receiver
-from .primitives import (get_ad_taps, host_call_p, outside_call_p, outside_call_params,
+from .primitives import (get_ad_taps, host_call_p, outside_call, outside_call_params,
                          set_ad_taps as _set_ad_taps)
 from .printing import Printer
 from .receiver import CallbackException
@@ -199,9 +199,8 @@ def id_tap(tap_func: Callable, arg: T, *, result: Any = None, tap_with_device: b
     else:
         flat_results, result_treedef = [], None
     spec = CallbackSpec(tap_func, arg_treedef, tap_with_device, "tap")
-    outs = outside_call_p.bind(*flat_args, *flat_results,
-                               **outside_call_params(spec, len(flat_args),
-                                                     device_index=device_index))
+    outs = outside_call([*flat_args, *flat_results],
+                        outside_call_params(spec, len(flat_args), device_index=device_index))
     if result_treedef is None:
         return arg_treedef.unflatten(keys.rewrap_keys(outs[:len(flat_args)], arg_keys))
     return result_treedef.unflatten(keys.rewrap_keys(outs[len(flat_args):], result_keys))

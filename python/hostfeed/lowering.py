@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from . import _compat, receiver, settings
+from . import _compat, receiver, recording, settings
 from .placement import (Where, check_device_index, lower_global_call, lower_global_tap,
                         lower_per_device_call, where)
 from .primitives import (call_check_p, failure_message_p, host_call_p, host_callback_effect,
@@ -179,20 +179,33 @@ def _outside_call_lowering(ctx: Any, *args: Any, callback: CallbackSpec,
                                nr_tapped_args: int, transforms: tuple, **params: Any) -> list:
     context, ac = where(ctx)
     shard_parts = params.get("shard_parts")
+    record = recording.is_record(callback)
     if context in (Where.GLOBAL, Where.PARTIAL_MANUAL) and shard_parts is None:
+        if record:  # recorded through Python once joined; a clash raises here
+            recording.declare_global(callback, transforms, ctx.avals_in[:nr_tapped_args])
         bind_params = dict(params, callback=callback, nr_tapped_args=nr_tapped_args,
                            transforms=transforms)
         lower_global_tap(ctx, ac, args[:nr_tapped_args], bind_params)
         return list(args)
     if context is Where.SINGLE:
         check_device_index(params["device_index"], 1, "run this computation")
-    cid = _tap_consumer_id(ctx, callback, transforms, shard_parts)
+    if record and shard_parts is None:  # a Rust sink takes the messages
+        cid = _consumer_id(ctx, recording.consumer_lease(callback, transforms,
+                                                         ctx.avals_in[:nr_tapped_args]))
+    else:
+        cid = _tap_consumer_id(ctx, callback, transforms, shard_parts)
     receiver.ensure_started()
     flags = receiver.FLAG_SHARD if shard_parts is not None else 0
     _emit(ctx, TAP_TARGET, args[:nr_tapped_args], ctx.avals_in[:nr_tapped_args], [],
           context is Where.PER_DEVICE, consumer_id=np.int64(cid), flags=np.int64(flags))
-    # Identity on every operand: the outputs are the inputs.
-    return list(args)
+    # Identity on every operand, but the outputs depend on the tap's token: code that uses
+    # them runs after the tap. Without this dependency the tap is a side consumer of its
+    # operand, and XLA CPU's instruction fusion duplicates the whole elementwise chain
+    # that produced the operand into every later fusion (N taps along a chain of
+    # elementwise ops compile O(N^2) ops). kAddDependency is a no-op at run time: its
+    # output shares the operand's buffer, nothing is copied.
+    token = ctx.tokens_out.get(host_callback_effect)
+    return [_compat.add_dependency(a, token) for a in args]
 
 
 def _call_timeout_ms() -> int:

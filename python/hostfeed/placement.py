@@ -47,8 +47,8 @@ strategies), expressed as JAX code that the lowering rules lower in place.
 * Partially manual shard_map (some mesh axes manual, others automatic): within each
   manual shard the value is global over the automatic axes, so we apply the global-view
   scheme over the automatic axes only: one callback per manual shard, with the operand
-  gathered over the automatic axes. This works with GSPMD; with Shardy, XLA (jaxlib
-  0.10.2) aborts the process when compiling a token-carrying manual region nested in a
+  gathered over the automatic axes. This works with GSPMD; with Shardy, XLA before jaxlib
+  0.11.2 aborts the process when compiling a token-carrying manual region nested in a
   partially manual one, so there we raise a clear error at lowering instead.
 """
 from __future__ import annotations
@@ -85,17 +85,18 @@ def where(ctx: Any) -> tuple[Where, Any]:
     """The context of a lowering rule, with JAX's axis context."""
     ac = ctx.module_context.axis_context
     if isinstance(ac, _compat.SPMDAxisContext):
-        manual = frozenset(ac.manual_axes)
+        manual = frozenset(_compat.manual_axes(ac))
         if manual == frozenset(ac.mesh.axis_names):
             return Where.PER_DEVICE, ac
-        if _compat.use_shardy.value:
+        if _compat.use_shardy.value and not _compat.SHARDY_COMPILES_NESTED_MANUAL_TOKENS:
             auto = sorted(set(ac.mesh.axis_names) - manual)
             raise NotImplementedError(
                 f"hostfeed: host callbacks inside a partially manual shard_map (manual axes "
                 f"{sorted(manual)}, automatic axes {auto}) are not supported with the Shardy "
                 f"partitioner. Make every mesh axis manual (shard_map without axis_names, or "
                 f"axis_names covering {sorted(ac.mesh.axis_names)}), move the callback out of "
-                f"the shard_map, or set jax.config.update('jax_use_shardy_partitioner', False).")
+                f"the shard_map, upgrade to jax >= 0.11.2 (older XLA aborts compiling this), or "
+                f"set jax.config.update('jax_use_shardy_partitioner', False).")
         return Where.PARTIAL_MANUAL, ac
     if isinstance(ac, _compat.ShardingContext) and ac.num_devices > 1:
         return Where.GLOBAL, ac
@@ -133,12 +134,15 @@ def _manual_region(ac: Any, avals: Sequence[Any]) -> Region:
         meshes = [m for m in meshes if m is not None and not m.empty]
         mesh = meshes[0] if meshes else mesh
     if not mesh.empty:
-        manual = frozenset(getattr(ac, "manual_axes", ()))
+        manual = frozenset(_compat.manual_axes(ac))
         axes = tuple(a for a in mesh.axis_names if a not in manual)
         if axes:
             return Region(mesh, axes, int(np.prod([mesh.shape[a] for a in axes])))
     if isinstance(ac, _compat.ShardingContext):
-        return Region(AbstractMesh((ac.num_devices,), (_AXIS,)), (_AXIS,), ac.num_devices)
+        # Auto axes (the default became Explicit in jax 0.12): the partitioner reshards the
+        # operands into the region by itself.
+        mesh = AbstractMesh((ac.num_devices,), (_AXIS,), axis_types=(AxisType.Auto,))
+        return Region(mesh, (_AXIS,), ac.num_devices)
     raise NotImplementedError(
         "hostfeed: cannot place a host callback in this partially manual region: no "
         "automatic mesh axes were found")
@@ -346,7 +350,7 @@ def lower_global_tap(ctx: Any, ac: Any, tapped: Sequence[Any], bind_params: dict
     check_device_index(device_index, region.group, "collect the tapped operand")
     processes = _region_processes(ctx, ac, region)
     if tapped and processes is not None and _splits_evenly(avals, region.group):
-        manual = tuple(getattr(ac, "manual_axes", ()))
+        manual = _compat.manual_axes(ac)
         rounds = rounds_for(processes, device_index)
         n_slots = 1 + len(rounds.perms)
         params = dict(bind_params, nr_tapped_args=n_slots * len(tapped) + 1,
@@ -399,7 +403,7 @@ def lower_global_call(ctx: Any, ac: Any, args: Sequence[Any], params: dict) -> l
             and _splits_evenly(whole, region.group):
         group = region.group
         local = tuple(a.update(shape=(a.shape[0] // group, *a.shape[1:])) for a in whole)
-        manual = tuple(getattr(ac, "manual_axes", ()))
+        manual = _compat.manual_axes(ac)
         rounds = rounds_for(processes, device_index)
         n_slots = 1 + len(rounds.perms)
         inner = dict(params, result_avals=local * n_slots, with_status=True,

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import functools
+import hashlib
 import logging
+import re
 import threading
 import traceback
+import types
 import weakref
 from typing import Any, Optional
 from collections.abc import Callable, Iterable, Sequence
@@ -30,8 +34,11 @@ logger = logging.getLogger("hostfeed")
 ReceiverError = _receiver.ReceiverError
 ReceiverTimeoutError = _receiver.ReceiverTimeoutError
 CallbackContextError = _receiver.CallbackContextError
+RecordingError = _receiver.RecordingError
+NativeRecorder = _receiver.Recorder
 FLAG_STATUS_OUTPUT: int = _receiver.FLAG_STATUS_OUTPUT
 FLAG_SHARD: int = _receiver.FLAG_SHARD
+FLAG_EAGER: int = _receiver.FLAG_EAGER
 registrations = _receiver.registrations
 # The CUDA platform (gpu branch): handlers, the driver (loaded at run time), pinned memory.
 cuda_registrations = _receiver.cuda_registrations
@@ -67,6 +74,9 @@ def _numpy_dtype(name: str) -> np.dtype | None:
 XLA_DTYPES: dict[int, np.dtype] = {
     code: dt for name, code in _receiver.DTYPE_CODES.items()
     if (dt := _numpy_dtype(name)) is not None}
+
+#: numpy dtype name -> XLA_FFI_DataType code.
+DTYPE_CODES: dict[str, int] = dict(_receiver.DTYPE_CODES)
 
 #: numpy dtypes that taps can carry.
 SUPPORTED_DTYPES: frozenset[np.dtype] = frozenset(XLA_DTYPES.values())
@@ -113,7 +123,8 @@ class _Registry:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.consumers: list[Consumer | None] = [None]
+        # Consumer id -> consumer (id 0 is reserved for control messages).
+        self.consumers: dict[int, Consumer] = {}
         self.ids: dict[Any, int] = {}
         self.keys: dict[int, Any] = {}
         self.leases: dict[int, int] = {}
@@ -130,15 +141,78 @@ def _lease_died(cid: int) -> None:
     _registry.dying.append(cid)
 
 
+# Consumer ids and JAX's persistent compilation cache. The id is an attribute of the custom
+# call, so it is part of the lowered module and hence of the cache key: a process that
+# gets an executable from the cache has lowered the same module itself, and so registered
+# each of its ids for its own functions first. Cache hits therefore always call the
+# functions the hitting process wrote. For them to happen at all, a callback must get the
+# same id in every process, whatever else was registered before it: the id is a hash of a
+# description of the callback that holds no memory addresses (module and qualified name of
+# the function, the pytree and transformation records, ...). Callbacks that this
+# description cannot tell apart (closures made by one factory) are numbered in the order
+# they are first lowered; two processes that lower them in another order may compile
+# again, and never call the wrong one.
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _describe(obj: Any, depth: int = 0) -> str:
+    """A text naming ``obj`` the same way in every process (no memory addresses).
+
+    Example:
+        >>> _describe((len, functools.partial(print, sep=","), None))
+        "(builtins.len,partial(builtins.print;();sep=','),None)"
+    """
+    if depth > 8:
+        text = type(obj).__qualname__
+    elif obj is None or isinstance(obj, (bool, int, float, complex, str, bytes)):
+        text = repr(obj)
+    elif isinstance(obj, (tuple, list)):
+        text = "(" + ",".join(_describe(o, depth + 1) for o in obj) + ")"
+    elif isinstance(obj, functools.partial):
+        kws = ";".join(f"{k}={_describe(v, depth + 1)}" for k, v in sorted(obj.keywords.items()))
+        text = f"partial({_describe(obj.func, depth + 1)};{_describe(obj.args, depth + 1)};{kws})"
+    elif isinstance(obj, types.MethodType):
+        text = f"method({_describe(obj.__func__, depth + 1)};{type(obj.__self__).__qualname__})"
+    elif isinstance(obj, (types.FunctionType, types.BuiltinFunctionType)):
+        text = f"{getattr(obj, '__module__', None)}.{obj.__qualname__}"
+    elif isinstance(getattr(type(obj), "__slots__", None), tuple) and type(obj).__slots__:
+        # e.g. runtime.CallbackSpec: its fields, described the same way
+        fields = ",".join(f"{n}={_describe(getattr(obj, n, None), depth + 1)}"
+                          for n in type(obj).__slots__ if not n.startswith("_"))
+        text = f"{type(obj).__qualname__}({fields})"
+    else:  # pytree definitions, abstract values, callable objects
+        try:
+            text = _ADDRESS.sub("", repr(obj))
+        except Exception:  # noqa: BLE001 - a failing repr only makes the id less stable
+            text = type(obj).__qualname__
+    return text
+
+
+def _id_candidate(description: str, attempt: int) -> int:
+    digest = hashlib.blake2b(f"{attempt}:{description}".encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") >> 2) or 1  # a positive int64, never 0
+
+
 def register(key: Any, make: Callable[[], Consumer]) -> Lease:
-    """A lease on the consumer id for ``key``, registering ``make()`` under it if new."""
+    """A lease on the consumer id for ``key``, registering ``make()`` under it if new.
+
+    The id depends only on what ``key`` describes (see the comment above), not on what
+    else this process registered, so compiled code can be shared through JAX's persistent
+    compilation cache.
+    """
     with _registry.lock:
         _registry.pending_release += _count_dead_leases()
         cid = _registry.ids.get(key)
         if cid is None:
             consumer = make()
-            cid = len(_registry.consumers)
-            _registry.consumers.append(consumer)
+            description = _describe(key)
+            attempt = 0
+            cid = _id_candidate(description, attempt)
+            while cid in _registry.consumers:  # another callback with the same description
+                attempt += 1
+                cid = _id_candidate(description, attempt)
+            _registry.consumers[cid] = consumer
             _registry.ids[key] = cid
             _registry.keys[cid] = key
             _receiver.set_consumer_name(cid, consumer.name)
@@ -167,8 +241,8 @@ def _release_unleased(candidates: list[int]) -> int:
     released = 0
     with _registry.lock:
         for cid in candidates:
-            if _registry.leases.get(cid, 0) <= 0 and _registry.consumers[cid] is not None:
-                _registry.consumers[cid] = None
+            if _registry.leases.get(cid, 0) <= 0 and cid in _registry.consumers:
+                del _registry.consumers[cid]
                 _registry.ids.pop(_registry.keys.pop(cid), None)
                 _registry.leases.pop(cid, None)
                 released += 1
@@ -178,7 +252,7 @@ def _release_unleased(candidates: list[int]) -> int:
 def registered_consumers() -> int:
     """How many consumers are registered now (for tests and diagnostics)."""
     with _registry.lock:
-        return sum(c is not None for c in _registry.consumers)
+        return len(_registry.consumers)
 
 
 _last_exception: list[tuple[BaseException, str]] = []
@@ -238,12 +312,12 @@ class _Dispatcher:
         for msg in batch:
             self._offer(consumers, msg)
 
-    def _run_orphans(self, consumers: list, ordinal: int) -> None:
+    def _run_orphans(self, consumers: dict, ordinal: int) -> None:
         waiting = self.orphans.pop(ordinal, None)
         while waiting:
             self._offer(consumers, waiting.popleft())
 
-    def _offer(self, consumers: list, msg: Message) -> None:
+    def _offer(self, consumers: dict, msg: Message) -> None:
         if msg[0] == 0:  # control message: drop every incomplete set
             self._abandon_incomplete("an execution failed")
             return
@@ -263,12 +337,19 @@ class _Dispatcher:
         if done:
             self._release(consumers, done)
 
-    def _deliver(self, consumers: list, msg: Message) -> tuple[int, ...] | None:
+    def _deliver(self, consumers: dict, msg: Message) -> tuple[int, ...] | None:
         """Runs one message; for the part that completes a joined set, returns the devices
         that took part (to be released)."""
-        cid, ordinal, _flags, arrays, reply, run = msg
-        consumer = consumers[cid]
+        cid, ordinal, flags, arrays, reply, run = msg
+        # An eager tap's message carries its consumer (no device is involved: its device
+        # ordinal is -1, never held).
+        consumer = cid if flags & FLAG_EAGER else consumers.get(cid)
         try:
+            if consumer is None:
+                raise LookupError(
+                    f"hostfeed: no host callback is registered under consumer id {cid} in "
+                    f"this process: the executable was compiled elsewhere and not lowered "
+                    f"here (hostfeed registers callbacks when JAX lowers a computation)")
             if consumer.kind == "tap":
                 consumer.invoke(arrays, ordinal)
             elif consumer.kind == "call":
@@ -280,14 +361,14 @@ class _Dispatcher:
                     self.held[ordinal] = (consumer.invoke, run, collections.deque())
                 return done
         except BaseException as exc:  # noqa: BLE001 - recorded and re-raised by barrier_wait
-            name = consumer.name if consumer else cid
+            name = getattr(consumer, "name", cid)
             record_exception(exc, f"host callback {name}")
             if reply is not None:
                 reply.fail(f"hostfeed: host callback {name} failed: "
                            f"{type(exc).__name__}: {exc}")
         return None
 
-    def _release(self, consumers: list, ordinals: Sequence[int]) -> None:
+    def _release(self, consumers: dict, ordinals: Sequence[int]) -> None:
         """Runs the messages held back for ``ordinals``, in each device's order (a device
         that sends another incomplete part on the way is held again)."""
         me = threading.get_ident()
@@ -327,8 +408,9 @@ def device_for_ordinal(ordinal: int) -> jax.Device:
     """The ``jax.Device`` of this process that a message's device key ``ordinal`` names.
 
     A message from a CPU device carries its XLA device ordinal; one from a GPU carries
-    ``-1 - ordinal`` (the GPU handlers set it, so that the keys of a CPU and a GPU device
-    never collide). What ``XLA_FFI_DeviceOrdinal_Get`` reports differs by setup: on CPU
+    ``-2 - ordinal`` (set in Rust for messages of the GPU handlers, so that the keys of a
+    CPU and a GPU device never collide, nor with -1, the host's own messages). What
+    ``XLA_FFI_DeviceOrdinal_Get`` reports differs by setup: on CPU
     with one process it is the device's id (which equals its ``local_hardware_id``); with
     many processes (``jax.distributed``) it is the *global* device id (e.g. 2048 for the
     first CPU device of process 1), not an index into ``jax.local_devices()``; a GPU's is
@@ -340,8 +422,8 @@ def device_for_ordinal(ordinal: int) -> jax.Device:
         as failed for ``barrier_wait``, not lost silently).
     """
     platform = "cpu"
-    if ordinal < 0:
-        platform, ordinal = "gpu", -1 - ordinal
+    if ordinal <= -2:
+        platform, ordinal = "gpu", -2 - ordinal
     devices = _local_callback_devices(platform)
     for d in devices:
         if d.id == ordinal:
@@ -397,6 +479,31 @@ def ensure_started(max_queue_bytes: int | None = None) -> None:
             _life.atexit_registered = True
 
 
+def push_eager(invoke: Callable[..., None], name: str, arrays: tuple[np.ndarray, ...],
+               nbytes: int) -> None:
+    """Enqueues an eager tap: ``invoke(arrays, -1)`` runs on the consumer thread after every
+    message already in the queue. Nothing is registered: the consumer travels with the
+    message and is dropped once it has run."""
+    if not _life.configured:
+        ensure_started()
+    _receiver.push_eager(Consumer(invoke, name, "tap"), arrays, nbytes)
+
+
+def wait_for_dispatched(effect: Any) -> None:
+    """Waits until the computations dispatched with ``effect`` have finished, so that every
+    message they send is already in the queue.
+
+    Uses the effect's runtime token, which JAX chains through every computation that has
+    the (ordered) effect. A computation that failed has finished too: its error reaches its
+    caller, and ``barrier_wait`` reports it.
+    """
+    token = _compat.runtime_tokens.current_tokens.get(effect)
+    if token is not None:
+        # A failure is reported by the computation and by barrier_wait.
+        with contextlib.suppress(Exception):
+            token.block_until_ready()
+
+
 def is_configured() -> bool:
     """Whether the receiver was ever started in this process."""
     return _life.configured
@@ -422,6 +529,22 @@ def reset_peak() -> None:
     _receiver.reset_peak()
 
 
+def histograms() -> dict[str, list[tuple[int, int]]]:
+    """The timing histograms, ``{"device_ns": [(upper_ns, count), ...], "handover_ns":
+    [...]}``: each tap's device-side cost and each message's hand-over latency."""
+    return dict(_receiver.histograms())
+
+
+def reset_histograms() -> None:
+    """Empties the timing histograms."""
+    _receiver.reset_histograms()
+
+
+def set_timing(enabled: bool) -> bool:
+    """Turns the timing histograms on or off; returns the previous setting."""
+    return _receiver.set_timing(enabled)
+
+
 def _effects_barrier() -> Optional[BaseException]:
     """Waits for dispatched computations; returns (not raises) the error of one that failed.
 
@@ -430,6 +553,9 @@ def _effects_barrier() -> Optional[BaseException]:
     every later computation with host callbacks would fail with the same stale error. The
     chain is reset here, once the failure has been waited for.
     """
+    tokens = _compat.runtime_tokens
+    if not tokens.current_tokens and not tokens.output_runtime_tokens:
+        return None  # nothing dispatched since the last barrier: what effects_barrier does
     try:
         jax.effects_barrier()
         return None
@@ -438,19 +564,42 @@ def _effects_barrier() -> Optional[BaseException]:
         return exc
 
 
-def barrier(logging_name: Optional[str] = None, timeout: Optional[float] = None) -> None:
-    """``barrier_wait``: waits for the computations dispatched so far, then for the receiver
-    to process everything they sent; raises what went wrong meanwhile."""
+# Hooks of other modules (the recorder), run by `barrier` after the receiver has processed
+# everything (each returns an exception to raise, or None) and at exit after the receiver
+# has shut down.
+_barrier_hooks: list[Callable[[], Optional[BaseException]]] = []
+_exit_hooks: list[Callable[[], None]] = []
+
+
+def add_barrier_hook(hook: Callable[[], Optional[BaseException]]) -> None:
+    """Runs ``hook()`` in every ``barrier_wait`` once everything dispatched is processed;
+    an exception it returns is raised (after a callback exception, which comes first)."""
+    _barrier_hooks.append(hook)
+
+
+def add_exit_hook(hook: Callable[[], None]) -> None:
+    """Runs ``hook()`` at interpreter exit, after the receiver drained and shut down."""
+    _exit_hooks.append(hook)
+
+
+def check_not_in_callback(what: str) -> None:
+    """Raises CallbackContextError on the consumer thread, where ``what`` would wait for
+    the thread itself."""
     if _receiver.in_callback_thread():
         raise CallbackContextError(
-            "hostfeed: barrier_wait was called from inside a host callback; it waits for the "
-            "callback thread itself and would deadlock. Call it from the main program instead")
-    if timeout is not None:
-        timeout = settings.seconds(timeout, "barrier_wait(timeout)")
-    logger.debug("barrier_wait[%s]: start", logging_name or "")
-    with _registry.lock:  # consumers no compiled computation refers to any more
-        unleased = _count_dead_leases() + _registry.pending_release
-        _registry.pending_release = []
+            f"hostfeed: {what} was called from inside a host callback; it waits for the "
+            f"callback thread itself and would deadlock. Call it from the main program instead")
+
+
+def drain_dispatched(timeout: Optional[float] = None) -> Optional[BaseException]:
+    """Waits for the computations dispatched so far, then for the receiver to process
+    everything they sent; returns (not raises) the error of a computation that failed.
+    Consumers no compiled computation refers to any more are released on the way."""
+    unleased: list[int] = []
+    if _registry.dying or _registry.pending_release:  # consumers no longer referred to
+        with _registry.lock:
+            unleased = _count_dead_leases() + _registry.pending_release
+            _registry.pending_release = []
     failed_run = None
     try:
         if _life.configured:
@@ -466,14 +615,37 @@ def barrier(logging_name: Optional[str] = None, timeout: Optional[float] = None)
         raise
     # Every computation dispatched before this barrier finished and its messages ran, so
     # none can name these consumers any more.
-    _release_unleased(unleased)
-    logger.debug("barrier_wait[%s]: done", logging_name or "")
+    if unleased:
+        _release_unleased(unleased)
+    return failed_run
+
+
+def barrier(logging_name: Optional[str] = None, timeout: Optional[float] = None) -> None:
+    """``barrier_wait``: waits for the computations dispatched so far, then for the receiver
+    to process everything they sent; raises what went wrong meanwhile."""
+    check_not_in_callback("barrier_wait")
+    if timeout is not None:
+        timeout = settings.seconds(timeout, "barrier_wait(timeout)")
+    debug = logger.isEnabledFor(logging.DEBUG)
+    if debug:
+        logger.debug("barrier_wait[%s]: start", logging_name or "")
+    failed_run = drain_dispatched(timeout)
+    hook_errors = ([e for e in (hook() for hook in _barrier_hooks) if e is not None]
+                   if _barrier_hooks else [])
+    if debug:
+        logger.debug("barrier_wait[%s]: done", logging_name or "")
+    if not _last_exception and failed_run is None and not hook_errors:
+        return
     last = take_last_exception()
     if last is not None:
         exc, formatted = last
+        for e in hook_errors:
+            logger.error("hostfeed: also failed before this barrier_wait: %s", e)
         raise CallbackException(
             "There were exceptions during callback processing. "
             f"Last one was: {formatted}") from exc
+    if hook_errors:
+        raise hook_errors[0]
     if failed_run is not None:
         raise failed_run
 
@@ -490,28 +662,23 @@ def stop() -> None:
 def _at_exit() -> None:
     # Drain what computations already sent, then shut down before the interpreter
     # finalises (the consumer thread must not outlive it). Never hangs on a stuck host
-    # callback: the computations are waited for in a helper thread while the receiver
-    # is kept draining (a callback that makes no progress for HOSTFEED_STOP_TIMEOUT is
-    # abandoned), and a pending callback exception is raised here, so it is printed
-    # rather than lost.
+    # callback: while this thread waits for the computations, a native watchdog keeps the
+    # receiver draining and abandons a callback that makes no progress for
+    # HOSTFEED_STOP_TIMEOUT (so computations blocked on a full queue, or calls waiting for
+    # it, finish). A pending callback exception is raised here, so it is printed rather
+    # than lost.
     stall = stop_timeout()
-    finished = threading.Event()
-
-    def wait_computations() -> None:
-        try:
-            _effects_barrier()
-        finally:
-            finished.set()
-
-    threading.Thread(target=wait_computations, name="hostfeed-exit", daemon=True).start()
+    _receiver.start_exit_watch(stall)
     try:
-        while not finished.wait(0.05):
-            if not _receiver.drain(stall, 0.05):
-                logger.warning("hostfeed: interpreter exit did not wait for computations "
-                               "whose host callbacks make no progress")
-                break
+        _effects_barrier()
     finally:
+        _receiver.stop_exit_watch()
         _receiver.finalize(stall)
+        for hook in _exit_hooks:
+            try:
+                hook()
+            except Exception as exc:  # noqa: BLE001 - printed; the other hooks still run
+                logger.error("hostfeed: at exit: %s", exc)
     last = take_last_exception()
     if last is not None:
         raise CallbackException("There were exceptions during callback processing. "

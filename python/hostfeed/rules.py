@@ -208,7 +208,7 @@ def _outside_call_dce(used_outs, eqn):
     return keep, new_eqn
 
 
-_compat.dce_rules[outside_call_p] = _outside_call_dce
+_compat.register_dce_rule(outside_call_p, _outside_call_dce)
 
 
 def _outside_call_transpose(cts, *args, **params):
@@ -233,6 +233,10 @@ def _outside_call_transpose(cts, *args, **params):
         return out
     avals = [_tangent_aval(args[i]) for i in idx]
     sent = [_instantiate(cts[i], a) for i, a in zip(idx, avals)]
+    if callback.kind == "record+step" and idx[0] == n2 // 2 and len(sent) > 1:
+        # A record's step is an integer, so its cotangent is always zero: send its primal
+        # value instead (known here), so that the cotangent's row carries the step.
+        sent[1] = args[1]
     tapped = outside_call_p.bind(
         *sent, **dict(params, callback=spec, nr_tapped_args=len(sent), forward_tapped=False,
                       transforms=_with_transform(params["transforms"], "transpose")))
@@ -248,11 +252,32 @@ ad.primitive_transposes[outside_call_p] = _outside_call_transpose
 def _outside_call_batching(args, dims, **params):
     # The tap sees the batched values; `transforms` records where each tapped operand's
     # batch dimension is (None for an operand that is not batched).
-    batch_dims = tuple(dims[:params["nr_tapped_args"]])
+    n = params["nr_tapped_args"]
+    if params["callback"].kind in ("record", "record+step"):
+        return _record_batching(args, dims, **params)
+    batch_dims = tuple(dims[:n])
     outs = outside_call_p.bind(
         *args, **dict(params, transforms=_with_transform(params["transforms"], "batch",
                                                          batch_dims)))
     return outs, list(dims)
+
+
+def _record_batching(args, dims, **params):
+    # A record (hostfeed.Recorder) writes one row per lane: every tapped operand gets the
+    # batch dimension first (an unbatched one is broadcast), so that lane i is row i of
+    # each. An unbatched operand's output is the operand itself, still unbatched (the
+    # identity, and what e.g. jacfwd's `out_axes=None` expects).
+    n = params["nr_tapped_args"]
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    sent = [a if i >= n else jnp.moveaxis(a, d, 0) if d is not None
+            else jnp.broadcast_to(a, (size, *jnp.shape(a)))
+            for i, (a, d) in enumerate(zip(args, dims))]
+    outs = outside_call_p.bind(
+        *sent, **dict(params, transforms=_with_transform(params["transforms"], "batch",
+                                                         (0,) * n)))
+    outs = [o if i >= n or d is not None else a
+            for i, (o, a, d) in enumerate(zip(outs, args, dims))]
+    return outs, [d if i >= n or d is None else 0 for i, d in enumerate(dims)]
 
 
 batching.primitive_batchers[outside_call_p] = _outside_call_batching

@@ -113,13 +113,7 @@ def max_queue_bytes() -> int | None:
     return None if text is None else byte_count(text, MAX_QUEUE_ENV)
 
 
-def inline() -> bool:
-    """Whether ``JAX_HOST_CALLBACK_INLINE`` asks for eager callbacks to run inline.
-
-    Example:
-        >>> isinstance(inline(), bool)
-        True
-    """
+def _inline_from_env() -> bool:
     text = _env(INLINE_ENV)
     if text is None:
         return False
@@ -129,6 +123,23 @@ def inline() -> bool:
     if value in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"{INLINE_ENV}={text!r} is not a boolean; use 1 or 0")
+
+
+# Read once, when hostfeed is imported, as the legacy module read its flag (a JAX flag
+# whose default came from the environment); an eager tap would otherwise pay for reading
+# the environment (about a microsecond) every time.
+_INLINE = _inline_from_env()
+
+
+def inline() -> bool:
+    """Whether ``JAX_HOST_CALLBACK_INLINE`` (as set when hostfeed was imported) asks for
+    eager callbacks to run inline.
+
+    Example:
+        >>> isinstance(inline(), bool)
+        True
+    """
+    return _INLINE
 
 
 def check_ad_taps(mode: Any, source: str) -> str:

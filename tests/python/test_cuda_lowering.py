@@ -143,7 +143,7 @@ def test_gpu_device_keys_name_gpu_devices(monkeypatch):
     receiver.device_for_ordinal.cache_clear()
     monkeypatch.setattr(receiver, "_local_callback_devices", fake_devices)
     try:
-        assert receiver.device_for_ordinal(-1) == jax.local_devices()[0]  # GPU ordinal 0
+        assert receiver.device_for_ordinal(-2) == jax.local_devices()[0]  # GPU ordinal 0
         assert receiver.device_for_ordinal(0) == jax.local_devices()[0]
     finally:
         receiver.device_for_ordinal.cache_clear()

@@ -106,3 +106,17 @@ def test_taps_from_inside_a_callback_do_not_deadlock_on_a_full_queue():
         hcb.barrier_wait(timeout=60)
         # Eager taps inside a callback run inline, at once.
         assert got == [0, 1, 2, 3, 4, "outer"]
+
+
+def test_a_message_the_dispatcher_cannot_handle_is_recorded_and_the_receiver_goes_on():
+    # An eager item without `invoke` or `name`: the dispatcher records the failure for the
+    # next barrier_wait and keeps working.
+    _receiver.push_eager(object(), (), 0)
+    with pytest.raises(hcb.CallbackException) as e:
+        hcb.barrier_wait()
+    assert isinstance(e.value.__cause__, AttributeError)
+    hcb.barrier_wait()  # reported once
+    got = []
+    hcb.id_tap(lambda a, tr: got.append(int(a)), jnp.int32(7))
+    hcb.barrier_wait()
+    assert got == [7]

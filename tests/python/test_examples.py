@@ -13,7 +13,8 @@ from conftest import run_python
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODULES = ["hostfeed", "hostfeed.host_callback", "hostfeed.printing", "hostfeed.primitives",
            "hostfeed.runtime", "hostfeed.settings", "hostfeed.receiver", "hostfeed._compat",
-           "hostfeed.keys", "hostfeed.placement", "hostfeed.lowering"]
+           "hostfeed.keys", "hostfeed.placement", "hostfeed.bench", "hostfeed.bench._timing",
+           "hostfeed.recording", "hostfeed.zarr_dtypes", "hostfeed.lowering"]
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -59,3 +60,24 @@ def test_readme_call_example_prints_what_it_says():
     r = run_python(readme_blocks()[2])
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[0. 1. 2.]"
+
+
+def _recording_blocks():
+    return [b for b in readme_blocks() if "hostfeed.Recorder" in b or "run1.zarr" in b]
+
+
+def test_readme_recording_example_trains_records_and_reads(tmp_path):
+    block = _recording_blocks()[0]
+    r = run_python(f"import os; os.chdir({str(tmp_path)!r})\n" + block)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines() == ["(100, 64, 32) float32 [0 1 2]",
+                                     "(100, 64, 32) (100,)"]
+
+
+def test_readme_recording_plot_example(tmp_path):
+    pytest.importorskip("matplotlib")
+    train, plot = _recording_blocks()[:2]
+    r = run_python(f"import os; os.chdir({str(tmp_path)!r})\n" + train + "\n" + plot,
+                   env={"MPLBACKEND": "Agg"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (tmp_path / "activations.png").stat().st_size > 0

@@ -61,12 +61,47 @@ def test_start_receiver_validates_the_bound():
         hostfeed.start_receiver(max_queue_byte_size=0)
 
 
-def test_unsupported_jax_version_message():
-    with pytest.raises(ImportError, match=r"supports jax 0.10.x; found jax 0.4.30.*pip install"):
+def test_jax_older_than_0_10_is_refused_with_the_upgrade_command():
+    with pytest.raises(ImportError, match=r"needs jax >= 0.10 .*found jax 0.9.2.*pip install -U"):
+        _compat.check_jax_version("0.9.2")
+    with pytest.raises(ImportError, match="found jax 0.4.30"):
         _compat.check_jax_version("0.4.30")
-    with pytest.raises(ImportError, match="found jax 0.11.0"):
-        _compat.check_jax_version("0.11.0")
-    _compat.check_jax_version("0.10.2rc1")
+
+
+@pytest.mark.parametrize("version", ["0.10.0", "0.10.2rc1", "0.11.2", "0.12.0", "0.12.0.1",
+                                     "0.12.9.dev20270101"])
+def test_every_supported_jax_is_accepted_silently(version):
+    _compat.check_jax_version(version)  # pytest turns any warning into an error
+
+
+def test_jax_newer_than_tested_warns_once_naming_the_tested_range():
+    with pytest.warns(UserWarning) as record:
+        _compat.check_jax_version("0.13.0")
+    assert len(record) == 1
+    message = str(record[0].message)
+    assert "tested with jax 0.10.0 through 0.12.x; found jax 0.13.0" in message
+    assert "may well work" in message
+
+
+def test_importing_under_a_newer_or_older_jax():
+    r = run_python("""
+        import warnings
+        import jax
+        jax.__version__ = "0.13.1"   # pretend a newer JAX than hostfeed was tested with
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import hostfeed
+        print([(w.category.__name__, "0.13.1" in str(w.message)) for w in caught])
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[('UserWarning', True)]"
+    r = run_python("""
+        import jax
+        jax.__version__ = "0.9.2"
+        import hostfeed
+    """)
+    assert r.returncode != 0
+    assert "ImportError: hostfeed needs jax >= 0.10" in r.stderr
 
 
 def test_callbacks_run_on_the_receiver_thread_not_the_caller():

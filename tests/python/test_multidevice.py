@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from hostfeed import _compat
+
 from conftest import run_python
 
 pytestmark = pytest.mark.several_devices
@@ -71,7 +73,7 @@ def test_shard_map_full_manual_taps_each_shard_and_calls_return_per_shard(run):
 def test_shard_map_partial_manual(run):
     r = run("shard_map_partial_manual")
     half = run.n // 2
-    if run.shardy:
+    if run.shardy and not _compat.SHARDY_COMPILES_NESTED_MANUAL_TOKENS:  # XLA would abort
         assert r["error_type"] == "NotImplementedError"
         assert "partially manual shard_map" in r["message"]
         return

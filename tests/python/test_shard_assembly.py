@@ -147,7 +147,7 @@ def dispatch(consumers, messages):
     """Runs `messages` (consumer index, device, run, *arrays) through a fresh dispatcher."""
     d = receiver._Dispatcher()
     saved = receiver._registry.consumers
-    receiver._registry.consumers = [None, *consumers]  # id 0 is reserved
+    receiver._registry.consumers = {i + 1: c for i, c in enumerate(consumers)}  # 0: control
     try:
         d([(cid + 1, dev, 0, tuple(arrays), None, run) for cid, dev, run, *arrays in messages])
     finally:
@@ -189,7 +189,7 @@ def test_abandon_incomplete_releases_every_held_device():
     log = Log()
     d = receiver._Dispatcher()
     saved = receiver._registry.consumers
-    receiver._registry.consumers = [None, log.joined("joined"), log.tap("tap")]
+    receiver._registry.consumers = {1: log.joined("joined"), 2: log.tap("tap")}
     try:
         d([(1, 0, 0, tuple(part(0, 0, np.array([0]))), None, 1),
            (2, 0, 0, (np.array([1]),), None, 1)])

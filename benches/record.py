@@ -1,0 +1,262 @@
+"""Recording activations to disk: hostfeed.Recorder vs what a user would write otherwise,
+side by side in one run, with the floor.
+
+Cases, each writing the same rows into a fresh directory:
+
+* ``Recorder``: ``rec.record("layer/h", h)`` in a jitted loop, then ``rec.flush()`` (every
+  row written and announced in the Zarr metadata). Also with ``compression="zstd"``.
+* ``tap + zarr append``: ``hcb.id_tap`` whose function appends the row to a zarr-python
+  array (chunks of one row, no compression: the fastest zarr-python setup for appends).
+* ``tap + np.save``: ``hcb.id_tap`` whose function ``np.save``s each row to its own file.
+* ``debug.callback + np.save``: the same with ``jax.debug.callback`` (runs on the device's
+  thread, which waits for it).
+* ``floor``: the same bytes written by one ``numpy.ndarray.tofile`` per row into the same
+  directory, no JAX (and, for small rows, ``one tofile`` of all rows at once).
+
+Timed end to end: from calling the compiled function until the rows are on disk (in the
+page cache: nobody fsyncs) and, for the Recorder, announced. Compilation (the warm-up round,
+and for the Recorder, whose records are bound to one store, an ahead-of-time compile in the
+set-up) and directory set-up are not timed; ``os.sync()`` runs before each timed case so
+that earlier cases' write-back does not throttle it. Rounds interleave the cases; the
+table shows medians (and the best round) and ratios to the floor.
+
+A second table compares the device-side cost per record with a plain tap: the time until
+the computation returns (``block_until_ready``), with a queue bound large enough that
+neither waits for the host.
+
+Run: python benches/record.py [DIR ...]   (default: /dev/shm and a directory under /work
+or the system temp dir). Environment: HOSTFEED_BENCH_REPEATS (default 5),
+HOSTFEED_BENCH_LARGE_MB (default 1024), HOSTFEED_BENCH_SMALL_ROWS (default 10000).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import hostfeed
+from hostfeed import host_callback as hcb
+
+REPEATS = int(os.environ.get("HOSTFEED_BENCH_REPEATS", 5))
+LARGE_MB = int(os.environ.get("HOSTFEED_BENCH_LARGE_MB", 1024))
+SMALL_ROWS = int(os.environ.get("HOSTFEED_BENCH_SMALL_ROWS", 10_000))
+LARGE_SHAPE = (256, 4096)  # float32: 4 MiB per row, a real layer's activations
+SMALL_SHAPE = (1024,)  # float32: 4 KiB per row
+
+
+class Case:
+    """``setup(dir)`` (untimed) returns ``run()`` (timed)."""
+
+    def __init__(self, name: str, setup: Callable[[str], Callable[[], None]]):
+        self.name = name
+        self.setup = setup
+
+
+def loop(n: int, emit: Callable) -> Callable:
+    """A jitted loop that emits the loop-invariant ``x`` n times (no other work, so every
+    variant is charged for its own cost only)."""
+    @jax.jit
+    def f(x):
+        def body(i, c):
+            emit(x, i)
+            return c + 1
+        return lax.fori_loop(0, n, body, 0)
+    return f
+
+
+def recorder_case(n: int, x: jax.Array, **options) -> Callable[[str], Callable[[], None]]:
+    def setup(d: str) -> Callable[[], None]:
+        rec = hostfeed.Recorder(os.path.join(d, "run.zarr"), **options)
+        f = loop(n, lambda v, i: rec.record("layer/h", v, step=i)).lower(x).compile()
+
+        def run() -> None:
+            f(x)
+            rec.flush()
+            rec.close()
+        return run
+    return setup
+
+
+def tap_zarr_case(n: int, x: jax.Array) -> Callable[[str], Callable[[], None]]:
+    import zarr
+    holder: dict = {}
+    f = loop(n, lambda v, i: hcb.id_tap(lambda a, t: holder["arr"].append(a[None]), v))
+
+    def setup(d: str) -> Callable[[], None]:
+        holder["arr"] = zarr.create_array(os.path.join(d, "run.zarr"), shape=(0, *x.shape),
+                                          chunks=(1, *x.shape), dtype=x.dtype,
+                                          compressors=None)
+
+        def run() -> None:
+            f(x)
+            hcb.barrier_wait()
+        return run
+    return setup
+
+
+def np_save_case(n: int, x: jax.Array, kind: str) -> Callable[[str], Callable[[], None]]:
+    holder = {"dir": "", "i": 0}
+
+    def save(a, *unused) -> None:
+        np.save(os.path.join(holder["dir"], f"h_{holder['i']:06d}.npy"), a)
+        holder["i"] += 1
+
+    if kind == "tap":
+        f = loop(n, lambda v, i: hcb.id_tap(save, v))
+    else:
+        f = loop(n, lambda v, i: jax.debug.callback(save, v))
+
+    def setup(d: str) -> Callable[[], None]:
+        holder["dir"], holder["i"] = d, 0
+
+        def run() -> None:
+            f(x)
+            if kind == "tap":
+                hcb.barrier_wait()
+            else:
+                jax.effects_barrier()
+        return run
+    return setup
+
+
+def floor_case(n: int, x: jax.Array, one_file: bool = False
+               ) -> Callable[[str], Callable[[], None]]:
+    host = np.asarray(x)
+
+    def setup(d: str) -> Callable[[], None]:
+        block = np.tile(host, (n,) + (1,) * host.ndim) if one_file else None
+
+        def run() -> None:
+            if block is not None:
+                block.tofile(os.path.join(d, "all.bin"))
+            else:
+                for i in range(n):
+                    host.tofile(os.path.join(d, f"h_{i:06d}.bin"))
+        return run
+    return setup
+
+
+def measure(base: str, cases: list[Case]) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {c.name: [] for c in cases}
+    for r in range(REPEATS + 1):  # round 0 warms up
+        for c in cases:
+            d = tempfile.mkdtemp(prefix="hfbench-", dir=base)
+            try:
+                run = c.setup(d)
+                os.sync()
+                t0 = time.perf_counter()
+                run()
+                t = time.perf_counter() - t0
+                if r:
+                    times[c.name].append(t)
+            finally:
+                shutil.rmtree(d, ignore_errors=True)
+    return times
+
+
+def report(title: str, times: dict[str, list[float]], nbytes: int, n: int,
+           floor: str) -> None:
+    med = {k: statistics.median(v) for k, v in times.items()}
+    best = {k: min(v) for k, v in times.items()}
+    print(title)
+    print(f"  {'case':<34}{'GB/s med':>10}{'best':>8}{'us/row':>10}{'vs floor':>10}"
+          f"{'vs best Python':>16}")
+    python = [k for k in times if "np.save" in k or "zarr append" in k]
+    best_python = min(med[k] for k in python) if python else None
+    for k in times:
+        gbs = nbytes / med[k] / 1e9
+        ratio = med[floor] / med[k]
+        vs_py = f"{best_python / med[k]:>15.2f}x" if best_python else ""
+        print(f"  {k:<34}{gbs:>10.3f}{nbytes / best[k] / 1e9:>8.3f}{med[k] / n * 1e6:>10.1f}"
+              f"{ratio:>9.2f}x{vs_py}")
+
+
+def device_cost(n: int, x: jax.Array, d: str) -> None:
+    """Time until the computation returns: a plain tap vs a record (no back-pressure)."""
+    hostfeed.start_receiver(max_queue_byte_size=max(256_000_000, 4 * n * x.nbytes))
+    rec = hostfeed.Recorder(tempfile.mkdtemp(prefix="device-", dir=d))
+    count = [0]
+    tap = loop(n, lambda v, i: hcb.id_tap(lambda a, t: count.__setitem__(0, count[0] + 1), v))
+    record = loop(n, lambda v, i: rec.record("h", v))
+    cases = {"plain tap (no-op function)": tap, "Recorder.record": record}
+    for f in cases.values():
+        f(x).block_until_ready()
+        hcb.barrier_wait()
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(REPEATS):
+        for k, f in cases.items():
+            t0 = time.perf_counter()
+            f(x).block_until_ready()
+            times[k].append(time.perf_counter() - t0)
+            hcb.barrier_wait()
+    rec.close()
+    base = statistics.median(times["plain tap (no-op function)"])
+    print(f"device-side cost per record, {n} x {x.dtype}{list(x.shape)} "
+          f"({x.nbytes} bytes), median of {REPEATS}")
+    for k, v in times.items():
+        m = statistics.median(v)
+        print(f"  {k:<34}{m / n * 1e6:>10.2f} us/record{m / base:>10.2f}x of a tap")
+    hostfeed.start_receiver(max_queue_byte_size=256_000_000)
+
+
+def main() -> None:
+    dirs = sys.argv[1:] or ["/dev/shm", os.environ.get("HOSTFEED_BENCH_DISK", "/work/tmp")]
+    print(f"jax {jax.__version__}, hostfeed {hostfeed.__version__}, {os.cpu_count()} cpus, "
+          f"load {os.getloadavg()[0]:.1f}, {REPEATS} rounds")
+    rng = np.random.default_rng(0)
+    large = jnp.asarray(rng.normal(size=LARGE_SHAPE).astype(np.float32))
+    small = jnp.asarray(rng.normal(size=SMALL_SHAPE).astype(np.float32))
+    n_large = LARGE_MB * (1 << 20) // large.nbytes
+
+    for base in dirs:
+        os.makedirs(base, exist_ok=True)
+        large_cases = [
+            Case("Recorder (2 writers)", recorder_case(n_large, large)),
+            Case("Recorder, 1 writer", recorder_case(n_large, large, writers=1)),
+            Case("Recorder, zstd 1, 2 writers",
+                 recorder_case(n_large, large, compression="zstd", writers=2)),
+            Case("tap + zarr append", tap_zarr_case(n_large, large)),
+            Case("tap + np.save", np_save_case(n_large, large, "tap")),
+            Case("debug.callback + np.save", np_save_case(n_large, large, "debug")),
+            Case("floor: tofile per row", floor_case(n_large, large)),
+        ]
+        times = measure(base, large_cases)
+        report(f"\n{base}: {n_large} rows of float32{list(LARGE_SHAPE)} "
+               f"({n_large * large.nbytes / 2**30:.2f} GiB), end to end",
+               times, n_large * large.nbytes, n_large, "floor: tofile per row")
+
+        small_cases = [
+            Case("Recorder", recorder_case(SMALL_ROWS, small)),
+            Case("tap + zarr append", tap_zarr_case(SMALL_ROWS, small)),
+            Case("tap + np.save", np_save_case(SMALL_ROWS, small, "tap")),
+            Case("debug.callback + np.save", np_save_case(SMALL_ROWS, small, "debug")),
+            Case("floor: tofile per row", floor_case(SMALL_ROWS, small)),
+            Case("floor: one tofile of all rows", floor_case(SMALL_ROWS, small, True)),
+        ]
+        times = measure(base, small_cases)
+        report(f"\n{base}: {SMALL_ROWS} rows of float32{list(SMALL_SHAPE)} "
+               f"({SMALL_ROWS * small.nbytes / 2**20:.0f} MiB), end to end",
+               times, SMALL_ROWS * small.nbytes, SMALL_ROWS, "floor: tofile per row")
+
+    d = tempfile.mkdtemp(prefix="hfbench-", dir=dirs[0])
+    try:
+        print()
+        device_cost(SMALL_ROWS, small, d)
+        device_cost(8, large, d)  # 32 MiB: buffers reused warm from hostfeed's buffer pool
+        device_cost(32, large, d)  # 128 MiB: half the buffers are fresh memory each round
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    print("\nreceiver:", hostfeed.receiver_stats())
+
+
+if __name__ == "__main__":
+    main()

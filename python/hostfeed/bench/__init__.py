@@ -1,0 +1,166 @@
+"""``python -m hostfeed bench``: callback latency and throughput, hostfeed against JAX's own
+callbacks, side by side in one run, on the current backend.
+
+    python -m hostfeed bench [--quick] [--json FILE] [--plot FILE.png] [--only SECTION ...]
+
+Sections (all by default, in this order):
+
+``latency``
+    per-tap device-side cost and hand-over latency of a ``float32[4]`` tap in a loop, as
+    distributions: hostfeed, ``io_callback(ordered=True)``, ``io_callback``,
+    ``jax.debug.callback``, ``pure_callback``; and hostfeed with device work between taps
+    (``hostfeed (spaced taps)``), whose hand-over latency is that of an idle receiver.
+``sweep``
+    taps/s and GB/s from 16 B to 64 MiB per tap, against a numpy copy of the same bytes.
+``call``
+    round trip of ``float32[4] -> float32[4]`` host calls: ``hcb.call``, ``io_callback``
+    (ordered and not), ``pure_callback``.
+``backpressure``
+    a slow host function with several queue bounds: device time, blocked time, peak queued
+    bytes.
+``eager``, ``compile``, ``barrier``
+    an eager tap; compile time with many taps; an idle ``barrier_wait``.
+``timing``
+    what recording the latency histograms costs a small tap.
+
+``--quick`` finishes in well under a minute on 2 cores; the full run takes a few minutes.
+
+JSON schema (``--json``), version ``hostfeed-bench/1``: an object with ``schema``,
+``header`` (``hostfeed``, ``jax``, ``jaxlib``, ``numpy``, ``python``, ``platform``,
+``backend``, ``devices``, ``device_count``, ``cpu``, ``cores``, ``load_average``, ``env``,
+``quick``, ``started``) and one key per section run. A *distribution* is ``{"count",
+"mean", "p50", "p90", "p99", "p999", "max"}``; a *CDF* is ``[[value, fraction], ...]``.
+
+* ``latency``: ``{"payload", "taps", "methods": {name: {"device_us": distribution,
+  "device_cdf_us": CDF, "handover_us": distribution or null, "handover_cdf_us": CDF (hostfeed
+  only), "device_side_per_tap_us", "end_to_end_per_tap_us"}}}``
+* ``sweep``: ``{"sizes": [bytes, ...], "methods": {name: [{"bytes", "taps", "taps_per_s",
+  "gb_per_s"}, ...]}}`` (``numpy copy`` is the floor)
+* ``call``: ``{"calls", "methods": {name: {"round_trip_us": distribution,
+  "round_trip_cdf_us": CDF, "per_call_us"}}}``
+* ``backpressure``: ``{"host_us_per_tap", "tap_bytes", "taps", "runs": [{"method",
+  "bound_bytes", "device_s", "end_to_end_s", "blocked_s", "blocked_count",
+  "peak_queued_bytes"}, ...]}`` (null where a method has no queue)
+* ``eager``: ``{"taps", "hostfeed": {"per_tap_us"}, "debug.callback": ..., "hostfeed, fresh
+  function": ..., "debug.callback, fresh function": ..., "rss_growth_mb",
+  "registered_consumers_growth"}``
+* ``compile``: ``{"taps", name: {"seconds"}, ...}``
+* ``barrier``: ``{"calls", "hostfeed barrier_wait": {"us"}, "jax.effects_barrier": {"us"}}``
+* ``timing``: ``{"taps", "per_tap_us_timing_on", "per_tap_us_timing_off", "cost_us_per_tap"}``
+
+The helpers every benchmark under ``benches/`` shares (``interleaved``, ``timeit``,
+``table``, distributions) live here too, so there is one benchmark implementation.
+
+Example:
+    >>> from hostfeed import bench
+    >>> sorted(bench.SECTIONS)[:3]
+    ['backpressure', 'barrier', 'call']
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ._sections import SECTIONS, Config
+from ._timing import (cdf_of_buckets, cdf_of_samples, interleaved, summary_of_buckets,
+                      summary_of_samples, table, timeit)
+
+__all__ = [
+    "SECTIONS", "SCHEMA", "run", "main", "interleaved", "timeit", "table",
+    "summary_of_samples", "summary_of_buckets", "cdf_of_samples", "cdf_of_buckets",
+]
+
+SCHEMA = "hostfeed-bench/1"
+
+
+def _progress(total: int) -> tuple[Callable[[str], None], Callable[[], None]]:
+    """A progress reporter (a tqdm bar when tqdm is installed, else lines on stderr)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        count = [0]
+
+        def line(step: str) -> None:
+            count[0] += 1
+            print(f"[{count[0]}] {step}", file=sys.stderr, flush=True)
+
+        return line, lambda: None
+    bar = tqdm(total=total, unit="step", file=sys.stderr, leave=False)
+
+    def step(name: str) -> None:
+        bar.set_description(name)
+        bar.update(1)
+
+    return step, bar.close
+
+
+def _steps(sections: Sequence[str], quick: bool) -> int:
+    per = {"latency": 6, "sweep": 4 if quick else 12, "call": 4, "backpressure": 4,
+           "eager": 1, "compile": 1, "barrier": 1, "timing": 1}
+    return sum(per[s] for s in sections)
+
+
+def run(sections: Sequence[str] | None = None, *, quick: bool = False,
+        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Runs the given sections (all by default) and returns the result (the JSON schema
+    above)."""
+    from . import _report
+
+    chosen = list(sections or SECTIONS)
+    unknown = [s for s in chosen if s not in SECTIONS]
+    if unknown:
+        raise ValueError(f"unknown bench sections {unknown}; choose from {list(SECTIONS)}")
+    result: dict[str, Any] = {"schema": SCHEMA, "header": _report.header(quick)}
+    cfg = Config(quick=quick, progress=progress or (lambda step: None))
+    for name in chosen:
+        result[name] = SECTIONS[name](cfg)
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``bench`` command; returns the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="python -m hostfeed bench",
+        description="Latency and throughput of hostfeed's callbacks against JAX's own "
+                    "(io_callback, debug.callback, pure_callback), side by side in one run.")
+    add_arguments(parser)
+    return run_command(parser.parse_args(argv))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``bench`` command's options (shared with ``python -m hostfeed``)."""
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer sizes and repeats: well under a minute")
+    parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    parser.add_argument("--plot", metavar="FILE.png",
+                        help="write a figure (needs matplotlib: pip install 'hostfeed[bench]')")
+    parser.add_argument("--only", nargs="+", metavar="SECTION", choices=list(SECTIONS),
+                        help=f"sections to run (default: all): {', '.join(SECTIONS)}")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Runs the ``bench`` command for parsed ``args``."""
+    from . import _report
+
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401 - fail before measuring, not after
+        except ImportError:
+            print("--plot needs matplotlib: pip install 'hostfeed[bench]'", file=sys.stderr)
+            return 2
+    sections = args.only or list(SECTIONS)
+    step, close = _progress(_steps(sections, args.quick))
+    try:
+        result = run(sections, quick=args.quick, progress=step)
+    finally:
+        close()
+    print(_report.text(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1, allow_nan=False)
+    if args.plot:
+        _report.plot(result, args.plot)
+    return 0

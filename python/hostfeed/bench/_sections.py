@@ -1,0 +1,443 @@
+"""The measurements of ``python -m hostfeed bench``, one function per section.
+
+Each section returns a JSON-ready dict (the schema is documented in
+:mod:`hostfeed.bench`) and measures hostfeed and JAX's own callbacks side by side in one
+process. The JAX callbacks run the host function on the device's thread, which waits for
+it, so for them the per-callback device-side cost is the interval between two host
+function starts in a loop of back-to-back callbacks; for hostfeed the receiver records
+each tap's device-side cost and hand-over latency itself (``hostfeed.receiver_histograms``).
+"""
+from __future__ import annotations
+
+import gc
+import io
+import itertools
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import io_callback
+
+from .. import receiver
+from .. import host_callback as hcb
+from ._timing import (cdf_of_buckets, cdf_of_samples, interleaved, summary_of_buckets,
+                      summary_of_samples)
+
+#: The JAX callbacks hostfeed is compared with, for taps (no result).
+TAP_METHODS = ("io_callback(ordered)", "io_callback", "debug.callback", "pure_callback")
+#: The JAX callbacks hostfeed's ``call`` is compared with.
+CALL_METHODS = ("io_callback", "io_callback(ordered)", "pure_callback")
+
+
+@dataclass
+class Config:
+    """How much to measure: ``quick`` (well under a minute on 2 cores) or full."""
+
+    quick: bool = False
+    progress: Callable[[str], None] = lambda step: None
+
+    def n(self, quick: int, full: int) -> int:
+        return quick if self.quick else full
+
+
+def _tap_step(method: str, record: Callable[..., None]) -> Callable[[Any, Any], Any]:
+    """``step(x, carry) -> carry`` that sends ``x`` to ``record`` with ``method``."""
+    if method == "hostfeed":
+        return lambda x, c: hcb.id_tap(lambda a, tr: record(a), x, result=c)
+    if method == "io_callback(ordered)":
+        return lambda x, c: (io_callback(record, None, x, ordered=True), c)[1]
+    if method == "io_callback":
+        return lambda x, c: (io_callback(record, None, x), c)[1]
+    if method == "debug.callback":
+        return lambda x, c: (jax.debug.callback(record, x), c)[1]
+    if method == "pure_callback":
+        # A result the loop carries, and the carry as an operand, so that the callback is
+        # neither removed as dead code nor hoisted out of the loop (it is "pure").
+        def with_result(x, c):
+            r = jax.pure_callback(lambda a, k: (record(a), np.int32(0))[1],
+                                  jax.ShapeDtypeStruct((), jnp.int32), x, c)
+            return c + r
+        return with_result
+    raise ValueError(method)
+
+
+def _loop(n: int, step: Callable[[Any, Any], Any]) -> Callable[[Any], Any]:
+    """A jitted loop of ``n`` steps on a loop-invariant operand (the loop moves no array
+    in or out, so nothing but the callback is measured)."""
+    @jax.jit
+    def f(x):
+        return lax.fori_loop(0, n, lambda i, c: step(x, c), jnp.int32(0))
+    return f
+
+
+def _inter_arrival_us(stamps: list[int]) -> list[float]:
+    return [(b - a) / 1e3 for a, b in itertools.pairwise(stamps)]
+
+
+# ----------------------------------------------------------------------------------------
+# Per-tap latency.
+
+
+def _stamper(stamps: list[int]) -> Callable[[Any], None]:
+    def record(a: Any) -> None:
+        del a
+        stamps.append(time.perf_counter_ns())
+    return record
+
+
+def latency(cfg: Config) -> dict:
+    """Per-tap device-side cost and hand-over latency of a float32[4] tap in a loop."""
+    n = cfg.n(2000, 20000)
+    x = jnp.arange(4, dtype=jnp.float32)
+    out: dict[str, Any] = {"payload": "float32[4]", "taps": n, "methods": {}}
+    for method in ("hostfeed", *TAP_METHODS):
+        cfg.progress(f"latency: {method}")
+        stamps: list[int] = []
+        f = _loop(n, _tap_step(method, _stamper(stamps)))
+        f(x).block_until_ready()  # compile and warm up
+        hcb.barrier_wait()
+        jax.effects_barrier()
+        stamps.clear()
+        receiver.reset_histograms()
+        t0 = time.perf_counter()
+        f(x).block_until_ready()
+        device_s = time.perf_counter() - t0
+        hcb.barrier_wait()
+        jax.effects_barrier()
+        end_to_end_s = time.perf_counter() - t0
+        entry: dict[str, Any] = {"device_side_per_tap_us": device_s / n * 1e6,
+                                 "end_to_end_per_tap_us": end_to_end_s / n * 1e6}
+        if method == "hostfeed":
+            h = receiver.histograms()
+            entry["device_us"] = summary_of_buckets(h["device_ns"], 1e-3)
+            entry["device_cdf_us"] = cdf_of_buckets(h["device_ns"], 1e-3)
+            entry["handover_us"] = summary_of_buckets(h["handover_ns"], 1e-3)
+            entry["handover_cdf_us"] = cdf_of_buckets(h["handover_ns"], 1e-3)
+        else:
+            gaps = _inter_arrival_us(stamps)
+            entry["device_us"] = summary_of_samples(gaps)
+            entry["device_cdf_us"] = cdf_of_samples(gaps)
+            entry["handover_us"] = None  # the host function runs on the device's thread
+        out["methods"][method] = entry
+    out["methods"]["hostfeed (spaced taps)"] = _spaced_latency(cfg)
+    return out
+
+
+def _spaced_latency(cfg: Config) -> dict:
+    """hostfeed's hand-over latency when the receiver is idle between taps: each loop step
+    computes for tens of microseconds before it taps, so every tap finds the queue empty
+    (the burst above measures hand-over behind the taps queued before)."""
+    n = cfg.n(300, 2000)
+    cfg.progress("latency: hostfeed (spaced taps)")
+    work = jnp.linspace(0.0, 1.0, 1 << 14, dtype=jnp.float32)
+
+    @jax.jit
+    def f(x):
+        def body(i, c):
+            c = c + jnp.sum(jnp.sin(work * c))  # device work between taps
+            return hcb.id_tap(lambda a, tr: None, x, result=c)
+        return lax.fori_loop(0, n, body, jnp.float32(0))
+
+    x = jnp.arange(4, dtype=jnp.float32)
+    f(x).block_until_ready()
+    hcb.barrier_wait()
+    receiver.reset_histograms()
+    t0 = time.perf_counter()
+    f(x).block_until_ready()
+    device_s = time.perf_counter() - t0
+    hcb.barrier_wait()
+    end_to_end_s = time.perf_counter() - t0
+    h = receiver.histograms()
+    return {"device_side_per_tap_us": device_s / n * 1e6,
+            "end_to_end_per_tap_us": end_to_end_s / n * 1e6,
+            "device_us": summary_of_buckets(h["device_ns"], 1e-3),
+            "device_cdf_us": cdf_of_buckets(h["device_ns"], 1e-3),
+            "handover_us": summary_of_buckets(h["handover_ns"], 1e-3),
+            "handover_cdf_us": cdf_of_buckets(h["handover_ns"], 1e-3)}
+
+
+def timing_cost(cfg: Config) -> dict:
+    """What recording the timing histograms costs a small tap (device side)."""
+    n = cfg.n(2000, 20000)
+    x = jnp.arange(4, dtype=jnp.float32)
+    f = _loop(n, _tap_step("hostfeed", lambda a: None))
+    f(x).block_until_ready()
+    hcb.barrier_wait()
+
+    def run(on: bool) -> Callable[[], None]:
+        def go() -> None:
+            receiver.set_timing(on)
+            f(x).block_until_ready()
+            hcb.barrier_wait()
+        return go
+
+    cfg.progress("timing cost")
+    try:
+        res = interleaved({"on": run(True), "off": run(False)}, repeats=cfg.n(3, 7))
+    finally:
+        receiver.set_timing(True)
+    on, off = res["on"]["min"] / n * 1e6, res["off"]["min"] / n * 1e6
+    return {"taps": n, "per_tap_us_timing_on": on, "per_tap_us_timing_off": off,
+            "cost_us_per_tap": on - off}
+
+
+# ----------------------------------------------------------------------------------------
+# Payload sweep.
+
+
+def sweep(cfg: Config) -> dict:
+    """Taps/s and GB/s from 16 B to 64 MiB, against copying the same bytes with numpy."""
+    sizes = ([16, 4096, 1 << 20, 16 << 20] if cfg.quick
+             else [16 << (2 * k) for k in range(12)])  # 16 B ... 64 MiB
+    budget = cfg.n(48 << 20, 512 << 20)
+    methods = ("hostfeed", "io_callback(ordered)", "io_callback", "debug.callback")
+    out: dict[str, Any] = {"sizes": sizes, "methods": {m: [] for m in
+                                                       (*methods, "numpy copy")}}
+    for size in sizes:
+        n = int(np.clip(budget // size, cfg.n(4, 8), cfg.n(500, 5000)))
+        cfg.progress(f"sweep: {size} B")
+        for m, seconds in _sweep_one(cfg, methods, size, n).items():
+            out["methods"][m].append({"bytes": size, "taps": n, "taps_per_s": n / seconds,
+                                      "gb_per_s": n * size / seconds / 1e9})
+    return out
+
+
+def _sweep_one(cfg: Config, methods: tuple[str, ...], size: int, n: int) -> dict[str, float]:
+    """Best seconds of ``n`` taps of ``size`` bytes, per method and for a numpy copy."""
+    x = jnp.zeros(size // 4, jnp.float32)
+    host_x = np.asarray(x)
+    sink: list[int] = []
+    loops = {m: _loop(n, _tap_step(m, lambda a: sink.append(1))) for m in methods}
+
+    def case(f: Callable[[Any], Any]) -> Callable[[], None]:
+        def go() -> None:
+            f(x).block_until_ready()
+            hcb.barrier_wait()
+            jax.effects_barrier()
+            sink.clear()
+        return go
+
+    def numpy_copy() -> None:
+        for _ in range(n):
+            sink.append(np.array(host_x, copy=True).nbytes)
+        sink.clear()
+
+    res = interleaved({**{m: case(loops[m]) for m in methods}, "numpy copy": numpy_copy},
+                      repeats=cfg.n(1, 3))
+    return {m: r["min"] for m, r in res.items()}
+
+
+# ----------------------------------------------------------------------------------------
+# Call round trips.
+
+
+def call(cfg: Config) -> dict:
+    """Round trip of a float32[4] -> float32[4] host call in a loop, per call."""
+    n = cfg.n(500, 5000)
+    spec = jax.ShapeDtypeStruct((4,), jnp.float32)
+    out: dict[str, Any] = {"calls": n, "methods": {}}
+    for method in ("hostfeed call", *CALL_METHODS):
+        cfg.progress(f"call: {method}")
+        stamps: list[int] = []
+
+        def host(a: Any, stamps: list[int] = stamps) -> np.ndarray:
+            stamps.append(time.perf_counter_ns())
+            return np.asarray(a) + np.float32(1)
+
+        if method == "hostfeed call":
+            def step(a: Any) -> Any:
+                return hcb.call(host, a, result_shape=spec)
+        elif method == "io_callback":
+            def step(a: Any) -> Any:
+                return io_callback(host, spec, a)
+        elif method == "io_callback(ordered)":
+            def step(a: Any) -> Any:
+                return io_callback(host, spec, a, ordered=True)
+        else:
+            def step(a: Any) -> Any:
+                return jax.pure_callback(host, spec, a)
+        f = jax.jit(lambda v, step=step: lax.fori_loop(0, n, lambda i, a: step(a), v))
+        z = jnp.zeros(4, jnp.float32)
+        f(z).block_until_ready()
+        stamps.clear()
+        t0 = time.perf_counter()
+        f(z).block_until_ready()
+        total = time.perf_counter() - t0
+        gaps = _inter_arrival_us(stamps)
+        out["methods"][method] = {"round_trip_us": summary_of_samples(gaps),
+                                  "round_trip_cdf_us": cdf_of_samples(gaps),
+                                  "per_call_us": total / n * 1e6}
+    hcb.barrier_wait()
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# Back-pressure.
+
+
+def backpressure(cfg: Config) -> dict:
+    """A slow host function (busy for 50 us per tap) with several queue bounds: the device
+    runs ahead until the bound is reached, then at the host's pace."""
+    host_us, tap_bytes = 50.0, 16 << 10
+    n = cfg.n(100, 400)
+    x = jnp.zeros(tap_bytes // 4, jnp.float32)
+
+    def slow(a: Any) -> None:
+        end = time.perf_counter() + host_us / 1e6
+        while time.perf_counter() < end:
+            pass
+
+    runs = []
+    old_bound = receiver.stats()["max_queue_bytes"]
+    try:
+        for bound in (64 << 10, 1 << 20, 256_000_000):
+            cfg.progress(f"back-pressure: bound {bound} B")
+            f = _loop(n, _tap_step("hostfeed", slow))
+            f(x).block_until_ready()
+            hcb.barrier_wait()
+            receiver.set_max_queue_bytes(bound)
+            receiver.reset_peak()
+            before = receiver.stats()
+            t0 = time.perf_counter()
+            f(x).block_until_ready()
+            device_s = time.perf_counter() - t0
+            hcb.barrier_wait()
+            total_s = time.perf_counter() - t0
+            after = receiver.stats()
+            runs.append({
+                "method": "hostfeed", "bound_bytes": bound, "device_s": device_s,
+                "end_to_end_s": total_s,
+                "blocked_s": (after["producer_blocked_ns"] - before["producer_blocked_ns"])
+                / 1e9,
+                "blocked_count": after["producer_blocked_count"]
+                - before["producer_blocked_count"],
+                "peak_queued_bytes": after["peak_queued_bytes"]})
+    finally:
+        receiver.set_max_queue_bytes(old_bound)
+    cfg.progress("back-pressure: io_callback(ordered)")
+    f = _loop(n, _tap_step("io_callback(ordered)", slow))
+    f(x).block_until_ready()
+    t0 = time.perf_counter()
+    f(x).block_until_ready()
+    device_s = time.perf_counter() - t0
+    runs.append({"method": "io_callback(ordered)", "bound_bytes": None, "device_s": device_s,
+                 "end_to_end_s": device_s, "blocked_s": None, "blocked_count": None,
+                 "peak_queued_bytes": None})
+    return {"host_us_per_tap": host_us, "tap_bytes": tap_bytes, "taps": n, "runs": runs}
+
+
+# ----------------------------------------------------------------------------------------
+# Eager taps, compile time, idle barrier.
+
+
+def eager(cfg: Config) -> dict:
+    """An eager ``id_tap`` until its host function ran, vs ``jax.debug.callback``; and a
+    fresh tap function on every call (``id_print`` in a loop), with the memory it keeps."""
+    n = cfg.n(100, 300)
+    x = jnp.arange(4, dtype=jnp.float32)
+    got: list[Any] = []
+    tap_fn = lambda a, tr: got.append(1)
+    dbg_fn = lambda a: got.append(1)
+
+    def hf_each() -> None:
+        for _ in range(n):
+            hcb.id_tap(tap_fn, x)
+            hcb.barrier_wait()
+
+    def dbg_each() -> None:
+        for _ in range(n):
+            jax.debug.callback(dbg_fn, x)
+            jax.effects_barrier()
+
+    def hf_fresh() -> None:
+        sink = io.StringIO()
+        for i in range(n):
+            hcb.id_print(x, what=i, output_stream=sink)
+        hcb.barrier_wait()
+
+    def dbg_fresh() -> None:
+        sink = io.StringIO()
+        for i in range(n):
+            jax.debug.callback(lambda v, i=i: (sink.write(f"what: {i}\n{v}\n"), None)[1], x)
+        jax.effects_barrier()
+
+    cfg.progress("eager")
+    gc.collect()
+    rss0, registered0 = _rss_bytes(), receiver.registered_consumers()
+    res = interleaved({"hostfeed": hf_each, "debug.callback": dbg_each,
+                       "hostfeed, fresh function": hf_fresh,
+                       "debug.callback, fresh function": dbg_fresh}, repeats=cfg.n(2, 5))
+    gc.collect()
+    return {"taps": n, **{k: {"per_tap_us": v["median"] / n * 1e6} for k, v in res.items()},
+            "rss_growth_mb": max(0.0, (_rss_bytes() - rss0) / 2**20),
+            "registered_consumers_growth": receiver.registered_consumers() - registered0}
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # not Linux
+        return 0
+
+
+def compile_time(cfg: Config) -> dict:
+    """Trace + lower + compile of a function with many taps separated by arithmetic."""
+    n_taps = cfg.n(40, 200)
+    x = jnp.arange(4, dtype=jnp.float32)
+
+    def noop(*args: Any) -> None:
+        del args
+
+    def case(kind: str) -> Callable[[], None]:
+        def f(y: Any) -> Any:
+            for i in range(n_taps):
+                y = jnp.sin(y) * 1.5 + i
+                if kind == "hostfeed":
+                    y = hcb.id_tap(noop, y)
+                elif kind == "hostfeed, result ignored":
+                    hcb.id_tap(noop, y)
+                elif kind == "io_callback(ordered)":
+                    io_callback(noop, None, y, ordered=True)
+            return y
+
+        def go() -> None:
+            jax.jit(lambda y: f(y)).lower(x).compile()  # a fresh function every time
+        return go
+
+    cfg.progress("compile")
+    kinds = ("hostfeed", "hostfeed, result ignored", "io_callback(ordered)", "no callbacks")
+    res = interleaved({k: case(k) for k in kinds}, repeats=cfg.n(1, 3), warmup=0)
+    return {"taps": n_taps, **{k: {"seconds": v["min"]} for k, v in res.items()}}
+
+
+def barrier(cfg: Config) -> dict:
+    """An idle ``barrier_wait()`` vs ``jax.effects_barrier()``."""
+    n = cfg.n(5000, 50000)
+    hcb.id_tap(lambda *a: None, jnp.float32(0))
+    hcb.barrier_wait()
+
+    def hf() -> None:
+        for _ in range(n):
+            hcb.barrier_wait()
+
+    def jx() -> None:
+        for _ in range(n):
+            jax.effects_barrier()
+
+    cfg.progress("barrier")
+    res = interleaved({"hostfeed barrier_wait": hf, "jax.effects_barrier": jx},
+                      repeats=cfg.n(3, 5))
+    return {"calls": n, **{k: {"us": v["min"] / n * 1e6} for k, v in res.items()}}
+
+
+SECTIONS: dict[str, Callable[[Config], dict]] = {
+    "latency": latency, "sweep": sweep, "call": call, "backpressure": backpressure,
+    "eager": eager, "compile": compile_time, "barrier": barrier, "timing": timing_cost,
+}

@@ -1,0 +1,154 @@
+"""Timing helpers shared by every hostfeed benchmark: interleaved repeats, distributions,
+percentiles, ratio tables.
+
+Every benchmark measures hostfeed and its alternatives in the same process, one after the
+other in each repeat, so machine noise hits all of them alike; only ratios are meaningful.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+#: The percentiles every distribution reports.
+PERCENTILES = (("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p999", 99.9))
+
+
+def timeit(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1) -> dict:
+    """Runs ``fn`` ``warmup`` times untimed, then ``repeats`` times; returns seconds.
+
+    Example:
+        >>> sorted(timeit(lambda: None, repeats=2))
+        ['all', 'median', 'min']
+    """
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return {"min": min(times), "median": statistics.median(times), "all": times}
+
+
+def interleaved(cases: dict[str, Callable[[], object]], *, repeats: int = 5,
+                warmup: int = 1) -> dict[str, dict]:
+    """Times each case ``repeats`` times, interleaving the cases round-robin (seconds).
+
+    Example:
+        >>> sorted(interleaved({"a": lambda: None, "b": lambda: None}, repeats=1))
+        ['a', 'b']
+    """
+    for fn in cases.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(repeats):
+        for name, fn in cases.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {k: {"min": min(v), "median": statistics.median(v), "all": v}
+            for k, v in times.items()}
+
+
+def table(title: str, rows: list[tuple[str, float, str]], baseline: str,
+          higher_is_better: bool) -> str:
+    """Formats ``(name, value, unit)`` rows with each row's ratio to ``baseline``.
+
+    Example:
+        >>> rows = [("a", 2.0, "s"), ("b", 1.0, "s")]
+        >>> print(table("t", rows, "b", False))  # doctest: +NORMALIZE_WHITESPACE
+        t
+          case      value  unit      vs b
+          a         2.000  s        0.50x
+          b         1.000  s        1.00x
+    """
+    base = {r[0]: r[1] for r in rows}[baseline]
+    width = max(len(r[0]) for r in rows) + 2
+    lines = [title, f"  {'case':<{width}}{'value':>10}  {'unit':<8}{'vs ' + baseline:>10}"]
+    for name, value, unit in rows:
+        ratio = value / base if higher_is_better else base / value
+        lines.append(f"  {name:<{width}}{value:>10.3f}  {unit:<8}{ratio:>9.2f}x")
+    return "\n".join(lines)
+
+
+def summary_of_samples(samples: Sequence[float]) -> dict[str, Any]:
+    """Count, mean, percentiles and max of raw samples (any unit).
+
+    Example:
+        >>> s = summary_of_samples(list(range(1, 101)))
+        >>> s["count"], s["p50"], s["max"]
+        (100, 50.0, 100.0)
+    """
+    values = sorted(float(v) for v in samples)
+    n = len(values)
+    out: dict[str, Any] = {"count": n, "mean": math.fsum(values) / n if n else math.nan}
+    for name, q in PERCENTILES:
+        out[name] = values[min(n - 1, max(0, math.ceil(q / 100 * n) - 1))] if n else math.nan
+    out["max"] = values[-1] if n else math.nan
+    return out
+
+
+def summary_of_buckets(buckets: Sequence[tuple[int, int]], scale: float = 1.0) -> dict[str, Any]:
+    """Like :func:`summary_of_samples` for histogram buckets ``(upper bound, count)``
+    (values are bucket upper bounds, times ``scale``).
+
+    Example:
+        >>> s = summary_of_buckets([(10, 50), (20, 49), (100, 1)])
+        >>> s["count"], s["p50"], s["p99"], s["max"]
+        (100, 10.0, 20.0, 100.0)
+    """
+    total = sum(c for _, c in buckets)
+    out: dict[str, Any] = {
+        "count": total,
+        "mean": (sum(b * c for b, c in buckets) / total * scale) if total else math.nan}
+    for name, q in PERCENTILES:
+        out[name] = _bucket_quantile(buckets, total, q) * scale if total else math.nan
+    out["max"] = buckets[-1][0] * scale if total else math.nan
+    return out
+
+
+def _bucket_quantile(buckets: Sequence[tuple[int, int]], total: int, q: float) -> float:
+    rank = max(1, math.ceil(q / 100 * total))
+    seen = 0
+    for bound, count in buckets:
+        seen += count
+        if seen >= rank:
+            return float(bound)
+    return float(buckets[-1][0])
+
+
+def cdf_of_samples(samples: Sequence[float], points: int = 200) -> list[list[float]]:
+    """``[[value, fraction <= value], ...]`` at most ``points`` long (for plots and JSON).
+
+    Example:
+        >>> cdf_of_samples([3.0, 1.0, 2.0, 4.0], points=2)
+        [[2.0, 0.5], [4.0, 1.0]]
+    """
+    values = sorted(float(v) for v in samples)
+    n = len(values)
+    if not n:
+        return []
+    step = max(1, n // points)
+    idx = list(range(step - 1, n, step))
+    if idx[-1] != n - 1:
+        idx.append(n - 1)
+    return [[values[i], (i + 1) / n] for i in idx]
+
+
+def cdf_of_buckets(buckets: Sequence[tuple[int, int]], scale: float = 1.0) -> list[list[float]]:
+    """The CDF of histogram buckets, one point per non-empty bucket.
+
+    Example:
+        >>> cdf_of_buckets([(10, 1), (20, 3)])
+        [[10.0, 0.25], [20.0, 1.0]]
+    """
+    total = sum(c for _, c in buckets)
+    out, seen = [], 0
+    for bound, count in buckets:
+        seen += count
+        out.append([bound * scale, seen / total])
+    return out

@@ -1,0 +1,537 @@
+"""Recording activations to a Zarr v3 store at disk speed: :class:`Recorder`.
+
+``rec.record(name, x)`` is a tap whose host side is Rust: the value is copied into the
+receiver's byte-bounded queue like any tap, and the consumer thread hands it to the
+recorder's writer threads without calling Python (``rust/recorder.rs``). Each name is one
+Zarr array ``[rows, *x.shape]``; per-row metadata (step, device, arrival time, record
+number, transforms) sits in sibling arrays (``h.step``, ...).
+
+How a record travels: ``record`` binds ``outside_call_p`` with a :class:`CallbackSpec`
+of kind ``"record"`` (so every transformation rule, ordering and placement of taps
+applies); at lowering, :func:`consumer_id` declares the arrays (a clash raises at the call
+site) and binds the consumer id to a Rust *sink*. Two paths go through Python instead,
+calling :class:`_Target` (which appends a copy): global-view records of sharded ``jit``
+(the shards are joined by ``runtime.Joiner`` first), and inline mode
+(``JAX_HOST_CALLBACK_INLINE``, or an eager record inside a host callback).
+
+Operands of a record: the value, then the step if given. Transformations change them as
+for taps: ``jvp`` appends the tangents (recorded as ``name.tangent``), the backward pass of
+``grad`` sends cotangents (recorded as ``name.cotangent``), ``vmap`` batches them (the
+batching rule puts the lanes first, and each lane is one row). :func:`roles` says which
+operand is what, :func:`lane_dims` how many leading dimensions are lanes.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any, Optional
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from . import _compat, keys, receiver
+from .primitives import outside_call_p, outside_call_params
+from .runtime import CallbackSpec, make_tap_invoker, unpack_transforms
+
+__all__ = ["Recorder", "RecordingError", "read_recording", "ROW_METADATA"]
+
+RecordingError = receiver.RecordingError
+
+#: Per-row metadata arrays stored next to each recorded array, by suffix.
+ROW_METADATA = ("seq", "step", "device", "time_ns", "transforms")
+
+#: Suffixes of the names under which tangents and cotangents are recorded.
+TANGENT_SUFFIX = ".tangent"
+COTANGENT_SUFFIX = ".cotangent"
+
+KIND = "record"
+KIND_WITH_STEP = "record+step"
+
+STEP = "step"  # the role of the step operand
+
+
+def roles(kind: str, transform_names: Sequence[str], n_operands: int) -> list[Optional[str]]:
+    """What each operand of a record is, after ``transform_names`` (in order): the suffix
+    of the name it is recorded under (``""``, ``".tangent"``, ``".cotangent"``...),
+    ``"step"``, or None (not recorded: the tangent of a step).
+
+    Example:
+        >>> roles("record+step", ["jvp"], 4)
+        ['', 'step', '.tangent', None]
+        >>> roles("record", ["jvp", "transpose", "batch"], 1)
+        ['.cotangent']
+        >>> roles("record+step", ["jvp", "transpose"], 2)
+        ['.cotangent', 'step']
+    """
+    out: list[Optional[str]] = ["", STEP] if kind == KIND_WITH_STEP else [""]
+    open_jvps = 0
+
+    def derived(r: Optional[str], suffix: str) -> Optional[str]:
+        return None if r is None or r == STEP else r + suffix
+
+    for t in transform_names:
+        if t == "jvp":
+            out = out + [derived(r, TANGENT_SUFFIX) for r in out]
+            open_jvps += 1
+        elif t == "transpose":
+            if open_jvps:
+                # The backward half of a jvp record: the cotangents of its tangents, which
+                # are the gradients with respect to the primals.
+                # The step's primal value travels with them (`rules._outside_call_transpose`).
+                open_jvps -= 1
+                out = [r if r == STEP else derived(r, COTANGENT_SUFFIX)
+                       for r in out[:len(out) // 2]]
+            else:
+                # A record of linear values (inside a custom_jvp rule): only the linear
+                # operands (never the integer step) are transposed.
+                out = [derived(r, COTANGENT_SUFFIX) for r in out if r is not None and r != STEP]
+    if len(out) != n_operands:
+        raise NotImplementedError(
+            f"hostfeed: cannot tell the operands of a record apart after the transformations "
+            f"{list(transform_names)} ({n_operands} operands, expected {len(out)})")
+    return out
+
+
+def lane_dims(transform_names: Sequence[str]) -> int:
+    """How many leading dimensions of a record's operands are vmap lanes: the batching rule
+    puts each ``vmap``'s dimension first, and each lane is one row.
+
+    Example:
+        >>> lane_dims(["batch", "jvp", "batch"])
+        2
+    """
+    return sum(1 for t in transform_names if t == "batch")
+
+
+def _transforms_json(transforms: tuple) -> str:
+    return json.dumps(unpack_transforms(transforms), default=list)
+
+
+def _dtype_code(dtype: Any) -> int:
+    name = np.dtype(dtype).name
+    code = receiver.DTYPE_CODES.get(name)
+    if code is None:
+        raise TypeError(f"hostfeed: values of dtype {name} cannot be recorded")
+    return code
+
+
+class _Target:
+    """The ``func`` of a record's :class:`CallbackSpec`: one name of one recorder, with or
+    without a step (``kind``). Called only on the paths that go through Python (see the
+    module documentation), as a tap function with ``(arg, transforms, device=...)``."""
+
+    __slots__ = ("kind", "name", "recorder")
+
+    def __init__(self, recorder: Recorder, name: str, kind: str):
+        self.recorder = recorder
+        self.name = name
+        self.kind = kind
+
+    def __repr__(self) -> str:  # names the consumer in messages
+        return f"Recorder.record({self.name!r})"
+
+    def __call__(self, arg: Any, transforms: Sequence, *, device: Any = None) -> None:
+        leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(arg)]
+        names = [t[0] for t in transforms]
+        rs = roles(self.kind, names, len(leaves))
+        nb = lane_dims(names)
+        lanes = int(np.prod(leaves[0].shape[:nb], dtype=np.int64)) if nb else 1
+        packed = json.dumps(transforms, default=list)
+        steps = [-1] * lanes
+        for r, leaf in zip(rs, leaves):
+            if r == STEP:
+                flat = leaf.reshape(-1)
+                steps = [int(flat[min(k, flat.size - 1)]) if flat.size else -1
+                         for k in range(lanes)]
+        ordinal = -1 if device is None else int(getattr(device, "id", -1))
+        native = self.recorder._native
+        values = []
+        for r, leaf in zip(rs, leaves):
+            if r is not None and r != STEP:
+                value = np.ascontiguousarray(leaf).reshape(lanes, *leaf.shape[nb:])
+                values.append((self.recorder._declare(self.name + r, value.dtype,
+                                                      value.shape[1:]), value))
+        for k in range(lanes):
+            for array_id, value in values:
+                native.append(array_id, value[k].reshape(-1).view(np.uint8), steps[k],
+                              ordinal, packed)
+
+
+# Recorders not closed yet: barrier_wait flushes them, interpreter exit closes them (after
+# the receiver has drained). Strong references, so that an open recorder dropped by the
+# program still gets its rows written.
+_open: set[Recorder] = set()
+_open_lock = threading.Lock()
+
+
+class Recorder:
+    """Records values from inside JAX computations to a Zarr v3 store, written by Rust
+    threads at disk speed, with no Python per record.
+
+    ``rec.record("layer1/h", h)`` is the identity on ``h`` (like ``id_tap``) and appends
+    ``h`` as one row of the array ``layer1/h`` of the store: shape ``[rows, *h.shape]``,
+    dtype preserved (bfloat16 and the float8 types as the Zarr extensions name them),
+    chunked along the rows. It works eagerly and under ``jit``, ``scan``/``while_loop``/
+    ``fori_loop``, ``vmap`` (one row per lane, in lane order), ``grad``/``jvp`` (tangents and
+    cotangents go to ``name.tangent`` / ``name.cotangent`` in the default autodiff mode,
+    not at all in the ``'primals'`` mode), ``pmap``/``shard_map`` (one row per device) and
+    ``jit`` over sharded arrays (the whole value, once).
+
+    Per-row metadata lives in sibling arrays ``name.step`` (the ``step=`` given, or -1),
+    ``name.device``, ``name.time_ns`` (host arrival time), ``name.seq`` (record number
+    across the recorder) and ``name.transforms`` (index into the array's
+    ``attrs["hostfeed"]["transforms"]``). :func:`read_recording` returns rows and metadata.
+
+    Rows reach the disk asynchronously. ``flush()`` (and ``hcb.barrier_wait()``, ``close()``,
+    leaving a ``with`` block, interpreter exit) returns once every row recorded by the
+    computations dispatched so far is written and announced in the store's metadata. A
+    killed process leaves a store that opens and holds every row flushed before the kill
+    (and those announced by the periodic commit, every ``commit_interval`` seconds).
+
+    The bytes of a row stay charged against the receiver's queue bound
+    (``JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE``) until they are written, so a slow disk
+    pauses the devices instead of growing memory.
+
+    Args:
+      path: directory of the store.
+      mode: ``"w-"`` (default): create, fail if ``path`` exists and is not empty;
+        ``"w"``: replace an earlier hostfeed recording at ``path`` (nothing else).
+      compression: None (default) or ``"zstd"``, with ``compression_level`` (default 1).
+        zstd costs CPU (about 0.2 GB/s per writer thread on activations); use it when the
+        disk is slower than that, or for space.
+      chunk_bytes: target chunk size (default 16 MiB; at most a quarter of the queue
+        bound): rows per chunk = max(1, chunk_bytes // row bytes).
+      writers: writer threads (default 2; they write different chunks at the same time).
+      durable: fsync every chunk and metadata write, so rows also survive an OS crash or
+        power loss (default False: a killed process loses nothing flushed either way).
+      commit_interval: seconds between announcements of written rows besides flushes.
+      separator: chunk key separator, ``"/"`` (nested directories) or ``"."`` (flat).
+
+    Raises:
+      RecordingError: (an ``OSError``) the path cannot be created, or exists.
+
+    Example:
+        >>> import tempfile, os, jax, jax.numpy as jnp
+        >>> import hostfeed
+        >>> path = os.path.join(tempfile.mkdtemp(), "run1.zarr")
+        >>> with hostfeed.Recorder(path) as rec:
+        ...     f = jax.jit(lambda x, s: rec.record("layer1/h", x * 2, step=s).sum())
+        ...     for s in range(3):
+        ...         _ = f(jnp.ones(4), s)
+        >>> rows, meta = hostfeed.read_recording(path, "layer1/h")
+        >>> rows.shape, meta["step"].tolist()
+        ((3, 4), [0, 1, 2])
+    """
+
+    def __init__(self, path: Any, *, mode: str = "w-", compression: Optional[str] = None,
+                 compression_level: int = 1, chunk_bytes: int = 16 << 20, writers: int = 2,
+                 durable: bool = False, commit_interval: float = 1.0,
+                 separator: str = "/"):
+        # The receiver (and its exit handler, which closes recorders after draining) must
+        # exist before any row can be recorded.
+        receiver.ensure_started()
+        self._native = receiver.NativeRecorder(
+            str(path), mode=mode, compression=compression, level=compression_level,
+            chunk_bytes=chunk_bytes, writers=writers, durable=durable,
+            commit_interval=commit_interval, separator=separator)
+        self._lock = threading.Lock()
+        self._targets: dict[tuple[str, str], _Target] = {}
+        self._declared: dict[tuple, int] = {}
+        with _open_lock:
+            _open.add(self)
+
+    # ---- public API ---------------------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        """The store's directory."""
+        return str(self._native.path)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return bool(self._native.closed)
+
+    def record(self, name: str, value: Any, *, step: Any = None, result: Any = None) -> Any:
+        """Identity on ``value`` that also appends it as one row of array ``name``.
+
+        Args:
+          name: the array's name in the store; ``/`` separates groups (``"layer1/h"``).
+            Parts use letters, digits, ``_``, ``-`` and ``.``; names ending in a per-row
+            metadata suffix (``.step``, ...) or in ``.tangent``/``.cotangent`` are refused.
+          value: a JAX array, numpy array or scalar of any dtype hostfeed transfers (not a
+            pytree: record each leaf under its own name).
+          step: optional integer scalar (traced or not) stored with the row in
+            ``name.step``, to line rows up with training steps.
+          result: if given, the return value instead of ``value`` (as for ``id_tap``); the
+            row is recorded either way.
+
+        Returns:
+          ``value``, or ``result`` if given.
+
+        Raises:
+          ValueError: an invalid name, the recorder is closed, or (when the computation is
+            compiled, at the call site) the name was recorded before with another shape
+            or dtype.
+          TypeError: a pytree, or a dtype that cannot be recorded (sub-byte types).
+        """
+        if self.closed:
+            raise ValueError(f"hostfeed: Recorder.record({name!r}) on a closed recorder "
+                             f"({self.path})")
+        _check_name(name)
+        treedef: Any
+        leaves, treedef = jax.tree_util.tree_flatten(value)
+        if treedef.num_leaves != 1 or treedef.num_nodes != 1:
+            raise TypeError(
+                f"hostfeed: Recorder.record({name!r}) records one array, got a pytree with "
+                f"{treedef.num_leaves} leaves; record each leaf under its own name")
+        leaves, value_keys = keys.unwrap_keys(leaves, "Recorder.record", "value")
+        operands = [_as_value(leaves[0], name)]
+        if step is not None:
+            operands.append(_as_step(step, name))
+        kind = KIND if step is None else KIND_WITH_STEP
+        spec = CallbackSpec(self._target(name, kind),
+                            jax.tree_util.tree_structure(tuple(operands)), True, kind)
+        flat_results: list = []
+        result_keys: Any = None
+        result_treedef: Any = None
+        if result is not None:
+            flat_results, result_treedef = jax.tree_util.tree_flatten(result)
+            flat_results, result_keys = keys.unwrap_keys(flat_results, "Recorder.record",
+                                                         "result")
+            flat_results = [r if _compat.is_tracer(r) or isinstance(r, jax.Array)
+                            else jax.numpy.asarray(r) for r in flat_results]
+        outs = outside_call_p.bind(*operands, *flat_results,
+                                   **outside_call_params(spec, len(operands)))
+        if result_treedef is not None:
+            return result_treedef.unflatten(
+                keys.rewrap_keys(outs[len(operands):], result_keys))
+        return treedef.unflatten(keys.rewrap_keys(outs[:1], value_keys))
+
+    def flush(self, timeout: Optional[float] = None) -> None:
+        """Waits until every row recorded by the computations dispatched so far is written
+        and announced in the store's metadata.
+
+        Raises:
+          RecordingError: a write failed since the last flush (disk full, ...).
+          TimeoutError: not done within ``timeout`` seconds (what was written is announced).
+        """
+        receiver.check_not_in_callback("Recorder.flush")
+        failed_run = receiver.drain_dispatched(timeout)
+        if not self._native.flush(timeout):
+            raise receiver.ReceiverTimeoutError(
+                f"hostfeed: Recorder.flush timed out after {timeout} s with rows of "
+                f"{self.path} still being written")
+        if failed_run is not None:
+            raise failed_run
+
+    def close(self) -> None:
+        """Flushes, then stops the writer threads. Recording afterwards raises; rows that
+        already compiled code sends later are dropped with a warning. Closing twice does
+        nothing."""
+        if self.closed:
+            return
+        receiver.check_not_in_callback("Recorder.close")
+        try:
+            receiver.drain_dispatched()
+        finally:
+            with _open_lock:
+                _open.discard(self)
+            self._native.close()
+
+    def stats(self) -> dict[str, int]:
+        """Counters: rows received, bytes and chunks written, spills (partial chunks
+        written early to free the queue), commits, rows dropped."""
+        return dict(self._native.stats())
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"hostfeed.Recorder({self.path!r}{', closed' if self.closed else ''})"
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _target(self, name: str, kind: str) -> _Target:
+        with self._lock:
+            t = self._targets.get((name, kind))
+            if t is None:
+                t = self._targets[(name, kind)] = _Target(self, name, kind)
+            return t
+
+    def _declare(self, name: str, dtype: Any, shape: Sequence[int]) -> int:
+        key = (name, np.dtype(dtype).name, tuple(int(d) for d in shape))
+        with self._lock:
+            array_id = self._declared.get(key)
+        if array_id is None:
+            array_id = int(self._native.declare(name, _dtype_code(dtype), list(key[2])))
+            with self._lock:
+                self._declared[key] = array_id
+        return array_id
+
+
+def _check_name(name: str) -> None:
+    if not isinstance(name, str):
+        raise TypeError(f"hostfeed: a record name must be a str, got {type(name).__name__}")
+    leaf = name.rsplit("/", 1)[-1]
+    for suffix in (TANGENT_SUFFIX, COTANGENT_SUFFIX) + tuple("." + s for s in ROW_METADATA):
+        if leaf.endswith(suffix):
+            raise ValueError(
+                f"hostfeed: invalid record name {name!r}: the suffix {suffix!r} is reserved "
+                f"(per-row metadata, tangents and cotangents are stored under such names)")
+
+
+def _as_value(x: Any, name: str) -> Any:
+    if not (_compat.is_tracer(x) or isinstance(x, (jax.Array, np.ndarray, np.generic))):
+        if isinstance(x, (bool, int, float, complex)) or hasattr(x, "__jax_array__"):
+            x = jax.numpy.asarray(x)
+        else:
+            raise TypeError(f"hostfeed: Recorder.record({name!r}) got a {type(x).__name__}, "
+                            f"which is not a JAX value")
+    if np.dtype(x.dtype) not in receiver.SUPPORTED_DTYPES:
+        raise TypeError(
+            f"hostfeed: Recorder.record({name!r}) got dtype {x.dtype}, which cannot be "
+            f"recorded (sub-byte types have no Zarr encoding that readers share); cast "
+            f"first, e.g. x.astype(jnp.int8) or a float8 type")
+    return x
+
+
+def _as_step(step: Any, name: str) -> Any:
+    s = step if _compat.is_tracer(step) or isinstance(step, jax.Array) \
+        else jax.numpy.asarray(step)
+    if s.shape != () or not jax.numpy.issubdtype(s.dtype, jax.numpy.integer):
+        raise TypeError(f"hostfeed: Recorder.record({name!r}, step=...) needs an integer "
+                        f"scalar, got {s.dtype}{list(s.shape)}")
+    return s
+
+
+# ---- lowering (called by lowering.py) ------------------------------------------------------
+
+
+def is_record(spec: CallbackSpec) -> bool:
+    """Whether a callback spec is a record."""
+    return spec.kind in (KIND, KIND_WITH_STEP)
+
+
+def _declare_operands(spec: CallbackSpec, transforms: tuple, avals: Sequence[Any]
+                      ) -> tuple[list[Optional[int]], Optional[int], int]:
+    """Declares the arrays a record's operands go to: (array id or None per operand, the
+    step operand's index, lanes per message)."""
+    target: _Target = spec.func
+    names = [t[0] for t in transforms]
+    rs = roles(spec.kind, names, len(avals))
+    nb = lane_dims(names)
+    lanes = int(np.prod(avals[0].shape[:nb], dtype=np.int64)) if nb else 1
+    ids: list[Optional[int]] = []
+    step = None
+    for i, (r, aval) in enumerate(zip(rs, avals)):
+        if r == STEP:
+            step = i if step is None else step
+            ids.append(None)
+        elif r is None:
+            ids.append(None)
+        else:
+            ids.append(target.recorder._declare(target.name + r, aval.dtype, aval.shape[nb:]))
+    return ids, step, lanes
+
+
+def declare_global(spec: CallbackSpec, transforms: tuple, avals: Sequence[Any]) -> None:
+    """Declares the arrays of a global-view record (recorded through Python after its
+    shards are joined) at lowering, so that a clash raises at the call site."""
+    _declare_operands(spec, transforms, avals)
+
+
+def consumer_lease(spec: CallbackSpec, transforms: tuple,
+                   avals: Sequence[Any]) -> receiver.Lease:
+    """A lease on the consumer id of a record lowered on one device or per device: its
+    arrays are declared (a clash raises here, at the call site) and the id is bound to a
+    Rust sink."""
+    target: _Target = spec.func
+    if target.recorder.closed:
+        raise ValueError(f"hostfeed: a computation records {target.name!r} to a closed "
+                         f"recorder ({target.recorder.path})")
+    ids, step, lanes = _declare_operands(spec, transforms, avals)
+    key = (spec, transforms, tuple((tuple(a.shape), np.dtype(a.dtype).name) for a in avals),
+           KIND)
+
+    def make() -> receiver.Consumer:
+        # Never called for messages (the sink takes them in Rust); kept as the registry's
+        # entry, and as a fallback that records through Python.
+        return receiver.Consumer(make_tap_invoker(spec, transforms), spec.name, "tap")
+
+    lease = receiver.register(key, make)
+    if lanes == 0:  # vmap over an empty batch: nothing to record, nothing is sent
+        return lease
+    target.recorder._native.bind(lease.cid, ids, step, _transforms_json(transforms), lanes)
+    return lease
+
+
+# ---- barrier and exit --------------------------------------------------------------------
+
+
+def _flush_open() -> Optional[BaseException]:
+    """After a barrier: writes what every open recorder received; returns the first error."""
+    if not _open:  # no recorder open: nothing to write (checked without the lock)
+        return None
+    with _open_lock:
+        recorders = list(_open)
+    first: Optional[BaseException] = None
+    for rec in recorders:
+        try:
+            rec._native.flush(None)
+        except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
+            first = first or exc
+    return first
+
+
+def _close_open() -> None:
+    """At exit, after the receiver drained: closes every open recorder."""
+    with _open_lock:
+        recorders = list(_open)
+        _open.clear()
+    for rec in recorders:
+        try:
+            rec._native.close()
+        except Exception as exc:  # noqa: BLE001 - logged; the other recorders still close
+            receiver.logger.error("hostfeed: closing %r at exit: %s", rec, exc)
+
+
+receiver.add_barrier_hook(_flush_open)
+receiver.add_exit_hook(_close_open)
+
+
+# ---- reading -------------------------------------------------------------------------------
+
+
+def read_recording(path: Any, name: str) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The rows recorded under ``name`` and their per-row metadata, as numpy arrays.
+
+    Returns ``(rows, meta)``: ``rows`` has shape ``[n, *value.shape]`` and the value's
+    dtype; ``meta`` maps ``"step"``, ``"device"``, ``"time_ns"``, ``"seq"`` and
+    ``"transforms"`` (a list of the transforms descriptions, indexed by
+    ``meta["transform_index"]``) to arrays of ``n`` entries. Needs zarr-python
+    (``pip install 'hostfeed[zarr]'``).
+    """
+    try:
+        import zarr
+    except ImportError as exc:
+        raise ImportError("hostfeed.read_recording needs zarr-python: pip install "
+                          "'zarr>=3.1' (or read the store with any Zarr v3 reader)") from exc
+    from . import zarr_dtypes
+    zarr_dtypes.register()
+    root: Any = zarr.open_group(str(path), mode="r")
+    data = root[name]
+    rows = np.asarray(data[:])
+    n = rows.shape[0]
+    parent, _, leaf = name.rpartition("/")
+    group = root[parent] if parent else root
+    meta: dict[str, Any] = {}
+    for field in ROW_METADATA:
+        values = np.asarray(group[f"{leaf}.{field}"][:n])
+        meta["transform_index" if field == "transforms" else field] = values
+    meta["transforms"] = list(data.attrs.get("hostfeed", {}).get("transforms", []))
+    return rows, meta

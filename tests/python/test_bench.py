@@ -1,0 +1,142 @@
+"""`python -m hostfeed bench`: the quick run writes JSON in the documented schema, with
+finite figures, and a valid PNG; options are checked; the receiver's histograms."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+
+import hostfeed
+from hostfeed import bench, receiver
+from hostfeed import host_callback as hcb
+
+DISTRIBUTION = {"count", "mean", "p50", "p90", "p99", "p999", "max"}
+
+
+def numbers(tree, path="$"):
+    """Every number in a JSON tree, with its path."""
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from numbers(v, f"{path}.{k}")
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            yield from numbers(v, f"{path}[{i}]")
+    elif isinstance(tree, (int, float)) and not isinstance(tree, bool):
+        yield path, tree
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    json_path, png_path = out / "bench.json", out / "bench.png"
+    r = subprocess.run([sys.executable, "-m", "hostfeed", "bench", "--quick", "--json",
+                        str(json_path), "--plot", str(png_path)],
+                       capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout, json.loads(json_path.read_text()), png_path
+
+
+def test_quick_run_writes_every_section_in_the_schema(quick_run):
+    _, result, _ = quick_run
+    assert result["schema"] == bench.SCHEMA == "hostfeed-bench/1"
+    assert set(result) == {"schema", "header", *bench.SECTIONS}
+    h = result["header"]
+    assert {"hostfeed", "jax", "jaxlib", "numpy", "python", "backend", "devices", "cpu",
+            "cores", "env", "quick"} <= set(h)
+    assert h["quick"] is True and h["backend"] == "cpu" and h["jax"] == jax.__version__
+    lat = result["latency"]["methods"]
+    assert set(lat) == {"hostfeed", "hostfeed (spaced taps)", *bench._sections.TAP_METHODS}
+    for name, m in lat.items():
+        assert set(m["device_us"]) == DISTRIBUTION, name
+        assert m["device_us"]["count"] > 0 and m["device_cdf_us"][-1][1] == 1.0
+    assert set(lat["hostfeed"]["handover_us"]) == DISTRIBUTION
+    assert lat["io_callback"]["handover_us"] is None
+    sweep = result["sweep"]
+    for name, points in sweep["methods"].items():
+        assert [p["bytes"] for p in points] == sweep["sizes"], name
+    calls = result["call"]["methods"]
+    assert set(calls) == {"hostfeed call", *bench._sections.CALL_METHODS}
+    runs = result["backpressure"]["runs"]
+    assert [r["method"] for r in runs] == ["hostfeed"] * 3 + ["io_callback(ordered)"]
+    # The smallest bound holds the device back: it waited, and held little.
+    assert runs[0]["blocked_count"] > 0
+    assert runs[0]["peak_queued_bytes"] <= runs[0]["bound_bytes"] + 2 * 16384
+
+
+def test_every_figure_is_finite_and_the_measured_ones_positive(quick_run):
+    _, result, _ = quick_run
+    for path, value in numbers(result):
+        assert math.isfinite(value), path
+        assert value >= 0 or path.endswith(("cost_us_per_tap", "growth")), path
+    positive = [m["device_us"]["p50"] for m in result["latency"]["methods"].values()]
+    positive += [p["gb_per_s"] for pts in result["sweep"]["methods"].values() for p in pts]
+    positive += [m["round_trip_us"]["p50"] for m in result["call"]["methods"].values()]
+    positive += [r["device_s"] for r in result["backpressure"]["runs"]]
+    positive += [v["seconds"] for k, v in result["compile"].items() if k != "taps"]
+    assert all(v > 0 for v in positive)
+
+
+def test_terminal_report_has_ratios_and_the_plot_is_a_png(quick_run):
+    stdout, _, png = quick_run
+    assert "per-tap latency" in stdout and "payload sweep" in stdout
+    assert "call round trip" in stdout and "back-pressure" in stdout
+    # Ratios to the best JAX callback measured in the same run.
+    assert re.search(r"p50 vs (io_callback|debug\.callback|pure_callback)", stdout)
+    assert re.search(r"\d+\.\dx", stdout)
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_plot_without_matplotlib_is_a_clear_error(tmp_path):
+    fake = tmp_path / "matplotlib"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('matplotlib is not installed')\n")
+    r = subprocess.run([sys.executable, "-m", "hostfeed", "bench", "--quick", "--only",
+                        "barrier", "--plot", str(tmp_path / "x.png")],
+                       capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu",
+                                PYTHONPATH=f"{tmp_path}{os.pathsep}"
+                                           f"{os.environ.get('PYTHONPATH', '')}"))
+    assert r.returncode == 2
+    assert "pip install 'hostfeed[bench]'" in r.stderr
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_unknown_section_is_refused():
+    with pytest.raises(ValueError, match="unknown bench sections"):
+        bench.run(["nope"])
+    with pytest.raises(SystemExit):
+        bench.main(["--only", "nope"])
+
+
+def test_receiver_stats_has_latency_distributions():
+    receiver.reset_histograms()
+    x = jnp.arange(4.0)
+    jax.jit(lambda v: lax.fori_loop(0, 100, lambda i, c: hcb.id_tap(lambda *a: None, v,
+                                                                     result=c), 0))(x)
+    hcb.barrier_wait()
+    stats = hostfeed.receiver_stats()
+    for key in ("device_us", "handover_us"):
+        assert set(stats[key]) == DISTRIBUTION
+        assert stats[key]["count"] == 100
+        assert 0 < stats[key]["p50"] <= stats[key]["p99"] <= stats[key]["max"]
+
+
+def test_timing_can_be_turned_off():
+    before = receiver.set_timing(False)
+    try:
+        receiver.reset_histograms()
+        jax.jit(lambda v: hcb.id_tap(lambda *a: None, v))(1.0)
+        hcb.barrier_wait()
+        assert receiver.histograms() == {"device_ns": [], "handover_ns": []}
+    finally:
+        receiver.set_timing(before)
