@@ -41,8 +41,8 @@ if [ -z "$wheel" ]; then
 fi
 test_tools='import pytest, pytest_timeout, zarr, matplotlib, tqdm'  # the test extra's tools
 unpack() { "$python" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$1" "$2"; }
-venv="$out/venv"
-rm -rf "$venv"
+work=$(mktemp -d "${TMPDIR:-/tmp}/hostfeed_gpu_check.XXXXXX")  # not under $OUT: only results go back
+venv="$work/venv"
 # A virtual environment that sees the machine's JAX, with the wheel installed offline.
 if "$python" -m venv --system-site-packages "$venv" >> "$out/install.log" 2>&1 \
         && "$venv/bin/python" -c 'import jax' >> "$out/install.log" 2>&1 \
@@ -56,8 +56,8 @@ else
     # No venv/pip, or JAX lives in another environment than the interpreter's base: unpack
     # the wheel (it holds only the package and its metadata) onto PYTHONPATH instead.
     say "venv unusable here (see install.log): unpacking the wheel onto PYTHONPATH"
-    site="$out/site"
-    rm -rf "$site" && mkdir -p "$site"
+    site="$work/site"
+    mkdir -p "$site"
     unpack "$wheel" "$site"
     if ! "$python" -c "$test_tools" 2>/dev/null; then
         for w in dist/*.whl; do
@@ -71,7 +71,7 @@ if ! (cd /tmp && "$py" -c 'import hostfeed' >> "$out/install.log" 2>&1); then
     say "FAIL: hostfeed does not import with this JAX (see install.log):"
     tail -3 "$out/install.log" | tee -a "$summary"
     if grep -q "supports jax" "$out/install.log"; then
-        say "this build predates support for the machine's JAX: build the wheel from a tree with it (the JAX-range work)"
+        say "this hostfeed does not support the machine's JAX: build the wheel from a tree that does"
     fi
     exit 2
 fi
