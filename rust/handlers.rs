@@ -96,7 +96,7 @@ fn call(frame: &Frame<'_>, receiver: &'static Receiver, _start: u64) -> Result<(
     let slot = Arc::new(ReplySlot::new(outs));
     let mut msg = msg;
     msg.reply = Some(Arc::clone(&slot));
-    let ticket = receiver.begin_call(Arc::clone(&slot));
+    let call_id = receiver.begin_call(Arc::clone(&slot));
     let deadline = u64::try_from(frame.attrs.timeout_ms)
         .ok()
         .filter(|&ms| ms > 0)
@@ -110,7 +110,7 @@ fn call(frame: &Frame<'_>, receiver: &'static Receiver, _start: u64) -> Result<(
         interrupt::signalled_since(signals).map(str::to_string)
     };
     let waited = receiver.push(msg).map(|()| slot.wait(deadline, interrupted));
-    receiver.end_call(ticket);
+    receiver.end_call(call_id);
     let outcome = match waited {
         Ok(Ok(Ok(()))) => Ok(()),
         Ok(Ok(Err(message))) => Err(Error::CallFailed(message)),
