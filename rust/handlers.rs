@@ -91,7 +91,7 @@ pub(crate) fn await_reply(
 ) -> Result<(), Error> {
     let slot = Arc::new(ReplySlot::new(outs));
     msg.reply = Some(Arc::clone(&slot));
-    let ticket = receiver.begin_call(Arc::clone(&slot));
+    let call_id = receiver.begin_call(Arc::clone(&slot));
     let deadline = u64::try_from(attrs.timeout_ms)
         .ok()
         .filter(|&ms| ms > 0)
@@ -105,7 +105,7 @@ pub(crate) fn await_reply(
         interrupt::signalled_since(signals).map(str::to_string)
     };
     let waited = receiver.push(msg).map(|()| slot.wait(deadline, interrupted));
-    receiver.end_call(ticket);
+    receiver.end_call(call_id);
     match waited {
         Ok(Ok(Ok(()))) => Ok(()),
         Ok(Ok(Err(message))) => Err(Error::CallFailed(message)),

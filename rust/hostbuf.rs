@@ -8,6 +8,7 @@
 
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::error::Error;
@@ -20,7 +21,21 @@ pub const ALIGN: usize = 16;
 /// Buffers at least this large are recycled through [`POOL`]; smaller ones use malloc.
 const POOL_MIN_BYTES: usize = 64 << 10;
 /// Most bytes the pool keeps idle.
-const POOL_MAX_BYTES: usize = 64 << 20;
+/// Default of [`set_pool_limit`].
+pub const DEFAULT_POOL_BYTES: usize = 64 << 20;
+static POOL_LIMIT: AtomicUsize = AtomicUsize::new(DEFAULT_POOL_BYTES);
+
+/// Sets the most bytes the pool keeps idle (`HOSTFEED_BUFFER_POOL_BYTES`). A larger pool
+/// spares large bursts of taps the page faults of fresh memory, at the price of keeping
+/// that much memory when idle.
+pub fn set_pool_limit(bytes: usize) {
+    POOL_LIMIT.store(bytes, Ordering::Relaxed);
+    let mut pool = lock(&POOL);
+    let mut idle: usize = pool.iter().map(|b| b.cap).sum();
+    while idle > bytes && !pool.is_empty() {
+        idle -= pool.remove(0).cap;
+    }
+}
 /// Buffers at least this large are aligned to it and advised to use transparent huge
 /// pages (as numpy does for its large arrays): fewer page faults and TLB misses.
 const HUGE_PAGE: usize = 2 << 20;
@@ -90,13 +105,14 @@ fn take_buf(cap: usize) -> Option<RawBuf> {
 }
 
 fn give_back(buf: RawBuf) {
-    if buf.cap < POOL_MIN_BYTES || buf.cap > POOL_MAX_BYTES {
+    let limit = POOL_LIMIT.load(Ordering::Relaxed);
+    if buf.cap < POOL_MIN_BYTES || buf.cap > limit {
         return;
     }
     let mut pool = lock(&POOL);
     let mut idle: usize = pool.iter().map(|b| b.cap).sum();
     // Keep the newest buffers: evict the oldest until this one fits.
-    while idle + buf.cap > POOL_MAX_BYTES && !pool.is_empty() {
+    while idle + buf.cap > limit && !pool.is_empty() {
         idle -= pool.remove(0).cap;
     }
     pool.push(buf);

@@ -73,6 +73,8 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pyapi::histograms, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::reset_histograms, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::set_timing, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::set_buffer_pool_bytes, m)?)?;
+    m.add("DEFAULT_BUFFER_POOL_BYTES", hostbuf::DEFAULT_POOL_BYTES)?;
     m.add_function(wrap_pyfunction!(pyapi::set_consumer_name, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::install_interrupt_watch, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::registrations, m)?)?;

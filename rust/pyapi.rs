@@ -411,6 +411,12 @@ pub fn set_timing(enabled: bool) -> bool {
     before
 }
 
+/// Sets the most bytes of host buffers kept for reuse when idle.
+#[pyfunction]
+pub fn set_buffer_pool_bytes(bytes: usize) {
+    crate::hostbuf::set_pool_limit(bytes);
+}
+
 /// Resets `peak_queued_bytes` to the current queued bytes.
 #[pyfunction]
 pub fn reset_peak() {

@@ -342,16 +342,16 @@ impl Receiver {
         }
     }
 
-    /// Records a waiting `call`; returns the ticket for [`Receiver::end_call`].
+    /// Records a waiting `call`; returns its id for [`Receiver::end_call`].
     pub fn begin_call(&self, slot: Arc<ReplySlot>) -> u64 {
-        let ticket = self.next_call.fetch_add(1, Ordering::Relaxed);
-        lock(&self.calls).insert(ticket, slot);
-        ticket
+        let call_id = self.next_call.fetch_add(1, Ordering::Relaxed);
+        lock(&self.calls).insert(call_id, slot);
+        call_id
     }
 
     /// Forgets a `call` that stopped waiting.
-    pub fn end_call(&self, ticket: u64) {
-        lock(&self.calls).remove(&ticket);
+    pub fn end_call(&self, call_id: u64) {
+        lock(&self.calls).remove(&call_id);
     }
 
     /// Fails every waiting `call` with `message`; returns how many were failed.
@@ -668,12 +668,12 @@ mod tests {
         }
         entered_rx.recv().unwrap();
         let slot = Arc::new(ReplySlot::new(Vec::new()));
-        let ticket = r.begin_call(Arc::clone(&slot));
+        let call_id = r.begin_call(Arc::clone(&slot));
         let outcome = r.stop(Some(Duration::from_millis(50))).unwrap();
         let StopOutcome::Abandoned(a) = outcome else { panic!("expected an abandon, got {outcome:?}") };
         assert_eq!(a.failed_calls, 1);
         assert!(!slot.is_pending(), "the waiting call was failed");
-        r.end_call(ticket);
+        r.end_call(call_id);
         // Messages 1 and 2 were taken (2 is written off, with 1 if both came in one batch);
         // 3 and 4 went back to the queue.
         assert!(matches!(a.reclaimed.written_off, 1 | 2), "{a:?}");

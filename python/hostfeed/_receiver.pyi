@@ -16,7 +16,8 @@ __all__ = [
     "RecordingError", "MessageData", "BatchIter", "Reply", "Recorder", "start", "stop",
     "finalize", "start_exit_watch", "stop_exit_watch", "push_control", "barrier",
     "is_running", "in_callback_thread", "max_queue_bytes", "set_max_queue_bytes", "stats",
-    "reset_peak", "histograms", "reset_histograms", "set_timing", "set_consumer_name",
+    "reset_peak", "histograms", "reset_histograms", "set_timing", "set_buffer_pool_bytes",
+    "DEFAULT_BUFFER_POOL_BYTES", "set_consumer_name",
     "install_interrupt_watch", "registrations",
     "cuda_registrations", "cuda_driver_error", "cuda_driver_version", "cuda_pool_stats",
     "cuda_copy_floor",
@@ -24,6 +25,8 @@ __all__ = [
 
 #: Default byte bound of the queue (the legacy ``256e6``).
 DEFAULT_MAX_QUEUE_BYTES: Final[int]
+#: Default most bytes of host buffers kept for reuse when idle.
+DEFAULT_BUFFER_POOL_BYTES: Final[int]
 #: Default seconds without progress after which stopping abandons a stuck callback.
 DEFAULT_STOP_TIMEOUT: Final[float]
 #: ``flags`` bit of a ``call`` that reports failures through an int32 status result.
@@ -191,6 +194,9 @@ def histograms() -> dict[str, list[tuple[int, int]]]:
 
 def reset_histograms() -> None:
     """Empties the timing histograms."""
+
+def set_buffer_pool_bytes(bytes: int) -> None:
+    """Sets the most bytes of host buffers kept for reuse when idle."""
 
 def set_timing(enabled: bool) -> bool:
     """Turns the timing histograms on or off; returns the previous setting."""

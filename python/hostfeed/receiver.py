@@ -470,6 +470,9 @@ def ensure_started(max_queue_bytes: int | None = None) -> None:
     with _life.lock:
         if max_queue_bytes is None and not _life.configured:
             max_queue_bytes = settings.max_queue_bytes()
+            pool = settings.buffer_pool_bytes()
+            if pool is not None:
+                _receiver.set_buffer_pool_bytes(pool)
         _receiver.start(_dispatch, XLA_DTYPES, max_queue_bytes)
         if threading.current_thread() is threading.main_thread():
             _receiver.install_interrupt_watch()  # Ctrl-C/SIGTERM fail a waiting hcb.call

@@ -7,6 +7,7 @@
 | ``HOSTFEED_AD_TAPS`` | :func:`ad_taps` |
 | ``HOSTFEED_CALL_TIMEOUT`` | :func:`call_timeout` |
 | ``HOSTFEED_STOP_TIMEOUT`` | :func:`stop_timeout` |
+| ``HOSTFEED_BUFFER_POOL_BYTES`` | :func:`buffer_pool_bytes` |
 
 Every parser raises ``ValueError`` naming the variable and its value when the value is not
 usable, so a typo fails where the setting is read instead of being ignored.
@@ -22,6 +23,7 @@ INLINE_ENV = "JAX_HOST_CALLBACK_INLINE"
 AD_TAPS_ENV = "HOSTFEED_AD_TAPS"
 CALL_TIMEOUT_ENV = "HOSTFEED_CALL_TIMEOUT"
 STOP_TIMEOUT_ENV = "HOSTFEED_STOP_TIMEOUT"
+BUFFER_POOL_ENV = "HOSTFEED_BUFFER_POOL_BYTES"
 
 AD_TAPS_MODES = ("transforms", "primals")
 
@@ -196,3 +198,17 @@ def stop_timeout() -> float | None:
     """
     text = _env(STOP_TIMEOUT_ENV)
     return DEFAULT_STOP_TIMEOUT if text is None else seconds(text, STOP_TIMEOUT_ENV)
+
+
+def buffer_pool_bytes() -> int | None:
+    """Most bytes of large host buffers kept for reuse when idle
+    (``HOSTFEED_BUFFER_POOL_BYTES``; None: the default, 64 MiB). Bursts of large taps or
+    records bigger than the pool pay page faults for fresh memory.
+
+    Example:
+        >>> os.environ.pop(BUFFER_POOL_ENV, None) and None
+        >>> buffer_pool_bytes() is None
+        True
+    """
+    text = _env(BUFFER_POOL_ENV)
+    return None if text is None else byte_count(text, BUFFER_POOL_ENV)

@@ -45,6 +45,20 @@ _lock = threading.Lock()
 _registered: list[str] = []
 
 
+def _validation_error() -> type[Exception]:
+    """zarr-python's ``DataTypeValidationError`` (in ``zarr.errors`` from zarr 3.2, in
+    ``zarr.core.dtype.common`` in zarr 3.1)."""
+    for module in ("zarr.errors", "zarr.core.dtype.common"):
+        try:
+            found = getattr(importlib.import_module(module), "DataTypeValidationError", None)
+        except ImportError:
+            continue
+        if isinstance(found, type) and issubclass(found, Exception):
+            return found
+    raise ImportError("this zarr-python has no DataTypeValidationError; hostfeed needs "
+                      "zarr >= 3.1")
+
+
 def _make_zdtype(zarr_name: str, np_dtype: np.dtype) -> type:
     """A zarr-python ``ZDType`` class for one ml_dtypes float type.
 
@@ -54,10 +68,7 @@ def _make_zdtype(zarr_name: str, np_dtype: np.dtype) -> type:
     from zarr.core.dtype.common import HasItemSize
     from zarr.core.dtype.npy.float import BaseFloat
     from zarr.core.dtype.wrapper import ZDType
-    try:  # zarr 3.2+
-        from zarr.errors import DataTypeValidationError  # type: ignore[attr-defined, unused-ignore]
-    except ImportError:  # zarr 3.1
-        from zarr.core.dtype.common import DataTypeValidationError
+    validation_error = _validation_error()
 
     def _check_native_dtype(cls: Any, dtype: Any) -> bool:
         return isinstance(dtype, np.dtype) and dtype == np_dtype
@@ -66,7 +77,7 @@ def _make_zdtype(zarr_name: str, np_dtype: np.dtype) -> type:
         if cls._check_native_dtype(dtype):
             return cls(endianness="little") if np_dtype.itemsize > 1 else cls()
         # "Not mine": zarr asks every registered data type when it infers one.
-        raise DataTypeValidationError(f"expected {np_dtype}, got {dtype}")
+        raise validation_error(f"expected {np_dtype}, got {dtype}")
 
     def from_json_scalar(self: Any, data: Any, *, zarr_format: int) -> Any:
         # Raw bits "0x.." of this type's own width (zarr-python parses only 2, 4, 8 bytes).
