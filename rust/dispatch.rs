@@ -6,7 +6,7 @@
 
 use std::ffi::c_int;
 use std::ptr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use numpy::npyffi::{self, npy_intp, PY_ARRAY_API};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
@@ -21,7 +21,6 @@ use crate::message::Message;
 use crate::receiver::Batch;
 use crate::recorder;
 use crate::reply::ReplySlot;
-use crate::sync::lock;
 
 /// What the consumer needs from Python: numpy dtypes per XLA dtype code.
 pub struct Dtypes {
@@ -37,9 +36,9 @@ pub struct MessageData {
 
 /// One batch of messages, handed to the Python dispatcher as an iterator. Messages are
 /// taken from the receiver one at a time, as the dispatcher gets to them.
-#[pyclass(frozen, module = "hostfeed._receiver")]
+#[pyclass(module = "hostfeed._receiver")]
 pub struct BatchIter {
-    batch: Mutex<Option<Batch>>,
+    batch: Option<Batch>,
     dtypes: Arc<Dtypes>,
 }
 
@@ -47,17 +46,18 @@ impl BatchIter {
     /// Wraps `batch` for the dispatcher.
     #[must_use]
     pub fn new(batch: Batch, dtypes: Arc<Dtypes>) -> Self {
-        BatchIter { batch: Mutex::new(Some(batch)), dtypes }
+        BatchIter { batch: Some(batch), dtypes }
     }
 
     /// Takes the batch back (to end it); later iteration stops.
-    pub fn finish(&self) -> Option<Batch> {
-        lock(&self.batch).take()
+    pub fn finish(&mut self) -> Option<Batch> {
+        self.batch.take()
     }
 
     /// Messages of the batch the dispatcher has not taken yet.
+    #[must_use]
     pub fn remaining(&self) -> usize {
-        lock(&self.batch).as_ref().map_or(0, Batch::remaining)
+        self.batch.as_ref().map_or(0, Batch::remaining)
     }
 }
 
@@ -69,7 +69,7 @@ impl BatchIter {
 
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         // Messages for recorders met on the way are routed in Rust, in queue order.
-        let msg = lock(&self.batch).as_ref().and_then(|b| {
+        let msg = self.batch.as_ref().and_then(|b| {
             recorder::sinks().route_leading(b);
             b.take()
         });

@@ -122,6 +122,22 @@ impl Timing {
         self.clock.raw().max(1)
     }
 
+    /// A raw timestamp (cycles) whether timing is on or not.
+    #[must_use]
+    pub fn raw_now(&self) -> u64 {
+        self.clock.raw()
+    }
+
+    /// Nanoseconds between two raw timestamps (0 if `end` is before `start`).
+    #[must_use]
+    pub fn nanos_between(&self, start: u64, end: u64) -> u64 {
+        if end < start {
+            0
+        } else {
+            self.clock.delta_as_nanos(start, end)
+        }
+    }
+
     fn span(&self, start: u64, end: u64) -> Option<u64> {
         (start != 0 && end >= start).then(|| self.clock.delta_as_nanos(start, end))
     }
@@ -136,9 +152,15 @@ impl Timing {
     /// Records the hand-over of a message queued at `queued` (from [`Timing::now`]).
     pub fn record_handover(&self, queued: u64) {
         if queued != 0 {
-            if let Some(ns) = self.span(queued, self.now()) {
-                self.handover.record(ns);
-            }
+            self.record_handover_at(queued, self.raw_now());
+        }
+    }
+
+    /// Records the hand-over of a message queued at `queued`, taken at `now` (both raw
+    /// timestamps; nothing when `queued` is 0, i.e. not timed).
+    pub fn record_handover_at(&self, queued: u64, now: u64) {
+        if let Some(ns) = self.span(queued, now) {
+            self.handover.record(ns);
         }
     }
 

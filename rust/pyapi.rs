@@ -105,7 +105,7 @@ impl Consume for PyConsumer {
                     }
                 };
                 loop {
-                    let before = iter.get().remaining();
+                    let before = iter.borrow().remaining();
                     let outcome =
                         catch_unwind(AssertUnwindSafe(|| self.dispatcher.call1(py, (iter.clone(),))));
                     match outcome {
@@ -117,12 +117,12 @@ impl Consume for PyConsumer {
                         ),
                     }
                     // A dispatcher that failed part-way is given the rest of the batch.
-                    let after = iter.get().remaining();
+                    let after = iter.borrow().remaining();
                     if after == 0 || after == before {
                         break;
                     }
                 }
-                done = iter.get().finish();
+                done = iter.borrow_mut().finish();
                 report_notes(py);
             }
             drop(done);

@@ -99,9 +99,9 @@ impl Batch {
     #[must_use]
     pub fn take(&self) -> Option<Message> {
         let m = self.receiver.queue.take(self.epoch)?;
-        self.receiver.timing.record_handover(m.queued_at);
-        self.receiver.busy.store(m.consumer_id, Ordering::Relaxed);
-        self.receiver.busy_since_us.store(self.receiver.clock_us(), Ordering::Relaxed);
+        let now = self.receiver.timing.raw_now();
+        self.receiver.timing.record_handover_at(m.queued_at, now);
+        self.receiver.mark_busy(m.consumer_id, now);
         Some(m)
     }
 
@@ -111,8 +111,7 @@ impl Batch {
     #[must_use]
     pub fn take_retained(&self, accept: impl FnOnce(&Message) -> bool) -> Option<(Message, usize)> {
         let (m, bytes) = self.receiver.queue.take_retained(self.epoch, accept)?;
-        self.receiver.busy.store(m.consumer_id, Ordering::Relaxed);
-        self.receiver.busy_since_us.store(self.receiver.clock_us(), Ordering::Relaxed);
+        self.receiver.mark_busy(m.consumer_id, self.receiver.timing.raw_now());
         Some((m, bytes))
     }
 
@@ -193,8 +192,8 @@ pub struct Receiver {
     generation: AtomicU64,
     /// Consumer id of the message being processed (-1: none), and since when.
     busy: AtomicI64,
-    busy_since_us: AtomicU64,
-    epoch: Instant,
+    /// Raw cycle count (`Timing::raw_now`) when `busy` was set.
+    busy_since: AtomicU64,
     /// Consumer names, for messages about them.
     names: Mutex<HashMap<i64, String>>,
     /// Things worth telling the user that happened where nobody could be told at once
@@ -226,8 +225,7 @@ impl Receiver {
             failures: Mutex::new(Failures::default()),
             generation: AtomicU64::new(0),
             busy: AtomicI64::new(-1),
-            busy_since_us: AtomicU64::new(0),
-            epoch: Instant::now(),
+            busy_since: AtomicU64::new(0),
             names: Mutex::new(HashMap::new()),
             notes: Mutex::new(Vec::new()),
             has_notes: AtomicBool::new(false),
@@ -235,8 +233,11 @@ impl Receiver {
         }
     }
 
-    fn clock_us(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+    /// Records that the consumer took a message of consumer `id` at `now` (a raw
+    /// timestamp; this runs for every message).
+    fn mark_busy(&self, id: i64, now: u64) {
+        self.busy.store(id, Ordering::Relaxed);
+        self.busy_since.store(now, Ordering::Relaxed);
     }
 
     /// Installs the consumer used by current and future consumer threads.
@@ -399,8 +400,8 @@ impl Receiver {
     pub fn busy_with(&self) -> Option<(i64, Duration)> {
         let id = self.busy.load(Ordering::Relaxed);
         (id >= 0).then(|| {
-            let since = self.busy_since_us.load(Ordering::Relaxed);
-            (id, Duration::from_micros(self.clock_us().saturating_sub(since)))
+            let since = self.busy_since.load(Ordering::Relaxed);
+            (id, Duration::from_nanos(self.timing.nanos_between(since, self.timing.raw_now())))
         })
     }
 

@@ -305,11 +305,23 @@ class _Dispatcher:
 
     def __call__(self, batch: Iterable[Message]) -> None:
         consumers = _registry.consumers
+        get = consumers.get
         self.owner = threading.get_ident()
         if self.orphans:
             for ordinal in list(self.orphans):
                 self._run_orphans(consumers, ordinal)
+        held, orphans = self.held, self.orphans  # (mutated in place, never rebound)
         for msg in batch:
+            # The common case first, with nothing else to look at: a plain tap (no flags) of
+            # a registered consumer, while no device is held.
+            if not msg[2] and not held and not orphans:
+                consumer = get(msg[0])
+                if consumer is not None and consumer.kind == "tap":
+                    try:
+                        consumer.invoke(msg[3], msg[1])
+                    except BaseException as exc:  # noqa: BLE001 - recorded for barrier_wait
+                        record_exception(exc, f"host callback {consumer.name}")
+                    continue
             self._offer(consumers, msg)
 
     def _run_orphans(self, consumers: dict, ordinal: int) -> None:
