@@ -39,6 +39,18 @@ static DISPATCH_ERROR: Mutex<Option<PyErr>> = Mutex::new(None);
 /// Whether `DISPATCH_ERROR` holds one (so that an idle barrier takes no lock).
 static HAS_DISPATCH_ERROR: AtomicBool = AtomicBool::new(false);
 
+/// Set by an eager tap (pushed by a thread that holds the GIL, so the consumer cannot take
+/// the GIL before that thread lets go of it).
+static EAGER_PUSHED: AtomicBool = AtomicBool::new(false);
+/// Set while `barrier` waits with the GIL released.
+static BARRIER_DETACHED: AtomicBool = AtomicBool::new(false);
+/// How long the consumer, handed an eager tap, polls for the pusher to reach
+/// `barrier_wait` before it asks for the GIL. A thread that asks for a GIL someone holds
+/// is put to sleep, and waking it again costs more than the tap itself; a consumer that
+/// sees the barrier let go of the GIL takes it at once. (Without a barrier soon after the
+/// eager tap, the consumer asks for the GIL after this time, as it always did.)
+const EAGER_HANDOFF_SPIN: Duration = Duration::from_micros(30);
+
 pub(crate) fn duration(what: &str, seconds: Option<f64>) -> PyResult<Option<Duration>> {
     match seconds {
         None => Ok(None),
@@ -95,7 +107,11 @@ impl Consume for PyConsumer {
             let mut done: Option<Batch> = None;
             while let Some(batch) = py.detach(|| {
                 drop(done.take());
-                recorder::sinks().next_batch(worker)
+                let batch = recorder::sinks().next_batch(worker);
+                if EAGER_PUSHED.swap(false, Ordering::AcqRel) {
+                    crate::queue::spin_until(EAGER_HANDOFF_SPIN, || BARRIER_DETACHED.load(Ordering::Acquire));
+                }
+                batch
             }) {
                 let iter = match Bound::new(py, BatchIter::new(batch, Arc::clone(&self.dtypes))) {
                     Ok(it) => it,
@@ -289,7 +305,10 @@ pub fn barrier(py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
             }
             None => WAIT_SLICE,
         };
-        if py.detach(|| r.wait_processed(target, slice))? {
+        BARRIER_DETACHED.store(true, Ordering::Release);
+        let processed = py.detach(|| r.wait_processed(target, slice));
+        BARRIER_DETACHED.store(false, Ordering::Release);
+        if processed? {
             break;
         }
         py.check_signals()?;
@@ -319,6 +338,7 @@ pub fn push_eager(
     wait_gpu_parcels(py)?;
     let payload = EagerTap { entry: entry.unbind(), arrays: arrays.unbind() };
     let msg = Message::from_host(handlers::FLAG_EAGER, -1, Box::new(payload), nbytes);
+    EAGER_PUSHED.store(true, Ordering::Release);
     // (`try_push`/`push` stamp the message for the hand-over histogram.)
     let r = receiver::global();
     // While attached only what cannot wait; waiting (or starting a consumer, which takes

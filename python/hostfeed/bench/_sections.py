@@ -135,12 +135,14 @@ def _spaced_latency(cfg: Config) -> dict:
     (the burst above measures hand-over behind the taps queued before)."""
     n = cfg.n(300, 2000)
     cfg.progress("latency: hostfeed (spaced taps)")
-    work = jnp.linspace(0.0, 1.0, 1 << 14, dtype=jnp.float32)
+
+    def spin(j, v):  # scalar, single-threaded work (XLA would spread array work over all
+        return v * 1.0000001 + 1e-7  # cores and starve the consumer on a small machine)
 
     @jax.jit
     def f(x):
         def body(i, c):
-            c = c + jnp.sum(jnp.sin(work * c))  # device work between taps
+            c = lax.fori_loop(0, 8000, spin, c)  # device work between taps
             return hcb.id_tap(lambda a, tr: None, x, result=c)
         return lax.fori_loop(0, n, body, jnp.float32(0))
 
