@@ -8,7 +8,7 @@
 
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::error::Error;
@@ -20,22 +20,81 @@ pub const ALIGN: usize = 16;
 
 /// Buffers at least this large are recycled through [`POOL`]; smaller ones use malloc.
 const POOL_MIN_BYTES: usize = 64 << 10;
-/// Most bytes the pool keeps idle.
-/// Default of [`set_pool_limit`].
+/// Default of [`set_pool_limit`]: the most bytes the pool keeps idle.
 pub const DEFAULT_POOL_BYTES: usize = 64 << 20;
 static POOL_LIMIT: AtomicUsize = AtomicUsize::new(DEFAULT_POOL_BYTES);
+/// Whether the user chose the limit (`HOSTFEED_BUFFER_POOL_BYTES`): then reservations do
+/// not raise it.
+static POOL_LIMIT_CHOSEN: AtomicBool = AtomicBool::new(false);
+/// Bytes that live [`PoolReservation`]s ask the pool to keep, together.
+static POOL_RESERVED: AtomicUsize = AtomicUsize::new(0);
+/// Most bytes one reservation may ask for.
+pub const MAX_RESERVATION: usize = 1 << 30;
 
 /// Sets the most bytes the pool keeps idle (`HOSTFEED_BUFFER_POOL_BYTES`). A larger pool
 /// spares large bursts of taps the page faults of fresh memory, at the price of keeping
-/// that much memory when idle.
+/// that much memory when idle. A limit set here is kept even while reservations are live.
 pub fn set_pool_limit(bytes: usize) {
     POOL_LIMIT.store(bytes, Ordering::Relaxed);
+    POOL_LIMIT_CHOSEN.store(true, Ordering::Relaxed);
+    trim_pool();
+}
+
+/// The most bytes the pool keeps idle now: the limit, raised to the live reservations
+/// unless the user chose the limit.
+#[must_use]
+pub fn pool_limit() -> usize {
+    let limit = POOL_LIMIT.load(Ordering::Relaxed);
+    if POOL_LIMIT_CHOSEN.load(Ordering::Relaxed) {
+        limit
+    } else {
+        limit.max(POOL_RESERVED.load(Ordering::Relaxed))
+    }
+}
+
+/// Bytes of idle buffers in the pool.
+#[must_use]
+pub fn pool_idle_bytes() -> usize {
+    lock(&POOL).iter().map(|b| b.cap).sum()
+}
+
+/// Evicts the oldest idle buffers until the pool is within [`pool_limit`].
+fn trim_pool() {
+    let limit = pool_limit();
     let mut pool = lock(&POOL);
     let mut idle: usize = pool.iter().map(|b| b.cap).sum();
-    while idle > bytes && !pool.is_empty() {
+    while idle > limit && !pool.is_empty() {
         idle -= pool.remove(0).cap;
     }
 }
+
+/// A request that the pool keep up to `bytes` of idle buffers while it lives (when the
+/// user did not choose the limit). A recorder holds one: it keeps rows until its writers
+/// have written them, so the buffers of a burst of large rows all return to the pool
+/// together, and the next burst should find them warm instead of faulting in fresh memory.
+/// Dropping it trims the pool back.
+#[derive(Debug)]
+pub struct PoolReservation {
+    bytes: usize,
+}
+
+impl PoolReservation {
+    /// Reserves `bytes` (at most [`MAX_RESERVATION`]).
+    #[must_use]
+    pub fn new(bytes: usize) -> Self {
+        let bytes = bytes.min(MAX_RESERVATION);
+        POOL_RESERVED.fetch_add(bytes, Ordering::Relaxed);
+        PoolReservation { bytes }
+    }
+}
+
+impl Drop for PoolReservation {
+    fn drop(&mut self) {
+        POOL_RESERVED.fetch_sub(self.bytes, Ordering::Relaxed);
+        trim_pool();
+    }
+}
+
 /// Buffers at least this large are aligned to it and advised to use transparent huge
 /// pages (as numpy does for its large arrays): fewer page faults and TLB misses.
 const HUGE_PAGE: usize = 2 << 20;
@@ -105,7 +164,7 @@ fn take_buf(cap: usize) -> Option<RawBuf> {
 }
 
 fn give_back(buf: RawBuf) {
-    let limit = POOL_LIMIT.load(Ordering::Relaxed);
+    let limit = pool_limit();
     if buf.cap < POOL_MIN_BYTES || buf.cap > limit {
         return;
     }

@@ -397,6 +397,8 @@ pub fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
         d.set_item(k, v)?;
     }
     d.set_item("max_queue_bytes", max_queue_bytes())?;
+    d.set_item("buffer_pool_bytes", crate::hostbuf::pool_limit())?;
+    d.set_item("buffer_pool_idle_bytes", crate::hostbuf::pool_idle_bytes())?;
     Ok(d)
 }
 

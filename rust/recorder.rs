@@ -66,7 +66,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 use crate::error::RecordError;
-use crate::hostbuf::HostBuffer;
+use crate::hostbuf::{HostBuffer, PoolReservation};
 use crate::message::Message;
 use crate::receiver::{Batch, Receiver, Worker};
 use crate::sync::{lock, Waker};
@@ -337,6 +337,9 @@ pub struct Recorder {
     spills: AtomicU64,
     commits: AtomicU64,
     rows_dropped: AtomicU64,
+    /// Keeps the host buffer pool large enough for the rows this recorder may hold (half
+    /// the budget: beyond that it spills); released at close.
+    pool_reservation: Mutex<Option<PoolReservation>>,
 }
 
 fn read_lock<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -443,6 +446,7 @@ impl Recorder {
             spills: AtomicU64::new(0),
             commits: AtomicU64::new(0),
             rows_dropped: AtomicU64::new(0),
+            pool_reservation: Mutex::new(None),
         });
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new().name(name).spawn(f).map_err(|e| RecordError::Io {
@@ -470,6 +474,7 @@ impl Recorder {
             rec.stop_threads();
             return Err(e);
         }
+        *lock(&rec.pool_reservation) = Some(PoolReservation::new(rec.budget.bound() / 2));
         Ok(rec)
     }
 
@@ -876,6 +881,7 @@ impl Recorder {
         while !self.flush_wait(&targets, Duration::from_secs(3600)) {}
         let result = self.flush_end();
         self.stop_threads();
+        lock(&self.pool_reservation).take();
         result
     }
 

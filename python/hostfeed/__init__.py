@@ -77,7 +77,9 @@ def start_receiver(*, max_queue_byte_size: Optional[int] = None) -> None:
 def receiver_stats() -> dict[str, Any]:
     """Counters of the receiver: messages and bytes enqueued/processed (bytes as charged
     against the bound: data plus what each message holds besides), current and peak queued
-    bytes, time producers spent blocked on a full queue, and the bound; and two latency
+    bytes, time producers spent blocked on a full queue, and the bound; the host buffer
+    pool's limit (``buffer_pool_bytes``: ``HOSTFEED_BUFFER_POOL_BYTES``, or 64 MiB raised
+    to what open Recorders reserve) and its idle bytes; and two latency
     distributions in microseconds (``count``, ``mean``, ``p50``, ``p90``, ``p99``,
     ``p999``, ``max``): ``device_us``, what each tap cost the device (from the handler's
     start until its message was queued), and ``handover_us``, from a message entering the
@@ -87,8 +89,8 @@ def receiver_stats() -> dict[str, Any]:
 
     Example:
         >>> import hostfeed
-        >>> sorted(hostfeed.receiver_stats())[:3]
-        ['bytes_enqueued', 'bytes_processed', 'device_us']
+        >>> sorted(hostfeed.receiver_stats())[:4]
+        ['buffer_pool_bytes', 'buffer_pool_idle_bytes', 'bytes_enqueued', 'bytes_processed']
     """
     stats = receiver.stats()
     h = receiver.histograms()

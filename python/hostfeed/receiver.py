@@ -480,8 +480,9 @@ def ensure_started(max_queue_bytes: int | None = None) -> None:
     if max_queue_bytes is None and _life.configured and _receiver.is_running():
         return
     with _life.lock:
-        if max_queue_bytes is None and not _life.configured:
-            max_queue_bytes = settings.max_queue_bytes()
+        if not _life.configured:
+            if max_queue_bytes is None:
+                max_queue_bytes = settings.max_queue_bytes()
             pool = settings.buffer_pool_bytes()
             if pool is not None:
                 _receiver.set_buffer_pool_bytes(pool)

@@ -409,6 +409,29 @@ def test_the_queue_bound_holds_until_rows_are_written(store):
     np.testing.assert_array_equal(got[:, 0], np.arange(40, dtype=np.float32))
 
 
+@pytest.mark.skipif("HOSTFEED_BUFFER_POOL_BYTES" in os.environ, reason="a chosen pool limit")
+def test_an_open_recorder_keeps_a_burst_of_large_rows_warm(store):
+    # Rows stay with the recorder until written, so their buffers return to the pool
+    # together; an open recorder raises the pool's limit to half the queue bound (what it
+    # may hold), so that the next burst reuses them instead of faulting in fresh memory.
+    default = hostfeed.receiver._receiver.DEFAULT_BUFFER_POOL_BYTES
+    row = 4 << 20
+    with queue_bound(512 << 20):
+        assert hostfeed.receiver_stats()["buffer_pool_bytes"] == default
+        # Chunks of 32 rows: the 24 rows stay pending, all held at once, until the flush.
+        with hostfeed.Recorder(store, chunk_bytes=32 * row) as rec:
+            assert hostfeed.receiver_stats()["buffer_pool_bytes"] == 256 << 20
+            f = jax.jit(lambda x: lax.fori_loop(0, 24, lambda i, x: rec.record("x", x + i), x))
+            f(jnp.zeros(row // 4, jnp.float32))
+            rec.flush()
+            assert hostfeed.receiver_stats()["buffer_pool_idle_bytes"] >= 24 * row
+        stats = hostfeed.receiver_stats()
+    assert stats["buffer_pool_bytes"] == default
+    assert stats["buffer_pool_idle_bytes"] <= default, "closing trims the pool back"
+    got = read(store, "x")
+    np.testing.assert_array_equal(got[:, 0], np.cumsum(np.arange(24)).astype(np.float32))
+
+
 def test_rows_pending_in_partial_chunks_never_deadlock_a_large_tap(store):
     # Rows waiting in partial chunks hold under half the bound; a tap needing more than
     # the other half must still get through (the recorder writes them early).
@@ -527,3 +550,18 @@ def test_zarr_learns_the_ml_dtypes_whatever_the_import_order(store, order):
     """)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "[[0.0, 1.0, 2.0]]"
+
+
+def test_a_chosen_pool_limit_holds_whatever_starts_the_receiver(tmp_path):
+    # HOSTFEED_BUFFER_POOL_BYTES applies even when start_receiver(max_queue_byte_size=...)
+    # starts the receiver, and open Recorders do not raise it.
+    r = run_python(f"""
+        import hostfeed
+        hostfeed.start_receiver(max_queue_byte_size=512 << 20)
+        before = hostfeed.receiver_stats()["buffer_pool_bytes"]
+        with hostfeed.Recorder({str(tmp_path / "r.zarr")!r}) as rec:
+            during = hostfeed.receiver_stats()["buffer_pool_bytes"]
+        print(before, during)
+    """, env={"HOSTFEED_BUFFER_POOL_BYTES": str(16 << 20)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(16 << 20)] * 2
