@@ -226,6 +226,26 @@ struct ArrayState {
     dropped: u64,
 }
 
+impl ArrayState {
+    /// An array with no rows.
+    fn new() -> Self {
+        ArrayState {
+            received: 0,
+            pending: Vec::new(),
+            pending_first: 0,
+            on_disk_prefix: 0,
+            done: BTreeMap::new(),
+            frontier: 0,
+            committed: 0,
+            last_commit: Instant::now(),
+            meta: Vec::new(),
+            meta_first: 0,
+            failed: false,
+            dropped: 0,
+        }
+    }
+}
+
 /// One array of the store (plus its per-row metadata arrays).
 pub struct ArrayHandle {
     id: ArrayId,
@@ -564,20 +584,7 @@ impl Recorder {
             group_dir,
             leaf,
             spec,
-            state: Mutex::new(ArrayState {
-                received: 0,
-                pending: Vec::new(),
-                pending_first: 0,
-                on_disk_prefix: 0,
-                done: BTreeMap::new(),
-                frontier: 0,
-                committed: 0,
-                last_commit: Instant::now(),
-                meta: Vec::new(),
-                meta_first: 0,
-                failed: false,
-                dropped: 0,
-            }),
+            state: Mutex::new(ArrayState::new()),
         };
         // Metadata arrays, then the data array, all with zero rows.
         for (suffix, mspec) in meta_specs(&handle.leaf) {
@@ -1658,20 +1665,7 @@ mod tests {
             group_dir: PathBuf::new(),
             leaf: "a".into(),
             spec: meta_specs("a").next().unwrap().1,
-            state: Mutex::new(ArrayState {
-                received: 0,
-                pending: Vec::new(),
-                pending_first: 0,
-                on_disk_prefix: 0,
-                done: BTreeMap::new(),
-                frontier: 0,
-                committed: 0,
-                last_commit: Instant::now(),
-                meta: Vec::new(),
-                meta_first: 0,
-                failed: false,
-                dropped: 0,
-            }),
+            state: Mutex::new(ArrayState::new()),
         });
         let job = |chunk, first_row| Job {
             array: Arc::clone(&a),

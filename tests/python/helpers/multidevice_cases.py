@@ -10,7 +10,6 @@ import json
 import os
 import re
 import sys
-import traceback
 
 N = int(sys.argv[1])
 SHARDY = sys.argv[2] == "1"
@@ -23,45 +22,17 @@ import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
 
+from casekit import CASES, case, got, host_add, run_cases, shards, tap  # noqa: E402
 from hostfeed import host_callback as hcb  # noqa: E402
 
 jax.config.update("jax_use_shardy_partitioner", SHARDY)
 assert jax.device_count() == N
-
-got: list = []
-
-
-def tap(tag):
-    def f(a, transforms, *, device):
-        got.append([tag, jax.tree_util.tree_map(lambda v: np.asarray(v).tolist(), a),
-                    device.id, [t[0] for t in transforms]])
-    return f
-
-
-def host_add(tag, k):
-    def f(a, *, device=None):
-        got.append([tag, np.asarray(a).tolist(), None if device is None else device.id])
-        return a + k
-    return f
-
 
 def collect(fn):
     got.clear()
     out = fn()
     hcb.barrier_wait()
     return {"taps": sorted(got, key=lambda g: (g[2], str(g))), "out": out}
-
-
-def shards(arr):
-    return sorted([[s.device.id, np.asarray(s.data).tolist()] for s in arr.addressable_shards])
-
-
-CASES = {}
-
-
-def case(fn):
-    CASES[fn.__name__] = fn
-    return fn
 
 
 @case
@@ -293,12 +264,7 @@ def barrier_waits_for_all_devices():
 
 def main() -> None:
     only = sys.argv[3:] or list(CASES)
-    results = {}
-    for name in only:
-        try:
-            results[name] = CASES[name]()
-        except Exception:  # noqa: BLE001 - reported to the test
-            results[name] = {"error": traceback.format_exc()}
+    results = run_cases(only)
     print(json.dumps(results))
 
 

@@ -16,7 +16,6 @@ import os
 import re
 import sys
 import threading
-import traceback
 
 PROCESS_ID, N_PROCESSES, PORT, LOCAL, SHARDY = (int(a) for a in sys.argv[1:6])
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={LOCAL}"
@@ -35,6 +34,7 @@ import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
+from casekit import CASES, case, got, host_add, run_cases, shards, tap  # noqa: E402
 from hostfeed import host_callback as hcb  # noqa: E402
 
 N = jax.device_count()
@@ -42,21 +42,6 @@ assert N == N_PROCESSES * LOCAL and jax.process_index() == PROCESS_ID
 MESH = jax.make_mesh((N,), ("x",))
 # Every device's position in the mesh (the `device_index` numbering) and process.
 POSITION = {d.id: k for k, d in enumerate(MESH.devices.flat)}
-got: list = []
-
-
-def tap(tag):
-    def f(a, transforms, *, device):
-        got.append([tag, jax.tree_util.tree_map(lambda v: np.asarray(v).tolist(), a),
-                    device.id, [t[0] for t in transforms]])
-    return f
-
-
-def host_add(tag, k):
-    def f(a, *, device=None):
-        got.append([tag, np.asarray(a).tolist(), None if device is None else device.id])
-        return a + k
-    return f
 
 
 def sharded(n_per_device=2, dtype=jnp.float32):
@@ -66,23 +51,11 @@ def sharded(n_per_device=2, dtype=jnp.float32):
                                         lambda idx: whole[idx])
 
 
-def shards(arr):
-    return sorted([[s.device.id, np.asarray(s.data).tolist()] for s in arr.addressable_shards])
-
-
 def collect(fn):
     got.clear()
     out = fn()
     hcb.barrier_wait()
     return {"taps": list(got), "out": out}
-
-
-CASES = {}
-
-
-def case(fn):
-    CASES[fn.__name__] = fn
-    return fn
 
 
 @case
@@ -250,12 +223,7 @@ def main() -> None:
     if names == ["hang"]:
         hang()
         return
-    results = {}
-    for name in names:
-        try:
-            results[name] = CASES[name]()
-        except Exception:  # noqa: BLE001 - reported to the test
-            results[name] = {"error": traceback.format_exc()}
+    results = run_cases(names)
     print("RESULT " + json.dumps(results), flush=True)
     exit_with_taps_pending()
 
