@@ -1096,12 +1096,7 @@ fn write_rows_in_place(
         let n = as_usize(end - row) * rb;
         let path = spec.chunk_path(dir, k);
         create_parent(&path)?;
-        let f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| io_error("open", &path, &e))?;
+        let f = open_for_write(&path)?;
         let cb = as_u64(spec.chunk_bytes());
         if f.metadata().map_err(|e| io_error("stat", &path, &e))?.len() < cb {
             f.set_len(cb).map_err(|e| io_error("extend", &path, &e))?;
@@ -1115,6 +1110,16 @@ fn write_rows_in_place(
         row = end;
     }
     Ok(())
+}
+
+/// Opens a chunk file for writing in place, creating it if needed (never truncating).
+fn open_for_write(path: &Path) -> Result<File, RecordError> {
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| io_error("open", path, &e))
 }
 
 /// Lowers the calling thread's scheduling priority (nice +10), so that on a busy machine
@@ -1172,12 +1177,7 @@ fn write_chunk(opts: &Options, job: &Job) -> Result<(), RecordError> {
     match spec.codec {
         Codec::Raw => {
             // Append in place: only bytes past the rows already in this chunk are written.
-            let f = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&path)
-                .map_err(|e| io_error("open", &path, &e))?;
+            let f = open_for_write(&path)?;
             let mut off = in_chunk * as_u64(rb);
             // The rows straight from their message buffers, no gathering copy.
             let slices: Vec<&[u8]> = job.rows.iter().map(Row::bytes).collect();
