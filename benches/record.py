@@ -22,11 +22,17 @@ table shows medians (and the best round) and ratios to the floor.
 
 A second table compares the device-side cost per record with a plain tap: the time until
 the computation returns (``block_until_ready``), with a queue bound large enough that
-neither waits for the host.
+neither waits for the host, after warm-up rounds until hostfeed's buffer pool stops
+growing (it fills over the first bursts; fresh memory costs about 1 ms per 4 MiB in page
+faults on a VM). For
+large rows it adds what holding rows costs the copy itself: numpy copies into one buffer
+(what a no-op tap gets: its buffer comes back warm from the pool) and into as many
+buffers as rows (what a recorder needs: it keeps rows until they are written).
 
-Run: python benches/record.py [DIR ...]   (default: /dev/shm and a directory under /work
-or the system temp dir). Environment: HOSTFEED_BENCH_REPEATS (default 5),
-HOSTFEED_BENCH_LARGE_MB (default 1024), HOSTFEED_BENCH_SMALL_ROWS (default 10000).
+Run: python benches/record.py [--device-only] [DIR ...]   (default: /dev/shm and a
+directory under /work or the system temp dir; --device-only: the second table only).
+Environment: HOSTFEED_BENCH_REPEATS (default 5), HOSTFEED_BENCH_LARGE_MB (default 1024),
+HOSTFEED_BENCH_SMALL_ROWS (default 10000).
 """
 from __future__ import annotations
 
@@ -188,9 +194,17 @@ def device_cost(n: int, x: jax.Array, d: str) -> None:
     tap = loop(n, lambda v, i: hcb.id_tap(lambda a, t: count.__setitem__(0, count[0] + 1), v))
     record = loop(n, lambda v, i: rec.record("h", v))
     cases = {"plain tap (no-op function)": tap, "Recorder.record": record}
-    for f in cases.values():
-        f(x).block_until_ready()
-        hcb.barrier_wait()
+    # Compile, then repeat until hostfeed's buffer pool stops growing (steady state: each
+    # burst of rows finds the buffers the previous one returned; at most 12 rounds).
+    idle = -1
+    for _ in range(12):
+        for f in cases.values():
+            f(x).block_until_ready()
+            hcb.barrier_wait()
+        now = hostfeed.receiver_stats()["buffer_pool_idle_bytes"]
+        if now == idle:
+            break
+        idle = now
     times: dict[str, list[float]] = {k: [] for k in cases}
     for _ in range(REPEATS):
         for k, f in cases.items():
@@ -199,6 +213,18 @@ def device_cost(n: int, x: jax.Array, d: str) -> None:
             times[k].append(time.perf_counter() - t0)
             hcb.barrier_wait()
     rec.close()
+    # What holding rows costs the copy itself: numpy copies of x into one buffer (a no-op
+    # tap's buffer comes back warm from the pool) vs into n distinct buffers (a recorder
+    # keeps its rows until written), pre-faulted, no JAX.
+    src = np.asarray(x)
+    held = [np.ones_like(src) for _ in range(n)] if x.nbytes >= 1 << 20 else []
+    for k in ["numpy copy, one buffer", f"numpy copy, {n} buffers"] if held else []:
+        times[k] = []
+        for _ in range(REPEATS):
+            t0 = time.perf_counter()
+            for i in range(n):
+                np.copyto(held[i if "buffers" in k else 0], src)
+            times[k].append(time.perf_counter() - t0)
     base = statistics.median(times["plain tap (no-op function)"])
     print(f"device-side cost per record, {n} x {x.dtype}{list(x.shape)} "
           f"({x.nbytes} bytes), median of {REPEATS}")
@@ -209,7 +235,10 @@ def device_cost(n: int, x: jax.Array, d: str) -> None:
 
 
 def main() -> None:
-    dirs = sys.argv[1:] or ["/dev/shm", os.environ.get("HOSTFEED_BENCH_DISK", "/work/tmp")]
+    args = sys.argv[1:]
+    device_only = "--device-only" in args
+    dirs = [a for a in args if a != "--device-only"] or [
+        "/dev/shm", os.environ.get("HOSTFEED_BENCH_DISK", "/work/tmp")]
     print(f"jax {jax.__version__}, hostfeed {hostfeed.__version__}, {os.cpu_count()} cpus, "
           f"load {os.getloadavg()[0]:.1f}, {REPEATS} rounds")
     rng = np.random.default_rng(0)
@@ -217,7 +246,7 @@ def main() -> None:
     small = jnp.asarray(rng.normal(size=SMALL_SHAPE).astype(np.float32))
     n_large = LARGE_MB * (1 << 20) // large.nbytes
 
-    for base in dirs:
+    for base in [] if device_only else dirs:
         os.makedirs(base, exist_ok=True)
         large_cases = [
             Case("Recorder (2 writers)", recorder_case(n_large, large)),
