@@ -12,6 +12,12 @@ import jax.experimental
 from importlib.metadata import PackageNotFoundError, version as _version
 from typing import Any, Optional
 
+# Before the submodules: bench._report reads it while the package initialises.
+try:
+    __version__ = _version("hostfeed")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0.0.0"
+
 from . import _compat  # noqa: F401  (checks the JAX version first)
 # The package is assembled here, once: the primitives, then their transformation rules
 # and lowerings (registered with JAX as these modules are imported), then the public API.
@@ -21,11 +27,6 @@ from .bench._timing import summary_of_buckets
 from .host_callback import (CallbackException, TapFunctionException, barrier_wait, id_print,
                             id_tap, stop_outfeed_receiver)
 from .recording import Recorder, RecordingError, read_recording
-
-try:
-    __version__ = _version("hostfeed")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0.0.0"
 
 __all__ = [
     "host_callback", "install", "id_tap", "id_print", "barrier_wait",

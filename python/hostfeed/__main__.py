@@ -7,18 +7,17 @@ from __future__ import annotations
 import argparse
 import sys
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import hostfeed
 from hostfeed import bench
+from hostfeed import host_callback as hcb
 
 
 def demo(steps: int = 5) -> int:
     """Trains a 2-layer MLP on synthetic data for ``steps`` steps, tapping activations."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    import hostfeed
-    from hostfeed import host_callback as hcb
-
     received: list[tuple[str, dict]] = []
 
     def log_hidden(h, transforms):

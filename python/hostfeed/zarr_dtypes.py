@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import importlib.abc
 import importlib.util
+import logging
 import sys
 import threading
 from dataclasses import dataclass
@@ -155,7 +156,6 @@ class _RegisterAfterImport(importlib.abc.MetaPathFinder):
             try:
                 register()
             except Exception as exc:  # noqa: BLE001 - a zarr we cannot extend still works
-                import logging
                 logging.getLogger("hostfeed").warning(
                     "hostfeed: could not register bfloat16/float8 with zarr-python: %s", exc)
 

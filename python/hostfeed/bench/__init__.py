@@ -64,6 +64,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from . import _report
 from ._sections import SECTIONS, Config
 from ._timing import (cdf_of_buckets, cdf_of_samples, interleaved, summary_of_buckets,
                       summary_of_samples, table, timeit)
@@ -107,8 +108,6 @@ def run(sections: Sequence[str] | None = None, *, quick: bool = False,
         progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Runs the given sections (all by default) and returns the result (the JSON schema
     above)."""
-    from . import _report
-
     chosen = list(sections or SECTIONS)
     unknown = [s for s in chosen if s not in SECTIONS]
     if unknown:
@@ -143,8 +142,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     """Runs the ``bench`` command for parsed ``args``."""
-    from . import _report
-
     if args.plot:
         try:
             import matplotlib  # noqa: F401 - fail before measuring, not after

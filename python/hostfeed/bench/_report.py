@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 import jax
+import jaxlib
 import numpy as np
 
 from .. import __version__ as hostfeed_version
@@ -19,8 +20,6 @@ ENV_PREFIXES = ("JAX_", "XLA_", "HOSTFEED_", "OPENBLAS_", "OMP_", "CUDA_")
 
 def header(quick: bool) -> dict[str, Any]:
     """What a reader needs to compare runs: versions, backend, machine, environment."""
-    import jaxlib
-
     return {
         "hostfeed": hostfeed_version, "jax": jax.__version__,
         "jaxlib": getattr(jaxlib, "__version__", "?"), "numpy": np.__version__,
