@@ -159,6 +159,14 @@ def pinned_floor(nbytes: int) -> dict[str, float]:
     return floors
 
 
+def show(results: dict, key: str, title: str, rows: list, baseline: str, *,
+         higher: bool) -> None:
+    """Prints ``rows`` as a table with ratios to ``baseline`` and keeps them under
+    ``results["tables"][key]``."""
+    print(table(title, rows, baseline=baseline, higher_is_better=higher))
+    results["tables"][key] = {r[0]: r[1] for r in rows}
+
+
 def main() -> None:
     results: dict = {"targets": {}, "tables": {}}
     dev = jax.devices()[0]
@@ -184,10 +192,8 @@ def main() -> None:
         for k in kinds[:-1]:
             assert sinks[k].calls == N_SMALL * (REPEATS + 1), (k, sinks[k].calls)
         rows = [(k, res[k]["min"] / N_SMALL * 1e6, "us/tap") for k in kinds]
-        print(table(f"small taps ({shape}): {N_SMALL} x float32[4], end to end "
-                    f"(min of {REPEATS})", rows, baseline="io_callback(ordered)",
-                    higher_is_better=False))
-        results["tables"][f"small taps, {shape}"] = {r[0]: r[1] for r in rows}
+        show(results, f"small taps, {shape}", f"small taps ({shape}): {N_SMALL} x float32[4], "
+             f"end to end (min of {REPEATS})", rows, "io_callback(ordered)", higher=False)
         results["targets"][f"small tap vs io_callback(ordered), {shape}"] = (
             res["io_callback(ordered)"]["min"] / res["hostfeed"]["min"])
         base = res["no callback"]["min"]
@@ -211,10 +217,8 @@ def main() -> None:
         assert sinks[k].nbytes == total * (REPEATS + 1), (k, sinks[k].nbytes)
     rows = [(k, total / res[k]["min"] / 1e9, "GB/s") for k in kinds]
     rows += [(k, v, "GB/s") for k, v in floors.items()]
-    print(table(f"64 MiB taps: {N_LARGE} x float32[{LARGE_ELEMS}], end to end "
-                f"(min of {REPEATS})", rows, baseline="pinned copy floor (driver)",
-                higher_is_better=True))
-    results["tables"]["64 MiB taps"] = {r[0]: r[1] for r in rows}
+    show(results, "64 MiB taps", f"64 MiB taps: {N_LARGE} x float32[{LARGE_ELEMS}], end to "
+         f"end (min of {REPEATS})", rows, "pinned copy floor (driver)", higher=True)
     median_gbps = total / statistics.median(res["hostfeed"]["all"]) / 1e9
     results["tables"]["64 MiB taps"]["hostfeed (median)"] = median_gbps
     results["targets"]["64 MiB tap vs pinned copy floor"] = (
@@ -225,10 +229,8 @@ def main() -> None:
     for shape in ("fori_loop", "straight-line"):
         res = interleaved({k: call_case(k, N_CALLS, shape) for k in kinds}, repeats=REPEATS)
         rows = [(k, res[k]["min"] / N_CALLS * 1e6, "us/call") for k in kinds]
-        print(table(f"call round trip ({shape}): {N_CALLS} calls float32[4] -> float32[4] "
-                    f"(min of {REPEATS})", rows, baseline="io_callback",
-                    higher_is_better=False))
-        results["tables"][f"calls, {shape}"] = {r[0]: r[1] for r in rows}
+        show(results, f"calls, {shape}", f"call round trip ({shape}): {N_CALLS} calls "
+             f"float32[4] -> float32[4] (min of {REPEATS})", rows, "io_callback", higher=False)
         results["targets"][f"call vs io_callback, {shape}"] = (
             res["io_callback"]["min"] / res["hostfeed call"]["min"])
 

@@ -1107,24 +1107,28 @@ mod tests {
         let mut y = [0u8; 1];
         let outs = [out(&mut y, dtype::U8)];
         // SAFETY: as above; `y` outlives the copy (synchronised below).
-        unsafe {
-            call(
-                &stream,
-                recv,
-                delivery,
-                header(99, 0),
-                &Attrs::default(),
-                [u8s(&a, &[1])].into_iter(),
-                &outs,
-                None,
-            )
-        }
-        .unwrap();
+        unsafe { call_one(&stream, recv, delivery, header(99, 0), u8s(&a, &[1]), &outs) }.unwrap();
         stream.synchronize().unwrap();
         assert!(delivery.wait_delivered(delivery.submitted(), Duration::from_secs(60)));
         let ids: Vec<i64> = lock(&c.seen).iter().map(|m| m.1).collect();
         assert_eq!(ids, (0..20).chain([99]).collect::<Vec<_>>());
         assert_eq!(y, [2]);
+    }
+
+    /// A call with one operand and no status, on the fake stream.
+    ///
+    /// # Safety
+    /// As [`call`]: the operand and the outputs outlive the copies.
+    unsafe fn call_one(
+        stream: &FakeStream,
+        recv: &'static Receiver,
+        delivery: &'static Delivery,
+        h: Header,
+        x: Operand<'_>,
+        outs: &[OutBuf],
+    ) -> Result<(), Error> {
+        // SAFETY: forwarded to the caller.
+        unsafe { call(stream, recv, delivery, h, &Attrs::default(), [x].into_iter(), outs, None) }
     }
 
     fn out(buf: &mut [u8], dt: i32) -> OutBuf {
@@ -1144,19 +1148,7 @@ mod tests {
         let (mut y0, mut y1) = ([0u8; 3], [0u8; 2]);
         let outs = [out(&mut y0, dtype::U8), out(&mut y1, dtype::U8)];
         // SAFETY: operands and outputs outlive the copies (synchronised below).
-        unsafe {
-            call(
-                &stream,
-                recv,
-                delivery,
-                header(1, 0),
-                &Attrs::default(),
-                [u8s(&x, &[2])].into_iter(),
-                &outs,
-                None,
-            )
-        }
-        .unwrap();
+        unsafe { call_one(&stream, recv, delivery, header(1, 0), u8s(&x, &[2]), &outs) }.unwrap();
         stream.synchronize().unwrap();
         // The consumer replied with each result filled with (operand byte + 1).
         assert_eq!((y0, y1), ([11; 3], [21; 2]));
@@ -1171,18 +1163,7 @@ mod tests {
         let mut y = [0u8; 1];
         let outs = [out(&mut y, dtype::U8)];
         // SAFETY: as above.
-        let got = unsafe {
-            call(
-                &stream,
-                recv,
-                delivery,
-                header(13, 0),
-                &Attrs::default(),
-                [u8s(&x, &[1])].into_iter(),
-                &outs,
-                None,
-            )
-        };
+        let got = unsafe { call_one(&stream, recv, delivery, header(13, 0), u8s(&x, &[1]), &outs) };
         match got {
             Err(Error::CallFailed(m)) => assert_eq!(m, "host function raised"),
             other => panic!("unexpected {other:?}"),

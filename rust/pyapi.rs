@@ -392,10 +392,7 @@ pub fn set_max_queue_bytes(bound: u64) -> PyResult<()> {
 /// The receiver's counters as a dict.
 #[pyfunction]
 pub fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    let d = PyDict::new(py);
-    for (k, v) in receiver::global().queue.stats.snapshot().fields() {
-        d.set_item(k, v)?;
-    }
+    let d = dict_of(py, receiver::global().queue.stats.snapshot().fields())?;
     d.set_item("max_queue_bytes", max_queue_bytes())?;
     d.set_item("buffer_pool_bytes", crate::hostbuf::pool_limit())?;
     d.set_item("buffer_pool_idle_bytes", crate::hostbuf::pool_idle_bytes())?;
@@ -464,11 +461,41 @@ fn capsule(py: Python<'_>, f: XLA_FFI_Handler) -> PyResult<Bound<'_, PyCapsule>>
 /// `{target_name: PyCapsule}` for `jax.ffi.register_ffi_target(..., platform="cpu")`.
 #[pyfunction]
 pub fn registrations(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    handler_capsules(
+        py,
+        [
+            ("hostfeed_tap", handlers::hostfeed_tap),
+            ("hostfeed_call", handlers::hostfeed_call),
+            ("hostfeed_check", handlers::hostfeed_check),
+            ("hostfeed_failure", handlers::hostfeed_failure), // multiprocess
+        ],
+    )
+}
+
+/// `{name: PyCapsule}` of FFI handlers.
+fn handler_capsules<'py>(
+    py: Python<'py>,
+    handlers: [(&'static str, XLA_FFI_Handler); 4],
+) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    d.set_item("hostfeed_tap", capsule(py, handlers::hostfeed_tap)?)?;
-    d.set_item("hostfeed_call", capsule(py, handlers::hostfeed_call)?)?;
-    d.set_item("hostfeed_check", capsule(py, handlers::hostfeed_check)?)?;
-    d.set_item("hostfeed_failure", capsule(py, handlers::hostfeed_failure)?)?; // multiprocess
+    for (name, f) in handlers {
+        d.set_item(name, capsule(py, f)?)?;
+    }
+    Ok(d)
+}
+
+/// A dict of `(key, value)` pairs.
+///
+/// # Errors
+/// As `PyDict::set_item` (a value that cannot be converted).
+pub fn dict_of<'py, V: IntoPyObject<'py>>(
+    py: Python<'py>,
+    items: impl IntoIterator<Item = (&'static str, V)>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for (k, v) in items {
+        d.set_item(k, v)?;
+    }
     Ok(d)
 }
 
@@ -539,12 +566,15 @@ fn wait_gpu_deliveries(py: Python<'_>, limit: Duration) {
 /// `jax.ffi.register_ffi_target(..., platform="CUDA")` (same names as on CPU).
 #[pyfunction]
 pub fn cuda_registrations(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("hostfeed_tap", capsule(py, crate::cuda::hostfeed_tap)?)?;
-    d.set_item("hostfeed_call", capsule(py, crate::cuda::hostfeed_call)?)?;
-    d.set_item("hostfeed_check", capsule(py, crate::cuda::hostfeed_check)?)?;
-    d.set_item("hostfeed_failure", capsule(py, crate::cuda::hostfeed_failure)?)?;
-    Ok(d)
+    handler_capsules(
+        py,
+        [
+            ("hostfeed_tap", crate::cuda::hostfeed_tap),
+            ("hostfeed_call", crate::cuda::hostfeed_call),
+            ("hostfeed_check", crate::cuda::hostfeed_check),
+            ("hostfeed_failure", crate::cuda::hostfeed_failure),
+        ],
+    )
 }
 
 /// Why the CUDA driver cannot be used (no library, a missing function), or `None` when it
@@ -565,13 +595,16 @@ pub fn cuda_driver_version(py: Python<'_>) -> Option<i32> {
 #[pyfunction]
 pub fn cuda_pool_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let s = crate::cuda::pool_stats();
-    let d = PyDict::new(py);
-    d.set_item("allocations", s.allocations)?;
-    d.set_item("frees", s.frees)?;
-    d.set_item("allocated_bytes", s.allocated_bytes)?;
-    d.set_item("in_use_bytes", s.in_use_bytes)?;
-    d.set_item("blocks_taken", s.blocks_taken)?;
-    Ok(d)
+    dict_of(
+        py,
+        [
+            ("allocations", s.allocations),
+            ("frees", s.frees),
+            ("allocated_bytes", s.allocated_bytes),
+            ("in_use_bytes", s.in_use_bytes),
+            ("blocks_taken", s.blocks_taken),
+        ],
+    )
 }
 
 /// Seconds taken by each of `repeats` device-to-host copies of `nbytes` from GPU

@@ -12,7 +12,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::pyapi::duration;
+use crate::pyapi::{dict_of, duration};
 use crate::receiver;
 use crate::recorder::{self, Budget, Mode, Options, Recorder};
 use crate::zarr::Codec;
@@ -192,13 +192,16 @@ impl PyRecorder {
     /// Counters: rows received, bytes and chunks written, spills, commits, rows dropped.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.inner.stats();
-        let d = PyDict::new(py);
-        d.set_item("rows", s.rows)?;
-        d.set_item("bytes_written", s.bytes_written)?;
-        d.set_item("chunks_written", s.chunks_written)?;
-        d.set_item("spills", s.spills)?;
-        d.set_item("commits", s.commits)?;
-        d.set_item("rows_dropped", s.rows_dropped)?;
-        Ok(d)
+        dict_of(
+            py,
+            [
+                ("rows", s.rows),
+                ("bytes_written", s.bytes_written),
+                ("chunks_written", s.chunks_written),
+                ("spills", s.spills),
+                ("commits", s.commits),
+                ("rows_dropped", s.rows_dropped),
+            ],
+        )
     }
 }

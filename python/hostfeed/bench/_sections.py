@@ -100,25 +100,9 @@ def latency(cfg: Config) -> dict:
         cfg.progress(f"latency: {method}")
         stamps: list[int] = []
         f = _loop(n, _tap_step(method, _stamper(stamps)))
-        f(x).block_until_ready()  # compile and warm up
-        hcb.barrier_wait()
-        jax.effects_barrier()
-        stamps.clear()
-        receiver.reset_histograms()
-        t0 = time.perf_counter()
-        f(x).block_until_ready()
-        device_s = time.perf_counter() - t0
-        hcb.barrier_wait()
-        jax.effects_barrier()
-        end_to_end_s = time.perf_counter() - t0
-        entry: dict[str, Any] = {"device_side_per_tap_us": device_s / n * 1e6,
-                                 "end_to_end_per_tap_us": end_to_end_s / n * 1e6}
+        entry = _timed_taps(f, x, n, before=stamps.clear)
         if method == "hostfeed":
-            h = receiver.histograms()
-            entry["device_us"] = summary_of_buckets(h["device_ns"], 1e-3)
-            entry["device_cdf_us"] = cdf_of_buckets(h["device_ns"], 1e-3)
-            entry["handover_us"] = summary_of_buckets(h["handover_ns"], 1e-3)
-            entry["handover_cdf_us"] = cdf_of_buckets(h["handover_ns"], 1e-3)
+            entry.update(_histogram_entries())
         else:
             gaps = _inter_arrival_us(stamps)
             entry["device_us"] = summary_of_samples(gaps)
@@ -146,19 +130,35 @@ def _spaced_latency(cfg: Config) -> dict:
             return hcb.id_tap(lambda a, tr: None, x, result=c)
         return lax.fori_loop(0, n, body, jnp.float32(0))
 
-    x = jnp.arange(4, dtype=jnp.float32)
+    entry = _timed_taps(f, jnp.arange(4, dtype=jnp.float32), n)
+    entry.update(_histogram_entries())
+    return entry
+
+
+def _timed_taps(f: Callable, x: jax.Array, n: int,
+                before: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """Runs ``f(x)`` (n taps) once to compile and warm up, then once timed: until it
+    returns (device side) and until every callback ran (end to end), per tap. ``before``
+    runs just before the timed run, as do emptying hostfeed's timing histograms."""
     f(x).block_until_ready()
     hcb.barrier_wait()
+    jax.effects_barrier()
+    before()
     receiver.reset_histograms()
     t0 = time.perf_counter()
     f(x).block_until_ready()
     device_s = time.perf_counter() - t0
     hcb.barrier_wait()
+    jax.effects_barrier()
     end_to_end_s = time.perf_counter() - t0
-    h = receiver.histograms()
     return {"device_side_per_tap_us": device_s / n * 1e6,
-            "end_to_end_per_tap_us": end_to_end_s / n * 1e6,
-            "device_us": summary_of_buckets(h["device_ns"], 1e-3),
+            "end_to_end_per_tap_us": end_to_end_s / n * 1e6}
+
+
+def _histogram_entries() -> dict[str, Any]:
+    """hostfeed's timing histograms since the last reset: summaries and CDFs, in µs."""
+    h = receiver.histograms()
+    return {"device_us": summary_of_buckets(h["device_ns"], 1e-3),
             "device_cdf_us": cdf_of_buckets(h["device_ns"], 1e-3),
             "handover_us": summary_of_buckets(h["handover_ns"], 1e-3),
             "handover_cdf_us": cdf_of_buckets(h["handover_ns"], 1e-3)}
