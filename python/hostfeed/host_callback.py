@@ -9,7 +9,9 @@ arrays. ``id_print`` is ``id_tap`` with a printing function. Taps work eagerly a
 How it works: the device side only copies the tapped arrays into a byte-bounded queue in
 Rust; a consumer thread then calls your Python functions, in order. So taps are
 asynchronous: use :func:`barrier_wait` to wait until every tap of the computations
-dispatched so far has been processed. Exceptions raised by tap functions are logged with
+dispatched so far has been processed, or make taps synchronous (``id_tap(..., sync=True)``,
+:func:`sync_taps`, :func:`set_sync_taps`) when code relies on a tap having run once the
+computation's results are ready. Exceptions raised by tap functions are logged with
 their traceback, the receiver keeps going, and the next :func:`barrier_wait` raises
 :class:`CallbackException` carrying the last one.
 
@@ -38,6 +40,8 @@ Environment variables (the legacy names):
 * ``JAX_HOST_CALLBACK_INLINE=1``: outside of ``jit`` and control flow, run tap functions
   inline in the calling thread (so their exceptions propagate with your stack).
 * ``HOSTFEED_AD_TAPS`` (``transforms`` or ``primals``): what taps see under autodiff.
+* ``HOSTFEED_SYNC_TAPS=1``: taps are synchronous (see :func:`set_sync_taps`): each tap
+  function has run before the computation goes on, as with the legacy CPU default.
 * ``HOSTFEED_CALL_TIMEOUT``: seconds a :func:`call` waits for its host function.
 * ``HOSTFEED_STOP_TIMEOUT``: seconds without progress after which stopping the receiver
   fails the calls waiting on a stuck callback (default 10).

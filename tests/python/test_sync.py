@@ -173,3 +173,16 @@ def test_sync_taps_on_many_devices_per_device_and_global_view():
     """, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip() == "ok"
+
+
+def test_a_computation_with_sync_taps_inside_a_callback_is_refused_not_deadlocked():
+    inner = jax.jit(lambda x: hcb.id_tap(lambda v, tr: None, x, sync=True))
+
+    def outer(x, transforms):
+        inner(x).block_until_ready()
+
+    jax.jit(lambda x: hcb.id_tap(outer, x))(1.0)
+    with pytest.raises(hcb.CallbackException,
+                       match="a computation with synchronous taps was called from inside a "
+                             "host callback"):
+        hcb.barrier_wait()
