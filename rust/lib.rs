@@ -55,6 +55,7 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FLAG_STATUS_OUTPUT", handlers::FLAG_STATUS_OUTPUT)?;
     m.add("FLAG_SHARD", handlers::FLAG_SHARD)?;
     m.add("FLAG_EAGER", handlers::FLAG_EAGER)?;
+    m.add("FLAG_SYNC_TAP", handlers::FLAG_SYNC_TAP)?;
     m.add("DTYPE_CODES", pyapi::dtype_codes(py)?)?;
     m.add_function(wrap_pyfunction!(pyapi::start, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::stop, m)?)?;

@@ -121,6 +121,7 @@ apply_primitive = _dispatch.apply_primitive
 # jax 0.11 added `jax.ffi.abstract_token`; jax 0.10 has it only in jax._src.core.
 abstract_token = getattr(_public_ffi, "abstract_token", None) or _core.abstract_token
 enum_state = _config.enum_state
+bool_state = _config.bool_state
 use_shardy = _config.use_shardy_partitioner
 ensure_enum = _pe_src.ensure_enum
 RecomputeType = _pe_src.RecomputeType

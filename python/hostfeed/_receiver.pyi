@@ -11,7 +11,7 @@ import numpy as np
 
 __all__ = [
     "DEFAULT_MAX_QUEUE_BYTES", "DEFAULT_STOP_TIMEOUT", "FLAG_STATUS_OUTPUT", "FLAG_SHARD",
-    "FLAG_EAGER", "push_eager",
+    "FLAG_EAGER", "FLAG_SYNC_TAP", "push_eager",
     "DTYPE_CODES", "ReceiverError", "ReceiverTimeoutError", "CallbackContextError",
     "RecordingError", "MessageData", "BatchIter", "Reply", "Recorder", "start", "stop",
     "finalize", "start_exit_watch", "stop_exit_watch", "push_control", "barrier",
@@ -35,6 +35,8 @@ FLAG_STATUS_OUTPUT: Final[int]
 FLAG_SHARD: Final[int]
 #: ``flags`` bit of an eager tap's message (its first field is the consumer itself).
 FLAG_EAGER: Final[int]
+#: ``flags`` bit of a synchronous tap (a ``hostfeed_call`` without results).
+FLAG_SYNC_TAP: Final[int]
 #: numpy dtype name -> XLA FFI dtype code, for every dtype hostfeed transfers.
 DTYPE_CODES: Final[dict[str, int]]
 

@@ -196,8 +196,16 @@ def _outside_call_lowering(ctx: Any, *args: Any, callback: CallbackSpec,
         cid = _tap_consumer_id(ctx, callback, transforms, shard_parts)
     receiver.ensure_started()
     flags = receiver.FLAG_SHARD if shard_parts is not None else 0
-    _emit(ctx, TAP_TARGET, args[:nr_tapped_args], ctx.avals_in[:nr_tapped_args], [],
-          context is Where.PER_DEVICE, consumer_id=np.int64(cid), flags=np.int64(flags))
+    if params.get("sync") and not record:
+        # A synchronous tap: a call without results, which the device waits for (with no
+        # time limit: the tap function may take as long as it takes).
+        _emit(ctx, CALL_TARGET, args[:nr_tapped_args], ctx.avals_in[:nr_tapped_args], [],
+              context is Where.PER_DEVICE, consumer_id=np.int64(cid),
+              flags=np.int64(flags | receiver.FLAG_SYNC_TAP), timeout_ms=np.int64(0),
+              name=callback.name)
+    else:
+        _emit(ctx, TAP_TARGET, args[:nr_tapped_args], ctx.avals_in[:nr_tapped_args], [],
+              context is Where.PER_DEVICE, consumer_id=np.int64(cid), flags=np.int64(flags))
     # Identity on every operand, but the outputs depend on the tap's token: code that uses
     # them runs after the tap. Without this dependency the tap is a side consumer of its
     # operand, and XLA CPU's instruction fusion duplicates the whole elementwise chain

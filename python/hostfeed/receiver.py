@@ -14,6 +14,7 @@ import contextlib
 import functools
 import hashlib
 import logging
+import pathlib
 import re
 import threading
 import traceback
@@ -39,6 +40,7 @@ NativeRecorder = _receiver.Recorder
 FLAG_STATUS_OUTPUT: int = _receiver.FLAG_STATUS_OUTPUT
 FLAG_SHARD: int = _receiver.FLAG_SHARD
 FLAG_EAGER: int = _receiver.FLAG_EAGER
+FLAG_SYNC_TAP: int = _receiver.FLAG_SYNC_TAP
 registrations = _receiver.registrations
 # The CUDA platform (gpu branch): handlers, the driver (loaded at run time), pinned memory.
 cuda_registrations = _receiver.cuda_registrations
@@ -258,8 +260,44 @@ def registered_consumers() -> int:
 _last_exception: list[tuple[BaseException, str]] = []
 
 
+_PACKAGE_DIR = str(pathlib.Path(__file__).resolve().parent)
+
+
+def _is_hostfeed_frame(tb: types.TracebackType) -> bool:
+    return str(pathlib.Path(tb.tb_frame.f_code.co_filename).resolve().parent) == _PACKAGE_DIR
+
+
+def _user_traceback(exc: BaseException) -> types.TracebackType | None:
+    """``exc``'s traceback without hostfeed's own frames at its head (the dispatcher and
+    invokers that called the user's function), so that it starts at the user's frame."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and _is_hostfeed_frame(tb):
+        tb = tb.tb_next
+    return tb
+
+
+def user_frame(exc: BaseException) -> str:
+    """`` (at FILE:LINE in FUNC)``: the line of the user's function (the first frame
+    outside hostfeed) where ``exc`` was raised or passed through, or '' when unknown.
+
+    Example:
+        >>> try:
+        ...     int("x")
+        ... except ValueError as e:
+        ...     print(user_frame(e).rsplit(" in ", 1)[1])
+        <module>)
+    """
+    for frame, line in traceback.walk_tb(exc.__traceback__):
+        code = frame.f_code
+        if str(pathlib.Path(code.co_filename).resolve().parent) != _PACKAGE_DIR:
+            return f" (at {code.co_filename}:{line} in {code.co_name})"
+    return ""
+
+
 def record_exception(exc: BaseException, where: str) -> None:
-    """Logs ``exc`` with its traceback and keeps it for the next ``barrier_wait``."""
+    """Logs ``exc`` with its traceback (from the user's frame on) and keeps it for the next
+    ``barrier_wait``."""
+    exc.__traceback__ = _user_traceback(exc)
     formatted = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     logger.error("hostfeed: postponing exception raised in %s:\n%s", where, formatted)
     _last_exception[:] = [(exc, formatted)]
@@ -363,7 +401,10 @@ class _Dispatcher:
                     f"this process: the executable was compiled elsewhere and not lowered "
                     f"here (hostfeed registers callbacks when JAX lowers a computation)")
             if consumer.kind == "tap":
-                consumer.invoke(arrays, ordinal)
+                if reply is None:
+                    consumer.invoke(arrays, ordinal)
+                else:
+                    run_sync_tap(consumer.invoke, consumer.name, arrays, ordinal, [reply])
             elif consumer.kind == "call":
                 if reply.pending:  # a call nobody waits for any more is not run
                     consumer.invoke(arrays, ordinal, reply)
@@ -413,6 +454,21 @@ class _Dispatcher:
 
 
 _dispatch = _Dispatcher()
+
+
+def run_sync_tap(invoke: Callable[..., None], name: str, arrays: Sequence[np.ndarray],
+                 ordinal: int, replies: Sequence[Any]) -> None:
+    """Runs a synchronous tap (``invoke(arrays, ordinal)``), then lets the devices waiting
+    for it go on (``replies``: their calls without results). A failing tap function is
+    recorded for ``barrier_wait`` like any tap; the computation goes on regardless."""
+    try:
+        invoke(arrays, ordinal)
+    except BaseException as exc:  # noqa: BLE001 - recorded for barrier_wait
+        record_exception(exc, f"host callback {name}")
+    finally:
+        for reply in replies:
+            if reply.pending:
+                reply.send([])
 
 
 @functools.cache
@@ -503,6 +559,12 @@ def push_eager(invoke: Callable[..., None], name: str, arrays: tuple[np.ndarray,
     if not _life.configured:
         ensure_started()
     _receiver.push_eager(Consumer(invoke, name, "tap"), arrays, nbytes)
+
+
+def wait_processed() -> None:
+    """Waits until the receiver has processed every message enqueued so far (GIL released;
+    raises nothing a callback raised: that is for ``barrier_wait``)."""
+    _receiver.barrier(None)
 
 
 def wait_for_dispatched(effect: Any) -> None:

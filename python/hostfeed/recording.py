@@ -283,9 +283,8 @@ class Recorder:
         treedef: Any
         leaves, treedef = jax.tree_util.tree_flatten(value)
         if treedef.num_leaves != 1 or treedef.num_nodes != 1:
-            raise TypeError(
-                f"hostfeed: Recorder.record({name!r}) records one array, got a pytree with "
-                f"{treedef.num_leaves} leaves; record each leaf under its own name")
+            raise TypeError(f"hostfeed: Recorder.record({name!r}) records one array, got "
+                            f"{_describe_pytree(value, treedef.num_leaves, name)}")
         leaves, value_keys = keys.unwrap_keys(leaves, "Recorder.record", "value")
         operands = [_as_value(leaves[0], name)]
         if step is not None:
@@ -507,6 +506,19 @@ receiver.add_exit_hook(_close_open)
 # ---- reading -------------------------------------------------------------------------------
 
 
+def _describe_pytree(value: Any, n_leaves: int, name: str) -> str:
+    """What ``Recorder.record`` got instead of one array, and how to record it."""
+    leaves = f"{n_leaves} leaf" if n_leaves == 1 else f"{n_leaves} leaves"
+    if isinstance(value, dict) and value:
+        key = next(iter(value))
+        return (f"a dict with {leaves} (keys {list(value)[:8]}); record each entry under its "
+                f"own name, e.g. rec.record({f'{name}/{key}'!r}, value[{key!r}])")
+    if isinstance(value, (tuple, list)) and value:
+        return (f"a {type(value).__name__} of {len(value)} elements ({leaves}); record each "
+                f"under its own name, e.g. rec.record({f'{name}/0'!r}, value[0])")
+    return f"a {type(value).__name__} with {leaves}; record each leaf under its own name"
+
+
 def read_recording(path: Any, name: str) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The rows recorded under ``name`` and their per-row metadata, as numpy arrays.
 
@@ -515,6 +527,16 @@ def read_recording(path: Any, name: str) -> tuple[np.ndarray, dict[str, np.ndarr
     ``"transforms"`` (a list of the transforms descriptions, indexed by
     ``meta["transform_index"]``) to arrays of ``n`` entries. Needs zarr-python
     (``pip install 'hostfeed[zarr]'``).
+
+    Example:
+        >>> import pathlib, tempfile, jax.numpy as jnp, hostfeed
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "run.zarr"
+        >>> with hostfeed.Recorder(path, mode="w") as rec:
+        ...     for step in range(3):
+        ...         _ = rec.record("loss", jnp.float32(step) / 2, step=step)
+        >>> rows, meta = hostfeed.read_recording(path, "loss")
+        >>> rows.tolist(), meta["step"].tolist()
+        ([0.0, 0.5, 1.0], [0, 1, 2])
     """
     try:
         import zarr

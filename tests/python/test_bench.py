@@ -54,7 +54,8 @@ def test_quick_run_writes_every_section_in_the_schema(quick_run):
             "cores", "env", "quick"} <= set(h)
     assert h["quick"] is True and h["backend"] == "cpu" and h["jax"] == jax.__version__
     lat = result["latency"]["methods"]
-    assert set(lat) == {"hostfeed", "hostfeed (spaced taps)", *bench._sections.TAP_METHODS}
+    assert set(lat) == {"hostfeed", "hostfeed (sync)", "hostfeed (spaced taps)",
+                        *bench._sections.TAP_METHODS}
     for name, m in lat.items():
         assert set(m["device_us"]) == DISTRIBUTION, name
         assert m["device_us"]["count"] > 0 and m["device_cdf_us"][-1][1] == 1.0
