@@ -8,11 +8,32 @@
 //! current driver returns is one the bindings know; every function used exists in the
 //! CUDA 12 and 13 drivers.
 //!
+//! XLA loads the driver as `libcuda.so.1`; cudarc tries `libcuda.so` first, which may be
+//! another file (a toolkit's stub), whose handles would all be foreign to XLA's. So the
+//! functions hostfeed calls are checked to be the ones `libcuda.so.1` exports once XLA
+//! loaded it ([`same_driver_as_xla`]): at registration (`cuda_driver_error`, which
+//! `lowering.cuda_status()` reports) and at the first handler call; a mismatch refuses
+//! the handlers with both paths named. [`driver_path`] names the file in use.
+//!
 //! The handlers get the stream XLA runs the custom call on (`XLA_FFI_Stream_Get`, a
-//! `CUstream`), make its context current for the duration of the call, refuse to run
-//! while the stream is being captured into a CUDA graph (their metadata never declares
+//! `CUstream`), make its context current for the duration of the call (the context of
+//! each stream is looked up once per thread and cached: XLA's streams keep their context
+//! for life), and run the platform-neutral bodies in `gpu.rs`. A tap refuses to run while
+//! its stream is being captured into a CUDA graph (the handlers' metadata never declares
 //! them command-buffer compatible, so XLA does not capture them; this guards the
-//! invariant), and run the platform-neutral bodies in `gpu.rs`.
+//! invariant, since a captured tap would deliver bytes never copied); a call, a check and
+//! a failure need no such query: each synchronises the stream, which fails under capture,
+//! and that failure is reported with the same words.
+//!
+//! Copies use `cuMemcpyAsync`, which infers the direction from the pointers (unified
+//! addressing, always on for 64-bit processes): an operand or result XLA keeps in
+//! `pinned_host` memory is a host pointer, which a device-to-host copy would refuse.
+//!
+//! Every context a handler runs in is *held* (its primary context retained) for the life
+//! of the process: the pinned pool's memory and the pooled events belong to it, and JAX
+//! releases its own reference at exit (or when its client goes) while hostfeed's may
+//! still be in use. Should a device's context nevertheless be replaced (a primary context
+//! reset), the pool forgets its memory ([`PinnedPool::reset`]) and the old events.
 //!
 //! Each tap records an event after its copies (from a pool of events per context, created
 //! with `CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC`); the device's courier thread
@@ -43,6 +64,9 @@ use crate::xla_ffi as ffi;
 /// complete within microseconds, and sleeping costs a wake-up of tens of them.
 const EVENT_SPIN: Duration = Duration::from_micros(50);
 
+/// The name XLA loads the driver by.
+const XLA_DRIVER: &std::ffi::CStr = c"libcuda.so.1";
+
 /// Driver functions hostfeed calls, checked when the driver is loaded so that a missing
 /// one is a clear error rather than a failure in the middle of a handler.
 const SYMBOLS: &[&str] = &[
@@ -56,14 +80,19 @@ const SYMBOLS: &[&str] = &[
     "cuCtxPushCurrent_v2",
     "cuCtxPopCurrent_v2",
     "cuCtxSetCurrent",
+    "cuCtxGetDevice",
+    "cuCtxGetId",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuStreamQuery",
     "cuEventCreate",
     "cuEventRecord",
     "cuEventQuery",
     "cuEventSynchronize",
     "cuMemHostAlloc",
     "cuMemFreeHost",
+    "cuMemcpyAsync",
     "cuMemcpyDtoHAsync_v2",
-    "cuMemcpyHtoDAsync_v2",
     "cuStreamSynchronize",
 ];
 
@@ -107,7 +136,78 @@ pub fn driver_library() -> Result<(), String> {
         .clone()
 }
 
-/// The driver, loaded and initialised (once).
+/// The address of `cuInit` in the library `handle`, or null.
+///
+/// # Safety
+/// `handle` must be a live handle from `dlopen`.
+unsafe fn cu_init_in(handle: *mut c_void) -> *mut c_void {
+    // SAFETY: caller contract; the name is a NUL-terminated string; nothing is called.
+    unsafe { libc::dlsym(handle, c"cuInit".as_ptr()) }
+}
+
+/// The file that holds the code at `addr`, if the dynamic loader knows it.
+fn file_of(addr: *const c_void) -> Option<String> {
+    // SAFETY: `Dl_info` is plain data; dladdr only reads the loader's tables and writes
+    // `info`; `dli_fname` is a NUL-terminated string owned by the loader.
+    unsafe {
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        if libc::dladdr(addr, &raw mut info) == 0 || info.dli_fname.is_null() {
+            return None;
+        }
+        Some(std::ffi::CStr::from_ptr(info.dli_fname).to_string_lossy().into_owned())
+    }
+}
+
+/// The address of hostfeed's `cuInit` (from the library cudarc loaded).
+fn our_cu_init() -> Option<*const c_void> {
+    driver_library().ok()?;
+    // SAFETY: the library is present (checked), so `culib` does not panic; the symbol's
+    // address is read, nothing is called.
+    let sym = unsafe { sys::culib().get::<*const c_void>(b"cuInit") }.ok()?;
+    Some(*sym)
+}
+
+/// The file hostfeed's CUDA driver functions come from (e.g.
+/// `/usr/lib/x86_64-linux-gnu/libcuda.so.570.86.15`), if the driver library loads.
+#[must_use]
+pub fn driver_path() -> Option<String> {
+    file_of(our_cu_init()?)
+}
+
+/// Whether hostfeed calls the same driver library as XLA: when `libcuda.so.1` (XLA's name
+/// for it) is loaded in the process, its `cuInit` must be hostfeed's. Answers `Ok` when
+/// XLA has not loaded the driver (yet): nothing to compare with.
+///
+/// # Errors
+/// Both files, when they differ (or hostfeed's driver library is unusable).
+pub fn same_driver_as_xla() -> Result<(), String> {
+    let ours = our_cu_init().ok_or_else(|| driver_library().err().unwrap_or_default())?;
+    // SAFETY: RTLD_NOLOAD only looks the library up among those loaded (it loads nothing);
+    // a handle it returns is closed below, after its symbol was read.
+    let theirs = unsafe {
+        let handle = libc::dlopen(XLA_DRIVER.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+        if handle.is_null() {
+            return Ok(());
+        }
+        let f = cu_init_in(handle);
+        libc::dlclose(handle);
+        f
+    };
+    if theirs.is_null() || std::ptr::eq(theirs.cast_const(), ours) {
+        return Ok(());
+    }
+    let name = |p: *const c_void| file_of(p).unwrap_or_else(|| "?".into());
+    Err(format!(
+        "hostfeed's CUDA driver library ({}) is not the one XLA loaded (libcuda.so.1: {}), so \
+         every CUDA handle XLA passes would be foreign to it; make libcuda.so on the library \
+         path the same file as libcuda.so.1 (e.g. remove a CUDA toolkit's stubs directory \
+         from LD_LIBRARY_PATH)",
+        name(ours),
+        name(theirs)
+    ))
+}
+
+/// The driver, loaded and initialised (once), and the same library as XLA's.
 ///
 /// # Errors
 /// Why CUDA cannot be used.
@@ -116,6 +216,7 @@ pub fn driver() -> Result<(), Error> {
     READY
         .get_or_init(|| {
             driver_library()?;
+            same_driver_as_xla()?;
             // SAFETY: the library and its functions are present; cuInit may be called any
             // number of times.
             check(unsafe { sys::cuInit(0) }, "cuInit").map_err(|e| e.to_string())
@@ -135,11 +236,28 @@ pub fn driver_version() -> Option<i32> {
 }
 
 /// Pinned host memory from `cuMemHostAlloc` (portable: usable with every context). Called
-/// with a context current (in a handler: the stream's).
-pub struct CudaHostAlloc;
+/// with a context current (in a handler: the stream's), which it remembers: the pool's
+/// reaper thread frees with that context current (a thread of its own has none).
+pub struct CudaHostAlloc {
+    /// The context of the first allocation (0: none yet).
+    owner: std::sync::atomic::AtomicUsize,
+}
+
+impl CudaHostAlloc {
+    const fn new() -> Self {
+        CudaHostAlloc { owner: std::sync::atomic::AtomicUsize::new(0) }
+    }
+}
 
 impl PinnedAlloc for CudaHostAlloc {
     fn alloc(&self, bytes: usize) -> Result<NonNull<u8>, Error> {
+        if self.owner.load(std::sync::atomic::Ordering::Acquire) == 0 {
+            let mut current: sys::CUcontext = ptr::null_mut();
+            // SAFETY: the driver is loaded; `current` is a valid out pointer.
+            if unsafe { sys::cuCtxGetCurrent(&raw mut current) }.result().is_ok() && !current.is_null() {
+                self.owner.store(current as usize, std::sync::atomic::Ordering::Release);
+            }
+        }
         let mut p: *mut c_void = ptr::null_mut();
         let flags = sys::CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: the driver is loaded (handlers call `driver()` first) and a context is
@@ -152,6 +270,16 @@ impl PinnedAlloc for CudaHostAlloc {
     }
 
     unsafe fn free(&self, ptr: NonNull<u8>, _bytes: usize) {
+        let mut current: sys::CUcontext = ptr::null_mut();
+        let owner = self.owner.load(std::sync::atomic::Ordering::Acquire);
+        // SAFETY: the driver is loaded (memory was allocated); `current` is a valid out
+        // pointer; the owner context is held for the process's life (`hold_context`), so
+        // making it current is valid. On the reaper thread nothing else is current.
+        unsafe {
+            if sys::cuCtxGetCurrent(&raw mut current).result().is_ok() && current.is_null() && owner != 0 {
+                let _ = sys::cuCtxSetCurrent(owner as sys::CUcontext);
+            }
+        }
         // SAFETY: caller contract: allocated by `alloc`, freed once, no copy pending. A
         // failure leaves the memory pinned, which is harmless.
         let _ = unsafe { sys::cuMemFreeHost(ptr.as_ptr().cast()) };
@@ -161,8 +289,91 @@ impl PinnedAlloc for CudaHostAlloc {
 /// The process's pool of pinned memory for GPU messages.
 fn pool() -> &'static PinnedPool<CudaHostAlloc> {
     static POOL: OnceLock<PinnedPool<CudaHostAlloc>> = OnceLock::new();
-    POOL.get_or_init(|| PinnedPool::new(CudaHostAlloc))
+    POOL.get_or_init(|| PinnedPool::new(CudaHostAlloc::new()))
 }
+
+/// The contexts handlers ran in, held: by device ordinal, (context, its unique id).
+static HELD: Mutex<Vec<(i32, usize, u64)>> = Mutex::new(Vec::new());
+
+/// The unique id of context `ctx` (never reused, unlike its address), if it is alive.
+fn context_id(ctx: sys::CUcontext) -> Option<u64> {
+    let mut id: std::ffi::c_ulonglong = 0;
+    // SAFETY: the driver is loaded; `id` is a valid out pointer; a destroyed context is
+    // reported as an error.
+    unsafe { sys::cuCtxGetId(ctx, &raw mut id) }.result().ok().map(|()| id)
+}
+
+/// Holds `ctx` (current on this thread) for the process's life, the first time a handler
+/// runs in it: retains its device's primary context when it is that one. If the device's
+/// context held before is gone (replaced: a primary context reset), the pinned pool
+/// forgets its memory and the events of the old context are dropped from the pool.
+fn hold_context(ctx: sys::CUcontext) -> Result<(), Error> {
+    let Some(id) = context_id(ctx) else { return Ok(()) };
+    let mut held = lock(&HELD);
+    if held.iter().any(|&(_, c, i)| c == ctx as usize && i == id) {
+        return Ok(());
+    }
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: `ctx` is current (caller contract); `dev` is a valid out pointer.
+    check(unsafe { sys::cuCtxGetDevice(&raw mut dev) }, "cuCtxGetDevice")?;
+    let replaced: Vec<usize> = held
+        .iter()
+        .filter(|&&(d, c, i)| d == dev && context_id(c as sys::CUcontext) != Some(i))
+        .map(|&(_, c, _)| c)
+        .collect();
+    if !replaced.is_empty() {
+        // The memory and events of a context that is gone died with it.
+        if replaced.contains(&pool().allocator().owner.load(std::sync::atomic::Ordering::Acquire)) {
+            pool().reset();
+            pool().allocator().owner.store(0, std::sync::atomic::Ordering::Release);
+        }
+        if let Some(events) = lock(&EVENTS).as_mut() {
+            for c in &replaced {
+                events.remove(c);
+            }
+        }
+        held.retain(|&(_, c, _)| !replaced.contains(&c));
+    }
+    let mut primary: sys::CUcontext = ptr::null_mut();
+    // SAFETY: `dev` is a valid device; `primary` is a valid out pointer. The reference is
+    // kept (never released) when it is `ctx`, else released at once.
+    unsafe {
+        check(sys::cuDevicePrimaryCtxRetain(&raw mut primary, dev), "cuDevicePrimaryCtxRetain")?;
+        if primary != ctx {
+            let _ = sys::cuDevicePrimaryCtxRelease_v2(dev);
+        }
+    }
+    held.push((dev, ctx as usize, id));
+    Ok(())
+}
+
+/// The capture error's words, for a driver call that failed because the stream was being
+/// captured into a CUDA graph.
+fn captured() -> Error {
+    Error::Internal(
+        "hostfeed's custom calls cannot be captured into a CUDA graph (they are not \
+         command-buffer compatible); XLA captured one anyway"
+            .into(),
+    )
+}
+
+/// `check`, with failures from a stream under capture reported as such.
+fn check_stream(res: sys::CUresult, what: &str) -> Result<(), Error> {
+    match res {
+        sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+        | sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+        | sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => Err(captured()),
+        other => check(other, what),
+    }
+}
+
+thread_local! {
+    /// The context of each stream this thread's handlers saw (XLA's streams keep theirs).
+    static STREAM_CTX: std::cell::RefCell<Vec<(usize, usize)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Most streams [`STREAM_CTX`] remembers per thread (XLA uses a few per device).
+const STREAM_CACHE: usize = 32;
 
 /// Counters of the pinned pool (for tests and `cuda_pool_stats()`).
 #[must_use]
@@ -179,7 +390,9 @@ pub struct CudaStream {
 }
 
 impl CudaStream {
-    /// The stream `raw` (a `CUstream` from XLA), its context made current.
+    /// The stream `raw` (a `CUstream` from XLA), its context made current; `capture`:
+    /// refuse it while it is being captured into a CUDA graph (taps; see the module
+    /// documentation).
     ///
     /// # Errors
     /// The driver is unusable, the stream is being captured into a CUDA graph, or a
@@ -187,32 +400,44 @@ impl CudaStream {
     ///
     /// # Safety
     /// `raw` must be a live `CUstream`, valid for the life of the result.
-    pub unsafe fn new(raw: *mut c_void) -> Result<Self, Error> {
+    pub unsafe fn new(raw: *mut c_void, capture: bool) -> Result<Self, Error> {
         driver()?;
         let raw: sys::CUstream = raw.cast();
-        let mut ctx: sys::CUcontext = ptr::null_mut();
+        let cached = STREAM_CTX.with_borrow(|c| c.iter().find(|e| e.0 == raw as usize).map(|e| e.1));
+        let (ctx, fresh) = if let Some(ctx) = cached {
+            (ctx as sys::CUcontext, false)
+        } else {
+            let mut ctx: sys::CUcontext = ptr::null_mut();
+            // SAFETY: the driver is initialised; `raw` is a live stream (caller contract);
+            // the out pointer is valid.
+            check(unsafe { sys::cuStreamGetCtx(raw, &raw mut ctx) }, "cuStreamGetCtx")?;
+            (ctx, true)
+        };
         let mut current: sys::CUcontext = ptr::null_mut();
-        // SAFETY: the driver is initialised; `raw` is a live stream (caller contract); the
-        // out pointers are valid.
-        unsafe {
-            check(sys::cuStreamGetCtx(raw, &raw mut ctx), "cuStreamGetCtx")?;
-            check(sys::cuCtxGetCurrent(&raw mut current), "cuCtxGetCurrent")?;
-        }
+        // SAFETY: as above.
+        check(unsafe { sys::cuCtxGetCurrent(&raw mut current) }, "cuCtxGetCurrent")?;
         let pushed = current != ctx;
         if pushed {
             // SAFETY: `ctx` is the live context of the stream.
             check(unsafe { sys::cuCtxPushCurrent_v2(ctx) }, "cuCtxPushCurrent")?;
         }
         let stream = CudaStream { raw, ctx, pushed };
-        let mut capture = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: as above.
-        check(unsafe { sys::cuStreamIsCapturing(raw, &raw mut capture) }, "cuStreamIsCapturing")?;
-        if capture != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-            return Err(Error::Internal(
-                "hostfeed's custom calls cannot be captured into a CUDA graph (they are not \
-                 command-buffer compatible); XLA captured one anyway"
-                    .into(),
-            ));
+        if fresh {
+            hold_context(ctx)?;
+            STREAM_CTX.with_borrow_mut(|c| {
+                if c.len() >= STREAM_CACHE {
+                    c.remove(0);
+                }
+                c.push((raw as usize, ctx as usize));
+            });
+        }
+        if capture {
+            let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+            // SAFETY: as above.
+            check(unsafe { sys::cuStreamIsCapturing(raw, &raw mut status) }, "cuStreamIsCapturing")?;
+            if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+                return Err(captured());
+            }
         }
         Ok(stream)
     }
@@ -305,19 +530,21 @@ impl Drop for CudaEvent {
 
 impl Stream for CudaStream {
     unsafe fn copy_to_host(&self, dst: *mut u8, src: *const u8, n: usize) -> Result<(), Error> {
-        // SAFETY: caller contract (device source, pinned destination, both valid for `n`
-        // bytes until the copy ran); the stream's context is current.
-        check(
-            unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), src as sys::CUdeviceptr, n, self.raw) },
-            "cuMemcpyDtoHAsync",
+        // SAFETY: caller contract (source in device or pinned host memory, pinned
+        // destination, both valid for `n` bytes until the copy ran); the stream's context
+        // is current. Under unified addressing a host pointer is a valid address for
+        // cuMemcpyAsync, which infers the direction.
+        check_stream(
+            unsafe { sys::cuMemcpyAsync(dst as sys::CUdeviceptr, src as sys::CUdeviceptr, n, self.raw) },
+            "cuMemcpyAsync",
         )
     }
 
     unsafe fn copy_to_device(&self, dst: *mut u8, src: *const u8, n: usize) -> Result<(), Error> {
-        // SAFETY: as above, the other way.
-        check(
-            unsafe { sys::cuMemcpyHtoDAsync_v2(dst as sys::CUdeviceptr, src.cast(), n, self.raw) },
-            "cuMemcpyHtoDAsync",
+        // SAFETY: as above, the other way (a result may be in pinned host memory too).
+        check_stream(
+            unsafe { sys::cuMemcpyAsync(dst as sys::CUdeviceptr, src as sys::CUdeviceptr, n, self.raw) },
+            "cuMemcpyAsync",
         )
     }
 
@@ -327,8 +554,20 @@ impl Stream for CudaStream {
     }
 
     fn synchronize(&self) -> Result<(), Error> {
+        // Work just enqueued (a call's operand copies) usually completes within
+        // microseconds: look a while before sleeping (a wake-up costs tens of them).
+        let start = Instant::now();
+        loop {
+            // SAFETY: the stream is live.
+            match unsafe { sys::cuStreamQuery(self.raw) } {
+                sys::CUresult::CUDA_SUCCESS => return Ok(()),
+                sys::CUresult::CUDA_ERROR_NOT_READY if start.elapsed() < EVENT_SPIN => std::hint::spin_loop(),
+                sys::CUresult::CUDA_ERROR_NOT_READY => break,
+                err => return check_stream(err, "cuStreamQuery"),
+            }
+        }
         // SAFETY: the stream is live.
-        check(unsafe { sys::cuStreamSynchronize(self.raw) }, "cuStreamSynchronize")
+        check_stream(unsafe { sys::cuStreamSynchronize(self.raw) }, "cuStreamSynchronize")
     }
 
     fn host_buffer(&self, len: usize) -> Result<HostBuffer, Error> {
@@ -336,12 +575,12 @@ impl Stream for CudaStream {
     }
 }
 
-/// The stream of `frame`'s call.
-fn stream(frame: &Frame<'_>) -> Result<CudaStream, Error> {
+/// The stream of `frame`'s call; `capture`: refused while captured into a CUDA graph.
+fn stream(frame: &Frame<'_>, capture: bool) -> Result<CudaStream, Error> {
     let raw = frame.stream()?;
     // SAFETY: XLA's stream for this call, live for the duration of the call (and the
     // result is dropped before the handler returns).
-    unsafe { CudaStream::new(raw) }
+    unsafe { CudaStream::new(raw, capture) }
 }
 
 fn header(frame: &Frame<'_>) -> Result<Header, Error> {
@@ -354,7 +593,7 @@ fn header(frame: &Frame<'_>) -> Result<Header, Error> {
 
 fn tap(frame: &Frame<'_>, receiver: &'static Receiver, start: u64) -> Result<(), Error> {
     let header = header(frame)?;
-    let stream = stream(frame)?;
+    let stream = stream(frame, true)?;
     // SAFETY: the operands are XLA's device buffers of their dtypes and dims, alive until
     // the work enqueued on this stream by this call has run.
     unsafe { gpu::tap(&stream, receiver, &gpu::DELIVERY, header, frame.operands()) }?;
@@ -373,7 +612,7 @@ fn call(frame: &Frame<'_>, receiver: &'static Receiver, _start: u64) -> Result<(
         None
     };
     let outs: Vec<OutBuf> = outs.map(|b| b.out_buf()).collect::<Result<_, _>>()?;
-    let stream = stream(frame)?;
+    let stream = stream(frame, false)?;
     // SAFETY: operands and results are XLA's device buffers of their dtypes and dims,
     // alive until the work enqueued on this stream by this call has run.
     unsafe {
@@ -395,7 +634,7 @@ fn check_call(frame: &Frame<'_>, receiver: &'static Receiver, _start: u64) -> Re
     let status =
         ops.next().ok_or_else(|| Error::InvalidArgument("hostfeed_check needs a status operand".into()))?;
     let sent = ops.next();
-    let stream = stream(frame)?;
+    let stream = stream(frame, false)?;
     // SAFETY: XLA's device buffers of their dtypes and dims, alive for the call.
     unsafe { gpu::check(&stream, receiver, &status, sent.as_ref()) }
 }
@@ -410,7 +649,7 @@ fn failure(frame: &Frame<'_>, receiver: &'static Receiver, _start: u64) -> Resul
         .next()
         .ok_or_else(|| Error::InvalidArgument("hostfeed_failure needs a uint8 result".into()))?
         .out_buf()?;
-    let stream = stream(frame)?;
+    let stream = stream(frame, false)?;
     // SAFETY: XLA's device buffers of their dtypes and dims, alive until the work enqueued
     // by this call has run.
     unsafe { gpu::failure(&stream, receiver, &gpu::DELIVERY, frame.device, &status, &out) }
@@ -479,7 +718,7 @@ pub fn copy_floor(ordinal: i32, nbytes: usize, repeats: usize) -> Result<Vec<f64
             let _ = unsafe { r::stream::destroy(stream) };
             return Err(e);
         }
-        let host = CudaHostAlloc.alloc(nbytes.max(1));
+        let host = CudaHostAlloc::new().alloc(nbytes.max(1));
         let mut times = Vec::with_capacity(repeats);
         let mut outcome = Ok(());
         if let Ok(host) = &host {
@@ -504,7 +743,7 @@ pub fn copy_floor(ordinal: i32, nbytes: usize, repeats: usize) -> Result<Vec<f64
         // SAFETY: every copy completed (synchronised); nothing uses the buffers any more.
         unsafe {
             if let Ok(host) = &host {
-                CudaHostAlloc.free(*host, nbytes.max(1));
+                CudaHostAlloc::new().free(*host, nbytes.max(1));
             }
             let _ = sys::cuMemFree_v2(device_mem);
             let _ = r::stream::destroy(stream);

@@ -105,6 +105,9 @@ pub struct Queue<T> {
     spin: Duration,
     /// Bumped whenever the consumer takes or completes messages (stall detection).
     progress: AtomicU64,
+    /// Bumped (under `inner`) by [`Queue::nudge`]: a change other than the consumer's
+    /// that waiters of [`Queue::wait_woken`] wait for.
+    nudges: AtomicU64,
     /// Mirrors of `Inner::enqueued` / `Inner::processed` (stored under the lock), so that
     /// an idle barrier reads them without locking.
     enqueued: AtomicU64,
@@ -134,6 +137,7 @@ impl<T> Queue<T> {
             pending: AtomicUsize::new(0),
             spin: Duration::ZERO,
             progress: AtomicU64::new(0),
+            nudges: AtomicU64::new(0),
             enqueued: AtomicU64::new(0),
             processed: AtomicU64::new(0),
             stats: Stats::default(),
@@ -421,6 +425,34 @@ impl<T> Queue<T> {
     pub fn wait_progress(&self, seen: u64, timeout: Duration) {
         let g = lock(&self.inner);
         if self.progress() == seen {
+            drop(self.progressed.wait_timeout(g, timeout));
+        }
+    }
+
+    /// A counter that changes with [`Queue::progress`] and with every [`Queue::nudge`]:
+    /// read it before looking at the state a [`Queue::wait_woken`] waits for.
+    pub fn wake_count(&self) -> u64 {
+        self.progress().wrapping_add(self.nudges.load(Ordering::Relaxed))
+    }
+
+    /// Wakes the threads in [`Queue::wait_woken`] (and [`Queue::wait_progress`]) for a
+    /// change that is not the consumer's (a GPU courier ending a reservation), without
+    /// counting as the consumer's progress (stall detection must not see it). The change
+    /// must be made before the call; a waiter that read [`Queue::wake_count`] before it
+    /// does not sleep through it (the count changes under the lock the waiter checks it
+    /// under).
+    pub fn nudge(&self) {
+        let g = lock(&self.inner);
+        self.nudges.fetch_add(1, Ordering::Relaxed);
+        drop(g);
+        self.progressed.notify_all();
+    }
+
+    /// Waits up to `timeout` for the consumer's progress or a [`Queue::nudge`], if
+    /// [`Queue::wake_count`] still equals `seen`.
+    pub fn wait_woken(&self, seen: u64, timeout: Duration) {
+        let g = lock(&self.inner);
+        if self.wake_count() == seen {
             drop(self.progressed.wait_timeout(g, timeout));
         }
     }
