@@ -59,7 +59,11 @@ cap() { local l; l=$(left); [ "$1" -lt "$l" ] && echo "$1" || echo "$l"; }  # mi
 
 # ---- the machine --------------------------------------------------------------------------
 {
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -2
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -2
+    else
+        echo "no nvidia-smi"
+    fi
     "$python" -c 'import sys, jax, jaxlib; print("python", sys.version.split()[0], "| jax", jax.__version__, "| jaxlib", jaxlib.__version__)' 2>&1 | tail -1
 } | while read -r line; do say "machine: $line"; done
 
@@ -82,36 +86,62 @@ export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
 # ---- 1. smoke --------------------------------------------------------------------------------
 say "1/4 smoke (at most ${smoke_s} s)"
 GPU_CHECK_SMOKE_S=$smoke_s timeout -k 5 "$smoke_s" "$python" benches/gpu_smoke.py 2>&1 \
-    | tee -a "$summary" | tail -3 >/dev/null
+    | tee -a "$summary"
 smoke_rc=${PIPESTATUS[0]}
 if [ "$smoke_rc" -eq 3 ]; then
     result 2 "setup failed: the CUDA handlers are missing (see the smoke lines above)"
 fi
 [ "$smoke_rc" -eq 0 ] || say "smoke FAILED (exit status $smoke_rc): going on to name what fails"
 
-# pytest_step NAME SECONDS ARGS...: one pytest run, verbose log and junit under $OUT.
+# pytest_step NAME SECONDS ARGS...: one pytest run, verbose log and junit under $OUT. A
+# test hung past GPU_CHECK_TEST_S ends the process (pytest-timeout's thread method): the
+# step then resumes with the tests not yet started (every test that started is deselected),
+# up to 3 times, while its time lasts; the junit file then covers the last part only.
 pytest_step() {
     local name=$1 secs=$2
     shift 2
-    if [ "$secs" -lt 10 ]; then
-        say "$name: no time left (${secs} s)"
-        echo "(not run: no time left)" > "$out/$name.log"
-        return 124
-    fi
-    # SIGINT first: pytest then reports what ran and writes its junit file.
-    timeout -s INT -k 15 "$secs" "$python" -m pytest -p pytest_timeout -p no:cacheprovider \
-        -o addopts="" -o faulthandler_timeout="$stacks_s" --timeout="$test_s" \
-        --timeout-method=thread -v -rA --durations=20 --junitxml="$out/$name.xml" "$@" \
-        > "$out/$name.log" 2>&1
-    local rc=$?
+    local log="$out/$name.log" until=$((SECONDS + secs)) rc=0 part=0 hung=0 t
+    local deselect=()
+    : > "$log"
+    while :; do
+        local remaining=$((until - SECONDS))
+        if [ "$remaining" -lt 10 ]; then
+            if [ "$part" -eq 0 ]; then
+                say "$name: no time left (${remaining} s)"
+                echo "(not run: no time left)" >> "$log"
+                return 124
+            fi
+            say "$name: no time left to resume after the hung test"
+            break
+        fi
+        part=$((part + 1))
+        [ "$part" -gt 1 ] && echo "==== part $part: resumed after a hung test, ${#deselect[@]} arguments deselecting what ran ====" >> "$log"
+        # SIGINT first: pytest then reports what ran and writes its junit file.
+        timeout -s INT -k 15 "$remaining" "$python" -m pytest -p pytest_timeout -p no:cacheprovider \
+            -o addopts="" -o faulthandler_timeout="$stacks_s" --timeout="$test_s" \
+            --timeout-method=thread -v -rA --durations=20 --junitxml="$out/$name.xml" \
+            "${deselect[@]}" "$@" >> "$log" 2>&1
+        rc=$?
+        if [ "$rc" -ne 124 ] && tail -3 "$log" | grep -q "Timeout +"; then
+            hung=$((hung + 1))
+            say "$name: a test hung past ${test_s} s: $(grep -oE '^[^ ]+::[^ ]+' "$log" | tail -1) (stacks in $name.log)"
+            if [ "$part" -le 3 ]; then
+                deselect=()
+                while read -r t; do deselect+=(--deselect "$t"); done \
+                    < <(grep -oE '^[^ ]+::[^ ]+' "$log" | sort -u)
+                continue
+            fi
+        fi
+        break
+    done
+    [ "$hung" -gt 0 ] && [ "$rc" -eq 0 ] && rc=1  # a hang is a failure
     local passed failed
-    passed=$(grep -cE ' PASSED( |$)' "$out/$name.log")
-    failed=$(grep -cE ' (FAILED|ERROR)( |$)' "$out/$name.log")
-    grep -E '^(FAILED|ERROR) ' "$out/$name.log" | head -30 | tee -a "$summary"
-    [ "$rc" -eq 124 ] || [ "$rc" -eq 130 ] || [ "$rc" -eq 137 ] \
+    passed=$(grep -cE ' PASSED( |$)' "$log")
+    failed=$(grep -cE ' (FAILED|ERROR)( |$)' "$log")
+    grep -E '^(FAILED|ERROR) tests/' "$log" | head -30 | tee -a "$summary"
+    [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] \
         && say "$name: ran out of its ${secs} s (partial: $name.log names each test that ran)"
-    grep -q "Timeout +" "$out/$name.log" && say "$name: a test hung past ${test_s} s (stacks in $name.log)"
-    say "$name: exit status $rc; $passed passed, $failed failed or errored; $(tail -1 "$out/$name.log" | cut -c1-160)"
+    say "$name: exit status $rc; $passed passed, $failed failed or errored, $hung hung; $(tail -1 "$log" | cut -c1-160)"
     return "$rc"
 }
 
