@@ -160,6 +160,9 @@ struct Courier {
     work: Waker,
     /// Callers of [`Delivery::wait_idle`] sleep here.
     done: Waker,
+    /// Mirror of `CourierState::delivered`, for [`Delivery::wait_idle`]'s look before it
+    /// sleeps (without taking the lock the courier takes).
+    delivered: AtomicU64,
 }
 
 #[derive(Default)]
@@ -303,6 +306,7 @@ impl Delivery {
             state: Mutex::new(CourierState::default()),
             work: Waker::new(),
             done: Waker::new(),
+            delivered: AtomicU64::new(0),
         });
         let c2 = Arc::clone(&c);
         std::thread::Builder::new()
@@ -348,7 +352,10 @@ impl Delivery {
                 }
             };
             self.deliver(ordinal, parcel);
-            lock(&c.state).delivered += 1;
+            let mut g = lock(&c.state);
+            g.delivered += 1;
+            c.delivered.store(g.delivered, Ordering::Release);
+            drop(g);
             c.done.notify_all();
         }
     }
@@ -387,7 +394,7 @@ impl Delivery {
         let target = lock(&c.state).submitted;
         // The courier usually delivers within microseconds (the call synchronised the
         // stream, so every marker before it completed): look a while before sleeping.
-        if crate::queue::spin_until(IDLE_SPIN, || lock(&c.state).delivered >= target) {
+        if crate::queue::spin_until(IDLE_SPIN, || c.delivered.load(Ordering::Acquire) >= target) {
             return;
         }
         let mut g = lock(&c.state);

@@ -581,6 +581,29 @@ mod tests {
     }
 
     #[test]
+    fn a_nudge_wakes_a_waiter_without_counting_as_progress() {
+        let q = std::sync::Arc::new(Queue::<u32>::new(100));
+        let progress = q.progress();
+        let seen = q.wake_count();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let q2 = std::sync::Arc::clone(&q);
+        let waiter = std::thread::spawn(move || {
+            q2.wait_woken(seen, Duration::from_secs(3600));
+            tx.send(()).unwrap();
+        });
+        while !q.progressed.has_sleepers() {
+            std::thread::yield_now();
+        }
+        q.nudge();
+        assert!(rx.recv_timeout(Duration::from_secs(30)).is_ok(), "the nudge did not wake the waiter");
+        waiter.join().unwrap();
+        assert_eq!(q.progress(), progress, "stall detection must not see a nudge");
+        assert_ne!(q.wake_count(), seen);
+        // A waiter that read the count before a nudge does not sleep at all.
+        q.wait_woken(seen, Duration::from_secs(3600));
+    }
+
+    #[test]
     fn fifo_and_sequence_numbers() {
         let q = Queue::new(100);
         q.clear_stop();
