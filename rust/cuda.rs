@@ -1,19 +1,18 @@
 //! The CUDA platform: the XLA FFI handlers registered for `CUDA`, a [`Stream`] over the
 //! CUDA driver API, and pinned memory for the pool.
 //!
-//! The driver is loaded at run time (`cudarc` with dynamic loading: `dlopen` of libcuda,
-//! symbols resolved on first use), never linked, so hostfeed builds and imports on
-//! machines without CUDA; [`driver`] reports why CUDA is unusable instead of failing.
-//! The bindings are those of CUDA 13.4 (cudarc's newest), so that every error code a
+//! The driver is loaded at run time (`dlopen` of `libcuda.so.1`, every function hostfeed
+//! calls resolved at once: [`Api`], called through [`drv`]), never linked, so hostfeed
+//! builds and imports on machines without CUDA; [`driver`] reports why CUDA is unusable
+//! instead of failing. `libcuda.so.1` is the name XLA loads it by, so both get the same
+//! library (cudarc's own loader tries `libcuda.so` first, which may be another file, a
+//! toolkit's stub, whose handles would all be foreign to XLA's): cudarc serves only for
+//! the types and constants, those of CUDA 13.4 (its newest), so that every error code a
 //! current driver returns is one the bindings know; every function used exists in the
-//! CUDA 12 and 13 drivers.
-//!
-//! XLA loads the driver as `libcuda.so.1`; cudarc tries `libcuda.so` first, which may be
-//! another file (a toolkit's stub), whose handles would all be foreign to XLA's. So the
-//! functions hostfeed calls are checked to be the ones `libcuda.so.1` exports once XLA
-//! loaded it ([`same_driver_as_xla`]): at registration (`cuda_driver_error`, which
-//! `lowering.cuda_status()` reports) and at the first handler call; a mismatch refuses
-//! the handlers with both paths named. [`driver_path`] names the file in use.
+//! CUDA 12 and 13 drivers. [`same_driver_as_xla`] still checks, once XLA loaded the
+//! driver, that its `cuInit` is hostfeed's (at registration, through
+//! `cuda_driver_error`, which `lowering.cuda_status()` reports, and at the first handler
+//! call); [`driver_path`] names the file in use.
 //!
 //! The handlers get the stream XLA runs the custom call on (`XLA_FFI_Stream_Get`, a
 //! `CUstream`), make its context current for the duration of the call (the context of
@@ -41,12 +40,11 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::ffi::c_void;
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 use std::ptr::{self, NonNull};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::result::DriverError;
 use cudarc::driver::sys;
 
 use crate::error::Error;
@@ -67,45 +65,137 @@ const EVENT_SPIN: Duration = Duration::from_micros(50);
 /// The name XLA loads the driver by.
 const XLA_DRIVER: &std::ffi::CStr = c"libcuda.so.1";
 
-/// Driver functions hostfeed calls, checked when the driver is loaded so that a missing
-/// one is a clear error rather than a failure in the middle of a handler.
-const SYMBOLS: &[&str] = &[
-    "cuInit",
-    "cuGetErrorName",
-    "cuGetErrorString",
-    "cuDriverGetVersion",
-    "cuStreamGetCtx",
-    "cuStreamIsCapturing",
-    "cuCtxGetCurrent",
-    "cuCtxPushCurrent_v2",
-    "cuCtxPopCurrent_v2",
-    "cuCtxSetCurrent",
-    "cuCtxGetDevice",
-    "cuCtxGetId",
-    "cuDevicePrimaryCtxRetain",
-    "cuDevicePrimaryCtxRelease_v2",
-    "cuStreamQuery",
-    "cuEventCreate",
-    "cuEventRecord",
-    "cuEventQuery",
-    "cuEventSynchronize",
-    "cuMemHostAlloc",
-    "cuMemFreeHost",
-    "cuMemcpyAsync",
-    "cuMemcpyDtoHAsync_v2",
-    "cuStreamSynchronize",
-];
+/// Declares the driver functions hostfeed calls: [`Api`], their addresses in the library
+/// (`libcuda.so.1`, loaded by [`load_api`]), and in [`drv`] a function of the same name
+/// and signature for each, which answers `CUDA_ERROR_NOT_INITIALIZED` before the library
+/// is loaded (so that no path can call a missing function).
+macro_rules! driver_api {
+    ($($name:ident($($arg:ident: $ty:ty),*);)*) => {
+        /// Addresses of the driver functions hostfeed calls.
+        #[allow(non_snake_case)]
+        struct Api {
+            handle: usize,
+            $($name: unsafe extern "C" fn($($ty),*) -> sys::CUresult,)*
+        }
 
-/// A driver error as a hostfeed error naming what failed.
-fn driver_error(what: &str, e: DriverError) -> Error {
-    let name = e.error_name().map_or_else(|_| format!("{:?}", e.0), |s| s.to_string_lossy().into_owned());
-    let text = e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    Error::Internal(format!("CUDA {what} failed: {name} ({text})"))
+        /// The driver functions, from the library `handle` (from dlopen).
+        ///
+        /// # Safety
+        /// `handle` must be a live handle of the CUDA driver library, never closed.
+        unsafe fn load_api(handle: *mut c_void) -> Result<Api, String> {
+            Ok(Api {
+                handle: handle as usize,
+                $($name: {
+                    // SAFETY: caller contract; the name is NUL-terminated.
+                    let f = unsafe { libc::dlsym(handle, concat!(stringify!($name), "\0").as_ptr().cast()) };
+                    if f.is_null() {
+                        return Err(format!("the CUDA driver library lacks {}", stringify!($name)));
+                    }
+                    // SAFETY: the driver exports this function with this C signature (that
+                    // of the CUDA 12 and 13 headers, as in cudarc's bindings).
+                    unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($ty),*) -> sys::CUresult>(f) }
+                },)*
+            })
+        }
+
+        /// The driver functions by name (as `cudarc::driver::sys`'s, but from the
+        /// library XLA loaded).
+        #[allow(non_snake_case, clippy::missing_safety_doc)]
+        mod drv {
+            use super::*;
+            $(
+                /// The driver function of this name.
+                pub unsafe fn $name($($arg: $ty),*) -> sys::CUresult {
+                    match api() {
+                        // SAFETY: the function's C contract is the caller's.
+                        Some(a) => unsafe { (a.$name)($($arg),*) },
+                        None => sys::CUresult::CUDA_ERROR_NOT_INITIALIZED,
+                    }
+                }
+            )*
+        }
+    };
+}
+
+driver_api! {
+    cuInit(flags: c_uint);
+    cuGetErrorName(error: sys::CUresult, name: *mut *const c_char);
+    cuGetErrorString(error: sys::CUresult, text: *mut *const c_char);
+    cuDriverGetVersion(version: *mut c_int);
+    cuStreamGetCtx(stream: sys::CUstream, ctx: *mut sys::CUcontext);
+    cuStreamIsCapturing(stream: sys::CUstream, status: *mut sys::CUstreamCaptureStatus);
+    cuStreamQuery(stream: sys::CUstream);
+    cuStreamSynchronize(stream: sys::CUstream);
+    cuStreamCreate(stream: *mut sys::CUstream, flags: c_uint);
+    cuStreamDestroy_v2(stream: sys::CUstream);
+    cuCtxGetCurrent(ctx: *mut sys::CUcontext);
+    cuCtxPushCurrent_v2(ctx: sys::CUcontext);
+    cuCtxPopCurrent_v2(ctx: *mut sys::CUcontext);
+    cuCtxSetCurrent(ctx: sys::CUcontext);
+    cuCtxGetDevice(device: *mut sys::CUdevice);
+    cuCtxGetId(ctx: sys::CUcontext, id: *mut c_ulonglong);
+    cuDeviceGet(device: *mut sys::CUdevice, ordinal: c_int);
+    cuDevicePrimaryCtxRetain(ctx: *mut sys::CUcontext, device: sys::CUdevice);
+    cuDevicePrimaryCtxRelease_v2(device: sys::CUdevice);
+    cuEventCreate(event: *mut sys::CUevent, flags: c_uint);
+    cuEventRecord(event: sys::CUevent, stream: sys::CUstream);
+    cuEventQuery(event: sys::CUevent);
+    cuEventSynchronize(event: sys::CUevent);
+    cuMemHostAlloc(ptr: *mut *mut c_void, bytes: usize, flags: c_uint);
+    cuMemFreeHost(ptr: *mut c_void);
+    cuMemAlloc_v2(ptr: *mut sys::CUdeviceptr, bytes: usize);
+    cuMemFree_v2(ptr: sys::CUdeviceptr);
+    cuMemcpyAsync(dst: sys::CUdeviceptr, src: sys::CUdeviceptr, bytes: usize, stream: sys::CUstream);
+    cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: sys::CUdeviceptr, bytes: usize, stream: sys::CUstream);
+}
+
+/// The driver library, loaded once: `libcuda.so.1`, the name XLA loads it by, so that
+/// both get the same library (a second dlopen of a loaded name returns the same one).
+fn loaded() -> &'static Result<Api, String> {
+    static API: OnceLock<Result<Api, String>> = OnceLock::new();
+    API.get_or_init(|| {
+        // SAFETY: dlopen of a shared library by name; its constructors are the driver's.
+        // The handle is never closed.
+        let handle = unsafe { libc::dlopen(XLA_DRIVER.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if handle.is_null() {
+            return Err("the CUDA driver library (libcuda.so.1) was not found".into());
+        }
+        // SAFETY: a live handle of the driver library, never closed.
+        unsafe { load_api(handle) }
+    })
+}
+
+/// The driver functions, if the library loaded.
+fn api() -> Option<&'static Api> {
+    loaded().as_ref().ok()
+}
+
+/// The driver's words for `res` (its name and description).
+fn error_words(res: sys::CUresult) -> (String, String) {
+    let word = |f: unsafe fn(sys::CUresult, *mut *const c_char) -> sys::CUresult| {
+        let mut p: *const c_char = ptr::null();
+        // SAFETY: `p` is a valid out pointer; on success the driver points it at a static
+        // NUL-terminated string.
+        if unsafe { f(res, &raw mut p) } == sys::CUresult::CUDA_SUCCESS && !p.is_null() {
+            // SAFETY: as above.
+            Some(unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned())
+        } else {
+            None
+        }
+    };
+    (
+        word(drv::cuGetErrorName).unwrap_or_else(|| format!("{res:?}")),
+        word(drv::cuGetErrorString).unwrap_or_default(),
+    )
 }
 
 /// `Ok` for `CUDA_SUCCESS`, else an error naming `what`.
 fn check(res: sys::CUresult, what: &str) -> Result<(), Error> {
-    res.result().map_err(|e| driver_error(what, e))
+    if res == sys::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let (name, text) = error_words(res);
+    Err(Error::Internal(format!("CUDA {what} failed: {name} ({text})")))
 }
 
 /// Whether the CUDA driver library is present with every function hostfeed uses, and
@@ -115,25 +205,7 @@ fn check(res: sys::CUresult, what: &str) -> Result<(), Error> {
 /// # Errors
 /// Why CUDA cannot be used (no driver library, a missing function), in words.
 pub fn driver_library() -> Result<(), String> {
-    static LOADED: OnceLock<Result<(), String>> = OnceLock::new();
-    LOADED
-        .get_or_init(|| {
-            // SAFETY: only looks for the library file (dlopen and dlclose).
-            if !unsafe { sys::is_culib_present() } {
-                return Err("the CUDA driver library (libcuda.so.1) was not found".into());
-            }
-            // SAFETY: the library is present (checked above), so `culib` does not panic;
-            // looking up a symbol's address calls nothing.
-            let lib = unsafe { sys::culib() };
-            for name in SYMBOLS {
-                // SAFETY: as above; the address is not used.
-                if unsafe { lib.get::<*const c_void>(name.as_bytes()) }.is_err() {
-                    return Err(format!("the CUDA driver library lacks {name}"));
-                }
-            }
-            Ok(())
-        })
-        .clone()
+    loaded().as_ref().map(|_| ()).map_err(Clone::clone)
 }
 
 /// The address of `cuInit` in the library `handle`, or null.
@@ -158,13 +230,12 @@ fn file_of(addr: *const c_void) -> Option<String> {
     }
 }
 
-/// The address of hostfeed's `cuInit` (from the library cudarc loaded).
+/// The address of hostfeed's `cuInit`.
 fn our_cu_init() -> Option<*const c_void> {
-    driver_library().ok()?;
-    // SAFETY: the library is present (checked), so `culib` does not panic; the symbol's
-    // address is read, nothing is called.
-    let sym = unsafe { sys::culib().get::<*const c_void>(b"cuInit") }.ok()?;
-    Some(*sym)
+    let a = api()?;
+    // SAFETY: a live handle (never closed); the symbol's address is read, nothing called.
+    let f = unsafe { cu_init_in(a.handle as *mut c_void) };
+    (!f.is_null()).then_some(f.cast_const())
 }
 
 /// The file hostfeed's CUDA driver functions come from (e.g.
@@ -219,7 +290,7 @@ pub fn driver() -> Result<(), Error> {
             same_driver_as_xla()?;
             // SAFETY: the library and its functions are present; cuInit may be called any
             // number of times.
-            check(unsafe { sys::cuInit(0) }, "cuInit").map_err(|e| e.to_string())
+            check(unsafe { drv::cuInit(0) }, "cuInit").map_err(|e| e.to_string())
         })
         .clone()
         .map_err(|m| Error::Internal(format!("hostfeed cannot use CUDA: {m}")))
@@ -231,7 +302,7 @@ pub fn driver_version() -> Option<i32> {
     driver().ok()?;
     let mut v = 0;
     // SAFETY: the driver is loaded and initialised; `v` is a valid out pointer.
-    check(unsafe { sys::cuDriverGetVersion(&raw mut v) }, "cuDriverGetVersion").ok()?;
+    check(unsafe { drv::cuDriverGetVersion(&raw mut v) }, "cuDriverGetVersion").ok()?;
     Some(v)
 }
 
@@ -254,7 +325,9 @@ impl PinnedAlloc for CudaHostAlloc {
         if self.owner.load(std::sync::atomic::Ordering::Acquire) == 0 {
             let mut current: sys::CUcontext = ptr::null_mut();
             // SAFETY: the driver is loaded; `current` is a valid out pointer.
-            if unsafe { sys::cuCtxGetCurrent(&raw mut current) }.result().is_ok() && !current.is_null() {
+            if unsafe { drv::cuCtxGetCurrent(&raw mut current) } == sys::CUresult::CUDA_SUCCESS
+                && !current.is_null()
+            {
                 self.owner.store(current as usize, std::sync::atomic::Ordering::Release);
             }
         }
@@ -262,7 +335,7 @@ impl PinnedAlloc for CudaHostAlloc {
         let flags = sys::CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: the driver is loaded (handlers call `driver()` first) and a context is
         // current; `p` is a valid out pointer.
-        let res = unsafe { sys::cuMemHostAlloc(&raw mut p, bytes, flags) };
+        let res = unsafe { drv::cuMemHostAlloc(&raw mut p, bytes, flags) };
         check(res, "cuMemHostAlloc").map_err(|e| {
             Error::Internal(format!("cannot pin {bytes} bytes of host memory for a GPU tap: {e}"))
         })?;
@@ -276,13 +349,16 @@ impl PinnedAlloc for CudaHostAlloc {
         // pointer; the owner context is held for the process's life (`hold_context`), so
         // making it current is valid. On the reaper thread nothing else is current.
         unsafe {
-            if sys::cuCtxGetCurrent(&raw mut current).result().is_ok() && current.is_null() && owner != 0 {
-                let _ = sys::cuCtxSetCurrent(owner as sys::CUcontext);
+            if drv::cuCtxGetCurrent(&raw mut current) == sys::CUresult::CUDA_SUCCESS
+                && current.is_null()
+                && owner != 0
+            {
+                let _ = drv::cuCtxSetCurrent(owner as sys::CUcontext);
             }
         }
         // SAFETY: caller contract: allocated by `alloc`, freed once, no copy pending. A
         // failure leaves the memory pinned, which is harmless.
-        let _ = unsafe { sys::cuMemFreeHost(ptr.as_ptr().cast()) };
+        let _ = unsafe { drv::cuMemFreeHost(ptr.as_ptr().cast()) };
     }
 }
 
@@ -297,10 +373,10 @@ static HELD: Mutex<Vec<(i32, usize, u64)>> = Mutex::new(Vec::new());
 
 /// The unique id of context `ctx` (never reused, unlike its address), if it is alive.
 fn context_id(ctx: sys::CUcontext) -> Option<u64> {
-    let mut id: std::ffi::c_ulonglong = 0;
+    let mut id: c_ulonglong = 0;
     // SAFETY: the driver is loaded; `id` is a valid out pointer; a destroyed context is
     // reported as an error.
-    unsafe { sys::cuCtxGetId(ctx, &raw mut id) }.result().ok().map(|()| id)
+    (unsafe { drv::cuCtxGetId(ctx, &raw mut id) } == sys::CUresult::CUDA_SUCCESS).then_some(id)
 }
 
 /// Holds `ctx` (current on this thread) for the process's life, the first time a handler
@@ -315,7 +391,7 @@ fn hold_context(ctx: sys::CUcontext) -> Result<(), Error> {
     }
     let mut dev: sys::CUdevice = 0;
     // SAFETY: `ctx` is current (caller contract); `dev` is a valid out pointer.
-    check(unsafe { sys::cuCtxGetDevice(&raw mut dev) }, "cuCtxGetDevice")?;
+    check(unsafe { drv::cuCtxGetDevice(&raw mut dev) }, "cuCtxGetDevice")?;
     let replaced: Vec<usize> = held
         .iter()
         .filter(|&&(d, c, i)| d == dev && context_id(c as sys::CUcontext) != Some(i))
@@ -338,9 +414,9 @@ fn hold_context(ctx: sys::CUcontext) -> Result<(), Error> {
     // SAFETY: `dev` is a valid device; `primary` is a valid out pointer. The reference is
     // kept (never released) when it is `ctx`, else released at once.
     unsafe {
-        check(sys::cuDevicePrimaryCtxRetain(&raw mut primary, dev), "cuDevicePrimaryCtxRetain")?;
+        check(drv::cuDevicePrimaryCtxRetain(&raw mut primary, dev), "cuDevicePrimaryCtxRetain")?;
         if primary != ctx {
-            let _ = sys::cuDevicePrimaryCtxRelease_v2(dev);
+            let _ = drv::cuDevicePrimaryCtxRelease_v2(dev);
         }
     }
     held.push((dev, ctx as usize, id));
@@ -410,16 +486,16 @@ impl CudaStream {
             let mut ctx: sys::CUcontext = ptr::null_mut();
             // SAFETY: the driver is initialised; `raw` is a live stream (caller contract);
             // the out pointer is valid.
-            check(unsafe { sys::cuStreamGetCtx(raw, &raw mut ctx) }, "cuStreamGetCtx")?;
+            check(unsafe { drv::cuStreamGetCtx(raw, &raw mut ctx) }, "cuStreamGetCtx")?;
             (ctx, true)
         };
         let mut current: sys::CUcontext = ptr::null_mut();
         // SAFETY: as above.
-        check(unsafe { sys::cuCtxGetCurrent(&raw mut current) }, "cuCtxGetCurrent")?;
+        check(unsafe { drv::cuCtxGetCurrent(&raw mut current) }, "cuCtxGetCurrent")?;
         let pushed = current != ctx;
         if pushed {
             // SAFETY: `ctx` is the live context of the stream.
-            check(unsafe { sys::cuCtxPushCurrent_v2(ctx) }, "cuCtxPushCurrent")?;
+            check(unsafe { drv::cuCtxPushCurrent_v2(ctx) }, "cuCtxPushCurrent")?;
         }
         let stream = CudaStream { raw, ctx, pushed };
         if fresh {
@@ -434,7 +510,7 @@ impl CudaStream {
         if capture {
             let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
             // SAFETY: as above.
-            check(unsafe { sys::cuStreamIsCapturing(raw, &raw mut status) }, "cuStreamIsCapturing")?;
+            check(unsafe { drv::cuStreamIsCapturing(raw, &raw mut status) }, "cuStreamIsCapturing")?;
             if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
                 return Err(captured());
             }
@@ -448,7 +524,7 @@ impl Drop for CudaStream {
         if self.pushed {
             let mut popped: sys::CUcontext = ptr::null_mut();
             // SAFETY: this call pushed the context in `new` on this thread.
-            let _ = unsafe { sys::cuCtxPopCurrent_v2(&raw mut popped) };
+            let _ = unsafe { drv::cuCtxPopCurrent_v2(&raw mut popped) };
         }
     }
 }
@@ -485,12 +561,12 @@ impl CudaEvent {
             let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
                 | sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32;
             // SAFETY: `ctx` is current (caller contract); `e` is a valid out pointer.
-            check(unsafe { sys::cuEventCreate(&raw mut e, flags) }, "cuEventCreate")?;
+            check(unsafe { drv::cuEventCreate(&raw mut e, flags) }, "cuEventCreate")?;
             e
         };
         let event = CudaEvent { raw, ctx };
         // SAFETY: the event belongs to the stream's context; the stream is live.
-        check(unsafe { sys::cuEventRecord(raw, stream) }, "cuEventRecord")?;
+        check(unsafe { drv::cuEventRecord(raw, stream) }, "cuEventRecord")?;
         Ok(event)
     }
 }
@@ -499,13 +575,13 @@ impl Completion for CudaEvent {
     fn wait(&self) -> Result<(), Error> {
         if CURRENT.get() != self.ctx as usize {
             // SAFETY: the event's context is live (XLA's, for the process's life).
-            check(unsafe { sys::cuCtxSetCurrent(self.ctx) }, "cuCtxSetCurrent")?;
+            check(unsafe { drv::cuCtxSetCurrent(self.ctx) }, "cuCtxSetCurrent")?;
             CURRENT.set(self.ctx as usize);
         }
         let start = Instant::now();
         loop {
             // SAFETY: a live event, recorded.
-            match unsafe { sys::cuEventQuery(self.raw) } {
+            match unsafe { drv::cuEventQuery(self.raw) } {
                 sys::CUresult::CUDA_SUCCESS => return Ok(()),
                 sys::CUresult::CUDA_ERROR_NOT_READY if start.elapsed() < EVENT_SPIN => std::hint::spin_loop(),
                 sys::CUresult::CUDA_ERROR_NOT_READY => break,
@@ -513,7 +589,7 @@ impl Completion for CudaEvent {
             }
         }
         // SAFETY: as above; a blocking-sync event: the thread sleeps until it completes.
-        check(unsafe { sys::cuEventSynchronize(self.raw) }, "cuEventSynchronize")
+        check(unsafe { drv::cuEventSynchronize(self.raw) }, "cuEventSynchronize")
     }
 }
 
@@ -535,7 +611,7 @@ impl Stream for CudaStream {
         // is current. Under unified addressing a host pointer is a valid address for
         // cuMemcpyAsync, which infers the direction.
         check_stream(
-            unsafe { sys::cuMemcpyAsync(dst as sys::CUdeviceptr, src as sys::CUdeviceptr, n, self.raw) },
+            unsafe { drv::cuMemcpyAsync(dst as sys::CUdeviceptr, src as sys::CUdeviceptr, n, self.raw) },
             "cuMemcpyAsync",
         )
     }
@@ -543,7 +619,7 @@ impl Stream for CudaStream {
     unsafe fn copy_to_device(&self, dst: *mut u8, src: *const u8, n: usize) -> Result<(), Error> {
         // SAFETY: as above, the other way (a result may be in pinned host memory too).
         check_stream(
-            unsafe { sys::cuMemcpyAsync(dst as sys::CUdeviceptr, src as sys::CUdeviceptr, n, self.raw) },
+            unsafe { drv::cuMemcpyAsync(dst as sys::CUdeviceptr, src as sys::CUdeviceptr, n, self.raw) },
             "cuMemcpyAsync",
         )
     }
@@ -559,7 +635,7 @@ impl Stream for CudaStream {
         let start = Instant::now();
         loop {
             // SAFETY: the stream is live.
-            match unsafe { sys::cuStreamQuery(self.raw) } {
+            match unsafe { drv::cuStreamQuery(self.raw) } {
                 sys::CUresult::CUDA_SUCCESS => return Ok(()),
                 sys::CUresult::CUDA_ERROR_NOT_READY if start.elapsed() < EVENT_SPIN => std::hint::spin_loop(),
                 sys::CUresult::CUDA_ERROR_NOT_READY => break,
@@ -567,7 +643,7 @@ impl Stream for CudaStream {
             }
         }
         // SAFETY: the stream is live.
-        check_stream(unsafe { sys::cuStreamSynchronize(self.raw) }, "cuStreamSynchronize")
+        check_stream(unsafe { drv::cuStreamSynchronize(self.raw) }, "cuStreamSynchronize")
     }
 
     fn host_buffer(&self, len: usize) -> Result<HostBuffer, Error> {
@@ -699,23 +775,32 @@ pub unsafe extern "C" fn hostfeed_failure(frame: *mut ffi::XLA_FFI_CallFrame) ->
 /// # Errors
 /// The driver is unusable or a driver call fails.
 pub fn copy_floor(ordinal: i32, nbytes: usize, repeats: usize) -> Result<Vec<f64>, Error> {
-    use cudarc::driver::result as r;
     driver()?;
-    let de = |what: &'static str| move |e: DriverError| driver_error(what, e);
-    let dev = r::device::get(ordinal).map_err(de("cuDeviceGet"))?;
-    // SAFETY: `dev` is a valid device; the primary context is retained here and released
-    // below, after everything allocated in it was freed.
-    let ctx = unsafe { r::primary_ctx::retain(dev) }.map_err(de("cuDevicePrimaryCtxRetain"))?;
+    let mut dev: sys::CUdevice = 0;
+    let mut ctx: sys::CUcontext = ptr::null_mut();
+    // SAFETY: the driver is initialised; the out pointers are valid. The primary context
+    // is retained here and released below, after everything allocated in it was freed.
+    unsafe {
+        check(drv::cuDeviceGet(&raw mut dev, ordinal), "cuDeviceGet")?;
+        check(drv::cuDevicePrimaryCtxRetain(&raw mut ctx, dev), "cuDevicePrimaryCtxRetain")?;
+    }
     // SAFETY: `ctx` is live; popped below.
-    check(unsafe { sys::cuCtxPushCurrent_v2(ctx) }, "cuCtxPushCurrent")?;
+    if let Err(e) = check(unsafe { drv::cuCtxPushCurrent_v2(ctx) }, "cuCtxPushCurrent") {
+        // SAFETY: retained above.
+        let _ = unsafe { drv::cuDevicePrimaryCtxRelease_v2(dev) };
+        return Err(e);
+    }
     let run = || -> Result<Vec<f64>, Error> {
-        let stream = r::stream::create(r::stream::StreamKind::NonBlocking).map_err(de("cuStreamCreate"))?;
+        let mut stream: sys::CUstream = ptr::null_mut();
+        let non_blocking = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint;
+        // SAFETY: a context is current; `stream` is a valid out pointer.
+        check(unsafe { drv::cuStreamCreate(&raw mut stream, non_blocking) }, "cuStreamCreate")?;
         let mut device_mem: sys::CUdeviceptr = 0;
         // SAFETY: a context is current; `device_mem` is a valid out pointer.
-        if let Err(e) = check(unsafe { sys::cuMemAlloc_v2(&raw mut device_mem, nbytes.max(1)) }, "cuMemAlloc")
+        if let Err(e) = check(unsafe { drv::cuMemAlloc_v2(&raw mut device_mem, nbytes.max(1)) }, "cuMemAlloc")
         {
             // SAFETY: the stream was created above and nothing was enqueued on it.
-            let _ = unsafe { r::stream::destroy(stream) };
+            let _ = unsafe { drv::cuStreamDestroy_v2(stream) };
             return Err(e);
         }
         let host = CudaHostAlloc::new().alloc(nbytes.max(1));
@@ -728,10 +813,10 @@ pub fn copy_floor(ordinal: i32, nbytes: usize, repeats: usize) -> Result<Vec<f64
                 // the next one and before they are freed.
                 let copied = unsafe {
                     check(
-                        sys::cuMemcpyDtoHAsync_v2(host.as_ptr().cast(), device_mem, nbytes, stream),
+                        drv::cuMemcpyDtoHAsync_v2(host.as_ptr().cast(), device_mem, nbytes, stream),
                         "cuMemcpyDtoHAsync",
                     )
-                    .and_then(|()| check(sys::cuStreamSynchronize(stream), "cuStreamSynchronize"))
+                    .and_then(|()| check(drv::cuStreamSynchronize(stream), "cuStreamSynchronize"))
                 };
                 if let Err(e) = copied {
                     outcome = Err(e);
@@ -745,8 +830,8 @@ pub fn copy_floor(ordinal: i32, nbytes: usize, repeats: usize) -> Result<Vec<f64
             if let Ok(host) = &host {
                 CudaHostAlloc::new().free(*host, nbytes.max(1));
             }
-            let _ = sys::cuMemFree_v2(device_mem);
-            let _ = r::stream::destroy(stream);
+            let _ = drv::cuMemFree_v2(device_mem);
+            let _ = drv::cuStreamDestroy_v2(stream);
         }
         host?;
         outcome.map(|()| times)
@@ -755,8 +840,8 @@ pub fn copy_floor(ordinal: i32, nbytes: usize, repeats: usize) -> Result<Vec<f64
     let mut popped: sys::CUcontext = ptr::null_mut();
     // SAFETY: pushed above on this thread; the retained context is released once.
     unsafe {
-        let _ = sys::cuCtxPopCurrent_v2(&raw mut popped);
-        let _ = r::primary_ctx::release(dev);
+        let _ = drv::cuCtxPopCurrent_v2(&raw mut popped);
+        let _ = drv::cuDevicePrimaryCtxRelease_v2(dev);
     }
     result
 }
@@ -768,7 +853,7 @@ mod tests {
     #[test]
     fn without_a_driver_cuda_is_reported_unusable_rather_than_panicking() {
         match driver_library() {
-            Ok(()) => assert!(SYMBOLS.iter().all(|s| s.starts_with("cu"))), // a machine with CUDA
+            Ok(()) => assert!(driver_path().is_some_and(|p| p.contains("libcuda"))), // a machine with CUDA
             Err(why) => {
                 assert!(why.contains("CUDA driver library"), "{why}");
                 let err = driver().unwrap_err().to_string();
