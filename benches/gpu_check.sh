@@ -69,6 +69,7 @@ cap() { local l; l=$(left); [ "$1" -lt "$l" ] && echo "$1" || echo "$l"; }  # mi
 
 # ---- install: the wheel, and only the test tools the machine lacks --------------------------
 work=$(mktemp -d "${TMPDIR:-/tmp}/hostfeed_gpu_check.XXXXXX")  # not under $OUT: only results go back
+trap 'rm -rf "$work"' EXIT
 site="$work/site"
 if ! "$python" benches/gpu_install.py "$dist" "$site" > "$out/install.log" 2>&1; then
     tail -5 "$out/install.log" | tee -a "$summary"
