@@ -83,6 +83,7 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pyapi::cuda_registrations, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::cuda_driver_error, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::cuda_driver_version, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::cuda_driver_path, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::cuda_pool_stats, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::cuda_copy_floor, m)?)?;
     Ok(())

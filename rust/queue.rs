@@ -105,6 +105,9 @@ pub struct Queue<T> {
     spin: Duration,
     /// Bumped whenever the consumer takes or completes messages (stall detection).
     progress: AtomicU64,
+    /// Bumped (under `inner`) by [`Queue::nudge`]: a change other than the consumer's
+    /// that waiters of [`Queue::wait_woken`] wait for.
+    nudges: AtomicU64,
     /// Mirrors of `Inner::enqueued` / `Inner::processed` (stored under the lock), so that
     /// an idle barrier reads them without locking.
     enqueued: AtomicU64,
@@ -134,6 +137,7 @@ impl<T> Queue<T> {
             pending: AtomicUsize::new(0),
             spin: Duration::ZERO,
             progress: AtomicU64::new(0),
+            nudges: AtomicU64::new(0),
             enqueued: AtomicU64::new(0),
             processed: AtomicU64::new(0),
             stats: Stats::default(),
@@ -425,6 +429,34 @@ impl<T> Queue<T> {
         }
     }
 
+    /// A counter that changes with [`Queue::progress`] and with every [`Queue::nudge`]:
+    /// read it before looking at the state a [`Queue::wait_woken`] waits for.
+    pub fn wake_count(&self) -> u64 {
+        self.progress().wrapping_add(self.nudges.load(Ordering::Relaxed))
+    }
+
+    /// Wakes the threads in [`Queue::wait_woken`] (and [`Queue::wait_progress`]) for a
+    /// change that is not the consumer's (a GPU courier ending a reservation), without
+    /// counting as the consumer's progress (stall detection must not see it). The change
+    /// must be made before the call; a waiter that read [`Queue::wake_count`] before it
+    /// does not sleep through it (the count changes under the lock the waiter checks it
+    /// under).
+    pub fn nudge(&self) {
+        let g = lock(&self.inner);
+        self.nudges.fetch_add(1, Ordering::Relaxed);
+        drop(g);
+        self.progressed.notify_all();
+    }
+
+    /// Waits up to `timeout` for the consumer's progress or a [`Queue::nudge`], if
+    /// [`Queue::wake_count`] still equals `seen`.
+    pub fn wait_woken(&self, seen: u64, timeout: Duration) {
+        let g = lock(&self.inner);
+        if self.wake_count() == seen {
+            drop(self.progressed.wait_timeout(g, timeout));
+        }
+    }
+
     /// The sequence number the next push will get: a barrier taken now waits for
     /// `processed >= enqueued()`.
     pub fn enqueued(&self) -> u64 {
@@ -546,6 +578,29 @@ mod tests {
         }
         q.end_batch(epoch);
         out
+    }
+
+    #[test]
+    fn a_nudge_wakes_a_waiter_without_counting_as_progress() {
+        let q = std::sync::Arc::new(Queue::<u32>::new(100));
+        let progress = q.progress();
+        let seen = q.wake_count();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let q2 = std::sync::Arc::clone(&q);
+        let waiter = std::thread::spawn(move || {
+            q2.wait_woken(seen, Duration::from_secs(3600));
+            tx.send(()).unwrap();
+        });
+        while !q.progressed.has_sleepers() {
+            std::thread::yield_now();
+        }
+        q.nudge();
+        assert!(rx.recv_timeout(Duration::from_secs(30)).is_ok(), "the nudge did not wake the waiter");
+        waiter.join().unwrap();
+        assert_eq!(q.progress(), progress, "stall detection must not see a nudge");
+        assert_ne!(q.wake_count(), seen);
+        // A waiter that read the count before a nudge does not sleep at all.
+        q.wait_woken(seen, Duration::from_secs(3600));
     }
 
     #[test]

@@ -19,7 +19,8 @@ __all__ = [
     "reset_peak", "histograms", "reset_histograms", "set_timing", "set_buffer_pool_bytes",
     "DEFAULT_BUFFER_POOL_BYTES", "set_consumer_name",
     "install_interrupt_watch", "registrations",
-    "cuda_registrations", "cuda_driver_error", "cuda_driver_version", "cuda_pool_stats",
+    "cuda_registrations", "cuda_driver_error", "cuda_driver_version", "cuda_driver_path",
+    "cuda_pool_stats",
     "cuda_copy_floor",
 ]
 
@@ -220,15 +221,19 @@ def cuda_registrations() -> dict[str, Any]:
     ``jax.ffi.register_ffi_target(..., platform="CUDA")`` (the same names as on CPU)."""
 
 def cuda_driver_error() -> str | None:
-    """Why the CUDA driver cannot be used (no library, a missing function), or None.
-    Loads the driver library if present; does not initialise CUDA."""
+    """Why the CUDA driver cannot be used (no library, a missing function, not the
+    library XLA loaded as libcuda.so.1), or None. Loads the driver library if present;
+    does not initialise CUDA."""
 
 def cuda_driver_version() -> int | None:
     """The CUDA driver's version (e.g. 13000 for 13.0), or None without a usable driver."""
 
+def cuda_driver_path() -> str | None:
+    """The file hostfeed's CUDA driver functions come from, or None without a driver."""
+
 def cuda_pool_stats() -> dict[str, int]:
     """Counters of the pinned-memory pool of GPU messages: ``allocations``, ``frees``,
-    ``allocated_bytes``, ``in_use_bytes``, ``blocks_taken``."""
+    ``allocated_bytes``, ``in_use_bytes``, ``blocks_taken``, ``resets``."""
 
 def cuda_copy_floor(ordinal: int, nbytes: int, repeats: int) -> list[float]:
     """Seconds taken by each of ``repeats`` device-to-host copies of ``nbytes`` from GPU

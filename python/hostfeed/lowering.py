@@ -89,7 +89,9 @@ def cuda_status() -> Optional[str]:
     handlers at once, and a failure is reported here instead of inside the plugin's
     initialisation (where it would also keep JAX's own CUDA handlers from registering).
     Without a CUDA backend, computations still lower for CUDA (the handlers are held by
-    JAX until a CUDA plugin initialises, if ever).
+    JAX until a CUDA plugin initialises, if ever). The reason names a driver library that
+    is not the ``libcuda.so.1`` XLA loaded (both files), since every CUDA handle would be
+    foreign to it; ``receiver.cuda_driver_path()`` names the file hostfeed uses.
 
     Example:
         >>> from hostfeed import lowering

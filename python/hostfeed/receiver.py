@@ -46,6 +46,7 @@ registrations = _receiver.registrations
 cuda_registrations = _receiver.cuda_registrations
 cuda_driver_error = _receiver.cuda_driver_error
 cuda_driver_version = _receiver.cuda_driver_version
+cuda_driver_path = _receiver.cuda_driver_path
 cuda_pool_stats = _receiver.cuda_pool_stats
 cuda_copy_floor = _receiver.cuda_copy_floor
 in_callback_thread = _receiver.in_callback_thread

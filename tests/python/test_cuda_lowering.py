@@ -6,6 +6,8 @@ Issue: "GPUs: taps and calls on CUDA devices, the device never waiting for Pytho
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import textwrap
 
 import jax
@@ -181,10 +183,72 @@ def test_the_package_imports_without_cuda_libraries_in_a_fresh_process():
     assert r.stdout.split()[-1] == "True"
 
 
+_DRIVER_FUNCTIONS = ["cuInit", "cuGetErrorName", "cuGetErrorString", "cuDriverGetVersion",
+    "cuStreamGetCtx", "cuStreamIsCapturing", "cuStreamQuery", "cuStreamSynchronize",
+    "cuStreamCreate", "cuStreamDestroy_v2", "cuCtxGetCurrent", "cuCtxPushCurrent_v2",
+    "cuCtxPopCurrent_v2", "cuCtxSetCurrent", "cuCtxGetDevice", "cuCtxGetId", "cuDeviceGet",
+    "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease_v2", "cuEventCreate",
+    "cuEventRecord", "cuEventQuery", "cuEventSynchronize", "cuMemHostAlloc",
+    "cuMemFreeHost", "cuMemAlloc_v2", "cuMemFree_v2", "cuMemcpyAsync",
+    "cuMemcpyDtoHAsync_v2"]
+
+
+def _fake_driver(directory, lacking=None, name="libcuda.so.1", version=13000):
+    """A stand-in driver library ``name`` in ``directory``: every function hostfeed
+    resolves (but ``lacking``), answering success, except cuDriverGetVersion
+    (``version``), cuDeviceGet (error 100, named by cuGetErrorName)."""
+    special = {
+        "cuDriverGetVersion": f"int cuDriverGetVersion(int *v) {{ *v = {version}; return 0; }}",
+        "cuGetErrorName": 'int cuGetErrorName(int e, const char **p) '
+                          '{ *p = "CUDA_ERROR_FAKE"; return 0; }',
+        "cuGetErrorString": 'int cuGetErrorString(int e, const char **p) '
+                            '{ *p = "a stand-in driver"; return 0; }',
+        "cuDeviceGet": "int cuDeviceGet(int *d, int o) { return 100; }",
+    }
+    source = "\n".join(special.get(n, f"int {n}(void) {{ return 0; }}")
+                       for n in _DRIVER_FUNCTIONS if n != lacking)
+    directory.mkdir(exist_ok=True)
+    (directory / "driver.c").write_text(source + "\n")
+    built = subprocess.run(["cc", "-shared", "-fPIC", "-o", str(directory / name),
+                            str(directory / "driver.c")], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    return directory
+
+
+@pytest.mark.skipif(ON_GPU, reason="replaces the CUDA driver")
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_the_driver_is_loaded_as_libcuda_so_1_with_every_function_hostfeed_calls(tmp_path):
+    full = _fake_driver(tmp_path / "full")
+    # A toolkit's stub beside it, as libcuda.so (which cudarc's own loader would try
+    # first): hostfeed must take the libcuda.so.1 XLA loads.
+    _fake_driver(full, name="libcuda.so", version=11000)
+    lacking = _fake_driver(tmp_path / "lacking", lacking="cuCtxGetId")
+    code = """
+        from hostfeed import receiver
+        print(receiver.cuda_driver_error())
+        print(receiver.cuda_driver_path())
+        print(receiver.cuda_driver_version())
+        try:
+            receiver.cuda_copy_floor(0, 16, 1)
+        except receiver.ReceiverError as exc:
+            print(exc)
+    """
+    r = run_python(code, env={"LD_LIBRARY_PATH": str(full)})
+    assert r.returncode == 0, r.stderr
+    error, path, version, floor = r.stdout.splitlines()[-4:]
+    assert error == "None"
+    assert path == str(full / "libcuda.so.1")
+    assert version == "13000"
+    assert "cuDeviceGet failed: CUDA_ERROR_FAKE (a stand-in driver)" in floor
+    r = run_python(code, env={"LD_LIBRARY_PATH": str(lacking)})
+    assert r.returncode == 0, r.stderr
+    assert "the CUDA driver library lacks cuCtxGetId" in r.stdout.splitlines()[-4]
+
+
 def test_cuda_pool_stats_and_copy_floor_answer_without_a_gpu():
     stats = receiver.cuda_pool_stats()
     assert set(stats) == {"allocations", "frees", "allocated_bytes", "in_use_bytes",
-                          "blocks_taken"}
+                          "blocks_taken", "resets"}
     if ON_GPU:
         assert len(receiver.cuda_copy_floor(0, 1 << 20, 3)) == 3
     elif receiver.cuda_driver_error() is not None:
