@@ -1661,6 +1661,105 @@ mod tests {
     }
 
     #[test]
+    fn flat_keys_with_zstd_and_many_writers_keep_every_flushed_row() {
+        // Flushes in the middle of chunks: a compressed chunk is rewritten (its flushed
+        // prefix read back) while the next chunk's partial copy is written by another
+        // writer; with `.` keys of scalar rows both once went through one `c.tmp`.
+        for (codec, sep) in [(Codec::Zstd(1), '.'), (Codec::Zstd(1), '/'), (Codec::Raw, '.')] {
+            let root = temp_root(&format!("flat_{codec:?}_{}", sep == '.'));
+            let budget = Arc::new(Counter::default());
+            let opts = Options { codec, chunk_bytes: 16, writers: 4, sep, ..Options::default() };
+            let rec = Recorder::create(&root, Mode::Create, opts, budget.clone()).unwrap();
+            let ids: Vec<ArrayId> = (0..3).map(|k| rec.declare(&format!("a{k}"), xla::S32, &[]).unwrap()).collect();
+            let rows = 600u32;
+            for r in 0..rows {
+                for (k, &id) in ids.iter().enumerate() {
+                    let v = r * 10 + u32::try_from(k).unwrap();
+                    rec.append(id, &v.to_le_bytes(), r.into(), 0, 0).unwrap();
+                }
+                if r % 3 == 2 {
+                    assert!(rec.flush(Duration::from_secs(60)).unwrap(), "{codec:?} {sep}");
+                }
+            }
+            rec.close().unwrap();
+            for (k, _) in ids.iter().enumerate() {
+                let dir = root.join(format!("a{k}"));
+                assert_eq!(json_at(&dir)["shape"], json!([rows]));
+                let mut got = Vec::new();
+                for c in 0..rows.div_ceil(4) {
+                    let name = if sep == '.' { format!("c.{c}") } else { format!("c/{c}") };
+                    let bytes = fs::read(dir.join(name)).unwrap();
+                    let bytes = match codec {
+                        Codec::Raw => bytes,
+                        Codec::Zstd(_) => zstd::decode_all(&bytes[..]).unwrap(),
+                    };
+                    got.extend_from_slice(&bytes);
+                }
+                let want: Vec<u8> = (0..rows).flat_map(|r| (r * 10 + u32::try_from(k).unwrap()).to_le_bytes()).collect();
+                assert_eq!(&got[..want.len()], &want[..], "{codec:?} {sep} a{k}");
+                let tmp = fs::read_dir(&dir).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".tmp")).count();
+                assert_eq!(tmp, 0, "no temporary file is left");
+            }
+            let _ = fs::remove_dir_all(&root);
+        }
+    }
+
+    #[test]
+    fn an_open_store_is_locked_and_a_refused_open_changes_nothing() {
+        let root = temp_root("locked");
+        let first = Recorder::create(&root, Mode::Create, Options::default(), Arc::new(Counter::default())).unwrap();
+        let x = first.declare("x", xla::S32, &[2]).unwrap();
+        first.append(x, &int_row(1), 0, 0, 0).unwrap();
+        assert!(first.flush(Duration::from_secs(30)).unwrap());
+        for mode in [Mode::Overwrite, Mode::Create] {
+            let Err(e) = Recorder::create(&root, mode, Options::default(), Arc::new(Counter::default())) else {
+                panic!("a second open of an open store must fail")
+            };
+            assert!(matches!(e, RecordError::Io { errno: Some(libc::EBUSY), .. }), "{e}");
+            assert!(e.to_string().contains(&format!("pid {}", std::process::id())), "{e}");
+        }
+        assert_eq!(json_at(&root.join("x"))["shape"], json!([1, 2]), "the first store is intact");
+        first.close().unwrap();
+        Recorder::create(&root, Mode::Overwrite, Options::default(), Arc::new(Counter::default()))
+            .unwrap()
+            .close()
+            .unwrap();
+        assert!(!root.join("x").exists());
+        let _ = fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn names_that_would_make_too_long_paths_are_refused_before_creating() {
+        let mut root = std::env::temp_dir().join(format!("hostfeed_rec_long_{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let top = root.clone();
+        for _ in 0..19 {
+            root.push("d".repeat(200));
+        }
+        let rec = Recorder::create(&root, Mode::Create, Options::default(), Arc::new(Counter::default())).unwrap();
+        let name = ["n".repeat(150), "n".repeat(150)].join("/");
+        let e = rec.declare(&name, xla::F32, &[3]).unwrap_err();
+        assert!(matches!(e, RecordError::Invalid(_)) && e.to_string().contains("4096"), "{e}");
+        assert!(!root.join("n".repeat(150)).exists());
+        rec.close().unwrap();
+        let _ = fs::remove_dir_all(&top);
+    }
+
+    #[test]
+    fn many_names_are_indexed() {
+        let root = temp_root("many");
+        let rec = Recorder::create(&root, Mode::Create, Options::default(), Arc::new(Counter::default())).unwrap();
+        for k in 0..200 {
+            assert_eq!(rec.declare(&format!("g{}/n{k}", k % 7), xla::F32, &[]).unwrap(), k);
+        }
+        assert_eq!(rec.declare("g3/n3", xla::F32, &[]).unwrap(), 3);
+        assert!(rec.declare("g3", xla::F32, &[]).unwrap_err().to_string().contains("clashes with \"g3/"));
+        assert!(rec.declare("g3/n3/z", xla::F32, &[]).unwrap_err().to_string().contains("clashes with \"g3/n3\""));
+        rec.close().unwrap();
+        let _ = fs::remove_dir_all(&root);
+    }
+
+    #[test]
     fn declarations_clash_with_another_shape_dtype_or_group() {
         let root = temp_root("clash");
         let rec =

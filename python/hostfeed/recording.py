@@ -253,6 +253,7 @@ class Recorder:
         self._declared: dict[tuple, int] = {}
         # Errors of rows recorded through Python (eager records), not raised yet.
         self._unseen: list[BaseException] = []
+        self._pid = os.getpid()
         with _open_lock:
             _open.add(self)
 
@@ -292,6 +293,10 @@ class Recorder:
           TypeError: a pytree, or a dtype that cannot be recorded (sub-byte types).
         """
         if self.closed:
+            if os.getpid() != self._pid:
+                raise ValueError(
+                    f"hostfeed: Recorder.record({name!r}): this recorder ({self.path}) was "
+                    f"opened by the parent of this forked process; open a new one here")
             raise ValueError(f"hostfeed: Recorder.record({name!r}) on a closed recorder "
                              f"({self.path})")
         _check_name(name)
