@@ -207,7 +207,7 @@ class Recorder:
     pauses the devices instead of growing memory.
 
     Args:
-      path: directory of the store.
+      path: directory of the store (``str``, ``bytes`` or ``os.PathLike``).
       mode: ``"w-"`` (default): create, fail if ``path`` exists and is not empty;
         ``"w"``: replace an earlier hostfeed recording at ``path`` (nothing else).
       compression: None (default) or ``"zstd"``, with ``compression_level`` (default 1).
@@ -222,7 +222,9 @@ class Recorder:
       separator: chunk key separator, ``"/"`` (nested directories) or ``"."`` (flat).
 
     Raises:
-      RecordingError: (an ``OSError``) the path cannot be created, or exists.
+      RecordingError: (an ``OSError``) the path cannot be created, or exists, or another
+        recorder (of this process or another, named by its pid) has it open: an open
+        store is locked (``flock``) until ``close()`` or its process ends.
 
     Example:
         >>> import tempfile, os, jax, jax.numpy as jnp
@@ -274,8 +276,10 @@ class Recorder:
 
         Args:
           name: the array's name in the store; ``/`` separates groups (``"layer1/h"``).
-            Parts use letters, digits, ``_``, ``-`` and ``.``; names ending in a per-row
-            metadata suffix (``.step``, ...) or in ``.tangent``/``.cotangent`` are refused.
+            Parts use letters, digits, ``_``, ``-`` and ``.`` (not first), at most 200
+            bytes each (1024 in all); a part that is ``zarr.json`` or ends in a per-row
+            metadata suffix (``.step``, ...), and names ending in ``.tangent``/
+            ``.cotangent``, are refused.
           value: a JAX array, numpy array or scalar of any dtype hostfeed transfers (not a
             pytree: record each leaf under its own name).
           step: optional integer scalar (traced or not) stored with the row in
@@ -287,9 +291,9 @@ class Recorder:
           ``value``, or ``result`` if given.
 
         Raises:
-          ValueError: an invalid name, the recorder is closed, or (when the computation is
-            compiled, at the call site) the name was recorded before with another shape
-            or dtype.
+          ValueError: an invalid name (every part is checked), the recorder is closed, or
+            (eagerly, or when the computation is compiled, at the call site) the name was
+            recorded before with another shape or dtype.
           TypeError: a pytree, or a dtype that cannot be recorded (sub-byte types).
         """
         if self.closed:
