@@ -643,7 +643,8 @@ impl Recorder {
             )))
         };
         if index.groups.contains(name) {
-            let other = arrays.iter().find(|a| a.name.starts_with(&format!("{name}/"))).map_or("", |a| &a.name);
+            let other =
+                arrays.iter().find(|a| a.name.starts_with(&format!("{name}/"))).map_or("", |a| &a.name);
             return clash(other);
         }
         let prefixes: Vec<&str> = name.match_indices('/').map(|(i, _)| &name[..i]).collect();
@@ -1670,7 +1671,8 @@ mod tests {
             let budget = Arc::new(Counter::default());
             let opts = Options { codec, chunk_bytes: 16, writers: 4, sep, ..Options::default() };
             let rec = Recorder::create(&root, Mode::Create, opts, budget.clone()).unwrap();
-            let ids: Vec<ArrayId> = (0..3).map(|k| rec.declare(&format!("a{k}"), xla::S32, &[]).unwrap()).collect();
+            let ids: Vec<ArrayId> =
+                (0..3).map(|k| rec.declare(&format!("a{k}"), xla::S32, &[]).unwrap()).collect();
             let rows = 600u32;
             for r in 0..rows {
                 for (k, &id) in ids.iter().enumerate() {
@@ -1695,9 +1697,13 @@ mod tests {
                     };
                     got.extend_from_slice(&bytes);
                 }
-                let want: Vec<u8> = (0..rows).flat_map(|r| (r * 10 + u32::try_from(k).unwrap()).to_le_bytes()).collect();
+                let want: Vec<u8> =
+                    (0..rows).flat_map(|r| (r * 10 + u32::try_from(k).unwrap()).to_le_bytes()).collect();
                 assert_eq!(&got[..want.len()], &want[..], "{codec:?} {sep} a{k}");
-                let tmp = fs::read_dir(&dir).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".tmp")).count();
+                let tmp = fs::read_dir(&dir)
+                    .unwrap()
+                    .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".tmp"))
+                    .count();
                 assert_eq!(tmp, 0, "no temporary file is left");
             }
             let _ = fs::remove_dir_all(&root);
@@ -1707,12 +1713,14 @@ mod tests {
     #[test]
     fn an_open_store_is_locked_and_a_refused_open_changes_nothing() {
         let root = temp_root("locked");
-        let first = Recorder::create(&root, Mode::Create, Options::default(), Arc::new(Counter::default())).unwrap();
+        let first =
+            Recorder::create(&root, Mode::Create, Options::default(), Arc::new(Counter::default())).unwrap();
         let x = first.declare("x", xla::S32, &[2]).unwrap();
         first.append(x, &int_row(1), 0, 0, 0).unwrap();
         assert!(first.flush(Duration::from_secs(30)).unwrap());
         for mode in [Mode::Overwrite, Mode::Create] {
-            let Err(e) = Recorder::create(&root, mode, Options::default(), Arc::new(Counter::default())) else {
+            let Err(e) = Recorder::create(&root, mode, Options::default(), Arc::new(Counter::default()))
+            else {
                 panic!("a second open of an open store must fail")
             };
             assert!(matches!(e, RecordError::Io { errno: Some(libc::EBUSY), .. }), "{e}");
@@ -1736,7 +1744,8 @@ mod tests {
         for _ in 0..19 {
             root.push("d".repeat(200));
         }
-        let rec = Recorder::create(&root, Mode::Create, Options::default(), Arc::new(Counter::default())).unwrap();
+        let rec =
+            Recorder::create(&root, Mode::Create, Options::default(), Arc::new(Counter::default())).unwrap();
         let name = ["n".repeat(150), "n".repeat(150)].join("/");
         let e = rec.declare(&name, xla::F32, &[3]).unwrap_err();
         assert!(matches!(e, RecordError::Invalid(_)) && e.to_string().contains("4096"), "{e}");
@@ -1748,13 +1757,18 @@ mod tests {
     #[test]
     fn many_names_are_indexed() {
         let root = temp_root("many");
-        let rec = Recorder::create(&root, Mode::Create, Options::default(), Arc::new(Counter::default())).unwrap();
+        let rec =
+            Recorder::create(&root, Mode::Create, Options::default(), Arc::new(Counter::default())).unwrap();
         for k in 0..200 {
             assert_eq!(rec.declare(&format!("g{}/n{k}", k % 7), xla::F32, &[]).unwrap(), k);
         }
         assert_eq!(rec.declare("g3/n3", xla::F32, &[]).unwrap(), 3);
         assert!(rec.declare("g3", xla::F32, &[]).unwrap_err().to_string().contains("clashes with \"g3/"));
-        assert!(rec.declare("g3/n3/z", xla::F32, &[]).unwrap_err().to_string().contains("clashes with \"g3/n3\""));
+        assert!(rec
+            .declare("g3/n3/z", xla::F32, &[])
+            .unwrap_err()
+            .to_string()
+            .contains("clashes with \"g3/n3\""));
         rec.close().unwrap();
         let _ = fs::remove_dir_all(&root);
     }

@@ -109,10 +109,9 @@ fn read_holder(path: &Path) -> Option<Holder> {
 fn busy(root: &Path, holder: Option<&Holder>) -> RecordError {
     let me = std::process::id();
     let who = match holder {
-        Some(h) if h.pid == me => format!(
-            "another hostfeed.Recorder of this process (pid {me}) has it open ({} access)",
-            h.access
-        ),
+        Some(h) if h.pid == me => {
+            format!("another hostfeed.Recorder of this process (pid {me}) has it open ({} access)", h.access)
+        }
         Some(h) => format!("a hostfeed.Recorder of process {} has it open ({} access)", h.pid, h.access),
         None => "another hostfeed.Recorder has it open (holder unknown)".to_string(),
     };
@@ -136,9 +135,11 @@ impl StoreLock {
         let path = root.join(LOCK_FILE);
         let Ok(file) = OpenOptions::new().read(true).open(&path) else { return Ok(()) };
         match flock(&file, libc::LOCK_SH | libc::LOCK_NB) {
-            Ok(()) => Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Err(busy(root, read_holder(&path).as_ref())),
-            Err(_) => Ok(()), // a file system without flock: `acquire` reports it
+            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
+                Err(busy(root, read_holder(&path).as_ref()))
+            }
+            // Free, or a file system without flock (then `acquire` reports it).
+            _ => Ok(()),
         }
     }
 

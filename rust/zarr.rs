@@ -278,10 +278,7 @@ pub fn split_name(name: &str) -> Result<Vec<&str>, RecordError> {
             ));
         }
         if p.len() > MAX_COMPONENT_BYTES {
-            return bad(format!(
-                "a part has {} bytes, at most {MAX_COMPONENT_BYTES} are allowed",
-                p.len()
-            ));
+            return bad(format!("a part has {} bytes, at most {MAX_COMPONENT_BYTES} are allowed", p.len()));
         }
         if *p == "zarr.json" {
             return bad("'zarr.json' is the name of Zarr's metadata documents".into());

@@ -137,7 +137,7 @@ class _Target:
         # flush, close and the next barrier_wait raise it (whichever comes first).
         try:
             self._append(arg, transforms, device)
-        except Exception as exc:  # noqa: BLE001 - kept for the recorder's flush/close
+        except Exception as exc:  # kept for the recorder's flush/close
             if settings.inline() and not receiver.in_callback_thread():
                 raise  # inline mode: the caller's own thread, which sees it at once
             receiver.logger.error("hostfeed: %r failed (raised by the recorder's next flush, "
@@ -569,8 +569,8 @@ def _close_open() -> None:
 def _after_fork_in_child() -> None:
     """A forked child starts with no open recorder: the parent's are closed here (the
     native side already counts them as closed, without touching their stores)."""
-    global _open_lock
-    _open_lock = threading.Lock()  # a thread of the parent may have held it at the fork
+    global _open_lock  # noqa: PLW0603 - a thread of the parent may have held it at the fork
+    _open_lock = threading.Lock()
     _open.clear()
 
 
