@@ -33,6 +33,7 @@ pub mod receiver;
 pub mod recorder;
 pub mod reply;
 pub mod stats;
+pub mod storelock;
 pub mod sync;
 pub mod xla_ffi;
 pub mod zarr;
@@ -58,6 +59,7 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FLAG_SYNC_TAP", handlers::FLAG_SYNC_TAP)?;
     m.add("DTYPE_CODES", pyapi::dtype_codes(py)?)?;
     m.add_function(wrap_pyfunction!(pyapi::start, m)?)?;
+    m.add_function(wrap_pyfunction!(pyrecord::after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::stop, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::finalize, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::start_exit_watch, m)?)?;

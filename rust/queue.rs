@@ -24,7 +24,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::stats::Stats;
-use crate::sync::{lock, Waker};
+use crate::sync::{lock, try_lock, Waker};
 
 /// Why a push did not happen; the item is handed back.
 #[derive(Debug, PartialEq, Eq)]
@@ -523,6 +523,30 @@ impl<T> Queue<T> {
     pub fn consumer_exited(&self) {
         lock(&self.inner).consumer_active = false;
         self.space_freed.notify_all();
+    }
+
+    /// In a child process created by `fork`, where no consumer thread exists: forgets
+    /// every queued and in-flight message (leaked, not dropped: they may hold memory the
+    /// parent's threads were using) and counts them as processed, so that the child starts
+    /// with an empty queue, no consumer and nothing for a barrier to wait for. Skips a lock
+    /// that a thread of the parent held at the fork (that thread does not exist here).
+    pub fn reset_after_fork(&self) {
+        if let Some(mut flight) = try_lock(&self.in_flight) {
+            std::mem::forget(std::mem::take(&mut flight.items));
+            flight.epoch += 1;
+            flight.taken = 0;
+            flight.taken_bytes = 0;
+        }
+        if let Some(mut g) = try_lock(&self.inner) {
+            std::mem::forget(std::mem::take(&mut g.items));
+            g.processed = g.enqueued;
+            g.held_bytes = 0;
+            g.drain_and_stop = false;
+            g.consumer_active = false;
+            self.pending.store(0, Ordering::Release);
+            self.processed.store(g.processed, Ordering::Release);
+            self.stats.queued_bytes.store(0, Ordering::Relaxed);
+        }
     }
 
     /// Closes the queue for good: pending and future pushes fail, the consumer exits once

@@ -13,7 +13,8 @@ __all__ = [
     "DEFAULT_MAX_QUEUE_BYTES", "DEFAULT_STOP_TIMEOUT", "FLAG_STATUS_OUTPUT", "FLAG_SHARD",
     "FLAG_EAGER", "FLAG_SYNC_TAP", "push_eager",
     "DTYPE_CODES", "ReceiverError", "ReceiverTimeoutError", "CallbackContextError",
-    "RecordingError", "MessageData", "BatchIter", "Reply", "Recorder", "start", "stop",
+    "RecordingError", "MessageData", "BatchIter", "Reply", "Recorder", "after_fork_in_child",
+    "start", "stop",
     "finalize", "start_exit_watch", "stop_exit_watch", "push_control", "barrier",
     "is_running", "in_callback_thread", "max_queue_bytes", "set_max_queue_bytes", "stats",
     "reset_peak", "histograms", "reset_histograms", "set_timing", "set_buffer_pool_bytes",
@@ -111,6 +112,10 @@ class Recorder:
     def closed(self) -> bool:
         """Whether ``close`` was called."""
 
+    def check_name(self, name: str, ndim: int) -> None:
+        """Raises ValueError if ``name`` cannot name an array with rows of ``ndim``
+        dimensions (creates nothing)."""
+
     def declare(self, name: str, dtype_code: int, shape: list[int]) -> int:
         """Declares array ``name`` with rows of ``shape`` and XLA dtype ``dtype_code``;
         returns its id."""
@@ -137,6 +142,10 @@ class Recorder:
 
     def stats(self) -> dict[str, int]:
         """Counters of the recorder."""
+
+def after_fork_in_child() -> None:
+    """In a forked child: a fresh, stopped receiver; recorders opened before count as
+    closed."""
 
 def start(
     dispatcher: Callable[[Iterable[_Message]], Any],

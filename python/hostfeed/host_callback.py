@@ -262,6 +262,9 @@ def _check_leaves(leaves: list, api: str, what: str) -> list:
                 f"{api}: leaf {i} of `{what}` has type {type(x).__name__}, which is not a JAX "
                 f"type; pass arrays, numpy values or Python scalars (wrap other data in a "
                 f"closure of the tap function instead)")
+        swapped = receiver.byte_order_problem(dtype)
+        if swapped is not None:
+            raise TypeError(f"{api}: leaf {i} of `{what}` has {swapped}")
         if np.dtype(dtype) not in receiver.SUPPORTED_DTYPES:
             raise TypeError(
                 f"{api}: leaf {i} of `{what}` has dtype {dtype}, which hostfeed cannot transfer "

@@ -14,6 +14,7 @@ import contextlib
 import functools
 import hashlib
 import logging
+import os
 import pathlib
 import re
 import threading
@@ -83,6 +84,25 @@ DTYPE_CODES: dict[str, int] = dict(_receiver.DTYPE_CODES)
 
 #: numpy dtypes that taps can carry.
 SUPPORTED_DTYPES: frozenset[np.dtype] = frozenset(XLA_DTYPES.values())
+
+
+def byte_order_problem(dtype: Any) -> Optional[str]:
+    """What is wrong with a dtype that hostfeed supports in native byte order but that is
+    byte-swapped (``>f4`` on a little-endian host), and how to fix it; None otherwise.
+
+    Example:
+        >>> byte_order_problem(np.dtype(">f4") if np.little_endian else np.dtype("<f4"))[:36]
+        'dtype >f4, whose byte order is not t'
+        >>> byte_order_problem(np.float32) is None
+        True
+    """
+    dt = np.dtype(dtype)
+    if dt.isnative or dt.newbyteorder("=") not in SUPPORTED_DTYPES:
+        return None
+    order = "big" if dt.byteorder == ">" else "little"
+    return (f"dtype {dt.str}, whose byte order is not the host's ({order}-endian; this host "
+            f"is {'little' if np.little_endian else 'big'}-endian): convert it first, e.g. "
+            f"x.astype(x.dtype.newbyteorder('=')) (numpy), which gives {dt.newbyteorder('=')}")
 
 
 # ----------------------------------------------------------------------------------------
@@ -659,6 +679,35 @@ def add_barrier_hook(hook: Callable[[], Optional[BaseException]]) -> None:
 def add_exit_hook(hook: Callable[[], None]) -> None:
     """Runs ``hook()`` at interpreter exit, after the receiver drained and shut down."""
     _exit_hooks.append(hook)
+
+
+_fork_hooks: list[Callable[[], None]] = []
+
+
+def add_fork_hook(hook: Callable[[], None]) -> None:
+    """Runs ``hook()`` in a child process created by ``os.fork``, after the receiver was
+    reset there (see :func:`_after_fork_in_child`)."""
+    _fork_hooks.append(hook)
+
+
+def _after_fork_in_child() -> None:
+    """``os.register_at_fork(after_in_child=...)``: only the forking thread exists in the
+    child, so the receiver's consumer thread and the recorders' writer threads are gone.
+    The child starts with a fresh, stopped receiver (its queue empty, nothing for a barrier
+    to wait for; the next host callback starts a consumer) and no open recorder, and exits
+    at once. JAX itself is not fork-safe: the child should not compute with it."""
+    _receiver.after_fork_in_child()
+    _last_exception.clear()
+    # Computations of the parent: their tokens mean nothing here (waiting would hang).
+    _compat.runtime_tokens.clear()
+    _life.lock = threading.Lock()
+    _registry.lock = threading.Lock()
+    for hook in _fork_hooks:
+        hook()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def check_not_in_callback(what: str) -> None:

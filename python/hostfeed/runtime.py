@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
-from .receiver import (SUPPORTED_DTYPES, device_for_ordinal, record_exception, run_sync_tap,
-                       user_frame)
+from .receiver import (SUPPORTED_DTYPES, byte_order_problem, device_for_ordinal,
+                       record_exception, run_sync_tap, user_frame)
 
 
 class CallbackSpec:
@@ -122,6 +122,12 @@ def check_call_results(name: str, res: Any, result_treedef: Any,
     for r in actual_flat:
         if isinstance(r, (np.ndarray, np.generic, jax.Array, bool, int, float, complex)):
             a = np.asarray(r)
+            swapped = byte_order_problem(a.dtype)
+            if swapped is not None:
+                bad = bad or f"a value of {swapped}"
+                actual_avals.append(f"<{a.dtype.str}>")
+                arrays.append(None)
+                continue
             if a.dtype not in SUPPORTED_DTYPES and a.dtype.kind not in "biufc":
                 bad = bad or f"a value of dtype {a.dtype}"
                 actual_avals.append(f"<{a.dtype}>")
