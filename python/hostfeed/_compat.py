@@ -290,3 +290,13 @@ def partition_id() -> Any:
     """The executing device's partition number (``stablehlo.partition_id``, ``ui32[]``):
     its index in the computation's device assignment under SPMD partitioning."""
     return hlo.partition_id()
+
+
+def mesh_devices(mesh: Any) -> tuple | None:
+    """The devices of a concrete mesh in row-major order (None for an abstract mesh or
+    none). jax 0.10-0.12: reading ``AbstractMesh.devices`` raises ``ValueError``."""
+    try:
+        devices = getattr(mesh, "devices", None)
+    except ValueError:
+        return None
+    return tuple(devices.flat) if hasattr(devices, "flat") else None

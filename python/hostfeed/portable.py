@@ -176,9 +176,7 @@ def _device_keys(ctx: Any) -> tuple[int, ...]:
         table = next((k for k in mc.keepalives if isinstance(k, _DeviceTable)), None)
         devices = table.devices if table is not None else None
     if not devices:
-        mesh_devices = getattr(getattr(ac, "mesh", None), "devices", None)
-        if isinstance(mesh_devices, np.ndarray):
-            devices = tuple(mesh_devices.flat)
+        devices = _compat.mesh_devices(getattr(ac, "mesh", None))
     if not devices:
         platform = _platforms(ctx)[0]
         try:
