@@ -296,7 +296,8 @@ def mesh_devices(mesh: Any) -> tuple | None:
     """The devices of a concrete mesh in row-major order (None for an abstract mesh or
     none). jax 0.10-0.12: reading ``AbstractMesh.devices`` raises ``ValueError``."""
     try:
-        devices = getattr(mesh, "devices", None)
+        devices: Any = getattr(mesh, "devices", None)
     except ValueError:
         return None
-    return tuple(devices.flat) if hasattr(devices, "flat") else None
+    flat = getattr(devices, "flat", None)
+    return tuple(flat) if flat is not None else None
