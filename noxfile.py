@@ -7,6 +7,7 @@
     nox -s tests                        # the three environments
     nox -s rust                         # cargo test (the FFI layout against each jaxlib seen)
     nox -s gpu_check_dry                # benches/gpu_check.sh's dry run on CPU (a few minutes)
+    nox -s portable                     # the suite with the portable transport forced
     nox -s releases                     # also 0.10.0, 0.10.1, 0.11.0, 0.11.1, 0.12.0 (not in CI)
 
 Each environment installs one hostfeed wheel. Set ``HOSTFEED_WHEEL`` to a wheel built
@@ -32,7 +33,11 @@ FFI_INCLUDES = ROOT / ".nox" / "_ffi_include"
 MATRIX = [("3.11", "0.10.2"), ("3.12", "0.11.2"), ("3.13", "0.12.0.1")]
 
 nox.options.default_venv_backend = "venv"
-nox.options.sessions = ["tests", "gpu_check_dry", "rust"]
+# The pair that also runs the suite with the portable transport forced on CPU
+# (HOSTFEED_TRANSPORT=jax: JAX's host-callback lowering, what TPUs and ROCm GPUs use).
+PORTABLE = [("3.11", "0.10.2")]
+
+nox.options.sessions = ["tests", "portable", "gpu_check_dry", "rust"]
 
 
 def _wheel() -> str:
@@ -65,8 +70,22 @@ def releases(session: nox.Session, jax: str) -> None:
     _test(session, jax)
 
 
-def _test(session: nox.Session, jax: str) -> None:
+@nox.session
+@nox.parametrize(["python", "jax"], PORTABLE, ids=[f"py{p}-jax{j}" for p, j in PORTABLE])
+def portable(session: nox.Session, jax: str) -> None:
+    """pytest with the portable transport forced for every platform (``HOSTFEED_TRANSPORT=
+    jax``); tests of the native handlers themselves skip, saying why."""
+    _install(session, jax)
+    session.run("python", "-m", "pytest", *session.posargs,
+                env={"JAX_PLATFORMS": "cpu", "HOSTFEED_TRANSPORT": "jax"})
+
+
+def _install(session: nox.Session, jax: str) -> None:
     session.install(f"{_wheel()}[test]", f"jax=={jax}", f"jaxlib=={jax}")
+
+
+def _test(session: nox.Session, jax: str) -> None:
+    _install(session, jax)
     session.run("python", "-c", "import jax, jaxlib, sys; "
                 "print('python', sys.version.split()[0], 'jax', jax.__version__, "
                 "'jaxlib', jaxlib.__version__)")

@@ -627,7 +627,7 @@ pub unsafe fn call<'a, S: Stream>(
     status: Option<&OutBuf>,
 ) -> Result<(), Error> {
     if in_consumer_thread() {
-        return Err(Error::InsideCallback("a computation containing hcb.call"));
+        return Err(Error::InsideCallback(crate::handlers::waiting_computation(header.flags)));
     }
     if header.flags & FLAG_STATUS_OUTPUT != 0 && status.is_none_or(|s| s.dtype != dtype::S32 || s.nbytes != 4)
     {

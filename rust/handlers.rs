@@ -118,16 +118,22 @@ pub(crate) fn await_reply(
     }
 }
 
+/// What waits for the consumer thread in a call (a `call`, or a synchronous tap lowered as
+/// one), in the words of [`Error::InsideCallback`], from the call's flags.
+pub fn waiting_computation(flags: i64) -> &'static str {
+    if flags & FLAG_SYNC_TAP != 0 {
+        "a computation with synchronous taps"
+    } else {
+        "a computation containing hcb.call"
+    }
+}
+
 /// The body of the call handler: enqueue the request, wait for the consumer's reply (no
 /// GIL involved), which writes straight into the result buffers.
 fn call(frame: &Frame<'_>, receiver: &'static Receiver, _start: u64) -> Result<(), Error> {
     if in_consumer_thread() {
         // The reply would have to come from this very thread.
-        return Err(Error::InsideCallback(if frame.attrs.flags & FLAG_SYNC_TAP != 0 {
-            "a computation with synchronous taps"
-        } else {
-            "a computation containing hcb.call"
-        }));
+        return Err(Error::InsideCallback(waiting_computation(frame.attrs.flags)));
     }
     let msg = message(frame)?;
     let mut outs = frame.outputs();

@@ -26,6 +26,7 @@ pub mod hostbuf;
 pub mod interrupt;
 pub mod message;
 pub mod pinned;
+pub mod portable;
 pub mod pyapi;
 pub mod pyrecord;
 pub mod queue;
@@ -67,6 +68,9 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pyapi::push_control, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::push_eager, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::barrier, m)?)?;
+    m.add_function(wrap_pyfunction!(portable::push_host, m)?)?;
+    m.add_function(wrap_pyfunction!(portable::call_host, m)?)?;
+    m.add_function(wrap_pyfunction!(portable::failure_text, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::is_running, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::in_callback_thread, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::max_queue_bytes, m)?)?;

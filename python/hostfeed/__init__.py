@@ -38,7 +38,7 @@ from . import _compat  # noqa: F401  (checks the JAX version first)
 # The package is assembled here, once: the primitives, then their transformation rules
 # and lowerings (registered with JAX as these modules are imported), then the public API.
 from . import primitives, rules, lowering  # noqa: F401
-from . import host_callback, receiver, recording, settings, zarr_dtypes  # noqa: F401
+from . import host_callback, portable, receiver, recording, settings, zarr_dtypes  # noqa: F401
 from .bench._timing import summary_of_buckets
 from .host_callback import (CallbackException, TapFunctionException, barrier_wait, id_print,
                             id_tap, stop_outfeed_receiver)
@@ -54,6 +54,7 @@ __all__ = [
     "stop_outfeed_receiver", "CallbackException", "TapFunctionException",
     "start_receiver", "receiver_stats", "Recorder", "RecordingError", "read_recording",
     "register_zarr_dtypes", "CallbackContextError", "ReceiverError", "ReceiverTimeoutError",
+    "transports",
     "__version__",
 ]
 
@@ -95,6 +96,21 @@ def start_receiver(*, max_queue_byte_size: Optional[int] = None) -> None:
     if max_queue_byte_size is not None:
         max_queue_byte_size = settings.byte_count(max_queue_byte_size, "max_queue_byte_size")
     receiver.ensure_started(max_queue_byte_size)
+
+
+def transports() -> dict[str, str]:
+    """Which transport hostfeed's callbacks use in computations for each platform:
+    ``"native"`` (hostfeed's own handlers: CPU, CUDA) or ``"jax"`` (the portable transport,
+    JAX's host-callback lowering: TPU, ROCm and other platforms; everywhere when
+    ``HOSTFEED_TRANSPORT=jax``). Lists CPU, CUDA, ROCm, TPU and the platforms of this
+    process's backends.
+
+    Example:
+        >>> import hostfeed
+        >>> hostfeed.transports()["tpu"] in ("native", "jax")
+        True
+    """
+    return portable.transports()
 
 
 def receiver_stats() -> dict[str, Any]:

@@ -11,7 +11,7 @@ import numpy as np
 
 __all__ = [
     "DEFAULT_MAX_QUEUE_BYTES", "DEFAULT_STOP_TIMEOUT", "FLAG_STATUS_OUTPUT", "FLAG_SHARD",
-    "FLAG_EAGER", "FLAG_SYNC_TAP", "push_eager",
+    "FLAG_EAGER", "FLAG_SYNC_TAP", "push_eager", "push_host", "call_host", "failure_text",
     "DTYPE_CODES", "ReceiverError", "ReceiverTimeoutError", "CallbackContextError",
     "RecordingError", "MessageData", "BatchIter", "Reply", "Recorder", "after_fork_in_child",
     "start", "stop",
@@ -174,6 +174,22 @@ def push_eager(entry: Any, arrays: tuple[np.ndarray, ...], nbytes: int) -> None:
     """Enqueues an eager tap: ``entry`` runs on the consumer thread with ``arrays`` after
     everything already enqueued; ``nbytes`` counts against the bound (waits for space with
     the GIL released)."""
+
+def push_host(consumer_id: int, arrays: list[np.ndarray], codes: list[int], device: int,
+              flags: int = 0) -> None:
+    """A tap of the portable transport: copies ``arrays`` (C-contiguous, XLA dtype codes
+    ``codes``) into a message for consumer ``consumer_id`` from device key ``device`` and
+    enqueues it (waits for space with the GIL released)."""
+
+def call_host(consumer_id: int, arrays: list[np.ndarray], codes: list[int],
+              outputs: list[np.ndarray], device: int, flags: int, timeout_ms: int,
+              name: str) -> int:
+    """A call of the portable transport: enqueues like ``push_host`` and waits (GIL
+    released) for the reply, written into ``outputs``. Returns 0, or with
+    ``FLAG_STATUS_OUTPUT`` the failure's ticket; without it a failure raises."""
+
+def failure_text(ticket: int) -> str:
+    """The message of the failed call recorded under ``ticket``."""
 
 def push_control() -> None:
     """Enqueues a control message (consumer id 0) the dispatcher acts on in queue order."""

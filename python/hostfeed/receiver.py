@@ -51,6 +51,10 @@ cuda_driver_path = _receiver.cuda_driver_path
 cuda_pool_stats = _receiver.cuda_pool_stats
 cuda_copy_floor = _receiver.cuda_copy_floor
 in_callback_thread = _receiver.in_callback_thread
+# The portable transport's way into the queue (see hostfeed.portable).
+push_host = _receiver.push_host
+call_host = _receiver.call_host
+failure_text = _receiver.failure_text
 is_running = _receiver.is_running
 
 
@@ -510,6 +514,8 @@ def device_for_ordinal(ordinal: int) -> jax.Device:
       LookupError: no device of this process has that ordinal (the tap is then recorded
         as failed for ``barrier_wait``, not lost silently).
     """
+    if ordinal <= PORTABLE_KEY_BASE:
+        return _portable_devices[PORTABLE_KEY_BASE - ordinal]
     platform = "cpu"
     if ordinal <= -2:
         platform, ordinal = "gpu", -2 - ordinal
@@ -524,6 +530,34 @@ def device_for_ordinal(ordinal: int) -> jax.Device:
         f"hostfeed: no {platform} device of process {jax.process_index()} has XLA device "
         f"ordinal {ordinal}; its devices are "
         f"{[(d.id, d.local_hardware_id) for d in devices]} as (id, local_hardware_id)")
+
+
+#: Device keys at or below this one name devices of the portable transport (any platform).
+PORTABLE_KEY_BASE = -(1 << 24)
+_portable_devices: list[jax.Device] = []
+_portable_keys: dict[jax.Device, int] = {}
+_portable_lock = threading.Lock()
+
+
+def portable_device_key(device: jax.Device) -> int:
+    """The device key that messages of the portable transport from ``device`` carry, so
+    that :func:`device_for_ordinal` gives ``device`` back (a CPU device's is its id, as in
+    a native handler's messages).
+
+    Example:
+        >>> d = jax.devices("cpu")[0]
+        >>> device_for_ordinal(portable_device_key(d)) == d
+        True
+    """
+    if device.platform == "cpu":
+        return device.id
+    with _portable_lock:
+        key = _portable_keys.get(device)
+        if key is None:
+            key = PORTABLE_KEY_BASE - len(_portable_devices)
+            _portable_devices.append(device)
+            _portable_keys[device] = key
+        return key
 
 
 def _local_callback_devices(platform: str) -> list:

@@ -9,6 +9,7 @@
 | ``HOSTFEED_CALL_TIMEOUT`` | :func:`call_timeout` |
 | ``HOSTFEED_STOP_TIMEOUT`` | :func:`stop_timeout` |
 | ``HOSTFEED_BUFFER_POOL_BYTES`` | :func:`buffer_pool_bytes` |
+| ``HOSTFEED_TRANSPORT`` | :func:`transport` |
 
 Every parser raises ``ValueError`` naming the variable and its value when the value is not
 usable, so a typo fails where the setting is read instead of being ignored.
@@ -26,6 +27,10 @@ SYNC_TAPS_ENV = "HOSTFEED_SYNC_TAPS"
 CALL_TIMEOUT_ENV = "HOSTFEED_CALL_TIMEOUT"
 STOP_TIMEOUT_ENV = "HOSTFEED_STOP_TIMEOUT"
 BUFFER_POOL_ENV = "HOSTFEED_BUFFER_POOL_BYTES"
+TRANSPORT_ENV = "HOSTFEED_TRANSPORT"
+
+#: The transports ``HOSTFEED_TRANSPORT`` can force (see :mod:`hostfeed.portable`).
+TRANSPORTS = ("native", "jax")
 
 AD_TAPS_MODES = ("transforms", "primals")
 
@@ -229,3 +234,25 @@ def buffer_pool_bytes() -> int | None:
     """
     text = _env(BUFFER_POOL_ENV)
     return None if text is None else byte_count(text, BUFFER_POOL_ENV)
+
+
+def transport() -> str | None:
+    """The transport forced for every platform by ``HOSTFEED_TRANSPORT`` (``native``: hostfeed's
+    own handlers; ``jax``: JAX's host-callback lowering, see :mod:`hostfeed.portable`), or
+    None (unset: chosen per platform). Read once, when hostfeed is imported.
+
+    Example:
+        >>> os.environ.pop(TRANSPORT_ENV, None) and None
+        >>> transport() is None
+        True
+    """
+    text = _env(TRANSPORT_ENV)
+    if text is None:
+        return None
+    value = text.lower()
+    if value not in TRANSPORTS:
+        raise ValueError(f"{TRANSPORT_ENV}={text!r} is not a hostfeed transport; use 'native' "
+                         f"(hostfeed's handlers: CPU and CUDA), 'jax' (JAX's host-callback "
+                         f"lowering, every platform JAX's callbacks run on) or leave it unset "
+                         f"(chosen per platform)")
+    return value

@@ -37,6 +37,13 @@ def noop(x, transforms):
     pass
 
 
+# The portable transport lowers through JAX's host callbacks, which JAX cannot lower for
+# a platform whose backend is absent: lowering for CUDA without a GPU is native only.
+native_only = pytest.mark.native_transport(
+    "checks the native custom calls lowered for CUDA; JAX cannot lower its own host "
+    "callbacks for a platform without its backend")
+
+
 @pytest.mark.skipif(ON_GPU, reason="checks the machine without CUDA")
 def test_without_cuda_registration_is_skipped_with_a_reason():
     reason = lowering.cuda_status()
@@ -79,6 +86,7 @@ def test_a_cuda_plugin_without_a_driver_is_skipped_with_the_driver_named(tmp_pat
     assert got == "[5]"
 
 
+@native_only
 def test_tap_lowers_for_cuda_to_the_custom_call_with_a_token():
     calls = custom_calls(lambda x: hcb.id_tap(noop, x * 2) + 1, jnp.ones(3))
     assert len(calls) == 1
@@ -90,6 +98,7 @@ def test_tap_lowers_for_cuda_to_the_custom_call_with_a_token():
     assert results == "!stablehlo.token"
 
 
+@native_only
 def test_call_lowers_for_cuda_with_its_results_and_attributes():
     def host(x):
         return x.astype(np.int32)
@@ -105,6 +114,7 @@ def test_call_lowers_for_cuda_with_its_results_and_attributes():
     assert results == "(!stablehlo.token, tensor<2x2xi32>)"
 
 
+@native_only
 def test_several_taps_under_transformations_lower_for_cuda_in_one_token_chain():
     def f(x):
         def body(c, _):
@@ -119,6 +129,7 @@ def test_several_taps_under_transformations_lower_for_cuda_in_one_token_chain():
     assert all(c[2].startswith("!stablehlo.token") for c in calls), "every tap takes the token"
 
 
+@native_only
 def test_lowering_for_cpu_and_cuda_at_once_uses_the_same_custom_call_on_both():
     def f(x):
         return hcb.id_tap(noop, x) + 1
@@ -130,9 +141,30 @@ def test_lowering_for_cpu_and_cuda_at_once_uses_the_same_custom_call_on_both():
     assert "stablehlo.case" in text
 
 
-def test_other_gpu_platforms_are_refused_with_a_clear_message():
-    with pytest.raises(NotImplementedError, match="CPU and CUDA GPUs only"):
-        jax.jit(lambda x: hcb.id_tap(noop, x)).trace(1.0).lower(lowering_platforms=("rocm",))
+def test_other_platforms_take_the_portable_transport_without_refusal():
+    # ROCm and TPU use JAX's host-callback lowering: hostfeed no longer refuses them. Here,
+    # without their backends, JAX itself cannot lower a host callback for them (exactly as
+    # for io_callback), which shows that the portable lowering was reached.
+    assert hostfeed.transports()["rocm"] == "jax" or hostfeed.portable.forced() == "native"
+    for platform in ("rocm", "tpu"):
+        with pytest.raises(ValueError, match=f"lowering platform {platform}"):
+            jax.jit(lambda x: hcb.id_tap(noop, x)).trace(1.0).lower(
+                lowering_platforms=(platform,))
+
+
+def test_native_transport_forced_refuses_other_platforms_with_a_clear_message():
+    r = run_python("""
+        import jax
+        from hostfeed import host_callback as hcb
+        try:
+            jax.jit(lambda x: hcb.id_tap(lambda a, t: None, x)).trace(1.0).lower(
+                lowering_platforms=("rocm",))
+        except NotImplementedError as e:
+            print("refused:", e)
+    """, env={"HOSTFEED_TRANSPORT": "native"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "refused:" in r.stdout and "CPU and CUDA GPUs only" in r.stdout
+    assert "HOSTFEED_TRANSPORT=native" in r.stdout
 
 
 def test_gpu_device_keys_name_gpu_devices(monkeypatch):
@@ -152,6 +184,7 @@ def test_gpu_device_keys_name_gpu_devices(monkeypatch):
     assert asked == ["gpu", "cpu"]
 
 
+@native_only
 def test_sharded_taps_lower_for_cuda_on_several_devices():
     r = run_python("""
         import re

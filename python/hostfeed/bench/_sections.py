@@ -26,6 +26,7 @@ from jax.experimental import io_callback
 
 from .. import receiver
 from .. import host_callback as hcb
+from ._portable import portable_section
 from ._timing import (cdf_of_buckets, cdf_of_samples, interleaved, summary_of_buckets,
                       summary_of_samples)
 
@@ -444,4 +445,5 @@ def barrier(cfg: Config) -> dict:
 SECTIONS: dict[str, Callable[[Config], dict]] = {
     "latency": latency, "sweep": sweep, "call": call, "backpressure": backpressure,
     "eager": eager, "compile": compile_time, "barrier": barrier, "timing": timing_cost,
+    "portable": portable_section,
 }
