@@ -78,6 +78,8 @@ use crate::zarr::{self, io_error, ArraySpec, Codec, DType, ROW_METADATA};
 pub type ArrayId = usize;
 
 /// Rows per chunk of a per-row metadata array.
+mod parts;
+
 const META_CHUNK_ROWS: u64 = 1 << 16;
 /// Most buffers in one vectored write (Linux's `IOV_MAX` is 1024).
 const MAX_IOV: usize = 1024;
@@ -379,6 +381,8 @@ pub struct Recorder {
     failed_arrays: Mutex<Vec<ArrayId>>,
     /// Declared names (and the groups they imply), for clash checks in constant time.
     index: Mutex<NameIndex>,
+    /// Parted arrays (issue 26, `parts.rs`): name -> the id of each part's handle.
+    parted: Mutex<HashMap<String, Vec<ArrayId>>>,
     /// The lock on the store, released at close.
     store_lock: Mutex<Option<StoreLock>>,
     /// [`FORK_GENERATION`] when the recorder was opened.
@@ -470,13 +474,17 @@ fn check_existing(root: &Path, mode: Mode) -> Result<(), RecordError> {
 
 /// Makes `root` an empty directory held by the returned lock. A store another recorder
 /// holds is refused first (naming the holder), before anything is created or removed.
-fn prepare_root(root: &Path, mode: Mode) -> Result<StoreLock, RecordError> {
+fn prepare_root(root: &Path, mode: Mode, access: Access) -> Result<StoreLock, RecordError> {
+    if matches!(access, Access::SharedMember { .. }) {
+        // A member of a shared store's run: its leader prepared the directory.
+        return StoreLock::acquire(root, access);
+    }
     StoreLock::check_free(root)?;
     if root.exists() {
         check_existing(root, mode)?;
     }
     fs::create_dir_all(root).map_err(|e| io_error("create", root, &e))?;
-    let held = StoreLock::acquire(root, Access::Exclusive)?;
+    let held = StoreLock::acquire(root, access)?;
     // Again under the lock: another process may have written meanwhile.
     check_existing(root, mode)?;
     // An earlier recording is replaced entry by entry: the directory (and the lock file
@@ -503,8 +511,26 @@ impl Recorder {
         opts: Options,
         budget: Arc<dyn Budget>,
     ) -> Result<Arc<Recorder>, RecordError> {
-        let held = prepare_root(root, mode)?;
-        zarr::write_json_atomic(root, &zarr::group_metadata(&root_attributes()), opts.durable)?;
+        Self::create_with(root, mode, opts, budget, Access::Exclusive)
+    }
+
+    /// [`Recorder::create`] holding the store for `access` (a shared store's member
+    /// joins the directory its leader prepared).
+    ///
+    /// # Errors
+    /// As [`Recorder::create`].
+    pub fn create_with(
+        root: &Path,
+        mode: Mode,
+        opts: Options,
+        budget: Arc<dyn Budget>,
+        access: Access,
+    ) -> Result<Arc<Recorder>, RecordError> {
+        let member = matches!(access, Access::SharedMember { .. });
+        let held = prepare_root(root, mode, access)?;
+        if !member {
+            zarr::write_json_atomic(root, &zarr::group_metadata(&root_attributes()), opts.durable)?;
+        }
         let writers = opts.writers.max(1);
         let rec = Arc::new(Recorder {
             root: root.to_path_buf(),
@@ -517,6 +543,7 @@ impl Recorder {
             errors: Mutex::new(Vec::new()),
             failed_arrays: Mutex::new(Vec::new()),
             index: Mutex::new(NameIndex::default()),
+            parted: Mutex::new(HashMap::new()),
             store_lock: Mutex::new(Some(held)),
             fork_generation: FORK_GENERATION.load(Ordering::SeqCst),
             transforms: Mutex::new(vec!["[]".to_string()]),
@@ -678,6 +705,7 @@ impl Recorder {
             codec: self.opts.codec,
             dim_names,
             sep: self.opts.sep,
+            part: None,
         };
         let dir = group_dir.join(&leaf);
         let handle = ArrayHandle {
@@ -768,6 +796,7 @@ impl Recorder {
             step,
             transforms: self.transforms_index(transforms),
             lanes,
+            parted: None,
         })
     }
 
@@ -1180,10 +1209,20 @@ impl Recorder {
                 _ => meta.iter().flat_map(|m| m.transforms.to_le_bytes()).collect(),
             };
             let mdir = a.group_dir.join(format!("{}.{suffix}", a.leaf));
-            write_rows_in_place(&spec, &mdir, from, &values, durable)?;
-            zarr::write_json_atomic(&mdir, &spec.metadata(rows, &json!({})), durable)?;
+            match a.spec.part {
+                // A parted array: part 0 writes the rows' metadata; `zarr.json` is written
+                // by the store's committer once every part has its rows (`parts.rs`).
+                Some(p) if p.index != 0 => continue,
+                Some(_) => write_rows_in_place(&spec, &mdir, from, &values, durable)?,
+                None => {
+                    write_rows_in_place(&spec, &mdir, from, &values, durable)?;
+                    zarr::write_json_atomic(&mdir, &spec.metadata(rows, &json!({})), durable)?;
+                }
+            }
         }
-        zarr::write_json_atomic(&a.dir, &a.spec.metadata(rows, &self.attributes(a)), durable)?;
+        if a.spec.part.is_none() {
+            zarr::write_json_atomic(&a.dir, &a.spec.metadata(rows, &self.attributes(a)), durable)?;
+        }
         st.committed = rows;
         st.last_commit = Instant::now();
         // Forget metadata that is on disk.
@@ -1208,6 +1247,7 @@ fn meta_specs(leaf: &str) -> impl Iterator<Item = (&'static str, ArraySpec)> + '
             codec: Codec::Raw,
             dim_names: vec![Some(format!("{leaf}.row"))],
             sep: '/',
+            part: None,
         };
         (suffix, spec)
     })
@@ -1393,12 +1433,18 @@ pub struct Sink {
     step: Option<usize>,
     transforms: i16,
     lanes: usize,
+    /// A parted array's sink (`parts.rs`): operand 0 is `[group, part]`, and the message's
+    /// rows go to that part's handle.
+    parted: Option<Vec<Arc<ArrayHandle>>>,
 }
 
 impl Sink {
     /// Routes one message whose bytes (`charged`) are still charged against the bound;
     /// the charge is released once its rows are written (or dropped).
     pub fn route(&self, msg: Message, charged: usize) {
+        if let Some(parts) = &self.parted {
+            return self.route_parted(parts, msg, charged);
+        }
         let rec = &self.recorder;
         let mut rows = Vec::with_capacity(self.targets.len());
         let mut problem = None;

@@ -115,6 +115,19 @@ pub struct ArraySpec {
     pub dim_names: Vec<Option<String>>,
     /// Chunk key separator: `/` (nested directories `c/k/0/0`) or `.` (flat `c.k.0.0`).
     pub sep: char,
+    /// One part of a parted array (issue 26): rows of this spec are the slice `index` of
+    /// `count` equal slices along the row's first dimension; see [`Part`].
+    pub part: Option<Part>,
+}
+
+/// A slice of a parted array: the array's rows have shape `[count * row_shape[0],
+/// *row_shape[1..]]`, chunked `[chunk_rows, *row_shape]`, so that chunk `(k, index, 0...)`
+/// holds exactly rows `k * chunk_rows..` of slice `index` (the bytes a writer of that slice
+/// alone writes). Every process writes the chunks of the slices its devices hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Part {
+    pub index: u64,
+    pub count: u64,
 }
 
 /// Bytes of `shape` elements of `itemsize` bytes, if that fits in memory sizes.
@@ -141,6 +154,9 @@ impl ArraySpec {
     pub fn metadata(&self, rows: u64, attributes: &Value) -> Value {
         let mut shape = vec![rows];
         shape.extend(&self.row_shape);
+        if let (Some(p), Some(d0)) = (self.part, shape.get_mut(1)) {
+            *d0 *= p.count;
+        }
         let mut chunk = vec![self.chunk_rows];
         // Full rows per chunk; a zero-size dimension still needs a positive chunk extent.
         chunk.extend(self.row_shape.iter().map(|&d| d.max(1)));
@@ -175,16 +191,24 @@ impl ArraySpec {
     pub fn chunk_path(&self, array_dir: &Path, k: u64) -> PathBuf {
         if self.sep == '.' {
             let mut name = format!("c.{k}");
-            for _ in &self.row_shape {
-                name.push_str(".0");
+            for i in 0..self.row_shape.len() {
+                name.push_str(&format!(".{}", self.key_index(i)));
             }
             return array_dir.join(name);
         }
         let mut p = array_dir.join("c").join(k.to_string());
-        for _ in &self.row_shape {
-            p.push("0");
+        for i in 0..self.row_shape.len() {
+            p.push(self.key_index(i).to_string());
         }
         p
+    }
+
+    /// The chunk index along row dimension `i` (the part's index along the first).
+    fn key_index(&self, i: usize) -> u64 {
+        match self.part {
+            Some(p) if i == 0 => p.index,
+            _ => 0,
+        }
     }
 }
 
@@ -320,6 +344,7 @@ mod tests {
             codec: Codec::Zstd(2),
             dim_names: vec![Some("h.row".into()), None, None],
             sep: '/',
+            part: None,
         };
         let m = spec.metadata(9, &json!({}));
         assert_eq!(m["shape"], json!([9, 3, 0]));
@@ -335,6 +360,12 @@ mod tests {
         let flat = ArraySpec { sep: '.', ..spec };
         assert_eq!(flat.chunk_path(Path::new("a"), 2), Path::new("a/c.2.0.0"));
         assert_eq!(flat.row_bytes(), 0);
+        let parted = ArraySpec { part: Some(Part { index: 2, count: 3 }), ..flat.clone() };
+        assert_eq!(parted.metadata(5, &json!({}))["shape"], json!([5, 9, 0]));
+        assert_eq!(parted.metadata(5, &json!({}))["chunk_grid"]["configuration"]["chunk_shape"], json!([4, 3, 1]));
+        assert_eq!(parted.chunk_path(Path::new("a"), 1), Path::new("a/c.1.2.0"));
+        let nested = ArraySpec { sep: '/', ..parted };
+        assert_eq!(nested.chunk_path(Path::new("a"), 1), Path::new("a/c/1/2/0"));
     }
 
     #[test]
