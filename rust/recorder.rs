@@ -381,6 +381,9 @@ pub struct Recorder {
     failed_arrays: Mutex<Vec<ArrayId>>,
     /// Declared names (and the groups they imply), for clash checks in constant time.
     index: Mutex<NameIndex>,
+    /// The store is shared by the processes of one run: a declaration never replaces
+    /// an array's `zarr.json` (another process may have announced rows in it).
+    shared: bool,
     /// Parted arrays (issue 26, `parts.rs`): name -> the id of each part's handle.
     parted: Mutex<HashMap<String, Vec<ArrayId>>>,
     /// The lock on the store, released at close.
@@ -527,6 +530,7 @@ impl Recorder {
         access: Access,
     ) -> Result<Arc<Recorder>, RecordError> {
         let member = matches!(access, Access::SharedMember { .. });
+        let shared = !matches!(access, Access::Exclusive);
         let held = prepare_root(root, mode, access)?;
         if !member {
             zarr::write_json_atomic(root, &zarr::group_metadata(&root_attributes()), opts.durable)?;
@@ -543,6 +547,7 @@ impl Recorder {
             errors: Mutex::new(Vec::new()),
             failed_arrays: Mutex::new(Vec::new()),
             index: Mutex::new(NameIndex::default()),
+            shared,
             parted: Mutex::new(HashMap::new()),
             store_lock: Mutex::new(Some(held)),
             fork_generation: FORK_GENERATION.load(Ordering::SeqCst),
@@ -718,16 +723,21 @@ impl Recorder {
             state: Mutex::new(ArrayState::new()),
         };
         // Metadata arrays, then the data array, all with zero rows.
+        let keep = |dir: &Path| self.shared && dir.join("zarr.json").exists();
         for (suffix, mspec) in meta_specs(&handle.leaf) {
             let mdir = handle.group_dir.join(format!("{}.{suffix}", handle.leaf));
             fs::create_dir_all(&mdir).map_err(|e| io_error("create", &mdir, &e).context(&context))?;
-            zarr::write_json_atomic(&mdir, &mspec.metadata(0, &json!({})), durable)
-                .map_err(|e| e.context(&context))?;
+            if !keep(&mdir) {
+                zarr::write_json_atomic(&mdir, &mspec.metadata(0, &json!({})), durable)
+                    .map_err(|e| e.context(&context))?;
+            }
         }
         fs::create_dir_all(&handle.dir).map_err(|e| io_error("create", &handle.dir, &e).context(&context))?;
-        let attrs = self.attributes(&handle);
-        zarr::write_json_atomic(&handle.dir, &handle.spec.metadata(0, &attrs), durable)
-            .map_err(|e| e.context(&context))?;
+        if !keep(&handle.dir) {
+            let attrs = self.attributes(&handle);
+            zarr::write_json_atomic(&handle.dir, &handle.spec.metadata(0, &attrs), durable)
+                .map_err(|e| e.context(&context))?;
+        }
         let handle = Arc::new(handle);
         arrays.push(Arc::clone(&handle));
         index.arrays.insert(name.to_string(), handle.id);

@@ -27,6 +27,7 @@ import numpy as np
 
 from . import _compat, portable, receiver, recording, settings
 from .placement import (Where, check_device_index, lower_global_call, lower_global_tap,
+                        lower_parted_record, lower_per_device_parted_record,
                         lower_per_device_call, where)
 from .primitives import (call_check_p, failure_message_p, host_call_p, host_callback_effect,
                          outside_call_p)
@@ -199,6 +200,15 @@ def _outside_call_lowering(ctx: Any, *args: Any, callback: CallbackSpec,
     context, ac = where(ctx)
     shard_parts = params.get("shard_parts")
     record = recording.is_record(callback)
+    if record and shard_parts is None and recording.partable(callback, transforms):
+        bind_params = dict(params, callback=callback, nr_tapped_args=nr_tapped_args,
+                           transforms=transforms)
+        if context is Where.GLOBAL and lower_parted_record(ctx, ac, args[:nr_tapped_args],
+                                                           bind_params):
+            return list(args)
+        if context is Where.PER_DEVICE and recording.is_shared(callback):
+            lower_per_device_parted_record(ctx, ac, args[:nr_tapped_args], bind_params)
+            return list(args)
     if context in (Where.GLOBAL, Where.PARTIAL_MANUAL) and shard_parts is None:
         if record:  # recorded through Python once joined; a clash raises here
             recording.declare_global(callback, transforms, ctx.avals_in[:nr_tapped_args])
@@ -210,7 +220,12 @@ def _outside_call_lowering(ctx: Any, *args: Any, callback: CallbackSpec,
         check_device_index(params["device_index"], 1, "run this computation")
     if record and shard_parts is None:  # a Rust sink takes the messages
         cid = _consumer_id(ctx, recording.consumer_lease(callback, transforms,
-                                                         ctx.avals_in[:nr_tapped_args]))
+                                                         ctx.avals_in[:nr_tapped_args],
+                                                         context is not Where.PER_DEVICE))
+    elif record and shard_parts.parted:  # one part of a parted array, to its Rust sink
+        cid = _consumer_id(ctx, recording.parted_lease(callback, transforms,
+                                                       ctx.avals_in[:nr_tapped_args],
+                                                       shard_parts))
     else:
         cid = _tap_consumer_id(ctx, callback, transforms, shard_parts)
     receiver.ensure_started()
