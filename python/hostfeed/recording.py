@@ -413,7 +413,14 @@ class Recorder:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        self.close()
+        if exc_info[0] is None:
+            self.close()
+            return
+        try:  # leaving on an exception: that one propagates, a recording error is logged
+            self.close()
+        except receiver.RecordingError as exc:
+            receiver.logger.error("hostfeed: closing %r while an exception propagates: %s",
+                                  self, exc)
 
     def __repr__(self) -> str:
         return f"hostfeed.Recorder({self.path!r}{', closed' if self.closed else ''})"
