@@ -143,6 +143,15 @@ def _on_cuda(rule: Any) -> Any:
 # ---- end gpu branch -----------------------------------------------------------------------
 
 
+def _runs_here(ac: Any, device_index: int) -> bool:
+    """Whether device ``device_index`` of a global-view computation is this process's
+    (True when that cannot be told)."""
+    devices = getattr(ac, "device_assignment", None)
+    if not devices or device_index >= len(devices):
+        return True
+    return bool(devices[device_index].process_index == jax.process_index())
+
+
 def _consumer_id(ctx: Any, lease: receiver.Lease) -> int:
     # The module keeps the lease (and so the consumer) alive as long as any executable
     # compiled from it lives.
@@ -214,7 +223,9 @@ def _outside_call_lowering(ctx: Any, *args: Any, callback: CallbackSpec,
             recording.declare_global(callback, transforms, ctx.avals_in[:nr_tapped_args])
         bind_params = dict(params, callback=callback, nr_tapped_args=nr_tapped_args,
                            transforms=transforms)
-        lower_global_tap(ctx, ac, args[:nr_tapped_args], bind_params)
+        # Gathered, a record is written by the process of device `device_index` alone.
+        with recording.gathered(_runs_here(ac, params["device_index"])):
+            lower_global_tap(ctx, ac, args[:nr_tapped_args], bind_params)
         return list(args)
     if context is Where.SINGLE:
         check_device_index(params["device_index"], 1, "run this computation")

@@ -22,11 +22,13 @@ operand is what, :func:`lane_dims` how many leading dimensions are lanes.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 import threading
 from typing import Any, Optional
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import jax
 import numpy as np
@@ -221,6 +223,10 @@ class Recorder:
         power loss (default False: a killed process loses nothing flushed either way).
       commit_interval: seconds between announcements of written rows besides flushes.
       separator: chunk key separator, ``"/"`` (nested directories) or ``"."`` (flat).
+      coordination_timeout: under ``jax.distributed`` (every process opens the same
+        path and together they write one store; see README, "Many processes"), the
+        seconds ``close()`` (and a process opening the store) waits for the others
+        before raising ``RecordingError``.
 
     Raises:
       RecordingError: (an ``OSError``) the path cannot be created, or exists, or another
@@ -564,10 +570,31 @@ def declare_global(spec: CallbackSpec, transforms: tuple, avals: Sequence[Any]) 
     _declare_operands(spec, transforms, avals)
 
 
+#: While a global-view record is lowered by the gathering scheme: whether the device that
+#: records it is this process's (then this process writes its arrays).
+_gathered: contextvars.ContextVar[Optional[bool]] = contextvars.ContextVar(
+    "hostfeed_gathered", default=None)
+
+
+@contextlib.contextmanager
+def gathered(here: bool) -> Iterator[None]:
+    """Marks the lowering of a gathered global-view record (see :data:`_gathered`)."""
+    token = _gathered.set(here)
+    try:
+        yield
+    finally:
+        _gathered.reset(token)
+
+
+#: Records of global values are written part by part (issue 26). Benches set it False
+#: to measure the path before it (joined in the process of ``device_index``).
+_PARTED = True
+
+
 def partable(spec: CallbackSpec, transforms: tuple) -> bool:
     """Whether a record can be written part by part (issue 26): a plain record (no
     transformation), not in inline mode."""
-    return is_record(spec) and not transforms and not settings.inline()
+    return _PARTED and is_record(spec) and not transforms and not settings.inline()
 
 
 def is_shared(spec: CallbackSpec) -> bool:
@@ -611,7 +638,8 @@ def consumer_lease(spec: CallbackSpec, transforms: tuple,
     if target.recorder.closed:
         raise ValueError(f"hostfeed: a computation records {target.name!r} to a closed "
                          f"recorder ({target.recorder.path})")
-    if alone or target.recorder._coord.shared:
+    gathered_here = _gathered.get()
+    if gathered_here if gathered_here is not None else (alone or target.recorder._coord.shared):
         # Claimed first: a declaration must not touch an array another process writes.
         names = [target.name + r for r in roles(spec.kind, [t[0] for t in transforms],
                                                 len(avals)) if r is not None and r != STEP]

@@ -115,7 +115,7 @@ def test_processes_write_one_store_the_same_bit_for_bit(n_proc, reference, tmp_p
     path = str(tmp_path / "run.zarr")
     results = run(n_proc, "program", path)
     assert all(rc == 0 for rc, _, _ in results), _report(results)
-    for rc, res, _ in results:
+    for _, res, _ in results:
         # The record adds no collective to the step: no recorded byte crosses processes.
         assert res["collectives"] == 0, res
         # A second Recorder on the open path, in the same process, is refused.

@@ -33,7 +33,6 @@ if N_PROCESSES:
                                process_id=PROCESS_ID, initialization_timeout=60,
                                heartbeat_timeout_seconds=60, shutdown_timeout_seconds=10)
 
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
