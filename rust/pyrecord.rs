@@ -157,7 +157,13 @@ impl PyRecorder {
     /// Routes the shard-by-shard messages of `consumer_id` (`[group, part]`, the slice,
     /// the step at operand `step` if given) to parted array `name`.
     #[pyo3(signature = (consumer_id, name, step, transforms))]
-    fn bind_parted(&self, consumer_id: i64, name: &str, step: Option<usize>, transforms: &str) -> PyResult<()> {
+    fn bind_parted(
+        &self,
+        consumer_id: i64,
+        name: &str,
+        step: Option<usize>,
+        transforms: &str,
+    ) -> PyResult<()> {
         let sink = self.inner.parted_sink(name, step, transforms)?;
         recorder::sinks().bind(consumer_id, sink);
         Ok(())

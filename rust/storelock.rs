@@ -44,8 +44,12 @@ pub enum Access {
     /// The processes of one `jax.distributed` run write the store together (issue 26):
     /// the leader (process 0) takes the lock first and names the run (`group`) in the
     /// holder record; members take it shared and are admitted only for the same group.
-    SharedLeader { group: String },
-    SharedMember { group: String },
+    SharedLeader {
+        group: String,
+    },
+    SharedMember {
+        group: String,
+    },
 }
 
 impl Access {
@@ -217,7 +221,8 @@ impl StoreLock {
 
     /// A member of a shared store's run joins the lock its leader took.
     fn join(root: &Path, path: &Path, group: &str) -> Result<StoreLock, RecordError> {
-        let file = OpenOptions::new().read(true).open(path).map_err(|e| io_error("open the lock file", path, &e))?;
+        let file =
+            OpenOptions::new().read(true).open(path).map_err(|e| io_error("open the lock file", path, &e))?;
         match flock(&file, libc::LOCK_SH | libc::LOCK_NB) {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {

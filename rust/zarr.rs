@@ -362,7 +362,10 @@ mod tests {
         assert_eq!(flat.row_bytes(), 0);
         let parted = ArraySpec { part: Some(Part { index: 2, count: 3 }), ..flat.clone() };
         assert_eq!(parted.metadata(5, &json!({}))["shape"], json!([5, 9, 0]));
-        assert_eq!(parted.metadata(5, &json!({}))["chunk_grid"]["configuration"]["chunk_shape"], json!([4, 3, 1]));
+        assert_eq!(
+            parted.metadata(5, &json!({}))["chunk_grid"]["configuration"]["chunk_shape"],
+            json!([4, 3, 1])
+        );
         assert_eq!(parted.chunk_path(Path::new("a"), 1), Path::new("a/c.1.2.0"));
         let nested = ArraySpec { sep: '/', ..parted };
         assert_eq!(nested.chunk_path(Path::new("a"), 1), Path::new("a/c/1/2/0"));

@@ -59,7 +59,7 @@ class Coordinator:
         client = _compat.distributed_client()
         self.processes = jax.process_count() if client is not None else 1
         self.process = jax.process_index() if client is not None else 0
-        self.client = client if self.processes > 1 else None
+        self.client: Any = client if self.processes > 1 else None
         self.shared = self.client is not None
         self.leader = self.process == 0
         self.path = path

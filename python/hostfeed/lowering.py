@@ -233,7 +233,7 @@ def _outside_call_lowering(ctx: Any, *args: Any, callback: CallbackSpec,
         cid = _consumer_id(ctx, recording.consumer_lease(callback, transforms,
                                                          ctx.avals_in[:nr_tapped_args],
                                                          context is not Where.PER_DEVICE))
-    elif record and shard_parts.parted:  # one part of a parted array, to its Rust sink
+    elif record and shard_parts is not None and shard_parts.parted:  # one part, to Rust
         cid = _consumer_id(ctx, recording.parted_lease(callback, transforms,
                                                        ctx.avals_in[:nr_tapped_args],
                                                        shard_parts))

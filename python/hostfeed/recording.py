@@ -255,7 +255,7 @@ class Recorder:
         receiver.ensure_started()
         fspath = _fspath(path)
         coord = coordination.Coordinator(fspath, coordination_timeout)
-        options = dict(mode=mode, compression=compression, level=compression_level,
+        options: dict[str, Any] = dict(mode=mode, compression=compression, level=compression_level,
                        chunk_bytes=chunk_bytes, writers=writers, durable=durable,
                        commit_interval=commit_interval, separator=separator)
         if not coord.shared:

@@ -15,8 +15,8 @@
 //! 0 is `[group, part]` (int32), operand 1 the part's slice, then the step if any.
 
 use super::{
-    as_u64, lock, meta_specs, read_steps, write_lock, ArrayHandle, ArrayId, ArrayState, Payload,
-    Recorder, Row, Sink,
+    as_u64, lock, meta_specs, read_steps, write_lock, ArrayHandle, ArrayId, ArrayState, Payload, Recorder,
+    Row, Sink,
 };
 use crate::error::RecordError;
 use crate::message::Message;
@@ -88,14 +88,16 @@ impl Recorder {
         for g in &parts[..parts.len() - 1] {
             group_dir.push(g);
             if !group_dir.join("zarr.json").exists() {
-                fs::create_dir_all(&group_dir).map_err(|e| io_error("create", &group_dir, &e).context(&context))?;
+                fs::create_dir_all(&group_dir)
+                    .map_err(|e| io_error("create", &group_dir, &e).context(&context))?;
                 zarr::write_json_atomic(&group_dir, &zarr::group_metadata(&json!({})), durable)
                     .map_err(|e| e.context(&context))?;
             }
         }
         let leaf = parts[parts.len() - 1].to_string();
-        let row_bytes = zarr::nbytes(part_shape, dtype.itemsize)
-            .ok_or_else(|| RecordError::Invalid(format!("{context}: rows of shape {global:?} are too large")))?;
+        let row_bytes = zarr::nbytes(part_shape, dtype.itemsize).ok_or_else(|| {
+            RecordError::Invalid(format!("{context}: rows of shape {global:?} are too large"))
+        })?;
         let target = self.opts.chunk_bytes.min(self.budget.bound() / 4).max(1);
         let chunk_rows = as_u64((target / row_bytes.max(1)).max(1));
         let mut dim_names = vec![Some(format!("{leaf}.row"))];
@@ -192,7 +194,12 @@ impl Recorder {
     ///
     /// # Errors
     /// An unknown name.
-    pub fn parted_sink(self: &Arc<Self>, name: &str, step: Option<usize>, transforms: &str) -> Result<Sink, RecordError> {
+    pub fn parted_sink(
+        self: &Arc<Self>,
+        name: &str,
+        step: Option<usize>,
+        transforms: &str,
+    ) -> Result<Sink, RecordError> {
         let handles = self.parted_handles(name)?;
         Ok(Sink {
             recorder: Arc::clone(self),
