@@ -121,7 +121,7 @@ def test_processes_write_one_store_the_same_bit_for_bit(n_proc, reference, tmp_p
         # A second Recorder on the open path, in the same process, is refused.
         assert "locked" in res["second_open"] or "could not open" in res["second_open"], res
     ref, mine = _store_files(reference), _store_files(path)
-    shared = {k: v for k, v in mine.items() if not k.startswith("dev")}
+    shared = {k: v for k, v in mine.items() if not k.startswith("dev")}  # many only
     assert sorted(shared) == sorted(ref)
     different = [k for k in ref if ref[k] != shared[k]]
     assert not different, different
@@ -137,6 +137,10 @@ def test_processes_write_one_store_the_same_bit_for_bit(n_proc, reference, tmp_p
     v = np.asarray(root["dev/v"][:])
     assert v.shape == (2, DEVICES, 2, 3)
     np.testing.assert_array_equal(v[1], (whole + 1).reshape(DEVICES, 2, 3))
+    # pmap: the same, the devices in jax.devices() order (each process passed its own).
+    ids = results[0][1]["pmap_ids"]
+    p = np.asarray(root["dev/p"][:])
+    np.testing.assert_array_equal(p, (np.array(ids)[:, None] * 10 * np.ones(3, int))[None])
     assert not os.path.exists(os.path.join(path, ".hostfeed.lock")), "released at close"
 
 

@@ -80,6 +80,11 @@ def program() -> dict:
                                            in_specs=P("x"), out_specs=P("x")))
         for _ in range(2):
             per_device(x)
+        # pmap: this process passes its devices' rows; each device records its own.
+        mine = np.stack([np.full(3, d.id, np.int32) for d in jax.local_devices()])
+        out["local_ids"] = [d.id for d in jax.local_devices()]
+        out["pmap_ids"] = [d.id for d in jax.devices()]
+        jax.pmap(lambda v: rec.record("dev/p", v * 10))(mine)
     rec.flush()
     rec.close()
     return out
