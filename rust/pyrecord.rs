@@ -88,7 +88,7 @@ impl PyRecorder {
             Some(group) if leader => Access::SharedLeader { group },
             Some(group) => Access::SharedMember { group },
         };
-        let inner = py.detach(|| Recorder::create_with(&path, mode, opts, budget, access))?;
+        let inner = py.detach(|| Recorder::create_with(&path, mode, opts, budget, &access))?;
         Ok(PyRecorder { inner })
     }
 

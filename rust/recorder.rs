@@ -477,7 +477,7 @@ fn check_existing(root: &Path, mode: Mode) -> Result<(), RecordError> {
 
 /// Makes `root` an empty directory held by the returned lock. A store another recorder
 /// holds is refused first (naming the holder), before anything is created or removed.
-fn prepare_root(root: &Path, mode: Mode, access: Access) -> Result<StoreLock, RecordError> {
+fn prepare_root(root: &Path, mode: Mode, access: &Access) -> Result<StoreLock, RecordError> {
     if matches!(access, Access::SharedMember { .. }) {
         // A member of a shared store's run: its leader prepared the directory.
         return StoreLock::acquire(root, access);
@@ -514,7 +514,7 @@ impl Recorder {
         opts: Options,
         budget: Arc<dyn Budget>,
     ) -> Result<Arc<Recorder>, RecordError> {
-        Self::create_with(root, mode, opts, budget, Access::Exclusive)
+        Self::create_with(root, mode, opts, budget, &Access::Exclusive)
     }
 
     /// [`Recorder::create`] holding the store for `access` (a shared store's member
@@ -527,7 +527,7 @@ impl Recorder {
         mode: Mode,
         opts: Options,
         budget: Arc<dyn Budget>,
-        access: Access,
+        access: &Access,
     ) -> Result<Arc<Recorder>, RecordError> {
         let member = matches!(access, Access::SharedMember { .. });
         let shared = !matches!(access, Access::Exclusive);
@@ -1222,7 +1222,7 @@ impl Recorder {
             match a.spec.part {
                 // A parted array: part 0 writes the rows' metadata; `zarr.json` is written
                 // by the store's committer once every part has its rows (`parts.rs`).
-                Some(p) if p.index != 0 => continue,
+                Some(p) if p.index != 0 => {}
                 Some(_) => write_rows_in_place(&spec, &mdir, from, &values, durable)?,
                 None => {
                     write_rows_in_place(&spec, &mdir, from, &values, durable)?;

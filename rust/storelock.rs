@@ -173,9 +173,9 @@ impl StoreLock {
     ///
     /// # Errors
     /// [`RecordError::Io`] with `EBUSY` naming the holder when someone holds it; I/O errors.
-    pub fn acquire(root: &Path, access: Access) -> Result<StoreLock, RecordError> {
+    pub fn acquire(root: &Path, access: &Access) -> Result<StoreLock, RecordError> {
         let path = root.join(LOCK_FILE);
-        if let Access::SharedMember { group } = &access {
+        if let Access::SharedMember { group } = access {
             return Self::join(root, &path, group);
         }
         loop {
@@ -262,15 +262,15 @@ mod tests {
         let root = std::env::temp_dir().join(format!("hostfeed_lock_{}", std::process::id()));
         let _ = fs::remove_dir_all(&root);
         fs::create_dir_all(&root).unwrap();
-        let first = StoreLock::acquire(&root, Access::Exclusive).unwrap();
-        let e = StoreLock::acquire(&root, Access::Exclusive).unwrap_err();
+        let first = StoreLock::acquire(&root, &Access::Exclusive).unwrap();
+        let e = StoreLock::acquire(&root, &Access::Exclusive).unwrap_err();
         assert!(matches!(e, RecordError::Io { errno: Some(libc::EBUSY), .. }), "{e}");
         assert!(e.to_string().contains(&format!("pid {}", std::process::id())), "{e}");
         assert!(StoreLock::check_free(&root).is_err());
         drop(first);
         assert!(!root.join(LOCK_FILE).exists(), "the lock file is removed at release");
         StoreLock::check_free(&root).unwrap();
-        let again = StoreLock::acquire(&root, Access::Exclusive).unwrap();
+        let again = StoreLock::acquire(&root, &Access::Exclusive).unwrap();
         drop(again);
         fs::remove_dir_all(&root).unwrap();
     }
@@ -281,13 +281,13 @@ mod tests {
         let _ = fs::remove_dir_all(&root);
         fs::create_dir_all(&root).unwrap();
         let run = |g: &str| g.to_string();
-        let leader = StoreLock::acquire(&root, Access::SharedLeader { group: run("a") }).unwrap();
-        let member = StoreLock::acquire(&root, Access::SharedMember { group: run("a") }).unwrap();
-        let other = StoreLock::acquire(&root, Access::SharedMember { group: run("b") }).unwrap_err();
-        assert!(other.to_string().contains("another jax.distributed run"), "{other}");
-        let e = StoreLock::acquire(&root, Access::Exclusive).unwrap_err();
+        let leader = StoreLock::acquire(&root, &Access::SharedLeader { group: run("a") }).unwrap();
+        let member = StoreLock::acquire(&root, &Access::SharedMember { group: run("a") }).unwrap();
+        let other = StoreLock::acquire(&root, &Access::SharedMember { group: run("b") }).unwrap_err();
+        assert!(matches!(other, RecordError::Io { errno: Some(libc::EBUSY), .. }), "{other}");
+        let e = StoreLock::acquire(&root, &Access::Exclusive).unwrap_err();
         assert!(matches!(e, RecordError::Io { errno: Some(libc::EBUSY), .. }), "{e}");
-        assert!(StoreLock::acquire(&root, Access::SharedLeader { group: run("b") }).is_err());
+        assert!(StoreLock::acquire(&root, &Access::SharedLeader { group: run("b") }).is_err());
         drop(member);
         assert!(root.join(LOCK_FILE).exists(), "a member leaves the file to its leader");
         drop(leader);

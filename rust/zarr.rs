@@ -192,7 +192,8 @@ impl ArraySpec {
         if self.sep == '.' {
             let mut name = format!("c.{k}");
             for i in 0..self.row_shape.len() {
-                name.push_str(&format!(".{}", self.key_index(i)));
+                name.push('.');
+                name.push_str(&self.key_index(i).to_string());
             }
             return array_dir.join(name);
         }
