@@ -163,3 +163,29 @@ def test_a_failing_process_leaves_the_committed_rows_and_others_get_an_error(fau
     np.testing.assert_array_equal(np.asarray(root["act/h"][:]),
                                   np.stack([whole * 2 + s for s in range(3)]))
     np.testing.assert_array_equal(np.asarray(root["act/h.step"][:]), np.arange(3))
+
+
+def test_another_run_on_an_open_shared_store_is_refused(tmp_path):
+    """The lock of a store shared by one run's processes refuses an unrelated process, as
+    a plain recorder or as a member of another run, naming who holds it."""
+    from hostfeed import receiver
+    path = str(tmp_path / "run.zarr")
+    held = receiver.NativeRecorder(path, mode="w", shared="run-a", leader=True)
+    script = (
+        "import sys, hostfeed\n"
+        "from hostfeed import receiver\n"
+        "for kw in ({}, {'shared': 'run-b', 'leader': False}):\n"
+        "    try:\n"
+        "        receiver.NativeRecorder(sys.argv[1], mode='w', **kw)\n"
+        "    except hostfeed.RecordingError as exc:\n"
+        "        print('REFUSED', exc.errno, exc)\n")
+    try:
+        out = subprocess.run([sys.executable, "-c", script, path], capture_output=True,
+                             text=True, timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    finally:
+        held.close()
+    refused = [line for line in out.stdout.splitlines() if line.startswith("REFUSED 16 ")]
+    assert len(refused) == 2, out.stdout + out.stderr
+    assert all("another jax.distributed run" in line and f"process {os.getpid()}" in line
+               for line in refused), refused
+    assert os.listdir(path) == ["zarr.json"], "refused opens changed nothing; close released"
