@@ -35,6 +35,8 @@ from hostfeed import host_callback as hcb
 from hostfeed import lowering, receiver
 from hostfeed.bench._timing import interleaved, table
 
+from _cuda_floor import copy_floor  # benches/: the script's own directory
+
 N_SMALL = int(os.environ.get("HOSTFEED_BENCH_N_SMALL", 500))
 N_LARGE = int(os.environ.get("HOSTFEED_BENCH_N_LARGE", 10))
 N_CALLS = int(os.environ.get("HOSTFEED_BENCH_N_CALLS", 500))
@@ -141,7 +143,7 @@ def call_case(kind: str, n: int, shape: str):
 def pinned_floor(nbytes: int) -> dict[str, float]:
     """GB/s of device-to-host copies of ``nbytes`` into pinned memory."""
     floors = {}
-    times = receiver.cuda_copy_floor(0, nbytes, max(5, REPEATS * 2))
+    times = copy_floor(0, nbytes, max(5, REPEATS * 2))
     floors["pinned copy floor (driver)"] = nbytes / min(times) / 1e9
     try:  # JAX's own transfer into pinned host memory, where supported
         dev = jax.devices()[0]

@@ -40,12 +40,11 @@ FLAG_STATUS_OUTPUT: int = _receiver.FLAG_STATUS_OUTPUT
 FLAG_SHARD: int = _receiver.FLAG_SHARD
 FLAG_EAGER: int = _receiver.FLAG_EAGER
 registrations = _receiver.registrations
-# The CUDA platform (gpu branch): handlers, the driver (loaded at run time), pinned memory.
+# The CUDA platform: handlers, the driver (loaded at run time), pinned memory.
 cuda_registrations = _receiver.cuda_registrations
 cuda_driver_error = _receiver.cuda_driver_error
 cuda_driver_version = _receiver.cuda_driver_version
 cuda_pool_stats = _receiver.cuda_pool_stats
-cuda_copy_floor = _receiver.cuda_copy_floor
 in_callback_thread = _receiver.in_callback_thread
 is_running = _receiver.is_running
 

@@ -181,12 +181,14 @@ def test_the_package_imports_without_cuda_libraries_in_a_fresh_process():
     assert r.stdout.split()[-1] == "True"
 
 
-def test_cuda_pool_stats_and_copy_floor_answer_without_a_gpu():
+def test_cuda_pool_stats_answer_without_a_gpu():
     stats = receiver.cuda_pool_stats()
     assert set(stats) == {"allocations", "frees", "allocated_bytes", "in_use_bytes",
                           "blocks_taken"}
-    if ON_GPU:
-        assert len(receiver.cuda_copy_floor(0, 1 << 20, 3)) == 3
-    elif receiver.cuda_driver_error() is not None:
-        with pytest.raises(hostfeed.receiver.ReceiverError, match="cannot use CUDA"):
-            receiver.cuda_copy_floor(0, 1 << 20, 3)
+    assert all(isinstance(v, int) and v >= 0 for v in stats.values())
+
+
+def test_the_copy_floor_benchmark_is_not_in_the_shipped_module():
+    # The floor lives in benches/_cuda_floor.py (ctypes), not in hostfeed._receiver.
+    assert not hasattr(hostfeed._receiver, "cuda_copy_floor")
+    assert not hasattr(receiver, "cuda_copy_floor")

@@ -18,19 +18,17 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyTuple};
 
-use crate::dispatch::{BatchIter, Dtypes, EagerTap};
-use crate::error::Error;
-use crate::exceptions::ReceiverError;
-use crate::handlers;
-use crate::interrupt;
-use crate::message::Message;
-use crate::receiver::{self, Batch, Consume, StopOutcome, TryPush, Worker};
-use crate::recorder;
-use crate::sync::lock;
-use crate::xla_ffi::{self, XLA_FFI_Handler};
+use crate::error::{IntoPy, ReceiverError};
+use crate::gpu::{wait_gpu_deliveries, wait_gpu_parcels};
+use crate::messages::{BatchIter, Dtypes, EagerTap};
+use hostfeed_core::lock;
+use hostfeed_core::Error;
+use hostfeed_core::Message;
+use hostfeed_core::{dtype, XLA_FFI_Handler};
+use hostfeed_core::{hub, sinks, Batch, Consume, StopOutcome, TryPush, Worker};
 
 /// Longest single wait with the GIL released before re-checking signals.
-const WAIT_SLICE: Duration = Duration::from_millis(100);
+pub(crate) const WAIT_SLICE: Duration = Duration::from_millis(100);
 /// Longest timeout accepted (about 31 years); longer is spelled `None` (no limit).
 const MAX_SECONDS: f64 = 1e9;
 
@@ -66,7 +64,7 @@ pub(crate) fn duration(what: &str, seconds: Option<f64>) -> PyResult<Option<Dura
 /// Logs what the Rust side noted (abandoned threads, dropped messages) to the `hostfeed`
 /// Python logger.
 fn report_notes(py: Python<'_>) {
-    let notes = receiver::global().take_notes();
+    let notes = hub().take_notes();
     if notes.is_empty() {
         return;
     }
@@ -107,9 +105,11 @@ impl Consume for PyConsumer {
             let mut done: Option<Batch> = None;
             while let Some(batch) = py.detach(|| {
                 drop(done.take());
-                let batch = recorder::sinks().next_batch(worker);
+                let batch = sinks().next_batch(worker);
                 if EAGER_PUSHED.swap(false, Ordering::AcqRel) {
-                    crate::queue::spin_until(EAGER_HANDOFF_SPIN, || BARRIER_DETACHED.load(Ordering::Acquire));
+                    hostfeed_core::spin_until(EAGER_HANDOFF_SPIN, || {
+                        BARRIER_DETACHED.load(Ordering::Acquire)
+                    });
                 }
                 batch
             }) {
@@ -178,13 +178,15 @@ pub fn start(
     }
     let consumer =
         Arc::new(PyConsumer { dispatcher: dispatcher.unbind(), dtypes: Arc::new(Dtypes { descrs }) });
-    let r = receiver::global();
+    let r = hub();
     // Detached: the control lock may be held by a `stop` waiting for the consumer, which
     // needs the GIL.
-    Ok(py.detach(move || {
-        r.configure(consumer);
-        r.start()
-    })?)
+    Ok(py
+        .detach(move || {
+            r.configure(consumer);
+            r.start()
+        })
+        .py()?)
 }
 
 /// Drains the queue, then stops and joins the consumer thread (GIL released). If a
@@ -194,10 +196,10 @@ pub fn start(
 #[pyo3(signature = (stall_timeout))]
 pub fn stop(py: Python<'_>, stall_timeout: Option<f64>) -> PyResult<bool> {
     let stall = duration("stall_timeout", stall_timeout)?;
-    wait_gpu_deliveries(py, stall.unwrap_or(receiver::DEFAULT_STOP_TIMEOUT)); // gpu branch
-    let outcome = py.detach(|| receiver::global().stop(stall));
+    wait_gpu_deliveries(py, stall.unwrap_or(hostfeed_core::DEFAULT_STOP_TIMEOUT)); // gpu branch
+    let outcome = py.detach(|| hub().stop(stall));
     report_notes(py);
-    Ok(!matches!(outcome?, StopOutcome::Abandoned(_)))
+    Ok(!matches!(outcome.py()?, StopOutcome::Abandoned(_)))
 }
 
 /// Stops the receiver for good (interpreter exit): drains what is queued (abandoning
@@ -207,11 +209,11 @@ pub fn stop(py: Python<'_>, stall_timeout: Option<f64>) -> PyResult<bool> {
 #[pyo3(signature = (stall_timeout))]
 pub fn finalize(py: Python<'_>, stall_timeout: Option<f64>) -> PyResult<usize> {
     let stall = duration("stall_timeout", stall_timeout)?;
-    wait_gpu_deliveries(py, stall.unwrap_or(receiver::DEFAULT_STOP_TIMEOUT)); // gpu branch
-    let dropped = py.detach(|| receiver::global().finalize(stall));
+    wait_gpu_deliveries(py, stall.unwrap_or(hostfeed_core::DEFAULT_STOP_TIMEOUT)); // gpu branch
+    let dropped = py.detach(|| hub().finalize(stall));
     report_notes(py);
-    interrupt::remove();
-    Ok(dropped?)
+    hostfeed_core::remove_interrupt_handlers();
+    Ok(dropped.py()?)
 }
 
 /// The exit watchdog: a native thread that keeps the receiver draining while the main
@@ -232,7 +234,7 @@ pub fn start_exit_watch(stall_timeout: Option<f64>) -> PyResult<()> {
     }
     let stop = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&stop);
-    let r = receiver::global();
+    let r = hub();
     let handle = std::thread::Builder::new()
         .name("hostfeed-exit-watch".into())
         .spawn(move || {
@@ -270,16 +272,16 @@ pub fn stop_exit_watch(py: Python<'_>) {
 #[pyo3(signature = (timeout=None))]
 pub fn barrier(py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
     let timeout = duration("timeout", timeout)?;
-    if receiver::in_consumer_thread() {
-        return Err(Error::InsideCallback("barrier_wait").into());
+    if hostfeed_core::in_consumer_thread() {
+        return Err(Error::InsideCallback("barrier_wait")).py();
     }
-    let r = receiver::global();
+    let r = hub();
     let start = Instant::now();
-    // gpu branch: taps GPUs sent before the barrier reach the queue first (without GPUs:
+    // Taps GPUs sent before the barrier reach the queue first (without GPUs:
     // one atomic load).
-    let parcels = crate::gpu::DELIVERY.submitted();
-    while !crate::gpu::DELIVERY.delivered_at_least(parcels) {
-        if py.detach(|| crate::gpu::DELIVERY.wait_delivered(parcels, WAIT_SLICE)) {
+    let parcels = hostfeed_core::GPU_DELIVERY.submitted();
+    while !hostfeed_core::GPU_DELIVERY.delivered_at_least(parcels) {
+        if py.detach(|| hostfeed_core::GPU_DELIVERY.wait_delivered(parcels, WAIT_SLICE)) {
             break;
         }
         py.check_signals()?;
@@ -298,8 +300,8 @@ pub fn barrier(py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
                         what: "barrier_wait",
                         seconds: t.as_secs_f64(),
                         pending: target.saturating_sub(r.queue.processed()),
-                    }
-                    .into());
+                    })
+                    .py();
                 }
                 left.min(WAIT_SLICE)
             }
@@ -308,7 +310,7 @@ pub fn barrier(py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
         BARRIER_DETACHED.store(true, Ordering::Release);
         let processed = py.detach(|| r.wait_processed(target, slice));
         BARRIER_DETACHED.store(false, Ordering::Release);
-        if processed? {
+        if processed.py()? {
             break;
         }
         py.check_signals()?;
@@ -337,16 +339,16 @@ pub fn push_eager(
     // taps reach the queue first (without GPUs: two atomic loads).
     wait_gpu_parcels(py)?;
     let payload = EagerTap { entry: entry.unbind(), arrays: arrays.unbind() };
-    let msg = Message::from_host(handlers::FLAG_EAGER, -1, Box::new(payload), nbytes);
+    let msg = Message::from_host(hostfeed_core::FLAG_EAGER, -1, Box::new(payload), nbytes);
     EAGER_PUSHED.store(true, Ordering::Release);
     // (`try_push`/`push` stamp the message for the hand-over histogram.)
-    let r = receiver::global();
+    let r = hub();
     // While attached only what cannot wait; waiting (or starting a consumer, which takes
     // the control lock a `stop` may hold while it waits for the GIL) happens detached.
-    match r.try_push(msg)? {
+    match r.try_push(msg).py()? {
         TryPush::Pushed => Ok(()),
-        TryPush::NeedsConsumer => Ok(py.detach(|| r.start().map(drop))?),
-        TryPush::Full(msg) => Ok(py.detach(|| r.push(msg))?),
+        TryPush::NeedsConsumer => Ok(py.detach(|| r.start().map(drop)).py()?),
+        TryPush::Full(msg) => Ok(py.detach(|| r.push(msg)).py()?),
     }
 }
 
@@ -355,27 +357,27 @@ pub fn push_eager(
 #[pyfunction]
 pub fn push_control(py: Python<'_>) -> PyResult<()> {
     // SAFETY: no operands are read.
-    let msg = unsafe { crate::message::gather(0, 0, -1, std::iter::empty()) }?;
-    let r = receiver::global();
-    Ok(py.detach(|| r.push(msg))?)
+    let msg = unsafe { hostfeed_core::gather(0, 0, -1, std::iter::empty()) }.py()?;
+    let r = hub();
+    Ok(py.detach(|| r.push(msg)).py()?)
 }
 
 /// Whether the consumer thread is running.
 #[pyfunction]
 pub fn is_running(py: Python<'_>) -> bool {
-    py.detach(|| receiver::global().is_running())
+    py.detach(|| hub().is_running())
 }
 
 /// Whether the caller runs on the consumer thread (inside a host callback).
 #[pyfunction]
 pub fn in_callback_thread() -> bool {
-    receiver::in_consumer_thread()
+    hostfeed_core::in_consumer_thread()
 }
 
 /// The queue's byte bound.
 #[pyfunction]
 pub fn max_queue_bytes() -> u64 {
-    receiver::global().queue.bound() as u64
+    hub().queue.bound() as u64
 }
 
 /// Sets the queue's byte bound (takes effect at once, also for blocked producers).
@@ -385,17 +387,17 @@ pub fn set_max_queue_bytes(bound: u64) -> PyResult<()> {
         return Err(PyValueError::new_err("max_queue_bytes must be positive"));
     }
     let bound = usize::try_from(bound).map_err(|_| PyValueError::new_err("bound too large"))?;
-    receiver::global().queue.set_bound(bound);
+    hub().queue.set_bound(bound);
     Ok(())
 }
 
 /// The receiver's counters as a dict.
 #[pyfunction]
 pub fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    let d = dict_of(py, receiver::global().queue.stats.snapshot().fields())?;
+    let d = dict_of(py, hub().queue.stats.snapshot().fields())?;
     d.set_item("max_queue_bytes", max_queue_bytes())?;
-    d.set_item("buffer_pool_bytes", crate::hostbuf::pool_limit())?;
-    d.set_item("buffer_pool_idle_bytes", crate::hostbuf::pool_idle_bytes())?;
+    d.set_item("buffer_pool_bytes", hostfeed_core::pool_limit())?;
+    d.set_item("buffer_pool_idle_bytes", hostfeed_core::pool_idle_bytes())?;
     Ok(d)
 }
 
@@ -405,7 +407,7 @@ pub fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 /// each message (from entering the queue until the consumer takes it for its callback).
 #[pyfunction]
 pub fn histograms(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    let t = &receiver::global().timing;
+    let t = &hub().timing;
     let d = PyDict::new(py);
     d.set_item("device_ns", t.device.snapshot())?;
     d.set_item("handover_ns", t.handover.snapshot())?;
@@ -415,7 +417,7 @@ pub fn histograms(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 /// Empties the timing histograms.
 #[pyfunction]
 pub fn reset_histograms() {
-    let t = &receiver::global().timing;
+    let t = &hub().timing;
     t.device.reset();
     t.handover.reset();
 }
@@ -424,7 +426,7 @@ pub fn reset_histograms() {
 /// previous setting.
 #[pyfunction]
 pub fn set_timing(enabled: bool) -> bool {
-    let t = &receiver::global().timing;
+    let t = &hub().timing;
     let before = t.enabled();
     t.set_enabled(enabled);
     before
@@ -433,19 +435,19 @@ pub fn set_timing(enabled: bool) -> bool {
 /// Sets the most bytes of host buffers kept for reuse when idle.
 #[pyfunction]
 pub fn set_buffer_pool_bytes(bytes: usize) {
-    crate::hostbuf::set_pool_limit(bytes);
+    hostfeed_core::set_pool_limit(bytes);
 }
 
 /// Resets `peak_queued_bytes` to the current queued bytes.
 #[pyfunction]
 pub fn reset_peak() {
-    receiver::global().queue.reset_peak();
+    hub().queue.reset_peak();
 }
 
 /// Remembers the name of consumer `consumer_id`, for error messages about it.
 #[pyfunction]
 pub fn set_consumer_name(consumer_id: i64, name: String) {
-    receiver::global().set_name(consumer_id, name);
+    hub().set_name(consumer_id, name);
 }
 
 fn capsule(py: Python<'_>, f: XLA_FFI_Handler) -> PyResult<Bound<'_, PyCapsule>> {
@@ -461,24 +463,16 @@ fn capsule(py: Python<'_>, f: XLA_FFI_Handler) -> PyResult<Bound<'_, PyCapsule>>
 /// `{target_name: PyCapsule}` for `jax.ffi.register_ffi_target(..., platform="cpu")`.
 #[pyfunction]
 pub fn registrations(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    handler_capsules(
-        py,
-        [
-            ("hostfeed_tap", handlers::hostfeed_tap),
-            ("hostfeed_call", handlers::hostfeed_call),
-            ("hostfeed_check", handlers::hostfeed_check),
-            ("hostfeed_failure", handlers::hostfeed_failure), // multiprocess
-        ],
-    )
+    handler_capsules(py, hostfeed_core::CPU_HANDLERS)
 }
 
 /// `{name: PyCapsule}` of FFI handlers.
-fn handler_capsules<'py>(
+pub(crate) fn handler_capsules<'py>(
     py: Python<'py>,
-    handlers: [(&'static str, XLA_FFI_Handler); 4],
+    handlers: &[(&str, XLA_FFI_Handler)],
 ) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    for (name, f) in handlers {
+    for &(name, f) in handlers {
         d.set_item(name, capsule(py, f)?)?;
     }
     Ok(d)
@@ -501,7 +495,7 @@ pub fn dict_of<'py, V: IntoPyObject<'py>>(
 
 /// `{numpy dtype name: XLA_FFI_DataType code}` for every dtype hostfeed transfers.
 pub fn dtype_codes(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    use xla_ffi::dtype as dt;
+    use dtype as dt;
     let d = PyDict::new(py);
     for (name, code) in [
         ("bool", dt::PRED),
@@ -537,80 +531,5 @@ pub fn dtype_codes(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 /// SIGTERM (see `interrupt.rs`); returns whether the SIGINT counter is installed.
 #[pyfunction]
 pub fn install_interrupt_watch() -> bool {
-    interrupt::install()
+    hostfeed_core::install_interrupt_handlers()
 }
-
-// ---- gpu branch: the CUDA platform ----------------------------------------------------
-
-/// Waits (GIL released, signals checked) until the GPU couriers delivered every tap handed
-/// to them so far.
-fn wait_gpu_parcels(py: Python<'_>) -> PyResult<()> {
-    let parcels = crate::gpu::DELIVERY.submitted();
-    while !crate::gpu::DELIVERY.delivered_at_least(parcels) {
-        if py.detach(|| crate::gpu::DELIVERY.wait_delivered(parcels, WAIT_SLICE)) {
-            break;
-        }
-        py.check_signals()?;
-    }
-    Ok(())
-}
-
-/// Waits (GIL released, `limit` at most) until the GPU couriers delivered every tap
-/// handed to them, so that stopping or exiting does not leave GPU taps behind.
-fn wait_gpu_deliveries(py: Python<'_>, limit: Duration) {
-    let parcels = crate::gpu::DELIVERY.submitted();
-    py.detach(|| crate::gpu::DELIVERY.wait_delivered(parcels, limit));
-}
-
-/// `{target_name: PyCapsule}` of the CUDA handlers, for
-/// `jax.ffi.register_ffi_target(..., platform="CUDA")` (same names as on CPU).
-#[pyfunction]
-pub fn cuda_registrations(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    handler_capsules(
-        py,
-        [
-            ("hostfeed_tap", crate::cuda::hostfeed_tap),
-            ("hostfeed_call", crate::cuda::hostfeed_call),
-            ("hostfeed_check", crate::cuda::hostfeed_check),
-            ("hostfeed_failure", crate::cuda::hostfeed_failure),
-        ],
-    )
-}
-
-/// Why the CUDA driver cannot be used (no library, a missing function), or `None` when it
-/// can. Loads the driver library if present but does not initialise CUDA.
-#[pyfunction]
-pub fn cuda_driver_error(py: Python<'_>) -> Option<String> {
-    py.detach(crate::cuda::driver_library).err()
-}
-
-/// The CUDA driver's version (e.g. 13000 for 13.0), or `None` without a usable driver.
-/// Initialises CUDA.
-#[pyfunction]
-pub fn cuda_driver_version(py: Python<'_>) -> Option<i32> {
-    py.detach(crate::cuda::driver_version)
-}
-
-/// Counters of the pinned-memory pool of GPU messages.
-#[pyfunction]
-pub fn cuda_pool_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    let s = crate::cuda::pool_stats();
-    dict_of(
-        py,
-        [
-            ("allocations", s.allocations),
-            ("frees", s.frees),
-            ("allocated_bytes", s.allocated_bytes),
-            ("in_use_bytes", s.in_use_bytes),
-            ("blocks_taken", s.blocks_taken),
-        ],
-    )
-}
-
-/// Seconds taken by each of `repeats` device-to-host copies of `nbytes` from GPU
-/// `ordinal` into pinned memory (benchmark floor; GIL released).
-#[pyfunction]
-pub fn cuda_copy_floor(py: Python<'_>, ordinal: i32, nbytes: usize, repeats: usize) -> PyResult<Vec<f64>> {
-    Ok(py.detach(|| crate::cuda::copy_floor(ordinal, nbytes, repeats))?)
-}
-// ---- end gpu branch -------------------------------------------------------------------

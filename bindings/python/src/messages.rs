@@ -14,13 +14,11 @@ use pyo3::exceptions::PyStopIteration;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use crate::exceptions::ReceiverError;
-use crate::handlers;
-use crate::hostbuf::HostBuffer;
-use crate::message::Message;
-use crate::receiver::Batch;
-use crate::recorder;
-use crate::reply::ReplySlot;
+use crate::error::ReceiverError;
+use hostfeed_core::Batch;
+use hostfeed_core::HostBuffer;
+use hostfeed_core::Message;
+use hostfeed_core::{sinks, ReplySlot};
 
 /// What the consumer needs from Python: numpy dtypes per XLA dtype code.
 pub struct Dtypes {
@@ -70,7 +68,7 @@ impl BatchIter {
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         // Messages for recorders met on the way are routed in Rust, in queue order.
         let msg = self.batch.as_ref().and_then(|b| {
-            recorder::sinks().route_leading(b);
+            sinks().route_leading(b);
             b.take()
         });
         match msg {
@@ -116,8 +114,9 @@ fn message_tuple<'py>(py: Python<'py>, dtypes: &Dtypes, msg: Message) -> PyResul
         views.push(unsafe { make_array(py, dtypes, &owner, base.add(a.offset), a.dtype, shape) }?);
     }
     let arrays = PyTuple::new(py, views)?;
-    // gpu branch: a GPU's messages reach Python with a key of their own (see `gpu::device_key`).
-    let device = if flags & handlers::FLAG_GPU == 0 { device } else { crate::gpu::device_key(device) };
+    // gpu branch: a GPU's messages reach Python with a key of their own (see `hostfeed_core::gpu_device_key`).
+    let device =
+        if flags & hostfeed_core::FLAG_GPU == 0 { device } else { hostfeed_core::gpu_device_key(device) };
     (consumer_id, device, flags, arrays, reply, run_id).into_pyobject(py)
 }
 

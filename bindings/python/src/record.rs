@@ -12,10 +12,10 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::pyapi::{dict_of, duration};
-use crate::receiver;
-use crate::recorder::{self, Budget, Mode, Options, Recorder};
-use crate::zarr::Codec;
+use crate::error::IntoPy;
+use crate::host::{dict_of, duration};
+use hostfeed_core::Codec;
+use hostfeed_core::{hub, sinks, Budget, Mode, Options, Recorder};
 
 /// Longest single wait with the GIL released before re-checking signals.
 const WAIT_SLICE: Duration = Duration::from_millis(100);
@@ -79,8 +79,8 @@ impl PyRecorder {
         }
         let commit_interval = duration("commit_interval", Some(commit_interval))?.unwrap_or(Duration::MAX);
         let opts = Options { codec, chunk_bytes, writers, durable, commit_interval, sep };
-        let budget: Arc<dyn Budget> = Arc::new(receiver::global());
-        let inner = py.detach(|| Recorder::create(&path, mode, opts, budget))?;
+        let budget: Arc<dyn Budget> = Arc::new(hub());
+        let inner = py.detach(|| Recorder::create(&path, mode, opts, budget)).py()?;
         Ok(PyRecorder { inner })
     }
 
@@ -102,7 +102,7 @@ impl PyRecorder {
     /// recorded, `RecordingError` for I/O errors.
     #[allow(clippy::needless_pass_by_value)]
     fn declare(&self, py: Python<'_>, name: &str, dtype_code: i32, shape: Vec<u64>) -> PyResult<usize> {
-        Ok(py.detach(|| self.inner.declare(name, dtype_code, &shape))?)
+        Ok(py.detach(|| self.inner.declare(name, dtype_code, &shape)).py()?)
     }
 
     /// Routes the messages of `consumer_id` to this recorder from now on, in Rust: operand
@@ -118,8 +118,8 @@ impl PyRecorder {
         transforms: &str,
         lanes: usize,
     ) -> PyResult<()> {
-        let sink = self.inner.sink(&targets, step, transforms, lanes)?;
-        recorder::sinks().bind(consumer_id, sink);
+        let sink = self.inner.sink(&targets, step, transforms, lanes).py()?;
+        sinks().bind(consumer_id, sink);
         Ok(())
     }
 
@@ -148,7 +148,7 @@ impl PyRecorder {
             unsafe { std::slice::from_raw_parts(buf.buf_ptr().cast::<u8>(), len) }
         };
         let t = self.inner.transforms_index(transforms);
-        Ok(self.inner.append(array_id, bytes, step, device, t)?)
+        Ok(self.inner.append(array_id, bytes, step, device, t).py()?)
     }
 
     /// Writes every row received so far and announces it in the store's metadata, waiting
@@ -173,7 +173,7 @@ impl PyRecorder {
             }
             py.check_signals()?;
         }
-        py.detach(|| inner.flush_end())?;
+        py.detach(|| inner.flush_end()).py()?;
         Ok(finished)
     }
 
@@ -185,7 +185,7 @@ impl PyRecorder {
         }
         let flushed = self.flush(py, None);
         let inner = &self.inner;
-        py.detach(|| inner.close())?;
+        py.detach(|| inner.close()).py()?;
         flushed.map(|_| ())
     }
 

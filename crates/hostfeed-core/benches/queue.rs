@@ -15,11 +15,11 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use _receiver::message::{gather, Operand};
-use _receiver::queue::Queue;
-use _receiver::xla_ffi::dtype;
 use divan::counter::ItemsCount;
 use divan::Bencher;
+use hostfeed_core::dtype;
+use hostfeed_core::Queue;
+use hostfeed_core::{gather, Operand};
 
 const PRODUCERS: usize = 4;
 const PER_PRODUCER: usize = 25_000;

@@ -6,7 +6,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::xla_ffi as ffi;
+use crate::ffi::c_api as ffi;
 
 /// Everything that can go wrong in the crate.
 #[derive(Debug)]
@@ -20,13 +20,27 @@ pub enum Error {
     /// A blocking operation was attempted on the consumer thread.
     InsideCallback(&'static str),
     /// A wait ran past its deadline.
-    Timeout { what: &'static str, seconds: f64, pending: u64 },
+    Timeout {
+        /// The operation that waited (`barrier_wait`, `stop`).
+        what: &'static str,
+        /// The timeout, in seconds.
+        seconds: f64,
+        /// Messages still unprocessed when it passed.
+        pending: u64,
+    },
     /// A `call`'s host callback failed; the message (built by Python) says how.
     CallFailed(String),
     /// A `call` got no reply before `HOSTFEED_CALL_TIMEOUT`; `blocked_behind` names the
     /// host callback the receiver was busy with (and for how long) if this call's own
     /// host function never started.
-    CallTimeout { name: String, seconds: f64, blocked_behind: Option<(String, Duration)> },
+    CallTimeout {
+        /// The host callback's name.
+        name: String,
+        /// The timeout, in seconds.
+        seconds: f64,
+        /// The callback the consumer was busy with, and for how long.
+        blocked_behind: Option<(String, Duration)>,
+    },
     /// An internal failure (a panic caught at the FFI boundary, a poisoned invariant).
     Internal(String),
 }
@@ -77,7 +91,7 @@ impl fmt::Display for Error {
 impl Error {
     /// The XLA FFI error code a handler returns for this error.
     #[must_use]
-    pub fn ffi_code(&self) -> ffi::XLA_FFI_Error_Code {
+    pub(crate) fn ffi_code(&self) -> ffi::XLA_FFI_Error_Code {
         match self {
             Error::InvalidArgument(_) => ffi::XLA_FFI_Error_Code_INVALID_ARGUMENT,
             Error::Closed => ffi::XLA_FFI_Error_Code_UNAVAILABLE,
@@ -94,7 +108,12 @@ impl Error {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RecordError {
     /// A file system operation on the store failed; `errno` as the OS reported it.
-    Io { errno: Option<i32>, message: String },
+    Io {
+        /// The OS error number, when there was one.
+        errno: Option<i32>,
+        /// What failed, with the path.
+        message: String,
+    },
     /// An invalid record name, or a name recorded again with another shape or dtype.
     Invalid(String),
     /// A value of a dtype the store cannot hold (sub-byte types).
@@ -117,7 +136,7 @@ impl fmt::Display for RecordError {
 impl RecordError {
     /// The same error with `context` ("recording \"layer1/h\"") in front of its message.
     #[must_use]
-    pub fn context(self, context: &str) -> RecordError {
+    pub(crate) fn context(self, context: &str) -> RecordError {
         let add = |m: String| format!("{context}: {m}");
         match self {
             RecordError::Io { errno, message } => RecordError::Io { errno, message: add(message) },

@@ -1,6 +1,6 @@
 //! The host buffer pool's limit and reservations (a process of its own: the pool is global).
 
-use _receiver::hostbuf::{
+use hostfeed_core::{
     pool_idle_bytes, pool_limit, set_pool_limit, HostBuffer, PoolReservation, DEFAULT_POOL_BYTES,
 };
 
@@ -33,7 +33,7 @@ fn reservations_raise_the_pool_limit_unless_the_user_chose_it() {
     assert!(pool_idle_bytes() <= DEFAULT_POOL_BYTES, "releasing trims the pool back");
 
     let huge = PoolReservation::new(usize::MAX / 2);
-    assert_eq!(pool_limit(), _receiver::hostbuf::MAX_RESERVATION, "one reservation is capped");
+    assert_eq!(pool_limit(), hostfeed_core::MAX_RESERVATION, "one reservation is capped");
     drop(huge);
 
     set_pool_limit(16 * MIB);

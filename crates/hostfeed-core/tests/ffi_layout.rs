@@ -1,37 +1,27 @@
-//! Checks `rust/xla_ffi.rs` against the real `xla/ffi/api/c_api.h` shipped by jaxlib: a C
+//! Checks `src/ffi/c_api.rs` against the real `xla/ffi/api/c_api.h` shipped by jaxlib: a C
 //! program compiled against the header prints every size, offset and enum value that the
 //! Rust mirror declares; they must match exactly, except the few that a newer header may
 //! only make larger (`minimum_table`: the API table's size, the API minor version).
 //!
-//! The headers are found through `HOSTFEED_XLA_FFI_INCLUDE` (one include directory, or
-//! several separated like `PATH`, e.g. one per supported jaxlib, so one build is checked
-//! against all of them) or, failing that, by asking the Python interpreter (`PYO3_PYTHON`
-//! or `python3`) for `jax.ffi.include_dir()`.
+//! The headers are found through `HOSTFEED_XLA_FFI_INCLUDE`: one include directory, or
+//! several separated like `PATH` (e.g. one per supported jaxlib, so one build is checked
+//! against all of them). The nox `rust` session sets it from the jaxlibs its test sessions
+//! installed, and sets `HOSTFEED_REQUIRE_FFI_HEADERS=1` so that a missing header fails
+//! there. Elsewhere (`cargo test -p hostfeed-core` on a machine without JAX) the test
+//! says that it skipped the check and passes: the core needs neither Python nor JAX.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use _receiver::xla_ffi::{constant_table, layout_table, minimum_table};
+use hostfeed_core::{constant_table, layout_table, minimum_table};
 
-fn include_dirs() -> Vec<PathBuf> {
-    if let Some(dirs) = std::env::var_os("HOSTFEED_XLA_FFI_INCLUDE") {
-        let dirs: Vec<PathBuf> = std::env::split_paths(&dirs).filter(|d| !d.as_os_str().is_empty()).collect();
-        if !dirs.is_empty() {
-            return dirs;
-        }
-    }
-    let python = std::env::var("PYO3_PYTHON").unwrap_or_else(|_| "python3".into());
-    let out = Command::new(&python)
-        .args(["-c", "import jax; print(jax.ffi.include_dir())"])
-        .output()
-        .expect("run python to locate jax.ffi.include_dir()");
-    assert!(
-        out.status.success(),
-        "cannot locate the XLA FFI header: install jax/jaxlib or set HOSTFEED_XLA_FFI_INCLUDE\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    vec![PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())]
+/// The include directories to check, or `None` when none was given.
+fn include_dirs() -> Option<Vec<PathBuf>> {
+    let dirs = std::env::var_os("HOSTFEED_XLA_FFI_INCLUDE")?;
+    let dirs: Vec<PathBuf> = std::env::split_paths(&dirs).filter(|d| !d.as_os_str().is_empty()).collect();
+    (!dirs.is_empty()).then_some(dirs)
 }
 
 /// The probe's source. Names that a header version renamed without changing the layout are
@@ -89,8 +79,21 @@ fn rust_mirror_matches_every_c_header() {
         .collect();
     let mut exprs: Vec<&str> = exact.iter().map(|(e, _)| *e).collect();
     exprs.extend(minimums.iter().map(|(e, _)| *e));
+    let Some(dirs) = include_dirs() else {
+        assert!(
+            std::env::var_os("HOSTFEED_REQUIRE_FFI_HEADERS").is_none(),
+            "HOSTFEED_REQUIRE_FFI_HEADERS is set but HOSTFEED_XLA_FFI_INCLUDE names no directory"
+        );
+        // Straight to stderr, past the test harness's capture, so that the skip is seen.
+        let _ = std::io::stderr().write_all(
+            b"ffi_layout: SKIPPED: the XLA FFI layout check needs jaxlib's headers; set \
+              HOSTFEED_XLA_FFI_INCLUDE (e.g. to `python -c 'import jax; print(jax.ffi.include_dir())'`), \
+              as the nox `rust` session does\n",
+        );
+        return;
+    };
     let mut mismatches = Vec::new();
-    for (tag, include) in include_dirs().iter().enumerate() {
+    for (tag, include) in dirs.iter().enumerate() {
         assert!(
             include.join("xla/ffi/api/c_api.h").exists(),
             "no xla/ffi/api/c_api.h under {}",

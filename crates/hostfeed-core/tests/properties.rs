@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use _receiver::queue::{Queue, Reclaimed};
-use _receiver::reply::{NoReply, OutBuf, ReplySlot};
+use hostfeed_core::{NoReply, OutBuf, ReplySlot};
+use hostfeed_core::{Queue, Reclaimed};
 use proptest::prelude::*;
 
 /// A test model of the queue, in plain collections.

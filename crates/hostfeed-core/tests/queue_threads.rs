@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use _receiver::queue::{PushError, Queue};
+use hostfeed_core::{PushError, Queue};
 
 /// (producer, index) pairs as the consumer saw them, and the queue for its counters.
 type RunResult = (Vec<(usize, usize)>, Arc<Queue<(usize, usize)>>);

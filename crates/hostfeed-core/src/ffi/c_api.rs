@@ -30,33 +30,33 @@
 use std::ffi::{c_char, c_void};
 
 // #define XLA_FFI_API_MAJOR 0 / #define XLA_FFI_API_MINOR 3
-pub const XLA_FFI_API_MAJOR: i32 = 0;
-pub const XLA_FFI_API_MINOR: i32 = 3;
+pub(crate) const XLA_FFI_API_MAJOR: i32 = 0;
+pub(crate) const XLA_FFI_API_MINOR: i32 = 3;
 
 // typedef enum { XLA_FFI_Extension_Metadata = 1 } XLA_FFI_Extension_Type;
-pub type XLA_FFI_Extension_Type = i32;
-pub const XLA_FFI_Extension_Metadata: XLA_FFI_Extension_Type = 1;
+pub(crate) type XLA_FFI_Extension_Type = i32;
+pub(crate) const XLA_FFI_Extension_Metadata: XLA_FFI_Extension_Type = 1;
 
 // typedef struct XLA_FFI_Extension_Base { size_t struct_size; XLA_FFI_Extension_Type type;
 //   struct XLA_FFI_Extension_Base* next; } XLA_FFI_Extension_Base;
 #[repr(C)]
-pub struct XLA_FFI_Extension_Base {
-    pub struct_size: usize,
-    pub type_: XLA_FFI_Extension_Type,
-    pub next: *mut XLA_FFI_Extension_Base,
+pub(crate) struct XLA_FFI_Extension_Base {
+    pub(crate) struct_size: usize,
+    pub(crate) type_: XLA_FFI_Extension_Type,
+    pub(crate) next: *mut XLA_FFI_Extension_Base,
 }
 
 // struct XLA_FFI_Api_Version { size_t struct_size; XLA_FFI_Extension_Base* extension_start;
 //   int major_version; int minor_version; };
 #[repr(C)]
-pub struct XLA_FFI_Api_Version {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_Extension_Base,
-    pub major_version: i32,
-    pub minor_version: i32,
+pub(crate) struct XLA_FFI_Api_Version {
+    pub(crate) struct_size: usize,
+    pub(crate) extension_start: *mut XLA_FFI_Extension_Base,
+    pub(crate) major_version: i32,
+    pub(crate) minor_version: i32,
 }
 /// `XLA_FFI_Api_Version_STRUCT_SIZE` (offset of `minor_version` + its size).
-pub const XLA_FFI_Api_Version_STRUCT_SIZE: usize =
+pub(crate) const XLA_FFI_Api_Version_STRUCT_SIZE: usize =
     std::mem::offset_of!(XLA_FFI_Api_Version, minor_version) + std::mem::size_of::<i32>();
 
 /// Opaque `XLA_FFI_Error`.
@@ -66,46 +66,47 @@ pub struct XLA_FFI_Error {
 }
 
 // typedef enum { XLA_FFI_Error_Code_OK = 0, ... } XLA_FFI_Error_Code;
-pub type XLA_FFI_Error_Code = i32;
-pub const XLA_FFI_Error_Code_CANCELLED: XLA_FFI_Error_Code = 1;
-pub const XLA_FFI_Error_Code_INVALID_ARGUMENT: XLA_FFI_Error_Code = 3;
-pub const XLA_FFI_Error_Code_DEADLINE_EXCEEDED: XLA_FFI_Error_Code = 4;
-pub const XLA_FFI_Error_Code_FAILED_PRECONDITION: XLA_FFI_Error_Code = 9;
-pub const XLA_FFI_Error_Code_INTERNAL: XLA_FFI_Error_Code = 13;
-pub const XLA_FFI_Error_Code_UNAVAILABLE: XLA_FFI_Error_Code = 14;
+pub(crate) type XLA_FFI_Error_Code = i32;
+pub(crate) const XLA_FFI_Error_Code_CANCELLED: XLA_FFI_Error_Code = 1;
+pub(crate) const XLA_FFI_Error_Code_INVALID_ARGUMENT: XLA_FFI_Error_Code = 3;
+pub(crate) const XLA_FFI_Error_Code_DEADLINE_EXCEEDED: XLA_FFI_Error_Code = 4;
+pub(crate) const XLA_FFI_Error_Code_FAILED_PRECONDITION: XLA_FFI_Error_Code = 9;
+pub(crate) const XLA_FFI_Error_Code_INTERNAL: XLA_FFI_Error_Code = 13;
+pub(crate) const XLA_FFI_Error_Code_UNAVAILABLE: XLA_FFI_Error_Code = 14;
 
 // struct XLA_FFI_Error_Create_Args { size_t struct_size; XLA_FFI_Extension_Base* extension_start;
 //   const char* message; XLA_FFI_Error_Code errc; };
 #[repr(C)]
-pub struct XLA_FFI_Error_Create_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_Extension_Base,
-    pub message: *const c_char,
-    pub errc: XLA_FFI_Error_Code,
+pub(crate) struct XLA_FFI_Error_Create_Args {
+    pub(crate) struct_size: usize,
+    pub(crate) extension_start: *mut XLA_FFI_Extension_Base,
+    pub(crate) message: *const c_char,
+    pub(crate) errc: XLA_FFI_Error_Code,
 }
-pub const XLA_FFI_Error_Create_Args_STRUCT_SIZE: usize =
+pub(crate) const XLA_FFI_Error_Create_Args_STRUCT_SIZE: usize =
     std::mem::offset_of!(XLA_FFI_Error_Create_Args, errc) + std::mem::size_of::<i32>();
 
 // typedef XLA_FFI_Error* XLA_FFI_Error_Create(XLA_FFI_Error_Create_Args* args);
-pub type XLA_FFI_Error_Create =
+pub(crate) type XLA_FFI_Error_Create =
     unsafe extern "C" fn(args: *mut XLA_FFI_Error_Create_Args) -> *mut XLA_FFI_Error;
 
 // typedef enum { XLA_FFI_DataType_INVALID = 0, ... } XLA_FFI_DataType;
-pub type XLA_FFI_DataType = i32;
+pub(crate) type XLA_FFI_DataType = i32;
+#[allow(missing_docs)] // XLA's own names (`XLA_FFI_DataType_...`), one per element type
 pub mod dtype {
     //! `XLA_FFI_DataType` values.
     use super::XLA_FFI_DataType;
     pub const PRED: XLA_FFI_DataType = 1;
-    pub const S1: XLA_FFI_DataType = 30;
-    pub const S2: XLA_FFI_DataType = 26;
-    pub const S4: XLA_FFI_DataType = 21;
+    pub(crate) const S1: XLA_FFI_DataType = 30;
+    pub(crate) const S2: XLA_FFI_DataType = 26;
+    pub(crate) const S4: XLA_FFI_DataType = 21;
     pub const S8: XLA_FFI_DataType = 2;
     pub const S16: XLA_FFI_DataType = 3;
     pub const S32: XLA_FFI_DataType = 4;
     pub const S64: XLA_FFI_DataType = 5;
-    pub const U1: XLA_FFI_DataType = 31;
-    pub const U2: XLA_FFI_DataType = 27;
-    pub const U4: XLA_FFI_DataType = 22;
+    pub(crate) const U1: XLA_FFI_DataType = 31;
+    pub(crate) const U2: XLA_FFI_DataType = 27;
+    pub(crate) const U4: XLA_FFI_DataType = 22;
     pub const U8: XLA_FFI_DataType = 6;
     pub const U16: XLA_FFI_DataType = 7;
     pub const U32: XLA_FFI_DataType = 8;
@@ -116,7 +117,7 @@ pub mod dtype {
     pub const BF16: XLA_FFI_DataType = 16;
     pub const C64: XLA_FFI_DataType = 15;
     pub const C128: XLA_FFI_DataType = 18;
-    pub const TOKEN: XLA_FFI_DataType = 17;
+    pub(crate) const TOKEN: XLA_FFI_DataType = 17;
     pub const F8E5M2: XLA_FFI_DataType = 19;
     pub const F8E3M4: XLA_FFI_DataType = 29;
     pub const F8E4M3: XLA_FFI_DataType = 28;
@@ -124,13 +125,13 @@ pub mod dtype {
     pub const F8E4M3B11FNUZ: XLA_FFI_DataType = 23;
     pub const F8E5M2FNUZ: XLA_FFI_DataType = 24;
     pub const F8E4M3FNUZ: XLA_FFI_DataType = 25;
-    pub const F4E2M1FN: XLA_FFI_DataType = 32;
+    pub(crate) const F4E2M1FN: XLA_FFI_DataType = 32;
     pub const F8E8M0FNU: XLA_FFI_DataType = 33;
 
     /// Bytes per element for the byte-addressable types hostfeed transfers; `None` for
     /// tokens, sub-byte types and unknown codes.
     #[must_use]
-    pub fn element_size(dt: XLA_FFI_DataType) -> Option<usize> {
+    pub(crate) fn element_size(dt: XLA_FFI_DataType) -> Option<usize> {
         Some(match dt {
             PRED | S8 | U8 | F8E5M2 | F8E3M4 | F8E4M3 | F8E4M3FN | F8E4M3B11FNUZ | F8E5M2FNUZ
             | F8E4M3FNUZ | F8E8M0FNU => 1,
@@ -146,150 +147,152 @@ pub mod dtype {
 // struct XLA_FFI_Buffer { size_t struct_size; XLA_FFI_Extension_Base* extension_start;
 //   XLA_FFI_DataType dtype; void* data; int64_t rank; int64_t* dims; };
 #[repr(C)]
-pub struct XLA_FFI_Buffer {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_Extension_Base,
-    pub dtype: XLA_FFI_DataType,
-    pub data: *mut c_void,
-    pub rank: i64,
-    pub dims: *mut i64,
+pub(crate) struct XLA_FFI_Buffer {
+    pub(crate) struct_size: usize,
+    pub(crate) extension_start: *mut XLA_FFI_Extension_Base,
+    pub(crate) dtype: XLA_FFI_DataType,
+    pub(crate) data: *mut c_void,
+    pub(crate) rank: i64,
+    pub(crate) dims: *mut i64,
 }
 
 // typedef enum { XLA_FFI_ArgType_BUFFER = 1 } XLA_FFI_ArgType;
-pub type XLA_FFI_ArgType = i32;
-pub const XLA_FFI_ArgType_BUFFER: XLA_FFI_ArgType = 1;
+pub(crate) type XLA_FFI_ArgType = i32;
+pub(crate) const XLA_FFI_ArgType_BUFFER: XLA_FFI_ArgType = 1;
 // typedef enum { XLA_FFI_RetType_BUFFER = 1 } XLA_FFI_RetType;
-pub type XLA_FFI_RetType = i32;
-pub const XLA_FFI_RetType_BUFFER: XLA_FFI_RetType = 1;
+pub(crate) type XLA_FFI_RetType = i32;
+pub(crate) const XLA_FFI_RetType_BUFFER: XLA_FFI_RetType = 1;
 // typedef enum { ARRAY = 1, DICTIONARY = 2, SCALAR = 3, STRING = 4 } XLA_FFI_AttrType;
-pub type XLA_FFI_AttrType = i32;
-pub const XLA_FFI_AttrType_SCALAR: XLA_FFI_AttrType = 3;
-pub const XLA_FFI_AttrType_STRING: XLA_FFI_AttrType = 4;
+pub(crate) type XLA_FFI_AttrType = i32;
+pub(crate) const XLA_FFI_AttrType_SCALAR: XLA_FFI_AttrType = 3;
+pub(crate) const XLA_FFI_AttrType_STRING: XLA_FFI_AttrType = 4;
 
 /// Opaque `XLA_FFI_ExecutionContext`.
 #[repr(C)]
-pub struct XLA_FFI_ExecutionContext {
+pub(crate) struct XLA_FFI_ExecutionContext {
     _private: [u8; 0],
 }
 
 // typedef struct XLA_FFI_ByteSpan { const char* ptr; size_t len; } XLA_FFI_ByteSpan;
 #[repr(C)]
-pub struct XLA_FFI_ByteSpan {
-    pub ptr: *const c_char,
-    pub len: usize,
+pub(crate) struct XLA_FFI_ByteSpan {
+    pub(crate) ptr: *const c_char,
+    pub(crate) len: usize,
 }
 
 // typedef struct XLA_FFI_Scalar { XLA_FFI_DataType dtype; void* value; } XLA_FFI_Scalar;
 #[repr(C)]
-pub struct XLA_FFI_Scalar {
-    pub dtype: XLA_FFI_DataType,
-    pub value: *mut c_void,
+pub(crate) struct XLA_FFI_Scalar {
+    pub(crate) dtype: XLA_FFI_DataType,
+    pub(crate) value: *mut c_void,
 }
 
 // typedef enum { INSTANTIATE = 0, PREPARE = 1, INITIALIZE = 2, EXECUTE = 3 } XLA_FFI_ExecutionStage;
-pub type XLA_FFI_ExecutionStage = i32;
-pub const XLA_FFI_ExecutionStage_EXECUTE: XLA_FFI_ExecutionStage = 3;
+pub(crate) type XLA_FFI_ExecutionStage = i32;
+pub(crate) const XLA_FFI_ExecutionStage_EXECUTE: XLA_FFI_ExecutionStage = 3;
 
 // struct XLA_FFI_Args { size_t struct_size; XLA_FFI_Extension_Base* extension_start;
 //   int64_t size; XLA_FFI_ArgType* types; void** args; };
 #[repr(C)]
-pub struct XLA_FFI_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_Extension_Base,
-    pub size: i64,
-    pub types: *mut XLA_FFI_ArgType,
-    pub args: *mut *mut c_void,
+pub(crate) struct XLA_FFI_Args {
+    pub(crate) struct_size: usize,
+    pub(crate) extension_start: *mut XLA_FFI_Extension_Base,
+    pub(crate) size: i64,
+    pub(crate) types: *mut XLA_FFI_ArgType,
+    pub(crate) args: *mut *mut c_void,
 }
 
 // struct XLA_FFI_Rets { size_t struct_size; XLA_FFI_Extension_Base* extension_start;
 //   int64_t size; XLA_FFI_RetType* types; void** rets; };
 #[repr(C)]
-pub struct XLA_FFI_Rets {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_Extension_Base,
-    pub size: i64,
-    pub types: *mut XLA_FFI_RetType,
-    pub rets: *mut *mut c_void,
+pub(crate) struct XLA_FFI_Rets {
+    pub(crate) struct_size: usize,
+    pub(crate) extension_start: *mut XLA_FFI_Extension_Base,
+    pub(crate) size: i64,
+    pub(crate) types: *mut XLA_FFI_RetType,
+    pub(crate) rets: *mut *mut c_void,
 }
 
 // struct XLA_FFI_Attrs { size_t struct_size; XLA_FFI_Extension_Base* extension_start;
 //   int64_t size; XLA_FFI_AttrType* types; XLA_FFI_ByteSpan** names; void** attrs; };
 #[repr(C)]
-pub struct XLA_FFI_Attrs {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_Extension_Base,
-    pub size: i64,
-    pub types: *mut XLA_FFI_AttrType,
-    pub names: *mut *mut XLA_FFI_ByteSpan,
-    pub attrs: *mut *mut c_void,
+pub(crate) struct XLA_FFI_Attrs {
+    pub(crate) struct_size: usize,
+    pub(crate) extension_start: *mut XLA_FFI_Extension_Base,
+    pub(crate) size: i64,
+    pub(crate) types: *mut XLA_FFI_AttrType,
+    pub(crate) names: *mut *mut XLA_FFI_ByteSpan,
+    pub(crate) attrs: *mut *mut c_void,
 }
 
 /// Opaque `XLA_FFI_Future`.
 #[repr(C)]
-pub struct XLA_FFI_Future {
+pub(crate) struct XLA_FFI_Future {
     _private: [u8; 0],
 }
 
 // struct XLA_FFI_CallFrame { size_t struct_size; XLA_FFI_Extension_Base* extension_start;
 //   const XLA_FFI_Api* api; XLA_FFI_ExecutionContext* ctx; XLA_FFI_ExecutionStage stage;
 //   XLA_FFI_Args args; XLA_FFI_Rets rets; XLA_FFI_Attrs attrs; XLA_FFI_Future* future; };
+/// The call frame XLA passes to a handler.
 #[repr(C)]
 pub struct XLA_FFI_CallFrame {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_Extension_Base,
-    pub api: *const XLA_FFI_Api,
-    pub ctx: *mut XLA_FFI_ExecutionContext,
-    pub stage: XLA_FFI_ExecutionStage,
-    pub args: XLA_FFI_Args,
-    pub rets: XLA_FFI_Rets,
-    pub attrs: XLA_FFI_Attrs,
-    pub future: *mut XLA_FFI_Future,
+    pub(crate) struct_size: usize,
+    pub(crate) extension_start: *mut XLA_FFI_Extension_Base,
+    pub(crate) api: *const XLA_FFI_Api,
+    pub(crate) ctx: *mut XLA_FFI_ExecutionContext,
+    pub(crate) stage: XLA_FFI_ExecutionStage,
+    pub(crate) args: XLA_FFI_Args,
+    pub(crate) rets: XLA_FFI_Rets,
+    pub(crate) attrs: XLA_FFI_Attrs,
+    pub(crate) future: *mut XLA_FFI_Future,
 }
 
 // typedef XLA_FFI_Error* XLA_FFI_Handler(XLA_FFI_CallFrame* call_frame);
+/// An XLA FFI handler: what `jax.ffi.register_ffi_target` registers.
 pub type XLA_FFI_Handler = unsafe extern "C" fn(call_frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error;
 
 // typedef uint32_t XLA_FFI_Handler_Traits;
-pub type XLA_FFI_Handler_Traits = u32;
+pub(crate) type XLA_FFI_Handler_Traits = u32;
 
 // typedef struct XLA_FFI_TypeId { int64_t type_id; } XLA_FFI_TypeId;
 #[repr(C)]
-pub struct XLA_FFI_TypeId {
-    pub type_id: i64,
+pub(crate) struct XLA_FFI_TypeId {
+    pub(crate) type_id: i64,
 }
 
 // struct XLA_FFI_DeviceOrdinal_Get_Args { size_t struct_size; XLA_FFI_Extension_Base* extension_start;
 //   XLA_FFI_ExecutionContext* ctx; int32_t device_ordinal; };
 #[repr(C)]
-pub struct XLA_FFI_DeviceOrdinal_Get_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_Extension_Base,
-    pub ctx: *mut XLA_FFI_ExecutionContext,
-    pub device_ordinal: i32,
+pub(crate) struct XLA_FFI_DeviceOrdinal_Get_Args {
+    pub(crate) struct_size: usize,
+    pub(crate) extension_start: *mut XLA_FFI_Extension_Base,
+    pub(crate) ctx: *mut XLA_FFI_ExecutionContext,
+    pub(crate) device_ordinal: i32,
 }
-pub const XLA_FFI_DeviceOrdinal_Get_Args_STRUCT_SIZE: usize =
+pub(crate) const XLA_FFI_DeviceOrdinal_Get_Args_STRUCT_SIZE: usize =
     std::mem::offset_of!(XLA_FFI_DeviceOrdinal_Get_Args, device_ordinal) + std::mem::size_of::<i32>();
 
 // typedef XLA_FFI_Error* XLA_FFI_DeviceOrdinal_Get(XLA_FFI_DeviceOrdinal_Get_Args* args);
-pub type XLA_FFI_DeviceOrdinal_Get =
+pub(crate) type XLA_FFI_DeviceOrdinal_Get =
     unsafe extern "C" fn(args: *mut XLA_FFI_DeviceOrdinal_Get_Args) -> *mut XLA_FFI_Error;
 
 // struct XLA_FFI_Metadata { size_t struct_size; XLA_FFI_Api_Version api_version;
 //   XLA_FFI_Handler_Traits traits; XLA_FFI_TypeId state_type_id; };
 #[repr(C)]
-pub struct XLA_FFI_Metadata {
-    pub struct_size: usize,
-    pub api_version: XLA_FFI_Api_Version,
-    pub traits: XLA_FFI_Handler_Traits,
-    pub state_type_id: XLA_FFI_TypeId,
+pub(crate) struct XLA_FFI_Metadata {
+    pub(crate) struct_size: usize,
+    pub(crate) api_version: XLA_FFI_Api_Version,
+    pub(crate) traits: XLA_FFI_Handler_Traits,
+    pub(crate) state_type_id: XLA_FFI_TypeId,
 }
 
 // struct XLA_FFI_Metadata_Extension { XLA_FFI_Extension_Base extension_base;
 //   XLA_FFI_Metadata* metadata; };
 #[repr(C)]
-pub struct XLA_FFI_Metadata_Extension {
-    pub extension_base: XLA_FFI_Extension_Base,
-    pub metadata: *mut XLA_FFI_Metadata,
+pub(crate) struct XLA_FFI_Metadata_Extension {
+    pub(crate) extension_base: XLA_FFI_Extension_Base,
+    pub(crate) metadata: *mut XLA_FFI_Metadata,
 }
 
 // ---- gpu branch: the stream of a GPU handler, and the traits bit it must not declare ----
@@ -297,43 +300,45 @@ pub struct XLA_FFI_Metadata_Extension {
 // enum XLA_FFI_Handler_TraitsBits { XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE = 1u << 0 };
 /// hostfeed's handlers never declare this: they have host side effects at every execution
 /// (and launch host functions), so XLA must not capture them into command buffers.
-pub const XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE: XLA_FFI_Handler_Traits = 1 << 0;
+pub(crate) const XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE: XLA_FFI_Handler_Traits = 1 << 0;
 
 // struct XLA_FFI_Stream_Get_Args { size_t struct_size; XLA_FFI_Extension_Base* extension_start;
 //   XLA_FFI_ExecutionContext* ctx; void* stream; };
 // Same layout in jaxlib 0.10.2, 0.11.2 and 0.12.0.1 (0.11.1 renamed the extension and
 // context types only). For the CUDA platform `stream` is a `CUstream`.
 #[repr(C)]
-pub struct XLA_FFI_Stream_Get_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_Extension_Base,
-    pub ctx: *mut XLA_FFI_ExecutionContext,
-    pub stream: *mut c_void,
+pub(crate) struct XLA_FFI_Stream_Get_Args {
+    pub(crate) struct_size: usize,
+    pub(crate) extension_start: *mut XLA_FFI_Extension_Base,
+    pub(crate) ctx: *mut XLA_FFI_ExecutionContext,
+    pub(crate) stream: *mut c_void,
 }
-pub const XLA_FFI_Stream_Get_Args_STRUCT_SIZE: usize =
+pub(crate) const XLA_FFI_Stream_Get_Args_STRUCT_SIZE: usize =
     std::mem::offset_of!(XLA_FFI_Stream_Get_Args, stream) + std::mem::size_of::<*mut c_void>();
 
 // typedef XLA_FFI_Error* XLA_FFI_Stream_Get(XLA_FFI_Stream_Get_Args* args);
-pub type XLA_FFI_Stream_Get = unsafe extern "C" fn(args: *mut XLA_FFI_Stream_Get_Args) -> *mut XLA_FFI_Error;
+pub(crate) type XLA_FFI_Stream_Get =
+    unsafe extern "C" fn(args: *mut XLA_FFI_Stream_Get_Args) -> *mut XLA_FFI_Error;
 // ---- end gpu branch ----
 
 // struct XLA_FFI_RunId_Get_Args { size_t struct_size; XLA_FFI_Extension_Base* extension_start;
 //   XLA_FFI_ExecutionContext* ctx; int64_t run_id; };
 #[repr(C)]
-pub struct XLA_FFI_RunId_Get_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_Extension_Base,
-    pub ctx: *mut XLA_FFI_ExecutionContext,
-    pub run_id: i64,
+pub(crate) struct XLA_FFI_RunId_Get_Args {
+    pub(crate) struct_size: usize,
+    pub(crate) extension_start: *mut XLA_FFI_Extension_Base,
+    pub(crate) ctx: *mut XLA_FFI_ExecutionContext,
+    pub(crate) run_id: i64,
 }
-pub const XLA_FFI_RunId_Get_Args_STRUCT_SIZE: usize =
+pub(crate) const XLA_FFI_RunId_Get_Args_STRUCT_SIZE: usize =
     std::mem::offset_of!(XLA_FFI_RunId_Get_Args, run_id) + std::mem::size_of::<i64>();
 
 // typedef XLA_FFI_Error* XLA_FFI_RunId_Get(XLA_FFI_RunId_Get_Args* args);
-pub type XLA_FFI_RunId_Get = unsafe extern "C" fn(args: *mut XLA_FFI_RunId_Get_Args) -> *mut XLA_FFI_Error;
+pub(crate) type XLA_FFI_RunId_Get =
+    unsafe extern "C" fn(args: *mut XLA_FFI_RunId_Get_Args) -> *mut XLA_FFI_Error;
 
 /// A function-pointer slot of `XLA_FFI_Api` that hostfeed does not call.
-pub type UnusedFn = *const c_void;
+pub(crate) type UnusedFn = *const c_void;
 
 // struct XLA_FFI_Api { size_t struct_size; XLA_FFI_Extension_Base* extension_start;
 //   XLA_FFI_Api_Version api_version; const XLA_FFI_InternalApi* internal_api;
@@ -344,33 +349,33 @@ pub type UnusedFn = *const c_void;
 //   XLA_FFI_ThreadPool_NumThreads*; XLA_FFI_Future_Create*; XLA_FFI_Future_SetAvailable*;
 //   XLA_FFI_Future_SetError*; XLA_FFI_RunId_Get*; XLA_FFI_DeviceOrdinal_Get*; };
 #[repr(C)]
-pub struct XLA_FFI_Api {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_Extension_Base,
-    pub api_version: XLA_FFI_Api_Version,
-    pub internal_api: *const c_void,
-    pub XLA_FFI_Error_Create: Option<XLA_FFI_Error_Create>,
-    pub XLA_FFI_Error_GetMessage: UnusedFn,
-    pub XLA_FFI_Error_Destroy: UnusedFn,
-    pub XLA_FFI_Handler_Register: UnusedFn,
-    pub XLA_FFI_Stream_Get: Option<XLA_FFI_Stream_Get>,
-    pub XLA_FFI_Type_Register: UnusedFn,
-    pub XLA_FFI_ExecutionContext_Get: UnusedFn,
-    pub XLA_FFI_State_Set: UnusedFn,
-    pub XLA_FFI_State_Get: UnusedFn,
-    pub XLA_FFI_DeviceMemory_Allocate: UnusedFn,
-    pub XLA_FFI_DeviceMemory_Free: UnusedFn,
-    pub XLA_FFI_ThreadPool_Schedule: UnusedFn,
-    pub XLA_FFI_ThreadPool_NumThreads: UnusedFn,
-    pub XLA_FFI_Future_Create: UnusedFn,
-    pub XLA_FFI_Future_SetAvailable: UnusedFn,
-    pub XLA_FFI_Future_SetError: UnusedFn,
-    pub XLA_FFI_RunId_Get: Option<XLA_FFI_RunId_Get>,
-    pub XLA_FFI_DeviceOrdinal_Get: Option<XLA_FFI_DeviceOrdinal_Get>,
+pub(crate) struct XLA_FFI_Api {
+    pub(crate) struct_size: usize,
+    pub(crate) extension_start: *mut XLA_FFI_Extension_Base,
+    pub(crate) api_version: XLA_FFI_Api_Version,
+    pub(crate) internal_api: *const c_void,
+    pub(crate) XLA_FFI_Error_Create: Option<XLA_FFI_Error_Create>,
+    pub(crate) XLA_FFI_Error_GetMessage: UnusedFn,
+    pub(crate) XLA_FFI_Error_Destroy: UnusedFn,
+    pub(crate) XLA_FFI_Handler_Register: UnusedFn,
+    pub(crate) XLA_FFI_Stream_Get: Option<XLA_FFI_Stream_Get>,
+    pub(crate) XLA_FFI_Type_Register: UnusedFn,
+    pub(crate) XLA_FFI_ExecutionContext_Get: UnusedFn,
+    pub(crate) XLA_FFI_State_Set: UnusedFn,
+    pub(crate) XLA_FFI_State_Get: UnusedFn,
+    pub(crate) XLA_FFI_DeviceMemory_Allocate: UnusedFn,
+    pub(crate) XLA_FFI_DeviceMemory_Free: UnusedFn,
+    pub(crate) XLA_FFI_ThreadPool_Schedule: UnusedFn,
+    pub(crate) XLA_FFI_ThreadPool_NumThreads: UnusedFn,
+    pub(crate) XLA_FFI_Future_Create: UnusedFn,
+    pub(crate) XLA_FFI_Future_SetAvailable: UnusedFn,
+    pub(crate) XLA_FFI_Future_SetError: UnusedFn,
+    pub(crate) XLA_FFI_RunId_Get: Option<XLA_FFI_RunId_Get>,
+    pub(crate) XLA_FFI_DeviceOrdinal_Get: Option<XLA_FFI_DeviceOrdinal_Get>,
 }
 /// `XLA_FFI_Api_STRUCT_SIZE`: the API must be at least this large for us to read
 /// `XLA_FFI_DeviceOrdinal_Get`.
-pub const XLA_FFI_Api_STRUCT_SIZE: usize = std::mem::size_of::<XLA_FFI_Api>();
+pub(crate) const XLA_FFI_Api_STRUCT_SIZE: usize = std::mem::size_of::<XLA_FFI_Api>();
 
 /// Sizes and field offsets of every mirrored struct, as `(C expression, value)` pairs that
 /// must match the header exactly. `XLA_FFI_Api`'s size is not here: the mirror is a prefix

@@ -14,34 +14,34 @@ use std::ffi::{c_void, CString};
 use std::ptr;
 
 use crate::error::Error;
-use crate::message::Operand;
-use crate::reply::OutBuf;
-use crate::xla_ffi::{self as ffi, dtype};
+use crate::ffi::c_api::{self as ffi, dtype};
+use crate::host::message::Operand;
+use crate::host::reply::OutBuf;
 
 /// One argument or result buffer of the call. Only built by [`Frame::decode`] from a
 /// frame whose entries were checked to be buffers.
 #[derive(Clone, Copy)]
 #[repr(transparent)]
-pub struct Buffer<'a> {
+pub(crate) struct Buffer<'a> {
     raw: &'a ffi::XLA_FFI_Buffer,
 }
 
 impl<'a> Buffer<'a> {
     /// `XLA_FFI_DataType` code.
     #[must_use]
-    pub fn dtype(&self) -> ffi::XLA_FFI_DataType {
+    pub(crate) fn dtype(&self) -> ffi::XLA_FFI_DataType {
         self.raw.dtype
     }
 
     /// Whether this is the ordered-effect token (no data).
     #[must_use]
-    pub fn is_token(&self) -> bool {
+    pub(crate) fn is_token(&self) -> bool {
         self.raw.dtype == dtype::TOKEN
     }
 
     /// The dimensions, outermost first.
     #[must_use]
-    pub fn dims(&self) -> &'a [i64] {
+    pub(crate) fn dims(&self) -> &'a [i64] {
         let rank = usize::try_from(self.raw.rank).unwrap_or(0);
         if rank == 0 || self.raw.dims.is_null() {
             return &[];
@@ -54,7 +54,7 @@ impl<'a> Buffer<'a> {
     /// Device address of the data (host memory on CPU). Reading or writing it is up to
     /// the caller, who knows the platform.
     #[must_use]
-    pub fn data(&self) -> *mut u8 {
+    pub(crate) fn data(&self) -> *mut u8 {
         self.raw.data.cast()
     }
 
@@ -62,7 +62,7 @@ impl<'a> Buffer<'a> {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a dtype hostfeed cannot transfer or invalid dims.
-    pub fn nbytes(&self) -> Result<usize, Error> {
+    pub(crate) fn nbytes(&self) -> Result<usize, Error> {
         let elem = dtype::element_size(self.raw.dtype).ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "dtype code {} cannot be transferred (sub-byte and token types are not supported)",
@@ -77,7 +77,7 @@ impl<'a> Buffer<'a> {
 
     /// This buffer as an operand to copy to the host.
     #[must_use]
-    pub fn operand(&self) -> Operand<'a> {
+    pub(crate) fn operand(&self) -> Operand<'a> {
         Operand { dtype: self.raw.dtype, data: self.data().cast_const(), dims: self.dims() }
     }
 
@@ -85,7 +85,7 @@ impl<'a> Buffer<'a> {
     ///
     /// # Errors
     /// As [`Buffer::nbytes`].
-    pub fn out_buf(&self) -> Result<OutBuf, Error> {
+    pub(crate) fn out_buf(&self) -> Result<OutBuf, Error> {
         Ok(OutBuf {
             dtype: self.raw.dtype,
             data: self.data(),
@@ -97,32 +97,32 @@ impl<'a> Buffer<'a> {
 
 /// The attributes hostfeed's lowering attaches (`mhlo.backend_config` dictionary).
 #[derive(Debug, Default, Clone, Copy)]
-pub struct Attrs<'a> {
-    pub consumer_id: Option<i64>,
-    pub flags: i64,
+pub(crate) struct Attrs<'a> {
+    pub(crate) consumer_id: Option<i64>,
+    pub(crate) flags: i64,
     /// `call` only: milliseconds to wait for the reply; 0 waits forever.
-    pub timeout_ms: i64,
+    pub(crate) timeout_ms: i64,
     /// `call` only: the callback's name, for error messages.
-    pub name: &'a [u8],
+    pub(crate) name: &'a [u8],
 }
 
 /// A decoded call frame in the EXECUTE stage.
-pub struct Frame<'a> {
+pub(crate) struct Frame<'a> {
     api: &'a ffi::XLA_FFI_Api,
     ctx: *mut ffi::XLA_FFI_ExecutionContext,
     /// Argument buffers, the token included.
-    pub args: &'a [Buffer<'a>],
+    pub(crate) args: &'a [Buffer<'a>],
     /// Result buffers, the token included.
-    pub rets: &'a [Buffer<'a>],
-    pub attrs: Attrs<'a>,
+    pub(crate) rets: &'a [Buffer<'a>],
+    pub(crate) attrs: Attrs<'a>,
     /// XLA device ordinal of the executing device.
-    pub device: i32,
+    pub(crate) device: i32,
     /// XLA's id of this execution (the same on every device of one launch).
-    pub run_id: i64,
+    pub(crate) run_id: i64,
 }
 
 /// What XLA called the handler for.
-pub enum Decoded<'a> {
+pub(crate) enum Decoded<'a> {
     /// The metadata probe (answered) or a stage hostfeed does nothing in.
     Nothing,
     /// Run the handler.
@@ -139,7 +139,7 @@ impl<'a> Frame<'a> {
     ///
     /// # Safety
     /// `frame` must be null or a valid call frame from XLA, alive for `'a`.
-    pub unsafe fn decode(
+    pub(crate) unsafe fn decode(
         frame: *mut ffi::XLA_FFI_CallFrame,
     ) -> Result<Decoded<'a>, (Error, *const ffi::XLA_FFI_Api)> {
         // SAFETY: caller contract: null or valid for 'a.
@@ -187,12 +187,12 @@ impl<'a> Frame<'a> {
     }
 
     /// The argument buffers that carry data (the token skipped).
-    pub fn operands(&self) -> impl Iterator<Item = Operand<'a>> + Clone + 'a {
+    pub(crate) fn operands(&self) -> impl Iterator<Item = Operand<'a>> + Clone + 'a {
         self.args.iter().filter(|b| !b.is_token()).map(Buffer::operand)
     }
 
     /// The result buffers that carry data (the token skipped).
-    pub fn outputs(&self) -> impl Iterator<Item = Buffer<'a>> + 'a {
+    pub(crate) fn outputs(&self) -> impl Iterator<Item = Buffer<'a>> + 'a {
         self.rets.iter().copied().filter(|b| !b.is_token())
     }
 
@@ -201,7 +201,7 @@ impl<'a> Frame<'a> {
     ///
     /// # Errors
     /// The getter is missing or fails, or returns no stream.
-    pub fn stream(&self) -> Result<*mut c_void, Error> {
+    pub(crate) fn stream(&self) -> Result<*mut c_void, Error> {
         let get = self
             .api
             .XLA_FFI_Stream_Get
@@ -223,7 +223,7 @@ impl<'a> Frame<'a> {
 
     /// An `XLA_FFI_Error` carrying `err`'s message for the handler to return.
     #[must_use]
-    pub fn error_for(&self, err: &Error) -> *mut ffi::XLA_FFI_Error {
+    pub(crate) fn error_for(&self, err: &Error) -> *mut ffi::XLA_FFI_Error {
         // SAFETY: `self.api` is the checked API table of the frame being handled.
         unsafe { to_ffi_error(self.api, err) }
     }
@@ -235,7 +235,7 @@ impl<'a> Frame<'a> {
 /// # Safety
 /// `api` must be null or the API table of the call frame being handled.
 #[must_use]
-pub unsafe fn to_ffi_error(api: *const ffi::XLA_FFI_Api, err: &Error) -> *mut ffi::XLA_FFI_Error {
+pub(crate) unsafe fn to_ffi_error(api: *const ffi::XLA_FFI_Api, err: &Error) -> *mut ffi::XLA_FFI_Error {
     // SAFETY: caller contract: null or valid for the call.
     let Some(api) = (unsafe { api.as_ref() }) else { return ptr::null_mut() };
     let Some(create) = api.XLA_FFI_Error_Create else { return ptr::null_mut() };

@@ -10,12 +10,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
-use crate::frame::{self, Attrs, Decoded, Frame};
-use crate::interrupt;
-use crate::message::{self, Message};
-use crate::receiver::{self, in_consumer_thread, Receiver};
-use crate::reply::{NoReply, OutBuf, ReplySlot};
-use crate::xla_ffi::{self as ffi, dtype};
+use crate::ffi::c_api::{self as ffi, dtype};
+use crate::ffi::frame::{self, Attrs, Decoded, Frame};
+use crate::host::hub::{self, in_consumer_thread, Receiver};
+use crate::host::interrupt;
+use crate::host::message::{self, Message};
+use crate::host::reply::{NoReply, OutBuf, ReplySlot};
 
 /// `flags` bit: the call has an int32 status result (first after the token) and reports
 /// failures there instead of failing the computation on this device alone; a later
@@ -237,7 +237,7 @@ pub(crate) unsafe fn run(
     body: fn(&Frame<'_>, &'static Receiver, u64) -> Result<(), Error>,
 ) -> *mut ffi::XLA_FFI_Error {
     let result = catch_unwind(AssertUnwindSafe(|| {
-        let receiver = receiver::global();
+        let receiver = hub::global();
         // The device-side cost of a tap is timed from here (decoding included).
         let start = receiver.timing.now();
         // SAFETY: caller contract.
@@ -264,43 +264,47 @@ pub(crate) unsafe fn run(
     })
 }
 
-/// XLA FFI handler `hostfeed_tap`: sends its operands to the host receiver.
-///
-/// # Safety
-/// Called by XLA with a valid call frame.
-pub unsafe extern "C" fn hostfeed_tap(frame: *mut ffi::XLA_FFI_CallFrame) -> *mut ffi::XLA_FFI_Error {
-    // SAFETY: forwarded caller contract.
-    unsafe { run(frame, "hostfeed_tap", tap) }
-}
+/// Defines a platform's `extern "C"` XLA FFI handlers, one per `symbol => body` pair, each
+/// a thin wrapper that runs `body` inside [`run`] (decoding, panic guard, error
+/// conversion), and `HANDLERS`, the table of their target names for registration (the
+/// names are the same on every platform; XLA tells them apart by the platform registered).
+/// As XLA's `XLA_FFI_DEFINE_HANDLER_SYMBOL` does for C++ handlers.
+macro_rules! define_handlers {
+    ($platform:literal; $($(#[doc = $doc:literal])* $symbol:ident => $body:path;)+) => {
+        $(
+            $(#[doc = $doc])*
+            ///
+            /// # Safety
+            /// Called by XLA with a valid call frame.
+            pub(crate) unsafe extern "C" fn $symbol(
+                frame: *mut $crate::ffi::c_api::XLA_FFI_CallFrame,
+            ) -> *mut $crate::ffi::c_api::XLA_FFI_Error {
+                // SAFETY: forwarded caller contract.
+                unsafe { $crate::ffi::handlers::run(frame, concat!(stringify!($symbol), $platform), $body) }
+            }
+        )+
 
-/// XLA FFI handler `hostfeed_check`: raises the failure of a `call` recorded under its
-/// status operand (every device of a multi-device computation reaches it together).
-///
-/// # Safety
-/// Called by XLA with a valid call frame.
-pub unsafe extern "C" fn hostfeed_check(frame: *mut ffi::XLA_FFI_CallFrame) -> *mut ffi::XLA_FFI_Error {
-    // SAFETY: forwarded caller contract.
-    unsafe { run(frame, "hostfeed_check", check) }
+        /// This platform's handlers by XLA FFI target name, for
+        /// `jax.ffi.register_ffi_target`.
+        pub const HANDLERS: &[(&str, $crate::ffi::c_api::XLA_FFI_Handler)] =
+            &[$((stringify!($symbol), $symbol)),+];
+    };
 }
+pub(crate) use define_handlers;
 
-/// XLA FFI handler `hostfeed_failure`: the message of this process's failed call named
-/// by a status operand, as bytes, so that it can be sent to the other processes.
-///
-/// # Safety
-/// Called by XLA with a valid call frame.
-pub unsafe extern "C" fn hostfeed_failure(frame: *mut ffi::XLA_FFI_CallFrame) -> *mut ffi::XLA_FFI_Error {
-    // SAFETY: forwarded caller contract.
-    unsafe { run(frame, "hostfeed_failure", failure) }
-}
-
-/// XLA FFI handler `hostfeed_call`: sends its operands to the host, waits for the host
-/// callback's results and writes them into the call's results.
-///
-/// # Safety
-/// Called by XLA with a valid call frame.
-pub unsafe extern "C" fn hostfeed_call(frame: *mut ffi::XLA_FFI_CallFrame) -> *mut ffi::XLA_FFI_Error {
-    // SAFETY: forwarded caller contract.
-    unsafe { run(frame, "hostfeed_call", call) }
+define_handlers! {
+    "";
+    /// XLA FFI handler `hostfeed_tap`: sends its operands to the host receiver.
+    hostfeed_tap => tap;
+    /// XLA FFI handler `hostfeed_call`: sends its operands to the host, waits for the host
+    /// callback's results and writes them into the call's results.
+    hostfeed_call => call;
+    /// XLA FFI handler `hostfeed_check`: raises the failure of a `call` recorded under its
+    /// status operand (every device of a multi-device computation reaches it together).
+    hostfeed_check => check;
+    /// XLA FFI handler `hostfeed_failure`: the message of this process's failed call named
+    /// by a status operand, as bytes, so that it can be sent to the other processes.
+    hostfeed_failure => failure;
 }
 
 #[cfg(test)]

@@ -57,27 +57,30 @@
 //!
 //! No Python and no CUDA here.
 
+pub(crate) mod cuda;
+pub(crate) mod pinned;
+
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
-use crate::frame::Attrs;
-use crate::handlers::{self, FLAG_GPU, FLAG_STATUS_OUTPUT};
-use crate::hostbuf::{HostBuffer, ALIGN};
-use crate::message::{self, Message, Operand};
-use crate::receiver::{in_consumer_thread, Receiver};
-use crate::reply::OutBuf;
-use crate::sync::{lock, Waker};
-use crate::xla_ffi::dtype;
+use crate::ffi::c_api::dtype;
+use crate::ffi::frame::Attrs;
+use crate::ffi::handlers::{self, FLAG_GPU, FLAG_STATUS_OUTPUT};
+use crate::host::buffer::{HostBuffer, ALIGN};
+use crate::host::hub::{in_consumer_thread, Receiver};
+use crate::host::message::{self, Message, Operand};
+use crate::host::reply::OutBuf;
+use crate::host::sync::{lock, Waker};
 
 /// How long a handler waiting for room under the bound sleeps between looks (it is woken
 /// earlier by the consumer's progress).
 const GATE_SLICE: Duration = Duration::from_millis(10);
 
 /// A marker in a stream that completes when the work enqueued before it has.
-pub trait Completion: Send {
+pub(crate) trait Completion: Send {
     /// Waits until the marker completed.
     ///
     /// # Errors
@@ -87,7 +90,7 @@ pub trait Completion: Send {
 
 /// A device's queue of work, as the GPU handlers use it. Every operation is enqueued
 /// after the work already in the stream and completes before the work enqueued later.
-pub trait Stream {
+pub(crate) trait Stream {
     /// Enqueues a copy of `n` bytes from device address `src` to host memory `dst`.
     ///
     /// # Errors
@@ -137,7 +140,7 @@ pub fn device_key(ordinal: i32) -> i32 {
 }
 
 /// What a courier does once a parcel's marker completed.
-pub enum Job {
+pub(crate) enum Job {
     /// Pushes a tap's message (its copies completed) and ends its reservation.
     Deliver { msg: Message, receiver: &'static Receiver, reserved: usize },
     /// Drops a staging buffer whose copies to the device completed (back to its pool).
@@ -169,7 +172,7 @@ struct CourierState {
 /// Whether a message of `bytes` may be reserved when its device has `mine` bytes in flight
 /// and the queue holds `held`: within the bound, or alone.
 #[must_use]
-pub fn admits(mine: usize, held: usize, bytes: usize, bound: usize) -> bool {
+pub(crate) fn admits(mine: usize, held: usize, bytes: usize, bound: usize) -> bool {
     (mine == 0 && held == 0)
         || mine.checked_add(held).and_then(|b| b.checked_add(bytes)).is_some_and(|b| b <= bound)
 }
@@ -197,7 +200,7 @@ fn index(ordinal: i32) -> usize {
 impl Delivery {
     /// Nothing in flight, no courier yet.
     #[must_use]
-    pub const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Delivery {
             transit: Mutex::new(Vec::new()),
             couriers: Mutex::new(Vec::new()),
@@ -208,8 +211,9 @@ impl Delivery {
         }
     }
 
+    #[cfg(test)]
     /// Bytes reserved for device `ordinal` and not yet pushed.
-    pub fn reserved(&self, ordinal: i32) -> usize {
+    pub(crate) fn reserved(&self, ordinal: i32) -> usize {
         lock(&self.transit).get(index(ordinal)).copied().unwrap_or(0)
     }
 
@@ -219,7 +223,12 @@ impl Delivery {
     ///
     /// # Errors
     /// The receiver shut down, or no consumer could be started.
-    pub fn reserve(&self, receiver: &'static Receiver, ordinal: i32, bytes: usize) -> Result<(), Error> {
+    pub(crate) fn reserve(
+        &self,
+        receiver: &'static Receiver,
+        ordinal: i32,
+        bytes: usize,
+    ) -> Result<(), Error> {
         let i = index(ordinal);
         // A computation run from inside a host callback: the consumer is this thread, so
         // waiting for it would never end (as `Receiver::push` admits such a message).
@@ -262,7 +271,7 @@ impl Delivery {
     }
 
     /// Ends a reservation made by [`Delivery::reserve`].
-    pub fn unreserve(&self, ordinal: i32, bytes: usize) {
+    pub(crate) fn unreserve(&self, ordinal: i32, bytes: usize) {
         if let Some(b) = lock(&self.transit).get_mut(index(ordinal)) {
             *b = b.saturating_sub(bytes);
         }
@@ -293,7 +302,7 @@ impl Delivery {
 
     /// Hands `job` to device `ordinal`'s courier, to run once `ready` completed. If the
     /// courier thread cannot be started, waits for `ready` and runs the job here.
-    pub fn submit(&'static self, ordinal: i32, ready: Box<dyn Completion>, job: Job) {
+    pub(crate) fn submit(&'static self, ordinal: i32, ready: Box<dyn Completion>, job: Job) {
         self.submitted.fetch_add(1, Ordering::AcqRel);
         let parcel = Parcel { ready, job };
         match self.courier(ordinal) {
@@ -359,7 +368,7 @@ impl Delivery {
     }
 
     /// Waits until device `ordinal`'s courier has delivered every parcel handed to it so far.
-    pub fn wait_idle(&self, ordinal: i32) {
+    pub(crate) fn wait_idle(&self, ordinal: i32) {
         let courier = lock(&self.couriers).get(index(ordinal)).and_then(Clone::clone);
         let Some(c) = courier else { return };
         let mut g = lock(&c.state);
@@ -403,12 +412,12 @@ impl Default for Delivery {
 
 /// What a tap or call sends, besides its operands.
 #[derive(Debug, Clone, Copy)]
-pub struct Header {
-    pub consumer_id: i64,
-    pub flags: i64,
+pub(crate) struct Header {
+    pub(crate) consumer_id: i64,
+    pub(crate) flags: i64,
     /// XLA device ordinal of the executing GPU.
-    pub ordinal: i32,
-    pub run_id: i64,
+    pub(crate) ordinal: i32,
+    pub(crate) run_id: i64,
 }
 
 /// A pinned buffer of `len` bytes, or an empty heap one when `len` is 0.
@@ -475,7 +484,7 @@ unsafe fn enqueue_copies<'a>(
 ///
 /// # Safety
 /// As [`enqueue_copies`].
-pub unsafe fn tap<'a, S: Stream>(
+pub(crate) unsafe fn tap<'a, S: Stream>(
     stream: &S,
     receiver: &'static Receiver,
     delivery: &'static Delivery,
@@ -566,7 +575,7 @@ fn write_back<S: Stream>(
 /// # Safety
 /// As [`enqueue_copies`]; each output must be device memory writable for its bytes.
 #[allow(clippy::too_many_arguments)] // the pieces of a decoded frame
-pub unsafe fn call<'a, S: Stream>(
+pub(crate) unsafe fn call<'a, S: Stream>(
     stream: &S,
     receiver: &'static Receiver,
     delivery: &'static Delivery,
@@ -670,7 +679,7 @@ unsafe fn read_status<S: Stream>(stream: &S, status: &Operand<'_>, what: &str) -
 ///
 /// # Safety
 /// The operands must be device memory of their dtypes and dims.
-pub unsafe fn check<S: Stream>(
+pub(crate) unsafe fn check<S: Stream>(
     stream: &S,
     receiver: &'static Receiver,
     status: &Operand<'_>,
@@ -703,7 +712,7 @@ pub unsafe fn check<S: Stream>(
 ///
 /// # Safety
 /// `status` must be device memory of an int32 scalar, `out` device memory of its bytes.
-pub unsafe fn failure<S: Stream>(
+pub(crate) unsafe fn failure<S: Stream>(
     stream: &S,
     receiver: &'static Receiver,
     delivery: &'static Delivery,
@@ -727,8 +736,8 @@ pub unsafe fn failure<S: Stream>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pinned::{PinnedAlloc, PinnedPool};
-    use crate::receiver::{Consume, Worker};
+    use crate::gpu::pinned::{PinnedAlloc, PinnedPool};
+    use crate::host::hub::{Consume, Worker};
     use std::alloc::{self, Layout};
     use std::ptr::NonNull;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -885,6 +894,8 @@ mod tests {
                     let bytes =
                         // SAFETY: the message's buffer holds `len` written bytes.
                         unsafe { std::slice::from_raw_parts(m.data.as_ptr(), m.data.len()) }.to_vec();
+                    // Seen before the reply: the test reads `seen` once its call returned.
+                    lock(&self.seen).push((m.device, m.consumer_id, bytes.clone(), m.data.is_pinned()));
                     if let Some(slot) = &m.reply {
                         if m.consumer_id == 13 {
                             slot.fail("host function raised".into());
@@ -898,7 +909,6 @@ mod tests {
                             });
                         }
                     }
-                    lock(&self.seen).push((m.device, m.consumer_id, bytes, m.data.is_pinned()));
                 }
             }
         }

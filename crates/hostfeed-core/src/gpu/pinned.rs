@@ -29,19 +29,19 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::error::Error;
-use crate::sync::lock;
+use crate::host::sync::lock;
 
 /// Smallest block handed out (also the alignment of every small block).
-pub const SMALL_MIN: usize = 256;
+pub(crate) const SMALL_MIN: usize = 256;
 /// Largest request served from slabs.
-pub const SMALL_MAX: usize = 64 << 10;
+pub(crate) const SMALL_MAX: usize = 64 << 10;
 /// Bytes of one slab (one allocation split into blocks of one small class).
-pub const SLAB: usize = 1 << 20;
+pub(crate) const SLAB: usize = 1 << 20;
 /// Default most bytes of idle large blocks kept.
-pub const DEFAULT_IDLE_LIMIT: usize = 256 << 20;
+pub(crate) const DEFAULT_IDLE_LIMIT: usize = 256 << 20;
 
 /// Allocates and frees page-locked host memory.
-pub trait PinnedAlloc: Send + Sync {
+pub(crate) trait PinnedAlloc: Send + Sync {
     /// `bytes` of page-locked host memory, aligned to at least [`SMALL_MIN`].
     ///
     /// # Errors
@@ -57,14 +57,14 @@ pub trait PinnedAlloc: Send + Sync {
 }
 
 /// Where a block goes back to when dropped.
-pub trait GiveBack: Send + Sync {
+pub(crate) trait GiveBack: Send + Sync {
     /// Takes back a block handed out with capacity `cap`.
     fn give_back(&self, ptr: NonNull<u8>, cap: usize);
 }
 
 /// The size class of a request of `bytes`: the capacity of the block it gets.
 #[must_use]
-pub fn size_class(bytes: usize) -> usize {
+pub(crate) fn size_class(bytes: usize) -> usize {
     if bytes <= SMALL_MAX {
         return bytes.max(SMALL_MIN).next_power_of_two();
     }
@@ -75,7 +75,7 @@ pub fn size_class(bytes: usize) -> usize {
 }
 
 /// A block of pinned memory, returned to its pool on drop.
-pub struct PinnedBlock {
+pub(crate) struct PinnedBlock {
     ptr: NonNull<u8>,
     cap: usize,
     home: &'static dyn GiveBack,
@@ -90,13 +90,13 @@ unsafe impl Sync for PinnedBlock {}
 impl PinnedBlock {
     /// Start of the block.
     #[must_use]
-    pub fn as_ptr(&self) -> *mut u8 {
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
 
     /// Capacity in bytes (the size class).
     #[must_use]
-    pub fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         self.cap
     }
 }
@@ -138,7 +138,7 @@ pub struct PoolStats {
 }
 
 /// See the module documentation.
-pub struct PinnedPool<A> {
+pub(crate) struct PinnedPool<A> {
     alloc: A,
     state: Mutex<State>,
     idle_limit: AtomicUsize,
@@ -157,7 +157,7 @@ unsafe impl<A: PinnedAlloc> Sync for PinnedPool<A> {}
 
 impl<A: PinnedAlloc> PinnedPool<A> {
     /// An empty pool over `alloc`.
-    pub fn new(alloc: A) -> Self {
+    pub(crate) fn new(alloc: A) -> Self {
         PinnedPool {
             alloc,
             state: Mutex::new(State::default()),
@@ -170,18 +170,20 @@ impl<A: PinnedAlloc> PinnedPool<A> {
         }
     }
 
+    #[cfg(test)]
     /// Sets the most bytes of idle large blocks kept (applied at the next allocation).
-    pub fn set_idle_limit(&self, bytes: usize) {
+    pub(crate) fn set_idle_limit(&self, bytes: usize) {
         self.idle_limit.store(bytes, Ordering::Relaxed);
     }
 
+    #[cfg(test)]
     /// The allocator.
-    pub fn allocator(&self) -> &A {
+    pub(crate) fn allocator(&self) -> &A {
         &self.alloc
     }
 
     /// Counters.
-    pub fn stats(&self) -> PoolStats {
+    pub(crate) fn stats(&self) -> PoolStats {
         PoolStats {
             allocations: self.allocations.load(Ordering::Relaxed),
             frees: self.frees.load(Ordering::Relaxed),
@@ -197,7 +199,7 @@ impl<A: PinnedAlloc> PinnedPool<A> {
     ///
     /// # Errors
     /// The allocator's, when memory must be allocated and cannot be.
-    pub fn take(&'static self, bytes: usize) -> Result<PinnedBlock, Error> {
+    pub(crate) fn take(&'static self, bytes: usize) -> Result<PinnedBlock, Error> {
         let class = size_class(bytes);
         let (ptr, cap) =
             if class <= SMALL_MAX { (self.take_small(class)?, class) } else { self.take_large(class)? };

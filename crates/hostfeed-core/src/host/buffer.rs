@@ -12,11 +12,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::error::Error;
-use crate::pinned::PinnedBlock;
-use crate::sync::lock;
+use crate::gpu::pinned::PinnedBlock;
+use crate::host::sync::lock;
 
 /// Alignment of every buffer (and of every operand inside a message).
-pub const ALIGN: usize = 16;
+pub(crate) const ALIGN: usize = 16;
 
 /// Buffers at least this large are recycled through [`POOL`]; smaller ones use malloc.
 const POOL_MIN_BYTES: usize = 64 << 10;
@@ -205,32 +205,35 @@ impl HostBuffer {
 
     /// A buffer of `len` bytes in a block of pinned memory (at least `len` bytes).
     #[must_use]
-    pub fn pinned(block: PinnedBlock, len: usize) -> Self {
+    pub(crate) fn pinned(block: PinnedBlock, len: usize) -> Self {
         let len = len.min(block.capacity());
         HostBuffer { storage: Storage::Pinned(block), len }
     }
 
+    #[cfg(test)]
     /// Whether the bytes are in pinned memory.
     #[must_use]
-    pub fn is_pinned(&self) -> bool {
+    pub(crate) fn is_pinned(&self) -> bool {
         matches!(self.storage, Storage::Pinned(_))
     }
 
     /// A buffer of no bytes (no allocation).
     #[must_use]
-    pub fn empty() -> Self {
+    pub(crate) fn empty() -> Self {
         HostBuffer { storage: Storage::Heap(RawBuf::empty()), len: 0 }
     }
 
+    #[cfg(test)]
     /// Number of bytes in use.
     #[must_use]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
+    #[cfg(test)]
     /// Whether the buffer holds no bytes.
     #[must_use]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
 
@@ -244,12 +247,12 @@ impl HostBuffer {
     }
 
     /// Start of the buffer, for writing.
-    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+    pub(crate) fn as_mut_ptr(&mut self) -> *mut u8 {
         self.as_ptr().cast_mut()
     }
 
     /// Sets the number of bytes in use (at most the capacity).
-    pub fn set_len(&mut self, len: usize) {
+    pub(crate) fn set_len(&mut self, len: usize) {
         self.len = len.min(self.capacity());
     }
 

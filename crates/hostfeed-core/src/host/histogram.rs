@@ -23,7 +23,7 @@ const SUB_BITS: u32 = 5;
 const SUB: usize = 1 << SUB_BITS;
 const MAX_BITS: u32 = 40;
 /// Number of buckets.
-pub const BUCKETS: usize = SUB + (MAX_BITS - SUB_BITS) as usize * SUB;
+pub(crate) const BUCKETS: usize = SUB + (MAX_BITS - SUB_BITS) as usize * SUB;
 
 /// See the module documentation.
 pub struct Histogram {
@@ -52,7 +52,7 @@ fn bucket(value: u64) -> usize {
 
 /// The largest value that falls in bucket `index` (its inclusive upper bound).
 #[must_use]
-pub fn upper_bound(index: usize) -> u64 {
+pub(crate) fn upper_bound(index: usize) -> u64 {
     if index < SUB {
         return index as u64;
     }
@@ -65,7 +65,7 @@ pub fn upper_bound(index: usize) -> u64 {
 
 impl Histogram {
     /// Counts one value.
-    pub fn record(&self, value: u64) {
+    pub(crate) fn record(&self, value: u64) {
         self.counts[bucket(value)].fetch_add(1, Relaxed);
     }
 
@@ -115,7 +115,7 @@ impl Timing {
     /// A raw timestamp (cycles), or 0 when timing is off (0 means "no timestamp" to the
     /// recording methods).
     #[must_use]
-    pub fn now(&self) -> u64 {
+    pub(crate) fn now(&self) -> u64 {
         if !self.enabled.load(Relaxed) {
             return 0;
         }
@@ -124,13 +124,13 @@ impl Timing {
 
     /// A raw timestamp (cycles) whether timing is on or not.
     #[must_use]
-    pub fn raw_now(&self) -> u64 {
+    pub(crate) fn raw_now(&self) -> u64 {
         self.clock.raw()
     }
 
     /// Nanoseconds between two raw timestamps (0 if `end` is before `start`).
     #[must_use]
-    pub fn nanos_between(&self, start: u64, end: u64) -> u64 {
+    pub(crate) fn nanos_between(&self, start: u64, end: u64) -> u64 {
         if end < start {
             0
         } else {
@@ -143,14 +143,15 @@ impl Timing {
     }
 
     /// Records the device-side span `start..end` (timestamps from [`Timing::now`]).
-    pub fn record_device(&self, start: u64, end: u64) {
+    pub(crate) fn record_device(&self, start: u64, end: u64) {
         if let Some(ns) = self.span(start, end) {
             self.device.record(ns);
         }
     }
 
+    #[cfg(test)]
     /// Records the hand-over of a message queued at `queued` (from [`Timing::now`]).
-    pub fn record_handover(&self, queued: u64) {
+    pub(crate) fn record_handover(&self, queued: u64) {
         if queued != 0 {
             self.record_handover_at(queued, self.raw_now());
         }
@@ -158,7 +159,7 @@ impl Timing {
 
     /// Records the hand-over of a message queued at `queued`, taken at `now` (both raw
     /// timestamps; nothing when `queued` is 0, i.e. not timed).
-    pub fn record_handover_at(&self, queued: u64, now: u64) {
+    pub(crate) fn record_handover_at(&self, queued: u64, now: u64) {
         if let Some(ns) = self.span(queued, now) {
             self.handover.record(ns);
         }

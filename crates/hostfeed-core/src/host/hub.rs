@@ -24,18 +24,18 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
-use crate::histogram::Timing;
-use crate::message::Message;
-use crate::queue::{spin_until, PushError, Queue, Reclaimed};
-use crate::reply::ReplySlot;
-use crate::sync::lock;
+use crate::host::histogram::Timing;
+use crate::host::message::Message;
+use crate::host::queue::{spin_until, PushError, Queue, Reclaimed};
+use crate::host::reply::ReplySlot;
+use crate::host::sync::lock;
 
 /// Default byte bound, as in the legacy module (`256e6`).
 pub const DEFAULT_MAX_QUEUE_BYTES: usize = 256_000_000;
 /// Default time without progress after which stopping gives up on a stuck consumer.
 pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most messages in one batch.
-pub const MAX_BATCH: usize = 1024;
+pub(crate) const MAX_BATCH: usize = 1024;
 /// How long an idle consumer polls before sleeping (see `Queue::with_spin`).
 const CONSUMER_SPIN: Duration = Duration::from_micros(200);
 /// How long a barrier polls before sleeping.
@@ -69,7 +69,7 @@ impl Worker {
     /// Waits for the next batch; `None` when the consumer must exit (stopped, closed, or
     /// abandoned in favour of a newer consumer).
     #[must_use]
-    pub fn next_batch(&self) -> Option<Batch> {
+    pub(crate) fn next_batch(&self) -> Option<Batch> {
         let r = self.receiver;
         if r.generation.load(Ordering::Acquire) != self.generation {
             return None;
@@ -79,9 +79,10 @@ impl Worker {
         Some(Batch { receiver: r, epoch })
     }
 
+    #[cfg(test)]
     /// The receiver this worker serves.
     #[must_use]
-    pub fn receiver(&self) -> &'static Receiver {
+    pub(crate) fn receiver(&self) -> &'static Receiver {
         self.receiver
     }
 }
@@ -109,7 +110,7 @@ impl Batch {
     /// batch ends (see [`Queue::take_retained`]): the caller owes `release` of the returned
     /// byte count (the recorder keeps rows until they are written).
     #[must_use]
-    pub fn take_retained(&self, accept: impl FnOnce(&Message) -> bool) -> Option<(Message, usize)> {
+    pub(crate) fn take_retained(&self, accept: impl FnOnce(&Message) -> bool) -> Option<(Message, usize)> {
         let (m, bytes) = self.receiver.queue.take_retained(self.epoch, accept)?;
         self.receiver.mark_busy(m.consumer_id, self.receiver.timing.raw_now());
         Some((m, bytes))
@@ -157,11 +158,11 @@ pub enum StopOutcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Abandoned {
     /// How long it had made no progress.
-    pub stalled_for: Duration,
+    pub(crate) stalled_for: Duration,
     /// Waiting `call`s failed.
-    pub failed_calls: usize,
+    pub(crate) failed_calls: usize,
     /// The batch it held.
-    pub reclaimed: Reclaimed,
+    pub(crate) reclaimed: Reclaimed,
 }
 
 #[derive(Default)]
@@ -179,6 +180,7 @@ struct Failures {
 
 /// See the module documentation.
 pub struct Receiver {
+    /// The byte-bounded queue of messages for the consumer.
     pub queue: Queue<Message>,
     /// Device-side cost and hand-over latency histograms.
     pub timing: Timing,
@@ -214,7 +216,7 @@ pub fn global() -> &'static Receiver {
 impl Receiver {
     /// A receiver with a queue of `bound` bytes and no consumer.
     #[must_use]
-    pub fn new(bound: usize) -> Self {
+    pub(crate) fn new(bound: usize) -> Self {
         Receiver {
             queue: Queue::new(bound).with_spin(CONSUMER_SPIN),
             timing: Timing::default(),
@@ -255,7 +257,7 @@ impl Receiver {
     }
 
     /// Whether [`Receiver::finalize`] ran.
-    pub fn is_finalized(&self) -> bool {
+    pub(crate) fn is_finalized(&self) -> bool {
         self.finalized.load(Ordering::Acquire)
     }
 
@@ -344,25 +346,25 @@ impl Receiver {
     }
 
     /// Records a waiting `call`; returns its id for [`Receiver::end_call`].
-    pub fn begin_call(&self, slot: Arc<ReplySlot>) -> u64 {
+    pub(crate) fn begin_call(&self, slot: Arc<ReplySlot>) -> u64 {
         let call_id = self.next_call.fetch_add(1, Ordering::Relaxed);
         lock(&self.calls).insert(call_id, slot);
         call_id
     }
 
     /// Forgets a `call` that stopped waiting.
-    pub fn end_call(&self, call_id: u64) {
+    pub(crate) fn end_call(&self, call_id: u64) {
         lock(&self.calls).remove(&call_id);
     }
 
     /// Fails every waiting `call` with `message`; returns how many were failed.
-    pub fn cancel_calls(&self, message: &str) -> usize {
+    pub(crate) fn cancel_calls(&self, message: &str) -> usize {
         let slots: Vec<Arc<ReplySlot>> = lock(&self.calls).values().cloned().collect();
         slots.iter().filter(|s| s.fail(message.to_string())).count()
     }
 
     /// Records a `call` failure and returns its ticket (a positive `i32`).
-    pub fn record_failure(&self, message: String) -> i32 {
+    pub(crate) fn record_failure(&self, message: String) -> i32 {
         let mut f = lock(&self.failures);
         let ticket = i32::try_from(f.next % (i32::MAX as u64 - 1)).unwrap_or(0) + 1;
         f.next += 1;
@@ -375,7 +377,7 @@ impl Receiver {
 
     /// The message recorded under `ticket`.
     #[must_use]
-    pub fn failure_message(&self, ticket: i32) -> String {
+    pub(crate) fn failure_message(&self, ticket: i32) -> String {
         lock(&self.failures)
             .kept
             .iter()
@@ -391,13 +393,13 @@ impl Receiver {
 
     /// The name of consumer `id`, or `#id`.
     #[must_use]
-    pub fn name(&self, id: i64) -> String {
+    pub(crate) fn name(&self, id: i64) -> String {
         lock(&self.names).get(&id).cloned().unwrap_or_else(|| format!("#{id}"))
     }
 
     /// What the consumer is processing now: the consumer id and for how long.
     #[must_use]
-    pub fn busy_with(&self) -> Option<(i64, Duration)> {
+    pub(crate) fn busy_with(&self) -> Option<(i64, Duration)> {
         let id = self.busy.load(Ordering::Relaxed);
         (id >= 0).then(|| {
             let since = self.busy_since.load(Ordering::Relaxed);
@@ -589,7 +591,7 @@ fn consumer_main(receiver: &'static Receiver, consumer: &dyn Consume, generation
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::gather;
+    use crate::host::message::gather;
     use std::sync::mpsc;
 
     fn leak(bound: usize) -> &'static Receiver {

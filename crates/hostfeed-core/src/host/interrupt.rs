@@ -22,7 +22,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use crate::sync::lock;
+use crate::host::sync::lock;
 
 /// The signals watched, and their names in messages.
 const SIGNALS: [(libc::c_int, &str); 2] =
@@ -34,13 +34,13 @@ static COUNTS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
 /// How many of each watched signal have been seen (a waiting call remembers the counts
 /// it started with).
 #[must_use]
-pub fn counts() -> [u64; 2] {
+pub(crate) fn counts() -> [u64; 2] {
     [COUNTS[0].load(Ordering::Relaxed), COUNTS[1].load(Ordering::Relaxed)]
 }
 
 /// Which watched signal arrived since `before` (from [`counts`]), in words.
 #[must_use]
-pub fn signalled_since(before: [u64; 2]) -> Option<&'static str> {
+pub(crate) fn signalled_since(before: [u64; 2]) -> Option<&'static str> {
     let now = counts();
     SIGNALS
         .iter()
@@ -134,7 +134,7 @@ pub fn install() -> bool {
 /// Whether [`install`] was ever called (so a waiting call should keep the counters
 /// installed).
 #[must_use]
-pub fn wanted() -> bool {
+pub(crate) fn wanted() -> bool {
     WANTED.load(Ordering::Relaxed)
 }
 

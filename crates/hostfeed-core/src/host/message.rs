@@ -15,9 +15,9 @@ use std::mem::size_of;
 use std::sync::Arc;
 
 use crate::error::Error;
-use crate::hostbuf::{HostBuffer, ALIGN};
-use crate::reply::ReplySlot;
-use crate::xla_ffi::dtype;
+use crate::ffi::c_api::dtype;
+use crate::host::buffer::{HostBuffer, ALIGN};
+use crate::host::reply::ReplySlot;
 
 /// What the allocator adds to every heap allocation (glibc malloc: a 16-byte header and
 /// 16-byte granularity), charged against the queue bound with each allocation a message
@@ -32,20 +32,26 @@ pub struct ArrayMeta {
     /// Byte offset in the message buffer.
     pub offset: usize,
     /// Byte length.
-    pub nbytes: usize,
+    pub(crate) nbytes: usize,
     /// Index of the first dimension in [`Message::dims`].
     pub dims_start: usize,
+    /// Number of dimensions.
     pub rank: usize,
 }
 
 /// What a custom call sends to the host.
 pub struct Message {
+    /// The consumer the lowering registered (the callback and its transforms).
     pub consumer_id: i64,
+    /// `FLAG_*` bits.
     pub flags: i64,
     /// XLA device ordinal of the device that sent it.
     pub device: i32,
+    /// One entry per operand.
     pub arrays: Vec<ArrayMeta>,
+    /// Every operand's dimensions, one after the other.
     pub dims: Vec<i64>,
+    /// The operands' bytes, 16-byte aligned each.
     pub data: HostBuffer,
     /// For a `call`: where the consumer sends the results.
     pub reply: Option<Arc<ReplySlot>>,
@@ -61,9 +67,10 @@ pub struct Message {
 }
 
 impl Message {
+    #[cfg(test)]
     /// Dimensions of operand `a`.
     #[must_use]
-    pub fn dims_of(&self, a: &ArrayMeta) -> &[i64] {
+    pub(crate) fn dims_of(&self, a: &ArrayMeta) -> &[i64] {
         &self.dims[a.dims_start..a.dims_start + a.rank]
     }
 
@@ -110,8 +117,11 @@ impl Message {
 /// A view of one device operand as the handler sees it.
 #[derive(Clone, Copy)]
 pub struct Operand<'a> {
+    /// `XLA_FFI_DataType` code.
     pub dtype: i32,
+    /// The operand's bytes (host memory).
     pub data: *const u8,
+    /// Its dimensions.
     pub dims: &'a [i64],
 }
 
@@ -134,7 +144,7 @@ fn nbytes(op: &Operand<'_>) -> Result<usize, Error> {
 /// # Safety
 /// `src` must be readable and `dst` writable for `n` bytes, and they must not overlap.
 #[inline]
-pub unsafe fn copy_to_host(dst: *mut u8, src: *const u8, n: usize) {
+pub(crate) unsafe fn copy_to_host(dst: *mut u8, src: *const u8, n: usize) {
     if n > 0 {
         // SAFETY: the caller guarantees both ranges are valid for `n` bytes and disjoint;
         // on CPU device memory is host memory.
@@ -143,29 +153,30 @@ pub unsafe fn copy_to_host(dst: *mut u8, src: *const u8, n: usize) {
 }
 
 /// Where each operand goes in a message's buffer.
-pub struct Layout {
-    pub arrays: Vec<ArrayMeta>,
-    pub dims: Vec<i64>,
+pub(crate) struct Layout {
+    pub(crate) arrays: Vec<ArrayMeta>,
+    pub(crate) dims: Vec<i64>,
     /// Bytes of buffer needed (each operand padded to [`ALIGN`]).
-    pub capacity: usize,
+    pub(crate) capacity: usize,
 }
 
 impl Layout {
     /// Bytes in use: up to the end of the last operand (its padding not counted).
     #[must_use]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.arrays.last().map_or(0, |m| m.offset + m.nbytes)
     }
 
+    #[cfg(test)]
     /// Whether no operand holds any byte.
     #[must_use]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// The message for these tables and `data` (which holds the operands as laid out).
     #[must_use]
-    pub fn into_message(self, consumer_id: i64, flags: i64, device: i32, data: HostBuffer) -> Message {
+    pub(crate) fn into_message(self, consumer_id: i64, flags: i64, device: i32, data: HostBuffer) -> Message {
         Message {
             consumer_id,
             flags,
@@ -186,7 +197,7 @@ impl Layout {
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] for an unsupported dtype or invalid dims.
-pub fn layout<'a>(operands: impl Iterator<Item = Operand<'a>>) -> Result<Layout, Error> {
+pub(crate) fn layout<'a>(operands: impl Iterator<Item = Operand<'a>>) -> Result<Layout, Error> {
     let (lower, _) = operands.size_hint();
     let mut arrays = Vec::with_capacity(lower);
     let mut dims = Vec::new();

@@ -23,8 +23,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::stats::Stats;
-use crate::sync::{lock, Waker};
+use crate::host::stats::Stats;
+use crate::host::sync::{lock, Waker};
 
 /// Why a push did not happen; the item is handed back.
 #[derive(Debug, PartialEq, Eq)]
@@ -52,7 +52,7 @@ pub struct Pushed {
     /// The item's sequence number.
     pub seq: u64,
     /// Whether a consumer was active at the time; if not, the caller must start one.
-    pub consumer_active: bool,
+    pub(crate) consumer_active: bool,
 }
 
 /// What [`Queue::reclaim_batch`] did.
@@ -109,6 +109,7 @@ pub struct Queue<T> {
     /// an idle barrier reads them without locking.
     enqueued: AtomicU64,
     processed: AtomicU64,
+    /// The queue's counters.
     pub stats: Stats,
 }
 
@@ -177,7 +178,7 @@ impl<T> Queue<T> {
     ///
     /// # Errors
     /// [`PushError::Closed`], [`PushError::WouldBlock`].
-    pub fn try_push(&self, item: T, bytes: usize) -> Result<Pushed, PushError<T>> {
+    pub(crate) fn try_push(&self, item: T, bytes: usize) -> Result<Pushed, PushError<T>> {
         self.push_inner(item, bytes, WhenFull::Refuse)
     }
 
@@ -187,7 +188,7 @@ impl<T> Queue<T> {
     ///
     /// # Errors
     /// [`PushError::Closed`] once [`Queue::close`] was called.
-    pub fn push_over_bound(&self, item: T, bytes: usize) -> Result<Pushed, PushError<T>> {
+    pub(crate) fn push_over_bound(&self, item: T, bytes: usize) -> Result<Pushed, PushError<T>> {
         self.push_inner(item, bytes, WhenFull::Admit)
     }
 
@@ -299,7 +300,7 @@ impl<T> Queue<T> {
     /// Like [`Queue::take`], but only if `accept` accepts the next message, and keeping its
     /// bytes charged after the batch ends: the caller must [`Queue::release`] the returned
     /// byte count once it no longer holds the message's memory.
-    pub fn take_retained(&self, epoch: u64, accept: impl FnOnce(&T) -> bool) -> Option<(T, usize)> {
+    pub(crate) fn take_retained(&self, epoch: u64, accept: impl FnOnce(&T) -> bool) -> Option<(T, usize)> {
         let mut flight = lock(&self.in_flight);
         if flight.epoch != epoch || !accept(&flight.items.front()?.1) {
             return None;
@@ -312,7 +313,7 @@ impl<T> Queue<T> {
     }
 
     /// Charges `bytes` held outside any message (never waits; see [`Queue::take_retained`]).
-    pub fn charge(&self, bytes: usize) {
+    pub(crate) fn charge(&self, bytes: usize) {
         let mut g = lock(&self.inner);
         g.held_bytes += bytes;
         let held = g.held_bytes as u64;
@@ -322,7 +323,7 @@ impl<T> Queue<T> {
     }
 
     /// Frees `bytes` charged by [`Queue::take_retained`] or [`Queue::charge`].
-    pub fn release(&self, bytes: usize) {
+    pub(crate) fn release(&self, bytes: usize) {
         if bytes == 0 {
             return;
         }
@@ -334,12 +335,12 @@ impl<T> Queue<T> {
     }
 
     /// Whether some producer is waiting for space now.
-    pub fn producers_waiting(&self) -> bool {
+    pub(crate) fn producers_waiting(&self) -> bool {
         self.space_freed.has_sleepers()
     }
 
     /// Messages of batch `epoch` not taken yet.
-    pub fn remaining(&self, epoch: u64) -> usize {
+    pub(crate) fn remaining(&self, epoch: u64) -> usize {
         let flight = lock(&self.in_flight);
         if flight.epoch == epoch {
             flight.items.len()
@@ -412,13 +413,13 @@ impl<T> Queue<T> {
 
     /// A counter that changes whenever the consumer takes or completes messages: a
     /// consumer whose counter stays put while messages wait is stuck.
-    pub fn progress(&self) -> u64 {
+    pub(crate) fn progress(&self) -> u64 {
         self.progress.load(Ordering::Relaxed)
     }
 
     /// Waits up to `timeout` for messages to be completed, if `progress()` still equals
     /// `seen`.
-    pub fn wait_progress(&self, seen: u64, timeout: Duration) {
+    pub(crate) fn wait_progress(&self, seen: u64, timeout: Duration) {
         let g = lock(&self.inner);
         if self.progress() == seen {
             drop(self.progressed.wait_timeout(g, timeout));
@@ -447,8 +448,9 @@ impl<T> Queue<T> {
         lock(&self.inner).items.len()
     }
 
+    #[cfg(test)]
     /// Whether no message is waiting to be moved into a batch.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
@@ -488,14 +490,14 @@ impl<T> Queue<T> {
 
     /// Records that the consumer thread has exited (normally or not): producers that wait
     /// for space are told there is no consumer, so that one gets started.
-    pub fn consumer_exited(&self) {
+    pub(crate) fn consumer_exited(&self) {
         lock(&self.inner).consumer_active = false;
         self.space_freed.notify_all();
     }
 
     /// Closes the queue for good: pending and future pushes fail, the consumer exits once
     /// the queue is empty. Returns the items that were never moved into a batch.
-    pub fn close(&self) -> Vec<T> {
+    pub(crate) fn close(&self) -> Vec<T> {
         let mut g = lock(&self.inner);
         g.closed = true;
         self.pending.store(0, Ordering::Release);
@@ -510,7 +512,7 @@ impl<T> Queue<T> {
 
     /// Whether [`Queue::close`] was called (for tests).
     #[cfg(test)]
-    pub fn is_closed(&self) -> bool {
+    pub(crate) fn is_closed(&self) -> bool {
         lock(&self.inner).closed
     }
 }

@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::queue::spin_until;
-use crate::sync::{lock, Waker};
+use crate::host::queue::spin_until;
+use crate::host::sync::{lock, Waker};
 
 /// How long a waiting handler polls for the reply before sleeping: a host callback that
 /// answers within this time costs no thread wake-up.
@@ -26,8 +26,11 @@ const POLL_SLICE: Duration = Duration::from_millis(20);
 pub struct OutBuf {
     /// `XLA_FFI_DataType` code.
     pub dtype: i32,
+    /// The buffer.
     pub data: *mut u8,
+    /// Its length in bytes.
     pub nbytes: usize,
+    /// Its dimensions.
     pub dims: Vec<i64>,
 }
 
@@ -90,7 +93,7 @@ impl ReplySlot {
     }
 
     /// Whether the consumer took the request.
-    pub fn is_started(&self) -> bool {
+    pub(crate) fn is_started(&self) -> bool {
         self.started.load(Ordering::Relaxed)
     }
 

@@ -10,26 +10,33 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 /// Counters describing the traffic through the receive queue.
 #[derive(Default)]
 pub struct Stats {
-    pub messages_enqueued: AtomicU64,
-    pub bytes_enqueued: AtomicU64,
-    pub messages_processed: AtomicU64,
-    pub bytes_processed: AtomicU64,
-    pub queued_bytes: AtomicU64,
-    pub peak_queued_bytes: AtomicU64,
-    pub producer_blocked_ns: AtomicU64,
-    pub producer_blocked_count: AtomicU64,
+    pub(crate) messages_enqueued: AtomicU64,
+    pub(crate) bytes_enqueued: AtomicU64,
+    pub(crate) messages_processed: AtomicU64,
+    pub(crate) bytes_processed: AtomicU64,
+    pub(crate) queued_bytes: AtomicU64,
+    pub(crate) peak_queued_bytes: AtomicU64,
+    pub(crate) producer_blocked_ns: AtomicU64,
+    pub(crate) producer_blocked_count: AtomicU64,
 }
 
 /// A plain copy of [`Stats`] at one moment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Snapshot {
+    /// Messages pushed.
     pub messages_enqueued: u64,
+    /// Their bytes.
     pub bytes_enqueued: u64,
+    /// Messages the consumer finished.
     pub messages_processed: u64,
+    /// Their bytes.
     pub bytes_processed: u64,
+    /// Bytes held now.
     pub queued_bytes: u64,
+    /// Most bytes held at once since the last reset.
     pub peak_queued_bytes: u64,
-    pub producer_blocked_ns: u64,
+    pub(crate) producer_blocked_ns: u64,
+    /// Pushes that waited for space.
     pub producer_blocked_count: u64,
 }
 
@@ -41,7 +48,7 @@ fn bump(counter: &AtomicU64, n: u64) {
 impl Stats {
     /// Counts one pushed message of `bytes`; `held` is the bytes held after it.
     /// Call with the queue lock held (the only writers are serialised by it).
-    pub fn record_push(&self, bytes: u64, held: u64) {
+    pub(crate) fn record_push(&self, bytes: u64, held: u64) {
         bump(&self.messages_enqueued, 1);
         bump(&self.bytes_enqueued, bytes);
         self.queued_bytes.store(held, Relaxed);
@@ -52,7 +59,7 @@ impl Stats {
 
     /// Counts `count` completed messages of `bytes` in all; `held` is the bytes held after.
     /// Call with the queue lock held.
-    pub fn record_complete(&self, count: u64, bytes: u64, held: u64) {
+    pub(crate) fn record_complete(&self, count: u64, bytes: u64, held: u64) {
         bump(&self.messages_processed, count);
         bump(&self.bytes_processed, bytes);
         self.queued_bytes.store(held, Relaxed);
@@ -75,7 +82,7 @@ impl Stats {
 
     /// Resets the peak gauge to the current queued bytes (used by benchmarks and tests
     /// that measure one phase). Call with the queue lock held (`Queue::reset_peak`).
-    pub fn reset_peak(&self) {
+    pub(crate) fn reset_peak(&self) {
         self.peak_queued_bytes.store(self.queued_bytes.load(Relaxed), Relaxed);
     }
 }

@@ -34,7 +34,7 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// See the module documentation.
 #[derive(Default)]
-pub struct Waker {
+pub(crate) struct Waker {
     condvar: Condvar,
     sleepers: AtomicUsize,
 }
@@ -42,12 +42,12 @@ pub struct Waker {
 impl Waker {
     /// A waker nobody sleeps on.
     #[must_use]
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Sleeps until notified (or a spurious wake-up); the caller re-checks its condition.
-    pub fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+    pub(crate) fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
         self.sleepers.fetch_add(1, Ordering::SeqCst);
         let guard = self.condvar.wait(guard).unwrap_or_else(PoisonError::into_inner);
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
@@ -56,7 +56,11 @@ impl Waker {
 
     /// Sleeps until notified or `timeout` passed; the caller re-checks its condition and
     /// its deadline.
-    pub fn wait_timeout<'a, T>(&self, guard: MutexGuard<'a, T>, timeout: Duration) -> MutexGuard<'a, T> {
+    pub(crate) fn wait_timeout<'a, T>(
+        &self,
+        guard: MutexGuard<'a, T>,
+        timeout: Duration,
+    ) -> MutexGuard<'a, T> {
         self.sleepers.fetch_add(1, Ordering::SeqCst);
         let (guard, _) = self.condvar.wait_timeout(guard, timeout).unwrap_or_else(PoisonError::into_inner);
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
@@ -64,14 +68,14 @@ impl Waker {
     }
 
     /// Wakes one sleeper, if any.
-    pub fn notify_one(&self) {
+    pub(crate) fn notify_one(&self) {
         if self.sleepers.load(Ordering::SeqCst) > 0 {
             self.condvar.notify_one();
         }
     }
 
     /// Wakes every sleeper, if any.
-    pub fn notify_all(&self) {
+    pub(crate) fn notify_all(&self) {
         if self.sleepers.load(Ordering::SeqCst) > 0 {
             self.condvar.notify_all();
         }
@@ -79,7 +83,7 @@ impl Waker {
 
     /// Whether some thread sleeps on this waker now.
     #[must_use]
-    pub fn has_sleepers(&self) -> bool {
+    pub(crate) fn has_sleepers(&self) -> bool {
         self.sleepers.load(Ordering::SeqCst) > 0
     }
 }

@@ -66,15 +66,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 use crate::error::RecordError;
-use crate::hostbuf::{HostBuffer, PoolReservation};
-use crate::message::Message;
-use crate::receiver::{Batch, Receiver, Worker};
-use crate::sync::{lock, Waker};
-use crate::xla_ffi::dtype as xla;
-use crate::zarr::{self, io_error, ArraySpec, Codec, DType, ROW_METADATA};
+use crate::ffi::c_api::dtype as xla;
+use crate::host::buffer::{HostBuffer, PoolReservation};
+use crate::host::hub::{Batch, Receiver, Worker};
+use crate::host::message::Message;
+use crate::host::sync::{lock, Waker};
+use crate::record::zarr::{self, io_error, ArraySpec, Codec, DType, ROW_METADATA};
 
 /// Index of an array in its recorder.
-pub type ArrayId = usize;
+pub(crate) type ArrayId = usize;
 
 /// Rows per chunk of a per-row metadata array.
 const META_CHUNK_ROWS: u64 = 1 << 16;
@@ -119,6 +119,7 @@ impl Budget for &'static Receiver {
 /// How a recorder writes.
 #[derive(Debug, Clone)]
 pub struct Options {
+    /// Compression of data chunks.
     pub codec: Codec,
     /// Target chunk size in bytes: rows per chunk = max(1, this / row bytes). Capped at a
     /// quarter of the byte bound when an array is declared.
@@ -157,16 +158,16 @@ pub enum Mode {
 
 /// Per-row metadata.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RowMeta {
+pub(crate) struct RowMeta {
     /// Record number across the recorder, in arrival order.
-    pub seq: i64,
+    pub(crate) seq: i64,
     /// The user's step, or -1.
-    pub step: i64,
-    pub device: i32,
+    pub(crate) step: i64,
+    pub(crate) device: i32,
     /// Host wall-clock time when the row reached the host (UNIX ns).
-    pub time_ns: i64,
+    pub(crate) time_ns: i64,
     /// Index into the recorder's transforms table.
-    pub transforms: i16,
+    pub(crate) transforms: i16,
 }
 
 /// Bytes kept for rows until they are written; releases its charge when dropped.
@@ -326,11 +327,17 @@ struct Pool {
 /// Counters of one recorder.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RecorderStats {
+    /// Rows received.
     pub rows: u64,
+    /// Bytes of chunk data written.
     pub bytes_written: u64,
+    /// Chunk files written.
     pub chunks_written: u64,
+    /// Spills: every partial chunk written early to free the byte bound.
     pub spills: u64,
+    /// Metadata commits (`zarr.json` replaced).
     pub commits: u64,
+    /// Rows discarded because the recorder was closed or had failed.
     pub rows_dropped: u64,
 }
 
@@ -837,12 +844,13 @@ impl Recorder {
         self.take_error()
     }
 
+    #[cfg(test)]
     /// [`Recorder::flush_begin`], [`Recorder::flush_wait`] (for up to `timeout`) and
     /// [`Recorder::flush_end`]. Returns `Ok(false)` if the writes did not finish in time.
     ///
     /// # Errors
     /// As [`Recorder::flush_end`].
-    pub fn flush(&self, timeout: Duration) -> Result<bool, RecordError> {
+    pub(crate) fn flush(&self, timeout: Duration) -> Result<bool, RecordError> {
         let targets = self.flush_begin();
         let finished = self.flush_wait(&targets, timeout);
         self.flush_end()?;
@@ -854,7 +862,7 @@ impl Recorder {
     ///
     /// # Errors
     /// That error.
-    pub fn take_error(&self) -> Result<(), RecordError> {
+    pub(crate) fn take_error(&self) -> Result<(), RecordError> {
         let mut errors = std::mem::take(&mut *lock(&self.errors));
         for a in read_lock(&self.arrays).iter() {
             let mut st = lock(&a.state);
@@ -1257,7 +1265,7 @@ pub struct Sink {
 impl Sink {
     /// Routes one message whose bytes (`charged`) are still charged against the bound;
     /// the charge is released once its rows are written (or dropped).
-    pub fn route(&self, msg: Message, charged: usize) {
+    pub(crate) fn route(&self, msg: Message, charged: usize) {
         let rec = &self.recorder;
         let mut rows = Vec::with_capacity(self.targets.len());
         let mut problem = None;
@@ -1363,7 +1371,7 @@ impl Sinks {
 
     /// The sink of `consumer_id`, if it has one.
     #[must_use]
-    pub fn get(&self, consumer_id: i64) -> Option<Arc<Sink>> {
+    pub(crate) fn get(&self, consumer_id: i64) -> Option<Arc<Sink>> {
         if !self.any.load(Ordering::Acquire) {
             return None;
         }
@@ -1408,7 +1416,7 @@ impl Sinks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::{gather, Operand};
+    use crate::host::message::{gather, Operand};
 
     /// A budget that counts.
     #[derive(Default)]

@@ -17,14 +17,14 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 
 use crate::error::RecordError;
-use crate::xla_ffi::dtype as xla;
+use crate::ffi::c_api::dtype as xla;
 
 /// A Zarr v3 data type the recorder can write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DType {
+pub(crate) struct DType {
     /// The `data_type` string in `zarr.json`.
-    pub name: &'static str,
-    pub itemsize: usize,
+    pub(crate) name: &'static str,
+    pub(crate) itemsize: usize,
     kind: Kind,
 }
 
@@ -41,7 +41,7 @@ impl DType {
     ///
     /// # Errors
     /// [`RecordError::Dtype`] naming the type for sub-byte, token and unknown types.
-    pub fn from_xla(code: i32) -> Result<DType, RecordError> {
+    pub(crate) fn from_xla(code: i32) -> Result<DType, RecordError> {
         let d = |name, itemsize, kind| Ok(DType { name, itemsize, kind });
         match code {
             xla::PRED => d("bool", 1, Kind::Bool),
@@ -81,7 +81,7 @@ impl DType {
     /// The `fill_value` JSON. Padding past the last row is never read (it lies beyond
     /// `shape`), so any valid value works; zero is the natural one.
     #[must_use]
-    pub fn fill_value(&self) -> Value {
+    pub(crate) fn fill_value(&self) -> Value {
         match self.kind {
             Kind::Bool => json!(false),
             Kind::Int => json!(0),
@@ -97,47 +97,49 @@ impl DType {
 /// Compression of data chunks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Codec {
+    /// Uncompressed: rows appended in place.
     Raw,
+    /// zstd at this level.
     Zstd(i32),
 }
 
 /// What fixes an array's layout.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ArraySpec {
-    pub dtype: DType,
+pub(crate) struct ArraySpec {
+    pub(crate) dtype: DType,
     /// Shape of one row (the recorded value's shape).
-    pub row_shape: Vec<u64>,
+    pub(crate) row_shape: Vec<u64>,
     /// Rows per chunk (the chunk's first dimension; the others are the full row).
-    pub chunk_rows: u64,
-    pub codec: Codec,
+    pub(crate) chunk_rows: u64,
+    pub(crate) codec: Codec,
     /// `dimension_names`: the row dimension first.
-    pub dim_names: Vec<Option<String>>,
+    pub(crate) dim_names: Vec<Option<String>>,
     /// Chunk key separator: `/` (nested directories `c/k/0/0`) or `.` (flat `c.k.0.0`).
-    pub sep: char,
+    pub(crate) sep: char,
 }
 
 /// Bytes of `shape` elements of `itemsize` bytes, if that fits in memory sizes.
 #[must_use]
-pub fn nbytes(shape: &[u64], itemsize: usize) -> Option<usize> {
+pub(crate) fn nbytes(shape: &[u64], itemsize: usize) -> Option<usize> {
     shape.iter().try_fold(itemsize, |acc, &d| usize::try_from(d).ok().and_then(|d| acc.checked_mul(d)))
 }
 
 impl ArraySpec {
     /// Bytes of one row.
     #[must_use]
-    pub fn row_bytes(&self) -> usize {
+    pub(crate) fn row_bytes(&self) -> usize {
         nbytes(&self.row_shape, self.dtype.itemsize).unwrap_or(usize::MAX)
     }
 
     /// Bytes of one (full) chunk.
     #[must_use]
-    pub fn chunk_bytes(&self) -> usize {
+    pub(crate) fn chunk_bytes(&self) -> usize {
         usize::try_from(self.chunk_rows).map_or(usize::MAX, |n| self.row_bytes().saturating_mul(n))
     }
 
     /// The array's `zarr.json` for `rows` rows.
     #[must_use]
-    pub fn metadata(&self, rows: u64, attributes: &Value) -> Value {
+    pub(crate) fn metadata(&self, rows: u64, attributes: &Value) -> Value {
         let mut shape = vec![rows];
         shape.extend(&self.row_shape);
         let mut chunk = vec![self.chunk_rows];
@@ -171,7 +173,7 @@ impl ArraySpec {
 
     /// Path of chunk `k` below the array's directory (`c/k/0/0...` or `c.k.0.0...`).
     #[must_use]
-    pub fn chunk_path(&self, array_dir: &Path, k: u64) -> PathBuf {
+    pub(crate) fn chunk_path(&self, array_dir: &Path, k: u64) -> PathBuf {
         if self.sep == '.' {
             let mut name = format!("c.{k}");
             for _ in &self.row_shape {
@@ -189,13 +191,13 @@ impl ArraySpec {
 
 /// A group's `zarr.json`.
 #[must_use]
-pub fn group_metadata(attributes: &Value) -> Value {
+pub(crate) fn group_metadata(attributes: &Value) -> Value {
     json!({"zarr_format": 3, "node_type": "group", "attributes": attributes})
 }
 
 /// The error for an I/O operation `op` ("write", "create") on `path`.
 #[must_use]
-pub fn io_error(op: &str, path: &Path, e: &std::io::Error) -> RecordError {
+pub(crate) fn io_error(op: &str, path: &Path, e: &std::io::Error) -> RecordError {
     RecordError::Io { errno: e.raw_os_error(), message: format!("cannot {op} {}: {e}", path.display()) }
 }
 
@@ -206,7 +208,7 @@ pub fn io_error(op: &str, path: &Path, e: &std::io::Error) -> RecordError {
 ///
 /// # Errors
 /// I/O errors, with the path.
-pub fn write_json_atomic(dir: &Path, doc: &Value, durable: bool) -> Result<(), RecordError> {
+pub(crate) fn write_json_atomic(dir: &Path, doc: &Value, durable: bool) -> Result<(), RecordError> {
     let target = dir.join("zarr.json");
     let tmp = dir.join(".zarr.json.tmp");
     let text = serde_json::to_vec_pretty(doc)
@@ -228,12 +230,12 @@ pub fn write_json_atomic(dir: &Path, doc: &Value, durable: bool) -> Result<(), R
 ///
 /// # Errors
 /// I/O errors, with the path.
-pub fn sync_dir(dir: &Path) -> Result<(), RecordError> {
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), RecordError> {
     OpenOptions::new().read(true).open(dir).and_then(|d| d.sync_all()).map_err(|e| io_error("fsync", dir, &e))
 }
 
 /// Suffixes of the per-row metadata arrays stored next to each data array (`h.step`...).
-pub const ROW_METADATA: [&str; 5] = ["seq", "step", "device", "time_ns", "transforms"];
+pub(crate) const ROW_METADATA: [&str; 5] = ["seq", "step", "device", "time_ns", "transforms"];
 
 /// Checks one record name (`"layer1/h"`) and splits it into path segments.
 ///
@@ -243,7 +245,7 @@ pub const ROW_METADATA: [&str; 5] = ["seq", "step", "device", "time_ns", "transf
 ///
 /// # Errors
 /// [`RecordError::Invalid`] saying what is wrong with the name.
-pub fn split_name(name: &str) -> Result<Vec<&str>, RecordError> {
+pub(crate) fn split_name(name: &str) -> Result<Vec<&str>, RecordError> {
     let parts: Vec<&str> = name.split('/').collect();
     for p in &parts {
         let ok_chars = p.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));

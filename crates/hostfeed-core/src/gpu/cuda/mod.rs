@@ -29,15 +29,14 @@ use cudarc::driver::result::DriverError;
 use cudarc::driver::sys;
 
 use crate::error::Error;
-use crate::frame::Frame;
+use crate::ffi::frame::Frame;
+use crate::ffi::handlers::{self, FLAG_STATUS_OUTPUT};
+use crate::gpu::pinned::{PinnedAlloc, PinnedPool, PoolStats};
 use crate::gpu::{self, Completion, Header, Stream};
-use crate::handlers::{self, FLAG_STATUS_OUTPUT};
-use crate::hostbuf::HostBuffer;
-use crate::pinned::{PinnedAlloc, PinnedPool, PoolStats};
-use crate::receiver::Receiver;
-use crate::reply::OutBuf;
-use crate::sync::lock;
-use crate::xla_ffi as ffi;
+use crate::host::buffer::HostBuffer;
+use crate::host::hub::Receiver;
+use crate::host::reply::OutBuf;
+use crate::host::sync::lock;
 
 /// How long a courier polls an event before sleeping on it: a tap's copies usually
 /// complete within microseconds, and sleeping costs a wake-up of tens of them.
@@ -111,7 +110,7 @@ pub fn driver_library() -> Result<(), String> {
 ///
 /// # Errors
 /// Why CUDA cannot be used.
-pub fn driver() -> Result<(), Error> {
+pub(crate) fn driver() -> Result<(), Error> {
     static READY: OnceLock<Result<(), String>> = OnceLock::new();
     READY
         .get_or_init(|| {
@@ -136,7 +135,7 @@ pub fn driver_version() -> Option<i32> {
 
 /// Pinned host memory from `cuMemHostAlloc` (portable: usable with every context). Called
 /// with a context current (in a handler: the stream's).
-pub struct CudaHostAlloc;
+pub(crate) struct CudaHostAlloc;
 
 impl PinnedAlloc for CudaHostAlloc {
     fn alloc(&self, bytes: usize) -> Result<NonNull<u8>, Error> {
@@ -171,7 +170,7 @@ pub fn pool_stats() -> PoolStats {
 }
 
 /// The stream of one handler call, with its context made current until dropped.
-pub struct CudaStream {
+pub(crate) struct CudaStream {
     raw: sys::CUstream,
     ctx: sys::CUcontext,
     /// Whether `ctx` was pushed for this call, to pop on drop (not if it was current).
@@ -187,7 +186,7 @@ impl CudaStream {
     ///
     /// # Safety
     /// `raw` must be a live `CUstream`, valid for the life of the result.
-    pub unsafe fn new(raw: *mut c_void) -> Result<Self, Error> {
+    pub(crate) unsafe fn new(raw: *mut c_void) -> Result<Self, Error> {
         driver()?;
         let raw: sys::CUstream = raw.cast();
         let mut ctx: sys::CUcontext = ptr::null_mut();
@@ -232,7 +231,7 @@ impl Drop for CudaStream {
 static EVENTS: Mutex<Option<HashMap<usize, Vec<usize>>>> = Mutex::new(None);
 
 /// An event recorded on a stream, back to the pool when dropped.
-pub struct CudaEvent {
+pub(crate) struct CudaEvent {
     raw: sys::CUevent,
     ctx: sys::CUcontext,
 }
@@ -416,110 +415,16 @@ fn failure(frame: &Frame<'_>, receiver: &'static Receiver, _start: u64) -> Resul
     unsafe { gpu::failure(&stream, receiver, &gpu::DELIVERY, frame.device, &status, &out) }
 }
 
-/// XLA FFI handler `hostfeed_tap` on CUDA.
-///
-/// # Safety
-/// Called by XLA with a valid call frame.
-pub unsafe extern "C" fn hostfeed_tap(frame: *mut ffi::XLA_FFI_CallFrame) -> *mut ffi::XLA_FFI_Error {
-    // SAFETY: forwarded caller contract.
-    unsafe { handlers::run(frame, "hostfeed_tap (CUDA)", tap) }
-}
-
-/// XLA FFI handler `hostfeed_call` on CUDA.
-///
-/// # Safety
-/// Called by XLA with a valid call frame.
-pub unsafe extern "C" fn hostfeed_call(frame: *mut ffi::XLA_FFI_CallFrame) -> *mut ffi::XLA_FFI_Error {
-    // SAFETY: forwarded caller contract.
-    unsafe { handlers::run(frame, "hostfeed_call (CUDA)", call) }
-}
-
-/// XLA FFI handler `hostfeed_check` on CUDA.
-///
-/// # Safety
-/// Called by XLA with a valid call frame.
-pub unsafe extern "C" fn hostfeed_check(frame: *mut ffi::XLA_FFI_CallFrame) -> *mut ffi::XLA_FFI_Error {
-    // SAFETY: forwarded caller contract.
-    unsafe { handlers::run(frame, "hostfeed_check (CUDA)", check_call) }
-}
-
-/// XLA FFI handler `hostfeed_failure` on CUDA.
-///
-/// # Safety
-/// Called by XLA with a valid call frame.
-pub unsafe extern "C" fn hostfeed_failure(frame: *mut ffi::XLA_FFI_CallFrame) -> *mut ffi::XLA_FFI_Error {
-    // SAFETY: forwarded caller contract.
-    unsafe { handlers::run(frame, "hostfeed_failure (CUDA)", failure) }
-}
-
-/// Benchmark floor: seconds taken by each of `repeats` device-to-host copies of `nbytes`
-/// from device memory of GPU `ordinal` into pinned host memory (`cuMemcpyDtoHAsync` then
-/// `cuStreamSynchronize`, on a stream of its own in the device's primary context, which
-/// is the one XLA uses).
-///
-/// # Errors
-/// The driver is unusable or a driver call fails.
-pub fn copy_floor(ordinal: i32, nbytes: usize, repeats: usize) -> Result<Vec<f64>, Error> {
-    use cudarc::driver::result as r;
-    driver()?;
-    let de = |what: &'static str| move |e: DriverError| driver_error(what, e);
-    let dev = r::device::get(ordinal).map_err(de("cuDeviceGet"))?;
-    // SAFETY: `dev` is a valid device; the primary context is retained here and released
-    // below, after everything allocated in it was freed.
-    let ctx = unsafe { r::primary_ctx::retain(dev) }.map_err(de("cuDevicePrimaryCtxRetain"))?;
-    // SAFETY: `ctx` is live; popped below.
-    check(unsafe { sys::cuCtxPushCurrent_v2(ctx) }, "cuCtxPushCurrent")?;
-    let run = || -> Result<Vec<f64>, Error> {
-        let stream = r::stream::create(r::stream::StreamKind::NonBlocking).map_err(de("cuStreamCreate"))?;
-        let mut device_mem: sys::CUdeviceptr = 0;
-        // SAFETY: a context is current; `device_mem` is a valid out pointer.
-        if let Err(e) = check(unsafe { sys::cuMemAlloc_v2(&raw mut device_mem, nbytes.max(1)) }, "cuMemAlloc")
-        {
-            // SAFETY: the stream was created above and nothing was enqueued on it.
-            let _ = unsafe { r::stream::destroy(stream) };
-            return Err(e);
-        }
-        let host = CudaHostAlloc.alloc(nbytes.max(1));
-        let mut times = Vec::with_capacity(repeats);
-        let mut outcome = Ok(());
-        if let Ok(host) = &host {
-            for _ in 0..repeats {
-                let t = Instant::now();
-                // SAFETY: both buffers hold `nbytes` bytes; the copy is waited for before
-                // the next one and before they are freed.
-                let copied = unsafe {
-                    check(
-                        sys::cuMemcpyDtoHAsync_v2(host.as_ptr().cast(), device_mem, nbytes, stream),
-                        "cuMemcpyDtoHAsync",
-                    )
-                    .and_then(|()| check(sys::cuStreamSynchronize(stream), "cuStreamSynchronize"))
-                };
-                if let Err(e) = copied {
-                    outcome = Err(e);
-                    break;
-                }
-                times.push(t.elapsed().as_secs_f64());
-            }
-        }
-        // SAFETY: every copy completed (synchronised); nothing uses the buffers any more.
-        unsafe {
-            if let Ok(host) = &host {
-                CudaHostAlloc.free(*host, nbytes.max(1));
-            }
-            let _ = sys::cuMemFree_v2(device_mem);
-            let _ = r::stream::destroy(stream);
-        }
-        host?;
-        outcome.map(|()| times)
-    };
-    let result = run();
-    let mut popped: sys::CUcontext = ptr::null_mut();
-    // SAFETY: pushed above on this thread; the retained context is released once.
-    unsafe {
-        let _ = sys::cuCtxPopCurrent_v2(&raw mut popped);
-        let _ = r::primary_ctx::release(dev);
-    }
-    result
+handlers::define_handlers! {
+    " (CUDA)";
+    /// XLA FFI handler `hostfeed_tap` on CUDA.
+    hostfeed_tap => tap;
+    /// XLA FFI handler `hostfeed_call` on CUDA.
+    hostfeed_call => call;
+    /// XLA FFI handler `hostfeed_check` on CUDA.
+    hostfeed_check => check_call;
+    /// XLA FFI handler `hostfeed_failure` on CUDA.
+    hostfeed_failure => failure;
 }
 
 #[cfg(test)]
@@ -535,7 +440,6 @@ mod tests {
                 let err = driver().unwrap_err().to_string();
                 assert!(err.contains("cannot use CUDA"), "{err}");
                 assert!(driver_version().is_none());
-                assert!(copy_floor(0, 16, 1).is_err());
                 assert_eq!(pool_stats().allocations, 0);
             }
         }

@@ -1,0 +1,79 @@
+//! `hostfeed-core`: the native core of hostfeed, without Python.
+//!
+//! XLA FFI handlers copy tapped operands into a byte-bounded queue; a consumer thread (the
+//! Python binding's, `bindings/python`) hands them to Python in batches. Nothing here
+//! links Python or JAX: `cargo test -p hostfeed-core` runs anywhere.
+//!
+//! Four rooms, each a folder whose `mod.rs` says what it holds: [`ffi`](self#rooms) (the
+//! XLA FFI C API mirror, the call frame, the CPU handlers), `host` (buffers, messages, the
+//! queue, reply slots, the hub, synchronisation, counters, Ctrl-C), `gpu` (taps and calls
+//! on a device stream, the pinned pool, `gpu/cuda`) and `record` (the Zarr recorder). The
+//! module map, the one inventory of the Rust and Python modules, is `ARCHITECTURE.md`
+//! ("Where things live") at the repository root.
+//!
+//! # Rooms
+//!
+//! The modules are private; what the binding crate and the tests use is re-exported below,
+//! grouped by room. Everything else is `pub(crate)`.
+
+#![cfg_attr(loom, allow(dead_code, unused_imports, unreachable_pub, missing_docs))]
+
+#[cfg(not(loom))]
+mod error;
+#[cfg(not(loom))]
+mod ffi;
+#[cfg(not(loom))]
+mod gpu;
+mod host;
+#[cfg(not(loom))]
+mod record;
+
+#[cfg(not(loom))]
+pub use error::{Error, RecordError};
+
+// ---- ffi: the handlers and the C API types the binding registers ----------------------
+#[cfg(not(loom))]
+pub use ffi::c_api::{
+    constant_table, dtype, layout_table, minimum_table, XLA_FFI_CallFrame, XLA_FFI_Error, XLA_FFI_Handler,
+};
+#[cfg(not(loom))]
+pub use ffi::handlers::{FLAG_EAGER, FLAG_GPU, FLAG_SHARD, FLAG_STATUS_OUTPUT, HANDLERS as CPU_HANDLERS};
+
+// ---- host: buffers, messages, the queue, replies, the hub -----------------------------
+#[cfg(not(loom))]
+pub use host::buffer::{
+    pool_idle_bytes, pool_limit, set_pool_limit, HostBuffer, PoolReservation, DEFAULT_POOL_BYTES,
+    MAX_RESERVATION,
+};
+#[cfg(not(loom))]
+pub use host::histogram::{Histogram, Timing};
+#[cfg(not(loom))]
+pub use host::hub::{
+    global as hub, in_consumer_thread, Abandoned, Batch, Consume, Receiver, StopOutcome, TryPush, Worker,
+    DEFAULT_MAX_QUEUE_BYTES, DEFAULT_STOP_TIMEOUT,
+};
+#[cfg(not(loom))]
+pub use host::interrupt::{install as install_interrupt_handlers, remove as remove_interrupt_handlers};
+#[cfg(not(loom))]
+pub use host::message::{gather, ArrayMeta, Message, Operand};
+pub use host::queue::{spin_until, PushError, Pushed, Queue, Reclaimed};
+pub use host::reply::{NoReply, OutBuf, ReplySlot};
+pub use host::stats::{Snapshot, Stats};
+pub use host::sync::lock;
+
+// ---- gpu: the delivery of GPU messages and the CUDA platform ---------------------------
+#[cfg(not(loom))]
+pub use gpu::cuda::{
+    driver_library as cuda_driver_library, driver_version as cuda_driver_version,
+    pool_stats as cuda_pool_stats, HANDLERS as CUDA_HANDLERS,
+};
+#[cfg(not(loom))]
+pub use gpu::pinned::PoolStats;
+#[cfg(not(loom))]
+pub use gpu::{device_key as gpu_device_key, Delivery, DELIVERY as GPU_DELIVERY};
+
+// ---- record: the recorder and its sinks ------------------------------------------------
+#[cfg(not(loom))]
+pub use record::recorder::{sinks, ArrayHandle, Budget, Mode, Options, Recorder, RecorderStats, Sink, Sinks};
+#[cfg(not(loom))]
+pub use record::zarr::Codec;
