@@ -11,6 +11,8 @@
 #[cfg(not(loom))]
 pub(crate) mod buffer;
 pub(crate) mod histogram;
+#[cfg(all(test, loom))]
+mod loom_models;
 #[cfg(not(loom))]
 pub(crate) mod hub;
 #[cfg(not(loom))]

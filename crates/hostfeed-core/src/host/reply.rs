@@ -8,12 +8,11 @@
 //!
 //! No Python here.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::host::queue::spin_until;
-use crate::host::sync::{lock, Waker};
+use crate::host::sync::atomic::{AtomicBool, Ordering};
+use crate::host::sync::{lock, Mutex, Waker};
 
 /// How long a waiting handler polls for the reply before sleeping: a host callback that
 /// answers within this time costs no thread wake-up.
@@ -156,7 +155,7 @@ impl ReplySlot {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use std::sync::Arc;

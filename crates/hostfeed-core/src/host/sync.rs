@@ -16,11 +16,25 @@
 //! under the mutex before releasing it inside the wait, so a notifier that changed the
 //! state under the mutex is ordered after the registration and sees the sleeper.
 //!
+//! ## Models
+//!
+//! The primitives below are std's, or loom's under `--cfg loom` (crossbeam-epoch's
+//! pattern): the modules built on them ([`Waker`] here, the reply slot and the queue's
+//! wait/notify) are then checked by the loom models in `host/loom_models.rs`, which explore
+//! every interleaving of the real code:
+//! `RUSTFLAGS="--cfg loom" cargo test -p hostfeed-core --release --lib loom`.
+//!
 //! No Python here.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::PoisonError;
 use std::time::Duration;
+
+#[cfg(loom)]
+pub(crate) use loom::sync::{atomic, Condvar, Mutex, MutexGuard};
+#[cfg(not(loom))]
+pub(crate) use std::sync::{atomic, Condvar, Mutex, MutexGuard};
+
+use atomic::{AtomicUsize, Ordering};
 
 /// Locks `m`, recovering the guard if a panic poisoned it.
 ///
@@ -88,7 +102,7 @@ impl Waker {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use std::sync::Arc;
