@@ -181,12 +181,11 @@ pub fn start(
     let r = hub();
     // Detached: the control lock may be held by a `stop` waiting for the consumer, which
     // needs the GIL.
-    Ok(py
-        .detach(move || {
-            r.configure(consumer);
-            r.start()
-        })
-        .py()?)
+    py.detach(move || {
+        r.configure(consumer);
+        r.start()
+    })
+    .py()
 }
 
 /// Drains the queue, then stops and joins the consumer thread (GIL released). If a
@@ -213,7 +212,7 @@ pub fn finalize(py: Python<'_>, stall_timeout: Option<f64>) -> PyResult<usize> {
     let dropped = py.detach(|| hub().finalize(stall));
     report_notes(py);
     hostfeed_core::remove_interrupt_handlers();
-    Ok(dropped.py()?)
+    dropped.py()
 }
 
 /// The exit watchdog: a native thread that keeps the receiver draining while the main
@@ -359,7 +358,7 @@ pub fn push_control(py: Python<'_>) -> PyResult<()> {
     // SAFETY: no operands are read.
     let msg = unsafe { hostfeed_core::gather(0, 0, -1, std::iter::empty()) }.py()?;
     let r = hub();
-    Ok(py.detach(|| r.push(msg)).py()?)
+    py.detach(|| r.push(msg)).py()
 }
 
 /// Whether the consumer thread is running.

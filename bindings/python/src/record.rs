@@ -102,7 +102,7 @@ impl PyRecorder {
     /// recorded, `RecordingError` for I/O errors.
     #[allow(clippy::needless_pass_by_value)]
     fn declare(&self, py: Python<'_>, name: &str, dtype_code: i32, shape: Vec<u64>) -> PyResult<usize> {
-        Ok(py.detach(|| self.inner.declare(name, dtype_code, &shape)).py()?)
+        py.detach(|| self.inner.declare(name, dtype_code, &shape)).py()
     }
 
     /// Routes the messages of `consumer_id` to this recorder from now on, in Rust: operand
@@ -148,7 +148,7 @@ impl PyRecorder {
             unsafe { std::slice::from_raw_parts(buf.buf_ptr().cast::<u8>(), len) }
         };
         let t = self.inner.transforms_index(transforms);
-        Ok(self.inner.append(array_id, bytes, step, device, t).py()?)
+        self.inner.append(array_id, bytes, step, device, t).py()
     }
 
     /// Writes every row received so far and announces it in the store's metadata, waiting

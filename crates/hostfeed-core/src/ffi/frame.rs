@@ -29,13 +29,13 @@ pub(crate) struct Buffer<'a> {
 impl<'a> Buffer<'a> {
     /// `XLA_FFI_DataType` code.
     #[must_use]
-    pub(crate) fn dtype(&self) -> ffi::XLA_FFI_DataType {
+    pub(crate) fn dtype(self) -> ffi::XLA_FFI_DataType {
         self.raw.dtype
     }
 
     /// Whether this is the ordered-effect token (no data).
     #[must_use]
-    pub(crate) fn is_token(&self) -> bool {
+    pub(crate) fn is_token(self) -> bool {
         self.raw.dtype == dtype::TOKEN
     }
 
@@ -62,7 +62,7 @@ impl<'a> Buffer<'a> {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a dtype hostfeed cannot transfer or invalid dims.
-    pub(crate) fn nbytes(&self) -> Result<usize, Error> {
+    pub(crate) fn nbytes(self) -> Result<usize, Error> {
         let elem = dtype::element_size(self.raw.dtype).ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "dtype code {} cannot be transferred (sub-byte and token types are not supported)",

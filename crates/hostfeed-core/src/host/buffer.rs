@@ -230,13 +230,6 @@ impl HostBuffer {
         self.len
     }
 
-    #[cfg(test)]
-    /// Whether the buffer holds no bytes.
-    #[must_use]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Start of the buffer (dangling but aligned when empty).
     #[must_use]
     pub fn as_ptr(&self) -> *const u8 {

@@ -55,7 +55,7 @@ pub fn in_consumer_thread() -> bool {
 
 /// What runs on the consumer thread.
 pub trait Consume: Send + Sync + 'static {
-    /// Processes batches from `worker` until [`Worker::next_batch`] returns `None`.
+    /// Processes batches from `worker` until `Worker::next_batch` returns `None`.
     fn run(&self, worker: &Worker);
 }
 
@@ -77,13 +77,6 @@ impl Worker {
         r.busy.store(-1, Ordering::Relaxed);
         let epoch = r.queue.begin_batch(MAX_BATCH)?;
         Some(Batch { receiver: r, epoch })
-    }
-
-    #[cfg(test)]
-    /// The receiver this worker serves.
-    #[must_use]
-    pub(crate) fn receiver(&self) -> &'static Receiver {
-        self.receiver
     }
 }
 

@@ -167,13 +167,6 @@ impl Layout {
         self.arrays.last().map_or(0, |m| m.offset + m.nbytes)
     }
 
-    #[cfg(test)]
-    /// Whether no operand holds any byte.
-    #[must_use]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// The message for these tables and `data` (which holds the operands as laid out).
     #[must_use]
     pub(crate) fn into_message(self, consumer_id: i64, flags: i64, device: i32, data: HostBuffer) -> Message {

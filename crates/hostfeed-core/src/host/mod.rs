@@ -11,12 +11,12 @@
 #[cfg(not(loom))]
 pub(crate) mod buffer;
 pub(crate) mod histogram;
-#[cfg(all(test, loom))]
-mod loom_models;
 #[cfg(not(loom))]
 pub(crate) mod hub;
 #[cfg(not(loom))]
 pub(crate) mod interrupt;
+#[cfg(all(test, loom))]
+mod loom_models;
 #[cfg(not(loom))]
 pub(crate) mod message;
 pub(crate) mod queue;

@@ -28,12 +28,12 @@ use crate::host::sync::{lock, Mutex, Waker};
 /// Why a push did not happen; the item is handed back.
 #[derive(Debug, PartialEq, Eq)]
 pub enum PushError<T> {
-    /// The queue was closed for good ([`Queue::close`]).
+    /// The queue was closed for good (`Queue::close`).
     Closed(T),
     /// The item must wait for space but no consumer is active to make any: start one
     /// and push again.
     NoConsumer(T),
-    /// [`Queue::try_push`] only: the item would have to wait for space.
+    /// `Queue::try_push` only: the item would have to wait for space.
     WouldBlock(T),
 }
 
@@ -165,7 +165,7 @@ impl<T> Queue<T> {
     /// Pushes `item` worth `bytes`, blocking while it would exceed the bound.
     ///
     /// # Errors
-    /// [`PushError::Closed`] once [`Queue::close`] was called; [`PushError::NoConsumer`]
+    /// [`PushError::Closed`] once `Queue::close` was called; [`PushError::NoConsumer`]
     /// when it would have to wait but no consumer is active.
     pub fn push(&self, item: T, bytes: usize) -> Result<Pushed, PushError<T>> {
         self.push_inner(item, bytes, WhenFull::Wait)
@@ -447,9 +447,8 @@ impl<T> Queue<T> {
         lock(&self.inner).items.len()
     }
 
-    #[cfg(test)]
     /// Whether no message is waiting to be moved into a batch.
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 

@@ -33,7 +33,7 @@
 //!   fewer rows than it.
 //!
 //! Completed row ranges advance each array's contiguous *frontier*; a *commit* announces
-//! the frontier. Commits happen at every [`Recorder::flush`] and, from the ticker thread,
+//! the frontier. Commits happen at every flush ([`Recorder::flush_end`]) and, from the ticker thread,
 //! every `commit_interval`. Nothing is fsynced unless `durable` is set (the page cache
 //! survives a killed process; `durable` also survives an OS crash).
 //!
