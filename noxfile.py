@@ -45,7 +45,7 @@ def _wheel() -> str:
 
 
 # The other releases in the supported range whose internals or FFI header differ from a
-# neighbour's (see _compat.py and rust/xla_ffi.rs): not in CI; `nox -s releases`.
+# neighbour's (see _compat.py and crates/hostfeed-core/src/ffi/c_api.rs): not in CI; `nox -s releases`.
 RELEASES = [("3.11", "0.10.0"), ("3.11", "0.10.1"), ("3.12", "0.11.0"), ("3.12", "0.11.1"),
             ("3.13", "0.12.0")]
 

@@ -4,7 +4,7 @@ taps against io_callback(ordered=True), the device-side cost of a small tap (lat
 section: per-tap p50 and "per tap"), an idle barrier_wait against jax.effects_barrier, and
 what the latency histograms cost (a thin user of ``python -m hostfeed bench``).
 
-Run: python benches/perf_round2.py [--quick] [--json FILE]
+Run: python benches/versus_jax.py [--quick] [--json FILE]
 """
 import sys
 

@@ -42,7 +42,7 @@ for _name, _capsule in receiver.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
 
 
-# ---- gpu branch: the CUDA handlers --------------------------------------------------------
+# ---- The CUDA handlers ---------------------------------------------------------------------
 def _cuda_plugins() -> list[str]:
     """The JAX CUDA plugins installed (``jax_plugins.xla_cuda12``/``xla_cuda13``), found
     without importing or initialising them."""
@@ -123,7 +123,7 @@ def _on_cuda(rule: Any) -> Any:
                 f"hostfeed cannot run host callbacks on this CUDA backend: {reason}")
         return rule(ctx, *args, **params)
     return lower
-# ---- end gpu branch -----------------------------------------------------------------------
+# ---- end of the CUDA handlers ------------------------------------------------------------
 
 
 def _consumer_id(ctx: Any, lease: receiver.Lease) -> int:
@@ -264,5 +264,5 @@ for _prim, _rule in ((outside_call_p, _outside_call_lowering),
                      (call_check_p, _call_check_lowering),
                      (failure_message_p, _failure_message_lowering)):
     _compat.register_lowering(_prim, _rule, platform="cpu")
-    _compat.register_lowering(_prim, _on_cuda(_rule), platform="cuda")  # gpu branch
+    _compat.register_lowering(_prim, _on_cuda(_rule), platform="cuda")
     _compat.register_lowering(_prim, _lowering_unsupported)

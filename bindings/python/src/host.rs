@@ -1,6 +1,6 @@
 //! The Python binding of the receiver: the `#[pyfunction]`s of `hostfeed._receiver` and the
 //! consumer that runs the Python dispatcher. Argument checks and conversions happen here,
-//! and so does every release of the GIL around a wait (the recorder's are in `pyrecord.rs`):
+//! and so does every release of the GIL around a wait (the recorder's are in `record.rs`):
 //! waits are sliced (at most [`WAIT_SLICE`] each) so that Ctrl-C is honoured between slices.
 //!
 //! The doc comments of the `#[pyfunction]`s are their Python docstrings; the exceptions
@@ -195,7 +195,7 @@ pub fn start(
 #[pyo3(signature = (stall_timeout))]
 pub fn stop(py: Python<'_>, stall_timeout: Option<f64>) -> PyResult<bool> {
     let stall = duration("stall_timeout", stall_timeout)?;
-    wait_gpu_deliveries(py, stall.unwrap_or(hostfeed_core::DEFAULT_STOP_TIMEOUT)); // gpu branch
+    wait_gpu_deliveries(py, stall.unwrap_or(hostfeed_core::DEFAULT_STOP_TIMEOUT)); // GPU taps first
     let outcome = py.detach(|| hub().stop(stall));
     report_notes(py);
     Ok(!matches!(outcome.py()?, StopOutcome::Abandoned(_)))
@@ -208,7 +208,7 @@ pub fn stop(py: Python<'_>, stall_timeout: Option<f64>) -> PyResult<bool> {
 #[pyo3(signature = (stall_timeout))]
 pub fn finalize(py: Python<'_>, stall_timeout: Option<f64>) -> PyResult<usize> {
     let stall = duration("stall_timeout", stall_timeout)?;
-    wait_gpu_deliveries(py, stall.unwrap_or(hostfeed_core::DEFAULT_STOP_TIMEOUT)); // gpu branch
+    wait_gpu_deliveries(py, stall.unwrap_or(hostfeed_core::DEFAULT_STOP_TIMEOUT)); // GPU taps first
     let dropped = py.detach(|| hub().finalize(stall));
     report_notes(py);
     hostfeed_core::remove_interrupt_handlers();
@@ -334,7 +334,7 @@ pub fn push_eager(
     arrays: Bound<'_, PyTuple>,
     nbytes: usize,
 ) -> PyResult<()> {
-    // gpu branch: Python waited for the computations dispatched before this tap; their GPU
+    // Python waited for the computations dispatched before this tap; their GPU
     // taps reach the queue first (without GPUs: two atomic loads).
     wait_gpu_parcels(py)?;
     let payload = EagerTap { entry: entry.unbind(), arrays: arrays.unbind() };

@@ -114,7 +114,7 @@ fn message_tuple<'py>(py: Python<'py>, dtypes: &Dtypes, msg: Message) -> PyResul
         views.push(unsafe { make_array(py, dtypes, &owner, base.add(a.offset), a.dtype, shape) }?);
     }
     let arrays = PyTuple::new(py, views)?;
-    // gpu branch: a GPU's messages reach Python with a key of their own (see `hostfeed_core::gpu_device_key`).
+    // A GPU's messages reach Python with a key of their own (see `hostfeed_core::gpu_device_key`).
     let device =
         if flags & hostfeed_core::FLAG_GPU == 0 { device } else { hostfeed_core::gpu_device_key(device) };
     (consumer_id, device, flags, arrays, reply, run_id).into_pyobject(py)

@@ -1,4 +1,4 @@
-//! The Python binding of the recorder (`recorder.rs`): `hostfeed._receiver.Recorder`,
+//! The Python binding of the recorder (the core's `record/recorder.rs`): `hostfeed._receiver.Recorder`,
 //! which `hostfeed.recording` wraps. Argument conversion, and the release of the GIL
 //! around every file system operation and wait (waits are sliced so that Ctrl-C works).
 #![allow(clippy::missing_errors_doc, clippy::must_use_candidate)]

@@ -1,5 +1,6 @@
 //! One error type for the crate and its mapping to XLA FFI error codes (for handlers).
-//! Its single conversion into a Python exception lives in `exceptions.rs`.
+//! Its single conversion into a Python exception lives in the binding crate
+//! (`bindings/python/src/error.rs`, `CoreError`).
 //!
 //! No Python here.
 
@@ -104,7 +105,7 @@ impl Error {
     }
 }
 
-/// What can go wrong while recording to a Zarr store (`recorder.rs`, `zarr.rs`).
+/// What can go wrong while recording to a Zarr store (`record/`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RecordError {
     /// A file system operation on the store failed; `errno` as the OS reported it.

@@ -22,7 +22,7 @@
 //! before reading a slot. Handlers declare API version 0.3 in their metadata; newer XLA
 //! accepts handlers built against an older minor version.
 //!
-//! `tests/rust/ffi_layout.rs` compiles a C program against the installed header (or each
+//! `tests/ffi_layout.rs` compiles a C program against the installed header (or each
 //! header named in `HOSTFEED_XLA_FFI_INCLUDE`) and checks every size and field offset
 //! declared here, so drift fails a test instead of corrupting memory.
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
@@ -295,7 +295,7 @@ pub(crate) struct XLA_FFI_Metadata_Extension {
     pub(crate) metadata: *mut XLA_FFI_Metadata,
 }
 
-// ---- gpu branch: the stream of a GPU handler, and the traits bit it must not declare ----
+// ---- GPU handlers: the stream of a GPU handler, and the traits bit it must not declare ----
 
 // enum XLA_FFI_Handler_TraitsBits { XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE = 1u << 0 };
 /// hostfeed's handlers never declare this: they have host side effects at every execution
@@ -319,7 +319,7 @@ pub(crate) const XLA_FFI_Stream_Get_Args_STRUCT_SIZE: usize =
 // typedef XLA_FFI_Error* XLA_FFI_Stream_Get(XLA_FFI_Stream_Get_Args* args);
 pub(crate) type XLA_FFI_Stream_Get =
     unsafe extern "C" fn(args: *mut XLA_FFI_Stream_Get_Args) -> *mut XLA_FFI_Error;
-// ---- end gpu branch ----
+// ---- end of the GPU handlers' part ----
 
 // struct XLA_FFI_RunId_Get_Args { size_t struct_size; XLA_FFI_Extension_Base* extension_start;
 //   XLA_FFI_ExecutionContext* ctx; int64_t run_id; };
@@ -380,7 +380,7 @@ pub(crate) const XLA_FFI_Api_STRUCT_SIZE: usize = std::mem::size_of::<XLA_FFI_Ap
 /// Sizes and field offsets of every mirrored struct, as `(C expression, value)` pairs that
 /// must match the header exactly. `XLA_FFI_Api`'s size is not here: the mirror is a prefix
 /// of the table, which later versions extend (see [`minimum_table`]).
-/// `tests/rust/ffi_layout.rs` evaluates the same C expressions against the real header.
+/// `tests/ffi_layout.rs` evaluates the same C expressions against the real header.
 #[must_use]
 pub fn layout_table() -> Vec<(&'static str, usize)> {
     use std::mem::{offset_of, size_of};

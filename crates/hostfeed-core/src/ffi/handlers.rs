@@ -31,7 +31,7 @@ pub const FLAG_SHARD: i64 = 1 << 2;
 pub const FLAG_EAGER: i64 = 1 << 3;
 
 /// `flags` bit set by the GPU handlers (not the lowering): the message came from a GPU,
-/// whose device ordinal `Message::device` holds (gpu branch).
+/// whose device ordinal `Message::device` holds.
 pub const FLAG_GPU: i64 = 1 << 4;
 
 /// Copies the frame's operands into a message for the consumer the lowering named.

@@ -1,6 +1,6 @@
 //! Taps and calls on a GPU, written against a [`Stream`] (the device's work queue) so that
 //! the logic is the same for any GPU platform and is tested with plain `cargo test`
-//! against a fake stream; `cuda.rs` implements [`Stream`] with the CUDA driver API.
+//! against a fake stream; `cuda/` implements [`Stream`] with the CUDA driver API.
 //!
 //! ## Taps never make the device wait
 //!

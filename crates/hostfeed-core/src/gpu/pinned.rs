@@ -19,7 +19,7 @@
 //! byte bound, which charges a message its block's full capacity) plus the idle limit.
 //!
 //! The allocator is a trait ([`PinnedAlloc`]) so that the bookkeeping is tested with a fake
-//! one; `cuda.rs` provides the real one (`cuMemHostAlloc` / `cuMemFreeHost`).
+//! one; `cuda/` provides the real one (`cuMemHostAlloc` / `cuMemFreeHost`).
 //!
 //! No Python and no CUDA here.
 

@@ -3,7 +3,7 @@
 //! failures they report.
 //!
 //! The consumer thread runs a [`Consume`] implementation. The Python binding provides the
-//! real one (`dispatch.rs`: attach to Python, hand each batch to the dispatcher); tests
+//! real one (the binding's `host.rs` and `messages.rs`: attach to Python, hand each batch to the dispatcher); tests
 //! provide plain Rust ones, so this whole module is covered by `cargo test`.
 //!
 //! Lifecycle: the binding configures the receiver with its consumer and starts it. A

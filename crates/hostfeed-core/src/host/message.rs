@@ -6,7 +6,7 @@
 //! views of that buffer to numpy without copying again.
 //!
 //! On CPU the operand is already in host memory and [`copy_to_host`] is a `memcpy`; GPUs
-//! use the same [`layout`] with asynchronous copies into pinned memory (`gpu.rs`).
+//! use the same [`layout`] with asynchronous copies into pinned memory (`gpu/`).
 //!
 //! No Python here.
 

@@ -4,7 +4,8 @@
 //! Spec: Zarr v3 core (`zarr_format: 3`, `regular` chunk grid, `default` chunk key
 //! encoding, `bytes` codec, `zstd` codec) plus the zarr-extensions data types (`bfloat16`,
 //! `float8_*`). Only what the recorder writes is modelled. Data type names and fill values
-//! are the ones tensorstore writes and reads (see `/work/notes/zarr_report.md`, section 3):
+//! are the ones tensorstore writes and reads (the data types of its `zarr3` driver,
+//! <https://google.github.io/tensorstore/driver/zarr3/index.html>):
 //! `float8_e4m3fn` is tensorstore's name (zarr-extensions lacks it), the other float8
 //! names are zarr-extensions'.
 //!

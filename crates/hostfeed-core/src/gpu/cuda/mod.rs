@@ -12,11 +12,11 @@
 //! `CUstream`), make its context current for the duration of the call, refuse to run
 //! while the stream is being captured into a CUDA graph (their metadata never declares
 //! them command-buffer compatible, so XLA does not capture them; this guards the
-//! invariant), and run the platform-neutral bodies in `gpu.rs`.
+//! invariant), and run the platform-neutral bodies in `gpu/`.
 //!
 //! Each tap records an event after its copies (from a pool of events per context, created
 //! with `CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC`); the device's courier thread
-//! (`gpu.rs`) waits for it, polling briefly before it sleeps in `cuEventSynchronize`.
+//! (`gpu/`) waits for it, polling briefly before it sleeps in `cuEventSynchronize`.
 
 use std::cell::Cell;
 use std::collections::HashMap;
