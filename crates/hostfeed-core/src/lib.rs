@@ -49,7 +49,7 @@ pub use host::buffer::{
 pub use host::histogram::{Histogram, Timing};
 #[cfg(not(loom))]
 pub use host::hub::{
-    global as hub, in_consumer_thread, Abandoned, Batch, Consume, Receiver, StopOutcome, TryPush, Worker,
+    global as hub, in_consumer_thread, Abandoned, Batch, Consume, Hub, StopOutcome, TryPush, Worker,
     DEFAULT_MAX_QUEUE_BYTES, DEFAULT_STOP_TIMEOUT,
 };
 #[cfg(not(loom))]

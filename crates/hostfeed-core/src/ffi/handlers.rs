@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use crate::error::Error;
 use crate::ffi::c_api::{self as ffi, dtype};
 use crate::ffi::frame::{self, Attrs, Decoded, Frame};
-use crate::host::hub::{self, in_consumer_thread, Receiver};
+use crate::host::hub::{self, in_consumer_thread, Hub};
 use crate::host::interrupt;
 use crate::host::message::{self, Message};
 use crate::host::reply::{NoReply, OutBuf, ReplySlot};
@@ -48,7 +48,7 @@ fn message(frame: &Frame<'_>) -> Result<Message, Error> {
 }
 
 /// The body of the tap handler: copy every operand and enqueue one message.
-fn tap(frame: &Frame<'_>, receiver: &'static Receiver, start: u64) -> Result<(), Error> {
+fn tap(frame: &Frame<'_>, receiver: &'static Hub, start: u64) -> Result<(), Error> {
     let mut msg = message(frame)?;
     // The device-side cost: from the handler's start until the message is ready to queue
     // (time spent waiting for space on a full queue is counted by `producer_blocked_ns`).
@@ -59,7 +59,7 @@ fn tap(frame: &Frame<'_>, receiver: &'static Receiver, start: u64) -> Result<(),
 }
 
 /// Why a `call` has no reply, in words.
-fn no_reply_error(receiver: &Receiver, slot: &ReplySlot, attrs: &Attrs<'_>, why: NoReply) -> Error {
+fn no_reply_error(receiver: &Hub, slot: &ReplySlot, attrs: &Attrs<'_>, why: NoReply) -> Error {
     let name = String::from_utf8_lossy(attrs.name).into_owned();
     match why {
         NoReply::Interrupted(reason) => Error::CallFailed(format!(
@@ -84,7 +84,7 @@ fn no_reply_error(receiver: &Receiver, slot: &ReplySlot, attrs: &Attrs<'_>, why:
 /// # Errors
 /// The host function's failure, a timeout or interruption, or a push error.
 pub(crate) fn await_reply(
-    receiver: &'static Receiver,
+    receiver: &'static Hub,
     attrs: &Attrs<'_>,
     mut msg: Message,
     outs: Vec<OutBuf>,
@@ -116,7 +116,7 @@ pub(crate) fn await_reply(
 
 /// The body of the call handler: enqueue the request, wait for the consumer's reply (no
 /// GIL involved), which writes straight into the result buffers.
-fn call(frame: &Frame<'_>, receiver: &'static Receiver, _start: u64) -> Result<(), Error> {
+fn call(frame: &Frame<'_>, receiver: &'static Hub, _start: u64) -> Result<(), Error> {
     if in_consumer_thread() {
         // The reply would have to come from this very thread.
         return Err(Error::InsideCallback("a computation containing hcb.call"));
@@ -170,7 +170,7 @@ fn status_arg(frame: &Frame<'_>, what: &str) -> Result<i32, Error> {
 /// With many processes the failure may have been recorded in another process, whose
 /// tickets mean nothing here; there the lowering passes the failure's message as a second
 /// operand (`uint8[n]`, NUL-padded UTF-8, see [`failure`]), which wins when present.
-fn check(frame: &Frame<'_>, receiver: &'static Receiver, _start: u64) -> Result<(), Error> {
+fn check(frame: &Frame<'_>, receiver: &'static Hub, _start: u64) -> Result<(), Error> {
     match status_arg(frame, "hostfeed_check")? {
         0 => Ok(()),
         ticket => {
@@ -195,7 +195,7 @@ fn check(frame: &Frame<'_>, receiver: &'static Receiver, _start: u64) -> Result<
 /// under this device's own status (a ticket of this process) into the `uint8[n]` result,
 /// NUL-padded and cut to fit (zeros when the status is 0). Lets the lowering send the
 /// message to the other processes of a multi-process computation.
-fn failure(frame: &Frame<'_>, receiver: &'static Receiver, _start: u64) -> Result<(), Error> {
+fn failure(frame: &Frame<'_>, receiver: &'static Hub, _start: u64) -> Result<(), Error> {
     let ticket = status_arg(frame, "hostfeed_failure")?;
     let out = frame
         .outputs()
@@ -234,7 +234,7 @@ pub(crate) fn padded(text: String, n: usize) -> Vec<u8> {
 pub(crate) unsafe fn run(
     frame: *mut ffi::XLA_FFI_CallFrame,
     name: &str,
-    body: fn(&Frame<'_>, &'static Receiver, u64) -> Result<(), Error>,
+    body: fn(&Frame<'_>, &'static Hub, u64) -> Result<(), Error>,
 ) -> *mut ffi::XLA_FFI_Error {
     let result = catch_unwind(AssertUnwindSafe(|| {
         let receiver = hub::global();

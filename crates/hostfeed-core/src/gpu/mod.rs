@@ -70,7 +70,7 @@ use crate::ffi::c_api::dtype;
 use crate::ffi::frame::Attrs;
 use crate::ffi::handlers::{self, FLAG_GPU, FLAG_STATUS_OUTPUT};
 use crate::host::buffer::{HostBuffer, ALIGN};
-use crate::host::hub::{in_consumer_thread, Receiver};
+use crate::host::hub::{in_consumer_thread, Hub};
 use crate::host::message::{self, Message, Operand};
 use crate::host::reply::OutBuf;
 use crate::host::sync::{lock, Waker};
@@ -142,7 +142,7 @@ pub fn device_key(ordinal: i32) -> i32 {
 /// What a courier does once a parcel's marker completed.
 pub(crate) enum Job {
     /// Pushes a tap's message (its copies completed) and ends its reservation.
-    Deliver { msg: Message, receiver: &'static Receiver, reserved: usize },
+    Deliver { msg: Message, receiver: &'static Hub, reserved: usize },
     /// Drops a staging buffer whose copies to the device completed (back to its pool).
     Release(HostBuffer),
 }
@@ -223,15 +223,10 @@ impl Delivery {
     ///
     /// # Errors
     /// The receiver shut down, or no consumer could be started.
-    pub(crate) fn reserve(
-        &self,
-        receiver: &'static Receiver,
-        ordinal: i32,
-        bytes: usize,
-    ) -> Result<(), Error> {
+    pub(crate) fn reserve(&self, receiver: &'static Hub, ordinal: i32, bytes: usize) -> Result<(), Error> {
         let i = index(ordinal);
         // A computation run from inside a host callback: the consumer is this thread, so
-        // waiting for it would never end (as `Receiver::push` admits such a message).
+        // waiting for it would never end (as `Hub::push` admits such a message).
         let on_consumer = in_consumer_thread();
         let stats = &receiver.queue.stats;
         let mut blocked_since: Option<Instant> = None;
@@ -486,7 +481,7 @@ unsafe fn enqueue_copies<'a>(
 /// As [`enqueue_copies`].
 pub(crate) unsafe fn tap<'a, S: Stream>(
     stream: &S,
-    receiver: &'static Receiver,
+    receiver: &'static Hub,
     delivery: &'static Delivery,
     header: Header,
     operands: impl Iterator<Item = Operand<'a>> + Clone,
@@ -577,7 +572,7 @@ fn write_back<S: Stream>(
 #[allow(clippy::too_many_arguments)] // the pieces of a decoded frame
 pub(crate) unsafe fn call<'a, S: Stream>(
     stream: &S,
-    receiver: &'static Receiver,
+    receiver: &'static Hub,
     delivery: &'static Delivery,
     header: Header,
     attrs: &Attrs<'_>,
@@ -681,7 +676,7 @@ unsafe fn read_status<S: Stream>(stream: &S, status: &Operand<'_>, what: &str) -
 /// The operands must be device memory of their dtypes and dims.
 pub(crate) unsafe fn check<S: Stream>(
     stream: &S,
-    receiver: &'static Receiver,
+    receiver: &'static Hub,
     status: &Operand<'_>,
     sent: Option<&Operand<'_>>,
 ) -> Result<(), Error> {
@@ -714,7 +709,7 @@ pub(crate) unsafe fn check<S: Stream>(
 /// `status` must be device memory of an int32 scalar, `out` device memory of its bytes.
 pub(crate) unsafe fn failure<S: Stream>(
     stream: &S,
-    receiver: &'static Receiver,
+    receiver: &'static Hub,
     delivery: &'static Delivery,
     ordinal: i32,
     status: &Operand<'_>,
@@ -914,8 +909,8 @@ mod tests {
         }
     }
 
-    fn setup(bound: usize) -> (&'static Receiver, Arc<Recording>, &'static Delivery) {
-        let r: &'static Receiver = Box::leak(Box::new(Receiver::new(bound)));
+    fn setup(bound: usize) -> (&'static Hub, Arc<Recording>, &'static Delivery) {
+        let r: &'static Hub = Box::leak(Box::new(Hub::new(bound)));
         let c = Arc::new(Recording { seen: Mutex::new(Vec::new()) });
         r.configure(c.clone());
         (r, c, Box::leak(Box::new(Delivery::new())))
@@ -929,7 +924,7 @@ mod tests {
         Operand { dtype: dtype::U8, data: data.as_ptr(), dims }
     }
 
-    fn wait_all(recv: &'static Receiver, n: u64) {
+    fn wait_all(recv: &'static Hub, n: u64) {
         assert!(recv.wait_processed(n, Duration::from_secs(60)).unwrap(), "messages not processed");
     }
 
@@ -1131,7 +1126,7 @@ mod tests {
     /// As [`call`]: the operand and the outputs outlive the copies.
     unsafe fn call_one(
         stream: &FakeStream,
-        recv: &'static Receiver,
+        recv: &'static Hub,
         delivery: &'static Delivery,
         h: Header,
         x: Operand<'_>,

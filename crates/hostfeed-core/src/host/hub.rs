@@ -1,10 +1,13 @@
-//! The receiver: the queue, the consumer thread's lifecycle (start, stop, restart,
-//! abandoning a stuck consumer), the barrier, the `call`s waiting for replies and the
-//! failures they report.
+//! The hub: the one place every handler pushes to and the consumer thread pulls from. It
+//! owns the queue, the consumer thread's lifecycle (start, stop, restart, abandoning a
+//! stuck consumer), the barrier, the `call`s waiting for replies and the failures they
+//! report. (Python calls the whole native side "the receiver": `hostfeed.receiver`, the
+//! only importer of the extension module `hostfeed._receiver`; in Rust that name is kept
+//! for the variables that hold a [`Hub`], as in `receiver.push(msg)`.)
 //!
 //! The consumer thread runs a [`Consume`] implementation. The Python binding provides the
-//! real one (the binding's `host.rs` and `messages.rs`: attach to Python, hand each batch to the dispatcher); tests
-//! provide plain Rust ones, so this whole module is covered by `cargo test`.
+//! real one (the binding's `host.rs` and `messages.rs`: attach to Python, hand each batch
+//! to the dispatcher); tests provide plain Rust ones, so this whole module is covered by `cargo test`.
 //!
 //! Lifecycle: the binding configures the receiver with its consumer and starts it. A
 //! handler that finds no consumer running (after `stop_outfeed_receiver`, say) restarts it
@@ -61,7 +64,7 @@ pub trait Consume: Send + Sync + 'static {
 
 /// The consumer thread's access to the receiver.
 pub struct Worker {
-    receiver: &'static Receiver,
+    receiver: &'static Hub,
     generation: u64,
 }
 
@@ -84,7 +87,7 @@ impl Worker {
 /// consumer stuck in one of them can be relieved of the rest ([`Queue::reclaim_batch`]).
 /// Ending (or dropping) the batch completes what was taken.
 pub struct Batch {
-    receiver: &'static Receiver,
+    receiver: &'static Hub,
     epoch: u64,
 }
 
@@ -126,13 +129,13 @@ impl Drop for Batch {
     }
 }
 
-/// What [`Receiver::try_push`] did.
+/// What [`Hub::try_push`] did.
 pub enum TryPush {
     /// Queued, and a consumer will process it.
     Pushed,
-    /// Queued, but no consumer runs: call [`Receiver::start`].
+    /// Queued, but no consumer runs: call [`Hub::start`].
     NeedsConsumer,
-    /// Not queued: it must wait for space; call [`Receiver::push`].
+    /// Not queued: it must wait for space; call [`Hub::push`].
     Full(Message),
 }
 
@@ -172,7 +175,7 @@ struct Failures {
 }
 
 /// See the module documentation.
-pub struct Receiver {
+pub struct Hub {
     /// The byte-bounded queue of messages for the consumer.
     pub queue: Queue<Message>,
     /// Device-side cost and hand-over latency histograms.
@@ -195,22 +198,22 @@ pub struct Receiver {
     /// (taken by the binding and logged).
     notes: Mutex<Vec<String>>,
     has_notes: AtomicBool,
-    /// Stall detection across [`Receiver::drain_step`] calls: progress last seen, when.
+    /// Stall detection across [`Hub::drain_step`] calls: progress last seen, when.
     watch: Mutex<(u64, Instant)>,
 }
 
-static GLOBAL: OnceLock<Receiver> = OnceLock::new();
+static GLOBAL: OnceLock<Hub> = OnceLock::new();
 
 /// The process-wide receiver (created on first use, not started).
-pub fn global() -> &'static Receiver {
-    GLOBAL.get_or_init(|| Receiver::new(DEFAULT_MAX_QUEUE_BYTES))
+pub fn global() -> &'static Hub {
+    GLOBAL.get_or_init(|| Hub::new(DEFAULT_MAX_QUEUE_BYTES))
 }
 
-impl Receiver {
+impl Hub {
     /// A receiver with a queue of `bound` bytes and no consumer.
     #[must_use]
     pub(crate) fn new(bound: usize) -> Self {
-        Receiver {
+        Hub {
             queue: Queue::new(bound).with_spin(CONSUMER_SPIN),
             timing: Timing::default(),
             control: Mutex::new(Control::default()),
@@ -249,7 +252,7 @@ impl Receiver {
         lock(&self.control).thread.as_ref().is_some_and(|h| !h.is_finished())
     }
 
-    /// Whether [`Receiver::finalize`] ran.
+    /// Whether [`Hub::finalize`] ran.
     pub(crate) fn is_finalized(&self) -> bool {
         self.finalized.load(Ordering::Acquire)
     }
@@ -338,7 +341,7 @@ impl Receiver {
         }
     }
 
-    /// Records a waiting `call`; returns its id for [`Receiver::end_call`].
+    /// Records a waiting `call`; returns its id for [`Hub::end_call`].
     pub(crate) fn begin_call(&self, slot: Arc<ReplySlot>) -> u64 {
         let call_id = self.next_call.fetch_add(1, Ordering::Relaxed);
         lock(&self.calls).insert(call_id, slot);
@@ -535,7 +538,7 @@ impl Receiver {
     /// fail. Returns the messages that could not be processed (dropped).
     ///
     /// # Errors
-    /// As [`Receiver::stop`].
+    /// As [`Hub::stop`].
     pub fn finalize(&'static self, stall: Option<Duration>) -> Result<usize, Error> {
         let mut abandons = 0;
         loop {
@@ -564,7 +567,7 @@ impl Receiver {
 
 /// Marks the consumer as gone when its thread ends, however it ends (unless it was
 /// abandoned, in which case a newer consumer may be running).
-struct ExitGuard(&'static Receiver, u64);
+struct ExitGuard(&'static Hub, u64);
 
 impl Drop for ExitGuard {
     fn drop(&mut self) {
@@ -575,7 +578,7 @@ impl Drop for ExitGuard {
     }
 }
 
-fn consumer_main(receiver: &'static Receiver, consumer: &dyn Consume, generation: u64) {
+fn consumer_main(receiver: &'static Hub, consumer: &dyn Consume, generation: u64) {
     IS_CONSUMER.with(|c| c.set(true));
     let _guard = ExitGuard(receiver, generation);
     consumer.run(&Worker { receiver, generation });
@@ -587,8 +590,8 @@ mod tests {
     use crate::host::message::gather;
     use std::sync::mpsc;
 
-    fn leak(bound: usize) -> &'static Receiver {
-        Box::leak(Box::new(Receiver::new(bound)))
+    fn leak(bound: usize) -> &'static Hub {
+        Box::leak(Box::new(Hub::new(bound)))
     }
 
     fn message(consumer_id: i64) -> Message {
@@ -613,7 +616,7 @@ mod tests {
         }
     }
 
-    fn recording<F: Fn(i64) + Send + Sync + 'static>(r: &'static Receiver, hook: F) -> Arc<Recording<F>> {
+    fn recording<F: Fn(i64) + Send + Sync + 'static>(r: &'static Hub, hook: F) -> Arc<Recording<F>> {
         let c = Arc::new(Recording { seen: Mutex::new(Vec::new()), hook });
         r.configure(c.clone());
         c

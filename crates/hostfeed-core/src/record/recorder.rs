@@ -68,7 +68,7 @@ use serde_json::{json, Value};
 use crate::error::RecordError;
 use crate::ffi::c_api::dtype as xla;
 use crate::host::buffer::{HostBuffer, PoolReservation};
-use crate::host::hub::{Batch, Receiver, Worker};
+use crate::host::hub::{Batch, Hub, Worker};
 use crate::host::message::Message;
 use crate::host::sync::{lock, Waker};
 use crate::record::zarr::{self, io_error, ArraySpec, Codec, DType, ROW_METADATA};
@@ -83,7 +83,7 @@ const MAX_IOV: usize = 1024;
 /// How often the ticker looks for producers stuck behind partial chunks, and for commits.
 const TICK: Duration = Duration::from_millis(50);
 
-/// Where a recorder's bytes are charged: the receiver queue's bound (the [`Receiver`]
+/// Where a recorder's bytes are charged: the receiver queue's bound (the [`Hub`]
 /// implements it), or a stand-in in tests.
 pub trait Budget: Send + Sync + 'static {
     /// Charges `bytes` held outside the queue (rows copied from Python). Never waits.
@@ -98,7 +98,7 @@ pub trait Budget: Send + Sync + 'static {
     fn note(&self, text: String);
 }
 
-impl Budget for &'static Receiver {
+impl Budget for &'static Hub {
     fn charge(&self, bytes: usize) {
         self.queue.charge(bytes);
     }
@@ -112,7 +112,7 @@ impl Budget for &'static Receiver {
         self.queue.producers_waiting()
     }
     fn note(&self, text: String) {
-        Receiver::note(self, text);
+        Hub::note(self, text);
     }
 }
 

@@ -34,7 +34,7 @@ use crate::ffi::handlers::{self, FLAG_STATUS_OUTPUT};
 use crate::gpu::pinned::{PinnedAlloc, PinnedPool, PoolStats};
 use crate::gpu::{self, Completion, Header, Stream};
 use crate::host::buffer::HostBuffer;
-use crate::host::hub::Receiver;
+use crate::host::hub::Hub;
 use crate::host::reply::OutBuf;
 use crate::host::sync::lock;
 
@@ -351,7 +351,7 @@ fn header(frame: &Frame<'_>) -> Result<Header, Error> {
     Ok(Header { consumer_id, flags: frame.attrs.flags, ordinal: frame.device, run_id: frame.run_id })
 }
 
-fn tap(frame: &Frame<'_>, receiver: &'static Receiver, start: u64) -> Result<(), Error> {
+fn tap(frame: &Frame<'_>, receiver: &'static Hub, start: u64) -> Result<(), Error> {
     let header = header(frame)?;
     let stream = stream(frame)?;
     // SAFETY: the operands are XLA's device buffers of their dtypes and dims, alive until
@@ -363,7 +363,7 @@ fn tap(frame: &Frame<'_>, receiver: &'static Receiver, start: u64) -> Result<(),
     Ok(())
 }
 
-fn call(frame: &Frame<'_>, receiver: &'static Receiver, _start: u64) -> Result<(), Error> {
+fn call(frame: &Frame<'_>, receiver: &'static Hub, _start: u64) -> Result<(), Error> {
     let header = header(frame)?;
     let mut outs = frame.outputs();
     let status = if frame.attrs.flags & FLAG_STATUS_OUTPUT != 0 {
@@ -389,7 +389,7 @@ fn call(frame: &Frame<'_>, receiver: &'static Receiver, _start: u64) -> Result<(
     }
 }
 
-fn check_call(frame: &Frame<'_>, receiver: &'static Receiver, _start: u64) -> Result<(), Error> {
+fn check_call(frame: &Frame<'_>, receiver: &'static Hub, _start: u64) -> Result<(), Error> {
     let mut ops = frame.operands();
     let status =
         ops.next().ok_or_else(|| Error::InvalidArgument("hostfeed_check needs a status operand".into()))?;
@@ -399,7 +399,7 @@ fn check_call(frame: &Frame<'_>, receiver: &'static Receiver, _start: u64) -> Re
     unsafe { gpu::check(&stream, receiver, &status, sent.as_ref()) }
 }
 
-fn failure(frame: &Frame<'_>, receiver: &'static Receiver, _start: u64) -> Result<(), Error> {
+fn failure(frame: &Frame<'_>, receiver: &'static Hub, _start: u64) -> Result<(), Error> {
     let status = frame
         .operands()
         .next()
