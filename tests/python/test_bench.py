@@ -18,6 +18,8 @@ import hostfeed
 from hostfeed import bench, receiver
 from hostfeed import host_callback as hcb
 
+from conftest import run_python
+
 DISTRIBUTION = {"count", "mean", "p50", "p90", "p99", "p999", "max"}
 
 
@@ -140,3 +142,16 @@ def test_timing_can_be_turned_off():
         assert receiver.histograms() == {"device_ns": [], "handover_ns": []}
     finally:
         receiver.set_timing(before)
+
+
+def test_importing_hostfeed_loads_no_benchmark_code():
+    # receiver_stats() summarises the histograms with hostfeed._summary, shipped code; the
+    # benchmarks (hostfeed.bench) load only when asked for.
+    r = run_python("""
+        import sys, hostfeed
+        s = hostfeed.receiver_stats()
+        assert set(s["device_us"]) == {"count", "mean", "p50", "p90", "p99", "p999", "max"}
+        print(sorted(m for m in sys.modules if m.startswith("hostfeed.bench")))
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[-2] == "[]", r.stdout
