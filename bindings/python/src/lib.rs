@@ -1,12 +1,9 @@
 //! `hostfeed._receiver`: the Python extension module over `hostfeed-core`.
 //!
 //! The core (`crates/hostfeed-core`) has no Python; this crate turns its values into Python
-//! objects and back, mirroring the core's rooms: `host` (the module's functions and the
-//! consumer that calls Python; every release of the GIL happens here or in `record`),
-//! `messages` (messages as numpy views, the `Reply`), `gpu` (the CUDA platform's
-//! functions), `record` (the recorder's class) and `error` (the one conversion of the
-//! core's errors into Python exceptions). The module map is `ARCHITECTURE.md` at the
-//! repository root.
+//! objects and back, its modules mirroring the core's rooms. Its errors reach Python
+//! through one conversion (`error::CoreError`). The module map is `ARCHITECTURE.md`
+//! ("Where things live") at the repository root.
 
 mod error;
 mod gpu;

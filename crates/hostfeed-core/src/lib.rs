@@ -4,17 +4,14 @@
 //! Python binding's, `bindings/python`) hands them to Python in batches. Nothing here
 //! links Python or JAX: `cargo test -p hostfeed-core` runs anywhere.
 //!
-//! Four rooms, each a folder whose `mod.rs` says what it holds: [`ffi`](self#rooms) (the
-//! XLA FFI C API mirror, the call frame, the CPU handlers), `host` (buffers, messages, the
-//! queue, reply slots, the hub, synchronisation, counters, Ctrl-C), `gpu` (taps and calls
-//! on a device stream, the pinned pool, `gpu/cuda`) and `record` (the Zarr recorder). The
-//! module map, the one inventory of the Rust and Python modules, is `ARCHITECTURE.md`
-//! ("Where things live") at the repository root.
+//! The modules live in four rooms, folders whose `mod.rs` says what each holds: `ffi`
+//! (the XLA FFI boundary), `host` (the transport every platform shares), `gpu` (device
+//! streams, with `gpu/cuda`) and `record` (the Zarr recorder). The module map, the one
+//! inventory of the Rust and Python modules, is `ARCHITECTURE.md` ("Where things live") at
+//! the repository root.
 //!
-//! # Rooms
-//!
-//! The modules are private; what the binding crate and the tests use is re-exported below,
-//! grouped by room. Everything else is `pub(crate)`.
+//! The modules are private and their items `pub(crate)`; what the binding crate and the
+//! tests use is re-exported below, grouped by room.
 
 #![cfg_attr(loom, allow(dead_code, unused_imports, unreachable_pub, missing_docs))]
 

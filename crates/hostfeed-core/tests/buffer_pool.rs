@@ -1,4 +1,5 @@
 //! The host buffer pool's limit and reservations (a process of its own: the pool is global).
+#![cfg(not(loom))] // the loom build swaps the primitives; it runs only the models (--lib)
 
 use hostfeed_core::{
     pool_idle_bytes, pool_limit, set_pool_limit, HostBuffer, PoolReservation, DEFAULT_POOL_BYTES,

@@ -9,6 +9,7 @@
 //! installed, and sets `HOSTFEED_REQUIRE_FFI_HEADERS=1` so that a missing header fails
 //! there. Elsewhere (`cargo test -p hostfeed-core` on a machine without JAX) the test
 //! says that it skipped the check and passes: the core needs neither Python nor JAX.
+#![cfg(not(loom))] // the loom build swaps the primitives; it runs only the models (--lib)
 
 use std::fmt::Write as _;
 use std::io::Write as _;

@@ -7,7 +7,7 @@
 //! * The queue and the reply slot under random thread interleavings: producers, consumers
 //!   that get stuck and are reclaimed, repliers racing deadlines and failures, with
 //!   schedules perturbed by generated yield counts; every run checks the invariants.
-
+#![cfg(not(loom))] // the loom build swaps the primitives; it runs only the models (--lib)
 #![allow(clippy::cast_possible_truncation)] // test counts and sizes are small
 
 use std::collections::VecDeque;

@@ -125,9 +125,9 @@ fn loom_of_a_reply_and_a_failure_exactly_one_wins() {
         };
         let (replier, failer) = (answer(false), answer(true));
         let got = slot.wait(None, || None).unwrap();
-        let (replied, failed) = (replier.join().unwrap(), failer.join().unwrap());
-        assert!(replied != failed, "exactly one answer is accepted");
-        if replied {
+        let (reply_won, failure_won) = (replier.join().unwrap(), failer.join().unwrap());
+        assert!(reply_won != failure_won, "exactly one answer is accepted");
+        if reply_won {
             assert_eq!((got, *out), (Ok(()), [1; 4]));
         } else {
             assert_eq!((got, *out), (Err("stopped".to_string()), [0; 4]));
