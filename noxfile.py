@@ -7,6 +7,8 @@
     nox -s tests                        # the three environments
     nox -s rust                         # the core's tests, debug and release (the FFI layout
                                         # against each jaxlib seen), then the loom models
+    nox -s gpu_check_dry                # benches/gpu_check.sh's dry run on CPU (a few minutes)
+    nox -s portable                     # the suite with the portable transport forced
     nox -s releases                     # also 0.10.0, 0.10.1, 0.11.0, 0.11.1, 0.12.0 (not in CI)
 
 Each environment installs one hostfeed wheel. Set ``HOSTFEED_WHEEL`` to a wheel built
@@ -32,7 +34,11 @@ FFI_INCLUDES = ROOT / ".nox" / "_ffi_include"
 MATRIX = [("3.11", "0.10.2"), ("3.12", "0.11.2"), ("3.13", "0.12.0.1")]
 
 nox.options.default_venv_backend = "venv"
-nox.options.sessions = ["tests", "rust"]
+# The pair that also runs the suite with the portable transport forced on CPU
+# (HOSTFEED_TRANSPORT=jax: JAX's host-callback lowering, what TPUs and ROCm GPUs use).
+PORTABLE = [("3.11", "0.10.2")]
+
+nox.options.sessions = ["tests", "portable", "gpu_check_dry", "rust"]
 
 
 def _wheel() -> str:
@@ -66,8 +72,22 @@ def releases(session: nox.Session, jax: str) -> None:
     _test(session, jax)
 
 
-def _test(session: nox.Session, jax: str) -> None:
+@nox.session
+@nox.parametrize(["python", "jax"], PORTABLE, ids=[f"py{p}-jax{j}" for p, j in PORTABLE])
+def portable(session: nox.Session, jax: str) -> None:
+    """pytest with the portable transport forced for every platform (``HOSTFEED_TRANSPORT=
+    jax``); tests of the native handlers themselves skip, saying why."""
+    _install(session, jax)
+    session.run("python", "-m", "pytest", *session.posargs,
+                env={"JAX_PLATFORMS": "cpu", "HOSTFEED_TRANSPORT": "jax"})
+
+
+def _install(session: nox.Session, jax: str) -> None:
     session.install(f"{_wheel()}[test]", f"jax=={jax}", f"jaxlib=={jax}")
+
+
+def _test(session: nox.Session, jax: str) -> None:
+    _install(session, jax)
     session.run("python", "-c", "import jax, jaxlib, sys; "
                 "print('python', sys.version.split()[0], 'jax', jax.__version__, "
                 "'jaxlib', jaxlib.__version__)")
@@ -81,6 +101,40 @@ def _test(session: nox.Session, jax: str) -> None:
     session.run("python", "-m", "pytest", *session.posargs, env=env)
     session.run("python", "-m", "mypy.stubtest", "hostfeed._receiver", env=env)
     session.run("python", "-m", "mypy", "python/hostfeed", env=env)
+
+
+# The GPU machine's Python and JAX, for the dry run of its check.
+GPU_MACHINE = ("3.12", "0.11.2")
+# The dry run's suite step: a few quick files (the GPU run takes the whole suite).
+DRY_SUITE = "tests/python/test_taps.py tests/python/test_call.py"
+
+
+@nox.session(python=GPU_MACHINE[0])
+def gpu_check_dry(session: nox.Session) -> None:
+    """benches/gpu_check.sh on CPU (GPU_CHECK_PLATFORM=cpu): every step (install, smoke,
+    GPU tests, bench, suite) and its verdict, as on the GPU machine. Like that machine,
+    the environment has JAX, pytest and pytest-timeout but not zarr, which the script
+    must unpack (with its dependencies) from the wheel directory."""
+    jax = GPU_MACHINE[1]
+    session.install(f"jax=={jax}", f"jaxlib=={jax}", "pytest>=8", "pytest-timeout>=2.3")
+    dist = ROOT / ".nox" / "_gpu_check_dist"
+    if dist.exists():
+        for old in dist.iterdir():
+            old.unlink()
+    dist.mkdir(parents=True, exist_ok=True)
+    wheel = _wheel()
+    if wheel == str(ROOT):
+        session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", str(dist), str(ROOT))
+    else:
+        session.run("cp", wheel, str(dist), external=True)
+    session.run("python", "-m", "pip", "download", "--quiet", "--only-binary=:all:",
+                "--dest", str(dist), "zarr>=3.1")
+    out = ROOT / ".nox" / "_gpu_check_out"
+    out.mkdir(parents=True, exist_ok=True)
+    session.run("bash", "benches/gpu_check.sh", external=True, env={
+        "GPU_CHECK_PLATFORM": "cpu", "GPU_CHECK_DIST": str(dist), "OUT": str(out),
+        "PYTHON": "python", "GPU_CHECK_SUITE_FILES": DRY_SUITE,
+        "GPU_CHECK_BUDGET_S": "300"})
 
 
 def _ffi_include_dirs(session: nox.Session) -> list[str]:

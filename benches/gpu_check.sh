@@ -1,16 +1,35 @@
 #!/usr/bin/env bash
 # The GPU check: on a machine with a CUDA GPU and JAX's CUDA plugin (no network needed),
-# installs the hostfeed wheel built elsewhere, runs the Python test suite on the GPU
-# (JAX_PLATFORMS=cuda; tests that need several devices skip) and the GPU benchmarks
-# (benches/gpu.py: taps and calls against io_callback / debug.callback and a pinned
-# device-to-host copy floor, with the issue's targets as ratios).
+# puts the hostfeed wheel built elsewhere (and only the test tools the machine lacks) on
+# PYTHONPATH, then, within GPU_CHECK_BUDGET_S (450 s) in all, runs:
+#
+#   1. smoke      benches/gpu_smoke.py (<= 60 s): handlers registered, one tap, one call,
+#                 one 64 MiB tap, a barrier. Stops the check at once if the handlers are
+#                 missing: nothing later could pass.
+#   2. gpu tests  test_gpu.py and test_cuda_lowering.py, -v.
+#   3. bench      benches/gpu.py (<= 150 s): the issue's three targets, as ratios.
+#   4. suite      the rest of tests/python (not test_bench.py, a CPU bench subprocess),
+#                 -rA --durations=20, in the time left.
 #
 #   bash benches/gpu_wheel.sh        # where the wheel is built: fills dist/ (gitignored)
+#   GPU_CHECK_PLATFORM=cpu bash benches/gpu_check.sh   # the dry run, on CPU (CI runs it)
 #   bash benches/gpu_check.sh        # on the GPU machine, from the repository root, with
 #                                    # dist/ carried along; results under $OUT (or ./gpu_check_out)
 #
-# Budget: under 10 minutes (pytest at most GPU_CHECK_PYTEST_S = 360 s, benchmarks at most
-# GPU_CHECK_BENCH_S = 180 s). Exit status: 0 when the suite passed and every target was met.
+# Every pytest step writes a verbose log as it goes (a test's name appears when it starts,
+# its outcome when it ends, so a run cut off still names each outcome) and a junit file;
+# faulthandler dumps every thread's stack when a test runs past GPU_CHECK_STACKS_S, and
+# pytest-timeout (thread method: it also ends a test hung inside XLA's Execute, where the
+# signal method cannot) stops one past GPU_CHECK_TEST_S. gpu_bench.json is rewritten after
+# each section of the bench. $OUT holds at most 8 files: summary.txt, install.log,
+# gpu_tests.log, gpu_tests.xml, bench.log, gpu_bench.json, suite.log, suite.xml.
+#
+# Exit status and last line ("RESULT: ..."):
+#   0  all met          every step passed and every target was met
+#   1  suite failed     the smoke step, a test, or the suite's time ran out (targets as measured)
+#   3  target missed    every test passed, a target was missed or the bench did not finish
+#   2  setup failed     no wheel, hostfeed does not import, or the CUDA handlers are missing
+#   0  dry run ok       GPU_CHECK_PLATFORM=cpu: every step ran (targets not judged on CPU)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -18,95 +37,169 @@ out=${OUT:-$root/gpu_check_out}
 mkdir -p "$out"
 summary="$out/summary.txt"
 : > "$summary"
-say() { echo "[gpu_check $(date +%H:%M:%S)] $*" | tee -a "$summary"; }
-python=${PYTHON:-python3}
 start=$SECONDS
+say() { echo "[gpu_check $((SECONDS - start))s] $*" | tee -a "$summary"; }
+result() {  # result STATUS TEXT: the last line, and the exit
+    echo "RESULT: $2" | tee -a "$summary"
+    exit "$1"
+}
+python=${PYTHON:-python3}
+platform=${GPU_CHECK_PLATFORM:-cuda}
+dist=${GPU_CHECK_DIST:-$root/dist}
+budget=${GPU_CHECK_BUDGET_S:-450}
+smoke_s=${GPU_CHECK_SMOKE_S:-60}
+gpu_tests_s=${GPU_CHECK_GPU_TESTS_S:-120}
+bench_s=${GPU_CHECK_BENCH_S:-150}
+test_s=${GPU_CHECK_TEST_S:-90}
+stacks_s=${GPU_CHECK_STACKS_S:-45}
+# The suite's files (default: all but test_bench.py); the CPU dry run picks a few.
+suite_files=${GPU_CHECK_SUITE_FILES:-}
+left() { echo $((budget - (SECONDS - start))); }
+cap() { local l; l=$(left); [ "$1" -lt "$l" ] && echo "$1" || echo "$l"; }  # min(step, left)
 
-# ---- the machine ----------------------------------------------------------------------
+# ---- the machine --------------------------------------------------------------------------
 {
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 || true
-    command -v nvcc >/dev/null && nvcc --version | tail -2
-    "$python" -c 'import sys, jax, jaxlib; print(sys.version); print("jax", jax.__version__, "jaxlib", jaxlib.__version__)'
-    "$python" -m pip list 2>/dev/null | grep -i -E "^(jax|nvidia|pytest|numpy|ml.dtypes)" || true
-} > "$out/environment.txt" 2>&1
-say "environment: $(tr '\n' ' ' < "$out/environment.txt" | cut -c1-400)"
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -2
+    else
+        echo "no nvidia-smi"
+    fi
+    "$python" -c 'import sys, jax, jaxlib; print("python", sys.version.split()[0], "| jax", jax.__version__, "| jaxlib", jaxlib.__version__)' 2>&1 | tail -1
+} | while read -r line; do say "machine: $line"; done
 
-# ---- install the wheel (abi3 preferred, else this Python's tag) -------------------------
-tag=$("$python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-wheel=$(ls dist/hostfeed-*-abi3-*.whl 2>/dev/null | head -1)
-[ -n "$wheel" ] || wheel=$(ls dist/hostfeed-*-"$tag"-*.whl 2>/dev/null | head -1)
-if [ -z "$wheel" ]; then
-    say "FAIL: no hostfeed wheel for $tag in dist/ (build it with benches/gpu_wheel.sh and carry dist/)"
-    exit 2
-fi
-test_tools='import pytest, pytest_timeout, zarr, matplotlib, tqdm'  # the test extra's tools
-unpack() { "$python" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$1" "$2"; }
+# ---- install: the wheel, and only the test tools the machine lacks --------------------------
 work=$(mktemp -d "${TMPDIR:-/tmp}/hostfeed_gpu_check.XXXXXX")  # not under $OUT: only results go back
-venv="$work/venv"
-# A virtual environment that sees the machine's JAX, with the wheel installed offline.
-if "$python" -m venv --system-site-packages "$venv" >> "$out/install.log" 2>&1 \
-        && "$venv/bin/python" -c 'import jax' >> "$out/install.log" 2>&1 \
-        && "$venv/bin/python" -m pip install --no-index --no-deps --force-reinstall "$wheel" >> "$out/install.log" 2>&1; then
-    py="$venv/bin/python"
-    if ! "$py" -c "$test_tools" 2>/dev/null; then  # offline, from dist/
-        "$py" -m pip install --no-index --find-links dist pytest pytest-timeout zarr matplotlib tqdm \
-            >> "$out/install.log" 2>&1
-    fi
-else
-    # No venv/pip, or JAX lives in another environment than the interpreter's base: unpack
-    # the wheel (it holds only the package and its metadata) onto PYTHONPATH instead.
-    say "venv unusable here (see install.log): unpacking the wheel onto PYTHONPATH"
-    site="$work/site"
-    mkdir -p "$site"
-    unpack "$wheel" "$site"
-    if ! "$python" -c "$test_tools" 2>/dev/null; then
-        for w in dist/*.whl; do
-            case "$w" in *hostfeed-*) ;; *) unpack "$w" "$site" ;; esac
-        done
-    fi
-    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-    py=$python
+trap 'rm -rf "$work"' EXIT
+site="$work/site"
+if ! "$python" benches/gpu_install.py "$dist" "$site" > "$out/install.log" 2>&1; then
+    tail -5 "$out/install.log" | tee -a "$summary"
+    result 2 "setup failed: hostfeed or the test tools cannot be installed (install.log)"
 fi
-if ! (cd /tmp && "$py" -c 'import hostfeed' >> "$out/install.log" 2>&1); then
-    say "FAIL: hostfeed does not import with this JAX (see install.log):"
-    tail -3 "$out/install.log" | tee -a "$summary"
-    if grep -q "supports jax" "$out/install.log"; then
-        say "this hostfeed does not support the machine's JAX: build the wheel from a tree that does"
-    fi
-    exit 2
-fi
-say "installed $(basename "$wheel") into $py"
-
-# GPU_CHECK_PLATFORM=cpu makes a dry run of this script on a machine without a GPU.
-export JAX_PLATFORMS=${GPU_CHECK_PLATFORM:-cuda}
-(cd /tmp && "$py" - <<'EOF') 2>&1 | tee -a "$summary"
-import jax
-from hostfeed import lowering, receiver
-print("devices:", jax.devices())
-print("hostfeed CUDA handlers:", lowering.cuda_status() or "registered",
-      "| CUDA driver", receiver.cuda_driver_version())
-EOF
-
-# ---- the test suite on the GPU ------------------------------------------------------------
+say "install: $(grep -c '^unpacked' "$out/install.log") wheel(s) unpacked onto PYTHONPATH (install.log)"
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+export JAX_PLATFORMS=$platform
 # No preallocation: tests start fresh interpreters on the same GPU while this one runs.
-say "pytest (JAX_PLATFORMS=$JAX_PLATFORMS, at most ${GPU_CHECK_PYTEST_S:-360} s)"
-XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -k 10 "${GPU_CHECK_PYTEST_S:-360}" \
-    "$py" -m pytest tests/python -q -p no:cacheprovider -o addopts="" -rfEs \
-    --junitxml="$out/pytest.xml" > "$out/pytest.txt" 2>&1
-pytest_rc=$?
-grep -E "^(FAILED|ERROR)" "$out/pytest.txt" | head -40 | tee -a "$summary"
-tail -1 "$out/pytest.txt" | tee -a "$summary"
-[ $pytest_rc -eq 124 ] && say "pytest ran out of time (partial results in pytest.txt)"
-say "pytest exit status $pytest_rc after $((SECONDS - start)) s"
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+export PYTHONUNBUFFERED=1
+# Only pytest-timeout among the plugins: the machine's own plugins stay out.
+export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
 
-# ---- benchmarks -------------------------------------------------------------------------
-say "benches/gpu.py (at most ${GPU_CHECK_BENCH_S:-180} s)"
-OUT="$out" timeout -k 10 "${GPU_CHECK_BENCH_S:-180}" "$py" benches/gpu.py > "$out/bench.txt" 2>&1
-bench_rc=$?
-cat "$out/bench.txt" | tee -a "$summary" | tail -60
-say "bench exit status $bench_rc; total $((SECONDS - start)) s"
+# ---- 1. smoke --------------------------------------------------------------------------------
+say "1/4 smoke (at most ${smoke_s} s)"
+GPU_CHECK_SMOKE_S=$smoke_s timeout -k 5 "$smoke_s" "$python" benches/gpu_smoke.py 2>&1 \
+    | tee -a "$summary"
+smoke_rc=${PIPESTATUS[0]}
+if [ "$smoke_rc" -eq 3 ]; then
+    result 2 "setup failed: the CUDA handlers are missing (see the smoke lines above)"
+fi
+[ "$smoke_rc" -eq 0 ] || say "smoke FAILED (exit status $smoke_rc): going on to name what fails"
 
-targets_met=$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1])).get("all_targets_met"))' \
-    "$out/gpu_bench.json" 2>/dev/null || echo unknown)
-say "suite: $([ $pytest_rc -eq 0 ] && echo passed || echo "FAILED ($pytest_rc)"); targets met: $targets_met"
-[ $pytest_rc -eq 0 ] && [ $bench_rc -eq 0 ] && [ "$targets_met" = "True" ]
+# pytest_step NAME SECONDS ARGS...: one pytest run, verbose log and junit under $OUT. A
+# test hung past GPU_CHECK_TEST_S ends the process (pytest-timeout's thread method): the
+# step then resumes with the tests not yet started (every test that started is deselected),
+# up to 3 times, while its time lasts; the junit file then covers the last part only.
+pytest_step() {
+    local name=$1 secs=$2
+    shift 2
+    local log="$out/$name.log" until=$((SECONDS + secs)) rc=0 part=0 hung=0 t
+    local deselect=()
+    : > "$log"
+    while :; do
+        local remaining=$((until - SECONDS))
+        if [ "$remaining" -lt 10 ]; then
+            if [ "$part" -eq 0 ]; then
+                say "$name: no time left (${remaining} s)"
+                echo "(not run: no time left)" >> "$log"
+                return 124
+            fi
+            say "$name: no time left to resume after the hung test"
+            break
+        fi
+        part=$((part + 1))
+        [ "$part" -gt 1 ] && echo "==== part $part: resumed after a hung test, ${#deselect[@]} arguments deselecting what ran ====" >> "$log"
+        # SIGINT first: pytest then reports what ran and writes its junit file.
+        timeout -s INT -k 15 "$remaining" "$python" -m pytest -p pytest_timeout -p no:cacheprovider \
+            -o addopts="" -o faulthandler_timeout="$stacks_s" --timeout="$test_s" \
+            --timeout-method=thread -v -rA --durations=20 --junitxml="$out/$name.xml" \
+            "${deselect[@]}" "$@" >> "$log" 2>&1
+        rc=$?
+        if [ "$rc" -ne 124 ] && tail -3 "$log" | grep -q "Timeout +"; then
+            hung=$((hung + 1))
+            say "$name: a test hung past ${test_s} s: $(grep -oE '^[^ ]+::[^ ]+' "$log" | tail -1) (stacks in $name.log)"
+            if [ "$part" -le 3 ]; then
+                deselect=()
+                while read -r t; do deselect+=(--deselect "$t"); done \
+                    < <(grep -oE '^[^ ]+::[^ ]+' "$log" | sort -u)
+                continue
+            fi
+        fi
+        break
+    done
+    [ "$hung" -gt 0 ] && [ "$rc" -eq 0 ] && rc=1  # a hang is a failure
+    local passed failed
+    passed=$(grep -cE ' PASSED( |$)' "$log")
+    failed=$(grep -cE ' (FAILED|ERROR)( |$)' "$log")
+    grep -E '^(FAILED|ERROR) tests/' "$log" | head -30 | tee -a "$summary"
+    [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] \
+        && say "$name: ran out of its ${secs} s (partial: $name.log names each test that ran)"
+    say "$name: exit status $rc; $passed passed, $failed failed or errored, $hung hung; $(tail -1 "$log" | cut -c1-160)"
+    return "$rc"
+}
+
+# ---- 2. the GPU tests ---------------------------------------------------------------------------
+say "2/4 gpu tests (at most $(cap "$gpu_tests_s") s)"
+pytest_step gpu_tests "$(cap "$gpu_tests_s")" tests/python/test_gpu.py tests/python/test_cuda_lowering.py
+gpu_tests_rc=$?
+
+# ---- 3. the bench -------------------------------------------------------------------------------
+bench_secs=$(cap "$bench_s")
+say "3/4 bench (at most ${bench_secs} s)"
+if [ "$bench_secs" -ge 10 ]; then
+    OUT="$out" timeout -k 10 "$bench_secs" "$python" benches/gpu.py > "$out/bench.log" 2>&1
+    bench_rc=$?
+else
+    bench_rc=124
+fi
+[ -f "$out/bench.log" ] && sed -n '/^targets/,$p' "$out/bench.log" | tee -a "$summary"
+judge=$("$python" - "$out/gpu_bench.json" <<'EOF' 2>/dev/null || echo "no gpu_bench.json"
+import json, sys
+r = json.load(open(sys.argv[1]))
+done = ", ".join(r.get("sections_done", []))
+if r.get("dry_run"):
+    print(f"dry run (targets not judged) | sections: {done}")
+elif "all_targets_met" not in r:
+    print(f"incomplete | sections: {done}")
+else:
+    print(f"{'met' if r['all_targets_met'] else 'missed'} | " + "; ".join(
+        f"{k} {v:.2f}x" for k, v in r["targets"].items()))
+EOF
+)
+say "bench: exit status $bench_rc; targets $judge"
+
+# ---- 4. the rest of the suite ---------------------------------------------------------------------
+suite_secs=$(( $(left) - 5 ))
+say "4/4 suite (at most ${suite_secs} s)"
+if [ -z "$suite_files" ]; then
+    suite_files=$(ls tests/python/test_*.py | grep -v -E '/test_(bench|gpu|cuda_lowering)\.py$' | tr '\n' ' ')
+fi
+# shellcheck disable=SC2086 # a list of paths
+pytest_step suite "$suite_secs" $suite_files
+suite_rc=$?
+say "total $((SECONDS - start)) s of ${budget} s; files in \$OUT: $(ls "$out" | wc -l)"
+
+# ---- verdict ------------------------------------------------------------------------------------
+failed_steps=""
+[ "$smoke_rc" -eq 0 ] || failed_steps="$failed_steps smoke($smoke_rc)"
+[ "$gpu_tests_rc" -eq 0 ] || failed_steps="$failed_steps gpu_tests($gpu_tests_rc)"
+[ "$suite_rc" -eq 0 ] || failed_steps="$failed_steps suite($suite_rc)"
+if [ -n "$failed_steps" ]; then
+    result 1 "suite failed:$failed_steps; bench $bench_rc, targets $judge"
+fi
+if [ "$platform" = cpu ]; then
+    [ "$bench_rc" -eq 0 ] || result 1 "suite failed: the dry-run bench exited $bench_rc"
+    result 0 "dry run ok: every step ran on CPU (targets not judged)"
+fi
+case "$judge" in
+    met*) [ "$bench_rc" -eq 0 ] && result 0 "all met: suite passed; targets $judge" ;;
+esac
+result 3 "target missed: suite passed; bench $bench_rc, targets $judge"

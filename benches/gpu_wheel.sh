@@ -4,6 +4,7 @@
 # tools for its Python (3.12 by default: pytest, pytest-timeout, zarr, matplotlib, tqdm
 # and their dependencies, except numpy, which the machine's JAX brings), all into dist/
 # (gitignored; carry it to the GPU machine with the working tree, about 30 MB).
+# benches/gpu_check.sh unpacks from it only what the machine's Python lacks.
 #
 #   bash benches/gpu_wheel.sh [python-for-the-gpu-machine]   # default: python3.12
 set -euo pipefail

@@ -29,8 +29,14 @@ large rows it adds what holding rows costs the copy itself: numpy copies into on
 (what a no-op tap gets: its buffer comes back warm from the pool) and into as many
 buffers as rows (what a recorder needs: it keeps rows until they are written).
 
-Run: python benches/record.py [--device-only] [DIR ...]   (default: /dev/shm and a
-directory under /work or the system temp dir; --device-only: the second table only).
+A third mode, ``--names [N]``, checks that a new name costs the same however many came
+before (issue 20): N distinct names (default 10,000) into one store, recorded eagerly
+(``rec.record(name, x)``) and from jitted functions that each record 100 new names, with a
+flush after every 1000; it prints the cost per 1000 names of each block and the ratio of
+the last block to the first.
+
+Run: python benches/record.py [--device-only | --names [N]] [DIR ...]   (default: /dev/shm
+and a directory under /work or the system temp dir; --device-only: the second table only).
 Environment: HOSTFEED_BENCH_REPEATS (default 5), HOSTFEED_BENCH_LARGE_MB (default 1024),
 HOSTFEED_BENCH_SMALL_ROWS (default 10000).
 """
@@ -234,9 +240,47 @@ def device_cost(n: int, x: jax.Array, d: str) -> None:
     hostfeed.start_receiver(max_queue_byte_size=256_000_000)
 
 
+def names_cost(n: int, base: str) -> None:
+    """Seconds per 1000 new names, block by block (see the module documentation)."""
+    x = jnp.arange(4, dtype=jnp.float32)
+    for kind in ("eager", "jit, 100 names per function"):
+        d = tempfile.mkdtemp(prefix="hfbench-names-", dir=base)
+        try:
+            rec = hostfeed.Recorder(os.path.join(d, "names.zarr"))
+            per_block, cpu_block = [], []
+            for block in range(n // 1000):
+                t0, c0 = time.perf_counter(), time.process_time()
+                for first in range(block * 1000, (block + 1) * 1000, 100):
+                    names = [f"layer{i // 100}/n{i}" for i in range(first, first + 100)]
+                    if kind == "eager":
+                        for name in names:
+                            rec.record(name, x)
+                    else:
+                        jax.jit(lambda v, names=names: [rec.record(m, v) for m in names])(x)
+                rec.flush()
+                per_block.append(time.perf_counter() - t0)
+                cpu_block.append(time.process_time() - c0)
+            rec.close()
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+        for what, t in (("wall", per_block), ("cpu (all threads)", cpu_block)):
+            blocks = " ".join(f"{v:.2f}" for v in t)
+            print(f"{base}, {kind}, {what}: s per 1000 new names, block by block: {blocks}")
+            print(f"  first {t[0]:.2f} s, last {t[-1]:.2f} s, last/first {t[-1] / t[0]:.2f}, "
+                  f"all {sum(t):.1f} s for {n} names")
+
+
 def main() -> None:
     args = sys.argv[1:]
     device_only = "--device-only" in args
+    if "--names" in args:
+        i = args.index("--names")
+        n = int(args[i + 1]) if i + 1 < len(args) and args[i + 1].isdigit() else 10_000
+        rest = [a for k, a in enumerate(args) if k != i and not (k == i + 1 and a.isdigit())]
+        for base in rest or ["/dev/shm"]:
+            os.makedirs(base, exist_ok=True)
+            names_cost(n, base)
+        return
     dirs = [a for a in args if a != "--device-only"] or [
         "/dev/shm", os.environ.get("HOSTFEED_BENCH_DISK", "/work/tmp")]
     print(f"jax {jax.__version__}, hostfeed {hostfeed.__version__}, {os.cpu_count()} cpus, "

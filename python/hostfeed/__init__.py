@@ -1,8 +1,24 @@
-"""hostfeed: JAX host callbacks (``id_tap``, ``id_print``, ``barrier_wait``) for current
-JAX, with the receiving side in Rust.
+"""hostfeed: JAX host callbacks for current JAX, with the receiving side in Rust.
+
+* ``id_tap`` / ``id_print``: the identity on a value that also sends it to a host function
+  (or prints it), asynchronously by default (``barrier_wait`` waits for them; synchronous
+  taps with ``sync=True`` or ``host_callback.sync_taps()``);
+* ``host_callback.call``: a host function whose results flow back into the computation;
+* :class:`Recorder`: records values from inside jitted code to a Zarr v3 store, written by
+  Rust threads; :func:`read_recording` reads them back.
 
 Use it as ``from hostfeed import host_callback as hcb``, or call :func:`install` once so
 that legacy code's ``from jax.experimental import host_callback`` gets hostfeed.
+
+Example:
+    >>> import jax, jax.numpy as jnp, numpy as np
+    >>> from hostfeed import host_callback as hcb
+    >>> f = jax.jit(lambda x: hcb.call(np.cos, hcb.id_print(x, what="x"), result_shape=x))
+    >>> y = f(jnp.float32(0.0)); hcb.barrier_wait()
+    what: x
+    0.
+    >>> float(y)
+    1.0
 """
 from __future__ import annotations
 
@@ -22,17 +38,24 @@ from . import _compat  # noqa: F401  (checks the JAX version first)
 # The package is assembled here, once: the primitives, then their transformation rules
 # and lowerings (registered with JAX as these modules are imported), then the public API.
 from . import primitives, rules, lowering  # noqa: F401
-from . import host_callback, receiver, recording, settings, zarr_dtypes  # noqa: F401
+from . import host_callback, portable, receiver, recording, settings, zarr_dtypes  # noqa: F401
 from ._summary import summary_of_buckets
 from .host_callback import (CallbackException, TapFunctionException, barrier_wait, id_print,
                             id_tap, stop_outfeed_receiver)
 from .recording import Recorder, RecordingError, read_recording
+from .receiver import CallbackContextError, ReceiverError, ReceiverTimeoutError
+
+# The public exceptions print as hostfeed's (the native ones are defined as hostfeed.* in
+# Rust; CallbackException is Python's).
+CallbackException.__module__ = "hostfeed"
 
 __all__ = [
     "host_callback", "install", "id_tap", "id_print", "barrier_wait",
     "stop_outfeed_receiver", "CallbackException", "TapFunctionException",
     "start_receiver", "receiver_stats", "Recorder", "RecordingError", "read_recording",
-    "register_zarr_dtypes", "__version__",
+    "register_zarr_dtypes", "CallbackContextError", "ReceiverError", "ReceiverTimeoutError",
+    "transports",
+    "__version__",
 ]
 
 # zarr-python learns bfloat16 and the float8 types when (or as soon as) it is imported.
@@ -73,6 +96,21 @@ def start_receiver(*, max_queue_byte_size: Optional[int] = None) -> None:
     if max_queue_byte_size is not None:
         max_queue_byte_size = settings.byte_count(max_queue_byte_size, "max_queue_byte_size")
     receiver.ensure_started(max_queue_byte_size)
+
+
+def transports() -> dict[str, str]:
+    """Which transport hostfeed's callbacks use in computations for each platform:
+    ``"native"`` (hostfeed's own handlers: CPU, CUDA) or ``"jax"`` (the portable transport,
+    JAX's host-callback lowering: TPU, ROCm and other platforms; everywhere when
+    ``HOSTFEED_TRANSPORT=jax``). Lists CPU, CUDA, ROCm, TPU and the platforms of this
+    process's backends.
+
+    Example:
+        >>> import hostfeed
+        >>> hostfeed.transports()["tpu"] in ("native", "jax")
+        True
+    """
+    return portable.transports()
 
 
 def receiver_stats() -> dict[str, Any]:

@@ -121,6 +121,7 @@ apply_primitive = _dispatch.apply_primitive
 # jax 0.11 added `jax.ffi.abstract_token`; jax 0.10 has it only in jax._src.core.
 abstract_token = getattr(_public_ffi, "abstract_token", None) or _core.abstract_token
 enum_state = _config.enum_state
+bool_state = _config.bool_state
 use_shardy = _config.use_shardy_partitioner
 ensure_enum = _pe_src.ensure_enum
 RecomputeType = _pe_src.RecomputeType
@@ -267,3 +268,37 @@ def add_dependency(value: Any, token: Any) -> Any:
     """``value``, made to depend on ``token`` in the HLO (XLA's ``kAddDependency``): a no-op
     that only orders; the result aliases ``value``'s buffer."""
     return _mhlo.AddDependencyOp(value, token, results=[value.type]).result
+
+
+# ---- The portable transport (portable.py): JAX's own host-callback lowering -------------
+# jax 0.10-0.12: `callback.emit_python_callback(ctx, callback, token, operands,
+# operand_avals, result_avals, *, has_side_effect, returns_token, partitioned, sharding)`
+# (the lowering io_callback uses; send/recv to the host on TPUs, the xla_ffi_python_*
+# custom calls elsewhere) and `callback._callback_op_sharding(axis_context, sharding,
+# avals_out)`, with the same signatures in all three. What differs is the platforms it
+# accepts: jax 0.11 added "oneapi" (Intel GPUs).
+from jax._src import callback as _callback  # noqa: E402
+from jax._src.lib.mlir.dialects import hlo  # noqa: E402
+
+emit_python_callback = _callback.emit_python_callback
+callback_op_sharding = _callback._callback_op_sharding
+#: Platforms whose computations JAX's host callbacks (and so the portable transport) run on.
+PYTHON_CALLBACK_PLATFORMS = frozenset(
+    {"cpu", "cuda", "rocm", "tpu"} | ({"oneapi"} if JAX_VERSION >= (0, 11) else set()))
+
+
+def partition_id() -> Any:
+    """The executing device's partition number (``stablehlo.partition_id``, ``ui32[]``):
+    its index in the computation's device assignment under SPMD partitioning."""
+    return hlo.partition_id()
+
+
+def mesh_devices(mesh: Any) -> tuple | None:
+    """The devices of a concrete mesh in row-major order (None for an abstract mesh or
+    none). jax 0.10-0.12: reading ``AbstractMesh.devices`` raises ``ValueError``."""
+    try:
+        devices: Any = getattr(mesh, "devices", None)
+    except ValueError:
+        return None
+    flat = getattr(devices, "flat", None)
+    return tuple(flat) if flat is not None else None

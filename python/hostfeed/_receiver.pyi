@@ -11,15 +11,17 @@ import numpy as np
 
 __all__ = [
     "DEFAULT_MAX_QUEUE_BYTES", "DEFAULT_STOP_TIMEOUT", "FLAG_STATUS_OUTPUT", "FLAG_SHARD",
-    "FLAG_EAGER", "push_eager",
+    "FLAG_EAGER", "FLAG_SYNC_TAP", "push_eager", "push_host", "call_host", "failure_text",
     "DTYPE_CODES", "ReceiverError", "ReceiverTimeoutError", "CallbackContextError",
-    "RecordingError", "MessageData", "BatchIter", "Reply", "Recorder", "start", "stop",
+    "RecordingError", "MessageData", "BatchIter", "Reply", "Recorder", "after_fork_in_child",
+    "start", "stop",
     "finalize", "start_exit_watch", "stop_exit_watch", "push_control", "barrier",
     "is_running", "in_callback_thread", "max_queue_bytes", "set_max_queue_bytes", "stats",
     "reset_peak", "histograms", "reset_histograms", "set_timing", "set_buffer_pool_bytes",
     "DEFAULT_BUFFER_POOL_BYTES", "set_consumer_name",
     "install_interrupt_watch", "registrations",
-    "cuda_registrations", "cuda_driver_error", "cuda_driver_version", "cuda_pool_stats",
+    "cuda_registrations", "cuda_driver_error", "cuda_driver_version", "cuda_driver_path",
+    "cuda_pool_stats",
 ]
 
 #: Default byte bound of the queue (the legacy ``256e6``).
@@ -34,6 +36,8 @@ FLAG_STATUS_OUTPUT: Final[int]
 FLAG_SHARD: Final[int]
 #: ``flags`` bit of an eager tap's message (its first field is the consumer itself).
 FLAG_EAGER: Final[int]
+#: ``flags`` bit of a synchronous tap (a ``hostfeed_call`` without results).
+FLAG_SYNC_TAP: Final[int]
 #: numpy dtype name -> XLA FFI dtype code, for every dtype hostfeed transfers.
 DTYPE_CODES: Final[dict[str, int]]
 
@@ -107,6 +111,10 @@ class Recorder:
     def closed(self) -> bool:
         """Whether ``close`` was called."""
 
+    def check_name(self, name: str, ndim: int) -> None:
+        """Raises ValueError if ``name`` cannot name an array with rows of ``ndim``
+        dimensions (creates nothing)."""
+
     def declare(self, name: str, dtype_code: int, shape: list[int]) -> int:
         """Declares array ``name`` with rows of ``shape`` and XLA dtype ``dtype_code``;
         returns its id."""
@@ -133,6 +141,10 @@ class Recorder:
 
     def stats(self) -> dict[str, int]:
         """Counters of the recorder."""
+
+def after_fork_in_child() -> None:
+    """In a forked child: a fresh, stopped receiver; recorders opened before count as
+    closed."""
 
 def start(
     dispatcher: Callable[[Iterable[_Message]], Any],
@@ -161,6 +173,22 @@ def push_eager(entry: Any, arrays: tuple[np.ndarray, ...], nbytes: int) -> None:
     """Enqueues an eager tap: ``entry`` runs on the consumer thread with ``arrays`` after
     everything already enqueued; ``nbytes`` counts against the bound (waits for space with
     the GIL released)."""
+
+def push_host(consumer_id: int, arrays: list[np.ndarray], codes: list[int], device: int,
+              flags: int = 0) -> None:
+    """A tap of the portable transport: copies ``arrays`` (C-contiguous, XLA dtype codes
+    ``codes``) into a message for consumer ``consumer_id`` from device key ``device`` and
+    enqueues it (waits for space with the GIL released)."""
+
+def call_host(consumer_id: int, arrays: list[np.ndarray], codes: list[int],
+              outputs: list[np.ndarray], device: int, flags: int, timeout_ms: int,
+              name: str) -> int:
+    """A call of the portable transport: enqueues like ``push_host`` and waits (GIL
+    released) for the reply, written into ``outputs``. Returns 0, or with
+    ``FLAG_STATUS_OUTPUT`` the failure's ticket; without it a failure raises."""
+
+def failure_text(ticket: int) -> str:
+    """The message of the failed call recorded under ``ticket``."""
 
 def push_control() -> None:
     """Enqueues a control message (consumer id 0) the dispatcher acts on in queue order."""
@@ -217,13 +245,17 @@ def cuda_registrations() -> dict[str, Any]:
     ``jax.ffi.register_ffi_target(..., platform="CUDA")`` (the same names as on CPU)."""
 
 def cuda_driver_error() -> str | None:
-    """Why the CUDA driver cannot be used (no library, a missing function), or None.
-    Loads the driver library if present; does not initialise CUDA."""
+    """Why the CUDA driver cannot be used (no library, a missing function, not the
+    library XLA loaded as libcuda.so.1), or None. Loads the driver library if present;
+    does not initialise CUDA."""
 
 def cuda_driver_version() -> int | None:
     """The CUDA driver's version (e.g. 13000 for 13.0), or None without a usable driver."""
 
+def cuda_driver_path() -> str | None:
+    """The file hostfeed's CUDA driver functions come from, or None without a driver."""
+
 def cuda_pool_stats() -> dict[str, int]:
     """Counters of the pinned-memory pool of GPU messages: ``allocations``, ``frees``,
-    ``allocated_bytes``, ``in_use_bytes``, ``blocks_taken``."""
+    ``allocated_bytes``, ``in_use_bytes``, ``blocks_taken``, ``resets``."""
 

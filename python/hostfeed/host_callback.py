@@ -9,7 +9,9 @@ arrays. ``id_print`` is ``id_tap`` with a printing function. Taps work eagerly a
 How it works: the device side only copies the tapped arrays into a byte-bounded queue in
 Rust; a consumer thread then calls your Python functions, in order. So taps are
 asynchronous: use :func:`barrier_wait` to wait until every tap of the computations
-dispatched so far has been processed. Exceptions raised by tap functions are logged with
+dispatched so far has been processed, or make taps synchronous (``id_tap(..., sync=True)``,
+:func:`sync_taps`, :func:`set_sync_taps`) when code relies on a tap having run once the
+computation's results are ready. Exceptions raised by tap functions are logged with
 their traceback, the receiver keeps going, and the next :func:`barrier_wait` raises
 :class:`CallbackException` carrying the last one.
 
@@ -38,6 +40,8 @@ Environment variables (the legacy names):
 * ``JAX_HOST_CALLBACK_INLINE=1``: outside of ``jit`` and control flow, run tap functions
   inline in the calling thread (so their exceptions propagate with your stack).
 * ``HOSTFEED_AD_TAPS`` (``transforms`` or ``primals``): what taps see under autodiff.
+* ``HOSTFEED_SYNC_TAPS=1``: taps are synchronous (see :func:`set_sync_taps`): each tap
+  function has run before the computation goes on, as with the legacy CPU default.
 * ``HOSTFEED_CALL_TIMEOUT``: seconds a :func:`call` waits for its host function.
 * ``HOSTFEED_STOP_TIMEOUT``: seconds without progress after which stopping the receiver
   fails the calls waiting on a stuck callback (default 10).
@@ -58,15 +62,18 @@ Example:
 """
 from __future__ import annotations
 
-from typing import Any, Optional, TypeVar
-from collections.abc import Callable
+import contextlib
+import inspect
+import types
+from typing import Any, Optional, TypeVar, overload
+from collections.abc import Callable, Iterator
 
 import jax
 import numpy as np
 
 from . import _compat, keys, receiver
-from .primitives import (get_ad_taps, host_call_p, outside_call, outside_call_params,
-                         set_ad_taps as _set_ad_taps)
+from .primitives import (get_ad_taps, get_sync_taps, host_call_p, outside_call,
+                         outside_call_params, set_ad_taps as _set_ad_taps, sync_taps_state)
 from .printing import Printer
 from .receiver import CallbackException
 from .runtime import CallbackSpec
@@ -74,9 +81,11 @@ from .runtime import CallbackSpec
 __all__ = [
     "id_tap", "id_print", "call", "barrier_wait", "stop_outfeed_receiver",
     "CallbackException", "TapFunctionException", "set_ad_taps", "get_ad_taps",
+    "set_sync_taps", "get_sync_taps", "sync_taps",
 ]
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 TapFunctionException = CallbackException  # legacy alias
@@ -106,9 +115,134 @@ def set_ad_taps(mode: str) -> None:
     _set_ad_taps(mode)
 
 
+def set_sync_taps(sync: bool) -> None:
+    """Makes taps traced from now on synchronous (``True``) or asynchronous (``False``,
+    the default).
+
+    A synchronous tap's function has run before the computation goes on past the tap, so
+    once a result of the computation is ready (``block_until_ready()``, ``print``, a
+    conversion to numpy), every synchronous tap before it has run; no ``barrier_wait`` is
+    needed. This is what the legacy module's CPU default did. It costs a round trip to the
+    host per tap (like ``hcb.call``), and the device waits for the tap function. The
+    initial mode comes from ``HOSTFEED_SYNC_TAPS`` (read at import); ``id_tap(...,
+    sync=True)`` chooses per tap and ``with hcb.sync_taps():`` for a block. The mode is
+    part of JAX's cache keys, so switching retraces. Exceptions of tap functions are still
+    recorded for the next :func:`barrier_wait`; the computation goes on.
+
+    Example:
+        >>> from hostfeed import host_callback as hcb
+        >>> hcb.set_sync_taps(True); hcb.get_sync_taps()
+        True
+        >>> hcb.set_sync_taps(False)
+    """
+    if not isinstance(sync, (bool, np.bool_)):
+        raise TypeError(f"set_sync_taps(sync): expected True or False, got {sync!r}")
+    jax.config.update("hostfeed_sync_taps", bool(sync))
+
+
+@contextlib.contextmanager
+def sync_taps(sync: bool = True) -> Iterator[None]:
+    """Within the block, taps traced (and jitted functions called) are synchronous; see
+    :func:`set_sync_taps`. Applies to the calling thread.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from hostfeed import host_callback as hcb
+        >>> seen = []
+        >>> f = jax.jit(lambda x: hcb.id_tap(lambda v, tr: seen.append(int(v)), x) + 1)
+        >>> with hcb.sync_taps():
+        ...     y = f(jnp.int32(1)).block_until_ready()
+        ...     print(seen)                         # ran before the result was ready
+        [1]
+    """
+    if not isinstance(sync, (bool, np.bool_)):
+        raise TypeError(f"sync_taps(sync): expected True or False, got {sync!r}")
+    with sync_taps_state(bool(sync)):
+        yield
+
+
 def _check_callable(func: Any, what: str) -> None:
     if not callable(func):
         raise TypeError(f"{what} must be callable, got {type(func).__name__}: {func!r}")
+
+
+def _bind_problem(func: Any, n_args: int, with_device: bool) -> tuple[str, str] | None:
+    """``(func with its signature, why)`` if ``func(*n_args positional, [device=...])``
+    would fail to bind, else None (also when the signature cannot be read, as for some
+    builtins)."""
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError):
+        return None
+    try:
+        if with_device:
+            sig.bind(*([None] * n_args), device=None)
+        else:
+            sig.bind(*([None] * n_args))
+    except TypeError as exc:
+        name = getattr(func, "__name__", None) or type(func).__name__
+        return f"{name}{sig}", str(exc)
+    return None
+
+
+# Signature checks of plain functions, by what decides them: the code object and which
+# defaults exist (closures made by one `def` share them, so an eager tap with a fresh
+# lambda per call pays a dict lookup).
+_BIND_CACHE: dict[tuple, tuple[str, str] | None] = {}
+
+
+def _check_signature(func: Any, n_args: int, with_device: bool) -> tuple[str, str] | None:
+    if getattr(func, "__hostfeed_by_value__", False):  # hostfeed's own (id_print)
+        return None
+    if not isinstance(func, types.FunctionType) or func.__dict__:  # __wrapped__, ...
+        return _bind_problem(func, n_args, with_device)
+    key = (func.__code__, len(func.__defaults__ or ()), frozenset(func.__kwdefaults__ or ()),
+           n_args, with_device)
+    try:
+        return _BIND_CACHE[key]
+    except KeyError:
+        pass
+    problem = _bind_problem(func, n_args, with_device)
+    if len(_BIND_CACHE) < 4096:
+        _BIND_CACHE[key] = problem
+    return problem
+
+
+def _check_tap_func(tap_func: Any, tap_with_device: bool, api: str) -> None:
+    """Refuses, where the tap is written, a tap function that cannot be called as
+    ``tap_func(arg, transforms)`` (``device=`` too with ``tap_with_device``)."""
+    _check_callable(tap_func, f"{api}: tap_func")
+    problem = _check_signature(tap_func, 2, tap_with_device)
+    if problem is None:
+        return
+    func, why = problem
+    if tap_with_device:
+        how, example, wrap = ("tap_func(arg, transforms, device=dev)",
+                              "def tap(x, transforms, *, device): ...",
+                              "lambda x, transforms, device: f(x)")
+    else:
+        how, example, wrap = ("tap_func(arg, transforms)", "def tap(x, transforms): ...",
+                              "lambda x, transforms: f(x)")
+    raise TypeError(
+        f"{api}: tap functions are called as {how}, but {func} cannot be ({why}). A tap "
+        f"function takes the value and the transformations applied (a tuple of "
+        f"(name, params) pairs, empty without any)"
+        f"{', and the device as a keyword' if tap_with_device else ''}: write "
+        f"`{example}`, or wrap an io_callback-style function f as `{wrap}`")
+
+
+def _check_call_func(func: Any, with_device: bool) -> None:
+    _check_callable(func, "call: callback_func")
+    problem = _check_signature(func, 1, with_device)
+    if problem is None:
+        return
+    name, why = problem
+    how = "callback_func(arg, device=dev)" if with_device else "callback_func(arg)"
+    raise TypeError(
+        f"call: host functions are called as {how}, but {name} cannot be ({why}). It "
+        f"takes the value sent (one pytree, as `arg` was given)"
+        f"{' and the device as a keyword' if with_device else ''} and returns results "
+        f"matching result_shape")
 
 
 def _check_leaves(leaves: list, api: str, what: str) -> list:
@@ -128,6 +262,9 @@ def _check_leaves(leaves: list, api: str, what: str) -> list:
                 f"{api}: leaf {i} of `{what}` has type {type(x).__name__}, which is not a JAX "
                 f"type; pass arrays, numpy values or Python scalars (wrap other data in a "
                 f"closure of the tap function instead)")
+        swapped = receiver.byte_order_problem(dtype)
+        if swapped is not None:
+            raise TypeError(f"{api}: leaf {i} of `{what}` has {swapped}")
         if np.dtype(dtype) not in receiver.SUPPORTED_DTYPES:
             raise TypeError(
                 f"{api}: leaf {i} of `{what}` has dtype {dtype}, which hostfeed cannot transfer "
@@ -144,8 +281,14 @@ def _device_index_arg(device_index: Any, api: str) -> int:
     return int(device_index)
 
 
-def id_tap(tap_func: Callable, arg: T, *, result: Any = None, tap_with_device: bool = False,
-           device_index: int = 0, **kwargs: Any) -> Any:
+@overload
+def id_tap(tap_func: Callable, arg: T, *, result: None = None, tap_with_device: bool = False,
+           device_index: int = 0, sync: Optional[bool] = None, **kwargs: Any) -> T: ...
+@overload
+def id_tap(tap_func: Callable, arg: Any, *, result: R, tap_with_device: bool = False,
+           device_index: int = 0, sync: Optional[bool] = None, **kwargs: Any) -> R: ...
+def id_tap(tap_func: Callable, arg: Any, *, result: Any = None, tap_with_device: bool = False,
+           device_index: int = 0, sync: Optional[bool] = None, **kwargs: Any) -> Any:
     """Identity on ``arg`` that also calls ``tap_func(arg, transforms)`` on the host.
 
     Args:
@@ -153,6 +296,7 @@ def id_tap(tap_func: Callable, arg: T, *, result: Any = None, tap_with_device: b
         arrays and ``transforms`` a tuple of ``(name, params)`` pairs describing the JAX
         transformations applied (empty when none). With ``tap_with_device=True`` it is
         called as ``tap_func(arg, transforms, device=dev)``. Its return value is ignored.
+        Its signature is checked here: an io_callback-style ``def f(x)`` is refused.
       arg: a pytree of JAX arrays, numpy values or Python scalars to send to the host. A
         typed PRNG key leaf is sent as its key data (what ``jax.random.key_data`` gives)
         and returned as the typed key.
@@ -162,13 +306,17 @@ def id_tap(tap_func: Callable, arg: T, *, result: Any = None, tap_with_device: b
       device_index: under global-view sharding, which device of the computation collects
         the operand and runs the callback (the JAX 0.4.x keyword; default 0); with many
         processes, the tap function runs in that device's process only.
+      sync: ``True``: the computation waits until ``tap_func`` has run (a synchronous tap,
+        see :func:`set_sync_taps`); ``False``: asynchronous; ``None`` (default): the mode
+        in effect (:func:`get_sync_taps`).
       **kwargs: refused with the legacy module's explanation (use ``functools.partial``).
 
     Returns:
       ``arg``, or ``result`` if given.
 
     Raises:
-      TypeError: ``tap_func`` is not callable, a leaf is not a transferable JAX value (for
+      TypeError: ``tap_func`` is not callable or cannot be called with ``(arg,
+        transforms)`` (and ``device=``), a leaf is not a transferable JAX value (for
         example an extended dtype other than a PRNG key), or extra keyword arguments were
         given.
 
@@ -185,36 +333,64 @@ def id_tap(tap_func: Callable, arg: T, *, result: Any = None, tap_with_device: b
             "Support for **kwargs in ``id_tap`` has been removed. Instead, pre-apply keyword "
             "arguments, either by using a closure or by passing "
             f"``functools.partial(tap_func, **kwargs)``. (id_tap got {sorted(kwargs)}.)")
-    _check_callable(tap_func, "id_tap: tap_func")
-    device_index = _device_index_arg(device_index, "id_tap")
+    _check_tap_func(tap_func, tap_with_device, "id_tap")
+    return _tap(tap_func, arg, result, tap_with_device, device_index, sync, "id_tap")
+
+
+def _sync_arg(sync: Any, api: str) -> bool:
+    if sync is None:
+        return get_sync_taps()
+    if not isinstance(sync, (bool, np.bool_)):
+        raise TypeError(f"{api}: sync must be True, False or None (the mode in effect), got "
+                        f"{sync!r}")
+    return bool(sync)
+
+
+def _tap(tap_func: Any, arg: Any, result: Any, tap_with_device: bool, device_index: Any,
+         sync: Any, api: str) -> Any:
+    device_index = _device_index_arg(device_index, api)
+    sync = _sync_arg(sync, api)
     arg_treedef: Any
     flat_args, arg_treedef = jax.tree_util.tree_flatten(arg)
-    flat_args, arg_keys = keys.unwrap_keys(flat_args, "id_tap", "arg")
-    flat_args = _check_leaves(flat_args, "id_tap", "arg")
+    flat_args, arg_keys = keys.unwrap_keys(flat_args, api, "arg")
+    flat_args = _check_leaves(flat_args, api, "arg")
     result_treedef: Any
     if result is not None:
         flat_results, result_treedef = jax.tree_util.tree_flatten(result)
-        flat_results, result_keys = keys.unwrap_keys(flat_results, "id_tap", "result")
-        flat_results = _check_leaves(flat_results, "id_tap", "result")
+        flat_results, result_keys = keys.unwrap_keys(flat_results, api, "result")
+        flat_results = _check_leaves(flat_results, api, "result")
     else:
         flat_results, result_treedef = [], None
     spec = CallbackSpec(tap_func, arg_treedef, tap_with_device, "tap")
     outs = outside_call([*flat_args, *flat_results],
-                        outside_call_params(spec, len(flat_args), device_index=device_index))
+                        outside_call_params(spec, len(flat_args), device_index=device_index,
+                                            sync=sync))
     if result_treedef is None:
         return arg_treedef.unflatten(keys.rewrap_keys(outs[:len(flat_args)], arg_keys))
     return result_treedef.unflatten(keys.rewrap_keys(outs[len(flat_args):], result_keys))
 
 
-def id_print(arg: T, *, result: Any = None, tap_with_device: bool = False,
+@overload
+def id_print(arg: T, *, result: None = None, tap_with_device: bool = False,
              device_index: int = 0, output_stream: Any = None,
-             threshold: Optional[int] = None, **kwargs: Any) -> Any:
+             threshold: Optional[int] = None, sync: Optional[bool] = None,
+             **kwargs: Any) -> T: ...
+@overload
+def id_print(arg: Any, *, result: R, tap_with_device: bool = False,
+             device_index: int = 0, output_stream: Any = None,
+             threshold: Optional[int] = None, sync: Optional[bool] = None,
+             **kwargs: Any) -> R: ...
+def id_print(arg: Any, *, result: Any = None, tap_with_device: bool = False,
+             device_index: int = 0, output_stream: Any = None,
+             threshold: Optional[int] = None, sync: Optional[bool] = None,
+             **kwargs: Any) -> Any:
     """Like :func:`id_tap` with a tap function that prints ``arg`` on the host.
 
     Each print shows the ``kwargs`` first (sorted by key, as ``key: value``), together with
     the transforms and, with ``tap_with_device=True``, the device; then ``arg``, with arrays
     formatted by ``numpy.array2string`` (``threshold`` is passed to it). ``output_stream``,
-    if given, receives ``output_stream.write(s)`` instead of ``print``.
+    if given, receives ``output_stream.write(s)`` instead of ``print``. ``sync`` is
+    :func:`id_tap`'s (so it is not printed).
 
     Example:
         >>> import io, jax.numpy as jnp
@@ -226,8 +402,7 @@ def id_print(arg: T, *, result: Any = None, tap_with_device: bool = False,
         ( 3. 9. )
     """
     printer = Printer(output_stream, threshold, kwargs)
-    return id_tap(printer, arg, result=result, tap_with_device=tap_with_device,
-                  device_index=device_index)
+    return _tap(printer, arg, result, tap_with_device, device_index, sync, "id_print")
 
 
 _RESULT_SHAPE_MSG = (
@@ -318,7 +493,7 @@ def call(callback_func: Callable, arg: Any, *, result_shape: Any = None,
         >>> f(jnp.zeros(3)).tolist()
         [0.0, 0.0, 0.0]
     """
-    _check_callable(callback_func, "call: callback_func")
+    _check_call_func(callback_func, call_with_device)
     if receiver.in_callback_thread():
         raise receiver.CallbackContextError(
             "hostfeed: hcb.call was used inside a host callback; its reply would have to "

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from . import _compat, receiver, recording, settings
+from . import _compat, portable, receiver, recording, settings
 from .placement import (Where, check_device_index, lower_global_call, lower_global_tap,
                         lower_per_device_call, where)
 from .primitives import (call_check_p, failure_message_p, host_call_p, host_callback_effect,
@@ -89,7 +89,9 @@ def cuda_status() -> Optional[str]:
     handlers at once, and a failure is reported here instead of inside the plugin's
     initialisation (where it would also keep JAX's own CUDA handlers from registering).
     Without a CUDA backend, computations still lower for CUDA (the handlers are held by
-    JAX until a CUDA plugin initialises, if ever).
+    JAX until a CUDA plugin initialises, if ever). The reason names a driver library that
+    is not the ``libcuda.so.1`` XLA loaded (both files), since every CUDA handle would be
+    foreign to it; ``receiver.cuda_driver_path()`` names the file hostfeed uses.
 
     Example:
         >>> from hostfeed import lowering
@@ -113,10 +115,24 @@ def _has_cuda_backend() -> bool:
         return False
 
 
+def _cuda_unavailable() -> Optional[str]:
+    """Why the CUDA handlers cannot serve the CUDA backend of this process (None: they
+    can, or there is no CUDA backend, where computations still lower for CUDA natively)."""
+    reason = cuda_status()
+    return reason if reason is not None and _has_cuda_backend() else None
+
+
+# Without usable CUDA handlers, CUDA computations take the portable transport.
+portable.set_native_check("cuda", _cuda_unavailable)
+
+
 def _on_cuda(rule: Any) -> Any:
     """``rule`` for the ``cuda`` platform: registers the CUDA handlers first, and refuses
-    clearly where a CUDA backend exists but the handlers could not be registered."""
+    clearly where a CUDA backend exists but the handlers could not be registered (only
+    when ``HOSTFEED_TRANSPORT=native`` forbids the portable transport)."""
     def lower(ctx: Any, *args: Any, **params: Any) -> list:
+        if portable.active(ctx):
+            return rule(ctx, *args, **params)
         reason = cuda_status()
         if reason is not None and _has_cuda_backend():
             raise NotImplementedError(
@@ -160,7 +176,10 @@ def _call_consumer_id(ctx: Any, spec: CallbackSpec, result_treedef: Any, result_
 
 def _emit(ctx: Any, target: str, args: Sequence[Any], avals_in: Sequence[Any],
           avals_out: Sequence[Any], per_device: bool, **attrs: Any) -> list:
-    """The FFI custom call with a token in and out; returns its non-token results."""
+    """The FFI custom call with a token in and out; returns its non-token results (or the
+    portable transport's counterpart, on platforms that use it)."""
+    if portable.active(ctx):
+        return portable.emit(ctx, target, args, avals_in, avals_out, per_device, **attrs)
     token = ctx.tokens_in.get(host_callback_effect)
     sub_ctx = dataclasses.replace(
         ctx, avals_in=[_compat.abstract_token, *avals_in],
@@ -196,8 +215,16 @@ def _outside_call_lowering(ctx: Any, *args: Any, callback: CallbackSpec,
         cid = _tap_consumer_id(ctx, callback, transforms, shard_parts)
     receiver.ensure_started()
     flags = receiver.FLAG_SHARD if shard_parts is not None else 0
-    _emit(ctx, TAP_TARGET, args[:nr_tapped_args], ctx.avals_in[:nr_tapped_args], [],
-          context is Where.PER_DEVICE, consumer_id=np.int64(cid), flags=np.int64(flags))
+    if params.get("sync") and not record:
+        # A synchronous tap: a call without results, which the device waits for (with no
+        # time limit: the tap function may take as long as it takes).
+        _emit(ctx, CALL_TARGET, args[:nr_tapped_args], ctx.avals_in[:nr_tapped_args], [],
+              context is Where.PER_DEVICE, consumer_id=np.int64(cid),
+              flags=np.int64(flags | receiver.FLAG_SYNC_TAP), timeout_ms=np.int64(0),
+              name=callback.name)
+    else:
+        _emit(ctx, TAP_TARGET, args[:nr_tapped_args], ctx.avals_in[:nr_tapped_args], [],
+              context is Where.PER_DEVICE, consumer_id=np.int64(cid), flags=np.int64(flags))
     # Identity on every operand, but the outputs depend on the tap's token: code that uses
     # them runs after the tap. Without this dependency the tap is a side consumer of its
     # operand, and XLA CPU's instruction fusion duplicates the whole elementwise chain
@@ -243,6 +270,8 @@ def _call_check_lowering(ctx: Any, status: Any, *message: Any) -> list:
 
 def _failure_message_lowering(ctx: Any, status: Any) -> list:
     # No token: ordered after the call by its data dependency on the call's status.
+    if portable.active(ctx):
+        return portable.failure_message(ctx, status)
     context, _ = where(ctx)
     op = _compat.build_ffi_lowering_function(FAILURE_TARGET, has_side_effect=False)(
         ctx, status)
@@ -252,17 +281,28 @@ def _failure_message_lowering(ctx: Any, status: Any) -> list:
 
 
 def _lowering_unsupported(ctx: Any, *args: Any, **params: Any) -> list:
-    platforms = ", ".join(ctx.module_context.platforms)
+    platforms = ", ".join(ctx.platforms or ctx.module_context.platforms)
     raise NotImplementedError(
-        f"hostfeed host callbacks run on CPU and CUDA GPUs only; this computation targets "
-        f"{platforms}. Run it on CPU (jax.default_device(jax.devices('cpu')[0])) or use "
-        f"jax.experimental.io_callback there.")
+        f"hostfeed's native host callbacks run on CPU and CUDA GPUs only; this computation "
+        f"targets {platforms} and HOSTFEED_TRANSPORT=native forbids the portable transport "
+        f"(JAX's host-callback lowering). Unset HOSTFEED_TRANSPORT (or set it to 'jax'), or "
+        f"run it on CPU (jax.default_device(jax.devices('cpu')[0])).")
+
+
+def _on_other(rule: Any) -> Any:
+    """``rule`` for platforms without native handlers: the portable transport, unless
+    ``HOSTFEED_TRANSPORT=native``."""
+    def lower(ctx: Any, *args: Any, **params: Any) -> list:
+        if not portable.active(ctx):
+            return _lowering_unsupported(ctx, *args, **params)
+        return rule(ctx, *args, **params)
+    return lower
 
 
 for _prim, _rule in ((outside_call_p, _outside_call_lowering),
                      (host_call_p, _host_call_lowering),
                      (call_check_p, _call_check_lowering),
                      (failure_message_p, _failure_message_lowering)):
-    _compat.register_lowering(_prim, _rule, platform="cpu")
-    _compat.register_lowering(_prim, _on_cuda(_rule), platform="cuda")
-    _compat.register_lowering(_prim, _lowering_unsupported)
+    _compat.register_lowering(_prim, portable.noting(_rule), platform="cpu")
+    _compat.register_lowering(_prim, portable.noting(_on_cuda(_rule)), platform="cuda")
+    _compat.register_lowering(_prim, portable.noting(_on_other(_rule)))

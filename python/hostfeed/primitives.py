@@ -21,7 +21,7 @@ from .runtime import CallbackSpec, check_call_results, unpack_transforms
 __all__ = [
     "HostCallbackEffect", "host_callback_effect", "CallbackSpec", "outside_call_p",
     "outside_call", "outside_call_params", "host_call_p", "call_check_p", "failure_message_p",
-    "get_ad_taps", "set_ad_taps",
+    "get_ad_taps", "set_ad_taps", "get_sync_taps", "sync_taps_state",
 ]
 
 
@@ -64,13 +64,36 @@ def set_ad_taps(mode: str) -> None:
     jax.config.update("hostfeed_ad_taps", settings.check_ad_taps(mode, "set_ad_taps(mode)"))
 
 
+# Whether taps traced from now on are synchronous (their tap function has run before the
+# computation goes on, so before its results are ready). A JAX configuration state for the
+# same reason as the autodiff mode: a jitted function traced in one mode is traced again in
+# the other, never reused.
+sync_taps_state = _compat.bool_state(
+    name="hostfeed_sync_taps",
+    default=settings.sync_taps(),
+    help="Whether hostfeed taps complete before the computation's results are ready.",
+    include_in_jit_key=True,
+    include_in_trace_context=True,
+)
+
+
+def get_sync_taps() -> bool:
+    """Whether taps traced from now on (without ``sync=``) are synchronous.
+
+    Example:
+        >>> isinstance(get_sync_taps(), bool)
+        True
+    """
+    return bool(sync_taps_state.value)
+
+
 outside_call_p = _compat.Primitive("outside_call")
 outside_call_p.multiple_results = True
 
 
 def outside_call_params(callback: CallbackSpec, nr_tapped_args: int, transforms: tuple = (),
                         device_index: int = 0, forward_tapped: bool = False,
-                        shard_parts: tuple | None = None) -> dict:
+                        shard_parts: tuple | None = None, sync: bool = False) -> dict:
     """The parameters of ``outside_call_p``.
 
     ``callback``: what to call on the host; ``nr_tapped_args``: how many leading operands are
@@ -80,11 +103,12 @@ def outside_call_params(callback: CallbackSpec, nr_tapped_args: int, transforms:
     already tapped its primals (so partial evaluation must not tap them again);
     ``shard_parts``: set only by the global-view lowering, a
     :class:`hostfeed.runtime.ShardParts` when each device sends its shard and the host
-    joins them.
+    joins them; ``sync``: the computation waits until the tap function has run (a
+    synchronous tap, lowered as a call without results).
     """
     return dict(callback=callback, nr_tapped_args=nr_tapped_args, transforms=transforms,
                 device_index=device_index, forward_tapped=forward_tapped,
-                shard_parts=shard_parts)
+                shard_parts=shard_parts, sync=sync)
 
 
 @outside_call_p.def_effectful_abstract_eval
@@ -116,7 +140,7 @@ def _outside_call_impl(*args, **params):
         else:
             callback.func(arg, unpacked)
         return list(args)
-    return _tap_eager(callback, transforms, args, nr_tapped_args)
+    return _tap_eager(callback, transforms, args, nr_tapped_args, params.get("sync", False))
 
 
 outside_call_p.def_impl(_outside_call_impl)
@@ -134,12 +158,13 @@ def _host_copy(x: Any) -> np.ndarray:
 
 
 def _tap_eager(callback: CallbackSpec, transforms: tuple, args: Sequence[Any],
-               nr_tapped_args: int) -> list:
+               nr_tapped_args: int, sync: bool = False) -> list:
     """An eager tap without a computation: once the computations already dispatched have
     sent their taps, host copies of the operands go straight into the receiver's queue, and
     the callback runs on the consumer thread, in order. Nothing is compiled, and nothing is
     registered that outlives the message (a fresh tap function per call costs nothing
-    more, and leaks nothing)."""
+    more, and leaks nothing). A synchronous tap then waits until the receiver has run it
+    (its exception, if any, is recorded for ``barrier_wait`` as for any tap)."""
     receiver.wait_for_dispatched(host_callback_effect)
     tapped = args[:nr_tapped_args]
     arrays = tuple([_host_copy(a) for a in tapped])
@@ -155,6 +180,8 @@ def _tap_eager(callback: CallbackSpec, transforms: tuple, args: Sequence[Any],
         def invoke(arrays: Sequence[np.ndarray], ordinal: int) -> None:
             func(arrays[0] if single else treedef.unflatten(arrays), unpacked)
     receiver.push_eager(invoke, callback.name, arrays, sum([a.nbytes for a in arrays]))
+    if sync:
+        receiver.wait_processed()
     # Identity; values that are not JAX arrays yet become ones, as a computation's outputs.
     return [a if isinstance(a, _Array) else jax.numpy.asarray(a) for a in args]
 

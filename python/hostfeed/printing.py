@@ -1,9 +1,9 @@
 """``id_print`` output, in the format of JAX 0.4.x's legacy module.
 
 A tuple prints as ``( a b )``, a list as ``[ a b ]``, a dict as ``{ k=v k2=v2 }`` (keys
-sorted) when it fits in 80 columns; otherwise each element goes on its own line, indented
-under the first (``( a`` / ``  b )``), and nested groups decide for themselves. Arrays print
-through ``numpy.array2string``.
+sorted; empty ones as ``(  )``, ``[  ]``, ``{  }``) when it fits in 80 columns; otherwise
+each element goes on its own line, indented under the first (``( a`` / ``  b )``), and
+nested groups decide for themselves. Arrays print through ``numpy.array2string``.
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def _one_line(arg: Any, threshold: int | None) -> str | None:
         if line is None:
             return None
         parts.append(prefix + line)
-    return open_ + " ".join(parts) + close if parts else open_.strip() + close.strip()
+    return open_ + " ".join(parts) + close  # empty: "(  )", as JAX 0.4.x printed it
 
 
 def _layout(arg: Any, threshold: int | None, column: int, trail: int) -> list[str]:
@@ -71,7 +71,7 @@ def _layout(arg: Any, threshold: int | None, column: int, trail: int) -> list[st
         return [line]
     open_, close, items = group
     if not items:
-        return [open_.strip() + close.strip()]
+        return [open_ + close]
     blocks = []
     for k, (prefix, e) in enumerate(items):
         last = k == len(items) - 1

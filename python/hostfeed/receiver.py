@@ -14,6 +14,8 @@ import contextlib
 import functools
 import hashlib
 import logging
+import os
+import pathlib
 import re
 import threading
 import traceback
@@ -39,13 +41,19 @@ NativeRecorder = _receiver.Recorder
 FLAG_STATUS_OUTPUT: int = _receiver.FLAG_STATUS_OUTPUT
 FLAG_SHARD: int = _receiver.FLAG_SHARD
 FLAG_EAGER: int = _receiver.FLAG_EAGER
+FLAG_SYNC_TAP: int = _receiver.FLAG_SYNC_TAP
 registrations = _receiver.registrations
 # The CUDA platform: handlers, the driver (loaded at run time), pinned memory.
 cuda_registrations = _receiver.cuda_registrations
 cuda_driver_error = _receiver.cuda_driver_error
 cuda_driver_version = _receiver.cuda_driver_version
+cuda_driver_path = _receiver.cuda_driver_path
 cuda_pool_stats = _receiver.cuda_pool_stats
 in_callback_thread = _receiver.in_callback_thread
+# The portable transport's way into the queue (see hostfeed.portable).
+push_host = _receiver.push_host
+call_host = _receiver.call_host
+failure_text = _receiver.failure_text
 is_running = _receiver.is_running
 
 
@@ -79,6 +87,25 @@ DTYPE_CODES: dict[str, int] = dict(_receiver.DTYPE_CODES)
 
 #: numpy dtypes that taps can carry.
 SUPPORTED_DTYPES: frozenset[np.dtype] = frozenset(XLA_DTYPES.values())
+
+
+def byte_order_problem(dtype: Any) -> Optional[str]:
+    """What is wrong with a dtype that hostfeed supports in native byte order but that is
+    byte-swapped (``>f4`` on a little-endian host), and how to fix it; None otherwise.
+
+    Example:
+        >>> byte_order_problem(np.dtype(">f4") if np.little_endian else np.dtype("<f4"))[:36]
+        'dtype >f4, whose byte order is not t'
+        >>> byte_order_problem(np.float32) is None
+        True
+    """
+    dt = np.dtype(dtype)
+    if dt.isnative or dt.newbyteorder("=") not in SUPPORTED_DTYPES:
+        return None
+    order = "big" if dt.byteorder == ">" else "little"
+    return (f"dtype {dt.str}, whose byte order is not the host's ({order}-endian; this host "
+            f"is {'little' if np.little_endian else 'big'}-endian): convert it first, e.g. "
+            f"x.astype(x.dtype.newbyteorder('=')) (numpy), which gives {dt.newbyteorder('=')}")
 
 
 # ----------------------------------------------------------------------------------------
@@ -257,8 +284,44 @@ def registered_consumers() -> int:
 _last_exception: list[tuple[BaseException, str]] = []
 
 
+_PACKAGE_DIR = str(pathlib.Path(__file__).resolve().parent)
+
+
+def _is_hostfeed_frame(tb: types.TracebackType) -> bool:
+    return str(pathlib.Path(tb.tb_frame.f_code.co_filename).resolve().parent) == _PACKAGE_DIR
+
+
+def _user_traceback(exc: BaseException) -> types.TracebackType | None:
+    """``exc``'s traceback without hostfeed's own frames at its head (the dispatcher and
+    invokers that called the user's function), so that it starts at the user's frame."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and _is_hostfeed_frame(tb):
+        tb = tb.tb_next
+    return tb
+
+
+def user_frame(exc: BaseException) -> str:
+    """`` (at FILE:LINE in FUNC)``: the line of the user's function (the first frame
+    outside hostfeed) where ``exc`` was raised or passed through, or '' when unknown.
+
+    Example:
+        >>> try:
+        ...     int("x")
+        ... except ValueError as e:
+        ...     print(user_frame(e).rsplit(" in ", 1)[1])
+        <module>)
+    """
+    for frame, line in traceback.walk_tb(exc.__traceback__):
+        code = frame.f_code
+        if str(pathlib.Path(code.co_filename).resolve().parent) != _PACKAGE_DIR:
+            return f" (at {code.co_filename}:{line} in {code.co_name})"
+    return ""
+
+
 def record_exception(exc: BaseException, where: str) -> None:
-    """Logs ``exc`` with its traceback and keeps it for the next ``barrier_wait``."""
+    """Logs ``exc`` with its traceback (from the user's frame on) and keeps it for the next
+    ``barrier_wait``."""
+    exc.__traceback__ = _user_traceback(exc)
     formatted = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     logger.error("hostfeed: postponing exception raised in %s:\n%s", where, formatted)
     _last_exception[:] = [(exc, formatted)]
@@ -362,7 +425,10 @@ class _Dispatcher:
                     f"this process: the executable was compiled elsewhere and not lowered "
                     f"here (hostfeed registers callbacks when JAX lowers a computation)")
             if consumer.kind == "tap":
-                consumer.invoke(arrays, ordinal)
+                if reply is None:
+                    consumer.invoke(arrays, ordinal)
+                else:
+                    run_sync_tap(consumer.invoke, consumer.name, arrays, ordinal, [reply])
             elif consumer.kind == "call":
                 if reply.pending:  # a call nobody waits for any more is not run
                     consumer.invoke(arrays, ordinal, reply)
@@ -414,6 +480,21 @@ class _Dispatcher:
 _dispatch = _Dispatcher()
 
 
+def run_sync_tap(invoke: Callable[..., None], name: str, arrays: Sequence[np.ndarray],
+                 ordinal: int, replies: Sequence[Any]) -> None:
+    """Runs a synchronous tap (``invoke(arrays, ordinal)``), then lets the devices waiting
+    for it go on (``replies``: their calls without results). A failing tap function is
+    recorded for ``barrier_wait`` like any tap; the computation goes on regardless."""
+    try:
+        invoke(arrays, ordinal)
+    except BaseException as exc:  # noqa: BLE001 - recorded for barrier_wait
+        record_exception(exc, f"host callback {name}")
+    finally:
+        for reply in replies:
+            if reply.pending:
+                reply.send([])
+
+
 @functools.cache
 def device_for_ordinal(ordinal: int) -> jax.Device:
     """The ``jax.Device`` of this process that a message's device key ``ordinal`` names.
@@ -432,6 +513,8 @@ def device_for_ordinal(ordinal: int) -> jax.Device:
       LookupError: no device of this process has that ordinal (the tap is then recorded
         as failed for ``barrier_wait``, not lost silently).
     """
+    if ordinal <= PORTABLE_KEY_BASE:
+        return _portable_devices[PORTABLE_KEY_BASE - ordinal]
     platform = "cpu"
     if ordinal <= -2:
         platform, ordinal = "gpu", -2 - ordinal
@@ -446,6 +529,34 @@ def device_for_ordinal(ordinal: int) -> jax.Device:
         f"hostfeed: no {platform} device of process {jax.process_index()} has XLA device "
         f"ordinal {ordinal}; its devices are "
         f"{[(d.id, d.local_hardware_id) for d in devices]} as (id, local_hardware_id)")
+
+
+#: Device keys at or below this one name devices of the portable transport (any platform).
+PORTABLE_KEY_BASE = -(1 << 24)
+_portable_devices: list[jax.Device] = []
+_portable_keys: dict[jax.Device, int] = {}
+_portable_lock = threading.Lock()
+
+
+def portable_device_key(device: jax.Device) -> int:
+    """The device key that messages of the portable transport from ``device`` carry, so
+    that :func:`device_for_ordinal` gives ``device`` back (a CPU device's is its id, as in
+    a native handler's messages).
+
+    Example:
+        >>> d = jax.devices("cpu")[0]
+        >>> device_for_ordinal(portable_device_key(d)) == d
+        True
+    """
+    if device.platform == "cpu":
+        return device.id
+    with _portable_lock:
+        key = _portable_keys.get(device)
+        if key is None:
+            key = PORTABLE_KEY_BASE - len(_portable_devices)
+            _portable_devices.append(device)
+            _portable_keys[device] = key
+        return key
 
 
 def _local_callback_devices(platform: str) -> list:
@@ -502,6 +613,12 @@ def push_eager(invoke: Callable[..., None], name: str, arrays: tuple[np.ndarray,
     if not _life.configured:
         ensure_started()
     _receiver.push_eager(Consumer(invoke, name, "tap"), arrays, nbytes)
+
+
+def wait_processed() -> None:
+    """Waits until the receiver has processed every message enqueued so far (GIL released;
+    raises nothing a callback raised: that is for ``barrier_wait``)."""
+    _receiver.barrier(None)
 
 
 def wait_for_dispatched(effect: Any) -> None:
@@ -595,6 +712,35 @@ def add_barrier_hook(hook: Callable[[], Optional[BaseException]]) -> None:
 def add_exit_hook(hook: Callable[[], None]) -> None:
     """Runs ``hook()`` at interpreter exit, after the receiver drained and shut down."""
     _exit_hooks.append(hook)
+
+
+_fork_hooks: list[Callable[[], None]] = []
+
+
+def add_fork_hook(hook: Callable[[], None]) -> None:
+    """Runs ``hook()`` in a child process created by ``os.fork``, after the receiver was
+    reset there (see :func:`_after_fork_in_child`)."""
+    _fork_hooks.append(hook)
+
+
+def _after_fork_in_child() -> None:
+    """``os.register_at_fork(after_in_child=...)``: only the forking thread exists in the
+    child, so the receiver's consumer thread and the recorders' writer threads are gone.
+    The child starts with a fresh, stopped receiver (its queue empty, nothing for a barrier
+    to wait for; the next host callback starts a consumer) and no open recorder, and exits
+    at once. JAX itself is not fork-safe: the child should not compute with it."""
+    _receiver.after_fork_in_child()
+    _last_exception.clear()
+    # Computations of the parent: their tokens mean nothing here (waiting would hang).
+    _compat.runtime_tokens.clear()
+    _life.lock = threading.Lock()
+    _registry.lock = threading.Lock()
+    for hook in _fork_hooks:
+        hook()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def check_not_in_callback(what: str) -> None:

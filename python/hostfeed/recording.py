@@ -23,6 +23,7 @@ operand is what, :func:`lane_dims` how many leading dimensions are lanes.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from typing import Any, Optional
 from collections.abc import Sequence
@@ -30,7 +31,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from . import _compat, keys, receiver
+from . import _compat, keys, receiver, settings
 from .primitives import outside_call_p, outside_call_params
 from .runtime import CallbackSpec, make_tap_invoker, unpack_transforms
 
@@ -132,6 +133,18 @@ class _Target:
         return f"Recorder.record({self.name!r})"
 
     def __call__(self, arg: Any, transforms: Sequence, *, device: Any = None) -> None:
+        # On the consumer thread (or inline): a failure belongs to this recorder, whose
+        # flush, close and the next barrier_wait raise it (whichever comes first).
+        try:
+            self._append(arg, transforms, device)
+        except Exception as exc:  # kept for the recorder's flush/close
+            if settings.inline() and not receiver.in_callback_thread():
+                raise  # inline mode: the caller's own thread, which sees it at once
+            receiver.logger.error("hostfeed: %r failed (raised by the recorder's next flush, "
+                                  "close or barrier_wait): %s", self, exc)
+            self.recorder._keep_error(exc)
+
+    def _append(self, arg: Any, transforms: Sequence, device: Any) -> None:
         leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(arg)]
         names = [t[0] for t in transforms]
         rs = roles(self.kind, names, len(leaves))
@@ -194,7 +207,7 @@ class Recorder:
     pauses the devices instead of growing memory.
 
     Args:
-      path: directory of the store.
+      path: directory of the store (``str``, ``bytes`` or ``os.PathLike``).
       mode: ``"w-"`` (default): create, fail if ``path`` exists and is not empty;
         ``"w"``: replace an earlier hostfeed recording at ``path`` (nothing else).
       compression: None (default) or ``"zstd"``, with ``compression_level`` (default 1).
@@ -209,7 +222,9 @@ class Recorder:
       separator: chunk key separator, ``"/"`` (nested directories) or ``"."`` (flat).
 
     Raises:
-      RecordingError: (an ``OSError``) the path cannot be created, or exists.
+      RecordingError: (an ``OSError``) the path cannot be created, or exists, or another
+        recorder (of this process or another, named by its pid) has it open: an open
+        store is locked (``flock``) until ``close()`` or its process ends.
 
     Example:
         >>> import tempfile, os, jax, jax.numpy as jnp
@@ -232,12 +247,15 @@ class Recorder:
         # exist before any row can be recorded.
         receiver.ensure_started()
         self._native = receiver.NativeRecorder(
-            str(path), mode=mode, compression=compression, level=compression_level,
+            _fspath(path), mode=mode, compression=compression, level=compression_level,
             chunk_bytes=chunk_bytes, writers=writers, durable=durable,
             commit_interval=commit_interval, separator=separator)
         self._lock = threading.Lock()
         self._targets: dict[tuple[str, str], _Target] = {}
         self._declared: dict[tuple, int] = {}
+        # Errors of rows recorded through Python (eager records), not raised yet.
+        self._unseen: list[BaseException] = []
+        self._pid = os.getpid()
         with _open_lock:
             _open.add(self)
 
@@ -258,8 +276,10 @@ class Recorder:
 
         Args:
           name: the array's name in the store; ``/`` separates groups (``"layer1/h"``).
-            Parts use letters, digits, ``_``, ``-`` and ``.``; names ending in a per-row
-            metadata suffix (``.step``, ...) or in ``.tangent``/``.cotangent`` are refused.
+            Parts use letters, digits, ``_``, ``-`` and ``.`` (not first), at most 200
+            bytes each (1024 in all); a part that is ``zarr.json`` or ends in a per-row
+            metadata suffix (``.step``, ...), and names ending in ``.tangent``/
+            ``.cotangent``, are refused.
           value: a JAX array, numpy array or scalar of any dtype hostfeed transfers (not a
             pytree: record each leaf under its own name).
           step: optional integer scalar (traced or not) stored with the row in
@@ -271,23 +291,32 @@ class Recorder:
           ``value``, or ``result`` if given.
 
         Raises:
-          ValueError: an invalid name, the recorder is closed, or (when the computation is
-            compiled, at the call site) the name was recorded before with another shape
-            or dtype.
+          ValueError: an invalid name (every part is checked), the recorder is closed, or
+            (eagerly, or when the computation is compiled, at the call site) the name was
+            recorded before with another shape or dtype.
           TypeError: a pytree, or a dtype that cannot be recorded (sub-byte types).
         """
         if self.closed:
+            if os.getpid() != self._pid:
+                raise ValueError(
+                    f"hostfeed: Recorder.record({name!r}): this recorder ({self.path}) was "
+                    f"opened by the parent of this forked process; open a new one here")
             raise ValueError(f"hostfeed: Recorder.record({name!r}) on a closed recorder "
                              f"({self.path})")
         _check_name(name)
         treedef: Any
         leaves, treedef = jax.tree_util.tree_flatten(value)
         if treedef.num_leaves != 1 or treedef.num_nodes != 1:
-            raise TypeError(
-                f"hostfeed: Recorder.record({name!r}) records one array, got a pytree with "
-                f"{treedef.num_leaves} leaves; record each leaf under its own name")
+            raise TypeError(f"hostfeed: Recorder.record({name!r}) records one array, got "
+                            f"{_describe_pytree(value, treedef.num_leaves, name)}")
         leaves, value_keys = keys.unwrap_keys(leaves, "Recorder.record", "value")
         operands = [_as_value(leaves[0], name)]
+        self._native.check_name(name, np.ndim(operands[0]))
+        if not _compat.is_tracer(operands[0]):
+            # An eager record: its row is appended later, on the consumer thread; a shape or
+            # dtype clash is raised here, at the call, as under jit.
+            self._declare(name, jax.dtypes.canonicalize_dtype(operands[0].dtype),
+                          np.shape(operands[0]))
         if step is not None:
             operands.append(_as_step(step, name))
         kind = KIND if step is None else KIND_WITH_STEP
@@ -314,7 +343,10 @@ class Recorder:
         and announced in the store's metadata.
 
         Raises:
-          RecordingError: a write failed since the last flush (disk full, ...).
+          RecordingError: a write failed since the last flush (disk full, ...), naming
+            every array concerned; later flushes raise it again for the rows dropped since.
+          ValueError: (or what else it was) a row recorded eagerly could not be appended,
+            and no flush, close or ``barrier_wait`` has raised that yet.
           TimeoutError: not done within ``timeout`` seconds (what was written is announced).
         """
         receiver.check_not_in_callback("Recorder.flush")
@@ -323,6 +355,7 @@ class Recorder:
             raise receiver.ReceiverTimeoutError(
                 f"hostfeed: Recorder.flush timed out after {timeout} s with rows of "
                 f"{self.path} still being written")
+        self._raise_unseen()
         if failed_run is not None:
             raise failed_run
 
@@ -339,6 +372,7 @@ class Recorder:
             with _open_lock:
                 _open.discard(self)
             self._native.close()
+        self._raise_unseen()
 
     def stats(self) -> dict[str, int]:
         """Counters: rows received, bytes and chunks written, spills (partial chunks
@@ -356,6 +390,22 @@ class Recorder:
 
     # ---- internals ----------------------------------------------------------------------
 
+    def _keep_error(self, exc: BaseException) -> None:
+        with self._lock:
+            self._unseen.append(exc)
+
+    def _take_unseen(self) -> Optional[BaseException]:
+        """The first error of this recorder's Python-side appends nobody has raised yet
+        (the others are logged already); forgets them all."""
+        with self._lock:
+            unseen, self._unseen = self._unseen, []
+        return unseen[0] if unseen else None
+
+    def _raise_unseen(self) -> None:
+        exc = self._take_unseen()
+        if exc is not None:
+            raise exc
+
     def _target(self, name: str, kind: str) -> _Target:
         with self._lock:
             t = self._targets.get((name, kind))
@@ -372,6 +422,17 @@ class Recorder:
             with self._lock:
                 self._declared[key] = array_id
         return array_id
+
+
+def _fspath(path: Any) -> str:
+    """A store path as ``str``: ``os.fspath`` (``str``, ``bytes`` decoded with the file
+    system encoding, or any ``os.PathLike``)."""
+    try:
+        p = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"hostfeed: Recorder(path) needs a str, bytes or os.PathLike, got "
+                        f"{type(path).__name__}") from None
+    return os.fsdecode(p) if isinstance(p, bytes) else p
 
 
 def _check_name(name: str) -> None:
@@ -392,6 +453,9 @@ def _as_value(x: Any, name: str) -> Any:
         else:
             raise TypeError(f"hostfeed: Recorder.record({name!r}) got a {type(x).__name__}, "
                             f"which is not a JAX value")
+    swapped = receiver.byte_order_problem(x.dtype)
+    if swapped is not None:
+        raise TypeError(f"hostfeed: Recorder.record({name!r}) got a value of {swapped}")
     if np.dtype(x.dtype) not in receiver.SUPPORTED_DTYPES:
         raise TypeError(
             f"hostfeed: Recorder.record({name!r}) got dtype {x.dtype}, which cannot be "
@@ -485,6 +549,7 @@ def _flush_open() -> Optional[BaseException]:
             rec._native.flush(None)
         except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
             first = first or exc
+        first = first or rec._take_unseen()
     return first
 
 
@@ -500,11 +565,33 @@ def _close_open() -> None:
             receiver.logger.error("hostfeed: closing %r at exit: %s", rec, exc)
 
 
+def _after_fork_in_child() -> None:
+    """A forked child starts with no open recorder: the parent's are closed here (the
+    native side already counts them as closed, without touching their stores)."""
+    global _open_lock  # noqa: PLW0603 - a thread of the parent may have held it at the fork
+    _open_lock = threading.Lock()
+    _open.clear()
+
+
 receiver.add_barrier_hook(_flush_open)
 receiver.add_exit_hook(_close_open)
+receiver.add_fork_hook(_after_fork_in_child)
 
 
 # ---- reading -------------------------------------------------------------------------------
+
+
+def _describe_pytree(value: Any, n_leaves: int, name: str) -> str:
+    """What ``Recorder.record`` got instead of one array, and how to record it."""
+    leaves = f"{n_leaves} leaf" if n_leaves == 1 else f"{n_leaves} leaves"
+    if isinstance(value, dict) and value:
+        key = next(iter(value))
+        return (f"a dict with {leaves} (keys {list(value)[:8]}); record each entry under its "
+                f"own name, e.g. rec.record({f'{name}/{key}'!r}, value[{key!r}])")
+    if isinstance(value, (tuple, list)) and value:
+        return (f"a {type(value).__name__} of {len(value)} elements ({leaves}); record each "
+                f"under its own name, e.g. rec.record({f'{name}/0'!r}, value[0])")
+    return f"a {type(value).__name__} with {leaves}; record each leaf under its own name"
 
 
 def read_recording(path: Any, name: str) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -515,6 +602,16 @@ def read_recording(path: Any, name: str) -> tuple[np.ndarray, dict[str, np.ndarr
     ``"transforms"`` (a list of the transforms descriptions, indexed by
     ``meta["transform_index"]``) to arrays of ``n`` entries. Needs zarr-python
     (``pip install 'hostfeed[zarr]'``).
+
+    Example:
+        >>> import pathlib, tempfile, jax.numpy as jnp, hostfeed
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "run.zarr"
+        >>> with hostfeed.Recorder(path, mode="w") as rec:
+        ...     for step in range(3):
+        ...         _ = rec.record("loss", jnp.float32(step) / 2, step=step)
+        >>> rows, meta = hostfeed.read_recording(path, "loss")
+        >>> rows.tolist(), meta["step"].tolist()
+        ([0.0, 0.5, 1.0], [0, 1, 2])
     """
     try:
         import zarr

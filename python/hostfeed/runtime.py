@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
-from .receiver import SUPPORTED_DTYPES, device_for_ordinal, record_exception
+from .receiver import (SUPPORTED_DTYPES, byte_order_problem, device_for_ordinal,
+                       record_exception, run_sync_tap, user_frame)
 
 
 class CallbackSpec:
@@ -113,13 +114,20 @@ def check_call_results(name: str, res: Any, result_treedef: Any,
     if actual_treedef != result_treedef and not (
             result_treedef.num_leaves == 0 and actual_treedef.num_leaves == 0):
         raise TypeError(f"Callback func {name} should have returned a result with pytree "
-                        f"{result_treedef} but returned {actual_treedef}")
+                        f"{result_treedef} but returned {actual_treedef}. "
+                        + _result_shape_hint(res, result_treedef, result_avals))
     arrays: list[Any] = []
     actual_avals: list[Any] = []
     bad = None
     for r in actual_flat:
         if isinstance(r, (np.ndarray, np.generic, jax.Array, bool, int, float, complex)):
             a = np.asarray(r)
+            swapped = byte_order_problem(a.dtype)
+            if swapped is not None:
+                bad = bad or f"a value of {swapped}"
+                actual_avals.append(f"<{a.dtype.str}>")
+                arrays.append(None)
+                continue
             if a.dtype not in SUPPORTED_DTYPES and a.dtype.kind not in "biufc":
                 bad = bad or f"a value of dtype {a.dtype}"
                 actual_avals.append(f"<{a.dtype}>")
@@ -140,8 +148,55 @@ def check_call_results(name: str, res: Any, result_treedef: Any,
         received = actual_treedef.unflatten(actual_avals)
         extra = f" ({bad})" if bad else ""
         raise TypeError(f"Callback func {name} should have returned a result with abstract "
-                        f"values {expected} but returned {received}{extra}")
+                        f"values {expected} but returned {received}{extra}. "
+                        + _result_shape_hint(res, result_treedef, result_avals))
     return [np.asarray(a, dtype=e.dtype, order="C") for a, e in zip(arrays, result_avals)]
+
+
+def _shape_dtype_text(res: Any) -> str | None:
+    """``res`` as the ``result_shape`` that describes it, in source form, or None."""
+    def leaf(r: Any) -> str:
+        a = np.asarray(r)
+        if a.dtype.kind not in "biufc":
+            raise TypeError(a.dtype)
+        dtype = jax.dtypes.canonicalize_dtype(a.dtype)
+        return f"jax.ShapeDtypeStruct({tuple(a.shape)}, jnp.{np.dtype(dtype).name})"
+    treedef: Any
+    try:
+        flat, treedef = jax.tree_util.tree_flatten(res)
+        texts = [leaf(r) for r in flat]
+    except (TypeError, ValueError):
+        return None
+    if treedef.num_leaves == 1 and treedef.num_nodes == 1:
+        return texts[0]
+    return str(treedef.unflatten([_Verbatim(t) for t in texts]))
+
+
+class _Verbatim(str):
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _result_shape_hint(res: Any, result_treedef: Any, result_avals: tuple = ()) -> str:
+    """How to fix ``result_shape`` for a host function that returned ``res``, in the
+    caller's terms: ``result_shape`` describes the results (a number describes a scalar of
+    its type; ``None`` or ``()`` no result at all)."""
+    if result_treedef.num_leaves == 0:
+        head = ("result_shape was None or empty, which declares that the host function "
+                "returns nothing")
+    elif (result_avals and all(a.shape == () and np.dtype(a.dtype).kind in "iu"
+                               for a in result_avals)
+          and str(result_treedef).startswith(("PyTreeDef((", "PyTreeDef(["))):
+        head = ("result_shape was a tuple of integers, which declares that many integer "
+                "scalars (a number in result_shape describes a scalar of its type), not an "
+                "array with that shape: declare arrays with jax.ShapeDtypeStruct(shape, dtype)")
+    else:
+        head = "result_shape declares what the host function returns"
+    suggestion = _shape_dtype_text(res)
+    if suggestion is None:
+        return f"Hint: {head}; it must return numpy arrays or scalars matching it."
+    return (f"Hint: {head}; for what it returned, pass result_shape={suggestion} (or any "
+            f"array with that shape and dtype)")
 
 
 CallOutcome = tuple[list | None, str | None]
@@ -184,13 +239,15 @@ def make_call_runner(spec: CallbackSpec, result_treedef: Any,
         except BaseException as exc:  # noqa: BLE001 - recorded and sent to the device
             record_exception(exc, f"host callback {name} of hcb.call")
             return None, (f"hostfeed: host callback {name} of hcb.call raised "
-                          f"{type(exc).__name__}: {exc} (expected results: {expected})")
+                          f"{type(exc).__name__}: {exc}{user_frame(exc)} (expected "
+                          f"results: {expected})")
         flat = fast_check(res)
         try:
             if flat is None:
                 flat = check_call_results(name, res, result_treedef, result_avals)
         except TypeError as exc:
-            record_exception(exc, f"host callback {name} of hcb.call")
+            # hostfeed's own check failed, not the user's code: no traceback into it.
+            record_exception(exc.with_traceback(None), f"host callback {name} of hcb.call")
             return None, f"hostfeed: {exc}"
         return flat, None
 
@@ -347,11 +404,16 @@ class Joiner:
 def make_joined_tap(invoke: Callable[..., None], shard_parts: ShardParts,
                     name: str) -> Joiner:
     """A :class:`Joiner` that calls the tap ``invoke`` once per complete set, with the
-    joined operands, as if device part ``source`` had sent them."""
+    joined operands, as if device part ``source`` had sent them. The parts of a
+    synchronous tap carry replies: the devices go on once the tap has run."""
     source = shard_parts.source
 
     def complete(parts: list[_Part]) -> None:
-        invoke(_join(parts), parts[source].ordinal)
+        replies = list({id(p.reply): p.reply for p in parts if p.reply is not None}.values())
+        if replies:
+            run_sync_tap(invoke, name, _join(parts), parts[source].ordinal, replies)
+        else:
+            invoke(_join(parts), parts[source].ordinal)
 
     return Joiner(shard_parts.n_parts, complete, name)
 

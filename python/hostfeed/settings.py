@@ -5,9 +5,11 @@
 | ``JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE`` | :func:`max_queue_bytes` |
 | ``JAX_HOST_CALLBACK_INLINE`` | :func:`inline` |
 | ``HOSTFEED_AD_TAPS`` | :func:`ad_taps` |
+| ``HOSTFEED_SYNC_TAPS`` | :func:`sync_taps` |
 | ``HOSTFEED_CALL_TIMEOUT`` | :func:`call_timeout` |
 | ``HOSTFEED_STOP_TIMEOUT`` | :func:`stop_timeout` |
 | ``HOSTFEED_BUFFER_POOL_BYTES`` | :func:`buffer_pool_bytes` |
+| ``HOSTFEED_TRANSPORT`` | :func:`transport` |
 
 Every parser raises ``ValueError`` naming the variable and its value when the value is not
 usable, so a typo fails where the setting is read instead of being ignored.
@@ -21,9 +23,14 @@ from typing import Any
 MAX_QUEUE_ENV = "JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE"
 INLINE_ENV = "JAX_HOST_CALLBACK_INLINE"
 AD_TAPS_ENV = "HOSTFEED_AD_TAPS"
+SYNC_TAPS_ENV = "HOSTFEED_SYNC_TAPS"
 CALL_TIMEOUT_ENV = "HOSTFEED_CALL_TIMEOUT"
 STOP_TIMEOUT_ENV = "HOSTFEED_STOP_TIMEOUT"
 BUFFER_POOL_ENV = "HOSTFEED_BUFFER_POOL_BYTES"
+TRANSPORT_ENV = "HOSTFEED_TRANSPORT"
+
+#: The transports ``HOSTFEED_TRANSPORT`` can force (see :mod:`hostfeed.portable`).
+TRANSPORTS = ("native", "jax")
 
 AD_TAPS_MODES = ("transforms", "primals")
 
@@ -115,8 +122,8 @@ def max_queue_bytes() -> int | None:
     return None if text is None else byte_count(text, MAX_QUEUE_ENV)
 
 
-def _inline_from_env() -> bool:
-    text = _env(INLINE_ENV)
+def _bool_from_env(name: str) -> bool:
+    text = _env(name)
     if text is None:
         return False
     value = text.lower()
@@ -124,13 +131,13 @@ def _inline_from_env() -> bool:
         return True
     if value in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"{INLINE_ENV}={text!r} is not a boolean; use 1 or 0")
+    raise ValueError(f"{name}={text!r} is not a boolean; use 1 or 0")
 
 
 # Read once, when hostfeed is imported, as the legacy module read its flag (a JAX flag
 # whose default came from the environment); an eager tap would otherwise pay for reading
 # the environment (about a microsecond) every time.
-_INLINE = _inline_from_env()
+_INLINE = _bool_from_env(INLINE_ENV)
 
 
 def inline() -> bool:
@@ -169,6 +176,19 @@ def ad_taps() -> str:
     """
     text = _env(AD_TAPS_ENV)
     return "transforms" if text is None else check_ad_taps(text, AD_TAPS_ENV)
+
+
+def sync_taps() -> bool:
+    """The initial synchronous-tap mode, from ``HOSTFEED_SYNC_TAPS`` (``1``/``0``, default
+    ``0``: taps are asynchronous). Read once, when hostfeed is imported; switch later with
+    ``hcb.set_sync_taps`` or ``with hcb.sync_taps():``.
+
+    Example:
+        >>> os.environ.pop(SYNC_TAPS_ENV, None) and None
+        >>> sync_taps()
+        False
+    """
+    return _bool_from_env(SYNC_TAPS_ENV)
 
 
 def call_timeout() -> float | None:
@@ -214,3 +234,25 @@ def buffer_pool_bytes() -> int | None:
     """
     text = _env(BUFFER_POOL_ENV)
     return None if text is None else byte_count(text, BUFFER_POOL_ENV)
+
+
+def transport() -> str | None:
+    """The transport forced for every platform by ``HOSTFEED_TRANSPORT`` (``native``: hostfeed's
+    own handlers; ``jax``: JAX's host-callback lowering, see :mod:`hostfeed.portable`), or
+    None (unset: chosen per platform). Read once, when hostfeed is imported.
+
+    Example:
+        >>> os.environ.pop(TRANSPORT_ENV, None) and None
+        >>> transport() is None
+        True
+    """
+    text = _env(TRANSPORT_ENV)
+    if text is None:
+        return None
+    value = text.lower()
+    if value not in TRANSPORTS:
+        raise ValueError(f"{TRANSPORT_ENV}={text!r} is not a hostfeed transport; use 'native' "
+                         f"(hostfeed's handlers: CPU and CUDA), 'jax' (JAX's host-callback "
+                         f"lowering, every platform JAX's callbacks run on) or leave it unset "
+                         f"(chosen per platform)")
+    return value

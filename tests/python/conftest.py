@@ -22,9 +22,21 @@ from hostfeed import host_callback as hcb
 ON_GPU = os.environ["JAX_PLATFORMS"].split(",")[0].strip() in ("cuda", "gpu")
 
 
+#: The suite runs with the portable transport forced (``HOSTFEED_TRANSPORT=jax``).
+PORTABLE = os.environ.get("HOSTFEED_TRANSPORT", "").strip().lower() == "jax"
+
+
 def pytest_collection_modifyitems(config, items):
     """On a GPU, tests marked ``several_devices`` (many CPU devices or processes in
-    subprocesses) are skipped: the GPU machine has one device, and CI runs them on CPU."""
+    subprocesses) are skipped: the GPU machine has one device, and CI runs them on CPU.
+    With ``HOSTFEED_TRANSPORT=jax``, tests marked ``native_transport(reason)`` (about
+    hostfeed's native handlers themselves) are skipped with their reason."""
+    if PORTABLE:
+        for item in items:
+            marker = item.get_closest_marker("native_transport")
+            if marker:
+                why = marker.args[0] if marker.args else "tests the native transport"
+                item.add_marker(pytest.mark.skip(reason=f"native transport only: {why}"))
     if not ON_GPU:
         return
     skip = pytest.mark.skip(reason="needs several devices (runs on CPU devices in CI)")

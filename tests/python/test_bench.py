@@ -56,7 +56,8 @@ def test_quick_run_writes_every_section_in_the_schema(quick_run):
             "cores", "env", "quick"} <= set(h)
     assert h["quick"] is True and h["backend"] == "cpu" and h["jax"] == jax.__version__
     lat = result["latency"]["methods"]
-    assert set(lat) == {"hostfeed", "hostfeed (spaced taps)", *bench._sections.TAP_METHODS}
+    assert set(lat) == {"hostfeed", "hostfeed (sync)", "hostfeed (spaced taps)",
+                        *bench._sections.TAP_METHODS}
     for name, m in lat.items():
         assert set(m["device_us"]) == DISTRIBUTION, name
         assert m["device_us"]["count"] > 0 and m["device_cdf_us"][-1][1] == 1.0
@@ -72,6 +73,18 @@ def test_quick_run_writes_every_section_in_the_schema(quick_run):
     # The smallest bound holds the device back: it waited, and held little.
     assert runs[0]["blocked_count"] > 0
     assert runs[0]["peak_queued_bytes"] <= runs[0]["bound_bytes"] + 2 * 16384
+
+
+def test_portable_section_has_its_rows_beside_native_and_io_callback(quick_run):
+    stdout, result, _ = quick_run
+    r = result["portable"]
+    rows = {"hostfeed (native)", "hostfeed (portable)", "io_callback(ordered)"}
+    assert set(r["taps"]) == rows and set(r["calls"]) == rows
+    assert all(t["device_side_per_tap_us"] > 0 for t in r["taps"].values())
+    slow = r["slow_taps"]
+    assert slow["taps"] == 100 and slow["host_ms_per_tap"] == 10.0
+    assert slow["slow_device_s"] > 0 and slow["noop_device_s"] > 0
+    assert "portable transport" in stdout and "slow taps (portable)" in stdout
 
 
 def test_every_figure_is_finite_and_the_measured_ones_positive(quick_run):

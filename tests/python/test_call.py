@@ -123,7 +123,7 @@ def test_raising_callback_is_an_error_with_the_exception_text():
     f = jax.jit(lambda x: hcb.call(host, x, result_shape=x))
     expect_failure_then_recovery(
         f, 1.0, r"host callback \S*host of hcb.call raised ZeroDivisionError: host side went wrong"
-                r" \(expected results: float32\[\]\)")
+                r" \(at \S*test_call.py:\d+ in host\) \(expected results: float32\[\]\)")
 
 
 @pytest.mark.parametrize("bad", ["text", object(), [1.0, "x"]])
@@ -328,3 +328,48 @@ def test_bad_timeout_setting_is_reported(monkeypatch):
     with pytest.raises(ValueError, match="HOSTFEED_CALL_TIMEOUT='soon'"):
         jax.jit(lambda x: hcb.call(lambda a: a, x, result_shape=x))(1.0)
     del os.environ["HOSTFEED_CALL_TIMEOUT"]
+
+
+# Mistakes in `call`, explained in the caller's terms with the fix (issue 21, item 5).
+
+def test_missing_result_shape_says_what_to_pass():
+    f = jax.jit(lambda x: hcb.call(lambda a: np.ones(3, np.float32), x))
+    expect_failure_then_recovery(
+        f, 1.0, r"result_shape was None or empty, which declares that the host function "
+                r"returns nothing; for what it returned, pass "
+                r"result_shape=jax\.ShapeDtypeStruct\(\(3,\), jnp\.float32\)")
+
+
+def test_result_shape_written_as_a_shape_tuple_is_explained():
+    f = jax.jit(lambda x: hcb.call(lambda a: np.ones(3, np.float32), x, result_shape=(3,)))
+    expect_failure_then_recovery(
+        f, 1.0, r"result_shape was a tuple of integers, which declares that many integer "
+                r"scalars .* not an array with that shape.*"
+                r"pass result_shape=jax\.ShapeDtypeStruct\(\(3,\), jnp\.float32\)")
+
+
+def test_failing_call_reports_the_users_frame_not_hostfeed_internals(caplog):
+    def host_fn(a):
+        raise ValueError("bad input")
+
+    f = jax.jit(lambda x: hcb.call(host_fn, x, result_shape=x))
+    with pytest.raises(RuntimeErr, match=r"raised ValueError: bad input \(at .*test_call\.py:"
+                                         r"\d+ in host_fn\)"):
+        np.asarray(f(1.0))
+    with pytest.raises(hcb.CallbackException) as info:
+        hcb.barrier_wait()
+    logged = "\n".join(r.getMessage() for r in caplog.records if r.name == "hostfeed")
+    for text in (logged, str(info.value)):
+        frames = [line for line in text.splitlines() if line.strip().startswith("File ")]
+        assert frames and "in host_fn" in frames[0], text
+        assert not [line for line in frames if "/hostfeed/" in line], text
+
+
+def test_call_checks_the_host_function_signature_where_it_is_called():
+    with pytest.raises(TypeError, match=r"call: host functions are called as "
+                                        r"callback_func\(arg\), but .*two\(a, b\) cannot be"):
+        def two(a, b):
+            return a
+        hcb.call(two, 1.0, result_shape=1.0)
+    with pytest.raises(TypeError, match=r"callback_func\(arg, device=dev\)"):
+        hcb.call(lambda a: a, 1.0, result_shape=1.0, call_with_device=True)

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conftest import run_python
+
+# JAX never puts computations with Python host callbacks (the portable transport's, like
+# io_callback's) into its persistent cache: the callbacks are Python objects.
+pytestmark = pytest.mark.native_transport(
+    "JAX's persistent compilation cache skips computations with Python host callbacks")
 
 # Run in two fresh processes sharing one cache directory. ORDER says which jitted functions
 # run, in which order; the output is one JSON object: per function its result and the

@@ -6,6 +6,8 @@ Issue: "GPUs: taps and calls on CUDA devices, the device never waiting for Pytho
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import textwrap
 
 import jax
@@ -33,6 +35,13 @@ def custom_calls(f, *args, platforms=("cuda",)) -> list[tuple[str, str, str, str
 
 def noop(x, transforms):
     pass
+
+
+# The portable transport lowers through JAX's host callbacks, which JAX cannot lower for
+# a platform whose backend is absent: lowering for CUDA without a GPU is native only.
+native_only = pytest.mark.native_transport(
+    "checks the native custom calls lowered for CUDA; JAX cannot lower its own host "
+    "callbacks for a platform without its backend")
 
 
 @pytest.mark.skipif(ON_GPU, reason="checks the machine without CUDA")
@@ -77,6 +86,7 @@ def test_a_cuda_plugin_without_a_driver_is_skipped_with_the_driver_named(tmp_pat
     assert got == "[5]"
 
 
+@native_only
 def test_tap_lowers_for_cuda_to_the_custom_call_with_a_token():
     calls = custom_calls(lambda x: hcb.id_tap(noop, x * 2) + 1, jnp.ones(3))
     assert len(calls) == 1
@@ -88,6 +98,7 @@ def test_tap_lowers_for_cuda_to_the_custom_call_with_a_token():
     assert results == "!stablehlo.token"
 
 
+@native_only
 def test_call_lowers_for_cuda_with_its_results_and_attributes():
     def host(x):
         return x.astype(np.int32)
@@ -103,6 +114,7 @@ def test_call_lowers_for_cuda_with_its_results_and_attributes():
     assert results == "(!stablehlo.token, tensor<2x2xi32>)"
 
 
+@native_only
 def test_several_taps_under_transformations_lower_for_cuda_in_one_token_chain():
     def f(x):
         def body(c, _):
@@ -117,6 +129,7 @@ def test_several_taps_under_transformations_lower_for_cuda_in_one_token_chain():
     assert all(c[2].startswith("!stablehlo.token") for c in calls), "every tap takes the token"
 
 
+@native_only
 def test_lowering_for_cpu_and_cuda_at_once_uses_the_same_custom_call_on_both():
     def f(x):
         return hcb.id_tap(noop, x) + 1
@@ -128,9 +141,30 @@ def test_lowering_for_cpu_and_cuda_at_once_uses_the_same_custom_call_on_both():
     assert "stablehlo.case" in text
 
 
-def test_other_gpu_platforms_are_refused_with_a_clear_message():
-    with pytest.raises(NotImplementedError, match="CPU and CUDA GPUs only"):
-        jax.jit(lambda x: hcb.id_tap(noop, x)).trace(1.0).lower(lowering_platforms=("rocm",))
+def test_other_platforms_take_the_portable_transport_without_refusal():
+    # ROCm and TPU use JAX's host-callback lowering: hostfeed no longer refuses them. Here,
+    # without their backends, JAX itself cannot lower a host callback for them (exactly as
+    # for io_callback), which shows that the portable lowering was reached.
+    assert hostfeed.transports()["rocm"] == "jax" or hostfeed.portable.forced() == "native"
+    for platform in ("rocm", "tpu"):
+        with pytest.raises(ValueError, match=f"lowering platform {platform}"):
+            jax.jit(lambda x: hcb.id_tap(noop, x)).trace(1.0).lower(
+                lowering_platforms=(platform,))
+
+
+def test_native_transport_forced_refuses_other_platforms_with_a_clear_message():
+    r = run_python("""
+        import jax
+        from hostfeed import host_callback as hcb
+        try:
+            jax.jit(lambda x: hcb.id_tap(lambda a, t: None, x)).trace(1.0).lower(
+                lowering_platforms=("rocm",))
+        except NotImplementedError as e:
+            print("refused:", e)
+    """, env={"HOSTFEED_TRANSPORT": "native"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "refused:" in r.stdout and "CPU and CUDA GPUs only" in r.stdout
+    assert "HOSTFEED_TRANSPORT=native" in r.stdout
 
 
 def test_gpu_device_keys_name_gpu_devices(monkeypatch):
@@ -150,6 +184,7 @@ def test_gpu_device_keys_name_gpu_devices(monkeypatch):
     assert asked == ["gpu", "cpu"]
 
 
+@native_only
 def test_sharded_taps_lower_for_cuda_on_several_devices():
     r = run_python("""
         import re
@@ -181,10 +216,64 @@ def test_the_package_imports_without_cuda_libraries_in_a_fresh_process():
     assert r.stdout.split()[-1] == "True"
 
 
+_DRIVER_FUNCTIONS = ["cuInit", "cuGetErrorName", "cuGetErrorString", "cuDriverGetVersion",
+    "cuStreamGetCtx", "cuStreamIsCapturing", "cuStreamQuery", "cuStreamSynchronize",
+    "cuCtxGetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2", "cuCtxSetCurrent",
+    "cuCtxGetDevice", "cuCtxGetId", "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2", "cuEventCreate", "cuEventRecord", "cuEventQuery",
+    "cuEventSynchronize", "cuMemHostAlloc", "cuMemFreeHost", "cuMemcpyAsync"]
+
+
+def _fake_driver(directory, lacking=None, name="libcuda.so.1", version=13000):
+    """A stand-in driver library ``name`` in ``directory``: every function hostfeed
+    resolves (but ``lacking``), answering success, except cuDriverGetVersion
+    (``version``)."""
+    special = {
+        "cuDriverGetVersion": f"int cuDriverGetVersion(int *v) {{ *v = {version}; return 0; }}",
+        "cuGetErrorName": 'int cuGetErrorName(int e, const char **p) '
+                          '{ *p = "CUDA_ERROR_FAKE"; return 0; }',
+        "cuGetErrorString": 'int cuGetErrorString(int e, const char **p) '
+                            '{ *p = "a stand-in driver"; return 0; }',
+    }
+    source = "\n".join(special.get(n, f"int {n}(void) {{ return 0; }}")
+                       for n in _DRIVER_FUNCTIONS if n != lacking)
+    directory.mkdir(exist_ok=True)
+    (directory / "driver.c").write_text(source + "\n")
+    built = subprocess.run(["cc", "-shared", "-fPIC", "-o", str(directory / name),
+                            str(directory / "driver.c")], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    return directory
+
+
+@pytest.mark.skipif(ON_GPU, reason="replaces the CUDA driver")
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_the_driver_is_loaded_as_libcuda_so_1_with_every_function_hostfeed_calls(tmp_path):
+    full = _fake_driver(tmp_path / "full")
+    # A toolkit's stub beside it, as libcuda.so (which cudarc's own loader would try
+    # first): hostfeed must take the libcuda.so.1 XLA loads.
+    _fake_driver(full, name="libcuda.so", version=11000)
+    lacking = _fake_driver(tmp_path / "lacking", lacking="cuCtxGetId")
+    code = """
+        from hostfeed import receiver
+        print(receiver.cuda_driver_error())
+        print(receiver.cuda_driver_path())
+        print(receiver.cuda_driver_version())
+    """
+    r = run_python(code, env={"LD_LIBRARY_PATH": str(full)})
+    assert r.returncode == 0, r.stderr
+    error, path, version = r.stdout.splitlines()[-3:]
+    assert error == "None"
+    assert path == str(full / "libcuda.so.1")
+    assert version == "13000"
+    r = run_python(code, env={"LD_LIBRARY_PATH": str(lacking)})
+    assert r.returncode == 0, r.stderr
+    assert "the CUDA driver library lacks cuCtxGetId" in r.stdout.splitlines()[-3]
+
+
 def test_cuda_pool_stats_answer_without_a_gpu():
     stats = receiver.cuda_pool_stats()
     assert set(stats) == {"allocations", "frees", "allocated_bytes", "in_use_bytes",
-                          "blocks_taken"}
+                          "blocks_taken", "resets"}
     assert all(isinstance(v, int) and v >= 0 for v in stats.values())
 
 

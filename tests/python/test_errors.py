@@ -2,6 +2,7 @@
 receiver keeps going."""
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 
@@ -120,3 +121,78 @@ def test_a_message_the_dispatcher_cannot_handle_is_recorded_and_the_receiver_goe
     hcb.id_tap(lambda a, tr: got.append(int(a)), jnp.int32(7))
     hcb.barrier_wait()
     assert got == [7]
+
+
+# Tap functions are checked where `id_tap` is called (issue 21, item 6).
+
+def test_io_callback_style_tap_function_is_refused_at_the_call_site():
+    def log(x):
+        pass
+
+    with pytest.raises(TypeError, match=r"id_tap: tap functions are called as "
+                                        r"tap_func\(arg, transforms\), but log\(x\) cannot be"
+                                        r".*lambda x, transforms: f\(x\)"):
+        jax.jit(lambda x: hcb.id_tap(log, x))(1.0)
+    with pytest.raises(TypeError, match=r"id_tap: .*log\(x\) cannot be"):
+        hcb.id_tap(log, 1.0)  # eagerly too
+
+
+def test_tap_with_device_needs_a_device_keyword():
+    with pytest.raises(TypeError, match=r"tap_func\(arg, transforms, device=dev\), but "
+                                        r"<lambda>\(x, tr\) cannot be .*unexpected keyword "
+                                        r"argument 'device'"):
+        hcb.id_tap(lambda x, tr: None, 1.0, tap_with_device=True)
+
+
+class _TapObject:
+    def __call__(self, x, transforms, *, device=None):
+        pass
+
+
+@pytest.mark.parametrize(("func", "with_device"), [
+    (lambda x, tr: None, False),
+    (lambda x, tr, device=None: None, True),
+    (lambda x, tr, *, device: None, True),
+    (lambda *a, **k: None, True),
+    (functools.partial(lambda x, tr, extra: None, extra=1), False),
+    (_TapObject(), True),
+    (print, False),  # a builtin: its signature cannot always be read; not refused
+])
+def test_tap_functions_that_accept_the_call_are_fine(func, with_device):
+    hcb.id_tap(func, 1.0, tap_with_device=with_device)
+    jax.jit(lambda x: hcb.id_tap(func, x, tap_with_device=with_device))(2.0)
+    hcb.barrier_wait()
+
+
+def test_a_signature_check_is_cached_per_code_object_not_per_closure():
+    from hostfeed import host_callback
+    before = len(host_callback._BIND_CACHE)
+    for i in range(20):
+        hcb.id_tap(lambda x, tr, i=i: None, 1.0)
+    hcb.barrier_wait()
+    assert len(host_callback._BIND_CACHE) <= before + 1
+
+
+def test_print_errors_name_id_print():
+    with pytest.raises(TypeError, match=r"^id_print: leaf 0 of `arg` has type str"):
+        hcb.id_print("str")
+
+
+# Public exceptions and typing (issue 21, item 8).
+
+def test_public_exceptions_belong_to_hostfeed():
+    import hostfeed
+    for exc in (hostfeed.RecordingError, hostfeed.CallbackContextError,
+                hostfeed.ReceiverError, hostfeed.ReceiverTimeoutError,
+                hostfeed.CallbackException):
+        assert exc.__module__ == "hostfeed", exc
+        assert getattr(hostfeed, exc.__name__) is exc
+    assert hostfeed.CallbackContextError is hostfeed.receiver.CallbackContextError
+
+
+def test_id_tap_and_id_print_are_typed_to_return_the_argument_or_result():
+    import typing
+    for func in (hcb.id_tap, hcb.id_print):
+        overloads = typing.get_overloads(func)
+        assert [o.__annotations__["return"] for o in overloads] == ["T", "R"], func
+        assert [o.__annotations__["result"] for o in overloads] == ["None", "R"], func

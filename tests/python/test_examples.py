@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import doctest
+import importlib.util
 import importlib
 import pathlib
 import re
+import sys
 
 import pytest
 
@@ -81,3 +83,65 @@ def test_readme_recording_plot_example(tmp_path):
                    env={"MPLBACKEND": "Agg"})
     assert r.returncode == 0, r.stderr[-3000:]
     assert (tmp_path / "activations.png").stat().st_size > 0
+
+
+# The README as a new user meets it (issue 21, item 4): every Python block needs only what
+# the README installed before it, and the blocks run in order. `.ci/readme_check.py` does
+# the same in a fresh virtual environment in CI.
+
+def _readme_check():
+    spec = importlib.util.spec_from_file_location("readme_check",
+                                                  ROOT / ".ci" / "readme_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# What `pip install .` brings (hostfeed's dependencies), and which README install
+# arguments bring the other modules its blocks import.
+_BASE_MODULES = {"hostfeed", "jax", "jaxlib", "numpy", "ml_dtypes"}
+_PROVIDERS = {"zarr": {"zarr", ".[zarr]"}, "matplotlib": {"matplotlib", ".[bench]"}}
+
+
+def test_readme_check_doctests():
+    assert doctest.testmod(_readme_check()).failed == 0
+
+
+def test_readme_blocks_need_only_what_the_readme_installed_before_them():
+    rc = _readme_check()
+    installed: set[str] = set()
+    checked = 0
+    for block in rc.blocks():
+        if block.lang == "bash":
+            installed |= {a for cmd in rc.pip_installs(block) for a in cmd}
+            continue
+        needed = rc.imported_modules(block.code) - _BASE_MODULES - set(sys.stdlib_module_names)
+        if "read_recording" in block.code:
+            needed.add("zarr")  # hostfeed.read_recording reads with zarr-python
+        for module in needed:
+            assert module in _PROVIDERS, (
+                f"README.md:{block.line} imports {module}: add its install command to the "
+                f"README before the block, and here how it is installed")
+            assert installed & _PROVIDERS[module], (
+                f"README.md:{block.line} needs {module}, which no install command before it "
+                f"in the README installs (installed so far: {sorted(installed)})")
+        checked += 1
+    assert checked >= 6
+    assert "." in installed  # the first command installs hostfeed itself
+
+
+def test_readme_python_blocks_run_in_order(tmp_path):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("zarr")
+    rc = _readme_check()
+    steps = rc.blocks()
+    assert not [b for b in steps if b.skip]  # none needs a GPU yet; the marker is for later
+    rc.run_python_blocks(steps, workdir=str(tmp_path))
+    assert (tmp_path / "activations.png").stat().st_size > 0
+
+
+def test_readme_sync_taps_example_prints_what_it_says():
+    block = next(b.code for b in _readme_check().blocks() if "sync=True" in b.code)
+    r = run_python(block)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["[1]", "what: two", "2"]

@@ -92,6 +92,45 @@ def test_pinned_buffers_are_reused_in_steady_state():
     assert after["in_use_bytes"] == 0
 
 
+def test_the_driver_is_the_library_xla_loaded():
+    path = receiver.cuda_driver_path()
+    assert path is not None and "libcuda" in path, path
+    assert receiver.cuda_driver_error() is None  # includes the check against libcuda.so.1
+
+
+def test_several_operands_of_one_tap_arrive_each_in_place():
+    # Operands XLA may pack side by side on the device go in one copy; each must arrive
+    # with its own values, whatever their sizes (multiples of 16 bytes or not).
+    got = []
+
+    def f(x):
+        parts = (x[:8], x[8:12] * 2, x[12:13], x[13:] + 1)
+        hcb.id_tap(lambda a, t: got.append([np.array(v) for v in a]), parts)
+        return x
+
+    x = jnp.arange(40, dtype=jnp.float32)
+    jax.jit(f)(x)
+    hcb.barrier_wait()
+    want = [np.arange(8), np.arange(8, 12) * 2, [12], np.arange(13, 40) + 1]
+    assert [v.tolist() for v in got[0]] == [np.asarray(w, np.float32).tolist() for w in want]
+
+
+def test_a_tap_of_an_array_in_pinned_host_memory_arrives_intact():
+    # Its operand is a host pointer: the copy must infer the direction.
+    dev = jax.devices()[0]
+    try:
+        host = jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host")
+        x = jax.device_put(jnp.arange(1000, dtype=jnp.int32), host)
+    except Exception as exc:  # noqa: BLE001 - a JAX without memory kinds here
+        pytest.skip(f"no pinned_host memory kind: {exc}")
+    got = []
+    f = jax.jit(lambda v: hcb.id_tap(lambda a, t: got.append(a.copy()), v),
+                in_shardings=host, out_shardings=host)
+    f(x)
+    hcb.barrier_wait()
+    np.testing.assert_array_equal(got[0], np.arange(1000, dtype=np.int32))
+
+
 def test_a_large_tap_arrives_intact():
     got = []
     x = jnp.arange(16 << 20, dtype=jnp.float32)  # 64 MiB

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 import jax
 import jax.numpy as jnp
@@ -96,3 +97,26 @@ def test_transforms_render_as_in_legacy_module():
 def test_format_value_of_multiline_array_indents_under_bracket():
     lines = format_value((np.arange(4).reshape(2, 2), 1))
     assert lines == ["( [[0 1]", "   [2 3]]", "  1 )"]
+
+
+def _round_floats(text: str) -> str:
+    # How JAX's legacy tests compared printed floats: rounded to two decimals.
+    return re.sub(r"-?\d+\.\d*", lambda m: f"{round(float(m.group()), 2):.2f}", text)
+
+
+def test_tap_empty():
+    """JAX v0.4.25's ``host_callback_test.test_tap_empty``: an empty tuple prints as
+    ``(  )``; an empty array as ``[]``."""
+    s = io.StringIO()
+    hcb.id_print((), output_stream=s)
+    hcb.id_print((1., np.ones((2, 0))), what="second", output_stream=s)
+    hcb.barrier_wait()
+    lines = [line.strip() for line in _round_floats(s.getvalue()).strip().splitlines()]
+    assert lines == ["(  )", "what: second", "( 1.00 [] )"]
+
+
+def test_empty_groups_print_with_two_spaces_under_jit():
+    out = printed(lambda s, x: hcb.id_print(((), [], {}, (x,)), output_stream=s),
+                  jnp.int32(1))
+    assert out == "( (  ) [  ] {  } ( 1 ) )\n"
+    assert format_value(()) == ["(  )"]

@@ -243,8 +243,14 @@ def test_reserved_and_invalid_names_are_refused(store):
         for bad in ["h.step", "a/h.cotangent", "h.tangent", "a//b", "__x", "a b", ""]:
             with pytest.raises(ValueError):
                 jax.jit(lambda x: rec.record(bad, x))(1.0)
-        with pytest.raises(TypeError, match="pytree"):
+        with pytest.raises(TypeError, match=r"got a dict with 2 leaves \(keys \['a', 'b'\]\); "
+                                            r"record each entry under its own name, e\.g\. "
+                                            r"rec\.record\('tree/a', value\['a'\]\)"):
             rec.record("tree", {"a": 1.0, "b": 2.0})
+        with pytest.raises(TypeError, match=r"got a dict with 1 leaf \(keys \['w'\]\)"):
+            rec.record("one", {"w": 1.0})
+        with pytest.raises(TypeError, match=r"got a tuple of 2 elements \(2 leaves\)"):
+            rec.record("pair", (1.0, 2.0))
         with pytest.raises(TypeError, match="integer scalar"):
             rec.record("x", 1.0, step=1.5)
         jax.jit(lambda x: rec.record("g/x", x))(1.0)

@@ -9,26 +9,26 @@ use pyo3::{create_exception, PyErr, PyResult};
 use hostfeed_core::{Error, RecordError};
 
 create_exception!(
-    _receiver,
+    hostfeed,
     ReceiverError,
     PyRuntimeError,
     "The hostfeed receiver cannot do what was asked (stopped, shut down, misconfigured)."
 );
 create_exception!(
-    _receiver,
+    hostfeed,
     ReceiverTimeoutError,
     PyTimeoutError,
     "A wait on the hostfeed receiver (barrier, stop) ran past its timeout."
 );
 create_exception!(
-    _receiver,
+    hostfeed,
     CallbackContextError,
     PyRuntimeError,
     "A blocking receiver operation was called from inside a host callback, where it would deadlock."
 );
 
 create_exception!(
-    _receiver,
+    hostfeed,
     RecordingError,
     PyOSError,
     "Recording to a Zarr store failed (a write, a file that cannot be created, a full disk); \

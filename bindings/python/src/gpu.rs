@@ -35,11 +35,19 @@ pub fn cuda_registrations(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     handler_capsules(py, hostfeed_core::CUDA_HANDLERS)
 }
 
-/// Why the CUDA driver cannot be used (no library, a missing function), or `None` when it
-/// can. Loads the driver library if present but does not initialise CUDA.
+/// Why the CUDA driver cannot be used (no library, a missing function, not the library
+/// XLA loaded), or `None` when it can. Loads the driver library if present but does not
+/// initialise CUDA.
 #[pyfunction]
 pub fn cuda_driver_error(py: Python<'_>) -> Option<String> {
-    py.detach(hostfeed_core::cuda_driver_library).err()
+    py.detach(|| hostfeed_core::cuda_driver_library().and_then(|()| hostfeed_core::cuda_same_driver_as_xla()))
+        .err()
+}
+
+/// The file hostfeed's CUDA driver functions come from, or `None` without a driver.
+#[pyfunction]
+pub fn cuda_driver_path(py: Python<'_>) -> Option<String> {
+    py.detach(hostfeed_core::cuda_driver_path)
 }
 
 /// The CUDA driver's version (e.g. 13000 for 13.0), or `None` without a usable driver.
@@ -61,6 +69,7 @@ pub fn cuda_pool_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
             ("allocated_bytes", s.allocated_bytes),
             ("in_use_bytes", s.in_use_bytes),
             ("blocks_taken", s.blocks_taken),
+            ("resets", s.resets),
         ],
     )
 }

@@ -1,6 +1,7 @@
 //! The Python binding of the receiver: the `#[pyfunction]`s of `hostfeed._receiver` and the
 //! consumer that runs the Python dispatcher. Argument checks and conversions happen here,
-//! and so does every release of the GIL around a wait (the recorder's are in `record.rs`):
+//! and so does every release of the GIL around a wait (the recorder's are in `record.rs`,
+//! the portable transport's in `portable.rs`):
 //! waits are sliced (at most [`WAIT_SLICE`] each) so that Ctrl-C is honoured between slices.
 //!
 //! The doc comments of the `#[pyfunction]`s are their Python docstrings; the exceptions
@@ -39,7 +40,7 @@ static HAS_DISPATCH_ERROR: AtomicBool = AtomicBool::new(false);
 
 /// Set by an eager tap (pushed by a thread that holds the GIL, so the consumer cannot take
 /// the GIL before that thread lets go of it).
-static EAGER_PUSHED: AtomicBool = AtomicBool::new(false);
+pub(crate) static EAGER_PUSHED: AtomicBool = AtomicBool::new(false);
 /// Set while `barrier` waits with the GIL released.
 static BARRIER_DETACHED: AtomicBool = AtomicBool::new(false);
 /// How long the consumer, handed an eager tap, polls for the pusher to reach

@@ -9,6 +9,7 @@ mod error;
 mod gpu;
 mod host;
 mod messages;
+mod portable;
 mod record;
 
 use pyo3::prelude::*;
@@ -29,8 +30,10 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FLAG_STATUS_OUTPUT", hostfeed_core::FLAG_STATUS_OUTPUT)?;
     m.add("FLAG_SHARD", hostfeed_core::FLAG_SHARD)?;
     m.add("FLAG_EAGER", hostfeed_core::FLAG_EAGER)?;
+    m.add("FLAG_SYNC_TAP", hostfeed_core::FLAG_SYNC_TAP)?;
     m.add("DTYPE_CODES", host::dtype_codes(py)?)?;
     m.add_function(wrap_pyfunction!(host::start, m)?)?;
+    m.add_function(wrap_pyfunction!(record::after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(host::stop, m)?)?;
     m.add_function(wrap_pyfunction!(host::finalize, m)?)?;
     m.add_function(wrap_pyfunction!(host::start_exit_watch, m)?)?;
@@ -38,6 +41,10 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(host::push_control, m)?)?;
     m.add_function(wrap_pyfunction!(host::push_eager, m)?)?;
     m.add_function(wrap_pyfunction!(host::barrier, m)?)?;
+    // The portable transport.
+    m.add_function(wrap_pyfunction!(portable::push_host, m)?)?;
+    m.add_function(wrap_pyfunction!(portable::call_host, m)?)?;
+    m.add_function(wrap_pyfunction!(portable::failure_text, m)?)?;
     m.add_function(wrap_pyfunction!(host::is_running, m)?)?;
     m.add_function(wrap_pyfunction!(host::in_callback_thread, m)?)?;
     m.add_function(wrap_pyfunction!(host::max_queue_bytes, m)?)?;
@@ -56,6 +63,7 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gpu::cuda_registrations, m)?)?;
     m.add_function(wrap_pyfunction!(gpu::cuda_driver_error, m)?)?;
     m.add_function(wrap_pyfunction!(gpu::cuda_driver_version, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu::cuda_driver_path, m)?)?;
     m.add_function(wrap_pyfunction!(gpu::cuda_pool_stats, m)?)?;
     Ok(())
 }

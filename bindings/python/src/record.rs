@@ -96,6 +96,13 @@ impl PyRecorder {
         self.inner.is_closed()
     }
 
+    /// Checks record name `name` for rows of `ndim` dimensions (every part, lengths, the
+    /// paths it makes) without creating anything; raises `ValueError` saying what is wrong.
+    fn check_name(&self, name: &str, ndim: usize) -> PyResult<()> {
+        self.inner.check_name(name, ndim).py()?;
+        Ok(())
+    }
+
     /// Declares array `name` with rows of `shape` and XLA dtype `dtype_code` (creating its
     /// directories and empty metadata); returns its id. Raises `ValueError` for an invalid
     /// name or a clash with an earlier declaration, `TypeError` for a dtype that cannot be
@@ -204,4 +211,12 @@ impl PyRecorder {
             ],
         )
     }
+}
+
+/// In a child process created by `fork` (`os.register_at_fork`): the receiver starts
+/// fresh and stopped (the parent's consumer thread does not exist here), and every
+/// recorder opened before the fork counts as closed, without touching its store.
+#[pyfunction]
+pub fn after_fork_in_child() {
+    hostfeed_core::after_fork_in_child();
 }

@@ -135,6 +135,17 @@ impl fmt::Display for RecordError {
 }
 
 impl RecordError {
+    /// The message without the `hostfeed: ` prefix of its display.
+    #[must_use]
+    pub fn message(&self) -> &str {
+        match self {
+            RecordError::Io { message, .. }
+            | RecordError::Invalid(message)
+            | RecordError::Dtype(message)
+            | RecordError::Closed(message) => message,
+        }
+    }
+
     /// The same error with `context` ("recording \"layer1/h\"") in front of its message.
     #[must_use]
     pub(crate) fn context(self, context: &str) -> RecordError {

@@ -34,7 +34,9 @@ pub use ffi::c_api::{
     constant_table, dtype, layout_table, minimum_table, XLA_FFI_CallFrame, XLA_FFI_Error, XLA_FFI_Handler,
 };
 #[cfg(not(loom))]
-pub use ffi::handlers::{FLAG_EAGER, FLAG_GPU, FLAG_SHARD, FLAG_STATUS_OUTPUT, HANDLERS as CPU_HANDLERS};
+pub use ffi::handlers::{
+    FLAG_EAGER, FLAG_GPU, FLAG_SHARD, FLAG_STATUS_OUTPUT, FLAG_SYNC_TAP, HANDLERS as CPU_HANDLERS,
+};
 
 // ---- host: buffers, messages, the queue, replies, the hub -----------------------------
 #[cfg(not(loom))]
@@ -53,6 +55,8 @@ pub use host::hub::{
 pub use host::interrupt::{install as install_interrupt_handlers, remove as remove_interrupt_handlers};
 #[cfg(not(loom))]
 pub use host::message::{gather, ArrayMeta, Message, Operand};
+#[cfg(not(loom))]
+pub use host::portable;
 pub use host::queue::{spin_until, PushError, Pushed, Queue, Reclaimed};
 pub use host::reply::{NoReply, OutBuf, ReplySlot};
 pub use host::stats::{Snapshot, Stats};
@@ -61,8 +65,9 @@ pub use host::sync::lock;
 // ---- gpu: the delivery of GPU messages and the CUDA platform ---------------------------
 #[cfg(not(loom))]
 pub use gpu::cuda::{
-    driver_library as cuda_driver_library, driver_version as cuda_driver_version,
-    pool_stats as cuda_pool_stats, HANDLERS as CUDA_HANDLERS,
+    driver_library as cuda_driver_library, driver_path as cuda_driver_path,
+    driver_version as cuda_driver_version, pool_stats as cuda_pool_stats,
+    same_driver_as_xla as cuda_same_driver_as_xla, HANDLERS as CUDA_HANDLERS,
 };
 #[cfg(not(loom))]
 pub use gpu::pinned::PoolStats;
@@ -74,3 +79,12 @@ pub use gpu::{device_key as gpu_device_key, Delivery, DELIVERY as GPU_DELIVERY};
 pub use record::recorder::{sinks, ArrayHandle, Budget, Mode, Options, Recorder, RecorderStats, Sink, Sinks};
 #[cfg(not(loom))]
 pub use record::zarr::Codec;
+
+/// In a child process created by `fork` (where no thread of the parent exists): the hub
+/// starts fresh and stopped, and every recorder opened before the fork counts as closed
+/// here, without touching its store (which the parent still writes and holds locked).
+#[cfg(not(loom))]
+pub fn after_fork_in_child() {
+    host::hub::global().after_fork_in_child();
+    record::recorder::after_fork_in_child();
+}

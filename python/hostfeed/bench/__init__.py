@@ -22,6 +22,10 @@ Sections (all by default, in this order):
     an eager tap; compile time with many taps; an idle ``barrier_wait``.
 ``timing``
     what recording the latency histograms costs a small tap.
+``portable``
+    the portable transport (JAX's host-callback lowering, what TPUs and ROCm use) forced
+    here, beside the native one and ``io_callback(ordered=True)``: taps, calls, and 100
+    slow (10 ms) taps against 100 no-op taps (see :mod:`hostfeed.bench._portable`).
 
 ``--quick`` finishes in well under a minute on 2 cores; the full run takes a few minutes.
 
@@ -47,6 +51,9 @@ JSON schema (``--json``), version ``hostfeed-bench/1``: an object with ``schema`
 * ``compile``: ``{"taps", name: {"seconds"}, ...}``
 * ``barrier``: ``{"calls", "hostfeed barrier_wait": {"us"}, "jax.effects_barrier": {"us"}}``
 * ``timing``: ``{"taps", "per_tap_us_timing_on", "per_tap_us_timing_off", "cost_us_per_tap"}``
+* ``portable``: ``{"payload", "taps_per_run", "calls_per_run", "taps": {name:
+  {"device_side_per_tap_us", "end_to_end_per_tap_us"}}, "calls": {name: {"per_call_us"}},
+  "slow_taps": {"taps", "host_ms_per_tap", "slow_device_s", "noop_device_s", "ratio"}}``
 
 The helpers every benchmark under ``benches/`` shares (``interleaved``, ``timeit``,
 ``table``, distributions) live here too, so there is one benchmark implementation.
@@ -100,7 +107,7 @@ def _progress(total: int) -> tuple[Callable[[str], None], Callable[[], None]]:
 
 def _steps(sections: Sequence[str], quick: bool) -> int:
     per = {"latency": 6, "sweep": 4 if quick else 12, "call": 4, "backpressure": 4,
-           "eager": 1, "compile": 1, "barrier": 1, "timing": 1}
+           "eager": 1, "compile": 1, "barrier": 1, "timing": 1, "portable": 3}
     return sum(per[s] for s in sections)
 
 

@@ -13,6 +13,7 @@ import jaxlib
 import numpy as np
 
 from .. import __version__ as hostfeed_version
+from . import _portable
 
 #: Environment variables that change what the benchmark measures.
 ENV_PREFIXES = ("JAX_", "XLA_", "HOSTFEED_", "OPENBLAS_", "OMP_", "CUDA_")
@@ -71,7 +72,7 @@ def text(result: dict[str, Any]) -> str:
     for name, render in (("latency", _latency), ("sweep", _sweep), ("call", _call),
                          ("backpressure", _backpressure), ("eager", _eager),
                          ("compile", _compile), ("barrier", _barrier),
-                         ("timing", _timing)):
+                         ("timing", _timing), ("portable", _portable.render)):
         if name in result:
             lines += ["", *render(result[name])]
     return "\n".join(lines)

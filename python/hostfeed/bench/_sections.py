@@ -26,6 +26,7 @@ from jax.experimental import io_callback
 
 from .. import receiver
 from .. import host_callback as hcb
+from ._portable import portable_section
 from ._timing import (cdf_of_buckets, cdf_of_samples, interleaved, summary_of_buckets,
                       summary_of_samples)
 
@@ -50,6 +51,8 @@ def _tap_step(method: str, record: Callable[..., None]) -> Callable[[Any, Any], 
     """``step(x, carry) -> carry`` that sends ``x`` to ``record`` with ``method``."""
     if method == "hostfeed":
         return lambda x, c: hcb.id_tap(lambda a, tr: record(a), x, result=c)
+    if method == "hostfeed (sync)":  # the device waits until the tap function has run
+        return lambda x, c: hcb.id_tap(lambda a, tr: record(a), x, result=c, sync=True)
     if method == "io_callback(ordered)":
         return lambda x, c: (io_callback(record, None, x, ordered=True), c)[1]
     if method == "io_callback":
@@ -96,14 +99,14 @@ def latency(cfg: Config) -> dict:
     n = cfg.n(2000, 20000)
     x = jnp.arange(4, dtype=jnp.float32)
     out: dict[str, Any] = {"payload": "float32[4]", "taps": n, "methods": {}}
-    for method in ("hostfeed", *TAP_METHODS):
+    for method in ("hostfeed", "hostfeed (sync)", *TAP_METHODS):
         cfg.progress(f"latency: {method}")
         stamps: list[int] = []
         f = _loop(n, _tap_step(method, _stamper(stamps)))
         entry = _timed_taps(f, x, n, before=stamps.clear)
         if method == "hostfeed":
             entry.update(_histogram_entries())
-        else:
+        else:  # the device waits for each host function: the time between two is the cost
             gaps = _inter_arrival_us(stamps)
             entry["device_us"] = summary_of_samples(gaps)
             entry["device_cdf_us"] = cdf_of_samples(gaps)
@@ -442,4 +445,5 @@ def barrier(cfg: Config) -> dict:
 SECTIONS: dict[str, Callable[[Config], dict]] = {
     "latency": latency, "sweep": sweep, "call": call, "backpressure": backpressure,
     "eager": eager, "compile": compile_time, "barrier": barrier, "timing": timing_cost,
+    "portable": portable_section,
 }

@@ -183,7 +183,8 @@ def global_shardwise_pytree_loop_and_fallback():
 def global_device_index_out_of_range():
     _, x = sharded(P("x"), (2 * N,))
     try:
-        jax.jit(lambda v: hcb.id_tap(tap("bad"), v, device_index=N))(x)
+        jax.jit(lambda v: hcb.id_tap(tap("bad"), v, tap_with_device=True,
+                                     device_index=N))(x)
     except Exception as e:  # noqa: BLE001 - the message is the result
         return {"error_type": type(e).__name__, "message": str(e).splitlines()[0]}
     return {"error_type": None}

@@ -30,6 +30,10 @@ pub const FLAG_SHARD: i64 = 1 << 2;
 /// carries the callback and its arrays instead of a consumer id.
 pub const FLAG_EAGER: i64 = 1 << 3;
 
+/// `flags` bit of a synchronous tap: lowered as a `hostfeed_call` without results, so that
+/// the device waits until the tap function has run (the consumer replies with nothing).
+pub const FLAG_SYNC_TAP: i64 = 1 << 5;
+
 /// `flags` bit set by the GPU handlers (not the lowering): the message came from a GPU,
 /// whose device ordinal `Message::device` holds.
 pub const FLAG_GPU: i64 = 1 << 4;
@@ -114,12 +118,22 @@ pub(crate) fn await_reply(
     }
 }
 
+/// What waits for the consumer thread in a call (a `call`, or a synchronous tap lowered as
+/// one), in the words of [`Error::InsideCallback`], from the call's flags.
+pub(crate) fn waiting_computation(flags: i64) -> &'static str {
+    if flags & FLAG_SYNC_TAP != 0 {
+        "a computation with synchronous taps"
+    } else {
+        "a computation containing hcb.call"
+    }
+}
+
 /// The body of the call handler: enqueue the request, wait for the consumer's reply (no
 /// GIL involved), which writes straight into the result buffers.
 fn call(frame: &Frame<'_>, receiver: &'static Hub, _start: u64) -> Result<(), Error> {
     if in_consumer_thread() {
         // The reply would have to come from this very thread.
-        return Err(Error::InsideCallback("a computation containing hcb.call"));
+        return Err(Error::InsideCallback(waiting_computation(frame.attrs.flags)));
     }
     let msg = message(frame)?;
     let mut outs = frame.outputs();

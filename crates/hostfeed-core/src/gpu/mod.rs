@@ -78,6 +78,9 @@ use crate::host::sync::{lock, Waker};
 /// How long a handler waiting for room under the bound sleeps between looks (it is woken
 /// earlier by the consumer's progress).
 const GATE_SLICE: Duration = Duration::from_millis(10);
+/// How long a call looks for its device's courier to have delivered the taps before it,
+/// before sleeping.
+const IDLE_SPIN: Duration = Duration::from_micros(50);
 
 /// A marker in a stream that completes when the work enqueued before it has.
 pub(crate) trait Completion: Send {
@@ -160,6 +163,9 @@ struct Courier {
     work: Waker,
     /// Callers of [`Delivery::wait_idle`] sleep here.
     done: Waker,
+    /// Mirror of `CourierState::delivered`, for [`Delivery::wait_idle`]'s look before it
+    /// sleeps (without taking the lock the courier takes).
+    delivered: AtomicU64,
 }
 
 #[derive(Default)]
@@ -188,6 +194,8 @@ pub struct Delivery {
     /// Mirror of `delivered`, readable without the lock.
     delivered_fast: AtomicU64,
     delivered_cv: Condvar,
+    /// Longest sleep of a handler waiting for room before it looks again.
+    gate_slice: Duration,
 }
 
 /// The delivery of the process's GPU handlers.
@@ -208,7 +216,18 @@ impl Delivery {
             delivered: Mutex::new(0),
             delivered_fast: AtomicU64::new(0),
             delivered_cv: Condvar::new(),
+            gate_slice: GATE_SLICE,
         }
+    }
+
+    /// As [`Delivery::new`], with handlers waiting for room looking again only every
+    /// `slice` unless woken (tests: a missing wake-up then shows as a hang).
+    #[cfg(test)]
+    #[must_use]
+    pub(crate) const fn with_gate_slice(slice: Duration) -> Self {
+        let mut d = Self::new();
+        d.gate_slice = slice;
+        d
     }
 
     #[cfg(test)]
@@ -234,7 +253,10 @@ impl Delivery {
             if receiver.is_finalized() {
                 break Err(Error::Closed);
             }
-            let seen = receiver.queue.progress();
+            // Read before looking: a change after the look (the consumer's progress, or a
+            // courier ending a reservation) changes it, so the wait below does not sleep
+            // through it.
+            let seen = receiver.queue.wake_count();
             let held = receiver.queue.held_bytes();
             {
                 let mut t = lock(&self.transit);
@@ -256,7 +278,7 @@ impl Delivery {
                     break Err(e); // nobody would make room
                 }
             }
-            receiver.queue.wait_progress(seen, GATE_SLICE);
+            receiver.queue.wait_woken(seen, self.gate_slice);
         };
         if let Some(t0) = blocked_since {
             let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -265,11 +287,15 @@ impl Delivery {
         outcome
     }
 
-    /// Ends a reservation made by [`Delivery::reserve`].
-    pub(crate) fn unreserve(&self, ordinal: i32, bytes: usize) {
+    /// Ends a reservation made by [`Delivery::reserve`] for `receiver`, waking the
+    /// handlers waiting for room (the room may be theirs now: the device's message was
+    /// lost, or the consumer completed it before this, or the device has nothing in
+    /// flight any more).
+    pub(crate) fn unreserve(&self, receiver: &Hub, ordinal: i32, bytes: usize) {
         if let Some(b) = lock(&self.transit).get_mut(index(ordinal)) {
             *b = b.saturating_sub(bytes);
         }
+        receiver.queue.nudge();
     }
 
     fn courier(&'static self, ordinal: i32) -> Result<Arc<Courier>, Error> {
@@ -285,6 +311,7 @@ impl Delivery {
             state: Mutex::new(CourierState::default()),
             work: Waker::new(),
             done: Waker::new(),
+            delivered: AtomicU64::new(0),
         });
         let c2 = Arc::clone(&c);
         std::thread::Builder::new()
@@ -330,7 +357,10 @@ impl Delivery {
                 }
             };
             self.deliver(ordinal, parcel);
-            lock(&c.state).delivered += 1;
+            let mut g = lock(&c.state);
+            g.delivered += 1;
+            c.delivered.store(g.delivered, Ordering::Release);
+            drop(g);
             c.done.notify_all();
         }
     }
@@ -345,13 +375,13 @@ impl Delivery {
                 if let Err(e) = receiver.push(msg) {
                     receiver.note(format!("hostfeed: a tap from GPU {ordinal} could not be delivered: {e}"));
                 }
-                self.unreserve(ordinal, reserved);
+                self.unreserve(receiver, ordinal, reserved);
             }
             (Ok(()), Job::Release(buf)) => drop(buf),
             (Err(e), Job::Deliver { msg, receiver, reserved }) => {
                 receiver.note(format!("hostfeed: a tap from GPU {ordinal} was lost: {e}"));
                 std::mem::forget(msg); // a copy into it may not have completed
-                self.unreserve(ordinal, reserved);
+                self.unreserve(receiver, ordinal, reserved);
             }
             (Err(_), Job::Release(buf)) => std::mem::forget(buf),
         }
@@ -366,8 +396,13 @@ impl Delivery {
     pub(crate) fn wait_idle(&self, ordinal: i32) {
         let courier = lock(&self.couriers).get(index(ordinal)).and_then(Clone::clone);
         let Some(c) = courier else { return };
+        let target = lock(&c.state).submitted;
+        // The courier usually delivers within microseconds (the call synchronised the
+        // stream, so every marker before it completed): look a while before sleeping.
+        if crate::host::queue::spin_until(IDLE_SPIN, || c.delivered.load(Ordering::Acquire) >= target) {
+            return;
+        }
         let mut g = lock(&c.state);
-        let target = g.submitted;
         while g.delivered < target {
             g = c.done.wait(g);
         }
@@ -461,13 +496,29 @@ unsafe fn enqueue_copies<'a>(
     operands: impl Iterator<Item = Operand<'a>>,
 ) -> Result<(), Error> {
     let base = msg.data.as_mut_ptr();
+    // Operands adjacent in device memory whose places in the message are adjacent too
+    // (each but the last a multiple of ALIGN bytes: XLA often packs a call's operands
+    // into one allocation) go in one copy: one driver call instead of several.
+    let mut run: Option<(usize, *const u8, usize)> = None; // (offset, source, bytes)
     for (op, meta) in operands.zip(&msg.arrays) {
-        if meta.nbytes > 0 {
-            // SAFETY: the destination lies inside the message's pinned buffer (offset +
-            // nbytes <= capacity), which nothing else uses until the copies completed; the
-            // caller guarantees the source.
-            unsafe { stream.copy_to_host(base.add(meta.offset), op.data, meta.nbytes) }?;
+        if meta.nbytes == 0 {
+            continue;
         }
+        if let Some((offset, src, n)) = &mut run {
+            if *offset + *n == meta.offset && src.wrapping_add(*n) == op.data {
+                *n += meta.nbytes;
+                continue;
+            }
+            // SAFETY: the run lies inside the message's pinned buffer (each operand's
+            // offset + nbytes <= capacity), which nothing else uses until the copies
+            // completed; its source is the caller's operands, one after the other.
+            unsafe { stream.copy_to_host(base.add(*offset), *src, *n) }?;
+        }
+        run = Some((meta.offset, op.data, meta.nbytes));
+    }
+    if let Some((offset, src, n)) = run {
+        // SAFETY: as above.
+        unsafe { stream.copy_to_host(base.add(offset), src, n) }?;
     }
     Ok(())
 }
@@ -497,7 +548,7 @@ pub(crate) unsafe fn tap<'a, S: Stream>(
         Ok(r) => r,
         Err(e) => {
             settle(stream, msg);
-            delivery.unreserve(header.ordinal, reserved);
+            delivery.unreserve(receiver, header.ordinal, reserved);
             return Err(e);
         }
     };
@@ -581,7 +632,7 @@ pub(crate) unsafe fn call<'a, S: Stream>(
     status: Option<&OutBuf>,
 ) -> Result<(), Error> {
     if in_consumer_thread() {
-        return Err(Error::InsideCallback("a computation containing hcb.call"));
+        return Err(Error::InsideCallback(crate::ffi::handlers::waiting_computation(header.flags)));
     }
     if header.flags & FLAG_STATUS_OUTPUT != 0 && status.is_none_or(|s| s.dtype != dtype::S32 || s.nbytes != 4)
     {
@@ -768,13 +819,17 @@ mod tests {
         cv: Condvar,
     }
 
-    struct EventRef(Arc<FakeEvent>);
+    /// A marker, and whether the fake device reports an error at it.
+    struct EventRef(Arc<FakeEvent>, bool);
 
     impl Completion for EventRef {
         fn wait(&self) -> Result<(), Error> {
             let mut g = lock(&self.0.done);
             while !*g {
                 g = self.0.cv.wait(g).unwrap();
+            }
+            if self.1 {
+                return Err(Error::Internal("the fake device failed".into()));
             }
             Ok(())
         }
@@ -789,6 +844,8 @@ mod tests {
         pool: &'static PinnedPool<HeapPinned>,
         fail_copies_after: AtomicUsize,
         fail_record: AtomicBool,
+        /// Markers recorded while set report an error when reached.
+        fail_events: AtomicBool,
         copies: AtomicUsize,
     }
 
@@ -824,6 +881,7 @@ mod tests {
                 pool,
                 fail_copies_after: AtomicUsize::new(usize::MAX),
                 fail_record: AtomicBool::new(false),
+                fail_events: AtomicBool::new(false),
                 copies: AtomicUsize::new(0),
             }
         }
@@ -857,7 +915,7 @@ mod tests {
             }
             let e = Arc::new(FakeEvent::default());
             self.ops.send(Op::Mark(Arc::clone(&e))).unwrap();
-            Ok(Box::new(EventRef(e)))
+            Ok(Box::new(EventRef(e, self.fail_events.load(Ordering::SeqCst))))
         }
 
         fn synchronize(&self) -> Result<(), Error> {
@@ -1051,6 +1109,81 @@ mod tests {
     }
 
     #[test]
+    fn ending_a_reservation_wakes_a_handler_waiting_for_room() {
+        // Every message is over the bound: one is admitted only alone. The handler of
+        // the second waits for the first's reservation to end; the first's marker fails,
+        // so its courier ends the reservation without queueing anything (no progress of
+        // the consumer to wake the handler). Waiters look again only every hour: the
+        // handler must be woken by the courier itself.
+        let (recv, c, _) = setup(1);
+        let delivery: &'static Delivery =
+            Box::leak(Box::new(Delivery::with_gate_slice(Duration::from_secs(3600))));
+        let stream = Arc::new(FakeStream::new());
+        let data = [7u8; 64];
+        stream.pause(true);
+        stream.fail_events.store(true, Ordering::SeqCst);
+        // SAFETY: `data` outlives the copies (the device runs them before the test ends).
+        unsafe { tap(&*stream, recv, delivery, header(1, 0), [u8s(&data, &[64])].into_iter()) }.unwrap();
+        stream.fail_events.store(false, Ordering::SeqCst);
+        let (done_tx, done_rx) = mpsc::channel();
+        let s2 = Arc::clone(&stream);
+        let producer = std::thread::spawn(move || {
+            // SAFETY: as above.
+            let got = unsafe { tap(&*s2, recv, delivery, header(2, 0), [u8s(&data, &[64])].into_iter()) };
+            done_tx.send(got.is_ok()).unwrap();
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while recv.queue.stats.snapshot().producer_blocked_count == 0 {
+            assert!(Instant::now() < deadline, "the second tap never waited");
+            std::thread::yield_now();
+        }
+        stream.pause(false);
+        let admitted = done_rx.recv_timeout(Duration::from_secs(30));
+        assert_eq!(admitted, Ok(true), "the waiting handler was not woken when the reservation ended");
+        producer.join().unwrap();
+        wait_all(recv, 1);
+        let ids: Vec<i64> = lock(&c.seen).iter().map(|m| m.1).collect();
+        assert_eq!(ids, vec![2], "the first tap was lost (its marker failed), the second arrived");
+        assert_eq!(delivery.reserved(0), 0);
+        assert!(recv.take_notes().iter().any(|n| n.contains("was lost")));
+    }
+
+    #[test]
+    fn operands_adjacent_on_the_device_and_in_the_message_go_in_one_copy() {
+        let (recv, c, delivery) = setup(1 << 20);
+        let stream = FakeStream::new();
+        // One "device allocation" holding three operands back to back (32 + 16 bytes,
+        // multiples of ALIGN, then 5), and one elsewhere.
+        let dev: Vec<u8> = (0..53u8).collect();
+        let other = [200u8; 16];
+        let ops = [u8s(&dev[..32], &[32]), u8s(&dev[32..48], &[16]), u8s(&dev[48..], &[5])];
+        let before = stream.copies.load(Ordering::SeqCst);
+        // SAFETY: the operands outlive the copies (waited for below).
+        unsafe { tap(&stream, recv, delivery, header(1, 0), ops.iter().copied()) }.unwrap();
+        assert_eq!(stream.copies.load(Ordering::SeqCst) - before, 1, "three adjacent operands, one copy");
+        let ops = [u8s(&dev[..32], &[32]), u8s(&other, &[16]), u8s(&dev[48..], &[5])];
+        let before = stream.copies.load(Ordering::SeqCst);
+        // SAFETY: as above.
+        unsafe { tap(&stream, recv, delivery, header(2, 0), ops.iter().copied()) }.unwrap();
+        assert_eq!(stream.copies.load(Ordering::SeqCst) - before, 3, "not adjacent: a copy each");
+        // A 5-byte operand leaves padding in the message: the next one is copied apart.
+        let ops = [u8s(&dev[48..], &[5]), u8s(&dev[..32], &[32])];
+        let before = stream.copies.load(Ordering::SeqCst);
+        // SAFETY: as above.
+        unsafe { tap(&stream, recv, delivery, header(3, 0), ops.iter().copied()) }.unwrap();
+        assert_eq!(stream.copies.load(Ordering::SeqCst) - before, 2);
+        wait_all(recv, 3);
+        let seen = lock(&c.seen).clone();
+        let mut want1 = dev.clone();
+        want1.resize(64, 0);
+        assert_eq!(seen[0].2[..53], want1[..53], "the values, in place");
+        assert_eq!(seen[1].2[32..48], other);
+        assert_eq!(seen[1].2[48..53], dev[48..]);
+        assert_eq!(seen[2].2[..5], dev[48..]);
+        assert_eq!(seen[2].2[16..48], dev[..32]);
+    }
+
+    #[test]
     fn pinned_buffers_go_back_to_the_pool_and_are_reused() {
         let (recv, _c, delivery) = setup(1 << 24);
         let stream = FakeStream::new();
@@ -1074,7 +1207,8 @@ mod tests {
         let (recv, c, delivery) = setup(1 << 20);
         let stream = FakeStream::new();
         stream.fail_copies_after.store(1, Ordering::SeqCst);
-        let (a, b) = ([1u8; 16], [2u8; 16]);
+        // Not adjacent (stack and heap): two copies, the second refused.
+        let (a, b) = ([1u8; 16], vec![2u8; 16]);
         // SAFETY: the operands outlive the copies.
         let got = unsafe {
             tap(&stream, recv, delivery, header(1, 0), [u8s(&a, &[16]), u8s(&b, &[16])].into_iter())

@@ -13,10 +13,16 @@
 //! A block returns to the pool when its [`PinnedBlock`] is dropped, typically on the
 //! consumer thread when Python has let go of the numpy views of a message: returning is
 //! bookkeeping under a mutex, never a CUDA call, so it cannot wait for the device. Memory
-//! is only freed on the allocating side, when a new large block is needed and the idle
-//! large blocks would otherwise exceed the idle limit (oldest freed first); slabs are never
-//! freed. So pinned memory stays within what was in use at the peak (bounded by the queue's
-//! byte bound, which charges a message its block's full capacity) plus the idle limit.
+//! is only freed when a new large block is needed and the idle large blocks would
+//! otherwise exceed the idle limit (oldest first), and then not on the thread that needs
+//! the block (XLA's: freeing pinned memory synchronises the device) but on the pool's
+//! *reaper* thread; slabs are never freed. So pinned memory stays within what was in use
+//! at the peak (bounded by the queue's byte bound, which charges a message its block's
+//! full capacity) plus the idle limit, plus blocks on their way to the reaper.
+//!
+//! [`PinnedPool::reset`] forgets every block, freeing none, for when the memory died with
+//! the context it was allocated in: blocks handed out before are dropped from the books
+//! when they come back.
 //!
 //! The allocator is a trait ([`PinnedAlloc`]) so that the bookkeeping is tested with a fake
 //! one; `cuda/` provides the real one (`cuMemHostAlloc` / `cuMemFreeHost`).
@@ -29,7 +35,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::error::Error;
-use crate::host::sync::lock;
+use crate::host::sync::{lock, Waker};
 
 /// Smallest block handed out (also the alignment of every small block).
 pub(crate) const SMALL_MIN: usize = 256;
@@ -58,8 +64,8 @@ pub(crate) trait PinnedAlloc: Send + Sync {
 
 /// Where a block goes back to when dropped.
 pub(crate) trait GiveBack: Send + Sync {
-    /// Takes back a block handed out with capacity `cap`.
-    fn give_back(&self, ptr: NonNull<u8>, cap: usize);
+    /// Takes back a block handed out with capacity `cap` in generation `generation`.
+    fn give_back(&self, ptr: NonNull<u8>, cap: usize, generation: u64);
 }
 
 /// The size class of a request of `bytes`: the capacity of the block it gets.
@@ -78,6 +84,7 @@ pub(crate) fn size_class(bytes: usize) -> usize {
 pub(crate) struct PinnedBlock {
     ptr: NonNull<u8>,
     cap: usize,
+    generation: u64,
     home: &'static dyn GiveBack,
 }
 
@@ -103,7 +110,7 @@ impl PinnedBlock {
 
 impl Drop for PinnedBlock {
     fn drop(&mut self) {
-        self.home.give_back(self.ptr, self.cap);
+        self.home.give_back(self.ptr, self.cap, self.generation);
     }
 }
 
@@ -135,6 +142,18 @@ pub struct PoolStats {
     pub in_use_bytes: u64,
     /// Blocks handed out so far.
     pub blocks_taken: u64,
+    /// Times the pool forgot its memory (`PinnedPool::reset`).
+    pub resets: u64,
+}
+
+/// Evicted blocks waiting for the reaper thread: (address, bytes, generation).
+#[derive(Default)]
+struct Reap {
+    pending: Vec<(usize, usize, u64)>,
+    /// Whether the reaper thread runs (started at the first eviction).
+    started: bool,
+    /// Blocks freed so far (or dropped: from a generation before a reset).
+    reaped: u64,
 }
 
 /// See the module documentation.
@@ -147,6 +166,12 @@ pub(crate) struct PinnedPool<A> {
     allocated_bytes: AtomicU64,
     in_use_bytes: AtomicU64,
     blocks_taken: AtomicU64,
+    /// Bumped by [`PinnedPool::reset`]; blocks carry the one they were handed out in.
+    generation: AtomicU64,
+    reap: Mutex<Reap>,
+    /// The reaper sleeps here for blocks; `PinnedPool::wait_reaped` for their frees.
+    reap_work: Waker,
+    reap_done: Waker,
 }
 
 // SAFETY: the raw pointers in `State` are addresses of idle blocks owned by the pool and
@@ -167,6 +192,30 @@ impl<A: PinnedAlloc> PinnedPool<A> {
             allocated_bytes: AtomicU64::new(0),
             in_use_bytes: AtomicU64::new(0),
             blocks_taken: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
+            reap: Mutex::new(Reap { pending: Vec::new(), started: false, reaped: 0 }),
+            reap_work: Waker::new(),
+            reap_done: Waker::new(),
+        }
+    }
+
+    /// Forgets every block without freeing any, for when the memory is gone (it died
+    /// with the CUDA context it was allocated in): idle blocks are dropped from the books,
+    /// blocks handed out are when they come back, evicted blocks not yet freed are not
+    /// freed. The next requests allocate afresh.
+    pub(crate) fn reset(&self) {
+        let mut st = lock(&self.state);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        *st = State::default();
+        self.allocated_bytes.store(0, Ordering::Relaxed);
+    }
+
+    /// Waits until the reaper freed (or dropped) `n` blocks in all; for tests and exit.
+    #[cfg(test)]
+    pub(crate) fn wait_reaped(&self, n: u64) {
+        let mut r = lock(&self.reap);
+        while r.reaped < n {
+            r = self.reap_done.wait(r);
         }
     }
 
@@ -176,7 +225,6 @@ impl<A: PinnedAlloc> PinnedPool<A> {
         self.idle_limit.store(bytes, Ordering::Relaxed);
     }
 
-    #[cfg(test)]
     /// The allocator.
     pub(crate) fn allocator(&self) -> &A {
         &self.alloc
@@ -190,6 +238,7 @@ impl<A: PinnedAlloc> PinnedPool<A> {
             allocated_bytes: self.allocated_bytes.load(Ordering::Relaxed),
             in_use_bytes: self.in_use_bytes.load(Ordering::Relaxed),
             blocks_taken: self.blocks_taken.load(Ordering::Relaxed),
+            resets: self.generation.load(Ordering::Relaxed),
         }
     }
 
@@ -201,16 +250,20 @@ impl<A: PinnedAlloc> PinnedPool<A> {
     /// The allocator's, when memory must be allocated and cannot be.
     pub(crate) fn take(&'static self, bytes: usize) -> Result<PinnedBlock, Error> {
         let class = size_class(bytes);
-        let (ptr, cap) =
-            if class <= SMALL_MAX { (self.take_small(class)?, class) } else { self.take_large(class)? };
+        let (ptr, cap, generation) =
+            if class <= SMALL_MAX { self.take_small(class)? } else { self.take_large(class)? };
         self.in_use_bytes.fetch_add(cap as u64, Ordering::Relaxed);
         self.blocks_taken.fetch_add(1, Ordering::Relaxed);
-        Ok(PinnedBlock { ptr, cap, home: self })
+        Ok(PinnedBlock { ptr, cap, generation, home: self })
     }
 
-    fn take_small(&self, class: usize) -> Result<NonNull<u8>, Error> {
-        if let Some(p) = lock(&self.state).idle.get_mut(&class).and_then(Vec::pop) {
-            return Ok(p);
+    /// A small block, its capacity and generation.
+    fn take_small(&self, class: usize) -> Result<(NonNull<u8>, usize, u64), Error> {
+        {
+            let mut st = lock(&self.state);
+            if let Some(p) = st.idle.get_mut(&class).and_then(Vec::pop) {
+                return Ok((p, class, self.generation.load(Ordering::Acquire)));
+            }
         }
         // A new slab, split into blocks of this class: one handed out, the rest idle.
         let slab = self.alloc.alloc(SLAB)?;
@@ -224,11 +277,11 @@ impl<A: PinnedAlloc> PinnedPool<A> {
             // SAFETY: `i * class < SLAB`: inside the slab just allocated.
             free.push(unsafe { slab.add(i * class) });
         }
-        Ok(slab)
+        Ok((slab, class, self.generation.load(Ordering::Acquire)))
     }
 
-    /// A large block of at least `class` bytes and its capacity.
-    fn take_large(&self, class: usize) -> Result<(NonNull<u8>, usize), Error> {
+    /// A large block of at least `class` bytes, its capacity and generation.
+    fn take_large(&'static self, class: usize) -> Result<(NonNull<u8>, usize, u64), Error> {
         let mut evict = Vec::new();
         {
             let mut st = lock(&self.state);
@@ -244,7 +297,7 @@ impl<A: PinnedAlloc> PinnedPool<A> {
                     st.idle_large_order.remove(i);
                 }
                 // The block keeps its real capacity (charged as such against the bound).
-                return Ok((p, c));
+                return Ok((p, c, self.generation.load(Ordering::Acquire)));
             }
             // Make room under the idle limit for what the new block may become.
             let limit = self.idle_limit.load(Ordering::Relaxed);
@@ -258,24 +311,79 @@ impl<A: PinnedAlloc> PinnedPool<A> {
                 }
             }
         }
-        for (p, c) in evict {
-            // SAFETY: an idle block is handed out to nobody and no copy into it is pending
-            // (it was given back after its consumer was done).
+        if !evict.is_empty() {
+            self.free_elsewhere(&evict);
+        }
+        let generation = self.generation.load(Ordering::Acquire);
+        let p = self.alloc.alloc(class)?;
+        self.allocations.fetch_add(1, Ordering::Relaxed);
+        self.allocated_bytes.fetch_add(class as u64, Ordering::Relaxed);
+        Ok((p, class, generation))
+    }
+
+    /// Hands evicted blocks to the reaper thread (started the first time), so that the
+    /// thread that needs a block never waits for a free (`cuMemFreeHost` synchronises the
+    /// device). If the thread cannot be started, frees them here.
+    fn free_elsewhere(&'static self, evict: &[(NonNull<u8>, usize)]) {
+        let generation = self.generation.load(Ordering::Acquire);
+        let mut r = lock(&self.reap);
+        r.pending.extend(evict.iter().map(|&(p, c)| (p.as_ptr() as usize, c, generation)));
+        if !r.started {
+            let spawned = std::thread::Builder::new()
+                .name("hostfeed-pinned-free".into())
+                .spawn(move || self.run_reaper());
+            r.started = spawned.is_ok();
+        }
+        let here = if r.started { Vec::new() } else { std::mem::take(&mut r.pending) };
+        drop(r);
+        self.reap_work.notify_one();
+        self.free_now(&here);
+    }
+
+    /// The reaper thread: frees what is handed to it, forever.
+    fn run_reaper(&self) {
+        loop {
+            let batch = {
+                let mut r = lock(&self.reap);
+                while r.pending.is_empty() {
+                    r = self.reap_work.wait(r);
+                }
+                std::mem::take(&mut r.pending)
+            };
+            self.free_now(&batch);
+        }
+    }
+
+    /// Frees evicted blocks of the current generation (older ones died with their memory).
+    fn free_now(&self, batch: &[(usize, usize, u64)]) {
+        if batch.is_empty() {
+            return;
+        }
+        let current = self.generation.load(Ordering::Acquire);
+        for &(addr, c, generation) in batch {
+            if generation != current {
+                continue;
+            }
+            let Some(p) = NonNull::new(addr as *mut u8) else { continue };
+            // SAFETY: an evicted block was idle (handed out to nobody, no copy into it
+            // pending: it was given back after its consumer was done), was removed from
+            // the idle lists under the lock, and is freed once, here.
             unsafe { self.alloc.free(p, c) };
             self.frees.fetch_add(1, Ordering::Relaxed);
             self.allocated_bytes.fetch_sub(c as u64, Ordering::Relaxed);
         }
-        let p = self.alloc.alloc(class)?;
-        self.allocations.fetch_add(1, Ordering::Relaxed);
-        self.allocated_bytes.fetch_add(class as u64, Ordering::Relaxed);
-        Ok((p, class))
+        lock(&self.reap).reaped += batch.len() as u64;
+        self.reap_done.notify_all();
     }
 }
 
 impl<A: PinnedAlloc> GiveBack for PinnedPool<A> {
-    fn give_back(&self, ptr: NonNull<u8>, cap: usize) {
+    fn give_back(&self, ptr: NonNull<u8>, cap: usize, generation: u64) {
         self.in_use_bytes.fetch_sub(cap as u64, Ordering::Relaxed);
         let mut st = lock(&self.state);
+        if generation != self.generation.load(Ordering::Acquire) {
+            return; // handed out before a reset: its memory is gone
+        }
         st.idle.entry(cap).or_default().push(ptr);
         if cap > SMALL_MAX {
             st.idle_large_bytes += cap;
@@ -295,6 +403,8 @@ mod tests {
     struct FakeAlloc {
         live: Mutex<HashMap<usize, usize>>,
         fail_above: AtomicUsize,
+        /// The thread of every free.
+        freed_on: Mutex<Vec<std::thread::ThreadId>>,
     }
 
     impl PinnedAlloc for FakeAlloc {
@@ -311,6 +421,7 @@ mod tests {
         }
 
         unsafe fn free(&self, ptr: NonNull<u8>, bytes: usize) {
+            lock(&self.freed_on).push(std::thread::current().id());
             assert_eq!(lock(&self.live).remove(&(ptr.as_ptr() as usize)), Some(bytes), "double or bad free");
             // SAFETY: allocated above with this layout.
             unsafe { alloc::dealloc(ptr.as_ptr(), Layout::from_size_align(bytes, 4096).unwrap()) };
@@ -389,6 +500,7 @@ mod tests {
         // 1.5 MiB fits neither idle block (each more than twice as large); idle 9 + 1.5 >
         // 10: the oldest (4 MiB) goes.
         let c = p.take(3 << 19).unwrap();
+        p.wait_reaped(1);
         assert!(lock(&p.allocator().live).get(&a_addr).is_none(), "the oldest idle block was freed");
         assert_eq!(live_bytes(p), (5 << 20) + (3 << 19));
         assert_eq!(p.stats().frees, 1);
@@ -396,9 +508,49 @@ mod tests {
         // Blocks in use are never freed, whatever the limit.
         p.set_idle_limit(0);
         let d = p.take(20 << 20).unwrap();
+        p.wait_reaped(3);
         assert_eq!(live_bytes(p), 20 << 20);
         drop(d);
         assert_eq!(p.stats().allocated_bytes, 20 << 20);
+    }
+
+    #[test]
+    fn evicted_blocks_are_freed_on_another_thread_than_the_one_taking_a_block() {
+        let p = pool();
+        p.set_idle_limit(4 << 20);
+        drop(p.take(4 << 20).unwrap());
+        // Idle 4 MiB + a new 1.5 MiB block > 4 MiB: the idle block is evicted.
+        let b = p.take(3 << 19).unwrap();
+        p.wait_reaped(1);
+        let freed_on = lock(&p.allocator().freed_on).clone();
+        assert_eq!(freed_on.len(), 1);
+        assert_ne!(freed_on[0], std::thread::current().id(), "freed on the taking thread");
+        assert_eq!(p.stats().frees, 1);
+        assert_eq!(p.stats().allocated_bytes, 3 << 19);
+        drop(b);
+    }
+
+    #[test]
+    fn a_reset_forgets_every_block_and_frees_none() {
+        let p = pool();
+        let small = p.take(100).unwrap();
+        let large = p.take(2 << 20).unwrap();
+        drop(p.take(3 << 20).unwrap()); // idle
+        p.reset();
+        assert_eq!(p.stats().resets, 1);
+        assert_eq!(p.stats().allocated_bytes, 0);
+        // Blocks handed out before come back and are forgotten, not reused nor freed.
+        let (small_addr, large_addr) = (small.as_ptr() as usize, large.as_ptr() as usize);
+        drop((small, large));
+        assert_eq!(p.stats().in_use_bytes, 0);
+        let again = p.take(100).unwrap();
+        let big = p.take(2 << 20).unwrap();
+        assert_ne!(again.as_ptr() as usize, small_addr);
+        assert_ne!(big.as_ptr() as usize, large_addr);
+        assert_eq!(p.stats().allocations, 3 + 2, "fresh allocations after the reset");
+        assert!(lock(&p.allocator().freed_on).is_empty(), "nothing freed: the memory is gone");
+        // (The fake's memory is really live: leaked here, as the real pool's would be gone.)
+        drop((again, big));
     }
 
     #[test]

@@ -533,6 +533,21 @@ impl Hub {
         Ok(StopOutcome::Joined)
     }
 
+    /// In a child process created by `fork`: the consumer thread (and every other thread)
+    /// exists only in the parent, so the child starts with a fresh, stopped receiver: the
+    /// parent's thread is forgotten (never joined: it is not there), queued messages and
+    /// waiting calls are written off. The next message starts a consumer as usual.
+    pub fn after_fork_in_child(&self) {
+        if let Some(mut control) = crate::host::sync::try_lock(&self.control) {
+            std::mem::forget(control.thread.take());
+        }
+        if let Some(mut calls) = crate::host::sync::try_lock(&self.calls) {
+            std::mem::forget(std::mem::take(&mut *calls));
+        }
+        self.queue.reset_after_fork();
+        self.busy.store(-1, Ordering::Relaxed);
+    }
+
     /// Processes what is queued (restarting the consumer once after abandoning a stuck
     /// one), then stops the receiver for good: later messages are refused, waiting calls
     /// fail. Returns the messages that could not be processed (dropped).

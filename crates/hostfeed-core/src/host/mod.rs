@@ -1,5 +1,5 @@
 //! The host transport, the same for every platform: host memory ([`buffer`]), a message
-//! and the copy that builds it ([`message`]), the byte-bounded queue ([`queue`]), a call's
+//! and the copy that builds it ([`message`]), the portable transport's way in ([`portable`]), the byte-bounded queue ([`queue`]), a call's
 //! reply slot ([`reply`]), the [`hub`] that owns the queue and the consumer thread's
 //! lifecycle, the barrier and the calls waiting for replies, the synchronisation helpers
 //! ([`sync`]), the counters and latency histograms ([`stats`], [`histogram`]) and Ctrl-C
@@ -19,6 +19,8 @@ pub(crate) mod interrupt;
 mod loom_models;
 #[cfg(not(loom))]
 pub(crate) mod message;
+#[cfg(not(loom))]
+pub mod portable;
 pub(crate) mod queue;
 pub(crate) mod reply;
 pub(crate) mod stats;

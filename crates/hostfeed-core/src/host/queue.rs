@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use crate::host::stats::Stats;
 use crate::host::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use crate::host::sync::{lock, Mutex, Waker};
+use crate::host::sync::{lock, try_lock, Mutex, Waker};
 
 /// Why a push did not happen; the item is handed back.
 #[derive(Debug, PartialEq, Eq)]
@@ -104,6 +104,9 @@ pub struct Queue<T> {
     spin: Duration,
     /// Bumped whenever the consumer takes or completes messages (stall detection).
     progress: AtomicU64,
+    /// Bumped (under `inner`) by [`Queue::nudge`]: a change other than the consumer's
+    /// that waiters of [`Queue::wait_woken`] wait for.
+    nudges: AtomicU64,
     /// Mirrors of `Inner::enqueued` / `Inner::processed` (stored under the lock), so that
     /// an idle barrier reads them without locking.
     enqueued: AtomicU64,
@@ -134,6 +137,7 @@ impl<T> Queue<T> {
             pending: AtomicUsize::new(0),
             spin: Duration::ZERO,
             progress: AtomicU64::new(0),
+            nudges: AtomicU64::new(0),
             enqueued: AtomicU64::new(0),
             processed: AtomicU64::new(0),
             stats: Stats::default(),
@@ -425,6 +429,34 @@ impl<T> Queue<T> {
         }
     }
 
+    /// A counter that changes with `Queue::progress` and with every [`Queue::nudge`]:
+    /// read it before looking at the state a [`Queue::wait_woken`] waits for.
+    pub fn wake_count(&self) -> u64 {
+        self.progress().wrapping_add(self.nudges.load(Ordering::Relaxed))
+    }
+
+    /// Wakes the threads in [`Queue::wait_woken`] (and `Queue::wait_progress`) for a
+    /// change that is not the consumer's (a GPU courier ending a reservation), without
+    /// counting as the consumer's progress (stall detection must not see it). The change
+    /// must be made before the call; a waiter that read [`Queue::wake_count`] before it
+    /// does not sleep through it (the count changes under the lock the waiter checks it
+    /// under).
+    pub fn nudge(&self) {
+        let g = lock(&self.inner);
+        self.nudges.fetch_add(1, Ordering::Relaxed);
+        drop(g);
+        self.progressed.notify_all();
+    }
+
+    /// Waits up to `timeout` for the consumer's progress or a [`Queue::nudge`], if
+    /// [`Queue::wake_count`] still equals `seen`.
+    pub fn wait_woken(&self, seen: u64, timeout: Duration) {
+        let g = lock(&self.inner);
+        if self.wake_count() == seen {
+            drop(self.progressed.wait_timeout(g, timeout));
+        }
+    }
+
     /// The sequence number the next push will get: a barrier taken now waits for
     /// `processed >= enqueued()`.
     pub fn enqueued(&self) -> u64 {
@@ -493,6 +525,30 @@ impl<T> Queue<T> {
         self.space_freed.notify_all();
     }
 
+    /// In a child process created by `fork`, where no consumer thread exists: forgets
+    /// every queued and in-flight message (leaked, not dropped: they may hold memory the
+    /// parent's threads were using) and counts them as processed, so that the child starts
+    /// with an empty queue, no consumer and nothing for a barrier to wait for. Skips a lock
+    /// that a thread of the parent held at the fork (that thread does not exist here).
+    pub fn reset_after_fork(&self) {
+        if let Some(mut flight) = try_lock(&self.in_flight) {
+            std::mem::forget(std::mem::take(&mut flight.items));
+            flight.epoch += 1;
+            flight.taken = 0;
+            flight.taken_bytes = 0;
+        }
+        if let Some(mut g) = try_lock(&self.inner) {
+            std::mem::forget(std::mem::take(&mut g.items));
+            g.processed = g.enqueued;
+            g.held_bytes = 0;
+            g.drain_and_stop = false;
+            g.consumer_active = false;
+            self.pending.store(0, Ordering::Release);
+            self.processed.store(g.processed, Ordering::Release);
+            self.stats.queued_bytes.store(0, Ordering::Relaxed);
+        }
+    }
+
     /// Closes the queue for good: pending and future pushes fail, the consumer exits once
     /// the queue is empty. Returns the items that were never moved into a batch.
     pub(crate) fn close(&self) -> Vec<T> {
@@ -556,6 +612,29 @@ mod tests {
         }
         q.end_batch(epoch);
         out
+    }
+
+    #[test]
+    fn a_nudge_wakes_a_waiter_without_counting_as_progress() {
+        let q = std::sync::Arc::new(Queue::<u32>::new(100));
+        let progress = q.progress();
+        let seen = q.wake_count();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let q2 = std::sync::Arc::clone(&q);
+        let waiter = std::thread::spawn(move || {
+            q2.wait_woken(seen, Duration::from_secs(3600));
+            tx.send(()).unwrap();
+        });
+        while !q.progressed.has_sleepers() {
+            std::thread::yield_now();
+        }
+        q.nudge();
+        assert!(rx.recv_timeout(Duration::from_secs(30)).is_ok(), "the nudge did not wake the waiter");
+        waiter.join().unwrap();
+        assert_eq!(q.progress(), progress, "stall detection must not see a nudge");
+        assert_ne!(q.wake_count(), seen);
+        // A waiter that read the count before a nudge does not sleep at all.
+        q.wait_woken(seen, Duration::from_secs(3600));
     }
 
     #[test]

@@ -46,6 +46,16 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Locks `m` if no thread holds it (recovering a poisoned guard, as [`lock`]); `None` if
+/// one does. For a forked child, where a lock held at the fork stays held forever.
+pub(crate) fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
 /// See the module documentation.
 #[derive(Default)]
 pub(crate) struct Waker {

@@ -5,4 +5,5 @@
 //! sinks that route messages to it from the consumer thread.
 
 pub(crate) mod recorder;
+pub(crate) mod storelock;
 pub(crate) mod zarr;

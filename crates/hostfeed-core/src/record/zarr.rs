@@ -14,6 +14,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::{json, Value};
 
@@ -211,7 +212,7 @@ pub(crate) fn io_error(op: &str, path: &Path, e: &std::io::Error) -> RecordError
 /// I/O errors, with the path.
 pub(crate) fn write_json_atomic(dir: &Path, doc: &Value, durable: bool) -> Result<(), RecordError> {
     let target = dir.join("zarr.json");
-    let tmp = dir.join(".zarr.json.tmp");
+    let tmp = temp_path(&target);
     let text = serde_json::to_vec_pretty(doc)
         .map_err(|e| RecordError::Invalid(format!("cannot encode metadata for {}: {e}", dir.display())))?;
     let mut f = File::create(&tmp).map_err(|e| io_error("create", &tmp, &e))?;
@@ -227,6 +228,17 @@ pub(crate) fn write_json_atomic(dir: &Path, doc: &Value, durable: bool) -> Resul
     Ok(())
 }
 
+/// A temporary file name next to `path`, unique to this process and call: `.NAME.PID.N.tmp`
+/// (a leading dot: no record name component may start with one, and no Zarr key does).
+/// Two writers replacing two chunks, or one chunk twice, never share a temporary file.
+#[must_use]
+pub(crate) fn temp_path(path: &Path) -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let name = path.file_name().map_or_else(String::new, |f| f.to_string_lossy().into_owned());
+    path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id()))
+}
+
 /// fsync of a directory (makes renames and new entries in it durable).
 ///
 /// # Errors
@@ -238,31 +250,48 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), RecordError> {
 /// Suffixes of the per-row metadata arrays stored next to each data array (`h.step`...).
 pub(crate) const ROW_METADATA: [&str; 5] = ["seq", "step", "device", "time_ns", "transforms"];
 
+/// Longest component of a record name, in bytes: the per-row metadata arrays add up to 11
+/// bytes (`.transforms`) to the last one, and a file name has at most 255.
+pub(crate) const MAX_COMPONENT_BYTES: usize = 200;
+/// Longest record name, in bytes.
+pub(crate) const MAX_NAME_BYTES: usize = 1024;
+
 /// Checks one record name (`"layer1/h"`) and splits it into path segments.
 ///
-/// Each `/`-separated part must be non-empty, not `.` or `..`, not start with `__` (Zarr
-/// reserves that) and use only letters, digits, `_`, `-` and `.`; the last part must not
-/// end with a per-row metadata suffix (`.step`, ...).
+/// Each `/`-separated part must be non-empty, at most [`MAX_COMPONENT_BYTES`] long, not
+/// start with `.` (temporary files and `..`) or `__` (Zarr reserves that), not be
+/// `zarr.json`, use only letters, digits, `_`, `-` and `.`, and not end with a per-row
+/// metadata suffix (`.step`, ...): such a part would reach into a metadata array. The
+/// whole name has at most [`MAX_NAME_BYTES`].
 ///
 /// # Errors
 /// [`RecordError::Invalid`] saying what is wrong with the name.
 pub(crate) fn split_name(name: &str) -> Result<Vec<&str>, RecordError> {
+    let bad = |why: String| Err(RecordError::Invalid(format!("invalid record name {name:?}: {why}")));
+    if name.len() > MAX_NAME_BYTES {
+        return bad(format!("it has {} bytes, at most {MAX_NAME_BYTES} are allowed", name.len()));
+    }
     let parts: Vec<&str> = name.split('/').collect();
     for p in &parts {
         let ok_chars = p.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
-        if p.is_empty() || *p == "." || *p == ".." || p.starts_with("__") || !ok_chars {
-            return Err(RecordError::Invalid(format!(
-                "invalid record name {name:?}: each '/'-separated part must be non-empty, not '.' \
-                 or '..', not start with '__', and use only letters, digits, '_', '-' and '.'"
-            )));
+        if p.is_empty() || p.starts_with('.') || p.starts_with("__") || !ok_chars {
+            return bad(format!(
+                "the part {p:?} is not allowed: each '/'-separated part must be non-empty, not \
+                 start with '.' or '__', and use only letters, digits, '_', '-' and '.'"
+            ));
         }
-    }
-    let leaf = parts.last().copied().unwrap_or_default();
-    if let Some(suffix) = ROW_METADATA.iter().find(|s| leaf.ends_with(&format!(".{s}"))) {
-        return Err(RecordError::Invalid(format!(
-            "invalid record name {name:?}: the suffix '.{suffix}' is reserved for the per-row \
-             metadata stored next to each recorded array"
-        )));
+        if p.len() > MAX_COMPONENT_BYTES {
+            return bad(format!("a part has {} bytes, at most {MAX_COMPONENT_BYTES} are allowed", p.len()));
+        }
+        if *p == "zarr.json" {
+            return bad("'zarr.json' is the name of Zarr's metadata documents".into());
+        }
+        if let Some(suffix) = ROW_METADATA.iter().find(|s| p.ends_with(&format!(".{s}"))) {
+            return bad(format!(
+                "the suffix '.{suffix}' (in {p:?}) is reserved for the per-row metadata stored \
+                 next to each recorded array"
+            ));
+        }
     }
     Ok(parts)
 }
@@ -318,6 +347,15 @@ mod tests {
         for bad in ["", "a//b", "/a", "a/", "..", "__x", "a b", "a/./b", "h.step", "g/h.time_ns"] {
             assert!(split_name(bad).is_err(), "{bad:?}");
         }
+        // Every part is checked, not only the last.
+        for bad in ["h.step/inner", "h.seq/c", "h.step/.zarr.json.tmp", "zarr.json", "c/zarr.json", ".x/y"] {
+            assert!(split_name(bad).is_err(), "{bad:?}");
+        }
+        let long = "x".repeat(MAX_COMPONENT_BYTES + 1);
+        assert!(split_name(&long).unwrap_err().to_string().contains("bytes"));
+        assert!(split_name(&"x".repeat(MAX_COMPONENT_BYTES)).is_ok());
+        let many = vec!["abcdefghi"; 110].join("/");
+        assert!(split_name(&many).is_err(), "{} bytes", many.len());
     }
 
     #[test]
@@ -328,7 +366,12 @@ mod tests {
         write_json_atomic(&dir, &json!({"a": 2}), true).unwrap();
         let doc: Value = serde_json::from_slice(&fs::read(dir.join("zarr.json")).unwrap()).unwrap();
         assert_eq!(doc, json!({"a": 2}));
-        assert!(!dir.join(".zarr.json.tmp").exists());
+        let left: Vec<_> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("zarr.json")], "no temporary file is left");
+        let a = temp_path(&dir.join("c.1"));
+        let b = temp_path(&dir.join("c.2"));
+        assert_ne!(a, b);
+        assert_ne!(temp_path(&dir.join("c.1")), a, "each call gets its own");
         fs::remove_dir_all(&dir).unwrap();
         let missing = write_json_atomic(&dir, &json!({}), false).unwrap_err();
         assert!(matches!(missing, RecordError::Io { errno: Some(libc::ENOENT), .. }), "{missing}");

@@ -1,0 +1,145 @@
+"""The ``portable`` section of ``python -m hostfeed bench``: the portable transport (JAX's
+host-callback lowering, what TPUs and ROCm GPUs use; see :mod:`hostfeed.portable`)
+forced on the current backend, beside the native transport and ``io_callback``: per-tap
+device-side cost, call round trip, and whether a slow tap function holds up the device.
+
+Rows (``portable`` in the JSON):
+
+* ``taps``: ``{name: {"device_side_per_tap_us", "end_to_end_per_tap_us"}}`` for
+  ``hostfeed (native)``, ``hostfeed (portable)`` and ``io_callback(ordered)``, ``n`` taps
+  of ``float32[4]`` in a loop;
+* ``calls``: ``{name: {"per_call_us"}}``, a ``float32[4] -> float32[4]`` call in a loop;
+* ``slow_taps``: the portable transport's device side (until the computation's results
+  are ready) of 100 taps whose function takes 10 ms, against 100 no-op taps:
+  ``{"taps", "host_ms_per_tap", "slow_device_s", "noop_device_s", "ratio"}``.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import io_callback
+
+from .. import host_callback as hcb
+from .. import portable
+from ._timing import interleaved
+
+#: Rows of the section: (name, transport forced, or None for io_callback).
+ROWS = (("hostfeed (native)", "native"), ("hostfeed (portable)", "jax"),
+        ("io_callback(ordered)", None))
+
+
+def _lowered(transport: str | None, f: Callable, x: Any) -> Callable:
+    """``f`` jitted and run once for ``x`` with ``transport`` forced (which compiles it;
+    later calls reuse that executable)."""
+    jitted = jax.jit(f)
+    with portable.forcing(transport):
+        _run(jitted, x)()
+    return jitted
+
+
+def _taps(n: int, transport: str | None) -> Callable[[Any], Any]:
+    def step(i: Any, c: Any, x: Any) -> Any:
+        if transport is None:
+            io_callback(lambda a: None, None, x, ordered=True)
+            return c
+        return hcb.id_tap(lambda a, tr: None, x, result=c)
+    return lambda x: lax.fori_loop(0, n, lambda i, c: step(i, c, x), jnp.int32(0))
+
+
+def _calls(n: int, transport: str | None) -> Callable[[Any], Any]:
+    spec = jax.ShapeDtypeStruct((4,), jnp.float32)
+
+    def host(a: Any) -> np.ndarray:
+        return np.asarray(a) + np.float32(1)
+
+    def step(a: Any) -> Any:
+        if transport is None:
+            return io_callback(host, spec, a, ordered=True)
+        return hcb.call(host, a, result_shape=spec)
+    return lambda v: lax.fori_loop(0, n, lambda i, a: step(a), v)
+
+
+def _run(f: Callable, x: Any) -> Callable[[], None]:
+    def go() -> None:
+        f(x).block_until_ready()
+        hcb.barrier_wait()
+        jax.effects_barrier()
+    return go
+
+
+def _device_side(f: Callable, x: Any) -> tuple[float, float]:
+    """Seconds until ``f(x)``'s results are ready, and until every callback ran."""
+    hcb.barrier_wait()
+    t0 = time.perf_counter()
+    f(x).block_until_ready()
+    device = time.perf_counter() - t0
+    hcb.barrier_wait()
+    jax.effects_barrier()
+    return device, time.perf_counter() - t0
+
+
+def portable_section(cfg: Any) -> dict:
+    """The portable transport beside the native one and ``io_callback(ordered=True)``."""
+    n = cfg.n(1000, 10000)
+    x = jnp.arange(4, dtype=jnp.float32)
+    out: dict[str, Any] = {"payload": "float32[4]", "taps_per_run": n, "taps": {},
+                           "calls": {}}
+    cfg.progress("portable: taps")
+    taps = {name: _lowered(t, _taps(n, t), x) for name, t in ROWS}
+    for name, f in taps.items():
+        best = min(_device_side(f, x) for _ in range(cfg.n(2, 5)))
+        out["taps"][name] = {"device_side_per_tap_us": best[0] / n * 1e6,
+                             "end_to_end_per_tap_us": best[1] / n * 1e6}
+    cfg.progress("portable: calls")
+    m = cfg.n(300, 3000)
+    calls = {name: _lowered(t, _calls(m, t), x) for name, t in ROWS}
+    res = interleaved({name: _run(f, x) for name, f in calls.items()}, repeats=cfg.n(2, 5))
+    out["calls"] = {name: {"per_call_us": r["min"] / m * 1e6} for name, r in res.items()}
+    out["calls_per_run"] = m
+    cfg.progress("portable: slow taps")
+    out["slow_taps"] = _slow_taps()
+    return out
+
+
+def _slow_taps(taps: int = 100, host_ms: float = 10.0) -> dict:
+    """Device side of ``taps`` taps with a ``host_ms`` tap function, against no-op taps,
+    on the portable transport."""
+    def loop(func: Callable) -> Callable:
+        return lambda x: lax.fori_loop(
+            0, taps, lambda i, c: hcb.id_tap(func, x, result=c), jnp.int32(0))
+
+    x = jnp.arange(4, dtype=jnp.float32)
+    slow = _lowered("jax", loop(lambda a, tr: time.sleep(host_ms / 1e3)), x)
+    noop = _lowered("jax", loop(lambda a, tr: None), x)
+    noop_s = slow_s = float("inf")
+    for _ in range(5):  # interleaved, best of each
+        noop_s = min(noop_s, _device_side(noop, x)[0])
+        slow_s = min(slow_s, _device_side(slow, x)[0])
+    return {"taps": taps, "host_ms_per_tap": host_ms, "slow_device_s": slow_s,
+            "noop_device_s": noop_s, "ratio": slow_s / noop_s}
+
+
+def render(r: dict) -> list[str]:
+    """The section as text lines, with ratios to ``io_callback(ordered)``."""
+    io_tap = r["taps"]["io_callback(ordered)"]["device_side_per_tap_us"]
+    io_call = r["calls"]["io_callback(ordered)"]["per_call_us"]
+    out = [f"portable transport (JAX's host-callback lowering, forced here), {r['taps_per_run']} "
+           f"taps of {r['payload']} / {r['calls_per_run']} calls in a loop (us)",
+           f"  {'method':<22}{'tap, device':>12}{'tap, end to end':>17}"
+           f"{'vs io_callback(ordered)':>25}{'call':>9}{'vs io_callback(ordered)':>25}"]
+    for name, t in r["taps"].items():
+        c = r["calls"][name]["per_call_us"]
+        d = t["device_side_per_tap_us"]
+        out.append(f"  {name:<22}{d:>12.2f}{t['end_to_end_per_tap_us']:>17.2f}"
+                   f"{io_tap / d:>24.1f}x{c:>9.2f}{io_call / c:>24.1f}x")
+    s = r["slow_taps"]
+    out.append(f"  slow taps (portable): {s['taps']} taps of a {s['host_ms_per_tap']:.0f} ms "
+               f"function: device side {s['slow_device_s'] * 1e3:.2f} ms vs "
+               f"{s['noop_device_s'] * 1e3:.2f} ms for no-op taps ({s['ratio']:.2f}x)")
+    return out

@@ -1,0 +1,23 @@
+"""What users install: license, metadata and the wheel's platform tag (issue 21, item 9).
+(CI builds the wheel and checks its tag; this checks that the build is asked for it.)"""
+from __future__ import annotations
+
+import pathlib
+import tomllib
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_license_file_is_apache_2_and_declared():
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == {"text": "Apache-2.0"}
+    assert project["urls"]
+
+
+def test_ci_builds_the_wheel_for_jaxlibs_glibc_floor_and_checks_its_tag():
+    run = (ROOT / ".ci" / "run").read_text()
+    assert "--zig" in run and "--compatibility manylinux_2_27" in run
+    assert "cp311-abi3-manylinux_2_27_x86_64" in run
+    assert ".ci/readme_check.py --install" in run

@@ -1,0 +1,127 @@
+"""The portable transport (JAX's host-callback lowering, for platforms without hostfeed
+handlers), forced on CPU in this process: taps stay asynchronous (the function JAX runs on
+its execution thread only enqueues), selection per platform, ``HOSTFEED_TRANSPORT``.
+
+The whole suite also runs with ``HOSTFEED_TRANSPORT=jax`` (``nox -s portable``).
+
+Issue: "Every JAX platform: a portable transport for TPUs and any backend without hostfeed
+handlers".
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import hostfeed
+from hostfeed import host_callback as hcb
+from hostfeed import portable
+
+from conftest import run_python
+
+
+@pytest.fixture(params=["jax", "native"])
+def transport(request):
+    """Forces a transport for computations lowered during the test."""
+    with portable.forcing(request.param):
+        yield request.param
+
+
+@pytest.fixture
+def forced_jax():
+    with portable.forcing("jax"):
+        yield
+
+
+def test_the_portable_lowering_uses_jax_host_callbacks_and_no_hostfeed_custom_call(
+        forced_jax):
+    def f(x):
+        x = hcb.id_tap(lambda a, t: None, x * 2)
+        return hcb.call(lambda a: a + 1, x, result_shape=x)
+
+    text = jax.jit(f).lower(jnp.ones(3)).as_text()
+    assert "xla_ffi_python_cpu_callback" in text
+    assert "hostfeed_" not in text
+    assert jax.jit(f)(jnp.ones(3)).tolist() == [3.0, 3.0, 3.0]
+
+
+def test_slow_tap_functions_do_not_hold_up_the_computation(transport):
+    # 100 taps whose function is slow: the first waits for `gate`, every one then takes
+    # 10 ms. The computation's results are ready while the tap functions have not even
+    # started (the function JAX runs on its execution thread only enqueues).
+    gate = threading.Event()
+    seen = []
+
+    def slow(i, transforms):
+        if not seen:
+            assert gate.wait(120)
+        time.sleep(0.01)
+        seen.append(int(i))
+
+    def step(c, i):
+        hcb.id_tap(slow, i)
+        return c + i, None
+
+    f = jax.jit(lambda x: lax.scan(step, x, jnp.arange(100))[0])
+    total = f(jnp.int32(0))
+    total.block_until_ready()
+    assert int(total) == 4950
+    assert seen == [] and not gate.is_set()
+    gate.set()
+    hcb.barrier_wait()
+    assert seen == list(range(100))
+
+
+def test_a_failing_call_fails_its_computation_with_the_host_message(forced_jax):
+    def host(x):
+        raise ValueError("no such thing as portable luck")
+
+    f = jax.jit(lambda x: hcb.call(host, x, result_shape=x))
+    with pytest.raises(Exception, match="no such thing as portable luck"):
+        f(jnp.ones(2)).block_until_ready()
+    with pytest.raises(hcb.CallbackException, match="no such thing as portable luck"):
+        hcb.barrier_wait()
+
+
+def test_tap_with_device_names_the_executing_device(forced_jax):
+    got = []
+    dev = jax.devices()[0]
+    x = jax.device_put(jnp.arange(2.0), dev)
+    jax.jit(lambda v: hcb.id_tap(lambda a, t, device: got.append(device), v,
+                                 tap_with_device=True))(x)
+    hcb.barrier_wait()
+    assert got == [dev]
+
+
+def test_transports_say_which_platform_uses_which():
+    t = hostfeed.transports()
+    assert set(t) >= {"cpu", "cuda", "rocm", "tpu"}
+    assert set(t.values()) <= {"native", "jax"}
+    if portable.forced() is None:
+        assert t["cpu"] == "native" and t["tpu"] == "jax" and t["rocm"] == "jax"
+    else:
+        assert set(t.values()) == {portable.forced()}
+
+
+def test_hostfeed_transport_is_read_at_import_and_checked():
+    r = run_python("""
+        import hostfeed
+        print(sorted(set(hostfeed.transports().values())))
+    """, env={"HOSTFEED_TRANSPORT": "jax"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split("\n")[-2] == "['jax']"
+    r = run_python("import hostfeed", env={"HOSTFEED_TRANSPORT": "outfeed"})
+    assert r.returncode != 0
+    assert "HOSTFEED_TRANSPORT='outfeed' is not a hostfeed transport" in r.stderr
+
+
+def test_failure_text_is_padded_like_the_native_handler():
+    assert bytes(portable.padded("h\u00e9llo", 8)) == "h\u00e9llo".encode() + b"\0\0"
+    cut = bytes(portable.padded("\u00e9" * 10, 9))  # cut before a character's 2nd byte
+    assert cut == "\u00e9".encode() + b" [...]\0"
+    assert np.asarray(portable.padded("", 4)).tolist() == [0, 0, 0, 0]
