@@ -76,7 +76,11 @@ pub use gpu::{device_key as gpu_device_key, Delivery, DELIVERY as GPU_DELIVERY};
 
 // ---- record: the recorder and its sinks ------------------------------------------------
 #[cfg(not(loom))]
-pub use record::recorder::{sinks, ArrayHandle, Budget, Mode, Options, Recorder, RecorderStats, Sink, Sinks};
+pub use record::arrays::ArrayHandle;
+#[cfg(not(loom))]
+pub use record::recorder::{Budget, Mode, Options, Recorder, RecorderStats};
+#[cfg(not(loom))]
+pub use record::sinks::{sinks, Sink, Sinks};
 #[cfg(not(loom))]
 pub use record::zarr::Codec;
 
