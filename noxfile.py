@@ -1,7 +1,9 @@
 """Test matrix: the whole Python test suite, the stub check and mypy on each supported
-(Python, JAX) pair, and the Rust core's tests once (debug and release, and the loom models).
+(Python, JAX) pair; the suite with the portable transport forced; the GPU check's dry run;
+and the Rust core's tests once (debug and release, and the loom models).
 
-    nox                                 # everything: the three environments, then cargo test
+    nox                                 # everything: the three environments, portable,
+                                        # gpu_check_dry, then the Rust tests
     nox -l                              # list the sessions
     nox -s "tests(py3.12-jax0.11.2)"    # one environment (or: nox -s tests -p 3.12)
     nox -s tests                        # the three environments
