@@ -267,3 +267,68 @@ def add_dependency(value: Any, token: Any) -> Any:
     """``value``, made to depend on ``token`` in the HLO (XLA's ``kAddDependency``): a no-op
     that only orders; the result aliases ``value``'s buffer."""
     return _mhlo.AddDependencyOp(value, token, results=[value.type]).result
+
+
+# ---- Dispatch of computations that tap (pxla, dispatch) ---------------------------------
+# jax 0.10.2-0.12: `MeshExecutable.create_cpp_call` (what `Compiled.__call__` uses, the
+# ahead-of-time path) builds JAX's C++ fast path unless the executable has *unordered*
+# effects or host callbacks, but never checks its *ordered* effects: the first call goes
+# through Python and passes the runtime token, later calls take the C++ path without it
+# ("Execution supplied 1 arguments but compiled program expected 2"). io_callback escapes
+# this only because its executables also have host callbacks. Executables with ordered
+# effects keep the Python path (with the token) on every call.
+from jax._src.interpreters import pxla as _pxla  # noqa: E402
+
+
+def _wrap_create_cpp_call() -> bool:
+    cls = getattr(_pxla, "MeshExecutable", None)
+    orig = getattr(cls, "create_cpp_call", None)
+    if orig is None or getattr(orig, "_hostfeed", False):
+        return orig is not None
+
+    def create_cpp_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(getattr(self, "unsafe_call", None), "ordered_effects", None):
+            return None  # Compiled.__call__ then calls through Python, tokens included
+        return orig(self, *args, **kwargs)
+
+    create_cpp_call._hostfeed = True  # type: ignore[attr-defined]
+    create_cpp_call.__doc__ = orig.__doc__
+    cls.create_cpp_call = create_cpp_call  # type: ignore[union-attr]
+    return True
+
+
+AOT_CALLS_KEEP_TOKENS = _wrap_create_cpp_call()
+
+
+# jax 0.10.2-0.12: every dispatch of a computation with an ordered effect passes the
+# effect's token from the previous one through `RuntimeTokenSet.get_token_input`, which
+# `device_put`s it onto a fresh `NamedSharding(Mesh(devices))` each time, even when it
+# already lies on exactly those devices: half the Python dispatch of a small computation
+# that taps (about 90 of 180 us here). For hostfeed's effect, a token already on the
+# executable's devices, in order, is passed as it is (the executable only reads its
+# per-device buffers); any other case goes through JAX's own function.
+def install_token_fast_path(effect_type: type) -> bool:
+    """Makes JAX pass ``effect_type``'s runtime token on unchanged when it already lies on
+    the dispatched computation's devices; returns whether JAX has the hook."""
+    cls = getattr(_dispatch, "RuntimeTokenSet", None)
+    orig = getattr(cls, "get_token_input", None)
+    if orig is None:
+        return False
+    if getattr(orig, "_hostfeed", False):
+        return True
+    token_type = _core.Token
+
+    def get_token_input(self: Any, eff: Any, devices: Any) -> Any:
+        if type(eff) is effect_type:
+            tok = self.current_tokens.get(eff)
+            if type(tok) is token_type:
+                assignment = getattr(getattr(tok._buf, "sharding", None),
+                                     "_device_assignment", None)
+                if assignment is not None and tuple(assignment) == tuple(devices):
+                    return tok
+        return orig(self, eff, devices)
+
+    get_token_input._hostfeed = True  # type: ignore[attr-defined]
+    get_token_input.__doc__ = orig.__doc__
+    cls.get_token_input = get_token_input  # type: ignore[union-attr]
+    return True

@@ -237,6 +237,35 @@ def test_taps_from_two_computations_keep_dispatch_order():
     assert got == [(n, i) for i in range(20) for n in ("f", "g")]
 
 
+def test_ahead_of_time_compiled_function_taps_on_every_call_in_order():
+    """``jit(f).lower(x).compile()``: every call of the compiled object passes the effect's
+    token (JAX's C++ fast path for compiled objects forgot ordered effects, so the second
+    call failed with "Execution supplied 1 arguments but compiled program expected 2")."""
+    got = []
+    f = jax.jit(lambda x: hcb.id_tap(lambda a, tr: got.append(("aot", int(a))), x) + 1)
+    g = jax.jit(lambda x: hcb.id_tap(lambda a, tr: got.append(("jit", int(a))), x))
+    co = f.lower(jnp.int32(0)).compile()
+    outs = []
+    for i in range(5):
+        outs.append(int(co(jnp.int32(i))))
+        g(jnp.int32(i))
+    hcb.barrier_wait()
+    assert outs == [1, 2, 3, 4, 5]
+    assert got == [(n, i) for i in range(5) for n in ("aot", "jit")]
+
+
+def test_dispatches_alternating_between_computations_keep_order_with_tokens_reused():
+    """The effect's token passed on as it is between dispatches (the dispatch fast path)
+    still orders taps: many short computations, interleaved with eager taps."""
+    got = []
+    f = jax.jit(lambda x: hcb.id_tap(lambda a, tr: got.append(("f", int(a))), x))
+    for i in range(200):
+        f(jnp.int32(i))
+        hcb.id_tap(lambda a, tr: got.append(("eager", int(a))), i)
+    hcb.barrier_wait()
+    assert got == [(n, i) for i in range(200) for n in ("f", "eager")]
+
+
 def test_second_call_does_not_recompile():
     traces = []
 
