@@ -98,7 +98,18 @@ Zero = _public_ad.Zero
 is_undefined_primal = _public_ad.is_undefined_primal
 float0 = jax.dtypes.float0
 build_ffi_lowering_function = _public_ffi.build_ffi_lowering_function
-register_lowering = mlir.register_lowering
+
+
+def register_lowering(prim: Any, rule: Any, platform: str | None = None,
+                      cacheable: bool = True) -> None:
+    """``mlir.register_lowering``; ``cacheable=False`` (jax 0.10-0.12: lowered in place
+    instead of as a cached function inlined into its caller) where JAX has the option."""
+    if cacheable:
+        mlir.register_lowering(prim, rule, platform=platform)
+    else:
+        mlir.register_lowering(prim, rule, platform=platform, cacheable=False)
+
+
 lower_fun = mlir.lower_fun
 # Sharding contexts a lowering rule can find itself in.
 SPMDAxisContext = mlir.SPMDAxisContext
