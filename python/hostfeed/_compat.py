@@ -104,10 +104,13 @@ def register_lowering(prim: Any, rule: Any, platform: str | None = None,
                       cacheable: bool = True) -> None:
     """``mlir.register_lowering``; ``cacheable=False`` (jax 0.10-0.12: lowered in place
     instead of as a cached function inlined into its caller) where JAX has the option."""
-    if cacheable:
-        mlir.register_lowering(prim, rule, platform=platform)
-    else:
-        mlir.register_lowering(prim, rule, platform=platform, cacheable=False)
+    if not cacheable:
+        try:
+            mlir.register_lowering(prim, rule, platform=platform, cacheable=False)
+            return
+        except TypeError:  # a JAX without the option: its lowerings are all in place
+            pass
+    mlir.register_lowering(prim, rule, platform=platform)
 
 
 lower_fun = mlir.lower_fun

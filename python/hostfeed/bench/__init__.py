@@ -99,7 +99,8 @@ def _progress(total: int) -> tuple[Callable[[str], None], Callable[[], None]]:
 
 
 def _steps(sections: Sequence[str], quick: bool) -> int:
-    per = {"latency": 6, "sweep": 4 if quick else 12, "call": 4, "backpressure": 4,
+    per = {"latency": 7, "sweep": 4 if quick else 12, "call": 10, "dispatch": 1,
+           "backpressure": 4,
            "eager": 1, "compile": 1, "barrier": 1, "timing": 1}
     return sum(per[s] for s in sections)
 

@@ -9,10 +9,13 @@ each tap's device-side cost and hand-over latency itself (``hostfeed.receiver_hi
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
 import itertools
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,16 +26,42 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import io_callback
+from jax.experimental.buffer_callback import buffer_callback
 
 from .. import receiver
 from .. import host_callback as hcb
 from ._timing import (cdf_of_buckets, cdf_of_samples, interleaved, summary_of_buckets,
                       summary_of_samples)
 
-#: The JAX callbacks hostfeed is compared with, for taps (no result).
-TAP_METHODS = ("io_callback(ordered)", "io_callback", "debug.callback", "pure_callback")
+#: The JAX callbacks hostfeed is compared with, for taps (no result). ``buffer_callback``
+#: is an identity tap (``input_output_aliases={0: 0}``, ``has_side_effect=True``): the
+#: Python function gets the device buffers themselves, zero copy on CPU.
+TAP_METHODS = ("buffer_callback", "io_callback(ordered)", "io_callback", "debug.callback",
+               "pure_callback")
 #: The JAX callbacks hostfeed's ``call`` is compared with.
-CALL_METHODS = ("io_callback", "io_callback(ordered)", "pure_callback")
+CALL_METHODS = ("buffer_callback", "pure_callback", "io_callback", "io_callback(ordered)")
+
+
+def buffer_tap(record: Callable[[Any], None]) -> Callable[[Any], Any]:
+    """An identity tap with ``jax.experimental.buffer_callback``: ``record`` gets a numpy
+    view of the device buffer (no copy on CPU), on the device's thread."""
+    def cb(ctx: Any, out: Any, a: Any) -> None:
+        del ctx, out  # the output aliases the input: nothing to write
+        record(np.asarray(a))
+
+    def tap(x: Any) -> Any:
+        return buffer_callback(cb, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                               input_output_aliases={0: 0}, has_side_effect=True)(x)
+    return tap
+
+
+def buffer_call(host: Callable[[Any], Any], spec: Any) -> Callable[[Any], Any]:
+    """A host call with ``buffer_callback``: ``host``'s result is written into the output
+    buffer."""
+    def cb(ctx: Any, out: Any, a: Any) -> None:
+        del ctx
+        np.asarray(out)[...] = host(np.asarray(a))
+    return buffer_callback(cb, spec)
 
 
 @dataclass
@@ -47,32 +76,37 @@ class Config:
 
 
 def _tap_step(method: str, record: Callable[..., None]) -> Callable[[Any, Any], Any]:
-    """``step(x, carry) -> carry`` that sends ``x`` to ``record`` with ``method``."""
+    """``step(x, carry) -> (x, carry)`` that sends ``x`` to ``record`` with ``method``."""
     if method == "hostfeed":
-        return lambda x, c: hcb.id_tap(lambda a, tr: record(a), x, result=c)
+        return lambda x, c: (x, hcb.id_tap(lambda a, tr: record(a), x, result=c))
+    if method == "buffer_callback":
+        # The tap's output is carried as the next step's operand: an aliased operand that
+        # stayed live would make XLA copy it before every call.
+        tap = buffer_tap(record)
+        return lambda x, c: (tap(x), c)
     if method == "io_callback(ordered)":
-        return lambda x, c: (io_callback(record, None, x, ordered=True), c)[1]
+        return lambda x, c: (x, (io_callback(record, None, x, ordered=True), c)[1])
     if method == "io_callback":
-        return lambda x, c: (io_callback(record, None, x), c)[1]
+        return lambda x, c: (x, (io_callback(record, None, x), c)[1])
     if method == "debug.callback":
-        return lambda x, c: (jax.debug.callback(record, x), c)[1]
+        return lambda x, c: (x, (jax.debug.callback(record, x), c)[1])
     if method == "pure_callback":
         # A result the loop carries, and the carry as an operand, so that the callback is
         # neither removed as dead code nor hoisted out of the loop (it is "pure").
         def with_result(x, c):
             r = jax.pure_callback(lambda a, k: (record(a), np.int32(0))[1],
                                   jax.ShapeDtypeStruct((), jnp.int32), x, c)
-            return c + r
+            return x, c + r
         return with_result
     raise ValueError(method)
 
 
 def _loop(n: int, step: Callable[[Any, Any], Any]) -> Callable[[Any], Any]:
-    """A jitted loop of ``n`` steps on a loop-invariant operand (the loop moves no array
-    in or out, so nothing but the callback is measured)."""
+    """A jitted loop of ``n`` steps on one operand carried unchanged (the loop moves no
+    array in or out, so nothing but the callback is measured)."""
     @jax.jit
     def f(x):
-        return lax.fori_loop(0, n, lambda i, c: step(x, c), jnp.int32(0))
+        return lax.fori_loop(0, n, lambda i, s: step(*s), (x, jnp.int32(0)))[1]
     return f
 
 
@@ -198,7 +232,8 @@ def sweep(cfg: Config) -> dict:
     sizes = ([16, 4096, 1 << 20, 16 << 20] if cfg.quick
              else [16 << (2 * k) for k in range(12)])  # 16 B ... 64 MiB
     budget = cfg.n(48 << 20, 512 << 20)
-    methods = ("hostfeed", "io_callback(ordered)", "io_callback", "debug.callback")
+    methods = ("hostfeed", "buffer_callback", "io_callback(ordered)", "io_callback",
+               "debug.callback")
     out: dict[str, Any] = {"sizes": sizes, "methods": {m: [] for m in
                                                        (*methods, "numpy copy")}}
     for size in sizes:
@@ -240,30 +275,45 @@ def _sweep_one(cfg: Config, methods: tuple[str, ...], size: int, n: int) -> dict
 
 
 def call(cfg: Config) -> dict:
-    """Round trip of a float32[4] -> float32[4] host call in a loop, per call."""
+    """Round trip of a float32[4] -> float32[4] host call in a loop, per call: on the machine
+    as it is, and again with it loaded (a busy process per core)."""
     n = cfg.n(500, 5000)
+    out: dict[str, Any] = {"calls": n, "methods": _call_runs(cfg, n, "")}
+    n_loaded = cfg.n(200, 1000)
+    with busy_cores() as cores:
+        out["loaded"] = {"calls": n_loaded, "busy_processes": cores,
+                         "methods": _call_runs(cfg, n_loaded, " (loaded)")}
+    hcb.barrier_wait()
+    return out
+
+
+@contextlib.contextmanager
+def busy_cores(count: int | None = None) -> Any:
+    """Loads the machine with ``count`` (default: one per core) processes that spin."""
+    count = count or os.cpu_count() or 1
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                              stdin=subprocess.DEVNULL) for _ in range(count)]
+    try:
+        yield count
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
+def _call_runs(cfg: Config, n: int, tag: str) -> dict[str, Any]:
     spec = jax.ShapeDtypeStruct((4,), jnp.float32)
-    out: dict[str, Any] = {"calls": n, "methods": {}}
+    out: dict[str, Any] = {}
     for method in ("hostfeed call", *CALL_METHODS):
-        cfg.progress(f"call: {method}")
+        cfg.progress(f"call: {method}{tag}")
         stamps: list[int] = []
 
         def host(a: Any, stamps: list[int] = stamps) -> np.ndarray:
             stamps.append(time.perf_counter_ns())
             return np.asarray(a) + np.float32(1)
 
-        if method == "hostfeed call":
-            def step(a: Any) -> Any:
-                return hcb.call(host, a, result_shape=spec)
-        elif method == "io_callback":
-            def step(a: Any) -> Any:
-                return io_callback(host, spec, a)
-        elif method == "io_callback(ordered)":
-            def step(a: Any) -> Any:
-                return io_callback(host, spec, a, ordered=True)
-        else:
-            def step(a: Any) -> Any:
-                return jax.pure_callback(host, spec, a)
+        step = _call_step(method, host, spec)
         f = jax.jit(lambda v, step=step: lax.fori_loop(0, n, lambda i, a: step(a), v))
         z = jnp.zeros(4, jnp.float32)
         f(z).block_until_ready()
@@ -272,11 +322,80 @@ def call(cfg: Config) -> dict:
         f(z).block_until_ready()
         total = time.perf_counter() - t0
         gaps = _inter_arrival_us(stamps)
-        out["methods"][method] = {"round_trip_us": summary_of_samples(gaps),
-                                  "round_trip_cdf_us": cdf_of_samples(gaps),
-                                  "per_call_us": total / n * 1e6}
-    hcb.barrier_wait()
+        out[method] = {"round_trip_us": summary_of_samples(gaps),
+                       "round_trip_cdf_us": cdf_of_samples(gaps),
+                       "per_call_us": total / n * 1e6}
     return out
+
+
+def _call_step(method: str, host: Callable[[Any], Any], spec: Any) -> Callable[[Any], Any]:
+    if method == "hostfeed call":
+        return lambda a: hcb.call(host, a, result_shape=spec)
+    if method == "buffer_callback":
+        return buffer_call(host, spec)
+    if method == "io_callback":
+        return lambda a: io_callback(host, spec, a)
+    if method == "io_callback(ordered)":
+        return lambda a: io_callback(host, spec, a, ordered=True)
+    if method == "pure_callback":
+        return lambda a: jax.pure_callback(host, spec, a)
+    raise ValueError(method)
+
+
+# ----------------------------------------------------------------------------------------
+# Dispatch of a small jitted function that calls back once.
+
+#: The rows of the dispatch section: no callback, hostfeed's tap and call, JAX's callbacks.
+DISPATCH_METHODS = ("no callback", "hostfeed id_tap", "hostfeed call", "buffer_callback",
+                    "pure_callback", "io_callback", "io_callback(ordered)", "debug.callback")
+
+
+def _dispatch_fn(method: str) -> Callable[[Any], Any]:
+    spec = jax.ShapeDtypeStruct((4,), jnp.float32)
+
+    def noop(*args: Any) -> None:
+        del args
+
+    def ident(a: Any) -> np.ndarray:
+        return np.asarray(a)
+
+    bodies: dict[str, Callable[[Any], Any]] = {
+        "no callback": lambda v: v + 1,
+        "hostfeed id_tap": lambda v: hcb.id_tap(noop, v) + 1,
+        "hostfeed call": lambda v: hcb.call(ident, v, result_shape=spec) + 1,
+        "buffer_callback": lambda v: buffer_tap(noop)(v) + 1,
+        "pure_callback": lambda v: jax.pure_callback(ident, spec, v) + 1,
+        "io_callback": lambda v: (io_callback(noop, None, v), v + 1)[1],
+        "io_callback(ordered)": lambda v: (io_callback(noop, None, v, ordered=True), v + 1)[1],
+        "debug.callback": lambda v: (jax.debug.callback(noop, v), v + 1)[1],
+    }
+    return jax.jit(bodies[method])
+
+
+def dispatch(cfg: Config) -> dict:
+    """A small jitted function (``v + 1`` on float32[4]) with one callback, dispatched and
+    waited for (``block_until_ready``) again and again: what calling it costs, per call.
+    Also the same hostfeed tap through an ahead-of-time compiled object."""
+    n = cfg.n(200, 1000)
+    x = jnp.arange(4, dtype=jnp.float32)
+    fns: dict[str, Callable[[Any], Any]] = {m: _dispatch_fn(m) for m in DISPATCH_METHODS}
+    fns["hostfeed id_tap, compiled ahead of time"] = (
+        _dispatch_fn("hostfeed id_tap").lower(x).compile())
+
+    def case(f: Callable[[Any], Any]) -> Callable[[], None]:
+        def go() -> None:
+            for _ in range(n):
+                f(x).block_until_ready()
+        return go
+
+    for f in fns.values():  # compile and warm up
+        f(x).block_until_ready()
+    hcb.barrier_wait()
+    cfg.progress("dispatch")
+    res = interleaved({k: case(f) for k, f in fns.items()}, repeats=cfg.n(3, 7))
+    hcb.barrier_wait()
+    jax.effects_barrier()
+    return {"calls": n, **{k: {"us": v["min"] / n * 1e6} for k, v in res.items()}}
 
 
 # ----------------------------------------------------------------------------------------
@@ -357,6 +476,12 @@ def eager(cfg: Config) -> dict:
             jax.debug.callback(dbg_fn, x)
             jax.effects_barrier()
 
+    bc_tap = buffer_tap(dbg_fn)
+
+    def bc_each() -> None:  # runs on the device's thread: done when it returns
+        for _ in range(n):
+            bc_tap(x).block_until_ready()
+
     def hf_fresh() -> None:
         sink = io.StringIO()
         for i in range(n):
@@ -373,6 +498,7 @@ def eager(cfg: Config) -> dict:
     gc.collect()
     rss0, registered0 = _rss_bytes(), receiver.registered_consumers()
     res = interleaved({"hostfeed": hf_each, "debug.callback": dbg_each,
+                       "buffer_callback": bc_each,
                        "hostfeed, fresh function": hf_fresh,
                        "debug.callback, fresh function": dbg_fresh}, repeats=cfg.n(2, 5))
     gc.collect()
@@ -397,6 +523,8 @@ def compile_time(cfg: Config) -> dict:
     def noop(*args: Any) -> None:
         del args
 
+    bc_tap = buffer_tap(noop)
+
     def case(kind: str) -> Callable[[], None]:
         def f(y: Any) -> Any:
             for i in range(n_taps):
@@ -405,8 +533,12 @@ def compile_time(cfg: Config) -> dict:
                     y = hcb.id_tap(noop, y)
                 elif kind == "hostfeed, result ignored":
                     hcb.id_tap(noop, y)
+                elif kind == "buffer_callback":
+                    y = bc_tap(y)
                 elif kind == "io_callback(ordered)":
                     io_callback(noop, None, y, ordered=True)
+                elif kind == "io_callback":
+                    io_callback(noop, None, y)
             return y
 
         def go() -> None:
@@ -414,8 +546,9 @@ def compile_time(cfg: Config) -> dict:
         return go
 
     cfg.progress("compile")
-    kinds = ("hostfeed", "hostfeed, result ignored", "io_callback(ordered)", "no callbacks")
-    res = interleaved({k: case(k) for k in kinds}, repeats=cfg.n(1, 3), warmup=0)
+    kinds = ("hostfeed", "hostfeed, result ignored", "buffer_callback", "io_callback(ordered)",
+             "io_callback", "no callbacks")
+    res = interleaved({k: case(k) for k in kinds}, repeats=cfg.n(1, 2), warmup=0)
     return {"taps": n_taps, **{k: {"seconds": v["min"]} for k, v in res.items()}}
 
 
@@ -440,6 +573,7 @@ def barrier(cfg: Config) -> dict:
 
 
 SECTIONS: dict[str, Callable[[Config], dict]] = {
-    "latency": latency, "sweep": sweep, "call": call, "backpressure": backpressure,
+    "latency": latency, "sweep": sweep, "call": call, "dispatch": dispatch,
+    "backpressure": backpressure,
     "eager": eager, "compile": compile_time, "barrier": barrier, "timing": timing_cost,
 }
