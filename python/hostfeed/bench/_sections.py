@@ -304,7 +304,7 @@ def busy_cores(count: int | None = None) -> Any:
 
 def _call_runs(cfg: Config, n: int, tag: str) -> dict[str, Any]:
     spec = jax.ShapeDtypeStruct((4,), jnp.float32)
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"host function alone": _host_floor(n)}
     for method in ("hostfeed call", *CALL_METHODS):
         cfg.progress(f"call: {method}{tag}")
         stamps: list[int] = []
@@ -326,6 +326,22 @@ def _call_runs(cfg: Config, n: int, tag: str) -> dict[str, Any]:
                        "round_trip_cdf_us": cdf_of_samples(gaps),
                        "per_call_us": total / n * 1e6}
     return out
+
+
+def _host_floor(n: int) -> dict[str, Any]:
+    """The floor of a round trip: the host function called in a Python loop on a numpy
+    copy of its operand, with its result copied as a call's result is."""
+    stamps: list[int] = []
+    a = np.zeros(4, np.float32)
+    res = np.empty(4, np.float32)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        stamps.append(time.perf_counter_ns())
+        res[...] = np.array(a, copy=True) + np.float32(1)
+    total = time.perf_counter() - t0
+    gaps = _inter_arrival_us(stamps)
+    return {"round_trip_us": summary_of_samples(gaps), "round_trip_cdf_us": cdf_of_samples(gaps),
+            "per_call_us": total / n * 1e6}
 
 
 def _call_step(method: str, host: Callable[[Any], Any], spec: Any) -> Callable[[Any], Any]:
