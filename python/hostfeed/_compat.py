@@ -346,3 +346,13 @@ def install_token_fast_path(effect_type: type) -> bool:
     get_token_input.__doc__ = orig.__doc__
     cls.get_token_input = get_token_input  # type: ignore[union-attr]
     return True
+
+
+# ---- Host callbacks on the profiler's timeline (receiver._Dispatcher) --------------------
+# jax 0.10-0.12: `jax.profiler.TraceAnnotation` is this TraceMe; its static `is_enabled()`
+# (about 16 ns) says whether a trace is being collected (jax.profiler.start_trace, or a
+# profiler server's capture), so callbacks pay for events only while tracing.
+from jax._src.lib import _profiler as _profiler_lib  # noqa: E402
+
+TraceMe = _profiler_lib.TraceMe
+host_tracing = _profiler_lib.TraceMe.is_enabled

@@ -310,6 +310,9 @@ class _Dispatcher:
         if self.orphans:
             for ordinal in list(self.orphans):
                 self._run_orphans(consumers, ordinal)
+        if _compat.host_tracing():  # jax.profiler is tracing: one event per callback
+            self._traced(consumers, batch)
+            return
         held, orphans = self.held, self.orphans  # (mutated in place, never rebound)
         for msg in batch:
             # The common case first, with nothing else to look at: a plain tap (no flags) of
@@ -323,6 +326,17 @@ class _Dispatcher:
                         record_exception(exc, f"host callback {consumer.name}")
                     continue
             self._offer(consumers, msg)
+
+    def _traced(self, consumers: dict, batch: Iterable[Message]) -> None:
+        """The batch while ``jax.profiler`` traces: each message runs inside a trace event
+        named after its callback (``hostfeed tap: NAME``, ``hostfeed call: NAME``) on the
+        consumer thread, so a trace shows when each callback ran."""
+        trace_me = _compat.TraceMe
+        for msg in batch:
+            c = msg[0] if msg[2] & FLAG_EAGER else consumers.get(msg[0])
+            name = getattr(c, "name", None) or "callback"
+            with trace_me(f"hostfeed {getattr(c, 'kind', 'tap')}: {name}"):
+                self._offer(consumers, msg)
 
     def _run_orphans(self, consumers: dict, ordinal: int) -> None:
         waiting = self.orphans.pop(ordinal, None)

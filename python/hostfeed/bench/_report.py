@@ -226,7 +226,9 @@ def _barrier(r: dict) -> list[str]:
 def _timing(r: dict) -> list[str]:
     return [f"cost of the timing histograms (small taps, device side): on "
             f"{r['per_tap_us_timing_on']:.3f} us, off {r['per_tap_us_timing_off']:.3f} us "
-            f"per tap ({r['cost_us_per_tap']:+.3f} us)"]
+            f"per tap ({r['cost_us_per_tap']:+.3f} us); not tracing with jax.profiler: "
+            f"{r.get('profiler_check_us_per_batch', float('nan')) * 1e3:.0f} ns per batch "
+            f"(one check; while tracing, one trace event per callback)"]
 
 
 #: One colour per method, the same in every panel of the figure.
@@ -276,7 +278,7 @@ def plot(result: dict[str, Any], path: str) -> None:
     sw = result.get("sweep")
     if sw:
         for k, pts in sw["methods"].items():
-            ax.plot([p["bytes"] for p in pts], [p["gb_per_s"] for p in pts], "o-",
+            ax.plot([p["bytes"] for p in pts], [p["gb_per_s"] for p in pts], marker="o",
                     color=_colour(k), label=k, ls=":" if k == "numpy copy" else "-")
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -291,7 +293,7 @@ def plot(result: dict[str, Any], path: str) -> None:
         ax.set_yticks(range(len(names)), names, fontsize=8)
         ax.invert_yaxis()
         ax.set_xscale("log")
-        ax.set(title="dispatch of a small jitted function with one callback, waited for",
+        ax.set(title="dispatch: small jitted function, one callback, waited for",
                xlabel="microseconds per call")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
