@@ -107,10 +107,37 @@ def register_lowering(prim: Any, rule: Any, platform: str | None = None,
     if not cacheable:
         try:
             mlir.register_lowering(prim, rule, platform=platform, cacheable=False)
+            _in_place.add(prim)
+            _wrap_lower_per_platform()
             return
         except TypeError:  # a JAX without the option: its lowerings are all in place
             pass
     mlir.register_lowering(prim, rule, platform=platform)
+
+
+# jax 0.10.2: a primitive lowered in place (cacheable=False) into a module for several
+# platforms at once reaches `lower_per_platform` with `avals_out` as a tuple, which it
+# concatenates to a list ("can only concatenate list (not "tuple") to list"). For
+# hostfeed's primitives it gets a list, and the tokens it sets are passed back.
+_in_place: set = set()
+
+
+def _wrap_lower_per_platform() -> None:
+    orig = getattr(_mlir_src, "lower_per_platform", None)
+    if orig is None or getattr(orig, "_hostfeed", False):
+        return
+
+    def lower_per_platform(ctx: Any, *args: Any, **kwargs: Any) -> Any:
+        if ctx.primitive not in _in_place or not isinstance(ctx.avals_out, tuple):
+            return orig(ctx, *args, **kwargs)
+        inner = ctx.replace(avals_out=list(ctx.avals_out))
+        out = orig(inner, *args, **kwargs)
+        if inner.tokens_out is not None:
+            ctx.set_tokens_out(inner.tokens_out)
+        return out
+
+    lower_per_platform._hostfeed = True  # type: ignore[attr-defined]
+    _mlir_src.lower_per_platform = lower_per_platform
 
 
 lower_fun = mlir.lower_fun
