@@ -372,7 +372,8 @@ DISPATCH_METHODS = ("no callback", "hostfeed id_tap", "hostfeed call", "buffer_c
                     "pure_callback", "io_callback", "io_callback(ordered)", "debug.callback")
 
 
-def _dispatch_fn(method: str) -> Callable[[Any], Any]:
+def _dispatch_fn(method: str) -> Any:
+    """The jitted function of a dispatch row."""
     spec = jax.ShapeDtypeStruct((4,), jnp.float32)
 
     def noop(*args: Any) -> None:
