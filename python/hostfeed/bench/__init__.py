@@ -33,7 +33,7 @@ Sections (all by default, in this order):
 
 Every ratio in the report is a time ratio (a row's time over the named baseline's; below
 1.00x is faster), against the fastest JAX callback of that row unless named otherwise.
-``--quick`` takes about a minute on 2 cores; the full run takes about 6-10 minutes there
+``--quick`` takes about a minute on 2 cores; the full run takes 3-5 minutes there
 (the compile section alone compiles 200-tap functions six ways, twice).
 
 JSON schema (``--json``), version ``hostfeed-bench/1``: an object with ``schema``,

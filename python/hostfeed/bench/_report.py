@@ -138,7 +138,7 @@ def _sweep(r: dict) -> list[str]:
                      _x(gbs["numpy copy"] / gbs["hostfeed"])])
     return ["payload sweep: GB/s end to end (taps of each size in a loop until every "
             "callback ran); hostfeed's time per byte over the best JAX callback's and over "
-            "a numpy copy of the same bytes (the floor)",
+            "the floor (a numpy copy of the same bytes passed to the same Python function)",
             *_grid(["bytes", *methods, "best JAX", "hostfeed / best JAX",
                     "hostfeed / numpy copy"], rows)]
 
