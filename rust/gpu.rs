@@ -942,6 +942,8 @@ mod tests {
                     let bytes =
                         // SAFETY: the message's buffer holds `len` written bytes.
                         unsafe { std::slice::from_raw_parts(m.data.as_ptr(), m.data.len()) }.to_vec();
+                    // Seen before the reply, as a host function runs before its call returns.
+                    lock(&self.seen).push((m.device, m.consumer_id, bytes.clone(), m.data.is_pinned()));
                     if let Some(slot) = &m.reply {
                         if m.consumer_id == 13 {
                             slot.fail("host function raised".into());
@@ -955,7 +957,6 @@ mod tests {
                             });
                         }
                     }
-                    lock(&self.seen).push((m.device, m.consumer_id, bytes, m.data.is_pinned()));
                 }
             }
         }
