@@ -39,8 +39,10 @@ pub const DEFAULT_MAX_QUEUE_BYTES: usize = 256_000_000;
 pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most messages in one batch.
 pub(crate) const MAX_BATCH: usize = 1024;
-/// How long an idle consumer polls before sleeping (see `Queue::with_spin`).
-const CONSUMER_SPIN: Duration = Duration::from_micros(200);
+/// How long an idle consumer polls before sleeping (see `Queue::with_spin`). None: see
+/// `reply::REPLY_SPIN` (a consumer that yielded while polling under load picked up a
+/// message milliseconds late; woken from sleep, within microseconds).
+const CONSUMER_SPIN: Duration = Duration::ZERO;
 /// How long a barrier polls before sleeping.
 const BARRIER_SPIN: Duration = Duration::from_micros(100);
 /// Failure messages kept for `hostfeed_check` to find.

@@ -144,9 +144,8 @@ impl<T> Queue<T> {
         }
     }
 
-    /// Lets an idle consumer poll for up to `spin` before sleeping. Waking a sleeping
-    /// thread costs tens of microseconds (more on virtual machines); a short poll keeps
-    /// the consumer awake through a burst of taps or a loop of `call`s.
+    /// Lets an idle consumer poll for up to `spin` before sleeping (the receiver uses no
+    /// poll: polling yields the CPU, which under load costs whole scheduler time slices).
     #[must_use]
     pub fn with_spin(mut self, spin: Duration) -> Self {
         self.spin = spin;

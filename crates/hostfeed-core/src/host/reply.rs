@@ -14,9 +14,12 @@ use crate::host::queue::spin_until;
 use crate::host::sync::atomic::{AtomicBool, Ordering};
 use crate::host::sync::{lock, Mutex, Waker};
 
-/// How long a waiting handler polls for the reply before sleeping: a host callback that
-/// answers within this time costs no thread wake-up.
-const REPLY_SPIN: Duration = Duration::from_micros(200);
+/// How long a waiting handler polls for the reply before sleeping. None: polling (which
+/// yields the CPU between polls) lost the CPU to busy processes for whole scheduler time
+/// slices, so on a loaded machine a call's round trip took 3-10 ms (two yields per call);
+/// sleeping at once and being woken keeps it at 8 us (`python -m hostfeed bench`, call
+/// section, loaded; also 7 us unloaded there, on 2 shared cores, as with polling).
+const REPLY_SPIN: Duration = Duration::ZERO;
 /// Longest sleep between two looks at the interruption check of [`ReplySlot::wait`].
 const POLL_SLICE: Duration = Duration::from_millis(20);
 
