@@ -39,6 +39,8 @@ from hostfeed import host_callback as hcb
 from hostfeed import lowering, receiver
 from hostfeed.bench._timing import interleaved, table
 
+from _cuda_floor import copy_floor  # benches/: the script's own directory
+
 DRY_RUN = os.environ.get("GPU_CHECK_PLATFORM") == "cpu"
 N_SMALL = int(os.environ.get("HOSTFEED_BENCH_N_SMALL", 20 if DRY_RUN else 500))
 N_LARGE = int(os.environ.get("HOSTFEED_BENCH_N_LARGE", 2 if DRY_RUN else 10))
@@ -156,7 +158,7 @@ def pinned_floor(nbytes: int) -> dict[str, float]:
             ts.append(time.perf_counter() - t0)
         floors[FLOOR] = nbytes / min(ts) / 1e9
         return floors
-    times = receiver.cuda_copy_floor(0, nbytes, max(5, REPEATS * 2))
+    times = copy_floor(0, nbytes, max(5, REPEATS * 2))
     floors[FLOOR] = nbytes / min(times) / 1e9
     try:  # JAX's own transfer into pinned host memory, where supported
         dev = jax.devices()[0]

@@ -22,7 +22,6 @@ __all__ = [
     "install_interrupt_watch", "registrations",
     "cuda_registrations", "cuda_driver_error", "cuda_driver_version", "cuda_driver_path",
     "cuda_pool_stats",
-    "cuda_copy_floor",
 ]
 
 #: Default byte bound of the queue (the legacy ``256e6``).
@@ -282,6 +281,3 @@ def cuda_pool_stats() -> dict[str, int]:
     """Counters of the pinned-memory pool of GPU messages: ``allocations``, ``frees``,
     ``allocated_bytes``, ``in_use_bytes``, ``blocks_taken``, ``resets``."""
 
-def cuda_copy_floor(ordinal: int, nbytes: int, repeats: int) -> list[float]:
-    """Seconds taken by each of ``repeats`` device-to-host copies of ``nbytes`` from GPU
-    ``ordinal`` into pinned memory (a benchmark floor). Raises ReceiverError without CUDA."""

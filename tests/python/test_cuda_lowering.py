@@ -218,25 +218,22 @@ def test_the_package_imports_without_cuda_libraries_in_a_fresh_process():
 
 _DRIVER_FUNCTIONS = ["cuInit", "cuGetErrorName", "cuGetErrorString", "cuDriverGetVersion",
     "cuStreamGetCtx", "cuStreamIsCapturing", "cuStreamQuery", "cuStreamSynchronize",
-    "cuStreamCreate", "cuStreamDestroy_v2", "cuCtxGetCurrent", "cuCtxPushCurrent_v2",
-    "cuCtxPopCurrent_v2", "cuCtxSetCurrent", "cuCtxGetDevice", "cuCtxGetId", "cuDeviceGet",
-    "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease_v2", "cuEventCreate",
-    "cuEventRecord", "cuEventQuery", "cuEventSynchronize", "cuMemHostAlloc",
-    "cuMemFreeHost", "cuMemAlloc_v2", "cuMemFree_v2", "cuMemcpyAsync",
-    "cuMemcpyDtoHAsync_v2"]
+    "cuCtxGetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2", "cuCtxSetCurrent",
+    "cuCtxGetDevice", "cuCtxGetId", "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2", "cuEventCreate", "cuEventRecord", "cuEventQuery",
+    "cuEventSynchronize", "cuMemHostAlloc", "cuMemFreeHost", "cuMemcpyAsync"]
 
 
 def _fake_driver(directory, lacking=None, name="libcuda.so.1", version=13000):
     """A stand-in driver library ``name`` in ``directory``: every function hostfeed
     resolves (but ``lacking``), answering success, except cuDriverGetVersion
-    (``version``), cuDeviceGet (error 100, named by cuGetErrorName)."""
+    (``version``)."""
     special = {
         "cuDriverGetVersion": f"int cuDriverGetVersion(int *v) {{ *v = {version}; return 0; }}",
         "cuGetErrorName": 'int cuGetErrorName(int e, const char **p) '
                           '{ *p = "CUDA_ERROR_FAKE"; return 0; }',
         "cuGetErrorString": 'int cuGetErrorString(int e, const char **p) '
                             '{ *p = "a stand-in driver"; return 0; }',
-        "cuDeviceGet": "int cuDeviceGet(int *d, int o) { return 100; }",
     }
     source = "\n".join(special.get(n, f"int {n}(void) {{ return 0; }}")
                        for n in _DRIVER_FUNCTIONS if n != lacking)
@@ -261,29 +258,26 @@ def test_the_driver_is_loaded_as_libcuda_so_1_with_every_function_hostfeed_calls
         print(receiver.cuda_driver_error())
         print(receiver.cuda_driver_path())
         print(receiver.cuda_driver_version())
-        try:
-            receiver.cuda_copy_floor(0, 16, 1)
-        except receiver.ReceiverError as exc:
-            print(exc)
     """
     r = run_python(code, env={"LD_LIBRARY_PATH": str(full)})
     assert r.returncode == 0, r.stderr
-    error, path, version, floor = r.stdout.splitlines()[-4:]
+    error, path, version = r.stdout.splitlines()[-3:]
     assert error == "None"
     assert path == str(full / "libcuda.so.1")
     assert version == "13000"
-    assert "cuDeviceGet failed: CUDA_ERROR_FAKE (a stand-in driver)" in floor
     r = run_python(code, env={"LD_LIBRARY_PATH": str(lacking)})
     assert r.returncode == 0, r.stderr
-    assert "the CUDA driver library lacks cuCtxGetId" in r.stdout.splitlines()[-4]
+    assert "the CUDA driver library lacks cuCtxGetId" in r.stdout.splitlines()[-3]
 
 
-def test_cuda_pool_stats_and_copy_floor_answer_without_a_gpu():
+def test_cuda_pool_stats_answer_without_a_gpu():
     stats = receiver.cuda_pool_stats()
     assert set(stats) == {"allocations", "frees", "allocated_bytes", "in_use_bytes",
                           "blocks_taken", "resets"}
-    if ON_GPU:
-        assert len(receiver.cuda_copy_floor(0, 1 << 20, 3)) == 3
-    elif receiver.cuda_driver_error() is not None:
-        with pytest.raises(hostfeed.receiver.ReceiverError, match="cannot use CUDA"):
-            receiver.cuda_copy_floor(0, 1 << 20, 3)
+    assert all(isinstance(v, int) and v >= 0 for v in stats.values())
+
+
+def test_the_copy_floor_benchmark_is_not_in_the_shipped_module():
+    # The floor lives in benches/_cuda_floor.py (ctypes), not in hostfeed._receiver.
+    assert not hasattr(hostfeed._receiver, "cuda_copy_floor")
+    assert not hasattr(receiver, "cuda_copy_floor")
