@@ -121,7 +121,8 @@ def test_processes_write_one_store_the_same_bit_for_bit(n_proc, reference, tmp_p
         # A second Recorder on the open path, in the same process, is refused.
         assert "locked" in res["second_open"] or "could not open" in res["second_open"], res
     ref, mine = _store_files(reference), _store_files(path)
-    shared = {k: v for k, v in mine.items() if not k.startswith("dev")}  # many only
+    # `dev/` and `many/` are recorded with many processes only.
+    shared = {k: v for k, v in mine.items() if not k.startswith(("dev", "many"))}
     assert sorted(shared) == sorted(ref)
     different = [k for k in ref if ref[k] != shared[k]]
     assert not different, different
@@ -142,6 +143,15 @@ def test_processes_write_one_store_the_same_bit_for_bit(n_proc, reference, tmp_p
     p = np.asarray(root["dev/p"][:])
     np.testing.assert_array_equal(p, (np.array(ids)[:, None] * 10 * np.ones(3, int))[None])
     assert not os.path.exists(os.path.join(path, ".hostfeed.lock")), "released at close"
+    # Agreement through the coordination service: a declaration that clashes with another
+    # process's, and a name another process writes, are refused at the call.
+    for _, res, _ in results[1:]:
+        clash = res["clash"]
+        assert "declared by another process" in clash["declare"], clash
+        assert "written by process 0" in clash["eager"], clash
+        assert "written by process 0" in clash["jit"], clash
+    np.testing.assert_array_equal(np.asarray(root["many/e"][:]), np.ones((1, 2)))
+    np.testing.assert_array_equal(np.asarray(root["many/s"][:]), np.ones((1, 3)))
 
 
 @pytest.mark.parametrize("fault", ["killed", "raising"])

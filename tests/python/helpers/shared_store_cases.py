@@ -85,9 +85,39 @@ def program() -> dict:
         out["local_ids"] = [d.id for d in jax.local_devices()]
         out["pmap_ids"] = [d.id for d in jax.devices()]
         jax.pmap(lambda v: rec.record("dev/p", v * 10))(mine)
+        out["clash"] = clashes(rec)
     rec.flush()
     rec.close()
     return out
+
+
+def clashes(rec) -> dict:
+    """Process 0 declares and writes first; then every other process tries a clashing
+    declaration (same name, another shape) and to write a name process 0 writes."""
+    import jax.numpy as jnp
+
+    from hostfeed import _compat
+
+    client = _compat.distributed_client()
+    errors = {}
+    if PROCESS_ID == 0:
+        rec._declare("many/d", np.float32, (2,))
+        rec.record("many/e", jnp.ones(2))
+        jax.jit(lambda v: rec.record("many/s", v))(jnp.ones(3))
+    client.wait_at_barrier("test/clash", 60_000)
+    if PROCESS_ID != 0:
+        attempts = {
+            "declare": lambda: rec._declare("many/d", np.float32, (3,)),
+            "eager": lambda: rec.record("many/e", jnp.ones(2)),
+            "jit": lambda: jax.jit(lambda v: rec.record("many/s", v))(jnp.ones(3)),
+        }
+        for what, attempt in attempts.items():
+            try:
+                attempt()
+                errors[what] = None
+            except ValueError as exc:
+                errors[what] = str(exc)
+    return errors
 
 
 def faulty(kind: str) -> dict:
