@@ -39,85 +39,26 @@
 //! (`gpu.rs`) waits for it, polling briefly before it sleeps in `cuEventSynchronize`.
 
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 use std::ptr::{self, NonNull};
 use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use cudarc::driver::sys;
 
 use crate::error::Error;
-use crate::frame::Frame;
-use crate::gpu::{self, Completion, Header, Stream};
-use crate::handlers::{self, FLAG_STATUS_OUTPUT};
+use crate::gpu::{Completion, Stream};
+use crate::gpu_driver::{self, dynamic_api, poll_then_block, Driver, EventPool, Poll};
 use crate::hostbuf::HostBuffer;
 use crate::pinned::{PinnedAlloc, PinnedPool, PoolStats};
-use crate::receiver::Receiver;
-use crate::reply::OutBuf;
 use crate::sync::lock;
-use crate::xla_ffi as ffi;
-
-/// How long a courier polls an event before sleeping on it: a tap's copies usually
-/// complete within microseconds, and sleeping costs a wake-up of tens of them.
-const EVENT_SPIN: Duration = Duration::from_micros(50);
 
 /// The name XLA loads the driver by.
 const XLA_DRIVER: &std::ffi::CStr = c"libcuda.so.1";
 
-/// Declares the driver functions hostfeed calls: [`Api`], their addresses in the library
-/// (`libcuda.so.1`, loaded by [`load_api`]), and in [`drv`] a function of the same name
-/// and signature for each, which answers `CUDA_ERROR_NOT_INITIALIZED` before the library
-/// is loaded (so that no path can call a missing function).
-macro_rules! driver_api {
-    ($($name:ident($($arg:ident: $ty:ty),*);)*) => {
-        /// Addresses of the driver functions hostfeed calls.
-        #[allow(non_snake_case)]
-        struct Api {
-            handle: usize,
-            $($name: unsafe extern "C" fn($($ty),*) -> sys::CUresult,)*
-        }
-
-        /// The driver functions, from the library `handle` (from dlopen).
-        ///
-        /// # Safety
-        /// `handle` must be a live handle of the CUDA driver library, never closed.
-        unsafe fn load_api(handle: *mut c_void) -> Result<Api, String> {
-            Ok(Api {
-                handle: handle as usize,
-                $($name: {
-                    // SAFETY: caller contract; the name is NUL-terminated.
-                    let f = unsafe { libc::dlsym(handle, concat!(stringify!($name), "\0").as_ptr().cast()) };
-                    if f.is_null() {
-                        return Err(format!("the CUDA driver library lacks {}", stringify!($name)));
-                    }
-                    // SAFETY: the driver exports this function with this C signature (that
-                    // of the CUDA 12 and 13 headers, as in cudarc's bindings).
-                    unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($ty),*) -> sys::CUresult>(f) }
-                },)*
-            })
-        }
-
-        /// The driver functions by name (as `cudarc::driver::sys`'s, but from the
-        /// library XLA loaded).
-        #[allow(non_snake_case, clippy::missing_safety_doc)]
-        mod drv {
-            use super::*;
-            $(
-                /// The driver function of this name.
-                pub unsafe fn $name($($arg: $ty),*) -> sys::CUresult {
-                    match api() {
-                        // SAFETY: the function's C contract is the caller's.
-                        Some(a) => unsafe { (a.$name)($($arg),*) },
-                        None => sys::CUresult::CUDA_ERROR_NOT_INITIALIZED,
-                    }
-                }
-            )*
-        }
-    };
-}
-
-driver_api! {
+dynamic_api! {
+    library: "the CUDA driver library",
+    result: sys::CUresult = sys::CUresult::CUDA_ERROR_NOT_INITIALIZED;
     cuInit(flags: c_uint);
     cuGetErrorName(error: sys::CUresult, name: *mut *const c_char);
     cuGetErrorString(error: sys::CUresult, text: *mut *const c_char);
@@ -403,10 +344,8 @@ fn hold_context(ctx: sys::CUcontext) -> Result<(), Error> {
             pool().reset();
             pool().allocator().owner.store(0, std::sync::atomic::Ordering::Release);
         }
-        if let Some(events) = lock(&EVENTS).as_mut() {
-            for c in &replaced {
-                events.remove(c);
-            }
+        for &c in &replaced {
+            EVENTS.forget(c);
         }
         held.retain(|&(_, c, _)| !replaced.contains(&c));
     }
@@ -423,23 +362,26 @@ fn hold_context(ctx: sys::CUcontext) -> Result<(), Error> {
     Ok(())
 }
 
-/// The capture error's words, for a driver call that failed because the stream was being
-/// captured into a CUDA graph.
-fn captured() -> Error {
-    Error::Internal(
-        "hostfeed's custom calls cannot be captured into a CUDA graph (they are not \
-         command-buffer compatible); XLA captured one anyway"
-            .into(),
-    )
-}
-
 /// `check`, with failures from a stream under capture reported as such.
 fn check_stream(res: sys::CUresult, what: &str) -> Result<(), Error> {
     match res {
         sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
         | sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
-        | sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => Err(captured()),
+        | sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => Err(gpu_driver::captured("a CUDA graph")),
         other => check(other, what),
+    }
+}
+
+/// A query's answer: done, pending (`CUDA_ERROR_NOT_READY`), or the error (by `fail`).
+fn poll(
+    res: sys::CUresult,
+    what: &str,
+    fail: fn(sys::CUresult, &str) -> Result<(), Error>,
+) -> Result<Poll, Error> {
+    match res {
+        sys::CUresult::CUDA_SUCCESS => Ok(Poll::Done),
+        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(Poll::Pending),
+        err => fail(err, what).map(|()| Poll::Done),
     }
 }
 
@@ -455,6 +397,20 @@ const STREAM_CACHE: usize = 32;
 #[must_use]
 pub fn pool_stats() -> PoolStats {
     pool().stats()
+}
+
+/// The CUDA driver of the shared handlers (`gpu_driver.rs`).
+pub struct Cuda;
+
+impl Driver for Cuda {
+    const HANDLER_NAMES: [&'static str; 4] =
+        ["hostfeed_tap (CUDA)", "hostfeed_call (CUDA)", "hostfeed_check (CUDA)", "hostfeed_failure (CUDA)"];
+    type Stream = CudaStream;
+
+    unsafe fn stream(raw: *mut c_void, capture: bool) -> Result<CudaStream, Error> {
+        // SAFETY: forwarded caller contract.
+        unsafe { CudaStream::new(raw, capture) }
+    }
 }
 
 /// The stream of one handler call, with its context made current until dropped.
@@ -512,7 +468,7 @@ impl CudaStream {
             // SAFETY: as above.
             check(unsafe { drv::cuStreamIsCapturing(raw, &raw mut status) }, "cuStreamIsCapturing")?;
             if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-                return Err(captured());
+                return Err(gpu_driver::captured("a CUDA graph"));
             }
         }
         Ok(stream)
@@ -530,7 +486,7 @@ impl Drop for CudaStream {
 }
 
 /// Idle events, by the address of their context.
-static EVENTS: Mutex<Option<HashMap<usize, Vec<usize>>>> = Mutex::new(None);
+static EVENTS: EventPool = EventPool::new();
 
 /// An event recorded on a stream, back to the pool when dropped.
 pub struct CudaEvent {
@@ -553,8 +509,7 @@ impl CudaEvent {
     /// # Safety
     /// `ctx` must be current on this thread and `stream` a live stream of it.
     unsafe fn record(ctx: sys::CUcontext, stream: sys::CUstream) -> Result<Self, Error> {
-        let idle = lock(&EVENTS).get_or_insert_with(HashMap::new).get_mut(&(ctx as usize)).and_then(Vec::pop);
-        let raw = if let Some(e) = idle {
+        let raw = if let Some(e) = EVENTS.take(ctx as usize) {
             e as sys::CUevent
         } else {
             let mut e: sys::CUevent = ptr::null_mut();
@@ -578,29 +533,18 @@ impl Completion for CudaEvent {
             check(unsafe { drv::cuCtxSetCurrent(self.ctx) }, "cuCtxSetCurrent")?;
             CURRENT.set(self.ctx as usize);
         }
-        let start = Instant::now();
-        loop {
+        poll_then_block(
             // SAFETY: a live event, recorded.
-            match unsafe { drv::cuEventQuery(self.raw) } {
-                sys::CUresult::CUDA_SUCCESS => return Ok(()),
-                sys::CUresult::CUDA_ERROR_NOT_READY if start.elapsed() < EVENT_SPIN => std::hint::spin_loop(),
-                sys::CUresult::CUDA_ERROR_NOT_READY => break,
-                err => return check(err, "cuEventQuery"),
-            }
-        }
-        // SAFETY: as above; a blocking-sync event: the thread sleeps until it completes.
-        check(unsafe { drv::cuEventSynchronize(self.raw) }, "cuEventSynchronize")
+            || poll(unsafe { drv::cuEventQuery(self.raw) }, "cuEventQuery", check),
+            // SAFETY: as above; a blocking-sync event: the thread sleeps until it completes.
+            || check(unsafe { drv::cuEventSynchronize(self.raw) }, "cuEventSynchronize"),
+        )
     }
 }
 
 impl Drop for CudaEvent {
     fn drop(&mut self) {
-        // Re-recording an event is allowed whatever its state: back to the pool.
-        lock(&EVENTS)
-            .get_or_insert_with(HashMap::new)
-            .entry(self.ctx as usize)
-            .or_default()
-            .push(self.raw as usize);
+        EVENTS.give(self.ctx as usize, self.raw as usize);
     }
 }
 
@@ -632,139 +576,17 @@ impl Stream for CudaStream {
     fn synchronize(&self) -> Result<(), Error> {
         // Work just enqueued (a call's operand copies) usually completes within
         // microseconds: look a while before sleeping (a wake-up costs tens of them).
-        let start = Instant::now();
-        loop {
+        poll_then_block(
             // SAFETY: the stream is live.
-            match unsafe { drv::cuStreamQuery(self.raw) } {
-                sys::CUresult::CUDA_SUCCESS => return Ok(()),
-                sys::CUresult::CUDA_ERROR_NOT_READY if start.elapsed() < EVENT_SPIN => std::hint::spin_loop(),
-                sys::CUresult::CUDA_ERROR_NOT_READY => break,
-                err => return check_stream(err, "cuStreamQuery"),
-            }
-        }
-        // SAFETY: the stream is live.
-        check_stream(unsafe { drv::cuStreamSynchronize(self.raw) }, "cuStreamSynchronize")
+            || poll(unsafe { drv::cuStreamQuery(self.raw) }, "cuStreamQuery", check_stream),
+            // SAFETY: the stream is live.
+            || check_stream(unsafe { drv::cuStreamSynchronize(self.raw) }, "cuStreamSynchronize"),
+        )
     }
 
     fn host_buffer(&self, len: usize) -> Result<HostBuffer, Error> {
         Ok(HostBuffer::pinned(pool().take(len)?, len))
     }
-}
-
-/// The stream of `frame`'s call; `capture`: refused while captured into a CUDA graph.
-fn stream(frame: &Frame<'_>, capture: bool) -> Result<CudaStream, Error> {
-    let raw = frame.stream()?;
-    // SAFETY: XLA's stream for this call, live for the duration of the call (and the
-    // result is dropped before the handler returns).
-    unsafe { CudaStream::new(raw, capture) }
-}
-
-fn header(frame: &Frame<'_>) -> Result<Header, Error> {
-    let consumer_id = frame
-        .attrs
-        .consumer_id
-        .ok_or_else(|| Error::InvalidArgument("custom call lacks the consumer_id attribute".into()))?;
-    Ok(Header { consumer_id, flags: frame.attrs.flags, ordinal: frame.device, run_id: frame.run_id })
-}
-
-fn tap(frame: &Frame<'_>, receiver: &'static Receiver, start: u64) -> Result<(), Error> {
-    let header = header(frame)?;
-    let stream = stream(frame, true)?;
-    // SAFETY: the operands are XLA's device buffers of their dtypes and dims, alive until
-    // the work enqueued on this stream by this call has run.
-    unsafe { gpu::tap(&stream, receiver, &gpu::DELIVERY, header, frame.operands()) }?;
-    // The host thread's cost (enqueuing the copies); the hand-over is timed from the
-    // courier's push, when the message is on the host.
-    receiver.timing.record_device(start, receiver.timing.now());
-    Ok(())
-}
-
-fn call(frame: &Frame<'_>, receiver: &'static Receiver, _start: u64) -> Result<(), Error> {
-    let header = header(frame)?;
-    let mut outs = frame.outputs();
-    let status = if frame.attrs.flags & FLAG_STATUS_OUTPUT != 0 {
-        Some(outs.next().ok_or_else(|| Error::InvalidArgument("missing status result".into()))?.out_buf()?)
-    } else {
-        None
-    };
-    let outs: Vec<OutBuf> = outs.map(|b| b.out_buf()).collect::<Result<_, _>>()?;
-    let stream = stream(frame, false)?;
-    // SAFETY: operands and results are XLA's device buffers of their dtypes and dims,
-    // alive until the work enqueued on this stream by this call has run.
-    unsafe {
-        gpu::call(
-            &stream,
-            receiver,
-            &gpu::DELIVERY,
-            header,
-            &frame.attrs,
-            frame.operands(),
-            &outs,
-            status.as_ref(),
-        )
-    }
-}
-
-fn check_call(frame: &Frame<'_>, receiver: &'static Receiver, _start: u64) -> Result<(), Error> {
-    let mut ops = frame.operands();
-    let status =
-        ops.next().ok_or_else(|| Error::InvalidArgument("hostfeed_check needs a status operand".into()))?;
-    let sent = ops.next();
-    let stream = stream(frame, false)?;
-    // SAFETY: XLA's device buffers of their dtypes and dims, alive for the call.
-    unsafe { gpu::check(&stream, receiver, &status, sent.as_ref()) }
-}
-
-fn failure(frame: &Frame<'_>, receiver: &'static Receiver, _start: u64) -> Result<(), Error> {
-    let status = frame
-        .operands()
-        .next()
-        .ok_or_else(|| Error::InvalidArgument("hostfeed_failure needs a status operand".into()))?;
-    let out = frame
-        .outputs()
-        .next()
-        .ok_or_else(|| Error::InvalidArgument("hostfeed_failure needs a uint8 result".into()))?
-        .out_buf()?;
-    let stream = stream(frame, false)?;
-    // SAFETY: XLA's device buffers of their dtypes and dims, alive until the work enqueued
-    // by this call has run.
-    unsafe { gpu::failure(&stream, receiver, &gpu::DELIVERY, frame.device, &status, &out) }
-}
-
-/// XLA FFI handler `hostfeed_tap` on CUDA.
-///
-/// # Safety
-/// Called by XLA with a valid call frame.
-pub unsafe extern "C" fn hostfeed_tap(frame: *mut ffi::XLA_FFI_CallFrame) -> *mut ffi::XLA_FFI_Error {
-    // SAFETY: forwarded caller contract.
-    unsafe { handlers::run(frame, "hostfeed_tap (CUDA)", tap) }
-}
-
-/// XLA FFI handler `hostfeed_call` on CUDA.
-///
-/// # Safety
-/// Called by XLA with a valid call frame.
-pub unsafe extern "C" fn hostfeed_call(frame: *mut ffi::XLA_FFI_CallFrame) -> *mut ffi::XLA_FFI_Error {
-    // SAFETY: forwarded caller contract.
-    unsafe { handlers::run(frame, "hostfeed_call (CUDA)", call) }
-}
-
-/// XLA FFI handler `hostfeed_check` on CUDA.
-///
-/// # Safety
-/// Called by XLA with a valid call frame.
-pub unsafe extern "C" fn hostfeed_check(frame: *mut ffi::XLA_FFI_CallFrame) -> *mut ffi::XLA_FFI_Error {
-    // SAFETY: forwarded caller contract.
-    unsafe { handlers::run(frame, "hostfeed_check (CUDA)", check_call) }
-}
-
-/// XLA FFI handler `hostfeed_failure` on CUDA.
-///
-/// # Safety
-/// Called by XLA with a valid call frame.
-pub unsafe extern "C" fn hostfeed_failure(frame: *mut ffi::XLA_FFI_CallFrame) -> *mut ffi::XLA_FFI_Error {
-    // SAFETY: forwarded caller contract.
-    unsafe { handlers::run(frame, "hostfeed_failure (CUDA)", failure) }
 }
 
 /// Benchmark floor: seconds taken by each of `repeats` device-to-host copies of `nbytes`

@@ -6,8 +6,8 @@
 //!
 //! Without Python (tested by `cargo test` alone): `xla_ffi` (the C API mirror), `frame` (the
 //! safe view of a call frame), `hostbuf` and `message` (host memory and the copy),
-//! `pinned` (pinned memory for GPUs), `gpu` (taps and calls on a device stream), `cuda`
-//! (the CUDA handlers and driver, loaded at run time),
+//! `pinned` (pinned memory for GPUs), `gpu` (taps and calls on a device stream), `gpu_driver` (the GPU handlers, written once for every driver), `cuda`
+//! and `hip` (the CUDA driver and the HIP runtime for ROCm, loaded at run time),
 //! `sync` (one lock helper, a waker), `queue`, `reply`, `receiver` (lifecycle, barrier, stuck consumers), `interrupt`
 //! (Ctrl-C during a call), `stats`, `error`, `zarr` and `recorder` (values recorded to a
 //! Zarr v3 store by writer threads). With Python: `dispatch` (messages as numpy arrays),
@@ -20,7 +20,9 @@ pub mod error;
 pub mod exceptions;
 pub mod frame;
 pub mod gpu;
+pub mod gpu_driver;
 pub mod handlers;
+pub mod hip;
 pub mod histogram;
 pub mod hostbuf;
 pub mod interrupt;
@@ -92,5 +94,11 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pyapi::cuda_driver_path, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::cuda_pool_stats, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::cuda_copy_floor, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::rocm_registrations, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::rocm_runtime_error, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::rocm_runtime_version, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::rocm_runtime_path, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::rocm_pool_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::rocm_copy_floor, m)?)?;
     Ok(())
 }

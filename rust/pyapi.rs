@@ -567,15 +567,7 @@ fn wait_gpu_deliveries(py: Python<'_>, limit: Duration) {
 /// `jax.ffi.register_ffi_target(..., platform="CUDA")` (same names as on CPU).
 #[pyfunction]
 pub fn cuda_registrations(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    handler_capsules(
-        py,
-        [
-            ("hostfeed_tap", crate::cuda::hostfeed_tap),
-            ("hostfeed_call", crate::cuda::hostfeed_call),
-            ("hostfeed_check", crate::cuda::hostfeed_check),
-            ("hostfeed_failure", crate::cuda::hostfeed_failure),
-        ],
-    )
+    handler_capsules(py, crate::gpu_driver::registrations::<crate::cuda::Cuda>())
 }
 
 /// Why the CUDA driver cannot be used (no library, a missing function, not the library
@@ -599,10 +591,14 @@ pub fn cuda_driver_version(py: Python<'_>) -> Option<i32> {
     py.detach(crate::cuda::driver_version)
 }
 
-/// Counters of the pinned-memory pool of GPU messages.
+/// Counters of the pinned-memory pool of CUDA messages.
 #[pyfunction]
 pub fn cuda_pool_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    let s = crate::cuda::pool_stats();
+    pool_stats_dict(py, &crate::cuda::pool_stats())
+}
+
+/// A pinned pool's counters as a dict (the same keys for every GPU driver).
+fn pool_stats_dict<'py>(py: Python<'py>, s: &crate::pinned::PoolStats) -> PyResult<Bound<'py, PyDict>> {
     dict_of(
         py,
         [
@@ -621,5 +617,46 @@ pub fn cuda_pool_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 #[pyfunction]
 pub fn cuda_copy_floor(py: Python<'_>, ordinal: i32, nbytes: usize, repeats: usize) -> PyResult<Vec<f64>> {
     Ok(py.detach(|| crate::cuda::copy_floor(ordinal, nbytes, repeats))?)
+}
+
+// The ROCm platform: the same handlers over the HIP runtime (loaded at run time).
+
+/// `{target_name: PyCapsule}` of the ROCm handlers, for
+/// `jax.ffi.register_ffi_target(..., platform="ROCM")` (same names as on CPU).
+#[pyfunction]
+pub fn rocm_registrations(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    handler_capsules(py, crate::gpu_driver::registrations::<crate::hip::Hip>())
+}
+
+/// Why the HIP runtime cannot be used (no `libamdhip64`, a missing function), or `None`
+/// when it can. Loads the runtime library if present but does not initialise HIP.
+#[pyfunction]
+pub fn rocm_runtime_error(py: Python<'_>) -> Option<String> {
+    py.detach(crate::hip::runtime_library).err()
+}
+
+/// The file hostfeed's HIP functions come from, or `None` without the runtime.
+#[pyfunction]
+pub fn rocm_runtime_path(py: Python<'_>) -> Option<String> {
+    py.detach(crate::hip::runtime_path)
+}
+
+/// The HIP runtime's version, or `None` without a usable runtime. Initialises HIP.
+#[pyfunction]
+pub fn rocm_runtime_version(py: Python<'_>) -> Option<i32> {
+    py.detach(crate::hip::runtime_version)
+}
+
+/// Counters of the pinned-memory pool of ROCm messages.
+#[pyfunction]
+pub fn rocm_pool_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    pool_stats_dict(py, &crate::hip::pool_stats())
+}
+
+/// Seconds taken by each of `repeats` device-to-host copies of `nbytes` from ROCm GPU
+/// `ordinal` into pinned memory (benchmark floor; GIL released).
+#[pyfunction]
+pub fn rocm_copy_floor(py: Python<'_>, ordinal: i32, nbytes: usize, repeats: usize) -> PyResult<Vec<f64>> {
+    Ok(py.detach(|| crate::hip::copy_floor(ordinal, nbytes, repeats))?)
 }
 // ---- end gpu branch -------------------------------------------------------------------

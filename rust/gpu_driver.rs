@@ -1,0 +1,428 @@
+//! What every GPU driver shares: the XLA FFI handlers (written once, generic over a
+//! [`Driver`]), the loading of a driver library's functions ([`dynamic_api!`]), the pool
+//! of idle events ([`EventPool`]), the wait that polls before it sleeps ([`poll_then_block`])
+//! and the words for a stream under graph capture ([`captured`]).
+//!
+//! A driver (`cuda.rs`: the CUDA driver API; `hip.rs`: the HIP runtime for ROCm) provides
+//! only its [`Stream`] (copies, events, synchronisation on the stream XLA gives a call),
+//! its pinned allocator for the pool, and the loading of its library; the handlers below
+//! decode the call, build the [`Header`] and run the platform-neutral bodies of `gpu.rs`.
+
+use std::ffi::c_void;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::error::Error;
+use crate::frame::Frame;
+use crate::gpu::{self, Header, Stream};
+use crate::handlers::{self, FLAG_STATUS_OUTPUT};
+use crate::receiver::Receiver;
+use crate::reply::OutBuf;
+use crate::sync::lock;
+use crate::xla_ffi as ffi;
+
+/// How long a wait polls before sleeping: a tap's copies usually complete within
+/// microseconds, and sleeping costs a wake-up of tens of them.
+pub const POLL_SPIN: Duration = Duration::from_micros(50);
+
+/// The value a driver function answers before its library is loaded (so that no path can
+/// call a missing function): the driver's "not initialised" error, a null string.
+pub trait Unloaded {
+    /// The answer of an unloaded function.
+    fn unloaded() -> Self;
+}
+
+impl Unloaded for *const std::ffi::c_char {
+    fn unloaded() -> Self {
+        std::ptr::null()
+    }
+}
+
+/// The return type of a declared function: its own, else the driver's result type.
+macro_rules! api_ret {
+    (; $default:ty) => {
+        $default
+    };
+    ($ret:ty; $default:ty) => {
+        $ret
+    };
+}
+pub(crate) use api_ret;
+
+/// Declares the functions a driver library provides to hostfeed, each once, by name and C
+/// signature (returning the driver's result type unless another is written): `Api`, their
+/// addresses in the library (resolved all at once by `load_api` from a `dlopen` handle,
+/// which `Api::handle` keeps), and in `drv` a function of the same name and signature for
+/// each, which answers [`Unloaded::unloaded`] while `api()` (the driver's) is `None`.
+macro_rules! dynamic_api {
+    (
+        library: $library:literal,
+        result: $res:ty = $unloaded:expr;
+        $($name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)?;)*
+    ) => {
+        impl $crate::gpu_driver::Unloaded for $res {
+            fn unloaded() -> Self {
+                $unloaded
+            }
+        }
+
+        /// Addresses of the driver functions hostfeed calls.
+        #[allow(non_snake_case)]
+        struct Api {
+            /// The library's handle (CUDA looks its `cuInit` up again to compare with XLA's).
+            #[allow(dead_code)]
+            handle: usize,
+            $($name: unsafe extern "C" fn($($ty),*) -> $crate::gpu_driver::api_ret!($($ret)?; $res),)*
+        }
+
+        /// The driver functions, from the library `handle` (from dlopen).
+        ///
+        /// # Safety
+        /// `handle` must be a live handle of the driver library, never closed.
+        unsafe fn load_api(handle: *mut c_void) -> Result<Api, String> {
+            Ok(Api {
+                handle: handle as usize,
+                $($name: {
+                    // SAFETY: caller contract; the name is NUL-terminated.
+                    let f = unsafe { libc::dlsym(handle, concat!(stringify!($name), "\0").as_ptr().cast()) };
+                    if f.is_null() {
+                        return Err(format!("{} lacks {}", $library, stringify!($name)));
+                    }
+                    // SAFETY: the library exports this function with this C signature
+                    // (that of the driver's headers, as declared here).
+                    unsafe {
+                        std::mem::transmute::<
+                            *mut c_void,
+                            unsafe extern "C" fn($($ty),*) -> $crate::gpu_driver::api_ret!($($ret)?; $res),
+                        >(f)
+                    }
+                },)*
+            })
+        }
+
+        /// The driver functions by name, from the library loaded at run time.
+        #[allow(non_snake_case, clippy::missing_safety_doc, dead_code)]
+        mod drv {
+            use super::*;
+            $(
+                /// The driver function of this name.
+                pub unsafe fn $name($($arg: $ty),*) -> $crate::gpu_driver::api_ret!($($ret)?; $res) {
+                    match api() {
+                        // SAFETY: the function's C contract is the caller's.
+                        Some(a) => unsafe { (a.$name)($($arg),*) },
+                        None => $crate::gpu_driver::Unloaded::unloaded(),
+                    }
+                }
+            )*
+        }
+    };
+}
+pub(crate) use dynamic_api;
+
+/// A GPU driver as the handlers use it.
+pub trait Driver: 'static {
+    /// The names [`handlers::run`] reports the four handlers by (tap, call, check, failure).
+    const HANDLER_NAMES: [&'static str; 4];
+
+    /// A stream of one handler call, ready for copies until dropped.
+    type Stream: Stream;
+
+    /// The stream `raw` (XLA's, from `XLA_FFI_Stream_Get`) made ready for this call;
+    /// `capture`: refused while it is being captured into a graph (taps: a captured tap
+    /// would deliver bytes never copied; the handlers never declare themselves
+    /// command-buffer compatible, so this guards the invariant).
+    ///
+    /// # Errors
+    /// The driver is unusable, the stream is captured, or a driver call fails.
+    ///
+    /// # Safety
+    /// `raw` must be a live stream of this driver, valid for the life of the result.
+    unsafe fn stream(raw: *mut c_void, capture: bool) -> Result<Self::Stream, Error>;
+}
+
+/// The stream of `frame`'s call.
+fn stream<D: Driver>(frame: &Frame<'_>, capture: bool) -> Result<D::Stream, Error> {
+    let raw = frame.stream()?;
+    // SAFETY: XLA's stream for this call, live for the duration of the call (and the
+    // result is dropped before the handler returns).
+    unsafe { D::stream(raw, capture) }
+}
+
+fn header(frame: &Frame<'_>) -> Result<Header, Error> {
+    let consumer_id = frame
+        .attrs
+        .consumer_id
+        .ok_or_else(|| Error::InvalidArgument("custom call lacks the consumer_id attribute".into()))?;
+    Ok(Header { consumer_id, flags: frame.attrs.flags, ordinal: frame.device, run_id: frame.run_id })
+}
+
+fn tap<D: Driver>(frame: &Frame<'_>, receiver: &'static Receiver, start: u64) -> Result<(), Error> {
+    let header = header(frame)?;
+    let stream = stream::<D>(frame, true)?;
+    // SAFETY: the operands are XLA's device buffers of their dtypes and dims, alive until
+    // the work enqueued on this stream by this call has run.
+    unsafe { gpu::tap(&stream, receiver, &gpu::DELIVERY, header, frame.operands()) }?;
+    // The host thread's cost (enqueuing the copies); the hand-over is timed from the
+    // courier's push, when the message is on the host.
+    receiver.timing.record_device(start, receiver.timing.now());
+    Ok(())
+}
+
+fn call<D: Driver>(frame: &Frame<'_>, receiver: &'static Receiver, _start: u64) -> Result<(), Error> {
+    let header = header(frame)?;
+    let mut outs = frame.outputs();
+    let status = if frame.attrs.flags & FLAG_STATUS_OUTPUT != 0 {
+        Some(outs.next().ok_or_else(|| Error::InvalidArgument("missing status result".into()))?.out_buf()?)
+    } else {
+        None
+    };
+    let outs: Vec<OutBuf> = outs.map(|b| b.out_buf()).collect::<Result<_, _>>()?;
+    let stream = stream::<D>(frame, false)?;
+    // SAFETY: operands and results are XLA's device buffers of their dtypes and dims,
+    // alive until the work enqueued on this stream by this call has run.
+    unsafe {
+        gpu::call(
+            &stream,
+            receiver,
+            &gpu::DELIVERY,
+            header,
+            &frame.attrs,
+            frame.operands(),
+            &outs,
+            status.as_ref(),
+        )
+    }
+}
+
+fn check_call<D: Driver>(frame: &Frame<'_>, receiver: &'static Receiver, _start: u64) -> Result<(), Error> {
+    let mut ops = frame.operands();
+    let status =
+        ops.next().ok_or_else(|| Error::InvalidArgument("hostfeed_check needs a status operand".into()))?;
+    let sent = ops.next();
+    let stream = stream::<D>(frame, false)?;
+    // SAFETY: XLA's device buffers of their dtypes and dims, alive for the call.
+    unsafe { gpu::check(&stream, receiver, &status, sent.as_ref()) }
+}
+
+fn failure<D: Driver>(frame: &Frame<'_>, receiver: &'static Receiver, _start: u64) -> Result<(), Error> {
+    let status = frame
+        .operands()
+        .next()
+        .ok_or_else(|| Error::InvalidArgument("hostfeed_failure needs a status operand".into()))?;
+    let out = frame
+        .outputs()
+        .next()
+        .ok_or_else(|| Error::InvalidArgument("hostfeed_failure needs a uint8 result".into()))?
+        .out_buf()?;
+    let stream = stream::<D>(frame, false)?;
+    // SAFETY: XLA's device buffers of their dtypes and dims, alive until the work enqueued
+    // by this call has run.
+    unsafe { gpu::failure(&stream, receiver, &gpu::DELIVERY, frame.device, &status, &out) }
+}
+
+/// XLA FFI handler `hostfeed_tap` on driver `D`'s platform.
+///
+/// # Safety
+/// Called by XLA with a valid call frame.
+pub unsafe extern "C" fn hostfeed_tap<D: Driver>(
+    frame: *mut ffi::XLA_FFI_CallFrame,
+) -> *mut ffi::XLA_FFI_Error {
+    // SAFETY: forwarded caller contract.
+    unsafe { handlers::run(frame, D::HANDLER_NAMES[0], tap::<D>) }
+}
+
+/// XLA FFI handler `hostfeed_call` on driver `D`'s platform.
+///
+/// # Safety
+/// Called by XLA with a valid call frame.
+pub unsafe extern "C" fn hostfeed_call<D: Driver>(
+    frame: *mut ffi::XLA_FFI_CallFrame,
+) -> *mut ffi::XLA_FFI_Error {
+    // SAFETY: forwarded caller contract.
+    unsafe { handlers::run(frame, D::HANDLER_NAMES[1], call::<D>) }
+}
+
+/// XLA FFI handler `hostfeed_check` on driver `D`'s platform.
+///
+/// # Safety
+/// Called by XLA with a valid call frame.
+pub unsafe extern "C" fn hostfeed_check<D: Driver>(
+    frame: *mut ffi::XLA_FFI_CallFrame,
+) -> *mut ffi::XLA_FFI_Error {
+    // SAFETY: forwarded caller contract.
+    unsafe { handlers::run(frame, D::HANDLER_NAMES[2], check_call::<D>) }
+}
+
+/// XLA FFI handler `hostfeed_failure` on driver `D`'s platform.
+///
+/// # Safety
+/// Called by XLA with a valid call frame.
+pub unsafe extern "C" fn hostfeed_failure<D: Driver>(
+    frame: *mut ffi::XLA_FFI_CallFrame,
+) -> *mut ffi::XLA_FFI_Error {
+    // SAFETY: forwarded caller contract.
+    unsafe { handlers::run(frame, D::HANDLER_NAMES[3], failure::<D>) }
+}
+
+/// The handlers of driver `D` by target name (the same names as on CPU), for
+/// `jax.ffi.register_ffi_target`.
+#[must_use]
+pub fn registrations<D: Driver>() -> [(&'static str, ffi::XLA_FFI_Handler); 4] {
+    [
+        ("hostfeed_tap", hostfeed_tap::<D>),
+        ("hostfeed_call", hostfeed_call::<D>),
+        ("hostfeed_check", hostfeed_check::<D>),
+        ("hostfeed_failure", hostfeed_failure::<D>),
+    ]
+}
+
+/// What a driver's query of an event or stream answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Poll {
+    /// The work before it completed.
+    Done,
+    /// Not yet.
+    Pending,
+}
+
+/// Waits for work that usually completes within microseconds: `query` a while
+/// ([`POLL_SPIN`]), then `block` (the driver's sleeping wait).
+///
+/// # Errors
+/// What `query` or `block` report.
+pub fn poll_then_block(
+    query: impl Fn() -> Result<Poll, Error>,
+    block: impl FnOnce() -> Result<(), Error>,
+) -> Result<(), Error> {
+    let start = Instant::now();
+    loop {
+        match query()? {
+            Poll::Done => return Ok(()),
+            Poll::Pending if start.elapsed() < POLL_SPIN => std::hint::spin_loop(),
+            Poll::Pending => return block(),
+        }
+    }
+}
+
+/// The error of a driver call that failed because the stream was being captured into a
+/// graph (`graph`: "a CUDA graph", "a HIP graph").
+#[must_use]
+pub fn captured(graph: &str) -> Error {
+    Error::Internal(format!(
+        "hostfeed's custom calls cannot be captured into {graph} (they are not \
+         command-buffer compatible); XLA captured one anyway"
+    ))
+}
+
+/// Idle events (driver handles as addresses) by the address of what they belong to (a
+/// CUDA context, a HIP device): a tap records one after its copies, and it comes back
+/// when the courier has waited for it (re-recording an event is allowed whatever its
+/// state).
+pub struct EventPool(Mutex<Option<std::collections::HashMap<usize, Vec<usize>>>>);
+
+impl EventPool {
+    /// An empty pool.
+    #[must_use]
+    pub const fn new() -> Self {
+        EventPool(Mutex::new(None))
+    }
+
+    /// An idle event of `owner`, if there is one.
+    pub fn take(&self, owner: usize) -> Option<usize> {
+        lock(&self.0).as_mut()?.get_mut(&owner)?.pop()
+    }
+
+    /// Back to the pool: `event` of `owner`, idle.
+    pub fn give(&self, owner: usize, event: usize) {
+        lock(&self.0).get_or_insert_with(Default::default).entry(owner).or_default().push(event);
+    }
+
+    /// Forgets the events of `owner` (gone: its events died with it).
+    pub fn forget(&self, owner: usize) {
+        if let Some(events) = lock(&self.0).as_mut() {
+            events.remove(&owner);
+        }
+    }
+}
+
+impl Default for EventPool {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Tests every driver's generic parts with a fake per driver kind (its codes, its names):
+/// instantiated below for CUDA and for HIP.
+#[cfg(test)]
+macro_rules! driver_kind_tests {
+    ($kind:ident, driver: $driver:ty, graph: $graph:literal, unusable: $unusable:expr) => {
+        mod $kind {
+            use super::super::*;
+            use std::cell::Cell;
+
+            #[test]
+            fn handlers_are_registered_under_the_cpu_names_with_the_platform_in_their_labels() {
+                let names: Vec<&str> = registrations::<$driver>().iter().map(|r| r.0).collect();
+                assert_eq!(names, ["hostfeed_tap", "hostfeed_call", "hostfeed_check", "hostfeed_failure"]);
+                for (label, target) in <$driver as Driver>::HANDLER_NAMES.iter().zip(&names) {
+                    assert!(label.starts_with(target), "{label}");
+                }
+                // The four handlers are distinct functions.
+                let f: Vec<usize> = registrations::<$driver>().iter().map(|r| r.1 as usize).collect();
+                assert!(f.windows(2).all(|w| w[0] != w[1]));
+            }
+
+            #[test]
+            fn a_handler_called_without_a_frame_answers_instead_of_crashing() {
+                for (_, handler) in registrations::<$driver>() {
+                    // SAFETY: a null frame is allowed (nothing to run: no error).
+                    let err = unsafe { handler(std::ptr::null_mut()) };
+                    assert!(err.is_null());
+                }
+            }
+
+            #[test]
+            fn the_wait_polls_until_done_and_sleeps_only_when_pending_past_the_spin() {
+                let polls = Cell::new(0);
+                let done_at_third = || {
+                    polls.set(polls.get() + 1);
+                    Ok(if polls.get() >= 3 { Poll::Done } else { Poll::Pending })
+                };
+                poll_then_block(done_at_third, || panic!("slept although the work completed")).unwrap();
+                assert_eq!(polls.get(), 3);
+                let blocked = Cell::new(false);
+                poll_then_block(|| Ok(Poll::Pending), || Ok(blocked.set(true))).unwrap();
+                assert!(blocked.get());
+                let err = poll_then_block(|| Err(captured($graph)), || Ok(())).unwrap_err().to_string();
+                assert!(err.contains($graph) && err.contains("captured"), "{err}");
+            }
+
+            #[test]
+            fn without_its_library_the_driver_says_why_in_its_own_words() {
+                if let Some(why) = $unusable {
+                    let why: String = why;
+                    assert!(!why.is_empty());
+                }
+            }
+
+            #[test]
+            fn idle_events_come_back_per_owner_and_are_forgotten_with_it() {
+                let pool = EventPool::new();
+                assert_eq!(pool.take(1), None);
+                pool.give(1, 10);
+                pool.give(2, 20);
+                assert_eq!(pool.take(2), Some(20));
+                pool.forget(1);
+                assert_eq!(pool.take(1), None);
+            }
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    driver_kind_tests!(cuda, driver: crate::cuda::Cuda, graph: "a CUDA graph",
+        unusable: crate::cuda::driver_library().err());
+    driver_kind_tests!(hip, driver: crate::hip::Hip, graph: "a HIP graph",
+        unusable: crate::hip::runtime_library().err());
+}
