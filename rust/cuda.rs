@@ -14,7 +14,7 @@
 //! `cuda_driver_error`, which `lowering.cuda_status()` reports, and at the first handler
 //! call); [`driver_path`] names the file in use.
 //!
-//! The handlers get the stream XLA runs the custom call on (`XLA_FFI_Stream_Get`, a
+//! The handlers (shared with ROCm: `gpu_driver.rs`, driver [`Cuda`]) get the stream XLA runs the custom call on (`XLA_FFI_Stream_Get`, a
 //! `CUstream`), make its context current for the duration of the call (the context of
 //! each stream is looked up once per thread and cached: XLA's streams keep their context
 //! for life), and run the platform-neutral bodies in `gpu.rs`. A tap refuses to run while
@@ -47,10 +47,8 @@ use std::time::Instant;
 use cudarc::driver::sys;
 
 use crate::error::Error;
-use crate::gpu::{Completion, Stream};
-use crate::gpu_driver::{self, dynamic_api, poll_then_block, Driver, EventPool, Poll};
-use crate::hostbuf::HostBuffer;
-use crate::pinned::{PinnedAlloc, PinnedPool, PoolStats};
+use crate::gpu_driver::{self, dynamic_api, gpu_driver, Poll};
+use crate::pinned::PinnedAlloc;
 use crate::sync::lock;
 
 /// The name XLA loads the driver by.
@@ -219,32 +217,12 @@ pub fn same_driver_as_xla() -> Result<(), String> {
     ))
 }
 
-/// The driver, loaded and initialised (once), and the same library as XLA's.
-///
-/// # Errors
-/// Why CUDA cannot be used.
-pub fn driver() -> Result<(), Error> {
-    static READY: OnceLock<Result<(), String>> = OnceLock::new();
-    READY
-        .get_or_init(|| {
-            driver_library()?;
-            same_driver_as_xla()?;
-            // SAFETY: the library and its functions are present; cuInit may be called any
-            // number of times.
-            check(unsafe { drv::cuInit(0) }, "cuInit").map_err(|e| e.to_string())
-        })
-        .clone()
-        .map_err(|m| Error::Internal(format!("hostfeed cannot use CUDA: {m}")))
-}
-
-/// The CUDA driver's version (e.g. 13000), if the driver loads.
-#[must_use]
-pub fn driver_version() -> Option<i32> {
-    driver().ok()?;
-    let mut v = 0;
-    // SAFETY: the driver is loaded and initialised; `v` is a valid out pointer.
-    check(unsafe { drv::cuDriverGetVersion(&raw mut v) }, "cuDriverGetVersion").ok()?;
-    Some(v)
+/// Initialises the loaded driver, once it is known to be XLA's (`cuInit`, which may be
+/// called any number of times).
+fn initialise() -> Result<(), String> {
+    same_driver_as_xla()?;
+    // SAFETY: the library and its functions are present (checked by the above).
+    check(unsafe { drv::cuInit(0) }, "cuInit").map_err(|e| e.to_string())
 }
 
 /// Pinned host memory from `cuMemHostAlloc` (portable: usable with every context). Called
@@ -277,10 +255,7 @@ impl PinnedAlloc for CudaHostAlloc {
         // SAFETY: the driver is loaded (handlers call `driver()` first) and a context is
         // current; `p` is a valid out pointer.
         let res = unsafe { drv::cuMemHostAlloc(&raw mut p, bytes, flags) };
-        check(res, "cuMemHostAlloc").map_err(|e| {
-            Error::Internal(format!("cannot pin {bytes} bytes of host memory for a GPU tap: {e}"))
-        })?;
-        NonNull::new(p.cast()).ok_or_else(|| Error::Internal("cuMemHostAlloc returned null".into()))
+        gpu_driver::pinned_block(bytes, check(res, "cuMemHostAlloc"), p)
     }
 
     unsafe fn free(&self, ptr: NonNull<u8>, _bytes: usize) {
@@ -303,10 +278,10 @@ impl PinnedAlloc for CudaHostAlloc {
     }
 }
 
-/// The process's pool of pinned memory for GPU messages.
-fn pool() -> &'static PinnedPool<CudaHostAlloc> {
-    static POOL: OnceLock<PinnedPool<CudaHostAlloc>> = OnceLock::new();
-    POOL.get_or_init(|| PinnedPool::new(CudaHostAlloc::new()))
+gpu_driver! {
+    /// The CUDA driver of the shared handlers (`gpu_driver.rs`).
+    Cuda, platform: "CUDA", queue: CudaStream, alloc: CudaHostAlloc = CudaHostAlloc::new(),
+    ready: driver = initialise, version: driver_version = cuDriverGetVersion
 }
 
 /// The contexts handlers ran in, held: by device ordinal, (context, its unique id).
@@ -345,7 +320,7 @@ fn hold_context(ctx: sys::CUcontext) -> Result<(), Error> {
             pool().allocator().owner.store(0, std::sync::atomic::Ordering::Release);
         }
         for &c in &replaced {
-            EVENTS.forget(c);
+            events().forget(c);
         }
         held.retain(|&(_, c, _)| !replaced.contains(&c));
     }
@@ -392,26 +367,6 @@ thread_local! {
 
 /// Most streams [`STREAM_CTX`] remembers per thread (XLA uses a few per device).
 const STREAM_CACHE: usize = 32;
-
-/// Counters of the pinned pool (for tests and `cuda_pool_stats()`).
-#[must_use]
-pub fn pool_stats() -> PoolStats {
-    pool().stats()
-}
-
-/// The CUDA driver of the shared handlers (`gpu_driver.rs`).
-pub struct Cuda;
-
-impl Driver for Cuda {
-    const HANDLER_NAMES: [&'static str; 4] =
-        ["hostfeed_tap (CUDA)", "hostfeed_call (CUDA)", "hostfeed_check (CUDA)", "hostfeed_failure (CUDA)"];
-    type Stream = CudaStream;
-
-    unsafe fn stream(raw: *mut c_void, capture: bool) -> Result<CudaStream, Error> {
-        // SAFETY: forwarded caller contract.
-        unsafe { CudaStream::new(raw, capture) }
-    }
-}
 
 /// The stream of one handler call, with its context made current until dropped.
 pub struct CudaStream {
@@ -485,107 +440,66 @@ impl Drop for CudaStream {
     }
 }
 
-/// Idle events, by the address of their context.
-static EVENTS: EventPool = EventPool::new();
-
-/// An event recorded on a stream, back to the pool when dropped.
-pub struct CudaEvent {
-    raw: sys::CUevent,
-    ctx: sys::CUcontext,
-}
-
-// SAFETY: CUDA events and contexts are handles usable from any thread; the courier only
-// queries and waits on the event, with its context made current.
-unsafe impl Send for CudaEvent {}
-
 thread_local! {
     /// The context this thread last made current (couriers serve one device each).
     static CURRENT: Cell<usize> = const { Cell::new(0) };
 }
 
-impl CudaEvent {
-    /// An idle event of `ctx` (created when none is), recorded on `stream`.
-    ///
-    /// # Safety
-    /// `ctx` must be current on this thread and `stream` a live stream of it.
-    unsafe fn record(ctx: sys::CUcontext, stream: sys::CUstream) -> Result<Self, Error> {
-        let raw = if let Some(e) = EVENTS.take(ctx as usize) {
-            e as sys::CUevent
-        } else {
-            let mut e: sys::CUevent = ptr::null_mut();
-            let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
-                | sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32;
-            // SAFETY: `ctx` is current (caller contract); `e` is a valid out pointer.
-            check(unsafe { drv::cuEventCreate(&raw mut e, flags) }, "cuEventCreate")?;
-            e
-        };
-        let event = CudaEvent { raw, ctx };
-        // SAFETY: the event belongs to the stream's context; the stream is live.
-        check(unsafe { drv::cuEventRecord(raw, stream) }, "cuEventRecord")?;
-        Ok(event)
+impl gpu_driver::Queue for CudaStream {
+    fn owner(&self) -> usize {
+        self.ctx as usize
     }
-}
 
-impl Completion for CudaEvent {
-    fn wait(&self) -> Result<(), Error> {
-        if CURRENT.get() != self.ctx as usize {
-            // SAFETY: the event's context is live (XLA's, for the process's life).
-            check(unsafe { drv::cuCtxSetCurrent(self.ctx) }, "cuCtxSetCurrent")?;
-            CURRENT.set(self.ctx as usize);
+    unsafe fn copy(&self, dst: *mut u8, src: *const u8, n: usize) -> Result<(), Error> {
+        // SAFETY: caller contract (device or pinned host memory, valid for `n` bytes until
+        // the copy ran); the stream's context is current. Under unified addressing a host
+        // pointer is a valid address for cuMemcpyAsync, which infers the direction.
+        let res =
+            unsafe { drv::cuMemcpyAsync(dst as sys::CUdeviceptr, src as sys::CUdeviceptr, n, self.raw) };
+        check_stream(res, "cuMemcpyAsync")
+    }
+
+    fn record_on(&self, event: usize) -> Result<(), Error> {
+        // SAFETY: an event of the stream's context (current); the stream is live.
+        check(unsafe { drv::cuEventRecord(event as sys::CUevent, self.raw) }, "cuEventRecord")
+    }
+
+    fn query(&self) -> Result<Poll, Error> {
+        // SAFETY: the stream is live.
+        poll(unsafe { drv::cuStreamQuery(self.raw) }, "cuStreamQuery", check_stream)
+    }
+
+    fn block(&self) -> Result<(), Error> {
+        // SAFETY: the stream is live.
+        check_stream(unsafe { drv::cuStreamSynchronize(self.raw) }, "cuStreamSynchronize")
+    }
+
+    fn create_event(&self) -> Result<usize, Error> {
+        let mut e: sys::CUevent = ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
+            | sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32;
+        // SAFETY: the stream's context is current; `e` is a valid out pointer.
+        check(unsafe { drv::cuEventCreate(&raw mut e, flags) }, "cuEventCreate")?;
+        Ok(e as usize)
+    }
+
+    fn enter(ctx: usize) -> Result<(), Error> {
+        if CURRENT.get() != ctx {
+            // SAFETY: the event's context is live (held for the process's life).
+            check(unsafe { drv::cuCtxSetCurrent(ctx as sys::CUcontext) }, "cuCtxSetCurrent")?;
+            CURRENT.set(ctx);
         }
-        poll_then_block(
-            // SAFETY: a live event, recorded.
-            || poll(unsafe { drv::cuEventQuery(self.raw) }, "cuEventQuery", check),
-            // SAFETY: as above; a blocking-sync event: the thread sleeps until it completes.
-            || check(unsafe { drv::cuEventSynchronize(self.raw) }, "cuEventSynchronize"),
-        )
-    }
-}
-
-impl Drop for CudaEvent {
-    fn drop(&mut self) {
-        EVENTS.give(self.ctx as usize, self.raw as usize);
-    }
-}
-
-impl Stream for CudaStream {
-    unsafe fn copy_to_host(&self, dst: *mut u8, src: *const u8, n: usize) -> Result<(), Error> {
-        // SAFETY: caller contract (source in device or pinned host memory, pinned
-        // destination, both valid for `n` bytes until the copy ran); the stream's context
-        // is current. Under unified addressing a host pointer is a valid address for
-        // cuMemcpyAsync, which infers the direction.
-        check_stream(
-            unsafe { drv::cuMemcpyAsync(dst as sys::CUdeviceptr, src as sys::CUdeviceptr, n, self.raw) },
-            "cuMemcpyAsync",
-        )
+        Ok(())
     }
 
-    unsafe fn copy_to_device(&self, dst: *mut u8, src: *const u8, n: usize) -> Result<(), Error> {
-        // SAFETY: as above, the other way (a result may be in pinned host memory too).
-        check_stream(
-            unsafe { drv::cuMemcpyAsync(dst as sys::CUdeviceptr, src as sys::CUdeviceptr, n, self.raw) },
-            "cuMemcpyAsync",
-        )
+    fn event_query(event: usize) -> Result<Poll, Error> {
+        // SAFETY: a live event, recorded (the pool never destroys one).
+        poll(unsafe { drv::cuEventQuery(event as sys::CUevent) }, "cuEventQuery", check)
     }
 
-    fn record(&self) -> Result<Box<dyn Completion>, Error> {
-        // SAFETY: the stream's context is current for the life of `self`.
-        Ok(Box::new(unsafe { CudaEvent::record(self.ctx, self.raw) }?))
-    }
-
-    fn synchronize(&self) -> Result<(), Error> {
-        // Work just enqueued (a call's operand copies) usually completes within
-        // microseconds: look a while before sleeping (a wake-up costs tens of them).
-        poll_then_block(
-            // SAFETY: the stream is live.
-            || poll(unsafe { drv::cuStreamQuery(self.raw) }, "cuStreamQuery", check_stream),
-            // SAFETY: the stream is live.
-            || check_stream(unsafe { drv::cuStreamSynchronize(self.raw) }, "cuStreamSynchronize"),
-        )
-    }
-
-    fn host_buffer(&self, len: usize) -> Result<HostBuffer, Error> {
-        Ok(HostBuffer::pinned(pool().take(len)?, len))
+    fn event_block(event: usize) -> Result<(), Error> {
+        // SAFETY: as above; a blocking-sync event: the thread sleeps until it completes.
+        check(unsafe { drv::cuEventSynchronize(event as sys::CUevent) }, "cuEventSynchronize")
     }
 }
 

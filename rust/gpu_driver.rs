@@ -9,13 +9,15 @@
 //! decode the call, build the [`Header`] and run the platform-neutral bodies of `gpu.rs`.
 
 use std::ffi::c_void;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::frame::Frame;
-use crate::gpu::{self, Header, Stream};
+use crate::gpu::{self, Completion, Header, Stream};
 use crate::handlers::{self, FLAG_STATUS_OUTPUT};
+use crate::hostbuf::HostBuffer;
+use crate::pinned::{PinnedAlloc, PinnedPool};
 use crate::receiver::Receiver;
 use crate::reply::OutBuf;
 use crate::sync::lock;
@@ -119,6 +121,38 @@ macro_rules! dynamic_api {
 }
 pub(crate) use dynamic_api;
 
+/// A driver library loaded and initialised, once (cached in `cell`: `init`'s outcome), or
+/// why `platform` cannot be used.
+///
+/// # Errors
+/// "hostfeed cannot use {platform}: " and what `init` said.
+pub fn initialised(
+    cell: &OnceLock<Result<(), String>>,
+    platform: &str,
+    init: impl FnOnce() -> Result<(), String>,
+) -> Result<(), Error> {
+    cell.get_or_init(init)
+        .clone()
+        .map_err(|m| Error::Internal(format!("hostfeed cannot use {platform}: {m}")))
+}
+
+/// The memory a driver's pinned allocation of `bytes` returned at `p`, with `outcome`
+/// (the driver's answer, checked), as the pool takes it.
+///
+/// # Errors
+/// The driver refused (or returned null), in words naming the size.
+pub fn pinned_block(
+    bytes: usize,
+    outcome: Result<(), Error>,
+    p: *mut c_void,
+) -> Result<std::ptr::NonNull<u8>, Error> {
+    outcome.map_err(|e| {
+        Error::Internal(format!("cannot pin {bytes} bytes of host memory for a GPU tap: {e}"))
+    })?;
+    std::ptr::NonNull::new(p.cast())
+        .ok_or_else(|| Error::Internal("the driver's pinned allocation returned null".into()))
+}
+
 /// A GPU driver as the handlers use it.
 pub trait Driver: 'static {
     /// The names [`handlers::run`] reports the four handlers by (tap, call, check, failure).
@@ -139,6 +173,87 @@ pub trait Driver: 'static {
     /// `raw` must be a live stream of this driver, valid for the life of the result.
     unsafe fn stream(raw: *mut c_void, capture: bool) -> Result<Self::Stream, Error>;
 }
+
+/// Declares a driver: `$ready()` (the library loaded, then initialised by `$init`, once),
+/// `$version()` (from `$get`), the unit struct `$name` implementing [`Driver`] for `$platform`
+/// (its handlers' labels) with streams from `$queue::new(raw, capture)`, and its pool of
+/// pinned memory, `pool()` (allocator `$alloc`) with `pool_stats()`, and of idle events,
+/// `events()`.
+macro_rules! gpu_driver {
+    (
+        $(#[$doc:meta])* $name:ident, platform: $platform:literal, queue: $queue:ty, alloc: $alloc:ty = $make:expr,
+        ready: $ready:ident = $init:path, version: $version:ident = $get:ident
+    ) => {
+        /// The library loaded and initialised (once), ready for handlers.
+        ///
+        /// # Errors
+        /// Why the platform cannot be used.
+        pub fn $ready() -> Result<(), Error> {
+            static READY: OnceLock<Result<(), String>> = OnceLock::new();
+            $crate::gpu_driver::initialised(&READY, $platform, $init)
+        }
+
+        #[doc = concat!("The version `", stringify!($get), "` reports, if the library loads.")]
+        #[must_use]
+        pub fn $version() -> Option<i32> {
+            $ready().ok()?;
+            let mut v = 0;
+            // SAFETY: the library is loaded and initialised; `v` is a valid out pointer.
+            check(unsafe { drv::$get(&raw mut v) }, stringify!($get)).ok()?;
+            Some(v)
+        }
+
+        $(#[$doc])*
+        pub struct $name;
+
+        impl $crate::gpu_driver::Driver for $name {
+            const HANDLER_NAMES: [&'static str; 4] = [
+                concat!("hostfeed_tap (", $platform, ")"),
+                concat!("hostfeed_call (", $platform, ")"),
+                concat!("hostfeed_check (", $platform, ")"),
+                concat!("hostfeed_failure (", $platform, ")"),
+            ];
+            type Stream = $crate::gpu_driver::OnStream<$queue>;
+
+            unsafe fn stream(raw: *mut c_void, capture: bool) -> Result<Self::Stream, Error> {
+                // SAFETY: forwarded caller contract.
+                Ok($crate::gpu_driver::OnStream(unsafe { <$queue>::new(raw, capture) }?))
+            }
+        }
+
+        impl $crate::gpu_driver::Pools for $queue {
+            type Alloc = $alloc;
+
+            fn pinned() -> &'static $crate::pinned::PinnedPool<$alloc> {
+                static POOL: OnceLock<$crate::pinned::PinnedPool<$alloc>> = OnceLock::new();
+                POOL.get_or_init(|| $crate::pinned::PinnedPool::new($make))
+            }
+
+            fn events() -> &'static $crate::gpu_driver::EventPool {
+                static EVENTS: $crate::gpu_driver::EventPool = $crate::gpu_driver::EventPool::new();
+                &EVENTS
+            }
+        }
+
+        /// The process's pool of pinned memory for this platform's messages.
+        fn pool() -> &'static $crate::pinned::PinnedPool<$alloc> {
+            <$queue as $crate::gpu_driver::Pools>::pinned()
+        }
+
+        /// The process's pool of this platform's idle events (by owner).
+        #[allow(dead_code)]
+        fn events() -> &'static $crate::gpu_driver::EventPool {
+            <$queue as $crate::gpu_driver::Pools>::events()
+        }
+
+        /// Counters of this platform's pinned pool (for tests and Python's `*_pool_stats()`).
+        #[must_use]
+        pub fn pool_stats() -> $crate::pinned::PoolStats {
+            pool().stats()
+        }
+    };
+}
+pub(crate) use gpu_driver;
 
 /// The stream of `frame`'s call.
 fn stream<D: Driver>(frame: &Frame<'_>, capture: bool) -> Result<D::Stream, Error> {
@@ -348,6 +463,135 @@ impl EventPool {
 impl Default for EventPool {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// The operations on one call's stream, and on its events, in which the drivers differ;
+/// [`OnStream`] makes a [`Stream`] of them.
+pub trait Queue: Pools + 'static {
+    /// The owner of this stream's events (its CUDA context, its HIP device), as an address.
+    fn owner(&self) -> usize;
+
+    /// Enqueues a copy of `n` bytes from `src` to `dst`, the direction inferred from the
+    /// pointers (unified addressing: either may be device or pinned host memory).
+    ///
+    /// # Errors
+    /// The copy could not be enqueued.
+    ///
+    /// # Safety
+    /// As [`Stream::copy_to_host`] or [`Stream::copy_to_device`], by direction.
+    unsafe fn copy(&self, dst: *mut u8, src: *const u8, n: usize) -> Result<(), Error>;
+
+    /// Records `event` (one of this stream's owner, from [`Queue::create_event`]).
+    ///
+    /// # Errors
+    /// The event could not be recorded.
+    fn record_on(&self, event: usize) -> Result<(), Error>;
+
+    /// Whether everything enqueued so far has completed.
+    ///
+    /// # Errors
+    /// The device reported an error.
+    fn query(&self) -> Result<Poll, Error>;
+
+    /// Sleeps until everything enqueued so far has completed.
+    ///
+    /// # Errors
+    /// The device reported an error.
+    fn block(&self) -> Result<(), Error>;
+
+    /// A new event of this stream's owner (current on this thread), which a courier can
+    /// sleep on (blocking synchronisation, no timing).
+    ///
+    /// # Errors
+    /// The driver refused.
+    fn create_event(&self) -> Result<usize, Error>;
+
+    /// Readies the calling thread (a courier) to wait on events of `owner`.
+    ///
+    /// # Errors
+    /// The driver refused.
+    fn enter(owner: usize) -> Result<(), Error>;
+
+    /// Whether `event` (recorded) completed.
+    ///
+    /// # Errors
+    /// The device reported an error.
+    fn event_query(event: usize) -> Result<Poll, Error>;
+
+    /// Sleeps until `event` (recorded) completed.
+    ///
+    /// # Errors
+    /// The device reported an error.
+    fn event_block(event: usize) -> Result<(), Error>;
+}
+
+/// A driver's pools (declared by [`gpu_driver!`]): pinned memory and idle events.
+pub trait Pools {
+    /// The driver's allocator of pinned host memory.
+    type Alloc: PinnedAlloc + 'static;
+
+    /// The process's pool of pinned memory for the driver's messages.
+    fn pinned() -> &'static PinnedPool<Self::Alloc>;
+
+    /// The process's pool of the driver's idle events.
+    fn events() -> &'static EventPool;
+}
+
+/// The [`Stream`] of a driver's [`Queue`].
+pub struct OnStream<Q: Queue>(pub Q);
+
+/// An event recorded on a stream of driver `Q`, back to its pool when dropped.
+pub struct Pooled<Q: Queue> {
+    raw: usize,
+    owner: usize,
+    driver: std::marker::PhantomData<fn() -> Q>,
+}
+
+impl<Q: Queue> Completion for Pooled<Q> {
+    fn wait(&self) -> Result<(), Error> {
+        Q::enter(self.owner)?;
+        poll_then_block(|| Q::event_query(self.raw), || Q::event_block(self.raw))
+    }
+}
+
+impl<Q: Queue> Drop for Pooled<Q> {
+    fn drop(&mut self) {
+        // Re-recording an event is allowed whatever its state.
+        Q::events().give(self.owner, self.raw);
+    }
+}
+
+impl<Q: Queue> Stream for OnStream<Q> {
+    unsafe fn copy_to_host(&self, dst: *mut u8, src: *const u8, n: usize) -> Result<(), Error> {
+        // SAFETY: forwarded caller contract.
+        unsafe { self.0.copy(dst, src, n) }
+    }
+
+    unsafe fn copy_to_device(&self, dst: *mut u8, src: *const u8, n: usize) -> Result<(), Error> {
+        // SAFETY: forwarded caller contract.
+        unsafe { self.0.copy(dst, src, n) }
+    }
+
+    fn record(&self) -> Result<Box<dyn Completion>, Error> {
+        let owner = self.0.owner();
+        let raw = match Q::events().take(owner) {
+            Some(e) => e,
+            None => self.0.create_event()?,
+        };
+        let event = Pooled::<Q> { raw, owner, driver: std::marker::PhantomData };
+        self.0.record_on(raw)?;
+        Ok(Box::new(event))
+    }
+
+    fn synchronize(&self) -> Result<(), Error> {
+        // Work just enqueued (a call's operand copies) usually completes within
+        // microseconds: look a while before sleeping (a wake-up costs tens of them).
+        poll_then_block(|| self.0.query(), || self.0.block())
+    }
+
+    fn host_buffer(&self, len: usize) -> Result<HostBuffer, Error> {
+        Ok(HostBuffer::pinned(Q::pinned().take(len)?, len))
     }
 }
 

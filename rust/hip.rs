@@ -28,10 +28,8 @@ use std::ptr::{self, NonNull};
 use std::sync::OnceLock;
 
 use crate::error::Error;
-use crate::gpu::{Completion, Stream};
-use crate::gpu_driver::{captured, dynamic_api, poll_then_block, Driver, EventPool, Poll};
-use crate::hostbuf::HostBuffer;
-use crate::pinned::{PinnedAlloc, PinnedPool, PoolStats};
+use crate::gpu_driver::{self, captured, dynamic_api, gpu_driver, Poll};
+use crate::pinned::PinnedAlloc;
 
 /// `hipError_t` (an enum of C `int` size).
 type HipError = c_int;
@@ -189,31 +187,11 @@ pub fn runtime_path() -> Option<String> {
     }
 }
 
-/// The runtime, loaded and initialised (once).
-///
-/// # Errors
-/// Why ROCm cannot be used.
-pub fn runtime() -> Result<(), Error> {
-    static READY: OnceLock<Result<(), String>> = OnceLock::new();
-    READY
-        .get_or_init(|| {
-            runtime_library()?;
-            // SAFETY: the library and its functions are present; hipInit may be called
-            // any number of times.
-            check(unsafe { drv::hipInit(0) }, "hipInit").map_err(|e| e.to_string())
-        })
-        .clone()
-        .map_err(|m| Error::Internal(format!("hostfeed cannot use ROCm: {m}")))
-}
-
-/// The HIP runtime's version (e.g. 60342134), if the runtime loads.
-#[must_use]
-pub fn runtime_version() -> Option<i32> {
-    runtime().ok()?;
-    let mut v = 0;
-    // SAFETY: the runtime is initialised; `v` is a valid out pointer.
-    check(unsafe { drv::hipRuntimeGetVersion(&raw mut v) }, "hipRuntimeGetVersion").ok()?;
-    Some(v)
+/// Initialises the loaded runtime (`hipInit`, which may be called any number of times).
+fn initialise() -> Result<(), String> {
+    runtime_library()?;
+    // SAFETY: the library and its functions are present.
+    check(unsafe { drv::hipInit(0) }, "hipInit").map_err(|e| e.to_string())
 }
 
 /// Pinned host memory from `hipHostMalloc` (portable: usable from every device).
@@ -225,10 +203,7 @@ impl PinnedAlloc for HipHostAlloc {
         // SAFETY: the runtime is loaded (handlers call `runtime()` first); `p` is a valid
         // out pointer.
         let res = unsafe { drv::hipHostMalloc(&raw mut p, bytes, HIP_HOST_MALLOC_PORTABLE) };
-        check(res, "hipHostMalloc").map_err(|e| {
-            Error::Internal(format!("cannot pin {bytes} bytes of host memory for a GPU tap: {e}"))
-        })?;
-        NonNull::new(p.cast()).ok_or_else(|| Error::Internal("hipHostMalloc returned null".into()))
+        gpu_driver::pinned_block(bytes, check(res, "hipHostMalloc"), p)
     }
 
     unsafe fn free(&self, ptr: NonNull<u8>, _bytes: usize) {
@@ -239,33 +214,10 @@ impl PinnedAlloc for HipHostAlloc {
     }
 }
 
-/// The process's pool of pinned memory for ROCm messages.
-fn pool() -> &'static PinnedPool<HipHostAlloc> {
-    static POOL: OnceLock<PinnedPool<HipHostAlloc>> = OnceLock::new();
-    POOL.get_or_init(|| PinnedPool::new(HipHostAlloc))
-}
-
-/// Counters of the ROCm pinned pool (for tests and `rocm_pool_stats()`).
-#[must_use]
-pub fn pool_stats() -> PoolStats {
-    pool().stats()
-}
-
-/// Idle events, by device ordinal (HIP's).
-static EVENTS: EventPool = EventPool::new();
-
-/// The HIP driver of the shared handlers.
-pub struct Hip;
-
-impl Driver for Hip {
-    const HANDLER_NAMES: [&'static str; 4] =
-        ["hostfeed_tap (ROCm)", "hostfeed_call (ROCm)", "hostfeed_check (ROCm)", "hostfeed_failure (ROCm)"];
-    type Stream = HipStreamRef;
-
-    unsafe fn stream(raw: *mut c_void, capture: bool) -> Result<HipStreamRef, Error> {
-        // SAFETY: forwarded caller contract.
-        unsafe { HipStreamRef::new(raw, capture) }
-    }
+gpu_driver! {
+    /// The HIP driver of the shared handlers (`gpu_driver.rs`).
+    Hip, platform: "ROCm", queue: HipStreamRef, alloc: HipHostAlloc = HipHostAlloc,
+    ready: runtime = initialise, version: runtime_version = hipRuntimeGetVersion
 }
 
 /// The stream of one handler call, its device made current until dropped.
@@ -323,94 +275,55 @@ impl Drop for HipStreamRef {
     }
 }
 
-/// An event recorded on a stream, back to the pool when dropped.
-pub struct HipEventRef {
-    raw: HipEvent,
-    device: c_int,
-}
-
-// SAFETY: HIP events are handles usable from any thread; the courier only queries and
-// waits on the event.
-unsafe impl Send for HipEventRef {}
-
-impl HipEventRef {
-    /// An idle event of `device` (created when none is), recorded on `stream`.
-    ///
-    /// # Safety
-    /// `device` must be current on this thread and `stream` a live stream of it.
-    unsafe fn record(device: c_int, stream: HipStream) -> Result<Self, Error> {
-        let raw = if let Some(e) = EVENTS.take(device as usize) {
-            e as HipEvent
-        } else {
-            let mut e: HipEvent = ptr::null_mut();
-            // SAFETY: `device` is current (caller contract); `e` is a valid out pointer.
-            check(
-                unsafe {
-                    drv::hipEventCreateWithFlags(
-                        &raw mut e,
-                        HIP_EVENT_DISABLE_TIMING | HIP_EVENT_BLOCKING_SYNC,
-                    )
-                },
-                "hipEventCreateWithFlags",
-            )?;
-            e
-        };
-        let event = HipEventRef { raw, device };
-        // SAFETY: the event belongs to the stream's device; the stream is live.
-        check_stream(unsafe { drv::hipEventRecord(raw, stream) }, "hipEventRecord")?;
-        Ok(event)
-    }
-}
-
-impl Completion for HipEventRef {
-    fn wait(&self) -> Result<(), Error> {
-        poll_then_block(
-            // SAFETY: a live event, recorded.
-            || poll(unsafe { drv::hipEventQuery(self.raw) }, "hipEventQuery"),
-            // SAFETY: as above; a blocking-sync event: the thread sleeps until it completes.
-            || check(unsafe { drv::hipEventSynchronize(self.raw) }, "hipEventSynchronize"),
-        )
-    }
-}
-
-impl Drop for HipEventRef {
-    fn drop(&mut self) {
-        EVENTS.give(self.device as usize, self.raw as usize);
-    }
-}
-
-impl Stream for HipStreamRef {
-    unsafe fn copy_to_host(&self, dst: *mut u8, src: *const u8, n: usize) -> Result<(), Error> {
-        // SAFETY: caller contract (source in device or pinned host memory, pinned
-        // destination, both valid for `n` bytes until the copy ran); the stream's device
-        // is current; hipMemcpyDefault infers the direction (unified addressing).
-        check_stream(
-            unsafe { drv::hipMemcpyAsync(dst.cast(), src.cast(), n, HIP_MEMCPY_DEFAULT, self.raw) },
-            "hipMemcpyAsync",
-        )
+impl gpu_driver::Queue for HipStreamRef {
+    fn owner(&self) -> usize {
+        self.device.unsigned_abs() as usize
     }
 
-    unsafe fn copy_to_device(&self, dst: *mut u8, src: *const u8, n: usize) -> Result<(), Error> {
-        // SAFETY: as above, the other way (a result may be in pinned host memory too).
-        unsafe { self.copy_to_host(dst, src, n) }
+    unsafe fn copy(&self, dst: *mut u8, src: *const u8, n: usize) -> Result<(), Error> {
+        // SAFETY: caller contract (device or pinned host memory, valid for `n` bytes until
+        // the copy ran); the stream's device is current; hipMemcpyDefault infers the
+        // direction (unified addressing).
+        let res = unsafe { drv::hipMemcpyAsync(dst.cast(), src.cast(), n, HIP_MEMCPY_DEFAULT, self.raw) };
+        check_stream(res, "hipMemcpyAsync")
     }
 
-    fn record(&self) -> Result<Box<dyn Completion>, Error> {
-        // SAFETY: the stream's device is current for the life of `self`.
-        Ok(Box::new(unsafe { HipEventRef::record(self.device, self.raw) }?))
+    fn record_on(&self, event: usize) -> Result<(), Error> {
+        // SAFETY: an event of the stream's device (current); the stream is live.
+        check_stream(unsafe { drv::hipEventRecord(event as HipEvent, self.raw) }, "hipEventRecord")
     }
 
-    fn synchronize(&self) -> Result<(), Error> {
-        poll_then_block(
-            // SAFETY: the stream is live.
-            || poll(unsafe { drv::hipStreamQuery(self.raw) }, "hipStreamQuery"),
-            // SAFETY: the stream is live.
-            || check_stream(unsafe { drv::hipStreamSynchronize(self.raw) }, "hipStreamSynchronize"),
-        )
+    fn query(&self) -> Result<Poll, Error> {
+        // SAFETY: the stream is live.
+        poll(unsafe { drv::hipStreamQuery(self.raw) }, "hipStreamQuery")
     }
 
-    fn host_buffer(&self, len: usize) -> Result<HostBuffer, Error> {
-        Ok(HostBuffer::pinned(pool().take(len)?, len))
+    fn block(&self) -> Result<(), Error> {
+        // SAFETY: the stream is live.
+        check_stream(unsafe { drv::hipStreamSynchronize(self.raw) }, "hipStreamSynchronize")
+    }
+
+    fn create_event(&self) -> Result<usize, Error> {
+        let mut e: HipEvent = ptr::null_mut();
+        let flags = HIP_EVENT_DISABLE_TIMING | HIP_EVENT_BLOCKING_SYNC;
+        // SAFETY: the stream's device is current; `e` is a valid out pointer.
+        check(unsafe { drv::hipEventCreateWithFlags(&raw mut e, flags) }, "hipEventCreateWithFlags")?;
+        Ok(e as usize)
+    }
+
+    fn enter(_device: usize) -> Result<(), Error> {
+        // HIP events are waited for from any thread, whatever device is current.
+        Ok(())
+    }
+
+    fn event_query(event: usize) -> Result<Poll, Error> {
+        // SAFETY: a live event, recorded (the pool never destroys one).
+        poll(unsafe { drv::hipEventQuery(event as HipEvent) }, "hipEventQuery")
+    }
+
+    fn event_block(event: usize) -> Result<(), Error> {
+        // SAFETY: as above; a blocking-sync event: the thread sleeps until it completes.
+        check(unsafe { drv::hipEventSynchronize(event as HipEvent) }, "hipEventSynchronize")
     }
 }
 
@@ -473,6 +386,7 @@ pub fn copy_floor(ordinal: i32, nbytes: usize, repeats: usize) -> Result<Vec<f64
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpu_driver::Driver;
 
     #[test]
     fn without_the_runtime_rocm_is_reported_unusable_rather_than_panicking() {
@@ -516,7 +430,7 @@ mod tests {
             return; // a ROCm machine: a bogus stream would be handed to the runtime
         }
         // SAFETY: without the runtime nothing is called with the pointer.
-        let err = unsafe { Hip::stream(ptr::null_mut(), true) }.err().unwrap().to_string();
+        let err = unsafe { <Hip as Driver>::stream(ptr::null_mut(), true) }.err().unwrap().to_string();
         assert!(err.contains("cannot use ROCm") && err.contains("libamdhip64"), "{err}");
     }
 }
