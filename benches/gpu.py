@@ -36,10 +36,17 @@ from jax.experimental import io_callback
 
 import hostfeed
 from hostfeed import host_callback as hcb
-from hostfeed import lowering, receiver
+from hostfeed import lowering
 from hostfeed.bench._timing import interleaved, table
 
 DRY_RUN = os.environ.get("GPU_CHECK_PLATFORM") == "cpu"
+#: Which GPU: cuda or rocm (benches/rocm_check.sh sets GPU_CHECK_KIND=rocm).
+KIND = os.environ.get("GPU_CHECK_KIND", "cuda")
+
+
+def gpu(what: str):
+    """This GPU's native function ``what`` (``lowering.gpu_driver``)."""
+    return lowering.gpu_driver(KIND, what)
 N_SMALL = int(os.environ.get("HOSTFEED_BENCH_N_SMALL", 20 if DRY_RUN else 500))
 N_LARGE = int(os.environ.get("HOSTFEED_BENCH_N_LARGE", 2 if DRY_RUN else 10))
 N_CALLS = int(os.environ.get("HOSTFEED_BENCH_N_CALLS", 20 if DRY_RUN else 500))
@@ -156,7 +163,7 @@ def pinned_floor(nbytes: int) -> dict[str, float]:
             ts.append(time.perf_counter() - t0)
         floors[FLOOR] = nbytes / min(ts) / 1e9
         return floors
-    times = receiver.cuda_copy_floor(0, nbytes, max(5, REPEATS * 2))
+    times = gpu("copy_floor")(0, nbytes, max(5, REPEATS * 2))
     floors[FLOOR] = nbytes / min(times) / 1e9
     try:  # JAX's own transfer into pinned host memory, where supported
         dev = jax.devices()[0]
@@ -197,16 +204,16 @@ def main() -> None:
     env = {
         "jax": jax.__version__, "hostfeed": hostfeed.__version__, "device": str(dev),
         "device_kind": getattr(dev, "device_kind", "?"), "backend": jax.default_backend(),
-        "cuda_driver": receiver.cuda_driver_version(),
-        "cuda_handlers": lowering.cuda_status() or "registered",
+        f"{KIND}_driver": gpu("driver_version")(),
+        f"{KIND}_handlers": gpu("status")() or "registered",
         "cpus": os.cpu_count(),
     }
     results["environment"] = env
     print("environment:", json.dumps(env))
     if DRY_RUN:
         print("dry run on CPU: small sizes, a host copy as the floor; no target is judged")
-    elif jax.default_backend() != "gpu" or lowering.cuda_status() is not None:
-        raise SystemExit("benches/gpu.py needs a CUDA GPU with hostfeed's CUDA handlers")
+    elif jax.default_backend() != "gpu" or gpu("status")() is not None:
+        raise SystemExit(f"benches/gpu.py needs a {KIND} GPU with hostfeed's {KIND} handlers")
     save(results, "environment")
 
     # ---- small taps ------------------------------------------------------------------
@@ -265,7 +272,7 @@ def main() -> None:
         save(results, f"calls, {shape}")
 
     results["receiver"] = hostfeed.receiver_stats()
-    results["pinned_pool"] = receiver.cuda_pool_stats()
+    results["pinned_pool"] = gpu("pool_stats")()
     print("receiver:", results["receiver"])
     print("pinned pool:", results["pinned_pool"])
     print("targets (ratio, wanted, verdict):")

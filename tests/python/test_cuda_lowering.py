@@ -142,11 +142,11 @@ def test_lowering_for_cpu_and_cuda_at_once_uses_the_same_custom_call_on_both():
 
 
 def test_other_platforms_take_the_portable_transport_without_refusal():
-    # ROCm and TPU use JAX's host-callback lowering: hostfeed no longer refuses them. Here,
-    # without their backends, JAX itself cannot lower a host callback for them (exactly as
-    # for io_callback), which shows that the portable lowering was reached.
-    assert hostfeed.transports()["rocm"] == "jax" or hostfeed.portable.forced() == "native"
-    for platform in ("rocm", "tpu"):
+    # TPUs use JAX's host-callback lowering: hostfeed does not refuse them. Here, without
+    # their backend, JAX itself cannot lower a host callback for them (exactly as for
+    # io_callback), which shows that the portable lowering was reached.
+    assert hostfeed.transports()["tpu"] == "jax" or hostfeed.portable.forced() == "native"
+    for platform in ("tpu",):
         with pytest.raises(ValueError, match=f"lowering platform {platform}"):
             jax.jit(lambda x: hcb.id_tap(noop, x)).trace(1.0).lower(
                 lowering_platforms=(platform,))
@@ -158,12 +158,12 @@ def test_native_transport_forced_refuses_other_platforms_with_a_clear_message():
         from hostfeed import host_callback as hcb
         try:
             jax.jit(lambda x: hcb.id_tap(lambda a, t: None, x)).trace(1.0).lower(
-                lowering_platforms=("rocm",))
+                lowering_platforms=("tpu",))
         except NotImplementedError as e:
             print("refused:", e)
     """, env={"HOSTFEED_TRANSPORT": "native"})
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "refused:" in r.stdout and "CPU and CUDA GPUs only" in r.stdout
+    assert "refused:" in r.stdout and "CPU, CUDA and ROCm GPUs only" in r.stdout
     assert "HOSTFEED_TRANSPORT=native" in r.stdout
 
 
