@@ -663,10 +663,183 @@ macro_rules! driver_kind_tests {
     };
 }
 
+/// The shared [`Stream`] ([`OnStream`], [`Pooled`]) against a fake [`Queue`] of one driver
+/// kind: what its events belong to (`owner`: a context's address on CUDA, a device ordinal
+/// on HIP) and whether a courier must make it current before waiting (`enters`).
+#[cfg(test)]
+macro_rules! fake_queue_tests {
+    ($kind:ident, owner: $owner:expr, enters: $enters:expr) => {
+        mod $kind {
+            use crate::gpu_driver::*;
+            use std::sync::atomic::{AtomicUsize, Ordering};
+
+            /// What the fake driver was asked, in order.
+            static LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
+            /// Polls answered `Pending` before `Done`.
+            static PENDING: AtomicUsize = AtomicUsize::new(0);
+            static CREATED: AtomicUsize = AtomicUsize::new(0);
+            static EVENTS: EventPool = EventPool::new();
+
+            fn log(what: String) {
+                lock(&LOG).push(what);
+            }
+
+            fn take_log() -> Vec<String> {
+                std::mem::take(&mut *lock(&LOG))
+            }
+
+            fn countdown() -> Poll {
+                match PENDING.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)) {
+                    Ok(_) => Poll::Pending,
+                    Err(_) => Poll::Done,
+                }
+            }
+
+            /// Heap memory standing in for pinned memory.
+            struct Heap;
+
+            impl PinnedAlloc for Heap {
+                fn alloc(&self, bytes: usize) -> Result<std::ptr::NonNull<u8>, Error> {
+                    let layout = std::alloc::Layout::from_size_align(bytes, 64).unwrap();
+                    // SAFETY: non-zero size (the pool never asks for 0).
+                    std::ptr::NonNull::new(unsafe { std::alloc::alloc(layout) })
+                        .ok_or_else(|| Error::Internal("out of memory".into()))
+                }
+
+                unsafe fn free(&self, ptr: std::ptr::NonNull<u8>, bytes: usize) {
+                    let layout = std::alloc::Layout::from_size_align(bytes, 64).unwrap();
+                    // SAFETY: allocated above with this layout.
+                    unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
+                }
+            }
+
+            struct Fake;
+
+            impl Pools for Fake {
+                type Alloc = Heap;
+
+                fn pinned() -> &'static PinnedPool<Heap> {
+                    static POOL: OnceLock<PinnedPool<Heap>> = OnceLock::new();
+                    POOL.get_or_init(|| PinnedPool::new(Heap))
+                }
+
+                fn events() -> &'static EventPool {
+                    &EVENTS
+                }
+            }
+
+            impl Queue for Fake {
+                fn owner(&self) -> usize {
+                    $owner
+                }
+
+                unsafe fn copy(&self, dst: *mut u8, src: *const u8, n: usize) -> Result<(), Error> {
+                    log(format!("copy {n}"));
+                    // SAFETY: caller contract; the fake device runs the copy at once.
+                    unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
+                    Ok(())
+                }
+
+                fn record_on(&self, event: usize) -> Result<(), Error> {
+                    log(format!("record {event}"));
+                    Ok(())
+                }
+
+                fn query(&self) -> Result<Poll, Error> {
+                    Ok(countdown())
+                }
+
+                fn block(&self) -> Result<(), Error> {
+                    log("block stream".into());
+                    PENDING.store(0, Ordering::SeqCst);
+                    Ok(())
+                }
+
+                fn create_event(&self) -> Result<usize, Error> {
+                    let e = 100 + CREATED.fetch_add(1, Ordering::SeqCst);
+                    log(format!("create {e}"));
+                    Ok(e)
+                }
+
+                fn enter(owner: usize) -> Result<(), Error> {
+                    if $enters {
+                        log(format!("enter {owner}"));
+                    }
+                    Ok(())
+                }
+
+                fn event_query(_event: usize) -> Result<Poll, Error> {
+                    Ok(countdown())
+                }
+
+                fn event_block(event: usize) -> Result<(), Error> {
+                    log(format!("block {event}"));
+                    PENDING.store(0, Ordering::SeqCst);
+                    Ok(())
+                }
+            }
+
+            #[test]
+            fn the_shared_stream_copies_pools_events_per_owner_and_polls_before_sleeping() {
+                let stream = OnStream(Fake);
+                let src = [1u8, 2, 3];
+                let mut dst = [0u8; 3];
+                // SAFETY: both arrays hold 3 bytes; the fake copies at once.
+                unsafe {
+                    stream.copy_to_host(dst.as_mut_ptr(), src.as_ptr(), 3).unwrap();
+                    stream.copy_to_device(dst.as_mut_ptr(), [7u8, 8, 9].as_ptr(), 2).unwrap();
+                }
+                assert_eq!(dst, [7, 8, 3]);
+                assert_eq!(take_log(), ["copy 3", "copy 2"]);
+
+                // The first event is created; waited for within the spin, no sleep.
+                PENDING.store(2, Ordering::SeqCst);
+                let event = stream.record().unwrap();
+                event.wait().unwrap();
+                let enter = format!("enter {}", $owner);
+                let mut expected = vec!["create 100".to_string(), "record 100".into()];
+                if $enters {
+                    expected.push(enter.clone());
+                }
+                assert_eq!(take_log(), expected);
+                // Dropped: back to the owner's pool, reused by the next tap.
+                drop(event);
+                let again = stream.record().unwrap();
+                assert_eq!(take_log(), ["record 100"]);
+                // Pending past the spin: the courier sleeps in the driver.
+                PENDING.store(usize::MAX, Ordering::SeqCst);
+                again.wait().unwrap();
+                let log = take_log();
+                assert_eq!(log.last().map(String::as_str), Some("block 100"), "{log:?}");
+                drop(again);
+                assert_eq!(EVENTS.take($owner), Some(100));
+                assert_eq!(EVENTS.take($owner), None);
+
+                // The stream's own wait: polls, then sleeps.
+                PENDING.store(usize::MAX, Ordering::SeqCst);
+                stream.synchronize().unwrap();
+                assert_eq!(take_log(), ["block stream"]);
+
+                // Pinned buffers come from the driver's pool.
+                let buf = stream.host_buffer(100).unwrap();
+                assert_eq!(buf.len(), 100);
+                assert_eq!(Fake::pinned().stats().allocations, 1);
+            }
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     driver_kind_tests!(cuda, driver: crate::cuda::Cuda, graph: "a CUDA graph",
         unusable: crate::cuda::driver_library().err());
     driver_kind_tests!(hip, driver: crate::hip::Hip, graph: "a HIP graph",
         unusable: crate::hip::runtime_library().err());
+
+    mod fakes {
+        // CUDA: events belong to a context (its address), made current before a wait.
+        fake_queue_tests!(cuda, owner: 0x7f00_c0de_0000_usize, enters: true);
+        // HIP: events belong to a device (its ordinal), waited for from any thread.
+        fake_queue_tests!(hip, owner: 1_usize, enters: false);
+    }
 }

@@ -98,7 +98,10 @@ fn open_runtime() -> Result<*mut c_void, String> {
         // runtime's; the handle is never closed (into_raw).
         match unsafe { Library::open(Some(name), RTLD_NOW | RTLD_LOCAL) } {
             Ok(lib) => return Ok(lib.into_raw()),
-            Err(e) => tried.push(e.to_string()),
+            // The loader's words (libloading's own are only "dlopen failed").
+            Err(e) => {
+                tried.push(std::error::Error::source(&e).map_or_else(|| e.to_string(), ToString::to_string));
+            }
         }
     }
     Err(format!(

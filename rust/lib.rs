@@ -95,9 +95,9 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pyapi::cuda_pool_stats, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::cuda_copy_floor, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::rocm_registrations, m)?)?;
-    m.add_function(wrap_pyfunction!(pyapi::rocm_runtime_error, m)?)?;
-    m.add_function(wrap_pyfunction!(pyapi::rocm_runtime_version, m)?)?;
-    m.add_function(wrap_pyfunction!(pyapi::rocm_runtime_path, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::rocm_driver_error, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::rocm_driver_version, m)?)?;
+    m.add_function(wrap_pyfunction!(pyapi::rocm_driver_path, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::rocm_pool_stats, m)?)?;
     m.add_function(wrap_pyfunction!(pyapi::rocm_copy_floor, m)?)?;
     Ok(())

@@ -631,19 +631,19 @@ pub fn rocm_registrations(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 /// Why the HIP runtime cannot be used (no `libamdhip64`, a missing function), or `None`
 /// when it can. Loads the runtime library if present but does not initialise HIP.
 #[pyfunction]
-pub fn rocm_runtime_error(py: Python<'_>) -> Option<String> {
+pub fn rocm_driver_error(py: Python<'_>) -> Option<String> {
     py.detach(crate::hip::runtime_library).err()
 }
 
 /// The file hostfeed's HIP functions come from, or `None` without the runtime.
 #[pyfunction]
-pub fn rocm_runtime_path(py: Python<'_>) -> Option<String> {
+pub fn rocm_driver_path(py: Python<'_>) -> Option<String> {
     py.detach(crate::hip::runtime_path)
 }
 
 /// The HIP runtime's version, or `None` without a usable runtime. Initialises HIP.
 #[pyfunction]
-pub fn rocm_runtime_version(py: Python<'_>) -> Option<i32> {
+pub fn rocm_driver_version(py: Python<'_>) -> Option<i32> {
     py.detach(crate::hip::runtime_version)
 }
 
