@@ -7,7 +7,7 @@
 #   1. smoke      benches/gpu_smoke.py (<= 60 s): handlers registered, one tap, one call,
 #                 one 64 MiB tap, a barrier. Stops the check at once if the handlers are
 #                 missing: nothing later could pass.
-#   2. gpu tests  test_gpu.py and test_cuda_lowering.py (ROCm: test_rocm_lowering.py), -v.
+#   2. gpu tests  test_gpu.py, test_cuda_lowering.py and test_rocm_lowering.py, -v.
 #   3. bench      benches/gpu.py (<= 150 s): the issue's three targets, as ratios.
 #   4. suite      the rest of tests/python (not test_bench.py, a CPU bench subprocess),
 #                 -rA --durations=20, in the time left.
@@ -157,7 +157,8 @@ pytest_step() {
 
 # ---- 2. the GPU tests ---------------------------------------------------------------------------
 say "2/4 gpu tests (at most $(cap "$gpu_tests_s") s)"
-pytest_step gpu_tests "$(cap "$gpu_tests_s")" tests/python/test_gpu.py "tests/python/test_${kind}_lowering.py"
+pytest_step gpu_tests "$(cap "$gpu_tests_s")" tests/python/test_gpu.py tests/python/test_cuda_lowering.py \
+    tests/python/test_rocm_lowering.py
 gpu_tests_rc=$?
 
 # ---- 3. the bench -------------------------------------------------------------------------------
