@@ -14,15 +14,16 @@
 //! `cuda_driver_error`, which `lowering.cuda_status()` reports, and at the first handler
 //! call); [`driver_path`] names the file in use.
 //!
-//! The handlers (shared with ROCm: `gpu_driver.rs`, driver [`Cuda`]) get the stream XLA runs the custom call on (`XLA_FFI_Stream_Get`, a
-//! `CUstream`), make its context current for the duration of the call (the context of
-//! each stream is looked up once per thread and cached: XLA's streams keep their context
-//! for life), and run the platform-neutral bodies in `gpu.rs`. A tap refuses to run while
-//! its stream is being captured into a CUDA graph (the handlers' metadata never declares
-//! them command-buffer compatible, so XLA does not capture them; this guards the
-//! invariant, since a captured tap would deliver bytes never copied); a call, a check and
-//! a failure need no such query: each synchronises the stream, which fails under capture,
-//! and that failure is reported with the same words.
+//! The handlers (shared with ROCm: `gpu_driver.rs`, driver [`Cuda`]) get the stream XLA
+//! runs the custom call on (`XLA_FFI_Stream_Get`, a `CUstream`), make its context current
+//! for the duration of the call (the context of each stream is looked up once per thread
+//! and cached: XLA's streams keep their context for life), and run the platform-neutral
+//! bodies in `gpu.rs`. A tap refuses to run while its stream is being captured into a
+//! CUDA graph (the handlers' metadata never declares them command-buffer compatible, so
+//! XLA does not capture them; this guards the invariant, since a captured tap would
+//! deliver bytes never copied); a call, a check and a failure need no such query: each
+//! synchronises the stream, which fails under capture, and that failure is reported with
+//! the same words.
 //!
 //! Copies use `cuMemcpyAsync`, which infers the direction from the pointers (unified
 //! addressing, always on for 64-bit processes): an operand or result XLA keeps in
