@@ -1,11 +1,14 @@
 """Test matrix: the whole Python test suite, the stub check and mypy on each supported
-(Python, JAX) pair, and ``cargo test`` once.
+(Python, JAX) pair; the suite with the portable transport forced; the GPU check's dry run;
+and the Rust core's tests once (debug and release, and the loom models).
 
-    nox                                 # everything: the three environments, then cargo test
+    nox                                 # everything: the three environments, portable,
+                                        # gpu_check_dry, then the Rust tests
     nox -l                              # list the sessions
     nox -s "tests(py3.12-jax0.11.2)"    # one environment (or: nox -s tests -p 3.12)
     nox -s tests                        # the three environments
-    nox -s rust                         # cargo test (the FFI layout against each jaxlib seen)
+    nox -s rust                         # the core's tests, debug and release (the FFI layout
+                                        # against each jaxlib seen), then the loom models
     nox -s gpu_check_dry                # benches/gpu_check.sh's dry run on CPU (a few minutes)
     nox -s portable                     # the suite with the portable transport forced
     nox -s releases                     # also 0.10.0, 0.10.1, 0.11.0, 0.11.1, 0.12.0 (not in CI)
@@ -51,7 +54,8 @@ def _wheel() -> str:
 
 
 # The other releases in the supported range whose internals or FFI header differ from a
-# neighbour's (see _compat.py and rust/xla_ffi.rs): not in CI; `nox -s releases`.
+# neighbour's (see _compat.py and crates/hostfeed-core/src/ffi/c_api.rs): not in CI;
+# `nox -s releases`.
 RELEASES = [("3.11", "0.10.0"), ("3.11", "0.10.1"), ("3.12", "0.11.0"), ("3.12", "0.11.1"),
             ("3.13", "0.12.0")]
 
@@ -135,15 +139,39 @@ def gpu_check_dry(session: nox.Session) -> None:
         "GPU_CHECK_BUDGET_S": "300"})
 
 
-@nox.session(python=False)
-def rust(session: nox.Session) -> None:
-    """cargo test, with the FFI layout checked against every jaxlib header the test
-    sessions installed (or, when none ran, the one of the current Python's jax)."""
-    env = {}
+def _ffi_include_dirs(session: nox.Session) -> list[str]:
+    """The jaxlib include directories the test sessions saw, or else the one of this
+    interpreter's jax; fails the session when there is none (the layout check must run
+    here, not skip)."""
+    dirs = []
     if FFI_INCLUDES.is_dir():
         dirs = [p.read_text().strip() for p in sorted(FFI_INCLUDES.iterdir())]
-        dirs = [d for d in dirs if pathlib.Path(d, "xla/ffi/api/c_api.h").exists()]
-        if dirs:
-            env["HOSTFEED_XLA_FFI_INCLUDE"] = os.pathsep.join(dirs)
-            session.log("FFI headers: " + ", ".join(dirs))
-    session.run("cargo", "test", external=True, env=env)
+    if not dirs:
+        try:
+            import jax  # only when no test session recorded a header
+            dirs = [str(jax.ffi.include_dir())]
+        except ImportError:
+            pass
+    dirs = [d for d in dirs if pathlib.Path(d, "xla/ffi/api/c_api.h").exists()]
+    if not dirs:
+        session.error("no jaxlib FFI header: run a `tests` session first (or install jax "
+                      "here, or set HOSTFEED_XLA_FFI_INCLUDE)")
+    return dirs
+
+
+@nox.session(python=False)
+def rust(session: nox.Session) -> None:
+    """The core's tests (`cargo test -p hostfeed-core`) in the debug and the release
+    profile, with the FFI layout checked against every jaxlib header the test sessions
+    installed (required here: it fails rather than skips), then the loom models of the
+    hand-made synchronisation (bounded; their own target directory, since `--cfg loom`
+    rebuilds everything)."""
+    dirs = os.environ.get("HOSTFEED_XLA_FFI_INCLUDE", "").split(os.pathsep)
+    dirs = [d for d in dirs if d] or _ffi_include_dirs(session)
+    session.log("FFI headers: " + ", ".join(dirs))
+    env = {"HOSTFEED_XLA_FFI_INCLUDE": os.pathsep.join(dirs), "HOSTFEED_REQUIRE_FFI_HEADERS": "1"}
+    session.run("cargo", "test", "-p", "hostfeed-core", external=True, env=env)
+    session.run("cargo", "test", "-p", "hostfeed-core", "--release", external=True, env=env)
+    loom = {"RUSTFLAGS": "--cfg loom", "CARGO_TARGET_DIR": str(ROOT / "target" / "loom")}
+    session.run("cargo", "test", "-p", "hostfeed-core", "--release", "--lib", "loom",
+                external=True, env=loom)

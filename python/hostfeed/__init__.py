@@ -39,7 +39,7 @@ from . import _compat  # noqa: F401  (checks the JAX version first)
 # and lowerings (registered with JAX as these modules are imported), then the public API.
 from . import primitives, rules, lowering  # noqa: F401
 from . import host_callback, portable, receiver, recording, settings, zarr_dtypes  # noqa: F401
-from .bench._timing import summary_of_buckets
+from ._summary import summary_of_buckets
 from .host_callback import (CallbackException, TapFunctionException, barrier_wait, id_print,
                             id_tap, stop_outfeed_receiver)
 from .recording import Recorder, RecordingError, read_recording

@@ -98,7 +98,48 @@ Zero = _public_ad.Zero
 is_undefined_primal = _public_ad.is_undefined_primal
 float0 = jax.dtypes.float0
 build_ffi_lowering_function = _public_ffi.build_ffi_lowering_function
-register_lowering = mlir.register_lowering
+
+
+def register_lowering(prim: Any, rule: Any, platform: str | None = None,
+                      cacheable: bool = True) -> None:
+    """``mlir.register_lowering``; ``cacheable=False`` (jax 0.10-0.12: lowered in place
+    instead of as a cached function inlined into its caller) where JAX has the option."""
+    if not cacheable:
+        try:
+            mlir.register_lowering(prim, rule, platform=platform, cacheable=False)
+            _in_place.add(prim)
+            _wrap_lower_per_platform()
+            return
+        except TypeError:  # a JAX without the option: its lowerings are all in place
+            pass
+    mlir.register_lowering(prim, rule, platform=platform)
+
+
+# jax 0.10.2: a primitive lowered in place (cacheable=False) into a module for several
+# platforms at once reaches `lower_per_platform` with `avals_out` as a tuple, which it
+# concatenates to a list ("can only concatenate list (not "tuple") to list"). For
+# hostfeed's primitives it gets a list, and the tokens it sets are passed back.
+_in_place: set = set()
+
+
+def _wrap_lower_per_platform() -> None:
+    orig = getattr(_mlir_src, "lower_per_platform", None)
+    if orig is None or getattr(orig, "_hostfeed", False):
+        return
+
+    def lower_per_platform(ctx: Any, *args: Any, **kwargs: Any) -> Any:
+        if ctx.primitive not in _in_place or not isinstance(ctx.avals_out, tuple):
+            return orig(ctx, *args, **kwargs)
+        inner = ctx.replace(avals_out=list(ctx.avals_out))
+        out = orig(inner, *args, **kwargs)
+        if inner.tokens_out is not None:
+            ctx.set_tokens_out(inner.tokens_out)
+        return out
+
+    lower_per_platform._hostfeed = True  # type: ignore[attr-defined]
+    _mlir_src.lower_per_platform = lower_per_platform
+
+
 lower_fun = mlir.lower_fun
 # Sharding contexts a lowering rule can find itself in.
 SPMDAxisContext = mlir.SPMDAxisContext
@@ -302,3 +343,78 @@ def mesh_devices(mesh: Any) -> tuple | None:
         return None
     flat = getattr(devices, "flat", None)
     return tuple(flat) if flat is not None else None
+
+
+# ---- Dispatch of computations that tap (pxla, dispatch) ---------------------------------
+# jax 0.10.2-0.12: `MeshExecutable.create_cpp_call` (what `Compiled.__call__` uses, the
+# ahead-of-time path) builds JAX's C++ fast path unless the executable has *unordered*
+# effects or host callbacks, but never checks its *ordered* effects: the first call goes
+# through Python and passes the runtime token, later calls take the C++ path without it
+# ("Execution supplied 1 arguments but compiled program expected 2"). io_callback escapes
+# this only because its executables also have host callbacks. Executables with ordered
+# effects keep the Python path (with the token) on every call.
+from jax._src.interpreters import pxla as _pxla  # noqa: E402
+
+
+def _wrap_create_cpp_call() -> bool:
+    cls = getattr(_pxla, "MeshExecutable", None)
+    orig = getattr(cls, "create_cpp_call", None)
+    if orig is None or getattr(orig, "_hostfeed", False):
+        return orig is not None
+
+    def create_cpp_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(getattr(self, "unsafe_call", None), "ordered_effects", None):
+            return None  # Compiled.__call__ then calls through Python, tokens included
+        return orig(self, *args, **kwargs)
+
+    create_cpp_call._hostfeed = True  # type: ignore[attr-defined]
+    create_cpp_call.__doc__ = orig.__doc__
+    cls.create_cpp_call = create_cpp_call  # type: ignore[union-attr]
+    return True
+
+
+AOT_CALLS_KEEP_TOKENS = _wrap_create_cpp_call()
+
+
+# jax 0.10.2-0.12: every dispatch of a computation with an ordered effect passes the
+# effect's token from the previous one through `RuntimeTokenSet.get_token_input`, which
+# `device_put`s it onto a fresh `NamedSharding(Mesh(devices))` each time, even when it
+# already lies on exactly those devices: half the Python dispatch of a small computation
+# that taps (about 90 of 180 us here). For hostfeed's effect, a token already on the
+# executable's devices, in order, is passed as it is (the executable only reads its
+# per-device buffers); any other case goes through JAX's own function.
+def install_token_fast_path(effect_type: type) -> bool:
+    """Makes JAX pass ``effect_type``'s runtime token on unchanged when it already lies on
+    the dispatched computation's devices; returns whether JAX has the hook."""
+    cls = getattr(_dispatch, "RuntimeTokenSet", None)
+    orig = getattr(cls, "get_token_input", None)
+    if orig is None:
+        return False
+    if getattr(orig, "_hostfeed", False):
+        return True
+    token_type = _core.Token
+
+    def get_token_input(self: Any, eff: Any, devices: Any) -> Any:
+        if type(eff) is effect_type:
+            tok = self.current_tokens.get(eff)
+            if type(tok) is token_type:
+                assignment = getattr(getattr(tok._buf, "sharding", None),
+                                     "_device_assignment", None)
+                if assignment is not None and tuple(assignment) == tuple(devices):
+                    return tok
+        return orig(self, eff, devices)
+
+    get_token_input._hostfeed = True  # type: ignore[attr-defined]
+    get_token_input.__doc__ = orig.__doc__
+    cls.get_token_input = get_token_input  # type: ignore[union-attr]
+    return True
+
+
+# ---- Host callbacks on the profiler's timeline (receiver._Dispatcher) --------------------
+# jax 0.10-0.12: `jax.profiler.TraceAnnotation` is this TraceMe; its static `is_enabled()`
+# (about 16 ns) says whether a trace is being collected (jax.profiler.start_trace, or a
+# profiler server's capture), so callbacks pay for events only while tracing.
+from jax._src.lib import _profiler as _profiler_lib  # noqa: E402
+
+TraceMe = _profiler_lib.TraceMe
+host_tracing = _profiler_lib.TraceMe.is_enabled

@@ -22,9 +22,8 @@ __all__ = [
     "install_interrupt_watch", "registrations",
     "cuda_registrations", "cuda_driver_error", "cuda_driver_version", "cuda_driver_path",
     "cuda_pool_stats",
-    "cuda_copy_floor",
     "rocm_registrations", "rocm_driver_error", "rocm_driver_version", "rocm_driver_path",
-    "rocm_pool_stats", "rocm_copy_floor",
+    "rocm_pool_stats",
 ]
 
 #: Default byte bound of the queue (the legacy ``256e6``).
@@ -262,10 +261,6 @@ def cuda_pool_stats() -> dict[str, int]:
     """Counters of the pinned-memory pool of GPU messages: ``allocations``, ``frees``,
     ``allocated_bytes``, ``in_use_bytes``, ``blocks_taken``, ``resets``."""
 
-def cuda_copy_floor(ordinal: int, nbytes: int, repeats: int) -> list[float]:
-    """Seconds taken by each of ``repeats`` device-to-host copies of ``nbytes`` from GPU
-    ``ordinal`` into pinned memory (a benchmark floor). Raises ReceiverError without CUDA."""
-
 # The ROCm platform (the HIP runtime, libamdhip64, is loaded at run time; nothing here
 # needs ROCm to import). Implemented, not verified on ROCm hardware.
 
@@ -286,8 +281,3 @@ def rocm_driver_path() -> str | None:
 def rocm_pool_stats() -> dict[str, int]:
     """Counters of the pinned-memory pool of ROCm messages (the keys of
     ``cuda_pool_stats``)."""
-
-def rocm_copy_floor(ordinal: int, nbytes: int, repeats: int) -> list[float]:
-    """Seconds taken by each of ``repeats`` device-to-host copies of ``nbytes`` from ROCm
-    GPU ``ordinal`` into pinned memory (a benchmark floor). Raises ReceiverError without
-    ROCm."""

@@ -19,6 +19,7 @@ import importlib.metadata
 import importlib.util
 import logging
 import threading
+import weakref
 from typing import Any, Optional
 from collections.abc import Sequence
 
@@ -42,7 +43,7 @@ for _name, _capsule in receiver.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
 
 
-# ---- gpu branch: the CUDA and ROCm handlers ----------------------------------------------
+# ---- The CUDA and ROCm handlers -----------------------------------------------------------
 class _GpuTargets:
     """hostfeed's handlers for one GPU platform (CUDA, ROCm): registered with JAX for
     ``xla_platform`` at the first lowering for ``platform``, where JAX can have a backend
@@ -140,7 +141,7 @@ _GPUS = (_CUDA, _ROCM)
 def gpu_driver(platform: str, what: str) -> Any:
     """hostfeed's native function ``what`` for GPU ``platform`` (``"cuda"`` or ``"rocm"``):
     ``registrations``, ``driver_error``, ``driver_version``, ``driver_path``,
-    ``pool_stats``, ``copy_floor``; ``"status"`` is :func:`cuda_status` or
+    ``pool_stats``; ``"status"`` is :func:`cuda_status` or
     :func:`rocm_status`. For code that serves both platforms (the GPU check, its bench).
 
     Example:
@@ -190,7 +191,7 @@ def rocm_status() -> Optional[str]:
 # Without usable handlers, GPU computations take the portable transport.
 for _gpu in _GPUS:
     portable.set_native_check(_gpu.platform, _gpu.unavailable)
-# ---- end gpu branch -----------------------------------------------------------------------
+# ---- end of the GPU handlers -------------------------------------------------------------
 
 
 def _consumer_id(ctx: Any, lease: receiver.Lease) -> int:
@@ -229,8 +230,16 @@ def _emit(ctx: Any, target: str, args: Sequence[Any], avals_in: Sequence[Any],
           avals_out: Sequence[Any], per_device: bool, **attrs: Any) -> list:
     """The FFI custom call with a token in and out; returns its non-token results (or the
     portable transport's counterpart, on platforms that use it)."""
+    return _emit_op(ctx, target, args, avals_in, avals_out, per_device, **attrs)[1]
+
+
+def _emit_op(ctx: Any, target: str, args: Sequence[Any], avals_in: Sequence[Any],
+             avals_out: Sequence[Any], per_device: bool, **attrs: Any) -> tuple[Any, list]:
+    """:func:`_emit`, also returning the custom call's operation (where the portable
+    transport lowers it, JAX's host callback that produced the token)."""
     if portable.active(ctx):
-        return portable.emit(ctx, target, args, avals_in, avals_out, per_device, **attrs)
+        results = portable.emit(ctx, target, args, avals_in, avals_out, per_device, **attrs)
+        return ctx.tokens_out.get(host_callback_effect).owner, results
     token = ctx.tokens_in.get(host_callback_effect)
     sub_ctx = dataclasses.replace(
         ctx, avals_in=[_compat.abstract_token, *avals_in],
@@ -242,7 +251,45 @@ def _emit(ctx: Any, target: str, args: Sequence[Any], avals_in: Sequence[Any],
     token_out, *results = op.results
     ctx.set_tokens_out(
         ctx.tokens_in.update_tokens(_compat.mlir.TokenSet({host_callback_effect: token_out})))
-    return results
+    return op, results
+
+
+# Taps whose later uses of their operands still read the operands themselves, per module
+# being lowered: (custom call, operands, outputs that depend on the tap).
+_undepended: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _depend_later_uses(ctx: Any, call_op: Any, operands: Sequence[Any],
+                       outputs: Sequence[Any]) -> None:
+    """Makes the ops lowered after earlier taps of this module, which read a tapped operand
+    itself (a tap whose result the program ignores, as ``id_print`` is mostly used), read
+    the tap's output instead: the same value, ordered after the tap. XLA CPU's fusion
+    otherwise duplicates the chain of elementwise ops that produced the operand into each
+    later op and into each later tap's operand (N ignored taps along a chain compiled O(N^2)
+    ops: 200 compiled 8x slower than with the results used). Uses lowered after the
+    module's last tap keep the operand (one duplicated chain at most)."""
+    pending = _undepended.setdefault(ctx.module_context.module, [])
+    for entry in pending:
+        _redirect_uses_after(*entry)
+    pending.append((call_op, list(operands), list(outputs)))
+
+
+def _redirect_uses_after(call_op: Any, operands: Sequence[Any],
+                         outputs: Sequence[Any]) -> None:
+    call = call_op.operation
+    block = call.block
+    own = {call, *[o.owner.operation for o in outputs]}
+    for value, out in zip(operands, outputs):
+        for use in list(value.uses):
+            user = use.owner.operation
+            if user in own:
+                continue
+            anchor: Any = user  # the user, or the op of this block that contains it
+            while anchor is not None and anchor.block != block:
+                anchor = anchor.parent
+                anchor = None if anchor is None else anchor.operation
+            if anchor is not None and anchor not in own and call.is_before_in_block(anchor):
+                user.operands[use.operand_number] = out
 
 
 def _outside_call_lowering(ctx: Any, *args: Any, callback: CallbackSpec,
@@ -269,13 +316,15 @@ def _outside_call_lowering(ctx: Any, *args: Any, callback: CallbackSpec,
     if params.get("sync") and not record:
         # A synchronous tap: a call without results, which the device waits for (with no
         # time limit: the tap function may take as long as it takes).
-        _emit(ctx, CALL_TARGET, args[:nr_tapped_args], ctx.avals_in[:nr_tapped_args], [],
-              context is Where.PER_DEVICE, consumer_id=np.int64(cid),
-              flags=np.int64(flags | receiver.FLAG_SYNC_TAP), timeout_ms=np.int64(0),
-              name=callback.name)
+        call_op, _ = _emit_op(ctx, CALL_TARGET, args[:nr_tapped_args],
+                              ctx.avals_in[:nr_tapped_args], [], context is Where.PER_DEVICE,
+                              consumer_id=np.int64(cid),
+                              flags=np.int64(flags | receiver.FLAG_SYNC_TAP),
+                              timeout_ms=np.int64(0), name=callback.name)
     else:
-        _emit(ctx, TAP_TARGET, args[:nr_tapped_args], ctx.avals_in[:nr_tapped_args], [],
-              context is Where.PER_DEVICE, consumer_id=np.int64(cid), flags=np.int64(flags))
+        call_op, _ = _emit_op(ctx, TAP_TARGET, args[:nr_tapped_args],
+                              ctx.avals_in[:nr_tapped_args], [], context is Where.PER_DEVICE,
+                              consumer_id=np.int64(cid), flags=np.int64(flags))
     # Identity on every operand, but the outputs depend on the tap's token: code that uses
     # them runs after the tap. Without this dependency the tap is a side consumer of its
     # operand, and XLA CPU's instruction fusion duplicates the whole elementwise chain
@@ -283,7 +332,9 @@ def _outside_call_lowering(ctx: Any, *args: Any, callback: CallbackSpec,
     # elementwise ops compile O(N^2) ops). kAddDependency is a no-op at run time: its
     # output shares the operand's buffer, nothing is copied.
     token = ctx.tokens_out.get(host_callback_effect)
-    return [_compat.add_dependency(a, token) for a in args]
+    outs = [_compat.add_dependency(a, token) for a in args]
+    _depend_later_uses(ctx, call_op, args, outs)
+    return outs
 
 
 def _call_timeout_ms() -> int:
@@ -354,8 +405,11 @@ for _prim, _rule in ((outside_call_p, _outside_call_lowering),
                      (host_call_p, _host_call_lowering),
                      (call_check_p, _call_check_lowering),
                      (failure_message_p, _failure_message_lowering)):
-    _compat.register_lowering(_prim, portable.noting(_rule), platform="cpu")
-    for _gpu in _GPUS:  # gpu branch
+    # Lowered in place, not as a cached function inlined later: a tap's rule then sees the
+    # values of the function it is in (`_depend_later_uses`); caching gained nothing, as
+    # every tap's parameters differ.
+    _compat.register_lowering(_prim, portable.noting(_rule), platform="cpu", cacheable=False)
+    for _gpu in _GPUS:
         _compat.register_lowering(_prim, portable.noting(_gpu.on(_rule)),
-                                  platform=_gpu.platform)
-    _compat.register_lowering(_prim, portable.noting(_on_other(_rule)))
+                                  platform=_gpu.platform, cacheable=False)
+    _compat.register_lowering(_prim, portable.noting(_on_other(_rule)), cacheable=False)

@@ -35,6 +35,8 @@ class HostCallbackEffect(_compat.Effect):
 host_callback_effect = HostCallbackEffect()
 for _effect_set in _compat.EFFECT_SETS:
     _effect_set.add_type(HostCallbackEffect)
+# Dispatch: the token of the previous computation that tapped is passed on as it is.
+_compat.install_token_fast_path(HostCallbackEffect)
 
 # A JAX configuration state, so that the mode is part of JAX's tracing and compilation
 # cache keys: switching modes never reuses a jaxpr traced (or a jvp taken) in the other.

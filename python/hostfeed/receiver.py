@@ -43,19 +43,17 @@ FLAG_SHARD: int = _receiver.FLAG_SHARD
 FLAG_EAGER: int = _receiver.FLAG_EAGER
 FLAG_SYNC_TAP: int = _receiver.FLAG_SYNC_TAP
 registrations = _receiver.registrations
-# The CUDA platform (gpu branch): handlers, the driver (loaded at run time), pinned memory.
+# The CUDA platform: handlers, the driver (loaded at run time), pinned memory.
 cuda_registrations = _receiver.cuda_registrations
 cuda_driver_error = _receiver.cuda_driver_error
 cuda_driver_version = _receiver.cuda_driver_version
 cuda_driver_path = _receiver.cuda_driver_path
 cuda_pool_stats = _receiver.cuda_pool_stats
-cuda_copy_floor = _receiver.cuda_copy_floor
 rocm_registrations = _receiver.rocm_registrations
 rocm_driver_error = _receiver.rocm_driver_error
 rocm_driver_version = _receiver.rocm_driver_version
 rocm_driver_path = _receiver.rocm_driver_path
 rocm_pool_stats = _receiver.rocm_pool_stats
-rocm_copy_floor = _receiver.rocm_copy_floor
 in_callback_thread = _receiver.in_callback_thread
 # The portable transport's way into the queue (see hostfeed.portable).
 push_host = _receiver.push_host
@@ -379,6 +377,9 @@ class _Dispatcher:
         if self.orphans:
             for ordinal in list(self.orphans):
                 self._run_orphans(consumers, ordinal)
+        if _compat.host_tracing():  # jax.profiler is tracing: one event per callback
+            self._traced(consumers, batch)
+            return
         held, orphans = self.held, self.orphans  # (mutated in place, never rebound)
         for msg in batch:
             # The common case first, with nothing else to look at: a plain tap (no flags) of
@@ -392,6 +393,17 @@ class _Dispatcher:
                         record_exception(exc, f"host callback {consumer.name}")
                     continue
             self._offer(consumers, msg)
+
+    def _traced(self, consumers: dict, batch: Iterable[Message]) -> None:
+        """The batch while ``jax.profiler`` traces: each message runs inside a trace event
+        named after its callback (``hostfeed tap: NAME``, ``hostfeed call: NAME``) on the
+        consumer thread, so a trace shows when each callback ran."""
+        trace_me = _compat.TraceMe
+        for msg in batch:
+            c = msg[0] if msg[2] & FLAG_EAGER else consumers.get(msg[0])
+            name = getattr(c, "name", None) or "callback"
+            with trace_me(f"hostfeed {getattr(c, 'kind', 'tap')}: {name}"):
+                self._offer(consumers, msg)
 
     def _run_orphans(self, consumers: dict, ordinal: int) -> None:
         waiting = self.orphans.pop(ordinal, None)
@@ -791,6 +803,25 @@ def drain_dispatched(timeout: Optional[float] = None) -> Optional[BaseException]
 def barrier(logging_name: Optional[str] = None, timeout: Optional[float] = None) -> None:
     """``barrier_wait``: waits for the computations dispatched so far, then for the receiver
     to process everything they sent; raises what went wrong meanwhile."""
+    tokens = _compat.runtime_tokens
+    if (timeout is None and _life.configured and not tokens.current_tokens
+            and not tokens.output_runtime_tokens and not _registry.dying
+            and not _registry.pending_release and not _last_exception
+            and not logger.isEnabledFor(logging.DEBUG)):
+        # Nothing dispatched since the last barrier, nothing to release or report: only
+        # the queue's own barrier (two atomic loads when idle; it refuses the consumer
+        # thread with the same CallbackContextError) and the hooks (a recorder's returns
+        # at once when none is open). As cheap as jax.effects_barrier.
+        _receiver.barrier(None)
+        errors = None
+        for hook in _barrier_hooks:
+            e = hook()
+            if e is not None:
+                errors = [*(errors or []), e]
+        if not _last_exception and errors is None:
+            return
+        _raise_pending(None, errors or [])
+        return
     check_not_in_callback("barrier_wait")
     if timeout is not None:
         timeout = settings.seconds(timeout, "barrier_wait(timeout)")
@@ -804,6 +835,13 @@ def barrier(logging_name: Optional[str] = None, timeout: Optional[float] = None)
         logger.debug("barrier_wait[%s]: done", logging_name or "")
     if not _last_exception and failed_run is None and not hook_errors:
         return
+    _raise_pending(failed_run, hook_errors)
+
+
+def _raise_pending(failed_run: Optional[BaseException],
+                   hook_errors: list[BaseException]) -> None:
+    """Raises, for ``barrier``: the last callback exception, else a hook's error, else the
+    failure of a dispatched computation."""
     last = take_last_exception()
     if last is not None:
         exc, formatted = last

@@ -2,9 +2,9 @@
 
 ``rec.record(name, x)`` is a tap whose host side is Rust: the value is copied into the
 receiver's byte-bounded queue like any tap, and the consumer thread hands it to the
-recorder's writer threads without calling Python (``rust/recorder.rs``). Each name is one
-Zarr array ``[rows, *x.shape]``; per-row metadata (step, device, arrival time, record
-number, transforms) sits in sibling arrays (``h.step``, ...).
+recorder's writer threads without calling Python (``crates/hostfeed-core/src/record/``).
+Each name is one Zarr array ``[rows, *x.shape]``; per-row metadata (step, device, arrival
+time, record number, transforms) sits in sibling arrays (``h.step``, ...).
 
 How a record travels: ``record`` binds ``outside_call_p`` with a :class:`CallbackSpec`
 of kind ``"record"`` (so every transformation rule, ordering and placement of taps

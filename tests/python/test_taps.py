@@ -237,6 +237,35 @@ def test_taps_from_two_computations_keep_dispatch_order():
     assert got == [(n, i) for i in range(20) for n in ("f", "g")]
 
 
+def test_ahead_of_time_compiled_function_taps_on_every_call_in_order():
+    """``jit(f).lower(x).compile()``: every call of the compiled object passes the effect's
+    token (JAX's C++ fast path for compiled objects forgot ordered effects, so the second
+    call failed with "Execution supplied 1 arguments but compiled program expected 2")."""
+    got = []
+    f = jax.jit(lambda x: hcb.id_tap(lambda a, tr: got.append(("aot", int(a))), x) + 1)
+    g = jax.jit(lambda x: hcb.id_tap(lambda a, tr: got.append(("jit", int(a))), x))
+    co = f.lower(jnp.int32(0)).compile()
+    outs = []
+    for i in range(5):
+        outs.append(int(co(jnp.int32(i))))
+        g(jnp.int32(i))
+    hcb.barrier_wait()
+    assert outs == [1, 2, 3, 4, 5]
+    assert got == [(n, i) for i in range(5) for n in ("aot", "jit")]
+
+
+def test_dispatches_alternating_between_computations_keep_order_with_tokens_reused():
+    """The effect's token passed on as it is between dispatches (the dispatch fast path)
+    still orders taps: many short computations, interleaved with eager taps."""
+    got = []
+    f = jax.jit(lambda x: hcb.id_tap(lambda a, tr: got.append(("f", int(a))), x))
+    for i in range(200):
+        f(jnp.int32(i))
+        hcb.id_tap(lambda a, tr: got.append(("eager", int(a))), i)
+    hcb.barrier_wait()
+    assert got == [(n, i) for i in range(200) for n in ("f", "eager")]
+
+
 def test_second_call_does_not_recompile():
     traces = []
 
@@ -294,3 +323,58 @@ def test_taps_along_an_elementwise_chain_compile_each_op_once():
 
     text = jax.jit(f).lower(jnp.arange(4.0)).compile().as_text()
     assert text.count(" sine(") == n
+
+
+def test_ignored_taps_along_an_elementwise_chain_compile_each_op_once():
+    """``id_print(y)`` with the result unused, as legacy code prints: later ops read the
+    tap's output (the same value, ordered after the tap), so XLA CPU's fusion does not
+    duplicate the chain that produced it into every later op and tap (200 such taps
+    compiled 8x slower than with the results used); values and taps are unchanged."""
+    n = 12
+    got = []
+
+    def f(y):
+        for i in range(n):
+            y = jnp.sin(y) * 1.5 + i
+            hcb.id_tap(lambda a, tr, i=i: got.append((i, a.tolist())), y)
+        return y
+
+    def plain(y):
+        for i in range(n):
+            y = jnp.sin(y) * 1.5 + i
+        return y
+
+    x = jnp.arange(4.0)
+    compiled = jax.jit(f).lower(x).compile()
+    assert compiled.as_text().count(" sine(") == n
+    np.testing.assert_allclose(compiled(x), jax.jit(plain)(x), rtol=1e-6)
+    hcb.barrier_wait()
+    assert [i for i, _ in got] == list(range(n))
+    y = x
+    for i, v in got:
+        y = jnp.sin(y) * 1.5 + i
+        np.testing.assert_allclose(v, y, rtol=1e-5)
+
+
+def test_ignored_tap_in_a_loop_body_and_a_branch_keeps_values_and_order():
+    """Later uses redirected to a tap's output inside a loop body and a cond branch."""
+    got = []
+
+    def body(i, c):
+        y = jnp.sin(c) + i
+        hcb.id_tap(lambda a, tr: got.append(("body", float(a))), y)
+        z = lax.cond(y > 0, lambda v: v * 2.0, lambda v: v - 1.0, y)
+        hcb.id_tap(lambda a, tr: got.append(("after", float(a))), z)
+        return z + y
+
+    out = jax.jit(lambda c: lax.fori_loop(0, 4, body, c))(jnp.float32(0.5))
+    expect, c = [], 0.5
+    for i in range(4):
+        y = np.sin(np.float32(c)) + i
+        z = y * 2.0 if y > 0 else y - 1.0
+        expect += [("body", y), ("after", z)]
+        c = z + y
+    hcb.barrier_wait()
+    assert [t for t, _ in got] == [t for t, _ in expect]
+    np.testing.assert_allclose([v for _, v in got], [v for _, v in expect], rtol=1e-5)
+    np.testing.assert_allclose(float(out), c, rtol=1e-5)

@@ -7,27 +7,38 @@ Sections (all by default, in this order):
 
 ``latency``
     per-tap device-side cost and hand-over latency of a ``float32[4]`` tap in a loop, as
-    distributions: hostfeed, ``io_callback(ordered=True)``, ``io_callback``,
-    ``jax.debug.callback``, ``pure_callback``; and hostfeed with device work between taps
-    (``hostfeed (spaced taps)``), whose hand-over latency is that of an idle receiver.
+    distributions: hostfeed, ``buffer_callback`` (an identity tap:
+    ``input_output_aliases={0: 0}``, ``has_side_effect=True``), ``io_callback(ordered=True)``,
+    ``io_callback``, ``jax.debug.callback``, ``pure_callback``; and hostfeed with device work
+    between taps (``hostfeed (spaced taps)``), whose hand-over latency is that of an idle
+    receiver.
 ``sweep``
-    taps/s and GB/s from 16 B to 64 MiB per tap, against a numpy copy of the same bytes.
+    GB/s from 16 B to 64 MiB per tap, end to end, against a numpy copy of the same bytes.
 ``call``
-    round trip of ``float32[4] -> float32[4]`` host calls: ``hcb.call``, ``io_callback``
-    (ordered and not), ``pure_callback``.
+    round trip of ``float32[4] -> float32[4]`` host calls: ``hcb.call``, ``buffer_callback``,
+    ``pure_callback``, ``io_callback`` (ordered and not), and the host function alone (the
+    floor); then again with the machine loaded by one busy process per core.
+``dispatch``
+    a small jitted function with one callback, dispatched and waited for, per call: no
+    callback, ``id_tap``, ``call``, each JAX callback, and the ``id_tap`` function compiled
+    ahead of time.
 ``backpressure``
     a slow host function with several queue bounds: device time, blocked time, peak queued
     bytes.
 ``eager``, ``compile``, ``barrier``
-    an eager tap; compile time with many taps; an idle ``barrier_wait``.
+    an eager tap; compile time with many taps (result used and ignored); an idle
+    ``barrier_wait``.
 ``timing``
-    what recording the latency histograms costs a small tap.
+    what recording the latency histograms costs a small tap, and the profiler check.
 ``portable``
     the portable transport (JAX's host-callback lowering, what TPUs and ROCm use) forced
     here, beside the native one and ``io_callback(ordered=True)``: taps, calls, and 100
     slow (10 ms) taps against 100 no-op taps (see :mod:`hostfeed.bench._portable`).
 
-``--quick`` finishes in well under a minute on 2 cores; the full run takes a few minutes.
+Every ratio in the report is a time ratio (a row's time over the named baseline's; below
+1.00x is faster), against the fastest JAX callback of that row unless named otherwise.
+``--quick`` takes about a minute on 2 cores; the full run takes 3-5 minutes there
+(the compile section alone compiles 200-tap functions six ways, twice).
 
 JSON schema (``--json``), version ``hostfeed-bench/1``: an object with ``schema``,
 ``header`` (``hostfeed``, ``jax``, ``jaxlib``, ``numpy``, ``python``, ``platform``,
@@ -41,7 +52,9 @@ JSON schema (``--json``), version ``hostfeed-bench/1``: an object with ``schema`
 * ``sweep``: ``{"sizes": [bytes, ...], "methods": {name: [{"bytes", "taps", "taps_per_s",
   "gb_per_s"}, ...]}}`` (``numpy copy`` is the floor)
 * ``call``: ``{"calls", "methods": {name: {"round_trip_us": distribution,
-  "round_trip_cdf_us": CDF, "per_call_us"}}}``
+  "round_trip_cdf_us": CDF, "per_call_us"}}, "loaded": {"calls", "busy_processes",
+  "methods": ...}}`` (``host function alone`` is the floor)
+* ``dispatch``: ``{"calls", name: {"us"}, ...}`` (per call, waited for)
 * ``backpressure``: ``{"host_us_per_tap", "tap_bytes", "taps", "runs": [{"method",
   "bound_bytes", "device_s", "end_to_end_s", "blocked_s", "blocked_count",
   "peak_queued_bytes"}, ...]}`` (null where a method has no queue)
@@ -50,7 +63,8 @@ JSON schema (``--json``), version ``hostfeed-bench/1``: an object with ``schema`
   "registered_consumers_growth"}``
 * ``compile``: ``{"taps", name: {"seconds"}, ...}``
 * ``barrier``: ``{"calls", "hostfeed barrier_wait": {"us"}, "jax.effects_barrier": {"us"}}``
-* ``timing``: ``{"taps", "per_tap_us_timing_on", "per_tap_us_timing_off", "cost_us_per_tap"}``
+* ``timing``: ``{"taps", "per_tap_us_timing_on", "per_tap_us_timing_off", "cost_us_per_tap",
+  "profiler_check_us_per_batch"}``
 * ``portable``: ``{"payload", "taps_per_run", "calls_per_run", "taps": {name:
   {"device_side_per_tap_us", "end_to_end_per_tap_us"}}, "calls": {name: {"per_call_us"}},
   "slow_taps": {"taps", "host_ms_per_tap", "slow_device_s", "noop_device_s", "ratio"}}``
@@ -106,8 +120,9 @@ def _progress(total: int) -> tuple[Callable[[str], None], Callable[[], None]]:
 
 
 def _steps(sections: Sequence[str], quick: bool) -> int:
-    per = {"latency": 6, "sweep": 4 if quick else 12, "call": 4, "backpressure": 4,
-           "eager": 1, "compile": 1, "barrier": 1, "timing": 1, "portable": 3}
+    per = {"latency": 8, "sweep": 4 if quick else 12, "call": 10, "dispatch": 1,
+           "backpressure": 4, "eager": 1, "compile": 1, "barrier": 1, "timing": 1,
+           "portable": 3}
     return sum(per[s] for s in sections)
 
 
@@ -131,7 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m hostfeed bench",
         description="Latency and throughput of hostfeed's callbacks against JAX's own "
-                    "(io_callback, debug.callback, pure_callback), side by side in one run.")
+                    "(buffer_callback, io_callback, debug.callback, pure_callback), side by "
+                    "side in one run.")
     add_arguments(parser)
     return run_command(parser.parse_args(argv))
 
@@ -139,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``bench`` command's options (shared with ``python -m hostfeed``)."""
     parser.add_argument("--quick", action="store_true",
-                        help="fewer sizes and repeats: well under a minute")
+                        help="fewer sizes and repeats: about a minute")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     parser.add_argument("--plot", metavar="FILE.png",
                         help="write a figure (needs matplotlib: pip install 'hostfeed[bench]')")

@@ -9,10 +9,13 @@ each tap's device-side cost and hand-over latency itself (``hostfeed.receiver_hi
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
 import itertools
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,22 +26,48 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import io_callback
+from jax.experimental.buffer_callback import buffer_callback
 
-from .. import receiver
+from .. import _compat, receiver
 from .. import host_callback as hcb
 from ._portable import portable_section
 from ._timing import (cdf_of_buckets, cdf_of_samples, interleaved, summary_of_buckets,
                       summary_of_samples)
 
-#: The JAX callbacks hostfeed is compared with, for taps (no result).
-TAP_METHODS = ("io_callback(ordered)", "io_callback", "debug.callback", "pure_callback")
+#: The JAX callbacks hostfeed is compared with, for taps (no result). ``buffer_callback``
+#: is an identity tap (``input_output_aliases={0: 0}``, ``has_side_effect=True``): the
+#: Python function gets the device buffers themselves, zero copy on CPU.
+TAP_METHODS = ("buffer_callback", "io_callback(ordered)", "io_callback", "debug.callback",
+               "pure_callback")
 #: The JAX callbacks hostfeed's ``call`` is compared with.
-CALL_METHODS = ("io_callback", "io_callback(ordered)", "pure_callback")
+CALL_METHODS = ("buffer_callback", "pure_callback", "io_callback", "io_callback(ordered)")
+
+
+def buffer_tap(record: Callable[[Any], None]) -> Callable[[Any], Any]:
+    """An identity tap with ``jax.experimental.buffer_callback``: ``record`` gets a numpy
+    view of the device buffer (no copy on CPU), on the device's thread."""
+    def cb(ctx: Any, out: Any, a: Any) -> None:
+        del ctx, out  # the output aliases the input: nothing to write
+        record(np.asarray(a))
+
+    def tap(x: Any) -> Any:
+        return buffer_callback(cb, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                               input_output_aliases={0: 0}, has_side_effect=True)(x)
+    return tap
+
+
+def buffer_call(host: Callable[[Any], Any], spec: Any) -> Callable[[Any], Any]:
+    """A host call with ``buffer_callback``: ``host``'s result is written into the output
+    buffer."""
+    def cb(ctx: Any, out: Any, a: Any) -> None:
+        del ctx
+        np.asarray(out)[...] = host(np.asarray(a))
+    return buffer_callback(cb, spec)
 
 
 @dataclass
 class Config:
-    """How much to measure: ``quick`` (well under a minute on 2 cores) or full."""
+    """How much to measure: ``quick`` (about a minute on 2 cores) or full."""
 
     quick: bool = False
     progress: Callable[[str], None] = lambda step: None
@@ -48,34 +77,39 @@ class Config:
 
 
 def _tap_step(method: str, record: Callable[..., None]) -> Callable[[Any, Any], Any]:
-    """``step(x, carry) -> carry`` that sends ``x`` to ``record`` with ``method``."""
-    if method == "hostfeed":
-        return lambda x, c: hcb.id_tap(lambda a, tr: record(a), x, result=c)
-    if method == "hostfeed (sync)":  # the device waits until the tap function has run
-        return lambda x, c: hcb.id_tap(lambda a, tr: record(a), x, result=c, sync=True)
+    """``step(x, carry) -> (x, carry)`` that sends ``x`` to ``record`` with ``method``."""
+    if method in ("hostfeed", "hostfeed (sync)"):
+        # sync: the device waits until the tap function has run.
+        sync = method == "hostfeed (sync)"
+        return lambda x, c: (x, hcb.id_tap(lambda a, tr: record(a), x, result=c, sync=sync))
+    if method == "buffer_callback":
+        # The tap's output is carried as the next step's operand: an aliased operand that
+        # stayed live would make XLA copy it before every call.
+        tap = buffer_tap(record)
+        return lambda x, c: (tap(x), c)
     if method == "io_callback(ordered)":
-        return lambda x, c: (io_callback(record, None, x, ordered=True), c)[1]
+        return lambda x, c: (x, (io_callback(record, None, x, ordered=True), c)[1])
     if method == "io_callback":
-        return lambda x, c: (io_callback(record, None, x), c)[1]
+        return lambda x, c: (x, (io_callback(record, None, x), c)[1])
     if method == "debug.callback":
-        return lambda x, c: (jax.debug.callback(record, x), c)[1]
+        return lambda x, c: (x, (jax.debug.callback(record, x), c)[1])
     if method == "pure_callback":
         # A result the loop carries, and the carry as an operand, so that the callback is
         # neither removed as dead code nor hoisted out of the loop (it is "pure").
         def with_result(x, c):
             r = jax.pure_callback(lambda a, k: (record(a), np.int32(0))[1],
                                   jax.ShapeDtypeStruct((), jnp.int32), x, c)
-            return c + r
+            return x, c + r
         return with_result
     raise ValueError(method)
 
 
 def _loop(n: int, step: Callable[[Any, Any], Any]) -> Callable[[Any], Any]:
-    """A jitted loop of ``n`` steps on a loop-invariant operand (the loop moves no array
-    in or out, so nothing but the callback is measured)."""
+    """A jitted loop of ``n`` steps on one operand carried unchanged (the loop moves no
+    array in or out, so nothing but the callback is measured)."""
     @jax.jit
     def f(x):
-        return lax.fori_loop(0, n, lambda i, c: step(x, c), jnp.int32(0))
+        return lax.fori_loop(0, n, lambda i, s: step(*s), (x, jnp.int32(0)))[1]
     return f
 
 
@@ -188,8 +222,14 @@ def timing_cost(cfg: Config) -> dict:
     finally:
         receiver.set_timing(True)
     on, off = res["on"]["min"] / n * 1e6, res["off"]["min"] / n * 1e6
+    # While jax.profiler does not trace, the consumer asks once per batch whether it does.
+    checks = 100_000
+    t0 = time.perf_counter()
+    for _ in range(checks):
+        _compat.host_tracing()
+    check_us = (time.perf_counter() - t0) / checks * 1e6
     return {"taps": n, "per_tap_us_timing_on": on, "per_tap_us_timing_off": off,
-            "cost_us_per_tap": on - off}
+            "cost_us_per_tap": on - off, "profiler_check_us_per_batch": check_us}
 
 
 # ----------------------------------------------------------------------------------------
@@ -197,11 +237,13 @@ def timing_cost(cfg: Config) -> dict:
 
 
 def sweep(cfg: Config) -> dict:
-    """Taps/s and GB/s from 16 B to 64 MiB, against copying the same bytes with numpy."""
+    """Taps/s and GB/s from 16 B to 64 MiB, against the floor: copying the same bytes with
+    numpy and calling the same Python function with the copy."""
     sizes = ([16, 4096, 1 << 20, 16 << 20] if cfg.quick
              else [16 << (2 * k) for k in range(12)])  # 16 B ... 64 MiB
     budget = cfg.n(48 << 20, 512 << 20)
-    methods = ("hostfeed", "io_callback(ordered)", "io_callback", "debug.callback")
+    methods = ("hostfeed", "buffer_callback", "io_callback(ordered)", "io_callback",
+               "debug.callback")
     out: dict[str, Any] = {"sizes": sizes, "methods": {m: [] for m in
                                                        (*methods, "numpy copy")}}
     for size in sizes:
@@ -218,7 +260,12 @@ def _sweep_one(cfg: Config, methods: tuple[str, ...], size: int, n: int) -> dict
     x = jnp.zeros(size // 4, jnp.float32)
     host_x = np.asarray(x)
     sink: list[int] = []
-    loops = {m: _loop(n, _tap_step(m, lambda a: sink.append(1))) for m in methods}
+
+    def record(a: Any) -> None:
+        sink.append(1)
+
+    loops = {m: _loop(n, _tap_step(m, record)) for m in methods}
+    tap_fn = lambda a, tr: record(a)  # what hostfeed's tap calls
 
     def case(f: Callable[[Any], Any]) -> Callable[[], None]:
         def go() -> None:
@@ -228,9 +275,9 @@ def _sweep_one(cfg: Config, methods: tuple[str, ...], size: int, n: int) -> dict
             sink.clear()
         return go
 
-    def numpy_copy() -> None:
+    def numpy_copy() -> None:  # the floor: copy the bytes, call the same Python function
         for _ in range(n):
-            sink.append(np.array(host_x, copy=True).nbytes)
+            tap_fn(np.array(host_x, copy=True), ())
         sink.clear()
 
     res = interleaved({**{m: case(loops[m]) for m in methods}, "numpy copy": numpy_copy},
@@ -243,30 +290,45 @@ def _sweep_one(cfg: Config, methods: tuple[str, ...], size: int, n: int) -> dict
 
 
 def call(cfg: Config) -> dict:
-    """Round trip of a float32[4] -> float32[4] host call in a loop, per call."""
+    """Round trip of a float32[4] -> float32[4] host call in a loop, per call: on the machine
+    as it is, and again with it loaded (a busy process per core)."""
     n = cfg.n(500, 5000)
+    out: dict[str, Any] = {"calls": n, "methods": _call_runs(cfg, n, "")}
+    n_loaded = cfg.n(200, 1000)
+    with busy_cores() as cores:
+        out["loaded"] = {"calls": n_loaded, "busy_processes": cores,
+                         "methods": _call_runs(cfg, n_loaded, " (loaded)")}
+    hcb.barrier_wait()
+    return out
+
+
+@contextlib.contextmanager
+def busy_cores(count: int | None = None) -> Any:
+    """Loads the machine with ``count`` (default: one per core) processes that spin."""
+    count = count or os.cpu_count() or 1
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                              stdin=subprocess.DEVNULL) for _ in range(count)]
+    try:
+        yield count
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
+def _call_runs(cfg: Config, n: int, tag: str) -> dict[str, Any]:
     spec = jax.ShapeDtypeStruct((4,), jnp.float32)
-    out: dict[str, Any] = {"calls": n, "methods": {}}
+    out: dict[str, Any] = {"host function alone": _host_floor(n)}
     for method in ("hostfeed call", *CALL_METHODS):
-        cfg.progress(f"call: {method}")
+        cfg.progress(f"call: {method}{tag}")
         stamps: list[int] = []
 
         def host(a: Any, stamps: list[int] = stamps) -> np.ndarray:
             stamps.append(time.perf_counter_ns())
             return np.asarray(a) + np.float32(1)
 
-        if method == "hostfeed call":
-            def step(a: Any) -> Any:
-                return hcb.call(host, a, result_shape=spec)
-        elif method == "io_callback":
-            def step(a: Any) -> Any:
-                return io_callback(host, spec, a)
-        elif method == "io_callback(ordered)":
-            def step(a: Any) -> Any:
-                return io_callback(host, spec, a, ordered=True)
-        else:
-            def step(a: Any) -> Any:
-                return jax.pure_callback(host, spec, a)
+        step = _call_step(method, host, spec)
         f = jax.jit(lambda v, step=step: lax.fori_loop(0, n, lambda i, a: step(a), v))
         z = jnp.zeros(4, jnp.float32)
         f(z).block_until_ready()
@@ -275,11 +337,97 @@ def call(cfg: Config) -> dict:
         f(z).block_until_ready()
         total = time.perf_counter() - t0
         gaps = _inter_arrival_us(stamps)
-        out["methods"][method] = {"round_trip_us": summary_of_samples(gaps),
-                                  "round_trip_cdf_us": cdf_of_samples(gaps),
-                                  "per_call_us": total / n * 1e6}
-    hcb.barrier_wait()
+        out[method] = {"round_trip_us": summary_of_samples(gaps),
+                       "round_trip_cdf_us": cdf_of_samples(gaps),
+                       "per_call_us": total / n * 1e6}
     return out
+
+
+def _host_floor(n: int) -> dict[str, Any]:
+    """The floor of a round trip: the host function called in a Python loop on a numpy
+    copy of its operand, with its result copied as a call's result is."""
+    stamps: list[int] = []
+    a = np.zeros(4, np.float32)
+    res = np.empty(4, np.float32)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        stamps.append(time.perf_counter_ns())
+        res[...] = np.array(a, copy=True) + np.float32(1)
+    total = time.perf_counter() - t0
+    gaps = _inter_arrival_us(stamps)
+    return {"round_trip_us": summary_of_samples(gaps), "round_trip_cdf_us": cdf_of_samples(gaps),
+            "per_call_us": total / n * 1e6}
+
+
+def _call_step(method: str, host: Callable[[Any], Any], spec: Any) -> Callable[[Any], Any]:
+    if method == "hostfeed call":
+        return lambda a: hcb.call(host, a, result_shape=spec)
+    if method == "buffer_callback":
+        return buffer_call(host, spec)
+    if method == "io_callback":
+        return lambda a: io_callback(host, spec, a)
+    if method == "io_callback(ordered)":
+        return lambda a: io_callback(host, spec, a, ordered=True)
+    if method == "pure_callback":
+        return lambda a: jax.pure_callback(host, spec, a)
+    raise ValueError(method)
+
+
+# ----------------------------------------------------------------------------------------
+# Dispatch of a small jitted function that calls back once.
+
+#: The rows of the dispatch section: no callback, hostfeed's tap and call, JAX's callbacks.
+DISPATCH_METHODS = ("no callback", "hostfeed id_tap", "hostfeed call", "buffer_callback",
+                    "pure_callback", "io_callback", "io_callback(ordered)", "debug.callback")
+
+
+def _dispatch_fn(method: str) -> Any:
+    """The jitted function of a dispatch row."""
+    spec = jax.ShapeDtypeStruct((4,), jnp.float32)
+
+    def noop(*args: Any) -> None:
+        del args
+
+    def ident(a: Any) -> np.ndarray:
+        return np.asarray(a)
+
+    bodies: dict[str, Callable[[Any], Any]] = {
+        "no callback": lambda v: v + 1,
+        "hostfeed id_tap": lambda v: hcb.id_tap(noop, v) + 1,
+        "hostfeed call": lambda v: hcb.call(ident, v, result_shape=spec) + 1,
+        "buffer_callback": lambda v: buffer_tap(noop)(v) + 1,
+        "pure_callback": lambda v: jax.pure_callback(ident, spec, v) + 1,
+        "io_callback": lambda v: (io_callback(noop, None, v), v + 1)[1],
+        "io_callback(ordered)": lambda v: (io_callback(noop, None, v, ordered=True), v + 1)[1],
+        "debug.callback": lambda v: (jax.debug.callback(noop, v), v + 1)[1],
+    }
+    return jax.jit(bodies[method])
+
+
+def dispatch(cfg: Config) -> dict:
+    """A small jitted function (``v + 1`` on float32[4]) with one callback, dispatched and
+    waited for (``block_until_ready``) again and again: what calling it costs, per call.
+    Also the same hostfeed tap through an ahead-of-time compiled object."""
+    n = cfg.n(200, 1000)
+    x = jnp.arange(4, dtype=jnp.float32)
+    fns: dict[str, Callable[[Any], Any]] = {m: _dispatch_fn(m) for m in DISPATCH_METHODS}
+    fns["hostfeed id_tap, compiled ahead of time"] = (
+        _dispatch_fn("hostfeed id_tap").lower(x).compile())
+
+    def case(f: Callable[[Any], Any]) -> Callable[[], None]:
+        def go() -> None:
+            for _ in range(n):
+                f(x).block_until_ready()
+        return go
+
+    for f in fns.values():  # compile and warm up
+        f(x).block_until_ready()
+    hcb.barrier_wait()
+    cfg.progress("dispatch")
+    res = interleaved({k: case(f) for k, f in fns.items()}, repeats=cfg.n(3, 7))
+    hcb.barrier_wait()
+    jax.effects_barrier()
+    return {"calls": n, **{k: {"us": v["min"] / n * 1e6} for k, v in res.items()}}
 
 
 # ----------------------------------------------------------------------------------------
@@ -360,6 +508,12 @@ def eager(cfg: Config) -> dict:
             jax.debug.callback(dbg_fn, x)
             jax.effects_barrier()
 
+    bc_tap = buffer_tap(dbg_fn)
+
+    def bc_each() -> None:  # runs on the device's thread: done when it returns
+        for _ in range(n):
+            bc_tap(x).block_until_ready()
+
     def hf_fresh() -> None:
         sink = io.StringIO()
         for i in range(n):
@@ -376,6 +530,7 @@ def eager(cfg: Config) -> dict:
     gc.collect()
     rss0, registered0 = _rss_bytes(), receiver.registered_consumers()
     res = interleaved({"hostfeed": hf_each, "debug.callback": dbg_each,
+                       "buffer_callback": bc_each,
                        "hostfeed, fresh function": hf_fresh,
                        "debug.callback, fresh function": dbg_fresh}, repeats=cfg.n(2, 5))
     gc.collect()
@@ -400,6 +555,8 @@ def compile_time(cfg: Config) -> dict:
     def noop(*args: Any) -> None:
         del args
 
+    bc_tap = buffer_tap(noop)
+
     def case(kind: str) -> Callable[[], None]:
         def f(y: Any) -> Any:
             for i in range(n_taps):
@@ -408,8 +565,12 @@ def compile_time(cfg: Config) -> dict:
                     y = hcb.id_tap(noop, y)
                 elif kind == "hostfeed, result ignored":
                     hcb.id_tap(noop, y)
+                elif kind == "buffer_callback":
+                    y = bc_tap(y)
                 elif kind == "io_callback(ordered)":
                     io_callback(noop, None, y, ordered=True)
+                elif kind == "io_callback":
+                    io_callback(noop, None, y)
             return y
 
         def go() -> None:
@@ -417,8 +578,9 @@ def compile_time(cfg: Config) -> dict:
         return go
 
     cfg.progress("compile")
-    kinds = ("hostfeed", "hostfeed, result ignored", "io_callback(ordered)", "no callbacks")
-    res = interleaved({k: case(k) for k in kinds}, repeats=cfg.n(1, 3), warmup=0)
+    kinds = ("hostfeed", "hostfeed, result ignored", "buffer_callback", "io_callback(ordered)",
+             "io_callback", "no callbacks")
+    res = interleaved({k: case(k) for k in kinds}, repeats=cfg.n(1, 2), warmup=0)
     return {"taps": n_taps, **{k: {"seconds": v["min"]} for k, v in res.items()}}
 
 
@@ -443,7 +605,8 @@ def barrier(cfg: Config) -> dict:
 
 
 SECTIONS: dict[str, Callable[[Config], dict]] = {
-    "latency": latency, "sweep": sweep, "call": call, "backpressure": backpressure,
+    "latency": latency, "sweep": sweep, "call": call, "dispatch": dispatch,
+    "backpressure": backpressure,
     "eager": eager, "compile": compile_time, "barrier": barrier, "timing": timing_cost,
     "portable": portable_section,
 }

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 #: The percentiles every distribution reports.
-PERCENTILES = (("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p999", 99.9))
+from .._summary import PERCENTILES, summary_of_buckets  # noqa: F401  (re-exported)
 
 
 def timeit(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1) -> dict:
@@ -90,35 +90,6 @@ def summary_of_samples(samples: Sequence[float]) -> dict[str, Any]:
         out[name] = values[min(n - 1, max(0, math.ceil(q / 100 * n) - 1))] if n else math.nan
     out["max"] = values[-1] if n else math.nan
     return out
-
-
-def summary_of_buckets(buckets: Sequence[tuple[int, int]], scale: float = 1.0) -> dict[str, Any]:
-    """Like :func:`summary_of_samples` for histogram buckets ``(upper bound, count)``
-    (values are bucket upper bounds, times ``scale``).
-
-    Example:
-        >>> s = summary_of_buckets([(10, 50), (20, 49), (100, 1)])
-        >>> s["count"], s["p50"], s["p99"], s["max"]
-        (100, 10.0, 20.0, 100.0)
-    """
-    total = sum(c for _, c in buckets)
-    out: dict[str, Any] = {
-        "count": total,
-        "mean": (sum(b * c for b, c in buckets) / total * scale) if total else math.nan}
-    for name, q in PERCENTILES:
-        out[name] = _bucket_quantile(buckets, total, q) * scale if total else math.nan
-    out["max"] = buckets[-1][0] * scale if total else math.nan
-    return out
-
-
-def _bucket_quantile(buckets: Sequence[tuple[int, int]], total: int, q: float) -> float:
-    rank = max(1, math.ceil(q / 100 * total))
-    seen = 0
-    for bound, count in buckets:
-        seen += count
-        if seen >= rank:
-            return float(bound)
-    return float(buckets[-1][0])
 
 
 def cdf_of_samples(samples: Sequence[float], points: int = 200) -> list[list[float]]:

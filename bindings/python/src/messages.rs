@@ -1,0 +1,267 @@
+//! Messages as Python objects: a batch as an iterator of
+//! `(consumer_id, device, flags, arrays, reply_or_None, run_id)` tuples, arrays as numpy
+//! views of the message buffer (no second copy), and the `Reply` handle of a `call`.
+//!
+//! Only the consumer thread, attached to Python, uses this module; it never waits.
+
+use std::ffi::c_int;
+use std::ptr;
+use std::sync::Arc;
+
+use numpy::npyffi::{self, npy_intp, PY_ARRAY_API};
+use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::PyStopIteration;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use crate::error::ReceiverError;
+use hostfeed_core::Batch;
+use hostfeed_core::HostBuffer;
+use hostfeed_core::Message;
+use hostfeed_core::{sinks, ReplySlot};
+
+/// What the consumer needs from Python: numpy dtypes per XLA dtype code.
+pub struct Dtypes {
+    /// Indexed by `XLA_FFI_DataType` code.
+    pub descrs: Vec<Option<Py<PyArrayDescr>>>,
+}
+
+/// Owner of a message's bytes on the Python side; numpy arrays use it as their base.
+#[pyclass(frozen, module = "hostfeed._receiver")]
+pub struct MessageData {
+    buf: HostBuffer,
+}
+
+/// One batch of messages, handed to the Python dispatcher as an iterator. Messages are
+/// taken from the receiver one at a time, as the dispatcher gets to them.
+#[pyclass(module = "hostfeed._receiver")]
+pub struct BatchIter {
+    batch: Option<Batch>,
+    dtypes: Arc<Dtypes>,
+}
+
+impl BatchIter {
+    /// Wraps `batch` for the dispatcher.
+    #[must_use]
+    pub fn new(batch: Batch, dtypes: Arc<Dtypes>) -> Self {
+        BatchIter { batch: Some(batch), dtypes }
+    }
+
+    /// Takes the batch back (to end it); later iteration stops.
+    pub fn finish(&mut self) -> Option<Batch> {
+        self.batch.take()
+    }
+
+    /// Messages of the batch the dispatcher has not taken yet.
+    #[must_use]
+    pub fn remaining(&self) -> usize {
+        self.batch.as_ref().map_or(0, Batch::remaining)
+    }
+}
+
+#[pymethods]
+impl BatchIter {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        // Messages for recorders met on the way are routed in Rust, in queue order.
+        let msg = self.batch.as_ref().and_then(|b| {
+            sinks().route_leading(b);
+            b.take()
+        });
+        match msg {
+            Some(m) => message_tuple(py, &self.dtypes, m),
+            None => Err(PyStopIteration::new_err(())),
+        }
+    }
+}
+
+/// The host payload of an eager tap's message: the dispatcher entry (standing in for a
+/// consumer) and the arrays, made in Python.
+pub struct EagerTap {
+    pub entry: Py<PyAny>,
+    pub arrays: Py<PyTuple>,
+}
+
+/// `(consumer_id, device, flags, arrays, reply_or_None, run_id)` for one message; for an
+/// eager tap `(entry, device, flags, arrays, None, 0)`.
+fn message_tuple<'py>(py: Python<'py>, dtypes: &Dtypes, msg: Message) -> PyResult<Bound<'py, PyTuple>> {
+    let Message { consumer_id, flags, device, arrays, dims, data, reply, run_id, host, .. } = msg;
+    if let Some(host) = host {
+        let eager = host
+            .downcast::<EagerTap>()
+            .map_err(|_| ReceiverError::new_err("hostfeed internal error: unknown host message"))?;
+        let EagerTap { entry, arrays } = *eager;
+        return (entry, device, flags, arrays, py.None(), 0i64).into_pyobject(py);
+    }
+    // The reply first: if building the arrays fails, dropping it fails the call.
+    let reply = reply
+        .map(|slot| {
+            slot.mark_started();
+            Bound::new(py, Reply { slot })
+        })
+        .transpose()?;
+    let owner = Bound::new(py, MessageData { buf: data })?;
+    let base = owner.get().buf.as_ptr();
+    let mut views = Vec::with_capacity(arrays.len());
+    for a in &arrays {
+        let shape = &dims[a.dims_start..a.dims_start + a.rank];
+        // SAFETY: `base + a.offset` starts `a.nbytes` bytes of the owner's buffer written by
+        // the handler, exactly the size of an array of this dtype and shape; the owner
+        // becomes the array's base object and keeps the bytes alive.
+        views.push(unsafe { make_array(py, dtypes, &owner, base.add(a.offset), a.dtype, shape) }?);
+    }
+    let arrays = PyTuple::new(py, views)?;
+    // A GPU's messages reach Python with a key of their own (see `hostfeed_core::gpu_device_key`).
+    let device =
+        if flags & hostfeed_core::FLAG_GPU == 0 { device } else { hostfeed_core::gpu_device_key(device) };
+    (consumer_id, device, flags, arrays, reply, run_id).into_pyobject(py)
+}
+
+/// A numpy array viewing `data` (owned by `owner`) with the dtype registered for `code`.
+///
+/// # Safety
+/// `data` must point at a C-contiguous array of `shape` elements of that dtype inside
+/// `owner`'s buffer.
+unsafe fn make_array<'py>(
+    py: Python<'py>,
+    dtypes: &Dtypes,
+    owner: &Bound<'py, MessageData>,
+    data: *const u8,
+    code: i32,
+    shape: &[i64],
+) -> PyResult<Bound<'py, PyAny>> {
+    let descr = usize::try_from(code)
+        .ok()
+        .and_then(|i| dtypes.descrs.get(i))
+        .and_then(Option::as_ref)
+        .ok_or_else(|| {
+            ReceiverError::new_err(format!("hostfeed: no numpy dtype registered for XLA dtype code {code}"))
+        })?;
+    // Dimensions as numpy wants them, on the stack for the usual ranks.
+    let mut inline = [0 as npy_intp; 8];
+    let mut heap: Vec<npy_intp> = Vec::new();
+    let dims: &mut [npy_intp] = if shape.len() <= inline.len() {
+        for (d, &s) in inline.iter_mut().zip(shape) {
+            *d = npy_intp::try_from(s).map_err(|_| ReceiverError::new_err("dimension too large"))?;
+        }
+        &mut inline[..shape.len()]
+    } else {
+        for &d in shape {
+            heap.push(npy_intp::try_from(d).map_err(|_| ReceiverError::new_err("dimension too large"))?);
+        }
+        &mut heap
+    };
+    let rank = c_int::try_from(dims.len()).map_err(|_| ReceiverError::new_err("array rank too large"))?;
+    // SAFETY: the numpy C API is initialised by `PY_ARRAY_API` on first use while attached;
+    // `PyArray_NewFromDescr` steals the descriptor reference we pass (`into_ptr` hands one
+    // over); `dims` holds `rank` entries; null strides mean C order; `data` is valid for
+    // the array's bytes (caller contract). `PyArray_SetBaseObject` steals the reference to
+    // the owner that `into_ptr` on a clone creates.
+    unsafe {
+        let arr = PY_ARRAY_API.PyArray_NewFromDescr(
+            py,
+            npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type),
+            descr.clone_ref(py).into_ptr().cast(),
+            rank,
+            dims.as_mut_ptr(),
+            ptr::null_mut(),
+            data.cast_mut().cast(),
+            npyffi::NPY_ARRAY_WRITEABLE,
+            ptr::null_mut(),
+        );
+        if arr.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        let arr = Bound::from_owned_ptr(py, arr);
+        if PY_ARRAY_API.PyArray_SetBaseObject(py, arr.as_ptr().cast(), owner.clone().into_ptr()) != 0 {
+            return Err(PyErr::fetch(py));
+        }
+        Ok(arr)
+    }
+}
+
+/// The consumer's handle on a waiting `call`: send the results or an error, once.
+#[pyclass(frozen, module = "hostfeed._receiver")]
+pub struct Reply {
+    slot: Arc<ReplySlot>,
+}
+
+#[pymethods]
+impl Reply {
+    /// Whether the call still waits (not replied, timed out or cancelled).
+    #[getter]
+    fn pending(&self) -> bool {
+        self.slot.is_pending()
+    }
+
+    /// Copies `results` (C-contiguous numpy arrays of exactly the expected dtypes and
+    /// shapes, in order) into the call's result buffers. Returns `False` if the call no
+    /// longer waits.
+    #[allow(clippy::needless_pass_by_value)] // PyO3 extracts the argument as an owned list
+    fn send(&self, results: Vec<Bound<'_, PyAny>>) -> PyResult<bool> {
+        let mut arrays = Vec::with_capacity(results.len());
+        for (i, r) in results.iter().enumerate() {
+            let a = r
+                .cast::<PyUntypedArray>()
+                .map_err(|_| ReceiverError::new_err(format!("result {i} is not a numpy array")))?;
+            if !a.is_c_contiguous() {
+                return Err(ReceiverError::new_err(format!("result {i} is not C-contiguous")));
+            }
+            arrays.push(a.clone());
+        }
+        let mut problem: Option<String> = None;
+        let sent = self.slot.reply_with(|outs| {
+            if outs.len() != arrays.len() {
+                let m = format!("expected {} result arrays, got {}", outs.len(), arrays.len());
+                problem = Some(m.clone());
+                return Err(m);
+            }
+            for (i, (a, out)) in arrays.iter().zip(outs).enumerate() {
+                let nbytes = a.len() * a.dtype().itemsize();
+                let shape_ok = a.shape().len() == out.dims.len()
+                    && a.shape().iter().zip(&out.dims).all(|(&x, &y)| i64::try_from(x).is_ok_and(|x| x == y));
+                if nbytes != out.nbytes || !shape_ok {
+                    let m = format!(
+                        "result {i} has shape {:?} and {nbytes} bytes, expected dims {:?} and {} bytes",
+                        a.shape(),
+                        out.dims,
+                        out.nbytes
+                    );
+                    problem = Some(m.clone());
+                    return Err(m);
+                }
+                if nbytes > 0 {
+                    // SAFETY: the array is C-contiguous with `nbytes` bytes of data; the
+                    // output buffer holds `out.nbytes == nbytes` bytes and stays alive while
+                    // the slot is pending (`reply_with` runs this under the slot lock);
+                    // numpy memory and XLA's buffer cannot overlap.
+                    unsafe {
+                        let src = (*npyffi::_PyArray_GET_ITEM_DATA(a.as_array_ptr())).data.cast::<u8>();
+                        std::ptr::copy_nonoverlapping(src, out.data, nbytes);
+                    }
+                }
+            }
+            Ok(())
+        });
+        match problem {
+            Some(m) => Err(ReceiverError::new_err(format!("hostfeed: bad call results: {m}"))),
+            None => Ok(sent),
+        }
+    }
+
+    /// Fails the call with `message` (raised in the JAX caller). Returns `False` if the
+    /// call no longer waits.
+    fn fail(&self, message: String) -> bool {
+        self.slot.fail(message)
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        // A reply object dropped without an answer must not leave the device waiting.
+        self.slot.fail("hostfeed internal error: the host dropped a call without replying".into());
+    }
+}

@@ -1,0 +1,222 @@
+//! The Python binding of the recorder (the core's `record/recorder.rs`): `hostfeed._receiver.Recorder`,
+//! which `hostfeed.recording` wraps. Argument conversion, and the release of the GIL
+//! around every file system operation and wait (waits are sliced so that Ctrl-C works).
+#![allow(clippy::missing_errors_doc, clippy::must_use_candidate)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pyo3::buffer::PyUntypedBuffer;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::error::IntoPy;
+use crate::host::{dict_of, duration};
+use hostfeed_core::Codec;
+use hostfeed_core::{hub, sinks, Budget, Mode, Options, Recorder};
+
+/// Longest single wait with the GIL released before re-checking signals.
+const WAIT_SLICE: Duration = Duration::from_millis(100);
+
+/// A Zarr v3 store that recorded values are written to by Rust threads.
+#[pyclass(frozen, module = "hostfeed._receiver", name = "Recorder")]
+pub struct PyRecorder {
+    inner: Arc<Recorder>,
+}
+
+#[pymethods]
+impl PyRecorder {
+    /// Creates the store at `path` and starts its writer threads.
+    #[new]
+    #[pyo3(signature = (path, *, mode="w-", compression=None, level=1, chunk_bytes=16 << 20, writers=2,
+                        durable=false, commit_interval=1.0, separator="/"))]
+    #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        mode: &str,
+        compression: Option<&str>,
+        level: i32,
+        chunk_bytes: usize,
+        writers: usize,
+        durable: bool,
+        commit_interval: f64,
+        separator: &str,
+    ) -> PyResult<Self> {
+        let mode = match mode {
+            "w-" | "x" => Mode::Create,
+            "w" => Mode::Overwrite,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "mode must be \"w-\" (create; fail if the path exists) or \"w\" (replace an \
+                     earlier recording), got {other:?}"
+                )))
+            }
+        };
+        let codec = match compression {
+            None | Some("none" | "raw") => Codec::Raw,
+            Some("zstd") if (-7..=22).contains(&level) => Codec::Zstd(level),
+            Some("zstd") => {
+                return Err(PyValueError::new_err(format!("zstd level must be in -7..=22, got {level}")))
+            }
+            Some(other) => {
+                return Err(PyValueError::new_err(format!(
+                    "compression must be None or \"zstd\", got {other:?}"
+                )))
+            }
+        };
+        let sep = match separator {
+            "/" => '/',
+            "." => '.',
+            other => {
+                return Err(PyValueError::new_err(format!("separator must be \"/\" or \".\", got {other:?}")))
+            }
+        };
+        if writers == 0 || chunk_bytes == 0 {
+            return Err(PyValueError::new_err("writers and chunk_bytes must be positive"));
+        }
+        let commit_interval = duration("commit_interval", Some(commit_interval))?.unwrap_or(Duration::MAX);
+        let opts = Options { codec, chunk_bytes, writers, durable, commit_interval, sep };
+        let budget: Arc<dyn Budget> = Arc::new(hub());
+        let inner = py.detach(|| Recorder::create(&path, mode, opts, budget)).py()?;
+        Ok(PyRecorder { inner })
+    }
+
+    /// The store's path.
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.inner.root().to_path_buf()
+    }
+
+    /// Whether `close` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+
+    /// Checks record name `name` for rows of `ndim` dimensions (every part, lengths, the
+    /// paths it makes) without creating anything; raises `ValueError` saying what is wrong.
+    fn check_name(&self, name: &str, ndim: usize) -> PyResult<()> {
+        self.inner.check_name(name, ndim).py()?;
+        Ok(())
+    }
+
+    /// Declares array `name` with rows of `shape` and XLA dtype `dtype_code` (creating its
+    /// directories and empty metadata); returns its id. Raises `ValueError` for an invalid
+    /// name or a clash with an earlier declaration, `TypeError` for a dtype that cannot be
+    /// recorded, `RecordingError` for I/O errors.
+    #[allow(clippy::needless_pass_by_value)]
+    fn declare(&self, py: Python<'_>, name: &str, dtype_code: i32, shape: Vec<u64>) -> PyResult<usize> {
+        py.detach(|| self.inner.declare(name, dtype_code, &shape)).py()
+    }
+
+    /// Routes the messages of `consumer_id` to this recorder from now on, in Rust: operand
+    /// `i` holds `lanes` rows of array `targets[i]` (None: not recorded), operand `step`
+    /// (if given) the rows' step; `transforms` (JSON) describes the transformations.
+    #[allow(clippy::needless_pass_by_value)]
+    #[pyo3(signature = (consumer_id, targets, step, transforms, lanes=1))]
+    fn bind(
+        &self,
+        consumer_id: i64,
+        targets: Vec<Option<usize>>,
+        step: Option<usize>,
+        transforms: &str,
+        lanes: usize,
+    ) -> PyResult<()> {
+        let sink = self.inner.sink(&targets, step, transforms, lanes).py()?;
+        sinks().bind(consumer_id, sink);
+        Ok(())
+    }
+
+    /// Records one row of array `array_id` from `data`, a C-contiguous buffer of its bytes
+    /// (values that reach the host through Python: global-view records, inline mode).
+    #[pyo3(signature = (array_id, data, step, device, transforms))]
+    fn append(
+        &self,
+        array_id: usize,
+        data: &Bound<'_, PyAny>,
+        step: i64,
+        device: i32,
+        transforms: &str,
+    ) -> PyResult<()> {
+        let buf = PyUntypedBuffer::get(data)?;
+        if !buf.is_c_contiguous() {
+            return Err(PyValueError::new_err("append needs a C-contiguous buffer"));
+        }
+        let len = buf.len_bytes();
+        let bytes: &[u8] = if len == 0 {
+            &[]
+        } else {
+            // SAFETY: the buffer is C-contiguous with `len` bytes at `buf_ptr`, exported by
+            // its owner for as long as `buf` lives; we stay attached to Python while we read
+            // it, so no Python code runs meanwhile on this thread.
+            unsafe { std::slice::from_raw_parts(buf.buf_ptr().cast::<u8>(), len) }
+        };
+        let t = self.inner.transforms_index(transforms);
+        self.inner.append(array_id, bytes, step, device, t).py()
+    }
+
+    /// Writes every row received so far and announces it in the store's metadata, waiting
+    /// at most `timeout` seconds (None: no limit) with the GIL released. Raises
+    /// `RecordingError` for write errors since the last flush. Returns False if the writes
+    /// did not finish in time (what was written is announced).
+    #[pyo3(signature = (timeout=None))]
+    fn flush(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let timeout = duration("timeout", timeout)?;
+        let inner = &self.inner;
+        let targets = py.detach(|| inner.flush_begin());
+        let start = Instant::now();
+        let mut finished = false;
+        loop {
+            let slice = timeout.map_or(WAIT_SLICE, |t| t.saturating_sub(start.elapsed()).min(WAIT_SLICE));
+            if py.detach(|| inner.flush_wait(&targets, slice)) {
+                finished = true;
+                break;
+            }
+            if timeout.is_some_and(|t| start.elapsed() >= t) {
+                break;
+            }
+            py.check_signals()?;
+        }
+        py.detach(|| inner.flush_end()).py()?;
+        Ok(finished)
+    }
+
+    /// Flushes, then stops the writer threads (rows that arrive later are dropped with a
+    /// warning). Closing twice does nothing.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        if self.inner.is_closed() {
+            return Ok(());
+        }
+        let flushed = self.flush(py, None);
+        let inner = &self.inner;
+        py.detach(|| inner.close()).py()?;
+        flushed.map(|_| ())
+    }
+
+    /// Counters: rows received, bytes and chunks written, spills, commits, rows dropped.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.stats();
+        dict_of(
+            py,
+            [
+                ("rows", s.rows),
+                ("bytes_written", s.bytes_written),
+                ("chunks_written", s.chunks_written),
+                ("spills", s.spills),
+                ("commits", s.commits),
+                ("rows_dropped", s.rows_dropped),
+            ],
+        )
+    }
+}
+
+/// In a child process created by `fork` (`os.register_at_fork`): the receiver starts
+/// fresh and stopped (the parent's consumer thread does not exist here), and every
+/// recorder opened before the fork counts as closed, without touching its store.
+#[pyfunction]
+pub fn after_fork_in_child() {
+    hostfeed_core::after_fork_in_child();
+}

@@ -1,0 +1,291 @@
+//! Host memory for messages: 16-byte-aligned buffers (2 MiB-aligned, with huge-page
+//! advice, when large), and a small pool that recycles large buffers between the device
+//! thread that fills them and the consumer thread that frees them. A buffer may instead
+//! hold a block of pinned memory (messages from GPUs, see `pinned.rs`), which returns to
+//! its own pool when the buffer is dropped.
+//!
+//! No Python here.
+
+use std::alloc::{self, Layout};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use crate::error::Error;
+use crate::gpu::pinned::PinnedBlock;
+use crate::host::sync::lock;
+
+/// Alignment of every buffer (and of every operand inside a message).
+pub(crate) const ALIGN: usize = 16;
+
+/// Buffers at least this large are recycled through [`POOL`]; smaller ones use malloc.
+const POOL_MIN_BYTES: usize = 64 << 10;
+/// Default of [`set_pool_limit`]: the most bytes the pool keeps idle.
+pub const DEFAULT_POOL_BYTES: usize = 64 << 20;
+static POOL_LIMIT: AtomicUsize = AtomicUsize::new(DEFAULT_POOL_BYTES);
+/// Whether the user chose the limit (`HOSTFEED_BUFFER_POOL_BYTES`): then reservations do
+/// not raise it.
+static POOL_LIMIT_CHOSEN: AtomicBool = AtomicBool::new(false);
+/// Bytes that live [`PoolReservation`]s ask the pool to keep, together.
+static POOL_RESERVED: AtomicUsize = AtomicUsize::new(0);
+/// Most bytes one reservation may ask for.
+pub const MAX_RESERVATION: usize = 1 << 30;
+
+/// Sets the most bytes the pool keeps idle (`HOSTFEED_BUFFER_POOL_BYTES`). A larger pool
+/// spares large bursts of taps the page faults of fresh memory, at the price of keeping
+/// that much memory when idle. A limit set here is kept even while reservations are live.
+pub fn set_pool_limit(bytes: usize) {
+    POOL_LIMIT.store(bytes, Ordering::Relaxed);
+    POOL_LIMIT_CHOSEN.store(true, Ordering::Relaxed);
+    trim_pool();
+}
+
+/// The most bytes the pool keeps idle now: the limit, raised to the live reservations
+/// unless the user chose the limit.
+#[must_use]
+pub fn pool_limit() -> usize {
+    let limit = POOL_LIMIT.load(Ordering::Relaxed);
+    if POOL_LIMIT_CHOSEN.load(Ordering::Relaxed) {
+        limit
+    } else {
+        limit.max(POOL_RESERVED.load(Ordering::Relaxed))
+    }
+}
+
+/// Bytes of idle buffers in the pool.
+#[must_use]
+pub fn pool_idle_bytes() -> usize {
+    lock(&POOL).iter().map(|b| b.cap).sum()
+}
+
+/// Evicts the oldest idle buffers until the pool is within [`pool_limit`].
+fn trim_pool() {
+    let limit = pool_limit();
+    let mut pool = lock(&POOL);
+    let mut idle: usize = pool.iter().map(|b| b.cap).sum();
+    while idle > limit && !pool.is_empty() {
+        idle -= pool.remove(0).cap;
+    }
+}
+
+/// A request that the pool keep up to `bytes` of idle buffers while it lives (when the
+/// user did not choose the limit). A recorder holds one: it keeps rows until its writers
+/// have written them, so the buffers of a burst of large rows all return to the pool
+/// together, and the next burst should find them warm instead of faulting in fresh memory.
+/// Dropping it trims the pool back.
+#[derive(Debug)]
+pub struct PoolReservation {
+    bytes: usize,
+}
+
+impl PoolReservation {
+    /// Reserves `bytes` (at most [`MAX_RESERVATION`]).
+    #[must_use]
+    pub fn new(bytes: usize) -> Self {
+        let bytes = bytes.min(MAX_RESERVATION);
+        POOL_RESERVED.fetch_add(bytes, Ordering::Relaxed);
+        PoolReservation { bytes }
+    }
+}
+
+impl Drop for PoolReservation {
+    fn drop(&mut self) {
+        POOL_RESERVED.fetch_sub(self.bytes, Ordering::Relaxed);
+        trim_pool();
+    }
+}
+
+/// Buffers at least this large are aligned to it and advised to use transparent huge
+/// pages (as numpy does for its large arrays): fewer page faults and TLB misses.
+const HUGE_PAGE: usize = 2 << 20;
+
+/// One heap allocation, owned exclusively.
+struct RawBuf {
+    ptr: NonNull<u8>,
+    cap: usize,
+}
+
+// SAFETY: a `RawBuf` is the sole owner of its allocation (like a `Box<[u8]>`), so moving it
+// to another thread or sharing `&RawBuf` (which allows no mutation) is sound.
+unsafe impl Send for RawBuf {}
+// SAFETY: see above.
+unsafe impl Sync for RawBuf {}
+
+impl RawBuf {
+    const fn empty() -> Self {
+        RawBuf { ptr: NonNull::<u128>::dangling().cast(), cap: 0 }
+    }
+
+    fn layout(cap: usize) -> Option<Layout> {
+        let align = if cap >= HUGE_PAGE { HUGE_PAGE } else { ALIGN };
+        Layout::from_size_align(cap, align).ok()
+    }
+
+    /// A new allocation of `cap` bytes, or `None` when the memory cannot be had.
+    fn new(cap: usize) -> Option<Self> {
+        if cap == 0 {
+            return Some(Self::empty());
+        }
+        let layout = Self::layout(cap)?;
+        // SAFETY: `layout` has a non-zero size.
+        let ptr = NonNull::new(unsafe { alloc::alloc(layout) })?;
+        if cap >= HUGE_PAGE {
+            // SAFETY: `ptr..ptr+cap` is a live allocation we own; MADV_HUGEPAGE is only advice
+            // and cannot invalidate memory. Failure (e.g. THP disabled) is harmless.
+            unsafe { libc::madvise(ptr.as_ptr().cast(), cap, libc::MADV_HUGEPAGE) };
+        }
+        Some(RawBuf { ptr, cap })
+    }
+}
+
+impl Drop for RawBuf {
+    fn drop(&mut self) {
+        if let Some(layout) = Self::layout(self.cap).filter(|_| self.cap > 0) {
+            // SAFETY: allocated in `RawBuf::new` with exactly this layout, freed once.
+            unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
+    }
+}
+
+/// Recently freed large buffers, most recent last. A tap's buffer is allocated on the
+/// device thread and freed on the consumer thread; reusing the most recent one keeps large
+/// taps on warm, already-faulted memory.
+static POOL: Mutex<Vec<RawBuf>> = Mutex::new(Vec::new());
+
+fn take_buf(cap: usize) -> Option<RawBuf> {
+    if cap >= POOL_MIN_BYTES {
+        let mut pool = lock(&POOL);
+        let fits = |b: &RawBuf| b.cap >= cap && b.cap / 2 <= cap;
+        if let Some(i) = pool.iter().rposition(fits) {
+            return Some(pool.swap_remove(i));
+        }
+    }
+    RawBuf::new(cap)
+}
+
+fn give_back(buf: RawBuf) {
+    let limit = pool_limit();
+    if buf.cap < POOL_MIN_BYTES || buf.cap > limit {
+        return;
+    }
+    let mut pool = lock(&POOL);
+    let mut idle: usize = pool.iter().map(|b| b.cap).sum();
+    // Keep the newest buffers: evict the oldest until this one fits.
+    while idle + buf.cap > limit && !pool.is_empty() {
+        idle -= pool.remove(0).cap;
+    }
+    pool.push(buf);
+}
+
+/// The memory behind a [`HostBuffer`].
+enum Storage {
+    Heap(RawBuf),
+    Pinned(PinnedBlock),
+}
+
+/// A heap buffer aligned to 16 bytes (2 MiB when large), or a block of pinned memory,
+/// whose bytes are written once (by the handler or a device-to-host copy) and then only
+/// read.
+pub struct HostBuffer {
+    storage: Storage,
+    len: usize,
+}
+
+impl HostBuffer {
+    /// A buffer of at least `len` bytes, of which `len` count as used.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] when the memory cannot be allocated.
+    pub fn with_capacity(len: usize) -> Result<Self, Error> {
+        let raw = take_buf(len).ok_or_else(|| {
+            Error::Internal(format!("cannot allocate {len} bytes of host memory for a tapped value"))
+        })?;
+        Ok(HostBuffer { storage: Storage::Heap(raw), len })
+    }
+
+    /// A buffer of `len` bytes in a block of pinned memory (at least `len` bytes).
+    #[must_use]
+    pub(crate) fn pinned(block: PinnedBlock, len: usize) -> Self {
+        let len = len.min(block.capacity());
+        HostBuffer { storage: Storage::Pinned(block), len }
+    }
+
+    #[cfg(test)]
+    /// Whether the bytes are in pinned memory.
+    #[must_use]
+    pub(crate) fn is_pinned(&self) -> bool {
+        matches!(self.storage, Storage::Pinned(_))
+    }
+
+    /// A buffer of no bytes (no allocation).
+    #[must_use]
+    pub(crate) fn empty() -> Self {
+        HostBuffer { storage: Storage::Heap(RawBuf::empty()), len: 0 }
+    }
+
+    #[cfg(test)]
+    /// Number of bytes in use.
+    #[must_use]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Start of the buffer (dangling but aligned when empty).
+    #[must_use]
+    pub fn as_ptr(&self) -> *const u8 {
+        match &self.storage {
+            Storage::Heap(raw) => raw.ptr.as_ptr(),
+            Storage::Pinned(block) => block.as_ptr(),
+        }
+    }
+
+    /// Start of the buffer, for writing.
+    pub(crate) fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.as_ptr().cast_mut()
+    }
+
+    /// Sets the number of bytes in use (at most the capacity).
+    pub(crate) fn set_len(&mut self, len: usize) {
+        self.len = len.min(self.capacity());
+    }
+
+    /// Bytes allocated for this buffer.
+    #[must_use]
+    pub fn capacity(&self) -> usize {
+        match &self.storage {
+            Storage::Heap(raw) => raw.cap,
+            Storage::Pinned(block) => block.capacity(),
+        }
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        // A pinned block returns to its pool when dropped with the storage.
+        if let Storage::Heap(raw) = &mut self.storage {
+            give_back(std::mem::replace(raw, RawBuf::empty()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn large_buffers_are_recycled() {
+        let cap = POOL_MIN_BYTES * 3;
+        let first = HostBuffer::with_capacity(cap).unwrap();
+        drop(first);
+        let again = HostBuffer::with_capacity(cap).unwrap();
+        // Another test may race on the pool; the buffer we got must at least fit.
+        assert!(again.capacity() >= cap);
+        let huge = HostBuffer::with_capacity(HUGE_PAGE * 2).unwrap();
+        assert_eq!(huge.as_ptr() as usize % HUGE_PAGE, 0);
+    }
+
+    #[test]
+    fn impossible_allocation_is_an_error_not_an_abort() {
+        assert!(matches!(HostBuffer::with_capacity(usize::MAX - 8), Err(Error::Internal(_))));
+    }
+}

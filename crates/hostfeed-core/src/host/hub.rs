@@ -1,0 +1,766 @@
+//! The hub: the one place every handler pushes to and the consumer thread pulls from. It
+//! owns the queue, the consumer thread's lifecycle (start, stop, restart, abandoning a
+//! stuck consumer), the barrier, the `call`s waiting for replies and the failures they
+//! report. (Python calls the whole native side "the receiver": `hostfeed.receiver`, the
+//! only importer of the extension module `hostfeed._receiver`; in Rust that name is kept
+//! for the variables that hold a [`Hub`], as in `receiver.push(msg)`.)
+//!
+//! The consumer thread runs a [`Consume`] implementation. The Python binding provides the
+//! real one (the binding's `host.rs` and `messages.rs`: attach to Python, hand each batch
+//! to the dispatcher); tests provide plain Rust ones, so this whole module is covered by `cargo test`.
+//!
+//! Lifecycle: the binding configures the receiver with its consumer and starts it. A
+//! handler that finds no consumer running (after `stop_outfeed_receiver`, say) restarts it
+//! from the stored configuration, so compiled code never strands messages. A consumer that
+//! makes no progress for the stall timeout while stopping (a host callback that never
+//! returns) is abandoned: the message it is stuck in is written off, the messages it had not
+//! reached go back to the queue, the `call`s waiting on it fail, and a fresh consumer takes
+//! over when needed. `finalize` (interpreter exit) drains, stops and closes for good.
+//!
+//! No Python here.
+
+use std::cell::Cell;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::error::Error;
+use crate::host::histogram::Timing;
+use crate::host::message::Message;
+use crate::host::queue::{spin_until, PushError, Queue, Reclaimed};
+use crate::host::reply::ReplySlot;
+use crate::host::sync::lock;
+
+/// Default byte bound, as in the legacy module (`256e6`).
+pub const DEFAULT_MAX_QUEUE_BYTES: usize = 256_000_000;
+/// Default time without progress after which stopping gives up on a stuck consumer.
+pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most messages in one batch.
+pub(crate) const MAX_BATCH: usize = 1024;
+/// How long an idle consumer polls before sleeping (see `Queue::with_spin`). None: see
+/// `reply::REPLY_SPIN` (a consumer that yielded while polling under load picked up a
+/// message milliseconds late; woken from sleep, within microseconds).
+const CONSUMER_SPIN: Duration = Duration::ZERO;
+/// How long a barrier polls before sleeping.
+const BARRIER_SPIN: Duration = Duration::from_micros(100);
+/// Failure messages kept for `hostfeed_check` to find.
+const KEPT_FAILURES: usize = 256;
+
+thread_local! {
+    static IS_CONSUMER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the calling thread is a consumer thread (i.e. inside a host callback).
+#[must_use]
+pub fn in_consumer_thread() -> bool {
+    IS_CONSUMER.with(Cell::get)
+}
+
+/// What runs on the consumer thread.
+pub trait Consume: Send + Sync + 'static {
+    /// Processes batches from `worker` until `Worker::next_batch` returns `None`.
+    fn run(&self, worker: &Worker);
+}
+
+/// The consumer thread's access to the receiver.
+pub struct Worker {
+    receiver: &'static Hub,
+    generation: u64,
+}
+
+impl Worker {
+    /// Waits for the next batch; `None` when the consumer must exit (stopped, closed, or
+    /// abandoned in favour of a newer consumer).
+    #[must_use]
+    pub(crate) fn next_batch(&self) -> Option<Batch> {
+        let r = self.receiver;
+        if r.generation.load(Ordering::Acquire) != self.generation {
+            return None;
+        }
+        r.busy.store(-1, Ordering::Relaxed);
+        let epoch = r.queue.begin_batch(MAX_BATCH)?;
+        Some(Batch { receiver: r, epoch })
+    }
+}
+
+/// A batch of messages being processed. Messages are taken one at a time so that a
+/// consumer stuck in one of them can be relieved of the rest ([`Queue::reclaim_batch`]).
+/// Ending (or dropping) the batch completes what was taken.
+pub struct Batch {
+    receiver: &'static Hub,
+    epoch: u64,
+}
+
+impl Batch {
+    /// The next message, or `None` when the batch is exhausted (or was reclaimed).
+    #[must_use]
+    pub fn take(&self) -> Option<Message> {
+        let m = self.receiver.queue.take(self.epoch)?;
+        let now = self.receiver.timing.raw_now();
+        self.receiver.timing.record_handover_at(m.queued_at, now);
+        self.receiver.mark_busy(m.consumer_id, now);
+        Some(m)
+    }
+
+    /// The next message if `accept` accepts it, with its bytes still charged after the
+    /// batch ends (see [`Queue::take_retained`]): the caller owes `release` of the returned
+    /// byte count (the recorder keeps rows until they are written).
+    #[must_use]
+    pub(crate) fn take_retained(&self, accept: impl FnOnce(&Message) -> bool) -> Option<(Message, usize)> {
+        let (m, bytes) = self.receiver.queue.take_retained(self.epoch, accept)?;
+        self.receiver.mark_busy(m.consumer_id, self.receiver.timing.raw_now());
+        Some((m, bytes))
+    }
+
+    /// Messages not taken yet.
+    #[must_use]
+    pub fn remaining(&self) -> usize {
+        self.receiver.queue.remaining(self.epoch)
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        // Messages not taken (the dispatcher failed) are dropped and counted.
+        let dropped = self.receiver.queue.end_batch(self.epoch);
+        if dropped > 0 {
+            self.receiver.note(format!("{dropped} message(s) were dropped after the dispatcher failed"));
+        }
+    }
+}
+
+/// What [`Hub::try_push`] did.
+pub enum TryPush {
+    /// Queued, and a consumer will process it.
+    Pushed,
+    /// Queued, but no consumer runs: call [`Hub::start`].
+    NeedsConsumer,
+    /// Not queued: it must wait for space; call [`Hub::push`].
+    Full(Message),
+}
+
+/// How a stop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopOutcome {
+    /// No consumer was running.
+    NotRunning,
+    /// The consumer drained the queue and exited.
+    Joined,
+    /// The consumer made no progress for the stall timeout and was abandoned.
+    Abandoned(Abandoned),
+}
+
+/// What abandoning a stuck consumer did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Abandoned {
+    /// How long it had made no progress.
+    pub(crate) stalled_for: Duration,
+    /// Waiting `call`s failed.
+    pub(crate) failed_calls: usize,
+    /// The batch it held.
+    pub(crate) reclaimed: Reclaimed,
+}
+
+#[derive(Default)]
+struct Control {
+    thread: Option<JoinHandle<()>>,
+    consumer: Option<Arc<dyn Consume>>,
+}
+
+/// Failure messages of `call`s that report through a status result, by ticket.
+#[derive(Default)]
+struct Failures {
+    next: u64,
+    kept: VecDeque<(i32, String)>,
+}
+
+/// See the module documentation.
+pub struct Hub {
+    /// The byte-bounded queue of messages for the consumer.
+    pub queue: Queue<Message>,
+    /// Device-side cost and hand-over latency histograms.
+    pub timing: Timing,
+    control: Mutex<Control>,
+    finalized: AtomicBool,
+    /// `call` handlers waiting for a reply, so that stopping can fail them.
+    calls: Mutex<HashMap<u64, Arc<ReplySlot>>>,
+    next_call: AtomicU64,
+    failures: Mutex<Failures>,
+    /// Bumped when a stuck consumer is abandoned; a consumer exits when it sees a newer one.
+    generation: AtomicU64,
+    /// Consumer id of the message being processed (-1: none), and since when.
+    busy: AtomicI64,
+    /// Raw cycle count (`Timing::raw_now`) when `busy` was set.
+    busy_since: AtomicU64,
+    /// Consumer names, for messages about them.
+    names: Mutex<HashMap<i64, String>>,
+    /// Things worth telling the user that happened where nobody could be told at once
+    /// (taken by the binding and logged).
+    notes: Mutex<Vec<String>>,
+    has_notes: AtomicBool,
+    /// Stall detection across [`Hub::drain_step`] calls: progress last seen, when.
+    watch: Mutex<(u64, Instant)>,
+}
+
+static GLOBAL: OnceLock<Hub> = OnceLock::new();
+
+/// The process-wide receiver (created on first use, not started).
+pub fn global() -> &'static Hub {
+    GLOBAL.get_or_init(|| Hub::new(DEFAULT_MAX_QUEUE_BYTES))
+}
+
+impl Hub {
+    /// A receiver with a queue of `bound` bytes and no consumer.
+    #[must_use]
+    pub(crate) fn new(bound: usize) -> Self {
+        Hub {
+            queue: Queue::new(bound).with_spin(CONSUMER_SPIN),
+            timing: Timing::default(),
+            control: Mutex::new(Control::default()),
+            finalized: AtomicBool::new(false),
+            calls: Mutex::new(HashMap::new()),
+            next_call: AtomicU64::new(0),
+            failures: Mutex::new(Failures::default()),
+            generation: AtomicU64::new(0),
+            busy: AtomicI64::new(-1),
+            busy_since: AtomicU64::new(0),
+            names: Mutex::new(HashMap::new()),
+            notes: Mutex::new(Vec::new()),
+            has_notes: AtomicBool::new(false),
+            watch: Mutex::new((0, Instant::now())),
+        }
+    }
+
+    /// Records that the consumer took a message of consumer `id` at `now` (a raw
+    /// timestamp; this runs for every message).
+    fn mark_busy(&self, id: i64, now: u64) {
+        self.busy.store(id, Ordering::Relaxed);
+        self.busy_since.store(now, Ordering::Relaxed);
+    }
+
+    /// Installs the consumer used by current and future consumer threads.
+    ///
+    /// Like every method that takes the control lock, a binding must call it without
+    /// holding locks a consumer needs (for Python: detached), since `stop` holds that lock
+    /// while waiting for the consumer.
+    pub fn configure(&self, consumer: Arc<dyn Consume>) {
+        lock(&self.control).consumer = Some(consumer);
+    }
+
+    /// Whether a consumer thread is running.
+    pub fn is_running(&self) -> bool {
+        lock(&self.control).thread.as_ref().is_some_and(|h| !h.is_finished())
+    }
+
+    /// Whether [`Hub::finalize`] ran.
+    pub(crate) fn is_finalized(&self) -> bool {
+        self.finalized.load(Ordering::Acquire)
+    }
+
+    /// Starts the consumer thread if none is running. Returns whether it started one.
+    ///
+    /// # Errors
+    /// [`Error::Closed`] after `finalize`, [`Error::NotConfigured`] before `configure`.
+    pub fn start(&'static self) -> Result<bool, Error> {
+        let mut control = lock(&self.control);
+        if self.is_finalized() {
+            return Err(Error::Closed);
+        }
+        if let Some(handle) = &control.thread {
+            if !handle.is_finished() {
+                return Ok(false);
+            }
+            // The thread ended on its own (only after a panic): replace it.
+            if let Some(handle) = control.thread.take() {
+                if handle.join().is_err() {
+                    self.note("the consumer thread panicked; a new one was started".into());
+                }
+            }
+        }
+        let consumer = control.consumer.clone().ok_or(Error::NotConfigured)?;
+        self.queue.clear_stop();
+        let generation = self.generation.load(Ordering::Acquire);
+        let handle = std::thread::Builder::new()
+            .name("hostfeed-consumer".into())
+            .spawn(move || consumer_main(self, &*consumer, generation))
+            .map_err(|e| Error::Internal(format!("cannot spawn the consumer thread: {e}")))?;
+        control.thread = Some(handle);
+        Ok(true)
+    }
+
+    /// Enqueues a message from a handler, starting the consumer if none runs.
+    ///
+    /// # Errors
+    /// [`Error::Closed`] after `finalize`; start errors.
+    pub fn push(&'static self, msg: Message) -> Result<(), Error> {
+        let bytes = msg.charged_bytes();
+        let mut msg = msg;
+        if msg.queued_at == 0 {
+            msg.queued_at = self.timing.now();
+        }
+        // A tap issued from inside a host callback runs on the consumer thread: waiting for
+        // the consumer to make space would wait for ourselves.
+        let on_consumer = in_consumer_thread();
+        loop {
+            let pushed = if on_consumer {
+                self.queue.push_over_bound(msg, bytes)
+            } else {
+                self.queue.push(msg, bytes)
+            };
+            match pushed {
+                Ok(pushed) => {
+                    if !pushed.consumer_active {
+                        self.start()?;
+                    }
+                    return Ok(());
+                }
+                Err(PushError::Closed(_)) => return Err(Error::Closed),
+                Err(PushError::NoConsumer(m) | PushError::WouldBlock(m)) => {
+                    // The message must wait for space, and nobody would make space.
+                    self.start()?;
+                    msg = m;
+                }
+            }
+        }
+    }
+
+    /// Enqueues a message without waiting for space or starting a consumer, for a caller
+    /// that holds a resource the consumer needs (the GIL) and must release it before it
+    /// waits or takes the control lock.
+    ///
+    /// # Errors
+    /// [`Error::Closed`] after `finalize`.
+    pub fn try_push(&self, mut msg: Message) -> Result<TryPush, Error> {
+        let bytes = msg.charged_bytes();
+        msg.queued_at = self.timing.now();
+        match self.queue.try_push(msg, bytes) {
+            Ok(pushed) if pushed.consumer_active => Ok(TryPush::Pushed),
+            Ok(_) => Ok(TryPush::NeedsConsumer),
+            Err(PushError::WouldBlock(m) | PushError::NoConsumer(m)) => Ok(TryPush::Full(m)),
+            Err(PushError::Closed(_)) => Err(Error::Closed),
+        }
+    }
+
+    /// Records a waiting `call`; returns its id for [`Hub::end_call`].
+    pub(crate) fn begin_call(&self, slot: Arc<ReplySlot>) -> u64 {
+        let call_id = self.next_call.fetch_add(1, Ordering::Relaxed);
+        lock(&self.calls).insert(call_id, slot);
+        call_id
+    }
+
+    /// Forgets a `call` that stopped waiting.
+    pub(crate) fn end_call(&self, call_id: u64) {
+        lock(&self.calls).remove(&call_id);
+    }
+
+    /// Fails every waiting `call` with `message`; returns how many were failed.
+    pub(crate) fn cancel_calls(&self, message: &str) -> usize {
+        let slots: Vec<Arc<ReplySlot>> = lock(&self.calls).values().cloned().collect();
+        slots.iter().filter(|s| s.fail(message.to_string())).count()
+    }
+
+    /// Records a `call` failure and returns its ticket (a positive `i32`).
+    pub(crate) fn record_failure(&self, message: String) -> i32 {
+        let mut f = lock(&self.failures);
+        let ticket = i32::try_from(f.next % (i32::MAX as u64 - 1)).unwrap_or(0) + 1;
+        f.next += 1;
+        if f.kept.len() >= KEPT_FAILURES {
+            f.kept.pop_front();
+        }
+        f.kept.push_back((ticket, message));
+        ticket
+    }
+
+    /// The message recorded under `ticket`.
+    #[must_use]
+    pub(crate) fn failure_message(&self, ticket: i32) -> String {
+        lock(&self.failures)
+            .kept
+            .iter()
+            .rev()
+            .find(|(t, _)| *t == ticket)
+            .map_or_else(|| format!("hostfeed: a host call failed (ticket {ticket})"), |(_, m)| m.clone())
+    }
+
+    /// Remembers `name` for consumer `id` (used in messages about it).
+    pub fn set_name(&self, id: i64, name: String) {
+        lock(&self.names).insert(id, name);
+    }
+
+    /// The name of consumer `id`, or `#id`.
+    #[must_use]
+    pub(crate) fn name(&self, id: i64) -> String {
+        lock(&self.names).get(&id).cloned().unwrap_or_else(|| format!("#{id}"))
+    }
+
+    /// What the consumer is processing now: the consumer id and for how long.
+    #[must_use]
+    pub(crate) fn busy_with(&self) -> Option<(i64, Duration)> {
+        let id = self.busy.load(Ordering::Relaxed);
+        (id >= 0).then(|| {
+            let since = self.busy_since.load(Ordering::Relaxed);
+            (id, Duration::from_nanos(self.timing.nanos_between(since, self.timing.raw_now())))
+        })
+    }
+
+    /// Keeps a note for the binding to report.
+    pub fn note(&self, text: String) {
+        lock(&self.notes).push(text);
+        self.has_notes.store(true, Ordering::Release);
+    }
+
+    /// Takes the notes kept so far (without locking when there are none).
+    pub fn take_notes(&self) -> Vec<String> {
+        if !self.has_notes.swap(false, Ordering::AcqRel) {
+            return Vec::new();
+        }
+        std::mem::take(&mut *lock(&self.notes))
+    }
+
+    /// Waits up to `timeout` until `target` messages are processed; returns whether they
+    /// were. Starts a consumer if messages are pending and none runs.
+    ///
+    /// # Errors
+    /// Start errors.
+    pub fn wait_processed(&'static self, target: u64, timeout: Duration) -> Result<bool, Error> {
+        if self.queue.processed() >= target {
+            return Ok(true);
+        }
+        if !self.is_finalized() && !self.is_running() {
+            self.start()?;
+        }
+        // The consumer usually finishes within microseconds; a sleeping waiter costs a
+        // wake-up system call and a scheduler round trip (tens of microseconds on VMs).
+        let spin = BARRIER_SPIN.min(timeout);
+        if !spin.is_zero() && spin_until(spin, || self.queue.processed() >= target) {
+            return Ok(true);
+        }
+        Ok(self.queue.wait_processed(target, timeout.saturating_sub(spin)))
+    }
+
+    /// One step of draining while something else (computations finishing) is awaited:
+    /// makes sure a consumer runs while messages are pending, abandons it if it made no
+    /// progress for `stall` since the last steps saw progress, then waits up to `slice`
+    /// for progress. Returns `Some` when it abandoned a consumer.
+    ///
+    /// # Errors
+    /// Start errors.
+    pub fn drain_step(
+        &'static self,
+        stall: Option<Duration>,
+        slice: Duration,
+    ) -> Result<Option<Abandoned>, Error> {
+        let progress = self.queue.progress();
+        let pending = self.queue.processed() < self.queue.enqueued();
+        let mut abandoned = None;
+        {
+            let mut w = lock(&self.watch);
+            if progress != w.0 || !pending {
+                *w = (progress, Instant::now());
+            } else if stall.is_some_and(|s| w.1.elapsed() >= s) {
+                let stalled_for = w.1.elapsed();
+                *w = (progress, Instant::now());
+                drop(w);
+                let mut control = lock(&self.control);
+                if control.thread.is_some() {
+                    abandoned = Some(self.abandon(&mut control, stalled_for));
+                }
+            }
+        }
+        if pending && !self.is_finalized() && !self.is_running() {
+            self.start()?;
+        }
+        if pending {
+            self.queue.wait_progress(progress, slice);
+        }
+        Ok(abandoned)
+    }
+
+    /// Abandons the running consumer: it is stuck (made no progress for `stalled_for`).
+    fn abandon(&self, control: &mut Control, stalled_for: Duration) -> Abandoned {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        control.thread = None; // detached: it exits if its callback ever returns
+        let reclaimed = self.queue.reclaim_batch();
+        self.queue.consumer_exited();
+        let name = self.busy_with().map_or_else(|| "?".to_string(), |(id, _)| self.name(id));
+        self.busy.store(-1, Ordering::Relaxed);
+        let failed_calls = self.cancel_calls(&format!(
+            "hostfeed: the host callback {name} made no progress for {:.1} s \
+             (HOSTFEED_STOP_TIMEOUT) while the receiver was stopping; this call was failed \
+             instead of waiting forever",
+            stalled_for.as_secs_f64()
+        ));
+        let abandoned = Abandoned { stalled_for, failed_calls, reclaimed };
+        self.note(format!(
+            "the host callback {name} made no progress for {:.1} s; its receiver thread was \
+             abandoned ({} message(s) written off, {} handed to a new thread, {failed_calls} \
+             waiting call(s) failed)",
+            stalled_for.as_secs_f64(),
+            reclaimed.written_off,
+            reclaimed.requeued
+        ));
+        abandoned
+    }
+
+    /// Lets the consumer drain the queue, then stops and joins it. If it makes no progress
+    /// for `stall` (`None`: wait forever), it is abandoned (see the module documentation).
+    ///
+    /// # Errors
+    /// [`Error::InsideCallback`] when called from a host callback.
+    pub fn stop(&'static self, stall: Option<Duration>) -> Result<StopOutcome, Error> {
+        if in_consumer_thread() {
+            return Err(Error::InsideCallback("stop_outfeed_receiver"));
+        }
+        // Hold the control lock through the join so that a handler that needs a consumer
+        // waits for this stop to finish and then starts a fresh one.
+        let mut control = lock(&self.control);
+        let Some(handle) = control.thread.take() else { return Ok(StopOutcome::NotRunning) };
+        self.queue.request_stop();
+        let mut seen = (self.queue.progress(), Instant::now());
+        while !handle.is_finished() {
+            let progress = self.queue.progress();
+            if progress != seen.0 {
+                seen = (progress, Instant::now());
+            } else if stall.is_some_and(|s| seen.1.elapsed() >= s) {
+                control.thread = Some(handle);
+                return Ok(StopOutcome::Abandoned(self.abandon(&mut control, seen.1.elapsed())));
+            }
+            self.queue.wait_progress(progress, Duration::from_millis(20));
+        }
+        if handle.join().is_err() {
+            self.note("the consumer thread panicked".into());
+        }
+        Ok(StopOutcome::Joined)
+    }
+
+    /// In a child process created by `fork`: the consumer thread (and every other thread)
+    /// exists only in the parent, so the child starts with a fresh, stopped receiver: the
+    /// parent's thread is forgotten (never joined: it is not there), queued messages and
+    /// waiting calls are written off. The next message starts a consumer as usual.
+    pub fn after_fork_in_child(&self) {
+        if let Some(mut control) = crate::host::sync::try_lock(&self.control) {
+            std::mem::forget(control.thread.take());
+        }
+        if let Some(mut calls) = crate::host::sync::try_lock(&self.calls) {
+            std::mem::forget(std::mem::take(&mut *calls));
+        }
+        self.queue.reset_after_fork();
+        self.busy.store(-1, Ordering::Relaxed);
+    }
+
+    /// Processes what is queued (restarting the consumer once after abandoning a stuck
+    /// one), then stops the receiver for good: later messages are refused, waiting calls
+    /// fail. Returns the messages that could not be processed (dropped).
+    ///
+    /// # Errors
+    /// As [`Hub::stop`].
+    pub fn finalize(&'static self, stall: Option<Duration>) -> Result<usize, Error> {
+        let mut abandons = 0;
+        loop {
+            let outcome = self.stop(stall)?;
+            let pending = self.queue.processed() < self.queue.enqueued();
+            if matches!(outcome, StopOutcome::Abandoned(_)) {
+                abandons += 1;
+            }
+            if !pending || abandons >= 2 {
+                break;
+            }
+            self.start()?;
+        }
+        let mut control = lock(&self.control);
+        self.finalized.store(true, Ordering::Release);
+        self.cancel_calls("hostfeed: the receiver shut down (interpreter exit)");
+        let leftovers = self.queue.close();
+        control.consumer = None;
+        drop(control);
+        if !leftovers.is_empty() {
+            self.note(format!("{} message(s) were still queued at exit and were dropped", leftovers.len()));
+        }
+        Ok(leftovers.len())
+    }
+}
+
+/// Marks the consumer as gone when its thread ends, however it ends (unless it was
+/// abandoned, in which case a newer consumer may be running).
+struct ExitGuard(&'static Hub, u64);
+
+impl Drop for ExitGuard {
+    fn drop(&mut self) {
+        if self.0.generation.load(Ordering::Acquire) == self.1 {
+            self.0.busy.store(-1, Ordering::Relaxed);
+            self.0.queue.consumer_exited();
+        }
+    }
+}
+
+fn consumer_main(receiver: &'static Hub, consumer: &dyn Consume, generation: u64) {
+    IS_CONSUMER.with(|c| c.set(true));
+    let _guard = ExitGuard(receiver, generation);
+    consumer.run(&Worker { receiver, generation });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::message::gather;
+    use std::sync::mpsc;
+
+    fn leak(bound: usize) -> &'static Hub {
+        Box::leak(Box::new(Hub::new(bound)))
+    }
+
+    fn message(consumer_id: i64) -> Message {
+        // SAFETY: no operands are read.
+        unsafe { gather(consumer_id, 0, 0, std::iter::empty()) }.unwrap()
+    }
+
+    /// A consumer that records consumer ids and runs `hook` on each.
+    struct Recording<F: Fn(i64) + Send + Sync + 'static> {
+        seen: Mutex<Vec<i64>>,
+        hook: F,
+    }
+
+    impl<F: Fn(i64) + Send + Sync + 'static> Consume for Recording<F> {
+        fn run(&self, worker: &Worker) {
+            while let Some(batch) = worker.next_batch() {
+                while let Some(m) = batch.take() {
+                    (self.hook)(m.consumer_id);
+                    lock(&self.seen).push(m.consumer_id);
+                }
+            }
+        }
+    }
+
+    fn recording<F: Fn(i64) + Send + Sync + 'static>(r: &'static Hub, hook: F) -> Arc<Recording<F>> {
+        let c = Arc::new(Recording { seen: Mutex::new(Vec::new()), hook });
+        r.configure(c.clone());
+        c
+    }
+
+    #[test]
+    fn push_starts_the_consumer_and_barrier_waits_for_processing() {
+        let r = leak(1 << 20);
+        let c = recording(r, |_| {});
+        for i in 0..100 {
+            r.push(message(i)).unwrap();
+        }
+        assert!(r.wait_processed(r.queue.enqueued(), Duration::from_secs(30)).unwrap());
+        assert_eq!(*lock(&c.seen), (0..100).collect::<Vec<_>>());
+        assert_eq!(r.stop(None).unwrap(), StopOutcome::Joined);
+        assert!(!r.is_running());
+    }
+
+    #[test]
+    fn stop_then_push_restarts() {
+        let r = leak(1 << 20);
+        let c = recording(r, |_| {});
+        r.push(message(1)).unwrap();
+        assert_eq!(r.stop(None).unwrap(), StopOutcome::Joined);
+        assert_eq!(r.stop(None).unwrap(), StopOutcome::NotRunning);
+        r.push(message(2)).unwrap();
+        assert!(r.wait_processed(2, Duration::from_secs(30)).unwrap());
+        assert_eq!(*lock(&c.seen), vec![1, 2]);
+        r.stop(None).unwrap();
+    }
+
+    #[test]
+    fn a_stuck_consumer_is_abandoned_and_the_rest_is_processed_by_a_new_one() {
+        let r = leak(1 << 20);
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let release_rx = Mutex::new(release_rx);
+        let (entered_tx, entered_rx) = mpsc::channel::<()>();
+        let entered_tx = Mutex::new(entered_tx);
+        let c = recording(r, move |id| {
+            if id == 2 {
+                lock(&entered_tx).send(()).unwrap();
+                // Stuck until the test releases it (after the abandon).
+                lock(&release_rx).recv().unwrap();
+            }
+        });
+        for i in 1..=4 {
+            r.push(message(i)).unwrap();
+        }
+        entered_rx.recv().unwrap();
+        let slot = Arc::new(ReplySlot::new(Vec::new()));
+        let call_id = r.begin_call(Arc::clone(&slot));
+        let outcome = r.stop(Some(Duration::from_millis(50))).unwrap();
+        let StopOutcome::Abandoned(a) = outcome else { panic!("expected an abandon, got {outcome:?}") };
+        assert_eq!(a.failed_calls, 1);
+        assert!(!slot.is_pending(), "the waiting call was failed");
+        r.end_call(call_id);
+        // Messages 1 and 2 were taken (2 is written off, with 1 if both came in one batch);
+        // 3 and 4 went back to the queue.
+        assert!(matches!(a.reclaimed.written_off, 1 | 2), "{a:?}");
+        assert_eq!(a.reclaimed.requeued, 2);
+        assert_eq!(r.queue.processed(), 2);
+        assert!(!r.take_notes().is_empty());
+        // A barrier now starts a fresh consumer that processes 3 and 4.
+        assert!(r.wait_processed(4, Duration::from_secs(30)).unwrap());
+        assert_eq!(r.queue.held_bytes(), 0, "the abandoned message's bytes are freed");
+        release_tx.send(()).unwrap();
+        assert!(r.wait_processed(4, Duration::from_secs(30)).unwrap());
+        assert_eq!(r.stop(Some(Duration::from_secs(30))).unwrap(), StopOutcome::Joined);
+        let seen = lock(&c.seen).clone();
+        assert_eq!(seen.iter().filter(|&&x| x == 3).count(), 1);
+        assert_eq!(seen.iter().filter(|&&x| x == 4).count(), 1);
+        assert_eq!(r.queue.processed(), 4, "the stuck consumer's late return changes no count");
+    }
+
+    #[test]
+    fn finalize_drains_then_refuses() {
+        let r = leak(1 << 20);
+        let c = recording(r, |_| {});
+        r.push(message(7)).unwrap();
+        assert_eq!(r.finalize(None).unwrap(), 0);
+        assert_eq!(*lock(&c.seen), vec![7]);
+        assert!(matches!(r.push(message(8)), Err(Error::Closed)));
+        assert!(matches!(r.start(), Err(Error::Closed)));
+    }
+
+    #[test]
+    fn finalize_gives_up_on_consumers_that_keep_getting_stuck() {
+        let r = leak(1 << 20);
+        let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+        let g2 = Arc::clone(&gate);
+        let _c = recording(r, move |_| {
+            let mut open = lock(&g2.0);
+            while !*open {
+                open = g2.1.wait(open).unwrap();
+            }
+        });
+        for i in 0..3 {
+            r.push(message(i)).unwrap();
+        }
+        let dropped = r.finalize(Some(Duration::from_millis(30))).unwrap();
+        assert_eq!(dropped, 1, "two stuck consumers abandoned, the third message dropped");
+        assert_eq!(r.queue.held_bytes(), 0);
+        *lock(&gate.0) = true;
+        gate.1.notify_all();
+    }
+
+    #[test]
+    fn failures_are_kept_by_ticket() {
+        let r = leak(16);
+        let a = r.record_failure("first".into());
+        let b = r.record_failure("second".into());
+        assert_ne!(a, b);
+        assert_eq!(r.failure_message(a), "first");
+        assert!(r.failure_message(-5).contains("ticket -5"));
+    }
+
+    #[test]
+    fn a_consumer_cannot_stop_itself() {
+        let r = leak(1 << 20);
+        let (tx, rx) = mpsc::channel();
+        let tx = Mutex::new(tx);
+        let _c = recording(r, move |_| {
+            let err = leak(16).stop(None).unwrap_err();
+            lock(&tx).send(matches!(err, Error::InsideCallback(_))).unwrap();
+        });
+        r.push(message(1)).unwrap();
+        assert!(rx.recv().unwrap());
+        r.stop(None).unwrap();
+    }
+}

@@ -1,0 +1,306 @@
+//! A message: what one custom call sends to the host, and the device-to-host copy of its
+//! operands that builds it.
+//!
+//! A message is one 16-byte-aligned buffer holding every operand back to back (each at a
+//! 16-byte-aligned offset), plus a small table of (dtype, offset, dims). The consumer hands
+//! views of that buffer to numpy without copying again.
+//!
+//! On CPU the operand is already in host memory and [`copy_to_host`] is a `memcpy`; GPUs
+//! use the same [`layout`] with asynchronous copies into pinned memory (`gpu/`).
+//!
+//! No Python here.
+
+use std::any::Any;
+use std::mem::size_of;
+use std::sync::Arc;
+
+use crate::error::Error;
+use crate::ffi::c_api::dtype;
+use crate::host::buffer::{HostBuffer, ALIGN};
+use crate::host::reply::ReplySlot;
+
+/// What the allocator adds to every heap allocation (glibc malloc: a 16-byte header and
+/// 16-byte granularity), charged against the queue bound with each allocation a message
+/// holds.
+const MALLOC_OVERHEAD: usize = 16;
+
+/// One operand inside a message.
+#[derive(Debug, Clone, Copy)]
+pub struct ArrayMeta {
+    /// `XLA_FFI_DataType` code.
+    pub dtype: i32,
+    /// Byte offset in the message buffer.
+    pub offset: usize,
+    /// Byte length.
+    pub(crate) nbytes: usize,
+    /// Index of the first dimension in [`Message::dims`].
+    pub dims_start: usize,
+    /// Number of dimensions.
+    pub rank: usize,
+}
+
+/// What a custom call sends to the host.
+pub struct Message {
+    /// The consumer the lowering registered (the callback and its transforms).
+    pub consumer_id: i64,
+    /// `FLAG_*` bits.
+    pub flags: i64,
+    /// XLA device ordinal of the device that sent it.
+    pub device: i32,
+    /// One entry per operand.
+    pub arrays: Vec<ArrayMeta>,
+    /// Every operand's dimensions, one after the other.
+    pub dims: Vec<i64>,
+    /// The operands' bytes, 16-byte aligned each.
+    pub data: HostBuffer,
+    /// For a `call`: where the consumer sends the results.
+    pub reply: Option<Arc<ReplySlot>>,
+    /// XLA's id of the execution that sent it (the same on every device of one launch).
+    pub run_id: i64,
+    /// A message made on the host rather than by a device (an eager tap): what the
+    /// binding put there (for Python, the callback and its arrays); `data` is then empty.
+    pub host: Option<Box<dyn Any + Send>>,
+    /// Bytes the host payload holds, charged against the bound with the rest.
+    pub host_bytes: usize,
+    /// When it entered the queue (`Timing::now`; 0: not timed).
+    pub queued_at: u64,
+}
+
+impl Message {
+    #[cfg(test)]
+    /// Dimensions of operand `a`.
+    #[must_use]
+    pub(crate) fn dims_of(&self, a: &ArrayMeta) -> &[i64] {
+        &self.dims[a.dims_start..a.dims_start + a.rank]
+    }
+
+    /// Bytes charged against the queue bound for this message: everything it holds in
+    /// memory while queued (its queue slot, its tables and its data buffer, each heap
+    /// allocation with the allocator's overhead), so that the bound bounds memory even
+    /// for tiny or empty operands.
+    #[must_use]
+    pub fn charged_bytes(&self) -> usize {
+        fn heap(bytes: usize) -> usize {
+            if bytes == 0 {
+                0
+            } else {
+                bytes.next_multiple_of(16) + MALLOC_OVERHEAD
+            }
+        }
+        size_of::<(usize, Message)>()
+            + heap(self.arrays.capacity() * size_of::<ArrayMeta>())
+            + heap(self.dims.capacity() * size_of::<i64>())
+            + heap(self.data.capacity())
+            + self.reply.as_ref().map_or(0, |_| heap(size_of::<ReplySlot>() + 16))
+            + self.host_bytes
+    }
+
+    /// A message carrying a host payload of `bytes` bytes (see [`Message::host`]).
+    #[must_use]
+    pub fn from_host(flags: i64, device: i32, payload: Box<dyn Any + Send>, bytes: usize) -> Message {
+        Message {
+            consumer_id: -1,
+            flags,
+            device,
+            arrays: Vec::new(),
+            dims: Vec::new(),
+            data: HostBuffer::empty(),
+            reply: None,
+            run_id: 0,
+            host: Some(payload),
+            host_bytes: bytes,
+            queued_at: 0,
+        }
+    }
+}
+
+/// A view of one device operand as the handler sees it.
+#[derive(Clone, Copy)]
+pub struct Operand<'a> {
+    /// `XLA_FFI_DataType` code.
+    pub dtype: i32,
+    /// The operand's bytes (host memory).
+    pub data: *const u8,
+    /// Its dimensions.
+    pub dims: &'a [i64],
+}
+
+fn nbytes(op: &Operand<'_>) -> Result<usize, Error> {
+    let elem = dtype::element_size(op.dtype).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "operand dtype code {} cannot be transferred (sub-byte and token types are not \
+             supported)",
+            op.dtype
+        ))
+    })?;
+    op.dims
+        .iter()
+        .try_fold(elem, |acc, &d| usize::try_from(d).ok().and_then(|d| acc.checked_mul(d)))
+        .ok_or_else(|| Error::InvalidArgument(format!("operand has invalid dims {:?}", op.dims)))
+}
+
+/// Copies `n` bytes of an operand from device memory at `src` to host memory at `dst`.
+///
+/// # Safety
+/// `src` must be readable and `dst` writable for `n` bytes, and they must not overlap.
+#[inline]
+pub(crate) unsafe fn copy_to_host(dst: *mut u8, src: *const u8, n: usize) {
+    if n > 0 {
+        // SAFETY: the caller guarantees both ranges are valid for `n` bytes and disjoint;
+        // on CPU device memory is host memory.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
+    }
+}
+
+/// Where each operand goes in a message's buffer.
+pub(crate) struct Layout {
+    pub(crate) arrays: Vec<ArrayMeta>,
+    pub(crate) dims: Vec<i64>,
+    /// Bytes of buffer needed (each operand padded to [`ALIGN`]).
+    pub(crate) capacity: usize,
+}
+
+impl Layout {
+    /// Bytes in use: up to the end of the last operand (its padding not counted).
+    #[must_use]
+    pub(crate) fn len(&self) -> usize {
+        self.arrays.last().map_or(0, |m| m.offset + m.nbytes)
+    }
+
+    /// The message for these tables and `data` (which holds the operands as laid out).
+    #[must_use]
+    pub(crate) fn into_message(self, consumer_id: i64, flags: i64, device: i32, data: HostBuffer) -> Message {
+        Message {
+            consumer_id,
+            flags,
+            device,
+            arrays: self.arrays,
+            dims: self.dims,
+            data,
+            reply: None,
+            run_id: 0,
+            host: None,
+            host_bytes: 0,
+            queued_at: 0,
+        }
+    }
+}
+
+/// Lays the operands out back to back, each at a 16-byte-aligned offset.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for an unsupported dtype or invalid dims.
+pub(crate) fn layout<'a>(operands: impl Iterator<Item = Operand<'a>>) -> Result<Layout, Error> {
+    let (lower, _) = operands.size_hint();
+    let mut arrays = Vec::with_capacity(lower);
+    let mut dims = Vec::new();
+    let mut total = 0usize;
+    for op in operands {
+        let n = nbytes(&op)?;
+        arrays.push(ArrayMeta {
+            dtype: op.dtype,
+            offset: total,
+            nbytes: n,
+            dims_start: dims.len(),
+            rank: op.dims.len(),
+        });
+        dims.extend_from_slice(op.dims);
+        total = total
+            .checked_add(n.next_multiple_of(ALIGN))
+            .ok_or_else(|| Error::InvalidArgument("operands too large".into()))?;
+    }
+    Ok(Layout { arrays, dims, capacity: total })
+}
+
+/// Builds a message from the operands, copying each one to host memory. The iterator is
+/// walked twice (sizes, then copies), so it must yield the same operands both times.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for an unsupported dtype or invalid dims.
+///
+/// # Safety
+/// Each operand's `data` must be readable for the number of bytes implied by its dtype
+/// and dims.
+pub unsafe fn gather<'a>(
+    consumer_id: i64,
+    flags: i64,
+    device: i32,
+    operands: impl Iterator<Item = Operand<'a>> + Clone,
+) -> Result<Message, Error> {
+    let lay = layout(operands.clone())?;
+    let mut data = HostBuffer::with_capacity(lay.capacity)?;
+    let base = data.as_mut_ptr();
+    for (op, meta) in operands.zip(&lay.arrays) {
+        // SAFETY: `meta.offset + meta.nbytes <= capacity`, the buffer's capacity, so the
+        // destination is in bounds; the caller guarantees the source is readable for that
+        // many bytes; a freshly allocated buffer cannot overlap device data.
+        unsafe { copy_to_host(base.add(meta.offset), op.data, meta.nbytes) };
+    }
+    // The padding after the last operand is not counted.
+    data.set_len(lay.len());
+    Ok(lay.into_message(consumer_id, flags, device, data))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gather_copies_and_aligns() {
+        let a: [f32; 3] = [1.0, 2.0, 3.0];
+        let b: [u8; 1] = [7];
+        let c: [f64; 2] = [0.5, -0.5];
+        let ops = [
+            Operand { dtype: dtype::F32, data: a.as_ptr().cast(), dims: &[3] },
+            Operand { dtype: dtype::U8, data: b.as_ptr(), dims: &[] },
+            Operand { dtype: dtype::F64, data: c.as_ptr().cast(), dims: &[1, 2] },
+        ];
+        // SAFETY: each operand points at a live local array of the described size.
+        let m = unsafe { gather(5, 1, 2, ops.iter().copied()) }.unwrap();
+        assert_eq!(m.arrays.iter().map(|x| x.offset).collect::<Vec<_>>(), vec![0, 16, 32]);
+        assert_eq!(m.data.len(), 48);
+        assert_eq!(m.data.as_ptr() as usize % 16, 0);
+        assert_eq!(m.dims_of(&m.arrays[2]), &[1, 2]);
+        // SAFETY: offsets and lengths are within the written part of the buffer.
+        unsafe {
+            assert_eq!(*m.data.as_ptr().add(16), 7);
+            let c1 = m.data.as_ptr().add(32 + 8).cast::<f64>().read_unaligned();
+            let a2 = m.data.as_ptr().add(8).cast::<f32>().read_unaligned();
+            assert_eq!((c1.to_bits(), a2.to_bits()), ((-0.5f64).to_bits(), 3.0f32.to_bits()));
+        }
+    }
+
+    #[test]
+    fn zero_size_and_no_operands() {
+        let ops = [Operand { dtype: dtype::F32, data: std::ptr::null(), dims: &[0, 4] }];
+        // SAFETY: a zero-size operand is never read.
+        let m = unsafe { gather(1, 0, 0, ops.iter().copied()) }.unwrap();
+        assert_eq!(m.data.len(), 0);
+        // SAFETY: no operands.
+        let m = unsafe { gather(1, 0, 0, std::iter::empty()) }.unwrap();
+        assert!(m.arrays.is_empty());
+    }
+
+    #[test]
+    fn charge_covers_what_a_tiny_message_holds() {
+        let x = [0f32; 4];
+        let ops = [Operand { dtype: dtype::F32, data: x.as_ptr().cast(), dims: &[4] }];
+        // SAFETY: the operand points at a live local array of 16 bytes.
+        let m = unsafe { gather(1, 0, 0, ops.iter().copied()) }.unwrap();
+        assert!(m.charged_bytes() >= 16 + size_of::<Message>() + 3 * MALLOC_OVERHEAD);
+        // SAFETY: a zero-size operand is never read.
+        let empty = unsafe {
+            gather(1, 0, 0, [Operand { dtype: dtype::F32, data: std::ptr::null(), dims: &[0] }].into_iter())
+        }
+        .unwrap();
+        assert!(empty.charged_bytes() >= size_of::<Message>(), "an empty tap is not free");
+    }
+
+    #[test]
+    fn rejects_sub_byte_dtype() {
+        let x = [0u8; 4];
+        let ops = [Operand { dtype: dtype::S4, data: x.as_ptr(), dims: &[4] }];
+        // SAFETY: rejected before any read.
+        assert!(matches!(unsafe { gather(1, 0, 0, ops.iter().copied()) }, Err(Error::InvalidArgument(_))));
+    }
+}

@@ -1,0 +1,184 @@
+//! An array's state (its pending rows, chunk jobs and frontier) and the writer pool's
+//! job queue.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crate::host::buffer::HostBuffer;
+use crate::host::sync::Waker;
+use crate::record::zarr::ArraySpec;
+
+use crate::record::recorder::{ArrayId, Budget};
+
+/// Per-row metadata.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct RowMeta {
+    /// Record number across the recorder, in arrival order.
+    pub(crate) seq: i64,
+    /// The user's step, or -1.
+    pub(crate) step: i64,
+    pub(crate) device: i32,
+    /// Host wall-clock time when the row reached the host (UNIX ns).
+    pub(crate) time_ns: i64,
+    /// Index into the recorder's transforms table.
+    pub(crate) transforms: i16,
+}
+
+/// Bytes kept for rows until they are written; releases its charge when dropped.
+pub(crate) struct Payload {
+    pub(crate) buf: HostBuffer,
+    pub(crate) charged: usize,
+    pub(crate) budget: Arc<dyn Budget>,
+}
+
+impl Drop for Payload {
+    fn drop(&mut self) {
+        self.budget.release(self.charged);
+    }
+}
+
+/// One row: `len` bytes at `offset` of a payload (which several rows may share).
+pub(crate) struct Row {
+    pub(crate) payload: Arc<Payload>,
+    pub(crate) offset: usize,
+    pub(crate) len: usize,
+    pub(crate) meta: RowMeta,
+}
+
+impl Row {
+    pub(crate) fn bytes(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `offset..offset + len` lies inside the payload's buffer and was written
+        // before the row was made (by the handler's copy of this operand, or by
+        // `Recorder::append`); the buffer is never written again and lives as long as
+        // `self.payload`.
+        unsafe { std::slice::from_raw_parts(self.payload.buf.as_ptr().add(self.offset), self.len) }
+    }
+}
+
+pub(crate) struct ArrayState {
+    /// Rows received.
+    pub(crate) received: u64,
+    /// Rows of the current chunk not yet handed to a writer; the first is row `pending_first`.
+    pub(crate) pending: Vec<Row>,
+    pub(crate) pending_first: u64,
+    /// Compressed codec: rows of the current chunk already on disk in a padded partial
+    /// chunk (after a flush); the next write of that chunk reads them back.
+    pub(crate) on_disk_prefix: u64,
+    /// Row ranges written, by start; `frontier` = rows written contiguously from 0.
+    pub(crate) done: BTreeMap<u64, u64>,
+    pub(crate) frontier: u64,
+    /// Rows announced in `zarr.json`.
+    pub(crate) committed: u64,
+    pub(crate) last_commit: Instant,
+    /// Metadata of rows `meta_first..received`.
+    pub(crate) meta: Vec<RowMeta>,
+    pub(crate) meta_first: u64,
+    /// The first write error; later rows are dropped (and counted) instead of written.
+    pub(crate) failed: bool,
+    /// That error's errno and text (repeated by the errors about the dropped rows).
+    pub(crate) failure: Option<(Option<i32>, String)>,
+    pub(crate) dropped: u64,
+}
+
+impl ArrayState {
+    /// An array with no rows.
+    pub(crate) fn new() -> Self {
+        ArrayState {
+            received: 0,
+            pending: Vec::new(),
+            pending_first: 0,
+            on_disk_prefix: 0,
+            done: BTreeMap::new(),
+            frontier: 0,
+            committed: 0,
+            last_commit: Instant::now(),
+            meta: Vec::new(),
+            meta_first: 0,
+            failed: false,
+            failure: None,
+            dropped: 0,
+        }
+    }
+}
+
+/// One array of the store (plus its per-row metadata arrays).
+pub struct ArrayHandle {
+    pub(crate) id: ArrayId,
+    pub(crate) name: String,
+    /// The data array's directory, its group's directory and its last name part.
+    pub(crate) dir: PathBuf,
+    pub(crate) group_dir: PathBuf,
+    pub(crate) leaf: String,
+    pub(crate) spec: ArraySpec,
+    pub(crate) state: Mutex<ArrayState>,
+}
+
+impl ArrayHandle {
+    pub(crate) fn context(&self) -> String {
+        format!("recording {:?}", self.name)
+    }
+}
+
+/// A chunk (or the part of one) for a writer.
+pub(crate) struct Job {
+    pub(crate) array: Arc<ArrayHandle>,
+    pub(crate) chunk: u64,
+    /// Row index of `rows[0]`.
+    pub(crate) first_row: u64,
+    pub(crate) rows: Vec<Row>,
+    /// Pad to a full chunk (a partial chunk written at a flush or spill).
+    pub(crate) partial: bool,
+    /// Compressed codec: rows at the start of this chunk to read back from disk.
+    pub(crate) disk_prefix: u64,
+}
+
+impl Job {
+    pub(crate) fn key(&self) -> (ArrayId, u64) {
+        (self.array.id, self.chunk)
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct PoolState {
+    pub(crate) jobs: VecDeque<Job>,
+    /// Chunks being written: jobs of one chunk run one at a time, in submission order.
+    pub(crate) running: Vec<(ArrayId, u64)>,
+    /// Jobs finished so far (flush waits for this to move).
+    pub(crate) finished: u64,
+    pub(crate) stop: bool,
+}
+
+impl PoolState {
+    /// The first job whose chunk is not being written and has no earlier job waiting.
+    pub(crate) fn next_job(&mut self) -> Option<Job> {
+        let mut blocked: Vec<(ArrayId, u64)> = Vec::new();
+        for i in 0..self.jobs.len() {
+            let key = self.jobs[i].key();
+            if !self.running.contains(&key) && !blocked.contains(&key) {
+                let job = self.jobs.remove(i)?;
+                self.running.push(key);
+                return Some(job);
+            }
+            blocked.push(key);
+        }
+        None
+    }
+
+    pub(crate) fn idle(&self) -> bool {
+        self.jobs.is_empty() && self.running.is_empty()
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Pool {
+    pub(crate) state: Mutex<PoolState>,
+    /// Writers sleep here for jobs.
+    pub(crate) work: Waker,
+    /// Flushes sleep here for finished jobs.
+    pub(crate) finished: Waker,
+}

@@ -1,0 +1,724 @@
+//! The recorder: values recorded inside jitted code (`Recorder.record`) written as rows of
+//! Zarr v3 arrays by Rust threads, with no Python per row.
+//!
+//! ## Data path
+//!
+//! A record is a tap whose consumer is a [`Sink`] instead of a Python function. The
+//! consumer thread looks up each message's consumer id in the process-wide [`Sinks`](crate::record::sinks::Sinks)
+//! table and, for a sink, *routes* the message here without attaching to Python
+//! ([`Sinks::route_leading`](crate::record::sinks::Sinks::route_leading)): the message's buffer becomes the row's bytes (no copy), the
+//! row is appended to its array's pending chunk, and a full chunk becomes a [`Job`] for
+//! the recorder's writer threads. Routing never does I/O and never waits.
+//!
+//! ## The byte bound
+//!
+//! A routed message counts as processed for barriers, but its bytes stay charged against
+//! the receiver queue's bound (taken with `take_retained`) until its rows are written; the
+//! [`Payload`] that owns them releases the charge when dropped, whatever path drops it. So
+//! a disk slower than the devices fills the bound and pauses the devices, and memory stays
+//! bounded. Rows waiting in partial chunks are charged too; two rules keep them from
+//! holding the bound forever: when they exceed half the bound, every partial chunk is
+//! written (*spill*), and a ticker thread spills when producers wait for space while the
+//! writers are idle (a producer that needs more than the other half).
+//!
+//! ## Crash safety (a killed process leaves a readable store)
+//!
+//! * An array's `zarr.json` only ever announces rows whose bytes are already written
+//!   (chunk files first, then metadata; `zarr.json` is replaced by write-temp + rename).
+//! * Bytes of rows inside the announced shape are never overwritten in place: an
+//!   uncompressed chunk is appended to in place (past the announced rows); a compressed
+//!   chunk that already holds announced rows is rewritten to a temporary file and renamed
+//!   over the old one (its earlier rows read back from disk).
+//! * Per-row metadata arrays are committed before their data array, so they never hold
+//!   fewer rows than it.
+//!
+//! Completed row ranges advance each array's contiguous *frontier*; a *commit* announces
+//! the frontier. Commits happen at every flush ([`Recorder::flush_end`]) and, from the ticker thread,
+//! every `commit_interval`. Nothing is fsynced unless `durable` is set (the page cache
+//! survives a killed process; `durable` also survives an OS crash).
+//!
+//! ## Layout of a store
+//!
+//! ```text
+//! run1.zarr/             group, attrs {"hostfeed": {"format": "hostfeed-recording", ...}}
+//!   layer1/              group
+//!     h                  [rows, *value.shape], the value's dtype; chunks of whole rows
+//!     h.seq              [rows] int64: record number across the recorder (arrival order)
+//!     h.step             [rows] int64: the `step=` given to `record`, or -1
+//!     h.device           [rows] int32: the device ordinal that sent the row
+//!     h.time_ns          [rows] int64: host wall-clock time (UNIX ns) the row arrived
+//!     h.transforms       [rows] int16: index into attrs["hostfeed"]["transforms"]
+//! ```
+//!
+//! No Python here: `cargo test` covers this module with a stand-in [`Budget`].
+
+use std::collections::{HashMap, HashSet};
+use std::fs::{self};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+
+use crate::error::RecordError;
+use crate::host::buffer::{HostBuffer, PoolReservation};
+use crate::host::hub::Hub;
+use crate::host::sync::{lock, Waker};
+use crate::record::storelock::{Access, StoreLock, LOCK_FILE};
+use crate::record::zarr::{self, io_error, ArraySpec, Codec, DType, ROW_METADATA};
+
+use crate::record::arrays::{ArrayHandle, ArrayState, Job, Payload, Pool, Row, RowMeta};
+use crate::record::sinks::{sinks, Sink};
+use crate::record::writer::meta_specs;
+/// Index of an array in its recorder.
+pub(crate) type ArrayId = usize;
+
+/// Rows per chunk of a per-row metadata array.
+pub(crate) const META_CHUNK_ROWS: u64 = 1 << 16;
+/// Most buffers in one vectored write (Linux's `IOV_MAX` is 1024).
+pub(crate) const MAX_IOV: usize = 1024;
+/// How often the ticker looks for producers stuck behind partial chunks, and for commits.
+pub(crate) const TICK: Duration = Duration::from_millis(50);
+/// Longest path the recorder creates (Linux's `PATH_MAX`).
+const PATH_MAX: usize = 4096;
+/// Room a path below an array's directory needs past the array's name: the longest
+/// metadata suffix (`.transforms`), the chunk key (`/c/` and a 20-digit index) and a
+/// temporary file's suffix (`.PID.N.tmp`); each row dimension adds two bytes (`/0`).
+const KEY_ROOM: usize = 11 + 3 + 20 + 40;
+
+/// Bumped in a child process created by `fork` ([`after_fork_in_child`]): recorders
+/// opened before it belong to the parent (their threads do not exist here).
+pub(crate) static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// Makes this (forked child) process start with no recorder: every recorder opened before
+/// the fork counts as closed here (without touching its store, which the parent still
+/// writes and holds locked), and no message is routed to one.
+pub(crate) fn after_fork_in_child() {
+    FORK_GENERATION.fetch_add(1, Ordering::SeqCst);
+    sinks().clear();
+}
+
+/// Where a recorder's bytes are charged: the receiver queue's bound (the [`Hub`]
+/// implements it), or a stand-in in tests.
+pub trait Budget: Send + Sync + 'static {
+    /// Charges `bytes` held outside the queue (rows copied from Python). Never waits.
+    fn charge(&self, bytes: usize);
+    /// Frees bytes charged earlier (at push, or by `charge`).
+    fn release(&self, bytes: usize);
+    /// The byte bound.
+    fn bound(&self) -> usize;
+    /// Whether a producer waits for space now.
+    fn producers_waiting(&self) -> bool;
+    /// Something worth telling the user that has no caller to raise in (logged).
+    fn note(&self, text: String);
+}
+
+impl Budget for &'static Hub {
+    fn charge(&self, bytes: usize) {
+        self.queue.charge(bytes);
+    }
+    fn release(&self, bytes: usize) {
+        self.queue.release(bytes);
+    }
+    fn bound(&self) -> usize {
+        self.queue.bound()
+    }
+    fn producers_waiting(&self) -> bool {
+        self.queue.producers_waiting()
+    }
+    fn note(&self, text: String) {
+        Hub::note(self, text);
+    }
+}
+
+/// How a recorder writes.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Compression of data chunks.
+    pub codec: Codec,
+    /// Target chunk size in bytes: rows per chunk = max(1, this / row bytes). Capped at a
+    /// quarter of the byte bound when an array is declared.
+    pub chunk_bytes: usize,
+    /// Writer threads.
+    pub writers: usize,
+    /// fsync chunk files and metadata (survive an OS crash, not just a killed process).
+    pub durable: bool,
+    /// Announce written rows at least this often (besides every flush).
+    pub commit_interval: Duration,
+    /// Chunk key separator: `/` (nested directories) or `.` (flat file names).
+    pub sep: char,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            codec: Codec::Raw,
+            chunk_bytes: 16 << 20,
+            writers: 1,
+            durable: false,
+            commit_interval: Duration::from_secs(1),
+            sep: '/',
+        }
+    }
+}
+
+/// What to do with an existing directory at the store's path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Create; fail if the path exists and is not an empty directory.
+    Create,
+    /// Create, replacing an earlier hostfeed recording at the path (nothing else).
+    Overwrite,
+}
+
+/// Counters of one recorder.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecorderStats {
+    /// Rows received.
+    pub rows: u64,
+    /// Bytes of chunk data written.
+    pub bytes_written: u64,
+    /// Chunk files written.
+    pub chunks_written: u64,
+    /// Spills: every partial chunk written early to free the byte bound.
+    pub spills: u64,
+    /// Metadata commits (`zarr.json` replaced).
+    pub commits: u64,
+    /// Rows discarded because the recorder was closed or had failed.
+    pub rows_dropped: u64,
+}
+
+/// Declared array names and every group they imply.
+#[derive(Default)]
+struct NameIndex {
+    pub(crate) arrays: HashMap<String, ArrayId>,
+    groups: HashSet<String>,
+}
+
+/// See the module documentation.
+pub struct Recorder {
+    pub(crate) root: PathBuf,
+    pub(crate) opts: Options,
+    pub(crate) budget: Arc<dyn Budget>,
+    pub(crate) arrays: RwLock<Vec<Arc<ArrayHandle>>>,
+    pub(crate) pool: Pool,
+    /// Bytes of rows in partial chunks (not handed to a writer), over all arrays.
+    pub(crate) pending_bytes: AtomicUsize,
+    next_seq: AtomicU64,
+    /// Errors not yet reported by a flush.
+    pub(crate) errors: Mutex<Vec<RecordError>>,
+    /// Arrays whose writes failed (their later rows are dropped), by id.
+    pub(crate) failed_arrays: Mutex<Vec<ArrayId>>,
+    /// Declared names (and the groups they imply), for clash checks in constant time.
+    index: Mutex<NameIndex>,
+    /// The lock on the store, released at close.
+    pub(crate) store_lock: Mutex<Option<StoreLock>>,
+    /// [`FORK_GENERATION`] when the recorder was opened.
+    fork_generation: u64,
+    /// Distinct transforms descriptions (JSON) of the rows; rows store the index.
+    transforms: Mutex<Vec<String>>,
+    pub(crate) closed: AtomicBool,
+    pub(crate) ticker: Mutex<bool>,
+    pub(crate) ticker_wake: Waker,
+    pub(crate) threads: Mutex<Vec<JoinHandle<()>>>,
+    pub(crate) bytes_written: AtomicU64,
+    pub(crate) chunks_written: AtomicU64,
+    pub(crate) spills: AtomicU64,
+    pub(crate) commits: AtomicU64,
+    pub(crate) rows_dropped: AtomicU64,
+    /// Keeps the host buffer pool large enough for the rows this recorder may hold (half
+    /// the budget: beyond that it spills); released at close.
+    pub(crate) pool_reservation: Mutex<Option<PoolReservation>>,
+}
+
+pub(crate) fn read_lock<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    // See `sync::lock`: no user code runs under the crate's locks.
+    l.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+pub(crate) fn write_lock<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+pub(crate) fn as_usize(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
+
+pub(crate) fn as_u64(n: usize) -> u64 {
+    n as u64
+}
+
+fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+const ROOT_FORMAT: &str = "hostfeed-recording";
+
+fn root_attributes() -> Value {
+    json!({"hostfeed": {"format": ROOT_FORMAT, "version": 1}})
+}
+
+/// Whether `root` holds a hostfeed recording (its `zarr.json` says so).
+fn is_recording(root: &Path) -> bool {
+    fs::read(root.join("zarr.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        .is_some_and(|v| v["attributes"]["hostfeed"]["format"] == json!(ROOT_FORMAT))
+}
+
+/// The entries of `root` besides the lock file (`None`: `root` is not a readable directory).
+fn entries(root: &Path) -> Option<Vec<PathBuf>> {
+    let d = fs::read_dir(root).ok()?;
+    Some(d.filter_map(Result::ok).filter(|e| e.file_name() != LOCK_FILE).map(|e| e.path()).collect())
+}
+
+/// Whether `mode` may use `root` (an existing path) as it is.
+fn check_existing(root: &Path, mode: Mode) -> Result<(), RecordError> {
+    if entries(root).is_some_and(|e| e.is_empty()) {
+        return Ok(());
+    }
+    match mode {
+        Mode::Create => Err(RecordError::Io {
+            errno: Some(libc::EEXIST),
+            message: format!(
+                "{} exists and is not an empty directory; choose a new path, or pass mode=\"w\" to \
+                 replace an earlier recording",
+                root.display()
+            ),
+        }),
+        Mode::Overwrite if is_recording(root) => Ok(()),
+        Mode::Overwrite => Err(RecordError::Io {
+            errno: Some(libc::EEXIST),
+            message: format!(
+                "{} exists and is not a hostfeed recording; mode=\"w\" only replaces earlier \
+                 recordings",
+                root.display()
+            ),
+        }),
+    }
+}
+
+/// Makes `root` an empty directory held by the returned lock. A store another recorder
+/// holds is refused first (naming the holder), before anything is created or removed.
+fn prepare_root(root: &Path, mode: Mode) -> Result<StoreLock, RecordError> {
+    StoreLock::check_free(root)?;
+    if root.exists() {
+        check_existing(root, mode)?;
+    }
+    fs::create_dir_all(root).map_err(|e| io_error("create", root, &e))?;
+    let held = StoreLock::acquire(root, Access::Exclusive)?;
+    // Again under the lock: another process may have written meanwhile.
+    check_existing(root, mode)?;
+    // An earlier recording is replaced entry by entry: the directory (and the lock file
+    // in it) stays, so the lock keeps guarding the path.
+    for entry in entries(root).unwrap_or_default() {
+        let removed = if entry.is_dir() && !entry.is_symlink() {
+            fs::remove_dir_all(&entry)
+        } else {
+            fs::remove_file(&entry)
+        };
+        removed.map_err(|e| io_error("remove the old recording's", &entry, &e))?;
+    }
+    Ok(held)
+}
+
+impl Recorder {
+    /// Creates a store at `root` and starts the writer and ticker threads.
+    ///
+    /// # Errors
+    /// [`RecordError::Io`] when the directory cannot be created or written, or exists.
+    pub fn create(
+        root: &Path,
+        mode: Mode,
+        opts: Options,
+        budget: Arc<dyn Budget>,
+    ) -> Result<Arc<Recorder>, RecordError> {
+        let held = prepare_root(root, mode)?;
+        zarr::write_json_atomic(root, &zarr::group_metadata(&root_attributes()), opts.durable)?;
+        let writers = opts.writers.max(1);
+        let rec = Arc::new(Recorder {
+            root: root.to_path_buf(),
+            opts,
+            budget,
+            arrays: RwLock::new(Vec::new()),
+            pool: Pool::default(),
+            pending_bytes: AtomicUsize::new(0),
+            next_seq: AtomicU64::new(0),
+            errors: Mutex::new(Vec::new()),
+            failed_arrays: Mutex::new(Vec::new()),
+            index: Mutex::new(NameIndex::default()),
+            store_lock: Mutex::new(Some(held)),
+            fork_generation: FORK_GENERATION.load(Ordering::SeqCst),
+            transforms: Mutex::new(vec!["[]".to_string()]),
+            closed: AtomicBool::new(false),
+            ticker: Mutex::new(false),
+            ticker_wake: Waker::new(),
+            threads: Mutex::new(Vec::new()),
+            bytes_written: AtomicU64::new(0),
+            chunks_written: AtomicU64::new(0),
+            spills: AtomicU64::new(0),
+            commits: AtomicU64::new(0),
+            rows_dropped: AtomicU64::new(0),
+            pool_reservation: Mutex::new(None),
+        });
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new().name(name).spawn(f).map_err(|e| RecordError::Io {
+                errno: e.raw_os_error(),
+                message: format!("cannot start a recorder thread: {e}"),
+            })
+        };
+        let mut started = Ok(());
+        for i in 0..=writers {
+            let r = Arc::clone(&rec);
+            let (name, main): (String, Box<dyn FnOnce() + Send>) = if i < writers {
+                (format!("hostfeed-writer-{i}"), Box::new(move || r.writer_main()))
+            } else {
+                ("hostfeed-recorder".into(), Box::new(move || r.ticker_main()))
+            };
+            match spawn(name, main) {
+                Ok(t) => lock(&rec.threads).push(t),
+                Err(e) => {
+                    started = Err(e);
+                    break;
+                }
+            }
+        }
+        if let Err(e) = started {
+            rec.stop_threads();
+            return Err(e);
+        }
+        *lock(&rec.pool_reservation) = Some(PoolReservation::new(rec.budget.bound() / 2));
+        Ok(rec)
+    }
+
+    /// The store's path.
+    #[must_use]
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Whether [`Recorder::close`] was called (or this is a forked child of the process
+    /// that opened it).
+    #[must_use]
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst) || self.forked_away()
+    }
+
+    /// Whether this process is a forked child of the one that opened the recorder.
+    pub(crate) fn forked_away(&self) -> bool {
+        FORK_GENERATION.load(Ordering::Relaxed) != self.fork_generation
+    }
+
+    fn closed_error(&self) -> RecordError {
+        if self.forked_away() {
+            return RecordError::Closed(format!(
+                "the recorder of {} was opened by the parent of this forked process; open a new \
+                 one (on another path) here",
+                self.root.display()
+            ));
+        }
+        RecordError::Closed(format!("the recorder of {} is closed", self.root.display()))
+    }
+
+    /// Checks a record name for an array with rows of `ndim` dimensions: `zarr::split_name`,
+    /// and that every path it makes stays under `PATH_MAX`. Creates nothing.
+    ///
+    /// # Errors
+    /// [`RecordError::Invalid`] saying what is wrong.
+    pub fn check_name<'n>(&self, name: &'n str, ndim: usize) -> Result<Vec<&'n str>, RecordError> {
+        let parts = zarr::split_name(name)?;
+        let longest = self.root.as_os_str().len() + 1 + name.len() + KEY_ROOM + 2 * ndim;
+        if longest > PATH_MAX {
+            return Err(RecordError::Invalid(format!(
+                "invalid record name {name:?}: the files of this array in {} would have paths of up \
+                 to {longest} bytes, more than the {PATH_MAX} the system allows; use a shorter name \
+                 or store path",
+                self.root.display()
+            )));
+        }
+        Ok(parts)
+    }
+
+    /// Declares array `name` (`"layer1/h"`: group `layer1`, array `h`) with rows of
+    /// `row_shape` and XLA dtype `dtype_code`; returns its id. Declaring the same name
+    /// again with the same shape and dtype returns the same id.
+    ///
+    /// # Errors
+    /// An invalid name, a dtype that cannot be recorded, a clash with an earlier
+    /// declaration (another shape or dtype, or an array where a group is needed or the
+    /// reverse), I/O errors, or a closed recorder.
+    pub fn declare(&self, name: &str, dtype_code: i32, row_shape: &[u64]) -> Result<ArrayId, RecordError> {
+        let dtype = DType::from_xla(dtype_code).map_err(|e| e.context(&format!("recording {name:?}")))?;
+        let parts = self.check_name(name, row_shape.len())?;
+        if self.is_closed() {
+            return Err(self.closed_error());
+        }
+        let mut arrays = write_lock(&self.arrays);
+        let mut index = lock(&self.index);
+        if let Some(&id) = index.arrays.get(name) {
+            let a = &arrays[id];
+            if a.spec.dtype == dtype && a.spec.row_shape == row_shape {
+                return Ok(a.id);
+            }
+            return Err(RecordError::Invalid(format!(
+                "record name {name:?} was first recorded as {} {:?}, now as {} {:?}; a name keeps \
+                 one dtype and row shape: use another name",
+                a.spec.dtype.name, a.spec.row_shape, dtype.name, row_shape
+            )));
+        }
+        let clash = |other: &str| {
+            Err(RecordError::Invalid(format!(
+                "record name {name:?} clashes with {other:?}: a name cannot be both an array and a \
+                 group"
+            )))
+        };
+        if index.groups.contains(name) {
+            let other =
+                arrays.iter().find(|a| a.name.starts_with(&format!("{name}/"))).map_or("", |a| &a.name);
+            return clash(other);
+        }
+        let prefixes: Vec<&str> = name.match_indices('/').map(|(i, _)| &name[..i]).collect();
+        if let Some(p) = prefixes.iter().find(|p| index.arrays.contains_key(**p)) {
+            return clash(p);
+        }
+        let context = format!("recording {name:?}");
+        let durable = self.opts.durable;
+        let mut group_dir = self.root.clone();
+        for g in &parts[..parts.len() - 1] {
+            group_dir.push(g);
+            if !group_dir.join("zarr.json").exists() {
+                fs::create_dir_all(&group_dir)
+                    .map_err(|e| io_error("create", &group_dir, &e).context(&context))?;
+                zarr::write_json_atomic(&group_dir, &zarr::group_metadata(&json!({})), durable)
+                    .map_err(|e| e.context(&context))?;
+            }
+        }
+        let leaf = parts[parts.len() - 1].to_string();
+        let row_bytes = zarr::nbytes(row_shape, dtype.itemsize).ok_or_else(|| {
+            RecordError::Invalid(format!("{context}: rows of shape {row_shape:?} are too large"))
+        })?;
+        let target = self.opts.chunk_bytes.min(self.budget.bound() / 4).max(1);
+        let chunk_rows = as_u64((target / row_bytes.max(1)).max(1));
+        let mut dim_names = vec![Some(format!("{leaf}.row"))];
+        dim_names.extend((0..row_shape.len()).map(|i| Some(format!("{leaf}.d{i}"))));
+        let spec = ArraySpec {
+            dtype,
+            row_shape: row_shape.to_vec(),
+            chunk_rows,
+            codec: self.opts.codec,
+            dim_names,
+            sep: self.opts.sep,
+        };
+        let dir = group_dir.join(&leaf);
+        let handle = ArrayHandle {
+            id: arrays.len(),
+            name: name.to_string(),
+            dir,
+            group_dir,
+            leaf,
+            spec,
+            state: Mutex::new(ArrayState::new()),
+        };
+        // Metadata arrays, then the data array, all with zero rows.
+        for (suffix, mspec) in meta_specs(&handle.leaf) {
+            let mdir = handle.group_dir.join(format!("{}.{suffix}", handle.leaf));
+            fs::create_dir_all(&mdir).map_err(|e| io_error("create", &mdir, &e).context(&context))?;
+            zarr::write_json_atomic(&mdir, &mspec.metadata(0, &json!({})), durable)
+                .map_err(|e| e.context(&context))?;
+        }
+        fs::create_dir_all(&handle.dir).map_err(|e| io_error("create", &handle.dir, &e).context(&context))?;
+        let attrs = self.attributes(&handle);
+        zarr::write_json_atomic(&handle.dir, &handle.spec.metadata(0, &attrs), durable)
+            .map_err(|e| e.context(&context))?;
+        let handle = Arc::new(handle);
+        arrays.push(Arc::clone(&handle));
+        index.arrays.insert(name.to_string(), handle.id);
+        index.groups.extend(prefixes.iter().map(|p| (*p).to_string()));
+        Ok(handle.id)
+    }
+
+    /// The data array's attributes: CF `coordinates` (so xarray shows the per-row metadata
+    /// as coordinates along the row dimension) and hostfeed's description, with the
+    /// transforms table the `.transforms` column indexes.
+    pub(crate) fn attributes(&self, a: &ArrayHandle) -> Value {
+        let coords: Vec<String> = ROW_METADATA.iter().map(|s| format!("{}.{s}", a.leaf)).collect();
+        let transforms: Vec<Value> = lock(&self.transforms)
+            .iter()
+            .map(|t| serde_json::from_str(t).unwrap_or_else(|_| json!(t)))
+            .collect();
+        json!({
+            "coordinates": coords.join(" "),
+            "hostfeed": {"name": a.name, "row_metadata": ROW_METADATA, "transforms": transforms},
+        })
+    }
+
+    /// The index of a transforms description (JSON) in the recorder's table.
+    pub fn transforms_index(&self, description: &str) -> i16 {
+        let mut t = lock(&self.transforms);
+        let i = t.iter().position(|x| x == description).unwrap_or_else(|| {
+            t.push(description.to_string());
+            t.len() - 1
+        });
+        i16::try_from(i).unwrap_or(i16::MAX)
+    }
+
+    fn array(&self, id: ArrayId) -> Option<Arc<ArrayHandle>> {
+        read_lock(&self.arrays).get(id).cloned()
+    }
+
+    /// A sink for messages whose operand `i` holds `lanes` rows of array `targets[i]` (or
+    /// is not recorded, `None`) and whose operand `step` (if any) holds the integer step
+    /// (one per lane, or one for all). `lanes` is 1 except under `vmap`, where each lane of
+    /// the batch (first dimensions) is a row.
+    ///
+    /// # Errors
+    /// [`RecordError::Invalid`] for an unknown array id or no lanes.
+    pub fn sink(
+        self: &Arc<Self>,
+        targets: &[Option<ArrayId>],
+        step: Option<usize>,
+        transforms: &str,
+        lanes: usize,
+    ) -> Result<Sink, RecordError> {
+        if lanes == 0 {
+            return Err(RecordError::Invalid("a batch of zero lanes records nothing".into()));
+        }
+        let targets = targets
+            .iter()
+            .map(|t| {
+                t.map(|id| {
+                    self.array(id).ok_or_else(|| RecordError::Invalid(format!("no array with id {id}")))
+                })
+                .transpose()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Sink {
+            recorder: Arc::clone(self),
+            targets,
+            step,
+            transforms: self.transforms_index(transforms),
+            lanes,
+        })
+    }
+
+    /// Records one row of array `id` copied from `data` (the path of values that reach
+    /// the host through Python: global-view records joined from shards, inline mode).
+    ///
+    /// # Errors
+    /// A size that does not match the array's rows, an unknown array, a closed recorder.
+    pub fn append(
+        &self,
+        id: ArrayId,
+        data: &[u8],
+        step: i64,
+        device: i32,
+        transforms: i16,
+    ) -> Result<(), RecordError> {
+        let a = self.array(id).ok_or_else(|| RecordError::Invalid(format!("no array with id {id}")))?;
+        if data.len() != a.spec.row_bytes() {
+            return Err(RecordError::Invalid(format!(
+                "{}: a row has {} bytes, got {}",
+                a.context(),
+                a.spec.row_bytes(),
+                data.len()
+            )));
+        }
+        if self.is_closed() {
+            return Err(self.closed_error());
+        }
+        let mut buf = HostBuffer::with_capacity(data.len())
+            .map_err(|e| RecordError::Io { errno: Some(libc::ENOMEM), message: e.to_string() })?;
+        if !data.is_empty() {
+            // SAFETY: the buffer was allocated with room for `data.len()` bytes; a fresh
+            // allocation cannot overlap `data`.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf.as_mut_ptr(), data.len()) };
+        }
+        self.budget.charge(buf.capacity());
+        let payload = Arc::new(Payload { charged: buf.capacity(), buf, budget: Arc::clone(&self.budget) });
+        let meta = self.meta(step, device, transforms);
+        self.route_row(&a, Row { payload, offset: 0, len: data.len(), meta });
+        Ok(())
+    }
+
+    pub(crate) fn meta(&self, step: i64, device: i32, transforms: i16) -> RowMeta {
+        let seq = i64::try_from(self.next_seq.fetch_add(1, Ordering::Relaxed)).unwrap_or(i64::MAX);
+        RowMeta { seq, step, device, time_ns: now_ns(), transforms }
+    }
+
+    /// Appends a row to its array's pending chunk; a full chunk goes to the writers.
+    /// Never does I/O, never waits (beyond short locks).
+    pub(crate) fn route_row(&self, a: &Arc<ArrayHandle>, row: Row) {
+        let mut st = lock(&a.state);
+        // Checked under the array's lock: `close` sets the flag, then spills every array
+        // under its lock, so a row is either spilled by it or sees the flag.
+        if self.is_closed() || st.failed {
+            st.dropped += 1;
+            self.rows_dropped.fetch_add(1, Ordering::Relaxed);
+            let closed = self.is_closed();
+            drop(st);
+            drop(row);
+            if closed {
+                self.budget.note(format!(
+                    "{}: a row arrived after the recorder was closed and was dropped",
+                    a.context()
+                ));
+            }
+            return;
+        }
+        st.meta.push(row.meta);
+        st.received += 1;
+        st.pending.push(row);
+        let cr = a.spec.chunk_rows;
+        if (st.pending_first % cr) + as_u64(st.pending.len()) == cr {
+            self.submit(a, &mut st, false);
+        } else {
+            let pending =
+                self.pending_bytes.fetch_add(a.spec.row_bytes(), Ordering::Relaxed) + a.spec.row_bytes();
+            drop(st);
+            if pending > self.budget.bound() / 2 {
+                self.spill();
+            }
+        }
+    }
+
+    /// Hands the array's pending rows to the writers (under its lock, so that jobs of one
+    /// chunk are submitted in order).
+    pub(crate) fn submit(&self, a: &Arc<ArrayHandle>, st: &mut ArrayState, partial: bool) {
+        let rows = std::mem::take(&mut st.pending);
+        let first_row = st.pending_first;
+        let cr = a.spec.chunk_rows;
+        let chunk = first_row / cr;
+        let n = as_u64(rows.len());
+        st.pending_first += n;
+        // The rows counted as pending: all of them, except the row that completed a chunk
+        // (`route_row` submits before counting it).
+        let counted = if partial { rows.len() } else { rows.len().saturating_sub(1) };
+        self.pending_bytes.fetch_sub(counted * a.spec.row_bytes(), Ordering::Relaxed);
+        let disk_prefix = if matches!(a.spec.codec, Codec::Zstd(_)) { st.on_disk_prefix } else { 0 };
+        // After a partial compressed chunk, the next write of it starts from the disk copy.
+        st.on_disk_prefix = st.pending_first % cr;
+        let job = Job { array: Arc::clone(a), chunk, first_row, rows, partial, disk_prefix };
+        lock(&self.pool.state).jobs.push_back(job);
+        self.pool.work.notify_one();
+    }
+
+    /// Writes every partial chunk (see the module documentation).
+    pub(crate) fn spill(&self) {
+        let arrays = read_lock(&self.arrays).clone();
+        let mut any = false;
+        for a in &arrays {
+            let mut st = lock(&a.state);
+            if !st.pending.is_empty() {
+                self.submit(a, &mut st, true);
+                any = true;
+            }
+        }
+        if any {
+            self.spills.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}

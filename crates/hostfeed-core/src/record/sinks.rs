@@ -1,0 +1,184 @@
+//! The sink table: routing messages from the consumer thread to recorders.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use crate::error::RecordError;
+use crate::ffi::c_api::dtype as xla;
+use crate::host::hub::{Batch, Worker};
+use crate::host::message::Message;
+use crate::host::sync::lock;
+use crate::record::zarr::DType;
+
+use crate::record::arrays::{ArrayHandle, Payload, Row};
+use crate::record::recorder::{read_lock, write_lock, Recorder};
+
+// ---- Sinks: routing messages from the consumer thread -----------------------------------
+
+/// Where the messages of one consumer id go: operand `i` holds `lanes` rows of
+/// `targets[i]` (or is not recorded), operand `step` the integer step(s).
+pub struct Sink {
+    pub(crate) recorder: Arc<Recorder>,
+    pub(crate) targets: Vec<Option<Arc<ArrayHandle>>>,
+    pub(crate) step: Option<usize>,
+    pub(crate) transforms: i16,
+    pub(crate) lanes: usize,
+}
+
+impl Sink {
+    /// Routes one message whose bytes (`charged`) are still charged against the bound;
+    /// the charge is released once its rows are written (or dropped).
+    pub(crate) fn route(&self, msg: Message, charged: usize) {
+        let rec = &self.recorder;
+        let mut rows = Vec::with_capacity(self.targets.len());
+        let mut problem = None;
+        if msg.arrays.len() == self.targets.len() {
+            for (op, target) in msg.arrays.iter().zip(&self.targets) {
+                let Some(a) = target else { continue };
+                let dtype_ok = DType::from_xla(op.dtype).is_ok_and(|d| d == a.spec.dtype);
+                if !dtype_ok || Some(op.nbytes) != a.spec.row_bytes().checked_mul(self.lanes) {
+                    problem = Some(format!(
+                        "{}: {} bytes of dtype code {} do not hold {} row(s) of {} bytes of {}",
+                        a.context(),
+                        op.nbytes,
+                        op.dtype,
+                        self.lanes,
+                        a.spec.row_bytes(),
+                        a.spec.dtype.name
+                    ));
+                    break;
+                }
+                rows.push((Arc::clone(a), op.offset));
+            }
+        } else {
+            problem = Some(format!(
+                "a record message has {} operands, expected {}",
+                msg.arrays.len(),
+                self.targets.len()
+            ));
+        }
+        let steps = self.step.map(|i| read_steps(&msg, i, self.lanes)).unwrap_or_default();
+        let device = msg.device;
+        let payload = Arc::new(Payload { buf: msg.data, charged, budget: Arc::clone(&rec.budget) });
+        if let Some(p) = problem {
+            lock(&rec.errors).push(RecordError::Invalid(format!("hostfeed internal error: {p}")));
+            return;
+        }
+        for lane in 0..self.lanes {
+            let step = steps.get(lane).or(steps.first()).copied().unwrap_or(-1);
+            let meta = rec.meta(step, device, self.transforms);
+            for (a, offset) in &rows {
+                let len = a.spec.row_bytes();
+                let row = Row { payload: Arc::clone(&payload), offset: offset + lane * len, len, meta };
+                rec.route_row(a, row);
+            }
+        }
+    }
+}
+
+/// Up to `lanes` integers of operand `i` of `msg` (the step of each lane).
+fn read_steps(msg: &Message, i: usize, lanes: usize) -> Vec<i64> {
+    let Some(op) = msg.arrays.get(i) else { return Vec::new() };
+    let Some(size) = xla::element_size(op.dtype).filter(|&s| s <= 8) else { return Vec::new() };
+    let n = (op.nbytes / size).min(lanes);
+    let mut out = Vec::with_capacity(n);
+    for k in 0..n {
+        let mut raw = [0u8; 8];
+        // SAFETY: `op.offset..op.offset + op.nbytes` was written by the handler's copy, and
+        // element `k < op.nbytes / size` of `size <= 8` bytes lies inside it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                msg.data.as_ptr().add(op.offset + k * size),
+                raw.as_mut_ptr(),
+                size,
+            );
+        }
+        let value = match op.dtype {
+            xla::S8 => i64::from(i8::from_le_bytes([raw[0]])),
+            xla::S16 => i64::from(i16::from_le_bytes([raw[0], raw[1]])),
+            xla::S32 => i64::from(i32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]])),
+            xla::S64 => i64::from_le_bytes(raw),
+            xla::U8 => i64::from(raw[0]),
+            xla::U16 => i64::from(u16::from_le_bytes([raw[0], raw[1]])),
+            xla::U32 => i64::from(u32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]])),
+            xla::U64 => i64::try_from(u64::from_le_bytes(raw)).unwrap_or(i64::MAX),
+            _ => return out,
+        };
+        out.push(value);
+    }
+    out
+}
+
+/// The process-wide table of sinks, by consumer id (consumer ids are process-wide, like
+/// the receiver: compiled executables embed them).
+#[derive(Default)]
+pub struct Sinks {
+    any: AtomicBool,
+    /// Consumer id -> sink (ids are hashes, spread over the whole positive `i64` range).
+    table: RwLock<HashMap<i64, Arc<Sink>>>,
+}
+
+static SINKS: std::sync::OnceLock<Sinks> = std::sync::OnceLock::new();
+
+/// The process-wide sink table.
+pub fn sinks() -> &'static Sinks {
+    SINKS.get_or_init(Sinks::default)
+}
+
+impl Sinks {
+    /// Forgets every sink (a forked child: the recorders are the parent's).
+    pub fn clear(&self) {
+        write_lock(&self.table).clear();
+        self.any.store(false, Ordering::Release);
+    }
+
+    /// Routes the messages of consumer `consumer_id` to `sink` from now on.
+    pub fn bind(&self, consumer_id: i64, sink: Sink) {
+        write_lock(&self.table).insert(consumer_id, Arc::new(sink));
+        self.any.store(true, Ordering::Release);
+    }
+
+    /// The sink of `consumer_id`, if it has one.
+    #[must_use]
+    pub(crate) fn get(&self, consumer_id: i64) -> Option<Arc<Sink>> {
+        if !self.any.load(Ordering::Acquire) {
+            return None;
+        }
+        read_lock(&self.table).get(&consumer_id).cloned()
+    }
+
+    /// The consumer's next batch that holds a message for Python (`None` when the consumer
+    /// must exit); messages for sinks at the head of each batch are routed on the way.
+    #[must_use]
+    pub fn next_batch(&self, worker: &Worker) -> Option<Batch> {
+        loop {
+            let batch = worker.next_batch()?;
+            self.route_leading(&batch);
+            if batch.remaining() > 0 {
+                return Some(batch);
+            }
+        }
+    }
+
+    /// Routes the messages at the head of `batch` that belong to sinks, stopping at the
+    /// first that does not (it is for Python). Returns how many were routed.
+    pub fn route_leading(&self, batch: &Batch) -> usize {
+        if !self.any.load(Ordering::Acquire) {
+            return 0;
+        }
+        let mut n = 0;
+        loop {
+            let mut sink = None;
+            let taken = batch.take_retained(|m| {
+                sink = self.get(m.consumer_id);
+                sink.is_some()
+            });
+            match (taken, sink) {
+                (Some((msg, charged)), Some(sink)) => sink.route(msg, charged),
+                _ => return n,
+            }
+            n += 1;
+        }
+    }
+}

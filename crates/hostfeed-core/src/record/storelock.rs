@@ -1,0 +1,216 @@
+//! The lock on an open store: at most one recorder writes a store at a time, across
+//! threads and processes.
+//!
+//! The lock is an advisory `flock` on the file `.hostfeed.lock` inside the store. `flock`
+//! locks belong to an open file description, so a second open of the same store conflicts
+//! whether it comes from this process or another one, and the kernel releases the lock
+//! when the holder closes it or dies (a killed process never leaves a store locked). The
+//! file holds a JSON description of the holder ([`Holder`]), so a refused open can say who
+//! holds the store. A holder removes the file when it closes (while still holding the
+//! lock); an opener that locked a file removed meanwhile notices (the path no longer
+//! names the file it locked) and tries again.
+//!
+//! ## Owners (and what issue 26 extends)
+//!
+//! A lock is taken for an [`Access`]. Today there is one: [`Access::Exclusive`], one
+//! recorder in one process. Many cooperating processes writing one store add an access
+//! kind that takes the `flock` shared (`LOCK_SH`) and names the group of cooperating
+//! processes in the [`Holder`] record (each member appending its own record), so that a
+//! member of the group is admitted and anyone else is refused with the same
+//! [`RecordError`] that names the holders. The holder record is JSON with named fields, so
+//! readers of an older format keep working when fields are added.
+//!
+//! No Python here.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use crate::error::RecordError;
+use crate::record::zarr::io_error;
+
+/// Name of the lock file inside a store.
+pub(crate) const LOCK_FILE: &str = ".hostfeed.lock";
+
+/// How a store is held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// One recorder of one process writes the store; every other open is refused.
+    Exclusive,
+}
+
+impl Access {
+    fn name(self) -> &'static str {
+        match self {
+            Access::Exclusive => "exclusive",
+        }
+    }
+}
+
+/// Who holds a store (the lock file's contents).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Holder {
+    pub pid: u32,
+    pub access: String,
+    /// When the lock was taken (UNIX ns).
+    pub since_ns: i64,
+}
+
+impl Holder {
+    fn to_json(&self) -> Value {
+        json!({"pid": self.pid, "access": self.access, "since_ns": self.since_ns})
+    }
+
+    fn from_json(v: &Value) -> Option<Holder> {
+        Some(Holder {
+            pid: u32::try_from(v["pid"].as_u64()?).ok()?,
+            access: v["access"].as_str().unwrap_or("exclusive").to_string(),
+            since_ns: v["since_ns"].as_i64().unwrap_or(0),
+        })
+    }
+}
+
+/// A held lock on a store; released (and its file removed) when dropped by the process
+/// that took it. In a child process created by `fork` it is dropped without touching the
+/// file: the parent still holds it.
+#[derive(Debug)]
+pub(crate) struct StoreLock {
+    file: File,
+    path: PathBuf,
+    pid: u32,
+}
+
+fn flock(file: &File, op: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: `flock` on a descriptor this `File` owns and keeps open; no memory is passed.
+    if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// The holder named by the lock file at `path`, if it can be read.
+fn read_holder(path: &Path) -> Option<Holder> {
+    let mut text = String::new();
+    File::open(path).ok()?.read_to_string(&mut text).ok()?;
+    Holder::from_json(&serde_json::from_str(&text).ok()?)
+}
+
+fn busy(root: &Path, holder: Option<&Holder>) -> RecordError {
+    let me = std::process::id();
+    let who = match holder {
+        Some(h) if h.pid == me => {
+            format!("another hostfeed.Recorder of this process (pid {me}) has it open ({} access)", h.access)
+        }
+        Some(h) => format!("a hostfeed.Recorder of process {} has it open ({} access)", h.pid, h.access),
+        None => "another hostfeed.Recorder has it open (holder unknown)".to_string(),
+    };
+    RecordError::Io {
+        errno: Some(libc::EBUSY),
+        message: format!(
+            "{} is locked: {who}; close that recorder first (the lock is released when it closes \
+             or its process ends), or record to another path",
+            root.display()
+        ),
+    }
+}
+
+impl StoreLock {
+    /// Whether a live recorder holds the store at `root` now; the error names it. Creates
+    /// nothing (a store without a lock file is not held).
+    ///
+    /// # Errors
+    /// The busy error, naming the holder.
+    pub(crate) fn check_free(root: &Path) -> Result<(), RecordError> {
+        let path = root.join(LOCK_FILE);
+        let Ok(file) = OpenOptions::new().read(true).open(&path) else { return Ok(()) };
+        match flock(&file, libc::LOCK_SH | libc::LOCK_NB) {
+            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
+                Err(busy(root, read_holder(&path).as_ref()))
+            }
+            // Free, or a file system without flock (then `acquire` reports it).
+            _ => Ok(()),
+        }
+    }
+
+    /// Takes the lock of the store at `root` (an existing directory) for `access`.
+    ///
+    /// # Errors
+    /// [`RecordError::Io`] with `EBUSY` naming the holder when someone holds it; I/O errors.
+    pub(crate) fn acquire(root: &Path, access: Access) -> Result<StoreLock, RecordError> {
+        let path = root.join(LOCK_FILE);
+        loop {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .map_err(|e| io_error("create the lock file", &path, &e))?;
+            match flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
+                    return Err(busy(root, read_holder(&path).as_ref()));
+                }
+                Err(e) => return Err(io_error("lock", &path, &e)),
+            }
+            // The previous holder may have removed the file between our open and our lock:
+            // then we hold a file nobody else will ever open. Try again.
+            let ours = file.metadata().map_err(|e| io_error("stat", &path, &e))?;
+            match fs::metadata(&path) {
+                Ok(now) if now.ino() == ours.ino() && now.dev() == ours.dev() => {}
+                _ => continue,
+            }
+            let holder = Holder { pid: std::process::id(), access: access.name().into(), since_ns: now_ns() };
+            let mut f = &file;
+            file.set_len(0).map_err(|e| io_error("write", &path, &e))?;
+            f.write_all(holder.to_json().to_string().as_bytes()).map_err(|e| io_error("write", &path, &e))?;
+            return Ok(StoreLock { file, path, pid: holder.pid });
+        }
+    }
+}
+
+impl Drop for StoreLock {
+    fn drop(&mut self) {
+        if std::process::id() == self.pid {
+            // Removed while held, so that nobody locks the file we are about to release.
+            let _ = fs::remove_file(&self.path);
+            let _ = flock(&self.file, libc::LOCK_UN);
+        }
+        // In a forked child the descriptor is closed without unlocking: the lock belongs
+        // to the open file description the parent shares, and stays the parent's.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_lock_is_refused_with_the_holder_and_released_on_drop() {
+        let root = std::env::temp_dir().join(format!("hostfeed_lock_{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(&root).unwrap();
+        let first = StoreLock::acquire(&root, Access::Exclusive).unwrap();
+        let e = StoreLock::acquire(&root, Access::Exclusive).unwrap_err();
+        assert!(matches!(e, RecordError::Io { errno: Some(libc::EBUSY), .. }), "{e}");
+        assert!(e.to_string().contains(&format!("pid {}", std::process::id())), "{e}");
+        assert!(StoreLock::check_free(&root).is_err());
+        drop(first);
+        assert!(!root.join(LOCK_FILE).exists(), "the lock file is removed at release");
+        StoreLock::check_free(&root).unwrap();
+        let again = StoreLock::acquire(&root, Access::Exclusive).unwrap();
+        drop(again);
+        fs::remove_dir_all(&root).unwrap();
+    }
+}

@@ -1,0 +1,407 @@
+//! The recorder's tests.
+
+use std::fs::{self, File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::error::RecordError;
+use crate::ffi::c_api::dtype as xla;
+use crate::host::message::Message;
+use crate::host::sync::lock;
+use crate::record::zarr::Codec;
+
+use crate::host::message::{gather, Operand};
+use crate::record::arrays::*;
+use crate::record::recorder::*;
+use crate::record::writer::*;
+
+/// A budget that counts.
+#[derive(Default)]
+struct Counter {
+    held: AtomicUsize,
+    waiting: AtomicBool,
+    notes: Mutex<Vec<String>>,
+}
+
+impl Budget for Counter {
+    fn charge(&self, bytes: usize) {
+        self.held.fetch_add(bytes, Ordering::SeqCst);
+    }
+    fn release(&self, bytes: usize) {
+        self.held.fetch_sub(bytes, Ordering::SeqCst);
+    }
+    fn bound(&self) -> usize {
+        1 << 20
+    }
+    fn producers_waiting(&self) -> bool {
+        self.waiting.load(Ordering::SeqCst)
+    }
+    fn note(&self, text: String) {
+        lock(&self.notes).push(text);
+    }
+}
+
+fn temp_root(tag: &str) -> PathBuf {
+    let root = std::env::temp_dir().join(format!("hostfeed_rec_{tag}_{}", std::process::id()));
+    let _ = fs::remove_dir_all(&root);
+    root
+}
+
+fn json_at(path: &Path) -> Value {
+    serde_json::from_slice(&fs::read(path.join("zarr.json")).unwrap()).unwrap()
+}
+
+fn int_row(r: u32) -> Vec<u8> {
+    [r, r + 100].iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// Reads `rows` rows of `row_bytes` from the uncompressed chunks of `dir`.
+fn read_raw_rows(dir: &Path, rows: usize, row_bytes: usize, chunk_rows: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut k = 0;
+    while out.len() / row_bytes < rows {
+        let bytes = fs::read(dir.join(format!("c/{k}/0"))).unwrap();
+        assert_eq!(bytes.len(), row_bytes * chunk_rows, "chunks are full size");
+        out.extend_from_slice(&bytes);
+        k += 1;
+    }
+    out.truncate(rows * row_bytes);
+    out
+}
+
+fn read_zstd_rows(dir: &Path, rows: usize, row_bytes: usize, chunk_rows: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut k = 0;
+    while out.len() / row_bytes < rows {
+        let bytes = zstd::decode_all(File::open(dir.join(format!("c/{k}/0"))).unwrap()).unwrap();
+        assert_eq!(bytes.len(), row_bytes * chunk_rows, "chunks are full size");
+        out.extend_from_slice(&bytes);
+        k += 1;
+    }
+    out.truncate(rows * row_bytes);
+    out
+}
+
+#[test]
+fn rows_survive_flushes_in_the_middle_of_a_chunk() {
+    for codec in [Codec::Raw, Codec::Zstd(1)] {
+        let root = temp_root(&format!("flush_{codec:?}"));
+        let budget = Arc::new(Counter::default());
+        let opts = Options { codec, chunk_bytes: 40, writers: 2, ..Options::default() };
+        let rec = Recorder::create(&root, Mode::Create, opts, budget.clone()).unwrap();
+        let id = rec.declare("g/x", xla::S32, &[2]).unwrap(); // 8-byte rows, 5 per chunk
+        for r in 0..13u32 {
+            rec.append(id, &int_row(r), r.into(), 3, 0).unwrap();
+            if r == 6 || r == 7 {
+                assert!(rec.flush(Duration::from_secs(30)).unwrap());
+                assert_eq!(json_at(&root.join("g/x"))["shape"], json!([r + 1, 2]));
+            }
+        }
+        rec.close().unwrap();
+        assert_eq!(budget.held.load(Ordering::SeqCst), 0, "every row's bytes were released");
+        assert_eq!(json_at(&root.join("g/x"))["shape"], json!([13, 2]));
+        let want: Vec<u8> = (0..13).flat_map(int_row).collect();
+        let got = match codec {
+            Codec::Raw => read_raw_rows(&root.join("g/x"), 13, 8, 5),
+            Codec::Zstd(_) => read_zstd_rows(&root.join("g/x"), 13, 8, 5),
+        };
+        assert_eq!(got, want, "{codec:?}");
+        let steps = json_at(&root.join("g/x.step"));
+        assert_eq!(steps["shape"], json!([13]));
+        let step_bytes = fs::read(root.join("g/x.step/c/0")).unwrap();
+        let step_values: Vec<i64> =
+            step_bytes.chunks(8).take(13).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(step_values, (0..13).collect::<Vec<i64>>());
+        let device = fs::read(root.join("g/x.device/c/0")).unwrap();
+        assert_eq!(&device[..8], &[3, 0, 0, 0, 3, 0, 0, 0]);
+        assert!(rec.append(id, &int_row(0), 0, 0, 0).is_err(), "closed");
+        let _ = fs::remove_dir_all(&root);
+    }
+}
+
+#[test]
+fn flat_keys_with_zstd_and_many_writers_keep_every_flushed_row() {
+    // Flushes in the middle of chunks: a compressed chunk is rewritten (its flushed
+    // prefix read back) while the next chunk's partial copy is written by another
+    // writer; with `.` keys of scalar rows both once went through one `c.tmp`.
+    for (codec, sep) in [(Codec::Zstd(1), '.'), (Codec::Zstd(1), '/'), (Codec::Raw, '.')] {
+        let root = temp_root(&format!("flat_{codec:?}_{}", sep == '.'));
+        let budget = Arc::new(Counter::default());
+        let opts = Options { codec, chunk_bytes: 16, writers: 4, sep, ..Options::default() };
+        let rec = Recorder::create(&root, Mode::Create, opts, budget.clone()).unwrap();
+        let ids: Vec<ArrayId> =
+            (0..3).map(|k| rec.declare(&format!("a{k}"), xla::S32, &[]).unwrap()).collect();
+        let rows = 600u32;
+        for r in 0..rows {
+            for (k, &id) in ids.iter().enumerate() {
+                let v = r * 10 + u32::try_from(k).unwrap();
+                rec.append(id, &v.to_le_bytes(), r.into(), 0, 0).unwrap();
+            }
+            if r % 3 == 2 {
+                assert!(rec.flush(Duration::from_secs(60)).unwrap(), "{codec:?} {sep}");
+            }
+        }
+        rec.close().unwrap();
+        for (k, _) in ids.iter().enumerate() {
+            let dir = root.join(format!("a{k}"));
+            assert_eq!(json_at(&dir)["shape"], json!([rows]));
+            let mut got = Vec::new();
+            for c in 0..rows.div_ceil(4) {
+                let name = if sep == '.' { format!("c.{c}") } else { format!("c/{c}") };
+                let bytes = fs::read(dir.join(name)).unwrap();
+                let bytes = match codec {
+                    Codec::Raw => bytes,
+                    Codec::Zstd(_) => zstd::decode_all(&bytes[..]).unwrap(),
+                };
+                got.extend_from_slice(&bytes);
+            }
+            let want: Vec<u8> =
+                (0..rows).flat_map(|r| (r * 10 + u32::try_from(k).unwrap()).to_le_bytes()).collect();
+            assert_eq!(&got[..want.len()], &want[..], "{codec:?} {sep} a{k}");
+            let tmp = fs::read_dir(&dir)
+                .unwrap()
+                .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".tmp"))
+                .count();
+            assert_eq!(tmp, 0, "no temporary file is left");
+        }
+        let _ = fs::remove_dir_all(&root);
+    }
+}
+
+#[test]
+fn an_open_store_is_locked_and_a_refused_open_changes_nothing() {
+    let root = temp_root("locked");
+    let first =
+        Recorder::create(&root, Mode::Create, Options::default(), Arc::new(Counter::default())).unwrap();
+    let x = first.declare("x", xla::S32, &[2]).unwrap();
+    first.append(x, &int_row(1), 0, 0, 0).unwrap();
+    assert!(first.flush(Duration::from_secs(30)).unwrap());
+    for mode in [Mode::Overwrite, Mode::Create] {
+        let Err(e) = Recorder::create(&root, mode, Options::default(), Arc::new(Counter::default())) else {
+            panic!("a second open of an open store must fail")
+        };
+        assert!(matches!(e, RecordError::Io { errno: Some(libc::EBUSY), .. }), "{e}");
+        assert!(e.to_string().contains(&format!("pid {}", std::process::id())), "{e}");
+    }
+    assert_eq!(json_at(&root.join("x"))["shape"], json!([1, 2]), "the first store is intact");
+    first.close().unwrap();
+    Recorder::create(&root, Mode::Overwrite, Options::default(), Arc::new(Counter::default()))
+        .unwrap()
+        .close()
+        .unwrap();
+    assert!(!root.join("x").exists());
+    let _ = fs::remove_dir_all(&root);
+}
+
+#[test]
+fn names_that_would_make_too_long_paths_are_refused_before_creating() {
+    let mut root = std::env::temp_dir().join(format!("hostfeed_rec_long_{}", std::process::id()));
+    let _ = fs::remove_dir_all(&root);
+    let top = root.clone();
+    for _ in 0..19 {
+        root.push("d".repeat(200));
+    }
+    let rec =
+        Recorder::create(&root, Mode::Create, Options::default(), Arc::new(Counter::default())).unwrap();
+    let name = ["n".repeat(150), "n".repeat(150)].join("/");
+    let e = rec.declare(&name, xla::F32, &[3]).unwrap_err();
+    assert!(matches!(e, RecordError::Invalid(_)) && e.to_string().contains("4096"), "{e}");
+    assert!(!root.join("n".repeat(150)).exists());
+    rec.close().unwrap();
+    let _ = fs::remove_dir_all(&top);
+}
+
+#[test]
+fn many_names_are_indexed() {
+    let root = temp_root("many");
+    let rec =
+        Recorder::create(&root, Mode::Create, Options::default(), Arc::new(Counter::default())).unwrap();
+    for k in 0..200 {
+        assert_eq!(rec.declare(&format!("g{}/n{k}", k % 7), xla::F32, &[]).unwrap(), k);
+    }
+    assert_eq!(rec.declare("g3/n3", xla::F32, &[]).unwrap(), 3);
+    assert!(rec.declare("g3", xla::F32, &[]).unwrap_err().to_string().contains("clashes with \"g3/"));
+    assert!(rec
+        .declare("g3/n3/z", xla::F32, &[])
+        .unwrap_err()
+        .to_string()
+        .contains("clashes with \"g3/n3\""));
+    rec.close().unwrap();
+    let _ = fs::remove_dir_all(&root);
+}
+
+#[test]
+fn declarations_clash_with_another_shape_dtype_or_group() {
+    let root = temp_root("clash");
+    let rec =
+        Recorder::create(&root, Mode::Create, Options::default(), Arc::new(Counter::default())).unwrap();
+    let a = rec.declare("l/h", xla::F32, &[3]).unwrap();
+    assert_eq!(rec.declare("l/h", xla::F32, &[3]).unwrap(), a);
+    let e = rec.declare("l/h", xla::F32, &[4]).unwrap_err().to_string();
+    assert!(e.contains("first recorded as float32 [3], now as float32 [4]"), "{e}");
+    assert!(rec.declare("l/h", xla::BF16, &[3]).is_err());
+    assert!(rec.declare("l", xla::F32, &[3]).is_err());
+    assert!(rec.declare("l/h/z", xla::F32, &[3]).is_err());
+    assert!(rec.declare("l/h.step", xla::F32, &[3]).is_err());
+    assert!(matches!(rec.declare("q", xla::U4, &[3]), Err(RecordError::Dtype(_))));
+    rec.close().unwrap();
+    assert!(matches!(rec.declare("m", xla::F32, &[]), Err(RecordError::Closed(_))));
+    // The path now holds a recording: creating again fails, overwriting works.
+    let again = Recorder::create(&root, Mode::Create, Options::default(), Arc::new(Counter::default()));
+    assert!(matches!(again, Err(RecordError::Io { errno: Some(libc::EEXIST), .. })));
+    let over =
+        Recorder::create(&root, Mode::Overwrite, Options::default(), Arc::new(Counter::default())).unwrap();
+    over.close().unwrap();
+    assert!(!root.join("l").exists());
+    let _ = fs::remove_dir_all(&root);
+}
+
+#[test]
+fn overwrite_refuses_what_is_not_a_recording() {
+    let root = temp_root("not_a_recording");
+    fs::create_dir_all(&root).unwrap();
+    fs::write(root.join("precious.txt"), b"keep").unwrap();
+    let r = Recorder::create(&root, Mode::Overwrite, Options::default(), Arc::new(Counter::default()));
+    assert!(r.is_err());
+    assert!(root.join("precious.txt").exists());
+    let _ = fs::remove_dir_all(&root);
+}
+
+fn message(consumer_id: i64, values: &[i32], step: i32, device: i32) -> Message {
+    let ops = [
+        Operand { dtype: xla::S32, data: values.as_ptr().cast(), dims: &[2] },
+        Operand { dtype: xla::S32, data: std::ptr::from_ref(&step).cast(), dims: &[] },
+    ];
+    // SAFETY: both operands point at live locals of the described sizes.
+    unsafe { gather(consumer_id, 0, device, ops.iter().copied()) }.unwrap()
+}
+
+#[test]
+fn a_sink_routes_messages_without_copying_and_releases_after_writing() {
+    let root = temp_root("sink");
+    let budget = Arc::new(Counter::default());
+    let opts = Options { chunk_bytes: 8 * 4, ..Options::default() };
+    let rec = Recorder::create(&root, Mode::Create, opts, budget.clone()).unwrap();
+    let x = rec.declare("x", xla::S32, &[2]).unwrap();
+    let sink = rec.sink(&[Some(x), None], Some(1), r#"[["batch", {"batch_dims": [0]}]]"#, 1).unwrap();
+    assert_eq!(sink.transforms, 1);
+    for i in 0..6 {
+        let msg = message(7, &[i, -i], 10 * i, 1);
+        budget.charge(100);
+        sink.route(msg, 100);
+    }
+    // A full chunk (4 rows) goes to the writer by itself; 2 rows wait for a flush.
+    assert!(rec.flush(Duration::from_secs(30)).unwrap());
+    assert_eq!(budget.held.load(Ordering::SeqCst), 0);
+    let got = read_raw_rows(&root.join("x"), 6, 8, 4);
+    let want: Vec<u8> = (0..6).flat_map(|i: i32| [i, -i]).flat_map(i32::to_le_bytes).collect();
+    assert_eq!(got, want);
+    let meta = json_at(&root.join("x"));
+    assert_eq!(meta["attributes"]["hostfeed"]["transforms"][1], json!([["batch", {"batch_dims": [0]}]]));
+    let steps = fs::read(root.join("x.step/c/0")).unwrap();
+    assert_eq!(i64::from_le_bytes(steps[40..48].try_into().unwrap()), 50);
+    let tr = fs::read(root.join("x.transforms/c/0")).unwrap();
+    assert_eq!(&tr[..4], &[1, 0, 1, 0]);
+    rec.close().unwrap();
+    // Rows after close are dropped, released and noted.
+    budget.charge(100);
+    sink.route(message(7, &[1, 1], 0, 0), 100);
+    assert_eq!(budget.held.load(Ordering::SeqCst), 0);
+    assert_eq!(lock(&budget.notes).len(), 1);
+    let _ = fs::remove_dir_all(&root);
+}
+
+#[test]
+fn partial_chunks_are_spilled_when_producers_wait_and_writers_idle() {
+    let root = temp_root("pressure");
+    let budget = Arc::new(Counter::default());
+    let opts = Options { chunk_bytes: 1 << 20, ..Options::default() };
+    let rec = Recorder::create(&root, Mode::Create, opts, budget.clone()).unwrap();
+    let x = rec.declare("x", xla::U8, &[1000]).unwrap(); // 256 rows per chunk (bound / 4)
+    rec.append(x, &[7u8; 1000], 0, 0, 0).unwrap();
+    assert!(budget.held.load(Ordering::SeqCst) >= 1000, "the pending row holds its bytes");
+    budget.waiting.store(true, Ordering::SeqCst);
+    // The ticker notices and writes the partial chunk; no flush is involved.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while budget.held.load(Ordering::SeqCst) != 0 {
+        assert!(Instant::now() < deadline, "the pending row was never written");
+        std::thread::yield_now();
+    }
+    assert!(rec.stats().spills >= 1);
+    rec.close().unwrap();
+    let _ = fs::remove_dir_all(&root);
+}
+
+#[test]
+fn write_errors_are_reported_once_and_later_rows_dropped() {
+    let root = temp_root("errors");
+    let budget = Arc::new(Counter::default());
+    let opts = Options { chunk_bytes: 8, ..Options::default() };
+    let rec = Recorder::create(&root, Mode::Create, opts, budget.clone()).unwrap();
+    let x = rec.declare("x", xla::S32, &[2]).unwrap();
+    // A file where the chunk directory must go: every chunk write fails.
+    fs::write(root.join("x/c"), b"in the way").unwrap();
+    rec.append(x, &int_row(1), 0, 0, 0).unwrap();
+    let e = rec.flush(Duration::from_secs(30)).unwrap_err();
+    assert!(matches!(e, RecordError::Io { .. }), "{e}");
+    assert!(e.to_string().contains("recording \"x\""), "{e}");
+    rec.append(x, &int_row(2), 0, 0, 0).unwrap();
+    let e = rec.flush(Duration::from_secs(30)).unwrap_err();
+    // The same error type every time (a later flush is no ValueError), naming the array.
+    assert!(matches!(e, RecordError::Io { errno: Some(_), .. }), "{e}");
+    assert!(e.to_string().contains("recording \"x\": 1 more row(s) were dropped"), "{e}");
+    assert!(rec.flush(Duration::from_secs(30)).unwrap());
+    rec.close().unwrap();
+    assert_eq!(budget.held.load(Ordering::SeqCst), 0);
+    assert_eq!(json_at(&root.join("x"))["shape"], json!([0, 2]), "nothing is announced");
+    let _ = fs::remove_dir_all(&root);
+}
+
+#[test]
+fn vectored_writes_cover_many_and_empty_buffers() {
+    let root = temp_root("vectored");
+    fs::create_dir_all(&root).unwrap();
+    let path = root.join("f");
+    let rows: Vec<Vec<u8>> =
+        (0..2500u32).map(|i| if i % 7 == 0 { Vec::new() } else { i.to_le_bytes().to_vec() }).collect();
+    let slices: Vec<&[u8]> = rows.iter().map(Vec::as_slice).collect();
+    let f = OpenOptions::new().write(true).create(true).truncate(false).open(&path).unwrap();
+    write_all_vectored_at(&f, &slices, 3).unwrap();
+    let got = fs::read(&path).unwrap();
+    assert_eq!(&got[..3], &[0, 0, 0]);
+    assert_eq!(got[3..], rows.concat());
+    let _ = fs::remove_dir_all(&root);
+}
+
+#[test]
+fn jobs_of_one_chunk_run_in_order() {
+    let mut p = PoolState::default();
+    let a = Arc::new(ArrayHandle {
+        id: 0,
+        name: "a".into(),
+        dir: PathBuf::new(),
+        group_dir: PathBuf::new(),
+        leaf: "a".into(),
+        spec: meta_specs("a").next().unwrap().1,
+        state: Mutex::new(ArrayState::new()),
+    });
+    let job = |chunk, first_row| Job {
+        array: Arc::clone(&a),
+        chunk,
+        first_row,
+        rows: Vec::new(),
+        partial: false,
+        disk_prefix: 0,
+    };
+    p.jobs.extend([job(0, 0), job(0, 3), job(1, 10)]);
+    assert_eq!(p.next_job().map(|j| j.first_row), Some(0));
+    // Chunk 0 is being written: its second job waits, chunk 1 goes ahead.
+    assert_eq!(p.next_job().map(|j| j.first_row), Some(10));
+    assert!(p.next_job().is_none());
+    p.running.retain(|k| *k != (0, 0));
+    assert_eq!(p.next_job().map(|j| j.first_row), Some(3));
+}

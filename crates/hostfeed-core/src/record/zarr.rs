@@ -1,0 +1,379 @@
+//! Just enough Zarr v3 to write an append-only row store: data types, array and group
+//! `zarr.json` documents, chunk keys, the crash-safe metadata write and record names.
+//!
+//! Spec: Zarr v3 core (`zarr_format: 3`, `regular` chunk grid, `default` chunk key
+//! encoding, `bytes` codec, `zstd` codec) plus the zarr-extensions data types (`bfloat16`,
+//! `float8_*`). Only what the recorder writes is modelled. Data type names and fill values
+//! are the ones tensorstore writes and reads (the data types of its `zarr3` driver,
+//! <https://google.github.io/tensorstore/driver/zarr3/index.html>):
+//! `float8_e4m3fn` is tensorstore's name (zarr-extensions lacks it), the other float8
+//! names are zarr-extensions'.
+//!
+//! No Python here.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde_json::{json, Value};
+
+use crate::error::RecordError;
+use crate::ffi::c_api::dtype as xla;
+
+/// A Zarr v3 data type the recorder can write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DType {
+    /// The `data_type` string in `zarr.json`.
+    pub(crate) name: &'static str,
+    pub(crate) itemsize: usize,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Bool,
+    Int,
+    Float,
+    Complex,
+}
+
+impl DType {
+    /// The Zarr data type for an XLA dtype code.
+    ///
+    /// # Errors
+    /// [`RecordError::Dtype`] naming the type for sub-byte, token and unknown types.
+    pub(crate) fn from_xla(code: i32) -> Result<DType, RecordError> {
+        let d = |name, itemsize, kind| Ok(DType { name, itemsize, kind });
+        match code {
+            xla::PRED => d("bool", 1, Kind::Bool),
+            xla::S8 => d("int8", 1, Kind::Int),
+            xla::S16 => d("int16", 2, Kind::Int),
+            xla::S32 => d("int32", 4, Kind::Int),
+            xla::S64 => d("int64", 8, Kind::Int),
+            xla::U8 => d("uint8", 1, Kind::Int),
+            xla::U16 => d("uint16", 2, Kind::Int),
+            xla::U32 => d("uint32", 4, Kind::Int),
+            xla::U64 => d("uint64", 8, Kind::Int),
+            xla::F16 => d("float16", 2, Kind::Float),
+            xla::F32 => d("float32", 4, Kind::Float),
+            xla::F64 => d("float64", 8, Kind::Float),
+            xla::C64 => d("complex64", 8, Kind::Complex),
+            xla::C128 => d("complex128", 16, Kind::Complex),
+            xla::BF16 => d("bfloat16", 2, Kind::Float),
+            xla::F8E5M2 => d("float8_e5m2", 1, Kind::Float),
+            // Not (yet) in zarr-extensions; the name tensorstore writes and reads.
+            xla::F8E4M3FN => d("float8_e4m3fn", 1, Kind::Float),
+            xla::F8E4M3B11FNUZ => d("float8_e4m3b11fnuz", 1, Kind::Float),
+            xla::F8E5M2FNUZ => d("float8_e5m2fnuz", 1, Kind::Float),
+            xla::F8E4M3FNUZ => d("float8_e4m3fnuz", 1, Kind::Float),
+            xla::F8E4M3 => d("float8_e4m3", 1, Kind::Float),
+            xla::F8E3M4 => d("float8_e3m4", 1, Kind::Float),
+            xla::F8E8M0FNU => d("float8_e8m0fnu", 1, Kind::Float),
+            xla::S4 | xla::U4 | xla::S2 | xla::U2 | xla::S1 | xla::U1 | xla::F4E2M1FN => {
+                Err(RecordError::Dtype(format!(
+                    "XLA dtype code {code} is a sub-byte type; hostfeed cannot record it (cast to \
+                     int8/uint8/float8 first)"
+                )))
+            }
+            _ => Err(RecordError::Dtype(format!("XLA dtype code {code} cannot be recorded"))),
+        }
+    }
+
+    /// The `fill_value` JSON. Padding past the last row is never read (it lies beyond
+    /// `shape`), so any valid value works; zero is the natural one.
+    #[must_use]
+    pub(crate) fn fill_value(&self) -> Value {
+        match self.kind {
+            Kind::Bool => json!(false),
+            Kind::Int => json!(0),
+            // One-byte floats as raw bits: the form every reader accepts (zarrs without its
+            // `float8` feature parses only this one), and e8m0fnu has no zero (0x00 = 2^-127).
+            Kind::Float if self.itemsize == 1 => json!("0x00"),
+            Kind::Float => json!(0.0),
+            Kind::Complex => json!([0.0, 0.0]),
+        }
+    }
+}
+
+/// Compression of data chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    /// Uncompressed: rows appended in place.
+    Raw,
+    /// zstd at this level.
+    Zstd(i32),
+}
+
+/// What fixes an array's layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ArraySpec {
+    pub(crate) dtype: DType,
+    /// Shape of one row (the recorded value's shape).
+    pub(crate) row_shape: Vec<u64>,
+    /// Rows per chunk (the chunk's first dimension; the others are the full row).
+    pub(crate) chunk_rows: u64,
+    pub(crate) codec: Codec,
+    /// `dimension_names`: the row dimension first.
+    pub(crate) dim_names: Vec<Option<String>>,
+    /// Chunk key separator: `/` (nested directories `c/k/0/0`) or `.` (flat `c.k.0.0`).
+    pub(crate) sep: char,
+}
+
+/// Bytes of `shape` elements of `itemsize` bytes, if that fits in memory sizes.
+#[must_use]
+pub(crate) fn nbytes(shape: &[u64], itemsize: usize) -> Option<usize> {
+    shape.iter().try_fold(itemsize, |acc, &d| usize::try_from(d).ok().and_then(|d| acc.checked_mul(d)))
+}
+
+impl ArraySpec {
+    /// Bytes of one row.
+    #[must_use]
+    pub(crate) fn row_bytes(&self) -> usize {
+        nbytes(&self.row_shape, self.dtype.itemsize).unwrap_or(usize::MAX)
+    }
+
+    /// Bytes of one (full) chunk.
+    #[must_use]
+    pub(crate) fn chunk_bytes(&self) -> usize {
+        usize::try_from(self.chunk_rows).map_or(usize::MAX, |n| self.row_bytes().saturating_mul(n))
+    }
+
+    /// The array's `zarr.json` for `rows` rows.
+    #[must_use]
+    pub(crate) fn metadata(&self, rows: u64, attributes: &Value) -> Value {
+        let mut shape = vec![rows];
+        shape.extend(&self.row_shape);
+        let mut chunk = vec![self.chunk_rows];
+        // Full rows per chunk; a zero-size dimension still needs a positive chunk extent.
+        chunk.extend(self.row_shape.iter().map(|&d| d.max(1)));
+        let bytes = if self.dtype.itemsize == 1 {
+            // zarr-python refuses an endianness for one-byte types; the spec allows leaving
+            // it out, and tensorstore writes it that way.
+            json!({"name": "bytes"})
+        } else {
+            let endian = if cfg!(target_endian = "little") { "little" } else { "big" };
+            json!({"name": "bytes", "configuration": {"endian": endian}})
+        };
+        let mut codecs = vec![bytes];
+        if let Codec::Zstd(level) = self.codec {
+            codecs.push(json!({"name": "zstd", "configuration": {"level": level, "checksum": false}}));
+        }
+        json!({
+            "zarr_format": 3,
+            "node_type": "array",
+            "shape": shape,
+            "data_type": self.dtype.name,
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunk}},
+            "chunk_key_encoding": {"name": "default", "configuration": {"separator": self.sep.to_string()}},
+            "fill_value": self.dtype.fill_value(),
+            "codecs": codecs,
+            "attributes": attributes,
+            "dimension_names": self.dim_names,
+        })
+    }
+
+    /// Path of chunk `k` below the array's directory (`c/k/0/0...` or `c.k.0.0...`).
+    #[must_use]
+    pub(crate) fn chunk_path(&self, array_dir: &Path, k: u64) -> PathBuf {
+        if self.sep == '.' {
+            let mut name = format!("c.{k}");
+            for _ in &self.row_shape {
+                name.push_str(".0");
+            }
+            return array_dir.join(name);
+        }
+        let mut p = array_dir.join("c").join(k.to_string());
+        for _ in &self.row_shape {
+            p.push("0");
+        }
+        p
+    }
+}
+
+/// A group's `zarr.json`.
+#[must_use]
+pub(crate) fn group_metadata(attributes: &Value) -> Value {
+    json!({"zarr_format": 3, "node_type": "group", "attributes": attributes})
+}
+
+/// The error for an I/O operation `op` ("write", "create") on `path`.
+#[must_use]
+pub(crate) fn io_error(op: &str, path: &Path, e: &std::io::Error) -> RecordError {
+    RecordError::Io { errno: e.raw_os_error(), message: format!("cannot {op} {}: {e}", path.display()) }
+}
+
+/// Writes `doc` to `dir/zarr.json` atomically: a reader sees the old or the new document,
+/// never a torn one, even if this process is killed mid-write (write a temporary file,
+/// then rename it over the old one). With `durable`, the document and the rename also
+/// survive an OS crash (fsync of the file, then of the directory).
+///
+/// # Errors
+/// I/O errors, with the path.
+pub(crate) fn write_json_atomic(dir: &Path, doc: &Value, durable: bool) -> Result<(), RecordError> {
+    let target = dir.join("zarr.json");
+    let tmp = temp_path(&target);
+    let text = serde_json::to_vec_pretty(doc)
+        .map_err(|e| RecordError::Invalid(format!("cannot encode metadata for {}: {e}", dir.display())))?;
+    let mut f = File::create(&tmp).map_err(|e| io_error("create", &tmp, &e))?;
+    f.write_all(&text).map_err(|e| io_error("write", &tmp, &e))?;
+    if durable {
+        f.sync_data().map_err(|e| io_error("fsync", &tmp, &e))?;
+    }
+    drop(f);
+    fs::rename(&tmp, &target).map_err(|e| io_error("rename into place", &target, &e))?;
+    if durable {
+        sync_dir(dir)?;
+    }
+    Ok(())
+}
+
+/// A temporary file name next to `path`, unique to this process and call: `.NAME.PID.N.tmp`
+/// (a leading dot: no record name component may start with one, and no Zarr key does).
+/// Two writers replacing two chunks, or one chunk twice, never share a temporary file.
+#[must_use]
+pub(crate) fn temp_path(path: &Path) -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let name = path.file_name().map_or_else(String::new, |f| f.to_string_lossy().into_owned());
+    path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id()))
+}
+
+/// fsync of a directory (makes renames and new entries in it durable).
+///
+/// # Errors
+/// I/O errors, with the path.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), RecordError> {
+    OpenOptions::new().read(true).open(dir).and_then(|d| d.sync_all()).map_err(|e| io_error("fsync", dir, &e))
+}
+
+/// Suffixes of the per-row metadata arrays stored next to each data array (`h.step`...).
+pub(crate) const ROW_METADATA: [&str; 5] = ["seq", "step", "device", "time_ns", "transforms"];
+
+/// Longest component of a record name, in bytes: the per-row metadata arrays add up to 11
+/// bytes (`.transforms`) to the last one, and a file name has at most 255.
+pub(crate) const MAX_COMPONENT_BYTES: usize = 200;
+/// Longest record name, in bytes.
+pub(crate) const MAX_NAME_BYTES: usize = 1024;
+
+/// Checks one record name (`"layer1/h"`) and splits it into path segments.
+///
+/// Each `/`-separated part must be non-empty, at most [`MAX_COMPONENT_BYTES`] long, not
+/// start with `.` (temporary files and `..`) or `__` (Zarr reserves that), not be
+/// `zarr.json`, use only letters, digits, `_`, `-` and `.`, and not end with a per-row
+/// metadata suffix (`.step`, ...): such a part would reach into a metadata array. The
+/// whole name has at most [`MAX_NAME_BYTES`].
+///
+/// # Errors
+/// [`RecordError::Invalid`] saying what is wrong with the name.
+pub(crate) fn split_name(name: &str) -> Result<Vec<&str>, RecordError> {
+    let bad = |why: String| Err(RecordError::Invalid(format!("invalid record name {name:?}: {why}")));
+    if name.len() > MAX_NAME_BYTES {
+        return bad(format!("it has {} bytes, at most {MAX_NAME_BYTES} are allowed", name.len()));
+    }
+    let parts: Vec<&str> = name.split('/').collect();
+    for p in &parts {
+        let ok_chars = p.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if p.is_empty() || p.starts_with('.') || p.starts_with("__") || !ok_chars {
+            return bad(format!(
+                "the part {p:?} is not allowed: each '/'-separated part must be non-empty, not \
+                 start with '.' or '__', and use only letters, digits, '_', '-' and '.'"
+            ));
+        }
+        if p.len() > MAX_COMPONENT_BYTES {
+            return bad(format!("a part has {} bytes, at most {MAX_COMPONENT_BYTES} are allowed", p.len()));
+        }
+        if *p == "zarr.json" {
+            return bad("'zarr.json' is the name of Zarr's metadata documents".into());
+        }
+        if let Some(suffix) = ROW_METADATA.iter().find(|s| p.ends_with(&format!(".{s}"))) {
+            return bad(format!(
+                "the suffix '.{suffix}' (in {p:?}) is reserved for the per-row metadata stored \
+                 next to each recorded array"
+            ));
+        }
+    }
+    Ok(parts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dtype_names_match_zarr_extensions_and_tensorstore() {
+        assert_eq!(DType::from_xla(xla::BF16).unwrap().name, "bfloat16");
+        assert_eq!(DType::from_xla(xla::F8E4M3FN).unwrap().name, "float8_e4m3fn");
+        assert_eq!(DType::from_xla(xla::F8E8M0FNU).unwrap().fill_value(), json!("0x00"));
+        assert_eq!(DType::from_xla(xla::BF16).unwrap().fill_value(), json!(0.0));
+        assert_eq!(DType::from_xla(xla::C64).unwrap().fill_value(), json!([0.0, 0.0]));
+        assert_eq!(DType::from_xla(xla::PRED).unwrap().fill_value(), json!(false));
+        let sub_byte = DType::from_xla(xla::S4).unwrap_err().to_string();
+        assert!(sub_byte.contains("sub-byte"), "{sub_byte}");
+        assert!(DType::from_xla(xla::F4E2M1FN).is_err());
+        assert!(DType::from_xla(xla::TOKEN).is_err());
+    }
+
+    #[test]
+    fn array_metadata_and_chunk_keys() {
+        let spec = ArraySpec {
+            dtype: DType::from_xla(xla::F8E5M2).unwrap(),
+            row_shape: vec![3, 0],
+            chunk_rows: 4,
+            codec: Codec::Zstd(2),
+            dim_names: vec![Some("h.row".into()), None, None],
+            sep: '/',
+        };
+        let m = spec.metadata(9, &json!({}));
+        assert_eq!(m["shape"], json!([9, 3, 0]));
+        assert_eq!(m["chunk_grid"]["configuration"]["chunk_shape"], json!([4, 3, 1]));
+        assert_eq!(m["codecs"][0], json!({"name": "bytes"}), "one-byte types carry no endianness");
+        assert_eq!(m["codecs"][1]["configuration"]["level"], json!(2));
+        assert_eq!(spec.chunk_path(Path::new("a"), 2), Path::new("a/c/2/0/0"));
+        let wide = ArraySpec { dtype: DType::from_xla(xla::F32).unwrap(), codec: Codec::Raw, ..spec.clone() };
+        assert_eq!(
+            wide.metadata(0, &json!({}))["codecs"],
+            json!([{"name": "bytes", "configuration": {"endian": "little"}}])
+        );
+        let flat = ArraySpec { sep: '.', ..spec };
+        assert_eq!(flat.chunk_path(Path::new("a"), 2), Path::new("a/c.2.0.0"));
+        assert_eq!(flat.row_bytes(), 0);
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(split_name("layer1/h").unwrap(), vec!["layer1", "h"]);
+        assert_eq!(split_name("h.cotangent").unwrap(), vec!["h.cotangent"]);
+        for bad in ["", "a//b", "/a", "a/", "..", "__x", "a b", "a/./b", "h.step", "g/h.time_ns"] {
+            assert!(split_name(bad).is_err(), "{bad:?}");
+        }
+        // Every part is checked, not only the last.
+        for bad in ["h.step/inner", "h.seq/c", "h.step/.zarr.json.tmp", "zarr.json", "c/zarr.json", ".x/y"] {
+            assert!(split_name(bad).is_err(), "{bad:?}");
+        }
+        let long = "x".repeat(MAX_COMPONENT_BYTES + 1);
+        assert!(split_name(&long).unwrap_err().to_string().contains("bytes"));
+        assert!(split_name(&"x".repeat(MAX_COMPONENT_BYTES)).is_ok());
+        let many = vec!["abcdefghi"; 110].join("/");
+        assert!(split_name(&many).is_err(), "{} bytes", many.len());
+    }
+
+    #[test]
+    fn json_is_replaced_atomically() {
+        let dir = std::env::temp_dir().join(format!("hostfeed_zarr_json_{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        write_json_atomic(&dir, &json!({"a": 1}), false).unwrap();
+        write_json_atomic(&dir, &json!({"a": 2}), true).unwrap();
+        let doc: Value = serde_json::from_slice(&fs::read(dir.join("zarr.json")).unwrap()).unwrap();
+        assert_eq!(doc, json!({"a": 2}));
+        let left: Vec<_> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("zarr.json")], "no temporary file is left");
+        let a = temp_path(&dir.join("c.1"));
+        let b = temp_path(&dir.join("c.2"));
+        assert_ne!(a, b);
+        assert_ne!(temp_path(&dir.join("c.1")), a, "each call gets its own");
+        fs::remove_dir_all(&dir).unwrap();
+        let missing = write_json_atomic(&dir, &json!({}), false).unwrap_err();
+        assert!(matches!(missing, RecordError::Io { errno: Some(libc::ENOENT), .. }), "{missing}");
+    }
+}
