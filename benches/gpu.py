@@ -36,18 +36,30 @@ from jax.experimental import io_callback
 
 import hostfeed
 from hostfeed import host_callback as hcb
-from hostfeed import lowering, receiver
+from hostfeed import lowering
 from hostfeed.bench._timing import interleaved, table
 
 from _cuda_floor import copy_floor  # benches/: the script's own directory
 
 DRY_RUN = os.environ.get("GPU_CHECK_PLATFORM") == "cpu"
+#: Which GPU: cuda or rocm (benches/rocm_check.sh sets GPU_CHECK_KIND=rocm).
+KIND = os.environ.get("GPU_CHECK_KIND", "cuda")
+
+
+def gpu(what: str):
+    """This GPU's native function ``what`` (``lowering.gpu_driver``)."""
+    return lowering.gpu_driver(KIND, what)
+
+
 N_SMALL = int(os.environ.get("HOSTFEED_BENCH_N_SMALL", 20 if DRY_RUN else 500))
 N_LARGE = int(os.environ.get("HOSTFEED_BENCH_N_LARGE", 2 if DRY_RUN else 10))
 N_CALLS = int(os.environ.get("HOSTFEED_BENCH_N_CALLS", 20 if DRY_RUN else 500))
 REPEATS = int(os.environ.get("HOSTFEED_BENCH_REPEATS", 1 if DRY_RUN else 5))
 LARGE_ELEMS = (1 << 18) if DRY_RUN else (16 << 20)  # float32 -> 64 MiB (1 MiB in the dry run)
-FLOOR = "host memcpy (dry run)" if DRY_RUN else "pinned copy floor (driver)"
+# On ROCm the floor is JAX's own copy into pinned host memory (no HIP floor is written;
+# benches/_cuda_floor.py is CUDA's).
+FLOOR = ("host memcpy (dry run)" if DRY_RUN else "pinned copy floor (driver)" if KIND == "cuda"
+         else "pinned copy floor (jax.device_put)")
 
 TARGETS = {
     "small tap vs io_callback(ordered), straight-line": 20.0,
@@ -158,8 +170,9 @@ def pinned_floor(nbytes: int) -> dict[str, float]:
             ts.append(time.perf_counter() - t0)
         floors[FLOOR] = nbytes / min(ts) / 1e9
         return floors
-    times = copy_floor(0, nbytes, max(5, REPEATS * 2))
-    floors[FLOOR] = nbytes / min(times) / 1e9
+    if KIND == "cuda":
+        times = copy_floor(0, nbytes, max(5, REPEATS * 2))
+        floors[FLOOR] = nbytes / min(times) / 1e9
     try:  # JAX's own transfer into pinned host memory, where supported
         dev = jax.devices()[0]
         x = jnp.ones(nbytes // 4, jnp.float32)
@@ -171,6 +184,7 @@ def pinned_floor(nbytes: int) -> dict[str, float]:
             jax.device_put(x, dst).block_until_ready()
             ts.append(time.perf_counter() - t0)
         floors["jax.device_put to pinned_host"] = nbytes / min(ts) / 1e9
+        floors.setdefault(FLOOR, floors["jax.device_put to pinned_host"])  # ROCm: no driver floor
     except Exception as exc:  # noqa: BLE001 - reported, the driver floor stands
         print(f"  (jax.device_put to pinned_host not measured: {type(exc).__name__}: {exc})")
     return floors
@@ -199,16 +213,16 @@ def main() -> None:
     env = {
         "jax": jax.__version__, "hostfeed": hostfeed.__version__, "device": str(dev),
         "device_kind": getattr(dev, "device_kind", "?"), "backend": jax.default_backend(),
-        "cuda_driver": receiver.cuda_driver_version(),
-        "cuda_handlers": lowering.cuda_status() or "registered",
+        f"{KIND}_driver": gpu("driver_version")(),
+        f"{KIND}_handlers": gpu("status")() or "registered",
         "cpus": os.cpu_count(),
     }
     results["environment"] = env
     print("environment:", json.dumps(env))
     if DRY_RUN:
         print("dry run on CPU: small sizes, a host copy as the floor; no target is judged")
-    elif jax.default_backend() != "gpu" or lowering.cuda_status() is not None:
-        raise SystemExit("benches/gpu.py needs a CUDA GPU with hostfeed's CUDA handlers")
+    elif jax.default_backend() != "gpu" or gpu("status")() is not None:
+        raise SystemExit(f"benches/gpu.py needs a {KIND} GPU with hostfeed's {KIND} handlers")
     save(results, "environment")
 
     # ---- small taps ------------------------------------------------------------------
@@ -267,7 +281,7 @@ def main() -> None:
         save(results, f"calls, {shape}")
 
     results["receiver"] = hostfeed.receiver_stats()
-    results["pinned_pool"] = receiver.cuda_pool_stats()
+    results["pinned_pool"] = gpu("pool_stats")()
     print("receiver:", results["receiver"])
     print("pinned pool:", results["pinned_pool"])
     print("targets (ratio, wanted, verdict):")

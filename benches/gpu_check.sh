@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The GPU check: on a machine with a CUDA GPU and JAX's CUDA plugin (no network needed),
+# or, as GPU_CHECK_KIND=rocm (benches/rocm_check.sh), an AMD GPU and JAX's ROCm plugin,
 # puts the hostfeed wheel built elsewhere (and only the test tools the machine lacks) on
 # PYTHONPATH, then, within GPU_CHECK_BUDGET_S (450 s) in all, runs:
 #
 #   1. smoke      benches/gpu_smoke.py (<= 60 s): handlers registered, one tap, one call,
 #                 one 64 MiB tap, a barrier. Stops the check at once if the handlers are
 #                 missing: nothing later could pass.
-#   2. gpu tests  test_gpu.py and test_cuda_lowering.py, -v.
+#   2. gpu tests  test_gpu.py, test_cuda_lowering.py and test_rocm_lowering.py, -v.
 #   3. bench      benches/gpu.py (<= 150 s): the issue's three targets, as ratios.
 #   4. suite      the rest of tests/python (not test_bench.py, a CPU bench subprocess),
 #                 -rA --durations=20, in the time left.
@@ -28,7 +29,7 @@
 #   0  all met          every step passed and every target was met
 #   1  suite failed     the smoke step, a test, or the suite's time ran out (targets as measured)
 #   3  target missed    every test passed, a target was missed or the bench did not finish
-#   2  setup failed     no wheel, hostfeed does not import, or the CUDA handlers are missing
+#   2  setup failed     no wheel, hostfeed does not import, or the GPU handlers are missing
 #   0  dry run ok       GPU_CHECK_PLATFORM=cpu: every step ran (targets not judged on CPU)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,7 +45,15 @@ result() {  # result STATUS TEXT: the last line, and the exit
     exit "$1"
 }
 python=${PYTHON:-python3}
-platform=${GPU_CHECK_PLATFORM:-cuda}
+# Which GPU: cuda (the default) or rocm; JAX_PLATFORMS is the same word (cpu: the dry run).
+kind=${GPU_CHECK_KIND:-cuda}
+case "$kind" in
+    cuda) kind_name=CUDA smi="nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader" ;;
+    rocm) kind_name=ROCm smi="rocm-smi --showproductname --showdriverversion" ;;
+    *) echo "GPU_CHECK_KIND must be cuda or rocm, not $kind" >&2; exit 2 ;;
+esac
+export GPU_CHECK_KIND=$kind
+platform=${GPU_CHECK_PLATFORM:-$kind}
 dist=${GPU_CHECK_DIST:-$root/dist}
 budget=${GPU_CHECK_BUDGET_S:-450}
 smoke_s=${GPU_CHECK_SMOKE_S:-60}
@@ -59,10 +68,10 @@ cap() { local l; l=$(left); [ "$1" -lt "$l" ] && echo "$1" || echo "$l"; }  # mi
 
 # ---- the machine --------------------------------------------------------------------------
 {
-    if command -v nvidia-smi >/dev/null; then
-        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -2
+    if command -v "${smi%% *}" >/dev/null; then
+        $smi 2>&1 | grep -v '^[=[:space:]]*$' | head -4
     else
-        echo "no nvidia-smi"
+        echo "no ${smi%% *}"
     fi
     "$python" -c 'import sys, jax, jaxlib; print("python", sys.version.split()[0], "| jax", jax.__version__, "| jaxlib", jaxlib.__version__)' 2>&1 | tail -1
 } | while read -r line; do say "machine: $line"; done
@@ -90,7 +99,7 @@ GPU_CHECK_SMOKE_S=$smoke_s timeout -k 5 "$smoke_s" "$python" benches/gpu_smoke.p
     | tee -a "$summary"
 smoke_rc=${PIPESTATUS[0]}
 if [ "$smoke_rc" -eq 3 ]; then
-    result 2 "setup failed: the CUDA handlers are missing (see the smoke lines above)"
+    result 2 "setup failed: the $kind_name handlers are missing (see the smoke lines above)"
 fi
 [ "$smoke_rc" -eq 0 ] || say "smoke FAILED (exit status $smoke_rc): going on to name what fails"
 
@@ -148,7 +157,8 @@ pytest_step() {
 
 # ---- 2. the GPU tests ---------------------------------------------------------------------------
 say "2/4 gpu tests (at most $(cap "$gpu_tests_s") s)"
-pytest_step gpu_tests "$(cap "$gpu_tests_s")" tests/python/test_gpu.py tests/python/test_cuda_lowering.py
+pytest_step gpu_tests "$(cap "$gpu_tests_s")" tests/python/test_gpu.py tests/python/test_cuda_lowering.py \
+    tests/python/test_rocm_lowering.py
 gpu_tests_rc=$?
 
 # ---- 3. the bench -------------------------------------------------------------------------------
@@ -180,7 +190,7 @@ say "bench: exit status $bench_rc; targets $judge"
 suite_secs=$(( $(left) - 5 ))
 say "4/4 suite (at most ${suite_secs} s)"
 if [ -z "$suite_files" ]; then
-    suite_files=$(ls tests/python/test_*.py | grep -v -E '/test_(bench|gpu|cuda_lowering)\.py$' | tr '\n' ' ')
+    suite_files=$(ls tests/python/test_*.py | grep -v -E '/test_(bench|gpu|cuda_lowering|rocm_lowering)\.py$' | tr '\n' ' ')
 fi
 # shellcheck disable=SC2086 # a list of paths
 pytest_step suite "$suite_secs" $suite_files

@@ -28,10 +28,18 @@ import numpy as np  # noqa: E402
 
 import hostfeed  # noqa: E402
 from hostfeed import host_callback as hcb  # noqa: E402
-from hostfeed import lowering, receiver  # noqa: E402
+from hostfeed import lowering  # noqa: E402
 
 ON_CPU = os.environ.get("JAX_PLATFORMS", "").split(",")[0].strip() == "cpu"
 REQUIRE_CUDA = not ON_CPU or os.environ.get("GPU_CHECK_REQUIRE_CUDA") == "1"
+#: Which GPU's handlers: cuda or rocm (benches/rocm_check.sh sets GPU_CHECK_KIND=rocm).
+KIND = os.environ.get("GPU_CHECK_KIND", "cuda")
+NAME = {"cuda": "CUDA", "rocm": "ROCm"}[KIND]
+
+
+def gpu(what: str):
+    """This GPU's native function ``what`` (``lowering.gpu_driver``)."""
+    return lowering.gpu_driver(KIND, what)
 T0 = time.perf_counter()
 
 
@@ -42,11 +50,11 @@ def say(what: str) -> None:
 def main() -> int:
     say(f"hostfeed {hostfeed.__version__} from {os.path.dirname(hostfeed.__file__)}, "
         f"jax {jax.__version__}, devices {jax.devices()}")
-    say(f"CUDA driver library: {receiver.cuda_driver_path() or receiver.cuda_driver_error()}"
-        f" | version {receiver.cuda_driver_version()}")
-    # Lowering for cuda registers the handlers (cuda_status does it once the backend is up).
-    status = lowering.cuda_status()
-    say(f"CUDA handlers: {status or 'registered'}")
+    say(f"{NAME} driver library: {gpu('driver_path')() or gpu('driver_error')()}"
+        f" | version {gpu('driver_version')()}")
+    # Lowering registers the handlers (the status function does it once the backend is up).
+    status = gpu("status")()
+    say(f"{NAME} handlers: {status or 'registered'}")
     if status is not None and REQUIRE_CUDA:
         say(f"HANDLERS MISSING: {status}")
         return 3
@@ -74,7 +82,7 @@ def main() -> int:
     say(f"one 64 MiB tap: ok ({time.perf_counter() - t:.2f}s with compilation)")
 
     hcb.barrier_wait()
-    say(f"barrier: ok; pinned pool {receiver.cuda_pool_stats()}")
+    say(f"barrier: ok; pinned pool {gpu('pool_stats')()}")
     return 0
 
 

@@ -100,8 +100,9 @@ def start_receiver(*, max_queue_byte_size: Optional[int] = None) -> None:
 
 def transports() -> dict[str, str]:
     """Which transport hostfeed's callbacks use in computations for each platform:
-    ``"native"`` (hostfeed's own handlers: CPU, CUDA) or ``"jax"`` (the portable transport,
-    JAX's host-callback lowering: TPU, ROCm and other platforms; everywhere when
+    ``"native"`` (hostfeed's own handlers: CPU, CUDA, ROCm) or ``"jax"`` (the portable
+    transport, JAX's host-callback lowering: TPU and other platforms, a GPU whose handlers
+    could not register; everywhere when
     ``HOSTFEED_TRANSPORT=jax``). Lists CPU, CUDA, ROCm, TPU and the platforms of this
     process's backends.
 

@@ -22,6 +22,8 @@ __all__ = [
     "install_interrupt_watch", "registrations",
     "cuda_registrations", "cuda_driver_error", "cuda_driver_version", "cuda_driver_path",
     "cuda_pool_stats",
+    "rocm_registrations", "rocm_driver_error", "rocm_driver_version", "rocm_driver_path",
+    "rocm_pool_stats",
 ]
 
 #: Default byte bound of the queue (the legacy ``256e6``).
@@ -281,3 +283,23 @@ def cuda_pool_stats() -> dict[str, int]:
     """Counters of the pinned-memory pool of GPU messages: ``allocations``, ``frees``,
     ``allocated_bytes``, ``in_use_bytes``, ``blocks_taken``, ``resets``."""
 
+# The ROCm platform (the HIP runtime, libamdhip64, is loaded at run time; nothing here
+# needs ROCm to import). Implemented, not verified on ROCm hardware.
+
+def rocm_registrations() -> dict[str, Any]:
+    """``{target_name: PyCapsule}`` of the ROCm handlers, for
+    ``jax.ffi.register_ffi_target(..., platform="ROCM")`` (the same names as on CPU)."""
+
+def rocm_driver_error() -> str | None:
+    """Why the HIP runtime cannot be used (no libamdhip64, a missing function), or None.
+    Loads the runtime library if present; does not initialise HIP."""
+
+def rocm_driver_version() -> int | None:
+    """The HIP runtime's version (``hipRuntimeGetVersion``), or None without a usable one."""
+
+def rocm_driver_path() -> str | None:
+    """The file hostfeed's HIP functions come from, or None without the runtime."""
+
+def rocm_pool_stats() -> dict[str, int]:
+    """Counters of the pinned-memory pool of ROCm messages (the keys of
+    ``cuda_pool_stats``)."""

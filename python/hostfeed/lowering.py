@@ -3,8 +3,8 @@
 
 The custom calls have the same names on every platform: XLA keeps one handler per
 (name, platform), so the CPU handlers are registered for ``cpu`` (at import) and the GPU
-ones for ``CUDA`` (at the first lowering for ``cuda``, see :func:`cuda_status`), and the
-same lowering serves both.
+ones for ``CUDA`` and ``ROCM`` (at the first lowering for ``cuda`` or ``rocm``, see
+:func:`cuda_status` and :func:`rocm_status`), and the same lowering serves all.
 
 Each custom call names its host-side consumer by an integer attribute, ``consumer_id``,
 registered with :mod:`hostfeed.receiver` when the call is lowered. Where a callback runs
@@ -44,42 +44,113 @@ for _name, _capsule in receiver.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
 
 
-# ---- The CUDA handlers ---------------------------------------------------------------------
-def _cuda_plugins() -> list[str]:
-    """The JAX CUDA plugins installed (``jax_plugins.xla_cuda12``/``xla_cuda13``), found
-    without importing or initialising them."""
-    names = {ep.name for ep in importlib.metadata.entry_points(group="jax_plugins")
-             if ep.name.startswith("xla_cuda")}
-    for name in ("xla_cuda12", "xla_cuda13"):
+# ---- The CUDA and ROCm handlers -----------------------------------------------------------
+class _GpuTargets:
+    """hostfeed's handlers for one GPU platform (CUDA, ROCm): registered with JAX for
+    ``xla_platform`` at the first lowering for ``platform``, where JAX can have a backend
+    of it here (one of its plugins is installed and the driver library loads)."""
+
+    def __init__(self, platform: str, xla_platform: str, plugin_names: tuple[str, ...],
+                 packages: str) -> None:
+        self.platform, self.xla_platform = platform, xla_platform
+        self.plugin_names, self.packages = plugin_names, packages
+        self.lock = threading.Lock()
+        self.tried = False
+        self.reason: Optional[str] = None
+
+    def driver(self, what: str) -> Any:
+        """The native function ``{platform}_{what}`` (e.g. ``rocm_driver_error``)."""
+        return getattr(receiver, f"{self.platform}_{what}")
+
+    def plugins(self) -> list[str]:
+        """The JAX plugins of this platform installed, found without importing or
+        initialising them."""
+        names = {ep.name for ep in importlib.metadata.entry_points(group="jax_plugins")
+                 if ep.name.startswith(f"xla_{self.platform}")}
+        for name in self.plugin_names:
+            try:
+                if importlib.util.find_spec(f"jax_plugins.{name}") is not None:
+                    names.add(name)
+            except (ImportError, ValueError):
+                pass
+        return sorted(names)
+
+    def register(self) -> Optional[str]:
+        """Registers the handlers; returns why they were not, else None."""
+        plugins = self.plugins()
+        if not plugins:
+            return f"no JAX {self.xla_platform} plugin is installed ({self.packages})"
+        why = self.driver("driver_error")()
+        if why is not None:
+            return f"{why} (JAX {self.xla_platform} plugin: {', '.join(plugins)})"
         try:
-            if importlib.util.find_spec(f"jax_plugins.{name}") is not None:
-                names.add(name)
-        except (ImportError, ValueError):
-            pass
-    return sorted(names)
+            for name, capsule in self.driver("registrations")().items():
+                jax.ffi.register_ffi_target(name, capsule, platform=self.xla_platform)
+        except Exception as exc:  # noqa: BLE001 - reported where the platform is lowered for
+            return (f"registering the {self.xla_platform} handlers failed: "
+                    f"{type(exc).__name__}: {exc}")
+        return None
+
+    def status(self) -> Optional[str]:
+        """Why the handlers are not registered (None: they are); registers them on the
+        first call."""
+        with self.lock:
+            if not self.tried:
+                self.reason = self.register()
+                self.tried = True
+                if self.reason is not None:
+                    logging.getLogger("hostfeed").debug(
+                        "hostfeed: %s handlers not registered: %s", self.xla_platform,
+                        self.reason)
+            return self.reason
+
+    def has_backend(self) -> bool:
+        try:
+            return bool(jax.devices(self.platform))
+        except RuntimeError:
+            return False
+
+    def unavailable(self) -> Optional[str]:
+        """Why the handlers cannot serve this platform's backend in this process (None:
+        they can, or there is no such backend, where computations still lower natively)."""
+        reason = self.status()
+        return reason if reason is not None and self.has_backend() else None
+
+    def on(self, rule: Any) -> Any:
+        """``rule`` for this platform: registers the handlers first, and refuses clearly
+        where a backend exists but the handlers could not be registered (only when
+        ``HOSTFEED_TRANSPORT=native`` forbids the portable transport)."""
+        def lower(ctx: Any, *args: Any, **params: Any) -> list:
+            if portable.active(ctx):
+                return rule(ctx, *args, **params)
+            reason = self.status()
+            if reason is not None and self.has_backend():
+                raise NotImplementedError(
+                    f"hostfeed cannot run host callbacks on this {self.xla_platform} "
+                    f"backend: {reason}")
+            return rule(ctx, *args, **params)
+        return lower
 
 
-def _register_cuda() -> Optional[str]:
-    """Registers the CUDA handlers when JAX can have a CUDA backend here (a CUDA plugin is
-    installed and the CUDA driver library loads); returns why they were not, else None."""
-    plugins = _cuda_plugins()
-    if not plugins:
-        return "no JAX CUDA plugin is installed (jax-cuda12-plugin / jax-cuda13-plugin)"
-    why = receiver.cuda_driver_error()
-    if why is not None:
-        return f"{why} (JAX CUDA plugin: {', '.join(plugins)})"
-    try:
-        for name, capsule in receiver.cuda_registrations().items():
-            jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
-    except Exception as exc:  # noqa: BLE001 - reported where CUDA is lowered for
-        return f"registering the CUDA handlers failed: {type(exc).__name__}: {exc}"
-    return None
+_CUDA = _GpuTargets("cuda", "CUDA", ("xla_cuda12", "xla_cuda13"),
+                    "jax-cuda12-plugin / jax-cuda13-plugin")
+_ROCM = _GpuTargets("rocm", "ROCM", ("xla_rocm", "xla_rocm60", "xla_rocm7"),
+                    "jax-rocm7-plugin / jax-rocm60-plugin")
+_GPUS = (_CUDA, _ROCM)
 
 
-class _CudaTargets:
-    lock = threading.Lock()
-    tried = False
-    reason: Optional[str] = None
+def gpu_driver(platform: str, what: str) -> Any:
+    """hostfeed's native function ``what`` for GPU ``platform`` (``"cuda"`` or ``"rocm"``):
+    ``registrations``, ``driver_error``, ``driver_version``, ``driver_path``,
+    ``pool_stats``; ``"status"`` is :func:`cuda_status` or
+    :func:`rocm_status`. For code that serves both platforms (the GPU check, its bench).
+
+    Example:
+        >>> gpu_driver("rocm", "pool_stats")()["allocations"]
+        0
+    """
+    targets = {t.platform: t for t in _GPUS}[platform]
+    return targets.status if what == "status" else targets.driver(what)
 
 
 def cuda_status() -> Optional[str]:
@@ -100,48 +171,28 @@ def cuda_status() -> Optional[str]:
         >>> lowering.cuda_status() is None or "CUDA" in lowering.cuda_status()
         True
     """
-    with _CudaTargets.lock:
-        if not _CudaTargets.tried:
-            _CudaTargets.reason = _register_cuda()
-            _CudaTargets.tried = True
-            if _CudaTargets.reason is not None:
-                logging.getLogger("hostfeed").debug(
-                    "hostfeed: CUDA handlers not registered: %s", _CudaTargets.reason)
-        return _CudaTargets.reason
+    return _CUDA.status()
 
 
-def _has_cuda_backend() -> bool:
-    try:
-        return bool(jax.devices("cuda"))
-    except RuntimeError:
-        return False
+def rocm_status() -> Optional[str]:
+    """Why hostfeed's ROCm handlers are not registered (None: they are); registers them
+    (for XLA's platform ``ROCM``) on the first call, as :func:`cuda_status` does for CUDA:
+    the reason names a missing JAX ROCm plugin (``jax_plugins.xla_rocm*``) or why the HIP
+    runtime (``libamdhip64``) cannot be used; ``receiver.rocm_driver_path()`` names the
+    file hostfeed uses. Implemented, not verified on ROCm hardware.
+
+    Example:
+        >>> from hostfeed import lowering
+        >>> lowering.rocm_status() is None or "ROCM" in lowering.rocm_status()
+        True
+    """
+    return _ROCM.status()
 
 
-def _cuda_unavailable() -> Optional[str]:
-    """Why the CUDA handlers cannot serve the CUDA backend of this process (None: they
-    can, or there is no CUDA backend, where computations still lower for CUDA natively)."""
-    reason = cuda_status()
-    return reason if reason is not None and _has_cuda_backend() else None
-
-
-# Without usable CUDA handlers, CUDA computations take the portable transport.
-portable.set_native_check("cuda", _cuda_unavailable)
-
-
-def _on_cuda(rule: Any) -> Any:
-    """``rule`` for the ``cuda`` platform: registers the CUDA handlers first, and refuses
-    clearly where a CUDA backend exists but the handlers could not be registered (only
-    when ``HOSTFEED_TRANSPORT=native`` forbids the portable transport)."""
-    def lower(ctx: Any, *args: Any, **params: Any) -> list:
-        if portable.active(ctx):
-            return rule(ctx, *args, **params)
-        reason = cuda_status()
-        if reason is not None and _has_cuda_backend():
-            raise NotImplementedError(
-                f"hostfeed cannot run host callbacks on this CUDA backend: {reason}")
-        return rule(ctx, *args, **params)
-    return lower
-# ---- end of the CUDA handlers ------------------------------------------------------------
+# Without usable handlers, GPU computations take the portable transport.
+for _gpu in _GPUS:
+    portable.set_native_check(_gpu.platform, _gpu.unavailable)
+# ---- end of the GPU handlers -------------------------------------------------------------
 
 
 def _runs_here(ac: Any, device_index: int) -> bool:
@@ -360,7 +411,7 @@ def _failure_message_lowering(ctx: Any, status: Any) -> list:
 def _lowering_unsupported(ctx: Any, *args: Any, **params: Any) -> list:
     platforms = ", ".join(ctx.platforms or ctx.module_context.platforms)
     raise NotImplementedError(
-        f"hostfeed's native host callbacks run on CPU and CUDA GPUs only; this computation "
+        f"hostfeed's native host callbacks run on CPU, CUDA and ROCm GPUs only; this computation "
         f"targets {platforms} and HOSTFEED_TRANSPORT=native forbids the portable transport "
         f"(JAX's host-callback lowering). Unset HOSTFEED_TRANSPORT (or set it to 'jax'), or "
         f"run it on CPU (jax.default_device(jax.devices('cpu')[0])).")
@@ -384,6 +435,7 @@ for _prim, _rule in ((outside_call_p, _outside_call_lowering),
     # values of the function it is in (`_depend_later_uses`); caching gained nothing, as
     # every tap's parameters differ.
     _compat.register_lowering(_prim, portable.noting(_rule), platform="cpu", cacheable=False)
-    _compat.register_lowering(_prim, portable.noting(_on_cuda(_rule)),
-                              platform="cuda", cacheable=False)
+    for _gpu in _GPUS:
+        _compat.register_lowering(_prim, portable.noting(_gpu.on(_rule)),
+                                  platform=_gpu.platform, cacheable=False)
     _compat.register_lowering(_prim, portable.noting(_on_other(_rule)), cacheable=False)

@@ -2,10 +2,10 @@
 lowering (what ``io_callback`` uses), for platforms without hostfeed handlers.
 
 hostfeed's native transport is a custom call per primitive with a handler in Rust, for
-CPU and CUDA. Everywhere else (TPUs, ROCm GPUs, Intel GPUs, and CPU or CUDA when
-``HOSTFEED_TRANSPORT=jax``) the same lowering rules (:mod:`hostfeed.lowering`, placement
-included) emit, instead of each custom call, JAX's host callback
-(``callback.emit_python_callback``: send/recv to the host on TPUs, the
+CPU, CUDA and ROCm. Everywhere else (TPUs, Intel GPUs, a GPU whose handlers could not
+register, and every platform when ``HOSTFEED_TRANSPORT=jax``) the same lowering rules
+(:mod:`hostfeed.lowering`, placement included) emit, instead of each custom call, JAX's
+host callback (``callback.emit_python_callback``: send/recv to the host on TPUs, the
 ``xla_ffi_python_*_callback`` custom calls elsewhere), threading hostfeed's ordered token
 through it. The Python function it runs on JAX's execution thread does only what a
 native handler does:
@@ -48,7 +48,7 @@ __all__ = ["NATIVE_PLATFORMS", "forcing", "forced", "transport_for", "transports
            "failure_message", "noting", "set_native_check"]
 
 #: Platforms that hostfeed has native handlers for.
-NATIVE_PLATFORMS = ("cpu", "cuda")
+NATIVE_PLATFORMS = ("cpu", "cuda", "rocm")
 #: Platforms listed by :func:`transports` besides those of this process's backends.
 KNOWN_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 
@@ -61,7 +61,7 @@ class _Choice:
 _choice = _Choice()
 
 # platform -> check() returning why the native handlers cannot serve that platform here
-# (None: they can); set by the lowering (CUDA: handlers not registrable on a CUDA backend).
+# (None: they can); set by the lowering (CUDA, ROCm: handlers not registrable on a backend).
 _native_checks: dict[str, Callable[[], Optional[str]]] = {}
 
 _U32 = jax.core.ShapedArray((), np.uint32)
@@ -102,8 +102,8 @@ def transport_for(platform: str) -> str:
     """``"native"`` or ``"jax"``: the transport hostfeed's callbacks use in computations
     lowered for ``platform``.
 
-    Native on CPU and on CUDA (where the CUDA handlers register), JAX's host-callback
-    lowering elsewhere, unless ``HOSTFEED_TRANSPORT`` forced one.
+    Native on CPU, CUDA and ROCm (on a GPU backend, where its handlers register), JAX's
+    host-callback lowering elsewhere, unless ``HOSTFEED_TRANSPORT`` forced one.
 
     Example:
         >>> transport_for("tpu") == ("native" if forced() == "native" else "jax")

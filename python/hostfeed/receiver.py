@@ -49,6 +49,11 @@ cuda_driver_error = _receiver.cuda_driver_error
 cuda_driver_version = _receiver.cuda_driver_version
 cuda_driver_path = _receiver.cuda_driver_path
 cuda_pool_stats = _receiver.cuda_pool_stats
+rocm_registrations = _receiver.rocm_registrations
+rocm_driver_error = _receiver.rocm_driver_error
+rocm_driver_version = _receiver.rocm_driver_version
+rocm_driver_path = _receiver.rocm_driver_path
+rocm_pool_stats = _receiver.rocm_pool_stats
 in_callback_thread = _receiver.in_callback_thread
 # The portable transport's way into the queue (see hostfeed.portable).
 push_host = _receiver.push_host

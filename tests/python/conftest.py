@@ -19,7 +19,13 @@ import pytest
 from hostfeed import host_callback as hcb
 
 #: The suite runs on a GPU (``JAX_PLATFORMS=cuda``, see ``benches/gpu_check.sh``).
-ON_GPU = os.environ["JAX_PLATFORMS"].split(",")[0].strip() in ("cuda", "gpu")
+_FIRST_PLATFORM = os.environ["JAX_PLATFORMS"].split(",")[0].strip()
+#: The suite runs on a ROCm GPU (benches/rocm_check.sh).
+ON_ROCM = _FIRST_PLATFORM == "rocm"
+#: The suite runs on a GPU: CUDA (benches/gpu_check.sh) or ROCm.
+ON_GPU = _FIRST_PLATFORM in ("cuda", "gpu") or ON_ROCM
+#: Which GPU's native functions the GPU tests use (``lowering.gpu_driver``).
+GPU_KIND = "rocm" if ON_ROCM else "cuda"
 
 
 #: The suite runs with the portable transport forced (``HOSTFEED_TRANSPORT=jax``).

@@ -1,5 +1,7 @@
 """The CUDA platform without a GPU: the build and import without CUDA, registration
 skipped cleanly, and the lowering for CUDA (JAX lowers for a platform it does not have).
+The tests that hold for every GPU platform run for ROCm too (the ``gpu`` fixture);
+test_rocm_lowering.py has what is particular to ROCm.
 
 Issue: "GPUs: taps and calls on CUDA devices, the device never waiting for Python".
 """
@@ -37,6 +39,16 @@ def noop(x, transforms):
     pass
 
 
+#: XLA's name of each GPU platform (JAX's lowering platform -> FFI registration platform).
+XLA_PLATFORM = {"cuda": "CUDA", "rocm": "ROCM"}
+
+
+@pytest.fixture(params=sorted(XLA_PLATFORM))
+def gpu(request):
+    """Each GPU platform hostfeed has handlers for: ``"cuda"``, ``"rocm"``."""
+    return request.param
+
+
 # The portable transport lowers through JAX's host callbacks, which JAX cannot lower for
 # a platform whose backend is absent: lowering for CUDA without a GPU is native only.
 native_only = pytest.mark.native_transport(
@@ -44,15 +56,15 @@ native_only = pytest.mark.native_transport(
     "callbacks for a platform without its backend")
 
 
-@pytest.mark.skipif(ON_GPU, reason="checks the machine without CUDA")
-def test_without_cuda_registration_is_skipped_with_a_reason():
-    reason = lowering.cuda_status()
+@pytest.mark.skipif(ON_GPU, reason="checks the machine without a GPU")
+def test_without_cuda_registration_is_skipped_with_a_reason(gpu):
+    reason = lowering.gpu_driver(gpu, "status")()
     assert isinstance(reason, str)
-    assert "CUDA" in reason
+    assert XLA_PLATFORM[gpu] in reason
     # The driver check answers (a reason or None) rather than raising.
-    why = receiver.cuda_driver_error()
-    assert why is None or "CUDA" in why
-    assert receiver.cuda_pool_stats()["allocations"] == 0
+    why = lowering.gpu_driver(gpu, "driver_error")()
+    assert why is None or {"cuda": "CUDA", "rocm": "libamdhip64"}[gpu] in why
+    assert lowering.gpu_driver(gpu, "pool_stats")()["allocations"] == 0
     # Taps still run on CPU.
     got = []
     jax.jit(lambda x: hcb.id_tap(lambda a, t: got.append(a.tolist()), x))(jnp.arange(3))
@@ -60,10 +72,11 @@ def test_without_cuda_registration_is_skipped_with_a_reason():
     assert got == [[0, 1, 2]]
 
 
-@pytest.mark.skipif(ON_GPU, reason="checks the machine without CUDA")
-def test_a_cuda_plugin_without_a_driver_is_skipped_with_the_driver_named(tmp_path):
-    # A stand-in JAX CUDA plugin (found by name, never initialised by hostfeed).
-    plugin = tmp_path / "jax_plugins" / "xla_cuda13"
+@pytest.mark.skipif(ON_GPU, reason="checks the machine without a GPU")
+def test_a_cuda_plugin_without_a_driver_is_skipped_with_the_driver_named(tmp_path, gpu):
+    # A stand-in JAX plugin (found by name, never initialised by hostfeed).
+    name = {"cuda": "xla_cuda13", "rocm": "xla_rocm7"}[gpu]
+    plugin = tmp_path / "jax_plugins" / name
     plugin.mkdir(parents=True)
     (plugin / "__init__.py").write_text("def initialize():\n    pass\n")
     r = run_python(f"""
@@ -71,7 +84,7 @@ def test_a_cuda_plugin_without_a_driver_is_skipped_with_the_driver_named(tmp_pat
         sys.path.insert(0, {str(tmp_path)!r})
         import jax, jax.numpy as jnp
         from hostfeed import host_callback as hcb, lowering, receiver
-        print(lowering.cuda_status())
+        print(lowering.gpu_driver({gpu!r}, "status")())
         got = []
         jax.jit(lambda x: hcb.id_tap(lambda a, t: got.append(int(a)), x))(jnp.int32(5))
         hcb.barrier_wait()
@@ -79,16 +92,17 @@ def test_a_cuda_plugin_without_a_driver_is_skipped_with_the_driver_named(tmp_pat
     """)
     assert r.returncode == 0, r.stderr
     reason, got = r.stdout.splitlines()[-2:]
-    if receiver.cuda_driver_error() is None:  # a driver library without a GPU
+    if lowering.gpu_driver(gpu, "driver_error")() is None:  # a driver library without a GPU
         assert reason == "None"
     else:
-        assert "driver library" in reason and "xla_cuda13" in reason
+        assert {"cuda": "driver library", "rocm": "HIP runtime library (libamdhip64) was "
+                "not found"}[gpu] in reason and name in reason
     assert got == "[5]"
 
 
 @native_only
-def test_tap_lowers_for_cuda_to_the_custom_call_with_a_token():
-    calls = custom_calls(lambda x: hcb.id_tap(noop, x * 2) + 1, jnp.ones(3))
+def test_tap_lowers_for_cuda_to_the_custom_call_with_a_token(gpu):
+    calls = custom_calls(lambda x: hcb.id_tap(noop, x * 2) + 1, jnp.ones(3), platforms=(gpu,))
     assert len(calls) == 1
     target, attrs, operands, results = calls[0]
     assert target == "hostfeed_tap"
@@ -99,14 +113,14 @@ def test_tap_lowers_for_cuda_to_the_custom_call_with_a_token():
 
 
 @native_only
-def test_call_lowers_for_cuda_with_its_results_and_attributes():
+def test_call_lowers_for_cuda_with_its_results_and_attributes(gpu):
     def host(x):
         return x.astype(np.int32)
 
     def f(x):
         return hcb.call(host, x, result_shape=jax.ShapeDtypeStruct((2, 2), jnp.int32))
 
-    calls = custom_calls(f, jnp.ones((2, 2)))
+    calls = custom_calls(f, jnp.ones((2, 2)), platforms=(gpu,))
     assert [c[0] for c in calls] == ["hostfeed_call"]
     _, attrs, operands, results = calls[0]
     assert "timeout_ms = " in attrs and re.search(r'name = "[^"]*host"', attrs)
@@ -115,7 +129,7 @@ def test_call_lowers_for_cuda_with_its_results_and_attributes():
 
 
 @native_only
-def test_several_taps_under_transformations_lower_for_cuda_in_one_token_chain():
+def test_several_taps_under_transformations_lower_for_cuda_in_one_token_chain(gpu):
     def f(x):
         def body(c, _):
             c = hcb.id_tap(noop, c * 2)
@@ -124,7 +138,7 @@ def test_several_taps_under_transformations_lower_for_cuda_in_one_token_chain():
         return hcb.id_print(jnp.sum(y), what="sum")
 
     grad = jax.grad(lambda x: f(x).astype(jnp.float32))
-    calls = custom_calls(jax.vmap(grad), jnp.ones((4,)))
+    calls = custom_calls(jax.vmap(grad), jnp.ones((4,)), platforms=(gpu,))
     assert calls and all(c[0] == "hostfeed_tap" for c in calls)
     assert all(c[2].startswith("!stablehlo.token") for c in calls), "every tap takes the token"
 
@@ -142,11 +156,11 @@ def test_lowering_for_cpu_and_cuda_at_once_uses_the_same_custom_call_on_both():
 
 
 def test_other_platforms_take_the_portable_transport_without_refusal():
-    # ROCm and TPU use JAX's host-callback lowering: hostfeed no longer refuses them. Here,
-    # without their backends, JAX itself cannot lower a host callback for them (exactly as
-    # for io_callback), which shows that the portable lowering was reached.
-    assert hostfeed.transports()["rocm"] == "jax" or hostfeed.portable.forced() == "native"
-    for platform in ("rocm", "tpu"):
+    # TPUs use JAX's host-callback lowering: hostfeed does not refuse them. Here, without
+    # their backend, JAX itself cannot lower a host callback for them (exactly as for
+    # io_callback), which shows that the portable lowering was reached.
+    assert hostfeed.transports()["tpu"] == "jax" or hostfeed.portable.forced() == "native"
+    for platform in ("tpu",):
         with pytest.raises(ValueError, match=f"lowering platform {platform}"):
             jax.jit(lambda x: hcb.id_tap(noop, x)).trace(1.0).lower(
                 lowering_platforms=(platform,))
@@ -158,12 +172,12 @@ def test_native_transport_forced_refuses_other_platforms_with_a_clear_message():
         from hostfeed import host_callback as hcb
         try:
             jax.jit(lambda x: hcb.id_tap(lambda a, t: None, x)).trace(1.0).lower(
-                lowering_platforms=("rocm",))
+                lowering_platforms=("tpu",))
         except NotImplementedError as e:
             print("refused:", e)
     """, env={"HOSTFEED_TRANSPORT": "native"})
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "refused:" in r.stdout and "CPU and CUDA GPUs only" in r.stdout
+    assert "refused:" in r.stdout and "CPU, CUDA and ROCm GPUs only" in r.stdout
     assert "HOSTFEED_TRANSPORT=native" in r.stdout
 
 
@@ -224,25 +238,42 @@ _DRIVER_FUNCTIONS = ["cuInit", "cuGetErrorName", "cuGetErrorString", "cuDriverGe
     "cuEventSynchronize", "cuMemHostAlloc", "cuMemFreeHost", "cuMemcpyAsync"]
 
 
-def _fake_driver(directory, lacking=None, name="libcuda.so.1", version=13000):
-    """A stand-in driver library ``name`` in ``directory``: every function hostfeed
-    resolves (but ``lacking``), answering success, except cuDriverGetVersion
-    (``version``)."""
-    special = {
-        "cuDriverGetVersion": f"int cuDriverGetVersion(int *v) {{ *v = {version}; return 0; }}",
-        "cuGetErrorName": 'int cuGetErrorName(int e, const char **p) '
-                          '{ *p = "CUDA_ERROR_FAKE"; return 0; }',
-        "cuGetErrorString": 'int cuGetErrorString(int e, const char **p) '
-                            '{ *p = "a stand-in driver"; return 0; }',
-    }
+def fake_library(directory, name, functions, special, lacking=None):
+    """A stand-in driver library ``name`` built in ``directory``: each of ``functions``
+    (but ``lacking``) answering 0 (success), or as its C text in ``special`` says."""
     source = "\n".join(special.get(n, f"int {n}(void) {{ return 0; }}")
-                       for n in _DRIVER_FUNCTIONS if n != lacking)
+                       for n in functions if n != lacking)
     directory.mkdir(exist_ok=True)
     (directory / "driver.c").write_text(source + "\n")
     built = subprocess.run(["cc", "-shared", "-fPIC", "-o", str(directory / name),
                             str(directory / "driver.c")], capture_output=True, text=True)
     assert built.returncode == 0, built.stderr
     return directory
+
+
+def _fake_driver(directory, lacking=None, name="libcuda.so.1", version=13000):
+    """A stand-in CUDA driver library ``name`` in ``directory``: every function hostfeed
+    resolves (but ``lacking``), answering success, except cuDriverGetVersion
+    (``version``)."""
+    return fake_library(directory, name, _DRIVER_FUNCTIONS, {
+        "cuDriverGetVersion": f"int cuDriverGetVersion(int *v) {{ *v = {version}; return 0; }}",
+        "cuGetErrorName": 'int cuGetErrorName(int e, const char **p) '
+                          '{ *p = "CUDA_ERROR_FAKE"; return 0; }',
+        "cuGetErrorString": 'int cuGetErrorString(int e, const char **p) '
+                            '{ *p = "a stand-in driver"; return 0; }',
+    }, lacking)
+
+
+def probe_driver(gpu, directory):
+    """What ``gpu``'s native functions answer in a fresh process whose library path is
+    ``directory``: driver_error, driver_path, driver_version (as printed)."""
+    r = run_python(f"""
+        from hostfeed import lowering
+        for what in ("driver_error", "driver_path", "driver_version"):
+            print(lowering.gpu_driver({gpu!r}, what)())
+    """, env={"LD_LIBRARY_PATH": str(directory)})
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()[-3:]
 
 
 @pytest.mark.skipif(ON_GPU, reason="replaces the CUDA driver")
@@ -253,31 +284,21 @@ def test_the_driver_is_loaded_as_libcuda_so_1_with_every_function_hostfeed_calls
     # first): hostfeed must take the libcuda.so.1 XLA loads.
     _fake_driver(full, name="libcuda.so", version=11000)
     lacking = _fake_driver(tmp_path / "lacking", lacking="cuCtxGetId")
-    code = """
-        from hostfeed import receiver
-        print(receiver.cuda_driver_error())
-        print(receiver.cuda_driver_path())
-        print(receiver.cuda_driver_version())
-    """
-    r = run_python(code, env={"LD_LIBRARY_PATH": str(full)})
-    assert r.returncode == 0, r.stderr
-    error, path, version = r.stdout.splitlines()[-3:]
+    error, path, version = probe_driver("cuda", full)
     assert error == "None"
     assert path == str(full / "libcuda.so.1")
     assert version == "13000"
-    r = run_python(code, env={"LD_LIBRARY_PATH": str(lacking)})
-    assert r.returncode == 0, r.stderr
-    assert "the CUDA driver library lacks cuCtxGetId" in r.stdout.splitlines()[-3]
+    assert "the CUDA driver library lacks cuCtxGetId" in probe_driver("cuda", lacking)[0]
 
 
-def test_cuda_pool_stats_answer_without_a_gpu():
-    stats = receiver.cuda_pool_stats()
+def test_cuda_pool_stats_answer_without_a_gpu(gpu):
+    stats = lowering.gpu_driver(gpu, "pool_stats")()
     assert set(stats) == {"allocations", "frees", "allocated_bytes", "in_use_bytes",
                           "blocks_taken", "resets"}
     assert all(isinstance(v, int) and v >= 0 for v in stats.values())
 
 
-def test_the_copy_floor_benchmark_is_not_in_the_shipped_module():
-    # The floor lives in benches/_cuda_floor.py (ctypes), not in hostfeed._receiver.
-    assert not hasattr(hostfeed._receiver, "cuda_copy_floor")
-    assert not hasattr(receiver, "cuda_copy_floor")
+def test_the_copy_floor_benchmark_is_not_in_the_shipped_module(gpu):
+    # The floor lives in benches/ (ctypes), not in hostfeed._receiver.
+    assert not hasattr(hostfeed._receiver, f"{gpu}_copy_floor")
+    assert not hasattr(receiver, f"{gpu}_copy_floor")

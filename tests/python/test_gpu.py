@@ -1,5 +1,6 @@
-"""Taps and calls on a CUDA GPU (run with ``JAX_PLATFORMS=cuda``, see
-``benches/gpu_check.sh``; skipped elsewhere). The rest of the suite runs on the GPU too
+"""Taps and calls on a GPU: CUDA (run with ``JAX_PLATFORMS=cuda``, see
+``benches/gpu_check.sh``) or ROCm (``JAX_PLATFORMS=rocm``, ``benches/rocm_check.sh``; not
+yet run on ROCm hardware); skipped elsewhere. The rest of the suite runs on the GPU too
 there; these tests check what is particular to it: the handlers are registered, the device
 never waits for a tap's host function, pinned buffers are reused, results come back in
 stream order, failures keep the process alive.
@@ -17,18 +18,25 @@ import pytest
 from jax import lax
 
 from hostfeed import host_callback as hcb
-from hostfeed import lowering, receiver
+from hostfeed import lowering
 
-from conftest import ON_GPU, queue_bound
+from conftest import GPU_KIND, ON_GPU, queue_bound
 
-pytestmark = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (JAX_PLATFORMS=cuda)")
+pytestmark = pytest.mark.skipif(
+    not ON_GPU, reason="needs a GPU (JAX_PLATFORMS=cuda or JAX_PLATFORMS=rocm)")
 
 
-def test_cuda_handlers_are_registered_and_the_driver_answers():
-    assert lowering.cuda_status() is None
-    assert receiver.cuda_driver_error() is None
-    version = receiver.cuda_driver_version()
-    assert version is not None and version >= 12000
+def gpu(what):
+    """This GPU's native function ``what`` (``lowering.gpu_driver``)."""
+    return lowering.gpu_driver(GPU_KIND, what)
+
+
+def test_gpu_handlers_are_registered_and_the_driver_answers():
+    assert gpu("status")() is None
+    assert gpu("driver_error")() is None
+    version = gpu("driver_version")()
+    # CUDA 12 is 12000; ROCm 5's HIP runtime 50000000 and more.
+    assert version is not None and version >= (12000 if GPU_KIND == "cuda" else 50000000)
     assert jax.devices()[0].platform == "gpu"
 
 
@@ -84,18 +92,18 @@ def test_pinned_buffers_are_reused_in_steady_state():
     with queue_bound(4 << 20):
         rounds()
         rounds()
-        before = receiver.cuda_pool_stats()
+        before = gpu("pool_stats")()
         rounds()
-        after = receiver.cuda_pool_stats()
+        after = gpu("pool_stats")()
     assert after["blocks_taken"] >= before["blocks_taken"] + 30
     assert after["allocations"] == before["allocations"], (before, after)
     assert after["in_use_bytes"] == 0
 
 
 def test_the_driver_is_the_library_xla_loaded():
-    path = receiver.cuda_driver_path()
-    assert path is not None and "libcuda" in path, path
-    assert receiver.cuda_driver_error() is None  # includes the check against libcuda.so.1
+    path = gpu("driver_path")()
+    assert path is not None and ("libcuda" if GPU_KIND == "cuda" else "libamdhip64") in path, path
+    assert gpu("driver_error")() is None  # on CUDA, includes the check against libcuda.so.1
 
 
 def test_several_operands_of_one_tap_arrive_each_in_place():

@@ -103,7 +103,10 @@ def test_transports_say_which_platform_uses_which():
     assert set(t) >= {"cpu", "cuda", "rocm", "tpu"}
     assert set(t.values()) <= {"native", "jax"}
     if portable.forced() is None:
-        assert t["cpu"] == "native" and t["tpu"] == "jax" and t["rocm"] == "jax"
+        assert t["cpu"] == "native" and t["tpu"] == "jax"
+        # ROCm lowers natively, as CUDA does (its handlers register, or no ROCm backend
+        # is here to need them).
+        assert t["rocm"] == "native" and t["cuda"] == "native"
     else:
         assert set(t.values()) == {portable.forced()}
 

@@ -1,5 +1,5 @@
-//! The CUDA platform's functions: the handlers' registrations, the driver's state, the
-//! pinned pool's counters.
+//! The GPU platforms' functions (CUDA, ROCm): the handlers' registrations, the driver's
+//! state, the pinned pool's counters.
 
 use std::time::Duration;
 
@@ -57,10 +57,14 @@ pub fn cuda_driver_version(py: Python<'_>) -> Option<i32> {
     py.detach(hostfeed_core::cuda_driver_version)
 }
 
-/// Counters of the pinned-memory pool of GPU messages.
+/// Counters of the pinned-memory pool of CUDA messages.
 #[pyfunction]
 pub fn cuda_pool_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    let s = hostfeed_core::cuda_pool_stats();
+    pool_stats_dict(py, &hostfeed_core::cuda_pool_stats())
+}
+
+/// A pinned pool's counters as a dict (the same keys for every GPU driver).
+fn pool_stats_dict<'py>(py: Python<'py>, s: &hostfeed_core::PoolStats) -> PyResult<Bound<'py, PyDict>> {
     dict_of(
         py,
         [
@@ -72,4 +76,38 @@ pub fn cuda_pool_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
             ("resets", s.resets),
         ],
     )
+}
+
+// The ROCm platform: the same handlers over the HIP runtime (loaded at run time).
+
+/// `{target_name: PyCapsule}` of the ROCm handlers, for
+/// `jax.ffi.register_ffi_target(..., platform="ROCM")` (same names as on CPU).
+#[pyfunction]
+pub fn rocm_registrations(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    handler_capsules(py, hostfeed_core::ROCM_HANDLERS)
+}
+
+/// Why the HIP runtime cannot be used (no `libamdhip64`, a missing function), or `None`
+/// when it can. Loads the runtime library if present but does not initialise HIP.
+#[pyfunction]
+pub fn rocm_driver_error(py: Python<'_>) -> Option<String> {
+    py.detach(hostfeed_core::rocm_runtime_library).err()
+}
+
+/// The file hostfeed's HIP functions come from, or `None` without the runtime.
+#[pyfunction]
+pub fn rocm_driver_path(py: Python<'_>) -> Option<String> {
+    py.detach(hostfeed_core::rocm_runtime_path)
+}
+
+/// The HIP runtime's version, or `None` without a usable runtime. Initialises HIP.
+#[pyfunction]
+pub fn rocm_driver_version(py: Python<'_>) -> Option<i32> {
+    py.detach(hostfeed_core::rocm_runtime_version)
+}
+
+/// Counters of the pinned-memory pool of ROCm messages.
+#[pyfunction]
+pub fn rocm_pool_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    pool_stats_dict(py, &hostfeed_core::rocm_pool_stats())
 }

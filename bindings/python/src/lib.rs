@@ -65,5 +65,10 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gpu::cuda_driver_version, m)?)?;
     m.add_function(wrap_pyfunction!(gpu::cuda_driver_path, m)?)?;
     m.add_function(wrap_pyfunction!(gpu::cuda_pool_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu::rocm_registrations, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu::rocm_driver_error, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu::rocm_driver_version, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu::rocm_driver_path, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu::rocm_pool_stats, m)?)?;
     Ok(())
 }

@@ -70,6 +70,11 @@ pub use gpu::cuda::{
     same_driver_as_xla as cuda_same_driver_as_xla, HANDLERS as CUDA_HANDLERS,
 };
 #[cfg(not(loom))]
+pub use gpu::hip::{
+    pool_stats as rocm_pool_stats, runtime_library as rocm_runtime_library,
+    runtime_path as rocm_runtime_path, runtime_version as rocm_runtime_version, HANDLERS as ROCM_HANDLERS,
+};
+#[cfg(not(loom))]
 pub use gpu::pinned::PoolStats;
 #[cfg(not(loom))]
 pub use gpu::{device_key as gpu_device_key, Delivery, DELIVERY as GPU_DELIVERY};

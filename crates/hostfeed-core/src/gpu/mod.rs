@@ -55,10 +55,13 @@
 //! the buffer is leaked rather than reused; likewise when a courier's event reports an
 //! error (the tap is then lost, with a note).
 //!
-//! No Python and no CUDA here.
+//! No Python and no CUDA here. What every driver shares is in `driver.rs`; `cuda/` and
+//! `hip/` (ROCm) hold only the drivers' own parts.
 
 pub(crate) mod cuda;
 mod delivery;
+pub(crate) mod driver;
+pub(crate) mod hip;
 mod ops;
 pub(crate) mod pinned;
 mod stream;

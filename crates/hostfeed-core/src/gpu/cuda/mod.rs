@@ -14,15 +14,16 @@
 //! `cuda_driver_error`, which `lowering.cuda_status()` reports, and at the first handler
 //! call); [`driver_path`] names the file in use.
 //!
-//! The handlers get the stream XLA runs the custom call on (`XLA_FFI_Stream_Get`, a
-//! `CUstream`), make its context current for the duration of the call (the context of
-//! each stream is looked up once per thread and cached: XLA's streams keep their context
-//! for life), and run the platform-neutral bodies in `gpu/`. A tap refuses to run while
-//! its stream is being captured into a CUDA graph (the handlers' metadata never declares
-//! them command-buffer compatible, so XLA does not capture them; this guards the
-//! invariant, since a captured tap would deliver bytes never copied); a call, a check and
-//! a failure need no such query: each synchronises the stream, which fails under capture,
-//! and that failure is reported with the same words.
+//! The handlers (shared with ROCm: `gpu/driver.rs`, driver [`Cuda`]) get the stream XLA
+//! runs the custom call on (`XLA_FFI_Stream_Get`, a `CUstream`), make its context current
+//! for the duration of the call (the context of each stream is looked up once per thread
+//! and cached: XLA's streams keep their context for life), and run the platform-neutral
+//! bodies in `gpu/`. A tap refuses to run while its stream is being captured into a
+//! CUDA graph (the handlers' metadata never declares them command-buffer compatible, so
+//! XLA does not capture them; this guards the invariant, since a captured tap would
+//! deliver bytes never copied); a call, a check and a failure need no such query: each
+//! synchronises the stream, which fails under capture, and that failure is reported with
+//! the same words.
 //!
 //! Copies use `cuMemcpyAsync`, which infers the direction from the pointers (unified
 //! addressing, always on for 64-bit processes): an operand or result XLA keeps in
@@ -39,84 +40,23 @@
 //! (`gpu/`) waits for it, polling briefly before it sleeps in `cuEventSynchronize`.
 
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 use std::ptr::{self, NonNull};
 use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
 
 use crate::error::Error;
-use crate::ffi::frame::Frame;
-use crate::ffi::handlers::{self, FLAG_STATUS_OUTPUT};
-use crate::gpu::pinned::{PinnedAlloc, PinnedPool, PoolStats};
-use crate::gpu::{self, Completion, Header, Stream};
-use crate::host::buffer::HostBuffer;
-use crate::host::hub::Hub;
-use crate::host::reply::OutBuf;
+use crate::gpu::driver::{self as gpu_driver, dynamic_api, gpu_driver, Poll};
+use crate::gpu::pinned::PinnedAlloc;
 use crate::host::sync::lock;
-
-/// How long a courier polls an event before sleeping on it: a tap's copies usually
-/// complete within microseconds, and sleeping costs a wake-up of tens of them.
-const EVENT_SPIN: Duration = Duration::from_micros(50);
 
 /// The name XLA loads the driver by.
 const XLA_DRIVER: &std::ffi::CStr = c"libcuda.so.1";
 
-/// Declares the driver functions hostfeed calls: [`Api`], their addresses in the library
-/// (`libcuda.so.1`, loaded by [`load_api`]), and in [`drv`] a function of the same name
-/// and signature for each, which answers `CUDA_ERROR_NOT_INITIALIZED` before the library
-/// is loaded (so that no path can call a missing function).
-macro_rules! driver_api {
-    ($($name:ident($($arg:ident: $ty:ty),*);)*) => {
-        /// Addresses of the driver functions hostfeed calls.
-        #[allow(non_snake_case)]
-        struct Api {
-            handle: usize,
-            $($name: unsafe extern "C" fn($($ty),*) -> sys::CUresult,)*
-        }
-
-        /// The driver functions, from the library `handle` (from dlopen).
-        ///
-        /// # Safety
-        /// `handle` must be a live handle of the CUDA driver library, never closed.
-        unsafe fn load_api(handle: *mut c_void) -> Result<Api, String> {
-            Ok(Api {
-                handle: handle as usize,
-                $($name: {
-                    // SAFETY: caller contract; the name is NUL-terminated.
-                    let f = unsafe { libc::dlsym(handle, concat!(stringify!($name), "\0").as_ptr().cast()) };
-                    if f.is_null() {
-                        return Err(format!("the CUDA driver library lacks {}", stringify!($name)));
-                    }
-                    // SAFETY: the driver exports this function with this C signature (that
-                    // of the CUDA 12 and 13 headers, as in cudarc's bindings).
-                    unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($ty),*) -> sys::CUresult>(f) }
-                },)*
-            })
-        }
-
-        /// The driver functions by name (as `cudarc::driver::sys`'s, but from the
-        /// library XLA loaded).
-        #[allow(non_snake_case, clippy::missing_safety_doc)]
-        mod drv {
-            use super::*;
-            $(
-                /// The driver function of this name.
-                pub(crate) unsafe fn $name($($arg: $ty),*) -> sys::CUresult {
-                    match api() {
-                        // SAFETY: the function's C contract is the caller's.
-                        Some(a) => unsafe { (a.$name)($($arg),*) },
-                        None => sys::CUresult::CUDA_ERROR_NOT_INITIALIZED,
-                    }
-                }
-            )*
-        }
-    };
-}
-
-driver_api! {
+dynamic_api! {
+    library: "the CUDA driver library",
+    result: sys::CUresult = sys::CUresult::CUDA_ERROR_NOT_INITIALIZED;
     cuInit(flags: c_uint);
     cuGetErrorName(error: sys::CUresult, name: *mut *const c_char);
     cuGetErrorString(error: sys::CUresult, text: *mut *const c_char);
@@ -271,32 +211,12 @@ pub fn same_driver_as_xla() -> Result<(), String> {
     ))
 }
 
-/// The driver, loaded and initialised (once), and the same library as XLA's.
-///
-/// # Errors
-/// Why CUDA cannot be used.
-pub(crate) fn driver() -> Result<(), Error> {
-    static READY: OnceLock<Result<(), String>> = OnceLock::new();
-    READY
-        .get_or_init(|| {
-            driver_library()?;
-            same_driver_as_xla()?;
-            // SAFETY: the library and its functions are present; cuInit may be called any
-            // number of times.
-            check(unsafe { drv::cuInit(0) }, "cuInit").map_err(|e| e.to_string())
-        })
-        .clone()
-        .map_err(|m| Error::Internal(format!("hostfeed cannot use CUDA: {m}")))
-}
-
-/// The CUDA driver's version (e.g. 13000), if the driver loads.
-#[must_use]
-pub fn driver_version() -> Option<i32> {
-    driver().ok()?;
-    let mut v = 0;
-    // SAFETY: the driver is loaded and initialised; `v` is a valid out pointer.
-    check(unsafe { drv::cuDriverGetVersion(&raw mut v) }, "cuDriverGetVersion").ok()?;
-    Some(v)
+/// Initialises the loaded driver, once it is known to be XLA's (`cuInit`, which may be
+/// called any number of times).
+fn initialise() -> Result<(), String> {
+    same_driver_as_xla()?;
+    // SAFETY: the library and its functions are present (checked by the above).
+    check(unsafe { drv::cuInit(0) }, "cuInit").map_err(|e| e.to_string())
 }
 
 /// Pinned host memory from `cuMemHostAlloc` (portable: usable with every context). Called
@@ -329,10 +249,7 @@ impl PinnedAlloc for CudaHostAlloc {
         // SAFETY: the driver is loaded (handlers call `driver()` first) and a context is
         // current; `p` is a valid out pointer.
         let res = unsafe { drv::cuMemHostAlloc(&raw mut p, bytes, flags) };
-        check(res, "cuMemHostAlloc").map_err(|e| {
-            Error::Internal(format!("cannot pin {bytes} bytes of host memory for a GPU tap: {e}"))
-        })?;
-        NonNull::new(p.cast()).ok_or_else(|| Error::Internal("cuMemHostAlloc returned null".into()))
+        gpu_driver::pinned_block(bytes, check(res, "cuMemHostAlloc"), p)
     }
 
     unsafe fn free(&self, ptr: NonNull<u8>, _bytes: usize) {
@@ -355,10 +272,10 @@ impl PinnedAlloc for CudaHostAlloc {
     }
 }
 
-/// The process's pool of pinned memory for GPU messages.
-fn pool() -> &'static PinnedPool<CudaHostAlloc> {
-    static POOL: OnceLock<PinnedPool<CudaHostAlloc>> = OnceLock::new();
-    POOL.get_or_init(|| PinnedPool::new(CudaHostAlloc::new()))
+gpu_driver! {
+    /// The CUDA driver of the shared handlers (`gpu/driver.rs`).
+    Cuda, platform: "CUDA", label: " (CUDA)", queue: CudaStream, alloc: CudaHostAlloc = CudaHostAlloc::new(),
+    ready: driver = initialise, version: driver_version = cuDriverGetVersion
 }
 
 /// The contexts handlers ran in, held: by device ordinal, (context, its unique id).
@@ -396,10 +313,8 @@ fn hold_context(ctx: sys::CUcontext) -> Result<(), Error> {
             pool().reset();
             pool().allocator().owner.store(0, std::sync::atomic::Ordering::Release);
         }
-        if let Some(events) = lock(&EVENTS).as_mut() {
-            for c in &replaced {
-                events.remove(c);
-            }
+        for &c in &replaced {
+            events().forget(c);
         }
         held.retain(|&(_, c, _)| !replaced.contains(&c));
     }
@@ -416,23 +331,26 @@ fn hold_context(ctx: sys::CUcontext) -> Result<(), Error> {
     Ok(())
 }
 
-/// The capture error's words, for a driver call that failed because the stream was being
-/// captured into a CUDA graph.
-fn captured() -> Error {
-    Error::Internal(
-        "hostfeed's custom calls cannot be captured into a CUDA graph (they are not \
-         command-buffer compatible); XLA captured one anyway"
-            .into(),
-    )
-}
-
 /// `check`, with failures from a stream under capture reported as such.
 fn check_stream(res: sys::CUresult, what: &str) -> Result<(), Error> {
     match res {
         sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
         | sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
-        | sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => Err(captured()),
+        | sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => Err(gpu_driver::captured("a CUDA graph")),
         other => check(other, what),
+    }
+}
+
+/// A query's answer: done, pending (`CUDA_ERROR_NOT_READY`), or the error (by `fail`).
+fn poll(
+    res: sys::CUresult,
+    what: &str,
+    fail: fn(sys::CUresult, &str) -> Result<(), Error>,
+) -> Result<Poll, Error> {
+    match res {
+        sys::CUresult::CUDA_SUCCESS => Ok(Poll::Done),
+        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(Poll::Pending),
+        err => fail(err, what).map(|()| Poll::Done),
     }
 }
 
@@ -443,12 +361,6 @@ thread_local! {
 
 /// Most streams [`STREAM_CTX`] remembers per thread (XLA uses a few per device).
 const STREAM_CACHE: usize = 32;
-
-/// Counters of the pinned pool (for tests and `cuda_pool_stats()`).
-#[must_use]
-pub fn pool_stats() -> PoolStats {
-    pool().stats()
-}
 
 /// The stream of one handler call, with its context made current until dropped.
 pub(crate) struct CudaStream {
@@ -505,7 +417,7 @@ impl CudaStream {
             // SAFETY: as above.
             check(unsafe { drv::cuStreamIsCapturing(raw, &raw mut status) }, "cuStreamIsCapturing")?;
             if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-                return Err(captured());
+                return Err(gpu_driver::captured("a CUDA graph"));
             }
         }
         Ok(stream)
@@ -522,218 +434,67 @@ impl Drop for CudaStream {
     }
 }
 
-/// Idle events, by the address of their context.
-static EVENTS: Mutex<Option<HashMap<usize, Vec<usize>>>> = Mutex::new(None);
-
-/// An event recorded on a stream, back to the pool when dropped.
-pub(crate) struct CudaEvent {
-    raw: sys::CUevent,
-    ctx: sys::CUcontext,
-}
-
-// SAFETY: CUDA events and contexts are handles usable from any thread; the courier only
-// queries and waits on the event, with its context made current.
-unsafe impl Send for CudaEvent {}
-
 thread_local! {
     /// The context this thread last made current (couriers serve one device each).
     static CURRENT: Cell<usize> = const { Cell::new(0) };
 }
 
-impl CudaEvent {
-    /// An idle event of `ctx` (created when none is), recorded on `stream`.
-    ///
-    /// # Safety
-    /// `ctx` must be current on this thread and `stream` a live stream of it.
-    unsafe fn record(ctx: sys::CUcontext, stream: sys::CUstream) -> Result<Self, Error> {
-        let idle = lock(&EVENTS).get_or_insert_with(HashMap::new).get_mut(&(ctx as usize)).and_then(Vec::pop);
-        let raw = if let Some(e) = idle {
-            e as sys::CUevent
-        } else {
-            let mut e: sys::CUevent = ptr::null_mut();
-            let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
-                | sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32;
-            // SAFETY: `ctx` is current (caller contract); `e` is a valid out pointer.
-            check(unsafe { drv::cuEventCreate(&raw mut e, flags) }, "cuEventCreate")?;
-            e
-        };
-        let event = CudaEvent { raw, ctx };
-        // SAFETY: the event belongs to the stream's context; the stream is live.
-        check(unsafe { drv::cuEventRecord(raw, stream) }, "cuEventRecord")?;
-        Ok(event)
-    }
-}
-
-impl Completion for CudaEvent {
-    fn wait(&self) -> Result<(), Error> {
-        if CURRENT.get() != self.ctx as usize {
-            // SAFETY: the event's context is live (XLA's, for the process's life).
-            check(unsafe { drv::cuCtxSetCurrent(self.ctx) }, "cuCtxSetCurrent")?;
-            CURRENT.set(self.ctx as usize);
-        }
-        let start = Instant::now();
-        loop {
-            // SAFETY: a live event, recorded.
-            match unsafe { drv::cuEventQuery(self.raw) } {
-                sys::CUresult::CUDA_SUCCESS => return Ok(()),
-                sys::CUresult::CUDA_ERROR_NOT_READY if start.elapsed() < EVENT_SPIN => std::hint::spin_loop(),
-                sys::CUresult::CUDA_ERROR_NOT_READY => break,
-                err => return check(err, "cuEventQuery"),
-            }
-        }
-        // SAFETY: as above; a blocking-sync event: the thread sleeps until it completes.
-        check(unsafe { drv::cuEventSynchronize(self.raw) }, "cuEventSynchronize")
-    }
-}
-
-impl Drop for CudaEvent {
-    fn drop(&mut self) {
-        // Re-recording an event is allowed whatever its state: back to the pool.
-        lock(&EVENTS)
-            .get_or_insert_with(HashMap::new)
-            .entry(self.ctx as usize)
-            .or_default()
-            .push(self.raw as usize);
-    }
-}
-
-impl Stream for CudaStream {
-    unsafe fn copy_to_host(&self, dst: *mut u8, src: *const u8, n: usize) -> Result<(), Error> {
-        // SAFETY: caller contract (source in device or pinned host memory, pinned
-        // destination, both valid for `n` bytes until the copy ran); the stream's context
-        // is current. Under unified addressing a host pointer is a valid address for
-        // cuMemcpyAsync, which infers the direction.
-        check_stream(
-            unsafe { drv::cuMemcpyAsync(dst as sys::CUdeviceptr, src as sys::CUdeviceptr, n, self.raw) },
-            "cuMemcpyAsync",
-        )
+impl gpu_driver::Queue for CudaStream {
+    fn owner(&self) -> usize {
+        self.ctx as usize
     }
 
-    unsafe fn copy_to_device(&self, dst: *mut u8, src: *const u8, n: usize) -> Result<(), Error> {
-        // SAFETY: as above, the other way (a result may be in pinned host memory too).
-        check_stream(
-            unsafe { drv::cuMemcpyAsync(dst as sys::CUdeviceptr, src as sys::CUdeviceptr, n, self.raw) },
-            "cuMemcpyAsync",
-        )
+    unsafe fn copy(&self, dst: *mut u8, src: *const u8, n: usize) -> Result<(), Error> {
+        // SAFETY: caller contract (device or pinned host memory, valid for `n` bytes until
+        // the copy ran); the stream's context is current. Under unified addressing a host
+        // pointer is a valid address for cuMemcpyAsync, which infers the direction.
+        let res =
+            unsafe { drv::cuMemcpyAsync(dst as sys::CUdeviceptr, src as sys::CUdeviceptr, n, self.raw) };
+        check_stream(res, "cuMemcpyAsync")
     }
 
-    fn record(&self) -> Result<Box<dyn Completion>, Error> {
-        // SAFETY: the stream's context is current for the life of `self`.
-        Ok(Box::new(unsafe { CudaEvent::record(self.ctx, self.raw) }?))
+    fn record_on(&self, event: usize) -> Result<(), Error> {
+        // SAFETY: an event of the stream's context (current); the stream is live.
+        check(unsafe { drv::cuEventRecord(event as sys::CUevent, self.raw) }, "cuEventRecord")
     }
 
-    fn synchronize(&self) -> Result<(), Error> {
-        // Work just enqueued (a call's operand copies) usually completes within
-        // microseconds: look a while before sleeping (a wake-up costs tens of them).
-        let start = Instant::now();
-        loop {
-            // SAFETY: the stream is live.
-            match unsafe { drv::cuStreamQuery(self.raw) } {
-                sys::CUresult::CUDA_SUCCESS => return Ok(()),
-                sys::CUresult::CUDA_ERROR_NOT_READY if start.elapsed() < EVENT_SPIN => std::hint::spin_loop(),
-                sys::CUresult::CUDA_ERROR_NOT_READY => break,
-                err => return check_stream(err, "cuStreamQuery"),
-            }
-        }
+    fn query(&self) -> Result<Poll, Error> {
+        // SAFETY: the stream is live.
+        poll(unsafe { drv::cuStreamQuery(self.raw) }, "cuStreamQuery", check_stream)
+    }
+
+    fn block(&self) -> Result<(), Error> {
         // SAFETY: the stream is live.
         check_stream(unsafe { drv::cuStreamSynchronize(self.raw) }, "cuStreamSynchronize")
     }
 
-    fn host_buffer(&self, len: usize) -> Result<HostBuffer, Error> {
-        Ok(HostBuffer::pinned(pool().take(len)?, len))
+    fn create_event(&self) -> Result<usize, Error> {
+        let mut e: sys::CUevent = ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
+            | sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32;
+        // SAFETY: the stream's context is current; `e` is a valid out pointer.
+        check(unsafe { drv::cuEventCreate(&raw mut e, flags) }, "cuEventCreate")?;
+        Ok(e as usize)
     }
-}
 
-/// The stream of `frame`'s call; `capture`: refused while captured into a CUDA graph.
-fn stream(frame: &Frame<'_>, capture: bool) -> Result<CudaStream, Error> {
-    let raw = frame.stream()?;
-    // SAFETY: XLA's stream for this call, live for the duration of the call (and the
-    // result is dropped before the handler returns).
-    unsafe { CudaStream::new(raw, capture) }
-}
-
-fn header(frame: &Frame<'_>) -> Result<Header, Error> {
-    let consumer_id = frame
-        .attrs
-        .consumer_id
-        .ok_or_else(|| Error::InvalidArgument("custom call lacks the consumer_id attribute".into()))?;
-    Ok(Header { consumer_id, flags: frame.attrs.flags, ordinal: frame.device, run_id: frame.run_id })
-}
-
-fn tap(frame: &Frame<'_>, receiver: &'static Hub, start: u64) -> Result<(), Error> {
-    let header = header(frame)?;
-    let stream = stream(frame, true)?;
-    // SAFETY: the operands are XLA's device buffers of their dtypes and dims, alive until
-    // the work enqueued on this stream by this call has run.
-    unsafe { gpu::tap(&stream, receiver, &gpu::DELIVERY, header, frame.operands()) }?;
-    // The host thread's cost (enqueuing the copies); the hand-over is timed from the
-    // courier's push, when the message is on the host.
-    receiver.timing.record_device(start, receiver.timing.now());
-    Ok(())
-}
-
-fn call(frame: &Frame<'_>, receiver: &'static Hub, _start: u64) -> Result<(), Error> {
-    let header = header(frame)?;
-    let mut outs = frame.outputs();
-    let status = if frame.attrs.flags & FLAG_STATUS_OUTPUT != 0 {
-        Some(outs.next().ok_or_else(|| Error::InvalidArgument("missing status result".into()))?.out_buf()?)
-    } else {
-        None
-    };
-    let outs: Vec<OutBuf> = outs.map(|b| b.out_buf()).collect::<Result<_, _>>()?;
-    let stream = stream(frame, false)?;
-    // SAFETY: operands and results are XLA's device buffers of their dtypes and dims,
-    // alive until the work enqueued on this stream by this call has run.
-    unsafe {
-        gpu::call(
-            &stream,
-            receiver,
-            &gpu::DELIVERY,
-            header,
-            &frame.attrs,
-            frame.operands(),
-            &outs,
-            status.as_ref(),
-        )
+    fn enter(ctx: usize) -> Result<(), Error> {
+        if CURRENT.get() != ctx {
+            // SAFETY: the event's context is live (held for the process's life).
+            check(unsafe { drv::cuCtxSetCurrent(ctx as sys::CUcontext) }, "cuCtxSetCurrent")?;
+            CURRENT.set(ctx);
+        }
+        Ok(())
     }
-}
 
-fn check_call(frame: &Frame<'_>, receiver: &'static Hub, _start: u64) -> Result<(), Error> {
-    let mut ops = frame.operands();
-    let status =
-        ops.next().ok_or_else(|| Error::InvalidArgument("hostfeed_check needs a status operand".into()))?;
-    let sent = ops.next();
-    let stream = stream(frame, false)?;
-    // SAFETY: XLA's device buffers of their dtypes and dims, alive for the call.
-    unsafe { gpu::check(&stream, receiver, &status, sent.as_ref()) }
-}
+    fn event_query(event: usize) -> Result<Poll, Error> {
+        // SAFETY: a live event, recorded (the pool never destroys one).
+        poll(unsafe { drv::cuEventQuery(event as sys::CUevent) }, "cuEventQuery", check)
+    }
 
-fn failure(frame: &Frame<'_>, receiver: &'static Hub, _start: u64) -> Result<(), Error> {
-    let status = frame
-        .operands()
-        .next()
-        .ok_or_else(|| Error::InvalidArgument("hostfeed_failure needs a status operand".into()))?;
-    let out = frame
-        .outputs()
-        .next()
-        .ok_or_else(|| Error::InvalidArgument("hostfeed_failure needs a uint8 result".into()))?
-        .out_buf()?;
-    let stream = stream(frame, false)?;
-    // SAFETY: XLA's device buffers of their dtypes and dims, alive until the work enqueued
-    // by this call has run.
-    unsafe { gpu::failure(&stream, receiver, &gpu::DELIVERY, frame.device, &status, &out) }
-}
-
-handlers::define_handlers! {
-    " (CUDA)";
-    /// XLA FFI handler `hostfeed_tap` on CUDA.
-    hostfeed_tap => tap;
-    /// XLA FFI handler `hostfeed_call` on CUDA.
-    hostfeed_call => call;
-    /// XLA FFI handler `hostfeed_check` on CUDA.
-    hostfeed_check => check_call;
-    /// XLA FFI handler `hostfeed_failure` on CUDA.
-    hostfeed_failure => failure;
+    fn event_block(event: usize) -> Result<(), Error> {
+        // SAFETY: as above; a blocking-sync event: the thread sleeps until it completes.
+        check(unsafe { drv::cuEventSynchronize(event as sys::CUevent) }, "cuEventSynchronize")
+    }
 }
 
 #[cfg(test)]
