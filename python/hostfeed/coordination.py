@@ -6,9 +6,10 @@ Under ``jax.distributed`` every process opens ``Recorder(path)`` on the same pat
 0 (the *leader*) prepares the directory and takes the store's lock (shared, naming the
 run); the others (*members*) join that lock once the leader published the run's id. Each
 process writes the chunks of the parts (shards) its own devices hold (the core crate's
-``record/recorder/parts.rs``) and publishes, per part, how many rows of each parted array it has committed
-(data and per-row metadata on disk). The leader announces in ``zarr.json`` the rows that
-every part has committed (the minimum), so a reader never sees a row some process has not
+``record/recorder/parts.rs``) and publishes, per part, how many rows of each parted array
+it has committed (data and per-row metadata on disk). The leader announces in
+``zarr.json`` the rows that every part has committed (the minimum), so a reader never
+sees a row some process has not
 written. Keys, under ``hostfeed/recorder/<k>/`` (``k`` counts the shared recorders this
 process opened; every process of the run opens them in the same order):
 
