@@ -418,3 +418,16 @@ from jax._src.lib import _profiler as _profiler_lib  # noqa: E402
 
 TraceMe = _profiler_lib.TraceMe
 host_tracing = _profiler_lib.TraceMe.is_enabled
+
+
+def distributed_client() -> Any:
+    """The ``jax.distributed`` coordination service client of this process (its key-value
+    store and barriers: ``key_value_set``, ``blocking_key_value_get``,
+    ``key_value_dir_get``, ``wait_at_barrier``), or None when ``jax.distributed`` is not
+    initialized. jax 0.10 to 0.12 keep it at ``jax._src.distributed.global_state.client``
+    with these methods (the key-value calls take and return ``str``)."""
+    try:
+        from jax._src.distributed import global_state
+    except ImportError:  # pragma: no cover - a layout of a jax we do not support
+        return None
+    return getattr(global_state, "client", None)

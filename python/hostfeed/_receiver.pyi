@@ -102,8 +102,12 @@ class Recorder:
         durable: bool = False,
         commit_interval: float = 1.0,
         separator: str = "/",
+        shared: str | None = None,
+        leader: bool = True,
     ) -> Recorder:
-        """Creates the store at ``path`` and starts its writer threads."""
+        """Creates the store at ``path`` and starts its writer threads. ``shared``: the
+        run id of a store shared by the processes of a jax.distributed run (the leader
+        prepares it; members join)."""
 
     @property
     def path(self) -> Path:
@@ -130,6 +134,24 @@ class Recorder:
         lanes: int = 1,
     ) -> None:
         """Routes the messages of ``consumer_id`` to this recorder, in Rust."""
+
+    def declare_parted(self, name: str, dtype_code: int, part_shape: list[int], count: int,
+                       commits: bool) -> list[int]:
+        """Declares parted array ``name`` (``count`` slices of ``part_shape`` along the
+        rows' first dimension); returns each part's id."""
+
+    def bind_parted(self, consumer_id: int, name: str, step: int | None,
+                    transforms: str) -> None:
+        """Routes the part-by-part messages of ``consumer_id`` to parted array ``name``."""
+
+    def parted_rows(self, name: str) -> list[int]:
+        """Rows each part of parted array ``name`` has committed."""
+
+    def parted_names(self) -> list[str]:
+        """The parted arrays, in declaration order."""
+
+    def commit_parted(self, name: str, rows: int) -> None:
+        """Announces ``rows`` rows of parted array ``name`` in its ``zarr.json``."""
 
     def append(self, array_id: int, data: Any, step: int, device: int,
                transforms: str) -> None:

@@ -28,6 +28,7 @@ import numpy as np
 
 from . import _compat, portable, receiver, recording, settings
 from .placement import (Where, check_device_index, lower_global_call, lower_global_tap,
+                        lower_parted_record, lower_per_device_parted_record,
                         lower_per_device_call, where)
 from .primitives import (call_check_p, failure_message_p, host_call_p, host_callback_effect,
                          outside_call_p)
@@ -194,6 +195,15 @@ for _gpu in _GPUS:
 # ---- end of the GPU handlers -------------------------------------------------------------
 
 
+def _runs_here(ac: Any, device_index: int) -> bool:
+    """Whether device ``device_index`` of a global-view computation is this process's
+    (True when that cannot be told)."""
+    devices = getattr(ac, "device_assignment", None)
+    if not devices or device_index >= len(devices):
+        return True
+    return bool(devices[device_index].process_index == jax.process_index())
+
+
 def _consumer_id(ctx: Any, lease: receiver.Lease) -> int:
     # The module keeps the lease (and so the consumer) alive as long as any executable
     # compiled from it lives.
@@ -297,18 +307,34 @@ def _outside_call_lowering(ctx: Any, *args: Any, callback: CallbackSpec,
     context, ac = where(ctx)
     shard_parts = params.get("shard_parts")
     record = recording.is_record(callback)
+    if record and shard_parts is None and recording.partable(callback, transforms):
+        bind_params = dict(params, callback=callback, nr_tapped_args=nr_tapped_args,
+                           transforms=transforms)
+        if context is Where.GLOBAL and lower_parted_record(ctx, ac, args[:nr_tapped_args],
+                                                           bind_params):
+            return list(args)
+        if context is Where.PER_DEVICE and recording.is_shared(callback):
+            lower_per_device_parted_record(ctx, ac, args[:nr_tapped_args], bind_params)
+            return list(args)
     if context in (Where.GLOBAL, Where.PARTIAL_MANUAL) and shard_parts is None:
         if record:  # recorded through Python once joined; a clash raises here
             recording.declare_global(callback, transforms, ctx.avals_in[:nr_tapped_args])
         bind_params = dict(params, callback=callback, nr_tapped_args=nr_tapped_args,
                            transforms=transforms)
-        lower_global_tap(ctx, ac, args[:nr_tapped_args], bind_params)
+        # Gathered, a record is written by the process of device `device_index` alone.
+        with recording.gathered(_runs_here(ac, params["device_index"])):
+            lower_global_tap(ctx, ac, args[:nr_tapped_args], bind_params)
         return list(args)
     if context is Where.SINGLE:
         check_device_index(params["device_index"], 1, "run this computation")
     if record and shard_parts is None:  # a Rust sink takes the messages
         cid = _consumer_id(ctx, recording.consumer_lease(callback, transforms,
-                                                         ctx.avals_in[:nr_tapped_args]))
+                                                         ctx.avals_in[:nr_tapped_args],
+                                                         context is not Where.PER_DEVICE))
+    elif record and shard_parts is not None and shard_parts.parted:  # one part, to Rust
+        cid = _consumer_id(ctx, recording.parted_lease(callback, transforms,
+                                                       ctx.avals_in[:nr_tapped_args],
+                                                       shard_parts))
     else:
         cid = _tap_consumer_id(ctx, callback, transforms, shard_parts)
     receiver.ensure_started()

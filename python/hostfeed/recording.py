@@ -22,16 +22,18 @@ operand is what, :func:`lane_dims` how many leading dimensions are lanes.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 import threading
 from typing import Any, Optional
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import jax
 import numpy as np
 
-from . import _compat, keys, receiver, settings
+from . import _compat, coordination, keys, receiver, settings
 from .primitives import outside_call_p, outside_call_params
 from .runtime import CallbackSpec, make_tap_invoker, unpack_transforms
 
@@ -163,8 +165,9 @@ class _Target:
         for r, leaf in zip(rs, leaves):
             if r is not None and r != STEP:
                 value = np.ascontiguousarray(leaf).reshape(lanes, *leaf.shape[nb:])
-                values.append((self.recorder._declare(self.name + r, value.dtype,
-                                                      value.shape[1:]), value))
+                array_id = self.recorder._declare(self.name + r, value.dtype, value.shape[1:])
+                self.recorder._coord.claim(self.name + r)
+                values.append((array_id, value))
         for k in range(lanes):
             for array_id, value in values:
                 native.append(array_id, value[k].reshape(-1).view(np.uint8), steps[k],
@@ -220,6 +223,10 @@ class Recorder:
         power loss (default False: a killed process loses nothing flushed either way).
       commit_interval: seconds between announcements of written rows besides flushes.
       separator: chunk key separator, ``"/"`` (nested directories) or ``"."`` (flat).
+      coordination_timeout: under ``jax.distributed`` (every process opens the same
+        path and together they write one store; see README, "Many processes"), the
+        seconds ``close()`` (and a process opening the store) waits for the others
+        before raising ``RecordingError``.
 
     Raises:
       RecordingError: (an ``OSError``) the path cannot be created, or exists, or another
@@ -242,14 +249,31 @@ class Recorder:
     def __init__(self, path: Any, *, mode: str = "w-", compression: Optional[str] = None,
                  compression_level: int = 1, chunk_bytes: int = 16 << 20, writers: int = 2,
                  durable: bool = False, commit_interval: float = 1.0,
-                 separator: str = "/"):
+                 separator: str = "/", coordination_timeout: float = 60.0):
         # The receiver (and its exit handler, which closes recorders after draining) must
         # exist before any row can be recorded.
         receiver.ensure_started()
-        self._native = receiver.NativeRecorder(
-            _fspath(path), mode=mode, compression=compression, level=compression_level,
-            chunk_bytes=chunk_bytes, writers=writers, durable=durable,
-            commit_interval=commit_interval, separator=separator)
+        fspath = _fspath(path)
+        coord = coordination.Coordinator(fspath, coordination_timeout)
+        options: dict[str, Any] = dict(mode=mode, compression=compression, level=compression_level,
+                       chunk_bytes=chunk_bytes, writers=writers, durable=durable,
+                       commit_interval=commit_interval, separator=separator)
+        if not coord.shared:
+            self._native = receiver.NativeRecorder(fspath, **options)
+        elif coord.leader:
+            group = coord.new_group()
+            try:
+                self._native = receiver.NativeRecorder(fspath, **options, shared=group,
+                                                       leader=True)
+            except Exception as exc:
+                coord.announce(None, str(exc))
+                raise
+            coord.announce(group)
+        else:
+            self._native = receiver.NativeRecorder(fspath, **options, shared=coord.join(),
+                                                   leader=False)
+        self._coord = coord
+        coord.start(self._native, commit_interval)
         self._lock = threading.Lock()
         self._targets: dict[tuple[str, str], _Target] = {}
         self._declared: dict[tuple, int] = {}
@@ -314,7 +338,9 @@ class Recorder:
         self._native.check_name(name, np.ndim(operands[0]))
         if not _compat.is_tracer(operands[0]):
             # An eager record: its row is appended later, on the consumer thread; a shape or
-            # dtype clash is raised here, at the call, as under jit.
+            # dtype clash is raised here, at the call, as under jit (and, for a shared
+            # store, an array another process writes).
+            self._coord.claim(name)
             self._declare(name, jax.dtypes.canonicalize_dtype(operands[0].dtype),
                           np.shape(operands[0]))
         if step is not None:
@@ -355,6 +381,7 @@ class Recorder:
             raise receiver.ReceiverTimeoutError(
                 f"hostfeed: Recorder.flush timed out after {timeout} s with rows of "
                 f"{self.path} still being written")
+        self._coord.commit(self._native)
         self._raise_unseen()
         if failed_run is not None:
             raise failed_run
@@ -371,8 +398,17 @@ class Recorder:
         finally:
             with _open_lock:
                 _open.discard(self)
-            self._native.close()
+            self._close_native()
         self._raise_unseen()
+
+    def _close_native(self) -> None:
+        """Writes every row, agrees with the other processes (a shared store), closes."""
+        try:
+            self._native.flush(None)
+            self._coord.close(self._native)
+        finally:
+            self._coord.stop()
+            self._native.close()
 
     def stats(self) -> dict[str, int]:
         """Counters: rows received, bytes and chunks written, spills (partial chunks
@@ -383,7 +419,14 @@ class Recorder:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        self.close()
+        if exc_info[0] is None:
+            self.close()
+            return
+        try:  # leaving on an exception: that one propagates, a recording error is logged
+            self.close()
+        except receiver.RecordingError as exc:
+            receiver.logger.error("hostfeed: closing %r while an exception propagates: %s",
+                                  self, exc)
 
     def __repr__(self) -> str:
         return f"hostfeed.Recorder({self.path!r}{', closed' if self.closed else ''})"
@@ -418,10 +461,28 @@ class Recorder:
         with self._lock:
             array_id = self._declared.get(key)
         if array_id is None:
-            array_id = int(self._native.declare(name, _dtype_code(dtype), list(key[2])))
+            code = _dtype_code(dtype)
+            self._coord.declare(name, {"dtype": key[1], "shape": list(key[2]),
+                                       "layout": "rows"})
+            array_id = int(self._native.declare(name, code, list(key[2])))
             with self._lock:
                 self._declared[key] = array_id
         return array_id
+
+    def _declare_parted(self, name: str, dtype: Any, part_shape: Sequence[int],
+                        count: int) -> None:
+        """Declares parted array ``name`` (``count`` parts of ``part_shape``)."""
+        key = (name, np.dtype(dtype).name, tuple(int(d) for d in part_shape), count)
+        with self._lock:
+            if key in self._declared:
+                return
+        code = _dtype_code(dtype)
+        shape = [key[2][0] * count, *key[2][1:]]
+        self._coord.declare(name, {"dtype": key[1], "shape": shape, "layout": "parts",
+                                   "parts": count})
+        self._native.declare_parted(name, code, list(key[2]), count, self._coord.leader)
+        with self._lock:
+            self._declared[key] = -1
 
 
 def _fspath(path: Any) -> str:
@@ -509,15 +570,81 @@ def declare_global(spec: CallbackSpec, transforms: tuple, avals: Sequence[Any]) 
     _declare_operands(spec, transforms, avals)
 
 
+#: While a global-view record is lowered by the gathering scheme: whether the device that
+#: records it is this process's (then this process writes its arrays).
+_gathered: contextvars.ContextVar[Optional[bool]] = contextvars.ContextVar(
+    "hostfeed_gathered", default=None)
+
+
+@contextlib.contextmanager
+def gathered(here: bool) -> Iterator[None]:
+    """Marks the lowering of a gathered global-view record (see :data:`_gathered`)."""
+    token = _gathered.set(here)
+    try:
+        yield
+    finally:
+        _gathered.reset(token)
+
+
+#: Records of global values are written part by part (issue 26). Benches set it False
+#: to measure the path before it (joined in the process of ``device_index``).
+_PARTED = True
+
+
+def partable(spec: CallbackSpec, transforms: tuple) -> bool:
+    """Whether a record can be written part by part (issue 26): a plain record (no
+    transformation), not in inline mode."""
+    return _PARTED and is_record(spec) and not transforms and not settings.inline()
+
+
+def is_shared(spec: CallbackSpec) -> bool:
+    """Whether a record's recorder is shared by the processes of a jax.distributed run."""
+    return bool(spec.func.recorder._coord.shared)
+
+
+def parted_lease(spec: CallbackSpec, transforms: tuple, avals: Sequence[Any],
+                 parts: Any) -> receiver.Lease:
+    """A lease on the consumer id of one part of a parted record (operands ``[group,
+    part]``, the value's slice, the step if any): the array is declared (a clash raises
+    here, at the call site, in the process where it differs) and the id bound to the
+    parted array's Rust sink."""
+    target: _Target = spec.func
+    rec = target.recorder
+    if rec.closed:
+        raise ValueError(f"hostfeed: a computation records {target.name!r} to a closed "
+                         f"recorder ({rec.path})")
+    value = avals[1]
+    part_shape = (1, *value.shape) if parts.per_device else tuple(value.shape)
+    rec._declare_parted(target.name, value.dtype, part_shape, parts.n_parts)
+    step = 2 if spec.kind == KIND_WITH_STEP else None
+    key = (spec, transforms, tuple((tuple(a.shape), np.dtype(a.dtype).name) for a in avals),
+           "parted", parts)
+
+    def make() -> receiver.Consumer:
+        return receiver.Consumer(make_tap_invoker(spec, transforms), spec.name, "tap")
+
+    lease = receiver.register(key, make)
+    rec._native.bind_parted(lease.cid, target.name, step, _transforms_json(transforms))
+    return lease
+
+
 def consumer_lease(spec: CallbackSpec, transforms: tuple,
-                   avals: Sequence[Any]) -> receiver.Lease:
+                   avals: Sequence[Any], alone: bool = False) -> receiver.Lease:
     """A lease on the consumer id of a record lowered on one device or per device: its
     arrays are declared (a clash raises here, at the call site) and the id is bound to a
-    Rust sink."""
+    Rust sink. ``alone``: on one device, so each process that runs it writes the arrays
+    (claimed for this process when the recorder is shared)."""
     target: _Target = spec.func
     if target.recorder.closed:
         raise ValueError(f"hostfeed: a computation records {target.name!r} to a closed "
                          f"recorder ({target.recorder.path})")
+    gathered_here = _gathered.get()
+    if gathered_here if gathered_here is not None else (alone or target.recorder._coord.shared):
+        # Claimed first: a declaration must not touch an array another process writes.
+        names = [target.name + r for r in roles(spec.kind, [t[0] for t in transforms],
+                                                len(avals)) if r is not None and r != STEP]
+        for n in names:
+            target.recorder._coord.claim(n)
     ids, step, lanes = _declare_operands(spec, transforms, avals)
     key = (spec, transforms, tuple((tuple(a.shape), np.dtype(a.dtype).name) for a in avals),
            KIND)
@@ -547,6 +674,7 @@ def _flush_open() -> Optional[BaseException]:
     for rec in recorders:
         try:
             rec._native.flush(None)
+            rec._coord.commit(rec._native)
         except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
             first = first or exc
         first = first or rec._take_unseen()
@@ -560,7 +688,7 @@ def _close_open() -> None:
         _open.clear()
     for rec in recorders:
         try:
-            rec._native.close()
+            rec._close_native()
         except Exception as exc:  # noqa: BLE001 - logged; the other recorders still close
             receiver.logger.error("hostfeed: closing %r at exit: %s", rec, exc)
 

@@ -288,6 +288,11 @@ class ShardParts(NamedTuple):
     n_parts: int
     source: int
     whole_avals: tuple | None = None
+    #: A record written part by part, each part by its own process (issue 26): the
+    #: messages go to a Rust sink, never joined. ``per_device``: each device's whole value
+    #: is one part (a shard_map record under many processes).
+    parted: bool = False
+    per_device: bool = False
 
 
 class _Part(NamedTuple):

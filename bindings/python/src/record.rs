@@ -31,7 +31,7 @@ impl PyRecorder {
     /// Creates the store at `path` and starts its writer threads.
     #[new]
     #[pyo3(signature = (path, *, mode="w-", compression=None, level=1, chunk_bytes=16 << 20, writers=2,
-                        durable=false, commit_interval=1.0, separator="/"))]
+                        durable=false, commit_interval=1.0, separator="/", shared=None, leader=true))]
     #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)]
     fn new(
         py: Python<'_>,
@@ -44,6 +44,8 @@ impl PyRecorder {
         durable: bool,
         commit_interval: f64,
         separator: &str,
+        shared: Option<String>,
+        leader: bool,
     ) -> PyResult<Self> {
         let mode = match mode {
             "w-" | "x" => Mode::Create,
@@ -80,7 +82,12 @@ impl PyRecorder {
         let commit_interval = duration("commit_interval", Some(commit_interval))?.unwrap_or(Duration::MAX);
         let opts = Options { codec, chunk_bytes, writers, durable, commit_interval, sep };
         let budget: Arc<dyn Budget> = Arc::new(hub());
-        let inner = py.detach(|| Recorder::create(&path, mode, opts, budget)).py()?;
+        let inner = match shared {
+            None => py.detach(|| Recorder::create(&path, mode, opts, budget)).py()?,
+            Some(run) => {
+                py.detach(|| Recorder::create_shared(&path, mode, opts, budget, &run, leader)).py()?
+            }
+        };
         Ok(PyRecorder { inner })
     }
 
@@ -128,6 +135,52 @@ impl PyRecorder {
         let sink = self.inner.sink(&targets, step, transforms, lanes).py()?;
         sinks().bind(consumer_id, sink);
         Ok(())
+    }
+
+    /// Declares parted array `name` (issue 26): `count` parts, each a `part_shape` slice
+    /// along the first dimension of rows `[count * part_shape[0], ...]`; returns the part
+    /// handles' ids. `commits`: this process writes the array's `zarr.json`.
+    #[allow(clippy::needless_pass_by_value)]
+    fn declare_parted(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        dtype_code: i32,
+        part_shape: Vec<u64>,
+        count: u64,
+        commits: bool,
+    ) -> PyResult<Vec<usize>> {
+        py.detach(|| self.inner.declare_parted(name, dtype_code, &part_shape, count, commits)).py()
+    }
+
+    /// Routes the shard-by-shard messages of `consumer_id` (`[group, part]`, the slice,
+    /// the step at operand `step` if given) to parted array `name`.
+    #[pyo3(signature = (consumer_id, name, step, transforms))]
+    fn bind_parted(
+        &self,
+        consumer_id: i64,
+        name: &str,
+        step: Option<usize>,
+        transforms: &str,
+    ) -> PyResult<()> {
+        let sink = self.inner.parted_sink(name, step, transforms).py()?;
+        sinks().bind(consumer_id, sink);
+        Ok(())
+    }
+
+    /// Rows committed (data and metadata on disk) by each part of parted array `name`.
+    fn parted_rows(&self, name: &str) -> PyResult<Vec<u64>> {
+        self.inner.parted_rows(name).py()
+    }
+
+    /// The parted arrays' names, in declaration order.
+    fn parted_names(&self) -> Vec<String> {
+        self.inner.parted_names()
+    }
+
+    /// Announces `rows` rows of parted array `name` in its `zarr.json`.
+    fn commit_parted(&self, py: Python<'_>, name: &str, rows: u64) -> PyResult<()> {
+        py.detach(|| self.inner.commit_parted(name, rows)).py()
     }
 
     /// Records one row of array `array_id` from `data`, a C-contiguous buffer of its bytes

@@ -72,6 +72,8 @@ use crate::record::zarr::{self, io_error, ArraySpec, Codec, DType, ROW_METADATA}
 use crate::record::arrays::{ArrayHandle, ArrayState, Job, Payload, Pool, Row, RowMeta};
 use crate::record::sinks::{sinks, Sink};
 use crate::record::writer::meta_specs;
+mod parts;
+
 /// Index of an array in its recorder.
 pub(crate) type ArrayId = usize;
 
@@ -213,6 +215,11 @@ pub struct Recorder {
     pub(crate) failed_arrays: Mutex<Vec<ArrayId>>,
     /// Declared names (and the groups they imply), for clash checks in constant time.
     index: Mutex<NameIndex>,
+    /// The store is shared by the processes of one run: a declaration never replaces
+    /// an array's `zarr.json` (another process may have announced rows in it).
+    shared: bool,
+    /// Parted arrays (issue 26, `parts.rs`): name -> the id of each part's handle.
+    parted: Mutex<HashMap<String, Vec<ArrayId>>>,
     /// The lock on the store, released at close.
     pub(crate) store_lock: Mutex<Option<StoreLock>>,
     /// [`FORK_GENERATION`] when the recorder was opened.
@@ -304,13 +311,17 @@ fn check_existing(root: &Path, mode: Mode) -> Result<(), RecordError> {
 
 /// Makes `root` an empty directory held by the returned lock. A store another recorder
 /// holds is refused first (naming the holder), before anything is created or removed.
-fn prepare_root(root: &Path, mode: Mode) -> Result<StoreLock, RecordError> {
+fn prepare_root(root: &Path, mode: Mode, access: &Access) -> Result<StoreLock, RecordError> {
+    if matches!(access, Access::SharedMember { .. }) {
+        // A member of a shared store's run: its leader prepared the directory.
+        return StoreLock::acquire(root, access);
+    }
     StoreLock::check_free(root)?;
     if root.exists() {
         check_existing(root, mode)?;
     }
     fs::create_dir_all(root).map_err(|e| io_error("create", root, &e))?;
-    let held = StoreLock::acquire(root, Access::Exclusive)?;
+    let held = StoreLock::acquire(root, access)?;
     // Again under the lock: another process may have written meanwhile.
     check_existing(root, mode)?;
     // An earlier recording is replaced entry by entry: the directory (and the lock file
@@ -337,8 +348,41 @@ impl Recorder {
         opts: Options,
         budget: Arc<dyn Budget>,
     ) -> Result<Arc<Recorder>, RecordError> {
-        let held = prepare_root(root, mode)?;
-        zarr::write_json_atomic(root, &zarr::group_metadata(&root_attributes()), opts.durable)?;
+        Self::create_with(root, mode, opts, budget, &Access::Exclusive)
+    }
+
+    /// [`Recorder::create`] for a store shared by the processes of one `jax.distributed`
+    /// run (issue 26): `run` names the run; the leader (process 0) prepares the directory
+    /// and the others join its lock.
+    ///
+    /// # Errors
+    /// As [`Recorder::create`]; the store is held by someone outside the run.
+    pub fn create_shared(
+        root: &Path,
+        mode: Mode,
+        opts: Options,
+        budget: Arc<dyn Budget>,
+        run: &str,
+        leader: bool,
+    ) -> Result<Arc<Recorder>, RecordError> {
+        let group = run.to_string();
+        let access = if leader { Access::SharedLeader { group } } else { Access::SharedMember { group } };
+        Self::create_with(root, mode, opts, budget, &access)
+    }
+
+    fn create_with(
+        root: &Path,
+        mode: Mode,
+        opts: Options,
+        budget: Arc<dyn Budget>,
+        access: &Access,
+    ) -> Result<Arc<Recorder>, RecordError> {
+        let member = matches!(access, Access::SharedMember { .. });
+        let shared = !matches!(access, Access::Exclusive);
+        let held = prepare_root(root, mode, access)?;
+        if !member {
+            zarr::write_json_atomic(root, &zarr::group_metadata(&root_attributes()), opts.durable)?;
+        }
         let writers = opts.writers.max(1);
         let rec = Arc::new(Recorder {
             root: root.to_path_buf(),
@@ -351,6 +395,8 @@ impl Recorder {
             errors: Mutex::new(Vec::new()),
             failed_arrays: Mutex::new(Vec::new()),
             index: Mutex::new(NameIndex::default()),
+            shared,
+            parted: Mutex::new(HashMap::new()),
             store_lock: Mutex::new(Some(held)),
             fork_generation: FORK_GENERATION.load(Ordering::SeqCst),
             transforms: Mutex::new(vec!["[]".to_string()]),
@@ -512,6 +558,7 @@ impl Recorder {
             codec: self.opts.codec,
             dim_names,
             sep: self.opts.sep,
+            part: None,
         };
         let dir = group_dir.join(&leaf);
         let handle = ArrayHandle {
@@ -524,16 +571,21 @@ impl Recorder {
             state: Mutex::new(ArrayState::new()),
         };
         // Metadata arrays, then the data array, all with zero rows.
+        let keep = |dir: &Path| self.shared && dir.join("zarr.json").exists();
         for (suffix, mspec) in meta_specs(&handle.leaf) {
             let mdir = handle.group_dir.join(format!("{}.{suffix}", handle.leaf));
             fs::create_dir_all(&mdir).map_err(|e| io_error("create", &mdir, &e).context(&context))?;
-            zarr::write_json_atomic(&mdir, &mspec.metadata(0, &json!({})), durable)
-                .map_err(|e| e.context(&context))?;
+            if !keep(&mdir) {
+                zarr::write_json_atomic(&mdir, &mspec.metadata(0, &json!({})), durable)
+                    .map_err(|e| e.context(&context))?;
+            }
         }
         fs::create_dir_all(&handle.dir).map_err(|e| io_error("create", &handle.dir, &e).context(&context))?;
-        let attrs = self.attributes(&handle);
-        zarr::write_json_atomic(&handle.dir, &handle.spec.metadata(0, &attrs), durable)
-            .map_err(|e| e.context(&context))?;
+        if !keep(&handle.dir) {
+            let attrs = self.attributes(&handle);
+            zarr::write_json_atomic(&handle.dir, &handle.spec.metadata(0, &attrs), durable)
+                .map_err(|e| e.context(&context))?;
+        }
         let handle = Arc::new(handle);
         arrays.push(Arc::clone(&handle));
         index.arrays.insert(name.to_string(), handle.id);
@@ -602,6 +654,7 @@ impl Recorder {
             step,
             transforms: self.transforms_index(transforms),
             lanes,
+            parted: None,
         })
     }
 

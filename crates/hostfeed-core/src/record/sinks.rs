@@ -24,12 +24,18 @@ pub struct Sink {
     pub(crate) step: Option<usize>,
     pub(crate) transforms: i16,
     pub(crate) lanes: usize,
+    /// A parted array's sink (`recorder/parts.rs`): operand 0 is `[group, part]`, and the
+    /// message's rows go to that part's handle.
+    pub(crate) parted: Option<Vec<Arc<ArrayHandle>>>,
 }
 
 impl Sink {
     /// Routes one message whose bytes (`charged`) are still charged against the bound;
     /// the charge is released once its rows are written (or dropped).
     pub(crate) fn route(&self, msg: Message, charged: usize) {
+        if let Some(parts) = &self.parted {
+            return self.route_parted(parts, msg, charged);
+        }
         let rec = &self.recorder;
         let mut rows = Vec::with_capacity(self.targets.len());
         let mut problem = None;
@@ -78,7 +84,7 @@ impl Sink {
 }
 
 /// Up to `lanes` integers of operand `i` of `msg` (the step of each lane).
-fn read_steps(msg: &Message, i: usize, lanes: usize) -> Vec<i64> {
+pub(crate) fn read_steps(msg: &Message, i: usize, lanes: usize) -> Vec<i64> {
     let Some(op) = msg.arrays.get(i) else { return Vec::new() };
     let Some(size) = xla::element_size(op.dtype).filter(|&s| s <= 8) else { return Vec::new() };
     let n = (op.nbytes / size).min(lanes);

@@ -37,16 +37,33 @@ use crate::record::zarr::io_error;
 pub(crate) const LOCK_FILE: &str = ".hostfeed.lock";
 
 /// How a store is held.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Access {
     /// One recorder of one process writes the store; every other open is refused.
     Exclusive,
+    /// The processes of one `jax.distributed` run write the store together (issue 26):
+    /// the leader (process 0) takes the lock first and names the run (`group`) in the
+    /// holder record; members take it shared and are admitted only for the same group.
+    SharedLeader {
+        group: String,
+    },
+    SharedMember {
+        group: String,
+    },
 }
 
 impl Access {
-    fn name(self) -> &'static str {
+    fn name(&self) -> &'static str {
         match self {
             Access::Exclusive => "exclusive",
+            Access::SharedLeader { .. } | Access::SharedMember { .. } => "shared",
+        }
+    }
+
+    fn group(&self) -> Option<&str> {
+        match self {
+            Access::Exclusive => None,
+            Access::SharedLeader { group } | Access::SharedMember { group } => Some(group),
         }
     }
 }
@@ -56,19 +73,22 @@ impl Access {
 pub(crate) struct Holder {
     pub pid: u32,
     pub access: String,
+    /// The run of a shared store (its leader's `group`).
+    pub group: Option<String>,
     /// When the lock was taken (UNIX ns).
     pub since_ns: i64,
 }
 
 impl Holder {
     fn to_json(&self) -> Value {
-        json!({"pid": self.pid, "access": self.access, "since_ns": self.since_ns})
+        json!({"pid": self.pid, "access": self.access, "group": self.group, "since_ns": self.since_ns})
     }
 
     fn from_json(v: &Value) -> Option<Holder> {
         Some(Holder {
             pid: u32::try_from(v["pid"].as_u64()?).ok()?,
             access: v["access"].as_str().unwrap_or("exclusive").to_string(),
+            group: v["group"].as_str().map(str::to_string),
             since_ns: v["since_ns"].as_i64().unwrap_or(0),
         })
     }
@@ -82,6 +102,8 @@ pub(crate) struct StoreLock {
     file: File,
     path: PathBuf,
     pid: u32,
+    /// Removes the file at release (every holder but a shared store's members).
+    removes: bool,
 }
 
 fn flock(file: &File, op: libc::c_int) -> std::io::Result<()> {
@@ -112,6 +134,10 @@ fn busy(root: &Path, holder: Option<&Holder>) -> RecordError {
         Some(h) if h.pid == me => {
             format!("another hostfeed.Recorder of this process (pid {me}) has it open ({} access)", h.access)
         }
+        Some(Holder { pid, access, group: Some(g), .. }) => format!(
+            "the hostfeed.Recorders of another jax.distributed run (led by process {pid}, run {g}) \
+             have it open ({access} access)"
+        ),
         Some(h) => format!("a hostfeed.Recorder of process {} has it open ({} access)", h.pid, h.access),
         None => "another hostfeed.Recorder has it open (holder unknown)".to_string(),
     };
@@ -147,8 +173,11 @@ impl StoreLock {
     ///
     /// # Errors
     /// [`RecordError::Io`] with `EBUSY` naming the holder when someone holds it; I/O errors.
-    pub(crate) fn acquire(root: &Path, access: Access) -> Result<StoreLock, RecordError> {
+    pub(crate) fn acquire(root: &Path, access: &Access) -> Result<StoreLock, RecordError> {
         let path = root.join(LOCK_FILE);
+        if let Access::SharedMember { group } = access {
+            return Self::join(root, &path, group);
+        }
         loop {
             let file = OpenOptions::new()
                 .read(true)
@@ -171,12 +200,42 @@ impl StoreLock {
                 Ok(now) if now.ino() == ours.ino() && now.dev() == ours.dev() => {}
                 _ => continue,
             }
-            let holder = Holder { pid: std::process::id(), access: access.name().into(), since_ns: now_ns() };
+            let holder = Holder {
+                pid: std::process::id(),
+                access: access.name().into(),
+                group: access.group().map(str::to_string),
+                since_ns: now_ns(),
+            };
             let mut f = &file;
             file.set_len(0).map_err(|e| io_error("write", &path, &e))?;
             f.write_all(holder.to_json().to_string().as_bytes()).map_err(|e| io_error("write", &path, &e))?;
-            return Ok(StoreLock { file, path, pid: holder.pid });
+            if access.group().is_some() {
+                // A shared store's leader: the members of its run take the lock shared too.
+                // (Linux converts a flock by releasing and retaking it; an opener that
+                // slips in between takes it exclusive and the leader's call fails busy.)
+                flock(&file, libc::LOCK_SH | libc::LOCK_NB).map_err(|e| io_error("lock", &path, &e))?;
+            }
+            return Ok(StoreLock { file, path, pid: holder.pid, removes: true });
         }
+    }
+
+    /// A member of a shared store's run joins the lock its leader took.
+    fn join(root: &Path, path: &Path, group: &str) -> Result<StoreLock, RecordError> {
+        let file =
+            OpenOptions::new().read(true).open(path).map_err(|e| io_error("open the lock file", path, &e))?;
+        match flock(&file, libc::LOCK_SH | libc::LOCK_NB) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
+                return Err(busy(root, read_holder(path).as_ref()));
+            }
+            Err(e) => return Err(io_error("lock", path, &e)),
+        }
+        let holder = read_holder(path);
+        if holder.as_ref().and_then(|h| h.group.as_deref()) != Some(group) {
+            let _ = flock(&file, libc::LOCK_UN);
+            return Err(busy(root, holder.as_ref()));
+        }
+        Ok(StoreLock { file, path: path.to_path_buf(), pid: std::process::id(), removes: false })
     }
 }
 
@@ -184,7 +243,9 @@ impl Drop for StoreLock {
     fn drop(&mut self) {
         if std::process::id() == self.pid {
             // Removed while held, so that nobody locks the file we are about to release.
-            let _ = fs::remove_file(&self.path);
+            if self.removes {
+                let _ = fs::remove_file(&self.path);
+            }
             let _ = flock(&self.file, libc::LOCK_UN);
         }
         // In a forked child the descriptor is closed without unlocking: the lock belongs
@@ -201,16 +262,36 @@ mod tests {
         let root = std::env::temp_dir().join(format!("hostfeed_lock_{}", std::process::id()));
         let _ = fs::remove_dir_all(&root);
         fs::create_dir_all(&root).unwrap();
-        let first = StoreLock::acquire(&root, Access::Exclusive).unwrap();
-        let e = StoreLock::acquire(&root, Access::Exclusive).unwrap_err();
+        let first = StoreLock::acquire(&root, &Access::Exclusive).unwrap();
+        let e = StoreLock::acquire(&root, &Access::Exclusive).unwrap_err();
         assert!(matches!(e, RecordError::Io { errno: Some(libc::EBUSY), .. }), "{e}");
         assert!(e.to_string().contains(&format!("pid {}", std::process::id())), "{e}");
         assert!(StoreLock::check_free(&root).is_err());
         drop(first);
         assert!(!root.join(LOCK_FILE).exists(), "the lock file is removed at release");
         StoreLock::check_free(&root).unwrap();
-        let again = StoreLock::acquire(&root, Access::Exclusive).unwrap();
+        let again = StoreLock::acquire(&root, &Access::Exclusive).unwrap();
         drop(again);
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_shared_store_admits_its_run_and_refuses_others() {
+        let root = std::env::temp_dir().join(format!("hostfeed_lock_shared_{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(&root).unwrap();
+        let run = |g: &str| g.to_string();
+        let leader = StoreLock::acquire(&root, &Access::SharedLeader { group: run("a") }).unwrap();
+        let member = StoreLock::acquire(&root, &Access::SharedMember { group: run("a") }).unwrap();
+        let other = StoreLock::acquire(&root, &Access::SharedMember { group: run("b") }).unwrap_err();
+        assert!(matches!(other, RecordError::Io { errno: Some(libc::EBUSY), .. }), "{other}");
+        let e = StoreLock::acquire(&root, &Access::Exclusive).unwrap_err();
+        assert!(matches!(e, RecordError::Io { errno: Some(libc::EBUSY), .. }), "{e}");
+        assert!(StoreLock::acquire(&root, &Access::SharedLeader { group: run("b") }).is_err());
+        drop(member);
+        assert!(root.join(LOCK_FILE).exists(), "a member leaves the file to its leader");
+        drop(leader);
+        assert!(!root.join(LOCK_FILE).exists());
         fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -405,3 +405,57 @@ fn jobs_of_one_chunk_run_in_order() {
     p.running.retain(|k| *k != (0, 0));
     assert_eq!(p.next_job().map(|j| j.first_row), Some(3));
 }
+
+/// A parted record message: `[group, part]`, then the part's slice and the step.
+fn part_message(part: i32, values: &[i32], step: i32, device: i32) -> Message {
+    let meta = [0i32, part];
+    let ops = [
+        Operand { dtype: xla::S32, data: meta.as_ptr().cast(), dims: &[2] },
+        Operand { dtype: xla::S32, data: values.as_ptr().cast(), dims: &[1, 2] },
+        Operand { dtype: xla::S32, data: std::ptr::from_ref(&step).cast(), dims: &[] },
+    ];
+    // SAFETY: every operand points at a live local of the described size.
+    unsafe { gather(7, 0, device, ops.iter().copied()) }.unwrap()
+}
+
+#[test]
+fn parted_arrays_write_each_part_in_its_own_chunks_and_announce_what_all_parts_have() {
+    let root = temp_root("parted");
+    let budget = Arc::new(Counter::default());
+    let opts = Options { chunk_bytes: 16, ..Options::default() }; // 8-byte slices, 2 rows a chunk
+    let rec = Recorder::create(&root, Mode::Create, opts, budget.clone()).unwrap();
+    let ids = rec.declare_parted("g/h", xla::S32, &[1, 2], 2, true).unwrap();
+    assert_eq!(ids.len(), 2);
+    assert_eq!(rec.declare_parted("g/h", xla::S32, &[1, 2], 2, true).unwrap(), ids);
+    let e = rec.declare_parted("g/h", xla::S32, &[1, 2], 4, true).unwrap_err().to_string();
+    assert!(e.contains("sharding"), "{e}");
+    let e = rec.declare("g/h", xla::S32, &[2, 2]).unwrap_err().to_string();
+    assert!(e.contains("first recorded"), "{e}");
+    assert_eq!(json_at(&root.join("g/h"))["shape"], json!([0, 2, 2]));
+    let sink = rec.parted_sink("g/h", Some(2), "[]").unwrap();
+    // Part 1 runs ahead of part 0: only the rows both parts have are announced.
+    for r in 0..3 {
+        budget.charge(100);
+        sink.route(part_message(1, &[10 * r + 1, 10 * r + 2], r, 5), 100);
+    }
+    budget.charge(100);
+    sink.route(part_message(0, &[0, 1], 0, 4), 100);
+    assert!(rec.flush(Duration::from_secs(30)).unwrap());
+    assert_eq!(rec.parted_rows("g/h").unwrap(), vec![1, 3]);
+    assert_eq!(json_at(&root.join("g/h"))["shape"], json!([0, 2, 2]), "nothing announced yet");
+    rec.commit_parted("g/h", 1).unwrap();
+    let meta = json_at(&root.join("g/h"));
+    assert_eq!(meta["shape"], json!([1, 2, 2]));
+    assert_eq!(meta["chunk_grid"]["configuration"]["chunk_shape"], json!([2, 1, 2]));
+    assert_eq!(json_at(&root.join("g/h.step"))["shape"], json!([1]));
+    // Part p's rows are in chunks c/k/p/0, in the bytes one writer of that part writes.
+    let part1 = fs::read(root.join("g/h/c/1/1/0")).unwrap();
+    assert_eq!(&part1[..8], &[21, 0, 0, 0, 22, 0, 0, 0]);
+    let part0 = fs::read(root.join("g/h/c/0/0/0")).unwrap();
+    assert_eq!(&part0[..8], &[0, 0, 0, 0, 1, 0, 0, 0]);
+    let device = fs::read(root.join("g/h.device/c/0")).unwrap();
+    assert_eq!(&device[..4], &[4, 0, 0, 0], "part 0 writes the row metadata");
+    rec.close().unwrap();
+    assert_eq!(budget.held.load(Ordering::SeqCst), 0);
+    fs::remove_dir_all(&root).unwrap();
+}

@@ -142,10 +142,20 @@ impl Recorder {
                 _ => meta.iter().flat_map(|m| m.transforms.to_le_bytes()).collect(),
             };
             let mdir = a.group_dir.join(format!("{}.{suffix}", a.leaf));
-            write_rows_in_place(&spec, &mdir, from, &values, durable)?;
-            zarr::write_json_atomic(&mdir, &spec.metadata(rows, &json!({})), durable)?;
+            match a.spec.part {
+                // A parted array: part 0 writes the rows' metadata; `zarr.json` is written
+                // by the store's committer once every part has its rows (`parts.rs`).
+                Some(p) if p.index != 0 => {}
+                Some(_) => write_rows_in_place(&spec, &mdir, from, &values, durable)?,
+                None => {
+                    write_rows_in_place(&spec, &mdir, from, &values, durable)?;
+                    zarr::write_json_atomic(&mdir, &spec.metadata(rows, &json!({})), durable)?;
+                }
+            }
         }
-        zarr::write_json_atomic(&a.dir, &a.spec.metadata(rows, &self.attributes(a)), durable)?;
+        if a.spec.part.is_none() {
+            zarr::write_json_atomic(&a.dir, &a.spec.metadata(rows, &self.attributes(a)), durable)?;
+        }
         st.committed = rows;
         st.last_commit = Instant::now();
         // Forget metadata that is on disk.
@@ -170,6 +180,7 @@ pub(crate) fn meta_specs(leaf: &str) -> impl Iterator<Item = (&'static str, Arra
             codec: Codec::Raw,
             dim_names: vec![Some(format!("{leaf}.row"))],
             sep: '/',
+            part: None,
         };
         (suffix, spec)
     })

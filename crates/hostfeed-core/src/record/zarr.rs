@@ -118,6 +118,19 @@ pub(crate) struct ArraySpec {
     pub(crate) dim_names: Vec<Option<String>>,
     /// Chunk key separator: `/` (nested directories `c/k/0/0`) or `.` (flat `c.k.0.0`).
     pub(crate) sep: char,
+    /// One part of a parted array (issue 26): rows of this spec are the slice `index` of
+    /// `count` equal slices along the row's first dimension; see [`Part`].
+    pub(crate) part: Option<Part>,
+}
+
+/// A slice of a parted array: the array's rows have shape `[count * row_shape[0],
+/// *row_shape[1..]]`, chunked `[chunk_rows, *row_shape]`, so that chunk `(k, index, 0...)`
+/// holds exactly rows `k * chunk_rows..` of slice `index` (the bytes a writer of that slice
+/// alone writes). Every process writes the chunks of the slices its devices hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Part {
+    pub(crate) index: u64,
+    pub(crate) count: u64,
 }
 
 /// Bytes of `shape` elements of `itemsize` bytes, if that fits in memory sizes.
@@ -144,6 +157,9 @@ impl ArraySpec {
     pub(crate) fn metadata(&self, rows: u64, attributes: &Value) -> Value {
         let mut shape = vec![rows];
         shape.extend(&self.row_shape);
+        if let (Some(p), Some(d0)) = (self.part, shape.get_mut(1)) {
+            *d0 *= p.count;
+        }
         let mut chunk = vec![self.chunk_rows];
         // Full rows per chunk; a zero-size dimension still needs a positive chunk extent.
         chunk.extend(self.row_shape.iter().map(|&d| d.max(1)));
@@ -178,16 +194,25 @@ impl ArraySpec {
     pub(crate) fn chunk_path(&self, array_dir: &Path, k: u64) -> PathBuf {
         if self.sep == '.' {
             let mut name = format!("c.{k}");
-            for _ in &self.row_shape {
-                name.push_str(".0");
+            for i in 0..self.row_shape.len() {
+                name.push('.');
+                name.push_str(&self.key_index(i).to_string());
             }
             return array_dir.join(name);
         }
         let mut p = array_dir.join("c").join(k.to_string());
-        for _ in &self.row_shape {
-            p.push("0");
+        for i in 0..self.row_shape.len() {
+            p.push(self.key_index(i).to_string());
         }
         p
+    }
+
+    /// The chunk index along row dimension `i` (the part's index along the first).
+    fn key_index(&self, i: usize) -> u64 {
+        match self.part {
+            Some(p) if i == 0 => p.index,
+            _ => 0,
+        }
     }
 }
 
@@ -323,6 +348,7 @@ mod tests {
             codec: Codec::Zstd(2),
             dim_names: vec![Some("h.row".into()), None, None],
             sep: '/',
+            part: None,
         };
         let m = spec.metadata(9, &json!({}));
         assert_eq!(m["shape"], json!([9, 3, 0]));
@@ -338,6 +364,15 @@ mod tests {
         let flat = ArraySpec { sep: '.', ..spec };
         assert_eq!(flat.chunk_path(Path::new("a"), 2), Path::new("a/c.2.0.0"));
         assert_eq!(flat.row_bytes(), 0);
+        let parted = ArraySpec { part: Some(Part { index: 2, count: 3 }), ..flat.clone() };
+        assert_eq!(parted.metadata(5, &json!({}))["shape"], json!([5, 9, 0]));
+        assert_eq!(
+            parted.metadata(5, &json!({}))["chunk_grid"]["configuration"]["chunk_shape"],
+            json!([4, 3, 1])
+        );
+        assert_eq!(parted.chunk_path(Path::new("a"), 1), Path::new("a/c.1.2.0"));
+        let nested = ArraySpec { sep: '/', ..parted };
+        assert_eq!(nested.chunk_path(Path::new("a"), 1), Path::new("a/c/1/2/0"));
     }
 
     #[test]

@@ -1,0 +1,149 @@
+"""Recording a sharded value from many processes into one Zarr store (issue 26): a
+float32 value of 4 MiB per step, sharded over 4 CPU devices, recorded under jit by 1, 2
+and 4 processes (`jax.distributed` on loopback, gloo), each process writing the chunks of
+its own devices' shards ("parts"), side by side with the path before issue 26
+("owner writes": the shards are moved to the process of device 0 with `ppermute`
+rounds, joined there and written by that process alone).
+
+Prints per configuration: rows (steps) per second until every row is on disk (steps +
+flush, the slowest process), the bytes the compiled step moves between processes (from
+its HLO: collective-permute / all-gather operands whose pair crosses processes), the
+collectives in the step, and the device-side cost of the record per message (hostfeed's
+timing histogram: the handler's time on the device thread, median).
+
+Run: python benches/shared_store.py   (starts the worker processes itself)
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+N_DEV = 4
+ELEMS = 1 << 20  # float32: 4 MiB per step, 1 MiB per device
+STEPS = int(os.environ.get("HOSTFEED_BENCH_STEPS", 40))
+TIMEOUT = 600.0
+
+_spec = importlib.util.spec_from_file_location(
+    "_mp_bench", os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiprocess.py"))
+_mp = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_mp)  # type: ignore[union-attr]
+between_processes = _mp.between_processes
+
+
+def worker(process_id: int, n_proc: int, port: int, mode: str, path: str) -> None:
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={N_DEV // n_proc}"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax
+
+    if n_proc > 1:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=n_proc,
+                                   process_id=process_id, initialization_timeout=60)
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    import hostfeed
+    from hostfeed import receiver, recording
+    from hostfeed.bench import summary_of_buckets
+
+    recording._PARTED = mode == "parts"
+    mesh = jax.make_mesh((N_DEV,), ("x",))
+    whole = np.arange(ELEMS, dtype=np.float32)
+    x = jax.make_array_from_callback(whole.shape, NamedSharding(mesh, P("x")),
+                                     lambda idx: whole[idx])
+    process_of = [d.process_index for d in mesh.devices.flat]
+    with hostfeed.Recorder(path, mode="w") as rec:
+        # No step: then the path before issue 26 goes shard by shard (ppermute rounds to
+        # the owner process), its cheaper scheme; a step would make it gather.
+        f = jax.jit(lambda v, s: rec.record("h", v))
+        hlo = f.lower(x, 0).compile().as_text()
+        moved = between_processes(hlo, process_of)
+        n_coll = sum(hlo.count(op + "(") + hlo.count(op + "-start(")
+                     for op in ("collective-permute", "all-gather", "all-reduce"))
+        for s in range(3):  # warm-up
+            f(x, s).block_until_ready()
+        rec.flush()
+        receiver.set_timing(True)
+        receiver.reset_histograms()
+        start = time.perf_counter()
+        for s in range(STEPS):
+            f(x, s)
+        rec.flush()
+        elapsed = time.perf_counter() - start
+        device = summary_of_buckets(receiver.histograms()["device_ns"], 1e-3)
+    print("RESULT " + json.dumps({"seconds": elapsed, "moved": moved, "collectives": n_coll,
+                                  "device_us": device.get("p50"),
+                                  "messages": device.get("count")}), flush=True)
+
+
+def launch(n_proc: int, mode: str) -> list[dict]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tmp = tempfile.mkdtemp(prefix="hostfeed-shared-bench-")
+    path = os.path.join(tmp, "run.zarr")
+    try:
+        with contextlib.ExitStack() as files:
+            procs, outs = [], []
+            for i in range(n_proc):
+                out = files.enter_context(open(os.path.join(tmp, f"{i}.out"), "w+"))
+                outs.append(out)
+                procs.append(subprocess.Popen(
+                    [sys.executable, __file__, "--worker", str(i), str(n_proc), str(port),
+                     mode, path], stdout=out, stderr=subprocess.STDOUT,
+                    start_new_session=True))
+            try:
+                for p in procs:
+                    p.wait(TIMEOUT)
+            finally:
+                for p in procs:
+                    if p.poll() is None:
+                        os.killpg(p.pid, signal.SIGKILL)
+                        p.wait()
+            results = []
+            for out, p in zip(outs, procs):
+                out.seek(0)
+                text = out.read()
+                found = [line for line in text.splitlines() if line.startswith("RESULT ")]
+                if p.returncode != 0 or not found:
+                    raise SystemExit(f"worker failed (rc={p.returncode}):\n{text[-4000:]}")
+                results.append(json.loads(found[0][len("RESULT "):]))
+            return results
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> None:
+    import jax
+
+    print(f"jax {jax.__version__}; float32[{ELEMS}] = {ELEMS * 4 / 2**20:.0f} MiB per step "
+          f"sharded over {N_DEV} CPU devices; {STEPS} steps then flush, slowest process")
+    print(f"{'configuration':<34}{'rows/s':>9}{'vs 1 process':>14}{'MiB moved/step':>16}"
+          f"{'collectives':>13}{'device us/msg':>15}")
+    base = None
+    for n_proc in (1, 2, 4):
+        for mode in ("parts", "owner"):
+            res = launch(n_proc, mode)
+            rate = STEPS / max(r["seconds"] for r in res)
+            base = base or rate
+            label = f"{n_proc} process(es), {'parts' if mode == 'parts' else 'owner writes'}"
+            dev = max((r["device_us"] or 0.0) for r in res if r["messages"])
+            print(f"{label:<34}{rate:>9.1f}{rate / base:>13.2f}x"
+                  f"{res[0]['moved'] / 2**20:>16.2f}{res[0]['collectives']:>13}{dev:>15.1f}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5],
+               sys.argv[6])
+    else:
+        main()
