@@ -1,4 +1,4 @@
-//! The CUDA platform: the XLA FFI handlers registered for `CUDA`, a [`Stream`] over the
+//! The CUDA platform: the XLA FFI handlers registered for `CUDA`, a [`Stream`](crate::gpu::Stream) over the
 //! CUDA driver API, and pinned memory for the pool.
 //!
 //! The driver is loaded at run time (`dlopen` of `libcuda.so.1`, every function hostfeed
@@ -33,7 +33,7 @@
 //! of the process: the pinned pool's memory and the pooled events belong to it, and JAX
 //! releases its own reference at exit (or when its client goes) while hostfeed's may
 //! still be in use. Should a device's context nevertheless be replaced (a primary context
-//! reset), the pool forgets its memory ([`PinnedPool::reset`]) and the old events.
+//! reset), the pool forgets its memory ([`PinnedPool::reset`](crate::gpu::pinned::PinnedPool::reset)) and the old events.
 //!
 //! Each tap records an event after its copies (from a pool of events per context, created
 //! with `CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC`); the device's courier thread

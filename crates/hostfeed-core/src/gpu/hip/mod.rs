@@ -1,4 +1,4 @@
-//! The ROCm platform: a [`Stream`] over the HIP runtime and pinned memory for the pool;
+//! The ROCm platform: a [`Stream`](crate::gpu::Stream) over the HIP runtime and pinned memory for the pool;
 //! the handlers registered for `ROCM` are the shared ones of `gpu/driver.rs` ([`Hip`]).
 //!
 //! The runtime is loaded at run time, never linked, so hostfeed builds and imports on
