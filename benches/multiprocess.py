@@ -116,17 +116,24 @@ def between_processes(hlo: str, process_of: list[int]) -> int:
     return total
 
 
-def launch(n_proc: int) -> list[dict]:
+def free_port() -> int:
+    """A free TCP port on loopback, for the coordination service."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as files:
+        return s.getsockname()[1]
+
+
+def run_workers(script: str, argvs: list[list[str]], tmp: str) -> list[dict]:
+    """Runs ``script --worker ARGS`` once per entry of ``argvs`` (one process each, their
+    output in ``tmp``), waits for all, and returns each one's ``RESULT {json}`` line; kills
+    every worker left over, and exits with a worker's output if one failed."""
+    with contextlib.ExitStack() as files:
         procs, outs = [], []
-        for i in range(n_proc):
+        for i, argv in enumerate(argvs):
             out = files.enter_context(open(os.path.join(tmp, f"{i}.out"), "w+"))
             outs.append(out)
             procs.append(subprocess.Popen(
-                [sys.executable, __file__, "--worker", str(i), str(n_proc), str(port)],
+                [sys.executable, script, "--worker", *argv],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
         try:
             for p in procs:
@@ -145,6 +152,13 @@ def launch(n_proc: int) -> list[dict]:
                 raise SystemExit(f"worker failed (rc={p.returncode}):\n{text[-4000:]}")
             results.append(json.loads(found[0][len("RESULT "):]))
         return results
+
+
+def launch(n_proc: int) -> list[dict]:
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        return run_workers(__file__, [[str(i), str(n_proc), str(port)] for i in range(n_proc)],
+                           tmp)
 
 
 def main() -> None:

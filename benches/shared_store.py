@@ -15,14 +15,10 @@ Run: python benches/shared_store.py   (starts the worker processes itself)
 """
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +26,6 @@ import time
 N_DEV = 4
 ELEMS = 1 << 20  # float32: 4 MiB per step, 1 MiB per device
 STEPS = int(os.environ.get("HOSTFEED_BENCH_STEPS", 40))
-TIMEOUT = 600.0
 
 _spec = importlib.util.spec_from_file_location(
     "_mp_bench", os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiprocess.py"))
@@ -86,38 +81,12 @@ def worker(process_id: int, n_proc: int, port: int, mode: str, path: str) -> Non
 
 
 def launch(n_proc: int, mode: str) -> list[dict]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _mp.free_port()
     tmp = tempfile.mkdtemp(prefix="hostfeed-shared-bench-")
     path = os.path.join(tmp, "run.zarr")
     try:
-        with contextlib.ExitStack() as files:
-            procs, outs = [], []
-            for i in range(n_proc):
-                out = files.enter_context(open(os.path.join(tmp, f"{i}.out"), "w+"))
-                outs.append(out)
-                procs.append(subprocess.Popen(
-                    [sys.executable, __file__, "--worker", str(i), str(n_proc), str(port),
-                     mode, path], stdout=out, stderr=subprocess.STDOUT,
-                    start_new_session=True))
-            try:
-                for p in procs:
-                    p.wait(TIMEOUT)
-            finally:
-                for p in procs:
-                    if p.poll() is None:
-                        os.killpg(p.pid, signal.SIGKILL)
-                        p.wait()
-            results = []
-            for out, p in zip(outs, procs):
-                out.seek(0)
-                text = out.read()
-                found = [line for line in text.splitlines() if line.startswith("RESULT ")]
-                if p.returncode != 0 or not found:
-                    raise SystemExit(f"worker failed (rc={p.returncode}):\n{text[-4000:]}")
-                results.append(json.loads(found[0][len("RESULT "):]))
-            return results
+        return _mp.run_workers(
+            __file__, [[str(i), str(n_proc), str(port), mode, path] for i in range(n_proc)], tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

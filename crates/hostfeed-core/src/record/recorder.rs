@@ -278,6 +278,18 @@ fn is_recording(root: &Path) -> bool {
 }
 
 /// The entries of `root` besides the lock file (`None`: `root` is not a readable directory).
+/// Where a new array lives and how it is chunked ([`Recorder::lay_out`]).
+pub(crate) struct Layout {
+    /// The directory of the group that holds it.
+    pub(crate) group_dir: PathBuf,
+    /// Its name in that group.
+    pub(crate) leaf: String,
+    /// Rows per chunk.
+    pub(crate) chunk_rows: u64,
+    /// Its dimension names: `LEAF.row`, then `LEAF.d0`, ...
+    pub(crate) dim_names: Vec<Option<String>>,
+}
+
 fn entries(root: &Path) -> Option<Vec<PathBuf>> {
     let d = fs::read_dir(root).ok()?;
     Some(d.filter_map(Result::ok).filter(|e| e.file_name() != LOCK_FILE).map(|e| e.path()).collect())
@@ -470,6 +482,39 @@ impl Recorder {
         RecordError::Closed(format!("the recorder of {} is closed", self.root.display()))
     }
 
+    /// Where a new array named by `parts` lives and how it is chunked, for rows of
+    /// `row_shape` (`shown`: the shape an error names): creates the groups above it that do
+    /// not exist yet; returns its group directory, leaf name, rows per chunk and dimension
+    /// names.
+    pub(crate) fn lay_out(
+        &self,
+        parts: &[&str],
+        row_shape: &[u64],
+        shown: &[u64],
+        itemsize: usize,
+        context: &str,
+    ) -> Result<Layout, RecordError> {
+        let mut group_dir = self.root.clone();
+        for g in &parts[..parts.len() - 1] {
+            group_dir.push(g);
+            if !group_dir.join("zarr.json").exists() {
+                fs::create_dir_all(&group_dir)
+                    .map_err(|e| io_error("create", &group_dir, &e).context(context))?;
+                zarr::write_json_atomic(&group_dir, &zarr::group_metadata(&json!({})), self.opts.durable)
+                    .map_err(|e| e.context(context))?;
+            }
+        }
+        let leaf = parts[parts.len() - 1].to_string();
+        let row_bytes = zarr::nbytes(row_shape, itemsize).ok_or_else(|| {
+            RecordError::Invalid(format!("{context}: rows of shape {shown:?} are too large"))
+        })?;
+        let target = self.opts.chunk_bytes.min(self.budget.bound() / 4).max(1);
+        let chunk_rows = as_u64((target / row_bytes.max(1)).max(1));
+        let mut dim_names = vec![Some(format!("{leaf}.row"))];
+        dim_names.extend((0..row_shape.len()).map(|i| Some(format!("{leaf}.d{i}"))));
+        Ok(Layout { group_dir, leaf, chunk_rows, dim_names })
+    }
+
     /// Checks a record name for an array with rows of `ndim` dimensions: `zarr::split_name`,
     /// and that every path it makes stays under `PATH_MAX`. Creates nothing.
     ///
@@ -533,24 +578,8 @@ impl Recorder {
         }
         let context = format!("recording {name:?}");
         let durable = self.opts.durable;
-        let mut group_dir = self.root.clone();
-        for g in &parts[..parts.len() - 1] {
-            group_dir.push(g);
-            if !group_dir.join("zarr.json").exists() {
-                fs::create_dir_all(&group_dir)
-                    .map_err(|e| io_error("create", &group_dir, &e).context(&context))?;
-                zarr::write_json_atomic(&group_dir, &zarr::group_metadata(&json!({})), durable)
-                    .map_err(|e| e.context(&context))?;
-            }
-        }
-        let leaf = parts[parts.len() - 1].to_string();
-        let row_bytes = zarr::nbytes(row_shape, dtype.itemsize).ok_or_else(|| {
-            RecordError::Invalid(format!("{context}: rows of shape {row_shape:?} are too large"))
-        })?;
-        let target = self.opts.chunk_bytes.min(self.budget.bound() / 4).max(1);
-        let chunk_rows = as_u64((target / row_bytes.max(1)).max(1));
-        let mut dim_names = vec![Some(format!("{leaf}.row"))];
-        dim_names.extend((0..row_shape.len()).map(|i| Some(format!("{leaf}.d{i}"))));
+        let Layout { group_dir, leaf, chunk_rows, dim_names } =
+            self.lay_out(&parts, row_shape, row_shape, dtype.itemsize, &context)?;
         let spec = ArraySpec {
             dtype,
             row_shape: row_shape.to_vec(),

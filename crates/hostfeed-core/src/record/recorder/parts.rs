@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::json;
 
-use super::{as_u64, as_usize, read_lock, write_lock, ArrayId, Recorder};
+use super::{as_u64, as_usize, read_lock, write_lock, ArrayId, Layout, Recorder};
 use crate::error::RecordError;
 use crate::ffi::c_api::dtype as xla;
 use crate::host::message::Message;
@@ -86,25 +86,8 @@ impl Recorder {
                 "record name {name:?} clashes with {p:?}: a name cannot be both an array and a group"
             )));
         }
-        let durable = self.opts.durable;
-        let mut group_dir = self.root.clone();
-        for g in &parts[..parts.len() - 1] {
-            group_dir.push(g);
-            if !group_dir.join("zarr.json").exists() {
-                fs::create_dir_all(&group_dir)
-                    .map_err(|e| io_error("create", &group_dir, &e).context(&context))?;
-                zarr::write_json_atomic(&group_dir, &zarr::group_metadata(&json!({})), durable)
-                    .map_err(|e| e.context(&context))?;
-            }
-        }
-        let leaf = parts[parts.len() - 1].to_string();
-        let row_bytes = zarr::nbytes(part_shape, dtype.itemsize).ok_or_else(|| {
-            RecordError::Invalid(format!("{context}: rows of shape {global:?} are too large"))
-        })?;
-        let target = self.opts.chunk_bytes.min(self.budget.bound() / 4).max(1);
-        let chunk_rows = as_u64((target / row_bytes.max(1)).max(1));
-        let mut dim_names = vec![Some(format!("{leaf}.row"))];
-        dim_names.extend((0..part_shape.len()).map(|i| Some(format!("{leaf}.d{i}"))));
+        let Layout { group_dir, leaf, chunk_rows, dim_names } =
+            self.lay_out(&parts, part_shape, &global, dtype.itemsize, &context)?;
         let dir = group_dir.join(&leaf);
         let mut ids = Vec::new();
         for p in 0..count {
