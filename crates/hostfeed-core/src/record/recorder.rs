@@ -795,12 +795,14 @@ impl Recorder {
         for a in &arrays {
             let mut st = lock(&a.state);
             if !st.pending.is_empty() {
+                if !any {
+                    // Counted before the first job is submitted: a writer may finish it (and
+                    // release its bytes) before this loop ends.
+                    self.spills.fetch_add(1, Ordering::Relaxed);
+                    any = true;
+                }
                 self.submit(a, &mut st, true);
-                any = true;
             }
-        }
-        if any {
-            self.spills.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
