@@ -69,6 +69,11 @@ class BatchIter:
 
     def __iter__(self) -> Iterator[_Message]: ...
     def __next__(self) -> _Message: ...
+    def run_taps(self, consumers: dict[int, Any],
+                 failed: Callable[[BaseException, Any], object]) -> int:
+        """Runs the plain taps at the head of the batch (``consumer.invoke(arrays,
+        device)`` for each, exceptions to ``failed(exception, consumer)``); stops at the
+        first other message. Returns how many ran."""
 
 @final
 class Reply:

@@ -340,6 +340,11 @@ def take_last_exception() -> tuple[BaseException, str] | None:
 Message = tuple  # (consumer_id, device_ordinal, flags, arrays, reply_or_None, run_id)
 
 
+def _tap_failed(exc: BaseException, consumer: Any) -> None:
+    """Records the exception a tap function raised (``BatchIter.run_taps`` calls this)."""
+    record_exception(exc, f"host callback {consumer.name}")
+
+
 class _Dispatcher:
     """Runs batches of messages, in queue order, on the consumer thread.
 
@@ -381,6 +386,17 @@ class _Dispatcher:
             self._traced(consumers, batch)
             return
         held, orphans = self.held, self.orphans  # (mutated in place, never rebound)
+        run_taps = getattr(batch, "run_taps", None)
+        if run_taps is not None:
+            # The receiver's batch: the plain taps at its head run in Rust, whenever no
+            # device is held; whatever stops them (another kind of message) runs here.
+            while True:
+                if not held and not orphans:
+                    run_taps(consumers, _tap_failed)
+                msg = next(batch, None)  # type: ignore[call-overload]
+                if msg is None:
+                    return
+                self._offer(consumers, msg)
         for msg in batch:
             # The common case first, with nothing else to look at: a plain tap (no flags) of
             # a registered consumer, while no device is held.

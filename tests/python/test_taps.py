@@ -378,3 +378,45 @@ def test_ignored_tap_in_a_loop_body_and_a_branch_keeps_values_and_order():
     assert [t for t, _ in got] == [t for t, _ in expect]
     np.testing.assert_allclose([v for _, v in got], [v for _, v in expect], rtol=1e-5)
     np.testing.assert_allclose(float(out), c, rtol=1e-5)
+
+
+def test_a_batch_mixing_taps_calls_and_failures_runs_each_once_in_program_order():
+    # The dispatcher runs runs of plain taps in Rust and everything else in Python: taps of
+    # several functions, taps with the device, calls and a failing tap interleave in one
+    # loop, and each runs once, in program order; the failure is raised by barrier_wait
+    # and does not stop the taps after it.
+    seen = []
+
+    def plain(tag):
+        return lambda a, transforms: seen.append((tag, int(a)))
+
+    def with_device(a, transforms, *, device):
+        seen.append(("dev", int(a)))
+
+    def host_call(a):
+        seen.append(("call", int(a)))
+        return a + 1
+
+    def fails(a, transforms):
+        seen.append(("fails", int(a)))
+        if int(a) == 3:
+            raise ValueError("tap 3 failed")
+
+    @jax.jit
+    def f(x):
+        def body(i, x):
+            x = hcb.id_tap(plain("a"), x)
+            x = hcb.id_tap(plain("b"), x)
+            x = hcb.id_tap(with_device, x, tap_with_device=True)
+            x = hcb.id_tap(fails, x)
+            x = hcb.id_tap(plain("a"), x)
+            return hcb.call(host_call, x, result_shape=x)
+        return lax.fori_loop(0, 6, body, x)
+
+    assert int(f(jnp.int32(0))) == 6
+    with pytest.raises(hcb.CallbackException) as info:
+        hcb.barrier_wait()
+    assert "tap 3 failed" in str(info.value.__cause__ or info.value)
+    expected = [(tag, i) for i in range(6)
+                for tag in ("a", "b", "dev", "fails", "a", "call")]
+    assert seen == expected

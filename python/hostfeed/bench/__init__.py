@@ -48,7 +48,9 @@ JSON schema (``--json``), version ``hostfeed-bench/1``: an object with ``schema`
 
 * ``latency``: ``{"payload", "taps", "methods": {name: {"device_us": distribution,
   "device_cdf_us": CDF, "handover_us": distribution or null, "handover_cdf_us": CDF (hostfeed
-  only), "device_side_per_tap_us", "end_to_end_per_tap_us"}}}``
+  only), "device_side_per_tap_us", "end_to_end_per_tap_us"}}, "floors": {"xla_custom_call",
+  "numpy"}}`` (floors in µs per tap: XLA calling a handler that does nothing in the same
+  loop; copying the bytes and calling the function in Python)
 * ``sweep``: ``{"sizes": [bytes, ...], "methods": {name: [{"bytes", "taps", "taps_per_s",
   "gb_per_s"}, ...]}}`` (``numpy copy`` is the floor)
 * ``call``: ``{"calls", "methods": {name: {"round_trip_us": distribution,
@@ -120,7 +122,7 @@ def _progress(total: int) -> tuple[Callable[[str], None], Callable[[], None]]:
 
 
 def _steps(sections: Sequence[str], quick: bool) -> int:
-    per = {"latency": 8, "sweep": 4 if quick else 12, "call": 10, "dispatch": 1,
+    per = {"latency": 9, "sweep": 4 if quick else 12, "call": 10, "dispatch": 1,
            "backpressure": 4, "eager": 1, "compile": 1, "barrier": 1, "timing": 1,
            "portable": 3}
     return sum(per[s] for s in sections)

@@ -124,7 +124,20 @@ def _latency(r: dict) -> list[str]:
             f"loop's time / taps, until it returns and until every callback ran. best JAX: "
             f"{best}",
             *_grid(["method", "device p50", "p99", "p99.9", "max", "hand-over p50", "p99",
-                    "per tap", "end to end", "p50 / best JAX"], rows)]
+                    "per tap", "end to end", "p50 / best JAX"], rows),
+            *_tap_floors(r)]
+
+
+def _tap_floors(r: dict) -> list[str]:
+    floors = r.get("floors")
+    hf = r["methods"].get("hostfeed")
+    if not floors or not hf:
+        return []
+    e2e, xla, npy = hf["end_to_end_per_tap_us"], floors["xla_custom_call"], floors["numpy"]
+    return [f"  floors per tap: XLA calling a custom call that does nothing, in the same "
+            f"loop {xla:.2f} us; numpy (copy the bytes, call the function) {npy:.2f} us. "
+            f"hostfeed end to end {e2e:.2f} us = {_x(e2e / npy)} the numpy floor; "
+            f"without XLA's own share {_x(max(e2e - xla, 0.0) / npy)}"]
 
 
 def _sweep(r: dict) -> list[str]:

@@ -147,7 +147,38 @@ def latency(cfg: Config) -> dict:
             entry["handover_us"] = None  # the host function runs on the device's thread
         out["methods"][method] = entry
     out["methods"]["hostfeed (spaced taps)"] = _spaced_latency(cfg)
+    cfg.progress("latency: floors")
+    out["floors"] = _tap_floors(cfg, n)
     return out
+
+
+def _tap_floors(cfg: Config, n: int) -> dict[str, float]:
+    """What a small tap in a loop cannot go below, per tap (µs): ``xla_custom_call``, the
+    loop step of an XLA custom call that does nothing (hostfeed's check target with a zero
+    status, threaded on the same effect token as a tap: XLA's own cost of calling a
+    handler); ``numpy``, copying the tap's bytes and calling the same Python function in a
+    Python loop."""
+    from ..primitives import call_check_p
+
+    @jax.jit
+    def custom_calls(x):
+        def step(i, c):
+            call_check_p.bind(c * 0)  # status 0: the handler returns at once
+            return c + 1
+        return lax.fori_loop(0, n, step, x)
+
+    host = np.arange(4, dtype=np.float32)
+    tap_fn = _stamper([])
+
+    def numpy_floor() -> None:
+        for _ in range(n):
+            tap_fn(np.array(host, copy=True))
+
+    x = jnp.int32(0)
+    custom_calls(x).block_until_ready()
+    res = interleaved({"xla_custom_call": lambda: custom_calls(x).block_until_ready(),
+                       "numpy": numpy_floor}, repeats=cfg.n(3, 5))
+    return {k: v["min"] / n * 1e6 for k, v in res.items()}
 
 
 def _spaced_latency(cfg: Config) -> dict:

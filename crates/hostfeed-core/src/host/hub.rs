@@ -97,7 +97,14 @@ impl Batch {
     /// The next message, or `None` when the batch is exhausted (or was reclaimed).
     #[must_use]
     pub fn take(&self) -> Option<Message> {
-        let m = self.receiver.queue.take(self.epoch)?;
+        self.take_if(|_| true)
+    }
+
+    /// The next message if `accept` accepts it (it runs under the batch's lock: it must
+    /// only look at the message); `None` when the batch is exhausted or `accept` refused.
+    #[must_use]
+    pub fn take_if(&self, accept: impl FnOnce(&Message) -> bool) -> Option<Message> {
+        let m = self.receiver.queue.take_if(self.epoch, accept)?;
         let now = self.receiver.timing.raw_now();
         self.receiver.timing.record_handover_at(m.queued_at, now);
         self.receiver.mark_busy(m.consumer_id, now);

@@ -279,8 +279,14 @@ impl<T> Queue<T> {
     /// The next message of batch `epoch`, or `None` when the batch is exhausted or was
     /// reclaimed.
     pub fn take(&self, epoch: u64) -> Option<T> {
+        self.take_if(epoch, |_| true)
+    }
+
+    /// Like [`Queue::take`], but only if `accept` accepts the next message (it runs under
+    /// the batch's lock: it must only look at the message).
+    pub fn take_if(&self, epoch: u64, accept: impl FnOnce(&T) -> bool) -> Option<T> {
         let mut flight = lock(&self.in_flight);
-        if flight.epoch != epoch {
+        if flight.epoch != epoch || !accept(&flight.items.front()?.1) {
             return None;
         }
         let (bytes, item) = flight.items.pop_front()?;
