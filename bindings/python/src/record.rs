@@ -50,10 +50,7 @@ fn trace_me(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
 
 /// Whether `jax.profiler` traces now (false if that cannot be asked).
 fn profiler_tracing(py: Python<'_>) -> bool {
-    trace_me(py)
-        .and_then(|c| c.call_method0("is_enabled"))
-        .and_then(|b| b.extract::<bool>())
-        .unwrap_or(false)
+    trace_me(py).and_then(|c| c.call_method0("is_enabled")).and_then(|b| b.extract::<bool>()).unwrap_or(false)
 }
 
 /// Refreshes the core's flag; starts the poller if a recorder is open and none runs.
@@ -79,13 +76,12 @@ fn poll_write_tracing() {
                 return;
             }
         }
-        match Python::try_attach(profiler_tracing) {
-            Some(on) => set_write_tracing(on),
-            None => {
-                POLLER_RUNNING.store(false, Ordering::SeqCst);
-                return;
-            }
-        }
+        let Some(on) = Python::try_attach(profiler_tracing) else {
+            // Python is finalizing.
+            POLLER_RUNNING.store(false, Ordering::SeqCst);
+            return;
+        };
+        set_write_tracing(on);
         std::thread::sleep(TRACE_POLL);
     }
 }
@@ -109,7 +105,7 @@ impl WriteTracer for PyWriteTracer {
                 Ok(t)
             })();
             if let Some(w) = pending.take() {
-                py.detach(|| w());
+                py.detach(w);
             }
             let ended = event.and_then(|t| t.call_method1("__exit__", (py.None(), py.None(), py.None())));
             if let Err(e) = ended {

@@ -60,7 +60,12 @@ pub(crate) fn after_fork_in_child() {
 
 /// Runs `write` (record `name`'s chunk `chunk`, `bytes` bytes), inside a trace event while
 /// tracing.
-pub(crate) fn traced_write<R: Send>(name: &str, chunk: u64, bytes: usize, write: impl FnOnce() -> R + Send) -> R {
+pub(crate) fn traced_write<R: Send>(
+    name: &str,
+    chunk: u64,
+    bytes: usize,
+    write: impl FnOnce() -> R + Send,
+) -> R {
     if !TRACING.load(Ordering::Relaxed) {
         return write();
     }

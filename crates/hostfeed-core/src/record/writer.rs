@@ -18,10 +18,10 @@ use crate::host::sync::lock;
 use crate::record::zarr::{self, io_error, ArraySpec, Codec, DType, ROW_METADATA};
 
 use crate::record::arrays::{ArrayHandle, ArrayState, Job, Row};
-use crate::record::trace;
 use crate::record::recorder::{
     as_u64, as_usize, read_lock, Options, Recorder, MAX_IOV, META_CHUNK_ROWS, TICK,
 };
+use crate::record::trace;
 
 impl Recorder {
     // ---- threads --------------------------------------------------------------------
