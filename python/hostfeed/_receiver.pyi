@@ -14,6 +14,7 @@ __all__ = [
     "FLAG_EAGER", "FLAG_SYNC_TAP", "push_eager", "push_host", "call_host", "failure_text",
     "DTYPE_CODES", "ReceiverError", "ReceiverTimeoutError", "CallbackContextError",
     "RecordingError", "MessageData", "BatchIter", "Reply", "Recorder", "after_fork_in_child",
+    "write_tracing",
     "start", "stop",
     "finalize", "start_exit_watch", "stop_exit_watch", "push_control", "barrier",
     "is_running", "in_callback_thread", "max_queue_bytes", "set_max_queue_bytes", "stats",
@@ -174,6 +175,11 @@ class Recorder:
 def after_fork_in_child() -> None:
     """In a forked child: a fresh, stopped receiver; recorders opened before count as
     closed."""
+
+def write_tracing() -> bool:
+    """Whether the recorders' writer threads put their writes on ``jax.profiler``'s
+    timeline now (refreshed at every recorder creation and flush, and every 200 ms while a
+    recorder is open)."""
 
 def start(
     dispatcher: Callable[[Iterable[_Message]], Any],

@@ -34,6 +34,7 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DTYPE_CODES", host::dtype_codes(py)?)?;
     m.add_function(wrap_pyfunction!(host::start, m)?)?;
     m.add_function(wrap_pyfunction!(record::after_fork_in_child, m)?)?;
+    m.add_function(wrap_pyfunction!(record::write_tracing, m)?)?;
     m.add_function(wrap_pyfunction!(host::stop, m)?)?;
     m.add_function(wrap_pyfunction!(host::finalize, m)?)?;
     m.add_function(wrap_pyfunction!(host::start_exit_watch, m)?)?;

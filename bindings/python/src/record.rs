@@ -1,24 +1,130 @@
 //! The Python binding of the recorder (the core's `record/recorder.rs`): `hostfeed._receiver.Recorder`,
 //! which `hostfeed.recording` wraps. Argument conversion, and the release of the GIL
 //! around every file system operation and wait (waits are sliced so that Ctrl-C works).
+//! While `jax.profiler` traces, writer threads attach to Python around each chunk write to
+//! put it on the timeline as a `TraceMe` (the core's `record/trace.rs`; see
+//! [`PyWriteTracer`]); not tracing, they never attach.
 #![allow(clippy::missing_errors_doc, clippy::must_use_candidate)]
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::PyDict;
 
 use crate::error::IntoPy;
 use crate::host::{dict_of, duration};
 use hostfeed_core::Codec;
 use hostfeed_core::{hub, sinks, Budget, Mode, Options, Recorder};
+use hostfeed_core::{install_write_tracer, open_recorders, set_write_tracing, WriteTracer};
 
 /// Longest single wait with the GIL released before re-checking signals.
 const WAIT_SLICE: Duration = Duration::from_millis(100);
+
+// ---- Writes on jax.profiler's timeline ------------------------------------------------------
+// Whether a trace is being collected is `TraceMe.is_enabled()`, which needs the GIL. The core
+// keeps the answer in an atomic flag that writers read per write; it is refreshed from
+// Python at every recorder's creation and flush (so a flush inside a trace is traced), and
+// by a poller thread every `TRACE_POLL` while a recorder is open (so writes between flushes
+// are traced within `TRACE_POLL` of the trace's start, also for a profiler server's capture).
+
+/// How often the poller asks whether `jax.profiler` traces, while a recorder is open.
+const TRACE_POLL: Duration = Duration::from_millis(200);
+/// The poller thread runs.
+static POLLER_RUNNING: AtomicBool = AtomicBool::new(false);
+/// A trace event could not be made once (said once, then not again).
+static TRACE_FAILED: AtomicBool = AtomicBool::new(false);
+/// `hostfeed._compat.TraceMe` (jax's `TraceMe`, which `jax.profiler.TraceAnnotation` is).
+static TRACE_ME: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+fn trace_me(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    TRACE_ME
+        .get_or_try_init(py, || Ok::<_, PyErr>(py.import("hostfeed._compat")?.getattr("TraceMe")?.unbind()))
+        .map(|c| c.bind(py))
+}
+
+/// Whether `jax.profiler` traces now (false if that cannot be asked).
+fn profiler_tracing(py: Python<'_>) -> bool {
+    trace_me(py).and_then(|c| c.call_method0("is_enabled")).and_then(|b| b.extract::<bool>()).unwrap_or(false)
+}
+
+/// Refreshes the core's flag; starts the poller if a recorder is open and none runs.
+fn refresh_write_tracing(py: Python<'_>) {
+    set_write_tracing(profiler_tracing(py));
+    if open_recorders() > 0 && !POLLER_RUNNING.swap(true, Ordering::SeqCst) {
+        let started = std::thread::Builder::new().name("hostfeed-trace".into()).spawn(poll_write_tracing);
+        if started.is_err() {
+            // Flushes still refresh the flag; only writes between them may go untraced.
+            POLLER_RUNNING.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
+/// The poller: refreshes the flag every `TRACE_POLL` while a recorder is open (attached
+/// only for the question, about a microsecond); ends when none is, or Python is finalizing.
+fn poll_write_tracing() {
+    loop {
+        if open_recorders() == 0 {
+            POLLER_RUNNING.store(false, Ordering::SeqCst);
+            // A recorder opened meanwhile may have seen the poller still running.
+            if open_recorders() == 0 || POLLER_RUNNING.swap(true, Ordering::SeqCst) {
+                return;
+            }
+        }
+        let Some(on) = Python::try_attach(profiler_tracing) else {
+            // Python is finalizing.
+            POLLER_RUNNING.store(false, Ordering::SeqCst);
+            return;
+        };
+        set_write_tracing(on);
+        std::thread::sleep(TRACE_POLL);
+    }
+}
+
+/// Puts each chunk write of a writer thread, while tracing, inside a trace event
+/// `hostfeed record write: NAME` (metadata: the chunk's index and the bytes written) on
+/// that thread's row of the timeline. Attached to Python only to enter and exit the
+/// event: the write itself runs detached.
+struct PyWriteTracer;
+
+impl WriteTracer for PyWriteTracer {
+    fn traced(&self, name: &str, chunk: u64, bytes: usize, write: &mut (dyn FnMut() + Send)) {
+        let mut pending = Some(write);
+        Python::try_attach(|py| {
+            let event = (|| -> PyResult<Bound<'_, PyAny>> {
+                let kwargs = PyDict::new(py);
+                kwargs.set_item("chunk", chunk)?;
+                kwargs.set_item("bytes", bytes)?;
+                let t = trace_me(py)?.call((format!("hostfeed record write: {name}"),), Some(&kwargs))?;
+                t.call_method0("__enter__")?;
+                Ok(t)
+            })();
+            if let Some(w) = pending.take() {
+                py.detach(w);
+            }
+            let ended = event.and_then(|t| t.call_method1("__exit__", (py.None(), py.None(), py.None())));
+            if let Err(e) = ended {
+                if !TRACE_FAILED.swap(true, Ordering::Relaxed) {
+                    hub().note(format!("cannot put the recorder's writes on the profiler's timeline: {e}"));
+                }
+            }
+        });
+        // Python is finalizing (or not there): the write, untraced.
+        if let Some(w) = pending.take() {
+            w();
+        }
+    }
+}
+
+/// Installs the write tracer (once per process).
+fn install_tracer() {
+    install_write_tracer(Box::new(PyWriteTracer));
+}
 
 /// A Zarr v3 store that recorded values are written to by Rust threads.
 #[pyclass(frozen, module = "hostfeed._receiver", name = "Recorder")]
@@ -88,6 +194,8 @@ impl PyRecorder {
                 py.detach(|| Recorder::create_shared(&path, mode, opts, budget, &run, leader)).py()?
             }
         };
+        install_tracer();
+        refresh_write_tracing(py);
         Ok(PyRecorder { inner })
     }
 
@@ -218,6 +326,7 @@ impl PyRecorder {
     #[pyo3(signature = (timeout=None))]
     fn flush(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
         let timeout = duration("timeout", timeout)?;
+        refresh_write_tracing(py);
         let inner = &self.inner;
         let targets = py.detach(|| inner.flush_begin());
         let start = Instant::now();
@@ -272,4 +381,14 @@ impl PyRecorder {
 #[pyfunction]
 pub fn after_fork_in_child() {
     hostfeed_core::after_fork_in_child();
+    // The parent's poller thread does not exist here.
+    POLLER_RUNNING.store(false, Ordering::SeqCst);
+}
+
+/// Whether the recorders' writer threads put their writes on `jax.profiler`'s timeline now
+/// (the flag refreshed at every recorder creation and flush, and every 200 ms by a poller
+/// while a recorder is open).
+#[pyfunction]
+pub fn write_tracing() -> bool {
+    hostfeed_core::write_tracing()
 }

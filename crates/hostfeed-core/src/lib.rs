@@ -87,6 +87,10 @@ pub use record::recorder::{Budget, Mode, Options, Recorder, RecorderStats};
 #[cfg(not(loom))]
 pub use record::sinks::{sinks, Sink, Sinks};
 #[cfg(not(loom))]
+pub use record::trace::{
+    install_write_tracer, open_recorders, set_write_tracing, write_tracing, WriteTracer,
+};
+#[cfg(not(loom))]
 pub use record::zarr::Codec;
 
 /// In a child process created by `fork` (where no thread of the parent exists): the hub

@@ -10,6 +10,7 @@ use crate::host::sync::lock;
 
 use crate::record::arrays::{ArrayHandle, ArrayState};
 use crate::record::recorder::{read_lock, Recorder, RecorderStats};
+use crate::record::trace;
 
 impl Recorder {
     /// Starts a flush: every row received so far goes to the writers. Returns the rows each
@@ -144,6 +145,7 @@ impl Recorder {
         self.stop_threads();
         lock(&self.pool_reservation).take();
         lock(&self.store_lock).take();
+        trace::closed();
         result
     }
 

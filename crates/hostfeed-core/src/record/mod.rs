@@ -5,7 +5,7 @@
 //! [`arrays`] an array's state and the writer pool's jobs; `writer` the writer and ticker
 //! threads, commits and chunk files; `flush` a recorder's flush, errors and close;
 //! [`sinks`] the table that routes messages to recorders from the consumer thread;
-//! [`storelock`] the lock on an open store.
+//! [`storelock`] the lock on an open store; [`trace`] writes on a profiler's timeline.
 
 pub(crate) mod arrays;
 mod flush;
@@ -14,5 +14,6 @@ pub(crate) mod sinks;
 pub(crate) mod storelock;
 #[cfg(test)]
 mod tests;
+pub(crate) mod trace;
 mod writer;
 pub(crate) mod zarr;

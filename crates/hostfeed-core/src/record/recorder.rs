@@ -71,6 +71,7 @@ use crate::record::zarr::{self, io_error, ArraySpec, Codec, DType, ROW_METADATA}
 
 use crate::record::arrays::{ArrayHandle, ArrayState, Job, Payload, Pool, Row, RowMeta};
 use crate::record::sinks::{sinks, Sink};
+use crate::record::trace;
 use crate::record::writer::meta_specs;
 mod parts;
 
@@ -100,6 +101,7 @@ pub(crate) static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
 pub(crate) fn after_fork_in_child() {
     FORK_GENERATION.fetch_add(1, Ordering::SeqCst);
     sinks().clear();
+    trace::after_fork_in_child();
 }
 
 /// Where a recorder's bytes are charged: the receiver queue's bound (the [`Hub`]
@@ -449,6 +451,7 @@ impl Recorder {
             rec.stop_threads();
             return Err(e);
         }
+        trace::opened();
         *lock(&rec.pool_reservation) = Some(PoolReservation::new(rec.budget.bound() / 2));
         Ok(rec)
     }

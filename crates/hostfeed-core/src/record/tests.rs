@@ -459,3 +459,59 @@ fn parted_arrays_write_each_part_in_its_own_chunks_and_announce_what_all_parts_h
     assert_eq!(budget.held.load(Ordering::SeqCst), 0);
     fs::remove_dir_all(&root).unwrap();
 }
+
+/// Tracer of the test below: the writes it saw (name, chunk, bytes, writer thread's name).
+struct Seen(Mutex<Vec<(String, u64, usize, String)>>);
+
+impl crate::record::trace::WriteTracer for &'static Seen {
+    fn traced(&self, name: &str, chunk: u64, bytes: usize, write: &mut (dyn FnMut() + Send)) {
+        write();
+        let thread = std::thread::current().name().unwrap_or("").to_string();
+        lock(&self.0).push((name.to_string(), chunk, bytes, thread));
+    }
+}
+
+#[test]
+fn writes_go_through_the_tracer_only_while_tracing() {
+    use crate::record::trace::{install_write_tracer, set_write_tracing};
+    static SEEN: Seen = Seen(Mutex::new(Vec::new()));
+    // The only test that installs one (other tests' writes may pass through it while it
+    // traces: it runs them, and they have other names).
+    assert!(install_write_tracer(Box::new(&SEEN)));
+    let root = temp_root("traced");
+    let opts = Options { chunk_bytes: 16, writers: 2, ..Options::default() };
+    let rec = Recorder::create(&root, Mode::Create, opts, Arc::new(Counter::default())).unwrap();
+    let id = rec.declare("traced/x", xla::S32, &[2]).unwrap(); // 8-byte rows, 2 per chunk
+    let mine = |seen: &[(String, u64, usize, String)]| {
+        let mut v: Vec<_> = seen.iter().filter(|s| s.0 == "traced/x").cloned().collect();
+        v.sort();
+        v
+    };
+    for r in 0..2u32 {
+        rec.append(id, &int_row(r), r.into(), 0, 0).unwrap();
+    }
+    assert!(rec.flush(Duration::from_secs(30)).unwrap());
+    assert_eq!(mine(&lock(&SEEN.0)), vec![], "not tracing: no write is seen");
+    set_write_tracing(true);
+    for r in 2..7u32 {
+        rec.append(id, &int_row(r), r.into(), 0, 0).unwrap();
+    }
+    assert!(rec.flush(Duration::from_secs(30)).unwrap());
+    set_write_tracing(false);
+    let w = |chunk, bytes| ("traced/x".to_string(), chunk, bytes, String::new());
+    let got: Vec<_> = mine(&lock(&SEEN.0))
+        .into_iter()
+        .map(|(n, c, b, t)| {
+            assert!(t.starts_with("hostfeed-writer-"), "{t}");
+            (n, c, b, String::new())
+        })
+        .collect();
+    // Chunks 1 and 2 full, chunk 3 partial (row 6) at the flush.
+    assert_eq!(got, vec![w(1, 16), w(2, 16), w(3, 8)]);
+    rec.append(id, &int_row(7), 7, 0, 0).unwrap();
+    rec.close().unwrap();
+    assert_eq!(mine(&lock(&SEEN.0)).len(), 3, "after the trace: no more");
+    let want: Vec<u8> = (0..8).flat_map(int_row).collect();
+    assert_eq!(read_raw_rows(&root.join("traced/x"), 8, 8, 2), want, "traced writes wrote every row");
+    let _ = fs::remove_dir_all(&root);
+}

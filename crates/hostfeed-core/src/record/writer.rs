@@ -21,6 +21,7 @@ use crate::record::arrays::{ArrayHandle, ArrayState, Job, Row};
 use crate::record::recorder::{
     as_u64, as_usize, read_lock, Options, Recorder, MAX_IOV, META_CHUNK_ROWS, TICK,
 };
+use crate::record::trace;
 
 impl Recorder {
     // ---- threads --------------------------------------------------------------------
@@ -43,12 +44,13 @@ impl Recorder {
             let a = Arc::clone(&job.array);
             let key = job.key();
             let (first, n) = (job.first_row, as_u64(job.rows.len()));
+            let bytes = job.rows.len() * a.spec.row_bytes();
             // A panic must not lose the job's bookkeeping (a flush would wait for it forever).
-            let result =
+            let result = trace::traced_write(&a.name, job.chunk, bytes, || {
                 catch_unwind(AssertUnwindSafe(|| write_chunk(&self.opts, &job))).unwrap_or_else(|_| {
                     Err(RecordError::Invalid("hostfeed internal error: a panic while writing a chunk".into()))
-                });
-            let bytes = job.rows.len() * a.spec.row_bytes();
+                })
+            });
             // The rows are on disk (or failed): their bytes no longer count.
             drop(job);
             {
