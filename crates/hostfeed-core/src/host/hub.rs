@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use crate::error::Error;
 use crate::host::histogram::Timing;
 use crate::host::message::Message;
-use crate::host::queue::{spin_until, PushError, Queue, Reclaimed};
+use crate::host::queue::{spin_until, AdaptiveSpin, PushError, Queue, Reclaimed};
 use crate::host::reply::ReplySlot;
 use crate::host::sync::lock;
 
@@ -43,6 +43,10 @@ pub(crate) const MAX_BATCH: usize = 1024;
 /// `reply::REPLY_SPIN` (a consumer that yielded while polling under load picked up a
 /// message milliseconds late; woken from sleep, within microseconds).
 const CONSUMER_SPIN: Duration = Duration::ZERO;
+/// Instead, an idle consumer spins adaptively before sleeping (see `AdaptiveSpin`): a
+/// burst of calls or taps finds it awake while spinning pays, and it stops spinning within
+/// a few waits when it does not (a loaded machine, or taps far apart).
+static CONSUMER_ADAPTIVE_SPIN: AdaptiveSpin = AdaptiveSpin::new(Duration::from_micros(100));
 /// How long a barrier polls before sleeping.
 const BARRIER_SPIN: Duration = Duration::from_micros(100);
 /// Failure messages kept for `hostfeed_check` to find.
@@ -223,7 +227,7 @@ impl Hub {
     #[must_use]
     pub(crate) fn new(bound: usize) -> Self {
         Hub {
-            queue: Queue::new(bound).with_spin(CONSUMER_SPIN),
+            queue: Queue::new(bound).with_spin(CONSUMER_SPIN).with_adaptive_spin(&CONSUMER_ADAPTIVE_SPIN),
             timing: Timing::default(),
             control: Mutex::new(Control::default()),
             finalized: AtomicBool::new(false),

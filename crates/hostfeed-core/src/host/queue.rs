@@ -102,6 +102,7 @@ pub struct Queue<T> {
     pending: AtomicUsize,
     /// How long an idle consumer polls `pending` before sleeping.
     spin: Duration,
+    adaptive: Option<&'static AdaptiveSpin>,
     /// Bumped whenever the consumer takes or completes messages (stall detection).
     progress: AtomicU64,
     /// Bumped (under `inner`) by [`Queue::nudge`]: a change other than the consumer's
@@ -136,6 +137,7 @@ impl<T> Queue<T> {
             bound: AtomicUsize::new(bound_bytes.max(1)),
             pending: AtomicUsize::new(0),
             spin: Duration::ZERO,
+            adaptive: None,
             progress: AtomicU64::new(0),
             nudges: AtomicU64::new(0),
             enqueued: AtomicU64::new(0),
@@ -144,11 +146,19 @@ impl<T> Queue<T> {
         }
     }
 
-    /// Lets an idle consumer poll for up to `spin` before sleeping (the receiver uses no
-    /// poll: polling yields the CPU, which under load costs whole scheduler time slices).
+    /// Lets an idle consumer poll for up to `spin` before sleeping (the receiver uses none:
+    /// this poll yields the CPU, which under load costs whole scheduler time slices; it
+    /// spins adaptively instead, [`Queue::with_adaptive_spin`]).
     #[must_use]
     pub fn with_spin(mut self, spin: Duration) -> Self {
         self.spin = spin;
+        self
+    }
+
+    /// Lets an idle consumer spin adaptively before sleeping (see `AdaptiveSpin`).
+    #[must_use]
+    pub fn with_adaptive_spin(mut self, spin: &'static AdaptiveSpin) -> Self {
+        self.adaptive = Some(spin);
         self
     }
 
@@ -244,6 +254,9 @@ impl<T> Queue<T> {
     pub fn begin_batch(&self, max: usize) -> Option<u64> {
         if !self.spin.is_zero() {
             spin_until(self.spin, || self.pending.load(Ordering::Acquire) != 0);
+        }
+        if let Some(adaptive) = self.adaptive {
+            adaptive.spin(|| self.pending.load(Ordering::Acquire) != 0);
         }
         loop {
             {
@@ -576,6 +589,100 @@ impl<T> Queue<T> {
     }
 }
 
+/// A spin before a blocking wait whose length adapts to whether spinning pays: it starts
+/// at `max`, halves after every spin that saw nothing (down to none), and is back at `max`
+/// after one that did. Once it is none, every [`AdaptiveSpin::PROBE_EVERY`]th wait tries a
+/// short spin again.
+///
+/// Waking a sleeping thread costs tens of microseconds on an idle virtual machine (its
+/// CPU must be woken too), the whole cost of a `call` round trip when each side sleeps in
+/// turn; a spin that sees the event first saves it. On a loaded machine the event comes
+/// late, the spins see nothing and stop within a few waits, so busy processes do not take
+/// the CPU from the spinner for scheduler time slices (the spin never yields: it only
+/// polls, with `spin_loop`, for at most its budget).
+pub struct AdaptiveSpin {
+    max_ns: u64,
+    budget_ns: std::sync::atomic::AtomicU64,
+    waits: std::sync::atomic::AtomicU64,
+}
+
+impl AdaptiveSpin {
+    /// While the budget is none, one wait in this many spins (for `max` / 8) to find out
+    /// whether spinning pays again.
+    pub const PROBE_EVERY: u64 = 64;
+    /// Budgets below this are none.
+    const MIN_NS: u64 = 500;
+
+    /// A spin of at most `max`.
+    #[must_use]
+    pub const fn new(max: Duration) -> Self {
+        #[allow(clippy::cast_possible_truncation)] // a budget of microseconds
+        let max_ns = max.as_nanos() as u64;
+        AdaptiveSpin {
+            max_ns,
+            budget_ns: std::sync::atomic::AtomicU64::new(max_ns),
+            waits: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// The current budget, in nanoseconds (for tests).
+    #[must_use]
+    pub fn budget_ns(&self) -> u64 {
+        self.budget_ns.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Polls `ready` for up to the current budget; returns whether it became true, and
+    /// adapts the budget to the outcome.
+    pub fn spin(&self, mut ready: impl FnMut() -> bool) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        if ready() {
+            return true;
+        }
+        let mut budget = self.budget_ns.load(Relaxed);
+        let probe = budget == 0;
+        if probe {
+            if self.max_ns == 0 || (self.waits.fetch_add(1, Relaxed) + 1) % Self::PROBE_EVERY != 0 {
+                return false;
+            }
+            budget = self.max_ns / 8;
+        }
+        let seen = spin_for(budget, &mut ready);
+        let next = if seen {
+            self.max_ns
+        } else if probe {
+            0
+        } else {
+            Some(budget / 2).filter(|&b| b >= Self::MIN_NS).unwrap_or(0)
+        };
+        self.budget_ns.store(next, Relaxed);
+        seen
+    }
+}
+
+/// Polls `ready` (never yielding) for up to `budget_ns`.
+#[cfg(not(loom))]
+fn spin_for(budget_ns: u64, ready: &mut impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    let budget = Duration::from_nanos(budget_ns);
+    loop {
+        for _ in 0..32 {
+            if ready() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        if start.elapsed() >= budget {
+            return ready();
+        }
+    }
+}
+
+/// Under loom, one look (see [`spin_until`]).
+#[cfg(loom)]
+fn spin_for(_budget_ns: u64, ready: &mut impl FnMut() -> bool) -> bool {
+    ready()
+}
+
 /// Polls `ready` for up to `budget`; returns whether it became true. Used before a
 /// blocking wait where the event is expected within microseconds.
 ///
@@ -792,5 +899,41 @@ mod tests {
         assert_eq!(q.take(e), Some(1));
         assert_eq!(q.end_batch(e), 1);
         assert_eq!((q.processed(), q.held_bytes()), (2, 0));
+    }
+
+    #[test]
+    fn adaptive_spin_halves_when_it_sees_nothing_and_comes_back_when_it_pays() {
+        let spin = AdaptiveSpin::new(Duration::from_micros(8));
+        assert_eq!(spin.budget_ns(), 8_000);
+        // Nothing happens: 8 us, 4, 2, 1, then none (below 0.5 us).
+        for expected in [4_000, 2_000, 1_000, 500, 0] {
+            assert!(!spin.spin(|| false));
+            assert_eq!(spin.budget_ns(), expected);
+        }
+        // With no budget, only one wait in PROBE_EVERY looks again (for max / 8), the
+        // others return at once; a probe that sees the event restores the whole budget.
+        let mut looks = 0;
+        for _ in 0..AdaptiveSpin::PROBE_EVERY - 1 {
+            assert!(!spin.spin(|| {
+                looks += 1;
+                false
+            }));
+        }
+        assert_eq!(looks, AdaptiveSpin::PROBE_EVERY - 1, "no spin without a budget");
+        assert_eq!(spin.budget_ns(), 0);
+        // A probe that sees nothing leaves no budget (the next probe is the wait after).
+        for _ in 0..AdaptiveSpin::PROBE_EVERY {
+            assert!(!spin.spin(|| false));
+        }
+        assert_eq!(spin.budget_ns(), 0);
+        let mut polls = 0;
+        assert!(spin.spin(|| {
+            polls += 1;
+            polls > 3
+        }));
+        assert_eq!(spin.budget_ns(), 8_000);
+        // An event already there costs one look and keeps the budget.
+        assert!(spin.spin(|| true));
+        assert_eq!(spin.budget_ns(), 8_000);
     }
 }

@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::host::queue::spin_until;
+use crate::host::queue::{spin_until, AdaptiveSpin};
 use crate::host::sync::atomic::{AtomicBool, Ordering};
 use crate::host::sync::{lock, Mutex, Waker};
 
@@ -20,6 +20,11 @@ use crate::host::sync::{lock, Mutex, Waker};
 /// sleeping at once and being woken keeps it at 8 us (`python -m hostfeed bench`, call
 /// section, loaded; also 7 us unloaded there, on 2 shared cores, as with polling).
 const REPLY_SPIN: Duration = Duration::ZERO;
+/// Instead, a waiting handler spins adaptively (see `AdaptiveSpin`): while the consumer
+/// answers within microseconds (it was awake), the handler sees the reply without sleeping
+/// and being woken; when replies come late (a loaded machine, a slow host function), the
+/// spin stops within a few calls.
+static REPLY_ADAPTIVE_SPIN: AdaptiveSpin = AdaptiveSpin::new(Duration::from_micros(100));
 /// Longest sleep between two looks at the interruption check of [`ReplySlot::wait`].
 const POLL_SLICE: Duration = Duration::from_millis(20);
 
@@ -135,7 +140,9 @@ impl ReplySlot {
         deadline: Option<Instant>,
         mut interrupted: impl FnMut() -> Option<String>,
     ) -> Result<Result<(), String>, NoReply> {
-        spin_until(REPLY_SPIN, || self.answered.load(Ordering::Acquire));
+        if !spin_until(REPLY_SPIN, || self.answered.load(Ordering::Acquire)) {
+            REPLY_ADAPTIVE_SPIN.spin(|| self.answered.load(Ordering::Acquire));
+        }
         let mut g = lock(&self.state);
         loop {
             if let Phase::Replied(outcome) = &g.phase {
