@@ -635,6 +635,9 @@ impl AdaptiveSpin {
     /// adapts the budget to the outcome.
     pub fn spin(&self, mut ready: impl FnMut() -> bool) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
+        if cfg!(loom) {
+            return ready(); // one look, as `spin_until` under loom
+        }
         if ready() {
             return true;
         }
@@ -660,7 +663,6 @@ impl AdaptiveSpin {
 }
 
 /// Polls `ready` (never yielding) for up to `budget_ns`.
-#[cfg(not(loom))]
 fn spin_for(budget_ns: u64, ready: &mut impl FnMut() -> bool) -> bool {
     let start = Instant::now();
     let budget = Duration::from_nanos(budget_ns);
@@ -675,12 +677,6 @@ fn spin_for(budget_ns: u64, ready: &mut impl FnMut() -> bool) -> bool {
             return ready();
         }
     }
-}
-
-/// Under loom, one look (see [`spin_until`]).
-#[cfg(loom)]
-fn spin_for(_budget_ns: u64, ready: &mut impl FnMut() -> bool) -> bool {
-    ready()
 }
 
 /// Polls `ready` for up to `budget`; returns whether it became true. Used before a
