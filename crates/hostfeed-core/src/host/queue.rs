@@ -664,19 +664,7 @@ impl AdaptiveSpin {
 
 /// Polls `ready` (never yielding) for up to `budget_ns`.
 fn spin_for(budget_ns: u64, ready: &mut impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    let budget = Duration::from_nanos(budget_ns);
-    loop {
-        for _ in 0..32 {
-            if ready() {
-                return true;
-            }
-            std::hint::spin_loop();
-        }
-        if start.elapsed() >= budget {
-            return ready();
-        }
-    }
+    poll(Duration::from_nanos(budget_ns), false, ready)
 }
 
 /// Polls `ready` for up to `budget`; returns whether it became true. Used before a
@@ -688,10 +676,17 @@ pub fn spin_until(_budget: Duration, mut ready: impl FnMut() -> bool) -> bool {
     ready()
 }
 
-/// Polls `ready` for up to `budget`; returns whether it became true. Used before a
-/// blocking wait where the event is expected within microseconds.
+/// Polls `ready` for up to `budget`, yielding the CPU between rounds; returns whether it
+/// became true. Used before a blocking wait where the event is expected within
+/// microseconds.
 #[cfg(not(loom))]
 pub fn spin_until(budget: Duration, mut ready: impl FnMut() -> bool) -> bool {
+    poll(budget, true, &mut ready)
+}
+
+/// Polls `ready` in rounds of 64 looks until it is true or `budget` has passed, yielding
+/// the CPU between rounds if `yielding`.
+fn poll(budget: Duration, yielding: bool, ready: &mut impl FnMut() -> bool) -> bool {
     let start = Instant::now();
     loop {
         for _ in 0..64 {
@@ -703,7 +698,9 @@ pub fn spin_until(budget: Duration, mut ready: impl FnMut() -> bool) -> bool {
         if start.elapsed() >= budget {
             return ready();
         }
-        std::thread::yield_now();
+        if yielding {
+            std::thread::yield_now();
+        }
     }
 }
 
