@@ -51,6 +51,11 @@ fn temp_root(tag: &str) -> PathBuf {
     root
 }
 
+/// A recorder creating a new store at `root` (`Mode::Create`), default options.
+fn create_new(root: &Path) -> Result<Arc<Recorder>, RecordError> {
+    Recorder::create(root, Mode::Create, Options::default(), Arc::new(Counter::default()))
+}
+
 fn json_at(path: &Path) -> Value {
     serde_json::from_slice(&fs::read(path.join("zarr.json")).unwrap()).unwrap()
 }
@@ -175,8 +180,7 @@ fn flat_keys_with_zstd_and_many_writers_keep_every_flushed_row() {
 #[test]
 fn an_open_store_is_locked_and_a_refused_open_changes_nothing() {
     let root = temp_root("locked");
-    let first =
-        Recorder::create(&root, Mode::Create, Options::default(), Arc::new(Counter::default())).unwrap();
+    let first = create_new(&root).unwrap();
     let x = first.declare("x", xla::S32, &[2]).unwrap();
     first.append(x, &int_row(1), 0, 0, 0).unwrap();
     assert!(first.flush(Duration::from_secs(30)).unwrap());
@@ -205,8 +209,7 @@ fn names_that_would_make_too_long_paths_are_refused_before_creating() {
     for _ in 0..19 {
         root.push("d".repeat(200));
     }
-    let rec =
-        Recorder::create(&root, Mode::Create, Options::default(), Arc::new(Counter::default())).unwrap();
+    let rec = create_new(&root).unwrap();
     let name = ["n".repeat(150), "n".repeat(150)].join("/");
     let e = rec.declare(&name, xla::F32, &[3]).unwrap_err();
     assert!(matches!(e, RecordError::Invalid(_)) && e.to_string().contains("4096"), "{e}");
@@ -218,8 +221,7 @@ fn names_that_would_make_too_long_paths_are_refused_before_creating() {
 #[test]
 fn many_names_are_indexed() {
     let root = temp_root("many");
-    let rec =
-        Recorder::create(&root, Mode::Create, Options::default(), Arc::new(Counter::default())).unwrap();
+    let rec = create_new(&root).unwrap();
     for k in 0..200 {
         assert_eq!(rec.declare(&format!("g{}/n{k}", k % 7), xla::F32, &[]).unwrap(), k);
     }
@@ -237,8 +239,7 @@ fn many_names_are_indexed() {
 #[test]
 fn declarations_clash_with_another_shape_dtype_or_group() {
     let root = temp_root("clash");
-    let rec =
-        Recorder::create(&root, Mode::Create, Options::default(), Arc::new(Counter::default())).unwrap();
+    let rec = create_new(&root).unwrap();
     let a = rec.declare("l/h", xla::F32, &[3]).unwrap();
     assert_eq!(rec.declare("l/h", xla::F32, &[3]).unwrap(), a);
     let e = rec.declare("l/h", xla::F32, &[4]).unwrap_err().to_string();
@@ -251,7 +252,7 @@ fn declarations_clash_with_another_shape_dtype_or_group() {
     rec.close().unwrap();
     assert!(matches!(rec.declare("m", xla::F32, &[]), Err(RecordError::Closed(_))));
     // The path now holds a recording: creating again fails, overwriting works.
-    let again = Recorder::create(&root, Mode::Create, Options::default(), Arc::new(Counter::default()));
+    let again = create_new(&root);
     assert!(matches!(again, Err(RecordError::Io { errno: Some(libc::EEXIST), .. })));
     let over =
         Recorder::create(&root, Mode::Overwrite, Options::default(), Arc::new(Counter::default())).unwrap();
