@@ -165,8 +165,8 @@ def test_a_failing_process_leaves_the_committed_rows_and_others_get_an_error(fau
         assert results[1][0] == -signal.SIGKILL, _report(results)
         assert "did not" in survivor["error"] or "not every process" in survivor["error"]
     else:
-        assert "process 1 fails" in results[1][1]["error"], _report(results)
-        assert "different numbers of rows" in survivor["error"], survivor
+        assert "process 1 fails" in results[1][1].get("error", ""), _report(results)
+        assert "different numbers of rows" in survivor["error"], _report(results)
     # Process 1 flushed 3 rows before failing: those are in the store, and no more.
     root = _zarr_root(path)
     whole = np.arange(2 * DEVICES * 3, dtype=np.float32).reshape(-1, 3)
