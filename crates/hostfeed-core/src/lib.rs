@@ -54,7 +54,7 @@ pub use host::hub::{
 #[cfg(not(loom))]
 pub use host::interrupt::{install as install_interrupt_handlers, remove as remove_interrupt_handlers};
 #[cfg(not(loom))]
-pub use host::message::{gather, ArrayMeta, Message, Operand};
+pub use host::message::{gather, ArrayMeta, ArrayTable, DimTable, Message, Operand};
 #[cfg(not(loom))]
 pub use host::portable;
 pub use host::queue::{spin_until, PushError, Pushed, Queue, Reclaimed};

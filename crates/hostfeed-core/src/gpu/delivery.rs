@@ -22,6 +22,7 @@ const GATE_SLICE: Duration = Duration::from_millis(10);
 const IDLE_SPIN: Duration = Duration::from_micros(50);
 
 /// What a courier does once a parcel's marker completed.
+#[allow(clippy::large_enum_variant)] // moved once into its parcel; boxing would allocate per tap
 pub(crate) enum Job {
     /// Pushes a tap's message (its copies completed) and ends its reservation.
     Deliver { msg: Message, receiver: &'static Hub, reserved: usize },

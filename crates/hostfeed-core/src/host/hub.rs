@@ -143,6 +143,7 @@ impl Drop for Batch {
 }
 
 /// What [`Hub::try_push`] did.
+#[allow(clippy::large_enum_variant)] // the message moves once; boxing it would allocate when full
 pub enum TryPush {
     /// Queued, and a consumer will process it.
     Pushed,

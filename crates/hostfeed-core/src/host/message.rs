@@ -2,7 +2,8 @@
 //! operands that builds it.
 //!
 //! A message is one 16-byte-aligned buffer holding every operand back to back (each at a
-//! 16-byte-aligned offset), plus a small table of (dtype, offset, dims). The consumer hands
+//! 16-byte-aligned offset), plus a small table of (dtype, offset, dims), held inline for up
+//! to two operands (a small tap costs one heap allocation, its buffer). The consumer hands
 //! views of that buffer to numpy without copying again.
 //!
 //! On CPU the operand is already in host memory and [`copy_to_host`] is a `memcpy`; GPUs
@@ -13,6 +14,8 @@
 use std::any::Any;
 use std::mem::size_of;
 use std::sync::Arc;
+
+use smallvec::SmallVec;
 
 use crate::error::Error;
 use crate::ffi::c_api::dtype;
@@ -39,6 +42,12 @@ pub struct ArrayMeta {
     pub rank: usize,
 }
 
+/// A message's operand table: inline for up to two operands (a tap's value, or a record's
+/// row and its step), so that a small tap's only heap allocation is its data buffer.
+pub type ArrayTable = SmallVec<[ArrayMeta; 2]>;
+/// A message's dimensions, every operand's one after the other: inline up to four.
+pub type DimTable = SmallVec<[i64; 4]>;
+
 /// What a custom call sends to the host.
 pub struct Message {
     /// The consumer the lowering registered (the callback and its transforms).
@@ -48,9 +57,9 @@ pub struct Message {
     /// XLA device ordinal of the device that sent it.
     pub device: i32,
     /// One entry per operand.
-    pub arrays: Vec<ArrayMeta>,
+    pub arrays: ArrayTable,
     /// Every operand's dimensions, one after the other.
-    pub dims: Vec<i64>,
+    pub dims: DimTable,
     /// The operands' bytes, 16-byte aligned each.
     pub data: HostBuffer,
     /// For a `call`: where the consumer sends the results.
@@ -88,8 +97,8 @@ impl Message {
             }
         }
         size_of::<(usize, Message)>()
-            + heap(self.arrays.capacity() * size_of::<ArrayMeta>())
-            + heap(self.dims.capacity() * size_of::<i64>())
+            + if self.arrays.spilled() { heap(self.arrays.capacity() * size_of::<ArrayMeta>()) } else { 0 }
+            + if self.dims.spilled() { heap(self.dims.capacity() * size_of::<i64>()) } else { 0 }
             + heap(self.data.capacity())
             + self.reply.as_ref().map_or(0, |_| heap(size_of::<ReplySlot>() + 16))
             + self.host_bytes
@@ -102,8 +111,8 @@ impl Message {
             consumer_id: -1,
             flags,
             device,
-            arrays: Vec::new(),
-            dims: Vec::new(),
+            arrays: ArrayTable::new(),
+            dims: DimTable::new(),
             data: HostBuffer::empty(),
             reply: None,
             run_id: 0,
@@ -154,8 +163,8 @@ pub(crate) unsafe fn copy_to_host(dst: *mut u8, src: *const u8, n: usize) {
 
 /// Where each operand goes in a message's buffer.
 pub(crate) struct Layout {
-    pub(crate) arrays: Vec<ArrayMeta>,
-    pub(crate) dims: Vec<i64>,
+    pub(crate) arrays: ArrayTable,
+    pub(crate) dims: DimTable,
     /// Bytes of buffer needed (each operand padded to [`ALIGN`]).
     pub(crate) capacity: usize,
 }
@@ -192,8 +201,8 @@ impl Layout {
 /// [`Error::InvalidArgument`] for an unsupported dtype or invalid dims.
 pub(crate) fn layout<'a>(operands: impl Iterator<Item = Operand<'a>>) -> Result<Layout, Error> {
     let (lower, _) = operands.size_hint();
-    let mut arrays = Vec::with_capacity(lower);
-    let mut dims = Vec::new();
+    let mut arrays = ArrayTable::with_capacity(lower);
+    let mut dims = DimTable::new();
     let mut total = 0usize;
     for op in operands {
         let n = nbytes(&op)?;
@@ -287,7 +296,18 @@ mod tests {
         let ops = [Operand { dtype: dtype::F32, data: x.as_ptr().cast(), dims: &[4] }];
         // SAFETY: the operand points at a live local array of 16 bytes.
         let m = unsafe { gather(1, 0, 0, ops.iter().copied()) }.unwrap();
-        assert!(m.charged_bytes() >= 16 + size_of::<Message>() + 3 * MALLOC_OVERHEAD);
+        // Its tables are inline: the data buffer is its one heap allocation.
+        assert!(!m.arrays.spilled() && !m.dims.spilled());
+        assert_eq!(m.charged_bytes(), size_of::<(usize, Message)>() + 16 + MALLOC_OVERHEAD);
+        // Three operands of rank 2: both tables on the heap, and charged.
+        let ops = [Operand { dtype: dtype::F32, data: x.as_ptr().cast(), dims: &[2, 2] }; 3];
+        // SAFETY: each operand points at the same live local array of 16 bytes.
+        let big = unsafe { gather(1, 0, 0, ops.iter().copied()) }.unwrap();
+        assert!(big.arrays.spilled() && big.dims.spilled());
+        let tables = (big.arrays.capacity() * size_of::<ArrayMeta>()).next_multiple_of(16)
+            + (big.dims.capacity() * 8).next_multiple_of(16)
+            + 2 * MALLOC_OVERHEAD;
+        assert_eq!(big.charged_bytes(), size_of::<(usize, Message)>() + 48 + MALLOC_OVERHEAD + tables);
         // SAFETY: a zero-size operand is never read.
         let empty = unsafe {
             gather(1, 0, 0, [Operand { dtype: dtype::F32, data: std::ptr::null(), dims: &[0] }].into_iter())
