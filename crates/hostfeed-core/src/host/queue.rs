@@ -13,6 +13,12 @@
 //! and puts the messages it had not reached back at the head of the queue, for the next
 //! consumer; the stuck consumer's later calls on that batch are ignored (epochs).
 //!
+//! A consumer that found the queue empty can *nap* for a while ([`Queue::with_nap`]): it
+//! sleeps in short timed waits, and producers of messages that can wait that long do not
+//! wake it (on a virtual machine, waking a sleeping thread costs the waker tens of
+//! microseconds, paid on the device's thread); urgent messages, barriers and stops still
+//! wake it at once. After the nap's window it sleeps until woken, as before.
+//!
 //! There is a single FIFO, so messages from any one producer are consumed in push order.
 //! Every push gets a sequence number; [`Queue::wait_processed`] is the barrier primitive.
 //!
@@ -63,6 +69,7 @@ pub struct Reclaimed {
     pub requeued: usize,
 }
 
+#[allow(clippy::struct_excessive_bools)] // independent states, read together under one lock
 struct Inner<T> {
     items: VecDeque<(usize, T)>,
     /// Bytes pushed and not yet completed (queued plus in flight).
@@ -76,6 +83,18 @@ struct Inner<T> {
     /// A consumer is running (between `clear_stop` and `begin_batch` returning `None`).
     consumer_active: bool,
     closed: bool,
+    /// The consumer sleeps in a nap's timed wait: a lazy push need not wake it.
+    napping: bool,
+}
+
+/// How an idle consumer naps before sleeping (see the module documentation).
+pub struct Nap<T> {
+    /// Length of one timed wait.
+    pub period: Duration,
+    /// How long after it found the queue empty the consumer naps; then it sleeps.
+    pub window: Duration,
+    /// Whether a message must wake a napping consumer at once (a call, a synchronous tap).
+    pub urgent: fn(&T) -> bool,
 }
 
 /// The batch the consumer is working through.
@@ -85,6 +104,14 @@ struct InFlight<T> {
     taken: u64,
     taken_bytes: usize,
 }
+
+impl<T> Clone for Nap<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Nap<T> {}
 
 /// See the module documentation.
 pub struct Queue<T> {
@@ -103,6 +130,7 @@ pub struct Queue<T> {
     /// How long an idle consumer polls `pending` before sleeping.
     spin: Duration,
     adaptive: Option<&'static AdaptiveSpin>,
+    nap: Option<Nap<T>>,
     /// Bumped whenever the consumer takes or completes messages (stall detection).
     progress: AtomicU64,
     /// Bumped (under `inner`) by [`Queue::nudge`]: a change other than the consumer's
@@ -129,6 +157,7 @@ impl<T> Queue<T> {
                 drain_and_stop: false,
                 consumer_active: false,
                 closed: false,
+                napping: false,
             }),
             in_flight: Mutex::new(InFlight { epoch: 0, items: VecDeque::new(), taken: 0, taken_bytes: 0 }),
             not_empty: Waker::new(),
@@ -138,6 +167,7 @@ impl<T> Queue<T> {
             pending: AtomicUsize::new(0),
             spin: Duration::ZERO,
             adaptive: None,
+            nap: None,
             progress: AtomicU64::new(0),
             nudges: AtomicU64::new(0),
             enqueued: AtomicU64::new(0),
@@ -159,6 +189,14 @@ impl<T> Queue<T> {
     #[must_use]
     pub fn with_adaptive_spin(mut self, spin: &'static AdaptiveSpin) -> Self {
         self.adaptive = Some(spin);
+        self
+    }
+
+    /// Lets an idle consumer nap as `nap` says before sleeping until woken (see the
+    /// module documentation).
+    #[must_use]
+    pub fn with_nap(mut self, nap: Nap<T>) -> Self {
+        self.nap = Some(nap);
         self
     }
 
@@ -242,8 +280,13 @@ impl<T> Queue<T> {
         self.pending.store(g.items.len(), Ordering::Release);
         self.stats.record_push(bytes as u64, g.held_bytes as u64);
         let consumer_active = g.consumer_active;
+        // A napping consumer finds a lazy message within one nap period by itself.
+        let wake =
+            !g.napping || self.nap.is_some_and(|nap| (nap.urgent)(&g.items.back().expect("just pushed").1));
         drop(g);
-        self.not_empty.notify_one();
+        if wake {
+            self.not_empty.notify_one();
+        }
         Ok(Pushed { seq, consumer_active })
     }
 
@@ -258,6 +301,7 @@ impl<T> Queue<T> {
         if let Some(adaptive) = self.adaptive {
             adaptive.spin(|| self.pending.load(Ordering::Acquire) != 0);
         }
+        let nap_until = self.nap.map(|nap| (nap.period, Instant::now() + nap.window));
         loop {
             {
                 let mut g = lock(&self.inner);
@@ -269,7 +313,17 @@ impl<T> Queue<T> {
                         self.space_freed.notify_all();
                         return None;
                     }
-                    g = self.not_empty.wait(g);
+                    let nap = nap_until.and_then(|(period, until)| {
+                        let left = until.saturating_duration_since(Instant::now());
+                        (!left.is_zero()).then(|| left.min(period))
+                    });
+                    if let Some(nap) = nap {
+                        g.napping = true;
+                        g = self.not_empty.wait_timeout(g, nap);
+                        g.napping = false;
+                    } else {
+                        g = self.not_empty.wait(g);
+                    }
                 }
             }
             // Lock order: `in_flight`, then `inner`. Only `close` removes queued items
@@ -512,6 +566,10 @@ impl<T> Queue<T> {
     pub fn wait_processed(&self, target: u64, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut g = lock(&self.inner);
+        if g.napping && g.processed < target {
+            // A lazy message may wait for the nap's end (see `wake_napping`).
+            self.not_empty.notify_one();
+        }
         while g.processed < target {
             let now = Instant::now();
             if now >= deadline {
@@ -520,6 +578,13 @@ impl<T> Queue<T> {
             g = self.progressed.wait_timeout(g, deadline - now);
         }
         true
+    }
+
+    /// Wakes the consumer if it naps: a barrier wants the messages it would find later.
+    pub fn wake_napping(&self) {
+        if lock(&self.inner).napping {
+            self.not_empty.notify_one();
+        }
     }
 
     /// Asks the consumer to exit once the queue is empty (`begin_batch` returns `None`).
@@ -740,6 +805,73 @@ mod tests {
         assert_ne!(q.wake_count(), seen);
         // A waiter that read the count before a nudge does not sleep at all.
         q.wait_woken(seen, Duration::from_secs(3600));
+    }
+
+    /// A consumer thread for `q` that sends every message it takes.
+    fn consumer_of(
+        q: &std::sync::Arc<Queue<u32>>,
+    ) -> (std::thread::JoinHandle<()>, std::sync::mpsc::Receiver<u32>) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let q = std::sync::Arc::clone(q);
+        let handle = std::thread::spawn(move || {
+            while let Some(epoch) = q.begin_batch(16) {
+                while let Some(m) = q.take(epoch) {
+                    tx.send(m).unwrap();
+                }
+                q.end_batch(epoch);
+            }
+        });
+        (handle, rx)
+    }
+
+    fn until_napping(q: &Queue<u32>) {
+        while !lock(&q.inner).napping {
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn a_napping_consumer_is_woken_by_urgent_messages_barriers_and_stops() {
+        // Naps far longer than the test: only a wake-up gets a message to it in time.
+        let nap = Nap {
+            period: Duration::from_secs(600),
+            window: Duration::from_secs(3600),
+            urgent: |m: &u32| *m >= 100,
+        };
+        let q = std::sync::Arc::new(Queue::new(1000).with_nap(nap));
+        q.clear_stop();
+        let (consumer, rx) = consumer_of(&q);
+        let within = Duration::from_secs(30);
+        until_napping(&q);
+        q.push(100, 1).unwrap(); // urgent: wakes it
+        assert_eq!(rx.recv_timeout(within), Ok(100));
+        until_napping(&q);
+        q.push(1, 1).unwrap(); // lazy: waits for the nap's end, or a barrier
+        assert!(q.wait_processed(2, within), "the barrier did not wake the napping consumer");
+        assert_eq!(rx.recv_timeout(within), Ok(1));
+        until_napping(&q);
+        q.push(2, 1).unwrap();
+        q.wake_napping();
+        assert_eq!(rx.recv_timeout(within), Ok(2));
+        until_napping(&q);
+        q.request_stop();
+        consumer.join().unwrap();
+    }
+
+    #[test]
+    fn after_the_nap_window_a_consumer_sleeps_and_every_push_wakes_it() {
+        let nap = Nap { period: Duration::from_millis(1), window: Duration::ZERO, urgent: |_: &u32| false };
+        let q = std::sync::Arc::new(Queue::new(1000).with_nap(nap));
+        q.clear_stop();
+        let (consumer, rx) = consumer_of(&q);
+        while !q.not_empty.has_sleepers() {
+            std::thread::yield_now();
+        }
+        assert!(!lock(&q.inner).napping);
+        q.push(7, 1).unwrap();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(30)), Ok(7));
+        q.request_stop();
+        consumer.join().unwrap();
     }
 
     #[test]
