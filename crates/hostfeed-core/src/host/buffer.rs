@@ -177,15 +177,31 @@ fn give_back(buf: RawBuf) {
     pool.push(buf);
 }
 
+/// Buffers of at most this many bytes live inside the [`HostBuffer`] itself.
+pub(crate) const INLINE_BYTES: usize = 32;
+
+/// The bytes of a small buffer, aligned like every buffer.
+#[repr(C, align(16))]
+#[derive(Clone, Copy)]
+struct InlineBytes([u8; INLINE_BYTES]);
+
 /// The memory behind a [`HostBuffer`].
 enum Storage {
     Heap(RawBuf),
     Pinned(PinnedBlock),
+    /// A small buffer (scalars, short vectors: most taps of a loss or a step) inside the
+    /// `HostBuffer`: no allocation on the device's thread, no free on the consumer's. Its
+    /// address changes when the `HostBuffer` moves, so it is written only by the
+    /// synchronous copy that fills it before the buffer moves into its message (never by
+    /// an asynchronous device copy: GPUs fill pinned blocks), and read where the buffer
+    /// rests (in its message, in a record's `Payload`, in the Python owner of its views).
+    Inline(InlineBytes),
 }
 
-/// A heap buffer aligned to 16 bytes (2 MiB when large), or a block of pinned memory,
-/// whose bytes are written once (by the handler or a device-to-host copy) and then only
-/// read.
+/// A heap buffer aligned to 16 bytes (2 MiB when large), a block of pinned memory, or up
+/// to 32 bytes held inline, whose bytes are written once (by the handler or
+/// a device-to-host copy) and then only read. A pointer into a buffer is valid only while
+/// the buffer does not move (inline bytes move with it).
 pub struct HostBuffer {
     storage: Storage,
     len: usize,
@@ -197,6 +213,9 @@ impl HostBuffer {
     /// # Errors
     /// [`Error::Internal`] when the memory cannot be allocated.
     pub fn with_capacity(len: usize) -> Result<Self, Error> {
+        if len > 0 && len <= INLINE_BYTES {
+            return Ok(HostBuffer { storage: Storage::Inline(InlineBytes([0; INLINE_BYTES])), len });
+        }
         let raw = take_buf(len).ok_or_else(|| {
             Error::Internal(format!("cannot allocate {len} bytes of host memory for a tapped value"))
         })?;
@@ -236,6 +255,7 @@ impl HostBuffer {
         match &self.storage {
             Storage::Heap(raw) => raw.ptr.as_ptr(),
             Storage::Pinned(block) => block.as_ptr(),
+            Storage::Inline(bytes) => bytes.0.as_ptr(),
         }
     }
 
@@ -255,6 +275,16 @@ impl HostBuffer {
         match &self.storage {
             Storage::Heap(raw) => raw.cap,
             Storage::Pinned(block) => block.capacity(),
+            Storage::Inline(_) => INLINE_BYTES,
+        }
+    }
+
+    /// Bytes of this buffer allocated on the heap, apart from the `HostBuffer` itself.
+    #[must_use]
+    pub(crate) fn heap_capacity(&self) -> usize {
+        match &self.storage {
+            Storage::Inline(_) => 0,
+            _ => self.capacity(),
         }
     }
 }
@@ -282,6 +312,26 @@ mod tests {
         assert!(again.capacity() >= cap);
         let huge = HostBuffer::with_capacity(HUGE_PAGE * 2).unwrap();
         assert_eq!(huge.as_ptr() as usize % HUGE_PAGE, 0);
+    }
+
+    #[test]
+    fn small_buffers_are_inline_aligned_and_keep_their_bytes_when_moved() {
+        let mut small = HostBuffer::with_capacity(INLINE_BYTES).unwrap();
+        assert!(matches!(small.storage, Storage::Inline(_)));
+        assert_eq!((small.capacity(), small.heap_capacity()), (INLINE_BYTES, 0));
+        assert_eq!(small.as_ptr() as usize % ALIGN, 0);
+        // SAFETY: the buffer has INLINE_BYTES writable bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping([7u8; INLINE_BYTES].as_ptr(), small.as_mut_ptr(), INLINE_BYTES);
+        }
+        let moved = Box::new(small);
+        assert_eq!(moved.as_ptr() as usize % ALIGN, 0);
+        // SAFETY: INLINE_BYTES bytes written above.
+        assert_eq!(unsafe { std::slice::from_raw_parts(moved.as_ptr(), INLINE_BYTES) }, &[7u8; INLINE_BYTES]);
+        let larger = HostBuffer::with_capacity(INLINE_BYTES + 1).unwrap();
+        assert!(matches!(larger.storage, Storage::Heap(_)));
+        assert!(larger.heap_capacity() > INLINE_BYTES);
+        assert!(matches!(HostBuffer::with_capacity(0).unwrap().storage, Storage::Heap(_)), "empty: no bytes");
     }
 
     #[test]

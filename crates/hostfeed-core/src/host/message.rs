@@ -3,7 +3,8 @@
 //!
 //! A message is one 16-byte-aligned buffer holding every operand back to back (each at a
 //! 16-byte-aligned offset), plus a small table of (dtype, offset, dims), held inline for up
-//! to two operands (a small tap costs one heap allocation, its buffer). The consumer hands
+//! to two operands, and the buffer itself is inline up to 32 bytes: a small tap costs one
+//! heap allocation, its buffer, and a scalar or a short vector none. The consumer hands
 //! views of that buffer to numpy without copying again.
 //!
 //! On CPU the operand is already in host memory and [`copy_to_host`] is a `memcpy`; GPUs
@@ -99,7 +100,7 @@ impl Message {
         size_of::<(usize, Message)>()
             + if self.arrays.spilled() { heap(self.arrays.capacity() * size_of::<ArrayMeta>()) } else { 0 }
             + if self.dims.spilled() { heap(self.dims.capacity() * size_of::<i64>()) } else { 0 }
-            + heap(self.data.capacity())
+            + heap(self.data.heap_capacity())
             + self.reply.as_ref().map_or(0, |_| heap(size_of::<ReplySlot>() + 16))
             + self.host_bytes
     }
@@ -296,9 +297,12 @@ mod tests {
         let ops = [Operand { dtype: dtype::F32, data: x.as_ptr().cast(), dims: &[4] }];
         // SAFETY: the operand points at a live local array of 16 bytes.
         let m = unsafe { gather(1, 0, 0, ops.iter().copied()) }.unwrap();
-        // Its tables are inline: the data buffer is its one heap allocation.
+        // Its tables and its 16 bytes are inline: no heap allocation at all.
         assert!(!m.arrays.spilled() && !m.dims.spilled());
-        assert_eq!(m.charged_bytes(), size_of::<(usize, Message)>() + 16 + MALLOC_OVERHEAD);
+        assert_eq!(m.data.heap_capacity(), 0);
+        assert_eq!(m.charged_bytes(), size_of::<(usize, Message)>());
+        // SAFETY: the message holds the operand's 16 bytes, copied from `x`.
+        assert_eq!(unsafe { std::slice::from_raw_parts(m.data.as_ptr(), 16) }, &[0u8; 16]);
         // Three operands of rank 2: both tables on the heap, and charged.
         let ops = [Operand { dtype: dtype::F32, data: x.as_ptr().cast(), dims: &[2, 2] }; 3];
         // SAFETY: each operand points at the same live local array of 16 bytes.
