@@ -37,7 +37,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 from . import _compat  # noqa: F401  (checks the JAX version first)
 # The package is assembled here, once: the primitives, then their transformation rules
 # and lowerings (registered with JAX as these modules are imported), then the public API.
-from . import primitives, rules, lowering  # noqa: F401
+from . import primitives, rules, lowering, fast_dispatch  # noqa: F401
 from . import host_callback, portable, receiver, recording, settings, zarr_dtypes  # noqa: F401
 from ._summary import summary_of_buckets
 from .host_callback import (CallbackException, TapFunctionException, barrier_wait, id_print,

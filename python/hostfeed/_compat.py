@@ -410,6 +410,88 @@ def install_token_fast_path(effect_type: type) -> bool:
     return True
 
 
+# ---- Fast dispatch of computations that tap on one device (primitives.token_scope_p) ----
+# jax 0.10.2-0.12: `pjit._get_fastpath_data` keeps every computation with an effect, ordered
+# or not, off JAX's C++ dispatch path; each call of such a jitted function runs JAX's Python
+# dispatch (about 95 us of a 100 us call here, against 4 us without the tap). The
+# executable's effects are the ones `pxla._cached_lowering_to_hlo` reads off the jaxpr it
+# lowers: it takes (jaxpr, module_name, backend, num_const_args, in_avals, [out_avals,]
+# in_shardings, out_shardings, in_layouts, out_layouts, num_devices, device_assignment,
+# ...) positionally (jax 0.11 added out_avals; 0.10.2 has none) and lowers a ClosedJaxpr
+# in jax 0.10, a Jaxpr (constants inlined) in 0.11 and 0.12. A rewrite can hand it a jaxpr
+# with the same inputs and outputs but fewer effects: hostfeed's taps nested in a
+# token-creating scope.
+_LOWERING_ARGS_HAVE_OUT_AVALS = JAX_VERSION >= (0, 11)
+LoweringRewrite = Callable[[Any, int, Any], Any]
+_lowering_rewrites: list[LoweringRewrite] = []
+
+
+def install_lowering_rewrite(rewrite: LoweringRewrite) -> bool:
+    """Makes JAX lower ``rewrite(jaxpr, num_devices, device_assignment)`` instead of a
+    computation's top-level jaxpr where it returns one (None: lower it unchanged);
+    ``device_assignment`` is the tuple of devices, or None where JAX does not pass it.
+    Returns whether JAX has the hook."""
+    orig: Any = getattr(_pxla, "_cached_lowering_to_hlo", None)
+    if orig is None:
+        return False
+    _lowering_rewrites.append(rewrite)
+    if getattr(orig, "_hostfeed", False):
+        return True
+    at = 10 if _LOWERING_ARGS_HAVE_OUT_AVALS else 9
+
+    def cached_lowering_to_hlo(jaxpr: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(args) > at:
+            num_devices, assignment = args[at - 1], args[at]
+            if type(num_devices) is int and (assignment is None or type(assignment) is tuple):
+                for rw in _lowering_rewrites:
+                    new = rw(jaxpr, num_devices, assignment)
+                    if new is not None:
+                        jaxpr = new
+                        break
+        return orig(jaxpr, *args, **kwargs)
+
+    cached_lowering_to_hlo._hostfeed = True  # type: ignore[attr-defined]
+    pxla_module: Any = _pxla  # typed for JAX's own signature only
+    pxla_module._cached_lowering_to_hlo = cached_lowering_to_hlo
+    return True
+
+
+# jax 0.12 removed ClosedJaxpr (its jaxprs hold their constants as literals); 0.10 and 0.11
+# lower ClosedJaxprs and keep them in equation parameters.
+_ClosedJaxpr: Any = getattr(_core, "ClosedJaxpr", None)
+
+
+def open_jaxpr(jaxpr: Any) -> tuple[Any, Callable[[Any], Any]]:
+    """``jaxpr``'s Jaxpr and the function that turns a Jaxpr with the same constvars back
+    into what ``jaxpr`` was (a ClosedJaxpr with its constants, or a Jaxpr)."""
+    if _ClosedJaxpr is not None and isinstance(jaxpr, _ClosedJaxpr):
+        return jaxpr.jaxpr, lambda new: jaxpr.replace(jaxpr=new)
+    return jaxpr, lambda new: new
+
+
+def param_jaxpr(jaxpr: Any) -> Any:
+    """A Jaxpr without constvars as an equation parameter (a ClosedJaxpr before 0.12)."""
+    return _ClosedJaxpr(jaxpr, ()) if _ClosedJaxpr is not None else jaxpr
+
+
+Var = _core.Var
+new_jaxpr_eqn = _core.new_jaxpr_eqn
+convert_constvars_jaxpr = _pe_src.convert_constvars_jaxpr
+ordered_effects = _effects.ordered_effects
+TokenSet = _mlir_src.TokenSet
+create_token = _mlir_src.create_token
+
+
+def lower_jaxpr_inline(ctx: Any, jaxpr: Any, tokens: Any, *args: Any) -> tuple:
+    """Lowers ``jaxpr`` (a Jaxpr without constvars) in place where the lowering rule of
+    context ``ctx`` runs, with the effect tokens ``tokens`` (a TokenSet); returns (its
+    results, the tokens after it). Same `jaxpr_subcomp` signature in 0.10.2-0.12."""
+    return _mlir_src.jaxpr_subcomp(
+        ctx.module_context, jaxpr, ctx.name_stack, tokens, [], *args,
+        dim_var_values=ctx.dim_var_values, const_lowering=ctx.const_lowering,
+        outer_traceback=None)
+
+
 # ---- Host callbacks on the profiler's timeline (receiver._Dispatcher) --------------------
 # jax 0.10-0.12: `jax.profiler.TraceAnnotation` is this TraceMe; its static `is_enabled()`
 # (about 16 ns) says whether a trace is being collected (jax.profiler.start_trace, or a

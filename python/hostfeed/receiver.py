@@ -669,6 +669,12 @@ def wait_for_dispatched(effect: Any) -> None:
         # A failure is reported by the computation and by barrier_wait.
         with contextlib.suppress(Exception):
             token.block_until_ready()
+    if _dispatch_waits_due() and not _receiver.in_callback_thread():
+        # Not on the consumer thread: a computation still running there may be waiting for
+        # it (a call, a full queue); what it sends comes after the running callback anyway.
+        with contextlib.suppress(Exception):
+            for wait, _ in _dispatch_waits:
+                wait()
 
 
 def is_configured() -> bool:
@@ -720,15 +726,40 @@ def _effects_barrier() -> Optional[BaseException]:
     every later computation with host callbacks would fail with the same stale error. The
     chain is reset here, once the failure has been waited for.
     """
+    failed = None
+    for wait, due in _dispatch_waits:
+        if not due():
+            continue
+        try:
+            wait()
+        except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
+            failed = failed or exc
     tokens = _compat.runtime_tokens
     if not tokens.current_tokens and not tokens.output_runtime_tokens:
-        return None  # nothing dispatched since the last barrier: what effects_barrier does
+        return failed  # nothing dispatched with tokens since the last barrier
     try:
         jax.effects_barrier()
-        return None
+        return failed
     except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
         _compat.runtime_tokens.clear()
         return exc
+
+
+# Waits for computations that JAX's token chain does not cover (fast_dispatch's markers),
+# run wherever dispatched computations are waited for, each with whether it has anything
+# to wait for; a wait raises what went wrong.
+_dispatch_waits: list[tuple[Callable[[], None], Callable[[], bool]]] = []
+
+
+def add_dispatch_wait(wait: Callable[[], None], due: Callable[[], bool]) -> None:
+    """Runs ``wait()`` wherever hostfeed waits for the computations dispatched so far
+    (``barrier_wait``, ``stop_outfeed_receiver``, eager taps, exit), when ``due()``: for
+    computations whose completion JAX's effect tokens do not tell."""
+    _dispatch_waits.append((wait, due))
+
+
+def _dispatch_waits_due() -> bool:
+    return any(due() for _, due in _dispatch_waits)
 
 
 # Hooks of other modules (the recorder), run by `barrier` after the receiver has processed
@@ -821,7 +852,8 @@ def barrier(logging_name: Optional[str] = None, timeout: Optional[float] = None)
     to process everything they sent; raises what went wrong meanwhile."""
     tokens = _compat.runtime_tokens
     if (timeout is None and _life.configured and not tokens.current_tokens
-            and not tokens.output_runtime_tokens and not _registry.dying
+            and not tokens.output_runtime_tokens and not _dispatch_waits_due()
+            and not _registry.dying
             and not _registry.pending_release and not _last_exception
             and not logger.isEnabledFor(logging.DEBUG)):
         # Nothing dispatched since the last barrier, nothing to release or report: only

@@ -10,6 +10,7 @@
 | ``HOSTFEED_STOP_TIMEOUT`` | :func:`stop_timeout` |
 | ``HOSTFEED_BUFFER_POOL_BYTES`` | :func:`buffer_pool_bytes` |
 | ``HOSTFEED_TRANSPORT`` | :func:`transport` |
+| ``HOSTFEED_FAST_DISPATCH`` | :func:`fast_dispatch` |
 
 Every parser raises ``ValueError`` naming the variable and its value when the value is not
 usable, so a typo fails where the setting is read instead of being ignored.
@@ -28,6 +29,7 @@ CALL_TIMEOUT_ENV = "HOSTFEED_CALL_TIMEOUT"
 STOP_TIMEOUT_ENV = "HOSTFEED_STOP_TIMEOUT"
 BUFFER_POOL_ENV = "HOSTFEED_BUFFER_POOL_BYTES"
 TRANSPORT_ENV = "HOSTFEED_TRANSPORT"
+FAST_DISPATCH_ENV = "HOSTFEED_FAST_DISPATCH"
 
 #: The transports ``HOSTFEED_TRANSPORT`` can force (see :mod:`hostfeed.portable`).
 TRANSPORTS = ("native", "jax")
@@ -122,10 +124,10 @@ def max_queue_bytes() -> int | None:
     return None if text is None else byte_count(text, MAX_QUEUE_ENV)
 
 
-def _bool_from_env(name: str) -> bool:
+def _bool_from_env(name: str, default: bool = False) -> bool:
     text = _env(name)
     if text is None:
-        return False
+        return default
     value = text.lower()
     if value in ("1", "true", "yes", "on"):
         return True
@@ -189,6 +191,19 @@ def sync_taps() -> bool:
         False
     """
     return _bool_from_env(SYNC_TAPS_ENV)
+
+
+def fast_dispatch() -> bool:
+    """Whether computations that tap on one device are lowered for JAX's C++ dispatch path,
+    from ``HOSTFEED_FAST_DISPATCH`` (``1``/``0``, default ``1``; see
+    :mod:`hostfeed.fast_dispatch`). Read once, when hostfeed is imported.
+
+    Example:
+        >>> os.environ.pop(FAST_DISPATCH_ENV, None) and None
+        >>> fast_dispatch()
+        True
+    """
+    return _bool_from_env(FAST_DISPATCH_ENV, default=True)
 
 
 def call_timeout() -> float | None:

@@ -72,7 +72,13 @@ def test_quick_run_writes_every_section_in_the_schema(quick_run):
     loaded = result["call"]["loaded"]
     assert set(loaded["methods"]) == set(calls) and loaded["busy_processes"] >= 1
     assert set(result["dispatch"]) == {"calls", *bench._sections.DISPATCH_METHODS,
-                                       "hostfeed id_tap, compiled ahead of time"}
+                                       "hostfeed id_tap, compiled ahead of time",
+                                       "hostfeed id_tap, token chain",
+                                       "hostfeed call, token chain"}
+    assert set(result["barrier"]) == {"calls", "marked devices", "hostfeed barrier_wait",
+                                      "jax.effects_barrier",
+                                      "hostfeed barrier_wait, no device to mark"}
+    assert result["barrier"]["marked devices"] == 1  # the bench's computations ran on one
     runs = result["backpressure"]["runs"]
     assert [r["method"] for r in runs] == ["hostfeed"] * 3 + ["io_callback(ordered)"]
     # The smallest bound holds the device back: it waited, and held little.

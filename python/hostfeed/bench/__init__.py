@@ -64,7 +64,9 @@ JSON schema (``--json``), version ``hostfeed-bench/1``: an object with ``schema`
   function": ..., "debug.callback, fresh function": ..., "rss_growth_mb",
   "registered_consumers_growth"}``
 * ``compile``: ``{"taps", name: {"seconds"}, ...}``
-* ``barrier``: ``{"calls", "hostfeed barrier_wait": {"us"}, "jax.effects_barrier": {"us"}}``
+* ``barrier``: ``{"calls", "marked devices", "hostfeed barrier_wait": {"us"},
+  "jax.effects_barrier": {"us"}, "hostfeed barrier_wait, no device to mark": {"us"}}``
+  (``marked devices``: the fast-dispatch devices a barrier runs a marker on)
 * ``timing``: ``{"taps", "per_tap_us_timing_on", "per_tap_us_timing_off", "cost_us_per_tap",
   "profiler_check_us_per_batch"}``
 * ``portable``: ``{"payload", "taps_per_run", "calls_per_run", "taps": {name:

@@ -233,8 +233,14 @@ def _compile(r: dict) -> list[str]:
 
 def _barrier(r: dict) -> list[str]:
     hf, jx = r["hostfeed barrier_wait"]["us"], r["jax.effects_barrier"]["us"]
-    return [f"idle barrier ({r['calls']} calls): hostfeed barrier_wait {hf:.2f} us, "
-            f"jax.effects_barrier {jx:.2f} us ({_x(hf / jx)})"]
+    lines = [f"idle barrier ({r['calls']} calls): hostfeed barrier_wait {hf:.2f} us, "
+             f"jax.effects_barrier {jx:.2f} us ({_x(hf / jx)})"]
+    bare = r.get("hostfeed barrier_wait, no device to mark")
+    if bare is not None:
+        lines[0] += f"; marking {r.get('marked devices', 0)} fast-dispatch device(s)"
+        lines.append(f"  with no fast-dispatch device to mark (as HOSTFEED_FAST_DISPATCH=0): "
+                     f"{bare['us']:.2f} us ({_x(bare['us'] / jx)} jax.effects_barrier)")
+    return lines
 
 
 def _timing(r: dict) -> list[str]:

@@ -28,7 +28,7 @@ from jax import lax
 from jax.experimental import io_callback
 from jax.experimental.buffer_callback import buffer_callback
 
-from .. import _compat, receiver
+from .. import _compat, fast_dispatch, receiver
 from .. import host_callback as hcb
 from ._portable import portable_section
 from ._timing import (cdf_of_buckets, cdf_of_samples, interleaved, summary_of_buckets,
@@ -444,6 +444,11 @@ def dispatch(cfg: Config) -> dict:
     fns: dict[str, Callable[[Any], Any]] = {m: _dispatch_fn(m) for m in DISPATCH_METHODS}
     fns["hostfeed id_tap, compiled ahead of time"] = (
         _dispatch_fn("hostfeed id_tap").lower(x).compile())
+    with fast_dispatch.token_chain_lowering():  # as with HOSTFEED_FAST_DISPATCH=0
+        for m in ("hostfeed id_tap", "hostfeed call"):
+            f = _dispatch_fn(m)
+            f(x).block_until_ready()  # lowered now, in this mode; its later calls reuse it
+            fns[f"{m}, token chain"] = f
 
     def case(f: Callable[[Any], Any]) -> Callable[[], None]:
         def go() -> None:
@@ -629,10 +634,17 @@ def barrier(cfg: Config) -> dict:
         for _ in range(n):
             jax.effects_barrier()
 
+    def hf_unmarked() -> None:
+        with fast_dispatch.devices_set_aside():
+            hf()
+
     cfg.progress("barrier")
-    res = interleaved({"hostfeed barrier_wait": hf, "jax.effects_barrier": jx},
+    marked = len(fast_dispatch.scoped_devices())
+    res = interleaved({"hostfeed barrier_wait": hf, "jax.effects_barrier": jx,
+                       "hostfeed barrier_wait, no device to mark": hf_unmarked},
                       repeats=cfg.n(3, 5))
-    return {"calls": n, **{k: {"us": v["min"] / n * 1e6} for k, v in res.items()}}
+    return {"calls": n, "marked devices": marked,
+            **{k: {"us": v["min"] / n * 1e6} for k, v in res.items()}}
 
 
 SECTIONS: dict[str, Callable[[Config], dict]] = {

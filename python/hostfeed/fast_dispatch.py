@@ -1,0 +1,237 @@
+"""Fast dispatch: computations that tap on one device take JAX's C++ dispatch path.
+
+JAX dispatches a jitted function through its C++ fast path only when the executable has
+no effect at all; any other computation goes through JAX's Python dispatch on every call
+(about 95 us of the 100 us that calling a small jitted function with one tap cost, against
+4 us for the same function without it). hostfeed's effect is ordered so that JAX threads a
+token through the taps *inside* a computation (program order, through control flow) and,
+between computations, passes the token of one to the next.
+
+On one device the second is not needed: a device runs the computations dispatched to it in
+the order they were dispatched (XLA's CPU client chains each execution on a device to the
+previous one; GPU and TPU computations run in stream order), which is the order the legacy
+module promised ("for each device in the order in which the send operations were
+performed"). So, where a computation runs on a single device, hostfeed lowers it with its
+taps nested in a *token scope*: a primitive that creates the token inside the computation
+and threads it through the taps exactly as JAX would, while the computation itself no
+longer has hostfeed's effect, takes no token argument and returns none, and dispatches
+through the C++ path.
+
+What JAX's token chain did besides ordering, hostfeed does itself: ``barrier_wait`` (and
+everything that waits for dispatched computations) runs a marker computation on every
+device that such a computation ran on and waits for it, so every computation dispatched
+there before has finished and sent its taps. Computations on several devices keep JAX's
+token chain (their devices do not order them against single-device ones on CPU).
+
+``HOSTFEED_FAST_DISPATCH=0`` (read when hostfeed is imported) lowers every computation
+with JAX's token chain, as before.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import numpy as np
+
+from . import _compat, receiver, settings
+from .primitives import HostCallbackEffect
+
+__all__ = ["token_scope_p", "enabled", "token_chain_lowering", "scoped_devices",
+           "devices_set_aside", "wait_for_devices", "forget_devices"]
+
+class _Mode:
+    """Whether computations on one device are lowered in a token scope
+    (``HOSTFEED_FAST_DISPATCH``; off inside :func:`token_chain_lowering`)."""
+
+    enabled = settings.fast_dispatch()
+
+
+_mode = _Mode()
+
+
+def enabled() -> bool:
+    """Whether fast dispatch is on (``HOSTFEED_FAST_DISPATCH``, read at import; default on).
+
+    Example:
+        >>> isinstance(enabled(), bool)
+        True
+    """
+    return _mode.enabled
+
+
+@contextlib.contextmanager
+def token_chain_lowering() -> Iterator[None]:
+    """Computations lowered (compiled) within the block keep JAX's token chain, as with
+    ``HOSTFEED_FAST_DISPATCH=0``; for comparing the two (the bench's dispatch section).
+
+    Example:
+        >>> with token_chain_lowering():
+        ...     enabled()
+        False
+    """
+    saved, _mode.enabled = _mode.enabled, False
+    try:
+        yield
+    finally:
+        _mode.enabled = saved
+
+
+# ---- The token scope ---------------------------------------------------------------------
+token_scope_p = _compat.Primitive("hostfeed_token_scope")
+token_scope_p.multiple_results = True
+
+
+def _scope_abstract_eval(*avals: Any, jaxpr: Any, outer_effects: Any) -> tuple:
+    del avals
+    inner, _ = _compat.open_jaxpr(jaxpr)
+    return [v.aval for v in inner.outvars], set(outer_effects)
+
+
+token_scope_p.def_effectful_abstract_eval(_scope_abstract_eval)
+
+
+def _scope_impl(*args: Any, jaxpr: Any, outer_effects: Any) -> Any:
+    raise RuntimeError("hostfeed: the token scope exists only in computations being lowered")
+
+
+token_scope_p.def_impl(_scope_impl)
+
+
+def _scope_dce(used_outputs: list, eqn: Any) -> tuple:
+    # Only ever built after JAX's last dead-code elimination; should another one run, the
+    # scope (whose taps are the point) stays whole.
+    del used_outputs
+    return [True] * len(eqn.invars), eqn
+
+
+_compat.register_dce_rule(token_scope_p, _scope_dce)
+
+
+def _scope_lowering(ctx: Any, *args: Any, jaxpr: Any, outer_effects: Any) -> Any:
+    del outer_effects
+    inner, _ = _compat.open_jaxpr(jaxpr)
+    outer = ctx.tokens_in
+    ours = [e for e in _compat.ordered_effects.filter_in(inner.effects)
+            if isinstance(e, HostCallbackEffect)]
+    tokens = _compat.TokenSet({**dict(outer.items()),
+                               **{e: _compat.create_token() for e in ours}})
+    outs, tokens_out = _compat.lower_jaxpr_inline(ctx, inner, tokens, *args)
+    ctx.set_tokens_out(_compat.TokenSet({e: tokens_out.get(e) for e, _ in outer.items()}))
+    return outs
+
+
+_compat.mlir.register_lowering(token_scope_p, _scope_lowering)
+
+
+def _in_token_scope(jaxpr: Any) -> Any:
+    """``jaxpr`` (a ClosedJaxpr, or a Jaxpr from jax 0.12) as one token-scope equation with
+    the same inputs, outputs and effects less hostfeed's."""
+    j, rewrap = _compat.open_jaxpr(jaxpr)
+    outer_effects = frozenset(e for e in j.effects if not isinstance(e, HostCallbackEffect))
+    inner = _compat.param_jaxpr(_compat.convert_constvars_jaxpr(j))
+    outvars = [_compat.Var(v.aval) for v in j.outvars]
+    eqn = _compat.new_jaxpr_eqn([*j.constvars, *j.invars], outvars, token_scope_p,
+                                {"jaxpr": inner, "outer_effects": outer_effects},
+                                set(outer_effects))
+    return rewrap(j.replace(outvars=outvars, eqns=[eqn], effects=set(outer_effects)))
+
+
+# ---- Which computations, on which devices -------------------------------------------------
+class _Devices:
+    """The devices that token-scoped computations were compiled for, each with its marker."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.markers: dict[Any, Any] = {}  # device -> (compiled marker, its operand) | None
+
+
+_devices = _Devices()
+
+
+def _rewrite(jaxpr: Any, num_devices: int, assignment: Any) -> Any:
+    if not _mode.enabled or num_devices != 1 or not assignment or len(assignment) != 1:
+        return None
+    j, _ = _compat.open_jaxpr(jaxpr)
+    if not any(isinstance(e, HostCallbackEffect) for e in j.effects):
+        return None
+    device = assignment[0]
+    if getattr(device, "process_index", 0) != jax.process_index():
+        return None  # another process's device: nothing here can wait for it
+    with _devices.lock:
+        _devices.markers.setdefault(device, None)
+    return _in_token_scope(jaxpr)
+
+
+HOOKED = _compat.install_lowering_rewrite(_rewrite)
+
+
+def scoped_devices() -> tuple:
+    """The devices that computations in a token scope were compiled for so far.
+
+    Example:
+        >>> isinstance(scoped_devices(), tuple)
+        True
+    """
+    with _devices.lock:
+        return tuple(_devices.markers)
+
+
+def _marker(device: Any) -> Any:
+    with _devices.lock:
+        m = _devices.markers.get(device)
+    if m is None:
+        operand = jax.device_put(np.zeros((), np.int32), device)
+        m = (jax.jit(lambda v: v + 1).lower(operand).compile(), operand)
+        with _devices.lock:
+            _devices.markers[device] = m
+    return m
+
+
+def wait_for_devices() -> None:
+    """Waits until every computation dispatched so far to a device that a token-scoped
+    computation was compiled for has finished: runs a marker computation there (after all
+    of them, in the device's order) and waits for its result. A marker never fails on
+    account of an earlier computation's failure (that reaches the earlier one's caller)."""
+    with _devices.lock:
+        devices = tuple(_devices.markers)
+    for device in devices:
+        compiled, operand = _marker(device)
+        compiled(operand).block_until_ready()
+
+
+@contextlib.contextmanager
+def devices_set_aside() -> Iterator[None]:
+    """For measuring (the bench): within the block, hostfeed waits as if no token-scoped
+    computation had been compiled (as in a process with ``HOSTFEED_FAST_DISPATCH=0``);
+    the devices are back afterwards. Dispatch nothing that taps on one device inside it.
+
+    Example:
+        >>> with devices_set_aside():
+        ...     scoped_devices()
+        ()
+    """
+    with _devices.lock:
+        saved, _devices.markers = _devices.markers, {}
+    try:
+        yield
+    finally:
+        with _devices.lock:
+            _devices.markers = {**saved, **_devices.markers}
+
+
+def forget_devices() -> None:
+    """Forgets the devices and their markers (a forked child: its parent's computations and
+    compiled markers mean nothing there)."""
+    _devices.lock = threading.Lock()
+    _devices.markers = {}
+
+
+def _any_devices() -> bool:
+    return bool(_devices.markers)
+
+
+receiver.add_dispatch_wait(wait_for_devices, _any_devices)
+receiver.add_fork_hook(forget_devices)
