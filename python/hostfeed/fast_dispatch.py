@@ -162,6 +162,7 @@ def _rewrite(jaxpr: Any, num_devices: int, assignment: Any) -> Any:
         return None  # another process's device: nothing here can wait for it
     with _devices.lock:
         _devices.markers.setdefault(device, None)
+    receiver.dispatch_waits_due()
     return _in_token_scope(jaxpr)
 
 
@@ -215,11 +216,13 @@ def devices_set_aside() -> Iterator[None]:
     """
     with _devices.lock:
         saved, _devices.markers = _devices.markers, {}
+    receiver.dispatch_waits_due(False)
     try:
         yield
     finally:
         with _devices.lock:
             _devices.markers = {**saved, **_devices.markers}
+        receiver.dispatch_waits_due(bool(_devices.markers))
 
 
 def forget_devices() -> None:
@@ -227,11 +230,8 @@ def forget_devices() -> None:
     compiled markers mean nothing there)."""
     _devices.lock = threading.Lock()
     _devices.markers = {}
+    receiver.dispatch_waits_due(False)
 
 
-def _any_devices() -> bool:
-    return bool(_devices.markers)
-
-
-receiver.add_dispatch_wait(wait_for_devices, _any_devices)
+receiver.add_dispatch_wait(wait_for_devices)
 receiver.add_fork_hook(forget_devices)

@@ -669,12 +669,11 @@ def wait_for_dispatched(effect: Any) -> None:
         # A failure is reported by the computation and by barrier_wait.
         with contextlib.suppress(Exception):
             token.block_until_ready()
-    if _dispatch_waits_due() and not _receiver.in_callback_thread():
+    if _dispatch_waits.due and not _receiver.in_callback_thread():
         # Not on the consumer thread: a computation still running there may be waiting for
         # it (a call, a full queue); what it sends comes after the running callback anyway.
         with contextlib.suppress(Exception):
-            for wait, _ in _dispatch_waits:
-                wait()
+            _run_dispatch_waits()
 
 
 def is_configured() -> bool:
@@ -727,13 +726,11 @@ def _effects_barrier() -> Optional[BaseException]:
     chain is reset here, once the failure has been waited for.
     """
     failed = None
-    for wait, due in _dispatch_waits:
-        if not due():
-            continue
+    if _dispatch_waits.due:
         try:
-            wait()
+            _run_dispatch_waits()
         except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
-            failed = failed or exc
+            failed = exc
     tokens = _compat.runtime_tokens
     if not tokens.current_tokens and not tokens.output_runtime_tokens:
         return failed  # nothing dispatched with tokens since the last barrier
@@ -745,21 +742,37 @@ def _effects_barrier() -> Optional[BaseException]:
         return exc
 
 
-# Waits for computations that JAX's token chain does not cover (fast_dispatch's markers),
-# run wherever dispatched computations are waited for, each with whether it has anything
-# to wait for; a wait raises what went wrong.
-_dispatch_waits: list[tuple[Callable[[], None], Callable[[], bool]]] = []
+class _DispatchWaits:
+    """Waits for computations that JAX's token chain does not cover (fast_dispatch's
+    markers), run wherever dispatched computations are waited for. ``due`` (a plain
+    attribute: barriers read it on their fast path) turns true once one has something to
+    wait for."""
+
+    def __init__(self) -> None:
+        self.waits: list[Callable[[], None]] = []
+        self.due = False
 
 
-def add_dispatch_wait(wait: Callable[[], None], due: Callable[[], bool]) -> None:
+_dispatch_waits = _DispatchWaits()
+
+
+def add_dispatch_wait(wait: Callable[[], None]) -> None:
     """Runs ``wait()`` wherever hostfeed waits for the computations dispatched so far
-    (``barrier_wait``, ``stop_outfeed_receiver``, eager taps, exit), when ``due()``: for
-    computations whose completion JAX's effect tokens do not tell."""
-    _dispatch_waits.append((wait, due))
+    (``barrier_wait``, ``stop_outfeed_receiver``, eager taps, exit), once
+    :func:`dispatch_waits_due` was called: for computations whose completion JAX's effect
+    tokens do not tell. ``wait`` raises what went wrong."""
+    _dispatch_waits.waits.append(wait)
 
 
-def _dispatch_waits_due() -> bool:
-    return any(due() for _, due in _dispatch_waits)
+def dispatch_waits_due(due: bool = True) -> None:
+    """Says whether the waits added with :func:`add_dispatch_wait` have anything to wait
+    for (a forked child, which has no computations, says False)."""
+    _dispatch_waits.due = due
+
+
+def _run_dispatch_waits() -> None:
+    for wait in _dispatch_waits.waits:
+        wait()
 
 
 # Hooks of other modules (the recorder), run by `barrier` after the receiver has processed
@@ -852,23 +865,30 @@ def barrier(logging_name: Optional[str] = None, timeout: Optional[float] = None)
     to process everything they sent; raises what went wrong meanwhile."""
     tokens = _compat.runtime_tokens
     if (timeout is None and _life.configured and not tokens.current_tokens
-            and not tokens.output_runtime_tokens and not _dispatch_waits_due()
-            and not _registry.dying
+            and not tokens.output_runtime_tokens and not _registry.dying
             and not _registry.pending_release and not _last_exception
             and not logger.isEnabledFor(logging.DEBUG)):
-        # Nothing dispatched since the last barrier, nothing to release or report: only
+        # Nothing dispatched with JAX's token chain since the last barrier, nothing to
+        # release or report: the fast-dispatch markers, if any device has one, then only
         # the queue's own barrier (two atomic loads when idle; it refuses the consumer
         # thread with the same CallbackContextError) and the hooks (a recorder's returns
-        # at once when none is open). As cheap as jax.effects_barrier.
+        # at once when none is open). Without markers, as cheap as jax.effects_barrier.
+        failed = None
+        if _dispatch_waits.due:
+            check_not_in_callback("barrier_wait")
+            try:
+                _run_dispatch_waits()
+            except Exception as exc:  # noqa: BLE001 - raised below, after the callbacks'
+                failed = exc
         _receiver.barrier(None)
         errors = None
         for hook in _barrier_hooks:
             e = hook()
             if e is not None:
                 errors = [*(errors or []), e]
-        if not _last_exception and errors is None:
+        if not _last_exception and errors is None and failed is None:
             return
-        _raise_pending(None, errors or [])
+        _raise_pending(failed, errors or [])
         return
     check_not_in_callback("barrier_wait")
     if timeout is not None:
