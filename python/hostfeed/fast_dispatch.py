@@ -42,6 +42,7 @@ from .primitives import HostCallbackEffect
 __all__ = ["token_scope_p", "enabled", "token_chain_lowering", "scoped_devices",
            "devices_set_aside", "wait_for_devices", "forget_devices"]
 
+
 class _Mode:
     """Whether computations on one device are lowered in a token scope
     (``HOSTFEED_FAST_DISPATCH``; off inside :func:`token_chain_lowering`)."""

@@ -16,7 +16,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODULES = ["hostfeed", "hostfeed.host_callback", "hostfeed.printing", "hostfeed.primitives",
            "hostfeed.runtime", "hostfeed.settings", "hostfeed.receiver", "hostfeed._compat",
            "hostfeed.keys", "hostfeed.placement", "hostfeed.bench", "hostfeed.bench._timing",
-           "hostfeed.recording", "hostfeed.zarr_dtypes", "hostfeed.lowering"]
+           "hostfeed.recording", "hostfeed.zarr_dtypes", "hostfeed.lowering",
+           "hostfeed.fast_dispatch"]
 
 
 @pytest.mark.parametrize("name", MODULES)
