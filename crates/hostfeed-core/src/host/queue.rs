@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use crate::host::stats::Stats;
 use crate::host::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use crate::host::sync::{lock, try_lock, Mutex, Waker};
+use crate::host::sync::{lock, try_lock, CachePadded, Mutex, Waker};
 
 /// Why a push did not happen; the item is handed back.
 #[derive(Debug, PartialEq, Eq)]
@@ -115,9 +115,13 @@ impl<T> Copy for Nap<T> {}
 
 /// See the module documentation.
 pub struct Queue<T> {
-    inner: Mutex<Inner<T>>,
+    // What the producers write on every push (`inner`, `pending`, `enqueued`) and
+    // what the consumer writes on every message it takes (`in_flight`, `progress`) each
+    // lie on cache lines of their own: sharing lines, every push and every take evicted
+    // the other side's line, and its next lock or counter update missed the cache.
+    inner: CachePadded<Mutex<Inner<T>>>,
     /// Locked after `inner` never: lock order is `in_flight` then `inner`.
-    in_flight: Mutex<InFlight<T>>,
+    in_flight: CachePadded<Mutex<InFlight<T>>>,
     /// The consumer sleeps here for messages.
     not_empty: Waker,
     /// Producers sleep here for space.
@@ -126,19 +130,19 @@ pub struct Queue<T> {
     progressed: Waker,
     bound: AtomicUsize,
     /// Mirror of `items.len()`, readable without the lock (for the consumer's spin).
-    pending: AtomicUsize,
+    pending: CachePadded<AtomicUsize>,
     /// How long an idle consumer polls `pending` before sleeping.
     spin: Duration,
     adaptive: Option<&'static AdaptiveSpin>,
     nap: Option<Nap<T>>,
     /// Bumped whenever the consumer takes or completes messages (stall detection).
-    progress: AtomicU64,
+    progress: CachePadded<AtomicU64>,
     /// Bumped (under `inner`) by [`Queue::nudge`]: a change other than the consumer's
     /// that waiters of [`Queue::wait_woken`] wait for.
     nudges: AtomicU64,
     /// Mirrors of `Inner::enqueued` / `Inner::processed` (stored under the lock), so that
     /// an idle barrier reads them without locking.
-    enqueued: AtomicU64,
+    enqueued: CachePadded<AtomicU64>,
     processed: AtomicU64,
     /// The queue's counters.
     pub stats: Stats,
@@ -149,7 +153,7 @@ impl<T> Queue<T> {
     #[must_use]
     pub fn new(bound_bytes: usize) -> Self {
         Queue {
-            inner: Mutex::new(Inner {
+            inner: CachePadded(Mutex::new(Inner {
                 items: VecDeque::new(),
                 held_bytes: 0,
                 enqueued: 0,
@@ -158,19 +162,24 @@ impl<T> Queue<T> {
                 consumer_active: false,
                 closed: false,
                 napping: false,
-            }),
-            in_flight: Mutex::new(InFlight { epoch: 0, items: VecDeque::new(), taken: 0, taken_bytes: 0 }),
+            })),
+            in_flight: CachePadded(Mutex::new(InFlight {
+                epoch: 0,
+                items: VecDeque::new(),
+                taken: 0,
+                taken_bytes: 0,
+            })),
             not_empty: Waker::new(),
             space_freed: Waker::new(),
             progressed: Waker::new(),
             bound: AtomicUsize::new(bound_bytes.max(1)),
-            pending: AtomicUsize::new(0),
+            pending: CachePadded(AtomicUsize::new(0)),
             spin: Duration::ZERO,
             adaptive: None,
             nap: None,
-            progress: AtomicU64::new(0),
+            progress: CachePadded(AtomicU64::new(0)),
             nudges: AtomicU64::new(0),
-            enqueued: AtomicU64::new(0),
+            enqueued: CachePadded(AtomicU64::new(0)),
             processed: AtomicU64::new(0),
             stats: Stats::default(),
         }

@@ -36,6 +36,22 @@ pub(crate) use std::sync::{atomic, Condvar, Mutex, MutexGuard};
 
 use atomic::{AtomicUsize, Ordering};
 
+/// `T` alone on its cache lines: 128 bytes, a line and the one the prefetcher pairs with
+/// it (crossbeam-utils' `CachePadded` is the model). For state that one thread writes on
+/// every message while another thread writes state next to it: without the padding, each
+/// write evicts the other thread's line (false sharing), and the next access misses.
+#[repr(align(128))]
+#[derive(Debug, Default)]
+pub(crate) struct CachePadded<T>(pub(crate) T);
+
+impl<T> std::ops::Deref for CachePadded<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// Locks `m`, recovering the guard if a panic poisoned it.
 ///
 /// No user code runs under the crate's locks, and every update under them leaves the
