@@ -456,6 +456,30 @@ def install_lowering_rewrite(rewrite: LoweringRewrite) -> bool:
     return True
 
 
+# jax 0.10.2-0.12: `jax.effects_barrier()` is `dispatch.runtime_tokens.block_until_ready()`
+# (`RuntimeTokenSet.block_until_ready`, also run by JAX at exit): it waits for the
+# computations with effects that JAX's token chain covers.
+def install_effects_barrier_hook(wait: Callable[[], None]) -> Callable[[], None]:
+    """Makes ``jax.effects_barrier()`` (and JAX's own exit wait) also call ``wait()``
+    before JAX's tokens; returns JAX's barrier without the hook (what hostfeed itself
+    calls after its own waits)."""
+    cls: Any = _dispatch.RuntimeTokenSet
+    orig = cls.block_until_ready
+    if getattr(orig, "_hostfeed", False):
+        orig = orig._hostfeed_orig
+    else:
+        def block_until_ready(self: Any) -> None:
+            wait()
+            orig(self)
+
+        block_until_ready._hostfeed = True  # type: ignore[attr-defined]
+        block_until_ready._hostfeed_orig = orig  # type: ignore[attr-defined]
+        block_until_ready.__doc__ = orig.__doc__
+        cls.block_until_ready = block_until_ready
+    tokens = runtime_tokens
+    return lambda: orig(tokens)
+
+
 # jax 0.12 removed ClosedJaxpr (its jaxprs hold their constants as literals); 0.10 and 0.11
 # lower ClosedJaxprs and keep them in equation parameters.
 _ClosedJaxpr: Any = getattr(_core, "ClosedJaxpr", None)

@@ -735,7 +735,7 @@ def _effects_barrier() -> Optional[BaseException]:
     if not tokens.current_tokens and not tokens.output_runtime_tokens:
         return failed  # nothing dispatched with tokens since the last barrier
     try:
-        jax.effects_barrier()
+        _jax_effects_barrier()  # the markers ran above
         return failed
     except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
         _compat.runtime_tokens.clear()
@@ -773,6 +773,19 @@ def dispatch_waits_due(due: bool = True) -> None:
 def _run_dispatch_waits() -> None:
     for wait in _dispatch_waits.waits:
         wait()
+
+
+def _dispatch_waits_for_jax() -> None:
+    """What ``jax.effects_barrier()`` runs first: the waits, so that it still waits for
+    every computation that taps (which the user's code sees as having an effect). Not on
+    the consumer thread (a computation may be waiting for it); a wait's failure is left to
+    the computations' callers and ``barrier_wait``."""
+    if _dispatch_waits.due and not _receiver.in_callback_thread():
+        with contextlib.suppress(Exception):
+            _run_dispatch_waits()
+
+
+_jax_effects_barrier = _compat.install_effects_barrier_hook(_dispatch_waits_for_jax)
 
 
 # Hooks of other modules (the recorder), run by `barrier` after the receiver has processed

@@ -137,6 +137,21 @@ def test_stop_processes_computations_queued_behind_others():
     assert seen == [1]
 
 
+def test_jax_effects_barrier_still_waits_for_computations_that_tap():
+    # Code that makes its taps synchronous and waits with jax.effects_barrier() (README,
+    # Behaviour) relies on it waiting for the computation, as it does with the token chain.
+    seen = []
+    heavy = _heavy()
+    tap = jax.jit(lambda a: hcb.id_tap(lambda v, t: seen.append(1), a[0, 0], sync=True))
+    a = jnp.eye(256) * 0.1
+    tap(heavy(a)).block_until_ready()
+    hcb.barrier_wait()
+    seen.clear()
+    tap(heavy(a))
+    jax.effects_barrier()
+    assert seen == [1]
+
+
 def test_turned_off_by_the_environment_keeps_the_token_chain():
     r = run_python("""
         import jax, jax.numpy as jnp
