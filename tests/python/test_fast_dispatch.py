@@ -94,45 +94,41 @@ def test_other_ordered_effects_pass_through_the_scope():
     assert seen.count("tap") == 2 and seen.count("io") == 2
 
 
-def test_barrier_waits_for_a_computation_queued_behind_another():
+def _queued_tap(tag, sync=False):
+    """``(seen, dispatch)``: ``dispatch()`` dispatches, without waiting, a computation that
+    taps ``tag`` into ``seen`` once its input from a busy computation is ready (so it is
+    still queued on the device when ``dispatch`` returns). Both are compiled and warmed up,
+    and ``seen`` is empty."""
     seen = []
     heavy = _heavy()
-    tap = jax.jit(lambda a: hcb.id_tap(lambda v, t: seen.append(float(v)), a[0, 0]))
+    tap = jax.jit(lambda a: hcb.id_tap(lambda v, t: seen.append(tag), a[0, 0], sync=sync))
     a = jnp.eye(256) * 0.1
-    heavy(a).block_until_ready()  # compiled
-    tap(a).block_until_ready()
-    hcb.barrier_wait()
-    seen.clear()
-    for _ in range(3):
-        tap(heavy(a))  # not waited for: each tap waits for its heavy input on the device
-    hcb.barrier_wait()
-    assert len(seen) == 3
-
-
-def test_an_eager_tap_comes_after_the_taps_of_queued_computations():
-    seen = []
-    heavy = _heavy()
-    tap = jax.jit(lambda a: hcb.id_tap(lambda v, t: seen.append("computation"), a[0, 0]))
-    a = jnp.eye(256) * 0.1
-    one = jnp.ones(())  # a JAX array already: the eager tap converts nothing
     tap(heavy(a)).block_until_ready()
     hcb.barrier_wait()
     seen.clear()
-    tap(heavy(a))
+    return seen, lambda: tap(heavy(a))
+
+
+def test_barrier_waits_for_a_computation_queued_behind_another():
+    seen, dispatch = _queued_tap(1)
+    for _ in range(3):
+        dispatch()
+    hcb.barrier_wait()
+    assert seen == [1, 1, 1]
+
+
+def test_an_eager_tap_comes_after_the_taps_of_queued_computations():
+    one = jnp.ones(())  # a JAX array already: the eager tap converts nothing
+    seen, dispatch = _queued_tap("computation")
+    dispatch()
     hcb.id_tap(lambda v, t: seen.append("eager"), one)
     hcb.barrier_wait()
     assert seen == ["computation", "eager"]
 
 
 def test_stop_processes_computations_queued_behind_others():
-    seen = []
-    heavy = _heavy()
-    tap = jax.jit(lambda a: hcb.id_tap(lambda v, t: seen.append(1), a[0, 0]))
-    a = jnp.eye(256) * 0.1
-    tap(heavy(a)).block_until_ready()
-    hcb.barrier_wait()
-    seen.clear()
-    tap(heavy(a))
+    seen, dispatch = _queued_tap(1)
+    dispatch()
     hcb.stop_outfeed_receiver()
     assert seen == [1]
 
@@ -140,14 +136,8 @@ def test_stop_processes_computations_queued_behind_others():
 def test_jax_effects_barrier_still_waits_for_computations_that_tap():
     # Code that makes its taps synchronous and waits with jax.effects_barrier() (README,
     # Behaviour) relies on it waiting for the computation, as it does with the token chain.
-    seen = []
-    heavy = _heavy()
-    tap = jax.jit(lambda a: hcb.id_tap(lambda v, t: seen.append(1), a[0, 0], sync=True))
-    a = jnp.eye(256) * 0.1
-    tap(heavy(a)).block_until_ready()
-    hcb.barrier_wait()
-    seen.clear()
-    tap(heavy(a))
+    seen, dispatch = _queued_tap(1, sync=True)
+    dispatch()
     jax.effects_barrier()
     assert seen == [1]
 
