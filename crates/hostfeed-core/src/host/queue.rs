@@ -342,8 +342,16 @@ impl<T> Queue<T> {
             if g.items.is_empty() {
                 continue;
             }
-            let n = g.items.len().min(max.max(1));
-            flight.items.extend(g.items.drain(..n));
+            let max = max.max(1);
+            if flight.items.is_empty() && g.items.len() <= max {
+                // The whole queue becomes the batch: swap the two rings (no copy while
+                // the producers wait for the lock); the queue keeps the batch's old,
+                // empty ring and its capacity.
+                std::mem::swap(&mut flight.items, &mut g.items);
+            } else {
+                let n = g.items.len().min(max);
+                flight.items.extend(g.items.drain(..n));
+            }
             self.pending.store(g.items.len(), Ordering::Release);
             flight.epoch += 1;
             flight.taken = 0;
@@ -915,6 +923,26 @@ mod tests {
         }
         assert_eq!(drain(&q, 2), vec![0, 1]);
         assert_eq!(q.len(), 3);
+    }
+
+    #[test]
+    fn a_batch_that_takes_the_whole_queue_leaves_later_pushes_for_the_next_one() {
+        let q = Queue::new(1000);
+        q.clear_stop();
+        for round in 0..3 {
+            for i in 0..4 {
+                q.push(round * 10 + i, 1).unwrap();
+            }
+            let epoch = q.begin_batch(4).unwrap(); // all four: the rings are swapped
+            assert_eq!((q.len(), q.remaining(epoch)), (0, 4));
+            assert_eq!(q.take(epoch), Some(round * 10));
+            q.push(round * 10 + 4, 1).unwrap(); // pushed while the batch is worked through
+            let rest: Vec<i32> = std::iter::from_fn(|| q.take(epoch)).collect();
+            assert_eq!(rest, vec![round * 10 + 1, round * 10 + 2, round * 10 + 3]);
+            q.end_batch(epoch);
+            assert_eq!(drain(&q, 4), vec![round * 10 + 4]);
+        }
+        assert_eq!((q.processed(), q.enqueued(), q.held_bytes()), (15, 15, 0));
     }
 
     #[test]
