@@ -31,6 +31,9 @@ use crate::host::stats::Stats;
 use crate::host::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use crate::host::sync::{lock, try_lock, CachePadded, Mutex, Waker};
 
+/// Slots an idle batch ring keeps (see [`Queue::end_batch`]).
+const KEPT_RING_SLOTS: usize = 4096;
+
 /// Why a push did not happen; the item is handed back.
 #[derive(Debug, PartialEq, Eq)]
 pub enum PushError<T> {
@@ -456,6 +459,13 @@ impl<T> Queue<T> {
         flight.taken = 0;
         flight.taken_bytes = 0;
         flight.epoch += 1;
+        // `begin_batch` swaps rings: the batch's empty ring becomes the queue's. After a
+        // burst it may be as large as the burst was; keep no more than a batch's worth
+        // idle, so that two such rings are not held (the bound counts queued slots, not
+        // idle capacity).
+        if flight.items.capacity() > KEPT_RING_SLOTS {
+            flight.items.shrink_to(KEPT_RING_SLOTS);
+        }
         let mut g = lock(&self.inner);
         drop(flight);
         self.complete_locked(&mut g, count, bytes);
@@ -943,6 +953,27 @@ mod tests {
             assert_eq!(drain(&q, 4), vec![round * 10 + 4]);
         }
         assert_eq!((q.processed(), q.enqueued(), q.held_bytes()), (15, 15, 0));
+    }
+
+    #[test]
+    fn after_a_burst_the_idle_ring_keeps_at_most_a_batch_worth_of_slots() {
+        let q = Queue::new(usize::MAX);
+        q.clear_stop();
+        let burst = 4 * KEPT_RING_SLOTS;
+        for i in 0..burst {
+            q.push(i, 1).unwrap();
+        }
+        let mut seen = Vec::new();
+        while !q.is_empty() {
+            seen.extend(drain(&q, KEPT_RING_SLOTS / 2)); // the last one swaps the rings
+        }
+        assert_eq!(seen, (0..burst).collect::<Vec<_>>());
+        assert!(lock(&q.in_flight).items.capacity() <= KEPT_RING_SLOTS);
+        for i in 0..3 {
+            q.push(burst + i, 1).unwrap(); // the queue's ring is the old batch ring
+        }
+        assert_eq!(drain(&q, 8), vec![burst, burst + 1, burst + 2]);
+        assert!(lock(&q.in_flight).items.capacity() <= KEPT_RING_SLOTS, "the burst's ring was shrunk");
     }
 
     #[test]
