@@ -459,17 +459,18 @@ impl<T> Queue<T> {
         flight.taken = 0;
         flight.taken_bytes = 0;
         flight.epoch += 1;
-        // `begin_batch` swaps rings: the batch's empty ring becomes the queue's. After a
-        // burst it may be as large as the burst was; keep no more than a batch's worth
-        // idle, so that two such rings are not held (the bound counts queued slots, not
-        // idle capacity).
-        if flight.items.capacity() > KEPT_RING_SLOTS {
-            flight.items.shrink_to(KEPT_RING_SLOTS);
-        }
         let mut g = lock(&self.inner);
+        // `begin_batch` swaps rings, so the two alternate: the one a burst grew comes back
+        // to the queue at the next swap and need not grow again. But if the queue grew a
+        // second large ring meanwhile, the batch's idle one goes (freed after the locks):
+        // at most one ring keeps a burst's capacity (the bound counts queued slots, not
+        // idle capacity).
+        let spare = (flight.items.capacity() > KEPT_RING_SLOTS && g.items.capacity() > KEPT_RING_SLOTS)
+            .then(|| std::mem::take(&mut flight.items));
         drop(flight);
         self.complete_locked(&mut g, count, bytes);
         drop(g);
+        drop(spare);
         self.after_complete();
         dropped
     }
@@ -956,24 +957,37 @@ mod tests {
     }
 
     #[test]
-    fn after_a_burst_the_idle_ring_keeps_at_most_a_batch_worth_of_slots() {
+    fn at_most_one_ring_keeps_a_burst_capacity() {
         let q = Queue::new(usize::MAX);
         q.clear_stop();
         let burst = 4 * KEPT_RING_SLOTS;
-        for i in 0..burst {
-            q.push(i, 1).unwrap();
-        }
-        let mut seen = Vec::new();
-        while !q.is_empty() {
-            seen.extend(drain(&q, KEPT_RING_SLOTS / 2)); // the last one swaps the rings
-        }
-        assert_eq!(seen, (0..burst).collect::<Vec<_>>());
-        assert!(lock(&q.in_flight).items.capacity() <= KEPT_RING_SLOTS);
-        for i in 0..3 {
-            q.push(burst + i, 1).unwrap(); // the queue's ring is the old batch ring
-        }
-        assert_eq!(drain(&q, 8), vec![burst, burst + 1, burst + 2]);
-        assert!(lock(&q.in_flight).items.capacity() <= KEPT_RING_SLOTS, "the burst's ring was shrunk");
+        let push_burst = |from: usize| {
+            for i in from..from + burst {
+                q.push(i, 1).unwrap();
+            }
+        };
+        let ring_capacities = || (lock(&q.inner).items.capacity(), lock(&q.in_flight).items.capacity());
+        // One burst: its ring becomes the batch's, stays large while idle, and comes back
+        // to the queue at the next swap (no regrowth).
+        push_burst(0);
+        assert_eq!(drain(&q, burst), (0..burst).collect::<Vec<_>>());
+        let (queued, idle) = ring_capacities();
+        assert!(queued <= KEPT_RING_SLOTS && idle >= burst, "{queued} {idle}");
+        q.push(burst, 1).unwrap();
+        assert_eq!(drain(&q, burst), vec![burst]);
+        assert!(ring_capacities().0 >= burst, "the burst's ring is the queue's again");
+        // A second burst while the first is in flight: the queue grows a second large ring,
+        // and the batch's idle one is let go when the batch ends.
+        push_burst(burst + 1);
+        let epoch = q.begin_batch(burst).unwrap();
+        push_burst(2 * burst + 1);
+        let taken: Vec<usize> = std::iter::from_fn(|| q.take(epoch)).collect();
+        assert_eq!(taken, ((burst + 1)..=(2 * burst)).collect::<Vec<_>>());
+        q.end_batch(epoch);
+        let (queued, idle) = ring_capacities();
+        assert!(queued >= burst && idle <= KEPT_RING_SLOTS, "{queued} {idle}");
+        assert_eq!(drain(&q, burst), ((2 * burst + 1)..=(3 * burst)).collect::<Vec<_>>());
+        assert_eq!((q.processed(), q.held_bytes()), (3 * burst as u64 + 1, 0));
     }
 
     #[test]
