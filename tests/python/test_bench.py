@@ -64,6 +64,7 @@ def test_quick_run_writes_every_section_in_the_schema(quick_run):
     assert set(lat["hostfeed"]["handover_us"]) == DISTRIBUTION
     assert lat["io_callback"]["handover_us"] is None
     sweep = result["sweep"]
+    assert {"hostfeed", "buffer_callback", *bench._sections.FLOORS} <= set(sweep["methods"])
     for name, points in sweep["methods"].items():
         assert [p["bytes"] for p in points] == sweep["sizes"], name
     calls = result["call"]["methods"]
@@ -114,6 +115,7 @@ def test_every_figure_is_finite_and_the_measured_ones_positive(quick_run):
 def test_terminal_report_has_ratios_and_the_plot_is_a_png(quick_run):
     stdout, _, png = quick_run
     assert "per-tap latency" in stdout and "payload sweep" in stdout
+    assert "hostfeed / 2 buffers" in stdout
     assert "call round trip" in stdout and "back-pressure" in stdout
     # Ratios to the best JAX callback measured in the same run.
     assert re.search(r"best JAX: (buffer_callback|io_callback|debug\.callback|"

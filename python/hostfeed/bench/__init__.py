@@ -52,7 +52,8 @@ JSON schema (``--json``), version ``hostfeed-bench/1``: an object with ``schema`
   "numpy"}}`` (floors in µs per tap: XLA calling a handler that does nothing in the same
   loop; copying the bytes and calling the function in Python)
 * ``sweep``: ``{"sizes": [bytes, ...], "methods": {name: [{"bytes", "taps", "taps_per_s",
-  "gb_per_s"}, ...]}}`` (``numpy copy`` is the floor)
+  "gb_per_s"}, ...]}}`` (``numpy copy`` is the floor; ``numpy copy, 2 buffers`` the
+  floor of a tap that copies asynchronously: alternately into two buffers)
 * ``call``: ``{"calls", "methods": {name: {"round_trip_us": distribution,
   "round_trip_cdf_us": CDF, "per_call_us"}}, "loaded": {"calls", "busy_processes",
   "methods": ...}}`` (``host function alone`` is the floor)

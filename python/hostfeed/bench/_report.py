@@ -146,15 +146,20 @@ def _sweep(r: dict) -> list[str]:
     for i, size in enumerate(r["sizes"]):
         row = {m: methods[m][i] for m in methods}
         gbs = {m: v["gb_per_s"] for m, v in row.items()}
-        best, best_v = _best_jax({m: 1 / v for m, v in gbs.items() if m != "numpy copy"})
+        best, best_v = _best_jax({m: 1 / v for m, v in gbs.items() if not m.startswith("numpy")})
+        two = gbs.get("numpy copy, 2 buffers")  # absent from runs before it was measured
         rows.append([str(size), *[f"{v['gb_per_s']:.3g}" for v in row.values()], best,
                      _x(1 / (gbs["hostfeed"] * best_v)),
-                     _x(gbs["numpy copy"] / gbs["hostfeed"])])
+                     _x(gbs["numpy copy"] / gbs["hostfeed"]),
+                     *([_x(two / gbs["hostfeed"])] if two else [])])
+    two_col = ["hostfeed / 2 buffers"] if "numpy copy, 2 buffers" in methods else []
     return ["payload sweep: GB/s end to end (taps of each size in a loop until every "
             "callback ran); hostfeed's time per byte over the best JAX callback's and over "
-            "the floor (a numpy copy of the same bytes passed to the same Python function)",
+            "the floor (a numpy copy of the same bytes passed to the same Python function; "
+            "'2 buffers': copying alternately into two, the fewest an asynchronous tap "
+            "can use: one is filled while the previous one's function runs)",
             *_grid(["bytes", *methods, "best JAX", "hostfeed / best JAX",
-                    "hostfeed / numpy copy"], rows)]
+                    "hostfeed / numpy copy", *two_col], rows)]
 
 
 def _call_rows(methods: dict) -> tuple[str, list[list[str]]]:
@@ -256,6 +261,7 @@ COLOURS = {"hostfeed": "#d62728", "hostfeed call": "#d62728", "hostfeed id_tap":
            "hostfeed (spaced taps)": "#ff9896", "buffer_callback": "#1f77b4",
            "io_callback(ordered)": "#2ca02c", "io_callback": "#98df8a",
            "debug.callback": "#9467bd", "pure_callback": "#8c564b", "numpy copy": "#7f7f7f",
+           "numpy copy, 2 buffers": "#bcbd22",
            "no callback": "#7f7f7f", "hostfeed id_tap, compiled ahead of time": "#ff7f0e"}
 
 
@@ -299,7 +305,7 @@ def plot(result: dict[str, Any], path: str) -> None:
     if sw:
         for k, pts in sw["methods"].items():
             ax.plot([p["bytes"] for p in pts], [p["gb_per_s"] for p in pts], marker="o",
-                    color=_colour(k), label=k, ls=":" if k == "numpy copy" else "-")
+                    color=_colour(k), label=k, ls=":" if k.startswith("numpy") else "-")
         ax.set_xscale("log")
         ax.set_yscale("log")
     ax.set(title="throughput by payload, end to end", xlabel="bytes per tap", ylabel="GB/s")

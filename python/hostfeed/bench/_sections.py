@@ -267,6 +267,12 @@ def timing_cost(cfg: Config) -> dict:
 # Payload sweep.
 
 
+#: The sweep's floors: copy the same bytes with numpy and call the same Python function
+#: with the copy, into a fresh buffer each time (freed before the next: one hot buffer),
+#: and alternately into two (what an asynchronous tap needs at least).
+FLOORS = ("numpy copy", "numpy copy, 2 buffers")
+
+
 def sweep(cfg: Config) -> dict:
     """Taps/s and GB/s from 16 B to 64 MiB, against the floor: copying the same bytes with
     numpy and calling the same Python function with the copy."""
@@ -276,7 +282,7 @@ def sweep(cfg: Config) -> dict:
     methods = ("hostfeed", "buffer_callback", "io_callback(ordered)", "io_callback",
                "debug.callback")
     out: dict[str, Any] = {"sizes": sizes, "methods": {m: [] for m in
-                                                       (*methods, "numpy copy")}}
+                                                       (*methods, *FLOORS)}}
     for size in sizes:
         n = int(np.clip(budget // size, cfg.n(4, 8), cfg.n(500, 5000)))
         cfg.progress(f"sweep: {size} B")
@@ -311,7 +317,20 @@ def _sweep_one(cfg: Config, methods: tuple[str, ...], size: int, n: int) -> dict
             tap_fn(np.array(host_x, copy=True), ())
         sink.clear()
 
-    res = interleaved({**{m: case(loops[m]) for m in methods}, "numpy copy": numpy_copy},
+    # A synchronous copy reuses one hot buffer (the last one is freed before the next
+    # copy); an asynchronous tap needs two at least: one filled while the previous one
+    # waits for, or is in, its host function.
+    two = [np.empty_like(host_x), np.empty_like(host_x)]
+
+    def numpy_copy_two_buffers() -> None:
+        for i in range(n):
+            buf = two[i % 2]
+            np.copyto(buf, host_x)
+            tap_fn(buf, ())
+        sink.clear()
+
+    res = interleaved({**{m: case(loops[m]) for m in methods}, "numpy copy": numpy_copy,
+                       "numpy copy, 2 buffers": numpy_copy_two_buffers},
                       repeats=cfg.n(1, 3))
     return {m: r["min"] for m, r in res.items()}
 
