@@ -117,6 +117,15 @@ def test_barrier_waits_for_a_computation_queued_behind_another():
     assert seen == [1, 1, 1]
 
 
+def test_a_barrier_while_jax_traces_waits_and_stages_nothing():
+    seen, dispatch = _queued_tap(2)
+    for _ in range(3):
+        dispatch()
+    jaxpr = jax.make_jaxpr(lambda x: (hcb.barrier_wait(), x * 2)[1])(1.0)
+    assert seen == [2, 2, 2]
+    assert [e.primitive.name for e in jaxpr.eqns] == ["mul"], jaxpr
+
+
 def test_an_eager_tap_comes_after_the_taps_of_queued_computations():
     one = jnp.ones(())  # a JAX array already: the eager tap converts nothing
     seen, dispatch = _queued_tap("computation")
