@@ -21,7 +21,7 @@ import threading
 import traceback
 import types
 import weakref
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 from collections.abc import Callable, Iterable, Sequence
 
 import jax
@@ -115,6 +115,33 @@ def byte_order_problem(dtype: Any) -> Optional[str]:
 
 # ----------------------------------------------------------------------------------------
 # Consumers and the dispatcher.
+
+
+#: Most bytes one transferred value may have: 2**47 (128 TiB), more than any host's memory
+#: and any user address space; larger shapes would overflow XLA's size arithmetic (which
+#: aborts the process) long before.
+MAX_VALUE_BYTES = 1 << 47
+
+
+def check_size(shape: Sequence[int], dtype: Any, api: str, what: str) -> None:
+    """Raises ValueError when a value of ``shape`` and ``dtype`` has more bytes than any
+    host can hold (:data:`MAX_VALUE_BYTES`); computed with Python's integers, so it never
+    overflows.
+
+    Example:
+        >>> try:
+        ...     check_size((2**62,), np.float32, "hcb.call", "leaf 0 of `result_shape`")
+        ... except ValueError as e:
+        ...     print(str(e)[:71])
+        hcb.call: leaf 0 of `result_shape` has shape (4611686018427387904,) and
+    """
+    nbytes = np.dtype(dtype).itemsize
+    for d in shape:
+        nbytes *= int(d)
+    if nbytes > MAX_VALUE_BYTES:
+        raise ValueError(f"{api}: {what} has shape {tuple(int(d) for d in shape)} and dtype "
+                         f"{np.dtype(dtype)}: {nbytes} bytes, more than any host can hold "
+                         f"(at most {MAX_VALUE_BYTES} bytes, 128 TiB); check the shape")
 
 
 class Consumer:
@@ -345,21 +372,44 @@ def _tap_failed(exc: BaseException, consumer: Any) -> None:
     record_exception(exc, f"host callback {consumer.name}")
 
 
+class _Held(NamedTuple):
+    """A device waiting for its joined tap: the set's joiner and run, the device's later
+    messages (in order), and the barrier epoch in which the device was first held."""
+
+    joiner: Any
+    run: int
+    waiting: collections.deque
+    epoch: int
+
+
 class _Dispatcher:
     """Runs batches of messages, in queue order, on the consumer thread.
 
     Each device's messages must reach the host in that device's program order, and a
     joined tap (a global-view tap whose devices each send a part) counts as happening at
     its position on every device that sent a part. So once a device has sent a part whose
-    set is incomplete, the device is *held*: its later messages wait here until the set
-    completes (then they run, in order) or is abandoned. Messages of other devices go on.
+    set is incomplete, the device is *held*: its later messages, of whatever execution,
+    wait here until the set completes (then they run, in order). Messages of other devices
+    go on. A device going on to other executions is normal (a multi-device execution is
+    not ordered against single-device ones, nor are executions dispatched by different
+    threads), so it never drops a set.
 
-    A held device whose next message comes from another execution (XLA run id) has
-    finished the execution of the held part; if the set is still incomplete, another
-    device failed before sending its part, so the set is dropped (with a warning; the
-    execution's failure reached its caller) and the device released. After a failed
-    execution, ``barrier_wait`` sends a control message (consumer id 0) that drops every
-    incomplete set, so nothing stays held once the barrier returns.
+    A set is dropped only when its execution has failed:
+
+    - a ``call`` of that execution failed (its host function raised, or it timed out), so
+      the device it ran on sends nothing more of that execution: the run's incomplete sets
+      are dropped and its later parts are not waited for;
+    - every barrier (``barrier_wait``, ``stop_outfeed_receiver``, exit) that finds a device
+      held sends a *mark* before it waits for the dispatched computations and a *sweep*
+      after: a set that was already incomplete when the mark ran belongs to an execution
+      the barrier waited for, so if it is still incomplete at the sweep, some device's
+      execution failed before sending its part. Exit sweeps every set once everything
+      finished.
+
+    Before dropping a set, a sweep looks for its missing parts among the messages held
+    back for other devices (two devices that ran two multi-device executions in opposite
+    orders hold each other's parts): such a part runs out of its device's order rather
+    than be lost. A dropped set's waiting ``call`` replies are failed, with a warning.
 
     Only the consumer thread runs the dispatcher, so it takes no lock: state changes and
     callbacks interleave freely. The one exception is a consumer that was abandoned while
@@ -369,11 +419,14 @@ class _Dispatcher:
     """
 
     def __init__(self) -> None:
-        # device ordinal -> (joiner, run of its pending part, messages held back)
-        self.held: dict[int, tuple[Any, int, collections.deque]] = {}
+        # device ordinal -> the joined set it waits for, and its messages held back
+        self.held: dict[int, _Held] = {}
         # device ordinal -> messages an abandoned consumer left to be run, in order
         self.orphans: dict[int, collections.deque] = {}
         self.owner = 0  # thread id of the consumer running the dispatcher
+        self.epoch = 0  # the newest barrier mark run
+        # runs a failed call ended on some device (bounded: the newest 1024)
+        self.failed_runs: collections.OrderedDict[int, None] = collections.OrderedDict()
 
     def __call__(self, batch: Iterable[Message]) -> None:
         consumers = _registry.consumers
@@ -427,8 +480,8 @@ class _Dispatcher:
             self._offer(consumers, waiting.popleft())
 
     def _offer(self, consumers: dict, msg: Message) -> None:
-        if msg[0] == 0:  # control message: drop every incomplete set
-            self._abandon_incomplete("an execution failed")
+        if msg[0] == 0:  # control message: every execution has finished
+            self.sweep(None)
             return
         if self.orphans and msg[1] in self.orphans:
             self._run_orphans(consumers, msg[1])
@@ -436,12 +489,8 @@ class _Dispatcher:
         if held:
             h = held.get(msg[1])
             if h is not None:
-                if msg[5] != h[1]:
-                    self._abandon(h[0], h[1], f"device {msg[1]} went on to another execution")
-                    h = held.get(msg[1])
-                if h is not None:
-                    h[2].append(msg)
-                    return
+                h.waiting.append(msg)
+                return
         done = self._deliver(consumers, msg)
         if done:
             self._release(consumers, done)
@@ -465,12 +514,21 @@ class _Dispatcher:
                 else:
                     run_sync_tap(consumer.invoke, consumer.name, arrays, ordinal, [reply])
             elif consumer.kind == "call":
-                if reply.pending:  # a call nobody waits for any more is not run
-                    consumer.invoke(arrays, ordinal, reply)
+                # A call nobody waits for any more (timed out, cancelled) is not run; like
+                # a failing one, it ends its execution on this device.
+                if not reply.pending or consumer.invoke(arrays, ordinal, reply):
+                    self._run_failed(run, f"a call of execution {run} failed on "
+                                          f"device {ordinal}")
             else:
+                if run in self.failed_runs:  # the set can never complete
+                    if reply is not None:
+                        reply.fail(f"hostfeed: {consumer.name}: another device's part of "
+                                   f"execution {run} never came (a call there failed)")
+                    return None
                 done = consumer.invoke.add(run, arrays, ordinal, reply)
                 if done is None:
-                    self.held[ordinal] = (consumer.invoke, run, collections.deque())
+                    self.held[ordinal] = _Held(consumer.invoke, run, collections.deque(),
+                                               self.epoch)
                 return done
         except BaseException as exc:  # noqa: BLE001 - recorded and re-raised by barrier_wait
             name = getattr(consumer, "name", cid)
@@ -478,6 +536,9 @@ class _Dispatcher:
             if reply is not None:
                 reply.fail(f"hostfeed: host callback {name} failed: "
                            f"{type(exc).__name__}: {exc}")
+                if consumer is not None and consumer.kind == "call":
+                    self._run_failed(run, f"a call of execution {run} failed on device "
+                                          f"{ordinal}")
         return None
 
     def _release(self, consumers: dict, ordinals: Sequence[int]) -> None:
@@ -488,28 +549,66 @@ class _Dispatcher:
             h = self.held.pop(ordinal, None)
             if h is None:
                 continue
-            waiting = h[2]
+            waiting = h.waiting
             while waiting:
                 if self.owner != me:  # abandoned meanwhile: leave the rest to the owner
                     self.orphans.setdefault(ordinal, collections.deque()).extend(waiting)
                     break
                 self._offer(consumers, waiting.popleft())
 
+    def _run_failed(self, run: int, why: str) -> None:
+        """Execution ``run`` failed on some device: drops its incomplete sets (that device
+        sends no more parts) and does not wait for its later ones."""
+        self.failed_runs[run] = None
+        while len(self.failed_runs) > 1024:
+            self.failed_runs.popitem(last=False)
+        for h in list(self.held.values()):
+            if h.run == run:
+                self._abandon(h.joiner, run, why)
+
+    def mark(self, epoch: int) -> None:
+        """A barrier's mark (run in queue order): sets held from now on are newer."""
+        self.epoch = max(self.epoch, epoch)
+
+    def sweep(self, epoch: int | None) -> None:
+        """A barrier's sweep (run in queue order, after the barrier waited for everything
+        dispatched before its mark): drops the sets held since before mark ``epoch``
+        (``None``: every set), whose executions finished without sending every part."""
+        consumers = _registry.consumers
+        while True:
+            stale = [(o, h) for o, h in self.held.items() if epoch is None or h.epoch < epoch]
+            if not stale:
+                return
+            if self._unblock_crossed(consumers):
+                continue
+            ordinal, h = stale[0]
+            self._abandon(h.joiner, h.run, "its execution finished without sending it")
+            self._release(consumers, [ordinal])  # in case it was not dropped
+
+    def _unblock_crossed(self, consumers: dict) -> bool:
+        """Finds a held-back message that is a part some held device waits for, and runs
+        it out of its device's order; returns whether it found one."""
+        waited = {(id(h.joiner), h.run) for h in self.held.values()}
+        for ordinal, h in list(self.held.items()):
+            for i, msg in enumerate(h.waiting):
+                c = consumers.get(msg[0]) if not msg[2] & FLAG_EAGER else None
+                if c is not None and (id(c.invoke), msg[5]) in waited:
+                    del h.waiting[i]
+                    logger.warning("hostfeed: device %s ran two multi-device executions "
+                                   "in another order than its peers; its part of %s runs "
+                                   "out of its order", ordinal, c.name)
+                    done = self._deliver(consumers, msg)
+                    if done:
+                        self._release(consumers, done)
+                    return True
+        return False
+
     def _abandon(self, joiner: Any, run: int, why: str) -> None:
         dropped = joiner.abandon(run, f"hostfeed: a part of a global-view host call never "
                                       f"arrived ({why}); the call was failed")
         logger.warning("hostfeed: dropped an incomplete global-view host callback of "
-                       "execution %s (%s); its execution failed on another device",
-                       run, why)
+                       "execution %s (%s)", run, why)
         self._release(_registry.consumers, dropped)
-
-    def _abandon_incomplete(self, why: str) -> None:
-        """Drops every incomplete set and releases the devices it holds (after a failed
-        execution, once everything dispatched has finished)."""
-        while self.held:
-            ordinal, (joiner, run, _) = next(iter(self.held.items()))
-            self._abandon(joiner, run, why)
-            self._release(_registry.consumers, [ordinal])  # in case it was not dropped
 
 
 _dispatch = _Dispatcher()
@@ -844,6 +943,47 @@ def check_not_in_callback(what: str) -> None:
             f"callback thread itself and would deadlock. Call it from the main program instead")
 
 
+class _Marks:
+    """The barriers' marks, numbered in the order they are pushed."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.last = 0
+
+
+_marks = _Marks()
+
+
+def _push_marker(name: str, action: Callable[[], None]) -> None:
+    _receiver.push_eager(Consumer(lambda arrays, ordinal: action(), name, "tap"), (), 0)
+
+
+def _push_mark() -> int:
+    """Pushes a barrier mark (see :class:`_Dispatcher`); returns its number."""
+    with _marks.lock:
+        _marks.last += 1
+        epoch = _marks.last
+    _push_marker("barrier mark", lambda: _dispatch.mark(epoch))
+    return epoch
+
+
+def _wait_and_sweep() -> Optional[BaseException]:
+    """Waits for the computations dispatched so far (:func:`_effects_barrier`) between a
+    mark and a sweep, so that the consumer drops the joined sets those computations left
+    incomplete (their executions failed) when it reaches the sweep; returns the error of a
+    computation that failed. After a failure, a second mark and wait cover the sets whose
+    first part came after the first mark: every set held before the second mark belongs
+    to a computation that has finished by then."""
+    epoch = _push_mark()
+    failed_run = _effects_barrier()
+    if failed_run is not None:
+        epoch = _push_mark()
+        again = _effects_barrier()
+        failed_run = failed_run if again is None else again
+    _push_marker("barrier sweep", lambda: _dispatch.sweep(epoch))
+    return failed_run
+
+
 def drain_dispatched(timeout: Optional[float] = None) -> Optional[BaseException]:
     """Waits for the computations dispatched so far, then for the receiver to process
     everything they sent; returns (not raises) the error of a computation that failed.
@@ -856,11 +996,7 @@ def drain_dispatched(timeout: Optional[float] = None) -> Optional[BaseException]
     failed_run = None
     try:
         if _life.configured:
-            failed_run = _effects_barrier()
-            if failed_run is not None:
-                # Parts of the failed execution that never came must not hold devices:
-                # the consumer drops them when it reaches this control message.
-                _receiver.push_control()
+            failed_run = _wait_and_sweep()
             _receiver.barrier(timeout)
     except BaseException:
         with _registry.lock:
@@ -880,7 +1016,7 @@ def barrier(logging_name: Optional[str] = None, timeout: Optional[float] = None)
     if (timeout is None and _life.configured and not tokens.current_tokens
             and not tokens.output_runtime_tokens and not _registry.dying
             and not _registry.pending_release and not _last_exception
-            and not logger.isEnabledFor(logging.DEBUG)):
+            and not _dispatch.held and not logger.isEnabledFor(logging.DEBUG)):
         # Nothing dispatched with JAX's token chain since the last barrier, nothing to
         # release or report: the fast-dispatch markers, if any device has one, then only
         # the queue's own barrier (two atomic loads when idle; it refuses the consumer
@@ -942,7 +1078,7 @@ def stop() -> None:
     consumer thread (it restarts by itself on the next message)."""
     if _life.configured:
         if not _receiver.in_callback_thread():
-            _effects_barrier()  # a failed computation was already reported to its caller
+            _wait_and_sweep()  # a failed computation was already reported to its caller
         _receiver.stop(stop_timeout())
 
 
@@ -952,20 +1088,29 @@ def _at_exit() -> None:
     # callback: while this thread waits for the computations, a native watchdog keeps the
     # receiver draining and abandons a callback that makes no progress for
     # HOSTFEED_STOP_TIMEOUT (so computations blocked on a full queue, or calls waiting for
-    # it, finish). A pending callback exception is raised here, so it is printed rather
-    # than lost.
-    stall = stop_timeout()
-    _receiver.start_exit_watch(stall)
+    # it, finish). Each step runs whatever happened to the one before (an error is
+    # logged), so the queue is drained and the recorders closed in any case. A pending
+    # callback exception is raised here, so it is printed rather than lost.
     try:
-        _effects_barrier()
-    finally:
-        _receiver.stop_exit_watch()
-        _receiver.finalize(stall)
-        for hook in _exit_hooks:
-            try:
-                hook()
-            except Exception as exc:  # noqa: BLE001 - printed; the other hooks still run
-                logger.error("hostfeed: at exit: %s", exc)
+        stall = stop_timeout()
+    except ValueError as exc:  # validated at import; changed since
+        logger.error("hostfeed: at exit: %s; using %s s", exc, settings.DEFAULT_STOP_TIMEOUT)
+        stall = settings.DEFAULT_STOP_TIMEOUT
+    steps: list[tuple[str, Callable[[], Any]]] = [
+        ("starting the exit watchdog", lambda: _receiver.start_exit_watch(stall)),
+        ("waiting for the dispatched computations", _effects_barrier),
+        # Everything has finished: a joined set still incomplete never will be.
+        ("releasing devices held by incomplete joined callbacks", _receiver.push_control),
+        ("stopping the exit watchdog", _receiver.stop_exit_watch),
+        ("draining the receiver", lambda: _receiver.finalize(stall)),
+    ]
+    steps += [(f"exit hook {getattr(h, '__qualname__', h)}", h) for h in _exit_hooks]
+    for what, step in steps:
+        try:
+            step()
+        except BaseException as exc:  # noqa: BLE001 - logged; the next steps still run
+            logger.error("hostfeed: at exit, %s failed: %s: %s", what,
+                         type(exc).__name__, exc)
     last = take_last_exception()
     if last is not None:
         raise CallbackException("There were exceptions during callback processing. "

@@ -255,17 +255,19 @@ def make_call_runner(spec: CallbackSpec, result_treedef: Any,
 
 
 def make_call_invoker(spec: CallbackSpec, result_treedef: Any,
-                      result_avals: tuple) -> Callable[..., None]:
-    """``invoke(arrays, device_ordinal, reply)`` for a ``call``: runs the callback, checks
-    its results and answers ``reply`` (results or an error naming what went wrong)."""
+                      result_avals: tuple) -> Callable[..., bool]:
+    """``invoke(arrays, device_ordinal, reply) -> failed`` for a ``call``: runs the
+    callback, checks its results and answers ``reply`` (results or an error naming what
+    went wrong); returns whether it failed."""
     run = make_call_runner(spec, result_treedef, result_avals)
 
-    def invoke(arrays: Sequence[np.ndarray], ordinal: int, reply: Any) -> None:
+    def invoke(arrays: Sequence[np.ndarray], ordinal: int, reply: Any) -> bool:
         flat, error = run(arrays, ordinal)
         if error is None:
             reply.send(flat)
-        else:
-            reply.fail(error)
+            return False
+        reply.fail(error)
+        return True
 
     return invoke
 

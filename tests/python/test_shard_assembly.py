@@ -173,32 +173,108 @@ def test_a_device_waits_for_its_joined_tap_before_its_later_taps():
     assert d.held == {}
 
 
-def test_a_held_device_moving_on_to_another_execution_releases_it():
-    log = Log()
-    consumers = [log.joined("joined"), log.tap("tap")]
-    d = dispatch(consumers, [
-        (0, 0, 1, *part(0, 0, np.array([0]))),  # run 1: device 1 never sends its part
-        (1, 0, 1, np.array([1])),  # held behind the incomplete set
-        (1, 0, 2, np.array([2])),  # run 2: the set of run 1 can no longer complete
-    ])
-    assert log.events == [("tap", 0), ("tap", 0)]
-    assert d.held == {}
+class Dispatch:
+    """A fresh dispatcher over `consumers` (consumer ids 1, 2, ...; 0 is the control
+    message); `send` runs messages (consumer index, device, run, *arrays)."""
+
+    def __init__(self, consumers):
+        self.d = receiver._Dispatcher()
+        self.consumers = {i + 1: c for i, c in enumerate(consumers)}
+
+    def run(self, batch):
+        saved = receiver._registry.consumers
+        receiver._registry.consumers = self.consumers
+        try:
+            self.d(batch)
+        finally:
+            receiver._registry.consumers = saved
+
+    def send(self, *messages, reply=None):
+        self.run([(cid + 1, dev, 0, tuple(arrays), reply, run)
+                  for cid, dev, run, *arrays in messages])
+
+    def marker(self, action):
+        self.run([(receiver.Consumer(lambda a, o: action(), "marker", "tap"), -1,
+                   receiver.FLAG_EAGER, (), None, 0)])
 
 
-def test_abandon_incomplete_releases_every_held_device():
+def test_a_held_device_going_on_to_other_executions_waits_for_its_joined_tap():
+    # A multi-device execution is not ordered against single-device ones: a device that
+    # sent its part goes on while another device has not reached its own part yet.
     log = Log()
-    d = receiver._Dispatcher()
-    saved = receiver._registry.consumers
-    receiver._registry.consumers = {1: log.joined("joined"), 2: log.tap("tap")}
-    try:
-        d([(1, 0, 0, tuple(part(0, 0, np.array([0]))), None, 1),
-           (2, 0, 0, (np.array([1]),), None, 1)])
-        assert log.events == []
-        d([(0, -1, 0, (), None, 0)])  # the control message barrier_wait sends
-    finally:
-        receiver._registry.consumers = saved
+    d = Dispatch([log.joined("joined"), log.tap("tap")])
+    d.send((0, 0, 1, *part(0, 0, np.array([0]))),  # run 1: device 0's part
+           (1, 0, 2, np.array([1])),  # device 0 goes on to runs 2 and 3
+           (1, 0, 3, np.array([2])),
+           (1, 1, 4, np.array([7])))  # device 1 runs something else first
+    assert log.events == [("tap", 1)]
+    d.send((0, 1, 1, *part(0, 1, np.array([1]))))  # device 1's part arrives late
+    assert log.events == [("tap", 1), ("joined", "joined", [[0, 1]]), ("tap", 0), ("tap", 0)]
+    assert d.d.held == {}
+
+
+def test_a_sweep_drops_only_sets_held_before_its_mark():
+    log = Log()
+    d = Dispatch([log.joined("a"), log.joined("b"), log.tap("tap")])
+    d.send((0, 0, 1, *part(0, 0, np.array([0]))),  # set a: device 1's part never comes
+           (2, 0, 2, np.array([1])))
+    d.marker(lambda: d.d.mark(1))  # a barrier's mark ...
+    d.send((1, 1, 5, *part(0, 1, np.array([5]))),  # ... then a set of a later execution
+           (2, 1, 6, np.array([2])))
+    d.marker(lambda: d.d.sweep(1))  # ... and its sweep, after waiting
+    assert log.events == [("tap", 0)]  # set a dropped: device 0 released
+    assert list(d.d.held) == [1]  # set b is newer than the mark: still waited for
+    d.send((1, 0, 5, *part(0, 0, np.array([4]))))
+    assert log.events == [("tap", 0), ("b", "joined", [[4, 5]]), ("tap", 1)]
+    assert d.d.held == {}
+
+
+class FakeCallReply:
+    def __init__(self):
+        self.pending, self.failed, self.sent = True, None, None
+
+    def fail(self, why):
+        self.pending, self.failed = False, why
+        return True
+
+    def send(self, results):
+        self.pending, self.sent = False, results
+        return True
+
+
+def test_a_failed_call_drops_its_executions_joined_sets_and_later_parts():
+    log = Log()
+
+    def call(arrays, ordinal, reply):
+        reply.fail("host function raised")
+        return True
+
+    d = Dispatch([log.joined("joined"), log.tap("tap"), receiver.Consumer(call, "c", "call")])
+    d.send((0, 0, 1, *part(0, 0, np.array([0]))),  # device 0's part of run 1
+           (1, 0, 2, np.array([1])))  # held behind it
+    d.send((2, 1, 1, np.array([0])), reply=FakeCallReply())  # run 1's call fails on device 1
     assert log.events == [("tap", 0)]
-    assert d.held == {}
+    assert d.d.held == {}
+    late = FakeCallReply()  # a later part of run 1 (another device) is not waited for
+    d.send((0, 2, 1, *part(0, 0, np.array([9]))), reply=late)
+    assert d.d.held == {} and "never came" in late.failed
+    receiver.take_last_exception()
+
+
+def test_a_sweep_runs_crossed_parts_out_of_order_rather_than_drop_them():
+    # Devices 0 and 1 ran executions 1 and 2 in opposite orders: each holds the part the
+    # other waits for.
+    log = Log()
+    d = Dispatch([log.joined("x"), log.joined("y")])
+    d.send((0, 0, 1, *part(0, 0, np.array([10]))),
+           (1, 0, 2, *part(0, 0, np.array([20]))),
+           (1, 1, 2, *part(0, 1, np.array([21]))),
+           (0, 1, 1, *part(0, 1, np.array([11]))))
+    assert log.events == []
+    d.marker(lambda: d.d.mark(1))
+    d.marker(lambda: d.d.sweep(1))
+    assert sorted(log.events) == [("x", "joined", [[10, 11]]), ("y", "joined", [[20, 21]])]
+    assert d.d.held == {}
 
 
 # ----------------------------------------------------------------------------------------
