@@ -35,6 +35,9 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
 from . import _compat  # noqa: F401  (checks the JAX version first)
+# Every HOSTFEED_* and JAX_HOST_CALLBACK_* variable, parsed now: a bad value fails this
+# import with a ValueError naming the variable, not a barrier or the program's exit.
+from . import _validate_settings  # noqa: F401
 # The package is assembled here, once: the primitives, then their transformation rules
 # and lowerings (registered with JAX as these modules are imported), then the public API.
 from . import primitives, rules, lowering, fast_dispatch  # noqa: F401

@@ -71,7 +71,7 @@ from collections.abc import Callable, Iterator
 import jax
 import numpy as np
 
-from . import _compat, keys, receiver
+from . import _compat, keys, placement, receiver
 from .primitives import (get_ad_taps, get_sync_taps, host_call_p, outside_call,
                          outside_call_params, set_ad_taps as _set_ad_taps, sync_taps_state)
 from .printing import Printer
@@ -270,6 +270,7 @@ def _check_leaves(leaves: list, api: str, what: str) -> list:
                 f"{api}: leaf {i} of `{what}` has dtype {dtype}, which hostfeed cannot transfer "
                 f"to the host. Supported: bool, (u)int8-64, float16/bfloat16/32/64, "
                 f"complex64/128 and the float8 types; cast first, e.g. x.astype(jnp.int8)")
+        receiver.check_size(np.shape(x), dtype, api, f"leaf {i} of `{what}`")
         out.append(x)
     return out
 
@@ -346,6 +347,16 @@ def _sync_arg(sync: Any, api: str) -> bool:
     return bool(sync)
 
 
+def _check_eager_device_index(device_index: int, leaves: list, api: str) -> None:
+    """Eagerly (no leaf is traced), ``device_index`` names one of the devices that hold
+    the operands, as under ``jit`` it names one of the computation's devices."""
+    if device_index == 0 or any(_compat.is_tracer(x) for x in leaves):
+        return
+    n = max((len(x.sharding.device_set) for x in leaves if isinstance(x, jax.Array)),
+            default=1)
+    placement.check_device_index(device_index, n, f"hold the operands of this eager {api}")
+
+
 def _tap(tap_func: Any, arg: Any, result: Any, tap_with_device: bool, device_index: Any,
          sync: Any, api: str) -> Any:
     device_index = _device_index_arg(device_index, api)
@@ -361,6 +372,7 @@ def _tap(tap_func: Any, arg: Any, result: Any, tap_with_device: bool, device_ind
         flat_results = _check_leaves(flat_results, api, "result")
     else:
         flat_results, result_treedef = [], None
+    _check_eager_device_index(device_index, [*flat_args, *flat_results], api)
     spec = CallbackSpec(tap_func, arg_treedef, tap_with_device, "tap")
     outs = outside_call([*flat_args, *flat_results],
                         outside_call_params(spec, len(flat_args), device_index=device_index,
@@ -423,6 +435,7 @@ def _result_avals(result_shape: Any) -> tuple[Any, tuple, tuple]:
                 raise keys.refuse_extended("hcb.call", f"leaf {i} of `result_shape`", r.dtype)
             key_dtypes[-1] = r.dtype
             shape, dtype = keys.key_data_shape(tuple(r.shape), r.dtype)
+            receiver.check_size(shape, dtype, "hcb.call", f"leaf {i} of `result_shape`")
             avals.append(jax.core.ShapedArray(shape, dtype))
             continue
         try:
@@ -443,6 +456,7 @@ def _result_avals(result_shape: Any) -> tuple[Any, tuple, tuple]:
             raise ValueError(
                 f"hcb.call: result_shape has dtype {dtype}, which hostfeed cannot transfer. "
                 + _RESULT_SHAPE_MSG.format(result_shape))
+        receiver.check_size(shape, dtype, "hcb.call", f"leaf {i} of `result_shape`")
         avals.append(jax.core.ShapedArray(shape, dtype))
     return treedef, tuple(avals), tuple(key_dtypes)
 
@@ -504,6 +518,7 @@ def call(callback_func: Callable, arg: Any, *, result_shape: Any = None,
     flat_args, arg_treedef = jax.tree_util.tree_flatten(arg)
     flat_args, _ = keys.unwrap_keys(flat_args, "call", "arg")
     flat_args = _check_leaves(flat_args, "call", "arg")
+    _check_eager_device_index(device_index, flat_args, "call")
     spec = CallbackSpec(callback_func, arg_treedef, call_with_device, "call")
     outs = host_call_p.bind(*flat_args, callback=spec, result_treedef=result_treedef,
                             result_avals=result_avals, device_index=device_index)

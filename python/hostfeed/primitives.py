@@ -40,14 +40,16 @@ _compat.install_token_fast_path(HostCallbackEffect)
 
 # A JAX configuration state, so that the mode is part of JAX's tracing and compilation
 # cache keys: switching modes never reuses a jaxpr traced (or a jvp taken) in the other.
-_ad_taps = _compat.enum_state(
-    name="hostfeed_ad_taps",
-    enum_values=list(settings.AD_TAPS_MODES),
-    default=settings.ad_taps(),
-    help="What hostfeed taps see under autodiff: 'transforms' or 'primals'.",
-    include_in_jit_key=True,
-    include_in_trace_context=True,
-)
+_default_ad_taps = settings.ad_taps()
+with settings.parsed_here(settings.AD_TAPS_ENV):
+    _ad_taps = _compat.enum_state(
+        name="hostfeed_ad_taps",
+        enum_values=list(settings.AD_TAPS_MODES),
+        default=_default_ad_taps,
+        help="What hostfeed taps see under autodiff: 'transforms' or 'primals'.",
+        include_in_jit_key=True,
+        include_in_trace_context=True,
+    )
 
 
 def get_ad_taps() -> str:
@@ -70,13 +72,15 @@ def set_ad_taps(mode: str) -> None:
 # computation goes on, so before its results are ready). A JAX configuration state for the
 # same reason as the autodiff mode: a jitted function traced in one mode is traced again in
 # the other, never reused.
-sync_taps_state = _compat.bool_state(
-    name="hostfeed_sync_taps",
-    default=settings.sync_taps(),
-    help="Whether hostfeed taps complete before the computation's results are ready.",
-    include_in_jit_key=True,
-    include_in_trace_context=True,
-)
+_default_sync_taps = settings.sync_taps()
+with settings.parsed_here(settings.SYNC_TAPS_ENV):
+    sync_taps_state = _compat.bool_state(
+        name="hostfeed_sync_taps",
+        default=_default_sync_taps,
+        help="Whether hostfeed taps complete before the computation's results are ready.",
+        include_in_jit_key=True,
+        include_in_trace_context=True,
+    )
 
 
 def get_sync_taps() -> bool:

@@ -159,6 +159,15 @@ class Printer:
     __name__ = "id_print"  # the name error messages and logs show for this callback
 
     def __init__(self, output_stream: Any, threshold: int | None, kwargs: dict[str, Any]):
+        if output_stream is not None and not callable(getattr(output_stream, "write", None)):
+            raise TypeError(f"id_print: output_stream must have a write(str) method (a file, "
+                            f"io.StringIO, sys.stderr), got {type(output_stream).__name__}: "
+                            f"{output_stream!r}")
+        if threshold is not None and (isinstance(threshold, bool) or not isinstance(
+                threshold, (int, np.integer)) or threshold < 0):
+            raise TypeError(f"id_print: threshold must be a non-negative int (the number of "
+                            f"elements above which numpy summarises an array) or None, got "
+                            f"{threshold!r}")
         self.output_stream = output_stream
         self.threshold = threshold
         self.kwargs = dict(kwargs)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import math
 import os
 import threading
 from typing import Any, Optional
@@ -250,6 +251,11 @@ class Recorder:
                  compression_level: int = 1, chunk_bytes: int = 16 << 20, writers: int = 2,
                  durable: bool = False, commit_interval: float = 1.0,
                  separator: str = "/", coordination_timeout: float = 60.0):
+        if isinstance(coordination_timeout, bool) or not isinstance(
+                coordination_timeout, (int, float)) or not math.isfinite(coordination_timeout) \
+                or coordination_timeout <= 0:
+            raise ValueError(f"hostfeed.Recorder: coordination_timeout must be a positive, "
+                             f"finite number of seconds, got {coordination_timeout!r}")
         # The receiver (and its exit handler, which closes recorders after draining) must
         # exist before any row can be recorded.
         receiver.ensure_started()
@@ -522,6 +528,7 @@ def _as_value(x: Any, name: str) -> Any:
             f"hostfeed: Recorder.record({name!r}) got dtype {x.dtype}, which cannot be "
             f"recorded (sub-byte types have no Zarr encoding that readers share); cast "
             f"first, e.g. x.astype(jnp.int8) or a float8 type")
+    receiver.check_size(np.shape(x), x.dtype, "hostfeed", f"Recorder.record({name!r})'s value")
     return x
 
 

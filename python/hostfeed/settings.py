@@ -13,12 +13,17 @@
 | ``HOSTFEED_FAST_DISPATCH`` | :func:`fast_dispatch` |
 
 Every parser raises ``ValueError`` naming the variable and its value when the value is not
-usable, so a typo fails where the setting is read instead of being ignored.
+usable, so a typo fails where the setting is read instead of being ignored; and
+:func:`validate` runs every parser when hostfeed is imported, so a bad value fails the
+import rather than a barrier or the program's exit. For every variable an empty value
+means unset, and words (``true``, ``Primals``, ``JAX``) are read case-insensitively.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+from collections.abc import Iterator
 from typing import Any
 
 MAX_QUEUE_ENV = "JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE"
@@ -42,6 +47,19 @@ MAX_TIMEOUT_SECONDS = 1e9
 
 #: Default of ``HOSTFEED_STOP_TIMEOUT``, in seconds.
 DEFAULT_STOP_TIMEOUT = 10.0
+
+
+@contextlib.contextmanager
+def parsed_here(name: str) -> Iterator[None]:
+    """Hides variable ``name`` from JAX while a JAX configuration state of the same name
+    is defined with the value parsed here, before entering (JAX would read the variable
+    itself, with its own rules and an error that does not name it)."""
+    saved = os.environ.pop(name, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[name] = saved
 
 
 def _env(name: str) -> str | None:
@@ -133,7 +151,8 @@ def _bool_from_env(name: str, default: bool = False) -> bool:
         return True
     if value in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"{name}={text!r} is not a boolean; use 1 or 0")
+    raise ValueError(f"{name}={text!r} is not a boolean; use 1 or 0 (or true/false, yes/no, "
+                     f"on/off)")
 
 
 # Read once, when hostfeed is imported, as the legacy module read its flag (a JAX flag
@@ -267,7 +286,39 @@ def transport() -> str | None:
     value = text.lower()
     if value not in TRANSPORTS:
         raise ValueError(f"{TRANSPORT_ENV}={text!r} is not a hostfeed transport; use 'native' "
-                         f"(hostfeed's handlers: CPU and CUDA), 'jax' (JAX's host-callback "
+                         f"(hostfeed's handlers: CPU, CUDA and ROCm), 'jax' (JAX's host-callback "
                          f"lowering, every platform JAX's callbacks run on) or leave it unset "
                          f"(chosen per platform)")
     return value
+
+
+#: Every variable hostfeed reads, with its parser.
+PARSERS = {
+    MAX_QUEUE_ENV: max_queue_bytes,
+    INLINE_ENV: lambda: _bool_from_env(INLINE_ENV),
+    AD_TAPS_ENV: ad_taps,
+    SYNC_TAPS_ENV: sync_taps,
+    CALL_TIMEOUT_ENV: call_timeout,
+    STOP_TIMEOUT_ENV: stop_timeout,
+    BUFFER_POOL_ENV: buffer_pool_bytes,
+    TRANSPORT_ENV: transport,
+    FAST_DISPATCH_ENV: fast_dispatch,
+}
+
+
+def validate() -> None:
+    """Parses every variable of the table above; raises the ``ValueError`` (naming the
+    variable) of the first that is set to something unusable. Run when hostfeed is
+    imported.
+
+    Example:
+        >>> os.environ[STOP_TIMEOUT_ENV] = "abc"
+        >>> validate()
+        Traceback (most recent call last):
+        ...
+        ValueError: HOSTFEED_STOP_TIMEOUT='abc' is not a number of seconds
+        >>> del os.environ[STOP_TIMEOUT_ENV]
+        >>> validate()
+    """
+    for parse in PARSERS.values():
+        parse()

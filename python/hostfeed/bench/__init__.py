@@ -86,6 +86,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -168,6 +169,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"sections to run (default: all): {', '.join(SECTIONS)}")
 
 
+def _unwritable(path: str) -> str | None:
+    """Why ``path`` cannot be written (checked before the run, which takes minutes), or
+    None."""
+    target = os.path.abspath(path)
+    if os.path.isdir(target):
+        return "is a folder; name a file"
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder):
+        return f"the folder {folder} does not exist"
+    if not os.access(folder, os.W_OK) or (os.path.exists(target)
+                                          and not os.access(target, os.W_OK)):
+        return "cannot be written (permission denied)"
+    return None
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Runs the ``bench`` command for parsed ``args``."""
     if args.plot:
@@ -175,6 +191,11 @@ def run_command(args: argparse.Namespace) -> int:
             import matplotlib  # noqa: F401 - fail before measuring, not after
         except ImportError:
             print("--plot needs matplotlib: pip install 'hostfeed[bench]'", file=sys.stderr)
+            return 2
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        problem = _unwritable(path) if path else None
+        if problem:
+            print(f"{flag} {path}: {problem}", file=sys.stderr)
             return 2
     sections = args.only or list(SECTIONS)
     step, close = _progress(_steps(sections, args.quick))

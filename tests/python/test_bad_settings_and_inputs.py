@@ -1,0 +1,178 @@
+"""Bad settings and bad input fail clearly where they are given, and nothing pending is
+lost at exit whatever goes wrong on the way: every HOSTFEED_* and JAX_HOST_CALLBACK_*
+variable is parsed when hostfeed is imported; each step of the exit path runs even when
+another fails; shapes too large for any host, bad id_print options, an eager device_index
+outside the operands' devices, a non-positive coordination timeout and a bench output
+path that cannot be written are refused at the call."""
+from __future__ import annotations
+
+import io
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hostfeed
+from hostfeed import host_callback as hcb
+from hostfeed import settings
+
+from conftest import run_python
+
+BAD = [
+    ("HOSTFEED_STOP_TIMEOUT", "abc"),
+    ("HOSTFEED_CALL_TIMEOUT", "-1"),
+    ("HOSTFEED_BUFFER_POOL_BYTES", "lots"),
+    ("JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE", "0"),
+    ("JAX_HOST_CALLBACK_INLINE", "maybe"),
+    ("HOSTFEED_AD_TAPS", "tangents"),
+    ("HOSTFEED_SYNC_TAPS", "sometimes"),
+    ("HOSTFEED_TRANSPORT", "carrier-pigeon"),
+    ("HOSTFEED_FAST_DISPATCH", "2"),
+]
+
+
+def test_the_table_covers_every_variable():
+    assert sorted(settings.PARSERS) == sorted(name for name, _ in BAD)
+
+
+@pytest.mark.parametrize("name,value", BAD, ids=[n for n, _ in BAD])
+def test_a_bad_value_fails_the_import_naming_the_variable(name, value):
+    r = run_python("import hostfeed", env={name: value})
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ValueError: {name}={value!r}"), r.stderr[-2000:]
+
+
+def test_empty_values_are_unset_and_words_ignore_case():
+    env = {name: "" for name, _ in BAD}
+    r = run_python("""
+        import hostfeed
+        from hostfeed import primitives, settings
+        print(primitives.get_ad_taps(), primitives.get_sync_taps(), settings.stop_timeout(),
+              settings.transport(), settings.fast_dispatch())
+        """, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["transforms", "False", "10.0", "None", "True"]
+    r = run_python("""
+        import hostfeed
+        from hostfeed import primitives, settings
+        print(primitives.get_ad_taps(), primitives.get_sync_taps(), settings.transport(),
+              settings.fast_dispatch())
+        """, env={"HOSTFEED_AD_TAPS": " PRIMALS", "HOSTFEED_SYNC_TAPS": "Yes",
+                  "HOSTFEED_TRANSPORT": "Native", "HOSTFEED_FAST_DISPATCH": "OFF"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["primals", "True", "native", "False"]
+
+
+EXIT_PROGRAM = """
+    import atexit, os, sys, threading
+    import jax, jax.numpy as jnp
+    import hostfeed
+    from hostfeed import host_callback as hcb
+
+    ran = []
+    release = threading.Event()
+
+    def slow(x, transforms):
+        release.wait(60)  # until the program exits
+        ran.append(int(x))
+
+    def tap(x, transforms):
+        ran.append(int(x))
+
+    # Runs after hostfeed's exit handler (atexit runs the last registered first).
+    atexit.register(lambda: print("taps run:", len(ran), flush=True))
+    rec = hostfeed.Recorder(sys.argv[1])  # never closed by the program
+    f = jax.jit(lambda i: rec.record("x", hcb.id_tap(tap, i), step=i))
+    jax.jit(lambda i: hcb.id_tap(slow, i))(jnp.int32(-1))
+    for i in range(500):
+        f(jnp.int32(i))
+    # Runs before hostfeed's exit handler: the slow tap lets go once exit has begun.
+    atexit.register(release.set)
+    {spoil}
+    print("queued", flush=True)
+"""
+
+
+@pytest.mark.parametrize("spoil", [
+    "",
+    # A setting spoiled after the import (it was valid then).
+    "os.environ['HOSTFEED_STOP_TIMEOUT'] = 'abc'",
+    # An exit hook that fails.
+    "from hostfeed import receiver; receiver.add_exit_hook(lambda: 1 / 0)",
+], ids=["plain", "setting-spoiled-after-import", "failing-exit-hook"])
+def test_exit_runs_every_pending_tap_and_closes_recorders(tmp_path, spoil):
+    store = tmp_path / "run.zarr"
+    code = EXIT_PROGRAM.replace("{spoil}", spoil)
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code), str(store)],
+                       capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert "queued" in r.stdout, r.stderr[-3000:]
+    assert "taps run: 501" in r.stdout, (r.stdout, r.stderr[-3000:])
+    rows, meta = hostfeed.read_recording(store, "x")
+    assert sorted(meta["step"].tolist()) == list(range(500))
+    if "1 / 0" in spoil:
+        assert "ZeroDivisionError" in r.stderr
+
+
+def test_a_value_larger_than_any_host_is_refused_at_the_call(tmp_path):
+    x = jnp.ones(3)
+    huge = jax.ShapeDtypeStruct((2**62,), jnp.float32)
+    with pytest.raises(ValueError, match="more than any host can hold"):
+        hcb.call(np.sin, x, result_shape=huge)
+    with pytest.raises(ValueError, match="more than any host can hold"):
+        jax.jit(lambda x: hcb.call(np.sin, x, result_shape=huge))(x)
+    with pytest.raises(ValueError, match=r"leaf 0 of `arg` has shape \(1125899906842624,\)"):
+        jax.jit(lambda v: hcb.id_tap(lambda a, t: None, v)).lower(
+            jax.ShapeDtypeStruct((2**50,), jnp.float32))
+    with hostfeed.Recorder(tmp_path / "r.zarr") as rec, \
+            pytest.raises(ValueError, match="more than any host can hold"):
+        jax.jit(lambda v: rec.record("v", v)).lower(jax.ShapeDtypeStruct((2**46, 4), jnp.float32))
+
+
+def test_id_print_options_are_checked_at_the_call():
+    x = jnp.ones(2)
+    with pytest.raises(TypeError, match="output_stream must have a write"):
+        hcb.id_print(x, output_stream=5)
+    with pytest.raises(TypeError, match="threshold must be a non-negative int"):
+        hcb.id_print(x, threshold="a")
+    s = io.StringIO()
+    hcb.id_print(x, output_stream=s, threshold=3)
+    hcb.barrier_wait()
+    assert "[1. 1.]" in s.getvalue()
+
+
+@pytest.mark.parametrize("device_index", [1, 2**70])
+def test_an_eager_device_index_follows_the_jit_rule(device_index):
+    x = jnp.ones(2)
+    msg = f"device_index={device_index} is outside the 1 device"
+    with pytest.raises(ValueError, match=msg):
+        hcb.id_tap(lambda a, t: None, x, device_index=device_index)
+    with pytest.raises(ValueError, match=msg):
+        jax.jit(lambda v: hcb.id_tap(lambda a, t: None, v, device_index=device_index))(x)
+    with pytest.raises(ValueError, match=msg):
+        hcb.call(lambda v: v, x, result_shape=x, device_index=device_index)
+
+
+@pytest.mark.parametrize("timeout", [-1, 0, math.inf, math.nan, "60"])
+def test_recorder_refuses_a_coordination_timeout_that_is_not_positive(tmp_path, timeout):
+    with pytest.raises(ValueError, match="coordination_timeout must be a positive"):
+        hostfeed.Recorder(tmp_path / "r.zarr", coordination_timeout=timeout)
+    assert not (tmp_path / "r.zarr").exists()
+
+
+@pytest.mark.parametrize("flag", ["--json", "--plot"])
+def test_bench_checks_its_output_paths_before_the_run(tmp_path, flag):
+    missing = tmp_path / "nowhere" / "out.file"
+    r = subprocess.run([sys.executable, "-m", "hostfeed", "bench", "--only", "barrier",
+                        flag, str(missing)], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert r.returncode == 2
+    assert r.stderr.strip() == f"{flag} {missing}: the folder {missing.parent} does not exist"
+    assert "Traceback" not in r.stderr
