@@ -18,7 +18,8 @@ __all__ = [
     "start", "stop",
     "finalize", "start_exit_watch", "stop_exit_watch", "push_control", "barrier",
     "is_running", "in_callback_thread", "max_queue_bytes", "set_max_queue_bytes", "stats",
-    "reset_peak", "histograms", "reset_histograms", "set_timing", "set_buffer_pool_bytes",
+    "reset_peak", "hold_back", "let_go", "histograms", "reset_histograms", "set_timing",
+    "set_buffer_pool_bytes",
     "DEFAULT_BUFFER_POOL_BYTES", "set_consumer_name",
     "install_interrupt_watch", "registrations",
     "cuda_registrations", "cuda_driver_error", "cuda_driver_version", "cuda_driver_path",
@@ -245,6 +246,14 @@ def set_max_queue_bytes(bound: int) -> None:
 
 def stats() -> dict[str, int]:
     """The receiver's counters."""
+
+def hold_back(bytes: int) -> None:
+    """Charges ``bytes`` of messages the dispatcher holds back for a joined tap against the
+    bound (never waits; a push is admitted whenever nothing but held-back bytes is
+    charged)."""
+
+def let_go(bytes: int) -> None:
+    """Frees ``bytes`` charged by :func:`hold_back`."""
 
 def reset_peak() -> None:
     """Resets ``peak_queued_bytes`` to the current queued bytes."""

@@ -63,10 +63,11 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import difflib
 import inspect
 import types
 from typing import Any, Optional, TypeVar, overload
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import numpy as np
@@ -330,12 +331,23 @@ def id_tap(tap_func: Callable, arg: Any, *, result: Any = None, tap_with_device:
         (1, 2.0)
     """
     if kwargs:
-        raise TypeError(
-            "Support for **kwargs in ``id_tap`` has been removed. Instead, pre-apply keyword "
-            "arguments, either by using a closure or by passing "
-            f"``functools.partial(tap_func, **kwargs)``. (id_tap got {sorted(kwargs)}.)")
+        raise TypeError(_misspelt(kwargs, ("result", "tap_with_device", "device_index", "sync"))
+                        + "Support for **kwargs in ``id_tap`` has been removed. Instead, "
+                        "pre-apply keyword arguments, either by using a closure or by passing "
+                        f"``functools.partial(tap_func, **kwargs)``. (id_tap got "
+                        f"{sorted(kwargs)}.)")
     _check_tap_func(tap_func, tap_with_device, "id_tap")
     return _tap(tap_func, arg, result, tap_with_device, device_index, sync, "id_tap")
+
+
+def _misspelt(kwargs: dict, known: Sequence[str]) -> str:
+    """'Did you mean ...?' for keywords close to one of ``known`` (empty if none)."""
+    hints = []
+    for k in sorted(kwargs):
+        close = difflib.get_close_matches(k, known, n=1, cutoff=0.6)
+        if close:
+            hints.append(f"{k}= looks like a misspelt {close[0]}=")
+    return f"{'; '.join(hints)}. " if hints else ""
 
 
 def _sync_arg(sync: Any, api: str) -> bool:

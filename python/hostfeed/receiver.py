@@ -159,6 +159,8 @@ class Consumer:
         self.invoke = invoke
         self.name = name
         self.kind = kind
+        if kind == "joined":
+            _marks.joined = True
 
 
 class Lease:
@@ -374,7 +376,8 @@ def _tap_failed(exc: BaseException, consumer: Any) -> None:
 
 class _Held(NamedTuple):
     """A device waiting for its joined tap: the set's joiner and run, the device's later
-    messages (in order), and the barrier epoch in which the device was first held."""
+    messages (in order, each with the bytes it charges against the bound), and the
+    barrier epoch in which the device was first held."""
 
     joiner: Any
     run: int
@@ -390,7 +393,10 @@ class _Dispatcher:
     its position on every device that sent a part. So once a device has sent a part whose
     set is incomplete, the device is *held*: its later messages, of whatever execution,
     wait here until the set completes (then they run, in order). Messages of other devices
-    go on. A device going on to other executions is normal (a multi-device execution is
+    go on. Messages held back count against the queue's byte bound (up to half of it,
+    so that the pushes that complete the sets always find room; past that they are kept
+    uncharged, with a warning), and a push is admitted whenever nothing but held-back
+    messages is charged. A device going on to other executions is normal (a multi-device execution is
     not ordered against single-device ones, nor are executions dispatched by different
     threads), so it never drops a set.
 
@@ -418,9 +424,14 @@ class _Dispatcher:
     (``orphans``), which runs them first, in order.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, charge: bool = False) -> None:
         # device ordinal -> the joined set it waits for, and its messages held back
         self.held: dict[int, _Held] = {}
+        # Whether held-back messages are charged against the receiver's bound (the
+        # receiver's own dispatcher; the unit tests' are not), and how many bytes are.
+        self.charge = charge
+        self.charged = 0
+        self.over_cap_warned = False
         # device ordinal -> messages an abandoned consumer left to be run, in order
         self.orphans: dict[int, collections.deque] = {}
         self.owner = 0  # thread id of the consumer running the dispatcher
@@ -489,7 +500,7 @@ class _Dispatcher:
         if held:
             h = held.get(msg[1])
             if h is not None:
-                h.waiting.append(msg)
+                h.waiting.append((msg, self._hold_back(msg)))
                 return
         done = self._deliver(consumers, msg)
         if done:
@@ -552,9 +563,39 @@ class _Dispatcher:
             waiting = h.waiting
             while waiting:
                 if self.owner != me:  # abandoned meanwhile: leave the rest to the owner
-                    self.orphans.setdefault(ordinal, collections.deque()).extend(waiting)
+                    left = self.orphans.setdefault(ordinal, collections.deque())
+                    while waiting:
+                        left.append(self._let_go(waiting.popleft()))
                     break
-                self._offer(consumers, waiting.popleft())
+                self._offer(consumers, self._let_go(waiting.popleft()))
+
+    def _hold_back(self, msg: Message) -> int:
+        """Charges a message held back against the bound; returns the bytes charged."""
+        if not self.charge:
+            return 0
+        n = 64 + sum(a.nbytes for a in msg[3])  # its arrays and, roughly, the rest
+        if self.charged + n > _receiver.max_queue_bytes() // 2:
+            if not self.over_cap_warned:
+                self.over_cap_warned = True
+                logger.warning(
+                    "hostfeed: the messages held back behind incomplete joined callbacks "
+                    "passed half the queue bound (%d bytes); further ones are kept without "
+                    "counting against it until those callbacks complete",
+                    _receiver.max_queue_bytes())
+            return 0
+        self.charged += n
+        _receiver.hold_back(n)
+        return n
+
+    def _let_go(self, entry: tuple[Message, int]) -> Message:
+        """Frees what a held-back message charged; returns the message."""
+        msg, n = entry
+        if n:
+            self.charged -= n
+            _receiver.let_go(n)
+            if not self.charged:
+                self.over_cap_warned = False
+        return msg
 
     def _run_failed(self, run: int, why: str) -> None:
         """Execution ``run`` failed on some device: drops its incomplete sets (that device
@@ -590,9 +631,10 @@ class _Dispatcher:
         it out of its device's order; returns whether it found one."""
         waited = {(id(h.joiner), h.run) for h in self.held.values()}
         for ordinal, h in list(self.held.items()):
-            for i, msg in enumerate(h.waiting):
+            for i, (msg, _) in enumerate(h.waiting):
                 c = consumers.get(msg[0]) if not msg[2] & FLAG_EAGER else None
                 if c is not None and (id(c.invoke), msg[5]) in waited:
+                    self._let_go(h.waiting[i])
                     del h.waiting[i]
                     logger.warning("hostfeed: device %s ran two multi-device executions "
                                    "in another order than its peers; its part of %s runs "
@@ -611,7 +653,7 @@ class _Dispatcher:
         self._release(_registry.consumers, dropped)
 
 
-_dispatch = _Dispatcher()
+_dispatch = _Dispatcher(charge=True)
 
 
 def run_sync_tap(invoke: Callable[..., None], name: str, arrays: Sequence[np.ndarray],
@@ -944,27 +986,39 @@ def check_not_in_callback(what: str) -> None:
 
 
 class _Marks:
-    """The barriers' marks, numbered in the order they are pushed."""
+    """The barriers' marks, numbered in the order they are pushed; ``joined`` turns true
+    once a joined (global-view, shard by shard) consumer exists: before, nothing can be
+    held and barriers push no marks."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.last = 0
+        self.joined = False
 
 
 _marks = _Marks()
 
 
-def _push_marker(name: str, action: Callable[[], None]) -> None:
-    _receiver.push_eager(Consumer(lambda arrays, ordinal: action(), name, "tap"), (), 0)
+def _push_marker(name: str, action: Callable[[], None]) -> bool:
+    """Pushes an eager message that runs ``action()`` in queue order on the consumer
+    thread; False if the receiver has shut down (interpreter exit: nothing is held any
+    more, the exit swept every set)."""
+    try:
+        _receiver.push_eager(Consumer(lambda arrays, ordinal: action(), name, "tap"), (), 0)
+    except ReceiverError:
+        return False
+    return True
 
 
-def _push_mark() -> int:
-    """Pushes a barrier mark (see :class:`_Dispatcher`); returns its number."""
+def _push_mark() -> int | None:
+    """Pushes a barrier mark (see :class:`_Dispatcher`); returns its number (None: no
+    joined consumer exists, or the receiver has shut down)."""
+    if not _marks.joined:
+        return None
     with _marks.lock:
         _marks.last += 1
         epoch = _marks.last
-    _push_marker("barrier mark", lambda: _dispatch.mark(epoch))
-    return epoch
+    return epoch if _push_marker("barrier mark", lambda: _dispatch.mark(epoch)) else None
 
 
 def _wait_and_sweep() -> Optional[BaseException]:
@@ -973,14 +1027,18 @@ def _wait_and_sweep() -> Optional[BaseException]:
     incomplete (their executions failed) when it reaches the sweep; returns the error of a
     computation that failed. After a failure, a second mark and wait cover the sets whose
     first part came after the first mark: every set held before the second mark belongs
-    to a computation that has finished by then."""
-    epoch = _push_mark()
+    to a computation that has finished by then. The first mark is pushed only when some
+    device is held (marks are messages, seen in the receiver's counters); a set left by a
+    failure that no computation reported is then dropped by the next barrier."""
+    epoch = _push_mark() if _dispatch.held else None
     failed_run = _effects_barrier()
     if failed_run is not None:
         epoch = _push_mark()
         again = _effects_barrier()
         failed_run = failed_run if again is None else again
-    _push_marker("barrier sweep", lambda: _dispatch.sweep(epoch))
+    if epoch is not None:
+        swept = epoch
+        _push_marker("barrier sweep", lambda: _dispatch.sweep(swept))
     return failed_run
 
 

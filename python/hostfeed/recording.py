@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import difflib
 import json
 import math
 import os
@@ -729,6 +730,18 @@ def _describe_pytree(value: Any, n_leaves: int, name: str) -> str:
     return f"a {type(value).__name__} with {leaves}; record each leaf under its own name"
 
 
+def _recorded_names(group: Any, prefix: str = "") -> list[str]:
+    """The recorded arrays under ``group`` (full names; per-row metadata left out)."""
+    names = []
+    for key, member in group.members():
+        full = f"{prefix}{key}"
+        if hasattr(member, "members"):
+            names += _recorded_names(member, full + "/")
+        elif not any(full.endswith(f".{m}") for m in ROW_METADATA):
+            names.append(full)
+    return names
+
+
 def read_recording(path: Any, name: str) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The rows recorded under ``name`` and their per-row metadata, as numpy arrays.
 
@@ -736,7 +749,7 @@ def read_recording(path: Any, name: str) -> tuple[np.ndarray, dict[str, np.ndarr
     dtype; ``meta`` maps ``"step"``, ``"device"``, ``"time_ns"``, ``"seq"`` and
     ``"transforms"`` (a list of the transforms descriptions, indexed by
     ``meta["transform_index"]``) to arrays of ``n`` entries. Needs zarr-python
-    (``pip install 'hostfeed[zarr]'``).
+    (``pip install 'zarr>=3.1'``).
 
     Example:
         >>> import pathlib, tempfile, jax.numpy as jnp, hostfeed
@@ -756,7 +769,13 @@ def read_recording(path: Any, name: str) -> tuple[np.ndarray, dict[str, np.ndarr
     from . import zarr_dtypes
     zarr_dtypes.register()
     root: Any = zarr.open_group(str(path), mode="r")
-    data = root[name]
+    try:
+        data = root[name]
+    except KeyError:
+        names = _recorded_names(root)
+        near = difflib.get_close_matches(name, names, n=len(names), cutoff=0.0)[:20]
+        raise KeyError(f"hostfeed.read_recording: the store {os.fspath(path)} has no array "
+                       f"{name!r}; it has {near or 'none'} (nearest first)") from None
     rows = np.asarray(data[:])
     n = rows.shape[0]
     parent, _, leaf = name.rpartition("/")

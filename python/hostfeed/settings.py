@@ -69,13 +69,17 @@ def _env(name: str) -> str | None:
     return text.strip()
 
 
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
 def byte_count(value: Any, what: str) -> int:
     """A positive whole number of bytes; float notation (``256e6``) is accepted when the
-    value is whole, as the legacy flag did.
+    value is whole, as the legacy flag did, and so is a unit (``64 MiB``, ``1.5GB``).
 
     Example:
-        >>> byte_count("256e6", "bound")
-        256000000
+        >>> byte_count("256e6", "bound"), byte_count("64 MiB", "pool")
+        (256000000, 67108864)
         >>> byte_count(1.5, "bound")
         Traceback (most recent call last):
         ...
@@ -84,11 +88,22 @@ def byte_count(value: Any, what: str) -> int:
     if isinstance(value, bool):
         raise TypeError(f"{what} must be a number of bytes, got the bool {value!r}")
     if isinstance(value, str):
+        text, scale = value.strip(), 1
+        unit = text.rstrip("BbIiKkMmGgTt ")
+        suffix = text[len(unit):].strip()
+        if suffix:
+            scale = _UNITS.get(suffix.lower(), 0)
+            text = unit
         try:
-            number = float(value)
+            number = float(text) * scale if scale else float("nan")
         except ValueError:
-            raise ValueError(f"{what}={value!r} is not a number of bytes; use e.g. 256e6") \
+            number = float("nan")
+        if math.isnan(number):
+            raise ValueError(f"{what}={value!r} is not a number of bytes; use e.g. 256e6, "
+                             f"67108864 or 64MiB (units: B, KB, MB, GB, KiB, MiB, GiB)") \
                 from None
+        if scale > 1 and number == int(number):
+            number = int(number)
     elif isinstance(value, (int, float)) or hasattr(value, "__index__"):
         number = value if isinstance(value, (int, float)) else int(value)
     else:

@@ -176,3 +176,34 @@ def test_bench_checks_its_output_paths_before_the_run(tmp_path, flag):
     assert r.returncode == 2
     assert r.stderr.strip() == f"{flag} {missing}: the folder {missing.parent} does not exist"
     assert "Traceback" not in r.stderr
+
+
+def test_a_misspelt_keyword_is_named():
+    with pytest.raises(TypeError, match=r"reslt= looks like a misspelt result=\. Support for "
+                                        r"\*\*kwargs"):
+        hcb.id_tap(lambda a, t: None, 1.0, reslt=2)
+
+
+def test_read_recording_names_the_store_and_the_nearest_names(tmp_path):
+    path = tmp_path / "r.zarr"
+    with hostfeed.Recorder(path) as rec:
+        rec.record("loss", jnp.float32(1), step=0)
+        rec.record("layer1/h", jnp.ones(2), step=0)
+        rec.record("lr", jnp.float32(1), step=0)
+    with pytest.raises(KeyError) as info:
+        hostfeed.read_recording(path, "los")
+    assert f"the store {path} has no array 'los'; it has ['loss', 'lr', 'layer1/h']" \
+        in str(info.value)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("64 MiB", 64 << 20), ("64MiB", 64 << 20), ("1.5GB", 1_500_000_000), ("2 kib", 2048),
+    ("256e6", 256_000_000), ("67108864", 67108864)])
+def test_byte_counts_take_the_units_the_readme_writes(text, expected):
+    assert settings.byte_count(text, "X") == expected
+
+
+@pytest.mark.parametrize("text", ["lots", "64 XB", "MiB", "1.5 B", "-1 MiB"])
+def test_byte_counts_refuse_what_they_cannot_read(text):
+    with pytest.raises(ValueError, match="X="):
+        settings.byte_count(text, "X")

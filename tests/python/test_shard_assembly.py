@@ -177,8 +177,8 @@ class Dispatch:
     """A fresh dispatcher over `consumers` (consumer ids 1, 2, ...; 0 is the control
     message); `send` runs messages (consumer index, device, run, *arrays)."""
 
-    def __init__(self, consumers):
-        self.d = receiver._Dispatcher()
+    def __init__(self, consumers, charge=False):
+        self.d = receiver._Dispatcher(charge=charge)
         self.consumers = {i + 1: c for i, c in enumerate(consumers)}
 
     def run(self, batch):
@@ -211,6 +211,27 @@ def test_a_held_device_going_on_to_other_executions_waits_for_its_joined_tap():
     d.send((0, 1, 1, *part(0, 1, np.array([1]))))  # device 1's part arrives late
     assert log.events == [("tap", 1), ("joined", "joined", [[0, 1]]), ("tap", 0), ("tap", 0)]
     assert d.d.held == {}
+
+
+def test_held_back_messages_count_against_the_bound_until_they_run():
+    from hostfeed import _receiver
+    receiver.ensure_started()
+    log = Log()
+    d = Dispatch([log.joined("joined"), log.tap("tap")], charge=True)
+    base = _receiver.stats()["queued_bytes"]
+    d.send((0, 0, 1, *part(0, 0, np.array([0]))),
+           *[(1, 0, 2, np.zeros(1000, np.uint8)) for _ in range(3)])
+    assert _receiver.stats()["queued_bytes"] - base == 3 * (1000 + 64)
+    saved = _receiver.max_queue_bytes()
+    _receiver.set_max_queue_bytes(8600)  # half of it: room for one more, not three
+    try:
+        d.send(*[(1, 0, 3, np.zeros(1000, np.uint8)) for _ in range(3)])
+        assert _receiver.stats()["queued_bytes"] - base == 4 * (1000 + 64)
+    finally:
+        _receiver.set_max_queue_bytes(saved)
+    d.send((0, 1, 1, *part(0, 1, np.array([1]))))
+    assert log.events == [("joined", "joined", [[0, 1]])] + [("tap", 0)] * 6
+    assert _receiver.stats()["queued_bytes"] == base and d.d.charged == 0
 
 
 def test_a_sweep_drops_only_sets_held_before_its_mark():

@@ -438,6 +438,19 @@ pub fn set_buffer_pool_bytes(bytes: usize) {
     hostfeed_core::set_pool_limit(bytes);
 }
 
+/// Charges `bytes` of messages the dispatcher holds back for a joined tap against the
+/// bound (never waits; see `Queue::hold_back`).
+#[pyfunction]
+pub fn hold_back(bytes: usize) {
+    hub().queue.hold_back(bytes);
+}
+
+/// Frees `bytes` charged by `hold_back`.
+#[pyfunction]
+pub fn let_go(bytes: usize) {
+    hub().queue.let_go(bytes);
+}
+
 /// Resets `peak_queued_bytes` to the current queued bytes.
 #[pyfunction]
 pub fn reset_peak() {

@@ -52,6 +52,8 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(host::set_max_queue_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(host::stats, m)?)?;
     m.add_function(wrap_pyfunction!(host::reset_peak, m)?)?;
+    m.add_function(wrap_pyfunction!(host::hold_back, m)?)?;
+    m.add_function(wrap_pyfunction!(host::let_go, m)?)?;
     m.add_function(wrap_pyfunction!(host::histograms, m)?)?;
     m.add_function(wrap_pyfunction!(host::reset_histograms, m)?)?;
     m.add_function(wrap_pyfunction!(host::set_timing, m)?)?;

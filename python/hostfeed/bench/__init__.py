@@ -164,7 +164,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fewer sizes and repeats: about a minute")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     parser.add_argument("--plot", metavar="FILE.png",
-                        help="write a figure (needs matplotlib: pip install 'hostfeed[bench]')")
+                        help="write a figure (needs matplotlib: pip install matplotlib)")
     parser.add_argument("--only", nargs="+", metavar="SECTION", choices=list(SECTIONS),
                         help=f"sections to run (default: all): {', '.join(SECTIONS)}")
 
@@ -190,7 +190,7 @@ def run_command(args: argparse.Namespace) -> int:
         try:
             import matplotlib  # noqa: F401 - fail before measuring, not after
         except ImportError:
-            print("--plot needs matplotlib: pip install 'hostfeed[bench]'", file=sys.stderr)
+            print("--plot needs matplotlib: pip install matplotlib", file=sys.stderr)
             return 2
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         problem = _unwritable(path) if path else None

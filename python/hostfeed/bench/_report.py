@@ -279,7 +279,7 @@ def plot(result: dict[str, Any], path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SystemExit("--plot needs matplotlib: pip install 'hostfeed[bench]'") from None
+        raise SystemExit("--plot needs matplotlib: pip install matplotlib") from None
     fig, axes = plt.subplots(1, 3, figsize=(19, 7.5))
     h = result["header"]
     fig.suptitle(f"hostfeed {h['hostfeed']} vs JAX callbacks (jax {h['jax']}, "

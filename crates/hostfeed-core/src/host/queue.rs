@@ -75,8 +75,13 @@ pub struct Reclaimed {
 #[allow(clippy::struct_excessive_bools)] // independent states, read together under one lock
 struct Inner<T> {
     items: VecDeque<(usize, T)>,
-    /// Bytes pushed and not yet completed (queued plus in flight).
+    /// Bytes pushed and not yet completed (queued plus in flight), plus what is charged
+    /// outside any message ([`Queue::charge`], [`Queue::hold_back`]).
     held_bytes: usize,
+    /// The part of `held_bytes` the consumer holds back ([`Queue::hold_back`]): messages
+    /// waiting for something only another push can bring. A push is admitted whenever
+    /// nothing else is charged, so they can never keep that push out.
+    held_back: usize,
     /// Sequence number of the next push (= number of pushes so far).
     enqueued: u64,
     /// Number of messages completed.
@@ -159,6 +164,7 @@ impl<T> Queue<T> {
             inner: CachePadded(Mutex::new(Inner {
                 items: VecDeque::new(),
                 held_bytes: 0,
+                held_back: 0,
                 enqueued: 0,
                 processed: 0,
                 drain_and_stop: false,
@@ -263,7 +269,7 @@ impl<T> Queue<T> {
             }
             let bound = self.bound.load(Ordering::Relaxed);
             if when_full == WhenFull::Admit
-                || g.held_bytes == 0
+                || g.held_bytes <= g.held_back
                 || g.held_bytes.saturating_add(bytes) <= bound
             {
                 break;
@@ -415,6 +421,40 @@ impl<T> Queue<T> {
         drop(g);
         self.stats.queued_bytes.store(held, Ordering::Relaxed);
         self.stats.peak_queued_bytes.fetch_max(held, Ordering::Relaxed);
+    }
+
+    /// Charges `bytes` of messages the consumer holds back after their batch ended, until
+    /// something that only a later push brings lets them run (a joined tap's other parts),
+    /// so that the bound still bounds them. Never waits, and never keeps a push out: a
+    /// push is admitted whenever nothing but held-back bytes is charged. Freed with
+    /// [`Queue::let_go`].
+    pub fn hold_back(&self, bytes: usize) {
+        let mut g = lock(&self.inner);
+        g.held_bytes += bytes;
+        g.held_back += bytes;
+        let held = g.held_bytes as u64;
+        drop(g);
+        self.stats.queued_bytes.store(held, Ordering::Relaxed);
+        self.stats.peak_queued_bytes.fetch_max(held, Ordering::Relaxed);
+    }
+
+    /// Frees `bytes` charged by [`Queue::hold_back`].
+    pub fn let_go(&self, bytes: usize) {
+        if bytes == 0 {
+            return;
+        }
+        let mut g = lock(&self.inner);
+        let bytes = bytes.min(g.held_back);
+        g.held_back -= bytes;
+        g.held_bytes = g.held_bytes.saturating_sub(bytes);
+        self.stats.queued_bytes.store(g.held_bytes as u64, Ordering::Relaxed);
+        drop(g);
+        self.space_freed.notify_all();
+    }
+
+    /// Bytes charged by [`Queue::hold_back`] and not yet let go.
+    pub fn held_back_bytes(&self) -> usize {
+        lock(&self.inner).held_back
     }
 
     /// Frees `bytes` charged by [`Queue::take_retained`] or [`Queue::charge`].
@@ -652,6 +692,7 @@ impl<T> Queue<T> {
             std::mem::forget(std::mem::take(&mut g.items));
             g.processed = g.enqueued;
             g.held_bytes = 0;
+            g.held_back = 0;
             g.drain_and_stop = false;
             g.consumer_active = false;
             self.pending.store(0, Ordering::Release);
@@ -1022,6 +1063,24 @@ mod tests {
         q.clear_stop();
         assert_eq!(drain(&q, 10), vec![1]);
         assert_eq!(q.push(2, 8).unwrap().seq, 1);
+    }
+
+    #[test]
+    fn held_back_bytes_count_against_the_bound_but_never_keep_a_push_out() {
+        let q = Queue::new(10);
+        q.clear_stop();
+        q.hold_back(8);
+        // Nothing but held-back bytes is charged: admitted, though over the bound.
+        assert_eq!(q.try_push(1, 5).unwrap().seq, 0);
+        assert_eq!(q.try_push(2, 1), Err(PushError::WouldBlock(2)), "13 bytes charged");
+        assert_eq!(drain(&q, 10), vec![1]);
+        assert_eq!(q.try_push(2, 1).unwrap().seq, 1);
+        assert_eq!(q.try_push(3, 5), Err(PushError::WouldBlock(3)), "8 held back + 1 + 5");
+        q.let_go(8);
+        assert_eq!((q.held_back_bytes(), q.held_bytes()), (0, 1));
+        assert_eq!(q.try_push(3, 5).unwrap().seq, 2);
+        q.let_go(100); // nothing held back: frees nothing else
+        assert_eq!(q.held_bytes(), 6);
     }
 
     #[test]
