@@ -1,11 +1,16 @@
 """``python -m hostfeed demo``: train a tiny model with taps on its activations.
 
-Prints what the host received for each step and the receiver's counters.
+The host follows the jitted training loop through taps (a progress line driven by the
+loss each step sends), records the hidden layer's statistics with a ``Recorder`` and reads
+a few rows back, then says in one line what the taps cost the device.
 """
 from __future__ import annotations
 
 import argparse
+import pathlib
 import sys
+import tempfile
+from typing import Any, TextIO
 
 import jax
 import jax.numpy as jnp
@@ -16,33 +21,65 @@ from hostfeed import bench
 from hostfeed import host_callback as hcb
 
 
-def demo(steps: int = 5) -> int:
-    """Trains a 2-layer MLP on synthetic data for ``steps`` steps, tapping activations."""
-    received: list[tuple[str, dict]] = []
+class _Progress:
+    """A one-line progress bar on ``out``, redrawn in place on a terminal; elsewhere (a
+    pipe, a log) one line per quarter of the run."""
 
-    def log_hidden(h, transforms):
-        # Runs on the host with numpy arrays. Under jax.grad the forward pass taps the
-        # activations; the backward pass taps their cotangents (dloss/dh), marked by
-        # 'transpose' in `transforms`.
-        if any(name == "transpose" for name, _ in transforms):
-            received.append(("dloss/dhidden", {"norm": float(np.linalg.norm(h))}))
-        else:
-            received.append(("hidden", {"mean": float(h.mean()), "std": float(h.std()),
-                                        "max|h|": float(np.abs(h).max())}))
+    def __init__(self, total: int, out: TextIO):
+        self.total, self.out = total, out
+        self.tty = out.isatty()
+        self.shown = 0  # quarters shown
 
-    def log_step(arg, transforms):
-        step, loss = arg
-        received.append(("step", {"step": int(step), "loss": float(loss)}))
+    def update(self, step: int, loss: float) -> None:
+        done = step + 1
+        quarter = 4 * done // self.total
+        if not self.tty:
+            if quarter <= self.shown:
+                return
+            self.shown = quarter
+        bar = "#" * (24 * done // self.total)
+        line = f"  step {done:>{len(str(self.total))}}/{self.total} [{bar:<24}] loss {loss:.4f}"
+        self.out.write(("\r" + line) if self.tty else line + "\n")
+        if self.tty and done == self.total:
+            self.out.write("\n")
+        self.out.flush()
 
-    def loss_fn(params, x, y):
+
+def _us(value: float) -> str:
+    return f"{value:.2f} µs" if value < 10 else f"{value:.0f} µs"
+
+
+def demo(steps: int = 100, out: TextIO = sys.stdout, store: Any = None) -> int:
+    """Trains a 2-layer MLP on synthetic data for ``steps`` steps: each step taps its loss
+    (the host draws a progress line) and records the hidden layer's mean, standard
+    deviation and gradient norm into a Zarr store (``store``, or a temporary folder),
+    read back at the end. Returns 0, or 1 when the loss did not fall."""
+    progress = _Progress(steps, out)
+    losses: list[float] = []
+
+    def on_step(arg: Any, transforms: Any) -> None:
+        step, loss = int(arg[0]), float(arg[1])
+        losses.append(loss)
+        progress.update(step, loss)
+
+    folder = None
+    if store is None:
+        folder = tempfile.TemporaryDirectory(prefix="hostfeed-demo-")
+        store = pathlib.Path(folder.name) / "demo.zarr"
+    rec = hostfeed.Recorder(store, mode="w")
+
+    def loss_fn(params: Any, x: Any, y: Any, step: Any) -> Any:
         h = jnp.tanh(x @ params["w1"] + params["b1"])
-        h = hcb.id_tap(log_hidden, h)  # identity on h; the device only copies it out
+        rec.record("hidden/mean", h.mean(), step=step)
+        rec.record("hidden/std", h.std(), step=step)
         return jnp.mean((h @ params["w2"] + params["b2"] - y) ** 2)
 
     @jax.jit
-    def train_step(params, step, x, y):
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-        hcb.id_tap(log_step, (step, loss))
+    def train_step(params: Any, step: Any, x: Any, y: Any) -> Any:
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y, step)
+        gnorm = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree_util.tree_leaves(grads)))
+        rec.record("grad_norm", gnorm, step=step)
+        hcb.id_tap(on_step, (step, loss))  # identity; the device only copies it out
         return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
 
     rng = np.random.default_rng(0)
@@ -54,20 +91,43 @@ def demo(steps: int = 5) -> int:
         "w2": jnp.asarray(rng.normal(size=(16, 1)) * 0.3, jnp.float32),
         "b2": jnp.zeros(1, jnp.float32),
     }
+    print(f"hostfeed {hostfeed.__version__} demo: {steps} jitted training steps of a 2-layer "
+          f"MLP; the host follows them through taps", file=out)
+    hostfeed.receiver_stats()  # start the receiver before timing anything
     for step in range(steps):
-        params = train_step(params, step, x, y)
+        params = train_step(params, jnp.int32(step), x, y)
     hcb.barrier_wait("demo")
+    rec.close()
 
-    print(f"hostfeed {hostfeed.__version__} demo: {steps} training steps of a 2-layer MLP")
-    for kind, values in received:
-        text = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                         for k, v in values.items())
-        print(f"  host received {kind:<12} {text}")
-    print("receiver counters:")
-    for k, v in hostfeed.receiver_stats().items():
-        print(f"  {k:<24} {v}")
-    losses = [v["loss"] for k, v in received if k == "step"]
-    return 0 if len(losses) == steps and losses[-1] < losses[0] else 1
+    try:
+        rows, meta = hostfeed.read_recording(store, "grad_norm")
+        means, _ = hostfeed.read_recording(store, "hidden/mean")
+        stds, _ = hostfeed.read_recording(store, "hidden/std")
+        shown = sorted({0, len(rows) // 2, len(rows) - 1})
+        print(f"recorded {len(rows)} rows each of hidden/mean, hidden/std and grad_norm; "
+              f"read back:", file=out)
+        print(f"  {'step':>6} {'hidden/mean':>12} {'hidden/std':>11} {'grad_norm':>10}",
+              file=out)
+        for i in shown:
+            print(f"  {int(meta['step'][i]):>6} {float(means[i]):>12.4f} "
+                  f"{float(stds[i]):>11.4f} {float(rows[i]):>10.4f}", file=out)
+    except ImportError:
+        print(f"recorded into {store}; reading it back needs zarr-python "
+              f"(pip install 'zarr>=3.1')", file=out)
+    stats = hostfeed.receiver_stats()
+    device, handover = stats["device_us"], stats["handover_us"]
+    print(f"the device spent {_us(device['p50'])} per tap or record (p50; p99 "
+          f"{_us(device['p99'])}) for {stats['messages_processed']:,} messages of "
+          f"{stats['bytes_processed'] / 1024:,.1f} KiB; the host took each "
+          f"{_us(handover['p50'])} after it was sent (p50)", file=out)
+    if folder is not None:
+        folder.cleanup()
+    if len(losses) != steps or not losses[-1] < losses[0]:
+        print(f"the loss did not fall ({losses[0]:.4f} -> {losses[-1]:.4f} over "
+              f"{len(losses)} steps): the demo's model is broken", file=sys.stderr)
+        return 1
+    print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}", file=out)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
                                      description="hostfeed: JAX host callbacks in Rust")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="train a tiny model with taps on its activations")
-    p.add_argument("--steps", type=int, default=5, help="training steps (default 5)")
+    p.add_argument("--steps", type=int, default=100, help="training steps (default 100)")
+    p.add_argument("--store", metavar="PATH",
+                   help="keep the recording in this Zarr store (default: a temporary one)")
     b = sub.add_parser("bench", help="latency and throughput against JAX's own callbacks")
     bench.add_arguments(b)
     args = parser.parse_args(argv)
@@ -83,8 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         return bench.run_command(args)
     if args.command == "demo":
         if args.steps < 1:
-            parser.error("--steps must be at least 1")
-        return demo(args.steps)
+            p.error(f"--steps must be at least 1, got {args.steps}")
+        return demo(args.steps, store=args.store)
     return 2  # pragma: no cover - argparse enforces the choices
 
 

@@ -396,9 +396,9 @@ class _Dispatcher:
     go on. Messages held back count against the queue's byte bound (up to half of it,
     so that the pushes that complete the sets always find room; past that they are kept
     uncharged, with a warning), and a push is admitted whenever nothing but held-back
-    messages is charged. A device going on to other executions is normal (a multi-device execution is
-    not ordered against single-device ones, nor are executions dispatched by different
-    threads), so it never drops a set.
+    messages is charged. A device going on to other executions is normal (a multi-device
+    execution is not ordered against single-device ones, nor are executions dispatched by
+    different threads), so it never drops a set.
 
     A set is dropped only when its execution has failed:
 

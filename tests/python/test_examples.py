@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+import hostfeed
+
 from conftest import run_python
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -51,12 +53,32 @@ def test_readme_install_example_runs():
     assert r.stdout.strip() == "hostfeed.host_callback"
 
 
-def test_demo_runs_and_reports_counters():
-    r = run_python("from hostfeed.__main__ import main; raise SystemExit(main(['demo']))")
+def test_demo_trains_records_reads_back_and_summarises(tmp_path):
+    store = tmp_path / "demo.zarr"
+    r = run_python("from hostfeed.__main__ import main; "
+                   f"raise SystemExit(main(['demo', '--steps', '40', '--store', {str(store)!r}]))")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.count("host received step") == 5
-    assert r.stdout.count("host received dloss/dhidden") == 5
-    assert "messages_processed       15" in r.stdout
+    lines = r.stdout.splitlines()
+    # Not a terminal: one progress line per quarter of the run, driven by the taps.
+    assert [ln.split("[")[0].strip() for ln in lines if re.match(r" +step +\d+/", ln)] == [
+        "step 10/40", "step 20/40", "step 30/40", "step 40/40"]
+    assert "recorded 40 rows each of hidden/mean, hidden/std and grad_norm; read back:" in lines
+    assert [ln.split()[0] for ln in lines[lines.index("    step  hidden/mean  hidden/std  "
+                                                      "grad_norm") + 1:][:3]] == ["0", "20", "39"]
+    summary = [ln for ln in lines if ln.startswith("the device spent")]
+    assert len(summary) == 1 and "for 240 messages" in summary[0], r.stdout
+    first, last = (float(v) for v in lines[-1].removeprefix("loss ").split(" -> "))
+    assert last < first
+    rows, meta = hostfeed.read_recording(store, "grad_norm")
+    assert meta["step"].tolist() == list(range(40))
+
+
+def test_demo_refuses_no_steps_with_its_own_usage():
+    r = run_python("from hostfeed.__main__ import main; raise SystemExit(main(['demo', "
+                   "'--steps', '0']))")
+    assert r.returncode == 2
+    assert "usage: python -m hostfeed demo" in r.stderr
+    assert "--steps must be at least 1, got 0" in r.stderr
 
 
 def test_readme_call_example_prints_what_it_says():
