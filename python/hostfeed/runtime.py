@@ -8,6 +8,7 @@ shard are joined here first (:class:`Joiner`). Nothing in this module runs at tr
 """
 from __future__ import annotations
 
+import os
 from typing import Any, NamedTuple
 from collections.abc import Callable, Sequence
 
@@ -54,8 +55,21 @@ class CallbackSpec:
 
     @property
     def name(self) -> str:
+        """The function's qualified name; a lambda's is its file and line instead
+        (``<lambda> at train.py:12``), which tells lambdas apart.
+
+        Example:
+            >>> f = lambda x: x
+            >>> CallbackSpec(f, None, False, "tap").name.startswith("<lambda> at ")
+            True
+        """
         name = getattr(self.func, "__qualname__", None)
-        return name if isinstance(name, str) else getattr(self.func, "__name__", repr(self.func))
+        if not isinstance(name, str):
+            return getattr(self.func, "__name__", repr(self.func))
+        code = getattr(self.func, "__code__", None)
+        if name.endswith("<lambda>") and code is not None:
+            return f"<lambda> at {os.path.basename(code.co_filename)}:{code.co_firstlineno}"
+        return name
 
     def with_tree(self, treedef: Any) -> CallbackSpec:
         """The same callback with another argument tree."""

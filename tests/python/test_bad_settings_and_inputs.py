@@ -207,3 +207,14 @@ def test_byte_counts_take_the_units_the_readme_writes(text, expected):
 def test_byte_counts_refuse_what_they_cannot_read(text):
     with pytest.raises(ValueError, match="X="):
         settings.byte_count(text, "X")
+
+
+def test_a_failing_lambda_is_named_by_file_and_line(caplog):
+    f = jax.jit(lambda v: hcb.id_tap(lambda a, t: 1 / 0, v))
+    line = f.__wrapped__.__code__.co_firstlineno
+    f(1.0)
+    with pytest.raises(hcb.CallbackException):
+        hcb.barrier_wait()
+    logged = "\n".join(r.getMessage() for r in caplog.records if r.name == "hostfeed")
+    assert f"host callback <lambda> at test_bad_settings_and_inputs.py:{line}:" in logged
+    assert "<locals>" not in logged
