@@ -415,12 +415,7 @@ impl<T> Queue<T> {
 
     /// Charges `bytes` held outside any message (never waits; see [`Queue::take_retained`]).
     pub(crate) fn charge(&self, bytes: usize) {
-        let mut g = lock(&self.inner);
-        g.held_bytes += bytes;
-        let held = g.held_bytes as u64;
-        drop(g);
-        self.stats.queued_bytes.store(held, Ordering::Relaxed);
-        self.stats.peak_queued_bytes.fetch_max(held, Ordering::Relaxed);
+        self.charge_outside(bytes, false);
     }
 
     /// Charges `bytes` of messages the consumer holds back after their batch ended, until
@@ -429,9 +424,16 @@ impl<T> Queue<T> {
     /// push is admitted whenever nothing but held-back bytes is charged. Freed with
     /// [`Queue::let_go`].
     pub fn hold_back(&self, bytes: usize) {
+        self.charge_outside(bytes, true);
+    }
+
+    /// [`Queue::charge`], or with `held_back` [`Queue::hold_back`].
+    fn charge_outside(&self, bytes: usize, held_back: bool) {
         let mut g = lock(&self.inner);
         g.held_bytes += bytes;
-        g.held_back += bytes;
+        if held_back {
+            g.held_back += bytes;
+        }
         let held = g.held_bytes as u64;
         drop(g);
         self.stats.queued_bytes.store(held, Ordering::Relaxed);
