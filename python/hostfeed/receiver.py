@@ -352,13 +352,17 @@ def user_frame(exc: BaseException) -> str:
     return ""
 
 
-def record_exception(exc: BaseException, where: str) -> None:
-    """Logs ``exc`` with its traceback (from the user's frame on) and keeps it for the next
-    ``barrier_wait``."""
+def record_exception(exc: BaseException, where: str, *, raised_in: str = "") -> None:
+    """Keeps ``exc`` for the next ``barrier_wait`` and logs one line that names it and where
+    it was raised (its traceback, from the user's frame on, is printed once: as the cause
+    of the ``CallbackException`` that ``barrier_wait`` raises). ``raised_in`` says where
+    else the user already saw it (a failing ``call``'s computation)."""
     exc.__traceback__ = _user_traceback(exc)
-    formatted = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    logger.error("hostfeed: postponing exception raised in %s:\n%s", where, formatted)
-    _last_exception[:] = [(exc, formatted)]
+    summary = f"{type(exc).__name__}: {exc}{user_frame(exc)}, in {where}"
+    also = f"; {raised_in}" if raised_in else ""
+    logger.error("hostfeed: %s%s; the next barrier_wait() raises it with its traceback",
+                 summary, also)
+    _last_exception[:] = [(exc, summary)]
 
 
 def take_last_exception() -> tuple[BaseException, str] | None:
@@ -1124,7 +1128,7 @@ def _raise_pending(failed_run: Optional[BaseException],
             logger.error("hostfeed: also failed before this barrier_wait: %s", e)
         raise CallbackException(
             "There were exceptions during callback processing. "
-            f"Last one was: {formatted}") from exc
+            f"Last one was: {formatted} (its traceback is above)") from exc
     if hook_errors:
         raise hook_errors[0]
     if failed_run is not None:
@@ -1172,4 +1176,5 @@ def _at_exit() -> None:
     last = take_last_exception()
     if last is not None:
         raise CallbackException("There were exceptions during callback processing. "
-                                f"Last one was: {last[1]}") from last[0]
+                                f"Last one was: {last[1]} (its traceback is above)"
+                                ) from last[0]

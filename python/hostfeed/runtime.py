@@ -251,7 +251,8 @@ def make_call_runner(spec: CallbackSpec, result_treedef: Any,
             else:
                 res = func(arg)
         except BaseException as exc:  # noqa: BLE001 - recorded and sent to the device
-            record_exception(exc, f"host callback {name} of hcb.call")
+            record_exception(exc, f"host callback {name} of hcb.call",
+                             raised_in="the computation that made the call fails with it")
             return None, (f"hostfeed: host callback {name} of hcb.call raised "
                           f"{type(exc).__name__}: {exc}{user_frame(exc)} (expected "
                           f"results: {expected})")
@@ -261,7 +262,8 @@ def make_call_runner(spec: CallbackSpec, result_treedef: Any,
                 flat = check_call_results(name, res, result_treedef, result_avals)
         except TypeError as exc:
             # hostfeed's own check failed, not the user's code: no traceback into it.
-            record_exception(exc.with_traceback(None), f"host callback {name} of hcb.call")
+            record_exception(exc.with_traceback(None), f"host callback {name} of hcb.call",
+                             raised_in="the computation that made the call fails with it")
             return None, f"hostfeed: {exc}"
         return flat, None
 

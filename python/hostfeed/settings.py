@@ -321,10 +321,42 @@ PARSERS = {
 }
 
 
+#: Variables of hostfeed's own tests, benches and build, which a program never sets: not
+#: reported as unknown.
+DEVELOPMENT_PREFIXES = ("HOSTFEED_SOAK", "HOSTFEED_BENCH_", "HOSTFEED_WHEEL",
+                        "HOSTFEED_XLA_FFI_INCLUDE", "HOSTFEED_REQUIRE_FFI_HEADERS")
+
+
+def unknown_variables(environ: Any = None) -> list[str]:
+    """One line for each ``HOSTFEED_*`` variable that hostfeed does not read (a typo, say),
+    naming the closest variable it does read.
+
+    Example:
+        >>> print(*unknown_variables({"HOSTFEED_SYNC_TAP": "1", "HOSTFEED_AD_TAPS": "x"}))
+        HOSTFEED_SYNC_TAP is not a hostfeed setting (did you mean HOSTFEED_SYNC_TAPS?); it is \
+ignored
+    """
+    import difflib
+
+    environ = os.environ if environ is None else environ
+    known = [k for k in PARSERS if k.startswith("HOSTFEED_")]
+    out = []
+    for name in sorted(environ):
+        if (name.startswith("HOSTFEED_") and name not in PARSERS
+                and not name.startswith(DEVELOPMENT_PREFIXES)):
+            stem = name.removeprefix("HOSTFEED_")
+            close = difflib.get_close_matches(stem, [k.removeprefix("HOSTFEED_") for k in known],
+                                              n=1, cutoff=0.6)
+            hint = (f"did you mean HOSTFEED_{close[0]}?" if close
+                    else "hostfeed reads " + ", ".join(known))
+            out.append(f"{name} is not a hostfeed setting ({hint}); it is ignored")
+    return out
+
+
 def validate() -> None:
     """Parses every variable of the table above; raises the ``ValueError`` (naming the
-    variable) of the first that is set to something unusable. Run when hostfeed is
-    imported.
+    variable) of the first that is set to something unusable, and warns once about each
+    ``HOSTFEED_*`` variable it does not know. Run when hostfeed is imported.
 
     Example:
         >>> os.environ[STOP_TIMEOUT_ENV] = "abc"
@@ -337,3 +369,7 @@ def validate() -> None:
     """
     for parse in PARSERS.values():
         parse()
+    import warnings
+
+    for line in unknown_variables():
+        warnings.warn(line, UserWarning, stacklevel=2)

@@ -216,5 +216,19 @@ def test_a_failing_lambda_is_named_by_file_and_line(caplog):
     with pytest.raises(hcb.CallbackException):
         hcb.barrier_wait()
     logged = "\n".join(r.getMessage() for r in caplog.records if r.name == "hostfeed")
-    assert f"host callback <lambda> at test_bad_settings_and_inputs.py:{line}:" in logged
+    assert f"in host callback <lambda> at test_bad_settings_and_inputs.py:{line};" in logged
     assert "<locals>" not in logged
+
+
+def test_a_misspelt_variable_name_is_reported_at_import_with_the_nearest_name():
+    r = run_python("import hostfeed", env={"HOSTFEED_CALL_TIMEOT": "5",
+                                           "HOSTFEED_SOAK": "1"})  # a test's own: quiet
+    assert r.returncode == 0, r.stderr
+    warned = [line for line in r.stderr.splitlines() if "is not a hostfeed setting" in line]
+    assert len(warned) == 1, r.stderr
+    assert ("HOSTFEED_CALL_TIMEOT is not a hostfeed setting (did you mean "
+            "HOSTFEED_CALL_TIMEOUT?); it is ignored") in warned[0]
+    assert settings.unknown_variables({"HOSTFEED_ZZZ": "1"}) == [
+        "HOSTFEED_ZZZ is not a hostfeed setting (hostfeed reads "
+        + ", ".join(k for k in settings.PARSERS if k.startswith("HOSTFEED_"))
+        + "); it is ignored"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import traceback
 import threading
 
 import jax
@@ -32,8 +33,16 @@ def test_exception_surfaces_at_barrier_and_later_taps_run(caplog):
             hcb.barrier_wait()
     assert got == [0, 1, 3, 4]
     assert isinstance(info.value.__cause__, ValueError)
-    assert "Traceback" in str(info.value)
-    assert any("tap failed on 2" in r.getMessage() for r in caplog.records)
+    # Reported once with its traceback (printed as the cause), once in a line of the log
+    # that names the function and the line, and refers to barrier_wait.
+    printed = "".join(traceback.format_exception(info.value))
+    assert printed.count("Traceback") == 2, printed  # the cause's, then barrier_wait's
+    assert printed.count('raise ValueError("tap failed on 2")') == 1, printed
+    assert "Last one was: ValueError: tap failed on 2 (at " in str(info.value)
+    assert "Traceback" not in str(info.value)
+    logged = [r.getMessage() for r in caplog.records if "tap failed on 2" in r.getMessage()]
+    assert len(logged) == 1 and "Traceback" not in logged[0], logged
+    assert "barrier_wait() raises it" in logged[0], logged
     # Reported once: the next barrier is clean, and new taps still work.
     hcb.barrier_wait()
     f(0)
