@@ -1,5 +1,6 @@
 """Test matrix: the whole Python test suite, the stub check and mypy on each supported
-(Python, JAX) pair; the suite with the portable transport forced; the GPU check's dry run;
+(Python, JAX) pair; the suite with the portable transport forced; the docs site; the GPU
+check's dry run;
 and the Rust core's tests once (debug and release, and the loom models).
 
     nox                                 # everything: the three environments, portable,
@@ -10,6 +11,7 @@ and the Rust core's tests once (debug and release, and the loom models).
     nox -s rust                         # the core's tests, debug and release (the FFI layout
                                         # against each jaxlib seen), then the loom models
     nox -s gpu_check_dry                # benches/gpu_check.sh's dry run on CPU (a few minutes)
+    nox -s docs                         # build the docs site (-W), check its front page
     nox -s portable                     # the suite with the portable transport forced
     nox -s releases                     # also 0.10.0, 0.10.1, 0.11.0, 0.11.1, 0.12.0 (not in CI)
 
@@ -40,7 +42,7 @@ nox.options.default_venv_backend = "venv"
 # (HOSTFEED_TRANSPORT=jax: JAX's host-callback lowering, what TPUs and ROCm GPUs use).
 PORTABLE = [("3.11", "0.10.2")]
 
-nox.options.sessions = ["tests", "portable", "gpu_check_dry", "rust"]
+nox.options.sessions = ["tests", "portable", "docs", "gpu_check_dry", "rust"]
 
 
 def _wheel() -> str:
@@ -103,6 +105,18 @@ def _test(session: nox.Session, jax: str) -> None:
     session.run("python", "-m", "pytest", *session.posargs, env=env)
     session.run("python", "-m", "mypy.stubtest", "hostfeed._receiver", env=env)
     session.run("python", "-m", "mypy", "python/hostfeed", env=env)
+
+
+@nox.session(python=MATRIX[-1][0])
+def docs(session: nox.Session) -> None:
+    """The documentation site: built with warnings as errors (API reference from the
+    installed wheel's docstrings), its front page checked in headless Chromium (title and
+    navigation read back from a screenshot); needs `chromium` and `tesseract` on PATH.
+    The pages' code blocks and figures are checked by the suite (tests/python/test_docs.py)."""
+    python, jax = MATRIX[-1]
+    session.install(_wheel(), f"jax=={jax}", f"jaxlib=={jax}", "-r", "docs/requirements.txt")
+    out = ROOT / ".nox" / "_docs_site"
+    session.run("python", "docs/check_site.py", "--out", str(out), env={"JAX_PLATFORMS": "cpu"})
 
 
 # The GPU machine's Python and JAX, for the dry run of its check.

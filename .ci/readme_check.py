@@ -118,24 +118,28 @@ def imported_modules(code: str) -> set[str]:
 
 
 def run_python_blocks(steps: list[Block], python: str = sys.executable,
-                      workdir: str | None = None) -> None:
+                      workdir: str | None = None, source: str = "README.md") -> list[str]:
     """Runs every Python block in order, each in a fresh ``python``, all in ``workdir``
-    (a new temporary directory by default); raises ``RuntimeError`` on the first failure."""
+    (a new temporary directory by default); raises ``RuntimeError`` on the first failure,
+    naming ``source`` (the page) and the block's line. Returns each run block's stdout."""
     workdir = workdir or tempfile.mkdtemp(prefix="readme-check-")
     env = dict(os.environ, MPLBACKEND="Agg")
     env.setdefault("JAX_PLATFORMS", "cpu")
+    outputs = []
     for b in steps:
         if b.lang != "python":
             continue
         if b.skip:
-            print(f"README.md:{b.line}: skipped ({b.skip})")
+            print(f"{source}:{b.line}: skipped ({b.skip})")
             continue
-        print(f"README.md:{b.line}: running", flush=True)
+        print(f"{source}:{b.line}: running", flush=True)
         r = subprocess.run([python, "-c", b.code], cwd=workdir, env=env, capture_output=True,
                            text=True, timeout=600)
         if r.returncode != 0:
-            raise RuntimeError(f"README.md:{b.line}: the Python block failed "
+            raise RuntimeError(f"{source}:{b.line}: the Python block failed "
                                f"(exit {r.returncode}):\n{r.stdout[-2000:]}{r.stderr[-4000:]}")
+        outputs.append(r.stdout)
+    return outputs
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""The README's examples and every docstring example run as written."""
+"""Every docstring example runs as written; the README's commands and the demo.
+(The README's and the docs' code blocks: test_docs.py.)"""
 from __future__ import annotations
 
 import doctest
@@ -19,7 +20,7 @@ MODULES = ["hostfeed", "hostfeed.host_callback", "hostfeed.printing", "hostfeed.
            "hostfeed.runtime", "hostfeed.settings", "hostfeed.receiver", "hostfeed._compat",
            "hostfeed.keys", "hostfeed.placement", "hostfeed.bench", "hostfeed.bench._timing",
            "hostfeed.recording", "hostfeed.zarr_dtypes", "hostfeed.lowering",
-           "hostfeed.fast_dispatch"]
+           "hostfeed.fast_dispatch", "hostfeed.bench._markdown"]
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -29,28 +30,10 @@ def test_docstring_examples(name):
     assert result.failed == 0
 
 
-def readme_blocks():
-    text = (ROOT / "README.md").read_text()
-    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
-
-
 def test_readme_has_two_commands_first():
     lines = (ROOT / "README.md").read_text().splitlines()
     assert lines[3].startswith("pip install . && python -m hostfeed demo")
     assert lines[4].startswith("pip install '.[test]' && cargo test && python -m pytest")
-
-
-def test_readme_example_prints_what_it_says():
-    block = readme_blocks()[0]
-    r = run_python(block)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == ["8.0", "[2.0, 4.0, 8.0]", "what: x,x^2", "( 3 9 )"]
-
-
-def test_readme_install_example_runs():
-    r = run_python(readme_blocks()[1] + "\nprint(hcb.id_tap.__module__)\n")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "hostfeed.host_callback"
 
 
 def test_demo_trains_records_reads_back_and_summarises(tmp_path):
@@ -81,34 +64,8 @@ def test_demo_refuses_no_steps_with_its_own_usage():
     assert "--steps must be at least 1, got 0" in r.stderr
 
 
-def test_readme_call_example_prints_what_it_says():
-    r = run_python(readme_blocks()[2])
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "[0. 1. 2.]"
 
-
-def _recording_blocks():
-    return [b for b in readme_blocks() if "hostfeed.Recorder" in b or "run1.zarr" in b]
-
-
-def test_readme_recording_example_trains_records_and_reads(tmp_path):
-    block = _recording_blocks()[0]
-    r = run_python(f"import os; os.chdir({str(tmp_path)!r})\n" + block)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.splitlines() == ["(100, 64, 32) float32 [0 1 2]",
-                                     "(100, 64, 32) (100,)"]
-
-
-def test_readme_recording_plot_example(tmp_path):
-    pytest.importorskip("matplotlib")
-    train, plot = _recording_blocks()[:2]
-    r = run_python(f"import os; os.chdir({str(tmp_path)!r})\n" + train + "\n" + plot,
-                   env={"MPLBACKEND": "Agg"})
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert (tmp_path / "activations.png").stat().st_size > 0
-
-
-# The README as a new user meets it (issue 21, item 4): every Python block needs only what
+# The README as a new user meets it: every Python block needs only what
 # the README installed before it, and the blocks run in order. `.ci/readme_check.py` does
 # the same in a fresh virtual environment in CI.
 
@@ -149,22 +106,5 @@ def test_readme_blocks_need_only_what_the_readme_installed_before_them():
                 f"README.md:{block.line} needs {module}, which no install command before it "
                 f"in the README installs (installed so far: {sorted(installed)})")
         checked += 1
-    assert checked >= 6
+    assert checked >= 3
     assert "." in installed  # the first command installs hostfeed itself
-
-
-def test_readme_python_blocks_run_in_order(tmp_path):
-    pytest.importorskip("matplotlib")
-    pytest.importorskip("zarr")
-    rc = _readme_check()
-    steps = rc.blocks()
-    assert not [b for b in steps if b.skip]  # none needs a GPU yet; the marker is for later
-    rc.run_python_blocks(steps, workdir=str(tmp_path))
-    assert (tmp_path / "activations.png").stat().st_size > 0
-
-
-def test_readme_sync_taps_example_prints_what_it_says():
-    block = next(b.code for b in _readme_check().blocks() if "sync=True" in b.code)
-    r = run_python(block)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == ["[1]", "what: two", "2"]

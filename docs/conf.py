@@ -1,0 +1,40 @@
+"""Sphinx configuration of hostfeed's documentation (MyST Markdown pages, the API reference
+generated from the docstrings of the installed package).
+
+    pip install -r docs/requirements.txt
+    sphinx-build -W --keep-going -b html docs docs/_build/html
+"""
+from __future__ import annotations
+
+import hostfeed
+
+project = "hostfeed"
+author = "the hostfeed authors"
+copyright = "2026, the hostfeed authors"
+release = hostfeed.__version__
+version = release
+
+extensions = [
+    "myst_parser",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.intersphinx",
+    "sphinx.ext.viewcode",
+]
+source_suffix = {".md": "markdown"}
+root_doc = "index"
+exclude_patterns = ["_build", "bench-repeats", "README.md", "gpu"]
+myst_enable_extensions = ["colon_fence", "deflist"]
+myst_heading_anchors = 3
+
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+autodoc_default_options = {"members": False, "undoc-members": False}
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+# No network in the build: links to JAX's and numpy's docs are written out, not resolved.
+intersphinx_mapping: dict[str, tuple[str, str | None]] = {}
+
+html_theme = "furo"
+html_title = f"hostfeed {release}"
+html_static_path: list[str] = []

@@ -1,0 +1,106 @@
+"""The performance figures of the README and the docs, generated from committed bench runs.
+
+    python docs/figures.py --write   # rewrite every generated table from the runs
+    python docs/figures.py --check   # fail (exit 1) where a table or docs/bench.txt differs
+                                     # from the runs, or a figure stands outside a table
+
+A table sits between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` (NAME one of
+``hostfeed.bench._markdown.TABLES``). Its figures come from ``docs/bench.json`` (the cited
+run: ``python -m hostfeed bench --json docs/bench.json > docs/bench.txt``) and its ranges
+from that run and the full runs in ``docs/bench-repeats/*.json``. A performance figure
+(a time in ns, µs or ms, a rate in MB/s or GB/s, a ratio such as ``0.25x``) anywhere else
+in ``README.md`` or ``docs/*.md`` is an error: a figure a reader sees must be one a
+committed run produced. CI runs ``--check`` (``tests/python/test_docs.py``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+CITED = DOCS / "bench.json"
+REPEATS = DOCS / "bench-repeats"
+
+_BLOCK = re.compile(r"(<!-- bench:(\w+) -->\n)(.*?)(<!-- /bench:\2 -->)", re.S)
+_FIGURE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:\s?-\s?\d+(?:\.\d+)?)?\s?"
+                     r"(?:[nµum]s|[MG]B/s|x)(?![\w/])")
+
+
+def pages() -> list[pathlib.Path]:
+    """The README and every page of the docs."""
+    return [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+
+
+def runs() -> list[dict]:
+    """The cited run first, then the repeats."""
+    return [json.loads(p.read_text())
+            for p in [CITED, *sorted(REPEATS.glob("*.json"))]]
+
+
+def render(name: str, all_runs: list[dict]) -> str:
+    from hostfeed.bench import _markdown
+
+    if name not in _markdown.TABLES:
+        raise KeyError(f"no bench table {name!r}; tables: {sorted(_markdown.TABLES)}")
+    return (f"Measured on {_markdown.machine(all_runs[0])} "
+            f"(`docs/bench.json`; ranges over {len(all_runs)} full runs, "
+            "`docs/bench-repeats/`). Ratios are time ratios (below one: faster than the baseline)."
+            "\n\n"
+            f"{_markdown.TABLES[name](all_runs)}\n")
+
+
+def regenerate(text: str, all_runs: list[dict]) -> str:
+    return _BLOCK.sub(lambda m: m.group(1) + render(m.group(2), all_runs) + m.group(4), text)
+
+
+def stray_figures(text: str) -> list[tuple[int, str]]:
+    """(line, figure) for each performance figure outside a generated table."""
+    out = []
+    spans = [m.span() for m in _BLOCK.finditer(text)]
+    for m in _FIGURE.finditer(text):
+        if not any(a <= m.start() < b for a, b in spans):
+            out.append((text.count("\n", 0, m.start()) + 1, m.group(0)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true")
+    mode.add_argument("--check", action="store_true")
+    args = parser.parse_args(argv)
+    from hostfeed.bench import _report
+
+    all_runs = runs()
+    problems = []
+    text = _report.text(all_runs[0])
+    bench_txt = DOCS / "bench.txt"
+    if args.write:
+        bench_txt.write_text(text)
+    elif bench_txt.read_text().rstrip("\n") != text.rstrip("\n"):
+        problems.append("docs/bench.txt is not the text of docs/bench.json "
+                        "(python docs/figures.py --write)")
+    for page in pages():
+        old = page.read_text()
+        new = regenerate(old, all_runs)
+        rel = page.relative_to(ROOT)
+        if args.write and new != old:
+            page.write_text(new)
+            print(f"rewrote {rel}")
+        elif new != old:
+            problems.append(f"{rel}: a bench table differs from the committed runs "
+                            "(python docs/figures.py --write)")
+        for line, figure in stray_figures(new):
+            problems.append(f"{rel}:{line}: figure {figure!r} outside a generated bench "
+                            "table")
+    for p in problems:
+        print(p, file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""Markdown tables of ``python -m hostfeed bench`` results, for the README and the docs.
+
+Every performance figure the README and the documentation give is one of these tables,
+generated from committed runs (``docs/bench.json``, the run they cite, and the full runs
+under ``docs/bench-repeats/``, which give each ratio's range): ``docs/figures.py``
+rewrites them and CI checks that they match.
+"""
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+Run = dict[str, Any]
+
+#: The JAX callbacks a row of hostfeed is compared with (the fastest one measured wins).
+JAX_CALLBACKS = ("buffer_callback", "pure_callback", "io_callback", "io_callback(ordered)",
+                 "debug.callback")
+
+
+class Figure(NamedTuple):
+    """One row: hostfeed's value, the baseline's value and name, hostfeed's time ratio."""
+    hostfeed: str
+    baseline: str
+    ratio: float
+
+
+def _us(v: float) -> str:
+    return f"{v:.3g} µs" if v < 10 else f"{v:.0f} µs" if v >= 100 else f"{v:.1f} µs"
+
+
+def _best(values: dict[str, float]) -> tuple[str, float]:
+    """The fastest JAX callback among ``values`` (name, value)."""
+    name = min((k for k in JAX_CALLBACKS if values.get(k)), key=values.__getitem__)
+    return name, values[name]
+
+
+def _dispatch(what: str) -> Callable[[Run], Figure | None]:
+    def figure(run: Run) -> Figure | None:
+        d = run.get("dispatch")
+        if not d or what not in d:
+            return None
+        us = {k: v["us"] for k, v in d.items() if isinstance(v, dict)}
+        name, best = _best(us)
+        return Figure(f"{_us(us[what])} (no callback: {_us(us['no callback'])})",
+                      f"{_us(best)} (`{name}`)", us[what] / best)
+    return figure
+
+
+def _small_tap(key: str) -> Callable[[Run], Figure | None]:
+    def figure(run: Run) -> Figure | None:
+        methods = run.get("latency", {}).get("methods")
+        if not methods:
+            return None
+        values = {k: m[key] for k, m in methods.items()}
+        name, best = _best(values)
+        return Figure(_us(values["hostfeed"]), f"{_us(best)} (`{name}`)",
+                      values["hostfeed"] / best)
+    return figure
+
+
+def _small_tap_floor(run: Run) -> Figure | None:
+    lat = run.get("latency")
+    if not lat:
+        return None
+    mine = lat["methods"]["hostfeed"]["end_to_end_per_tap_us"]
+    floor = lat["floors"]["numpy"]
+    return Figure(_us(mine), f"{_us(floor)} (numpy: copy the bytes, call the function)",
+                  mine / floor)
+
+
+def _sync_tap(run: Run) -> Figure | None:
+    methods = run.get("latency", {}).get("methods")
+    if not methods or "hostfeed (sync)" not in methods:
+        return None
+    values = {k: m["device_us"]["p50"] for k, m in methods.items()}
+    name, best = _best(values)
+    return Figure(_us(values["hostfeed (sync)"]), f"{_us(best)} (`{name}`)",
+                  values["hostfeed (sync)"] / best)
+
+
+def _large_taps(run: Run) -> Figure | None:
+    sweep = run.get("sweep")
+    if not sweep or 4194304 not in sweep["sizes"]:
+        return None
+    i = sweep["sizes"].index(4194304)
+    gbps = {k: pts[i]["gb_per_s"] for k, pts in sweep["methods"].items()}
+    floor = gbps["numpy copy, 2 buffers"]
+    return Figure(f"{gbps['hostfeed']:.1f} GB/s",
+                  f"{floor:.1f} GB/s (numpy copy into two buffers, alternately)",
+                  floor / gbps["hostfeed"])
+
+
+def _round_trip(loaded: bool) -> Callable[[Run], Figure | None]:
+    def figure(run: Run) -> Figure | None:
+        call = run.get("call")
+        if not call or (loaded and "loaded" not in call):
+            return None
+        methods = (call["loaded"] if loaded else call)["methods"]
+        values = {k: m["round_trip_us"]["p50"] for k, m in methods.items()}
+        name, best = _best(values)
+        return Figure(_us(values["hostfeed call"]), f"{_us(best)} (`{name}`)",
+                      values["hostfeed call"] / best)
+    return figure
+
+
+def _eager(run: Run) -> Figure | None:
+    e = run.get("eager")
+    if not e:
+        return None
+    values = {k: v["per_tap_us"] for k, v in e.items() if isinstance(v, dict)}
+    name, best = _best(values)
+    return Figure(_us(values["hostfeed"]), f"{_us(best)} (`{name}`)",
+                  values["hostfeed"] / best)
+
+
+def _compile(run: Run) -> Figure | None:
+    c = run.get("compile")
+    if not c:
+        return None
+    mine = c["hostfeed"]["seconds"]
+    base = c["io_callback(ordered)"]["seconds"]
+    return Figure(f"{mine:.2f} s", f"{base:.1f} s (`io_callback(ordered)`)", mine / base)
+
+
+def _barrier(run: Run) -> Figure | None:
+    b = run.get("barrier")
+    if not b:
+        return None
+    mine = b["hostfeed barrier_wait"]["us"]
+    base = b["jax.effects_barrier"]["us"]
+    return Figure(_us(mine), f"{_us(base)} (`jax.effects_barrier`)", mine / base)
+
+
+#: The summary's rows: what a user asks, and how a run answers it.
+SUMMARY: list[tuple[str, Callable[[Run], Figure | None]]] = [
+    ("dispatch of a small jitted function with one `id_tap`, waited for",
+     _dispatch("hostfeed id_tap")),
+    ("the same with one `call`", _dispatch("hostfeed call")),
+    ("small tap (float32[4]), what the computation spends per tap",
+     _small_tap("device_side_per_tap_us")),
+    ("small tap, end to end (until its function ran)", _small_tap_floor),
+    ("synchronous tap (`sync=True`), device side, p50", _sync_tap),
+    ("4 MiB taps, end to end", _large_taps),
+    ("`call` round trip, float32[4], p50", _round_trip(False)),
+    ("`call` round trip p50, every core busy", _round_trip(True)),
+    ("eager `id_tap` until its function ran", _eager),
+    ("compile a function with 200 taps", _compile),
+    ("idle `barrier_wait()` after computations that tapped", _barrier),
+]
+
+
+def _ratio(v: float) -> str:
+    return f"{v:.2f}x" if math.isfinite(v) else "-"
+
+
+def _range(values: Sequence[float]) -> str:
+    lo, hi = min(values), max(values)
+    wide = " **wide**" if hi > 1.5 * lo else ""
+    return f"{lo:.2f}-{hi:.2f}x{wide}"
+
+
+def machine(run: Run) -> str:
+    """The run's machine and versions, in a phrase.
+
+    Example:
+        >>> machine({"header": {"cores": 2, "cpu": "AMD EPYC", "jax": "0.10.2",
+        ...          "python": "3.11.7", "load_average": 0.5,
+        ...          "started": "2026-12-02T18:40:10+00:00"}})
+        'a 2-core AMD EPYC machine, jax 0.10.2, Python 3.11.7, load 0.50, 2026-12-02'
+    """
+    h = run["header"]
+    day = datetime.datetime.fromisoformat(h["started"]).date().isoformat()
+    return (f"a {h['cores']}-core {h['cpu']} machine, jax {h['jax']}, Python {h['python']}, "
+            f"load {h['load_average']:.2f}, {day}")
+
+
+def summary(runs: Sequence[Run]) -> str:
+    """The README's table: for each question, hostfeed's figure and the best baseline's
+    in the cited run (``runs[0]``), hostfeed's time ratio in it, and the ratio's range
+    over every run (marked **wide** where its ends differ by more than 1.5x)."""
+    lines = [f"| | hostfeed | compared with | ratio | over {len(runs)} runs |",
+             "|---|---|---|---|---|"]
+    for question, figure in SUMMARY:
+        first = figure(runs[0])
+        if first is None:
+            continue
+        ratios = [f.ratio for f in map(figure, runs) if f is not None]
+        lines.append(f"| {question} | {first.hostfeed} | {first.baseline} | "
+                     f"{_ratio(first.ratio)} | {_range(ratios)} |")
+    return "\n".join(lines)
+
+
+def portable(runs: Sequence[Run]) -> str:
+    """The portable transport forced on CPU, against the native one and
+    ``io_callback(ordered=True)`` (the cited run, with the ratios' ranges)."""
+    rows = [("small tap, what the computation spends per tap", "taps",
+             "device_side_per_tap_us"),
+            ("`call`, per call in a loop", "calls", "per_call_us")]
+    lines = ["| | native | portable | `io_callback(ordered)` | portable / native | "
+             f"over {len(runs)} runs |", "|---|---|---|---|---|---|"]
+    for what, section, key in rows:
+        values = [{k: v[key] for k, v in r["portable"][section].items()}
+                  for r in runs if r.get("portable")]
+        if not values:
+            continue
+        v = values[0]
+        ratios = [x["hostfeed (portable)"] / x["hostfeed (native)"] for x in values]
+        lines.append(f"| {what} | {_us(v['hostfeed (native)'])} | "
+                     f"{_us(v['hostfeed (portable)'])} | {_us(v['io_callback(ordered)'])} | "
+                     f"{_ratio(ratios[0])} | {_range(ratios)} |")
+    slow = [r["portable"]["slow_taps"]["ratio"] for r in runs if r.get("portable")]
+    if slow:
+        lines.append(f"| 100 taps of a 10 ms function, against 100 no-op taps (device side) "
+                     f"| | | | {_ratio(slow[0])} | {_range(slow)} |")
+    return "\n".join(lines)
+
+
+#: The tables ``docs/figures.py`` generates, by the name their markers use.
+TABLES: dict[str, Callable[[Sequence[Run]], str]] = {"summary": summary, "portable": portable}

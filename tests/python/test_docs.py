@@ -1,0 +1,96 @@
+"""The README and the documentation as a reader meets them: every Python block of each page
+runs, in order, and prints what its comments say; every performance figure is one the
+committed bench runs produced (docs/figures.py); the site builds with warnings as errors."""
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _load(path: pathlib.Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+readme_check = _load(ROOT / ".ci" / "readme_check.py", "readme_check")
+figures = _load(ROOT / "docs" / "figures.py", "figures")
+
+#: What the blocks print, by page and (0-based) Python block: the comments beside their
+#: print calls, as lines.
+EXPECTED = {
+    ("README.md", 0): ["8.0", "[2.0, 4.0, 8.0]"],
+    ("README.md", 2): ["(5, 2, 3) [0 1 2 3 4]"],
+    ("index.md", 0): ["8.0", "[2.0, 4.0, 8.0]"],
+    ("migrating.md", 1): ["True"],
+    ("migrating.md", 2): ["[0. 1. 2.]"],
+    ("migrating.md", 3): ["what: x,x^2", "( 3 9 )"],
+    ("behaviour.md", 0): ["[1]", "what: two", "2"],
+    ("recording.md", 0): ["(100, 64, 32) float32 [0 1 2]", "(100, 64, 32) (100,)"],
+    ("troubleshooting.md", 0): ["[1.0]"],
+    ("troubleshooting.md", 1): ["ValueError negative: -1.0"],
+}
+
+
+def _python_blocks(page: pathlib.Path):
+    return [b for b in readme_check.blocks(page.read_text()) if b.lang == "python"]
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if _python_blocks(p)],
+                         ids=lambda p: p.name)
+def test_every_python_block_runs_in_order_and_prints_what_it_says(page, tmp_path):
+    pytest.importorskip("zarr")
+    pytest.importorskip("matplotlib")
+    blocks = _python_blocks(page)
+    assert not [b for b in blocks if b.skip]  # none needs a GPU yet; the marker is for later
+    outputs = readme_check.run_python_blocks(blocks, workdir=str(tmp_path),
+                                             source=str(page.relative_to(ROOT)))
+    for (name, i), lines in EXPECTED.items():
+        if name == page.name:
+            assert outputs[i].splitlines() == lines, (page.name, i, outputs[i])
+    if page.name == "recording.md":
+        assert (tmp_path / "activations.png").stat().st_size > 0
+
+
+def test_every_expectation_names_a_block():
+    for name, i in EXPECTED:
+        page = next(p for p in PAGES if p.name == name)
+        assert i < len(_python_blocks(page)), (name, i)
+
+
+def test_every_figure_comes_from_the_committed_bench_runs(capsys):
+    assert figures.main(["--check"]) == 0, capsys.readouterr().err
+
+
+def test_a_figure_outside_a_generated_table_is_caught():
+    text = ("intro 3.5 µs\n<!-- bench:summary -->\n| 2.0x | 1 GB/s |\n<!-- /bench:summary -->\n"
+            "then 0.25x and 12-40 ms, but not 64 MiB, 10 s or 2^47 bytes\n")
+    assert figures.stray_figures(text) == [(1, "3.5 µs"), (5, "0.25x"), (5, "12-40 ms")]
+
+
+def test_a_table_that_differs_from_the_runs_is_caught():
+    runs = figures.runs()
+    page = "<!-- bench:summary -->\nold table\n<!-- /bench:summary -->\n"
+    regenerated = figures.regenerate(page, runs)
+    assert regenerated != page and "| small tap" in regenerated
+    assert figures.regenerate(regenerated, runs) == regenerated
+
+
+def test_the_site_builds_with_warnings_as_errors(tmp_path):
+    pytest.importorskip("sphinx")
+    pytest.importorskip("myst_parser")
+    pytest.importorskip("furo")
+    r = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
+                        str(ROOT / "docs"), str(tmp_path)], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    index = (tmp_path / "index.html").read_text()
+    assert "<title>hostfeed" in index and "troubleshooting.html" in index
