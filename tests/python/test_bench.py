@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -17,10 +18,16 @@ from jax import lax
 import hostfeed
 from hostfeed import bench, receiver
 from hostfeed import host_callback as hcb
+from hostfeed.bench import _report
 
 from conftest import run_python
 
 DISTRIBUTION = {"count", "mean", "p50", "p90", "p99", "p999", "max"}
+#: A full run's result, committed (the input of docs/bench.png).
+FULL_RUN = pathlib.Path(__file__).resolve().parents[2] / "docs" / "bench.json"
+#: The figure's panel for each section it draws.
+PANELS = {"latency": "What a tap costs the device", "sweep": "Throughput by payload size",
+          "dispatch": "Dispatch with one callback", "call": "Round trip of a call"}
 
 
 def numbers(tree, path="$"):
@@ -139,6 +146,47 @@ def test_plot_without_matplotlib_is_a_clear_error(tmp_path):
     assert r.returncode == 2
     assert "--plot needs matplotlib: pip install matplotlib" in r.stderr
     assert not (tmp_path / "x.png").exists()
+
+
+def only(*sections):
+    """The committed full run's result, cut down to ``sections`` (as ``--only`` writes)."""
+    full = json.loads(FULL_RUN.read_text())
+    return {"schema": full["schema"], "header": full["header"],
+            **{s: full[s] for s in sections}}
+
+
+@pytest.mark.parametrize("sections", [
+    ["sweep"], ["latency"], ["dispatch", "barrier"], ["latency", "timing", "call"],
+    ["sweep", "dispatch", "call"], list(bench.SECTIONS)])
+def test_plot_draws_one_panel_per_section_with_data(tmp_path, sections):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "p.png"
+    titles = _report.plot(only(*sections), str(png))
+    assert titles == [PANELS[s] for s in ("latency", "sweep", "dispatch", "call")
+                      if s in sections]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_of_a_result_with_nothing_to_draw_names_what_it_draws(tmp_path):
+    pytest.importorskip("matplotlib")
+    empty_sweep = only("barrier", "timing") | {"sweep": {"sizes": [], "methods": {}}}
+    with pytest.raises(SystemExit) as info:
+        _report.plot(empty_sweep, str(tmp_path / "p.png"))
+    assert str(info.value) == ("--plot: nothing to draw from barrier, timing, sweep; the "
+                               "figure plots the sections latency, sweep, dispatch, call")
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_plot_of_sections_with_nothing_to_draw_is_refused_before_the_run(tmp_path):
+    pytest.importorskip("matplotlib")
+    r = subprocess.run([sys.executable, "-m", "hostfeed", "bench", "--only", "barrier",
+                        "--plot", str(tmp_path / "x.png")],
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("--plot: nothing to draw from barrier; the figure plots the "
+                                "sections latency, sweep, dispatch, call")
+    assert r.stdout == "" and not (tmp_path / "x.png").exists()
 
 
 def test_unknown_section_is_refused():

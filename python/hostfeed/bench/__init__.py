@@ -198,6 +198,9 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"{flag} {path}: {problem}", file=sys.stderr)
             return 2
     sections = args.only or list(SECTIONS)
+    if args.plot and not any(s in _report.PLOTTED for s in sections):
+        print(_report.nothing_to_plot(sections), file=sys.stderr)
+        return 2
     step, close = _progress(_steps(sections, args.quick))
     try:
         result = run(sections, quick=args.quick, progress=step)
