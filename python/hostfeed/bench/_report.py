@@ -319,6 +319,7 @@ def plot(result: dict[str, Any], path: str) -> list[str]:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.layout_engine import ConstrainedLayoutEngine
     except ImportError:
         raise SystemExit("--plot needs matplotlib: pip install matplotlib") from None
     sections = plottable(result)
@@ -335,8 +336,9 @@ def plot(result: dict[str, Any], path: str) -> list[str]:
                          "axes.labelsize": 11, "xtick.labelsize": 10, "ytick.labelsize": 10,
                          "legend.fontsize": 10, "axes.spines.top": False,
                          "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3}):
-        fig = plt.figure(figsize=(width, rows * panel_height + 0.6), layout="constrained")
-        fig.get_layout_engine().set(h_pad=0.1, w_pad=0.1, hspace=0.05, wspace=0.05)
+        fig = plt.figure(figsize=(width, rows * panel_height + 0.6),
+                         layout=ConstrainedLayoutEngine(h_pad=0.1, w_pad=0.1, hspace=0.05,
+                                                        wspace=0.05))
         grid = fig.add_gridspec(rows, cols)
         # One legend for every panel: each method's colour and marker; beside it, what the
         # line styles and marker fills mean.
@@ -359,7 +361,7 @@ def plot(result: dict[str, Any], path: str) -> list[str]:
                 legend = fig.legend(*_legend_entries(handles, keys, ncols), ncols=ncols,
                                     loc="outside lower center", frameon=False,
                                     handlelength=2.4, columnspacing=1.4)
-                width_px = legend.get_window_extent(fig.canvas.get_renderer()).width
+                width_px = legend.get_window_extent().width
                 if width_px <= 0.98 * fig.bbox.width or ncols == 1:
                     break
                 legend.remove()
