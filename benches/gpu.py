@@ -36,7 +36,7 @@ from jax.experimental import io_callback
 
 import hostfeed
 from hostfeed import host_callback as hcb
-from hostfeed import lowering
+from hostfeed._src.transports import native
 from hostfeed.bench._timing import interleaved, table
 
 from _cuda_floor import copy_floor  # benches/: the script's own directory
@@ -47,8 +47,9 @@ KIND = os.environ.get("GPU_CHECK_KIND", "cuda")
 
 
 def gpu(what: str):
-    """This GPU's native function ``what`` (``lowering.gpu_driver``)."""
-    return lowering.gpu_driver(KIND, what)
+    """This GPU's native function ``what`` (``hostfeed._src.transports.native``)."""
+    return native.platform(KIND).status if what == "status" else getattr(
+        native.platform(KIND).driver, what)
 
 
 N_SMALL = int(os.environ.get("HOSTFEED_BENCH_N_SMALL", 20 if DRY_RUN else 500))

@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 
 import hostfeed  # noqa: E402
 from hostfeed import host_callback as hcb  # noqa: E402
-from hostfeed import lowering  # noqa: E402
+from hostfeed._src.transports import native  # noqa: E402
 
 ON_CPU = os.environ.get("JAX_PLATFORMS", "").split(",")[0].strip() == "cpu"
 REQUIRE_CUDA = not ON_CPU or os.environ.get("GPU_CHECK_REQUIRE_CUDA") == "1"
@@ -38,8 +38,9 @@ NAME = {"cuda": "CUDA", "rocm": "ROCm"}[KIND]
 
 
 def gpu(what: str):
-    """This GPU's native function ``what`` (``lowering.gpu_driver``)."""
-    return lowering.gpu_driver(KIND, what)
+    """This GPU's native function ``what`` (``hostfeed._src.transports.native``)."""
+    return native.platform(KIND).status if what == "status" else getattr(
+        native.platform(KIND).driver, what)
 T0 = time.perf_counter()
 
 

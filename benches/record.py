@@ -30,7 +30,7 @@ large rows it adds what holding rows costs the copy itself: numpy copies into on
 buffers as rows (what a recorder needs: it keeps rows until they are written).
 
 A third mode, ``--names [N]``, checks that a new name costs the same however many came
-before (issue 20): N distinct names (default 10,000) into one store, recorded eagerly
+before: N distinct names (default 10,000) into one store, recorded eagerly
 (``rec.record(name, x)``) and from jitted functions that each record 100 new names, with a
 flush after every 1000; it prints the cost per 1000 names of each block and the ratio of
 the last block to the first.

@@ -1,8 +1,8 @@
-"""Recording a sharded value from many processes into one Zarr store (issue 26): a
+"""Recording a sharded value from many processes into one Zarr store: a
 float32 value of 4 MiB per step, sharded over 4 CPU devices, recorded under jit by 1, 2
 and 4 processes (`jax.distributed` on loopback, gloo), each process writing the chunks of
-its own devices' shards ("parts"), side by side with the path before issue 26
-("owner writes": the shards are moved to the process of device 0 with `ppermute`
+its own devices' shards ("parts"), side by side with the other path, which the
+benchmark can force ("owner writes": the shards are moved to the process of device 0 with `ppermute`
 rounds, joined there and written by that process alone).
 
 Prints per configuration: rows (steps) per second until every row is on disk (steps +
@@ -47,17 +47,17 @@ def worker(process_id: int, n_proc: int, port: int, mode: str, path: str) -> Non
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     import hostfeed
-    from hostfeed import receiver, recording
+    from hostfeed._src import lifecycle, record_lowering
     from hostfeed.bench import summary_of_buckets
 
-    recording._PARTED = mode == "parts"
+    record_lowering._PARTED = mode == "parts"
     mesh = jax.make_mesh((N_DEV,), ("x",))
     whole = np.arange(ELEMS, dtype=np.float32)
     x = jax.make_array_from_callback(whole.shape, NamedSharding(mesh, P("x")),
                                      lambda idx: whole[idx])
     process_of = [d.process_index for d in mesh.devices.flat]
     with hostfeed.Recorder(path, mode="w") as rec:
-        # No step: then the path before issue 26 goes shard by shard (ppermute rounds to
+        # No step: then the owner path goes shard by shard (ppermute rounds to
         # the owner process), its cheaper scheme; a step would make it gather.
         f = jax.jit(lambda v, s: rec.record("h", v))
         hlo = f.lower(x, 0).compile().as_text()
@@ -67,14 +67,14 @@ def worker(process_id: int, n_proc: int, port: int, mode: str, path: str) -> Non
         for s in range(3):  # warm-up
             f(x, s).block_until_ready()
         rec.flush()
-        receiver.set_timing(True)
-        receiver.reset_histograms()
+        lifecycle.set_timing(True)
+        lifecycle.reset_histograms()
         start = time.perf_counter()
         for s in range(STEPS):
             f(x, s)
         rec.flush()
         elapsed = time.perf_counter() - start
-        device = summary_of_buckets(receiver.histograms()["device_ns"], 1e-3)
+        device = summary_of_buckets(lifecycle.histograms()["device_ns"], 1e-3)
     print("RESULT " + json.dumps({"seconds": elapsed, "moved": moved, "collectives": n_coll,
                                   "device_us": device.get("p50"),
                                   "messages": device.get("count")}), flush=True)

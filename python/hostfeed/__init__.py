@@ -34,19 +34,28 @@ try:
 except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
-from . import _compat  # noqa: F401  (checks the JAX version first)
+from ._src import compat as _compat  # noqa: F401  (checks the JAX version first)
+from ._src import settings as _settings
+
 # Every HOSTFEED_* and JAX_HOST_CALLBACK_* variable, parsed now: a bad value fails this
 # import with a ValueError naming the variable, not a barrier or the program's exit.
-from . import _validate_settings  # noqa: F401
+_settings.validate()
+
 # The package is assembled here, once: the primitives, then their transformation rules
 # and lowerings (registered with JAX as these modules are imported), then the public API.
-from . import primitives, rules, lowering, fast_dispatch  # noqa: F401
-from . import host_callback, portable, receiver, recording, settings, zarr_dtypes  # noqa: F401
-from ._summary import summary_of_buckets
-from .host_callback import (CallbackException, TapFunctionException, barrier_wait, id_print,
-                            id_tap, stop_outfeed_receiver)
-from .recording import Recorder, RecordingError, read_recording
-from .receiver import CallbackContextError, ReceiverError, ReceiverTimeoutError
+from ._src import primitives as _primitives, rules as _rules  # noqa: E402,F401
+from ._src import fast_dispatch as _fast_dispatch, lowering as _lowering  # noqa: E402,F401
+from ._src import lifecycle as _lifecycle  # noqa: E402
+from ._src.summary import summary_of_buckets  # noqa: E402
+from ._src import transports as _transports  # noqa: E402
+from ._src.transports import native as _native  # noqa: E402
+from . import host_callback, zarr_dtypes  # noqa: E402
+from .host_callback import (CallbackException, TapFunctionException, barrier_wait,  # noqa: E402
+                            id_print, id_tap, stop_outfeed_receiver)
+from ._src.reading import read_recording  # noqa: E402
+from ._src.recording import Recorder  # noqa: E402
+from ._receiver import (CallbackContextError, ReceiverError, ReceiverTimeoutError,  # noqa: E402
+                        RecordingError)
 
 # The public exceptions print as hostfeed's (the native ones are defined as hostfeed.* in
 # Rust; CallbackException is Python's).
@@ -57,7 +66,7 @@ __all__ = [
     "stop_outfeed_receiver", "CallbackException", "TapFunctionException",
     "start_receiver", "receiver_stats", "Recorder", "RecordingError", "read_recording",
     "register_zarr_dtypes", "CallbackContextError", "ReceiverError", "ReceiverTimeoutError",
-    "transports",
+    "transports", "gpu_status",
     "__version__",
 ]
 
@@ -97,8 +106,8 @@ def start_receiver(*, max_queue_byte_size: Optional[int] = None) -> None:
         >>> hostfeed.start_receiver(max_queue_byte_size=256_000_000)
     """
     if max_queue_byte_size is not None:
-        max_queue_byte_size = settings.byte_count(max_queue_byte_size, "max_queue_byte_size")
-    receiver.ensure_started(max_queue_byte_size)
+        max_queue_byte_size = _settings.byte_count(max_queue_byte_size, "max_queue_byte_size")
+    _lifecycle.ensure_started(max_queue_byte_size)
 
 
 def transports() -> dict[str, str]:
@@ -114,10 +123,26 @@ def transports() -> dict[str, str]:
         >>> hostfeed.transports()["tpu"] in ("native", "jax")
         True
     """
-    return portable.transports()
+    return _transports.transports()
 
 
-def receiver_stats() -> dict[str, Any]:
+def gpu_status(platform: str) -> Optional[str]:
+    """Why hostfeed's native handlers for GPU ``platform`` (``"cuda"`` or ``"rocm"``) are not
+    registered, or None when they are; registers them on the first call (as the first
+    lowering for that platform does). The reason names what is missing: a JAX plugin for
+    the platform (``jax-cuda12-plugin``, ...), or why the driver library (CUDA's
+    ``libcuda.so.1``, HIP's ``libamdhip64``) cannot be used. Without usable handlers,
+    computations for that platform take the portable transport (:func:`transports`).
+
+    Example:
+        >>> import hostfeed
+        >>> hostfeed.gpu_status("cuda") is None or "CUDA" in hostfeed.gpu_status("cuda")
+        True
+    """
+    return _native.platform(platform).status()
+
+
+def receiver_stats(*, reset: bool = False) -> dict[str, Any]:
     """Counters of the receiver: messages and bytes enqueued/processed (bytes as charged
     against the bound: data plus what each message holds besides), current and peak queued
     bytes, time producers spent blocked on a full queue, and the bound; the host buffer
@@ -126,17 +151,21 @@ def receiver_stats() -> dict[str, Any]:
     distributions in microseconds (``count``, ``mean``, ``p50``, ``p90``, ``p99``,
     ``p999``, ``max``): ``device_us``, what each tap cost the device (from the handler's
     start until its message was queued), and ``handover_us``, from a message entering the
-    queue until the receiver took it for its callback. (``hostfeed.receiver.
-    reset_histograms()`` empties them; recording costs a few tens of nanoseconds per tap,
-    ``python -m hostfeed bench --only timing`` measures it.)
+    queue until the receiver took it for its callback. ``reset=True`` empties the
+    distributions and the peak after reading them, so that the next call covers what
+    happened since (``python -m hostfeed bench --only timing`` measures what keeping them
+    costs per tap).
 
     Example:
         >>> import hostfeed
         >>> sorted(hostfeed.receiver_stats())[:4]
         ['buffer_pool_bytes', 'buffer_pool_idle_bytes', 'bytes_enqueued', 'bytes_processed']
     """
-    stats = receiver.stats()
-    h = receiver.histograms()
+    stats = _lifecycle.stats()
+    h = _lifecycle.histograms()
     stats["device_us"] = summary_of_buckets(h["device_ns"], 1e-3)
     stats["handover_us"] = summary_of_buckets(h["handover_ns"], 1e-3)
+    if reset:
+        _lifecycle.reset_histograms()
+        _lifecycle.reset_peak()
     return stats

@@ -1,6 +1,6 @@
 """Stubs for ``hostfeed._receiver``, the native (Rust) core of hostfeed.
 
-Only :mod:`hostfeed.receiver` imports this module; everything else goes through it.
+Imported by hostfeed's internal modules (``hostfeed._src``), each for the part it owns.
 """
 from os import PathLike
 from pathlib import Path
@@ -22,10 +22,7 @@ __all__ = [
     "set_buffer_pool_bytes",
     "DEFAULT_BUFFER_POOL_BYTES", "set_consumer_name",
     "install_interrupt_watch", "registrations",
-    "cuda_registrations", "cuda_driver_error", "cuda_driver_version", "cuda_driver_path",
-    "cuda_pool_stats",
-    "rocm_registrations", "rocm_driver_error", "rocm_driver_version", "rocm_driver_path",
-    "rocm_pool_stats",
+    "GpuPlatform", "GPU_PLATFORMS",
 ]
 
 #: Default byte bound of the queue (the legacy ``256e6``).
@@ -282,44 +279,41 @@ def install_interrupt_watch() -> bool:
 def registrations() -> dict[str, Any]:
     """``{target_name: PyCapsule}`` for ``jax.ffi.register_ffi_target(..., platform="cpu")``."""
 
-# The CUDA platform (the driver is loaded at run time; nothing here needs CUDA to import).
+# The GPU platforms, one table (the drivers are loaded at run time; nothing here needs a
+# GPU driver to import).
 
-def cuda_registrations() -> dict[str, Any]:
-    """``{target_name: PyCapsule}`` of the CUDA handlers, for
-    ``jax.ffi.register_ffi_target(..., platform="CUDA")`` (the same names as on CPU)."""
+@final
+class GpuPlatform:
+    """A GPU platform hostfeed has handlers for (the values of ``GPU_PLATFORMS``): its
+    names, its handlers' registrations, its driver's state and its pinned pool's
+    counters."""
 
-def cuda_driver_error() -> str | None:
-    """Why the CUDA driver cannot be used (no library, a missing function, not the
-    library XLA loaded as libcuda.so.1), or None. Loads the driver library if present;
-    does not initialise CUDA."""
+    @property
+    def name(self) -> str:
+        """hostfeed's (and JAX's) name of the platform: ``"cuda"``, ``"rocm"``."""
 
-def cuda_driver_version() -> int | None:
-    """The CUDA driver's version (e.g. 13000 for 13.0), or None without a usable driver."""
+    @property
+    def xla_platform(self) -> str:
+        """The platform name the handlers are registered under: ``"CUDA"``, ``"ROCM"``."""
 
-def cuda_driver_path() -> str | None:
-    """The file hostfeed's CUDA driver functions come from, or None without a driver."""
+    def registrations(self) -> dict[str, Any]:
+        """``{target_name: PyCapsule}`` of the platform's handlers, for
+        ``jax.ffi.register_ffi_target(..., platform=self.xla_platform)`` (the same names as
+        on CPU)."""
 
-def cuda_pool_stats() -> dict[str, int]:
-    """Counters of the pinned-memory pool of GPU messages: ``allocations``, ``frees``,
-    ``allocated_bytes``, ``in_use_bytes``, ``blocks_taken``, ``resets``."""
+    def driver_error(self) -> str | None:
+        """Why the platform's driver cannot be used (no library, a missing function, ...),
+        or None. Loads the driver library if present; does not initialise the driver."""
 
-# The ROCm platform (the HIP runtime, libamdhip64, is loaded at run time; nothing here
-# needs ROCm to import). Implemented, not verified on ROCm hardware.
+    def driver_version(self) -> int | None:
+        """The driver's version, or None without a usable driver. Initialises the driver."""
 
-def rocm_registrations() -> dict[str, Any]:
-    """``{target_name: PyCapsule}`` of the ROCm handlers, for
-    ``jax.ffi.register_ffi_target(..., platform="ROCM")`` (the same names as on CPU)."""
+    def driver_path(self) -> str | None:
+        """The file the driver's functions come from, or None without a driver library."""
 
-def rocm_driver_error() -> str | None:
-    """Why the HIP runtime cannot be used (no libamdhip64, a missing function), or None.
-    Loads the runtime library if present; does not initialise HIP."""
+    def pool_stats(self) -> dict[str, int]:
+        """Counters of the platform's pinned-memory pool: ``allocations``, ``frees``,
+        ``allocated_bytes``, ``in_use_bytes``, ``blocks_taken``, ``resets``."""
 
-def rocm_driver_version() -> int | None:
-    """The HIP runtime's version (``hipRuntimeGetVersion``), or None without a usable one."""
-
-def rocm_driver_path() -> str | None:
-    """The file hostfeed's HIP functions come from, or None without the runtime."""
-
-def rocm_pool_stats() -> dict[str, int]:
-    """Counters of the pinned-memory pool of ROCm messages (the keys of
-    ``cuda_pool_stats``)."""
+#: Every GPU platform by hostfeed's name (``"cuda"``, ``"rocm"``).
+GPU_PLATFORMS: Final[dict[str, GpuPlatform]]

@@ -72,12 +72,13 @@ from collections.abc import Callable, Iterator, Sequence
 import jax
 import numpy as np
 
-from . import _compat, keys, placement, receiver
-from .primitives import (get_ad_taps, get_sync_taps, host_call_p, outside_call,
+from . import _receiver
+from ._src import compat, dtypes, keys, lifecycle, placement
+from ._src.errors import CallbackException
+from ._src.primitives import (get_ad_taps, get_sync_taps, host_call_p, outside_call,
                          outside_call_params, set_ad_taps as _set_ad_taps, sync_taps_state)
-from .printing import Printer
-from .receiver import CallbackException
-from .runtime import CallbackSpec
+from ._src.printing import Printer
+from ._src.runtime import CallbackSpec
 
 __all__ = [
     "id_tap", "id_print", "call", "barrier_wait", "stop_outfeed_receiver",
@@ -250,7 +251,7 @@ def _check_leaves(leaves: list, api: str, what: str) -> list:
     out = []
     for i, leaf in enumerate(leaves):
         x = leaf
-        if _compat.is_tracer(x) or isinstance(x, (jax.Array, np.ndarray, np.generic)):
+        if compat.is_tracer(x) or isinstance(x, (jax.Array, np.ndarray, np.generic)):
             dtype = x.dtype
         elif isinstance(x, (bool, int, float, complex)):
             x = jax.numpy.asarray(x)
@@ -263,15 +264,15 @@ def _check_leaves(leaves: list, api: str, what: str) -> list:
                 f"{api}: leaf {i} of `{what}` has type {type(x).__name__}, which is not a JAX "
                 f"type; pass arrays, numpy values or Python scalars (wrap other data in a "
                 f"closure of the tap function instead)")
-        swapped = receiver.byte_order_problem(dtype)
+        swapped = dtypes.byte_order_problem(dtype)
         if swapped is not None:
             raise TypeError(f"{api}: leaf {i} of `{what}` has {swapped}")
-        if np.dtype(dtype) not in receiver.SUPPORTED_DTYPES:
+        if np.dtype(dtype) not in dtypes.SUPPORTED_DTYPES:
             raise TypeError(
                 f"{api}: leaf {i} of `{what}` has dtype {dtype}, which hostfeed cannot transfer "
                 f"to the host. Supported: bool, (u)int8-64, float16/bfloat16/32/64, "
                 f"complex64/128 and the float8 types; cast first, e.g. x.astype(jnp.int8)")
-        receiver.check_size(np.shape(x), dtype, api, f"leaf {i} of `{what}`")
+        dtypes.check_size(np.shape(x), dtype, api, f"leaf {i} of `{what}`")
         out.append(x)
     return out
 
@@ -362,7 +363,7 @@ def _sync_arg(sync: Any, api: str) -> bool:
 def _check_eager_device_index(device_index: int, leaves: list, api: str) -> None:
     """Eagerly (no leaf is traced), ``device_index`` names one of the devices that hold
     the operands, as under ``jit`` it names one of the computation's devices."""
-    if device_index == 0 or any(_compat.is_tracer(x) for x in leaves):
+    if device_index == 0 or any(compat.is_tracer(x) for x in leaves):
         return
     n = max((len(x.sharding.device_set) for x in leaves if isinstance(x, jax.Array)),
             default=1)
@@ -447,7 +448,7 @@ def _result_avals(result_shape: Any) -> tuple[Any, tuple, tuple]:
                 raise keys.refuse_extended("hcb.call", f"leaf {i} of `result_shape`", r.dtype)
             key_dtypes[-1] = r.dtype
             shape, dtype = keys.key_data_shape(tuple(r.shape), r.dtype)
-            receiver.check_size(shape, dtype, "hcb.call", f"leaf {i} of `result_shape`")
+            dtypes.check_size(shape, dtype, "hcb.call", f"leaf {i} of `result_shape`")
             avals.append(jax.core.ShapedArray(shape, dtype))
             continue
         try:
@@ -464,11 +465,11 @@ def _result_avals(result_shape: Any) -> tuple[Any, tuple, tuple]:
         if any(d < 0 for d in shape):
             raise ValueError(f"hcb.call: leaf {i} of `result_shape` has a negative dimension "
                              f"in its shape {shape}. " + _RESULT_SHAPE_MSG.format(result_shape))
-        if np.dtype(dtype) not in receiver.SUPPORTED_DTYPES:
+        if np.dtype(dtype) not in dtypes.SUPPORTED_DTYPES:
             raise ValueError(
                 f"hcb.call: result_shape has dtype {dtype}, which hostfeed cannot transfer. "
                 + _RESULT_SHAPE_MSG.format(result_shape))
-        receiver.check_size(shape, dtype, "hcb.call", f"leaf {i} of `result_shape`")
+        dtypes.check_size(shape, dtype, "hcb.call", f"leaf {i} of `result_shape`")
         avals.append(jax.core.ShapedArray(shape, dtype))
     return treedef, tuple(avals), tuple(key_dtypes)
 
@@ -520,8 +521,8 @@ def call(callback_func: Callable, arg: Any, *, result_shape: Any = None,
         [0.0, 0.0, 0.0]
     """
     _check_call_func(callback_func, call_with_device)
-    if receiver.in_callback_thread():
-        raise receiver.CallbackContextError(
+    if _receiver.in_callback_thread():
+        raise _receiver.CallbackContextError(
             "hostfeed: hcb.call was used inside a host callback; its reply would have to "
             "come from the callback thread, which is busy running this callback. Compute "
             "the value directly on the host instead.")
@@ -556,7 +557,7 @@ def barrier_wait(logging_name: Optional[str] = None, *, timeout: Optional[float]
         >>> from hostfeed import host_callback as hcb
         >>> hcb.barrier_wait("after_step")
     """
-    receiver.barrier(logging_name, timeout)
+    lifecycle.barrier(logging_name, timeout)
 
 
 def stop_outfeed_receiver() -> None:
@@ -570,4 +571,4 @@ def stop_outfeed_receiver() -> None:
         >>> from hostfeed import host_callback as hcb
         >>> hcb.stop_outfeed_receiver()
     """
-    receiver.stop()
+    lifecycle.stop()

@@ -20,7 +20,7 @@ import pytest
 
 import hostfeed
 from hostfeed import host_callback as hcb
-from hostfeed import settings
+from hostfeed._src import settings
 
 from conftest import run_python
 
@@ -53,7 +53,7 @@ def test_empty_values_are_unset_and_words_ignore_case():
     env = {name: "" for name, _ in BAD}
     r = run_python("""
         import hostfeed
-        from hostfeed import primitives, settings
+        from hostfeed._src import primitives, settings
         print(primitives.get_ad_taps(), primitives.get_sync_taps(), settings.stop_timeout(),
               settings.transport(), settings.fast_dispatch())
         """, env=env)
@@ -61,7 +61,7 @@ def test_empty_values_are_unset_and_words_ignore_case():
     assert r.stdout.split() == ["transforms", "False", "10.0", "None", "True"]
     r = run_python("""
         import hostfeed
-        from hostfeed import primitives, settings
+        from hostfeed._src import primitives, settings
         print(primitives.get_ad_taps(), primitives.get_sync_taps(), settings.transport(),
               settings.fast_dispatch())
         """, env={"HOSTFEED_AD_TAPS": " PRIMALS", "HOSTFEED_SYNC_TAPS": "Yes",
@@ -105,7 +105,7 @@ EXIT_PROGRAM = """
     # A setting spoiled after the import (it was valid then).
     "os.environ['HOSTFEED_STOP_TIMEOUT'] = 'abc'",
     # An exit hook that fails.
-    "from hostfeed import receiver; receiver.add_exit_hook(lambda: 1 / 0)",
+    "from hostfeed._src import lifecycle; lifecycle.add_exit_hook(lambda: 1 / 0)",
 ], ids=["plain", "setting-spoiled-after-import", "failing-exit-hook"])
 def test_exit_runs_every_pending_tap_and_closes_recorders(tmp_path, spoil):
     store = tmp_path / "run.zarr"

@@ -16,7 +16,8 @@ import pytest
 from jax import lax
 
 import hostfeed
-from hostfeed import bench, receiver
+from hostfeed import bench
+from hostfeed._src import lifecycle
 from hostfeed import host_callback as hcb
 from hostfeed.bench import _report
 
@@ -197,7 +198,7 @@ def test_unknown_section_is_refused():
 
 
 def test_receiver_stats_has_latency_distributions():
-    receiver.reset_histograms()
+    lifecycle.reset_histograms()
     x = jnp.arange(4.0)
     jax.jit(lambda v: lax.fori_loop(0, 100, lambda i, c: hcb.id_tap(lambda *a: None, v,
                                                                      result=c), 0))(x)
@@ -210,14 +211,14 @@ def test_receiver_stats_has_latency_distributions():
 
 
 def test_timing_can_be_turned_off():
-    before = receiver.set_timing(False)
+    before = lifecycle.set_timing(False)
     try:
-        receiver.reset_histograms()
+        lifecycle.reset_histograms()
         jax.jit(lambda v: hcb.id_tap(lambda *a: None, v))(1.0)
         hcb.barrier_wait()
-        assert receiver.histograms() == {"device_ns": [], "handover_ns": []}
+        assert lifecycle.histograms() == {"device_ns": [], "handover_ns": []}
     finally:
-        receiver.set_timing(before)
+        lifecycle.set_timing(before)
 
 
 def test_importing_hostfeed_loads_no_benchmark_code():

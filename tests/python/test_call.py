@@ -331,7 +331,7 @@ def test_bad_timeout_setting_is_reported(monkeypatch):
     del os.environ["HOSTFEED_CALL_TIMEOUT"]
 
 
-# Mistakes in `call`, explained in the caller's terms with the fix (issue 21, item 5).
+# Mistakes in `call`, explained in the caller's terms with the fix.
 
 def test_missing_result_shape_says_what_to_pass():
     f = jax.jit(lambda x: hcb.call(lambda a: np.ones(3, np.float32), x))

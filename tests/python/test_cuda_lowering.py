@@ -20,7 +20,8 @@ from jax import lax
 
 import hostfeed
 from hostfeed import host_callback as hcb
-from hostfeed import lowering, receiver
+from hostfeed._src.transports import native
+from hostfeed._src import devices
 
 from conftest import ON_GPU, run_python
 
@@ -58,13 +59,13 @@ native_only = pytest.mark.native_transport(
 
 @pytest.mark.skipif(ON_GPU, reason="checks the machine without a GPU")
 def test_without_cuda_registration_is_skipped_with_a_reason(gpu):
-    reason = lowering.gpu_driver(gpu, "status")()
+    reason = native.platform(gpu).status()
     assert isinstance(reason, str)
     assert XLA_PLATFORM[gpu] in reason
     # The driver check answers (a reason or None) rather than raising.
-    why = lowering.gpu_driver(gpu, "driver_error")()
+    why = native.platform(gpu).driver.driver_error()
     assert why is None or {"cuda": "CUDA", "rocm": "libamdhip64"}[gpu] in why
-    assert lowering.gpu_driver(gpu, "pool_stats")()["allocations"] == 0
+    assert native.platform(gpu).driver.pool_stats()["allocations"] == 0
     # Taps still run on CPU.
     got = []
     jax.jit(lambda x: hcb.id_tap(lambda a, t: got.append(a.tolist()), x))(jnp.arange(3))
@@ -83,8 +84,9 @@ def test_a_cuda_plugin_without_a_driver_is_skipped_with_the_driver_named(tmp_pat
         import sys
         sys.path.insert(0, {str(tmp_path)!r})
         import jax, jax.numpy as jnp
-        from hostfeed import host_callback as hcb, lowering, receiver
-        print(lowering.gpu_driver({gpu!r}, "status")())
+        from hostfeed import host_callback as hcb
+        from hostfeed._src.transports import native
+        print(native.platform({gpu!r}).status())
         got = []
         jax.jit(lambda x: hcb.id_tap(lambda a, t: got.append(int(a)), x))(jnp.int32(5))
         hcb.barrier_wait()
@@ -92,7 +94,7 @@ def test_a_cuda_plugin_without_a_driver_is_skipped_with_the_driver_named(tmp_pat
     """)
     assert r.returncode == 0, r.stderr
     reason, got = r.stdout.splitlines()[-2:]
-    if lowering.gpu_driver(gpu, "driver_error")() is None:  # a driver library without a GPU
+    if native.platform(gpu).driver.driver_error() is None:  # a driver, no GPU
         assert reason == "None"
     else:
         assert {"cuda": "driver library", "rocm": "HIP runtime library (libamdhip64) was "
@@ -159,7 +161,7 @@ def test_other_platforms_take_the_portable_transport_without_refusal():
     # TPUs use JAX's host-callback lowering: hostfeed does not refuse them. Here, without
     # their backend, JAX itself cannot lower a host callback for them (exactly as for
     # io_callback), which shows that the portable lowering was reached.
-    assert hostfeed.transports()["tpu"] == "jax" or hostfeed.portable.forced() == "native"
+    assert hostfeed.transports()["tpu"] == "jax" or hostfeed._src.transports.forced() == "native"
     for platform in ("tpu",):
         with pytest.raises(ValueError, match=f"lowering platform {platform}"):
             jax.jit(lambda x: hcb.id_tap(noop, x)).trace(1.0).lower(
@@ -188,13 +190,13 @@ def test_gpu_device_keys_name_gpu_devices(monkeypatch):
         asked.append(platform)
         return jax.local_devices()
 
-    receiver.device_for_ordinal.cache_clear()
-    monkeypatch.setattr(receiver, "_local_callback_devices", fake_devices)
+    devices.device_for_ordinal.cache_clear()
+    monkeypatch.setattr(devices, "_local_callback_devices", fake_devices)
     try:
-        assert receiver.device_for_ordinal(-2) == jax.local_devices()[0]  # GPU ordinal 0
-        assert receiver.device_for_ordinal(0) == jax.local_devices()[0]
+        assert devices.device_for_ordinal(-2) == jax.local_devices()[0]  # GPU ordinal 0
+        assert devices.device_for_ordinal(0) == jax.local_devices()[0]
     finally:
-        receiver.device_for_ordinal.cache_clear()
+        devices.device_for_ordinal.cache_clear()
     assert asked == ["gpu", "cpu"]
 
 
@@ -223,11 +225,13 @@ def test_sharded_taps_lower_for_cuda_on_several_devices():
 def test_the_package_imports_without_cuda_libraries_in_a_fresh_process():
     r = run_python(textwrap.dedent("""
         import hostfeed
-        from hostfeed import lowering, receiver
+        from hostfeed import lowering  # the alias kept for one release
         print(type(lowering.cuda_status()).__name__, hostfeed.__version__ != "")
+        print(type(hostfeed.gpu_status("cuda")).__name__)
     """))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split()[-1] == "True"
+    alias, status = r.stdout.splitlines()[-2:]
+    assert alias in ("str True", "NoneType True") and status == alias.split()[0]
 
 
 _DRIVER_FUNCTIONS = ["cuInit", "cuGetErrorName", "cuGetErrorString", "cuDriverGetVersion",
@@ -268,9 +272,9 @@ def probe_driver(gpu, directory):
     """What ``gpu``'s native functions answer in a fresh process whose library path is
     ``directory``: driver_error, driver_path, driver_version (as printed)."""
     r = run_python(f"""
-        from hostfeed import lowering
+        from hostfeed._src.transports import native
         for what in ("driver_error", "driver_path", "driver_version"):
-            print(lowering.gpu_driver({gpu!r}, what)())
+            print(getattr(native.platform({gpu!r}).driver, what)())
     """, env={"LD_LIBRARY_PATH": str(directory)})
     assert r.returncode == 0, r.stderr
     return r.stdout.splitlines()[-3:]
@@ -292,7 +296,7 @@ def test_the_driver_is_loaded_as_libcuda_so_1_with_every_function_hostfeed_calls
 
 
 def test_cuda_pool_stats_answer_without_a_gpu(gpu):
-    stats = lowering.gpu_driver(gpu, "pool_stats")()
+    stats = native.platform(gpu).driver.pool_stats()
     assert set(stats) == {"allocations", "frees", "allocated_bytes", "in_use_bytes",
                           "blocks_taken", "resets"}
     assert all(isinstance(v, int) and v >= 0 for v in stats.values())
@@ -301,4 +305,3 @@ def test_cuda_pool_stats_answer_without_a_gpu(gpu):
 def test_the_copy_floor_benchmark_is_not_in_the_shipped_module(gpu):
     # The floor lives in benches/ (ctypes), not in hostfeed._receiver.
     assert not hasattr(hostfeed._receiver, f"{gpu}_copy_floor")
-    assert not hasattr(receiver, f"{gpu}_copy_floor")

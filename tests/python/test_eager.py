@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import hostfeed
-from hostfeed import _receiver, receiver
+from hostfeed import _receiver
+from hostfeed._src import consumers
 from hostfeed import host_callback as hcb
 
 from conftest import queue_bound, wait_until
@@ -43,7 +44,7 @@ def test_eager_taps_with_fresh_functions_compile_and_register_nothing():
     x = jnp.arange(3.0)
     hcb.id_print(x, output_stream=io.StringIO())  # warm up whatever is lazily set up
     hcb.barrier_wait()
-    entries = receiver.registered_consumers()
+    entries = consumers.registered_consumers()
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
         s = io.StringIO()
@@ -54,7 +55,7 @@ def test_eager_taps_with_fresh_functions_compile_and_register_nothing():
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert compiles == []
-    assert receiver.registered_consumers() == entries
+    assert consumers.registered_consumers() == entries
     assert s.getvalue().count("what: ") == 50
 
 

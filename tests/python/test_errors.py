@@ -132,7 +132,7 @@ def test_a_message_the_dispatcher_cannot_handle_is_recorded_and_the_receiver_goe
     assert got == [7]
 
 
-# Tap functions are checked where `id_tap` is called (issue 21, item 6).
+# Tap functions are checked where `id_tap` is called.
 
 def test_io_callback_style_tap_function_is_refused_at_the_call_site():
     def log(x):
@@ -187,7 +187,7 @@ def test_print_errors_name_id_print():
         hcb.id_print("str")
 
 
-# Public exceptions and typing (issue 21, item 8).
+# Public exceptions and typing.
 
 def test_public_exceptions_belong_to_hostfeed():
     import hostfeed
@@ -196,7 +196,7 @@ def test_public_exceptions_belong_to_hostfeed():
                 hostfeed.CallbackException):
         assert exc.__module__ == "hostfeed", exc
         assert getattr(hostfeed, exc.__name__) is exc
-    assert hostfeed.CallbackContextError is hostfeed.receiver.CallbackContextError
+    assert hostfeed.CallbackContextError is hostfeed._receiver.CallbackContextError
 
 
 def test_id_tap_and_id_print_are_typed_to_return_the_argument_or_result():

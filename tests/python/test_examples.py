@@ -16,11 +16,14 @@ import hostfeed
 from conftest import run_python
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-MODULES = ["hostfeed", "hostfeed.host_callback", "hostfeed.printing", "hostfeed.primitives",
-           "hostfeed.runtime", "hostfeed.settings", "hostfeed.receiver", "hostfeed._compat",
-           "hostfeed.keys", "hostfeed.placement", "hostfeed.bench", "hostfeed.bench._timing",
-           "hostfeed.recording", "hostfeed.zarr_dtypes", "hostfeed.lowering",
-           "hostfeed.fast_dispatch", "hostfeed.bench._markdown"]
+MODULES = ["hostfeed", "hostfeed.host_callback", "hostfeed.lowering", "hostfeed.zarr_dtypes",
+           "hostfeed.bench", "hostfeed.bench._timing", "hostfeed.bench._markdown",
+           *(f"hostfeed._src.{m}" for m in (
+               "compat", "settings", "dtypes", "devices", "errors", "consumers", "dispatcher",
+               "lifecycle", "keys", "printing", "primitives", "runtime", "placement",
+               "fast_dispatch", "recording", "record_lowering", "reading", "coordination", "rules",
+               "lowering", "summary",
+               "transports", "transports.native", "transports.portable"))]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hostfeed import fast_dispatch
+from hostfeed._src import fast_dispatch
 from hostfeed import host_callback as hcb
 
 from conftest import run_python
@@ -167,7 +167,8 @@ def test_the_marker_waits_on_the_runtimes_completion_token():
 def test_turned_off_by_the_environment_keeps_the_token_chain():
     r = run_python("""
         import jax, jax.numpy as jnp
-        from hostfeed import host_callback as hcb, fast_dispatch
+        from hostfeed import host_callback as hcb
+        from hostfeed._src import fast_dispatch
         seen = []
         f = jax.jit(lambda x: hcb.id_tap(lambda a, t: seen.append(int(a)), x) + 1)
         text = f.lower(1).as_text()
@@ -193,7 +194,8 @@ def test_computations_on_several_devices_keep_the_token_chain():
     r = run_python("""
         import jax, jax.numpy as jnp, numpy as np
         from jax.sharding import NamedSharding, PartitionSpec as P
-        from hostfeed import host_callback as hcb, fast_dispatch
+        from hostfeed import host_callback as hcb
+        from hostfeed._src import fast_dispatch
         seen = []
         def log(a, t, device):
             seen.append((device.id, a.tolist()))

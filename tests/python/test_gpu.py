@@ -18,7 +18,7 @@ import pytest
 from jax import lax
 
 from hostfeed import host_callback as hcb
-from hostfeed import lowering
+from hostfeed._src.transports import native
 
 from conftest import GPU_KIND, ON_GPU, queue_bound
 
@@ -27,8 +27,9 @@ pytestmark = pytest.mark.skipif(
 
 
 def gpu(what):
-    """This GPU's native function ``what`` (``lowering.gpu_driver``)."""
-    return lowering.gpu_driver(GPU_KIND, what)
+    """This GPU's native function ``what`` (``hostfeed._src.transports.native``)."""
+    return native.platform(GPU_KIND).status if what == "status" else getattr(
+        native.platform(GPU_KIND).driver, what)
 
 
 def test_gpu_handlers_are_registered_and_the_driver_answers():

@@ -1,4 +1,4 @@
-"""Typed PRNG keys in taps and calls (issue 8, item 3).
+"""Typed PRNG keys in taps and calls.
 
 The host receives a key as its key data (the numpy array ``jax.random.key_data`` gives);
 the computation gets the typed key back, from the identity, from ``result=`` and from a

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import pytest
 
 import hostfeed
-from hostfeed import _compat, _receiver
+from hostfeed import _receiver
+from hostfeed._src import compat as _compat
 from hostfeed import host_callback as hcb
 
 from conftest import run_python

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from hostfeed import _compat
+from hostfeed._src import compat as _compat
 
 from conftest import run_python
 

@@ -1,9 +1,9 @@
 """Many processes (`jax.distributed` on loopback, gloo CPU collectives): 2 and 4 processes
 of 2 CPU devices each, under both partitioners. Each process runs the scenarios of
 helpers/multiprocess_cases.py; the tests check, in every process, the values, device ids,
-counts and order its callbacks saw. Issue 13: taps of sharded values were lost, per-device
-taps failed with IndexError in processes other than 0, and calls under jit over a
-multi-process mesh hung (and ignored SIGTERM)."""
+counts and order its callbacks saw: taps of sharded values all arrive, per-device taps
+run in every process, and calls under jit over a multi-process mesh return (and honour
+SIGTERM)."""
 from __future__ import annotations
 
 import contextlib

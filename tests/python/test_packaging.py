@@ -1,4 +1,4 @@
-"""What users install: license, metadata and the wheel's platform tag (issue 21, item 9).
+"""What users install: license, metadata and the wheel's platform tag.
 (CI builds the wheel and checks its tag; this checks that the build is asked for it.)"""
 from __future__ import annotations
 

@@ -20,7 +20,8 @@ from jax import lax
 
 import hostfeed
 from hostfeed import host_callback as hcb
-from hostfeed import portable
+from hostfeed._src import transports
+from hostfeed._src.transports import portable
 
 from conftest import run_python
 
@@ -28,13 +29,13 @@ from conftest import run_python
 @pytest.fixture(params=["jax", "native"])
 def transport(request):
     """Forces a transport for computations lowered during the test."""
-    with portable.forcing(request.param):
+    with transports.forcing(request.param):
         yield request.param
 
 
 @pytest.fixture
 def forced_jax():
-    with portable.forcing("jax"):
+    with transports.forcing("jax"):
         yield
 
 
@@ -102,13 +103,13 @@ def test_transports_say_which_platform_uses_which():
     t = hostfeed.transports()
     assert set(t) >= {"cpu", "cuda", "rocm", "tpu"}
     assert set(t.values()) <= {"native", "jax"}
-    if portable.forced() is None:
+    if transports.forced() is None:
         assert t["cpu"] == "native" and t["tpu"] == "jax"
         # ROCm lowers natively, as CUDA does (its handlers register, or no ROCm backend
         # is here to need them).
         assert t["rocm"] == "native" and t["cuda"] == "native"
     else:
-        assert set(t.values()) == {portable.forced()}
+        assert set(t.values()) == {transports.forced()}
 
 
 def test_hostfeed_transport_is_read_at_import_and_checked():

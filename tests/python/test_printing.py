@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hostfeed import host_callback as hcb
-from hostfeed.printing import format_value, print_tap_func
+from hostfeed._src.printing import format_value, print_tap_func
 
 
 def printed(fn, *args) -> str:

@@ -1,5 +1,5 @@
 """hostfeed.Recorder: values recorded in JAX computations, written to a Zarr v3 store by
-Rust, read back with zarr-python and compared bit for bit (issue 14)."""
+Rust, read back with zarr-python and compared bit for bit."""
 from __future__ import annotations
 
 import json
@@ -18,6 +18,7 @@ from jax import lax
 
 import hostfeed
 from hostfeed import host_callback as hcb
+from hostfeed._src import dispatcher
 
 from conftest import queue_bound, run_python
 
@@ -402,7 +403,7 @@ def test_the_queue_bound_holds_until_rows_are_written(store):
     bound = 4 << 20
     row = 1 << 20  # 1 MiB rows
     with queue_bound(bound):
-        hostfeed.receiver._receiver.reset_peak()
+        hostfeed._receiver.reset_peak()
         with hostfeed.Recorder(store, chunk_bytes=2 * row) as rec:
             f = jax.jit(lambda x: rec.record("x", x))
             for i in range(40):
@@ -420,7 +421,7 @@ def test_an_open_recorder_keeps_a_burst_of_large_rows_warm(store):
     # Rows stay with the recorder until written, so their buffers return to the pool
     # together; an open recorder raises the pool's limit to half the queue bound (what it
     # may hold), so that the next burst reuses them instead of faulting in fresh memory.
-    default = hostfeed.receiver._receiver.DEFAULT_BUFFER_POOL_BYTES
+    default = hostfeed._receiver.DEFAULT_BUFFER_POOL_BYTES
     row = 4 << 20
     with queue_bound(512 << 20):
         assert hostfeed.receiver_stats()["buffer_pool_bytes"] == default
@@ -489,7 +490,7 @@ def test_taps_and_records_mixed_in_one_computation(store):
 
 def test_a_batch_of_records_alone_does_not_reach_python(store, monkeypatch):
     calls = []
-    dispatch = hostfeed.receiver._Dispatcher.__call__
+    dispatch = dispatcher.Dispatcher.__call__
 
     def counting(self, batch):
         calls.append(1)
@@ -499,7 +500,7 @@ def test_a_batch_of_records_alone_does_not_reach_python(store, monkeypatch):
         f = jax.jit(lambda x: lax.fori_loop(0, 200, lambda i, c: rec.record("x", c + 1), x))
         f(0.0)
         hcb.barrier_wait()
-        monkeypatch.setattr(hostfeed.receiver._Dispatcher, "__call__", counting)
+        monkeypatch.setattr(dispatcher.Dispatcher, "__call__", counting)
         f(0.0)
         hcb.barrier_wait()
         monkeypatch.undo()

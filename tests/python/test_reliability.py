@@ -1,7 +1,6 @@
 """Reliability: nothing lost and no hang when callbacks raise BaseException or get stuck,
 a queue bound that bounds memory, Ctrl-C during a call, clear errors for bad numbers.
 
-Each test here failed before the fixes of https://github.com/ (issue 16, "Reliability").
 """
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ from jax import lax
 
 import hostfeed
 from hostfeed import host_callback as hcb
-from hostfeed import receiver
+from hostfeed._src import consumers, lifecycle
 
 from conftest import queue_bound, run_python, wait_until
 
@@ -119,7 +118,7 @@ def small_taps_until_blocked(bound, elems, n):
                                                         jnp.zeros(elems, jnp.float32), result=0)
 
     with queue_bound(bound):
-        receiver.reset_peak()
+        lifecycle.reset_peak()
         blocked_before = hostfeed.receiver_stats()["producer_blocked_count"]
         f = jax.jit(lambda: lax.fori_loop(0, n, body, 0))
         worker = threading.Thread(target=lambda: f().block_until_ready())
@@ -305,9 +304,9 @@ def test_callbacks_are_released_when_no_computation_refers_to_them():
     # Tap functions and their closures are not kept forever: once JAX's caches drop the
     # executables and traces that name them, the next barrier releases them.
     def registered_taps() -> int:  # this test's consumers (others come and go meanwhile)
-        with receiver._registry.lock:
+        with consumers.registry.lock:
             return sum("make.<locals>.tap" in c.name
-                       for c in receiver._registry.consumers.values())
+                       for c in consumers.registry.consumers.values())
 
     refs = []
 

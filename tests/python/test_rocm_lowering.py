@@ -17,7 +17,8 @@ import pytest
 
 import hostfeed
 from hostfeed import host_callback as hcb
-from hostfeed import lowering, receiver
+from hostfeed import _receiver, lowering
+from hostfeed._src.transports import native
 
 from conftest import ON_ROCM, run_python
 from test_cuda_lowering import custom_calls, fake_library, noop, probe_driver
@@ -57,10 +58,10 @@ def test_native_transport_forced_lowers_for_rocm_without_a_backend():
 
 @no_rocm
 def test_rocm_lowers_natively_by_default_and_jax_when_forced():
-    if hostfeed.portable.forced() is None:
+    if hostfeed._src.transports.forced() is None:
         assert hostfeed.transports()["rocm"] == "native"
-    with hostfeed.portable.forcing("jax"):
-        assert hostfeed.portable.transport_for("rocm") == "jax"
+    with hostfeed._src.transports.forcing("jax"):
+        assert hostfeed._src.transports.transport_for("rocm") == "jax"
         # The portable lowering was reached: JAX cannot lower its host callback for a
         # platform without its backend.
         with pytest.raises(ValueError, match="lowering platform rocm"):
@@ -100,7 +101,9 @@ def test_the_runtime_is_found_by_a_versioned_name_with_every_function_hostfeed_c
 
 
 def test_registrations_name_the_cpu_targets_for_rocm():
-    assert sorted(receiver.rocm_registrations()) == sorted(receiver.registrations())
+    rocm = _receiver.GPU_PLATFORMS["rocm"]
+    assert (rocm.name, rocm.xla_platform) == ("rocm", "ROCM")
+    assert sorted(rocm.registrations()) == sorted(_receiver.registrations())
     # The GPU check and its bench reach either platform's functions by name.
-    assert lowering.gpu_driver("rocm", "pool_stats") is receiver.rocm_pool_stats
-    assert lowering.gpu_driver("rocm", "status")() == lowering.rocm_status()
+    assert native.platform("rocm").driver is rocm
+    assert native.platform("rocm").status() == lowering.rocm_status()

@@ -6,9 +6,10 @@ import jax
 import numpy as np
 import pytest
 
-from hostfeed import receiver
-from hostfeed.placement import rounds_for
-from hostfeed.runtime import CallbackSpec, ShardParts, make_joined_call, make_joined_tap
+from hostfeed import _receiver
+from hostfeed._src import consumers, dispatcher, errors, lifecycle
+from hostfeed._src.placement import rounds_for
+from hostfeed._src.runtime import CallbackSpec, ShardParts, make_joined_call, make_joined_tap
 
 
 def part(group, index, *shards):
@@ -110,7 +111,7 @@ def test_joined_call_fails_every_device_when_the_callback_fails():
     j.add(3, part(0, 0, np.array([0], np.float32)), 0, r0)
     j.add(3, part(0, 1, np.array([1], np.float32)), 1, r1)
     assert "raised ValueError: nope" in r0.failed and r0.failed == r1.failed
-    receiver.take_last_exception()  # recorded for barrier_wait; consumed here
+    errors.take_last_exception()  # recorded for barrier_wait; consumed here
 
 
 def test_abandoning_a_joined_call_fails_its_waiting_parts():
@@ -132,26 +133,26 @@ class Log:
         self.events = []
 
     def tap(self, name):
-        return receiver.Consumer(lambda arrays, ordinal: self.events.append((name, ordinal)),
+        return consumers.Consumer(lambda arrays, ordinal: self.events.append((name, ordinal)),
                                  name, "tap")
 
     def joined(self, name, n_parts=2):
         def invoke(arrays, ordinal):
             self.events.append((name, "joined", [a.tolist() for a in arrays]))
 
-        return receiver.Consumer(make_joined_tap(invoke, ShardParts(n_parts, 0), name), name,
+        return consumers.Consumer(make_joined_tap(invoke, ShardParts(n_parts, 0), name), name,
                                  "joined")
 
 
-def dispatch(consumers, messages):
+def dispatch(made, messages):
     """Runs `messages` (consumer index, device, run, *arrays) through a fresh dispatcher."""
-    d = receiver._Dispatcher()
-    saved = receiver._registry.consumers
-    receiver._registry.consumers = {i + 1: c for i, c in enumerate(consumers)}  # 0: control
+    d = dispatcher.Dispatcher()
+    saved = consumers.registry.consumers
+    consumers.registry.consumers = {i + 1: c for i, c in enumerate(made)}  # 0: control
     try:
         d([(cid + 1, dev, 0, tuple(arrays), None, run) for cid, dev, run, *arrays in messages])
     finally:
-        receiver._registry.consumers = saved
+        consumers.registry.consumers = saved
     return d
 
 
@@ -178,24 +179,24 @@ class Dispatch:
     message); `send` runs messages (consumer index, device, run, *arrays)."""
 
     def __init__(self, consumers, charge=False):
-        self.d = receiver._Dispatcher(charge=charge)
+        self.d = dispatcher.Dispatcher(charge=charge)
         self.consumers = {i + 1: c for i, c in enumerate(consumers)}
 
     def run(self, batch):
-        saved = receiver._registry.consumers
-        receiver._registry.consumers = self.consumers
+        saved = consumers.registry.consumers
+        consumers.registry.consumers = self.consumers
         try:
             self.d(batch)
         finally:
-            receiver._registry.consumers = saved
+            consumers.registry.consumers = saved
 
     def send(self, *messages, reply=None):
         self.run([(cid + 1, dev, 0, tuple(arrays), reply, run)
                   for cid, dev, run, *arrays in messages])
 
     def marker(self, action):
-        self.run([(receiver.Consumer(lambda a, o: action(), "marker", "tap"), -1,
-                   receiver.FLAG_EAGER, (), None, 0)])
+        self.run([(consumers.Consumer(lambda a, o: action(), "marker", "tap"), -1,
+                   _receiver.FLAG_EAGER, (), None, 0)])
 
 
 def test_a_held_device_going_on_to_other_executions_waits_for_its_joined_tap():
@@ -215,7 +216,7 @@ def test_a_held_device_going_on_to_other_executions_waits_for_its_joined_tap():
 
 def test_held_back_messages_count_against_the_bound_until_they_run():
     from hostfeed import _receiver
-    receiver.ensure_started()
+    lifecycle.ensure_started()
     log = Log()
     d = Dispatch([log.joined("joined"), log.tap("tap")], charge=True)
     base = _receiver.stats()["queued_bytes"]
@@ -270,7 +271,7 @@ def test_a_failed_call_drops_its_executions_joined_sets_and_later_parts():
         reply.fail("host function raised")
         return True
 
-    d = Dispatch([log.joined("joined"), log.tap("tap"), receiver.Consumer(call, "c", "call")])
+    d = Dispatch([log.joined("joined"), log.tap("tap"), consumers.Consumer(call, "c", "call")])
     d.send((0, 0, 1, *part(0, 0, np.array([0]))),  # device 0's part of run 1
            (1, 0, 2, np.array([1])))  # held behind it
     d.send((2, 1, 1, np.array([0])), reply=FakeCallReply())  # run 1's call fails on device 1
@@ -279,7 +280,7 @@ def test_a_failed_call_drops_its_executions_joined_sets_and_later_parts():
     late = FakeCallReply()  # a later part of run 1 (another device) is not waited for
     d.send((0, 2, 1, *part(0, 0, np.array([9]))), reply=late)
     assert d.d.held == {} and "never came" in late.failed
-    receiver.take_last_exception()
+    errors.take_last_exception()
 
 
 def test_a_sweep_runs_crossed_parts_out_of_order_rather_than_drop_them():
@@ -335,7 +336,7 @@ def test_joined_call_fails_a_message_with_several_slots_once():
     j.add(3, [np.array([0, 0, 1], np.int32), np.array([0], np.float32),
               np.array([1], np.float32)], 0, r0)
     assert "raised ValueError: nope" in r0.failed
-    receiver.take_last_exception()
+    errors.take_last_exception()
 
 
 @pytest.mark.parametrize("processes, device_index", [

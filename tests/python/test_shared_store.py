@@ -1,10 +1,10 @@
-"""Many processes recording into one Zarr store (issue 26): under `jax.distributed` (gloo
+"""Many processes recording into one Zarr store: under `jax.distributed` (gloo
 CPU collectives on loopback, a shared temporary directory) every process opens the same
 `hostfeed.Recorder(path)` and writes the chunks of the shards its own devices hold.
 
-Before issue 26, 2 processes each opening the store lost rows silently (each one replaced
-the other's files) and a sharded record moved every shard to process 0 (collectives in
-the compiled step). The stores written by 2 and 4 processes are compared file by file
+Two processes each opening the store must not lose rows (by replacing each other's
+files), and a sharded record must not move its shards to process 0 (collectives in the
+compiled step). The stores written by 2 and 4 processes are compared file by file
 with the single-process recording of the same program (4 devices): every file is the
 same, bit for bit, except the per-row arrival times and record numbers (`.time_ns`,
 `.seq`), which depend on timing; the faults (a process killed, one raising) end within a
@@ -178,15 +178,15 @@ def test_a_failing_process_leaves_the_committed_rows_and_others_get_an_error(fau
 def test_another_run_on_an_open_shared_store_is_refused(tmp_path):
     """The lock of a store shared by one run's processes refuses an unrelated process, as
     a plain recorder or as a member of another run, naming who holds it."""
-    from hostfeed import receiver
+    from hostfeed import _receiver
     path = str(tmp_path / "run.zarr")
-    held = receiver.NativeRecorder(path, mode="w", shared="run-a", leader=True)
+    held = _receiver.Recorder(path, mode="w", shared="run-a", leader=True)
     script = (
         "import sys, hostfeed\n"
-        "from hostfeed import receiver\n"
+        "from hostfeed import _receiver\n"
         "for kw in ({}, {'shared': 'run-b', 'leader': False}):\n"
         "    try:\n"
-        "        receiver.NativeRecorder(sys.argv[1], mode='w', **kw)\n"
+        "        _receiver.Recorder(sys.argv[1], mode='w', **kw)\n"
         "    except hostfeed.RecordingError as exc:\n"
         "        print('REFUSED', exc.errno, exc)\n")
     try:

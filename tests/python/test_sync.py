@@ -1,6 +1,6 @@
 """Synchronous taps (``HOSTFEED_SYNC_TAPS``, ``set_sync_taps``, ``sync_taps()``,
 ``id_tap(..., sync=True)``): the tap function has run once the computation's results are
-ready, as with the legacy module's CPU default (issue 21, item 2)."""
+ready, as with the legacy module's CPU default."""
 from __future__ import annotations
 
 import io

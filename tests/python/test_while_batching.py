@@ -1,4 +1,4 @@
-"""``vmap`` of ``while_loop`` whose predicate taps or calls the host (issue 8, item 1).
+"""``vmap`` of ``while_loop`` whose predicate taps or calls the host.
 
 JAX 0.10-0.12 lower a while loop whose cond function has an ordered effect by ORing a
 batched predicate into one, with no per-lane select, so hostfeed batches such loops itself
@@ -23,7 +23,7 @@ from jax.extend.core.primitives import while_p
 from jax.interpreters import batching
 
 from hostfeed import host_callback as hcb
-from hostfeed import rules
+from hostfeed._src import rules
 
 from conftest import run_python
 

@@ -3,8 +3,9 @@
 //! (the orphan rule forbids `impl From<hostfeed_core::Error> for PyErr` in this crate).
 //! Each exception subclasses the builtin a caller already catches.
 
+use pyo3::create_exception;
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyTimeoutError, PyTypeError, PyValueError};
-use pyo3::{create_exception, PyErr, PyResult};
+use pyo3::prelude::*;
 
 use hostfeed_core::{Error, RecordError};
 
@@ -34,6 +35,16 @@ create_exception!(
     "Recording to a Zarr store failed (a write, a file that cannot be created, a full disk); \
      `errno` says how when the OS reported it."
 );
+
+/// Adds the exception types to `m`.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("ReceiverError", py.get_type::<ReceiverError>())?;
+    m.add("ReceiverTimeoutError", py.get_type::<ReceiverTimeoutError>())?;
+    m.add("CallbackContextError", py.get_type::<CallbackContextError>())?;
+    m.add("RecordingError", py.get_type::<RecordingError>())?;
+    Ok(())
+}
 
 /// A core error on its way into Python: the one conversion of [`Error`] and [`RecordError`]
 /// into Python exceptions. Call sites write `result.py()?` ([`IntoPy::py`]).

@@ -20,7 +20,6 @@ use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyTuple};
 
 use crate::error::{IntoPy, ReceiverError};
-use crate::gpu::{wait_gpu_deliveries, wait_gpu_parcels};
 use crate::messages::{BatchIter, Dtypes, EagerTap};
 use hostfeed_core::lock;
 use hostfeed_core::Error;
@@ -47,8 +46,61 @@ static BARRIER_DETACHED: AtomicBool = AtomicBool::new(false);
 /// `barrier_wait` before it asks for the GIL. A thread that asks for a GIL someone holds
 /// is put to sleep, and waking it again costs more than the tap itself; a consumer that
 /// sees the barrier let go of the GIL takes it at once. (Without a barrier soon after the
-/// eager tap, the consumer asks for the GIL after this time, as it always did.)
+/// eager tap, the consumer asks for the GIL after this time.)
 const EAGER_HANDOFF_SPIN: Duration = Duration::from_micros(30);
+
+/// Adds the receiver's functions and constants to `m`.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("DEFAULT_MAX_QUEUE_BYTES", hostfeed_core::DEFAULT_MAX_QUEUE_BYTES)?;
+    m.add("DEFAULT_STOP_TIMEOUT", hostfeed_core::DEFAULT_STOP_TIMEOUT.as_secs_f64())?;
+    m.add("DEFAULT_BUFFER_POOL_BYTES", hostfeed_core::DEFAULT_POOL_BYTES)?;
+    m.add("DTYPE_CODES", dtype_codes(py)?)?;
+    m.add_function(wrap_pyfunction!(start, m)?)?;
+    m.add_function(wrap_pyfunction!(stop, m)?)?;
+    m.add_function(wrap_pyfunction!(finalize, m)?)?;
+    m.add_function(wrap_pyfunction!(start_exit_watch, m)?)?;
+    m.add_function(wrap_pyfunction!(stop_exit_watch, m)?)?;
+    m.add_function(wrap_pyfunction!(push_control, m)?)?;
+    m.add_function(wrap_pyfunction!(push_eager, m)?)?;
+    m.add_function(wrap_pyfunction!(barrier, m)?)?;
+    m.add_function(wrap_pyfunction!(is_running, m)?)?;
+    m.add_function(wrap_pyfunction!(in_callback_thread, m)?)?;
+    m.add_function(wrap_pyfunction!(max_queue_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(set_max_queue_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(stats, m)?)?;
+    m.add_function(wrap_pyfunction!(reset_peak, m)?)?;
+    m.add_function(wrap_pyfunction!(hold_back, m)?)?;
+    m.add_function(wrap_pyfunction!(let_go, m)?)?;
+    m.add_function(wrap_pyfunction!(histograms, m)?)?;
+    m.add_function(wrap_pyfunction!(reset_histograms, m)?)?;
+    m.add_function(wrap_pyfunction!(set_timing, m)?)?;
+    m.add_function(wrap_pyfunction!(set_buffer_pool_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(set_consumer_name, m)?)?;
+    m.add_function(wrap_pyfunction!(install_interrupt_watch, m)?)?;
+    m.add_function(wrap_pyfunction!(registrations, m)?)?;
+    Ok(())
+}
+
+/// Waits (GIL released, signals checked) until the GPU couriers delivered every tap handed
+/// to them so far.
+fn wait_gpu_parcels(py: Python<'_>) -> PyResult<()> {
+    let parcels = hostfeed_core::GPU_DELIVERY.submitted();
+    while !hostfeed_core::GPU_DELIVERY.delivered_at_least(parcels) {
+        if py.detach(|| hostfeed_core::GPU_DELIVERY.wait_delivered(parcels, WAIT_SLICE)) {
+            break;
+        }
+        py.check_signals()?;
+    }
+    Ok(())
+}
+
+/// Waits (GIL released, `limit` at most) until the GPU couriers delivered every tap
+/// handed to them, so that stopping or exiting does not leave GPU taps behind.
+fn wait_gpu_deliveries(py: Python<'_>, limit: Duration) {
+    let parcels = hostfeed_core::GPU_DELIVERY.submitted();
+    py.detach(|| hostfeed_core::GPU_DELIVERY.wait_delivered(parcels, limit));
+}
 
 pub(crate) fn duration(what: &str, seconds: Option<f64>) -> PyResult<Option<Duration>> {
     match seconds {

@@ -21,6 +21,18 @@ use hostfeed_core::HostBuffer;
 use hostfeed_core::{sinks, ReplySlot};
 use hostfeed_core::{ArrayMeta, Message};
 
+/// Adds the message classes and the `FLAG_*` bits a message carries to `m`.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<MessageData>()?;
+    m.add_class::<BatchIter>()?;
+    m.add_class::<Reply>()?;
+    m.add("FLAG_STATUS_OUTPUT", hostfeed_core::FLAG_STATUS_OUTPUT)?;
+    m.add("FLAG_SHARD", hostfeed_core::FLAG_SHARD)?;
+    m.add("FLAG_EAGER", hostfeed_core::FLAG_EAGER)?;
+    m.add("FLAG_SYNC_TAP", hostfeed_core::FLAG_SYNC_TAP)?;
+    Ok(())
+}
+
 /// What the consumer needs from Python: numpy dtypes per XLA dtype code.
 pub struct Dtypes {
     /// Indexed by `XLA_FFI_DataType` code.

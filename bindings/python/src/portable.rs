@@ -19,6 +19,14 @@ use crate::host::EAGER_PUSHED;
 use hostfeed_core::portable::{self, HostArray, Outputs};
 use hostfeed_core::{Error, Message};
 
+/// Adds the portable transport's functions to `m`.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(push_host, m)?)?;
+    m.add_function(wrap_pyfunction!(call_host, m)?)?;
+    m.add_function(wrap_pyfunction!(failure_text, m)?)?;
+    Ok(())
+}
+
 /// The data pointer of a C-contiguous numpy array (refused otherwise).
 fn data_of(a: &Bound<'_, PyUntypedArray>, what: &str, i: usize) -> PyResult<*mut u8> {
     if !a.is_c_contiguous() {
@@ -123,7 +131,7 @@ pub fn call_host(
     // writes them meanwhile (the caller waits here).
     let outs = unsafe { Outputs::new(outs) };
     EAGER_PUSHED.store(true, Ordering::Release);
-    py.detach(move || portable::call(consumer_id, msg, outs, flags, timeout_ms, &name)).py()
+    py.detach(move || portable::call(msg, outs, flags, timeout_ms, &name)).py()
 }
 
 /// The message of the failed `call` recorded under `ticket` (a status of `call_host`).

@@ -23,6 +23,14 @@ use hostfeed_core::Codec;
 use hostfeed_core::{hub, sinks, Budget, Mode, Options, Recorder};
 use hostfeed_core::{install_write_tracer, open_recorders, set_write_tracing, WriteTracer};
 
+/// Adds the recorder class and the recorder's functions to `m`.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyRecorder>()?;
+    m.add_function(wrap_pyfunction!(after_fork_in_child, m)?)?;
+    m.add_function(wrap_pyfunction!(write_tracing, m)?)?;
+    Ok(())
+}
+
 /// Longest single wait with the GIL released before re-checking signals.
 const WAIT_SLICE: Duration = Duration::from_millis(100);
 
@@ -39,12 +47,14 @@ const TRACE_POLL: Duration = Duration::from_millis(200);
 static POLLER_RUNNING: AtomicBool = AtomicBool::new(false);
 /// A trace event could not be made once (said once, then not again).
 static TRACE_FAILED: AtomicBool = AtomicBool::new(false);
-/// `hostfeed._compat.TraceMe` (jax's `TraceMe`, which `jax.profiler.TraceAnnotation` is).
+/// `hostfeed._src.compat.TraceMe` (jax's `TraceMe`, which `jax.profiler.TraceAnnotation` is).
 static TRACE_ME: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 fn trace_me(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
     TRACE_ME
-        .get_or_try_init(py, || Ok::<_, PyErr>(py.import("hostfeed._compat")?.getattr("TraceMe")?.unbind()))
+        .get_or_try_init(py, || {
+            Ok::<_, PyErr>(py.import("hostfeed._src.compat")?.getattr("TraceMe")?.unbind())
+        })
         .map(|c| c.bind(py))
 }
 
@@ -245,7 +255,7 @@ impl PyRecorder {
         Ok(())
     }
 
-    /// Declares parted array `name` (issue 26): `count` parts, each a `part_shape` slice
+    /// Declares parted array `name`: `count` parts, each a `part_shape` slice
     /// along the first dimension of rows `[count * part_shape[0], ...]`; returns the part
     /// handles' ids. `commits`: this process writes the array's `zarr.json`.
     #[allow(clippy::needless_pass_by_value)]

@@ -516,7 +516,7 @@ def lower_jaxpr_inline(ctx: Any, jaxpr: Any, tokens: Any, *args: Any) -> tuple:
         outer_traceback=None)
 
 
-# ---- Host callbacks on the profiler's timeline (receiver._Dispatcher) --------------------
+# ---- Host callbacks on the profiler's timeline (the dispatcher) --------------------
 # jax 0.10-0.12: `jax.profiler.TraceAnnotation` is this TraceMe; its static `is_enabled()`
 # (about 16 ns) says whether a trace is being collected (jax.profiler.start_trace, or a
 # profiler server's capture), so callbacks pay for events only while tracing.

@@ -1,5 +1,5 @@
 """Agreement between the processes of a ``jax.distributed`` run that record one store
-(issue 26), through the key-value store and barriers of the coordination service that
+through the key-value store and barriers of the coordination service that
 ``jax.distributed`` already runs (no files used as locks, no server of our own).
 
 Under ``jax.distributed`` every process opens ``Recorder(path)`` on the same path. Process
@@ -29,6 +29,7 @@ With one process the same code runs without the service (the counts are local).
 """
 from __future__ import annotations
 
+import logging
 import itertools
 import json
 import os
@@ -38,13 +39,16 @@ from typing import Any, Optional
 
 import jax
 
-from . import _compat, receiver
+from .. import _receiver
+from . import compat
+
+logger = logging.getLogger("hostfeed")
 
 _opens = itertools.count()
 
 
-def _err(message: str) -> receiver.RecordingError:
-    return receiver.RecordingError(message)
+def _err(message: str) -> _receiver.RecordingError:
+    return _receiver.RecordingError(message)
 
 
 class Coordinator:
@@ -57,7 +61,7 @@ class Coordinator:
     """
 
     def __init__(self, path: str, timeout: float):
-        client = _compat.distributed_client()
+        client = compat.distributed_client()
         self.processes = jax.process_count() if client is not None else 1
         self.process = jax.process_index() if client is not None else 0
         self.client: Any = client if self.processes > 1 else None
@@ -197,7 +201,7 @@ class Coordinator:
                 try:
                     self.commit(native)
                 except Exception as exc:  # noqa: BLE001 - logged; close reports the state
-                    receiver.logger.warning("hostfeed: periodic commit of %s: %s",
+                    logger.warning("hostfeed: periodic commit of %s: %s",
                                             self.path, exc)
 
         self._thread = threading.Thread(target=run, name="hostfeed-coordinator", daemon=True)
@@ -235,7 +239,7 @@ class Coordinator:
             return
         try:
             self._barrier("reached close()", "flushed")
-        except receiver.RecordingError:
+        except _receiver.RecordingError:
             if self.leader:
                 self.commit(native)
             raise

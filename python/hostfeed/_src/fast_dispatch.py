@@ -36,7 +36,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import _compat, receiver, settings
+from . import compat, lifecycle, settings
 from .primitives import HostCallbackEffect
 
 __all__ = ["token_scope_p", "enabled", "token_chain_lowering", "scoped_devices",
@@ -81,13 +81,13 @@ def token_chain_lowering() -> Iterator[None]:
 
 
 # ---- The token scope ---------------------------------------------------------------------
-token_scope_p = _compat.Primitive("hostfeed_token_scope")
+token_scope_p = compat.Primitive("hostfeed_token_scope")
 token_scope_p.multiple_results = True
 
 
 def _scope_abstract_eval(*avals: Any, jaxpr: Any, outer_effects: Any) -> tuple:
     del avals
-    inner, _ = _compat.open_jaxpr(jaxpr)
+    inner, _ = compat.open_jaxpr(jaxpr)
     return [v.aval for v in inner.outvars], set(outer_effects)
 
 
@@ -108,33 +108,33 @@ def _scope_dce(used_outputs: list, eqn: Any) -> tuple:
     return [True] * len(eqn.invars), eqn
 
 
-_compat.register_dce_rule(token_scope_p, _scope_dce)
+compat.register_dce_rule(token_scope_p, _scope_dce)
 
 
 def _scope_lowering(ctx: Any, *args: Any, jaxpr: Any, outer_effects: Any) -> Any:
     del outer_effects
-    inner, _ = _compat.open_jaxpr(jaxpr)
+    inner, _ = compat.open_jaxpr(jaxpr)
     outer = ctx.tokens_in
-    ours = [e for e in _compat.ordered_effects.filter_in(inner.effects)
+    ours = [e for e in compat.ordered_effects.filter_in(inner.effects)
             if isinstance(e, HostCallbackEffect)]
-    tokens = _compat.TokenSet({**dict(outer.items()),
-                               **{e: _compat.create_token() for e in ours}})
-    outs, tokens_out = _compat.lower_jaxpr_inline(ctx, inner, tokens, *args)
-    ctx.set_tokens_out(_compat.TokenSet({e: tokens_out.get(e) for e, _ in outer.items()}))
+    tokens = compat.TokenSet({**dict(outer.items()),
+                               **{e: compat.create_token() for e in ours}})
+    outs, tokens_out = compat.lower_jaxpr_inline(ctx, inner, tokens, *args)
+    ctx.set_tokens_out(compat.TokenSet({e: tokens_out.get(e) for e, _ in outer.items()}))
     return outs
 
 
-_compat.mlir.register_lowering(token_scope_p, _scope_lowering)
+compat.mlir.register_lowering(token_scope_p, _scope_lowering)
 
 
 def _in_token_scope(jaxpr: Any) -> Any:
     """``jaxpr`` (a ClosedJaxpr, or a Jaxpr from jax 0.12) as one token-scope equation with
     the same inputs, outputs and effects less hostfeed's."""
-    j, rewrap = _compat.open_jaxpr(jaxpr)
+    j, rewrap = compat.open_jaxpr(jaxpr)
     outer_effects = frozenset(e for e in j.effects if not isinstance(e, HostCallbackEffect))
-    inner = _compat.param_jaxpr(_compat.convert_constvars_jaxpr(j))
-    outvars = [_compat.Var(v.aval) for v in j.outvars]
-    eqn = _compat.new_jaxpr_eqn([*j.constvars, *j.invars], outvars, token_scope_p,
+    inner = compat.param_jaxpr(compat.convert_constvars_jaxpr(j))
+    outvars = [compat.Var(v.aval) for v in j.outvars]
+    eqn = compat.new_jaxpr_eqn([*j.constvars, *j.invars], outvars, token_scope_p,
                                 {"jaxpr": inner, "outer_effects": outer_effects},
                                 set(outer_effects))
     return rewrap(j.replace(outvars=outvars, eqns=[eqn], effects=set(outer_effects)))
@@ -155,7 +155,7 @@ _devices = _Devices()
 def _rewrite(jaxpr: Any, num_devices: int, assignment: Any) -> Any:
     if not _mode.enabled or num_devices != 1 or not assignment or len(assignment) != 1:
         return None
-    j, _ = _compat.open_jaxpr(jaxpr)
+    j, _ = compat.open_jaxpr(jaxpr)
     if not any(isinstance(e, HostCallbackEffect) for e in j.effects):
         return None
     device = assignment[0]
@@ -163,11 +163,11 @@ def _rewrite(jaxpr: Any, num_devices: int, assignment: Any) -> Any:
         return None  # another process's device: nothing here can wait for it
     with _devices.lock:
         _devices.markers.setdefault(device, None)
-    receiver.dispatch_waits_due()
+    lifecycle.dispatch_waits_due()
     return _in_token_scope(jaxpr)
 
 
-HOOKED = _compat.install_lowering_rewrite(_rewrite)
+HOOKED = compat.install_lowering_rewrite(_rewrite)
 
 
 def scoped_devices() -> tuple:
@@ -242,13 +242,13 @@ def devices_set_aside() -> Iterator[None]:
     """
     with _devices.lock:
         saved, _devices.markers = _devices.markers, {}
-    receiver.dispatch_waits_due(False)
+    lifecycle.dispatch_waits_due(False)
     try:
         yield
     finally:
         with _devices.lock:
             _devices.markers = {**saved, **_devices.markers}
-        receiver.dispatch_waits_due(bool(_devices.markers))
+        lifecycle.dispatch_waits_due(bool(_devices.markers))
 
 
 def forget_devices() -> None:
@@ -256,8 +256,8 @@ def forget_devices() -> None:
     compiled markers mean nothing there)."""
     _devices.lock = threading.Lock()
     _devices.markers = {}
-    receiver.dispatch_waits_due(False)
+    lifecycle.dispatch_waits_due(False)
 
 
-receiver.add_dispatch_wait(wait_for_devices)
-receiver.add_fork_hook(forget_devices)
+lifecycle.add_dispatch_wait(wait_for_devices)
+lifecycle.add_fork_hook(forget_devices)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from . import _compat
+from . import compat
 
 
 def _dtype_of(x: Any) -> Any:
@@ -81,7 +81,7 @@ def unwrap_keys(leaves: Sequence[Any], api: str, what: str) -> tuple[list, tuple
 def rewrap_keys(leaves: Sequence[Any], key_dtypes: Sequence[Optional[Any]]) -> list:
     """Wraps key data back into typed keys where ``key_dtypes`` (from :func:`unwrap_keys`)
     says a leaf was a key; other leaves are returned as they are."""
-    return [x if d is None else _compat.wrap_key_data(x, d)
+    return [x if d is None else compat.wrap_key_data(x, d)
             for x, d in zip(leaves, key_dtypes)]
 
 

@@ -63,7 +63,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
 
-from . import _compat
+from . import compat
 from .primitives import (FAILURE_MESSAGE_BYTES, call_check_p, failure_message_p,
                          host_call_p, outside_call_p)
 from .runtime import ShardParts
@@ -84,11 +84,11 @@ class Where(enum.Enum):
 def where(ctx: Any) -> tuple[Where, Any]:
     """The context of a lowering rule, with JAX's axis context."""
     ac = ctx.module_context.axis_context
-    if isinstance(ac, _compat.SPMDAxisContext):
-        manual = frozenset(_compat.manual_axes(ac))
+    if isinstance(ac, compat.SPMDAxisContext):
+        manual = frozenset(compat.manual_axes(ac))
         if manual == frozenset(ac.mesh.axis_names):
             return Where.PER_DEVICE, ac
-        if _compat.use_shardy.value and not _compat.SHARDY_COMPILES_NESTED_MANUAL_TOKENS:
+        if compat.use_shardy.value and not compat.SHARDY_COMPILES_NESTED_MANUAL_TOKENS:
             auto = sorted(set(ac.mesh.axis_names) - manual)
             raise NotImplementedError(
                 f"hostfeed: host callbacks inside a partially manual shard_map (manual axes "
@@ -98,7 +98,7 @@ def where(ctx: Any) -> tuple[Where, Any]:
                 f"the shard_map, upgrade to jax >= 0.11.2 (older XLA aborts compiling this), or "
                 f"set jax.config.update('jax_use_shardy_partitioner', False).")
         return Where.PARTIAL_MANUAL, ac
-    if isinstance(ac, _compat.ShardingContext) and ac.num_devices > 1:
+    if isinstance(ac, compat.ShardingContext) and ac.num_devices > 1:
         return Where.GLOBAL, ac
     return Where.SINGLE, ac
 
@@ -134,11 +134,11 @@ def _manual_region(ac: Any, avals: Sequence[Any]) -> Region:
         meshes = [m for m in meshes if m is not None and not m.empty]
         mesh = meshes[0] if meshes else mesh
     if not mesh.empty:
-        manual = frozenset(_compat.manual_axes(ac))
+        manual = frozenset(compat.manual_axes(ac))
         axes = tuple(a for a in mesh.axis_names if a not in manual)
         if axes:
             return Region(mesh, axes, int(np.prod([mesh.shape[a] for a in axes])))
-    if isinstance(ac, _compat.ShardingContext):
+    if isinstance(ac, compat.ShardingContext):
         # Auto axes (the default became Explicit in jax 0.12): the partitioner reshards the
         # operands into the region by itself.
         mesh = AbstractMesh((ac.num_devices,), (_AXIS,), axis_types=(AxisType.Auto,))
@@ -206,7 +206,7 @@ def lower_fun(ctx: Any, fn: Callable, avals_in: Sequence[Any], avals_out: Sequen
               args: Sequence[Any]) -> list:
     """`mlir.lower_fun` on a context with the given avals, passing the effect tokens on."""
     sub_ctx = dataclasses.replace(ctx, avals_in=list(avals_in), avals_out=list(avals_out))
-    outs = _compat.lower_fun(fn, multiple_results=True)(sub_ctx, *args)
+    outs = compat.lower_fun(fn, multiple_results=True)(sub_ctx, *args)
     ctx.set_tokens_out(sub_ctx.tokens_out)
     return outs
 
@@ -350,7 +350,7 @@ def lower_global_tap(ctx: Any, ac: Any, tapped: Sequence[Any], bind_params: dict
     check_device_index(device_index, region.group, "collect the tapped operand")
     processes = _region_processes(ctx, ac, region)
     if tapped and processes is not None and _splits_evenly(avals, region.group):
-        manual = _compat.manual_axes(ac)
+        manual = compat.manual_axes(ac)
         rounds = rounds_for(processes, device_index)
         n_slots = 1 + len(rounds.perms)
         params = dict(bind_params, nr_tapped_args=n_slots * len(tapped) + 1,
@@ -385,7 +385,7 @@ def lower_global_tap(ctx: Any, ac: Any, tapped: Sequence[Any], bind_params: dict
 
 
 def lower_parted_record(ctx: Any, ac: Any, tapped: Sequence[Any], bind_params: dict) -> bool:
-    """A record of a global value, part by part (issue 26): each device of the region
+    """A record of a global value, part by part: each device of the region
     sends its own slice of the value along dimension 0 (plus ``[group, part]`` and the
     step, replicated), and a Rust sink writes it as that part's chunks of one array whose
     rows have the value's global shape. Nothing is joined on any host, so each process
@@ -457,7 +457,7 @@ def lower_global_call(ctx: Any, ac: Any, args: Sequence[Any], params: dict) -> l
             and _splits_evenly(whole, region.group):
         group = region.group
         local = tuple(a.update(shape=(a.shape[0] // group, *a.shape[1:])) for a in whole)
-        manual = _compat.manual_axes(ac)
+        manual = compat.manual_axes(ac)
         rounds = rounds_for(processes, device_index)
         n_slots = 1 + len(rounds.perms)
         inner = dict(params, result_avals=local * n_slots, with_status=True,

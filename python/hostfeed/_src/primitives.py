@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _compat, receiver, settings
+from .. import _receiver
+from . import compat, lifecycle, settings
 from .runtime import CallbackSpec, check_call_results, unpack_transforms
 
 __all__ = [
@@ -25,7 +26,7 @@ __all__ = [
 ]
 
 
-class HostCallbackEffect(_compat.Effect):
+class HostCallbackEffect(compat.Effect):
     """The ordered side effect of sending data to a hostfeed host callback."""
 
     def __str__(self) -> str:
@@ -33,16 +34,16 @@ class HostCallbackEffect(_compat.Effect):
 
 
 host_callback_effect = HostCallbackEffect()
-for _effect_set in _compat.EFFECT_SETS:
+for _effect_set in compat.EFFECT_SETS:
     _effect_set.add_type(HostCallbackEffect)
 # Dispatch: the token of the previous computation that tapped is passed on as it is.
-_compat.install_token_fast_path(HostCallbackEffect)
+compat.install_token_fast_path(HostCallbackEffect)
 
 # A JAX configuration state, so that the mode is part of JAX's tracing and compilation
 # cache keys: switching modes never reuses a jaxpr traced (or a jvp taken) in the other.
 _default_ad_taps = settings.ad_taps()
 with settings.parsed_here(settings.AD_TAPS_ENV):
-    _ad_taps = _compat.enum_state(
+    _ad_taps = compat.enum_state(
         name="hostfeed_ad_taps",
         enum_values=list(settings.AD_TAPS_MODES),
         default=_default_ad_taps,
@@ -74,7 +75,7 @@ def set_ad_taps(mode: str) -> None:
 # the other, never reused.
 _default_sync_taps = settings.sync_taps()
 with settings.parsed_here(settings.SYNC_TAPS_ENV):
-    sync_taps_state = _compat.bool_state(
+    sync_taps_state = compat.bool_state(
         name="hostfeed_sync_taps",
         default=_default_sync_taps,
         help="Whether hostfeed taps complete before the computation's results are ready.",
@@ -93,7 +94,7 @@ def get_sync_taps() -> bool:
     return bool(sync_taps_state.value)
 
 
-outside_call_p = _compat.Primitive("outside_call")
+outside_call_p = compat.Primitive("outside_call")
 outside_call_p.multiple_results = True
 
 
@@ -135,7 +136,7 @@ def _outside_call_impl(*args, **params):
     transforms = params["transforms"]
     # Eager taps from inside a host callback also run inline: going through the device
     # would have the callback thread wait for a queue that only it can drain.
-    if settings.inline() or receiver.in_callback_thread():
+    if settings.inline() or _receiver.in_callback_thread():
         # Legacy JAX_HOST_CALLBACK_INLINE: run the callback here, in the caller's thread,
         # so its exceptions propagate with the caller's stack.
         tapped = args[:nr_tapped_args]
@@ -171,7 +172,7 @@ def _tap_eager(callback: CallbackSpec, transforms: tuple, args: Sequence[Any],
     registered that outlives the message (a fresh tap function per call costs nothing
     more, and leaks nothing). A synchronous tap then waits until the receiver has run it
     (its exception, if any, is recorded for ``barrier_wait`` as for any tap)."""
-    receiver.wait_for_dispatched(host_callback_effect)
+    lifecycle.wait_for_dispatched(host_callback_effect)
     tapped = args[:nr_tapped_args]
     arrays = tuple([_host_copy(a) for a in tapped])
     func, treedef = callback.func, callback.arg_treedef
@@ -185,9 +186,9 @@ def _tap_eager(callback: CallbackSpec, transforms: tuple, args: Sequence[Any],
     else:
         def invoke(arrays: Sequence[np.ndarray], ordinal: int) -> None:
             func(arrays[0] if single else treedef.unflatten(arrays), unpacked)
-    receiver.push_eager(invoke, callback.name, arrays, sum([a.nbytes for a in arrays]))
+    lifecycle.push_eager(invoke, callback.name, arrays, sum([a.nbytes for a in arrays]))
     if sync:
-        receiver.wait_processed()
+        lifecycle.wait_processed()
     # Identity; values that are not JAX arrays yet become ones, as a computation's outputs.
     return [a if isinstance(a, _Array) else jax.numpy.asarray(a) for a in args]
 
@@ -207,15 +208,15 @@ def outside_call(args: Sequence[Any], params: dict) -> list:
         >>> hcb.barrier_wait()
     """
     # (A list, not a generator: faster for the few operands of a tap.)
-    if _compat.eval_trace_active() and not any([_compat.is_tracer(a) for a in args]):  # noqa: C419
-        return _outside_call_impl(*[_compat.canonicalize_value(a) for a in args], **params)
+    if compat.eval_trace_active() and not any([compat.is_tracer(a) for a in args]):  # noqa: C419
+        return _outside_call_impl(*[compat.canonicalize_value(a) for a in args], **params)
     return outside_call_p.bind(*args, **params)
 
 
 # ----------------------------------------------------------------------------------------
 # `call`: a host callback whose results flow back into the computation.
 
-host_call_p = _compat.Primitive("host_call")
+host_call_p = compat.Primitive("host_call")
 host_call_p.multiple_results = True
 
 
@@ -242,7 +243,7 @@ def _host_call_impl(*args, callback, result_treedef, result_avals, device_index,
             res = callback.func(arg)
         flat = check_call_results(callback.name, res, result_treedef, result_avals)
         return [jnp.asarray(a) for a in flat]
-    return _compat.apply_primitive(host_call_p, *args, callback=callback,
+    return compat.apply_primitive(host_call_p, *args, callback=callback,
                                    result_treedef=result_treedef, result_avals=result_avals,
                                    device_index=device_index, with_status=with_status,
                                    shard_parts=shard_parts)
@@ -254,7 +255,7 @@ host_call_p.def_impl(_host_call_impl)
 # `call_check_p`: fails the computation if a (combined) call status is non-zero. Bound only
 # by the multi-device lowering of `call`, after every device has the same status, so that
 # all devices fail together instead of some waiting forever in a collective.
-call_check_p = _compat.Primitive("host_call_check")
+call_check_p = compat.Primitive("host_call_check")
 call_check_p.multiple_results = True
 
 
@@ -267,13 +268,13 @@ def _call_check_abstract_eval(status, *message):
 
 
 # Global-view placement needs each device's process (many processes): see placement.py.
-_compat.require_devices_during_lowering(outside_call_p, host_call_p)
+compat.require_devices_during_lowering(outside_call_p, host_call_p)
 
 
 # `failure_message_p` (many processes only): the text of this process's failed call named
 # by a device's own status, as `uint8[FAILURE_MESSAGE_BYTES]` (zeros for status 0), so the
 # lowering can send it to the other processes. Pure: it only reads what the call recorded.
-failure_message_p = _compat.Primitive("host_call_failure_message")
+failure_message_p = compat.Primitive("host_call_failure_message")
 FAILURE_MESSAGE_BYTES = 2048
 
 

@@ -10,7 +10,7 @@ How a record travels: ``record`` binds ``outside_call_p`` with a :class:`Callbac
 of kind ``"record"`` (so every transformation rule, ordering and placement of taps
 applies); at lowering, :func:`consumer_id` declares the arrays (a clash raises at the call
 site) and binds the consumer id to a Rust *sink*. Two paths go through Python instead,
-calling :class:`_Target` (which appends a copy): global-view records of sharded ``jit``
+calling :class:`Target` (which appends a copy): global-view records of sharded ``jit``
 (the shards are joined by ``runtime.Joiner`` first), and inline mode
 (``JAX_HOST_CALLBACK_INLINE``, or an eager record inside a host callback).
 
@@ -22,26 +22,27 @@ operand is what, :func:`lane_dims` how many leading dimensions are lanes.
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import difflib
+import logging
 import json
 import math
 import os
 import threading
 from typing import Any, Optional
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import jax
 import numpy as np
 
-from . import _compat, coordination, keys, receiver, settings
+from .. import _receiver
+from . import compat, coordination, dtypes, keys, lifecycle, settings
 from .primitives import outside_call_p, outside_call_params
-from .runtime import CallbackSpec, make_tap_invoker, unpack_transforms
+from .runtime import CallbackSpec, unpack_transforms
 
-__all__ = ["Recorder", "RecordingError", "read_recording", "ROW_METADATA"]
+logger = logging.getLogger("hostfeed")
 
-RecordingError = receiver.RecordingError
+__all__ = ["Recorder", "RecordingError", "ROW_METADATA"]
+
+RecordingError = _receiver.RecordingError
 
 #: Per-row metadata arrays stored next to each recorded array, by suffix.
 ROW_METADATA = ("seq", "step", "device", "time_ns", "transforms")
@@ -109,19 +110,19 @@ def lane_dims(transform_names: Sequence[str]) -> int:
     return sum(1 for t in transform_names if t == "batch")
 
 
-def _transforms_json(transforms: tuple) -> str:
+def transforms_json(transforms: tuple) -> str:
     return json.dumps(unpack_transforms(transforms), default=list)
 
 
 def _dtype_code(dtype: Any) -> int:
     name = np.dtype(dtype).name
-    code = receiver.DTYPE_CODES.get(name)
+    code = dtypes.DTYPE_CODES.get(name)
     if code is None:
         raise TypeError(f"hostfeed: values of dtype {name} cannot be recorded")
     return code
 
 
-class _Target:
+class Target:
     """The ``func`` of a record's :class:`CallbackSpec`: one name of one recorder, with or
     without a step (``kind``). Called only on the paths that go through Python (see the
     module documentation), as a tap function with ``(arg, transforms, device=...)``."""
@@ -142,9 +143,9 @@ class _Target:
         try:
             self._append(arg, transforms, device)
         except Exception as exc:  # kept for the recorder's flush/close
-            if settings.inline() and not receiver.in_callback_thread():
+            if settings.inline() and not _receiver.in_callback_thread():
                 raise  # inline mode: the caller's own thread, which sees it at once
-            receiver.logger.error("hostfeed: %r failed (raised by the recorder's next flush, "
+            logger.error("hostfeed: %r failed (raised by the recorder's next flush, "
                                   "close or barrier_wait): %s", self, exc)
             self.recorder._keep_error(exc)
 
@@ -180,7 +181,7 @@ class _Target:
 # the receiver has drained). Strong references, so that an open recorder dropped by the
 # program still gets its rows written.
 _open: set[Recorder] = set()
-_open_lock = threading.Lock()
+open_lock = threading.Lock()
 
 
 class Recorder:
@@ -259,35 +260,35 @@ class Recorder:
                              f"finite number of seconds, got {coordination_timeout!r}")
         # The receiver (and its exit handler, which closes recorders after draining) must
         # exist before any row can be recorded.
-        receiver.ensure_started()
+        lifecycle.ensure_started()
         fspath = _fspath(path)
         coord = coordination.Coordinator(fspath, coordination_timeout)
         options: dict[str, Any] = dict(mode=mode, compression=compression, level=compression_level,
                        chunk_bytes=chunk_bytes, writers=writers, durable=durable,
                        commit_interval=commit_interval, separator=separator)
         if not coord.shared:
-            self._native = receiver.NativeRecorder(fspath, **options)
+            self._native = _receiver.Recorder(fspath, **options)
         elif coord.leader:
             group = coord.new_group()
             try:
-                self._native = receiver.NativeRecorder(fspath, **options, shared=group,
+                self._native = _receiver.Recorder(fspath, **options, shared=group,
                                                        leader=True)
             except Exception as exc:
                 coord.announce(None, str(exc))
                 raise
             coord.announce(group)
         else:
-            self._native = receiver.NativeRecorder(fspath, **options, shared=coord.join(),
+            self._native = _receiver.Recorder(fspath, **options, shared=coord.join(),
                                                    leader=False)
         self._coord = coord
         coord.start(self._native, commit_interval)
         self._lock = threading.Lock()
-        self._targets: dict[tuple[str, str], _Target] = {}
+        self._targets: dict[tuple[str, str], Target] = {}
         self._declared: dict[tuple, int] = {}
         # Errors of rows recorded through Python (eager records), not raised yet.
         self._unseen: list[BaseException] = []
         self._pid = os.getpid()
-        with _open_lock:
+        with open_lock:
             _open.add(self)
 
     # ---- public API ---------------------------------------------------------------------
@@ -343,7 +344,7 @@ class Recorder:
         leaves, value_keys = keys.unwrap_keys(leaves, "Recorder.record", "value")
         operands = [_as_value(leaves[0], name)]
         self._native.check_name(name, np.ndim(operands[0]))
-        if not _compat.is_tracer(operands[0]):
+        if not compat.is_tracer(operands[0]):
             # An eager record: its row is appended later, on the consumer thread; a shape or
             # dtype clash is raised here, at the call, as under jit (and, for a shared
             # store, an array another process writes).
@@ -362,7 +363,7 @@ class Recorder:
             flat_results, result_treedef = jax.tree_util.tree_flatten(result)
             flat_results, result_keys = keys.unwrap_keys(flat_results, "Recorder.record",
                                                          "result")
-            flat_results = [r if _compat.is_tracer(r) or isinstance(r, jax.Array)
+            flat_results = [r if compat.is_tracer(r) or isinstance(r, jax.Array)
                             else jax.numpy.asarray(r) for r in flat_results]
         outs = outside_call_p.bind(*operands, *flat_results,
                                    **outside_call_params(spec, len(operands)))
@@ -382,10 +383,10 @@ class Recorder:
             and no flush, close or ``barrier_wait`` has raised that yet.
           TimeoutError: not done within ``timeout`` seconds (what was written is announced).
         """
-        receiver.check_not_in_callback("Recorder.flush")
-        failed_run = receiver.drain_dispatched(timeout)
+        lifecycle.check_not_in_callback("Recorder.flush")
+        failed_run = lifecycle.drain_dispatched(timeout)
         if not self._native.flush(timeout):
-            raise receiver.ReceiverTimeoutError(
+            raise _receiver.ReceiverTimeoutError(
                 f"hostfeed: Recorder.flush timed out after {timeout} s with rows of "
                 f"{self.path} still being written")
         self._coord.commit(self._native)
@@ -399,11 +400,11 @@ class Recorder:
         nothing."""
         if self.closed:
             return
-        receiver.check_not_in_callback("Recorder.close")
+        lifecycle.check_not_in_callback("Recorder.close")
         try:
-            receiver.drain_dispatched()
+            lifecycle.drain_dispatched()
         finally:
-            with _open_lock:
+            with open_lock:
                 _open.discard(self)
             self._close_native()
         self._raise_unseen()
@@ -431,8 +432,8 @@ class Recorder:
             return
         try:  # leaving on an exception: that one propagates, a recording error is logged
             self.close()
-        except receiver.RecordingError as exc:
-            receiver.logger.error("hostfeed: closing %r while an exception propagates: %s",
+        except _receiver.RecordingError as exc:
+            logger.error("hostfeed: closing %r while an exception propagates: %s",
                                   self, exc)
 
     def __repr__(self) -> str:
@@ -456,11 +457,11 @@ class Recorder:
         if exc is not None:
             raise exc
 
-    def _target(self, name: str, kind: str) -> _Target:
+    def _target(self, name: str, kind: str) -> Target:
         with self._lock:
             t = self._targets.get((name, kind))
             if t is None:
-                t = self._targets[(name, kind)] = _Target(self, name, kind)
+                t = self._targets[(name, kind)] = Target(self, name, kind)
             return t
 
     def _declare(self, name: str, dtype: Any, shape: Sequence[int]) -> int:
@@ -492,6 +493,19 @@ class Recorder:
             self._declared[key] = -1
 
 
+def _describe_pytree(value: Any, n_leaves: int, name: str) -> str:
+    """What ``Recorder.record`` got instead of one array, and how to record it."""
+    leaves = f"{n_leaves} leaf" if n_leaves == 1 else f"{n_leaves} leaves"
+    if isinstance(value, dict) and value:
+        key = next(iter(value))
+        return (f"a dict with {leaves} (keys {list(value)[:8]}); record each entry under its "
+                f"own name, e.g. rec.record({f'{name}/{key}'!r}, value[{key!r}])")
+    if isinstance(value, (tuple, list)) and value:
+        return (f"a {type(value).__name__} of {len(value)} elements ({leaves}); record each "
+                f"under its own name, e.g. rec.record({f'{name}/0'!r}, value[0])")
+    return f"a {type(value).__name__} with {leaves}; record each leaf under its own name"
+
+
 def _fspath(path: Any) -> str:
     """A store path as ``str``: ``os.fspath`` (``str``, ``bytes`` decoded with the file
     system encoding, or any ``os.PathLike``)."""
@@ -515,158 +529,31 @@ def _check_name(name: str) -> None:
 
 
 def _as_value(x: Any, name: str) -> Any:
-    if not (_compat.is_tracer(x) or isinstance(x, (jax.Array, np.ndarray, np.generic))):
+    if not (compat.is_tracer(x) or isinstance(x, (jax.Array, np.ndarray, np.generic))):
         if isinstance(x, (bool, int, float, complex)) or hasattr(x, "__jax_array__"):
             x = jax.numpy.asarray(x)
         else:
             raise TypeError(f"hostfeed: Recorder.record({name!r}) got a {type(x).__name__}, "
                             f"which is not a JAX value")
-    swapped = receiver.byte_order_problem(x.dtype)
+    swapped = dtypes.byte_order_problem(x.dtype)
     if swapped is not None:
         raise TypeError(f"hostfeed: Recorder.record({name!r}) got a value of {swapped}")
-    if np.dtype(x.dtype) not in receiver.SUPPORTED_DTYPES:
+    if np.dtype(x.dtype) not in dtypes.SUPPORTED_DTYPES:
         raise TypeError(
             f"hostfeed: Recorder.record({name!r}) got dtype {x.dtype}, which cannot be "
             f"recorded (sub-byte types have no Zarr encoding that readers share); cast "
             f"first, e.g. x.astype(jnp.int8) or a float8 type")
-    receiver.check_size(np.shape(x), x.dtype, "hostfeed", f"Recorder.record({name!r})'s value")
+    dtypes.check_size(np.shape(x), x.dtype, "hostfeed", f"Recorder.record({name!r})'s value")
     return x
 
 
 def _as_step(step: Any, name: str) -> Any:
-    s = step if _compat.is_tracer(step) or isinstance(step, jax.Array) \
+    s = step if compat.is_tracer(step) or isinstance(step, jax.Array) \
         else jax.numpy.asarray(step)
     if s.shape != () or not jax.numpy.issubdtype(s.dtype, jax.numpy.integer):
         raise TypeError(f"hostfeed: Recorder.record({name!r}, step=...) needs an integer "
                         f"scalar, got {s.dtype}{list(s.shape)}")
     return s
-
-
-# ---- lowering (called by lowering.py) ------------------------------------------------------
-
-
-def is_record(spec: CallbackSpec) -> bool:
-    """Whether a callback spec is a record."""
-    return spec.kind in (KIND, KIND_WITH_STEP)
-
-
-def _declare_operands(spec: CallbackSpec, transforms: tuple, avals: Sequence[Any]
-                      ) -> tuple[list[Optional[int]], Optional[int], int]:
-    """Declares the arrays a record's operands go to: (array id or None per operand, the
-    step operand's index, lanes per message)."""
-    target: _Target = spec.func
-    names = [t[0] for t in transforms]
-    rs = roles(spec.kind, names, len(avals))
-    nb = lane_dims(names)
-    lanes = int(np.prod(avals[0].shape[:nb], dtype=np.int64)) if nb else 1
-    ids: list[Optional[int]] = []
-    step = None
-    for i, (r, aval) in enumerate(zip(rs, avals)):
-        if r == STEP:
-            step = i if step is None else step
-            ids.append(None)
-        elif r is None:
-            ids.append(None)
-        else:
-            ids.append(target.recorder._declare(target.name + r, aval.dtype, aval.shape[nb:]))
-    return ids, step, lanes
-
-
-def declare_global(spec: CallbackSpec, transforms: tuple, avals: Sequence[Any]) -> None:
-    """Declares the arrays of a global-view record (recorded through Python after its
-    shards are joined) at lowering, so that a clash raises at the call site."""
-    _declare_operands(spec, transforms, avals)
-
-
-#: While a global-view record is lowered by the gathering scheme: whether the device that
-#: records it is this process's (then this process writes its arrays).
-_gathered: contextvars.ContextVar[Optional[bool]] = contextvars.ContextVar(
-    "hostfeed_gathered", default=None)
-
-
-@contextlib.contextmanager
-def gathered(here: bool) -> Iterator[None]:
-    """Marks the lowering of a gathered global-view record (see :data:`_gathered`)."""
-    token = _gathered.set(here)
-    try:
-        yield
-    finally:
-        _gathered.reset(token)
-
-
-#: Records of global values are written part by part (issue 26). Benches set it False
-#: to measure the path before it (joined in the process of ``device_index``).
-_PARTED = True
-
-
-def partable(spec: CallbackSpec, transforms: tuple) -> bool:
-    """Whether a record can be written part by part (issue 26): a plain record (no
-    transformation), not in inline mode."""
-    return _PARTED and is_record(spec) and not transforms and not settings.inline()
-
-
-def is_shared(spec: CallbackSpec) -> bool:
-    """Whether a record's recorder is shared by the processes of a jax.distributed run."""
-    return bool(spec.func.recorder._coord.shared)
-
-
-def parted_lease(spec: CallbackSpec, transforms: tuple, avals: Sequence[Any],
-                 parts: Any) -> receiver.Lease:
-    """A lease on the consumer id of one part of a parted record (operands ``[group,
-    part]``, the value's slice, the step if any): the array is declared (a clash raises
-    here, at the call site, in the process where it differs) and the id bound to the
-    parted array's Rust sink."""
-    target: _Target = spec.func
-    rec = target.recorder
-    if rec.closed:
-        raise ValueError(f"hostfeed: a computation records {target.name!r} to a closed "
-                         f"recorder ({rec.path})")
-    value = avals[1]
-    part_shape = (1, *value.shape) if parts.per_device else tuple(value.shape)
-    rec._declare_parted(target.name, value.dtype, part_shape, parts.n_parts)
-    step = 2 if spec.kind == KIND_WITH_STEP else None
-    key = (spec, transforms, tuple((tuple(a.shape), np.dtype(a.dtype).name) for a in avals),
-           "parted", parts)
-
-    def make() -> receiver.Consumer:
-        return receiver.Consumer(make_tap_invoker(spec, transforms), spec.name, "tap")
-
-    lease = receiver.register(key, make)
-    rec._native.bind_parted(lease.cid, target.name, step, _transforms_json(transforms))
-    return lease
-
-
-def consumer_lease(spec: CallbackSpec, transforms: tuple,
-                   avals: Sequence[Any], alone: bool = False) -> receiver.Lease:
-    """A lease on the consumer id of a record lowered on one device or per device: its
-    arrays are declared (a clash raises here, at the call site) and the id is bound to a
-    Rust sink. ``alone``: on one device, so each process that runs it writes the arrays
-    (claimed for this process when the recorder is shared)."""
-    target: _Target = spec.func
-    if target.recorder.closed:
-        raise ValueError(f"hostfeed: a computation records {target.name!r} to a closed "
-                         f"recorder ({target.recorder.path})")
-    gathered_here = _gathered.get()
-    if gathered_here if gathered_here is not None else (alone or target.recorder._coord.shared):
-        # Claimed first: a declaration must not touch an array another process writes.
-        names = [target.name + r for r in roles(spec.kind, [t[0] for t in transforms],
-                                                len(avals)) if r is not None and r != STEP]
-        for n in names:
-            target.recorder._coord.claim(n)
-    ids, step, lanes = _declare_operands(spec, transforms, avals)
-    key = (spec, transforms, tuple((tuple(a.shape), np.dtype(a.dtype).name) for a in avals),
-           KIND)
-
-    def make() -> receiver.Consumer:
-        # Never called for messages (the sink takes them in Rust); kept as the registry's
-        # entry, and as a fallback that records through Python.
-        return receiver.Consumer(make_tap_invoker(spec, transforms), spec.name, "tap")
-
-    lease = receiver.register(key, make)
-    if lanes == 0:  # vmap over an empty batch: nothing to record, nothing is sent
-        return lease
-    target.recorder._native.bind(lease.cid, ids, step, _transforms_json(transforms), lanes)
-    return lease
 
 
 # ---- barrier and exit --------------------------------------------------------------------
@@ -676,7 +563,7 @@ def _flush_open() -> Optional[BaseException]:
     """After a barrier: writes what every open recorder received; returns the first error."""
     if not _open:  # no recorder open: nothing to write (checked without the lock)
         return None
-    with _open_lock:
+    with open_lock:
         recorders = list(_open)
     first: Optional[BaseException] = None
     for rec in recorders:
@@ -691,98 +578,24 @@ def _flush_open() -> Optional[BaseException]:
 
 def _close_open() -> None:
     """At exit, after the receiver drained: closes every open recorder."""
-    with _open_lock:
+    with open_lock:
         recorders = list(_open)
         _open.clear()
     for rec in recorders:
         try:
             rec._close_native()
         except Exception as exc:  # noqa: BLE001 - logged; the other recorders still close
-            receiver.logger.error("hostfeed: closing %r at exit: %s", rec, exc)
+            logger.error("hostfeed: closing %r at exit: %s", rec, exc)
 
 
 def _after_fork_in_child() -> None:
     """A forked child starts with no open recorder: the parent's are closed here (the
     native side already counts them as closed, without touching their stores)."""
-    global _open_lock  # noqa: PLW0603 - a thread of the parent may have held it at the fork
-    _open_lock = threading.Lock()
+    global open_lock  # noqa: PLW0603 - a thread of the parent may have held it at the fork
+    open_lock = threading.Lock()
     _open.clear()
 
 
-receiver.add_barrier_hook(_flush_open)
-receiver.add_exit_hook(_close_open)
-receiver.add_fork_hook(_after_fork_in_child)
-
-
-# ---- reading -------------------------------------------------------------------------------
-
-
-def _describe_pytree(value: Any, n_leaves: int, name: str) -> str:
-    """What ``Recorder.record`` got instead of one array, and how to record it."""
-    leaves = f"{n_leaves} leaf" if n_leaves == 1 else f"{n_leaves} leaves"
-    if isinstance(value, dict) and value:
-        key = next(iter(value))
-        return (f"a dict with {leaves} (keys {list(value)[:8]}); record each entry under its "
-                f"own name, e.g. rec.record({f'{name}/{key}'!r}, value[{key!r}])")
-    if isinstance(value, (tuple, list)) and value:
-        return (f"a {type(value).__name__} of {len(value)} elements ({leaves}); record each "
-                f"under its own name, e.g. rec.record({f'{name}/0'!r}, value[0])")
-    return f"a {type(value).__name__} with {leaves}; record each leaf under its own name"
-
-
-def _recorded_names(group: Any, prefix: str = "") -> list[str]:
-    """The recorded arrays under ``group`` (full names; per-row metadata left out)."""
-    names = []
-    for key, member in group.members():
-        full = f"{prefix}{key}"
-        if hasattr(member, "members"):
-            names += _recorded_names(member, full + "/")
-        elif not any(full.endswith(f".{m}") for m in ROW_METADATA):
-            names.append(full)
-    return names
-
-
-def read_recording(path: Any, name: str) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The rows recorded under ``name`` and their per-row metadata, as numpy arrays.
-
-    Returns ``(rows, meta)``: ``rows`` has shape ``[n, *value.shape]`` and the value's
-    dtype; ``meta`` maps ``"step"``, ``"device"``, ``"time_ns"``, ``"seq"`` and
-    ``"transforms"`` (a list of the transforms descriptions, indexed by
-    ``meta["transform_index"]``) to arrays of ``n`` entries. Needs zarr-python
-    (``pip install 'zarr>=3.1'``).
-
-    Example:
-        >>> import pathlib, tempfile, jax.numpy as jnp, hostfeed
-        >>> path = pathlib.Path(tempfile.mkdtemp()) / "run.zarr"
-        >>> with hostfeed.Recorder(path, mode="w") as rec:
-        ...     for step in range(3):
-        ...         _ = rec.record("loss", jnp.float32(step) / 2, step=step)
-        >>> rows, meta = hostfeed.read_recording(path, "loss")
-        >>> rows.tolist(), meta["step"].tolist()
-        ([0.0, 0.5, 1.0], [0, 1, 2])
-    """
-    try:
-        import zarr
-    except ImportError as exc:
-        raise ImportError("hostfeed.read_recording needs zarr-python: pip install "
-                          "'zarr>=3.1' (or read the store with any Zarr v3 reader)") from exc
-    from . import zarr_dtypes
-    zarr_dtypes.register()
-    root: Any = zarr.open_group(str(path), mode="r")
-    try:
-        data = root[name]
-    except KeyError:
-        names = _recorded_names(root)
-        near = difflib.get_close_matches(name, names, n=len(names), cutoff=0.0)[:20]
-        raise KeyError(f"hostfeed.read_recording: the store {os.fspath(path)} has no array "
-                       f"{name!r}; it has {near or 'none'} (nearest first)") from None
-    rows = np.asarray(data[:])
-    n = rows.shape[0]
-    parent, _, leaf = name.rpartition("/")
-    group = root[parent] if parent else root
-    meta: dict[str, Any] = {}
-    for field in ROW_METADATA:
-        values = np.asarray(group[f"{leaf}.{field}"][:n])
-        meta["transform_index" if field == "transforms" else field] = values
-    meta["transforms"] = list(data.attrs.get("hostfeed", {}).get("transforms", []))
-    return rows, meta
+lifecycle.add_barrier_hook(_flush_open)
+lifecycle.add_exit_hook(_close_open)
+lifecycle.add_fork_hook(_after_fork_in_child)

@@ -8,7 +8,7 @@ from jax.extend.core import jaxpr_as_fun
 from jax.extend.core.primitives import while_p
 from jax.interpreters import ad, batching
 
-from . import _compat
+from . import compat
 from .primitives import HostCallbackEffect, get_ad_taps, host_call_p, outside_call_p
 from .runtime import CallbackSpec
 
@@ -60,7 +60,7 @@ batching.primitive_batchers[host_call_p] = _host_call_batching
 # A "jvp tap" (transforms mode) has transforms ending in ("jvp",) and tapped operands
 # [primals..., tangents...] whose argument tree is the pair (primals, tangents).
 
-Zero = _compat.Zero
+Zero = compat.Zero
 
 
 def _with_transform(transforms: tuple, name: str, *params) -> tuple:
@@ -72,11 +72,11 @@ def _is_jvp_tap(transforms: tuple) -> bool:
 
 
 def _is_float0(aval) -> bool:
-    return getattr(aval, "dtype", None) == _compat.float0
+    return getattr(aval, "dtype", None) == compat.float0
 
 
 def _tangent_aval(x):
-    return x.aval if _compat.is_undefined_primal(x) else jax.typeof(x).to_tangent_aval()
+    return x.aval if compat.is_undefined_primal(x) else jax.typeof(x).to_tangent_aval()
 
 
 def _instantiate(t, aval):
@@ -86,7 +86,7 @@ def _instantiate(t, aval):
     if type(t) is Zero:
         aval = t.aval
         t = None
-    if _is_float0(aval) or (t is not None and getattr(t, "dtype", None) == _compat.float0):
+    if _is_float0(aval) or (t is not None and getattr(t, "dtype", None) == compat.float0):
         return jnp.zeros(aval.shape, jnp.bool_)
     if t is None:
         return jnp.zeros(aval.shape, aval.dtype)
@@ -152,13 +152,13 @@ def _outside_call_partial_eval(trace, *tracers, **params):
     return list(outs_known[:n]) + list(outs_all[n:n2]) + list(outs_known[n:])
 
 
-_compat.custom_partial_eval_rules[outside_call_p] = _outside_call_partial_eval
+compat.custom_partial_eval_rules[outside_call_p] = _outside_call_partial_eval
 
 
 def _recomputes(saveable, eqn) -> bool:
-    policy = _compat.ensure_enum(
+    policy = compat.ensure_enum(
         saveable(outside_call_p, *[v.aval for v in eqn.invars], **eqn.params))
-    return isinstance(policy, _compat.RecomputeType)
+    return isinstance(policy, compat.RecomputeType)
 
 
 def _outside_call_partial_eval_custom(saveable, unks_in, inst_in, eqn):
@@ -181,9 +181,9 @@ def _outside_call_partial_eval_custom(saveable, unks_in, inst_in, eqn):
         known_eqn = eqn.replace(invars=eqn.invars[:n] + eqn.invars[n2:],
                                 outvars=eqn.outvars[:n] + eqn.outvars[n2:],
                                 params=_primal_params(params))
-        staged_outvars = ([_compat.DropVar(v.aval) for v in eqn.outvars[:n]]
+        staged_outvars = ([compat.DropVar(v.aval) for v in eqn.outvars[:n]]
                           + eqn.outvars[n:n2]
-                          + [_compat.DropVar(v.aval) for v in eqn.outvars[n2:]])
+                          + [compat.DropVar(v.aval) for v in eqn.outvars[n2:]])
         staged_eqn = eqn.replace(
             outvars=staged_outvars,
             params=dict(params, forward_tapped=not _recomputes(saveable, eqn)))
@@ -193,7 +193,7 @@ def _outside_call_partial_eval_custom(saveable, unks_in, inst_in, eqn):
     return None, eqn, [True] * n_out, [True] * n_out, res
 
 
-_compat.partial_eval_jaxpr_custom_rules[outside_call_p] = _outside_call_partial_eval_custom
+compat.partial_eval_jaxpr_custom_rules[outside_call_p] = _outside_call_partial_eval_custom
 
 
 def _outside_call_dce(used_outs, eqn):
@@ -208,12 +208,12 @@ def _outside_call_dce(used_outs, eqn):
     return keep, new_eqn
 
 
-_compat.register_dce_rule(outside_call_p, _outside_call_dce)
+compat.register_dce_rule(outside_call_p, _outside_call_dce)
 
 
 def _outside_call_transpose(cts, *args, **params):
     n2 = params["nr_tapped_args"]
-    linear = [_compat.is_undefined_primal(a) for a in args]
+    linear = [compat.is_undefined_primal(a) for a in args]
     out = [None] * len(args)
     for i in range(n2, len(args)):  # pass-through operands: identity
         if linear[i]:
@@ -315,7 +315,7 @@ def _batched_carry(axis_data, bconst_bat: list, init_bat: list, body_jaxpr) -> l
     """Which carries are batched: batched initially, or made so by the body (fixpoint)."""
     carry_bat = list(init_bat)
     for _ in range(1 + len(carry_bat)):
-        _, out_bat = _compat.batch_jaxpr(body_jaxpr, axis_data, bconst_bat + carry_bat,
+        _, out_bat = compat.batch_jaxpr(body_jaxpr, axis_data, bconst_bat + carry_bat,
                                          carry_bat)
         new = [a or b for a, b in zip(carry_bat, out_bat)]
         if new == carry_bat:
@@ -339,7 +339,7 @@ def _while_batching(axis_data, args, dims, *, cond_nconsts, cond_jaxpr, body_nco
     batched = [d is not None for d in dims]
     carry_bat = _batched_carry(axis_data, batched[cond_nconsts:n_consts],
                                batched[n_consts:], body_jaxpr)
-    _, (pred_bat,) = _compat.batch_jaxpr(cond_jaxpr, axis_data,
+    _, (pred_bat,) = compat.batch_jaxpr(cond_jaxpr, axis_data,
                                          batched[:cond_nconsts] + carry_bat, False)
     if not pred_bat:  # JAX lowers a loop with one predicate correctly
         return _jax_while_batching(axis_data, args, dims, **params)
@@ -347,9 +347,9 @@ def _while_batching(axis_data, args, dims, *, cond_nconsts, cond_jaxpr, body_nco
     cconsts, bconsts = args[:cond_nconsts], args[cond_nconsts:n_consts]
     n_carry = len(args) - n_consts
     lanes = [0] * n_carry  # with a batched predicate every carry is batched, on axis 0
-    cond_b, _ = _compat.batch_jaxpr_axes(cond_jaxpr, axis_data,
+    cond_b, _ = compat.batch_jaxpr_axes(cond_jaxpr, axis_data,
                                          list(dims[:cond_nconsts]) + lanes, [0])
-    body_b, _ = _compat.batch_jaxpr_axes(body_jaxpr, axis_data,
+    body_b, _ = compat.batch_jaxpr_axes(body_jaxpr, axis_data,
                                          list(dims[cond_nconsts:n_consts]) + lanes, lanes)
     init = [batching.bdim_at_front(x, d, axis_data.size, axis_data.explicit_mesh_axis)
             for x, d in zip(args[n_consts:], dims[n_consts:])]

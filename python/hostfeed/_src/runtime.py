@@ -1,7 +1,7 @@
 """What runs on the host, on the consumer thread: turning a message into a call of the
 user's function.
 
-For every custom call the lowering registers a *consumer* with :mod:`hostfeed.receiver`:
+For every custom call the lowering registers a *consumer* with :mod:`hostfeed._src.consumers`:
 an ``invoke`` built here that unflattens the arrays, passes ``transforms`` (and the device),
 checks a ``call``'s results and answers its reply. Global-view callbacks sent shard by
 shard are joined here first (:class:`Joiner`). Nothing in this module runs at trace time.
@@ -15,8 +15,10 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
-from .receiver import (SUPPORTED_DTYPES, byte_order_problem, device_for_ordinal,
-                       record_exception, run_sync_tap, user_frame)
+from .devices import device_for_ordinal
+from .dispatcher import run_sync_tap
+from .dtypes import SUPPORTED_DTYPES, byte_order_problem
+from .errors import record_exception, user_frame
 
 
 class CallbackSpec:
@@ -306,7 +308,7 @@ class ShardParts(NamedTuple):
     n_parts: int
     source: int
     whole_avals: tuple | None = None
-    #: A record written part by part, each part by its own process (issue 26): the
+    #: A record written part by part, each part by its own process: the
     #: messages go to a Rust sink, never joined. ``per_device``: each device's whole value
     #: is one part (a shard_map record under many processes).
     parted: bool = False

@@ -36,7 +36,7 @@ BUFFER_POOL_ENV = "HOSTFEED_BUFFER_POOL_BYTES"
 TRANSPORT_ENV = "HOSTFEED_TRANSPORT"
 FAST_DISPATCH_ENV = "HOSTFEED_FAST_DISPATCH"
 
-#: The transports ``HOSTFEED_TRANSPORT`` can force (see :mod:`hostfeed.portable`).
+#: The transports ``HOSTFEED_TRANSPORT`` can force (see :mod:`hostfeed._src.transports`).
 TRANSPORTS = ("native", "jax")
 
 AD_TAPS_MODES = ("transforms", "primals")
@@ -285,10 +285,26 @@ def buffer_pool_bytes() -> int | None:
     return None if text is None else byte_count(text, BUFFER_POOL_ENV)
 
 
+def check_transport(name: Any, source: str) -> str:
+    """``name`` as one of :data:`TRANSPORTS`; ``source`` names where it came from.
+
+    Example:
+        >>> check_transport(" JAX", "transport")
+        'jax'
+    """
+    value = str(name).strip().lower()
+    if value not in TRANSPORTS:
+        raise ValueError(f"{source}={name!r} is not a hostfeed transport; use 'native' "
+                         f"(hostfeed's handlers: CPU, CUDA and ROCm), 'jax' (JAX's host-callback "
+                         f"lowering, every platform JAX's callbacks run on) or leave it unset "
+                         f"(chosen per platform)")
+    return value
+
+
 def transport() -> str | None:
     """The transport forced for every platform by ``HOSTFEED_TRANSPORT`` (``native``: hostfeed's
-    own handlers; ``jax``: JAX's host-callback lowering, see :mod:`hostfeed.portable`), or
-    None (unset: chosen per platform). Read once, when hostfeed is imported.
+    own handlers; ``jax``: JAX's host-callback lowering), or None (unset: chosen per
+    platform). Read once, when hostfeed is imported.
 
     Example:
         >>> os.environ.pop(TRANSPORT_ENV, None) and None
@@ -296,15 +312,7 @@ def transport() -> str | None:
         True
     """
     text = _env(TRANSPORT_ENV)
-    if text is None:
-        return None
-    value = text.lower()
-    if value not in TRANSPORTS:
-        raise ValueError(f"{TRANSPORT_ENV}={text!r} is not a hostfeed transport; use 'native' "
-                         f"(hostfeed's handlers: CPU, CUDA and ROCm), 'jax' (JAX's host-callback "
-                         f"lowering, every platform JAX's callbacks run on) or leave it unset "
-                         f"(chosen per platform)")
-    return value
+    return None if text is None else check_transport(text, TRANSPORT_ENV)
 
 
 #: Every variable hostfeed reads, with its parser.

@@ -92,9 +92,20 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import _report
-from ._sections import SECTIONS, Config
+from ._portable import portable_section
+from ._receiver_sections import backpressure, barrier, compile_time, eager
+from ._sections import Config, call, dispatch, latency, sweep, timing_cost
+
 from ._timing import (cdf_of_buckets, cdf_of_samples, interleaved, summary_of_buckets,
                       summary_of_samples, table, timeit)
+
+#: The sections, in the order they run and print.
+SECTIONS: dict[str, Callable[[Config], dict]] = {
+    "latency": latency, "sweep": sweep, "call": call, "dispatch": dispatch,
+    "backpressure": backpressure, "eager": eager, "compile": compile_time, "barrier": barrier,
+    "timing": timing_cost, "portable": portable_section,
+}
+
 
 __all__ = [
     "SECTIONS", "SCHEMA", "run", "main", "interleaved", "timeit", "table",

@@ -1,5 +1,5 @@
 """The ``portable`` section of ``python -m hostfeed bench``: the portable transport (JAX's
-host-callback lowering, what TPUs and ROCm GPUs use; see :mod:`hostfeed.portable`)
+host-callback lowering, what TPUs and ROCm GPUs use; see :mod:`hostfeed._src.transports.portable`)
 forced on the current backend, beside the native transport and ``io_callback``: per-tap
 device-side cost, call round trip, and whether a slow tap function holds up the device.
 
@@ -26,7 +26,7 @@ from jax import lax
 from jax.experimental import io_callback
 
 from .. import host_callback as hcb
-from .. import portable
+from .._src import transports
 from ._timing import interleaved
 
 #: Rows of the section: (name, transport forced, or None for io_callback).
@@ -38,7 +38,7 @@ def _lowered(transport: str | None, f: Callable, x: Any) -> Callable:
     """``f`` jitted and run once for ``x`` with ``transport`` forced (which compiles it;
     later calls reuse that executable)."""
     jitted = jax.jit(f)
-    with portable.forcing(transport):
+    with transports.forcing(transport):
         _run(jitted, x)()
     return jitted
 

@@ -10,8 +10,6 @@ each tap's device-side cost and hand-over latency itself (``hostfeed.receiver_hi
 from __future__ import annotations
 
 import contextlib
-import gc
-import io
 import itertools
 import os
 import subprocess
@@ -28,9 +26,8 @@ from jax import lax
 from jax.experimental import io_callback
 from jax.experimental.buffer_callback import buffer_callback
 
-from .. import _compat, fast_dispatch, receiver
+from .._src import compat, fast_dispatch, lifecycle
 from .. import host_callback as hcb
-from ._portable import portable_section
 from ._timing import (cdf_of_buckets, cdf_of_samples, interleaved, summary_of_buckets,
                       summary_of_samples)
 
@@ -76,7 +73,7 @@ class Config:
         return quick if self.quick else full
 
 
-def _tap_step(method: str, record: Callable[..., None]) -> Callable[[Any, Any], Any]:
+def tap_step(method: str, record: Callable[..., None]) -> Callable[[Any, Any], Any]:
     """``step(x, carry) -> (x, carry)`` that sends ``x`` to ``record`` with ``method``."""
     if method in ("hostfeed", "hostfeed (sync)"):
         # sync: the device waits until the tap function has run.
@@ -104,7 +101,7 @@ def _tap_step(method: str, record: Callable[..., None]) -> Callable[[Any, Any], 
     raise ValueError(method)
 
 
-def _loop(n: int, step: Callable[[Any, Any], Any]) -> Callable[[Any], Any]:
+def loop(n: int, step: Callable[[Any, Any], Any]) -> Callable[[Any], Any]:
     """A jitted loop of ``n`` steps on one operand carried unchanged (the loop moves no
     array in or out, so nothing but the callback is measured)."""
     @jax.jit
@@ -136,7 +133,7 @@ def latency(cfg: Config) -> dict:
     for method in ("hostfeed", "hostfeed (sync)", *TAP_METHODS):
         cfg.progress(f"latency: {method}")
         stamps: list[int] = []
-        f = _loop(n, _tap_step(method, _stamper(stamps)))
+        f = loop(n, tap_step(method, _stamper(stamps)))
         entry = _timed_taps(f, x, n, before=stamps.clear)
         if method == "hostfeed":
             entry.update(_histogram_entries())
@@ -158,7 +155,7 @@ def _tap_floors(cfg: Config, n: int) -> dict[str, float]:
     status, threaded on the same effect token as a tap: XLA's own cost of calling a
     handler); ``numpy``, copying the tap's bytes and calling the same Python function in a
     Python loop."""
-    from ..primitives import call_check_p
+    from .._src.primitives import call_check_p
 
     @jax.jit
     def custom_calls(x):
@@ -212,7 +209,7 @@ def _timed_taps(f: Callable, x: jax.Array, n: int,
     hcb.barrier_wait()
     jax.effects_barrier()
     before()
-    receiver.reset_histograms()
+    lifecycle.reset_histograms()
     t0 = time.perf_counter()
     f(x).block_until_ready()
     device_s = time.perf_counter() - t0
@@ -225,7 +222,7 @@ def _timed_taps(f: Callable, x: jax.Array, n: int,
 
 def _histogram_entries() -> dict[str, Any]:
     """hostfeed's timing histograms since the last reset: summaries and CDFs, in µs."""
-    h = receiver.histograms()
+    h = lifecycle.histograms()
     return {"device_us": summary_of_buckets(h["device_ns"], 1e-3),
             "device_cdf_us": cdf_of_buckets(h["device_ns"], 1e-3),
             "handover_us": summary_of_buckets(h["handover_ns"], 1e-3),
@@ -236,13 +233,13 @@ def timing_cost(cfg: Config) -> dict:
     """What recording the timing histograms costs a small tap (device side)."""
     n = cfg.n(2000, 20000)
     x = jnp.arange(4, dtype=jnp.float32)
-    f = _loop(n, _tap_step("hostfeed", lambda a: None))
+    f = loop(n, tap_step("hostfeed", lambda a: None))
     f(x).block_until_ready()
     hcb.barrier_wait()
 
     def run(on: bool) -> Callable[[], None]:
         def go() -> None:
-            receiver.set_timing(on)
+            lifecycle.set_timing(on)
             f(x).block_until_ready()
             hcb.barrier_wait()
         return go
@@ -251,13 +248,13 @@ def timing_cost(cfg: Config) -> dict:
     try:
         res = interleaved({"on": run(True), "off": run(False)}, repeats=cfg.n(3, 7))
     finally:
-        receiver.set_timing(True)
+        lifecycle.set_timing(True)
     on, off = res["on"]["min"] / n * 1e6, res["off"]["min"] / n * 1e6
     # While jax.profiler does not trace, the consumer asks once per batch whether it does.
     checks = 100_000
     t0 = time.perf_counter()
     for _ in range(checks):
-        _compat.host_tracing()
+        compat.host_tracing()
     check_us = (time.perf_counter() - t0) / checks * 1e6
     return {"taps": n, "per_tap_us_timing_on": on, "per_tap_us_timing_off": off,
             "cost_us_per_tap": on - off, "profiler_check_us_per_batch": check_us}
@@ -301,7 +298,7 @@ def _sweep_one(cfg: Config, methods: tuple[str, ...], size: int, n: int) -> dict
     def record(a: Any) -> None:
         sink.append(1)
 
-    loops = {m: _loop(n, _tap_step(m, record)) for m in methods}
+    loops = {m: loop(n, tap_step(m, record)) for m in methods}
     tap_fn = lambda a, tr: record(a)  # what hostfeed's tap calls
 
     def case(f: Callable[[Any], Any]) -> Callable[[], None]:
@@ -483,200 +480,3 @@ def dispatch(cfg: Config) -> dict:
     hcb.barrier_wait()
     jax.effects_barrier()
     return {"calls": n, **{k: {"us": v["min"] / n * 1e6} for k, v in res.items()}}
-
-
-# ----------------------------------------------------------------------------------------
-# Back-pressure.
-
-
-def backpressure(cfg: Config) -> dict:
-    """A slow host function (busy for 50 us per tap) with several queue bounds: the device
-    runs ahead until the bound is reached, then at the host's pace."""
-    host_us, tap_bytes = 50.0, 16 << 10
-    n = cfg.n(100, 400)
-    x = jnp.zeros(tap_bytes // 4, jnp.float32)
-
-    def slow(a: Any) -> None:
-        end = time.perf_counter() + host_us / 1e6
-        while time.perf_counter() < end:
-            pass
-
-    runs = []
-    old_bound = receiver.stats()["max_queue_bytes"]
-    try:
-        for bound in (64 << 10, 1 << 20, 256_000_000):
-            cfg.progress(f"back-pressure: bound {bound} B")
-            f = _loop(n, _tap_step("hostfeed", slow))
-            f(x).block_until_ready()
-            hcb.barrier_wait()
-            receiver.set_max_queue_bytes(bound)
-            receiver.reset_peak()
-            before = receiver.stats()
-            t0 = time.perf_counter()
-            f(x).block_until_ready()
-            device_s = time.perf_counter() - t0
-            hcb.barrier_wait()
-            total_s = time.perf_counter() - t0
-            after = receiver.stats()
-            runs.append({
-                "method": "hostfeed", "bound_bytes": bound, "device_s": device_s,
-                "end_to_end_s": total_s,
-                "blocked_s": (after["producer_blocked_ns"] - before["producer_blocked_ns"])
-                / 1e9,
-                "blocked_count": after["producer_blocked_count"]
-                - before["producer_blocked_count"],
-                "peak_queued_bytes": after["peak_queued_bytes"]})
-    finally:
-        receiver.set_max_queue_bytes(old_bound)
-    cfg.progress("back-pressure: io_callback(ordered)")
-    f = _loop(n, _tap_step("io_callback(ordered)", slow))
-    f(x).block_until_ready()
-    t0 = time.perf_counter()
-    f(x).block_until_ready()
-    device_s = time.perf_counter() - t0
-    runs.append({"method": "io_callback(ordered)", "bound_bytes": None, "device_s": device_s,
-                 "end_to_end_s": device_s, "blocked_s": None, "blocked_count": None,
-                 "peak_queued_bytes": None})
-    return {"host_us_per_tap": host_us, "tap_bytes": tap_bytes, "taps": n, "runs": runs}
-
-
-# ----------------------------------------------------------------------------------------
-# Eager taps, compile time, idle barrier.
-
-
-def eager(cfg: Config) -> dict:
-    """An eager ``id_tap`` until its host function ran, vs ``jax.debug.callback``; and a
-    fresh tap function on every call (``id_print`` in a loop), with the memory it keeps."""
-    n = cfg.n(100, 300)
-    x = jnp.arange(4, dtype=jnp.float32)
-    got: list[Any] = []
-    tap_fn = lambda a, tr: got.append(1)
-    dbg_fn = lambda a: got.append(1)
-
-    def hf_each() -> None:
-        for _ in range(n):
-            hcb.id_tap(tap_fn, x)
-            hcb.barrier_wait()
-
-    # JAX's own costs: jax.effects_barrier() also runs hostfeed's fast-dispatch markers
-    # (it still waits for computations that tap); set aside for the JAX rows.
-    def dbg_each() -> None:
-        with fast_dispatch.devices_set_aside():
-            for _ in range(n):
-                jax.debug.callback(dbg_fn, x)
-                jax.effects_barrier()
-
-    bc_tap = buffer_tap(dbg_fn)
-
-    def bc_each() -> None:  # runs on the device's thread: done when it returns
-        for _ in range(n):
-            bc_tap(x).block_until_ready()
-
-    def hf_fresh() -> None:
-        sink = io.StringIO()
-        for i in range(n):
-            hcb.id_print(x, what=i, output_stream=sink)
-        hcb.barrier_wait()
-
-    def dbg_fresh() -> None:
-        sink = io.StringIO()
-        with fast_dispatch.devices_set_aside():
-            for i in range(n):
-                jax.debug.callback(lambda v, i=i: (sink.write(f"what: {i}\n{v}\n"), None)[1], x)
-            jax.effects_barrier()
-
-    cfg.progress("eager")
-    gc.collect()
-    rss0, registered0 = _rss_bytes(), receiver.registered_consumers()
-    res = interleaved({"hostfeed": hf_each, "debug.callback": dbg_each,
-                       "buffer_callback": bc_each,
-                       "hostfeed, fresh function": hf_fresh,
-                       "debug.callback, fresh function": dbg_fresh}, repeats=cfg.n(2, 5))
-    gc.collect()
-    return {"taps": n, **{k: {"per_tap_us": v["median"] / n * 1e6} for k, v in res.items()},
-            "rss_growth_mb": max(0.0, (_rss_bytes() - rss0) / 2**20),
-            "registered_consumers_growth": receiver.registered_consumers() - registered0}
-
-
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:  # not Linux
-        return 0
-
-
-def compile_time(cfg: Config) -> dict:
-    """Trace + lower + compile of a function with many taps separated by arithmetic."""
-    n_taps = cfg.n(40, 200)
-    x = jnp.arange(4, dtype=jnp.float32)
-
-    def noop(*args: Any) -> None:
-        del args
-
-    bc_tap = buffer_tap(noop)
-
-    def case(kind: str) -> Callable[[], None]:
-        def f(y: Any) -> Any:
-            for i in range(n_taps):
-                y = jnp.sin(y) * 1.5 + i
-                if kind == "hostfeed":
-                    y = hcb.id_tap(noop, y)
-                elif kind == "hostfeed, result ignored":
-                    hcb.id_tap(noop, y)
-                elif kind == "buffer_callback":
-                    y = bc_tap(y)
-                elif kind == "io_callback(ordered)":
-                    io_callback(noop, None, y, ordered=True)
-                elif kind == "io_callback":
-                    io_callback(noop, None, y)
-            return y
-
-        def go() -> None:
-            jax.jit(lambda y: f(y)).lower(x).compile()  # a fresh function every time
-        return go
-
-    cfg.progress("compile")
-    kinds = ("hostfeed", "hostfeed, result ignored", "buffer_callback", "io_callback(ordered)",
-             "io_callback", "no callbacks")
-    res = interleaved({k: case(k) for k in kinds}, repeats=cfg.n(1, 2), warmup=0)
-    return {"taps": n_taps, **{k: {"seconds": v["min"]} for k, v in res.items()}}
-
-
-def barrier(cfg: Config) -> dict:
-    """An idle ``barrier_wait()`` vs ``jax.effects_barrier()`` (JAX's own, without the
-    fast-dispatch markers it also runs once hostfeed is imported)."""
-    n = cfg.n(5000, 50000)
-    hcb.id_tap(lambda *a: None, jnp.float32(0))
-    hcb.barrier_wait()
-
-    def hf() -> None:
-        for _ in range(n):
-            hcb.barrier_wait()
-
-    def jx() -> None:
-        # JAX's own cost: jax.effects_barrier() also runs hostfeed's markers (so that it
-        # still waits for computations that tap); set aside here.
-        with fast_dispatch.devices_set_aside():
-            for _ in range(n):
-                jax.effects_barrier()
-
-    def hf_unmarked() -> None:
-        with fast_dispatch.devices_set_aside():
-            hf()
-
-    cfg.progress("barrier")
-    marked = len(fast_dispatch.scoped_devices())
-    res = interleaved({"hostfeed barrier_wait": hf, "jax.effects_barrier": jx,
-                       "hostfeed barrier_wait, no device to mark": hf_unmarked},
-                      repeats=cfg.n(3, 5))
-    return {"calls": n, "marked devices": marked,
-            **{k: {"us": v["min"] / n * 1e6} for k, v in res.items()}}
-
-
-SECTIONS: dict[str, Callable[[Config], dict]] = {
-    "latency": latency, "sweep": sweep, "call": call, "dispatch": dispatch,
-    "backpressure": backpressure,
-    "eager": eager, "compile": compile_time, "barrier": barrier, "timing": timing_cost,
-    "portable": portable_section,
-}

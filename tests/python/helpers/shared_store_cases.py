@@ -1,4 +1,4 @@
-"""One process of a multi-process recording into one Zarr store (issue 26), or the
+"""One process of a multi-process recording into one Zarr store, or the
 single-process reference run of the same program; test_shared_store.py starts them.
 
 Usage: python shared_store_cases.py PROCESS_ID N_PROCESSES PORT LOCAL_DEVICES PATH SCENARIO
@@ -96,7 +96,7 @@ def clashes(rec) -> dict:
     declaration (same name, another shape) and to write a name process 0 writes."""
     import jax.numpy as jnp
 
-    from hostfeed import _compat
+    from hostfeed._src import compat as _compat
 
     client = _compat.distributed_client()
     errors = {}

@@ -95,7 +95,7 @@ pub(crate) type XLA_FFI_DataType = i32;
 #[allow(missing_docs)] // XLA's own names (`XLA_FFI_DataType_...`), one per element type
 pub mod dtype {
     //! `XLA_FFI_DataType` values.
-    use super::XLA_FFI_DataType;
+    use crate::ffi::c_api::XLA_FFI_DataType;
     pub const PRED: XLA_FFI_DataType = 1;
     pub(crate) const S1: XLA_FFI_DataType = 30;
     pub(crate) const S2: XLA_FFI_DataType = 26;

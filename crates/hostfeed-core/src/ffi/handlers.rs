@@ -1,42 +1,18 @@
 //! The `extern "C"` XLA FFI handlers. They never touch Python: they decode the call frame
 //! ([`Frame::decode`], the one unsafe boundary), copy the operands into a message and push
-//! it onto the receiver's queue; a `call` then waits for its reply. Errors and panics
-//! become `XLA_FFI_Error`s, so nothing unwinds into XLA and the JAX caller sees an ordinary
-//! exception.
+//! it onto the receiver's queue; a `call` then waits for its reply
+//! ([`await_reply`], shared by every platform). Errors and panics become `XLA_FFI_Error`s,
+//! so nothing unwinds into XLA and the JAX caller sees an ordinary exception.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::ffi::c_api::{self as ffi, dtype};
-use crate::ffi::frame::{self, Attrs, Decoded, Frame};
+use crate::ffi::frame::{self, Decoded, Frame};
+use crate::host::call::{await_reply, waiting_computation};
 use crate::host::hub::{self, in_consumer_thread, Hub};
-use crate::host::interrupt;
-use crate::host::message::{self, Message};
-use crate::host::reply::{NoReply, OutBuf, ReplySlot};
-
-/// `flags` bit: the call has an int32 status result (first after the token) and reports
-/// failures there instead of failing the computation on this device alone; a later
-/// `hostfeed_check`, reached by every device after the status is combined, raises.
-pub const FLAG_STATUS_OUTPUT: i64 = 1 << 1;
-
-/// `flags` bit: a part of a global-view tap or call sent shard by shard (the host joins
-/// the parts of one execution).
-pub const FLAG_SHARD: i64 = 1 << 2;
-
-/// `flags` bit of a message made on the host by an eager tap (no device involved): it
-/// carries the callback and its arrays instead of a consumer id.
-pub const FLAG_EAGER: i64 = 1 << 3;
-
-/// `flags` bit of a synchronous tap: lowered as a `hostfeed_call` without results, so that
-/// the device waits until the tap function has run (the consumer replies with nothing).
-pub const FLAG_SYNC_TAP: i64 = 1 << 5;
-
-/// `flags` bit set by the GPU handlers (not the lowering): the message came from a GPU,
-/// whose device ordinal `Message::device` holds.
-pub const FLAG_GPU: i64 = 1 << 4;
+use crate::host::message::{self, Message, FLAG_STATUS_OUTPUT};
 
 /// Copies the frame's operands into a message for the consumer the lowering named.
 fn message(frame: &Frame<'_>) -> Result<Message, Error> {
@@ -62,72 +38,6 @@ fn tap(frame: &Frame<'_>, receiver: &'static Hub, start: u64) -> Result<(), Erro
     receiver.push(msg)
 }
 
-/// Why a `call` has no reply, in words.
-fn no_reply_error(receiver: &Hub, slot: &ReplySlot, attrs: &Attrs<'_>, why: NoReply) -> Error {
-    let name = String::from_utf8_lossy(attrs.name).into_owned();
-    match why {
-        NoReply::Interrupted(reason) => Error::CallFailed(format!(
-            "hostfeed: the wait for host callback {name} of hcb.call was interrupted ({reason})"
-        )),
-        NoReply::TimedOut => {
-            let seconds = Duration::from_millis(u64::try_from(attrs.timeout_ms).unwrap_or(0)).as_secs_f64();
-            let blocked_behind = if slot.is_started() {
-                None
-            } else {
-                receiver.busy_with().map(|(id, busy)| (receiver.name(id), busy))
-            };
-            Error::CallTimeout { name, seconds, blocked_behind }
-        }
-    }
-}
-
-/// Enqueues a `call`'s request `msg` and waits for the consumer's reply (no GIL involved),
-/// which writes the results into `outs` (XLA's result buffers on CPU, a staging buffer on
-/// GPUs). Honours the call's timeout, Ctrl-C and SIGTERM. Shared by every platform.
-///
-/// # Errors
-/// The host function's failure, a timeout or interruption, or a push error.
-pub(crate) fn await_reply(
-    receiver: &'static Hub,
-    attrs: &Attrs<'_>,
-    mut msg: Message,
-    outs: Vec<OutBuf>,
-) -> Result<(), Error> {
-    let slot = Arc::new(ReplySlot::new(outs));
-    msg.reply = Some(Arc::clone(&slot));
-    let call_id = receiver.begin_call(Arc::clone(&slot));
-    let deadline = u64::try_from(attrs.timeout_ms)
-        .ok()
-        .filter(|&ms| ms > 0)
-        .map(|ms| Instant::now() + Duration::from_millis(ms));
-    // Ctrl-C or SIGTERM fails the wait at once (the host function may never return).
-    let signals = interrupt::counts();
-    let interrupted = || {
-        if interrupt::wanted() {
-            interrupt::install(); // again, if Python's signal.signal replaced it meanwhile
-        }
-        interrupt::signalled_since(signals).map(str::to_string)
-    };
-    let waited = receiver.push(msg).map(|()| slot.wait(deadline, interrupted));
-    receiver.end_call(call_id);
-    match waited {
-        Ok(Ok(Ok(()))) => Ok(()),
-        Ok(Ok(Err(message))) => Err(Error::CallFailed(message)),
-        Ok(Err(why)) => Err(no_reply_error(receiver, &slot, attrs, why)),
-        Err(e) => Err(e),
-    }
-}
-
-/// What waits for the consumer thread in a call (a `call`, or a synchronous tap lowered as
-/// one), in the words of [`Error::InsideCallback`], from the call's flags.
-pub(crate) fn waiting_computation(flags: i64) -> &'static str {
-    if flags & FLAG_SYNC_TAP != 0 {
-        "a computation with synchronous taps"
-    } else {
-        "a computation containing hcb.call"
-    }
-}
-
 /// The body of the call handler: enqueue the request, wait for the consumer's reply (no
 /// GIL involved), which writes straight into the result buffers.
 fn call(frame: &Frame<'_>, receiver: &'static Hub, _start: u64) -> Result<(), Error> {
@@ -147,7 +57,7 @@ fn call(frame: &Frame<'_>, receiver: &'static Hub, _start: u64) -> Result<(), Er
     // Where to write zeros if the call fails and reports through its status instead.
     let zero_outputs: Vec<(*mut u8, usize)> =
         if status.is_some() { outs.iter().map(|o| (o.data, o.nbytes)).collect() } else { Vec::new() };
-    let outcome = await_reply(receiver, &frame.attrs, msg, outs);
+    let outcome = await_reply(receiver, frame.attrs.name, frame.attrs.timeout_ms, msg, outs);
     let Some(status) = status else { return outcome };
     let code: i32 = match outcome {
         Ok(()) => 0,
@@ -280,11 +190,16 @@ pub(crate) unsafe fn run(
 
 /// Defines a platform's `extern "C"` XLA FFI handlers, one per `symbol => body` pair, each
 /// a thin wrapper that runs `body` inside [`run`] (decoding, panic guard, error
-/// conversion), and `HANDLERS`, the table of their target names for registration (the
-/// names are the same on every platform; XLA tells them apart by the platform registered).
+/// conversion), and `HANDLERS` (of the visibility given), the table of their target names
+/// for registration (the names are the same on every platform; XLA tells them apart by the
+/// platform registered).
 /// As XLA's `XLA_FFI_DEFINE_HANDLER_SYMBOL` does for C++ handlers.
 macro_rules! define_handlers {
-    ($platform:literal; $($(#[doc = $doc:literal])* $symbol:ident => $body:path;)+) => {
+    (
+        $platform:literal;
+        $vis:vis const HANDLERS;
+        $($(#[doc = $doc:literal])* $symbol:ident => $body:path;)+
+    ) => {
         $(
             $(#[doc = $doc])*
             ///
@@ -300,7 +215,7 @@ macro_rules! define_handlers {
 
         /// This platform's handlers by XLA FFI target name, for
         /// `jax.ffi.register_ffi_target`.
-        pub const HANDLERS: &[(&str, $crate::ffi::c_api::XLA_FFI_Handler)] =
+        $vis const HANDLERS: &[(&str, $crate::ffi::c_api::XLA_FFI_Handler)] =
             &[$((stringify!($symbol), $symbol)),+];
     };
 }
@@ -308,6 +223,7 @@ pub(crate) use define_handlers;
 
 define_handlers! {
     "";
+    pub const HANDLERS;
     /// XLA FFI handler `hostfeed_tap`: sends its operands to the host receiver.
     hostfeed_tap => tap;
     /// XLA FFI handler `hostfeed_call`: sends its operands to the host, waits for the host

@@ -1,8 +1,10 @@
 //! The XLA FFI boundary: [`c_api`], a hand-written mirror of the parts of XLA's C API that
-//! hostfeed uses; [`frame`], the one unsafe boundary, where a raw call frame is decoded
-//! once into a safe view; and [`handlers`], the CPU handlers (`hostfeed_tap` and its
-//! siblings) with the parts every platform shares (the reply wait, the panic guard, the
-//! macro that defines the `extern "C"` symbols).
+//! hostfeed uses (the crate's ground floor: it imports nothing of the crate); [`frame`],
+//! the one unsafe boundary, where a raw call frame is decoded once into a safe view; and
+//! [`handlers`], the CPU handlers (`hostfeed_tap` and its siblings) with the parts every
+//! platform's handlers share (the panic guard, the macro that defines the `extern "C"`
+//! symbols). The reply wait every platform shares is the host's (`host/call.rs`), and a
+//! message's flags are the message's (`host/message.rs`).
 
 pub(crate) mod c_api;
 pub(crate) mod frame;

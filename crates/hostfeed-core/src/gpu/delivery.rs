@@ -10,7 +10,7 @@ use crate::error::Error;
 use crate::host::buffer::HostBuffer;
 use crate::host::hub::{in_consumer_thread, Hub};
 use crate::host::message::Message;
-use crate::host::sync::{lock, Waker};
+use crate::host::sync::{lock, spin_until, Waker};
 
 use crate::gpu::Completion;
 
@@ -279,7 +279,7 @@ impl Delivery {
         let target = lock(&c.state).submitted;
         // The courier usually delivers within microseconds (the call synchronised the
         // stream, so every marker before it completed): look a while before sleeping.
-        if crate::host::queue::spin_until(IDLE_SPIN, || c.delivered.load(Ordering::Acquire) >= target) {
+        if spin_until(IDLE_SPIN, || c.delivered.load(Ordering::Acquire) >= target) {
             return;
         }
         let mut g = lock(&c.state);

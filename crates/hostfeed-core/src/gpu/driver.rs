@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::ffi::frame::Frame;
-use crate::ffi::handlers::FLAG_STATUS_OUTPUT;
 use crate::gpu::pinned::{PinnedAlloc, PinnedPool};
 use crate::gpu::{self, Completion, Header, Stream};
 use crate::host::buffer::HostBuffer;
 use crate::host::hub::Hub;
+use crate::host::message::FLAG_STATUS_OUTPUT;
 use crate::host::reply::OutBuf;
 use crate::host::sync::lock;
 
@@ -194,7 +194,7 @@ macro_rules! gpu_driver {
 
         #[doc = concat!("The version `", stringify!($get), "` reports, if the library loads.")]
         #[must_use]
-        pub fn $version() -> Option<i32> {
+        pub(crate) fn $version() -> Option<i32> {
             $ready().ok()?;
             let mut v = 0;
             // SAFETY: the library is loaded and initialised; `v` is a valid out pointer.
@@ -221,6 +221,7 @@ macro_rules! gpu_driver {
 
         $crate::ffi::handlers::define_handlers! {
             $label;
+            pub(crate) const HANDLERS;
             /// XLA FFI handler `hostfeed_tap` on this platform.
             hostfeed_tap => tap_body;
             /// XLA FFI handler `hostfeed_call` on this platform.
@@ -265,9 +266,10 @@ macro_rules! gpu_driver {
             <$queue as $crate::gpu::driver::Pools>::events()
         }
 
-        /// Counters of this platform's pinned pool (for tests and Python's `*_pool_stats()`).
+        /// Counters of this platform's pinned pool (for tests and the platform's row of
+        /// `gpu::PLATFORMS`).
         #[must_use]
-        pub fn pool_stats() -> $crate::gpu::pinned::PoolStats {
+        pub(crate) fn pool_stats() -> $crate::gpu::pinned::PoolStats {
             pool().stats()
         }
     };

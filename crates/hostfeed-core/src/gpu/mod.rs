@@ -41,11 +41,12 @@
 //! A call copies its operands to the host and synchronises the stream (its results are
 //! needed before anything after it can run), waits for the courier to deliver the taps
 //! before it (per-device order), enqueues the request and waits for the reply (shared
-//! with CPU: [`handlers::await_reply`](crate::ffi::handlers::await_reply)), which the consumer writes into a pinned *staging*
-//! buffer; the handler then enqueues host-to-device copies of the staging buffer into the
-//! results, in stream order, and hands the buffer to the courier, which returns it to the
-//! pool once an event after the copies completed. A failing call returns the same error
-//! as on CPU (or, with a status result, zeros and the failure's ticket).
+//! with CPU: [`await_reply`](crate::host::call::await_reply)), which the consumer writes
+//! into a pinned *staging* buffer; the handler then enqueues host-to-device copies of the
+//! staging buffer into the results, in stream order, and hands the buffer to the courier,
+//! which returns it to the pool once an event after the copies completed. A failing call
+//! returns the same error as on CPU (or, with a status result, zeros and the failure's
+//! ticket).
 //!
 //! ## Errors
 //!
@@ -54,6 +55,14 @@
 //! fails the computation. If even synchronising fails (the device is in an error state),
 //! the buffer is leaked rather than reused; likewise when a courier's event reports an
 //! error (the tap is then lost, with a note).
+//!
+//! ## Platforms
+//!
+//! [`PLATFORMS`] is the one table of GPU platforms, a row each: its names, its handlers and
+//! its driver's functions (check, version, path, pinned pool counters). The binding
+//! registers and reports every platform from it. Adding a platform is a driver folder (as
+//! `hip/`: its `Queue`, pinned allocator and library loading, declared with `gpu_driver!`),
+//! its `mod` line below and its row in [`PLATFORMS`].
 //!
 //! No Python and no CUDA here. What every driver shares is in `driver.rs`; `cuda/` and
 //! `hip/` (ROCm) hold only the drivers' own parts.
@@ -68,8 +77,53 @@ mod stream;
 #[cfg(test)]
 mod tests;
 
+use crate::ffi::c_api::XLA_FFI_Handler;
+use pinned::PoolStats;
+
 pub(crate) use delivery::Job;
 pub use delivery::{Delivery, DELIVERY};
 pub(crate) use ops::{call, check, failure, tap, Header};
 pub use stream::device_key;
 pub(crate) use stream::{Completion, Stream};
+
+/// One GPU platform hostfeed has handlers for: a row of [`PLATFORMS`].
+pub struct Platform {
+    /// hostfeed's (and JAX's) name of the platform: `"cuda"`, `"rocm"`.
+    pub name: &'static str,
+    /// The platform XLA registers the handlers under (`jax.ffi.register_ffi_target(...,
+    /// platform=...)`): `"CUDA"`, `"ROCM"`.
+    pub xla_platform: &'static str,
+    /// The platform's handlers by XLA FFI target name (the same names as on CPU).
+    pub handlers: &'static [(&'static str, XLA_FFI_Handler)],
+    /// Why the driver cannot be used (no library, a missing function, ...), as the error;
+    /// loads the driver library if present but does not initialise the driver.
+    pub driver_error: fn() -> Result<(), String>,
+    /// The driver's version, or `None` without a usable driver; initialises the driver.
+    pub driver_version: fn() -> Option<i32>,
+    /// The file the driver's functions come from, or `None` without a driver library.
+    pub driver_path: fn() -> Option<String>,
+    /// Counters of the platform's pool of pinned memory.
+    pub pool_stats: fn() -> PoolStats,
+}
+
+/// Every GPU platform, a row each (see the module documentation).
+pub static PLATFORMS: &[Platform] = &[
+    Platform {
+        name: "cuda",
+        xla_platform: "CUDA",
+        handlers: cuda::HANDLERS,
+        driver_error: cuda::driver_error,
+        driver_version: cuda::driver_version,
+        driver_path: cuda::driver_path,
+        pool_stats: cuda::pool_stats,
+    },
+    Platform {
+        name: "rocm",
+        xla_platform: "ROCM",
+        handlers: hip::HANDLERS,
+        driver_error: hip::runtime_library,
+        driver_version: hip::runtime_version,
+        driver_path: hip::runtime_path,
+        pool_stats: hip::pool_stats,
+    },
+];

@@ -4,10 +4,11 @@
 use crate::error::Error;
 use crate::ffi::c_api::dtype;
 use crate::ffi::frame::Attrs;
-use crate::ffi::handlers::{self, FLAG_GPU, FLAG_STATUS_OUTPUT};
+use crate::ffi::handlers;
 use crate::host::buffer::{HostBuffer, ALIGN};
+use crate::host::call::{await_reply, waiting_computation};
 use crate::host::hub::{in_consumer_thread, Hub};
-use crate::host::message::{self, Message, Operand};
+use crate::host::message::{self, Message, Operand, FLAG_GPU, FLAG_STATUS_OUTPUT};
 use crate::host::reply::OutBuf;
 
 use crate::gpu::{Delivery, Job, Stream};
@@ -204,7 +205,7 @@ pub(crate) unsafe fn call<'a, S: Stream>(
     status: Option<&OutBuf>,
 ) -> Result<(), Error> {
     if in_consumer_thread() {
-        return Err(Error::InsideCallback(crate::ffi::handlers::waiting_computation(header.flags)));
+        return Err(Error::InsideCallback(waiting_computation(header.flags)));
     }
     if header.flags & FLAG_STATUS_OUTPUT != 0 && status.is_none_or(|s| s.dtype != dtype::S32 || s.nbytes != 4)
     {
@@ -233,7 +234,7 @@ pub(crate) unsafe fn call<'a, S: Stream>(
             dims: o.dims.clone(),
         })
         .collect();
-    let outcome = handlers::await_reply(receiver, attrs, msg, outs);
+    let outcome = await_reply(receiver, attrs.name, attrs.timeout_ms, msg, outs);
     if status.is_none() {
         outcome?;
         return write_back(stream, delivery, header.ordinal, st);

@@ -10,7 +10,8 @@
 //! - larger requests get a block of their own, rounded up to a quarter-power-of-two class
 //!   (at most 25% slack), or an idle block up to twice the size they need.
 //!
-//! A block returns to the pool when its [`PinnedBlock`] is dropped, typically on the
+//! A block returns to the pool when its [`PinnedBlock`] (a type of the host layer, which
+//! holds it in a message's buffer) is dropped, typically on the
 //! consumer thread when Python has let go of the numpy views of a message: returning is
 //! bookkeeping under a mutex, never a CUDA call, so it cannot wait for the device. Memory
 //! is only freed when a new large block is needed and the idle large blocks would
@@ -35,6 +36,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::error::Error;
+use crate::host::buffer::{GiveBack, PinnedBlock};
 use crate::host::sync::{lock, Waker};
 
 /// Smallest block handed out (also the alignment of every small block).
@@ -62,12 +64,6 @@ pub(crate) trait PinnedAlloc: Send + Sync {
     unsafe fn free(&self, ptr: NonNull<u8>, bytes: usize);
 }
 
-/// Where a block goes back to when dropped.
-pub(crate) trait GiveBack: Send + Sync {
-    /// Takes back a block handed out with capacity `cap` in generation `generation`.
-    fn give_back(&self, ptr: NonNull<u8>, cap: usize, generation: u64);
-}
-
 /// The size class of a request of `bytes`: the capacity of the block it gets.
 #[must_use]
 pub(crate) fn size_class(bytes: usize) -> usize {
@@ -80,46 +76,6 @@ pub(crate) fn size_class(bytes: usize) -> usize {
     bytes.div_ceil(step) * step
 }
 
-/// A block of pinned memory, returned to its pool on drop.
-pub(crate) struct PinnedBlock {
-    ptr: NonNull<u8>,
-    cap: usize,
-    generation: u64,
-    home: &'static dyn GiveBack,
-}
-
-// SAFETY: a block is the sole owner of its bytes (like a `Box<[u8]>`); the pool it returns
-// to is `Sync`.
-unsafe impl Send for PinnedBlock {}
-// SAFETY: `&PinnedBlock` allows no mutation.
-unsafe impl Sync for PinnedBlock {}
-
-impl PinnedBlock {
-    /// Start of the block.
-    #[must_use]
-    pub(crate) fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
-    }
-
-    /// Capacity in bytes (the size class).
-    #[must_use]
-    pub(crate) fn capacity(&self) -> usize {
-        self.cap
-    }
-}
-
-impl Drop for PinnedBlock {
-    fn drop(&mut self) {
-        self.home.give_back(self.ptr, self.cap, self.generation);
-    }
-}
-
-impl std::fmt::Debug for PinnedBlock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PinnedBlock").field("ptr", &self.ptr).field("cap", &self.cap).finish_non_exhaustive()
-    }
-}
-
 #[derive(Default)]
 struct State {
     /// Idle blocks by class; small classes and large ones alike.
@@ -129,7 +85,7 @@ struct State {
     idle_large_bytes: usize,
 }
 
-/// Counters of a pool (`cuda_pool_stats()` in Python).
+/// Counters of a pool (`GpuPlatform.pool_stats()` in Python).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PoolStats {
     /// Allocations made from the allocator (slabs and large blocks).
@@ -254,7 +210,10 @@ impl<A: PinnedAlloc> PinnedPool<A> {
             if class <= SMALL_MAX { self.take_small(class)? } else { self.take_large(class)? };
         self.in_use_bytes.fetch_add(cap as u64, Ordering::Relaxed);
         self.blocks_taken.fetch_add(1, Ordering::Relaxed);
-        Ok(PinnedBlock { ptr, cap, generation, home: self })
+        // SAFETY: the block was just taken off this pool's books (idle lists or a fresh
+        // allocation of at least `cap` bytes): nobody else holds it until it comes back
+        // through `give_back`.
+        Ok(unsafe { PinnedBlock::lent(ptr, cap, generation, self) })
     }
 
     /// A small block, its capacity and generation.

@@ -1,8 +1,9 @@
 //! Host memory for messages: 16-byte-aligned buffers (2 MiB-aligned, with huge-page
 //! advice, when large), and a small pool that recycles large buffers between the device
 //! thread that fills them and the consumer thread that frees them. A buffer may instead
-//! hold a block of pinned memory (messages from GPUs, see `pinned.rs`), which returns to
-//! its own pool when the buffer is dropped.
+//! hold a [`PinnedBlock`], page-locked memory lent by a pool outside this layer (the GPU
+//! platforms', `gpu/pinned.rs`, which implements [`GiveBack`]), and returned to that pool
+//! when the buffer is dropped.
 //!
 //! No Python here.
 
@@ -12,7 +13,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::error::Error;
-use crate::gpu::pinned::PinnedBlock;
 use crate::host::sync::lock;
 
 /// Alignment of every buffer (and of every operand inside a message).
@@ -175,6 +175,68 @@ fn give_back(buf: RawBuf) {
         idle -= pool.remove(0).cap;
     }
     pool.push(buf);
+}
+
+/// Where a [`PinnedBlock`] goes back to when dropped: the pool that lent it.
+pub(crate) trait GiveBack: Send + Sync {
+    /// Takes back a block handed out with capacity `cap` in generation `generation`.
+    fn give_back(&self, ptr: NonNull<u8>, cap: usize, generation: u64);
+}
+
+/// A block of page-locked ("pinned") host memory lent by a pool, returned to it on drop.
+pub(crate) struct PinnedBlock {
+    ptr: NonNull<u8>,
+    cap: usize,
+    generation: u64,
+    home: &'static dyn GiveBack,
+}
+
+// SAFETY: a block is the sole owner of its bytes (like a `Box<[u8]>`, the contract of
+// `PinnedBlock::lent`); the pool it returns to is `Sync`.
+unsafe impl Send for PinnedBlock {}
+// SAFETY: `&PinnedBlock` allows no mutation.
+unsafe impl Sync for PinnedBlock {}
+
+impl PinnedBlock {
+    /// The `cap` bytes at `ptr`, lent by `home` in its generation `generation`, to which
+    /// they go back when the block is dropped.
+    ///
+    /// # Safety
+    /// `ptr..ptr + cap` is memory readable and writable by the block alone until `home`
+    /// takes it back (no other block holds any of it meanwhile).
+    #[must_use]
+    pub(crate) unsafe fn lent(
+        ptr: NonNull<u8>,
+        cap: usize,
+        generation: u64,
+        home: &'static dyn GiveBack,
+    ) -> Self {
+        PinnedBlock { ptr, cap, generation, home }
+    }
+
+    /// Start of the block.
+    #[must_use]
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Capacity in bytes (the size class).
+    #[must_use]
+    pub(crate) fn capacity(&self) -> usize {
+        self.cap
+    }
+}
+
+impl Drop for PinnedBlock {
+    fn drop(&mut self) {
+        self.home.give_back(self.ptr, self.cap, self.generation);
+    }
+}
+
+impl std::fmt::Debug for PinnedBlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedBlock").field("ptr", &self.ptr).field("cap", &self.cap).finish_non_exhaustive()
+    }
 }
 
 /// Buffers of at most this many bytes live inside the [`HostBuffer`] itself.

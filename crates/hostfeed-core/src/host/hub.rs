@@ -27,32 +27,33 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
-use crate::ffi::handlers::FLAG_SYNC_TAP;
 use crate::host::histogram::Timing;
-use crate::host::message::Message;
-use crate::host::queue::{spin_until, AdaptiveSpin, Nap, PushError, Queue, Reclaimed};
+use crate::host::message::{Message, FLAG_SYNC_TAP};
+use crate::host::queue::{Nap, PushError, Queue, Reclaimed};
 use crate::host::reply::ReplySlot;
-use crate::host::sync::lock;
+use crate::host::sync::{lock, spin_until, AdaptiveSpin};
 
-/// Default byte bound, as in the legacy module (`256e6`).
+/// Default byte bound: `256e6`, the default of JAX's former `host_callback` module, which
+/// hostfeed replaces.
 pub const DEFAULT_MAX_QUEUE_BYTES: usize = 256_000_000;
 /// Default time without progress after which stopping gives up on a stuck consumer.
 pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most messages in one batch.
 pub(crate) const MAX_BATCH: usize = 1024;
-/// How long an idle consumer polls before sleeping (see `Queue::with_spin`). None: see
-/// `reply::REPLY_SPIN` (a consumer that yielded while polling under load picked up a
-/// message milliseconds late; woken from sleep, within microseconds).
+/// How long an idle consumer polls, yielding the CPU between looks, before sleeping (see
+/// `Queue::with_spin`): not at all. Under load a yield can give the CPU away for a whole
+/// scheduler time slice, so a polling consumer would take a message milliseconds late,
+/// where a consumer woken from sleep takes it within microseconds.
 const CONSUMER_SPIN: Duration = Duration::ZERO;
-/// Instead, an idle consumer spins adaptively before sleeping (see `AdaptiveSpin`): a
-/// burst of calls or taps finds it awake while spinning pays, and it stops spinning within
-/// a few waits when it does not (a loaded machine, or taps far apart).
+/// The longest an idle consumer spins (never yielding) before sleeping (see
+/// `AdaptiveSpin`): a burst of calls or taps finds it awake while spinning pays, and it
+/// stops spinning within a few waits when it does not (a loaded machine, taps far apart).
 static CONSUMER_ADAPTIVE_SPIN: AdaptiveSpin = AdaptiveSpin::new(Duration::from_micros(100));
 /// Then it naps (see `Queue::with_nap`): timed waits of this length, during which taps
-/// and records do not wake it (waking costs the device's thread tens of microseconds on a
-/// virtual machine: 4 MiB taps spent ~7% of their time so)...
+/// and records do not wake it. Waking a sleeping thread costs the waker tens of
+/// microseconds on a virtual machine, and the waker of a tap is the device's thread.
 const CONSUMER_NAP_PERIOD: Duration = Duration::from_micros(50);
-/// ...for this long after it found the queue empty; then it sleeps until woken.
+/// How long after it found the queue empty the consumer naps; then it sleeps until woken.
 const CONSUMER_NAP_WINDOW: Duration = Duration::from_millis(2);
 
 /// Messages a napping consumer must take at once: a call's device waits for its reply, a

@@ -1,5 +1,5 @@
-//! A message: what one custom call sends to the host, and the device-to-host copy of its
-//! operands that builds it.
+//! A message: what one custom call sends to the host, its `FLAG_*` bits, and the
+//! device-to-host copy of its operands that builds it.
 //!
 //! A message is one 16-byte-aligned buffer holding every operand back to back (each at a
 //! 16-byte-aligned offset), plus a small table of (dtype, offset, dims), held inline for up
@@ -22,6 +22,27 @@ use crate::error::Error;
 use crate::ffi::c_api::dtype;
 use crate::host::buffer::{HostBuffer, ALIGN};
 use crate::host::reply::ReplySlot;
+
+/// `flags` bit: the call has an int32 status result (first after the token) and reports
+/// failures there instead of failing the computation on this device alone; a later
+/// `hostfeed_check`, reached by every device after the status is combined, raises.
+pub const FLAG_STATUS_OUTPUT: i64 = 1 << 1;
+
+/// `flags` bit: a part of a global-view tap or call sent shard by shard (the host joins
+/// the parts of one execution).
+pub const FLAG_SHARD: i64 = 1 << 2;
+
+/// `flags` bit of a message made on the host by an eager tap (no device involved): it
+/// carries the callback and its arrays instead of a consumer id.
+pub const FLAG_EAGER: i64 = 1 << 3;
+
+/// `flags` bit of a synchronous tap: lowered as a `hostfeed_call` without results, so that
+/// the device waits until the tap function has run (the consumer replies with nothing).
+pub const FLAG_SYNC_TAP: i64 = 1 << 5;
+
+/// `flags` bit set by the GPU handlers (not the lowering): the message came from a GPU,
+/// whose device ordinal `Message::device` holds.
+pub const FLAG_GPU: i64 = 1 << 4;
 
 /// What the allocator adds to every heap allocation (glibc malloc: a 16-byte header and
 /// 16-byte granularity), charged against the queue bound with each allocation a message
@@ -53,7 +74,7 @@ pub type DimTable = SmallVec<[i64; 4]>;
 pub struct Message {
     /// The consumer the lowering registered (the callback and its transforms).
     pub consumer_id: i64,
-    /// `FLAG_*` bits.
+    /// `FLAG_*` bits ([`FLAG_STATUS_OUTPUT`], ...).
     pub flags: i64,
     /// XLA device ordinal of the device that sent it.
     pub device: i32,

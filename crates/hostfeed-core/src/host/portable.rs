@@ -10,10 +10,10 @@
 //! No Python here; the binding releases the GIL around [`push`] and [`call`].
 
 use crate::error::Error;
-use crate::ffi::frame::Attrs;
-use crate::ffi::handlers::{self, FLAG_EAGER, FLAG_STATUS_OUTPUT};
+use crate::ffi::c_api::dtype;
+use crate::host::call::{await_reply, waiting_computation};
 use crate::host::hub::{self, in_consumer_thread};
-use crate::host::message::{self, Message, Operand};
+use crate::host::message::{self, Message, Operand, FLAG_EAGER, FLAG_STATUS_OUTPUT};
 use crate::host::reply::OutBuf;
 
 /// A host array of the portable transport: XLA dtype `code`, C-contiguous bytes at `data`
@@ -46,7 +46,7 @@ pub unsafe fn gather(
     flags: i64,
 ) -> Result<Message, Error> {
     for (i, a) in arrays.iter().enumerate() {
-        let elem = crate::ffi::c_api::dtype::element_size(a.code).unwrap_or(0);
+        let elem = dtype::element_size(a.code).unwrap_or(0);
         if elem != a.itemsize {
             return Err(Error::InvalidArgument(format!(
                 "operand {i}: dtype code {} does not match its {}-byte elements",
@@ -86,7 +86,7 @@ pub fn now() -> u64 {
 /// [`Error::InsideCallback`] there.
 pub fn refuse_inside_callback(flags: i64) -> Result<(), Error> {
     if in_consumer_thread() {
-        return Err(Error::InsideCallback(handlers::waiting_computation(flags)));
+        return Err(Error::InsideCallback(waiting_computation(flags)));
     }
     Ok(())
 }
@@ -116,9 +116,10 @@ impl Outputs {
     }
 }
 
-/// A call of the portable transport: enqueues `msg` for the call consumer `consumer_id`
-/// and waits for its reply, which the consumer writes straight into `outputs`. Honours
-/// `timeout_ms` (0: none), Ctrl-C and SIGTERM, like the native handler.
+/// A call of the portable transport: enqueues `msg` (for the call consumer it names, see
+/// [`gather`]) and waits for its reply, which the consumer writes straight into `outputs`.
+/// Honours `timeout_ms` (0: none), Ctrl-C and SIGTERM, like the native handler; `name` is
+/// the callback's, for error messages.
 ///
 /// Without `FLAG_STATUS_OUTPUT` in `flags` a failure is returned as an error; with it the
 /// outputs are zeroed and the failure's ticket is returned (for [`failure_text`] and the
@@ -127,7 +128,6 @@ impl Outputs {
 /// # Errors
 /// The call's failure, without `FLAG_STATUS_OUTPUT`.
 pub fn call(
-    consumer_id: i64,
     msg: Message,
     outputs: Outputs,
     flags: i64,
@@ -135,11 +135,10 @@ pub fn call(
     name: &str,
 ) -> Result<i32, Error> {
     let zero: Vec<(usize, usize)> = outputs.0.iter().map(|o| (o.data as usize, o.nbytes)).collect();
-    let attrs = Attrs { consumer_id: Some(consumer_id), flags, timeout_ms, name: name.as_bytes() };
     let r = hub::global();
     // The consumer writes through the outputs only while the reply slot is pending, that
     // is while `await_reply` waits.
-    match handlers::await_reply(r, &attrs, msg, outputs.0) {
+    match await_reply(r, name.as_bytes(), timeout_ms, msg, outputs.0) {
         Ok(()) => Ok(0),
         Err(e) if flags & FLAG_STATUS_OUTPUT != 0 => {
             for (data, n) in zero {

@@ -10,20 +10,18 @@
 
 use std::time::{Duration, Instant};
 
-use crate::host::queue::{spin_until, AdaptiveSpin};
 use crate::host::sync::atomic::{AtomicBool, Ordering};
-use crate::host::sync::{lock, Mutex, Waker};
+use crate::host::sync::{lock, spin_until, AdaptiveSpin, Mutex, Waker};
 
-/// How long a waiting handler polls for the reply before sleeping. None: polling (which
-/// yields the CPU between polls) lost the CPU to busy processes for whole scheduler time
-/// slices, so on a loaded machine a call's round trip took 3-10 ms (two yields per call);
-/// sleeping at once and being woken keeps it at 8 us (`python -m hostfeed bench`, call
-/// section, loaded; also 7 us unloaded there, on 2 shared cores, as with polling).
+/// How long a waiting handler polls for the reply, yielding the CPU between looks, before
+/// sleeping: not at all. On a loaded machine a yield can lose the CPU to busy processes
+/// for a whole scheduler time slice, milliseconds on a round trip that otherwise takes
+/// microseconds; a handler woken from sleep sees the reply within microseconds.
 const REPLY_SPIN: Duration = Duration::ZERO;
-/// Instead, a waiting handler spins adaptively (see `AdaptiveSpin`): while the consumer
-/// answers within microseconds (it was awake), the handler sees the reply without sleeping
-/// and being woken; when replies come late (a loaded machine, a slow host function), the
-/// spin stops within a few calls.
+/// The longest a waiting handler spins (never yielding) before sleeping (see
+/// `AdaptiveSpin`): while the consumer answers within microseconds (it was awake), the
+/// handler sees the reply without sleeping and being woken; when replies come late (a
+/// loaded machine, a slow host function), the spin stops within a few calls.
 static REPLY_ADAPTIVE_SPIN: AdaptiveSpin = AdaptiveSpin::new(Duration::from_micros(100));
 /// Longest sleep between two looks at the interruption check of [`ReplySlot::wait`].
 const POLL_SLICE: Duration = Duration::from_millis(20);

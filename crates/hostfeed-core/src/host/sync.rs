@@ -1,6 +1,6 @@
-//! Synchronisation helpers shared by the crate: [`lock`], the one way to take a mutex,
-//! and [`Waker`], a condition variable that skips the wake-up system call when nobody
-//! sleeps on it.
+//! Synchronisation helpers shared by the crate: [`lock`], the one way to take a mutex;
+//! [`Waker`], a condition variable that skips the wake-up system call when nobody sleeps
+//! on it; and the polls before a blocking wait, [`spin_until`] and [`AdaptiveSpin`].
 //!
 //! ## `Waker`
 //!
@@ -27,7 +27,7 @@
 //! No Python here.
 
 use std::sync::PoisonError;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[cfg(loom)]
 pub(crate) use loom::sync::{atomic, Condvar, Mutex, MutexGuard};
@@ -128,6 +128,121 @@ impl Waker {
     }
 }
 
+/// A spin before a blocking wait whose length adapts to whether spinning pays: it starts
+/// at `max`, halves after every spin that saw nothing (down to none), and is back at `max`
+/// after one that did. Once it is none, every [`AdaptiveSpin::PROBE_EVERY`]th wait tries a
+/// short spin again.
+///
+/// Waking a sleeping thread costs tens of microseconds on an idle virtual machine (its
+/// CPU must be woken too), the whole cost of a `call` round trip when each side sleeps in
+/// turn; a spin that sees the event first saves it. On a loaded machine the event comes
+/// late, the spins see nothing and stop within a few waits, so busy processes do not take
+/// the CPU from the spinner for scheduler time slices (the spin never yields: it only
+/// polls, with `spin_loop`, for at most its budget).
+pub struct AdaptiveSpin {
+    max_ns: u64,
+    budget_ns: std::sync::atomic::AtomicU64,
+    waits: std::sync::atomic::AtomicU64,
+}
+
+impl AdaptiveSpin {
+    /// While the budget is none, one wait in this many spins (for `max` / 8) to find out
+    /// whether spinning pays again.
+    pub const PROBE_EVERY: u64 = 64;
+    /// Budgets below this are none.
+    const MIN_NS: u64 = 500;
+
+    /// A spin of at most `max`.
+    #[must_use]
+    pub const fn new(max: Duration) -> Self {
+        #[allow(clippy::cast_possible_truncation)] // a budget of microseconds
+        let max_ns = max.as_nanos() as u64;
+        AdaptiveSpin {
+            max_ns,
+            budget_ns: std::sync::atomic::AtomicU64::new(max_ns),
+            waits: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// The current budget, in nanoseconds (for tests).
+    #[must_use]
+    pub fn budget_ns(&self) -> u64 {
+        self.budget_ns.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Polls `ready` for up to the current budget; returns whether it became true, and
+    /// adapts the budget to the outcome.
+    pub fn spin(&self, mut ready: impl FnMut() -> bool) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        if cfg!(loom) {
+            return ready(); // one look, as `spin_until` under loom
+        }
+        if ready() {
+            return true;
+        }
+        let mut budget = self.budget_ns.load(Relaxed);
+        let probe = budget == 0;
+        if probe {
+            if self.max_ns == 0 || (self.waits.fetch_add(1, Relaxed) + 1) % Self::PROBE_EVERY != 0 {
+                return false;
+            }
+            budget = self.max_ns / 8;
+        }
+        let seen = spin_for(budget, &mut ready);
+        let next = if seen {
+            self.max_ns
+        } else if probe {
+            0
+        } else {
+            Some(budget / 2).filter(|&b| b >= Self::MIN_NS).unwrap_or(0)
+        };
+        self.budget_ns.store(next, Relaxed);
+        seen
+    }
+}
+
+/// Polls `ready` (never yielding) for up to `budget_ns`.
+fn spin_for(budget_ns: u64, ready: &mut impl FnMut() -> bool) -> bool {
+    poll(Duration::from_nanos(budget_ns), false, ready)
+}
+
+/// Polls `ready` for up to `budget`; returns whether it became true. Used before a
+/// blocking wait where the event is expected within microseconds.
+///
+/// Under loom, one look: a model explores the orders of events, not the passing of time.
+#[cfg(loom)]
+pub fn spin_until(_budget: Duration, mut ready: impl FnMut() -> bool) -> bool {
+    ready()
+}
+
+/// Polls `ready` for up to `budget`, yielding the CPU between rounds; returns whether it
+/// became true. Used before a blocking wait where the event is expected within
+/// microseconds.
+#[cfg(not(loom))]
+pub fn spin_until(budget: Duration, mut ready: impl FnMut() -> bool) -> bool {
+    poll(budget, true, &mut ready)
+}
+
+/// Polls `ready` in rounds of 64 looks until it is true or `budget` has passed, yielding
+/// the CPU between rounds if `yielding`.
+fn poll(budget: Duration, yielding: bool, ready: &mut impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        for _ in 0..64 {
+            if ready() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        if start.elapsed() >= budget {
+            return ready();
+        }
+        if yielding {
+            std::thread::yield_now();
+        }
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
@@ -159,5 +274,41 @@ mod tests {
         let g = w.wait_timeout(m.lock().unwrap(), Duration::from_millis(1));
         drop(g);
         assert!(!w.has_sleepers());
+    }
+
+    #[test]
+    fn adaptive_spin_halves_when_it_sees_nothing_and_comes_back_when_it_pays() {
+        let spin = AdaptiveSpin::new(Duration::from_micros(8));
+        assert_eq!(spin.budget_ns(), 8_000);
+        // Nothing happens: 8 us, 4, 2, 1, then none (below 0.5 us).
+        for expected in [4_000, 2_000, 1_000, 500, 0] {
+            assert!(!spin.spin(|| false));
+            assert_eq!(spin.budget_ns(), expected);
+        }
+        // With no budget, only one wait in PROBE_EVERY looks again (for max / 8), the
+        // others return at once; a probe that sees the event restores the whole budget.
+        let mut looks = 0;
+        for _ in 0..AdaptiveSpin::PROBE_EVERY - 1 {
+            assert!(!spin.spin(|| {
+                looks += 1;
+                false
+            }));
+        }
+        assert_eq!(looks, AdaptiveSpin::PROBE_EVERY - 1, "no spin without a budget");
+        assert_eq!(spin.budget_ns(), 0);
+        // A probe that sees nothing leaves no budget (the next probe is the wait after).
+        for _ in 0..AdaptiveSpin::PROBE_EVERY {
+            assert!(!spin.spin(|| false));
+        }
+        assert_eq!(spin.budget_ns(), 0);
+        let mut polls = 0;
+        assert!(spin.spin(|| {
+            polls += 1;
+            polls > 3
+        }));
+        assert_eq!(spin.budget_ns(), 8_000);
+        // An event already there costs one look and keeps the budget.
+        assert!(spin.spin(|| true));
+        assert_eq!(spin.budget_ns(), 8_000);
     }
 }

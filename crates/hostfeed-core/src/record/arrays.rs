@@ -1,16 +1,19 @@
-//! An array's state (its pending rows, chunk jobs and frontier) and the writer pool's
-//! job queue.
+//! An array's state (its pending rows, chunk jobs and frontier), the layout of its per-row
+//! metadata arrays, and the writer pool's job queue.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use crate::ffi::c_api::dtype as xla;
 use crate::host::buffer::HostBuffer;
 use crate::host::sync::Waker;
-use crate::record::zarr::ArraySpec;
+use crate::record::common::{ArrayId, Budget};
+use crate::record::zarr::{ArraySpec, Codec, DType, ROW_METADATA};
 
-use crate::record::recorder::{ArrayId, Budget};
+/// Rows per chunk of a per-row metadata array.
+pub(crate) const META_CHUNK_ROWS: u64 = 1 << 16;
 
 /// Per-row metadata.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -104,6 +107,27 @@ impl ArrayState {
             dropped: 0,
         }
     }
+}
+
+/// The per-row metadata arrays of data array `leaf`: suffix and layout.
+pub(crate) fn meta_specs(leaf: &str) -> impl Iterator<Item = (&'static str, ArraySpec)> + '_ {
+    ROW_METADATA.iter().map(move |&suffix| {
+        let code = match suffix {
+            "device" => xla::S32,
+            "transforms" => xla::S16,
+            _ => xla::S64,
+        };
+        let spec = ArraySpec {
+            dtype: DType::from_xla(code).unwrap_or_else(|_| unreachable!("metadata dtypes are valid")),
+            row_shape: vec![],
+            chunk_rows: META_CHUNK_ROWS,
+            codec: Codec::Raw,
+            dim_names: vec![Some(format!("{leaf}.row"))],
+            sep: '/',
+            part: None,
+        };
+        (suffix, spec)
+    })
 }
 
 /// One array of the store (plus its per-row metadata arrays).

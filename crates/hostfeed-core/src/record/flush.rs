@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use crate::error::RecordError;
 use crate::host::sync::lock;
-
 use crate::record::arrays::{ArrayHandle, ArrayState};
-use crate::record::recorder::{read_lock, Recorder, RecorderStats};
+use crate::record::common::read_lock;
+use crate::record::recorder::{Recorder, RecorderStats};
 use crate::record::trace;
 
 impl Recorder {

@@ -1,16 +1,28 @@
 //! Recording: values recorded inside jitted code written as rows of Zarr v3 arrays by Rust
-//! threads, with no Python per row. [`zarr`] holds just enough Zarr v3 (data types,
-//! `zarr.json` documents, chunk keys, the crash-safe metadata write, record names);
-//! [`recorder`] the recorder itself (its documentation tells how a record travels);
-//! [`arrays`] an array's state and the writer pool's jobs; `writer` the writer and ticker
-//! threads, commits and chunk files; `flush` a recorder's flush, errors and close;
-//! [`sinks`] the table that routes messages to recorders from the consumer thread;
-//! [`storelock`] the lock on an open store; [`trace`] writes on a profiler's timeline.
+//! threads, with no Python per row. The files, ground floor first (each imports only
+//! files before it):
+//!
+//! - [`store`]: where the bytes go, the seam for storage back-ends (the
+//!   [`Store`](store::Store) trait) and the file system's implementation, which the
+//!   recorder uses;
+//! - [`trace`]: writes on a profiler's timeline;
+//! - [`zarr`]: just enough Zarr v3 (data types, `zarr.json` documents, chunk keys, the
+//!   crash-safe metadata write, record names);
+//! - [`storelock`]: the lock on an open store (an `flock`, file systems only);
+//! - [`common`]: what every file shares (an array's id, the byte budget, the options);
+//! - [`arrays`]: an array's state, its metadata arrays' layout and the writer pool's jobs;
+//! - [`recorder`]: the recorder itself (its documentation tells how a record travels);
+//! - `writer`: the writer and ticker threads, commits, the encoding of chunks;
+//! - `flush`: a recorder's flush, errors and close;
+//! - [`sinks`]: the table that routes messages to recorders from the consumer thread;
+//! - `recorder/parts.rs`: parted arrays (their declaration, commits and routing).
 
 pub(crate) mod arrays;
+pub(crate) mod common;
 mod flush;
 pub(crate) mod recorder;
 pub(crate) mod sinks;
+pub(crate) mod store;
 pub(crate) mod storelock;
 #[cfg(test)]
 mod tests;

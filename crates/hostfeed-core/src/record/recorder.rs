@@ -3,12 +3,14 @@
 //!
 //! ## Data path
 //!
-//! A record is a tap whose consumer is a [`Sink`] instead of a Python function. The
-//! consumer thread looks up each message's consumer id in the process-wide [`Sinks`](crate::record::sinks::Sinks)
-//! table and, for a sink, *routes* the message here without attaching to Python
-//! ([`Sinks::route_leading`](crate::record::sinks::Sinks::route_leading)): the message's buffer becomes the row's bytes (no copy), the
-//! row is appended to its array's pending chunk, and a full chunk becomes a [`Job`] for
-//! the recorder's writer threads. Routing never does I/O and never waits.
+//! A record is a tap whose consumer is a [`Sink`](crate::record::sinks::Sink) instead of
+//! a Python function. The consumer thread looks up each message's consumer id in the
+//! process-wide [`Sinks`](crate::record::sinks::Sinks) table and, for a sink, *routes* the
+//! message here without attaching to Python
+//! ([`Sinks::route_leading`](crate::record::sinks::Sinks::route_leading)): the message's
+//! buffer becomes the row's bytes (no copy), the row is appended to its array's pending
+//! chunk, and a full chunk becomes a [`Job`] for the recorder's writer threads. Routing
+//! never does I/O and never waits.
 //!
 //! ## The byte bound
 //!
@@ -51,39 +53,36 @@
 //! ```
 //!
 //! No Python here: `cargo test` covers this module with a stand-in [`Budget`].
+//!
+//! The files of the recorder, ground floor first: `store.rs` (where the bytes go),
+//! `trace.rs`, `zarr.rs` (Zarr's documents and keys), `storelock.rs` (the lock on an open
+//! store), `common.rs` (what every file shares), `arrays.rs` (an array's state, the
+//! writers' jobs); this file, the [`Recorder`] itself; above it, the files that add to it:
+//! `writer.rs` (the writer and ticker threads), `flush.rs` (flush and close), `sinks.rs`
+//! (routing messages to it) and `recorder/parts.rs` (parted arrays).
 
 use std::collections::{HashMap, HashSet};
-use std::fs::{self};
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
 use crate::error::RecordError;
 use crate::host::buffer::{HostBuffer, PoolReservation};
-use crate::host::hub::Hub;
 use crate::host::sync::{lock, Waker};
+use crate::record::arrays::{meta_specs, ArrayHandle, ArrayState, Job, Payload, Pool, Row, RowMeta};
+use crate::record::common::{as_u64, read_lock, write_lock, ArrayId, Budget, Mode, Options};
+use crate::record::store::{io_error, FsStore, Store};
 use crate::record::storelock::{Access, StoreLock, LOCK_FILE};
-use crate::record::zarr::{self, io_error, ArraySpec, Codec, DType, ROW_METADATA};
-
-use crate::record::arrays::{ArrayHandle, ArrayState, Job, Payload, Pool, Row, RowMeta};
-use crate::record::sinks::{sinks, Sink};
 use crate::record::trace;
-use crate::record::writer::meta_specs;
+use crate::record::zarr::{self, ArraySpec, Codec, DType, ROW_METADATA};
+
 mod parts;
 
-/// Index of an array in its recorder.
-pub(crate) type ArrayId = usize;
-
-/// Rows per chunk of a per-row metadata array.
-pub(crate) const META_CHUNK_ROWS: u64 = 1 << 16;
-/// Most buffers in one vectored write (Linux's `IOV_MAX` is 1024).
-pub(crate) const MAX_IOV: usize = 1024;
-/// How often the ticker looks for producers stuck behind partial chunks, and for commits.
-pub(crate) const TICK: Duration = Duration::from_millis(50);
 /// Longest path the recorder creates (Linux's `PATH_MAX`).
 const PATH_MAX: usize = 4096;
 /// Room a path below an array's directory needs past the array's name: the longest
@@ -91,91 +90,10 @@ const PATH_MAX: usize = 4096;
 /// temporary file's suffix (`.PID.N.tmp`); each row dimension adds two bytes (`/0`).
 const KEY_ROOM: usize = 11 + 3 + 20 + 40;
 
-/// Bumped in a child process created by `fork` ([`after_fork_in_child`]): recorders
-/// opened before it belong to the parent (their threads do not exist here).
+/// Bumped in a child process created by `fork`
+/// ([`after_fork_in_child`](crate::record::sinks::after_fork_in_child)): recorders opened
+/// before it belong to the parent (their threads do not exist here).
 pub(crate) static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
-
-/// Makes this (forked child) process start with no recorder: every recorder opened before
-/// the fork counts as closed here (without touching its store, which the parent still
-/// writes and holds locked), and no message is routed to one.
-pub(crate) fn after_fork_in_child() {
-    FORK_GENERATION.fetch_add(1, Ordering::SeqCst);
-    sinks().clear();
-    trace::after_fork_in_child();
-}
-
-/// Where a recorder's bytes are charged: the receiver queue's bound (the [`Hub`]
-/// implements it), or a stand-in in tests.
-pub trait Budget: Send + Sync + 'static {
-    /// Charges `bytes` held outside the queue (rows copied from Python). Never waits.
-    fn charge(&self, bytes: usize);
-    /// Frees bytes charged earlier (at push, or by `charge`).
-    fn release(&self, bytes: usize);
-    /// The byte bound.
-    fn bound(&self) -> usize;
-    /// Whether a producer waits for space now.
-    fn producers_waiting(&self) -> bool;
-    /// Something worth telling the user that has no caller to raise in (logged).
-    fn note(&self, text: String);
-}
-
-impl Budget for &'static Hub {
-    fn charge(&self, bytes: usize) {
-        self.queue.charge(bytes);
-    }
-    fn release(&self, bytes: usize) {
-        self.queue.release(bytes);
-    }
-    fn bound(&self) -> usize {
-        self.queue.bound()
-    }
-    fn producers_waiting(&self) -> bool {
-        self.queue.producers_waiting()
-    }
-    fn note(&self, text: String) {
-        Hub::note(self, text);
-    }
-}
-
-/// How a recorder writes.
-#[derive(Debug, Clone)]
-pub struct Options {
-    /// Compression of data chunks.
-    pub codec: Codec,
-    /// Target chunk size in bytes: rows per chunk = max(1, this / row bytes). Capped at a
-    /// quarter of the byte bound when an array is declared.
-    pub chunk_bytes: usize,
-    /// Writer threads.
-    pub writers: usize,
-    /// fsync chunk files and metadata (survive an OS crash, not just a killed process).
-    pub durable: bool,
-    /// Announce written rows at least this often (besides every flush).
-    pub commit_interval: Duration,
-    /// Chunk key separator: `/` (nested directories) or `.` (flat file names).
-    pub sep: char,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            codec: Codec::Raw,
-            chunk_bytes: 16 << 20,
-            writers: 1,
-            durable: false,
-            commit_interval: Duration::from_secs(1),
-            sep: '/',
-        }
-    }
-}
-
-/// What to do with an existing directory at the store's path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// Create; fail if the path exists and is not an empty directory.
-    Create,
-    /// Create, replacing an earlier hostfeed recording at the path (nothing else).
-    Overwrite,
-}
 
 /// Counters of one recorder.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -205,6 +123,8 @@ struct NameIndex {
 pub struct Recorder {
     pub(crate) root: PathBuf,
     pub(crate) opts: Options,
+    /// Where the bytes go (the file system, `opts.durable` as asked).
+    pub(crate) store: Box<dyn Store>,
     pub(crate) budget: Arc<dyn Budget>,
     pub(crate) arrays: RwLock<Vec<Arc<ArrayHandle>>>,
     pub(crate) pool: Pool,
@@ -220,7 +140,7 @@ pub struct Recorder {
     /// The store is shared by the processes of one run: a declaration never replaces
     /// an array's `zarr.json` (another process may have announced rows in it).
     shared: bool,
-    /// Parted arrays (issue 26, `parts.rs`): name -> the id of each part's handle.
+    /// Parted arrays (`parts.rs`): name -> the id of each part's handle.
     parted: Mutex<HashMap<String, Vec<ArrayId>>>,
     /// The lock on the store, released at close.
     pub(crate) store_lock: Mutex<Option<StoreLock>>,
@@ -242,23 +162,6 @@ pub struct Recorder {
     pub(crate) pool_reservation: Mutex<Option<PoolReservation>>,
 }
 
-pub(crate) fn read_lock<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    // See `sync::lock`: no user code runs under the crate's locks.
-    l.read().unwrap_or_else(PoisonError::into_inner)
-}
-
-pub(crate) fn write_lock<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    l.write().unwrap_or_else(PoisonError::into_inner)
-}
-
-pub(crate) fn as_usize(n: u64) -> usize {
-    usize::try_from(n).unwrap_or(usize::MAX)
-}
-
-pub(crate) fn as_u64(n: usize) -> u64 {
-    n as u64
-}
-
 fn now_ns() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -272,8 +175,9 @@ fn root_attributes() -> Value {
 }
 
 /// Whether `root` holds a hostfeed recording (its `zarr.json` says so).
-fn is_recording(root: &Path) -> bool {
-    fs::read(root.join("zarr.json"))
+fn is_recording(store: &dyn Store, root: &Path) -> bool {
+    store
+        .get(&root.join("zarr.json"))
         .ok()
         .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
         .is_some_and(|v| v["attributes"]["hostfeed"]["format"] == json!(ROOT_FORMAT))
@@ -292,14 +196,14 @@ pub(crate) struct Layout {
     pub(crate) dim_names: Vec<Option<String>>,
 }
 
-fn entries(root: &Path) -> Option<Vec<PathBuf>> {
-    let d = fs::read_dir(root).ok()?;
-    Some(d.filter_map(Result::ok).filter(|e| e.file_name() != LOCK_FILE).map(|e| e.path()).collect())
+fn entries(store: &dyn Store, root: &Path) -> Option<Vec<PathBuf>> {
+    let listed = store.list(root).ok()?;
+    Some(listed.into_iter().filter(|p| p.file_name() != Some(OsStr::new(LOCK_FILE))).collect())
 }
 
 /// Whether `mode` may use `root` (an existing path) as it is.
-fn check_existing(root: &Path, mode: Mode) -> Result<(), RecordError> {
-    if entries(root).is_some_and(|e| e.is_empty()) {
+fn check_existing(store: &dyn Store, root: &Path, mode: Mode) -> Result<(), RecordError> {
+    if entries(store, root).is_some_and(|e| e.is_empty()) {
         return Ok(());
     }
     match mode {
@@ -311,7 +215,7 @@ fn check_existing(root: &Path, mode: Mode) -> Result<(), RecordError> {
                 root.display()
             ),
         }),
-        Mode::Overwrite if is_recording(root) => Ok(()),
+        Mode::Overwrite if is_recording(store, root) => Ok(()),
         Mode::Overwrite => Err(RecordError::Io {
             errno: Some(libc::EEXIST),
             message: format!(
@@ -325,28 +229,28 @@ fn check_existing(root: &Path, mode: Mode) -> Result<(), RecordError> {
 
 /// Makes `root` an empty directory held by the returned lock. A store another recorder
 /// holds is refused first (naming the holder), before anything is created or removed.
-fn prepare_root(root: &Path, mode: Mode, access: &Access) -> Result<StoreLock, RecordError> {
+fn prepare_root(
+    store: &dyn Store,
+    root: &Path,
+    mode: Mode,
+    access: &Access,
+) -> Result<StoreLock, RecordError> {
     if matches!(access, Access::SharedMember { .. }) {
         // A member of a shared store's run: its leader prepared the directory.
         return StoreLock::acquire(root, access);
     }
     StoreLock::check_free(root)?;
-    if root.exists() {
-        check_existing(root, mode)?;
+    if store.exists(root) {
+        check_existing(store, root, mode)?;
     }
-    fs::create_dir_all(root).map_err(|e| io_error("create", root, &e))?;
+    store.create_dir(root).map_err(|e| io_error("create", root, &e))?;
     let held = StoreLock::acquire(root, access)?;
     // Again under the lock: another process may have written meanwhile.
-    check_existing(root, mode)?;
+    check_existing(store, root, mode)?;
     // An earlier recording is replaced entry by entry: the directory (and the lock file
     // in it) stays, so the lock keeps guarding the path.
-    for entry in entries(root).unwrap_or_default() {
-        let removed = if entry.is_dir() && !entry.is_symlink() {
-            fs::remove_dir_all(&entry)
-        } else {
-            fs::remove_file(&entry)
-        };
-        removed.map_err(|e| io_error("remove the old recording's", &entry, &e))?;
+    for entry in entries(store, root).unwrap_or_default() {
+        store.remove(&entry).map_err(|e| io_error("remove the old recording's", &entry, &e))?;
     }
     Ok(held)
 }
@@ -366,8 +270,8 @@ impl Recorder {
     }
 
     /// [`Recorder::create`] for a store shared by the processes of one `jax.distributed`
-    /// run (issue 26): `run` names the run; the leader (process 0) prepares the directory
-    /// and the others join its lock.
+    /// run: `run` names the run; the leader (process 0) prepares the directory and the
+    /// others join its lock.
     ///
     /// # Errors
     /// As [`Recorder::create`]; the store is held by someone outside the run.
@@ -393,14 +297,16 @@ impl Recorder {
     ) -> Result<Arc<Recorder>, RecordError> {
         let member = matches!(access, Access::SharedMember { .. });
         let shared = !matches!(access, Access::Exclusive);
-        let held = prepare_root(root, mode, access)?;
+        let store: Box<dyn Store> = Box::new(FsStore { durable: opts.durable });
+        let held = prepare_root(&*store, root, mode, access)?;
         if !member {
-            zarr::write_json_atomic(root, &zarr::group_metadata(&root_attributes()), opts.durable)?;
+            zarr::write_json(&*store, root, &zarr::group_metadata(&root_attributes()))?;
         }
         let writers = opts.writers.max(1);
         let rec = Arc::new(Recorder {
             root: root.to_path_buf(),
             opts,
+            store,
             budget,
             arrays: RwLock::new(Vec::new()),
             pool: Pool::default(),
@@ -500,10 +406,11 @@ impl Recorder {
         let mut group_dir = self.root.clone();
         for g in &parts[..parts.len() - 1] {
             group_dir.push(g);
-            if !group_dir.join("zarr.json").exists() {
-                fs::create_dir_all(&group_dir)
+            if !self.store.exists(&group_dir.join("zarr.json")) {
+                self.store
+                    .create_dir(&group_dir)
                     .map_err(|e| io_error("create", &group_dir, &e).context(context))?;
-                zarr::write_json_atomic(&group_dir, &zarr::group_metadata(&json!({})), self.opts.durable)
+                zarr::write_json(&*self.store, &group_dir, &zarr::group_metadata(&json!({})))
                     .map_err(|e| e.context(context))?;
             }
         }
@@ -580,7 +487,7 @@ impl Recorder {
             return clash(p);
         }
         let context = format!("recording {name:?}");
-        let durable = self.opts.durable;
+        let store = &*self.store;
         let Layout { group_dir, leaf, chunk_rows, dim_names } =
             self.lay_out(&parts, row_shape, row_shape, dtype.itemsize, &context)?;
         let spec = ArraySpec {
@@ -603,19 +510,19 @@ impl Recorder {
             state: Mutex::new(ArrayState::new()),
         };
         // Metadata arrays, then the data array, all with zero rows.
-        let keep = |dir: &Path| self.shared && dir.join("zarr.json").exists();
+        let keep = |dir: &Path| self.shared && store.exists(&dir.join("zarr.json"));
         for (suffix, mspec) in meta_specs(&handle.leaf) {
             let mdir = handle.group_dir.join(format!("{}.{suffix}", handle.leaf));
-            fs::create_dir_all(&mdir).map_err(|e| io_error("create", &mdir, &e).context(&context))?;
+            store.create_dir(&mdir).map_err(|e| io_error("create", &mdir, &e).context(&context))?;
             if !keep(&mdir) {
-                zarr::write_json_atomic(&mdir, &mspec.metadata(0, &json!({})), durable)
+                zarr::write_json(store, &mdir, &mspec.metadata(0, &json!({})))
                     .map_err(|e| e.context(&context))?;
             }
         }
-        fs::create_dir_all(&handle.dir).map_err(|e| io_error("create", &handle.dir, &e).context(&context))?;
+        store.create_dir(&handle.dir).map_err(|e| io_error("create", &handle.dir, &e).context(&context))?;
         if !keep(&handle.dir) {
             let attrs = self.attributes(&handle);
-            zarr::write_json_atomic(&handle.dir, &handle.spec.metadata(0, &attrs), durable)
+            zarr::write_json(store, &handle.dir, &handle.spec.metadata(0, &attrs))
                 .map_err(|e| e.context(&context))?;
         }
         let handle = Arc::new(handle);
@@ -650,44 +557,8 @@ impl Recorder {
         i16::try_from(i).unwrap_or(i16::MAX)
     }
 
-    fn array(&self, id: ArrayId) -> Option<Arc<ArrayHandle>> {
+    pub(crate) fn array(&self, id: ArrayId) -> Option<Arc<ArrayHandle>> {
         read_lock(&self.arrays).get(id).cloned()
-    }
-
-    /// A sink for messages whose operand `i` holds `lanes` rows of array `targets[i]` (or
-    /// is not recorded, `None`) and whose operand `step` (if any) holds the integer step
-    /// (one per lane, or one for all). `lanes` is 1 except under `vmap`, where each lane of
-    /// the batch (first dimensions) is a row.
-    ///
-    /// # Errors
-    /// [`RecordError::Invalid`] for an unknown array id or no lanes.
-    pub fn sink(
-        self: &Arc<Self>,
-        targets: &[Option<ArrayId>],
-        step: Option<usize>,
-        transforms: &str,
-        lanes: usize,
-    ) -> Result<Sink, RecordError> {
-        if lanes == 0 {
-            return Err(RecordError::Invalid("a batch of zero lanes records nothing".into()));
-        }
-        let targets = targets
-            .iter()
-            .map(|t| {
-                t.map(|id| {
-                    self.array(id).ok_or_else(|| RecordError::Invalid(format!("no array with id {id}")))
-                })
-                .transpose()
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Sink {
-            recorder: Arc::clone(self),
-            targets,
-            step,
-            transforms: self.transforms_index(transforms),
-            lanes,
-            parted: None,
-        })
     }
 
     /// Records one row of array `id` copied from `data` (the path of values that reach

@@ -1,4 +1,5 @@
-//! The sink table: routing messages from the consumer thread to recorders.
+//! The sink table: routing messages from the consumer thread to recorders; a recorder's
+//! sinks; and a forked child's start without recorders.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,10 +10,58 @@ use crate::ffi::c_api::dtype as xla;
 use crate::host::hub::{Batch, Worker};
 use crate::host::message::Message;
 use crate::host::sync::lock;
+use crate::record::arrays::{ArrayHandle, Payload, Row};
+use crate::record::common::{read_lock, write_lock, ArrayId};
+use crate::record::recorder::{Recorder, FORK_GENERATION};
+use crate::record::trace;
 use crate::record::zarr::DType;
 
-use crate::record::arrays::{ArrayHandle, Payload, Row};
-use crate::record::recorder::{read_lock, write_lock, Recorder};
+/// Makes this (forked child) process start with no recorder: every recorder opened before
+/// the fork counts as closed here (without touching its store, which the parent still
+/// writes and holds locked), and no message is routed to one.
+pub(crate) fn after_fork_in_child() {
+    FORK_GENERATION.fetch_add(1, Ordering::SeqCst);
+    sinks().clear();
+    trace::after_fork_in_child();
+}
+
+impl Recorder {
+    /// A sink for messages whose operand `i` holds `lanes` rows of array `targets[i]` (or
+    /// is not recorded, `None`) and whose operand `step` (if any) holds the integer step
+    /// (one per lane, or one for all). `lanes` is 1 except under `vmap`, where each lane of
+    /// the batch (first dimensions) is a row.
+    ///
+    /// # Errors
+    /// [`RecordError::Invalid`] for an unknown array id or no lanes.
+    pub fn sink(
+        self: &Arc<Self>,
+        targets: &[Option<ArrayId>],
+        step: Option<usize>,
+        transforms: &str,
+        lanes: usize,
+    ) -> Result<Sink, RecordError> {
+        if lanes == 0 {
+            return Err(RecordError::Invalid("a batch of zero lanes records nothing".into()));
+        }
+        let targets = targets
+            .iter()
+            .map(|t| {
+                t.map(|id| {
+                    self.array(id).ok_or_else(|| RecordError::Invalid(format!("no array with id {id}")))
+                })
+                .transpose()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Sink {
+            recorder: Arc::clone(self),
+            targets,
+            step,
+            transforms: self.transforms_index(transforms),
+            lanes,
+            parted: None,
+        })
+    }
+}
 
 // ---- Sinks: routing messages from the consumer thread -----------------------------------
 

@@ -10,15 +10,19 @@
 //! lock); an opener that locked a file removed meanwhile notices (the path no longer
 //! names the file it locked) and tries again.
 //!
-//! ## Owners (and what issue 26 extends)
+//! ## Owners
 //!
-//! A lock is taken for an [`Access`]. Today there is one: [`Access::Exclusive`], one
-//! recorder in one process. Many cooperating processes writing one store add an access
-//! kind that takes the `flock` shared (`LOCK_SH`) and names the group of cooperating
-//! processes in the [`Holder`] record (each member appending its own record), so that a
-//! member of the group is admitted and anyone else is refused with the same
-//! [`RecordError`] that names the holders. The holder record is JSON with named fields, so
-//! readers of an older format keep working when fields are added.
+//! A lock is taken for an [`Access`]. [`Access::Exclusive`], one recorder in one process,
+//! takes the `flock` exclusive. The processes of one `jax.distributed` run that write one
+//! store together share it: the leader ([`Access::SharedLeader`]) takes it first and names
+//! the run (its group) in the [`Holder`] record, then holds it shared; the members
+//! ([`Access::SharedMember`]) take it shared and are admitted only for the same group.
+//! Anyone else is refused with the [`RecordError`] that names the holder. The holder record
+//! is JSON with named fields, so readers of an older format keep working when fields are
+//! added.
+//!
+//! The lock is the one part of a store outside the storage seam (`store.rs`): it needs
+//! `flock`, which only a file system offers.
 //!
 //! No Python here.
 
@@ -31,7 +35,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 
 use crate::error::RecordError;
-use crate::record::zarr::io_error;
+use crate::record::store::io_error;
 
 /// Name of the lock file inside a store.
 pub(crate) const LOCK_FILE: &str = ".hostfeed.lock";
@@ -41,7 +45,7 @@ pub(crate) const LOCK_FILE: &str = ".hostfeed.lock";
 pub(crate) enum Access {
     /// One recorder of one process writes the store; every other open is refused.
     Exclusive,
-    /// The processes of one `jax.distributed` run write the store together (issue 26):
+    /// The processes of one `jax.distributed` run write the store together:
     /// the leader (process 0) takes the lock first and names the run (`group`) in the
     /// holder record; members take it shared and are admitted only for the same group.
     SharedLeader {

@@ -16,8 +16,9 @@ use crate::record::zarr::Codec;
 
 use crate::host::message::{gather, Operand};
 use crate::record::arrays::*;
+use crate::record::common::*;
 use crate::record::recorder::*;
-use crate::record::writer::*;
+use crate::record::store::write_all_vectored_at;
 
 /// A budget that counts.
 #[derive(Default)]

@@ -1,27 +1,28 @@
-//! The recorder's writer and ticker threads, commits, and the functions that write
-//! chunk files.
+//! The recorder's writer and ticker threads, commits, and the encoding of chunks and
+//! metadata rows for the store. What the bytes become in the store (files, objects) is the
+//! [`Store`]'s business: the writers hand it whole objects ([`Store::put`]) and, for
+//! uncompressed chunks and metadata rows, writes into part of one ([`InPlace::write_at`]).
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{IoSlice, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::FileExt;
+use std::io::{Read, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 
 use crate::error::RecordError;
-use crate::ffi::c_api::dtype as xla;
 use crate::host::sync::lock;
-use crate::record::zarr::{self, io_error, ArraySpec, Codec, DType, ROW_METADATA};
-
-use crate::record::arrays::{ArrayHandle, ArrayState, Job, Row};
-use crate::record::recorder::{
-    as_u64, as_usize, read_lock, Options, Recorder, MAX_IOV, META_CHUNK_ROWS, TICK,
-};
+use crate::record::arrays::{meta_specs, ArrayHandle, ArrayState, Job, Row};
+use crate::record::common::{as_u64, as_usize, read_lock};
+use crate::record::recorder::Recorder;
+use crate::record::store::{io_error, InPlace, Put, Store};
 use crate::record::trace;
+use crate::record::zarr::{self, ArraySpec, Codec};
+
+/// How often the ticker looks for producers stuck behind partial chunks, and for commits.
+pub(crate) const TICK: Duration = Duration::from_millis(50);
 
 impl Recorder {
     // ---- threads --------------------------------------------------------------------
@@ -47,7 +48,7 @@ impl Recorder {
             let bytes = job.rows.len() * a.spec.row_bytes();
             // A panic must not lose the job's bookkeeping (a flush would wait for it forever).
             let result = trace::traced_write(&a.name, job.chunk, bytes, || {
-                catch_unwind(AssertUnwindSafe(|| write_chunk(&self.opts, &job))).unwrap_or_else(|_| {
+                catch_unwind(AssertUnwindSafe(|| write_chunk(&*self.store, &job))).unwrap_or_else(|_| {
                     Err(RecordError::Invalid("hostfeed internal error: a panic while writing a chunk".into()))
                 })
             });
@@ -130,7 +131,7 @@ impl Recorder {
     }
 
     fn commit_locked(&self, a: &ArrayHandle, st: &mut ArrayState, rows: u64) -> Result<(), RecordError> {
-        let durable = self.opts.durable;
+        let store = &*self.store;
         let from = st.committed;
         let lo = as_usize(from - st.meta_first);
         let hi = as_usize(rows - st.meta_first);
@@ -148,15 +149,15 @@ impl Recorder {
                 // A parted array: part 0 writes the rows' metadata; `zarr.json` is written
                 // by the store's committer once every part has its rows (`parts.rs`).
                 Some(p) if p.index != 0 => {}
-                Some(_) => write_rows_in_place(&spec, &mdir, from, &values, durable)?,
+                Some(_) => write_rows_in_place(store, &spec, &mdir, from, &values)?,
                 None => {
-                    write_rows_in_place(&spec, &mdir, from, &values, durable)?;
-                    zarr::write_json_atomic(&mdir, &spec.metadata(rows, &json!({})), durable)?;
+                    write_rows_in_place(store, &spec, &mdir, from, &values)?;
+                    zarr::write_json(store, &mdir, &spec.metadata(rows, &json!({})))?;
                 }
             }
         }
         if a.spec.part.is_none() {
-            zarr::write_json_atomic(&a.dir, &a.spec.metadata(rows, &self.attributes(a)), durable)?;
+            zarr::write_json(store, &a.dir, &a.spec.metadata(rows, &self.attributes(a)))?;
         }
         st.committed = rows;
         st.last_commit = Instant::now();
@@ -167,36 +168,16 @@ impl Recorder {
     }
 }
 
-/// The per-row metadata arrays of data array `leaf`: suffix and layout.
-pub(crate) fn meta_specs(leaf: &str) -> impl Iterator<Item = (&'static str, ArraySpec)> + '_ {
-    ROW_METADATA.iter().map(move |&suffix| {
-        let code = match suffix {
-            "device" => xla::S32,
-            "transforms" => xla::S16,
-            _ => xla::S64,
-        };
-        let spec = ArraySpec {
-            dtype: DType::from_xla(code).unwrap_or_else(|_| unreachable!("metadata dtypes are valid")),
-            row_shape: vec![],
-            chunk_rows: META_CHUNK_ROWS,
-            codec: Codec::Raw,
-            dim_names: vec![Some(format!("{leaf}.row"))],
-            sep: '/',
-            part: None,
-        };
-        (suffix, spec)
-    })
-}
-
 /// Writes the rows `from..` of an uncompressed array whose bytes are `values` in place
-/// (chunk files created at full size, as holes, then written at the rows' offsets).
+/// (each chunk object at full size, its rows written at their offsets).
 fn write_rows_in_place(
+    store: &dyn Store,
     spec: &ArraySpec,
     dir: &Path,
     from: u64,
     values: &[u8],
-    durable: bool,
 ) -> Result<(), RecordError> {
+    let in_place = in_place(store, dir)?;
     let rb = spec.row_bytes();
     let rows = as_u64(values.len() / rb.max(1));
     let mut row = from;
@@ -206,31 +187,27 @@ fn write_rows_in_place(
         let end = ((k + 1) * spec.chunk_rows).min(from + rows);
         let n = as_usize(end - row) * rb;
         let path = spec.chunk_path(dir, k);
-        create_parent(&path)?;
-        let f = open_for_write(&path)?;
-        let cb = as_u64(spec.chunk_bytes());
-        if f.metadata().map_err(|e| io_error("stat", &path, &e))?.len() < cb {
-            f.set_len(cb).map_err(|e| io_error("extend", &path, &e))?;
-        }
-        f.write_all_at(&values[off..off + n], (row - k * spec.chunk_rows) * as_u64(rb))
-            .map_err(|e| io_error("write", &path, &e))?;
-        if durable {
-            f.sync_data().map_err(|e| io_error("fsync", &path, &e))?;
-        }
+        create_parent(store, &path)?;
+        let at = (row - k * spec.chunk_rows) * as_u64(rb);
+        in_place.write_at(&path, at, &[&values[off..off + n]], as_u64(spec.chunk_bytes()))?;
         off += n;
         row = end;
     }
     Ok(())
 }
 
-/// Opens a chunk file for writing in place, creating it if needed (never truncating).
-fn open_for_write(path: &Path) -> Result<File, RecordError> {
-    OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(|e| io_error("open", path, &e))
+/// The store's writes into part of an object, which rows appended in place need.
+///
+/// # Errors
+/// [`RecordError::Io`] for a store that only puts whole objects.
+fn in_place<'s>(store: &'s dyn Store, dir: &Path) -> Result<&'s dyn InPlace, RecordError> {
+    store.in_place().ok_or_else(|| RecordError::Io {
+        errno: None,
+        message: format!(
+            "cannot write rows into {}: this store cannot write into part of an object",
+            dir.display()
+        ),
+    })
 }
 
 /// Lowers the calling thread's scheduling priority (nice +10), so that on a busy machine
@@ -250,61 +227,31 @@ fn lower_priority() {
     }
 }
 
-/// Writes `bufs` back to back at `offset` of `f` with vectored writes (at most
-/// [`MAX_IOV`] buffers each, continuing after partial writes).
-pub(crate) fn write_all_vectored_at(f: &File, bufs: &[&[u8]], offset: u64) -> std::io::Result<()> {
-    let mut file = f;
-    file.seek(SeekFrom::Start(offset))?;
-    for group in bufs.chunks(MAX_IOV) {
-        let mut slices: Vec<IoSlice<'_>> = group.iter().map(|b| IoSlice::new(b)).collect();
-        let mut rest = &mut slices[..];
-        IoSlice::advance_slices(&mut rest, 0); // skip empty leading buffers
-        while !rest.is_empty() {
-            match file.write_vectored(rest) {
-                Ok(0) => return Err(std::io::Error::from(std::io::ErrorKind::WriteZero)),
-                Ok(n) => IoSlice::advance_slices(&mut rest, n),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
-    Ok(())
-}
-
-fn create_parent(path: &Path) -> Result<(), RecordError> {
+fn create_parent(store: &dyn Store, path: &Path) -> Result<(), RecordError> {
     match path.parent() {
-        Some(p) => fs::create_dir_all(p).map_err(|e| io_error("create", p, &e)),
+        Some(p) => store.create_dir(p).map_err(|e| io_error("create", p, &e)),
         None => Ok(()),
     }
 }
 
-fn write_chunk(opts: &Options, job: &Job) -> Result<(), RecordError> {
+/// Writes a job's rows into its chunk: appended in place to an uncompressed chunk;
+/// compressed, the chunk put whole (its earlier rows read back first).
+fn write_chunk(store: &dyn Store, job: &Job) -> Result<(), RecordError> {
     let spec = &job.array.spec;
     let path = spec.chunk_path(&job.array.dir, job.chunk);
     let rb = spec.row_bytes();
     let chunk_bytes = spec.chunk_bytes();
     let in_chunk = job.first_row - job.chunk * spec.chunk_rows;
-    create_parent(&path)?;
+    create_parent(store, &path)?;
     match spec.codec {
         Codec::Raw => {
-            // Append in place: only bytes past the rows already in this chunk are written.
-            let f = open_for_write(&path)?;
-            let mut off = in_chunk * as_u64(rb);
-            // The rows straight from their message buffers, no gathering copy.
+            // Append in place: only bytes past the rows already in this chunk are written,
+            // straight from their message buffers, no gathering copy. A partial chunk's
+            // padding is never written: it reads as zeros (the fill value) and lies past
+            // `shape`, so no reader sees it.
             let slices: Vec<&[u8]> = job.rows.iter().map(Row::bytes).collect();
-            write_all_vectored_at(&f, &slices, off).map_err(|e| io_error("write", &path, &e))?;
-            off += as_u64(rb * job.rows.len());
-            if off < as_u64(chunk_bytes) {
-                // A partial chunk: the padding is a hole, no bytes written; it reads as zeros
-                // (the fill value) and lies past `shape`, so no reader sees it.
-                let len = f.metadata().map_err(|e| io_error("stat", &path, &e))?.len();
-                if len < as_u64(chunk_bytes) {
-                    f.set_len(as_u64(chunk_bytes)).map_err(|e| io_error("extend", &path, &e))?;
-                }
-            }
-            if opts.durable {
-                f.sync_data().map_err(|e| io_error("fsync", &path, &e))?;
-            }
+            let in_place = in_place(store, &job.array.dir)?;
+            in_place.write_at(&path, in_chunk * as_u64(rb), &slices, as_u64(chunk_bytes))?;
         }
         Codec::Zstd(level) => {
             let fail = |op: &str, e: std::io::Error| io_error(op, &path, &e);
@@ -314,8 +261,9 @@ fn write_chunk(opts: &Options, job: &Job) -> Result<(), RecordError> {
             if job.disk_prefix > 0 {
                 // Rows of this chunk flushed earlier as a padded partial chunk.
                 let want = as_usize(job.disk_prefix) * rb;
-                let f = File::open(&path).map_err(|e| fail("reopen", e))?;
-                let mut dec = zstd::stream::Decoder::new(f).map_err(|e| fail("decompress", e))?;
+                let stored = store.get(&path).map_err(|e| fail("reopen", e))?;
+                let mut dec =
+                    zstd::stream::Decoder::with_buffer(&stored[..]).map_err(|e| fail("decompress", e))?;
                 let mut prefix = vec![0u8; want];
                 dec.read_exact(&mut prefix).map_err(|e| fail("read back", e))?;
                 enc.write_all(&prefix).map_err(|e| fail("compress", e))?;
@@ -337,22 +285,8 @@ fn write_chunk(opts: &Options, job: &Job) -> Result<(), RecordError> {
             let out = enc.finish().map_err(|e| fail("finish compressing", e))?;
             // A chunk that may hold announced rows is replaced whole, atomically; a fresh
             // chunk lies past the announced shape, so a torn write of it is invisible.
-            let replace = job.partial || job.disk_prefix > 0 || path.exists();
-            // A temporary file of its own: never `with_extension`, which maps the flat keys
-            // `c.1` and `c.2` (and `c.1.0`, `c.1.1`...) to one name.
-            let target = if replace { zarr::temp_path(&path) } else { path.clone() };
-            let mut f = File::create(&target).map_err(|e| io_error("create", &target, &e))?;
-            f.write_all(&out).map_err(|e| io_error("write", &target, &e))?;
-            if opts.durable {
-                f.sync_data().map_err(|e| io_error("fsync", &target, &e))?;
-            }
-            drop(f);
-            if replace {
-                fs::rename(&target, &path).map_err(|e| {
-                    let _ = fs::remove_file(&target);
-                    fail("rename over", e)
-                })?;
-            }
+            let replace = job.partial || job.disk_prefix > 0 || store.exists(&path);
+            store.put(&path, &out, if replace { Put::Replace } else { Put::Fresh })?;
         }
     }
     Ok(())

@@ -1,5 +1,6 @@
 //! Just enough Zarr v3 to write an append-only row store: data types, array and group
-//! `zarr.json` documents, chunk keys, the crash-safe metadata write and record names.
+//! `zarr.json` documents, chunk keys, the crash-safe metadata write and record names. The
+//! bytes go to a [`Store`].
 //!
 //! Spec: Zarr v3 core (`zarr_format: 3`, `regular` chunk grid, `default` chunk key
 //! encoding, `bytes` codec, `zstd` codec) plus the zarr-extensions data types (`bfloat16`,
@@ -11,15 +12,13 @@
 //!
 //! No Python here.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::{json, Value};
 
 use crate::error::RecordError;
 use crate::ffi::c_api::dtype as xla;
+use crate::record::store::{Put, Store};
 
 /// A Zarr v3 data type the recorder can write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,7 +117,7 @@ pub(crate) struct ArraySpec {
     pub(crate) dim_names: Vec<Option<String>>,
     /// Chunk key separator: `/` (nested directories `c/k/0/0`) or `.` (flat `c.k.0.0`).
     pub(crate) sep: char,
-    /// One part of a parted array (issue 26): rows of this spec are the slice `index` of
+    /// One part of a parted array: rows of this spec are the slice `index` of
     /// `count` equal slices along the row's first dimension; see [`Part`].
     pub(crate) part: Option<Part>,
 }
@@ -222,54 +221,17 @@ pub(crate) fn group_metadata(attributes: &Value) -> Value {
     json!({"zarr_format": 3, "node_type": "group", "attributes": attributes})
 }
 
-/// The error for an I/O operation `op` ("write", "create") on `path`.
-#[must_use]
-pub(crate) fn io_error(op: &str, path: &Path, e: &std::io::Error) -> RecordError {
-    RecordError::Io { errno: e.raw_os_error(), message: format!("cannot {op} {}: {e}", path.display()) }
-}
-
 /// Writes `doc` to `dir/zarr.json` atomically: a reader sees the old or the new document,
-/// never a torn one, even if this process is killed mid-write (write a temporary file,
-/// then rename it over the old one). With `durable`, the document and the rename also
-/// survive an OS crash (fsync of the file, then of the directory).
+/// never a torn one, even if this process is killed mid-write ([`Put::Document`]: on a
+/// file system, a temporary file renamed over the old one; with `durable`, the document
+/// and the rename also survive an OS crash).
 ///
 /// # Errors
 /// I/O errors, with the path.
-pub(crate) fn write_json_atomic(dir: &Path, doc: &Value, durable: bool) -> Result<(), RecordError> {
-    let target = dir.join("zarr.json");
-    let tmp = temp_path(&target);
+pub(crate) fn write_json(store: &dyn Store, dir: &Path, doc: &Value) -> Result<(), RecordError> {
     let text = serde_json::to_vec_pretty(doc)
         .map_err(|e| RecordError::Invalid(format!("cannot encode metadata for {}: {e}", dir.display())))?;
-    let mut f = File::create(&tmp).map_err(|e| io_error("create", &tmp, &e))?;
-    f.write_all(&text).map_err(|e| io_error("write", &tmp, &e))?;
-    if durable {
-        f.sync_data().map_err(|e| io_error("fsync", &tmp, &e))?;
-    }
-    drop(f);
-    fs::rename(&tmp, &target).map_err(|e| io_error("rename into place", &target, &e))?;
-    if durable {
-        sync_dir(dir)?;
-    }
-    Ok(())
-}
-
-/// A temporary file name next to `path`, unique to this process and call: `.NAME.PID.N.tmp`
-/// (a leading dot: no record name component may start with one, and no Zarr key does).
-/// Two writers replacing two chunks, or one chunk twice, never share a temporary file.
-#[must_use]
-pub(crate) fn temp_path(path: &Path) -> PathBuf {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let name = path.file_name().map_or_else(String::new, |f| f.to_string_lossy().into_owned());
-    path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id()))
-}
-
-/// fsync of a directory (makes renames and new entries in it durable).
-///
-/// # Errors
-/// I/O errors, with the path.
-pub(crate) fn sync_dir(dir: &Path) -> Result<(), RecordError> {
-    OpenOptions::new().read(true).open(dir).and_then(|d| d.sync_all()).map_err(|e| io_error("fsync", dir, &e))
+    store.put(&dir.join("zarr.json"), &text, Put::Document)
 }
 
 /// Suffixes of the per-row metadata arrays stored next to each data array (`h.step`...).
@@ -395,10 +357,12 @@ mod tests {
 
     #[test]
     fn json_is_replaced_atomically() {
+        use crate::record::store::{temp_path, FsStore};
+        use std::fs;
         let dir = std::env::temp_dir().join(format!("hostfeed_zarr_json_{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
-        write_json_atomic(&dir, &json!({"a": 1}), false).unwrap();
-        write_json_atomic(&dir, &json!({"a": 2}), true).unwrap();
+        write_json(&FsStore { durable: false }, &dir, &json!({"a": 1})).unwrap();
+        write_json(&FsStore { durable: true }, &dir, &json!({"a": 2})).unwrap();
         let doc: Value = serde_json::from_slice(&fs::read(dir.join("zarr.json")).unwrap()).unwrap();
         assert_eq!(doc, json!({"a": 2}));
         let left: Vec<_> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
@@ -408,7 +372,7 @@ mod tests {
         assert_ne!(a, b);
         assert_ne!(temp_path(&dir.join("c.1")), a, "each call gets its own");
         fs::remove_dir_all(&dir).unwrap();
-        let missing = write_json_atomic(&dir, &json!({}), false).unwrap_err();
+        let missing = write_json(&FsStore { durable: false }, &dir, &json!({})).unwrap_err();
         assert!(matches!(missing, RecordError::Io { errno: Some(libc::ENOENT), .. }), "{missing}");
     }
 }

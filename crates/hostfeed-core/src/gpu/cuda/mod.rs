@@ -12,7 +12,8 @@
 //! CUDA 12 and 13 drivers. [`same_driver_as_xla`] still checks, once XLA loaded the
 //! driver, that its `cuInit` is hostfeed's (at registration, through
 //! `cuda_driver_error`, which `lowering.cuda_status()` reports, and at the first handler
-//! call); [`driver_path`] names the file in use.
+//! call); [`driver_path`] names the file in use. The row of `gpu::PLATFORMS` for CUDA
+//! names these functions.
 //!
 //! The handlers (shared with ROCm: `gpu/driver.rs`, driver [`Cuda`]) get the stream XLA
 //! runs the custom call on (`XLA_FFI_Stream_Get`, a `CUstream`), make its context current
@@ -137,7 +138,7 @@ fn check(res: sys::CUresult, what: &str) -> Result<(), Error> {
 ///
 /// # Errors
 /// Why CUDA cannot be used (no driver library, a missing function), in words.
-pub fn driver_library() -> Result<(), String> {
+pub(crate) fn driver_library() -> Result<(), String> {
     loaded().as_ref().map(|_| ()).map_err(Clone::clone)
 }
 
@@ -174,7 +175,7 @@ fn our_cu_init() -> Option<*const c_void> {
 /// The file hostfeed's CUDA driver functions come from (e.g.
 /// `/usr/lib/x86_64-linux-gnu/libcuda.so.570.86.15`), if the driver library loads.
 #[must_use]
-pub fn driver_path() -> Option<String> {
+pub(crate) fn driver_path() -> Option<String> {
     file_of(our_cu_init()?)
 }
 
@@ -184,7 +185,7 @@ pub fn driver_path() -> Option<String> {
 ///
 /// # Errors
 /// Both files, when they differ (or hostfeed's driver library is unusable).
-pub fn same_driver_as_xla() -> Result<(), String> {
+pub(crate) fn same_driver_as_xla() -> Result<(), String> {
     let ours = our_cu_init().ok_or_else(|| driver_library().err().unwrap_or_default())?;
     // SAFETY: RTLD_NOLOAD only looks the library up among those loaded (it loads nothing);
     // a handle it returns is closed below, after its symbol was read.
@@ -209,6 +210,16 @@ pub fn same_driver_as_xla() -> Result<(), String> {
         name(ours),
         name(theirs)
     ))
+}
+
+/// Why hostfeed cannot use the CUDA driver: no driver library, a missing function, or not
+/// the library XLA loaded (`libcuda.so.1`). Loads the library (once) but does not
+/// initialise CUDA. The platform table's check (`gpu::PLATFORMS`).
+///
+/// # Errors
+/// That reason, in words.
+pub(crate) fn driver_error() -> Result<(), String> {
+    driver_library().and_then(|()| same_driver_as_xla())
 }
 
 /// Initialises the loaded driver, once it is known to be XLA's (`cuInit`, which may be

@@ -21,7 +21,7 @@
 //! Pinned memory comes from `hipHostMalloc` (portable); `hipHostFree` synchronises the
 //! device, so the pool frees on its own thread, never on XLA's.
 //!
-//! Not verified on hardware: the GPU machines this project can borrow are NVIDIA only.
+//! Not verified on ROCm hardware: the tests run the shared handlers against fake streams.
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::ptr::{self, NonNull};
@@ -164,13 +164,13 @@ fn poll(res: HipError, what: &str) -> Result<Poll, Error> {
 ///
 /// # Errors
 /// Why ROCm cannot be used (no runtime library, a missing function), in words.
-pub fn runtime_library() -> Result<(), String> {
+pub(crate) fn runtime_library() -> Result<(), String> {
     loaded().as_ref().map(|_| ()).map_err(Clone::clone)
 }
 
 /// The file hostfeed's HIP functions come from, if the runtime library loads.
 #[must_use]
-pub fn runtime_path() -> Option<String> {
+pub(crate) fn runtime_path() -> Option<String> {
     let a = api()?;
     let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
     // SAFETY: `hipInit`'s address is in the library; dladdr only reads the loader's tables

@@ -1,4 +1,4 @@
-//! Parted arrays (issue 26): one array written by many writers, each writing the chunks of
+//! Parted arrays: one array written by many writers, each writing the chunks of
 //! its own slice of every row, as when the processes of a `jax.distributed` program each
 //! record the shards their devices hold of a global value.
 //!
@@ -14,20 +14,20 @@
 //! Messages come from the shard-by-shard lowering of a record (`placement.py`): operand
 //! 0 is `[group, part]` (int32), operand 1 the part's slice, then the step if any.
 
-use std::fs;
 use std::sync::{Arc, Mutex};
 
 use serde_json::json;
 
-use super::{as_u64, as_usize, read_lock, write_lock, ArrayId, Layout, Recorder};
+use super::{Layout, Recorder};
 use crate::error::RecordError;
 use crate::ffi::c_api::dtype as xla;
 use crate::host::message::Message;
 use crate::host::sync::lock;
-use crate::record::arrays::{ArrayHandle, ArrayState, Payload, Row};
+use crate::record::arrays::{meta_specs, ArrayHandle, ArrayState, Payload, Row};
+use crate::record::common::{as_u64, as_usize, read_lock, write_lock, ArrayId};
 use crate::record::sinks::{read_steps, Sink};
-use crate::record::writer::meta_specs;
-use crate::record::zarr::{self, io_error, ArraySpec, DType, Part};
+use crate::record::store::io_error;
+use crate::record::zarr::{self, ArraySpec, DType, Part};
 
 impl Recorder {
     /// Declares parted array `name`: `count` parts whose rows are `part_shape` slices of
@@ -113,12 +113,13 @@ impl Recorder {
             arrays.push(handle);
         }
         let first = Arc::clone(&arrays[ids[0]]);
+        let store = &*self.store;
         for (suffix, _) in meta_specs(&leaf) {
             let mdir = group_dir.join(format!("{leaf}.{suffix}"));
-            fs::create_dir_all(&mdir).map_err(|e| io_error("create", &mdir, &e).context(&context))?;
+            store.create_dir(&mdir).map_err(|e| io_error("create", &mdir, &e).context(&context))?;
         }
-        fs::create_dir_all(&dir).map_err(|e| io_error("create", &dir, &e).context(&context))?;
-        if commits && !dir.join("zarr.json").exists() {
+        store.create_dir(&dir).map_err(|e| io_error("create", &dir, &e).context(&context))?;
+        if commits && !store.exists(&dir.join("zarr.json")) {
             self.write_parted_metadata(&first, 0).map_err(|e| e.context(&context))?;
         }
         index.arrays.insert(name.to_string(), ids[0]);
@@ -128,12 +129,12 @@ impl Recorder {
     }
 
     fn write_parted_metadata(&self, a: &ArrayHandle, rows: u64) -> Result<(), RecordError> {
-        let durable = self.opts.durable;
+        let store = &*self.store;
         for (suffix, spec) in meta_specs(&a.leaf) {
             let mdir = a.group_dir.join(format!("{}.{suffix}", a.leaf));
-            zarr::write_json_atomic(&mdir, &spec.metadata(rows, &json!({})), durable)?;
+            zarr::write_json(store, &mdir, &spec.metadata(rows, &json!({})))?;
         }
-        zarr::write_json_atomic(&a.dir, &a.spec.metadata(rows, &self.attributes(a)), durable)
+        zarr::write_json(store, &a.dir, &a.spec.metadata(rows, &self.attributes(a)))
     }
 
     fn parted_handles(&self, name: &str) -> Result<Vec<Arc<ArrayHandle>>, RecordError> {

@@ -1,0 +1,239 @@
+//! Where a recording's bytes go: [`Store`], the seam between the recorder and a storage
+//! back-end, and [`FsStore`], the local file system, the one back-end today.
+//!
+//! The recorder names everything it stores by path: the store's root joined with Zarr's
+//! keys (`layer1/h/zarr.json`, `layer1/h/c/0/0`). The file system uses the paths as they
+//! are; a back-end of another kind maps a path to its own name for the object (an object
+//! store: the path relative to the root, `/`-separated).
+//!
+//! The operations are what the recorder needs, in terms that every kind of store can
+//! provide: directories made before objects are put below them (none to make in an object
+//! store), whole objects put, read back, listed and removed, and writes into part of an
+//! object, the one capability an object store lacks ([`Store::in_place`]: `None` there).
+//! A whole-object put says what readers may see of the object meanwhile ([`Put`]): the
+//! file system then writes a fresh object in place and replaces one that readers may hold
+//! by renaming a temporary file over it, where an object store's put is atomic anyway.
+//!
+//! The lock on an open store is not part of the seam: it is an `flock` on a file in the
+//! store (`storelock.rs`), which only a file system offers; another kind of store needs a
+//! lock of its own (a conditional put of a lock object, say).
+//!
+//! Operations of one step return the OS's [`io::Error`] for the caller to word; [`Store::put`]
+//! and [`InPlace::write_at`], of several steps, return the [`RecordError`] that names the
+//! step that failed and its path.
+//!
+//! No Python here.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, IoSlice, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::RecordError;
+
+/// Most buffers in one vectored write (Linux's `IOV_MAX` is 1024).
+pub(crate) const MAX_IOV: usize = 1024;
+
+/// What readers may see of an object while [`Store::put`] writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Put {
+    /// Nothing announced refers to it yet (a compressed chunk past the announced rows): no
+    /// reader looks at it, so a torn write is harmless.
+    Fresh,
+    /// It may hold announced rows (a compressed chunk written again): readers see its old
+    /// bytes or its new ones, never a mix.
+    Replace,
+    /// A metadata document (`zarr.json`): replaced as [`Put::Replace`], and on a durable
+    /// store the replacement itself survives an OS crash.
+    Document,
+}
+
+/// A storage back-end of the recorder (see the module documentation). Shared by the
+/// recorder's threads.
+pub(crate) trait Store: Send + Sync {
+    /// Makes directory `dir` and its parents exist (nothing to do where objects need no
+    /// directories).
+    ///
+    /// # Errors
+    /// The OS's.
+    fn create_dir(&self, dir: &Path) -> io::Result<()>;
+
+    /// Whether something is stored at `path` (an object, or objects below it).
+    fn exists(&self, path: &Path) -> bool;
+
+    /// The bytes of the object at `path`.
+    ///
+    /// # Errors
+    /// The OS's (no such object, among others).
+    fn get(&self, path: &Path) -> io::Result<Vec<u8>>;
+
+    /// The paths directly below `dir` (objects and directories), in no particular order;
+    /// entries that cannot be read are left out.
+    ///
+    /// # Errors
+    /// `dir` cannot be listed.
+    fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>>;
+
+    /// Removes the object at `path`, or everything below it.
+    ///
+    /// # Errors
+    /// The OS's.
+    fn remove(&self, path: &Path) -> io::Result<()>;
+
+    /// Stores `bytes` as the whole object at `path` (its parent directory exists), readers
+    /// seeing what `put` says meanwhile.
+    ///
+    /// # Errors
+    /// [`RecordError::Io`] naming the step that failed and its path.
+    fn put(&self, path: &Path, bytes: &[u8], put: Put) -> Result<(), RecordError>;
+
+    /// Writes into part of an object, if this store can ([`InPlace`]); `None` for stores
+    /// that only put whole objects.
+    fn in_place(&self) -> Option<&dyn InPlace>;
+}
+
+/// Writes into part of an object (a file system's files): what appends rows to an
+/// uncompressed chunk and to the per-row metadata arrays without rewriting what they
+/// hold already.
+pub(crate) trait InPlace {
+    /// Writes `bufs` back to back at byte `offset` of the object at `path` (created if
+    /// missing, its other bytes untouched; its parent directory exists), then makes it at
+    /// least `size` bytes long (bytes never written read as zeros).
+    ///
+    /// # Errors
+    /// [`RecordError::Io`] naming the step that failed and its path.
+    fn write_at(&self, path: &Path, offset: u64, bufs: &[&[u8]], size: u64) -> Result<(), RecordError>;
+}
+
+/// The local file system. With `durable`, every write is fsynced (and a document's rename
+/// too, with its directory), so that it survives an OS crash, not just a killed process.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FsStore {
+    pub(crate) durable: bool,
+}
+
+impl Store for FsStore {
+    fn create_dir(&self, dir: &Path) -> io::Result<()> {
+        fs::create_dir_all(dir)
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        path.exists()
+    }
+
+    fn get(&self, path: &Path) -> io::Result<Vec<u8>> {
+        fs::read(path)
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
+        Ok(fs::read_dir(dir)?.filter_map(Result::ok).map(|e| e.path()).collect())
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        if path.is_dir() && !path.is_symlink() {
+            fs::remove_dir_all(path)
+        } else {
+            fs::remove_file(path)
+        }
+    }
+
+    fn put(&self, path: &Path, bytes: &[u8], put: Put) -> Result<(), RecordError> {
+        // A temporary file of its own: never `with_extension`, which maps the flat chunk
+        // keys `c.1` and `c.2` (and `c.1.0`, `c.1.1`...) to one name.
+        let target = if put == Put::Fresh { path.to_path_buf() } else { temp_path(path) };
+        let mut f = File::create(&target).map_err(|e| io_error("create", &target, &e))?;
+        f.write_all(bytes).map_err(|e| io_error("write", &target, &e))?;
+        if self.durable {
+            f.sync_data().map_err(|e| io_error("fsync", &target, &e))?;
+        }
+        drop(f);
+        match put {
+            Put::Fresh => {}
+            Put::Replace => fs::rename(&target, path).map_err(|e| {
+                let _ = fs::remove_file(&target);
+                io_error("rename over", path, &e)
+            })?,
+            Put::Document => {
+                fs::rename(&target, path).map_err(|e| io_error("rename into place", path, &e))?;
+                if let (true, Some(dir)) = (self.durable, path.parent()) {
+                    sync_dir(dir)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn in_place(&self) -> Option<&dyn InPlace> {
+        Some(self)
+    }
+}
+
+impl InPlace for FsStore {
+    fn write_at(&self, path: &Path, offset: u64, bufs: &[&[u8]], size: u64) -> Result<(), RecordError> {
+        let f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| io_error("open", path, &e))?;
+        write_all_vectored_at(&f, bufs, offset).map_err(|e| io_error("write", path, &e))?;
+        let end = offset + bufs.iter().map(|b| b.len() as u64).sum::<u64>();
+        if end < size {
+            // The rest is a hole, no bytes written: it reads as zeros (the fill value).
+            let len = f.metadata().map_err(|e| io_error("stat", path, &e))?.len();
+            if len < size {
+                f.set_len(size).map_err(|e| io_error("extend", path, &e))?;
+            }
+        }
+        if self.durable {
+            f.sync_data().map_err(|e| io_error("fsync", path, &e))?;
+        }
+        Ok(())
+    }
+}
+
+/// The error for an I/O operation `op` ("write", "create") on `path`.
+#[must_use]
+pub(crate) fn io_error(op: &str, path: &Path, e: &io::Error) -> RecordError {
+    RecordError::Io { errno: e.raw_os_error(), message: format!("cannot {op} {}: {e}", path.display()) }
+}
+
+/// A temporary file name next to `path`, unique to this process and call: `.NAME.PID.N.tmp`
+/// (a leading dot: no record name component may start with one, and no Zarr key does).
+/// Two writers replacing two chunks, or one chunk twice, never share a temporary file.
+#[must_use]
+pub(crate) fn temp_path(path: &Path) -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let name = path.file_name().map_or_else(String::new, |f| f.to_string_lossy().into_owned());
+    path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id()))
+}
+
+/// fsync of a directory (makes renames and new entries in it durable).
+///
+/// # Errors
+/// I/O errors, with the path.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), RecordError> {
+    OpenOptions::new().read(true).open(dir).and_then(|d| d.sync_all()).map_err(|e| io_error("fsync", dir, &e))
+}
+
+/// Writes `bufs` back to back at `offset` of `f` with vectored writes (at most
+/// [`MAX_IOV`] buffers each, continuing after partial writes).
+pub(crate) fn write_all_vectored_at(f: &File, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+    let mut file = f;
+    file.seek(SeekFrom::Start(offset))?;
+    for group in bufs.chunks(MAX_IOV) {
+        let mut slices: Vec<IoSlice<'_>> = group.iter().map(|b| IoSlice::new(b)).collect();
+        let mut rest = &mut slices[..];
+        IoSlice::advance_slices(&mut rest, 0); // skip empty leading buffers
+        while !rest.is_empty() {
+            match file.write_vectored(rest) {
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+                Ok(n) => IoSlice::advance_slices(&mut rest, n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
+}

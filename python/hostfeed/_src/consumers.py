@@ -1,0 +1,191 @@
+"""The consumer registry: which Python callable a custom call's ``consumer_id`` names,
+kept alive by leases that the lowered modules hold, with ids that are the same in every
+process (so that compiled code can come from JAX's persistent compilation cache)."""
+from __future__ import annotations
+
+import collections
+import functools
+import hashlib
+import re
+import threading
+import types
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from .. import _receiver
+
+
+class Consumer:
+    """A registered consumer: how to run the user's callable for one message.
+
+    ``kind`` is ``"tap"`` (``invoke(arrays, ordinal)``), ``"call"`` (``invoke(arrays,
+    ordinal, reply)``, which must answer ``reply``) or ``"joined"`` (a
+    :class:`hostfeed._src.runtime.Joiner`: one part of a global-view tap or call sent shard by
+    shard).
+    """
+
+    __slots__ = ("invoke", "name", "kind")
+
+    def __init__(self, invoke: Any, name: str, kind: str):
+        self.invoke = invoke
+        self.name = name
+        self.kind = kind
+        if kind == "joined":
+            registry.joined = True
+
+
+class Lease:
+    """Keeps consumer ``cid`` registered while it lives. The lowering attaches one to every
+    lowered module (JAX keeps a module's keepalives as long as the executables compiled
+    from it), so a consumer, and the user's function it holds, is released once no
+    compiled computation refers to it any more."""
+
+    __slots__ = ("__weakref__", "cid")
+
+    def __init__(self, cid: int):
+        self.cid = cid
+
+
+class Registry:
+    """Consumers by id (index; id 0 is reserved for control messages), with the number of
+    live leases of each. A consumer whose last lease died is released at the next
+    ``barrier_wait``, once every computation dispatched before has finished and its
+    messages are processed (so no message can name it any more)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        # Consumer id -> consumer (id 0 is reserved for control messages).
+        self.consumers: dict[int, Consumer] = {}
+        self.ids: dict[Any, int] = {}
+        self.keys: dict[int, Any] = {}
+        self.leases: dict[int, int] = {}
+        # Ids whose leases died (appended from garbage collection, any thread: no lock).
+        self.dying: collections.deque[int] = collections.deque()
+        # Ids left without leases, to release at the next barrier.
+        self.pending_release: list[int] = []
+        # Whether a "joined" consumer was ever registered: only then can a device be held
+        # by the dispatcher, and barriers need marks.
+        self.joined = False
+
+
+registry = Registry()
+
+
+def _lease_died(cid: int) -> None:
+    registry.dying.append(cid)
+
+
+# Consumer ids and JAX's persistent compilation cache. The id is an attribute of the custom
+# call, so it is part of the lowered module and hence of the cache key: a process that
+# gets an executable from the cache has lowered the same module itself, and so registered
+# each of its ids for its own functions first. Cache hits therefore always call the
+# functions the hitting process wrote. For them to happen at all, a callback must get the
+# same id in every process, whatever else was registered before it: the id is a hash of a
+# description of the callback that holds no memory addresses (module and qualified name of
+# the function, the pytree and transformation records, ...). Callbacks that this
+# description cannot tell apart (closures made by one factory) are numbered in the order
+# they are first lowered; two processes that lower them in another order may compile
+# again, and never call the wrong one.
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _describe(obj: Any, depth: int = 0) -> str:
+    """A text naming ``obj`` the same way in every process (no memory addresses).
+
+    Example:
+        >>> _describe((len, functools.partial(print, sep=","), None))
+        "(builtins.len,partial(builtins.print;();sep=','),None)"
+    """
+    if depth > 8:
+        text = type(obj).__qualname__
+    elif obj is None or isinstance(obj, (bool, int, float, complex, str, bytes)):
+        text = repr(obj)
+    elif isinstance(obj, (tuple, list)):
+        text = "(" + ",".join(_describe(o, depth + 1) for o in obj) + ")"
+    elif isinstance(obj, functools.partial):
+        kws = ";".join(f"{k}={_describe(v, depth + 1)}" for k, v in sorted(obj.keywords.items()))
+        text = f"partial({_describe(obj.func, depth + 1)};{_describe(obj.args, depth + 1)};{kws})"
+    elif isinstance(obj, types.MethodType):
+        text = f"method({_describe(obj.__func__, depth + 1)};{type(obj.__self__).__qualname__})"
+    elif isinstance(obj, (types.FunctionType, types.BuiltinFunctionType)):
+        text = f"{getattr(obj, '__module__', None)}.{obj.__qualname__}"
+    elif isinstance(getattr(type(obj), "__slots__", None), tuple) and type(obj).__slots__:
+        # e.g. runtime.CallbackSpec: its fields, described the same way
+        fields = ",".join(f"{n}={_describe(getattr(obj, n, None), depth + 1)}"
+                          for n in type(obj).__slots__ if not n.startswith("_"))
+        text = f"{type(obj).__qualname__}({fields})"
+    else:  # pytree definitions, abstract values, callable objects
+        try:
+            text = _ADDRESS.sub("", repr(obj))
+        except Exception:  # noqa: BLE001 - a failing repr only makes the id less stable
+            text = type(obj).__qualname__
+    return text
+
+
+def _id_candidate(description: str, attempt: int) -> int:
+    digest = hashlib.blake2b(f"{attempt}:{description}".encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") >> 2) or 1  # a positive int64, never 0
+
+
+def register(key: Any, make: Callable[[], Consumer]) -> Lease:
+    """A lease on the consumer id for ``key``, registering ``make()`` under it if new.
+
+    The id depends only on what ``key`` describes (see the comment above), not on what
+    else this process registered, so compiled code can be shared through JAX's persistent
+    compilation cache.
+    """
+    with registry.lock:
+        registry.pending_release += count_dead_leases()
+        cid = registry.ids.get(key)
+        if cid is None:
+            consumer = make()
+            description = _describe(key)
+            attempt = 0
+            cid = _id_candidate(description, attempt)
+            while cid in registry.consumers:  # another callback with the same description
+                attempt += 1
+                cid = _id_candidate(description, attempt)
+            registry.consumers[cid] = consumer
+            registry.ids[key] = cid
+            registry.keys[cid] = key
+            _receiver.set_consumer_name(cid, consumer.name)
+        registry.leases[cid] = registry.leases.get(cid, 0) + 1
+    lease = Lease(cid)
+    weakref.finalize(lease, _lease_died, cid)
+    return lease
+
+
+def count_dead_leases() -> list[int]:
+    """(Under the registry lock.) Counts the leases that died; returns the ids left
+    without any."""
+    unleased = []
+    while registry.dying:
+        cid = registry.dying.popleft()
+        left = registry.leases.get(cid, 0) - 1
+        registry.leases[cid] = left
+        if left <= 0:
+            unleased.append(cid)
+    return unleased
+
+
+def release_unleased(candidates: list[int]) -> int:
+    """Releases the consumers among ``candidates`` that still have no lease (a new
+    lowering may have leased them again meanwhile); returns how many were released."""
+    released = 0
+    with registry.lock:
+        for cid in candidates:
+            if registry.leases.get(cid, 0) <= 0 and cid in registry.consumers:
+                del registry.consumers[cid]
+                registry.ids.pop(registry.keys.pop(cid), None)
+                registry.leases.pop(cid, None)
+                released += 1
+    return released
+
+
+def registered_consumers() -> int:
+    """How many consumers are registered now (for tests and diagnostics)."""
+    with registry.lock:
+        return len(registry.consumers)
+

@@ -1,0 +1,326 @@
+"""The dispatcher the Rust consumer thread calls with each batch of messages: runs them in
+queue order, keeping each device's messages in its program order around joined
+(global-view, shard by shard) taps and calls."""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .. import _receiver
+from .._receiver import FLAG_EAGER
+from . import compat
+from .consumers import registry
+from .errors import record_exception
+
+logger = logging.getLogger("hostfeed")
+
+Message = tuple  # (consumer_id, device_ordinal, flags, arrays, reply_or_None, run_id)
+
+
+def _tap_failed(exc: BaseException, consumer: Any) -> None:
+    """Records the exception a tap function raised (``BatchIter.run_taps`` calls this)."""
+    record_exception(exc, f"host callback {consumer.name}")
+
+
+class _Held(NamedTuple):
+    """A device waiting for its joined tap: the set's joiner and run, the device's later
+    messages (in order, each with the bytes it charges against the bound), and the
+    barrier epoch in which the device was first held."""
+
+    joiner: Any
+    run: int
+    waiting: collections.deque
+    epoch: int
+
+
+class Dispatcher:
+    """Runs batches of messages, in queue order, on the consumer thread.
+
+    Each device's messages must reach the host in that device's program order, and a
+    joined tap (a global-view tap whose devices each send a part) counts as happening at
+    its position on every device that sent a part. So once a device has sent a part whose
+    set is incomplete, the device is *held*: its later messages, of whatever execution,
+    wait here until the set completes (then they run, in order). Messages of other devices
+    go on. Messages held back count against the queue's byte bound (up to half of it,
+    so that the pushes that complete the sets always find room; past that they are kept
+    uncharged, with a warning), and a push is admitted whenever nothing but held-back
+    messages is charged. A device going on to other executions is normal (a multi-device
+    execution is not ordered against single-device ones, nor are executions dispatched by
+    different threads), so it never drops a set.
+
+    A set is dropped only when its execution has failed:
+
+    - a ``call`` of that execution failed (its host function raised, or it timed out), so
+      the device it ran on sends nothing more of that execution: the run's incomplete sets
+      are dropped and its later parts are not waited for;
+    - every barrier (``barrier_wait``, ``stop_outfeed_receiver``, exit) that finds a device
+      held sends a *mark* before it waits for the dispatched computations and a *sweep*
+      after: a set that was already incomplete when the mark ran belongs to an execution
+      the barrier waited for, so if it is still incomplete at the sweep, some device's
+      execution failed before sending its part. Exit sweeps every set once everything
+      finished.
+
+    Before dropping a set, a sweep looks for its missing parts among the messages held
+    back for other devices (two devices that ran two multi-device executions in opposite
+    orders hold each other's parts): such a part runs out of its device's order rather
+    than be lost. A dropped set's waiting ``call`` replies are failed, with a warning.
+
+    Only the consumer thread runs the dispatcher, so it takes no lock: state changes and
+    callbacks interleave freely. The one exception is a consumer that was abandoned while
+    stuck in a callback and comes back later: it notices that it no longer owns the
+    dispatcher and leaves the messages it was releasing to the current consumer
+    (``orphans``), which runs them first, in order.
+    """
+
+    def __init__(self, charge: bool = False) -> None:
+        # device ordinal -> the joined set it waits for, and its messages held back
+        self.held: dict[int, _Held] = {}
+        # Whether held-back messages are charged against the receiver's bound (the
+        # receiver's own dispatcher; the unit tests' are not), and how many bytes are.
+        self.charge = charge
+        self.charged = 0
+        self.over_cap_warned = False
+        # device ordinal -> messages an abandoned consumer left to be run, in order
+        self.orphans: dict[int, collections.deque] = {}
+        self.owner = 0  # thread id of the consumer running the dispatcher
+        self.epoch = 0  # the newest barrier mark run
+        # runs a failed call ended on some device (bounded: the newest 1024)
+        self.failed_runs: collections.OrderedDict[int, None] = collections.OrderedDict()
+
+    def __call__(self, batch: Iterable[Message]) -> None:
+        consumers = registry.consumers
+        get = consumers.get
+        self.owner = threading.get_ident()
+        if self.orphans:
+            for ordinal in list(self.orphans):
+                self._run_orphans(consumers, ordinal)
+        if compat.host_tracing():  # jax.profiler is tracing: one event per callback
+            self._traced(consumers, batch)
+            return
+        held, orphans = self.held, self.orphans  # (mutated in place, never rebound)
+        run_taps = getattr(batch, "run_taps", None)
+        if run_taps is not None:
+            # The receiver's batch: the plain taps at its head run in Rust, whenever no
+            # device is held; whatever stops them (another kind of message) runs here.
+            while True:
+                if not held and not orphans:
+                    run_taps(consumers, _tap_failed)
+                msg = next(batch, None)  # type: ignore[call-overload]
+                if msg is None:
+                    return
+                self._offer(consumers, msg)
+        for msg in batch:
+            # The common case first, with nothing else to look at: a plain tap (no flags) of
+            # a registered consumer, while no device is held.
+            if not msg[2] and not held and not orphans:
+                consumer = get(msg[0])
+                if consumer is not None and consumer.kind == "tap":
+                    try:
+                        consumer.invoke(msg[3], msg[1])
+                    except BaseException as exc:  # noqa: BLE001 - recorded for barrier_wait
+                        record_exception(exc, f"host callback {consumer.name}")
+                    continue
+            self._offer(consumers, msg)
+
+    def _traced(self, consumers: dict, batch: Iterable[Message]) -> None:
+        """The batch while ``jax.profiler`` traces: each message runs inside a trace event
+        named after its callback (``hostfeed tap: NAME``, ``hostfeed call: NAME``) on the
+        consumer thread, so a trace shows when each callback ran."""
+        trace_me = compat.TraceMe
+        for msg in batch:
+            c = msg[0] if msg[2] & FLAG_EAGER else consumers.get(msg[0])
+            name = getattr(c, "name", None) or "callback"
+            with trace_me(f"hostfeed {getattr(c, 'kind', 'tap')}: {name}"):
+                self._offer(consumers, msg)
+
+    def _run_orphans(self, consumers: dict, ordinal: int) -> None:
+        waiting = self.orphans.pop(ordinal, None)
+        while waiting:
+            self._offer(consumers, waiting.popleft())
+
+    def _offer(self, consumers: dict, msg: Message) -> None:
+        if msg[0] == 0:  # control message: every execution has finished
+            self.sweep(None)
+            return
+        if self.orphans and msg[1] in self.orphans:
+            self._run_orphans(consumers, msg[1])
+        held = self.held
+        if held:
+            h = held.get(msg[1])
+            if h is not None:
+                h.waiting.append((msg, self._hold_back(msg)))
+                return
+        done = self._deliver(consumers, msg)
+        if done:
+            self._release(consumers, done)
+
+    def _deliver(self, consumers: dict, msg: Message) -> tuple[int, ...] | None:
+        """Runs one message; for the part that completes a joined set, returns the devices
+        that took part (to be released)."""
+        cid, ordinal, flags, arrays, reply, run = msg
+        # An eager tap's message carries its consumer (no device is involved: its device
+        # ordinal is -1, never held).
+        consumer = cid if flags & FLAG_EAGER else consumers.get(cid)
+        try:
+            if consumer is None:
+                raise LookupError(
+                    f"hostfeed: no host callback is registered under consumer id {cid} in "
+                    f"this process: the executable was compiled elsewhere and not lowered "
+                    f"here (hostfeed registers callbacks when JAX lowers a computation)")
+            if consumer.kind == "tap":
+                if reply is None:
+                    consumer.invoke(arrays, ordinal)
+                else:
+                    run_sync_tap(consumer.invoke, consumer.name, arrays, ordinal, [reply])
+            elif consumer.kind == "call":
+                # A call nobody waits for any more (timed out, cancelled) is not run; like
+                # a failing one, it ends its execution on this device.
+                if not reply.pending or consumer.invoke(arrays, ordinal, reply):
+                    self._run_failed(run, f"a call of execution {run} failed on "
+                                          f"device {ordinal}")
+            else:
+                if run in self.failed_runs:  # the set can never complete
+                    if reply is not None:
+                        reply.fail(f"hostfeed: {consumer.name}: another device's part of "
+                                   f"execution {run} never came (a call there failed)")
+                    return None
+                done = consumer.invoke.add(run, arrays, ordinal, reply)
+                if done is None:
+                    self.held[ordinal] = _Held(consumer.invoke, run, collections.deque(),
+                                               self.epoch)
+                return done
+        except BaseException as exc:  # noqa: BLE001 - recorded and re-raised by barrier_wait
+            name = getattr(consumer, "name", cid)
+            record_exception(exc, f"host callback {name}")
+            if reply is not None:
+                reply.fail(f"hostfeed: host callback {name} failed: "
+                           f"{type(exc).__name__}: {exc}")
+                if consumer is not None and consumer.kind == "call":
+                    self._run_failed(run, f"a call of execution {run} failed on device "
+                                          f"{ordinal}")
+        return None
+
+    def _release(self, consumers: dict, ordinals: Sequence[int]) -> None:
+        """Runs the messages held back for ``ordinals``, in each device's order (a device
+        that sends another incomplete part on the way is held again)."""
+        me = threading.get_ident()
+        for ordinal in ordinals:
+            h = self.held.pop(ordinal, None)
+            if h is None:
+                continue
+            waiting = h.waiting
+            while waiting:
+                if self.owner != me:  # abandoned meanwhile: leave the rest to the owner
+                    left = self.orphans.setdefault(ordinal, collections.deque())
+                    while waiting:
+                        left.append(self._let_go(waiting.popleft()))
+                    break
+                self._offer(consumers, self._let_go(waiting.popleft()))
+
+    def _hold_back(self, msg: Message) -> int:
+        """Charges a message held back against the bound; returns the bytes charged."""
+        if not self.charge:
+            return 0
+        n = 64 + sum(a.nbytes for a in msg[3])  # its arrays and, roughly, the rest
+        if self.charged + n > _receiver.max_queue_bytes() // 2:
+            if not self.over_cap_warned:
+                self.over_cap_warned = True
+                logger.warning(
+                    "hostfeed: the messages held back behind incomplete joined callbacks "
+                    "passed half the queue bound (%d bytes); further ones are kept without "
+                    "counting against it until those callbacks complete",
+                    _receiver.max_queue_bytes())
+            return 0
+        self.charged += n
+        _receiver.hold_back(n)
+        return n
+
+    def _let_go(self, entry: tuple[Message, int]) -> Message:
+        """Frees what a held-back message charged; returns the message."""
+        msg, n = entry
+        if n:
+            self.charged -= n
+            _receiver.let_go(n)
+            if not self.charged:
+                self.over_cap_warned = False
+        return msg
+
+    def _run_failed(self, run: int, why: str) -> None:
+        """Execution ``run`` failed on some device: drops its incomplete sets (that device
+        sends no more parts) and does not wait for its later ones."""
+        self.failed_runs[run] = None
+        while len(self.failed_runs) > 1024:
+            self.failed_runs.popitem(last=False)
+        for h in list(self.held.values()):
+            if h.run == run:
+                self._abandon(h.joiner, run, why)
+
+    def mark(self, epoch: int) -> None:
+        """A barrier's mark (run in queue order): sets held from now on are newer."""
+        self.epoch = max(self.epoch, epoch)
+
+    def sweep(self, epoch: int | None) -> None:
+        """A barrier's sweep (run in queue order, after the barrier waited for everything
+        dispatched before its mark): drops the sets held since before mark ``epoch``
+        (``None``: every set), whose executions finished without sending every part."""
+        consumers = registry.consumers
+        while True:
+            stale = [(o, h) for o, h in self.held.items() if epoch is None or h.epoch < epoch]
+            if not stale:
+                return
+            if self._unblock_crossed(consumers):
+                continue
+            ordinal, h = stale[0]
+            self._abandon(h.joiner, h.run, "its execution finished without sending it")
+            self._release(consumers, [ordinal])  # in case it was not dropped
+
+    def _unblock_crossed(self, consumers: dict) -> bool:
+        """Finds a held-back message that is a part some held device waits for, and runs
+        it out of its device's order; returns whether it found one."""
+        waited = {(id(h.joiner), h.run) for h in self.held.values()}
+        for ordinal, h in list(self.held.items()):
+            for i, (msg, _) in enumerate(h.waiting):
+                c = consumers.get(msg[0]) if not msg[2] & FLAG_EAGER else None
+                if c is not None and (id(c.invoke), msg[5]) in waited:
+                    self._let_go(h.waiting[i])
+                    del h.waiting[i]
+                    logger.warning("hostfeed: device %s ran two multi-device executions "
+                                   "in another order than its peers; its part of %s runs "
+                                   "out of its order", ordinal, c.name)
+                    done = self._deliver(consumers, msg)
+                    if done:
+                        self._release(consumers, done)
+                    return True
+        return False
+
+    def _abandon(self, joiner: Any, run: int, why: str) -> None:
+        dropped = joiner.abandon(run, f"hostfeed: a part of a global-view host call never "
+                                      f"arrived ({why}); the call was failed")
+        logger.warning("hostfeed: dropped an incomplete global-view host callback of "
+                       "execution %s (%s)", run, why)
+        self._release(registry.consumers, dropped)
+
+
+#: The dispatcher of the receiver's consumer thread (held messages charged to the bound).
+dispatcher = Dispatcher(charge=True)
+
+
+def run_sync_tap(invoke: Callable[..., None], name: str, arrays: Sequence[np.ndarray],
+                 ordinal: int, replies: Sequence[Any]) -> None:
+    """Runs a synchronous tap (``invoke(arrays, ordinal)``), then lets the devices waiting
+    for it go on (``replies``: their calls without results). A failing tap function is
+    recorded for ``barrier_wait`` like any tap; the computation goes on regardless."""
+    try:
+        invoke(arrays, ordinal)
+    except BaseException as exc:  # noqa: BLE001 - recorded for barrier_wait
+        record_exception(exc, f"host callback {name}")
+    finally:
+        for reply in replies:
+            if reply.pending:
+                reply.send([])
+

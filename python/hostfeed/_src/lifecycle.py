@@ -1,0 +1,452 @@
+"""The receiver's lifecycle: lazy start, the barrier (``barrier_wait``), stop, fork and the
+``atexit`` drain, and the hooks other modules add to them (the recorder's flush and close,
+fast dispatch's waits)."""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any, Optional
+
+import numpy as np
+
+from .. import _receiver
+from .._receiver import CallbackContextError, ReceiverError
+from . import compat, errors, settings
+from .consumers import Consumer, count_dead_leases, registry, release_unleased
+from .dispatcher import dispatcher
+from .dtypes import XLA_DTYPES
+from .errors import CallbackException, take_last_exception
+
+logger = logging.getLogger("hostfeed")
+
+
+class _Lifecycle:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.configured = False
+        self.atexit_registered = False
+
+
+_life = _Lifecycle()
+
+
+def ensure_started(max_queue_bytes: int | None = None) -> None:
+    """Starts the receiver if it is not running (lazily, on first use).
+
+    The bound is ``max_queue_bytes`` if given, else ``JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE``
+    on first start, else 256e6 bytes.
+    """
+    if max_queue_bytes is None and _life.configured and _receiver.is_running():
+        return
+    with _life.lock:
+        if not _life.configured:
+            if max_queue_bytes is None:
+                max_queue_bytes = settings.max_queue_bytes()
+            pool = settings.buffer_pool_bytes()
+            if pool is not None:
+                _receiver.set_buffer_pool_bytes(pool)
+        _receiver.start(dispatcher, XLA_DTYPES, max_queue_bytes)
+        if threading.current_thread() is threading.main_thread():
+            _receiver.install_interrupt_watch()  # Ctrl-C/SIGTERM fail a waiting hcb.call
+        _life.configured = True
+        if not _life.atexit_registered:
+            atexit.register(_at_exit)
+            _life.atexit_registered = True
+
+
+def push_eager(invoke: Callable[..., None], name: str, arrays: tuple[np.ndarray, ...],
+               nbytes: int) -> None:
+    """Enqueues an eager tap: ``invoke(arrays, -1)`` runs on the consumer thread after every
+    message already in the queue. Nothing is registered: the consumer travels with the
+    message and is dropped once it has run."""
+    if not _life.configured:
+        ensure_started()
+    _receiver.push_eager(Consumer(invoke, name, "tap"), arrays, nbytes)
+
+
+def wait_processed() -> None:
+    """Waits until the receiver has processed every message enqueued so far (GIL released;
+    raises nothing a callback raised: that is for ``barrier_wait``)."""
+    _receiver.barrier(None)
+
+
+def wait_for_dispatched(effect: Any) -> None:
+    """Waits until the computations dispatched with ``effect`` have finished, so that every
+    message they send is already in the queue.
+
+    Uses the effect's runtime token, which JAX chains through every computation that has
+    the (ordered) effect. A computation that failed has finished too: its error reaches its
+    caller, and ``barrier_wait`` reports it.
+    """
+    token = compat.runtime_tokens.current_tokens.get(effect)
+    if token is not None:
+        # A failure is reported by the computation and by barrier_wait.
+        with contextlib.suppress(Exception):
+            token.block_until_ready()
+    if _dispatch_waits.due and not _receiver.in_callback_thread():
+        # Not on the consumer thread: a computation still running there may be waiting for
+        # it (a call, a full queue); what it sends comes after the running callback anyway.
+        with contextlib.suppress(Exception):
+            _run_dispatch_waits()
+
+
+def is_configured() -> bool:
+    """Whether the receiver was ever started in this process."""
+    return _life.configured
+
+
+def stop_timeout() -> float | None:
+    """``HOSTFEED_STOP_TIMEOUT`` (None: no limit)."""
+    return settings.stop_timeout()
+
+
+def stats() -> dict[str, Any]:
+    """The receiver's counters (see ``hostfeed.receiver_stats``)."""
+    return dict(_receiver.stats())
+
+
+def set_max_queue_bytes(bound: int) -> None:
+    """Sets the queue's byte bound; blocked devices re-check at once."""
+    _receiver.set_max_queue_bytes(bound)
+
+
+def reset_peak() -> None:
+    """Resets ``peak_queued_bytes`` to the bytes queued now."""
+    _receiver.reset_peak()
+
+
+def histograms() -> dict[str, list[tuple[int, int]]]:
+    """The timing histograms, ``{"device_ns": [(upper_ns, count), ...], "handover_ns":
+    [...]}``: each tap's device-side cost and each message's hand-over latency."""
+    return dict(_receiver.histograms())
+
+
+def reset_histograms() -> None:
+    """Empties the timing histograms."""
+    _receiver.reset_histograms()
+
+
+def set_timing(enabled: bool) -> bool:
+    """Turns the timing histograms on or off; returns the previous setting."""
+    return _receiver.set_timing(enabled)
+
+
+def _effects_barrier() -> Optional[BaseException]:
+    """Waits for dispatched computations; returns (not raises) the error of one that failed.
+
+    A computation that failed (for example a `call` whose host function raised, which its
+    caller has already seen) leaves JAX's chain of effect tokens in the failed state, so
+    every later computation with host callbacks would fail with the same stale error. The
+    chain is reset here, once the failure has been waited for.
+    """
+    failed = None
+    if _dispatch_waits.due:
+        try:
+            _run_dispatch_waits()
+        except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
+            failed = exc
+    tokens = compat.runtime_tokens
+    if not tokens.current_tokens and not tokens.output_runtime_tokens:
+        return failed  # nothing dispatched with tokens since the last barrier
+    try:
+        _jax_effects_barrier()  # the markers ran above
+        return failed
+    except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
+        compat.runtime_tokens.clear()
+        return exc
+
+
+class _DispatchWaits:
+    """Waits for computations that JAX's token chain does not cover (fast_dispatch's
+    markers), run wherever dispatched computations are waited for. ``due`` (a plain
+    attribute: barriers read it on their fast path) turns true once one has something to
+    wait for."""
+
+    def __init__(self) -> None:
+        self.waits: list[Callable[[], None]] = []
+        self.due = False
+
+
+_dispatch_waits = _DispatchWaits()
+
+
+def add_dispatch_wait(wait: Callable[[], None]) -> None:
+    """Runs ``wait()`` wherever hostfeed waits for the computations dispatched so far
+    (``barrier_wait``, ``stop_outfeed_receiver``, eager taps, exit), once
+    :func:`dispatch_waits_due` was called: for computations whose completion JAX's effect
+    tokens do not tell. ``wait`` raises what went wrong."""
+    _dispatch_waits.waits.append(wait)
+
+
+def dispatch_waits_due(due: bool = True) -> None:
+    """Says whether the waits added with :func:`add_dispatch_wait` have anything to wait
+    for (a forked child, which has no computations, says False)."""
+    _dispatch_waits.due = due
+
+
+def _run_dispatch_waits() -> None:
+    for wait in _dispatch_waits.waits:
+        wait()
+
+
+def _dispatch_waits_for_jax() -> None:
+    """What ``jax.effects_barrier()`` runs first: the waits, so that it still waits for
+    every computation that taps (which the user's code sees as having an effect). Not on
+    the consumer thread (a computation may be waiting for it); a wait's failure is left to
+    the computations' callers and ``barrier_wait``."""
+    if _dispatch_waits.due and not _receiver.in_callback_thread():
+        with contextlib.suppress(Exception):
+            _run_dispatch_waits()
+
+
+_jax_effects_barrier = compat.install_effects_barrier_hook(_dispatch_waits_for_jax)
+
+
+# Hooks of other modules (the recorder), run by `barrier` after the receiver has processed
+# everything (each returns an exception to raise, or None) and at exit after the receiver
+# has shut down.
+_barrier_hooks: list[Callable[[], Optional[BaseException]]] = []
+_exit_hooks: list[Callable[[], None]] = []
+
+
+def add_barrier_hook(hook: Callable[[], Optional[BaseException]]) -> None:
+    """Runs ``hook()`` in every ``barrier_wait`` once everything dispatched is processed;
+    an exception it returns is raised (after a callback exception, which comes first)."""
+    _barrier_hooks.append(hook)
+
+
+def add_exit_hook(hook: Callable[[], None]) -> None:
+    """Runs ``hook()`` at interpreter exit, after the receiver drained and shut down."""
+    _exit_hooks.append(hook)
+
+
+_fork_hooks: list[Callable[[], None]] = []
+
+
+def add_fork_hook(hook: Callable[[], None]) -> None:
+    """Runs ``hook()`` in a child process created by ``os.fork``, after the receiver was
+    reset there (see :func:`_after_fork_in_child`)."""
+    _fork_hooks.append(hook)
+
+
+def _after_fork_in_child() -> None:
+    """``os.register_at_fork(after_in_child=...)``: only the forking thread exists in the
+    child, so the receiver's consumer thread and the recorders' writer threads are gone.
+    The child starts with a fresh, stopped receiver (its queue empty, nothing for a barrier
+    to wait for; the next host callback starts a consumer) and no open recorder, and exits
+    at once. JAX itself is not fork-safe: the child should not compute with it."""
+    _receiver.after_fork_in_child()
+    errors.clear()
+    # Computations of the parent: their tokens mean nothing here (waiting would hang).
+    compat.runtime_tokens.clear()
+    _life.lock = threading.Lock()
+    registry.lock = threading.Lock()
+    for hook in _fork_hooks:
+        hook()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def check_not_in_callback(what: str) -> None:
+    """Raises CallbackContextError on the consumer thread, where ``what`` would wait for
+    the thread itself."""
+    if _receiver.in_callback_thread():
+        raise CallbackContextError(
+            f"hostfeed: {what} was called from inside a host callback; it waits for the "
+            f"callback thread itself and would deadlock. Call it from the main program instead")
+
+
+class _Marks:
+    """The barriers' marks, numbered in the order they are pushed; ``joined`` turns true
+    once a joined (global-view, shard by shard) consumer exists: before, nothing can be
+    held and barriers push no marks."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.last = 0
+
+
+_marks = _Marks()
+
+
+def _push_marker(name: str, action: Callable[[], None]) -> bool:
+    """Pushes an eager message that runs ``action()`` in queue order on the consumer
+    thread; False if the receiver has shut down (interpreter exit: nothing is held any
+    more, the exit swept every set)."""
+    try:
+        _receiver.push_eager(Consumer(lambda arrays, ordinal: action(), name, "tap"), (), 0)
+    except ReceiverError:
+        return False
+    return True
+
+
+def _push_mark() -> int | None:
+    """Pushes a barrier mark (see :class:`hostfeed._src.dispatcher.Dispatcher`); returns
+    its number (None: no joined consumer exists, or the receiver has shut down)."""
+    if not registry.joined:
+        return None
+    with _marks.lock:
+        _marks.last += 1
+        epoch = _marks.last
+    return epoch if _push_marker("barrier mark", lambda: dispatcher.mark(epoch)) else None
+
+
+def _wait_and_sweep() -> Optional[BaseException]:
+    """Waits for the computations dispatched so far (:func:`_effects_barrier`) between a
+    mark and a sweep, so that the consumer drops the joined sets those computations left
+    incomplete (their executions failed) when it reaches the sweep; returns the error of a
+    computation that failed. After a failure, a second mark and wait cover the sets whose
+    first part came after the first mark: every set held before the second mark belongs
+    to a computation that has finished by then. The first mark is pushed only when some
+    device is held (marks are messages, seen in the receiver's counters); a set left by a
+    failure that no computation reported is then dropped by the next barrier."""
+    epoch = _push_mark() if dispatcher.held else None
+    failed_run = _effects_barrier()
+    if failed_run is not None:
+        epoch = _push_mark()
+        again = _effects_barrier()
+        failed_run = failed_run if again is None else again
+    if epoch is not None:
+        swept = epoch
+        _push_marker("barrier sweep", lambda: dispatcher.sweep(swept))
+    return failed_run
+
+
+def drain_dispatched(timeout: Optional[float] = None) -> Optional[BaseException]:
+    """Waits for the computations dispatched so far, then for the receiver to process
+    everything they sent; returns (not raises) the error of a computation that failed.
+    Consumers no compiled computation refers to any more are released on the way."""
+    unleased: list[int] = []
+    if registry.dying or registry.pending_release:  # consumers no longer referred to
+        with registry.lock:
+            unleased = count_dead_leases() + registry.pending_release
+            registry.pending_release = []
+    failed_run = None
+    try:
+        if _life.configured:
+            failed_run = _wait_and_sweep()
+            _receiver.barrier(timeout)
+    except BaseException:
+        with registry.lock:
+            registry.pending_release += unleased
+        raise
+    # Every computation dispatched before this barrier finished and its messages ran, so
+    # none can name these consumers any more.
+    if unleased:
+        release_unleased(unleased)
+    return failed_run
+
+
+def barrier(logging_name: Optional[str] = None, timeout: Optional[float] = None) -> None:
+    """``barrier_wait``: waits for the computations dispatched so far, then for the receiver
+    to process everything they sent; raises what went wrong meanwhile."""
+    tokens = compat.runtime_tokens
+    if (timeout is None and _life.configured and not tokens.current_tokens
+            and not tokens.output_runtime_tokens and not registry.dying
+            and not registry.pending_release and not errors.pending()
+            and not dispatcher.held and not logger.isEnabledFor(logging.DEBUG)):
+        # Nothing dispatched with JAX's token chain since the last barrier, nothing to
+        # release or report: the fast-dispatch markers, if any device has one, then only
+        # the queue's own barrier (two atomic loads when idle; it refuses the consumer
+        # thread with the same CallbackContextError) and the hooks (a recorder's returns
+        # at once when none is open). Without markers, as cheap as jax.effects_barrier.
+        failed = None
+        if _dispatch_waits.due:
+            check_not_in_callback("barrier_wait")
+            try:
+                _run_dispatch_waits()
+            except Exception as exc:  # noqa: BLE001 - raised below, after the callbacks'
+                failed = exc
+        _receiver.barrier(None)
+        hook_errors = None
+        for hook in _barrier_hooks:
+            e = hook()
+            if e is not None:
+                hook_errors = [*(hook_errors or []), e]
+        if not errors.pending() and hook_errors is None and failed is None:
+            return
+        _raise_pending(failed, hook_errors or [])
+        return
+    check_not_in_callback("barrier_wait")
+    if timeout is not None:
+        timeout = settings.seconds(timeout, "barrier_wait(timeout)")
+    debug = logger.isEnabledFor(logging.DEBUG)
+    if debug:
+        logger.debug("barrier_wait[%s]: start", logging_name or "")
+    failed_run = drain_dispatched(timeout)
+    hook_errors = ([e for e in (hook() for hook in _barrier_hooks) if e is not None]
+                   if _barrier_hooks else [])
+    if debug:
+        logger.debug("barrier_wait[%s]: done", logging_name or "")
+    if not errors.pending() and failed_run is None and not hook_errors:
+        return
+    _raise_pending(failed_run, hook_errors)
+
+
+def _raise_pending(failed_run: Optional[BaseException],
+                   hook_errors: list[BaseException]) -> None:
+    """Raises, for ``barrier``: the last callback exception, else a hook's error, else the
+    failure of a dispatched computation."""
+    last = take_last_exception()
+    if last is not None:
+        exc, formatted = last
+        for e in hook_errors:
+            logger.error("hostfeed: also failed before this barrier_wait: %s", e)
+        raise CallbackException(
+            "There were exceptions during callback processing. "
+            f"Last one was: {formatted} (its traceback is above)") from exc
+    if hook_errors:
+        raise hook_errors[0]
+    if failed_run is not None:
+        raise failed_run
+
+
+def stop() -> None:
+    """``stop_outfeed_receiver``: processes everything already sent, then stops the
+    consumer thread (it restarts by itself on the next message)."""
+    if _life.configured:
+        if not _receiver.in_callback_thread():
+            _wait_and_sweep()  # a failed computation was already reported to its caller
+        _receiver.stop(stop_timeout())
+
+
+def _at_exit() -> None:
+    # Drain what computations already sent, then shut down before the interpreter
+    # finalises (the consumer thread must not outlive it). Never hangs on a stuck host
+    # callback: while this thread waits for the computations, a native watchdog keeps the
+    # receiver draining and abandons a callback that makes no progress for
+    # HOSTFEED_STOP_TIMEOUT (so computations blocked on a full queue, or calls waiting for
+    # it, finish). Each step runs whatever happened to the one before (an error is
+    # logged), so the queue is drained and the recorders closed in any case. A pending
+    # callback exception is raised here, so it is printed rather than lost.
+    try:
+        stall = stop_timeout()
+    except ValueError as exc:  # validated at import; changed since
+        logger.error("hostfeed: at exit: %s; using %s s", exc, settings.DEFAULT_STOP_TIMEOUT)
+        stall = settings.DEFAULT_STOP_TIMEOUT
+    steps: list[tuple[str, Callable[[], Any]]] = [
+        ("starting the exit watchdog", lambda: _receiver.start_exit_watch(stall)),
+        ("waiting for the dispatched computations", _effects_barrier),
+        # Everything has finished: a joined set still incomplete never will be.
+        ("releasing devices held by incomplete joined callbacks", _receiver.push_control),
+        ("stopping the exit watchdog", _receiver.stop_exit_watch),
+        ("draining the receiver", lambda: _receiver.finalize(stall)),
+    ]
+    steps += [(f"exit hook {getattr(h, '__qualname__', h)}", h) for h in _exit_hooks]
+    for what, step in steps:
+        try:
+            step()
+        except BaseException as exc:  # noqa: BLE001 - logged; the next steps still run
+            logger.error("hostfeed: at exit, %s failed: %s: %s", what,
+                         type(exc).__name__, exc)
+    last = take_last_exception()
+    if last is not None:
+        raise CallbackException("There were exceptions during callback processing. "
+                                f"Last one was: {last[1]} (its traceback is above)"
+                                ) from last[0]

@@ -1,0 +1,70 @@
+"""Reading a recording back: :func:`read_recording`."""
+from __future__ import annotations
+
+import difflib
+import os
+from typing import Any
+
+import numpy as np
+
+
+
+from .recording import ROW_METADATA
+
+
+def _recorded_names(group: Any, prefix: str = "") -> list[str]:
+    """The recorded arrays under ``group`` (full names; per-row metadata left out)."""
+    names = []
+    for key, member in group.members():
+        full = f"{prefix}{key}"
+        if hasattr(member, "members"):
+            names += _recorded_names(member, full + "/")
+        elif not any(full.endswith(f".{m}") for m in ROW_METADATA):
+            names.append(full)
+    return names
+
+
+def read_recording(path: Any, name: str) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The rows recorded under ``name`` and their per-row metadata, as numpy arrays.
+
+    Returns ``(rows, meta)``: ``rows`` has shape ``[n, *value.shape]`` and the value's
+    dtype; ``meta`` maps ``"step"``, ``"device"``, ``"time_ns"``, ``"seq"`` and
+    ``"transforms"`` (a list of the transforms descriptions, indexed by
+    ``meta["transform_index"]``) to arrays of ``n`` entries. Needs zarr-python
+    (``pip install 'zarr>=3.1'``).
+
+    Example:
+        >>> import pathlib, tempfile, jax.numpy as jnp, hostfeed
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "run.zarr"
+        >>> with hostfeed.Recorder(path, mode="w") as rec:
+        ...     for step in range(3):
+        ...         _ = rec.record("loss", jnp.float32(step) / 2, step=step)
+        >>> rows, meta = hostfeed.read_recording(path, "loss")
+        >>> rows.tolist(), meta["step"].tolist()
+        ([0.0, 0.5, 1.0], [0, 1, 2])
+    """
+    try:
+        import zarr
+    except ImportError as exc:
+        raise ImportError("hostfeed.read_recording needs zarr-python: pip install "
+                          "'zarr>=3.1' (or read the store with any Zarr v3 reader)") from exc
+    from .. import zarr_dtypes
+    zarr_dtypes.register()
+    root: Any = zarr.open_group(str(path), mode="r")
+    try:
+        data = root[name]
+    except KeyError:
+        names = _recorded_names(root)
+        near = difflib.get_close_matches(name, names, n=len(names), cutoff=0.0)[:20]
+        raise KeyError(f"hostfeed.read_recording: the store {os.fspath(path)} has no array "
+                       f"{name!r}; it has {near or 'none'} (nearest first)") from None
+    rows = np.asarray(data[:])
+    n = rows.shape[0]
+    parent, _, leaf = name.rpartition("/")
+    group = root[parent] if parent else root
+    meta: dict[str, Any] = {}
+    for field in ROW_METADATA:
+        values = np.asarray(group[f"{leaf}.{field}"][:n])
+        meta["transform_index" if field == "transforms" else field] = values
+    meta["transforms"] = list(data.attrs.get("hostfeed", {}).get("transforms", []))
+    return rows, meta

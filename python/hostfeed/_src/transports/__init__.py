@@ -1,0 +1,140 @@
+"""How hostfeed's primitives reach the host: a transport, chosen once per lowering context.
+
+* :mod:`.native`: hostfeed's XLA FFI custom calls with handlers in Rust (CPU, and the GPU
+  platforms of its table, where their handlers register);
+* :mod:`.portable`: JAX's own host-callback lowering (what ``io_callback`` uses), for every
+  other platform, or everywhere when ``HOSTFEED_TRANSPORT=jax``.
+
+Both offer the same four operations (:class:`Transport`): ``tap``, ``call``, ``check``
+(fail the computation on a failed call's status) and ``failure`` (a failed call's
+message). The lowering rules (``hostfeed._src.lowering``) decide where a callback runs and
+ask :func:`for_context` which transport emits it. Adding a transport is one module with
+these four functions and a line in :func:`for_context`.
+
+The transport forced for every platform is a JAX configuration state, ``hostfeed_transport``
+(``"auto"``, ``"native"`` or ``"jax"``; its default from ``HOSTFEED_TRANSPORT``), so it is
+part of JAX's tracing and compilation cache keys like the other modes.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any, Optional, Protocol
+
+import jax
+
+from .. import compat, settings
+from . import native, portable
+
+#: Platforms listed by :func:`transports` besides those of this process's backends.
+KNOWN_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+
+
+class Transport(Protocol):
+    """What a transport offers the lowering rules (the modules :mod:`.native` and
+    :mod:`.portable` are the two)."""
+
+    NAME: str
+
+    def tap(self, ctx: Any, args: Sequence[Any], avals_in: Sequence[Any], per_device: bool, *,
+            consumer_id: int, flags: int) -> Any: ...
+
+    def call(self, ctx: Any, args: Sequence[Any], avals_in: Sequence[Any],
+             avals_out: Sequence[Any], per_device: bool, *, consumer_id: int, flags: int,
+             timeout_ms: int, name: str) -> tuple[Any, list]: ...
+
+    def check(self, ctx: Any, args: Sequence[Any], avals_in: Sequence[Any],
+              per_device: bool) -> None: ...
+
+    def failure(self, ctx: Any, status: Any, per_device: bool) -> list: ...
+
+
+_default = settings.transport() or "auto"
+with settings.parsed_here(settings.TRANSPORT_ENV):
+    forced_state = compat.enum_state(
+        name="hostfeed_transport",
+        enum_values=["auto", *settings.TRANSPORTS],
+        default=_default,
+        help="The transport of hostfeed's callbacks on every platform: 'auto' (native on "
+             "CPU and GPUs with handlers, JAX's host-callback lowering elsewhere), "
+             "'native' or 'jax'.",
+        include_in_jit_key=True,
+        include_in_trace_context=True,
+    )
+
+
+def forced() -> Optional[str]:
+    """The transport forced for every platform (``HOSTFEED_TRANSPORT`` or :func:`forcing`);
+    None: chosen per platform.
+
+    Example:
+        >>> forced() in (None, "native", "jax")
+        True
+    """
+    value = forced_state.value
+    return None if value == "auto" else value
+
+
+def forcing(transport: Optional[str]) -> contextlib.AbstractContextManager:
+    """Computations traced in the block use ``transport`` (``"native"``, ``"jax"``, or None:
+    chosen per platform) as if ``HOSTFEED_TRANSPORT`` said so (this thread only).
+
+    Example:
+        >>> with forcing("jax"):
+        ...     transport_for("cpu")
+        'jax'
+    """
+    if transport is not None:
+        transport = settings.check_transport(transport, "forcing(transport)")
+    return forced_state("auto" if transport is None else transport)
+
+
+def transport_for(platform: str) -> str:
+    """``"native"`` or ``"jax"``: the transport hostfeed's callbacks use in computations
+    lowered for ``platform``: native on CPU and the GPU platforms of the native table
+    (where their handlers register on a backend), JAX's lowering elsewhere, unless one is
+    forced.
+
+    Example:
+        >>> transport_for("tpu") == ("native" if forced() == "native" else "jax")
+        True
+    """
+    chosen = forced()
+    if chosen is not None:
+        return chosen
+    return "native" if native.unavailable(platform) is None else "jax"
+
+
+def transports() -> dict[str, str]:
+    """The transport of each platform: CPU, CUDA, ROCm, TPU and those of this process's
+    JAX backends, as ``{platform: "native" | "jax"}``. (For a GPU platform this registers
+    hostfeed's handlers if its backend exists, as the first lowering for it would.)
+
+    Example:
+        >>> sorted(transports())[:2]
+        ['cpu', 'cuda']
+    """
+    platforms = list(KNOWN_PLATFORMS)
+    for backend in ("cpu", "gpu", "tpu", None):
+        with contextlib.suppress(RuntimeError):
+            platforms += [d.platform for d in jax.devices(backend)[:1]]
+    return {p: transport_for(p) for p in dict.fromkeys(platforms)}
+
+
+def platforms(ctx: Any) -> Sequence[str]:
+    """The platforms the rule context ``ctx`` lowers for."""
+    return ctx.platforms or ctx.module_context.platforms
+
+
+def for_context(ctx: Any) -> Transport:
+    """The transport that emits hostfeed's operations in lowering context ``ctx``: the
+    portable one when any platform lowered for takes it.
+
+    Example:
+        >>> class Ctx: platforms = ("tpu",)
+        >>> for_context(Ctx()).NAME == ("native" if forced() == "native" else "jax")
+        True
+    """
+    if any(transport_for(p) == "jax" for p in platforms(ctx)):
+        return portable  # type: ignore[return-value]
+    return native  # type: ignore[return-value]

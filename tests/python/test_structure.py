@@ -1,0 +1,54 @@
+"""The structure's rules (.ci/structure_check.py, run by CI): no import circle among the
+Python modules or the Rust files, no overlong Python module; and the check finds them."""
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import textwrap
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("structure_check",
+                                              ROOT / ".ci" / "structure_check.py")
+check = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(check)
+
+
+def test_the_checkout_has_no_circle_and_no_overlong_module(capsys):
+    assert check.main([]) == 0, capsys.readouterr().err
+
+
+def _write(root: pathlib.Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+
+
+def test_a_python_circle_is_found_through_deferred_and_relative_imports(tmp_path, monkeypatch):
+    pkg = tmp_path / "hostfeed"
+    _write(pkg, {
+        "__init__.py": "",
+        "_src/__init__.py": "",
+        "_src/a.py": "from .b import thing\n",
+        "_src/b.py": "def thing():\n    from . import c\n",
+        "_src/c.py": "from hostfeed._src import a\n",
+        "_src/d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\n",
+    })
+    monkeypatch.setattr(check, "PACKAGE", pkg)
+    graph = check.python_graph()
+    assert graph["hostfeed._src.d"] == set()  # typing-only imports are not dependencies
+    assert check.circles(graph) == [["hostfeed._src.a", "hostfeed._src.b", "hostfeed._src.c"]]
+
+
+def test_a_rust_circle_is_found_through_use_groups_and_super(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    _write(src, {
+        "lib.rs": "mod host;\nmod ffi;\n",
+        "host/mod.rs": "pub(crate) mod hub;\n",
+        "host/hub.rs": "use crate::ffi::{handlers::FLAG, other};\n",
+        "ffi/mod.rs": "pub(crate) mod handlers;\n",
+        "ffi/handlers.rs": "use super::super::host::hub::Hub;\n#[cfg(test)]\nmod tests {\n}\n",
+    })
+    monkeypatch.setattr(check, "ROOT", tmp_path)
+    circles = check.circles(check.rust_graph(src))
+    assert circles == [["src/ffi/handlers.rs", "src/host/hub.rs"]]
