@@ -11,6 +11,8 @@ import ctypes
 import ctypes.util
 import time
 
+import numpy as np
+
 
 def _driver() -> ctypes.CDLL:
     name = ctypes.util.find_library("cuda") or "libcuda.so.1"
@@ -64,3 +66,38 @@ def copy_floor(ordinal: int, nbytes: int, repeats: int) -> list[float]:
             cu.cuCtxPopCurrent_v2(ctypes.byref(vp()))
     finally:
         cu.cuDevicePrimaryCtxRelease_v2(dev)
+
+
+class StreamCopies:
+    """Copies between the device buffers a ``jax.experimental.buffer_callback`` gets on a
+    CUDA GPU (``__cuda_array_interface__``) and numpy arrays, on the callback's stream
+    (``ctx.stream``), each synchronised before it returns: what a user of
+    ``buffer_callback`` must write to call host code with device data.
+
+    Raises OSError without a CUDA driver.
+    """
+
+    def __init__(self) -> None:
+        self.cu = _driver()
+        vp = ctypes.c_void_p
+        self.cu.cuMemcpyDtoHAsync_v2.argtypes = [vp, ctypes.c_uint64, ctypes.c_size_t, vp]
+        self.cu.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_uint64, vp, ctypes.c_size_t, vp]
+        self.cu.cuStreamSynchronize.argtypes = [vp]
+
+    def _check(self, res: int, what: str) -> None:
+        if res != 0:
+            raise RuntimeError(f"CUDA {what} failed (CUresult {res})")
+
+    def to_host(self, buf: object, out: np.ndarray, stream: int) -> None:
+        """``buf`` (a device buffer) into ``out`` (C-contiguous, same size)."""
+        ptr = buf.__cuda_array_interface__["data"][0]  # type: ignore[attr-defined]
+        self._check(self.cu.cuMemcpyDtoHAsync_v2(out.ctypes.data, ptr, out.nbytes, stream),
+                    "cuMemcpyDtoHAsync")
+        self._check(self.cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
+
+    def to_device(self, arr: np.ndarray, buf: object, stream: int) -> None:
+        """``arr`` (C-contiguous) into ``buf`` (a device buffer of the same size)."""
+        ptr = buf.__cuda_array_interface__["data"][0]  # type: ignore[attr-defined]
+        self._check(self.cu.cuMemcpyHtoDAsync_v2(ptr, arr.ctypes.data, arr.nbytes, stream),
+                    "cuMemcpyHtoDAsync")
+        self._check(self.cu.cuStreamSynchronize(stream), "cuStreamSynchronize")

@@ -12,7 +12,11 @@ targets checked as ratios (run by benches/gpu_check.sh; needs a GPU):
   pinned_host memory kind where JAX supports it). Target: hostfeed at least 80% of the
   pinned copy floor.
 * call round trip float32[4] -> float32[4] in straight-line code (target: hcb.call at
-  least 5x faster than io_callback) and, for information, in a fori_loop.
+  least 5x faster than io_callback) and, for information, in a fori_loop; with
+  buffer_callback on CUDA too, whose callback must copy the operand from device memory and
+  the result back on XLA's stream (benches/_cuda_floor.StreamCopies).
+* for information, the dispatch of a jitted function with one call, waited for, against
+  the same function without a callback, pure_callback and buffer_callback.
 
 Run: JAX_PLATFORMS=cuda python benches/gpu.py   (writes gpu_bench.json to $OUT if set, after
 each section, so that a run cut off keeps what it measured)
@@ -33,13 +37,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import io_callback
+from jax.experimental.buffer_callback import buffer_callback
 
 import hostfeed
 from hostfeed import host_callback as hcb
 from hostfeed._src.transports import native
 from hostfeed.bench._timing import interleaved, table
 
-from _cuda_floor import copy_floor  # benches/: the script's own directory
+from _cuda_floor import StreamCopies, copy_floor  # benches/: the script's own directory
 
 DRY_RUN = os.environ.get("GPU_CHECK_PLATFORM") == "cpu"
 #: Which GPU: cuda or rocm (benches/rocm_check.sh sets GPU_CHECK_KIND=rocm).
@@ -127,7 +132,31 @@ def tap_case(kind: str, n: int, x, sink: Sink, shape: str):
     return go
 
 
-def call_case(kind: str, n: int, shape: str):
+def buffer_step(host, spec):
+    """A host call through ``buffer_callback``: on a GPU its buffers are device memory, so
+    the callback copies the operand to the host and the result back, on XLA's stream (what
+    a user must write); in the dry run on CPU they are host memory."""
+    if DRY_RUN:
+        def cb(ctx, out, a):
+            del ctx
+            np.asarray(out)[...] = host(np.asarray(a))
+    else:
+        copies = StreamCopies()
+        operand = np.empty(spec.shape, spec.dtype)
+
+        def cb(ctx, out, a):
+            copies.to_host(a, operand, ctx.stream)
+            copies.to_device(np.ascontiguousarray(host(operand), spec.dtype), out, ctx.stream)
+    return lambda c: buffer_callback(cb, spec)(c)
+
+
+#: The JAX callbacks a ``call`` is compared with; ``buffer_callback`` needs CUDA's copies
+#: (none written for HIP).
+CALL_KINDS = ["hostfeed call", "io_callback", "io_callback(ordered)", "pure_callback",
+              *(["buffer_callback"] if DRY_RUN or KIND == "cuda" else [])]
+
+
+def call_step(kind: str):
     spec = jax.ShapeDtypeStruct((4,), jnp.float32)
 
     def host(v):
@@ -141,8 +170,17 @@ def call_case(kind: str, n: int, shape: str):
         step = lambda c: io_callback(host, spec, c, ordered=True)
     elif kind == "pure_callback":
         step = lambda c: jax.pure_callback(host, spec, c)
+    elif kind == "buffer_callback":
+        step = buffer_step(host, spec)
+    elif kind == "no callback":
+        step = lambda c: c + 1
     else:
         raise ValueError(kind)
+    return step
+
+
+def call_case(kind: str, n: int, shape: str):
+    step = call_step(kind)
     if shape == "fori_loop":
         f = jax.jit(lambda x: lax.fori_loop(0, n, lambda i, c: step(c), x))
     else:
@@ -156,6 +194,19 @@ def call_case(kind: str, n: int, shape: str):
     def go():
         out = f(x)
         assert float(out[0]) == n, (kind, float(out[0]))  # every call ran, in order
+    return go
+
+
+def dispatch_case(kind: str, n: int):
+    """``n`` calls of a jitted function holding one callback (``v + 1`` on float32[4]),
+    each waited for: what dispatching it costs."""
+    f = jax.jit(call_step(kind))
+    x = jnp.zeros(4, jnp.float32)
+    f(x).block_until_ready()
+
+    def go():
+        for _ in range(n):
+            f(x).block_until_ready()
     return go
 
 
@@ -271,7 +322,7 @@ def main() -> None:
     save(results, "64 MiB taps")
 
     # ---- calls -----------------------------------------------------------------------
-    kinds = ["hostfeed call", "io_callback", "io_callback(ordered)", "pure_callback"]
+    kinds = CALL_KINDS
     for shape in ("straight-line", "fori_loop"):  # the target's shape first
         res = interleaved({k: call_case(k, N_CALLS, shape) for k in kinds}, repeats=REPEATS)
         rows = [(k, res[k]["min"] / N_CALLS * 1e6, "us/call") for k in kinds]
@@ -279,7 +330,22 @@ def main() -> None:
              f"float32[4] -> float32[4] (min of {REPEATS})", rows, "io_callback", higher=False)
         results["targets"][f"call vs io_callback, {shape}"] = (
             res["io_callback"]["min"] / res["hostfeed call"]["min"])
+        if "buffer_callback" in res:
+            results["targets"][f"call vs buffer_callback, {shape}"] = (
+                res["buffer_callback"]["min"] / res["hostfeed call"]["min"])
         save(results, f"calls, {shape}")
+
+    # ---- dispatch of a function with one call ----------------------------------------
+    kinds = ["no callback", *CALL_KINDS]
+    res = interleaved({k: dispatch_case(k, N_CALLS) for k in kinds}, repeats=REPEATS)
+    rows = [(k, res[k]["min"] / N_CALLS * 1e6, "us/call") for k in kinds]
+    show(results, "call dispatch", f"dispatch of a jitted function with one call, waited for: "
+         f"{N_CALLS} calls (min of {REPEATS})", rows, "pure_callback", higher=False)
+    results["targets"]["call dispatch vs pure_callback"] = (
+        res["pure_callback"]["min"] / res["hostfeed call"]["min"])
+    results["targets"]["call dispatch vs no callback"] = (
+        res["no callback"]["min"] / res["hostfeed call"]["min"])
+    save(results, "call dispatch")
 
     results["receiver"] = hostfeed.receiver_stats()
     results["pinned_pool"] = gpu("pool_stats")()
