@@ -86,8 +86,14 @@ def test_quick_run_writes_every_section_in_the_schema(quick_run):
                                        "hostfeed call, token chain"}
     assert set(result["barrier"]) == {"calls", "marked devices", "hostfeed barrier_wait",
                                       "jax.effects_barrier",
-                                      "hostfeed barrier_wait, no device to mark"}
+                                      "hostfeed barrier_wait, no device to mark",
+                                      bench._receiver_sections.TRIVIAL_DISPATCH}
     assert result["barrier"]["marked devices"] == 1  # the bench's computations ran on one
+    # Each interleaved round is kept, so that each ratio's range over them can be shown.
+    for section in ("dispatch", "barrier"):
+        for name, row in result[section].items():
+            if isinstance(row, dict):
+                assert len(row["rounds_us"]) >= 3 and min(row["rounds_us"]) == row["us"], name
     runs = result["backpressure"]["runs"]
     assert [r["method"] for r in runs] == ["hostfeed"] * 3 + ["io_callback(ordered)"]
     # The smallest bound holds the device back: it waited, and held little.
@@ -188,6 +194,20 @@ def test_plot_of_sections_with_nothing_to_draw_is_refused_before_the_run(tmp_pat
     assert r.stderr.strip() == ("--plot: nothing to draw from barrier; the figure plots the "
                                 "sections latency, sweep, dispatch, call")
     assert r.stdout == "" and not (tmp_path / "x.png").exists()
+
+
+def test_ratios_are_shown_with_their_range_over_the_rounds():
+    rows = {"no callback": {"us": 4.0, "rounds_us": [4.0, 5.0, 4.5]},
+            "hostfeed call": {"us": 6.0, "rounds_us": [6.0, 10.0, 9.0]},
+            "pure_callback": {"us": 30.0, "rounds_us": [30.0, 40.0, 36.0]}}
+    text = "\n".join(_report._dispatch({"calls": 10, **rows}))
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("hostfeed call"))
+    # 6/4, 10/5, 9/4.5 -> 1.50-2.00x; 6/30, 10/40, 9/36 -> 0.20-0.25x
+    assert line.split()[2:] == ["6.00", "1.50x", "1.50-2.00x", "0.20x", "0.20-0.25x"]
+    assert "fastest of 3 rounds" in text
+    old = {k: {"us": v["us"]} for k, v in rows.items()}  # a result from before the rounds
+    assert next(ln for ln in _report._dispatch({"calls": 10, **old})
+                if ln.strip().startswith("hostfeed call")).split()[4] == "-"
 
 
 def test_unknown_section_is_refused():

@@ -133,6 +133,17 @@ def _barrier(run: Run) -> Figure | None:
     return Figure(_us(mine), f"{_us(base)} (`jax.effects_barrier`)", mine / base)
 
 
+def _barrier_floor(run: Run) -> Figure | None:
+    b = run.get("barrier")
+    trivial = next((v for k, v in (b or {}).items()
+                    if k.startswith("one dispatch of a trivial")), None)
+    if trivial is None:
+        return None
+    mine = b["hostfeed barrier_wait"]["us"]  # type: ignore[index]
+    return Figure(_us(mine), f"{_us(trivial['us'])} (one dispatch of a trivial jitted "
+                  "function: the marker's floor)", mine / trivial["us"])
+
+
 #: The summary's rows: what a user asks, and how a run answers it.
 SUMMARY: list[tuple[str, Callable[[Run], Figure | None]]] = [
     ("dispatch of a small jitted function with one `id_tap`, waited for",
@@ -148,6 +159,7 @@ SUMMARY: list[tuple[str, Callable[[Run], Figure | None]]] = [
     ("eager `id_tap` until its function ran", _eager),
     ("compile a function with 200 taps", _compile),
     ("idle `barrier_wait()` after computations that tapped", _barrier),
+    ("the same, against its own floor", _barrier_floor),
 ]
 
 

@@ -201,10 +201,26 @@ def barrier(cfg: Config) -> dict:
         with fast_dispatch.devices_set_aside():
             hf()
 
+    # The marker's own floor: one dispatch of the computation a marker runs (v + 1 on an
+    # int32 scalar on the device), waited for.
+    operand = jnp.int32(0)
+    trivial = jax.jit(lambda v: v + 1)
+    trivial(operand).block_until_ready()
+
+    def td() -> None:
+        for _ in range(n):
+            trivial(operand).block_until_ready()
+
     cfg.progress("barrier")
     marked = len(fast_dispatch.scoped_devices())
     res = interleaved({"hostfeed barrier_wait": hf, "jax.effects_barrier": jx,
-                       "hostfeed barrier_wait, no device to mark": hf_unmarked},
+                       "hostfeed barrier_wait, no device to mark": hf_unmarked,
+                       TRIVIAL_DISPATCH: td},
                       repeats=cfg.n(3, 5))
     return {"calls": n, "marked devices": marked,
-            **{k: {"us": v["min"] / n * 1e6} for k, v in res.items()}}
+            **{k: {"us": v["min"] / n * 1e6, "rounds_us": [t / n * 1e6 for t in v["all"]]}
+               for k, v in res.items()}}
+
+
+#: The barrier section's row of the marker's floor.
+TRIVIAL_DISPATCH = "one dispatch of a trivial jitted function (v + 1 on int32[])"

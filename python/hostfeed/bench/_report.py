@@ -185,15 +185,36 @@ def _call(r: dict) -> list[str]:
     return out
 
 
+def round_ratios(a: dict, b: dict) -> list[float]:
+    """``a``'s time over ``b``'s in each round both were measured in (``rounds_us``, the
+    interleaved repeats of a section), or [] when the result has no rounds.
+
+    Example:
+        >>> round_ratios({"rounds_us": [2.0, 3.0]}, {"rounds_us": [1.0, 2.0]})
+        [2.0, 1.5]
+    """
+    ra, rb = a.get("rounds_us") or [], b.get("rounds_us") or []
+    return [x / y for x, y in zip(ra, rb) if y]
+
+
+def _spread(ratios: list[float]) -> str:
+    """The range of a ratio over the rounds (``0.91-1.07x``), or '-' without rounds."""
+    return f"{min(ratios):.2f}-{max(ratios):.2f}x" if ratios else "-"
+
+
 def _dispatch(r: dict) -> list[str]:
     methods = {k: v for k, v in r.items() if k != "calls"}
     best, best_v = _best_jax({k: v["us"] for k, v in methods.items()})
-    none = methods["no callback"]["us"]
-    rows = [[k, _fmt(v["us"]), _x(v["us"] / none), _x(v["us"] / best_v)]
+    none = methods["no callback"]
+    rows = [[k, _fmt(v["us"]), _x(v["us"] / none["us"]), _spread(round_ratios(v, none)),
+             _x(v["us"] / best_v), _spread(round_ratios(v, methods[best]))]
             for k, v in methods.items()]
+    rounds = len(none.get("rounds_us") or [])
     return [f"dispatch of a small jitted function (v + 1 on float32[4]) with one callback, "
-            f"waited for, {r['calls']} calls (us per call). best JAX: {best}",
-            *_grid(["function", "per call", "/ no callback", "/ best JAX"], rows)]
+            f"waited for, {r['calls']} calls (us per call; fastest of {rounds or 'the'} "
+            f"rounds, and each ratio's range over them). best JAX: {best}",
+            *_grid(["function", "per call", "/ no callback", "range", "/ best JAX", "range"],
+                   rows)]
 
 
 def _backpressure(r: dict) -> list[str]:
@@ -237,14 +258,21 @@ def _compile(r: dict) -> list[str]:
 
 
 def _barrier(r: dict) -> list[str]:
-    hf, jx = r["hostfeed barrier_wait"]["us"], r["jax.effects_barrier"]["us"]
+    hfr, jxr = r["hostfeed barrier_wait"], r["jax.effects_barrier"]
+    hf, jx = hfr["us"], jxr["us"]
     lines = [f"idle barrier ({r['calls']} calls): hostfeed barrier_wait {hf:.2f} us, "
-             f"jax.effects_barrier {jx:.2f} us ({_x(hf / jx)})"]
+             f"jax.effects_barrier {jx:.2f} us ({_x(hf / jx)}, range "
+             f"{_spread(round_ratios(hfr, jxr))})"]
     bare = r.get("hostfeed barrier_wait, no device to mark")
     if bare is not None:
         lines[0] += f"; marking {r.get('marked devices', 0)} fast-dispatch device(s)"
         lines.append(f"  with no fast-dispatch device to mark (as HOSTFEED_FAST_DISPATCH=0): "
                      f"{bare['us']:.2f} us ({_x(bare['us'] / jx)} jax.effects_barrier)")
+    trivial = next((v for k, v in r.items() if k.startswith("one dispatch of a trivial")), None)
+    if trivial is not None:
+        lines.append(f"  one dispatch of a trivial jitted function (the marker's floor): "
+                     f"{trivial['us']:.2f} us; barrier_wait {_x(hf / trivial['us'])} of it "
+                     f"(range {_spread(round_ratios(hfr, trivial))})")
     return lines
 
 

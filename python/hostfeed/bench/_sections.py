@@ -479,4 +479,6 @@ def dispatch(cfg: Config) -> dict:
     res = interleaved({k: case(f) for k, f in fns.items()}, repeats=cfg.n(3, 7))
     hcb.barrier_wait()
     jax.effects_barrier()
-    return {"calls": n, **{k: {"us": v["min"] / n * 1e6} for k, v in res.items()}}
+    return {"calls": n, **{k: {"us": v["min"] / n * 1e6,
+                                "rounds_us": [t / n * 1e6 for t in v["all"]]}
+                            for k, v in res.items()}}
