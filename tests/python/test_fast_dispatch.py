@@ -219,3 +219,27 @@ def test_computations_on_several_devices_keep_the_token_chain():
     assert lines[1] == "[1]"
     # The global view taps the whole sharded operand once (on device 0).
     assert lines[2] == "[(0, [0.0, 1.0, 2.0, 3.0]), (1, [0.0, 1.0])]"
+
+
+@pytest.mark.several_devices
+def test_a_device_first_used_after_a_barrier_is_waited_for_by_the_next():
+    # An idle barrier runs the markers it made last time; a device that a single-device
+    # computation is compiled for afterwards gets its own marker at the next barrier.
+    r = run_python("""
+        import jax, jax.numpy as jnp
+        from hostfeed import host_callback as hcb
+        from hostfeed._src import fast_dispatch
+        seen = []
+        heavy = jax.jit(lambda a: [a := jnp.tanh(a @ a) for _ in range(30)][-1])
+        f = jax.jit(lambda a: hcb.id_tap(lambda v, t: seen.append(float(v)), a[0, 0]))
+        a0 = jax.device_put(jnp.eye(256) * 0.1, jax.devices()[0])
+        a1 = jax.device_put(jnp.eye(256) * 0.2, jax.devices()[1])
+        f(heavy(a0)); hcb.barrier_wait(); hcb.barrier_wait()  # markers made, then reused
+        print(sorted(d.id for d in fast_dispatch.scoped_devices()), len(seen))
+        for _ in range(3):
+            f(heavy(a1))  # device 1: compiled now, queued behind its heavy computations
+        hcb.barrier_wait()
+        print(sorted(d.id for d in fast_dispatch.scoped_devices()), len(seen))
+    """, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["[0] 1", "[0, 1] 4"]

@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import numpy as np
@@ -147,6 +147,9 @@ class _Devices:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.markers: dict[Any, Any] = {}  # device -> its marker (waits), or None until used
+        # Every device's marker, in order, once all are compiled (None: to be made again);
+        # what an idle barrier runs, without taking the lock.
+        self.ready: Optional[tuple[Callable[[], None], ...]] = None
 
 
 _devices = _Devices()
@@ -162,7 +165,9 @@ def _rewrite(jaxpr: Any, num_devices: int, assignment: Any) -> Any:
     if getattr(device, "process_index", 0) != jax.process_index():
         return None  # another process's device: nothing here can wait for it
     with _devices.lock:
-        _devices.markers.setdefault(device, None)
+        if device not in _devices.markers:
+            _devices.markers[device] = None
+            _devices.ready = None
     lifecycle.dispatch_waits_due()
     return _in_token_scope(jaxpr)
 
@@ -223,10 +228,16 @@ def wait_for_devices() -> None:
     computation was compiled for has finished: runs a marker computation there (after all
     of them, in the device's order) and waits for it to finish. A marker never fails on
     account of an earlier computation's failure (that reaches the earlier one's caller)."""
-    with _devices.lock:
-        devices = tuple(_devices.markers)
-    for device in devices:
-        _marker(device)()
+    ready = _devices.ready
+    if ready is None:
+        with _devices.lock:
+            devices = tuple(_devices.markers)
+        ready = tuple(_marker(device) for device in devices)
+        with _devices.lock:
+            if tuple(_devices.markers) == devices:
+                _devices.ready = ready
+    for marker in ready:
+        marker()
 
 
 @contextlib.contextmanager
@@ -242,12 +253,14 @@ def devices_set_aside() -> Iterator[None]:
     """
     with _devices.lock:
         saved, _devices.markers = _devices.markers, {}
+        _devices.ready = None
     lifecycle.dispatch_waits_due(False)
     try:
         yield
     finally:
         with _devices.lock:
             _devices.markers = {**saved, **_devices.markers}
+            _devices.ready = None
         lifecycle.dispatch_waits_due(bool(_devices.markers))
 
 
@@ -256,6 +269,7 @@ def forget_devices() -> None:
     compiled markers mean nothing there)."""
     _devices.lock = threading.Lock()
     _devices.markers = {}
+    _devices.ready = None
     lifecycle.dispatch_waits_due(False)
 
 
