@@ -232,3 +232,23 @@ def test_a_misspelt_variable_name_is_reported_at_import_with_the_nearest_name():
         "HOSTFEED_ZZZ is not a hostfeed setting (hostfeed reads "
         + ", ".join(k for k in settings.PARSERS if k.startswith("HOSTFEED_"))
         + "); it is ignored"]
+
+
+def test_a_recorder_url_is_refused_before_anything_is_created_and_file_urls_work(
+        tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for url in ("s3://bkt/run.zarr", "gs://bkt/run.zarr", "AZ://c/run.zarr",
+                b"s3://bkt/run.zarr", "file://otherhost/tmp/run.zarr"):
+        with pytest.raises(ValueError, match=r"stores are not supported yet; the Recorder "
+                                             r"writes to a local or shared file system"):
+            hostfeed.Recorder(url)
+    assert list(tmp_path.iterdir()) == []  # no ./s3:/bkt/run.zarr
+    target = tmp_path / "via url.zarr"
+    with hostfeed.Recorder(target.as_uri()) as rec:
+        rec.record("x", jnp.arange(3.0))
+    rows, _ = hostfeed.read_recording(target, "x")
+    assert rows.tolist() == [[0.0, 1.0, 2.0]]
+    # A local folder whose name looks like a URL, written as the message says.
+    with hostfeed.Recorder("./s3://bkt/run.zarr") as rec:
+        rec.record("x", jnp.arange(2.0))
+    assert (tmp_path / "s3:" / "bkt" / "run.zarr" / "zarr.json").exists()

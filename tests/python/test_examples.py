@@ -22,7 +22,8 @@ MODULES = ["hostfeed", "hostfeed.host_callback", "hostfeed.lowering", "hostfeed.
            *(f"hostfeed._src.{m}" for m in (
                "compat", "settings", "dtypes", "devices", "errors", "consumers", "dispatcher",
                "lifecycle", "keys", "printing", "primitives", "runtime", "placement",
-               "fast_dispatch", "recording", "record_lowering", "reading", "coordination", "rules",
+               "fast_dispatch", "recording", "record_lowering", "reading", "stores", "coordination",
+               "rules",
                "lowering", "summary",
                "transports", "transports.native", "transports.portable"))]
 

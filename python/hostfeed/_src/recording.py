@@ -34,7 +34,7 @@ import jax
 import numpy as np
 
 from .. import _receiver
-from . import compat, coordination, dtypes, keys, lifecycle, settings
+from . import compat, coordination, dtypes, keys, lifecycle, settings, stores
 from .primitives import outside_call_p, outside_call_params
 from .runtime import CallbackSpec, unpack_transforms
 
@@ -261,7 +261,7 @@ class Recorder:
         # The receiver (and its exit handler, which closes recorders after draining) must
         # exist before any row can be recorded.
         lifecycle.ensure_started()
-        fspath = _fspath(path)
+        fspath = stores.local_path(path)
         coord = coordination.Coordinator(fspath, coordination_timeout)
         options: dict[str, Any] = dict(mode=mode, compression=compression, level=compression_level,
                        chunk_bytes=chunk_bytes, writers=writers, durable=durable,
@@ -504,17 +504,6 @@ def _describe_pytree(value: Any, n_leaves: int, name: str) -> str:
         return (f"a {type(value).__name__} of {len(value)} elements ({leaves}); record each "
                 f"under its own name, e.g. rec.record({f'{name}/0'!r}, value[0])")
     return f"a {type(value).__name__} with {leaves}; record each leaf under its own name"
-
-
-def _fspath(path: Any) -> str:
-    """A store path as ``str``: ``os.fspath`` (``str``, ``bytes`` decoded with the file
-    system encoding, or any ``os.PathLike``)."""
-    try:
-        p = os.fspath(path)
-    except TypeError:
-        raise TypeError(f"hostfeed: Recorder(path) needs a str, bytes or os.PathLike, got "
-                        f"{type(path).__name__}") from None
-    return os.fsdecode(p) if isinstance(p, bytes) else p
 
 
 def _check_name(name: str) -> None:
