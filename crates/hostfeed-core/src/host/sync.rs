@@ -130,8 +130,12 @@ impl Waker {
 
 /// A spin before a blocking wait whose length adapts to whether spinning pays: it starts
 /// at `max`, halves after every spin that saw nothing (down to none), and is back at `max`
-/// after one that did. Once it is none, every [`AdaptiveSpin::PROBE_EVERY`]th wait tries a
-/// short spin again.
+/// after one that did. Once it is none, every [`AdaptiveSpin::PROBE_EVERY`]th wait spins
+/// for `max` again, to find out whether spinning pays again. The probe is as long as a
+/// full spin because the two sides of a `call` probe in turn: while one side sleeps, the
+/// other's event comes only after the sleeper's wake-up, so a short probe on either side
+/// would never see it and both would keep sleeping (every round trip paying two wake-ups)
+/// until the two probes happened to coincide.
 ///
 /// Waking a sleeping thread costs tens of microseconds on an idle virtual machine (its
 /// CPU must be woken too), the whole cost of a `call` round trip when each side sleeps in
@@ -146,7 +150,7 @@ pub struct AdaptiveSpin {
 }
 
 impl AdaptiveSpin {
-    /// While the budget is none, one wait in this many spins (for `max` / 8) to find out
+    /// While the budget is none, one wait in this many spins (for `max`) to find out
     /// whether spinning pays again.
     pub const PROBE_EVERY: u64 = 64;
     /// Budgets below this are none.
@@ -186,7 +190,7 @@ impl AdaptiveSpin {
             if self.max_ns == 0 || (self.waits.fetch_add(1, Relaxed) + 1) % Self::PROBE_EVERY != 0 {
                 return false;
             }
-            budget = self.max_ns / 8;
+            budget = self.max_ns;
         }
         let seen = spin_for(budget, &mut ready);
         let next = if seen {
@@ -285,8 +289,8 @@ mod tests {
             assert!(!spin.spin(|| false));
             assert_eq!(spin.budget_ns(), expected);
         }
-        // With no budget, only one wait in PROBE_EVERY looks again (for max / 8), the
-        // others return at once; a probe that sees the event restores the whole budget.
+        // With no budget, only one wait in PROBE_EVERY looks again (for max), the others
+        // return at once; a probe that sees the event restores the whole budget.
         let mut looks = 0;
         for _ in 0..AdaptiveSpin::PROBE_EVERY - 1 {
             assert!(!spin.spin(|| {
