@@ -187,6 +187,15 @@ def inline() -> bool:
     return _INLINE
 
 
+def _one_of(value: Any, choices: tuple[str, ...], source: str, refusal: str) -> str:
+    """``value`` as one of ``choices`` (words in any case, spaces ignored), else the
+    ``ValueError`` ``"{source}={value!r} {refusal}"``."""
+    word = str(value).strip().lower()
+    if word not in choices:
+        raise ValueError(f"{source}={value!r} {refusal}")
+    return word
+
+
 def check_ad_taps(mode: Any, source: str) -> str:
     """``mode`` as one of :data:`AD_TAPS_MODES`; ``source`` names where it came from.
 
@@ -194,13 +203,10 @@ def check_ad_taps(mode: Any, source: str) -> str:
         >>> check_ad_taps(" Primals", "mode")
         'primals'
     """
-    value = str(mode).strip().lower()
-    if value not in AD_TAPS_MODES:
-        raise ValueError(f"{source}={mode!r} is not a hostfeed autodiff tap mode; use "
-                         f"'transforms' (taps see primals and tangents/cotangents, with 'jvp' "
-                         f"and 'transpose' in `transforms`) or 'primals' (taps see only primal "
-                         f"values, as in JAX 0.4.x)")
-    return value
+    return _one_of(mode, AD_TAPS_MODES, source,
+                   "is not a hostfeed autodiff tap mode; use 'transforms' (taps see primals "
+                   "and tangents/cotangents, with 'jvp' and 'transpose' in `transforms`) or "
+                   "'primals' (taps see only primal values, as in JAX 0.4.x)")
 
 
 def ad_taps() -> str:
@@ -292,13 +298,10 @@ def check_transport(name: Any, source: str) -> str:
         >>> check_transport(" JAX", "transport")
         'jax'
     """
-    value = str(name).strip().lower()
-    if value not in TRANSPORTS:
-        raise ValueError(f"{source}={name!r} is not a hostfeed transport; use 'native' "
-                         f"(hostfeed's handlers: CPU, CUDA and ROCm), 'jax' (JAX's host-callback "
-                         f"lowering, every platform JAX's callbacks run on) or leave it unset "
-                         f"(chosen per platform)")
-    return value
+    return _one_of(name, TRANSPORTS, source,
+                   "is not a hostfeed transport; use 'native' (hostfeed's handlers: CPU, CUDA "
+                   "and ROCm), 'jax' (JAX's host-callback lowering, every platform JAX's "
+                   "callbacks run on) or leave it unset (chosen per platform)")
 
 
 def transport() -> str | None:

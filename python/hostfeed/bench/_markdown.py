@@ -36,6 +36,12 @@ def _best(values: dict[str, float]) -> tuple[str, float]:
     return name, values[name]
 
 
+def _against_best(values: dict[str, float], mine: str) -> Figure:
+    """Method ``mine`` of ``values`` against the fastest JAX callback among them."""
+    name, best = _best(values)
+    return Figure(_us(values[mine]), f"{_us(best)} (`{name}`)", values[mine] / best)
+
+
 def _dispatch(what: str) -> Callable[[Run], Figure | None]:
     def figure(run: Run) -> Figure | None:
         d = run.get("dispatch")
@@ -53,10 +59,7 @@ def _small_tap(key: str) -> Callable[[Run], Figure | None]:
         methods = run.get("latency", {}).get("methods")
         if not methods:
             return None
-        values = {k: m[key] for k, m in methods.items()}
-        name, best = _best(values)
-        return Figure(_us(values["hostfeed"]), f"{_us(best)} (`{name}`)",
-                      values["hostfeed"] / best)
+        return _against_best({k: m[key] for k, m in methods.items()}, "hostfeed")
     return figure
 
 
@@ -74,10 +77,8 @@ def _sync_tap(run: Run) -> Figure | None:
     methods = run.get("latency", {}).get("methods")
     if not methods or "hostfeed (sync)" not in methods:
         return None
-    values = {k: m["device_us"]["p50"] for k, m in methods.items()}
-    name, best = _best(values)
-    return Figure(_us(values["hostfeed (sync)"]), f"{_us(best)} (`{name}`)",
-                  values["hostfeed (sync)"] / best)
+    return _against_best({k: m["device_us"]["p50"] for k, m in methods.items()},
+                         "hostfeed (sync)")
 
 
 def _large_taps(run: Run) -> Figure | None:
@@ -98,10 +99,8 @@ def _round_trip(loaded: bool) -> Callable[[Run], Figure | None]:
         if not call or (loaded and "loaded" not in call):
             return None
         methods = (call["loaded"] if loaded else call)["methods"]
-        values = {k: m["round_trip_us"]["p50"] for k, m in methods.items()}
-        name, best = _best(values)
-        return Figure(_us(values["hostfeed call"]), f"{_us(best)} (`{name}`)",
-                      values["hostfeed call"] / best)
+        return _against_best({k: m["round_trip_us"]["p50"] for k, m in methods.items()},
+                             "hostfeed call")
     return figure
 
 
@@ -109,10 +108,8 @@ def _eager(run: Run) -> Figure | None:
     e = run.get("eager")
     if not e:
         return None
-    values = {k: v["per_tap_us"] for k, v in e.items() if isinstance(v, dict)}
-    name, best = _best(values)
-    return Figure(_us(values["hostfeed"]), f"{_us(best)} (`{name}`)",
-                  values["hostfeed"] / best)
+    return _against_best({k: v["per_tap_us"] for k, v in e.items() if isinstance(v, dict)},
+                         "hostfeed")
 
 
 def _compile(run: Run) -> Figure | None:
