@@ -3,7 +3,6 @@
 Imported by hostfeed's internal modules (``hostfeed._src``), each for the part it owns.
 """
 from os import PathLike
-from pathlib import Path
 from typing import Any, Final, final
 from collections.abc import Callable, Iterable, Iterator
 
@@ -108,14 +107,21 @@ class Recorder:
         separator: str = "/",
         shared: str | None = None,
         leader: bool = True,
+        url: bool = False,
+        storage_options: list[tuple[str, str]] | None = None,
+        lease: float = 60.0,
+        resume_after_step: int | None = None,
     ) -> Recorder:
         """Creates the store at ``path`` and starts its writer threads. ``shared``: the
         run id of a store shared by the processes of a jax.distributed run (the leader
-        prepares it; members join)."""
+        prepares it; members join). ``url``: ``path`` is the URL of an object store
+        (``s3://``, ``gs://``, ``az://``), opened with ``storage_options`` (the
+        object_store crate's config keys) over the provider's environment variables; its
+        lock's ``lease`` (seconds) is renewed while the recorder is open."""
 
     @property
-    def path(self) -> Path:
-        """The store's path."""
+    def path(self) -> str:
+        """The store's path, or its URL."""
 
     @property
     def closed(self) -> bool:

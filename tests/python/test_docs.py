@@ -35,6 +35,8 @@ EXPECTED = {
     ("migrating.md", 3): ["what: x,x^2", "( 3 9 )"],
     ("behaviour.md", 0): ["[1]", "what: two", "2"],
     ("recording.md", 0): ["(100, 64, 32) float32 [0 1 2]", "(100, 64, 32) (100,)"],
+    ("recording.md", 2): ["[0, 1, 2, 3, 4, 5, 6, 7]", "[3.0, 1.92, 1.23, 0.79]",
+                          "(8,) [3.0, 1.92]"],
     ("troubleshooting.md", 0): ["[1.0]"],
     ("troubleshooting.md", 1): ["ValueError negative: -1.0"],
 }

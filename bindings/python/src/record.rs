@@ -20,7 +20,7 @@ use pyo3::types::PyDict;
 use crate::error::IntoPy;
 use crate::host::{dict_of, duration};
 use hostfeed_core::Codec;
-use hostfeed_core::{hub, sinks, Budget, Mode, Options, Recorder};
+use hostfeed_core::{hub, is_object_url, sinks, Budget, Location, Mode, Options, Recorder};
 use hostfeed_core::{install_write_tracer, open_recorders, set_write_tracing, WriteTracer};
 
 /// Adds the recorder class and the recorder's functions to `m`.
@@ -147,7 +147,8 @@ impl PyRecorder {
     /// Creates the store at `path` and starts its writer threads.
     #[new]
     #[pyo3(signature = (path, *, mode="w-", compression=None, level=1, chunk_bytes=16 << 20, writers=2,
-                        durable=false, commit_interval=1.0, separator="/", shared=None, leader=true))]
+                        durable=false, commit_interval=1.0, separator="/", shared=None, leader=true,
+                        url=false, storage_options=None, lease=60.0, resume_after_step=None))]
     #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)]
     fn new(
         py: Python<'_>,
@@ -162,17 +163,27 @@ impl PyRecorder {
         separator: &str,
         shared: Option<String>,
         leader: bool,
+        url: bool,
+        storage_options: Option<Vec<(String, String)>>,
+        lease: f64,
+        resume_after_step: Option<i64>,
     ) -> PyResult<Self> {
         let mode = match mode {
             "w-" | "x" => Mode::Create,
             "w" => Mode::Overwrite,
+            "a" => Mode::Append { resume_after_step },
             other => {
                 return Err(PyValueError::new_err(format!(
-                    "mode must be \"w-\" (create; fail if the path exists) or \"w\" (replace an \
-                     earlier recording), got {other:?}"
+                    "mode must be \"w-\" (create; fail if the path exists), \"w\" (replace an \
+                     earlier recording) or \"a\" (append to one), got {other:?}"
                 )))
             }
         };
+        if resume_after_step.is_some() && !matches!(mode, Mode::Append { .. }) {
+            return Err(PyValueError::new_err(
+                "resume_after_step goes with mode=\"a\" (it drops rows of the recording appended to)",
+            ));
+        }
         let codec = match compression {
             None | Some("none" | "raw") => Codec::Raw,
             Some("zstd") if (-7..=22).contains(&level) => Codec::Zstd(level),
@@ -196,10 +207,34 @@ impl PyRecorder {
             return Err(PyValueError::new_err("writers and chunk_bytes must be positive"));
         }
         let commit_interval = duration("commit_interval", Some(commit_interval))?.unwrap_or(Duration::MAX);
-        let opts = Options { codec, chunk_bytes, writers, durable, commit_interval, sep };
+        let lease = duration("lease", Some(lease))?.filter(|l| *l >= Duration::from_millis(100)).ok_or_else(
+            || {
+                PyValueError::new_err(format!(
+                    "lease must be a finite number of seconds, at least 0.1; got {lease}"
+                ))
+            },
+        )?;
+        let opts = Options { codec, chunk_bytes, writers, durable, commit_interval, sep, lease };
         let budget: Arc<dyn Budget> = Arc::new(hub());
+        let location = if url {
+            let url = path.to_str().ok_or_else(|| PyValueError::new_err("a store URL must be text"))?;
+            if !is_object_url(url) {
+                return Err(PyValueError::new_err(format!(
+                    "{url:?} is not the URL of an object store hostfeed writes (s3://, gs://, az://)"
+                )));
+            }
+            if shared.is_some() {
+                return Err(PyValueError::new_err(
+                    "several processes cannot record to one object store yet: record to a shared \
+                     file system, or give each process its own URL",
+                ));
+            }
+            Location::Url { url: url.to_string(), options: storage_options.unwrap_or_default() }
+        } else {
+            Location::Path(path.clone())
+        };
         let inner = match shared {
-            None => py.detach(|| Recorder::create(&path, mode, opts, budget)).py()?,
+            None => py.detach(|| Recorder::create_at(&location, mode, opts, budget)).py()?,
             Some(run) => {
                 py.detach(|| Recorder::create_shared(&path, mode, opts, budget, &run, leader)).py()?
             }
@@ -209,10 +244,10 @@ impl PyRecorder {
         Ok(PyRecorder { inner })
     }
 
-    /// The store's path.
+    /// The store's path, or its URL (an object store's).
     #[getter]
-    fn path(&self) -> PathBuf {
-        self.inner.root().to_path_buf()
+    fn path(&self) -> String {
+        self.inner.root().to_string_lossy().into_owned()
     }
 
     /// Whether `close` was called.

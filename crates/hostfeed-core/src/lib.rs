@@ -73,7 +73,8 @@ cfg_not_loom! {
     // ---- record: the recorder and its sinks --------------------------------------------
     pub use record::arrays::ArrayHandle;
     pub use record::common::{Budget, Mode, Options};
-    pub use record::recorder::{Recorder, RecorderStats};
+    pub use record::objects::is_object_url;
+    pub use record::recorder::{Location, Recorder, RecorderStats};
     pub use record::sinks::{sinks, Sink, Sinks};
     pub use record::trace::{
         install_write_tracer, open_recorders, set_write_tracing, write_tracing, WriteTracer,

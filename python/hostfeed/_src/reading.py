@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import difflib
-import os
-from typing import Any
+from typing import Any, Optional
+from collections.abc import Mapping
 
 import numpy as np
 
-
-
+from . import stores
 from .recording import ROW_METADATA
 
 
@@ -24,14 +23,17 @@ def _recorded_names(group: Any, prefix: str = "") -> list[str]:
     return names
 
 
-def read_recording(path: Any, name: str) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def read_recording(path: Any, name: str, *, storage_options: Optional[Mapping[str, Any]] = None
+                   ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The rows recorded under ``name`` and their per-row metadata, as numpy arrays.
 
     Returns ``(rows, meta)``: ``rows`` has shape ``[n, *value.shape]`` and the value's
     dtype; ``meta`` maps ``"step"``, ``"device"``, ``"time_ns"``, ``"seq"`` and
     ``"transforms"`` (a list of the transforms descriptions, indexed by
-    ``meta["transform_index"]``) to arrays of ``n`` entries. Needs zarr-python
-    (``pip install 'zarr>=3.1'``).
+    ``meta["transform_index"]``) to arrays of ``n`` entries. ``path`` is a store's
+    directory or an object store's URL (``s3://…``, read with ``storage_options`` as
+    :class:`Recorder` takes them). Needs zarr-python (``pip install 'zarr>=3.1'``), and
+    for an object store obstore (``pip install obstore``).
 
     Example:
         >>> import pathlib, tempfile, jax.numpy as jnp, hostfeed
@@ -50,13 +52,14 @@ def read_recording(path: Any, name: str) -> tuple[np.ndarray, dict[str, np.ndarr
                           "'zarr>=3.1' (or read the store with any Zarr v3 reader)") from exc
     from .. import zarr_dtypes
     zarr_dtypes.register()
-    root: Any = zarr.open_group(str(path), mode="r")
+    where = stores.location(path, storage_options, who="read_recording")
+    root: Any = zarr.open_group(stores.zarr_store(where), mode="r")
     try:
         data = root[name]
     except KeyError:
         names = _recorded_names(root)
         near = difflib.get_close_matches(name, names, n=len(names), cutoff=0.0)[:20]
-        raise KeyError(f"hostfeed.read_recording: the store {os.fspath(path)} has no array "
+        raise KeyError(f"hostfeed.read_recording: the store {where.where} has no array "
                        f"{name!r}; it has {near or 'none'} (nearest first)") from None
     rows = np.asarray(data[:])
     n = rows.shape[0]

@@ -28,13 +28,14 @@ import math
 import os
 import threading
 from typing import Any, Optional
+from collections.abc import Mapping
 from collections.abc import Sequence
 
 import jax
 import numpy as np
 
 from .. import _receiver
-from . import compat, coordination, dtypes, keys, lifecycle, settings, stores
+from . import compat, coordination, dtypes, keys, lifecycle, record_inputs, settings, stores
 from .primitives import outside_call_p, outside_call_params
 from .runtime import CallbackSpec, unpack_transforms
 
@@ -213,9 +214,17 @@ class Recorder:
     pauses the devices instead of growing memory.
 
     Args:
-      path: directory of the store (``str``, ``bytes`` or ``os.PathLike``).
+      path: directory of the store (``str``, ``bytes`` or ``os.PathLike``, or a ``file://``
+        URL), or the URL of a store in an object store: ``s3://bucket/prefix/run.zarr``,
+        ``gs://…``, ``az://container/…`` (see docs, "Recording", "Object stores").
       mode: ``"w-"`` (default): create, fail if ``path`` exists and is not empty;
-        ``"w"``: replace an earlier hostfeed recording at ``path`` (nothing else).
+        ``"w"``: replace an earlier hostfeed recording at ``path`` (nothing else); ``"a"``:
+        append to the hostfeed recording at ``path`` (created if there is none), every
+        array going on after its last announced row; a record under an existing name must
+        have the array's dtype and row shape.
+      resume_after_step: with ``mode="a"``, first drop the rows from the first one whose
+        ``step`` is greater than this, in every array: a job restarted from its checkpoint
+        of step N passes N, and records steps N+1, ... exactly once.
       compression: None (default) or ``"zstd"``, with ``compression_level`` (default 1).
         zstd costs CPU (about 0.2 GB/s per writer thread on activations); use it when the
         disk is slower than that, or for space.
@@ -230,11 +239,24 @@ class Recorder:
         path and together they write one store; see README, "Many processes"), the
         seconds ``close()`` (and a process opening the store) waits for the others
         before raising ``RecordingError``.
+      storage_options: for an object store URL, the ``object_store`` crate's config keys of
+        its provider (``aws_endpoint``, ``aws_region``, ``aws_allow_http``,
+        ``google_service_account``, ``azure_storage_account_name``, ...), over the provider's
+        environment variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
+        ``GOOGLE_APPLICATION_CREDENTIALS``, ...); plus ``retry_timeout`` (seconds, default
+        180) and ``max_retries`` (default 10) for transient errors. Secret values never
+        appear in a message, a ``repr`` or the store.
+      lease: an object store's lock is an object with a lease that the recorder renews
+        while it is open; after a crash, the store opens again once ``lease`` seconds have
+        passed (default 60).
 
     Raises:
       RecordingError: (an ``OSError``) the path cannot be created, or exists, or another
         recorder (of this process or another, named by its pid) has it open: an open
-        store is locked (``flock``) until ``close()`` or its process ends.
+        store is locked (``flock``; in an object store, a lock object with a lease) until
+        ``close()`` or its process ends. For an object store also: the bucket cannot be
+        reached (missing, wrong credentials or endpoint), checked before anything is
+        written.
 
     Example:
         >>> import tempfile, os, jax, jax.numpy as jnp
@@ -252,7 +274,9 @@ class Recorder:
     def __init__(self, path: Any, *, mode: str = "w-", compression: Optional[str] = None,
                  compression_level: int = 1, chunk_bytes: int = 16 << 20, writers: int = 2,
                  durable: bool = False, commit_interval: float = 1.0,
-                 separator: str = "/", coordination_timeout: float = 60.0):
+                 separator: str = "/", coordination_timeout: float = 60.0,
+                 storage_options: Optional[Mapping[str, Any]] = None, lease: float = 60.0,
+                 resume_after_step: Optional[int] = None):
         if isinstance(coordination_timeout, bool) or not isinstance(
                 coordination_timeout, (int, float)) or not math.isfinite(coordination_timeout) \
                 or coordination_timeout <= 0:
@@ -261,11 +285,25 @@ class Recorder:
         # The receiver (and its exit handler, which closes recorders after draining) must
         # exist before any row can be recorded.
         lifecycle.ensure_started()
-        fspath = stores.local_path(path)
+        where = stores.location(path, storage_options)
+        fspath = where.where
         coord = coordination.Coordinator(fspath, coordination_timeout)
         options: dict[str, Any] = dict(mode=mode, compression=compression, level=compression_level,
                        chunk_bytes=chunk_bytes, writers=writers, durable=durable,
                        commit_interval=commit_interval, separator=separator)
+        if resume_after_step is not None:
+            if isinstance(resume_after_step, bool) or not isinstance(
+                    resume_after_step, (int, np.integer)):
+                raise TypeError(f"hostfeed.Recorder: resume_after_step must be an int (a step), "
+                                f"got {resume_after_step!r}")
+            options["resume_after_step"] = int(resume_after_step)
+        if where.url:
+            if coord.shared:
+                raise ValueError(
+                    f"hostfeed.Recorder({fspath!r}): several processes cannot record to one "
+                    f"object store yet; record to a shared file system, or give each process "
+                    f"its own URL (e.g. with jax.process_index() in it)")
+            options.update(url=True, storage_options=where.options, lease=lease)
         if not coord.shared:
             self._native = _receiver.Recorder(fspath, **options)
         elif coord.leader:
@@ -340,9 +378,9 @@ class Recorder:
         leaves, treedef = jax.tree_util.tree_flatten(value)
         if treedef.num_leaves != 1 or treedef.num_nodes != 1:
             raise TypeError(f"hostfeed: Recorder.record({name!r}) records one array, got "
-                            f"{_describe_pytree(value, treedef.num_leaves, name)}")
+                            f"{record_inputs.describe_pytree(value, treedef.num_leaves, name)}")
         leaves, value_keys = keys.unwrap_keys(leaves, "Recorder.record", "value")
-        operands = [_as_value(leaves[0], name)]
+        operands = [record_inputs.as_value(leaves[0], name)]
         self._native.check_name(name, np.ndim(operands[0]))
         if not compat.is_tracer(operands[0]):
             # An eager record: its row is appended later, on the consumer thread; a shape or
@@ -352,7 +390,7 @@ class Recorder:
             self._declare(name, jax.dtypes.canonicalize_dtype(operands[0].dtype),
                           np.shape(operands[0]))
         if step is not None:
-            operands.append(_as_step(step, name))
+            operands.append(record_inputs.as_step(step, name))
         kind = KIND if step is None else KIND_WITH_STEP
         spec = CallbackSpec(self._target(name, kind),
                             jax.tree_util.tree_structure(tuple(operands)), True, kind)
@@ -493,19 +531,6 @@ class Recorder:
             self._declared[key] = -1
 
 
-def _describe_pytree(value: Any, n_leaves: int, name: str) -> str:
-    """What ``Recorder.record`` got instead of one array, and how to record it."""
-    leaves = f"{n_leaves} leaf" if n_leaves == 1 else f"{n_leaves} leaves"
-    if isinstance(value, dict) and value:
-        key = next(iter(value))
-        return (f"a dict with {leaves} (keys {list(value)[:8]}); record each entry under its "
-                f"own name, e.g. rec.record({f'{name}/{key}'!r}, value[{key!r}])")
-    if isinstance(value, (tuple, list)) and value:
-        return (f"a {type(value).__name__} of {len(value)} elements ({leaves}); record each "
-                f"under its own name, e.g. rec.record({f'{name}/0'!r}, value[0])")
-    return f"a {type(value).__name__} with {leaves}; record each leaf under its own name"
-
-
 def _check_name(name: str) -> None:
     if not isinstance(name, str):
         raise TypeError(f"hostfeed: a record name must be a str, got {type(name).__name__}")
@@ -515,34 +540,6 @@ def _check_name(name: str) -> None:
             raise ValueError(
                 f"hostfeed: invalid record name {name!r}: the suffix {suffix!r} is reserved "
                 f"(per-row metadata, tangents and cotangents are stored under such names)")
-
-
-def _as_value(x: Any, name: str) -> Any:
-    if not (compat.is_tracer(x) or isinstance(x, (jax.Array, np.ndarray, np.generic))):
-        if isinstance(x, (bool, int, float, complex)) or hasattr(x, "__jax_array__"):
-            x = jax.numpy.asarray(x)
-        else:
-            raise TypeError(f"hostfeed: Recorder.record({name!r}) got a {type(x).__name__}, "
-                            f"which is not a JAX value")
-    swapped = dtypes.byte_order_problem(x.dtype)
-    if swapped is not None:
-        raise TypeError(f"hostfeed: Recorder.record({name!r}) got a value of {swapped}")
-    if np.dtype(x.dtype) not in dtypes.SUPPORTED_DTYPES:
-        raise TypeError(
-            f"hostfeed: Recorder.record({name!r}) got dtype {x.dtype}, which cannot be "
-            f"recorded (sub-byte types have no Zarr encoding that readers share); cast "
-            f"first, e.g. x.astype(jnp.int8) or a float8 type")
-    dtypes.check_size(np.shape(x), x.dtype, "hostfeed", f"Recorder.record({name!r})'s value")
-    return x
-
-
-def _as_step(step: Any, name: str) -> Any:
-    s = step if compat.is_tracer(step) or isinstance(step, jax.Array) \
-        else jax.numpy.asarray(step)
-    if s.shape != () or not jax.numpy.issubdtype(s.dtype, jax.numpy.integer):
-        raise TypeError(f"hostfeed: Recorder.record({name!r}, step=...) needs an integer "
-                        f"scalar, got {s.dtype}{list(s.shape)}")
-    return s
 
 
 # ---- barrier and exit --------------------------------------------------------------------

@@ -1,46 +1,128 @@
-"""Where a recording lives. Today a local or shared file system: a path (``str``,
-``bytes``, ``os.PathLike``) or a ``file://`` URL on this host; a URL of any other scheme
-is refused at the call rather than taken for a local folder name."""
+"""Where a recording lives: a local or shared file system (a path, ``str``, ``bytes`` or
+``os.PathLike``, or a ``file://`` URL on this host), or an object store by URL (``s3://``,
+``gs://``, ``az://`` and the aliases the ``object_store`` crate knows), written from Rust.
+A URL of any other scheme is refused at the call rather than taken for a local folder
+name."""
 from __future__ import annotations
 
 import os
 import re
 import urllib.parse
 import urllib.request
-from typing import Any
+from typing import Any, NamedTuple, Optional
+from collections.abc import Mapping
 
 _URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 
+#: The URL schemes of object stores (S3, Google Cloud Storage, Azure Blob Storage).
+OBJECT_SCHEMES = ("s3", "s3a", "gs", "az", "adl", "azure", "abfs", "abfss")
+
+
+class Location(NamedTuple):
+    """A store's place: ``where`` is a local path, or an object store's URL when ``url``."""
+    where: str
+    url: bool
+    options: list[tuple[str, str]]
+
+
+def _text(path: Any, who: str) -> str:
+    try:
+        p = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"hostfeed: {who}(path) needs a str, bytes or os.PathLike, got "
+                        f"{type(path).__name__}") from None
+    return os.fsdecode(p) if isinstance(p, bytes) else p
+
+
+def _options(storage_options: Optional[Mapping[str, Any]], text: str,
+             who: str) -> list[tuple[str, str]]:
+    if storage_options is None:
+        return []
+    if not isinstance(storage_options, Mapping):
+        raise TypeError(f"hostfeed: {who}: storage_options must be a dict of option names "
+                        f"to values, got {type(storage_options).__name__}")
+    out = []
+    for k, v in storage_options.items():
+        if not isinstance(k, str):
+            raise TypeError(f"hostfeed: {who}: storage_options keys must be str, got {k!r}")
+        out.append((k, ("true" if v else "false") if isinstance(v, bool) else str(v)))
+    return out
+
+
+def location(path: Any, storage_options: Optional[Mapping[str, Any]] = None, *,
+             who: str = "Recorder") -> Location:
+    """Where ``path`` puts a store: a local path (``os.fspath``; a ``file://`` URL as its
+    path) or an object store's URL, with ``storage_options`` as (name, value) pairs.
+
+    Example:
+        >>> location("file:///tmp/run.zarr")
+        Location(where='/tmp/run.zarr', url=False, options=[])
+        >>> location("s3://bucket/run.zarr", {"aws_region": "eu-west-1"})
+        Location(where='s3://bucket/run.zarr', url=True, options=[('aws_region', 'eu-west-1')])
+        >>> location("ftp://host/run.zarr")
+        Traceback (most recent call last):
+        ...
+        ValueError: hostfeed: Recorder('ftp://host/run.zarr'): ftp:// stores are not supported...
+    """
+    text = _text(path, who)
+    url = _URL.match(text)
+    if url is not None and url.group(1).lower() in OBJECT_SCHEMES:
+        return Location(text, True, _options(storage_options, text, who))
+    if storage_options:
+        raise ValueError(f"hostfeed: {who}({text!r}): storage_options apply to object store "
+                         f"URLs (s3://, gs://, az://), not to a local path")
+    if url is None:
+        return Location(text, False, [])
+    scheme = url.group(1).lower()
+    parsed = urllib.parse.urlparse(text)
+    if scheme == "file" and parsed.netloc in ("", "localhost"):
+        return Location(urllib.request.url2pathname(parsed.path), False, [])
+    raise ValueError(
+        f"hostfeed: {who}({text!r}): {scheme}:// stores are not supported; hostfeed writes to "
+        f"a local or shared file system (a path, or a file:// URL on this host) and to object "
+        f"stores ({', '.join(s + '://' for s in OBJECT_SCHEMES)}). For a local folder whose "
+        f"name looks like a URL, write './{text}'.")
+
 
 def local_path(path: Any) -> str:
-    """A store path as ``str``: ``os.fspath`` (``str``, ``bytes`` decoded with the file
-    system encoding, or any ``os.PathLike``); a ``file://`` URL as its path. Any other URL
-    is refused (it would otherwise name a local folder such as ``./s3:/bucket``).
+    """A local store path as ``str`` (see :func:`location`); an object store URL is refused.
 
     Example:
         >>> local_path("file:///tmp/run.zarr")
         '/tmp/run.zarr'
-        >>> local_path("s3://bucket/run.zarr")
-        Traceback (most recent call last):
-        ...
-        ValueError: hostfeed: Recorder('s3://bucket/run.zarr'): s3:// stores are not supported...
     """
+    where = location(path)
+    if where.url:
+        raise ValueError(f"hostfeed: {where.where!r} is an object store URL; a local path is "
+                         f"needed here")
+    return where.where
+
+
+def zarr_store(where: Location) -> Any:
+    """A zarr-python store reading ``where``: its path, or, for an object store, zarr's
+    ``ObjectStore`` over obstore (the same Rust client the recorder writes with), configured
+    from the provider's environment variables and the storage options."""
+    if not where.url:
+        return where.where
     try:
-        p = os.fspath(path)
-    except TypeError:
-        raise TypeError(f"hostfeed: Recorder(path) needs a str, bytes or os.PathLike, got "
-                        f"{type(path).__name__}") from None
-    text = os.fsdecode(p) if isinstance(p, bytes) else p
-    url = _URL.match(text)
-    if url is None:
-        return text
-    scheme = url.group(1).lower()
-    parsed = urllib.parse.urlparse(text)
-    if scheme == "file" and parsed.netloc in ("", "localhost"):
-        return urllib.request.url2pathname(parsed.path)
-    raise ValueError(
-        f"hostfeed: Recorder({text!r}): {scheme}:// stores are not supported yet; the "
-        f"Recorder writes to a local or shared file system (a path, or a file:// URL on "
-        f"this host). Record to a local path and copy the store afterwards (it is a folder "
-        f"of files), or, for a local folder whose name looks like a URL, write "
-        f"'./{text}'.")
+        import obstore.store
+        from zarr.storage import ObjectStore
+    except ImportError as exc:
+        raise ImportError("hostfeed: reading an object store needs zarr-python and obstore: "
+                          "pip install 'zarr>=3.1' obstore") from exc
+    config = dict(where.options)
+    client = {}
+    for k in list(config):
+        bare = re.sub(r"^(aws|google|azure)_", "", k.lower())
+        if bare in _CLIENT_KEYS:
+            client[bare] = config.pop(k)
+    for k in ("retry_timeout", "max_retries"):
+        config.pop(k, None)
+    options: dict[str, Any] = {"config": config or None, "client_options": client or None}
+    store = obstore.store.from_url(where.where, **options)
+    return ObjectStore(store, read_only=True)
+
+
+# obstore takes HTTP client settings apart from the provider's keys.
+_CLIENT_KEYS = ("allow_http", "allow_invalid_certificates", "connect_timeout", "timeout",
+                "proxy_url", "user_agent", "http1_only", "http2_only")

@@ -12,8 +12,12 @@ use crate::host::sync::Waker;
 use crate::record::common::{ArrayId, Budget};
 use crate::record::zarr::{ArraySpec, Codec, DType, ROW_METADATA};
 
-/// Rows per chunk of a per-row metadata array.
+/// Rows per chunk of a per-row metadata array on a file system (written in place: a
+/// commit writes only the new rows).
 pub(crate) const META_CHUNK_ROWS: u64 = 1 << 16;
+/// Rows per chunk of a per-row metadata array in an object store, where a commit puts the
+/// whole chunk holding the new rows again: 32 KiB objects of 8-byte values.
+pub(crate) const META_CHUNK_ROWS_OBJECTS: u64 = 1 << 12;
 
 /// Per-row metadata.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -109,8 +113,25 @@ impl ArrayState {
     }
 }
 
-/// The per-row metadata arrays of data array `leaf`: suffix and layout.
-pub(crate) fn meta_specs(leaf: &str) -> impl Iterator<Item = (&'static str, ArraySpec)> + '_ {
+impl ArrayState {
+    /// An array that holds `rows` rows already (a store appended to): the next row is row
+    /// `rows`, and the rows of its last chunk (of `chunk_rows`) are in the store.
+    pub(crate) fn resumed(rows: u64, chunk_rows: u64) -> Self {
+        ArrayState {
+            received: rows,
+            pending_first: rows,
+            on_disk_prefix: rows % chunk_rows.max(1),
+            frontier: rows,
+            committed: rows,
+            meta_first: rows,
+            ..ArrayState::new()
+        }
+    }
+}
+
+/// The per-row metadata arrays of data array `leaf`, `chunk_rows` rows a chunk: suffix and
+/// layout.
+pub(crate) fn meta_specs(leaf: &str, chunk_rows: u64) -> impl Iterator<Item = (&'static str, ArraySpec)> + '_ {
     ROW_METADATA.iter().map(move |&suffix| {
         let code = match suffix {
             "device" => xla::S32,
@@ -120,7 +141,7 @@ pub(crate) fn meta_specs(leaf: &str) -> impl Iterator<Item = (&'static str, Arra
         let spec = ArraySpec {
             dtype: DType::from_xla(code).unwrap_or_else(|_| unreachable!("metadata dtypes are valid")),
             row_shape: vec![],
-            chunk_rows: META_CHUNK_ROWS,
+            chunk_rows,
             codec: Codec::Raw,
             dim_names: vec![Some(format!("{leaf}.row"))],
             sep: '/',
@@ -139,6 +160,8 @@ pub struct ArrayHandle {
     pub(crate) group_dir: PathBuf,
     pub(crate) leaf: String,
     pub(crate) spec: ArraySpec,
+    /// Rows per chunk of its per-row metadata arrays.
+    pub(crate) meta_chunk_rows: u64,
     pub(crate) state: Mutex<ArrayState>,
 }
 

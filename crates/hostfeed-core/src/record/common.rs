@@ -62,6 +62,9 @@ pub struct Options {
     pub commit_interval: Duration,
     /// Chunk key separator: `/` (nested directories) or `.` (flat file names).
     pub sep: char,
+    /// An object store's lock: how long it stays held after its recorder stops renewing it
+    /// (a crashed process); renewed every third of it while the recorder is open.
+    pub lease: Duration,
 }
 
 impl Default for Options {
@@ -73,6 +76,7 @@ impl Default for Options {
             durable: false,
             commit_interval: Duration::from_secs(1),
             sep: '/',
+            lease: Duration::from_secs(60),
         }
     }
 }
@@ -84,6 +88,14 @@ pub enum Mode {
     Create,
     /// Create, replacing an earlier hostfeed recording at the path (nothing else).
     Overwrite,
+    /// Append to the hostfeed recording at the path (create it if there is none): every
+    /// array goes on after its last announced row. With `resume_after_step`, the rows from
+    /// the first one whose step is greater are dropped first (a job restarted from its
+    /// checkpoint of that step records the later steps exactly once).
+    Append {
+        /// Drop the rows recorded after this step.
+        resume_after_step: Option<i64>,
+    },
 }
 
 /// Takes a read lock, recovering the guard if a panic poisoned it.

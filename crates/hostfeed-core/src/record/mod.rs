@@ -9,6 +9,8 @@
 //! - [`zarr`]: just enough Zarr v3 (data types, `zarr.json` documents, chunk keys, the
 //!   crash-safe metadata write, record names);
 //! - [`storelock`]: the lock on an open store (an `flock`, file systems only);
+//! - [`objects`]: object stores (S3, GCS, Azure) as a [`Store`](store::Store), and their
+//!   lock (a conditionally created object with a lease);
 //! - [`common`]: what every file shares (an array's id, the byte budget, the options);
 //! - [`arrays`]: an array's state, its metadata arrays' layout and the writer pool's jobs;
 //! - [`recorder`]: the recorder itself (its documentation tells how a record travels);
@@ -20,6 +22,7 @@
 pub(crate) mod arrays;
 pub(crate) mod common;
 mod flush;
+pub(crate) mod objects;
 pub(crate) mod recorder;
 pub(crate) mod sinks;
 pub(crate) mod store;

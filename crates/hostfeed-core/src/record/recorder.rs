@@ -74,14 +74,19 @@ use serde_json::{json, Value};
 use crate::error::RecordError;
 use crate::host::buffer::{HostBuffer, PoolReservation};
 use crate::host::sync::{lock, Waker};
-use crate::record::arrays::{meta_specs, ArrayHandle, ArrayState, Job, Payload, Pool, Row, RowMeta};
+use crate::record::arrays::{
+    meta_specs, ArrayHandle, ArrayState, Job, Payload, Pool, Row, RowMeta, META_CHUNK_ROWS,
+    META_CHUNK_ROWS_OBJECTS,
+};
 use crate::record::common::{as_u64, read_lock, write_lock, ArrayId, Budget, Mode, Options};
+use crate::record::objects::{ObjectLock, Objects};
 use crate::record::store::{io_error, FsStore, Store};
 use crate::record::storelock::{Access, StoreLock, LOCK_FILE};
 use crate::record::trace;
 use crate::record::zarr::{self, ArraySpec, Codec, DType, ROW_METADATA};
 
 mod parts;
+mod resume;
 
 /// Longest path the recorder creates (Linux's `PATH_MAX`).
 const PATH_MAX: usize = 4096;
@@ -112,11 +117,38 @@ pub struct RecorderStats {
     pub rows_dropped: u64,
 }
 
+/// The lock a recorder holds on its store.
+#[derive(Debug)]
+pub(crate) enum HeldLock {
+    /// A file system's `flock` (`storelock.rs`), released when dropped.
+    File(#[expect(dead_code, reason = "held for its Drop")] StoreLock),
+    /// An object store's lock object with its lease (`objects.rs`), renewed by the ticker.
+    Object(ObjectLock),
+}
+
+/// Where a recorder's store lives.
+#[derive(Debug, Clone)]
+pub enum Location {
+    /// A directory of the local (or a shared) file system.
+    Path(PathBuf),
+    /// An object store by URL (`s3://bucket/prefix/run.zarr`, `gs://…`, `az://…`), with the
+    /// `object_store` crate's config keys for its provider (over the provider's environment
+    /// variables).
+    Url {
+        /// The store's URL.
+        url: String,
+        /// Config keys and values.
+        options: Vec<(String, String)>,
+    },
+}
+
 /// Declared array names and every group they imply.
 #[derive(Default)]
 struct NameIndex {
     pub(crate) arrays: HashMap<String, ArrayId>,
     groups: HashSet<String>,
+    /// Arrays of a store appended to that this recorder cannot go on writing, and why.
+    frozen: HashMap<String, String>,
 }
 
 /// See the module documentation.
@@ -143,7 +175,7 @@ pub struct Recorder {
     /// Parted arrays (`parts.rs`): name -> the id of each part's handle.
     parted: Mutex<HashMap<String, Vec<ArrayId>>>,
     /// The lock on the store, released at close.
-    pub(crate) store_lock: Mutex<Option<StoreLock>>,
+    pub(crate) store_lock: Mutex<Option<HeldLock>>,
     /// [`FORK_GENERATION`] when the recorder was opened.
     fork_generation: u64,
     /// Distinct transforms descriptions (JSON) of the rows; rows store the index.
@@ -215,16 +247,28 @@ fn check_existing(store: &dyn Store, root: &Path, mode: Mode) -> Result<(), Reco
                 root.display()
             ),
         }),
-        Mode::Overwrite if is_recording(store, root) => Ok(()),
-        Mode::Overwrite => Err(RecordError::Io {
+        Mode::Overwrite | Mode::Append { .. } if is_recording(store, root) => Ok(()),
+        Mode::Overwrite | Mode::Append { .. } => Err(RecordError::Io {
             errno: Some(libc::EEXIST),
             message: format!(
                 "{} exists and is not a hostfeed recording; mode=\"w\" only replaces earlier \
-                 recordings",
+                 recordings, and mode=\"a\" only appends to them",
                 root.display()
             ),
         }),
     }
+}
+
+/// Removes an earlier recording at `root` entry by entry (the directory, and the lock in
+/// it, stay), unless `mode` appends to it.
+fn clear_root(store: &dyn Store, root: &Path, mode: Mode) -> Result<(), RecordError> {
+    if matches!(mode, Mode::Append { .. }) {
+        return Ok(());
+    }
+    for entry in entries(store, root).unwrap_or_default() {
+        store.remove(&entry).map_err(|e| io_error("remove the old recording's", &entry, &e))?;
+    }
+    Ok(())
 }
 
 /// Makes `root` an empty directory held by the returned lock. A store another recorder
@@ -249,10 +293,23 @@ fn prepare_root(
     check_existing(store, root, mode)?;
     // An earlier recording is replaced entry by entry: the directory (and the lock file
     // in it) stays, so the lock keeps guarding the path.
-    for entry in entries(store, root).unwrap_or_default() {
-        store.remove(&entry).map_err(|e| io_error("remove the old recording's", &entry, &e))?;
-    }
+    clear_root(store, root, mode)?;
     Ok(held)
+}
+
+/// [`prepare_root`] for a store in an object store: the bucket is reached first (a missing
+/// bucket or wrong credentials fail here, before anything is written), a live holder is
+/// refused, then the lock object is created and an earlier recording removed.
+fn prepare_objects(objects: &Arc<Objects>, mode: Mode, lease: std::time::Duration) -> Result<HeldLock, RecordError> {
+    let root = objects.root().to_path_buf();
+    let store: &dyn Store = &**objects;
+    objects.check_reachable()?;
+    ObjectLock::check_free(objects, &root)?;
+    check_existing(store, &root, mode)?;
+    let held = ObjectLock::acquire(objects, &root, lease)?;
+    check_existing(store, &root, mode)?;
+    clear_root(store, &root, mode)?;
+    Ok(HeldLock::Object(held))
 }
 
 impl Recorder {
@@ -267,6 +324,48 @@ impl Recorder {
         budget: Arc<dyn Budget>,
     ) -> Result<Arc<Recorder>, RecordError> {
         Self::create_with(root, mode, opts, budget, &Access::Exclusive)
+    }
+
+    /// Creates a store at `location` (a path, or an object store by URL) and starts the
+    /// writer and ticker threads.
+    ///
+    /// # Errors
+    /// As [`Recorder::create`]; for a URL also an unknown scheme or option
+    /// ([`RecordError::Invalid`]), and an unreachable bucket or a store held by another
+    /// recorder whose lease has not ended ([`RecordError::Io`]).
+    pub fn create_at(
+        location: &Location,
+        mode: Mode,
+        opts: Options,
+        budget: Arc<dyn Budget>,
+    ) -> Result<Arc<Recorder>, RecordError> {
+        match location {
+            Location::Path(root) => Self::create(root, mode, opts, budget),
+            Location::Url { url, options } => {
+                let objects = Objects::open(url, options)?;
+                Self::create_in_objects(objects, mode, opts, budget)
+            }
+        }
+    }
+
+    /// [`Recorder::create_at`] in an object store already opened (`cargo test`'s in-memory
+    /// store).
+    pub(crate) fn create_in_objects(
+        objects: Arc<Objects>,
+        mode: Mode,
+        opts: Options,
+        budget: Arc<dyn Budget>,
+    ) -> Result<Arc<Recorder>, RecordError> {
+        let root = objects.root().to_path_buf();
+        let held = prepare_objects(&objects, mode, opts.lease)?;
+        let store: Box<dyn Store> = Box::new(objects);
+        let appending = matches!(mode, Mode::Append { .. }) && is_recording(&*store, &root);
+        if !appending {
+            zarr::write_json(&*store, &root, &zarr::group_metadata(&root_attributes()))?;
+        }
+        let rec = Self::start(root, store, held, false, opts, budget)?;
+        rec.adopt(mode)?;
+        Ok(rec)
     }
 
     /// [`Recorder::create`] for a store shared by the processes of one `jax.distributed`
@@ -298,13 +397,35 @@ impl Recorder {
         let member = matches!(access, Access::SharedMember { .. });
         let shared = !matches!(access, Access::Exclusive);
         let store: Box<dyn Store> = Box::new(FsStore { durable: opts.durable });
+        if shared && matches!(mode, Mode::Append { .. }) {
+            return Err(RecordError::Invalid(
+                "mode=\"a\" cannot yet be used by the processes of a jax.distributed run (one \
+                 process appends; or record the resumed run to a new path)"
+                    .into(),
+            ));
+        }
         let held = prepare_root(&*store, root, mode, access)?;
-        if !member {
+        let appending = matches!(mode, Mode::Append { .. }) && is_recording(&*store, root);
+        if !member && !appending {
             zarr::write_json(&*store, root, &zarr::group_metadata(&root_attributes()))?;
         }
+        let rec = Self::start(root.to_path_buf(), store, HeldLock::File(held), shared, opts, budget)?;
+        rec.adopt(mode)?;
+        Ok(rec)
+    }
+
+    /// The recorder of a prepared store: starts the writer and ticker threads.
+    fn start(
+        root: PathBuf,
+        store: Box<dyn Store>,
+        held: HeldLock,
+        shared: bool,
+        opts: Options,
+        budget: Arc<dyn Budget>,
+    ) -> Result<Arc<Recorder>, RecordError> {
         let writers = opts.writers.max(1);
         let rec = Arc::new(Recorder {
-            root: root.to_path_buf(),
+            root,
             opts,
             store,
             budget,
@@ -362,10 +483,20 @@ impl Recorder {
         Ok(rec)
     }
 
-    /// The store's path.
+    /// The store's path (an object store's: its URL).
     #[must_use]
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Rows per chunk of the per-row metadata arrays: fewer where a commit puts the whole
+    /// chunk again (object stores).
+    pub(crate) fn meta_chunk_rows(&self) -> u64 {
+        if self.store.in_place().is_some() {
+            META_CHUNK_ROWS
+        } else {
+            META_CHUNK_ROWS_OBJECTS
+        }
     }
 
     /// Whether [`Recorder::close`] was called (or this is a forked child of the process
@@ -460,6 +591,7 @@ impl Recorder {
         }
         let mut arrays = write_lock(&self.arrays);
         let mut index = lock(&self.index);
+        index.refuse_frozen(name)?;
         if let Some(&id) = index.arrays.get(name) {
             let a = &arrays[id];
             if a.spec.dtype == dtype && a.spec.row_shape == row_shape {
@@ -501,6 +633,7 @@ impl Recorder {
         };
         let dir = group_dir.join(&leaf);
         let handle = ArrayHandle {
+            meta_chunk_rows: self.meta_chunk_rows(),
             id: arrays.len(),
             name: name.to_string(),
             dir,
@@ -511,7 +644,7 @@ impl Recorder {
         };
         // Metadata arrays, then the data array, all with zero rows.
         let keep = |dir: &Path| self.shared && store.exists(&dir.join("zarr.json"));
-        for (suffix, mspec) in meta_specs(&handle.leaf) {
+        for (suffix, mspec) in meta_specs(&handle.leaf, handle.meta_chunk_rows) {
             let mdir = handle.group_dir.join(format!("{}.{suffix}", handle.leaf));
             store.create_dir(&mdir).map_err(|e| io_error("create", &mdir, &e).context(&context))?;
             if !keep(&mdir) {
@@ -654,7 +787,11 @@ impl Recorder {
         // (`route_row` submits before counting it).
         let counted = if partial { rows.len() } else { rows.len().saturating_sub(1) };
         self.pending_bytes.fetch_sub(counted * a.spec.row_bytes(), Ordering::Relaxed);
-        let disk_prefix = if matches!(a.spec.codec, Codec::Zstd(_)) { st.on_disk_prefix } else { 0 };
+        // Rows of this chunk put earlier in a padded partial chunk are read back by the next
+        // write of it: compressed chunks, and every chunk of a store that cannot write into
+        // part of an object.
+        let whole = matches!(a.spec.codec, Codec::Zstd(_)) || self.store.in_place().is_none();
+        let disk_prefix = if whole { st.on_disk_prefix } else { 0 };
         // After a partial compressed chunk, the next write of it starts from the disk copy.
         st.on_disk_prefix = st.pending_first % cr;
         let job = Job { array: Arc::clone(a), chunk, first_row, rows, partial, disk_prefix };

@@ -1,5 +1,5 @@
 //! Where a recording's bytes go: [`Store`], the seam between the recorder and a storage
-//! back-end, and [`FsStore`], the local file system, the one back-end today.
+//! back-end, and [`FsStore`], the local file system (object stores are `objects.rs`).
 //!
 //! The recorder names everything it stores by path: the store's root joined with Zarr's
 //! keys (`layer1/h/zarr.json`, `layer1/h/c/0/0`). The file system uses the paths as they
@@ -14,9 +14,9 @@
 //! file system then writes a fresh object in place and replaces one that readers may hold
 //! by renaming a temporary file over it, where an object store's put is atomic anyway.
 //!
-//! The lock on an open store is not part of the seam: it is an `flock` on a file in the
-//! store (`storelock.rs`), which only a file system offers; another kind of store needs a
-//! lock of its own (a conditional put of a lock object, say).
+//! The lock on an open store is not part of the seam: on a file system it is an `flock` on
+//! a file in the store (`storelock.rs`); in an object store, a conditionally created lock
+//! object with a lease (`objects.rs`).
 //!
 //! Operations of one step return the OS's [`io::Error`] for the caller to word; [`Store::put`]
 //! and [`InPlace::write_at`], of several steps, return the [`RecordError`] that names the
@@ -90,6 +90,32 @@ pub(crate) trait Store: Send + Sync {
     /// Writes into part of an object, if this store can ([`InPlace`]); `None` for stores
     /// that only put whole objects.
     fn in_place(&self) -> Option<&dyn InPlace>;
+}
+
+/// A store shared with others (an object store's client is shared by the recorder and its
+/// lock).
+impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+    fn create_dir(&self, dir: &Path) -> io::Result<()> {
+        (**self).create_dir(dir)
+    }
+    fn exists(&self, path: &Path) -> bool {
+        (**self).exists(path)
+    }
+    fn get(&self, path: &Path) -> io::Result<Vec<u8>> {
+        (**self).get(path)
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
+        (**self).list(dir)
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        (**self).remove(path)
+    }
+    fn put(&self, path: &Path, bytes: &[u8], put: Put) -> Result<(), RecordError> {
+        (**self).put(path, bytes, put)
+    }
+    fn in_place(&self) -> Option<&dyn InPlace> {
+        (**self).in_place()
+    }
 }
 
 /// Writes into part of an object (a file system's files): what appends rows to an

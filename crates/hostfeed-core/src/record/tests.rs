@@ -383,12 +383,13 @@ fn vectored_writes_cover_many_and_empty_buffers() {
 fn jobs_of_one_chunk_run_in_order() {
     let mut p = PoolState::default();
     let a = Arc::new(ArrayHandle {
+        meta_chunk_rows: META_CHUNK_ROWS,
         id: 0,
         name: "a".into(),
         dir: PathBuf::new(),
         group_dir: PathBuf::new(),
         leaf: "a".into(),
-        spec: meta_specs("a").next().unwrap().1,
+        spec: meta_specs("a", crate::record::arrays::META_CHUNK_ROWS).next().unwrap().1,
         state: Mutex::new(ArrayState::new()),
     });
     let job = |chunk, first_row| Job {
@@ -516,4 +517,135 @@ fn writes_go_through_the_tracer_only_while_tracing() {
     let want: Vec<u8> = (0..8).flat_map(int_row).collect();
     assert_eq!(read_raw_rows(&root.join("traced/x"), 8, 8, 2), want, "traced writes wrote every row");
     let _ = fs::remove_dir_all(&root);
+}
+
+/// The object store flavour of the flush test: no writes into part of an object, so a
+/// chunk flushed half full is put again whole (its rows read back) when it fills, and the
+/// metadata chunks are put whole at every commit; a second recorder is refused while the
+/// first holds the lock, and the store opens again (`mode="w"`) once it is closed.
+#[test]
+fn an_object_store_holds_every_flushed_row() {
+    use crate::record::objects::Objects;
+    use crate::record::store::Store;
+    for codec in [Codec::Raw, Codec::Zstd(1)] {
+        let objects = Objects::in_memory("memory:///runs/r.zarr").unwrap();
+        let store: &dyn Store = &*objects;
+        let root = objects.root().to_path_buf();
+        let budget = Arc::new(Counter::default());
+        let opts = Options { codec, chunk_bytes: 40, writers: 2, ..Options::default() };
+        let rec = Recorder::create_in_objects(Arc::clone(&objects), Mode::Create, opts.clone(), budget.clone())
+            .unwrap();
+        let again = Recorder::create_in_objects(Arc::clone(&objects), Mode::Overwrite, opts.clone(), budget.clone())
+            .err()
+            .expect("a second recorder is refused while the first is open");
+        assert!(again.to_string().contains("is locked: a hostfeed.Recorder of process"), "{again}");
+        let id = rec.declare("g/x", xla::S32, &[2]).unwrap(); // 8-byte rows, 5 per chunk
+        let doc = |p: &str| -> Value { serde_json::from_slice(&store.get(&root.join(p)).unwrap()).unwrap() };
+        for r in 0..13u32 {
+            rec.append(id, &int_row(r), r.into(), 3, 0).unwrap();
+            if r == 6 || r == 7 {
+                assert!(rec.flush(Duration::from_secs(30)).unwrap());
+                assert_eq!(doc("g/x/zarr.json")["shape"], json!([r + 1, 2]));
+            }
+        }
+        rec.close().unwrap();
+        assert_eq!(budget.held.load(Ordering::SeqCst), 0, "every row's bytes were released");
+        assert!(!store.exists(&root.join(".hostfeed.lock")), "the lock object is removed at close");
+        assert_eq!(doc("g/x/zarr.json")["shape"], json!([13, 2]));
+        let mut got = Vec::new();
+        for k in 0..3 {
+            let stored = store.get(&root.join(format!("g/x/c/{k}/0"))).unwrap();
+            let chunk = match codec {
+                Codec::Raw => stored,
+                Codec::Zstd(_) => zstd::decode_all(&stored[..]).unwrap(),
+            };
+            assert_eq!(chunk.len(), 40, "chunks are full size");
+            got.extend_from_slice(&chunk);
+        }
+        got.truncate(13 * 8);
+        assert_eq!(got, (0..13).flat_map(int_row).collect::<Vec<u8>>(), "{codec:?}");
+        assert_eq!(doc("g/x.step/zarr.json")["chunk_grid"]["configuration"]["chunk_shape"], json!([4096]));
+        let steps = store.get(&root.join("g/x.step/c/0")).unwrap();
+        assert_eq!(steps.len(), 4096 * 8);
+        let step_values: Vec<i64> =
+            steps.chunks(8).take(13).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(step_values, (0..13).collect::<Vec<i64>>());
+        // Closed: the store opens again, replacing the recording.
+        let next = Recorder::create_in_objects(Arc::clone(&objects), Mode::Overwrite, opts, budget.clone()).unwrap();
+        assert!(!store.exists(&root.join("g")), "mode=\"w\" replaced the earlier recording");
+        next.close().unwrap();
+    }
+}
+
+/// `Mode::Append`: a recording reopened goes on after its last announced row in every
+/// array (record numbers after the largest); with `resume_after_step`, the rows after that
+/// step are dropped first, so a job restarted from its checkpoint records each step once.
+/// On a file system (raw: rows appended in place) and in an object store (zstd: a chunk
+/// flushed half full is read back and put again whole).
+#[test]
+fn append_and_resume_record_each_step_once() {
+    use crate::record::objects::Objects;
+    use crate::record::store::{FsStore, Store};
+    for objects in [false, true] {
+        let root = temp_root(&format!("append_{objects}"));
+        let budget = Arc::new(Counter::default());
+        let codec = if objects { Codec::Zstd(1) } else { Codec::Raw };
+        let opts = Options { codec, chunk_bytes: 40, ..Options::default() }; // 5 rows a chunk
+        let mem = Objects::in_memory("memory:///runs/r.zarr").unwrap();
+        let open = |mode: Mode| {
+            if objects {
+                Recorder::create_in_objects(Arc::clone(&mem), mode, opts.clone(), budget.clone())
+            } else {
+                Recorder::create(&root, mode, opts.clone(), budget.clone())
+            }
+        };
+        let fs = FsStore { durable: false };
+        let store: &dyn Store = if objects { &*mem } else { &fs };
+        let top = if objects { mem.root().to_path_buf() } else { root.clone() };
+        let doc = |p: &str| -> Value { serde_json::from_slice(&store.get(&top.join(p)).unwrap()).unwrap() };
+        let values = |p: &str, rows: usize| -> Vec<i64> {
+            let b = store.get(&top.join(p)).unwrap();
+            b.chunks(8).take(rows).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
+        };
+        let run = |rec: &Recorder, steps: std::ops::Range<u32>, flush_at: u32| {
+            let id = rec.declare("g/x", xla::S32, &[2]).unwrap();
+            for s in steps {
+                rec.append(id, &int_row(s), s.into(), 0, 0).unwrap();
+                if s == flush_at {
+                    assert!(rec.flush(Duration::from_secs(30)).unwrap());
+                }
+            }
+        };
+        // First run: steps 0..8, flushed at 6 (mid-chunk), then "preempted" after 7 with
+        // its checkpoint at step 4.
+        let rec = open(Mode::Create).unwrap();
+        run(&rec, 0..8, 6);
+        rec.close().unwrap();
+        assert_eq!(doc("g/x/zarr.json")["shape"], json!([8, 2]));
+        // A plain append goes on after row 8.
+        let rec = open(Mode::Append { resume_after_step: None }).unwrap();
+        let e = rec.declare("g/x", xla::S32, &[3]).unwrap_err();
+        assert!(e.to_string().contains("was first recorded as int32 [2]"), "{e}");
+        run(&rec, 8..9, 99);
+        rec.close().unwrap();
+        assert_eq!(doc("g/x/zarr.json")["shape"], json!([9, 2]));
+        // Resumed from the checkpoint of step 4: steps 5.. are dropped, then recorded again.
+        let rec = open(Mode::Append { resume_after_step: Some(4) }).unwrap();
+        assert_eq!(doc("g/x/zarr.json")["shape"], json!([5, 2]), "dropped at open");
+        run(&rec, 5..12, 7);
+        rec.close().unwrap();
+        assert_eq!(doc("g/x/zarr.json")["shape"], json!([12, 2]));
+        assert_eq!(doc("g/x.step/zarr.json")["shape"], json!([12]));
+        let mut rows = Vec::new();
+        for k in 0..3 {
+            let stored = store.get(&top.join(format!("g/x/c/{k}/0"))).unwrap();
+            rows.extend(if objects { zstd::decode_all(&stored[..]).unwrap() } else { stored });
+        }
+        rows.truncate(12 * 8);
+        assert_eq!(rows, (0..12).flat_map(int_row).collect::<Vec<u8>>(), "objects={objects}");
+        assert_eq!(values("g/x.step/c/0", 12), (0..12).collect::<Vec<i64>>());
+        // Record numbers go on after the largest kept: 0..5, then 5.. in the resumed run.
+        assert_eq!(values("g/x.seq/c/0", 12), (0..12).collect::<Vec<i64>>());
+        let _ = fs::remove_dir_all(&root);
+    }
 }

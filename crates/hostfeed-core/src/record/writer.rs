@@ -1,7 +1,8 @@
 //! The recorder's writer and ticker threads, commits, and the encoding of chunks and
 //! metadata rows for the store. What the bytes become in the store (files, objects) is the
 //! [`Store`]'s business: the writers hand it whole objects ([`Store::put`]) and, for
-//! uncompressed chunks and metadata rows, writes into part of one ([`InPlace::write_at`]).
+//! uncompressed chunks and metadata rows, writes into part of one where the store can
+//! ([`InPlace::write_at`](crate::record::store::InPlace::write_at)).
 
 use std::io::{Read, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -16,8 +17,8 @@ use crate::error::RecordError;
 use crate::host::sync::lock;
 use crate::record::arrays::{meta_specs, ArrayHandle, ArrayState, Job, Row};
 use crate::record::common::{as_u64, as_usize, read_lock};
-use crate::record::recorder::Recorder;
-use crate::record::store::{io_error, InPlace, Put, Store};
+use crate::record::recorder::{HeldLock, Recorder};
+use crate::record::store::{io_error, Put, Store};
 use crate::record::trace;
 use crate::record::zarr::{self, ArraySpec, Codec};
 
@@ -104,11 +105,23 @@ impl Recorder {
             {
                 self.spill();
             }
+            self.renew_lease();
             let arrays = read_lock(&self.arrays).clone();
             for a in &arrays {
                 self.commit(a, false);
             }
             g = lock(&self.ticker);
+        }
+    }
+
+    /// Renews an object store lock's lease when due; a failure is reported by the next flush.
+    fn renew_lease(&self) {
+        let renewed = match &*lock(&self.store_lock) {
+            Some(HeldLock::Object(l)) => l.renew_if_due(),
+            _ => Ok(()),
+        };
+        if let Err(e) = renewed {
+            lock(&self.errors).push(e);
         }
     }
 
@@ -136,7 +149,7 @@ impl Recorder {
         let lo = as_usize(from - st.meta_first);
         let hi = as_usize(rows - st.meta_first);
         let meta = &st.meta[lo..hi];
-        for (suffix, spec) in meta_specs(&a.leaf) {
+        for (suffix, spec) in meta_specs(&a.leaf, a.meta_chunk_rows) {
             let values: Vec<u8> = match suffix {
                 "seq" => meta.iter().flat_map(|m| m.seq.to_le_bytes()).collect(),
                 "step" => meta.iter().flat_map(|m| m.step.to_le_bytes()).collect(),
@@ -168,8 +181,9 @@ impl Recorder {
     }
 }
 
-/// Writes the rows `from..` of an uncompressed array whose bytes are `values` in place
-/// (each chunk object at full size, its rows written at their offsets).
+/// Writes the rows `from..` of an uncompressed array whose bytes are `values`: in place
+/// (each chunk object at full size, its rows written at their offsets) where the store
+/// can, else each chunk put whole.
 fn write_rows_in_place(
     store: &dyn Store,
     spec: &ArraySpec,
@@ -177,7 +191,7 @@ fn write_rows_in_place(
     from: u64,
     values: &[u8],
 ) -> Result<(), RecordError> {
-    let in_place = in_place(store, dir)?;
+    let in_place = store.in_place();
     let rb = spec.row_bytes();
     let rows = as_u64(values.len() / rb.max(1));
     let mut row = from;
@@ -189,25 +203,38 @@ fn write_rows_in_place(
         let path = spec.chunk_path(dir, k);
         create_parent(store, &path)?;
         let at = (row - k * spec.chunk_rows) * as_u64(rb);
-        in_place.write_at(&path, at, &[&values[off..off + n]], as_u64(spec.chunk_bytes()))?;
+        let new = &values[off..off + n];
+        match in_place {
+            Some(in_place) => in_place.write_at(&path, at, &[new], as_u64(spec.chunk_bytes()))?,
+            None => put_rows_whole(store, spec, &path, as_usize(at), new)?,
+        }
         off += n;
         row = end;
     }
     Ok(())
 }
 
-/// The store's writes into part of an object, which rows appended in place need.
-///
-/// # Errors
-/// [`RecordError::Io`] for a store that only puts whole objects.
-fn in_place<'s>(store: &'s dyn Store, dir: &Path) -> Result<&'s dyn InPlace, RecordError> {
-    store.in_place().ok_or_else(|| RecordError::Io {
-        errno: None,
-        message: format!(
-            "cannot write rows into {}: this store cannot write into part of an object",
-            dir.display()
-        ),
-    })
+/// Puts the chunk at `path` again whole with `new` at byte `at`: its earlier rows read back
+/// (a chunk begun at an earlier commit), zeros (the fill value) where none were written.
+fn put_rows_whole(store: &dyn Store, spec: &ArraySpec, path: &Path, at: usize, new: &[u8]) -> Result<(), RecordError> {
+    let mut chunk = match store.get(path) {
+        Ok(b) if b.len() == spec.chunk_bytes() => b,
+        Ok(b) => {
+            return Err(RecordError::Io {
+                errno: Some(libc::EIO),
+                message: format!(
+                    "cannot append to {}: it holds {} bytes, not a chunk of {}",
+                    path.display(),
+                    b.len(),
+                    spec.chunk_bytes()
+                ),
+            })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => vec![0u8; spec.chunk_bytes()],
+        Err(e) => return Err(io_error("read back", path, &e)),
+    };
+    chunk[at..at + new.len()].copy_from_slice(new);
+    store.put(path, &chunk, Put::Replace)
 }
 
 /// Lowers the calling thread's scheduling priority (nice +10), so that on a busy machine
@@ -234,60 +261,105 @@ fn create_parent(store: &dyn Store, path: &Path) -> Result<(), RecordError> {
     }
 }
 
-/// Writes a job's rows into its chunk: appended in place to an uncompressed chunk;
-/// compressed, the chunk put whole (its earlier rows read back first).
+/// Writes a job's rows into its chunk: appended in place to an uncompressed chunk where
+/// the store can write into part of an object; otherwise (compressed, or an object store)
+/// the chunk is put whole, its rows written earlier read back first.
 fn write_chunk(store: &dyn Store, job: &Job) -> Result<(), RecordError> {
     let spec = &job.array.spec;
     let path = spec.chunk_path(&job.array.dir, job.chunk);
     let rb = spec.row_bytes();
-    let chunk_bytes = spec.chunk_bytes();
     let in_chunk = job.first_row - job.chunk * spec.chunk_rows;
     create_parent(store, &path)?;
-    match spec.codec {
-        Codec::Raw => {
-            // Append in place: only bytes past the rows already in this chunk are written,
-            // straight from their message buffers, no gathering copy. A partial chunk's
-            // padding is never written: it reads as zeros (the fill value) and lies past
-            // `shape`, so no reader sees it.
-            let slices: Vec<&[u8]> = job.rows.iter().map(Row::bytes).collect();
-            let in_place = in_place(store, &job.array.dir)?;
-            in_place.write_at(&path, in_chunk * as_u64(rb), &slices, as_u64(chunk_bytes))?;
+    if let (Codec::Raw, Some(in_place)) = (spec.codec, store.in_place()) {
+        // Append in place: only bytes past the rows already in this chunk are written,
+        // straight from their message buffers, no gathering copy. A partial chunk's
+        // padding is never written: it reads as zeros (the fill value) and lies past
+        // `shape`, so no reader sees it.
+        let slices: Vec<&[u8]> = job.rows.iter().map(Row::bytes).collect();
+        in_place.write_at(&path, in_chunk * as_u64(rb), &slices, as_u64(spec.chunk_bytes()))?;
+        return Ok(());
+    }
+    let out = encode_whole(store, job, &path)?;
+    // A chunk that may hold announced rows is replaced whole, atomically; a fresh
+    // chunk lies past the announced shape, so a torn write of it is invisible.
+    let replace = job.partial || job.disk_prefix > 0 || store.exists(&path);
+    store.put(&path, &out, if replace { Put::Replace } else { Put::Fresh })
+}
+
+/// A chunk's bytes being made whole: as they are, or zstd-compressed.
+enum Encoding {
+    Raw(Vec<u8>),
+    Zstd(zstd::stream::Encoder<'static, Vec<u8>>),
+}
+
+impl Encoding {
+    fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        match self {
+            Encoding::Raw(v) => {
+                v.extend_from_slice(bytes);
+                Ok(())
+            }
+            Encoding::Zstd(e) => e.write_all(bytes),
         }
-        Codec::Zstd(level) => {
-            let fail = |op: &str, e: std::io::Error| io_error(op, &path, &e);
-            let mut enc = zstd::stream::Encoder::new(Vec::with_capacity(chunk_bytes / 2), level)
-                .map_err(|e| fail("start compressing", e))?;
-            let mut written = 0usize;
-            if job.disk_prefix > 0 {
-                // Rows of this chunk flushed earlier as a padded partial chunk.
-                let want = as_usize(job.disk_prefix) * rb;
-                let stored = store.get(&path).map_err(|e| fail("reopen", e))?;
+    }
+
+    fn finish(self) -> std::io::Result<Vec<u8>> {
+        match self {
+            Encoding::Raw(v) => Ok(v),
+            Encoding::Zstd(e) => e.finish(),
+        }
+    }
+}
+
+/// The whole chunk of `job` as stored: the rows of this chunk written earlier (read back
+/// from the store), the job's rows, and for a chunk not complete yet, zeros to its full
+/// size (the fill value, past the announced shape).
+fn encode_whole(store: &dyn Store, job: &Job, path: &Path) -> Result<Vec<u8>, RecordError> {
+    let spec = &job.array.spec;
+    let rb = spec.row_bytes();
+    let chunk_bytes = spec.chunk_bytes();
+    let fail = |op: &str, e: std::io::Error| io_error(op, path, &e);
+    let mut enc = match spec.codec {
+        Codec::Raw => Encoding::Raw(Vec::with_capacity(chunk_bytes)),
+        Codec::Zstd(level) => Encoding::Zstd(
+            zstd::stream::Encoder::new(Vec::with_capacity(chunk_bytes / 2), level)
+                .map_err(|e| fail("start compressing", e))?,
+        ),
+    };
+    let mut written = 0usize;
+    if job.disk_prefix > 0 {
+        // Rows of this chunk put earlier as a padded partial chunk.
+        let want = as_usize(job.disk_prefix) * rb;
+        let stored = store.get(path).map_err(|e| fail("reopen", e))?;
+        match spec.codec {
+            Codec::Raw => {
+                let prefix = stored.get(..want).ok_or_else(|| {
+                    fail("read back", std::io::Error::from(std::io::ErrorKind::UnexpectedEof))
+                })?;
+                enc.write_all(prefix).map_err(|e| fail("copy", e))?;
+            }
+            Codec::Zstd(_) => {
                 let mut dec =
                     zstd::stream::Decoder::with_buffer(&stored[..]).map_err(|e| fail("decompress", e))?;
                 let mut prefix = vec![0u8; want];
                 dec.read_exact(&mut prefix).map_err(|e| fail("read back", e))?;
                 enc.write_all(&prefix).map_err(|e| fail("compress", e))?;
-                written += want;
             }
-            debug_assert_eq!(as_u64(written), in_chunk * as_u64(rb));
-            for r in &job.rows {
-                enc.write_all(r.bytes()).map_err(|e| fail("compress", e))?;
-                written += rb;
-            }
-            if job.partial && written < chunk_bytes {
-                let zeros = vec![0u8; (chunk_bytes - written).min(1 << 20)];
-                while written < chunk_bytes {
-                    let n = zeros.len().min(chunk_bytes - written);
-                    enc.write_all(&zeros[..n]).map_err(|e| fail("compress", e))?;
-                    written += n;
-                }
-            }
-            let out = enc.finish().map_err(|e| fail("finish compressing", e))?;
-            // A chunk that may hold announced rows is replaced whole, atomically; a fresh
-            // chunk lies past the announced shape, so a torn write of it is invisible.
-            let replace = job.partial || job.disk_prefix > 0 || store.exists(&path);
-            store.put(&path, &out, if replace { Put::Replace } else { Put::Fresh })?;
+        }
+        written += want;
+    }
+    debug_assert_eq!(as_u64(written), (job.first_row - job.chunk * spec.chunk_rows) * as_u64(rb));
+    for r in &job.rows {
+        enc.write_all(r.bytes()).map_err(|e| fail("compress", e))?;
+        written += rb;
+    }
+    if written < chunk_bytes {
+        let zeros = vec![0u8; (chunk_bytes - written).min(1 << 20)];
+        while written < chunk_bytes {
+            let n = zeros.len().min(chunk_bytes - written);
+            enc.write_all(&zeros[..n]).map_err(|e| fail("compress", e))?;
+            written += n;
         }
     }
-    Ok(())
+    enc.finish().map_err(|e| fail("finish compressing", e))
 }

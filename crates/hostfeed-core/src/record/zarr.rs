@@ -79,6 +79,11 @@ impl DType {
         }
     }
 
+    /// The data type named `name` in a `zarr.json`, if the recorder writes it.
+    pub(crate) fn from_name(name: &str) -> Option<DType> {
+        (0..64).filter_map(|code| DType::from_xla(code).ok()).find(|d| d.name == name)
+    }
+
     /// The `fill_value` JSON. Padding past the last row is never read (it lies beyond
     /// `shape`), so any valid value works; zero is the natural one.
     #[must_use]

@@ -56,6 +56,7 @@ impl Recorder {
         }
         let mut arrays = write_lock(&self.arrays);
         let mut index = lock(&self.index);
+        index.refuse_frozen(name)?;
         let mut parted = lock(&self.parted);
         let mut global = part_shape.to_vec();
         global[0] *= count;
@@ -101,6 +102,7 @@ impl Recorder {
                 part: Some(Part { index: p, count }),
             };
             let handle = Arc::new(ArrayHandle {
+                meta_chunk_rows: self.meta_chunk_rows(),
                 id: arrays.len(),
                 name: name.to_string(),
                 dir: dir.clone(),
@@ -114,7 +116,7 @@ impl Recorder {
         }
         let first = Arc::clone(&arrays[ids[0]]);
         let store = &*self.store;
-        for (suffix, _) in meta_specs(&leaf) {
+        for (suffix, _) in meta_specs(&leaf, self.meta_chunk_rows()) {
             let mdir = group_dir.join(format!("{leaf}.{suffix}"));
             store.create_dir(&mdir).map_err(|e| io_error("create", &mdir, &e).context(&context))?;
         }
@@ -130,7 +132,7 @@ impl Recorder {
 
     fn write_parted_metadata(&self, a: &ArrayHandle, rows: u64) -> Result<(), RecordError> {
         let store = &*self.store;
-        for (suffix, spec) in meta_specs(&a.leaf) {
+        for (suffix, spec) in meta_specs(&a.leaf, a.meta_chunk_rows) {
             let mdir = a.group_dir.join(format!("{}.{suffix}", a.leaf));
             zarr::write_json(store, &mdir, &spec.metadata(rows, &json!({})))?;
         }

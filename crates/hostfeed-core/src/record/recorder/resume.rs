@@ -1,0 +1,238 @@
+//! Appending to an existing recording ([`Mode::Append`]): at open, every array the store
+//! holds is adopted, to go on after its last announced row; with `resume_after_step`, the
+//! rows from the first one whose step is greater than it are dropped first.
+//!
+//! What an adopted array keeps from the store: its dtype, row shape, chunking, codec, key
+//! separator and the chunking of its per-row metadata (a later declaration must match the
+//! dtype and row shape, or it is the usual clash error); its record numbers go on after
+//! the largest in the store, and the transforms table after the store's. Dropping rows
+//! announces fewer rows (data array first, then its metadata arrays, which so never hold
+//! fewer rows than it); the bytes past the new end are overwritten by the rows recorded
+//! next. Arrays recorded from sharded values in parts are kept as they are but cannot be
+//! appended to yet (a record under their name is refused, saying so).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use serde_json::{json, Value};
+
+use crate::error::RecordError;
+use crate::host::sync::lock;
+use crate::record::arrays::{ArrayHandle, ArrayState};
+use crate::record::common::{as_u64, as_usize, write_lock, Mode};
+use crate::record::recorder::{NameIndex, Recorder};
+use crate::record::store::io_error;
+use crate::record::zarr::{self, ArraySpec, Codec, DType};
+
+/// An array found in the store: its name, directory and `zarr.json`.
+struct Found {
+    name: String,
+    dir: PathBuf,
+    doc: Value,
+}
+
+impl NameIndex {
+    /// Refuses a record under the name of an array that cannot be appended to.
+    pub(super) fn refuse_frozen(&self, name: &str) -> Result<(), RecordError> {
+        match self.frozen.get(name) {
+            Some(why) => Err(RecordError::Invalid(format!(
+                "cannot append to {name:?} in this store: {why}; record under another name"
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
+fn corrupt(dir: &Path, what: &str) -> RecordError {
+    RecordError::Io {
+        errno: Some(libc::EINVAL),
+        message: format!("cannot append to the array at {}: {what}", dir.display()),
+    }
+}
+
+fn u64s(v: &Value) -> Option<Vec<u64>> {
+    v.as_array()?.iter().map(Value::as_u64).collect()
+}
+
+/// An array's layout from its `zarr.json`: `Ok(Err(why))` for one this recorder cannot
+/// append to.
+fn spec_of(f: &Found) -> Result<Result<(ArraySpec, u64), String>, RecordError> {
+    let doc = &f.doc;
+    let shape = u64s(&doc["shape"]).filter(|s| !s.is_empty()).ok_or_else(|| corrupt(&f.dir, "no shape"))?;
+    let chunk = u64s(&doc["chunk_grid"]["configuration"]["chunk_shape"])
+        .filter(|c| c.len() == shape.len() && c[0] > 0)
+        .ok_or_else(|| corrupt(&f.dir, "no regular chunk grid"))?;
+    let name = doc["data_type"].as_str().unwrap_or("");
+    let dtype = DType::from_name(name).ok_or_else(|| corrupt(&f.dir, &format!("data type {name:?}")))?;
+    let row_shape = shape[1..].to_vec();
+    if chunk[1..].iter().zip(&row_shape).any(|(c, d)| *c != (*d).max(1)) {
+        return Ok(Err("it was recorded from a sharded value in parts, which cannot be appended to yet".into()));
+    }
+    let mut codec = Codec::Raw;
+    for c in doc["codecs"].as_array().into_iter().flatten() {
+        match c["name"].as_str() {
+            Some("bytes") => {}
+            Some("zstd") => {
+                let level = c["configuration"]["level"].as_i64().and_then(|l| i32::try_from(l).ok()).unwrap_or(1);
+                codec = Codec::Zstd(level);
+            }
+            other => return Ok(Err(format!("its codec {other:?} is not one hostfeed writes"))),
+        }
+    }
+    let sep = match doc["chunk_key_encoding"]["configuration"]["separator"].as_str() {
+        Some(".") => '.',
+        _ => '/',
+    };
+    let dim_names = doc["dimension_names"]
+        .as_array()
+        .map_or_else(|| vec![None; shape.len()], |a| a.iter().map(|v| v.as_str().map(str::to_string)).collect());
+    let spec = ArraySpec { dtype, row_shape, chunk_rows: chunk[0], codec, dim_names, sep, part: None };
+    Ok(Ok((spec, shape[0])))
+}
+
+impl Recorder {
+    /// Adopts the arrays of the store for appending (see the module documentation); does
+    /// nothing unless `mode` appends.
+    pub(super) fn adopt(&self, mode: Mode) -> Result<(), RecordError> {
+        let Mode::Append { resume_after_step } = mode else { return Ok(()) };
+        let mut found = Vec::new();
+        self.find_arrays(&self.root, "", &mut found)?;
+        let mut next_seq = 0u64;
+        let mut table: Vec<String> = Vec::new();
+        for f in found {
+            let context = format!("appending to {:?}", f.name);
+            let (spec, stored) = match spec_of(&f)? {
+                Ok(s) => s,
+                Err(why) => {
+                    let mut index = lock(&self.index);
+                    index.groups.extend(f.name.match_indices('/').map(|(i, _)| f.name[..i].to_string()));
+                    index.frozen.insert(f.name, why);
+                    continue;
+                }
+            };
+            let (group_dir, leaf) = match f.name.rsplit_once('/') {
+                Some((_, leaf)) => (f.dir.parent().map(Path::to_path_buf).unwrap_or_default(), leaf.to_string()),
+                None => (self.root.clone(), f.name.clone()),
+            };
+            let meta_dir = |suffix: &str| group_dir.join(format!("{leaf}.{suffix}"));
+            let meta_chunk_rows = self
+                .doc(&meta_dir("step"))
+                .ok()
+                .and_then(|d| u64s(&d["chunk_grid"]["configuration"]["chunk_shape"]))
+                .and_then(|c| c.first().copied())
+                .filter(|&c| c > 0)
+                .ok_or_else(|| corrupt(&f.dir, "its per-row metadata array .step is missing"))?;
+            let rows = match resume_after_step {
+                Some(step) => self.rows_through(&meta_dir("step"), meta_chunk_rows, stored, step)?,
+                None => stored,
+            };
+            if rows < stored {
+                self.truncate(&f, &group_dir, &leaf, rows).map_err(|e| e.context(&context))?;
+            }
+            if rows > 0 {
+                let last = self.meta_value(&meta_dir("seq"), meta_chunk_rows, rows - 1)?;
+                next_seq = next_seq.max(u64::try_from(last).unwrap_or(0) + 1);
+            }
+            let transforms = f.doc["attributes"]["hostfeed"]["transforms"].as_array().cloned().unwrap_or_default();
+            if transforms.len() > table.len() {
+                table = transforms.iter().map(Value::to_string).collect();
+            }
+            let mut arrays = write_lock(&self.arrays);
+            let mut index = lock(&self.index);
+            let handle = Arc::new(ArrayHandle {
+                id: arrays.len(),
+                name: f.name.clone(),
+                dir: f.dir,
+                group_dir,
+                leaf,
+                state: Mutex::new(ArrayState::resumed(rows, spec.chunk_rows)),
+                spec,
+                meta_chunk_rows,
+            });
+            index.arrays.insert(f.name.clone(), handle.id);
+            index.groups.extend(f.name.match_indices('/').map(|(i, _)| f.name[..i].to_string()));
+            arrays.push(handle);
+        }
+        self.next_seq.fetch_max(next_seq, Ordering::Relaxed);
+        let mut own = lock(&self.transforms);
+        if table.len() > own.len() {
+            *own = table;
+        }
+        Ok(())
+    }
+
+    /// The `zarr.json` of the node at `dir`.
+    fn doc(&self, dir: &Path) -> Result<Value, RecordError> {
+        let path = dir.join("zarr.json");
+        let bytes = self.store.get(&path).map_err(|e| io_error("read", &path, &e))?;
+        serde_json::from_slice(&bytes).map_err(|e| corrupt(dir, &format!("zarr.json is not JSON: {e}")))
+    }
+
+    /// Every hostfeed data array below group `dir` (named `prefix` + its path).
+    fn find_arrays(&self, dir: &Path, prefix: &str, out: &mut Vec<Found>) -> Result<(), RecordError> {
+        let entries = self.store.list(dir).map_err(|e| io_error("list", dir, &e))?;
+        for child in entries {
+            let Some(leaf) = child.file_name().and_then(|n| n.to_str()).map(str::to_string) else { continue };
+            if leaf.starts_with('.') || leaf == "zarr.json" {
+                continue;
+            }
+            let Ok(doc) = self.doc(&child) else { continue };
+            let name = format!("{prefix}{leaf}");
+            match doc["node_type"].as_str() {
+                Some("group") => self.find_arrays(&child, &format!("{name}/"), out)?,
+                Some("array") if doc["attributes"]["hostfeed"]["name"].is_string() => {
+                    out.push(Found { name, dir: child, doc });
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The int64 value of row `row` of the per-row metadata array at `dir`.
+    fn meta_value(&self, dir: &Path, chunk_rows: u64, row: u64) -> Result<i64, RecordError> {
+        let path = dir.join("c").join((row / chunk_rows).to_string());
+        let bytes = self.store.get(&path).map_err(|e| io_error("read", &path, &e))?;
+        let at = as_usize(row % chunk_rows) * 8;
+        bytes
+            .get(at..at + 8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+            .ok_or_else(|| corrupt(dir, "a metadata chunk is too short"))
+    }
+
+    /// How many of the first `rows` rows come before the first whose step (the `.step`
+    /// array at `dir`) is greater than `step`.
+    fn rows_through(&self, dir: &Path, chunk_rows: u64, rows: u64, step: i64) -> Result<u64, RecordError> {
+        let mut k = 0;
+        while k * chunk_rows < rows {
+            let path = dir.join("c").join(k.to_string());
+            let bytes = self.store.get(&path).map_err(|e| io_error("read", &path, &e))?;
+            let n = as_usize((rows - k * chunk_rows).min(chunk_rows));
+            let values = bytes.get(..n * 8).ok_or_else(|| corrupt(dir, "a metadata chunk is too short"))?;
+            if let Some(i) = values.chunks(8).position(|b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])) > step) {
+                return Ok(k * chunk_rows + as_u64(i));
+            }
+            k += 1;
+        }
+        Ok(rows)
+    }
+
+    /// Announces only the first `rows` rows of an adopted array: the data array first, then
+    /// its metadata arrays.
+    fn truncate(&self, f: &Found, group_dir: &Path, leaf: &str, rows: u64) -> Result<(), RecordError> {
+        let store = &*self.store;
+        let mut doc = f.doc.clone();
+        doc["shape"][0] = json!(rows);
+        zarr::write_json(store, &f.dir, &doc)?;
+        for suffix in zarr::ROW_METADATA {
+            let dir = group_dir.join(format!("{leaf}.{suffix}"));
+            let mut meta = self.doc(&dir)?;
+            if meta["shape"][0].as_u64().is_some_and(|n| n > rows) {
+                meta["shape"][0] = json!(rows);
+                zarr::write_json(store, &dir, &meta)?;
+            }
+        }
+        Ok(())
+    }
+}

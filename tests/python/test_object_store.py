@@ -1,0 +1,247 @@
+"""Recording to an object store: hostfeed.Recorder("s3://bucket/...") against a real S3
+server that the tests start on 127.0.0.1 (moto in server mode, helpers/s3_server.py).
+
+What is checked: rows recorded under jit (raw and zstd, flushed in the middle of chunks)
+read back bit for bit with zarr-python; a missing bucket and a bad option fail at open; a
+second writer is refused naming the holder, and a writer killed with ``kill -9`` leaves a
+store with every flushed row that opens again once the lock's lease has ended; the server
+stopped and restarted mid-run (the client retries); no secret in any message, repr, log
+line, object or lock record."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+pytest.importorskip("moto.server", reason="needs moto[server]: pip install 'moto[server]'")
+pytest.importorskip("obstore", reason="needs obstore: pip install obstore")
+pytest.importorskip("zarr", reason="needs zarr-python")
+
+import jax
+import jax.numpy as jnp
+
+import hostfeed
+from conftest import wait_until
+from helpers.s3_server import SECRET_ACCESS_KEY, S3Server, restore, setenv
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def s3():
+    server = S3Server()
+    server.start()
+    old = setenv(server.env())
+    try:
+        yield server
+    finally:
+        restore(old)
+        server.stop()
+
+
+@pytest.fixture
+def bucket(s3):
+    return s3.new_bucket()
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_a_jitted_loop_reads_back_bit_for_bit(s3, bucket, compression):
+    url = f"s3://{bucket}/runs/r1.zarr"
+    # 4 rows a chunk: flushes at rows 6 and 7 leave chunks half full, put again whole later.
+    with hostfeed.Recorder(url, compression=compression, chunk_bytes=64) as rec:
+        assert rec.path == url and repr(rec) == f"hostfeed.Recorder({url!r})"
+        step = jax.jit(lambda x, s: rec.record("layer1/h", x * 2, step=s).sum())
+        for s in range(13):
+            step(jnp.arange(4, dtype=jnp.float32) + s, s)
+            if s in (6, 7):
+                rec.flush()
+                assert hostfeed.read_recording(url, "layer1/h")[0].shape == (s + 1, 4)
+    rows, meta = hostfeed.read_recording(url, "layer1/h")
+    want = np.stack([(np.arange(4, dtype=np.float32) + s) * 2 for s in range(13)])
+    np.testing.assert_array_equal(rows, want)
+    assert meta["step"].tolist() == list(range(13))
+    assert meta["seq"].tolist() == list(range(13))
+    keys = set(s3.objects(bucket, "runs/r1.zarr/"))
+    assert "runs/r1.zarr/zarr.json" in keys and "runs/r1.zarr/layer1/h/c/3/0" in keys
+    assert "runs/r1.zarr/.hostfeed.lock" not in keys, "the lock object is removed at close"
+    # zarr-python directly, as any reader would (obstore, the same Rust client).
+    import obstore.store
+    import zarr
+    store = zarr.storage.ObjectStore(obstore.store.from_url(
+        f"s3://{bucket}", config={"endpoint": s3.endpoint}, client_options={"allow_http": True}),
+        read_only=True)
+    group = zarr.open_group(store, path="runs/r1.zarr", mode="r")
+    np.testing.assert_array_equal(group["layer1/h"][:], want)
+
+
+def test_a_resumed_run_appends_each_step_once(s3, bucket):
+    url = f"s3://{bucket}/resumed.zarr"
+
+    def train(rec, steps):
+        f = jax.jit(lambda s: rec.record("h", jnp.full(4, s, jnp.int32), step=s))
+        for s in steps:
+            f(s)
+
+    with hostfeed.Recorder(url, chunk_bytes=48, compression="zstd") as rec:  # 3 rows a chunk
+        train(rec, range(7))
+        rec.flush()
+        train(rec, range(7, 8))
+    with hostfeed.Recorder(url, mode="a", resume_after_step=4, chunk_bytes=48) as rec:
+        with pytest.raises(ValueError, match="first recorded as int32"):
+            rec.record("h", jnp.ones(5, jnp.int32))
+        train(rec, range(5, 11))
+    rows, meta = hostfeed.read_recording(url, "h")
+    assert meta["step"].tolist() == list(range(11))
+    np.testing.assert_array_equal(rows, np.repeat(np.arange(11)[:, None], 4, axis=1))
+
+
+def test_a_missing_bucket_fails_at_open_naming_the_store(s3):
+    with pytest.raises(hostfeed.RecordingError, match=r"cannot reach s3://no-such-bucket-hf/r"
+                       r"\.zarr: .*NoSuchBucket"):
+        hostfeed.Recorder("s3://no-such-bucket-hf/r.zarr", storage_options={"max_retries": 0})
+
+
+def test_bad_options_and_urls_are_clear_errors(s3, bucket):
+    with pytest.raises(ValueError, match='unknown storage option "aws_bogus"'):
+        hostfeed.Recorder(f"s3://{bucket}/r.zarr", storage_options={"aws_bogus": 1})
+    with pytest.raises(ValueError, match="storage_options apply to object store URLs"):
+        hostfeed.Recorder("/tmp/x.zarr", storage_options={"aws_region": "x"})
+    with pytest.raises(ValueError, match="ftp:// stores are not supported"):
+        hostfeed.Recorder("ftp://host/r.zarr")
+    with pytest.raises(ValueError, match="lease must be"):
+        hostfeed.Recorder(f"s3://{bucket}/r.zarr", lease=0)
+
+
+def test_a_second_writer_is_refused_naming_the_holder(s3, bucket):
+    url = f"s3://{bucket}/held.zarr"
+    rec = hostfeed.Recorder(url)
+    rec.record("x", jnp.arange(3))
+    rec.flush()
+    with pytest.raises(hostfeed.RecordingError,
+                       match=f"is locked: a hostfeed.Recorder of process {os.getpid()} on host"):
+        hostfeed.Recorder(url, mode="w")
+    lock = json.loads(s3.objects(bucket, "held.zarr/.hostfeed.lock")["held.zarr/.hostfeed.lock"])
+    assert lock["pid"] == os.getpid() and lock["lease_until_ns"] > lock["since_ns"]
+    rec.close()
+    with hostfeed.Recorder(url, mode="w") as again:
+        again.record("y", jnp.ones(2))
+    assert "held.zarr/x/zarr.json" not in s3.objects(bucket, "held.zarr/"), "replaced"
+
+
+def test_a_killed_writer_leaves_its_flushed_rows_and_its_lease_ends(s3, bucket):
+    url = f"s3://{bucket}/killed.zarr"
+    code = textwrap.dedent(f"""
+        import os, signal, jax.numpy as jnp, hostfeed
+        rec = hostfeed.Recorder({url!r}, chunk_bytes=64, lease=3.0)
+        for s in range(10):
+            rec.record("h", jnp.full(4, s, jnp.int32), step=s)
+        rec.flush()
+        for s in range(10, 12):  # recorded, never flushed
+            rec.record("h", jnp.full(4, s, jnp.int32), step=s)
+        print("flushed", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=180, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == -signal.SIGKILL and "flushed" in proc.stdout, proc.stderr
+    rows, meta = hostfeed.read_recording(url, "h")
+    assert rows.shape[0] >= 10 and meta["step"][:10].tolist() == list(range(10))
+    np.testing.assert_array_equal(rows, np.repeat(meta["step"][:, None], 4, axis=1))
+    # The dead writer's lock: refused while its lease lasts, then the store opens again.
+    with pytest.raises(hostfeed.RecordingError, match="is locked"):
+        hostfeed.Recorder(url, mode="w", lease=3.0)
+    opened = []
+
+    def reopen():
+        try:
+            opened.append(hostfeed.Recorder(url, mode="w"))
+        except hostfeed.RecordingError as exc:
+            assert "is locked" in str(exc), exc
+        return bool(opened)
+
+    wait_until(reopen, timeout=30)
+    opened[0].close()
+
+
+def test_the_server_stopped_and_restarted_mid_run_loses_nothing(s3, bucket):
+    url = f"s3://{bucket}/restart.zarr"
+    with hostfeed.Recorder(url, chunk_bytes=64, commit_interval=3600) as rec:
+        for s in range(5):
+            rec.record("h", jnp.full(4, s, jnp.int32), step=s)
+        rec.flush()
+        s3.stop()
+        flushed = threading.Event()
+        errors: list[BaseException] = []
+
+        def flush():
+            try:
+                for s in range(5, 9):
+                    rec.record("h", jnp.full(4, s, jnp.int32), step=s)
+                rec.flush()
+            except (hostfeed.RecordingError, ValueError) as exc:  # surfaced below
+                errors.append(exc)
+            flushed.set()
+
+        t = threading.Thread(target=flush)
+        t.start()
+        # The writes are retried with backoff while the server is down (the default
+        # retry_timeout is 3 minutes): the flush is still waiting when the server returns.
+        assert not flushed.wait(1.0)
+        s3.start()
+        assert flushed.wait(120), "the flush finished once the server was back"
+        t.join()
+        assert not errors, errors
+    rows, meta = hostfeed.read_recording(url, "h")
+    assert meta["step"].tolist() == list(range(9))
+    np.testing.assert_array_equal(rows, np.repeat(np.arange(9)[:, None], 4, axis=1))
+
+
+def test_an_unreachable_server_is_a_recording_error_at_flush(s3, bucket):
+    url = f"s3://{bucket}/down.zarr"
+    rec = hostfeed.Recorder(url, chunk_bytes=64, commit_interval=3600,
+                            storage_options={"retry_timeout": 1, "max_retries": 2})
+    rec.record("h", jnp.arange(4))
+    rec.flush()
+    s3.stop()
+    try:
+        rec.record("h", jnp.arange(4) + 1)
+        with pytest.raises(hostfeed.RecordingError, match=f"{url}/h"):
+            rec.flush()
+    finally:
+        s3.start()
+        rec.close()  # the failure was reported by the flush, once
+    rows, _ = hostfeed.read_recording(url, "h")
+    assert rows.tolist()[:1] == [[0, 1, 2, 3]], "what was announced is intact"
+
+
+def test_secrets_appear_nowhere(s3, bucket, caplog):
+    secret = SECRET_ACCESS_KEY
+    assert os.environ["AWS_SECRET_ACCESS_KEY"] == secret
+    opts = {"aws_secret_access_key": secret, "aws_access_key_id": "id-given-in-options"}
+    texts = []
+    with caplog.at_level(logging.DEBUG):
+        with pytest.raises(hostfeed.RecordingError) as missing:
+            hostfeed.Recorder("s3://no-such-bucket-hf/r.zarr",
+                              storage_options={**opts, "max_retries": 0})
+        texts.append(str(missing.value))
+        rec = hostfeed.Recorder(f"s3://{bucket}/s.zarr", storage_options=opts)
+        texts += [repr(rec), str(rec), rec.path]
+        with pytest.raises(hostfeed.RecordingError) as busy:
+            hostfeed.Recorder(f"s3://{bucket}/s.zarr", mode="w", storage_options=opts)
+        texts.append(str(busy.value))
+        rec.record("x", jnp.arange(3))
+        rec.flush()
+        stored = s3.objects(bucket, "s.zarr/")  # the lock object included
+        assert "s.zarr/.hostfeed.lock" in stored
+        rec.close()
+    texts += [v.decode("latin-1") for v in stored.values()]
+    texts += [r.getMessage() for r in caplog.records]
+    assert all(secret not in t for t in texts), [t for t in texts if secret in t]
