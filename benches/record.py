@@ -29,14 +29,26 @@ large rows it adds what holding rows costs the copy itself: numpy copies into on
 (what a no-op tap gets: its buffer comes back warm from the pool) and into as many
 buffers as rows (what a recorder needs: it keeps rows until they are written).
 
+Large rows also go through the Recorder sharded (``shard_bytes``, 256 MiB shards of the
+16 MiB chunks, one file per shard), beside the unsharded Recorder.
+
+``--s3 [MB]`` writes MB (default 1024) of the large rows to an S3 server started on
+127.0.0.1 (s3s-fs when its binary is on PATH or in ``$S3S_FS``, else moto in a process of
+its own; ``--s3-server moto`` chooses), side by side: the Recorder (sharded and not,
+from a jitted loop, until flushed and closed) against tensorstore's ``zarr3`` driver with
+sharding and zarr-python with sharding, each writing all rows from host memory in one
+call (their fastest use, no JAX). Printed: GB/s, objects per GiB, objects written per
+second, and ratios to tensorstore.
+
 A third mode, ``--names [N]``, checks that a new name costs the same however many came
 before: N distinct names (default 10,000) into one store, recorded eagerly
 (``rec.record(name, x)``) and from jitted functions that each record 100 new names, with a
 flush after every 1000; it prints the cost per 1000 names of each block and the ratio of
 the last block to the first.
 
-Run: python benches/record.py [--device-only | --names [N]] [DIR ...]   (default: /dev/shm
-and a directory under /work or the system temp dir; --device-only: the second table only).
+Run: python benches/record.py [--device-only | --names [N] | --s3 [MB]] [DIR ...]
+(default: /dev/shm and a directory under /work or the system temp dir; --device-only: the
+second table only).
 Environment: HOSTFEED_BENCH_REPEATS (default 5), HOSTFEED_BENCH_LARGE_MB (default 1024),
 HOSTFEED_BENCH_SMALL_ROWS (default 10000).
 """
@@ -270,8 +282,99 @@ def names_cost(n: int, base: str) -> None:
                   f"all {sum(t):.1f} s for {n} names")
 
 
+def s3_cost(mb: int, kind: str) -> None:
+    """The S3 table (see the module documentation)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                    "python", "helpers"))
+    from s3_server import S3Process  # the test suite's server launcher
+    import tensorstore as ts
+    import zarr
+    import obstore.store
+
+    if kind == "auto":
+        kind = "s3s-fs" if S3Process.s3s_fs() else "moto"
+    server = S3Process(kind)
+    server.start()
+    os.environ.update(server.env())
+    x = jnp.asarray(np.random.default_rng(0).normal(size=LARGE_SHAPE).astype(np.float32))
+    n = max(1, mb * (1 << 20) // x.nbytes)
+    host = np.asarray(x)
+    rows = np.broadcast_to(host, (n, *host.shape))
+    inner, shard = (4, *host.shape), (64, *host.shape)  # 16 MiB chunks, 256 MiB shards
+    where: dict[str, str] = {}
+
+    def recorder(**options) -> Callable[[str], Callable[[], None]]:
+        def setup(bucket: str) -> Callable[[], None]:
+            where["bucket"], where["prefix"] = bucket, "run.zarr/"
+            return recorder_case(n, x, **options)(f"s3://{bucket}")
+        return setup
+
+    def tensorstore(bucket: str) -> Callable[[], None]:
+        where["bucket"], where["prefix"] = bucket, "ts.zarr/"
+        spec = {"driver": "zarr3", "kvstore": {
+                    "driver": "s3", "bucket": bucket, "path": "ts.zarr/",
+                    "endpoint": server.endpoint, "aws_region": "us-east-1"},
+                "metadata": {"shape": list(rows.shape), "data_type": "float32",
+                             "chunk_grid": {"name": "regular",
+                                            "configuration": {"chunk_shape": list(shard)}},
+                             "codecs": [{"name": "sharding_indexed", "configuration": {
+                                 "chunk_shape": list(inner), "codecs": [{"name": "bytes"}]}}]},
+                "create": True}
+        arr = ts.open(spec).result()
+        return lambda: arr.write(rows).result()
+
+    def zarr_python(bucket: str) -> Callable[[], None]:
+        where["bucket"], where["prefix"] = bucket, "zp.zarr/"
+        store = zarr.storage.ObjectStore(obstore.store.from_url(
+            f"s3://{bucket}/zp.zarr", config={"endpoint": server.endpoint},
+            client_options={"allow_http": True}))
+        arr = zarr.create_array(store, shape=rows.shape, dtype="float32", chunks=inner,
+                                shards=shard, compressors=None)
+        return lambda: arr.__setitem__(slice(None), rows)
+
+    cases = {"Recorder, sharded 256 MiB": recorder(shard_bytes=256 << 20),
+             "Recorder, unsharded": recorder(shard_bytes=0),
+             "tensorstore zarr3, sharded": tensorstore,
+             "zarr-python, sharded": zarr_python}
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    objects: dict[str, int] = {}
+    hostfeed.start_receiver(max_queue_byte_size=1 << 30)  # room for a 256 MiB shard
+    try:
+        for r in range(REPEATS + 1):  # round 0 warms up
+            for k, setup in cases.items():
+                bucket = server.new_bucket()
+                run = setup(bucket)
+                t0 = time.perf_counter()
+                run()
+                t = time.perf_counter() - t0
+                if r:
+                    times[k].append(t)
+                objects[k] = len(server.keys(where["bucket"], where["prefix"]))
+    finally:
+        server.close()
+        hostfeed.start_receiver(max_queue_byte_size=256_000_000)
+    gib = rows.nbytes / 2**30
+    base = statistics.median(times["tensorstore zarr3, sharded"])
+    print(f"\nS3 ({kind} on 127.0.0.1): {n} rows of float32{list(LARGE_SHAPE)} ({gib:.2f} GiB), "
+          f"median of {REPEATS}")
+    print(f"  {'case':<30}{'GB/s med':>10}{'best':>8}{'objects/GiB':>13}{'objects/s':>11}"
+          f"{'vs tensorstore':>16}")
+    for k, v in times.items():
+        med = statistics.median(v)
+        print(f"  {k:<30}{rows.nbytes / med / 1e9:>10.3f}{rows.nbytes / min(v) / 1e9:>8.3f}"
+              f"{objects[k] / gib:>13.0f}{objects[k] / med:>11.1f}{base / med:>15.2f}x")
+
+
 def main() -> None:
     args = sys.argv[1:]
+    if "--s3" in args:
+        i = args.index("--s3")
+        mb = int(args[i + 1]) if i + 1 < len(args) and args[i + 1].isdigit() else 1024
+        kind = args[args.index("--s3-server") + 1] if "--s3-server" in args else "auto"
+        print(f"jax {jax.__version__}, hostfeed {hostfeed.__version__}, {os.cpu_count()} cpus, "
+              f"load {os.getloadavg()[0]:.1f}, {REPEATS} rounds")
+        s3_cost(mb, kind)
+        return
     device_only = "--device-only" in args
     if "--names" in args:
         i = args.index("--names")
@@ -297,6 +400,7 @@ def main() -> None:
             Case("Recorder, 1 writer", recorder_case(n_large, large, writers=1)),
             Case("Recorder, zstd 1, 2 writers",
                  recorder_case(n_large, large, compression="zstd", writers=2)),
+            Case("Recorder, sharded 256 MiB", recorder_case(n_large, large, shard_bytes=256 << 20)),
             Case("tap + zarr append", tap_zarr_case(n_large, large)),
             Case("tap + np.save", np_save_case(n_large, large, "tap")),
             Case("debug.callback + np.save", np_save_case(n_large, large, "debug")),

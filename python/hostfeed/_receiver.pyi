@@ -111,6 +111,7 @@ class Recorder:
         storage_options: list[tuple[str, str]] | None = None,
         lease: float = 60.0,
         resume_after_step: int | None = None,
+        shard_bytes: int | None = None,
     ) -> Recorder:
         """Creates the store at ``path`` and starts its writer threads. ``shared``: the
         run id of a store shared by the processes of a jax.distributed run (the leader

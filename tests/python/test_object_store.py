@@ -1,5 +1,8 @@
-"""Recording to an object store: hostfeed.Recorder("s3://bucket/...") against a real S3
-server that the tests start on 127.0.0.1 (moto in server mode, helpers/s3_server.py).
+"""Recording to an object store: hostfeed.Recorder("s3://bucket/...") against real S3
+servers that the tests start on 127.0.0.1 (helpers/s3_server.py): moto in server mode, and
+s3s-fs, a second, independent implementation (in Rust; ``cargo install s3s-fs --features
+binary``; its binary on PATH or in ``$S3S_FS``; skipped without it, unless
+``HOSTFEED_REQUIRE_S3S=1``, as in CI). Every test runs against both.
 
 What is checked: rows recorded under jit (raw and zstd, flushed in the middle of chunks)
 read back bit for bit with zarr-python; a missing bucket and a bad option fail at open; a
@@ -30,21 +33,30 @@ import jax.numpy as jnp
 
 import hostfeed
 from conftest import wait_until
-from helpers.s3_server import SECRET_ACCESS_KEY, S3Server, restore, setenv
+from helpers.s3_server import ACCESS_KEY_ID, SECRET_ACCESS_KEY, S3Process, S3Server, restore, \
+    setenv
 
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-def s3():
-    server = S3Server()
+@pytest.fixture(scope="module", params=["moto", "s3s-fs"])
+def s3(request):
+    if request.param == "moto":
+        server = S3Server()
+    elif S3Process.s3s_fs() is None:
+        why = "s3s-fs not found (cargo install s3s-fs --features binary, or set S3S_FS)"
+        if os.environ.get("HOSTFEED_REQUIRE_S3S") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+    else:
+        server = S3Process("s3s-fs")
     server.start()
     old = setenv(server.env())
     try:
         yield server
     finally:
         restore(old)
-        server.stop()
+        server.close()
 
 
 @pytest.fixture
@@ -69,8 +81,13 @@ def test_a_jitted_loop_reads_back_bit_for_bit(s3, bucket, compression):
     np.testing.assert_array_equal(rows, want)
     assert meta["step"].tolist() == list(range(13))
     assert meta["seq"].tolist() == list(range(13))
-    keys = set(s3.objects(bucket, "runs/r1.zarr/"))
-    assert "runs/r1.zarr/zarr.json" in keys and "runs/r1.zarr/layer1/h/c/3/0" in keys
+    keys = set(s3.keys(bucket, "runs/r1.zarr/"))
+    # Sharded by default in an object store: one object holds every chunk of these rows.
+    assert "runs/r1.zarr/zarr.json" in keys and "runs/r1.zarr/layer1/h/c/0/0" in keys
+    assert not any(k.startswith("runs/r1.zarr/layer1/h/c/1") for k in keys)
+    meta = json.loads(s3.objects(bucket, "runs/r1.zarr/layer1/h/zarr.json")[
+        "runs/r1.zarr/layer1/h/zarr.json"])
+    assert meta["codecs"][0]["name"] == "sharding_indexed"
     assert "runs/r1.zarr/.hostfeed.lock" not in keys, "the lock object is removed at close"
     # zarr-python directly, as any reader would (obstore, the same Rust client).
     import obstore.store
@@ -80,6 +97,22 @@ def test_a_jitted_loop_reads_back_bit_for_bit(s3, bucket, compression):
         read_only=True)
     group = zarr.open_group(store, path="runs/r1.zarr", mode="r")
     np.testing.assert_array_equal(group["layer1/h"][:], want)
+    # tensorstore, a second reader (its own S3 client).
+    ts = pytest.importorskip("tensorstore")
+    t = ts.open({"driver": "zarr3", "kvstore": {
+        "driver": "s3", "bucket": bucket, "path": "runs/r1.zarr/layer1/h/",
+        "endpoint": s3.endpoint, "aws_region": "us-east-1"}}).result()
+    np.testing.assert_array_equal(t.read().result(), want)
+
+
+def test_an_unsharded_store_has_an_object_per_chunk(s3, bucket):
+    url = f"s3://{bucket}/plain.zarr"
+    with hostfeed.Recorder(url, chunk_bytes=32, shard_bytes=0) as rec:  # 2 rows a chunk
+        for s in range(5):
+            rec.record("h", jnp.full(4, s, jnp.int32))
+    keys = s3.keys(bucket, "plain.zarr/h/c/")
+    assert sorted(keys) == [f"plain.zarr/h/c/{k}/0" for k in range(3)]
+    assert hostfeed.read_recording(url, "h")[0][:, 0].tolist() == list(range(5))
 
 
 def test_a_resumed_run_appends_each_step_once(s3, bucket):
@@ -222,10 +255,21 @@ def test_an_unreachable_server_is_a_recording_error_at_flush(s3, bucket):
     assert rows.tolist()[:1] == [[0, 1, 2, 3]], "what was announced is intact"
 
 
+def test_wrong_credentials_fail_at_open_without_showing_them(s3, bucket):
+    if isinstance(s3, S3Server):
+        pytest.skip("moto accepts any credentials")
+    wrong = "not-the-secret-but-still-secret-8d1e"
+    with pytest.raises(hostfeed.RecordingError, match=f"cannot reach s3://{bucket}/w.zarr") as e:
+        hostfeed.Recorder(f"s3://{bucket}/w.zarr", storage_options={
+            "aws_secret_access_key": wrong, "max_retries": 0})
+    assert wrong not in str(e.value)
+    assert s3.keys(bucket) == {}, "nothing was written"
+
+
 def test_secrets_appear_nowhere(s3, bucket, caplog):
     secret = SECRET_ACCESS_KEY
     assert os.environ["AWS_SECRET_ACCESS_KEY"] == secret
-    opts = {"aws_secret_access_key": secret, "aws_access_key_id": "id-given-in-options"}
+    opts = {"aws_secret_access_key": secret, "aws_access_key_id": ACCESS_KEY_ID}
     texts = []
     with caplog.at_level(logging.DEBUG):
         with pytest.raises(hostfeed.RecordingError) as missing:

@@ -148,7 +148,8 @@ impl PyRecorder {
     #[new]
     #[pyo3(signature = (path, *, mode="w-", compression=None, level=1, chunk_bytes=16 << 20, writers=2,
                         durable=false, commit_interval=1.0, separator="/", shared=None, leader=true,
-                        url=false, storage_options=None, lease=60.0, resume_after_step=None))]
+                        url=false, storage_options=None, lease=60.0, resume_after_step=None,
+                        shard_bytes=None))]
     #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)]
     fn new(
         py: Python<'_>,
@@ -167,6 +168,7 @@ impl PyRecorder {
         storage_options: Option<Vec<(String, String)>>,
         lease: f64,
         resume_after_step: Option<i64>,
+        shard_bytes: Option<usize>,
     ) -> PyResult<Self> {
         let mode = match mode {
             "w-" | "x" => Mode::Create,
@@ -203,8 +205,8 @@ impl PyRecorder {
                 return Err(PyValueError::new_err(format!("separator must be \"/\" or \".\", got {other:?}")))
             }
         };
-        if writers == 0 || chunk_bytes == 0 {
-            return Err(PyValueError::new_err("writers and chunk_bytes must be positive"));
+        if writers == 0 || chunk_bytes == 0 || shard_bytes == Some(0) {
+            return Err(PyValueError::new_err("writers, chunk_bytes and shard_bytes must be positive"));
         }
         let commit_interval = duration("commit_interval", Some(commit_interval))?.unwrap_or(Duration::MAX);
         let lease = duration("lease", Some(lease))?.filter(|l| *l >= Duration::from_millis(100)).ok_or_else(
@@ -214,7 +216,7 @@ impl PyRecorder {
                 ))
             },
         )?;
-        let opts = Options { codec, chunk_bytes, writers, durable, commit_interval, sep, lease };
+        let opts = Options { codec, chunk_bytes, writers, durable, commit_interval, sep, shard_bytes, lease };
         let budget: Arc<dyn Budget> = Arc::new(hub());
         let location = if url {
             let url = path.to_str().ok_or_else(|| PyValueError::new_err("a store URL must be text"))?;

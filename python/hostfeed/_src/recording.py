@@ -230,6 +230,11 @@ class Recorder:
         disk is slower than that, or for space.
       chunk_bytes: target chunk size (default 16 MiB; at most a quarter of the queue
         bound): rows per chunk = max(1, chunk_bytes // row bytes).
+      shard_bytes: shard the arrays (Zarr's ``sharding_indexed``): each object (file) holds
+        this many bytes of rows, in chunks of ``chunk_bytes``, with an index at its end; 0:
+        a chunk is an object. Default (None): 256 MiB shards in an object store, none on a
+        file system. A compressed shard on a file system is put whole, its rows waiting in
+        memory, so it is at most a quarter of the queue bound there.
       writers: writer threads (default 2; they write different chunks at the same time).
       durable: fsync every chunk and metadata write, so rows also survive an OS crash or
         power loss (default False: a killed process loses nothing flushed either way).
@@ -276,7 +281,7 @@ class Recorder:
                  durable: bool = False, commit_interval: float = 1.0,
                  separator: str = "/", coordination_timeout: float = 60.0,
                  storage_options: Optional[Mapping[str, Any]] = None, lease: float = 60.0,
-                 resume_after_step: Optional[int] = None):
+                 resume_after_step: Optional[int] = None, shard_bytes: Optional[int] = None):
         if isinstance(coordination_timeout, bool) or not isinstance(
                 coordination_timeout, (int, float)) or not math.isfinite(coordination_timeout) \
                 or coordination_timeout <= 0:
@@ -290,7 +295,8 @@ class Recorder:
         coord = coordination.Coordinator(fspath, coordination_timeout)
         options: dict[str, Any] = dict(mode=mode, compression=compression, level=compression_level,
                        chunk_bytes=chunk_bytes, writers=writers, durable=durable,
-                       commit_interval=commit_interval, separator=separator)
+                       commit_interval=commit_interval, separator=separator,
+                       shard_bytes=_shard_bytes(shard_bytes, where.url))
         if resume_after_step is not None:
             if isinstance(resume_after_step, bool) or not isinstance(
                     resume_after_step, (int, np.integer)):
@@ -529,6 +535,21 @@ class Recorder:
         self._native.declare_parted(name, code, list(key[2]), count, self._coord.leader)
         with self._lock:
             self._declared[key] = -1
+
+
+#: Shards of an object store's arrays unless ``shard_bytes`` says otherwise.
+DEFAULT_OBJECT_SHARD_BYTES = 256 << 20
+
+
+def _shard_bytes(shard_bytes: Optional[int], url: bool) -> Optional[int]:
+    """What the native recorder takes: shard size, or None for a chunk per object."""
+    if shard_bytes is None:
+        return DEFAULT_OBJECT_SHARD_BYTES if url else None
+    if isinstance(shard_bytes, bool) or not isinstance(shard_bytes, (int, np.integer)) \
+            or shard_bytes < 0:
+        raise ValueError(f"hostfeed.Recorder: shard_bytes must be a number of bytes (0: no "
+                         f"shards), got {shard_bytes!r}")
+    return int(shard_bytes) or None
 
 
 def _check_name(name: str) -> None:

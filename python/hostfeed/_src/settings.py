@@ -335,7 +335,8 @@ PARSERS = {
 #: Variables of hostfeed's own tests, benches and build, which a program never sets: not
 #: reported as unknown.
 DEVELOPMENT_PREFIXES = ("HOSTFEED_SOAK", "HOSTFEED_BENCH_", "HOSTFEED_WHEEL",
-                        "HOSTFEED_XLA_FFI_INCLUDE", "HOSTFEED_REQUIRE_FFI_HEADERS")
+                        "HOSTFEED_XLA_FFI_INCLUDE", "HOSTFEED_REQUIRE_FFI_HEADERS",
+                        "HOSTFEED_REQUIRE_S3S")
 
 
 def unknown_variables(environ: Any = None) -> list[str]:

@@ -1,12 +1,19 @@
-"""A real S3 server on 127.0.0.1 for the object store tests: moto in server mode
-(``ThreadedMotoServer``, in this process), started and stopped by the tests themselves.
-It honours conditional writes (``If-None-Match: *`` and ``If-Match``), which the
+"""Real S3 servers on 127.0.0.1 for the object store tests and benches, started and stopped
+by them: moto in server mode, in this process (``S3Server``: ``ThreadedMotoServer``) or in
+a process of its own (``S3Process("moto")``), and s3s-fs (``S3Process("s3s-fs")``, a second,
+independent implementation in Rust, serving a local folder; ``cargo install s3s-fs``).
+moto honours conditional writes (``If-None-Match: *`` and ``If-Match``), which the
 recorder's lock and commits use."""
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
+import time
 import uuid
 from typing import Any
 
@@ -21,29 +28,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class S3Server:
-    """moto's S3 on ``127.0.0.1:port``; :meth:`env` gives the variables a client needs."""
-
-    def __init__(self) -> None:
-        from moto.server import ThreadedMotoServer
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        self.port = free_port()
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port,
-                                          verbose=False)
-        self.running = False
+class _Client:
+    """What a test or bench needs of a running server: its environment, a boto3 client,
+    fresh buckets, the objects under a prefix."""
+    port: int
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        self._server.start()
-        self.running = True
-
-    def stop(self) -> None:
-        if self.running:
-            self._server.stop()
-            self.running = False
 
     def env(self) -> dict[str, str]:
         """The provider's standard environment variables for this server."""
@@ -61,14 +53,103 @@ class S3Server:
         self.client().create_bucket(Bucket=name)
         return name
 
+    def keys(self, bucket: str, prefix: str = "") -> dict[str, int]:
+        """Every object under ``prefix``: key -> size."""
+        out = {}
+        for page in self.client().get_paginator("list_objects_v2").paginate(
+                Bucket=bucket, Prefix=prefix):
+            out.update({o["Key"]: o["Size"] for o in page.get("Contents", [])})
+        return out
+
     def objects(self, bucket: str, prefix: str = "") -> dict[str, bytes]:
         """Every object under ``prefix``: key -> bytes."""
         s3 = self.client()
-        out = {}
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            for o in page.get("Contents", []):
-                out[o["Key"]] = s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()
-        return out
+        return {k: s3.get_object(Bucket=bucket, Key=k)["Body"].read()
+                for k in self.keys(bucket, prefix)}
+
+
+class S3Process(_Client):
+    """An S3 server in a process of its own: ``"moto"`` (``python -m moto.server``) or
+    ``"s3s-fs"`` (its binary on PATH or in ``$S3S_FS``, serving a temporary folder)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.port = free_port()
+        self._proc: subprocess.Popen | None = None
+        self._dir = ""
+
+    def env(self) -> dict[str, str]:
+        env = super().env()
+        if self.kind == "s3s-fs":
+            # s3s-fs lacks S3's bulk DeleteObjects: single DELETEs (an object_store setting).
+            env["AWS_DISABLE_BULK_DELETE"] = "true"
+        return env
+
+    @staticmethod
+    def s3s_fs() -> str | None:
+        """The s3s-fs binary, if there is one."""
+        return os.environ.get("S3S_FS") or shutil.which("s3s-fs")
+
+    def start(self, timeout: float = 30.0) -> None:
+        if self.kind == "moto":
+            cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
+        else:
+            binary = self.s3s_fs()
+            if binary is None:
+                raise FileNotFoundError("s3s-fs not found: cargo install s3s-fs, or set S3S_FS")
+            self._dir = self._dir or tempfile.mkdtemp(prefix="s3s-fs-")
+            cmd = [binary, "--host", "127.0.0.1", "--port", str(self.port),
+                   "--access-key", ACCESS_KEY_ID, "--secret-key", SECRET_ACCESS_KEY, self._dir]
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if self._proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"{self.kind} did not start on port {self.port}") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Stops the server; what it stores stays for the next :meth:`start`."""
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait(timeout=30)
+            self._proc = None
+
+    def close(self) -> None:
+        """Stops the server and removes what it stored."""
+        self.stop()
+        if self._dir:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = ""
+
+
+class S3Server(_Client):
+    """moto's S3 on ``127.0.0.1:port``, in this process."""
+
+    def __init__(self) -> None:
+        from moto.server import ThreadedMotoServer
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+        self.port = free_port()
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port,
+                                          verbose=False)
+        self.running = False
+
+    def start(self) -> None:
+        self._server.start()
+        self.running = True
+
+    def stop(self) -> None:
+        """Stops the server; what it stores stays (moto keeps it in this process)."""
+        if self.running:
+            self._server.stop()
+            self.running = False
+
+    def close(self) -> None:
+        self.stop()
 
 
 def setenv(env: dict[str, str]) -> dict[str, Any]:

@@ -146,6 +146,7 @@ pub(crate) fn meta_specs(leaf: &str, chunk_rows: u64) -> impl Iterator<Item = (&
             dim_names: vec![Some(format!("{leaf}.row"))],
             sep: '/',
             part: None,
+            inner_rows: None,
         };
         (suffix, spec)
     })
@@ -187,6 +188,11 @@ pub(crate) struct Job {
 impl Job {
     pub(crate) fn key(&self) -> (ArrayId, u64) {
         (self.array.id, self.chunk)
+    }
+
+    /// The row after the job's last.
+    pub(crate) fn end_row(&self) -> u64 {
+        self.first_row + self.rows.len() as u64
     }
 }
 

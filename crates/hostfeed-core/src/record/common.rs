@@ -62,6 +62,11 @@ pub struct Options {
     pub commit_interval: Duration,
     /// Chunk key separator: `/` (nested directories) or `.` (flat file names).
     pub sep: char,
+    /// Shard size in bytes (Zarr's `sharding_indexed`: each object holds this many bytes of
+    /// rows in chunks of `chunk_bytes`); `None`: a chunk is an object. Where a shard is put
+    /// whole (compressed, or an object store) its rows wait in memory, so it is capped at a
+    /// quarter of the byte bound like a chunk.
+    pub shard_bytes: Option<usize>,
     /// An object store's lock: how long it stays held after its recorder stops renewing it
     /// (a crashed process); renewed every third of it while the recorder is open.
     pub lease: Duration,
@@ -76,6 +81,7 @@ impl Default for Options {
             durable: false,
             commit_interval: Duration::from_secs(1),
             sep: '/',
+            shard_bytes: None,
             lease: Duration::from_secs(60),
         }
     }

@@ -20,7 +20,10 @@ impl Recorder {
         let mut targets = Vec::with_capacity(arrays.len());
         for a in arrays {
             let mut st = lock(&a.state);
-            if !st.pending.is_empty() {
+            // A streamed shard's rows are durable once its object is complete: a job
+            // without rows completes it when no row is pending.
+            let streaming = a.spec.inner_rows.is_some() && self.store.streams() && st.frontier < st.received;
+            if !st.pending.is_empty() || streaming {
                 self.submit(&a, &mut st, true);
             }
             let received = st.received;

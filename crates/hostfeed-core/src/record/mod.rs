@@ -8,6 +8,8 @@
 //! - [`trace`]: writes on a profiler's timeline;
 //! - [`zarr`]: just enough Zarr v3 (data types, `zarr.json` documents, chunk keys, the
 //!   crash-safe metadata write, record names);
+//! - [`shard`]: Zarr shards (inner chunks and their index), written whole, in place or
+//!   streamed to an object store ([`ShardUpload`](shard::ShardUpload));
 //! - [`storelock`]: the lock on an open store (an `flock`, file systems only);
 //! - [`objects`]: object stores (S3, GCS, Azure) as a [`Store`](store::Store), and their
 //!   lock (a conditionally created object with a lease);
@@ -24,6 +26,7 @@ pub(crate) mod common;
 mod flush;
 pub(crate) mod objects;
 pub(crate) mod recorder;
+pub(crate) mod shard;
 pub(crate) mod sinks;
 pub(crate) mod store;
 pub(crate) mod storelock;

@@ -51,13 +51,13 @@ use futures_util::TryStreamExt;
 use object_store::path::Path as Key;
 use object_store::{
     BackoffConfig, ObjectStore, ObjectStoreExt, ObjectStoreScheme, PutMode, PutOptions, PutPayload,
-    RetryConfig, UpdateVersion,
+    RetryConfig, UpdateVersion, WriteMultipart,
 };
 use serde_json::{json, Value};
 
 use crate::error::RecordError;
 use crate::host::sync::lock;
-use crate::record::store::{InPlace, Put, Store};
+use crate::record::store::{InPlace, Put, Store, Streamed};
 use crate::record::storelock::LOCK_FILE;
 
 /// Option names (lowercase, as `object_store`'s config keys or the environment variables
@@ -68,6 +68,13 @@ const SECRET_WORDS: [&str; 6] = ["secret", "token", "key", "password", "credenti
 pub(crate) const RETRY_TIMEOUT: &str = "retry_timeout";
 /// See [`RETRY_TIMEOUT`].
 pub(crate) const MAX_RETRIES: &str = "max_retries";
+
+/// Objects larger than this (shards) are put as multipart uploads, in parallel parts.
+const MULTIPART_ABOVE: usize = 32 << 20;
+/// Bytes of a part of a multipart upload (S3 takes 5 MiB to 5 GiB, the last part smaller).
+const PART: usize = 16 << 20;
+/// Parts of one upload in flight at a time.
+const PARTS_IN_FLIGHT: usize = 4;
 
 /// Whether the option (or environment variable) `name` holds a secret.
 fn is_secret(name: &str) -> bool {
@@ -92,6 +99,8 @@ pub(crate) struct Objects {
     /// The version this process last wrote of each metadata document (by key): the next
     /// replacement is conditional on it.
     versions: Mutex<HashMap<String, UpdateVersion>>,
+    /// This store itself (it lives in an `Arc`), for the uploads it starts.
+    me: std::sync::Weak<Objects>,
 }
 
 impl std::fmt::Debug for Objects {
@@ -243,7 +252,7 @@ impl Objects {
                 errno: e.raw_os_error(),
                 message: format!("cannot start the object store client's threads: {e}"),
             })?;
-        Ok(Arc::new(Objects {
+        Ok(Arc::new_cyclic(|me| Objects {
             inner,
             rt: ManuallyDrop::new(rt),
             pid: std::process::id(),
@@ -251,6 +260,7 @@ impl Objects {
             root: PathBuf::from(root),
             secrets,
             versions: Mutex::new(HashMap::new()),
+            me: me.clone(),
         }))
     }
 
@@ -311,6 +321,24 @@ impl Objects {
             _ => Some(libc::EIO),
         };
         RecordError::Io { errno, message: self.redact(format!("cannot {op} {}: {}", path.display(), tidy(&e.to_string()))) }
+    }
+
+    /// Puts a large object (a shard) as a multipart upload, [`PART`] bytes a part and up to
+    /// [`PARTS_IN_FLIGHT`] parts at a time; the object appears whole when it completes (an
+    /// upload that fails is aborted).
+    fn put_large(&self, key: &Key, bytes: &[u8]) -> Result<(), object_store::Error> {
+        self.run(async {
+            let upload = self.inner.put_multipart(key).await?;
+            let mut w = WriteMultipart::new_with_chunk_size(upload, PART);
+            for piece in bytes.chunks(PART) {
+                if let Err(e) = w.wait_for_capacity(PARTS_IN_FLIGHT).await {
+                    let _ = w.abort().await;
+                    return Err(e);
+                }
+                w.write(piece);
+            }
+            w.finish().await.map(|_| ())
+        })
     }
 
     /// Puts `bytes` at `key` with `mode`; returns the new version.
@@ -425,9 +453,14 @@ impl Store for Objects {
     fn remove(&self, path: &Path) -> io::Result<()> {
         let key = self.key(path)?;
         self.run(async {
-            let below: Vec<Key> =
+            let mut doomed: Vec<Key> =
                 self.inner.list(Some(&key)).map_ok(|m| m.location).try_collect().await.map_err(|e| self.io(&e))?;
-            for k in below.iter().chain(std::iter::once(&key)) {
+            // The key itself only if it names an object (not just a prefix: some servers,
+            // such as s3s-fs, refuse to delete what is a folder in their files).
+            if self.inner.head(&key).await.is_ok() {
+                doomed.push(key.clone());
+            }
+            for k in &doomed {
                 lock(&self.versions).remove(k.as_ref());
                 match self.inner.delete(k).await {
                     Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
@@ -441,7 +474,12 @@ impl Store for Objects {
     fn put(&self, path: &Path, bytes: &[u8], put: Put) -> Result<(), RecordError> {
         let key = self.key(path).map_err(|e| RecordError::Io { errno: None, message: e.to_string() })?;
         if put != Put::Document {
-            return self.put_mode(&key, bytes, PutMode::Overwrite).map(|_| ()).map_err(|e| self.fail("put", path, &e));
+            let done = if bytes.len() > MULTIPART_ABOVE {
+                self.put_large(&key, bytes)
+            } else {
+                self.put_mode(&key, bytes, PutMode::Overwrite).map(|_| ())
+            };
+            return done.map_err(|e| self.fail("put", path, &e));
         }
         let known = lock(&self.versions).get(key.as_ref()).cloned();
         let mode = match known {
@@ -470,6 +508,96 @@ impl Store for Objects {
 
     fn in_place(&self) -> Option<&dyn InPlace> {
         None
+    }
+
+    fn streams(&self) -> bool {
+        true
+    }
+
+    fn stream(&self, path: &Path) -> Option<Result<Box<dyn Streamed>, RecordError>> {
+        let started = self
+            .key(path)
+            .map_err(|e| RecordError::Io { errno: None, message: e.to_string() })
+            .and_then(|key| {
+                let upload = self.run(self.inner.put_multipart(&key)).map_err(|e| self.fail("start", path, &e))?;
+                Ok(Box::new(Upload {
+                    objects: self.me.upgrade().unwrap_or_else(|| unreachable!("an Objects lives in its Arc")),
+                    path: path.to_path_buf(),
+                    parts: upload,
+                    buffer: Vec::new(),
+                    in_flight: std::collections::VecDeque::new(),
+                }) as Box<dyn Streamed>)
+            });
+        Some(started)
+    }
+}
+
+/// A multipart upload ([`Streamed`]): pieces gathered into parts of at least [`PART`]
+/// bytes (S3's least is 5 MiB, but for the last), each sent as soon as it is complete, up
+/// to [`PARTS_IN_FLIGHT`] at a time (the writer waits for the oldest beyond that, so a
+/// slow network holds rows back, and with them the devices).
+struct Upload {
+    objects: Arc<Objects>,
+    path: PathBuf,
+    parts: Box<dyn object_store::MultipartUpload>,
+    buffer: Vec<u8>,
+    in_flight: std::collections::VecDeque<tokio::task::JoinHandle<Result<(), object_store::Error>>>,
+}
+
+impl Upload {
+    fn send(&mut self, bytes: Vec<u8>) -> Result<(), RecordError> {
+        while self.in_flight.len() >= PARTS_IN_FLIGHT {
+            self.wait_oldest()?;
+        }
+        let part = self.parts.put_part(PutPayload::from(bytes));
+        self.in_flight.push_back(self.objects.rt.spawn(part));
+        Ok(())
+    }
+
+    fn wait_oldest(&mut self) -> Result<(), RecordError> {
+        let Some(h) = self.in_flight.pop_front() else { return Ok(()) };
+        match self.objects.run(h) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(self.objects.fail("upload a part of", &self.path, &e)),
+            Err(e) => Err(RecordError::Io { errno: Some(libc::EIO), message: format!("cannot upload a part of {}: {e}", self.path.display()) }),
+        }
+    }
+
+    fn abort(&mut self) {
+        for h in self.in_flight.drain(..) {
+            h.abort();
+        }
+        let _ = self.objects.run(self.parts.abort());
+    }
+}
+
+impl Streamed for Upload {
+    fn push(&mut self, bytes: Vec<u8>) -> Result<(), RecordError> {
+        self.buffer.extend_from_slice(&bytes);
+        if self.buffer.len() >= PART {
+            let part = std::mem::take(&mut self.buffer);
+            if let Err(e) = self.send(part) {
+                self.abort();
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(mut self: Box<Self>) -> Result<(), RecordError> {
+        let last = std::mem::take(&mut self.buffer);
+        let sent = (if last.is_empty() { Ok(()) } else { self.send(last) }).and_then(|()| {
+            while !self.in_flight.is_empty() {
+                self.wait_oldest()?;
+            }
+            Ok(())
+        });
+        if let Err(e) = sent {
+            self.abort();
+            return Err(e);
+        }
+        let done = self.objects.run(self.parts.complete());
+        done.map(|_| ()).map_err(|e| self.objects.fail("complete", &self.path, &e))
     }
 }
 
@@ -729,6 +857,15 @@ mod tests {
         o.remove(&root.join("a")).unwrap();
         assert!(!o.exists(&root.join("a")));
         assert_eq!(o.get(&root.join("a/c/0")).unwrap_err().kind(), io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn a_large_object_goes_up_in_parts_and_reads_back_whole() {
+        let o = Objects::in_memory("memory:///r.zarr").unwrap();
+        let path = o.root().join("g/x/c/0/0");
+        let bytes: Vec<u8> = (0..MULTIPART_ABOVE + PART + 12_345).map(|i| u8::try_from(i % 251).unwrap()).collect();
+        o.put(&path, &bytes, Put::Fresh).unwrap();
+        assert!(o.get(&path).unwrap() == bytes);
     }
 
     #[test]

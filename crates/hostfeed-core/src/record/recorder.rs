@@ -78,7 +78,7 @@ use crate::record::arrays::{
     meta_specs, ArrayHandle, ArrayState, Job, Payload, Pool, Row, RowMeta, META_CHUNK_ROWS,
     META_CHUNK_ROWS_OBJECTS,
 };
-use crate::record::common::{as_u64, read_lock, write_lock, ArrayId, Budget, Mode, Options};
+use crate::record::common::{as_u64, as_usize, read_lock, write_lock, ArrayId, Budget, Mode, Options};
 use crate::record::objects::{ObjectLock, Objects};
 use crate::record::store::{io_error, FsStore, Store};
 use crate::record::storelock::{Access, StoreLock, LOCK_FILE};
@@ -192,6 +192,8 @@ pub struct Recorder {
     /// Keeps the host buffer pool large enough for the rows this recorder may hold (half
     /// the budget: beyond that it spills); released at close.
     pub(crate) pool_reservation: Mutex<Option<PoolReservation>>,
+    /// Shards being streamed to their objects (object stores), by array and shard.
+    pub(crate) uploads: Mutex<HashMap<(ArrayId, u64), crate::record::shard::ShardUpload>>,
 }
 
 fn now_ns() -> i64 {
@@ -222,8 +224,10 @@ pub(crate) struct Layout {
     pub(crate) group_dir: PathBuf,
     /// Its name in that group.
     pub(crate) leaf: String,
-    /// Rows per chunk.
+    /// Rows per chunk (per shard, when sharded).
     pub(crate) chunk_rows: u64,
+    /// Rows per inner chunk of a shard; `None`: not sharded.
+    pub(crate) inner_rows: Option<u64>,
     /// Its dimension names: `LEAF.row`, then `LEAF.d0`, ...
     pub(crate) dim_names: Vec<Option<String>>,
 }
@@ -451,6 +455,7 @@ impl Recorder {
             commits: AtomicU64::new(0),
             rows_dropped: AtomicU64::new(0),
             pool_reservation: Mutex::new(None),
+            uploads: Mutex::new(HashMap::new()),
         });
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new().name(name).spawn(f).map_err(|e| RecordError::Io {
@@ -549,11 +554,20 @@ impl Recorder {
         let row_bytes = zarr::nbytes(row_shape, itemsize).ok_or_else(|| {
             RecordError::Invalid(format!("{context}: rows of shape {shown:?} are too large"))
         })?;
-        let target = self.opts.chunk_bytes.min(self.budget.bound() / 4).max(1);
+        let quarter = self.budget.bound() / 4;
+        let target = self.opts.chunk_bytes.min(quarter).max(1);
         let chunk_rows = as_u64((target / row_bytes.max(1)).max(1));
         let mut dim_names = vec![Some(format!("{leaf}.row"))];
         dim_names.extend((0..row_shape.len()).map(|i| Some(format!("{leaf}.d{i}"))));
-        Ok(Layout { group_dir, leaf, chunk_rows, dim_names })
+        let Some(shard_bytes) = self.opts.shard_bytes else {
+            return Ok(Layout { group_dir, leaf, chunk_rows, inner_rows: None, dim_names });
+        };
+        // Rows of a shard written in place or streamed never wait in memory (beyond an inner
+        // chunk); a shard put whole does.
+        let in_place = matches!(self.opts.codec, Codec::Raw) && self.store.in_place().is_some();
+        let cap = if in_place || self.store.streams() { usize::MAX } else { quarter.max(1) };
+        let per_shard = (shard_bytes.min(cap) / (as_usize(chunk_rows) * row_bytes).max(1)).max(1);
+        Ok(Layout { group_dir, leaf, chunk_rows: chunk_rows * as_u64(per_shard), inner_rows: Some(chunk_rows), dim_names })
     }
 
     /// Checks a record name for an array with rows of `ndim` dimensions: `zarr::split_name`,
@@ -620,7 +634,7 @@ impl Recorder {
         }
         let context = format!("recording {name:?}");
         let store = &*self.store;
-        let Layout { group_dir, leaf, chunk_rows, dim_names } =
+        let Layout { group_dir, leaf, chunk_rows, inner_rows, dim_names } =
             self.lay_out(&parts, row_shape, row_shape, dtype.itemsize, &context)?;
         let spec = ArraySpec {
             dtype,
@@ -630,6 +644,7 @@ impl Recorder {
             dim_names,
             sep: self.opts.sep,
             part: None,
+            inner_rows,
         };
         let dir = group_dir.join(&leaf);
         let handle = ArrayHandle {
@@ -761,7 +776,7 @@ impl Recorder {
         st.meta.push(row.meta);
         st.received += 1;
         st.pending.push(row);
-        let cr = a.spec.chunk_rows;
+        let cr = self.write_rows(a);
         if (st.pending_first % cr) + as_u64(st.pending.len()) == cr {
             self.submit(a, &mut st, false);
         } else {
@@ -771,6 +786,16 @@ impl Recorder {
             if pending > self.budget.bound() / 2 {
                 self.spill();
             }
+        }
+    }
+
+    /// Rows a writer's job of array `a` holds once complete: a chunk (a shard), or for a
+    /// shard written in place, an inner chunk.
+    pub(crate) fn write_rows(&self, a: &ArrayHandle) -> u64 {
+        let in_place = matches!(a.spec.codec, Codec::Raw) && self.store.in_place().is_some();
+        match a.spec.inner_rows {
+            Some(inner) if in_place || self.store.streams() => inner,
+            _ => a.spec.chunk_rows,
         }
     }
 

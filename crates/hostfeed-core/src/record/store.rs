@@ -90,6 +90,36 @@ pub(crate) trait Store: Send + Sync {
     /// Writes into part of an object, if this store can ([`InPlace`]); `None` for stores
     /// that only put whole objects.
     fn in_place(&self) -> Option<&dyn InPlace>;
+
+    /// Starts an object written piece by piece ([`Streamed`]), if this store can (an object
+    /// store's multipart upload); `None` where objects are put whole or written in place.
+    ///
+    /// # Errors
+    /// [`RecordError::Io`] naming the object.
+    fn stream(&self, _path: &Path) -> Option<Result<Box<dyn Streamed>, RecordError>> {
+        None
+    }
+
+    /// Whether [`Store::stream`] starts objects here.
+    fn streams(&self) -> bool {
+        false
+    }
+}
+
+/// An object written piece by piece: the pieces go up while the next ones are made, and
+/// the object appears whole, atomically, at [`Streamed::finish`] (nothing of it before).
+pub(crate) trait Streamed: Send {
+    /// Adds `bytes` to the object (they may be sent later, with the next pieces).
+    ///
+    /// # Errors
+    /// A piece sent earlier failed.
+    fn push(&mut self, bytes: Vec<u8>) -> Result<(), RecordError>;
+
+    /// Sends what is left and makes the object exist.
+    ///
+    /// # Errors
+    /// A piece failed, or the completion did.
+    fn finish(self: Box<Self>) -> Result<(), RecordError>;
 }
 
 /// A store shared with others (an object store's client is shared by the recorder and its
@@ -115,6 +145,12 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn in_place(&self) -> Option<&dyn InPlace> {
         (**self).in_place()
+    }
+    fn stream(&self, path: &Path) -> Option<Result<Box<dyn Streamed>, RecordError>> {
+        (**self).stream(path)
+    }
+    fn streams(&self) -> bool {
+        (**self).streams()
     }
 }
 

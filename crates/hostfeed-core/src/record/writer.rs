@@ -18,6 +18,7 @@ use crate::host::sync::lock;
 use crate::record::arrays::{meta_specs, ArrayHandle, ArrayState, Job, Row};
 use crate::record::common::{as_u64, as_usize, read_lock};
 use crate::record::recorder::{HeldLock, Recorder};
+use crate::record::shard::{self, ShardUpload};
 use crate::record::store::{io_error, Put, Store};
 use crate::record::trace;
 use crate::record::zarr::{self, ArraySpec, Codec};
@@ -45,11 +46,19 @@ impl Recorder {
             };
             let a = Arc::clone(&job.array);
             let key = job.key();
-            let (first, n) = (job.first_row, as_u64(job.rows.len()));
             let bytes = job.rows.len() * a.spec.row_bytes();
+            let streamed = a.spec.inner_rows.is_some() && self.store.streams();
             // A panic must not lose the job's bookkeeping (a flush would wait for it forever).
             let result = trace::traced_write(&a.name, job.chunk, bytes, || {
-                catch_unwind(AssertUnwindSafe(|| write_chunk(&*self.store, &job))).unwrap_or_else(|_| {
+                catch_unwind(AssertUnwindSafe(|| {
+                    if streamed {
+                        self.write_streamed(&job)
+                    } else {
+                        write_chunk(&*self.store, &job).map(|()| Some((job.first_row, job.end_row())))
+                    }
+                }))
+                .unwrap_or_else(|_| {
+                    lock(&self.uploads).remove(&key);
                     Err(RecordError::Invalid("hostfeed internal error: a panic while writing a chunk".into()))
                 })
             });
@@ -58,10 +67,13 @@ impl Recorder {
             {
                 let mut st = lock(&a.state);
                 match result {
-                    Ok(()) => {
+                    Ok(durable) => {
                         self.bytes_written.fetch_add(as_u64(bytes), Ordering::Relaxed);
                         self.chunks_written.fetch_add(1, Ordering::Relaxed);
-                        st.done.insert(first, first + n);
+                        // Rows of a streamed shard are durable once its object is complete.
+                        if let Some((first, end)) = durable {
+                            st.done.insert(first, end);
+                        }
                         loop {
                             let f = st.frontier;
                             match st.done.remove(&f) {
@@ -112,6 +124,61 @@ impl Recorder {
             }
             g = lock(&self.ticker);
         }
+    }
+
+    /// Writes a job's rows into its shard's streamed object (an object store's multipart
+    /// upload), started by the shard's first job (after reading back the rows of a partial
+    /// shard completed earlier) and completed by the job that fills the shard or a partial
+    /// job (a flush or spill). Returns the rows made durable: those of the shard's object
+    /// when this job completed it, else none (they are in an upload nobody can read yet).
+    fn write_streamed(&self, job: &Job) -> Result<Option<(u64, u64)>, RecordError> {
+        let a = &job.array;
+        let spec = &a.spec;
+        let rb = spec.row_bytes();
+        let inner = spec.inner_rows.unwrap_or(spec.chunk_rows);
+        let (inner_bytes, inner_chunks) = (as_usize(inner) * rb, spec.chunk_rows / inner);
+        let path = spec.chunk_path(&a.dir, job.chunk);
+        let shard_start = job.chunk * spec.chunk_rows;
+        let taken = lock(&self.uploads).remove(&job.key());
+        let mut up = match taken {
+            Some(up) => up,
+            // A flush's job without rows, for a shard whose object is complete already.
+            None if job.rows.is_empty() => return Ok(Some((job.first_row, job.first_row))),
+            None => {
+                let object = self.store.stream(&path).unwrap_or_else(|| {
+                    Err(RecordError::Invalid("hostfeed internal error: a store that cannot stream".into()))
+                })?;
+                let in_shard = job.first_row - shard_start;
+                let tail = if in_shard > 0 {
+                    let stored = self.store.get(&path).map_err(|e| io_error("reopen", &path, &e))?;
+                    shard::read_rows(&stored, as_usize(in_shard) * rb, inner_bytes, inner_chunks, spec.codec)
+                        .map_err(|why| shard::unreadable(&path, &why))?
+                } else {
+                    Vec::new()
+                };
+                ShardUpload::new(object, tail, job.first_row)
+            }
+        };
+        for r in &job.rows {
+            up.tail.extend_from_slice(r.bytes());
+        }
+        while up.tail.len() >= inner_bytes {
+            let rest = up.tail.split_off(inner_bytes);
+            let piece = std::mem::replace(&mut up.tail, rest);
+            up.add(&piece, inner_bytes, spec.codec, &path)?;
+        }
+        if job.end_row() - shard_start < spec.chunk_rows && !job.partial {
+            lock(&self.uploads).insert(job.key(), up);
+            return Ok(None);
+        }
+        if !up.tail.is_empty() {
+            let piece = std::mem::take(&mut up.tail);
+            up.add(&piece, inner_bytes, spec.codec, &path)?;
+        }
+        let index = shard::index_of(&up.entries, inner_chunks);
+        up.object.push(index)?;
+        up.object.finish()?;
+        Ok(Some((up.first_row, job.end_row())))
     }
 
     /// Renews an object store lock's lease when due; a failure is reported by the next flush.
@@ -276,7 +343,15 @@ fn write_chunk(store: &dyn Store, job: &Job) -> Result<(), RecordError> {
         // padding is never written: it reads as zeros (the fill value) and lies past
         // `shape`, so no reader sees it.
         let slices: Vec<&[u8]> = job.rows.iter().map(Row::bytes).collect();
-        in_place.write_at(&path, in_chunk * as_u64(rb), &slices, as_u64(spec.chunk_bytes()))?;
+        let data = as_u64(spec.chunk_bytes());
+        in_place.write_at(&path, in_chunk * as_u64(rb), &slices, data)?;
+        if let Some(inner) = spec.inner_rows {
+            // A shard: its index, at its fixed place after the inner chunks, lists the inner
+            // chunks that now hold rows.
+            let present = (in_chunk + as_u64(job.rows.len())).div_ceil(inner);
+            let index = shard::index_in_place(present, spec.chunk_rows / inner, inner * as_u64(rb));
+            in_place.write_at(&path, data, &[&index], 0)?;
+        }
         return Ok(());
     }
     let out = encode_whole(store, job, &path)?;
@@ -317,6 +392,25 @@ impl Encoding {
 fn encode_whole(store: &dyn Store, job: &Job, path: &Path) -> Result<Vec<u8>, RecordError> {
     let spec = &job.array.spec;
     let rb = spec.row_bytes();
+    if let Some(inner) = spec.inner_rows {
+        let (inner_bytes, inner_chunks) = (as_usize(inner) * rb, spec.chunk_rows / inner);
+        let mut rows = if job.disk_prefix > 0 {
+            // Rows of this shard put earlier in a partial shard.
+            let stored = store.get(path).map_err(|e| io_error("reopen", path, &e))?;
+            shard::read_rows(&stored, as_usize(job.disk_prefix) * rb, inner_bytes, inner_chunks, spec.codec)
+                .map_err(|why| shard::unreadable(path, &why))?
+        } else {
+            Vec::new()
+        };
+        rows.reserve(job.rows.len() * rb);
+        for r in &job.rows {
+            rows.extend_from_slice(r.bytes());
+        }
+        return shard::encode(&rows, inner_bytes, inner_chunks, spec.codec).map_err(|why| RecordError::Io {
+            errno: Some(libc::EIO),
+            message: format!("cannot compress {}: {why}", path.display()),
+        });
+    }
     let chunk_bytes = spec.chunk_bytes();
     let fail = |op: &str, e: std::io::Error| io_error(op, path, &e);
     let mut enc = match spec.codec {

@@ -125,6 +125,10 @@ pub(crate) struct ArraySpec {
     /// One part of a parted array: rows of this spec are the slice `index` of
     /// `count` equal slices along the row's first dimension; see [`Part`].
     pub(crate) part: Option<Part>,
+    /// Sharded (Zarr's `sharding_indexed` codec): each chunk of `chunk_rows` rows is a
+    /// shard, one object holding inner chunks of this many rows and an index of them at its
+    /// end (`shard.rs`). `None`: a chunk is an object.
+    pub(crate) inner_rows: Option<u64>,
 }
 
 /// A slice of a parted array: the array's rows have shape `[count * row_shape[0],
@@ -164,9 +168,13 @@ impl ArraySpec {
         if let (Some(p), Some(d0)) = (self.part, shape.get_mut(1)) {
             *d0 *= p.count;
         }
-        let mut chunk = vec![self.chunk_rows];
         // Full rows per chunk; a zero-size dimension still needs a positive chunk extent.
-        chunk.extend(self.row_shape.iter().map(|&d| d.max(1)));
+        let chunk_of = |rows: u64| {
+            let mut c = vec![rows];
+            c.extend(self.row_shape.iter().map(|&d| d.max(1)));
+            c
+        };
+        let chunk = chunk_of(self.chunk_rows);
         let bytes = if self.dtype.itemsize == 1 {
             // zarr-python refuses an endianness for one-byte types; the spec allows leaving
             // it out, and tensorstore writes it that way.
@@ -178,6 +186,14 @@ impl ArraySpec {
         let mut codecs = vec![bytes];
         if let Codec::Zstd(level) = self.codec {
             codecs.push(json!({"name": "zstd", "configuration": {"level": level, "checksum": false}}));
+        }
+        if let Some(inner) = self.inner_rows {
+            codecs = vec![json!({"name": "sharding_indexed", "configuration": {
+                "chunk_shape": chunk_of(inner),
+                "codecs": codecs,
+                "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
+                "index_location": "end",
+            }})];
         }
         json!({
             "zarr_format": 3,
@@ -316,6 +332,7 @@ mod tests {
             dim_names: vec![Some("h.row".into()), None, None],
             sep: '/',
             part: None,
+            inner_rows: None,
         };
         let m = spec.metadata(9, &json!({}));
         assert_eq!(m["shape"], json!([9, 3, 0]));

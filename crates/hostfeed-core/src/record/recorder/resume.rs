@@ -69,8 +69,22 @@ fn spec_of(f: &Found) -> Result<Result<(ArraySpec, u64), String>, RecordError> {
     if chunk[1..].iter().zip(&row_shape).any(|(c, d)| *c != (*d).max(1)) {
         return Ok(Err("it was recorded from a sharded value in parts, which cannot be appended to yet".into()));
     }
+    let mut codecs = &doc["codecs"];
+    let mut inner_rows = None;
+    if codecs[0]["name"] == json!("sharding_indexed") {
+        let config = &codecs[0]["configuration"];
+        let inner = u64s(&config["chunk_shape"]).filter(|c| c.len() == shape.len() && c[0] > 0);
+        let ours = json!([{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]);
+        match inner {
+            Some(c) if config["index_codecs"] == ours && config["index_location"] == json!("end") && chunk[0] % c[0] == 0 => {
+                inner_rows = Some(c[0]);
+            }
+            _ => return Ok(Err("its shards are laid out otherwise than hostfeed writes them".into())),
+        }
+        codecs = &config["codecs"];
+    }
     let mut codec = Codec::Raw;
-    for c in doc["codecs"].as_array().into_iter().flatten() {
+    for c in codecs.as_array().into_iter().flatten() {
         match c["name"].as_str() {
             Some("bytes") => {}
             Some("zstd") => {
@@ -87,7 +101,7 @@ fn spec_of(f: &Found) -> Result<Result<(ArraySpec, u64), String>, RecordError> {
     let dim_names = doc["dimension_names"]
         .as_array()
         .map_or_else(|| vec![None; shape.len()], |a| a.iter().map(|v| v.as_str().map(str::to_string)).collect());
-    let spec = ArraySpec { dtype, row_shape, chunk_rows: chunk[0], codec, dim_names, sep, part: None };
+    let spec = ArraySpec { dtype, row_shape, chunk_rows: chunk[0], codec, dim_names, sep, part: None, inner_rows };
     Ok(Ok((spec, shape[0])))
 }
 
