@@ -169,6 +169,43 @@ def test_a_second_writer_is_refused_naming_the_holder(s3, bucket):
     assert "held.zarr/x/zarr.json" not in s3.objects(bucket, "held.zarr/"), "replaced"
 
 
+def test_two_writers_racing_for_a_store_one_wins(s3, bucket):
+    url = f"s3://{bucket}/race.zarr"
+    code = textwrap.dedent(f"""
+        import sys, jax.numpy as jnp, hostfeed
+        print("ready", flush=True)
+        sys.stdin.readline()                      # both open at once
+        try:
+            rec = hostfeed.Recorder({url!r}, mode="w")
+        except hostfeed.RecordingError as e:
+            print("refused", e.errno, flush=True)
+            sys.exit(0)
+        rec.record("x", jnp.arange(3))
+        print("opened", flush=True)
+        sys.stdin.readline()                      # hold the store until told
+        rec.close()
+    """)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    try:
+        assert [p.stdout.readline().strip() for p in procs] == ["ready", "ready"]
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        outcomes = sorted(p.stdout.readline().strip() for p in procs)
+        assert outcomes == ["opened", "refused 16"], outcomes
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.stdin.write("done\n")
+                p.stdin.flush()
+            p.wait(timeout=120)
+            p.stdin.close()
+            p.stdout.close()
+    assert hostfeed.read_recording(url, "x")[0].tolist() == [[0, 1, 2]]
+
+
 def test_a_killed_writer_leaves_its_flushed_rows_and_its_lease_ends(s3, bucket):
     url = f"s3://{bucket}/killed.zarr"
     code = textwrap.dedent(f"""

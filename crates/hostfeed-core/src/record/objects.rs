@@ -573,7 +573,11 @@ impl Upload {
 
 impl Streamed for Upload {
     fn push(&mut self, bytes: Vec<u8>) -> Result<(), RecordError> {
-        self.buffer.extend_from_slice(&bytes);
+        if self.buffer.is_empty() {
+            self.buffer = bytes; // no copy: a piece of a part's size or more goes as it is
+        } else {
+            self.buffer.extend_from_slice(&bytes);
+        }
         if self.buffer.len() >= PART {
             let part = std::mem::take(&mut self.buffer);
             if let Err(e) = self.send(part) {

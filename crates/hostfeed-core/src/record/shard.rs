@@ -184,11 +184,15 @@ impl ShardUpload {
     }
 
     /// Encodes an inner chunk's rows (zeros to its full size) and sends them.
-    pub(crate) fn add(&mut self, rows: &[u8], inner_bytes: usize, codec: Codec, path: &Path) -> Result<(), RecordError> {
-        let bytes = encode_inner(rows, inner_bytes, codec).map_err(|why| RecordError::Io {
-            errno: Some(libc::EIO),
-            message: format!("cannot compress {}: {why}", path.display()),
-        })?;
+    pub(crate) fn add(&mut self, rows: Vec<u8>, inner_bytes: usize, codec: Codec, path: &Path) -> Result<(), RecordError> {
+        let bytes = match codec {
+            // A full uncompressed inner chunk is sent as it is, not copied.
+            Codec::Raw if rows.len() == inner_bytes => rows,
+            _ => encode_inner(&rows, inner_bytes, codec).map_err(|why| RecordError::Io {
+                errno: Some(libc::EIO),
+                message: format!("cannot compress {}: {why}", path.display()),
+            })?,
+        };
         let n = bytes.len() as u64;
         self.entries.push((self.offset, n));
         self.offset += n;

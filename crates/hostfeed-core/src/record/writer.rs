@@ -159,13 +159,14 @@ impl Recorder {
                 ShardUpload::new(object, tail, job.first_row)
             }
         };
+        up.tail.reserve(job.rows.len() * rb);
         for r in &job.rows {
             up.tail.extend_from_slice(r.bytes());
         }
         while up.tail.len() >= inner_bytes {
             let rest = up.tail.split_off(inner_bytes);
             let piece = std::mem::replace(&mut up.tail, rest);
-            up.add(&piece, inner_bytes, spec.codec, &path)?;
+            up.add(piece, inner_bytes, spec.codec, &path)?;
         }
         if job.end_row() - shard_start < spec.chunk_rows && !job.partial {
             lock(&self.uploads).insert(job.key(), up);
@@ -173,7 +174,7 @@ impl Recorder {
         }
         if !up.tail.is_empty() {
             let piece = std::mem::take(&mut up.tail);
-            up.add(&piece, inner_bytes, spec.codec, &path)?;
+            up.add(piece, inner_bytes, spec.codec, &path)?;
         }
         let index = shard::index_of(&up.entries, inner_chunks);
         up.object.push(index)?;
