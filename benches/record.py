@@ -30,14 +30,17 @@ large rows it adds what holding rows costs the copy itself: numpy copies into on
 buffers as rows (what a recorder needs: it keeps rows until they are written).
 
 Large rows also go through the Recorder sharded (``shard_bytes``, 256 MiB shards of the
-16 MiB chunks, one file per shard), beside the unsharded Recorder.
+16 MiB chunks, one file per shard), beside the unsharded Recorder, and through zarrs (the
+Rust Zarr implementation, via its zarr-python codec pipeline) into the same sharded
+layout, all rows in one call from host memory.
 
 ``--s3 [MB]`` writes MB (default 1024) of the large rows to an S3 server started on
 127.0.0.1 (s3s-fs when its binary is on PATH or in ``$S3S_FS``, else moto in a process of
 its own; ``--s3-server moto`` chooses), side by side: the Recorder (sharded and not,
 from a jitted loop, until flushed and closed) against tensorstore's ``zarr3`` driver with
-sharding and zarr-python with sharding, each writing all rows from host memory in one
-call (their fastest use, no JAX). Printed: GB/s, objects per GiB, objects written per
+sharding, zarrs (the Rust implementation, through its zarr-python codec pipeline) and
+zarr-python, all sharded alike, each writing all rows from host memory in one call (their
+fastest use, no JAX). Printed: GB/s, objects per GiB, objects written per
 second, and ratios to tensorstore.
 
 A third mode, ``--names [N]``, checks that a new name costs the same however many came
@@ -54,6 +57,7 @@ HOSTFEED_BENCH_SMALL_ROWS (default 10000).
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import statistics
@@ -148,6 +152,29 @@ def np_save_case(n: int, x: jax.Array, kind: str) -> Callable[[str], Callable[[]
                 hcb.barrier_wait()
             else:
                 jax.effects_barrier()
+        return run
+    return setup
+
+
+def zarrs_case(n: int, x: jax.Array, store: Callable[[str], object] = str
+               ) -> Callable[[str], Callable[[], None]]:
+    """zarrs, the Rust Zarr implementation (through its zarr-python codec pipeline), writing
+    every row at once from host memory into a sharded array (16 MiB chunks, 256 MiB
+    shards, as the sharded Recorder): its fastest use, no JAX."""
+    import zarr
+    rows = np.ascontiguousarray(np.broadcast_to(np.asarray(x), (n, *x.shape)))
+    inner = (max(1, (16 << 20) // x.nbytes), *x.shape)
+    shard = (max(1, (256 << 20) // x.nbytes), *x.shape)
+
+    def setup(d: str) -> Callable[[], None]:
+        with zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"}):
+            arr = zarr.create_array(store(os.path.join(d, "zarrs.zarr")), shape=rows.shape,
+                                    dtype=rows.dtype, chunks=inner, shards=shard,
+                                    compressors=None)
+
+        def run() -> None:
+            with zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"}):
+                arr[:] = rows
         return run
     return setup
 
@@ -332,9 +359,16 @@ def s3_cost(mb: int, kind: str) -> None:
                                 shards=shard, compressors=None)
         return lambda: arr.__setitem__(slice(None), rows)
 
+    def zarrs(bucket: str) -> Callable[[], None]:
+        where["bucket"], where["prefix"] = bucket, "zarrs.zarr/"
+        return zarrs_case(n, x, lambda path: zarr.storage.ObjectStore(obstore.store.from_url(
+            f"s3://{bucket}/zarrs.zarr", config={"endpoint": server.endpoint},
+            client_options={"allow_http": True})))(bucket)
+
     cases = {"Recorder, sharded 256 MiB": recorder(shard_bytes=256 << 20),
              "Recorder, unsharded": recorder(shard_bytes=0),
              "tensorstore zarr3, sharded": tensorstore,
+             "zarrs, sharded": zarrs,
              "zarr-python, sharded": zarr_python}
     times: dict[str, list[float]] = {k: [] for k in cases}
     objects: dict[str, int] = {}
@@ -401,6 +435,8 @@ def main() -> None:
             Case("Recorder, zstd 1, 2 writers",
                  recorder_case(n_large, large, compression="zstd", writers=2)),
             Case("Recorder, sharded 256 MiB", recorder_case(n_large, large, shard_bytes=256 << 20)),
+            *([Case("zarrs, sharded (no JAX)", zarrs_case(n_large, large))]
+              if importlib.util.find_spec("zarrs") else []),  # pip install zarrs
             Case("tap + zarr append", tap_zarr_case(n_large, large)),
             Case("tap + np.save", np_save_case(n_large, large, "tap")),
             Case("debug.callback + np.save", np_save_case(n_large, large, "debug")),

@@ -183,10 +183,18 @@ pub(crate) struct Job {
     pub(crate) partial: bool,
     /// Compressed codec: rows at the start of this chunk to read back from disk.
     pub(crate) disk_prefix: u64,
+    /// Jobs of one array with the same lane run one at a time, in order: its chunk, or
+    /// for a shard written in place, its inner chunk (those of one shard run in parallel).
+    pub(crate) lane: u64,
 }
 
 impl Job {
     pub(crate) fn key(&self) -> (ArrayId, u64) {
+        (self.array.id, self.lane)
+    }
+
+    /// The array and shard (chunk) the job writes into.
+    pub(crate) fn key_of_shard(&self) -> (ArrayId, u64) {
         (self.array.id, self.chunk)
     }
 

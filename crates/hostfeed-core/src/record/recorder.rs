@@ -192,6 +192,9 @@ pub struct Recorder {
     /// Keeps the host buffer pool large enough for the rows this recorder may hold (half
     /// the budget: beyond that it spills); released at close.
     pub(crate) pool_reservation: Mutex<Option<PoolReservation>>,
+    /// Shards written in place: the inner chunks their index lists, by array and shard
+    /// (jobs of one shard run in parallel; the index only grows).
+    pub(crate) shard_index: Mutex<HashMap<(ArrayId, u64), u64>>,
     /// Shards being streamed to their objects (object stores), by array and shard.
     pub(crate) uploads: Mutex<HashMap<(ArrayId, u64), crate::record::shard::ShardUpload>>,
 }
@@ -455,6 +458,7 @@ impl Recorder {
             commits: AtomicU64::new(0),
             rows_dropped: AtomicU64::new(0),
             pool_reservation: Mutex::new(None),
+            shard_index: Mutex::new(HashMap::new()),
             uploads: Mutex::new(HashMap::new()),
         });
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
@@ -792,11 +796,16 @@ impl Recorder {
     /// Rows a writer's job of array `a` holds once complete: a chunk (a shard), or for a
     /// shard written in place, an inner chunk.
     pub(crate) fn write_rows(&self, a: &ArrayHandle) -> u64 {
-        let in_place = matches!(a.spec.codec, Codec::Raw) && self.store.in_place().is_some();
         match a.spec.inner_rows {
-            Some(inner) if in_place || self.store.streams() => inner,
+            Some(inner) if self.in_place_shards(a) || self.store.streams() => inner,
             _ => a.spec.chunk_rows,
         }
+    }
+
+    /// Whether `a` is sharded and its shards are written in place (uncompressed, on a file
+    /// system).
+    pub(crate) fn in_place_shards(&self, a: &ArrayHandle) -> bool {
+        a.spec.inner_rows.is_some() && matches!(a.spec.codec, Codec::Raw) && self.store.in_place().is_some()
     }
 
     /// Hands the array's pending rows to the writers (under its lock, so that jobs of one
@@ -819,7 +828,9 @@ impl Recorder {
         let disk_prefix = if whole { st.on_disk_prefix } else { 0 };
         // After a partial compressed chunk, the next write of it starts from the disk copy.
         st.on_disk_prefix = st.pending_first % cr;
-        let job = Job { array: Arc::clone(a), chunk, first_row, rows, partial, disk_prefix };
+        // Inner chunks of a shard written in place go to disjoint bytes: in parallel.
+        let lane = if self.in_place_shards(a) { first_row / a.spec.inner_rows.unwrap_or(cr) } else { chunk };
+        let job = Job { array: Arc::clone(a), chunk, first_row, rows, partial, disk_prefix, lane };
         lock(&self.pool.state).jobs.push_back(job);
         self.pool.work.notify_one();
     }

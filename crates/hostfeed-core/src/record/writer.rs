@@ -8,7 +8,8 @@ use std::io::{Read, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -16,6 +17,7 @@ use serde_json::json;
 use crate::error::RecordError;
 use crate::host::sync::lock;
 use crate::record::arrays::{meta_specs, ArrayHandle, ArrayState, Job, Row};
+use crate::record::common::ArrayId;
 use crate::record::common::{as_u64, as_usize, read_lock};
 use crate::record::recorder::{HeldLock, Recorder};
 use crate::record::shard::{self, ShardUpload};
@@ -54,7 +56,8 @@ impl Recorder {
                     if streamed {
                         self.write_streamed(&job)
                     } else {
-                        write_chunk(&*self.store, &job).map(|()| Some((job.first_row, job.end_row())))
+                        write_chunk(&*self.store, &job, &self.shard_index)
+                            .map(|()| Some((job.first_row, job.end_row())))
                     }
                 }))
                 .unwrap_or_else(|_| {
@@ -332,7 +335,11 @@ fn create_parent(store: &dyn Store, path: &Path) -> Result<(), RecordError> {
 /// Writes a job's rows into its chunk: appended in place to an uncompressed chunk where
 /// the store can write into part of an object; otherwise (compressed, or an object store)
 /// the chunk is put whole, its rows written earlier read back first.
-fn write_chunk(store: &dyn Store, job: &Job) -> Result<(), RecordError> {
+fn write_chunk(
+    store: &dyn Store,
+    job: &Job,
+    shard_index: &Mutex<HashMap<(ArrayId, u64), u64>>,
+) -> Result<(), RecordError> {
     let spec = &job.array.spec;
     let path = spec.chunk_path(&job.array.dir, job.chunk);
     let rb = spec.row_bytes();
@@ -348,10 +355,17 @@ fn write_chunk(store: &dyn Store, job: &Job) -> Result<(), RecordError> {
         in_place.write_at(&path, in_chunk * as_u64(rb), &slices, data)?;
         if let Some(inner) = spec.inner_rows {
             // A shard: its index, at its fixed place after the inner chunks, lists the inner
-            // chunks that now hold rows.
-            let present = (in_chunk + as_u64(job.rows.len())).div_ceil(inner);
-            let index = shard::index_in_place(present, spec.chunk_rows / inner, inner * as_u64(rb));
-            in_place.write_at(&path, data, &[&index], 0)?;
+            // chunks up to this job's. Jobs of one shard run in parallel: the index is
+            // written under a lock and only grows (an inner chunk listed before its rows
+            // are written lies past the announced rows, which are all listed).
+            let mut listed = lock(shard_index);
+            let entry = listed.entry(job.key_of_shard()).or_insert(0);
+            let present = (*entry).max((in_chunk + as_u64(job.rows.len())).div_ceil(inner));
+            if present > *entry {
+                let index = shard::index_in_place(present, spec.chunk_rows / inner, inner * as_u64(rb));
+                in_place.write_at(&path, data, &[&index], 0)?;
+                *entry = present;
+            }
         }
         return Ok(());
     }
