@@ -170,6 +170,11 @@ def test_a_second_writer_is_refused_naming_the_holder(s3, bucket):
 
 
 def test_two_writers_racing_for_a_store_one_wins(s3, bucket):
+    """Two processes open one store at once: one records, the other is refused. With moto
+    the lock's conditional create decides (EBUSY). s3s-fs's conditional create is not
+    atomic under a race (both creates can succeed), so there the loser may pass the lock
+    and is stopped by the conditional puts of zarr.json instead (EEXIST, at open or at its
+    first record): either way it never writes into the winner's store."""
     url = f"s3://{bucket}/race.zarr"
     code = textwrap.dedent(f"""
         import sys, jax.numpy as jnp, hostfeed
@@ -177,10 +182,10 @@ def test_two_writers_racing_for_a_store_one_wins(s3, bucket):
         sys.stdin.readline()                      # both open at once
         try:
             rec = hostfeed.Recorder({url!r}, mode="w")
+            rec.record("x", jnp.arange(3))
         except hostfeed.RecordingError as e:
             print("refused", e.errno, flush=True)
             sys.exit(0)
-        rec.record("x", jnp.arange(3))
         print("opened", flush=True)
         sys.stdin.readline()                      # hold the store until told
         rec.close()
@@ -194,7 +199,8 @@ def test_two_writers_racing_for_a_store_one_wins(s3, bucket):
             p.stdin.write("go\n")
             p.stdin.flush()
         outcomes = sorted(p.stdout.readline().strip() for p in procs)
-        assert outcomes == ["opened", "refused 16"], outcomes
+        allowed = ["refused 16"] if isinstance(s3, S3Server) else ["refused 16", "refused 17"]
+        assert outcomes[0] == "opened" and outcomes[1] in allowed, outcomes
     finally:
         for p in procs:
             if p.poll() is None:

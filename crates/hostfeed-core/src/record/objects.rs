@@ -184,7 +184,15 @@ impl Objects {
         };
         let built: Result<Arc<dyn ObjectStore>, object_store::Error> = match scheme {
             ObjectStoreScheme::AmazonS3 => {
+                // Payloads unsigned (`UNSIGNED-PAYLOAD`, as botocore sends over HTTPS, where
+                // TLS protects them) unless the user says otherwise: signing hashes every
+                // byte with SHA-256 on the writer threads.
+                let said = std::env::var_os("AWS_UNSIGNED_PAYLOAD").is_some()
+                    || provider.iter().any(|(k, _)| k.to_ascii_lowercase().ends_with("unsigned_payload"));
                 let mut b = object_store::aws::AmazonS3Builder::from_env().with_url(trimmed);
+                if !said {
+                    b = b.with_unsigned_payload(true);
+                }
                 for (k, v) in &provider {
                     let key = k.to_ascii_lowercase().parse().map_err(|_| unknown(k, "S3"))?;
                     b = b.with_config(key, v);
@@ -829,8 +837,18 @@ impl ObjectLock {
 impl Drop for ObjectLock {
     fn drop(&mut self) {
         let st = lock(&self.state);
-        if std::process::id() == self.objects.pid && !st.lost {
-            let _ = self.objects.run(self.objects.inner.delete(&self.key));
+        if std::process::id() != self.objects.pid || st.lost {
+            return;
+        }
+        // Only if the lock object is still ours (a store whose conditional create is not
+        // atomic may have let a second recorder believe it holds it too).
+        let ours = |held: &Value| {
+            ["pid", "host", "since_ns"].iter().all(|k| held[*k] == self.record[*k])
+        };
+        if let Ok(Some((bytes, _))) = self.objects.get_versioned(&self.key) {
+            if serde_json::from_slice::<Value>(&bytes).is_ok_and(|h| ours(&h)) {
+                let _ = self.objects.run(self.objects.inner.delete(&self.key));
+            }
         }
     }
 }
