@@ -129,6 +129,29 @@ fn invalid(message: String) -> RecordError {
     RecordError::Invalid(message)
 }
 
+/// The error for option `k`, which provider `name` does not know.
+fn unknown_option(k: &str, name: &str) -> RecordError {
+    invalid(format!(
+        "unknown storage option {k:?} for {name} (the object_store crate's config keys, e.g. \
+         \"aws_endpoint\", \"aws_region\", \"google_service_account\", \
+         \"azure_storage_account_name\", or hostfeed's \"{RETRY_TIMEOUT}\" and \"{MAX_RETRIES}\")"
+    ))
+}
+
+/// Each option as provider `name`'s config key `K` (its name in any case), with its value.
+///
+/// # Errors
+/// [`unknown_option`] for the first option the provider does not know.
+fn config_keys<'o, K: std::str::FromStr>(
+    options: &'o [(String, String)],
+    name: &str,
+) -> Result<Vec<(K, &'o str)>, RecordError> {
+    options
+        .iter()
+        .map(|(k, v)| k.to_ascii_lowercase().parse().map(|key| (key, v.as_str())).map_err(|_| unknown_option(k, name)))
+        .collect()
+}
+
 impl Objects {
     /// Opens the object store of `url` with `options` (the `object_store` crate's config
     /// keys of that provider, over the provider's environment variables; plus
@@ -174,14 +197,6 @@ impl Objects {
         };
         let secrets_for = secrets.clone();
         let redact = move |s: String| redact_with(&secrets_for, s);
-        let unknown = |k: &str, provider_name: &str| {
-            invalid(format!(
-                "unknown storage option {k:?} for {provider_name} (the object_store crate's config \
-                 keys, e.g. \"aws_endpoint\", \"aws_region\", \"google_service_account\", \
-                 \"azure_storage_account_name\", or hostfeed's \"{RETRY_TIMEOUT}\" and \
-                 \"{MAX_RETRIES}\")"
-            ))
-        };
         let built: Result<Arc<dyn ObjectStore>, object_store::Error> = match scheme {
             ObjectStoreScheme::AmazonS3 => {
                 // Payloads unsigned (`UNSIGNED-PAYLOAD`, as botocore sends over HTTPS, where
@@ -193,31 +208,28 @@ impl Objects {
                 if !said {
                     b = b.with_unsigned_payload(true);
                 }
-                for (k, v) in &provider {
-                    let key = k.to_ascii_lowercase().parse().map_err(|_| unknown(k, "S3"))?;
-                    b = b.with_config(key, v);
+                for (k, v) in config_keys(&provider, "S3")? {
+                    b = b.with_config(k, v);
                 }
                 b.with_retry(retry).build().map(|s| Arc::new(s) as _)
             }
             ObjectStoreScheme::GoogleCloudStorage => {
                 let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(trimmed);
-                for (k, v) in &provider {
-                    let key = k.to_ascii_lowercase().parse().map_err(|_| unknown(k, "Google Cloud Storage"))?;
-                    b = b.with_config(key, v);
+                for (k, v) in config_keys(&provider, "Google Cloud Storage")? {
+                    b = b.with_config(k, v);
                 }
                 b.with_retry(retry).build().map(|s| Arc::new(s) as _)
             }
             ObjectStoreScheme::MicrosoftAzure => {
                 let mut b = object_store::azure::MicrosoftAzureBuilder::from_env().with_url(trimmed);
-                for (k, v) in &provider {
-                    let key = k.to_ascii_lowercase().parse().map_err(|_| unknown(k, "Azure Blob Storage"))?;
-                    b = b.with_config(key, v);
+                for (k, v) in config_keys(&provider, "Azure Blob Storage")? {
+                    b = b.with_config(k, v);
                 }
                 b.with_retry(retry).build().map(|s| Arc::new(s) as _)
             }
             ObjectStoreScheme::Memory => {
                 if let Some((k, _)) = provider.first() {
-                    return Err(unknown(k, "memory://"));
+                    return Err(unknown_option(k, "memory://"));
                 }
                 Ok(Arc::new(object_store::memory::InMemory::new()) as _)
             }

@@ -578,6 +578,53 @@ fn an_object_store_holds_every_flushed_row() {
     }
 }
 
+/// Where a test records: a directory, or an in-memory object store (`objects`).
+struct Place {
+    objects: bool,
+    root: PathBuf,
+    mem: Arc<crate::record::objects::Objects>,
+    fs: crate::record::store::FsStore,
+}
+
+impl Place {
+    fn new(tag: &str, objects: bool) -> Place {
+        let mem = crate::record::objects::Objects::in_memory(&format!("memory:///{tag}.zarr")).unwrap();
+        Place { objects, root: temp_root(tag), mem, fs: crate::record::store::FsStore { durable: false } }
+    }
+
+    fn open(&self, mode: Mode, opts: &Options, budget: &Arc<Counter>) -> Result<Arc<Recorder>, RecordError> {
+        if self.objects {
+            Recorder::create_in_objects(Arc::clone(&self.mem), mode, opts.clone(), budget.clone())
+        } else {
+            Recorder::create(&self.root, mode, opts.clone(), budget.clone())
+        }
+    }
+
+    fn store(&self) -> &dyn crate::record::store::Store {
+        if self.objects {
+            &*self.mem
+        } else {
+            &self.fs
+        }
+    }
+
+    /// The bytes stored at `p` below the store's root.
+    fn get(&self, p: &str) -> Vec<u8> {
+        let top = if self.objects { self.mem.root().to_path_buf() } else { self.root.clone() };
+        self.store().get(&top.join(p)).unwrap()
+    }
+
+    fn doc(&self, p: &str) -> Value {
+        serde_json::from_slice(&self.get(p)).unwrap()
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.root);
+    }
+}
+
 /// `Mode::Append`: a recording reopened goes on after its last announced row in every
 /// array (record numbers after the largest); with `resume_after_step`, the rows after that
 /// step are dropped first, so a job restarted from its checkpoint records each step once.
@@ -585,28 +632,15 @@ fn an_object_store_holds_every_flushed_row() {
 /// flushed half full is read back and put again whole).
 #[test]
 fn append_and_resume_record_each_step_once() {
-    use crate::record::objects::Objects;
-    use crate::record::store::{FsStore, Store};
     for objects in [false, true] {
-        let root = temp_root(&format!("append_{objects}"));
+        let place = Place::new(&format!("append_{objects}"), objects);
         let budget = Arc::new(Counter::default());
         let codec = if objects { Codec::Zstd(1) } else { Codec::Raw };
         let opts = Options { codec, chunk_bytes: 40, ..Options::default() }; // 5 rows a chunk
-        let mem = Objects::in_memory("memory:///runs/r.zarr").unwrap();
-        let open = |mode: Mode| {
-            if objects {
-                Recorder::create_in_objects(Arc::clone(&mem), mode, opts.clone(), budget.clone())
-            } else {
-                Recorder::create(&root, mode, opts.clone(), budget.clone())
-            }
-        };
-        let fs = FsStore { durable: false };
-        let store: &dyn Store = if objects { &*mem } else { &fs };
-        let top = if objects { mem.root().to_path_buf() } else { root.clone() };
-        let doc = |p: &str| -> Value { serde_json::from_slice(&store.get(&top.join(p)).unwrap()).unwrap() };
+        let open = |mode: Mode| place.open(mode, &opts, &budget);
+        let doc = |p: &str| place.doc(p);
         let values = |p: &str, rows: usize| -> Vec<i64> {
-            let b = store.get(&top.join(p)).unwrap();
-            b.chunks(8).take(rows).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
+            place.get(p).chunks(8).take(rows).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
         };
         let run = |rec: &Recorder, steps: std::ops::Range<u32>, flush_at: u32| {
             let id = rec.declare("g/x", xla::S32, &[2]).unwrap();
@@ -639,7 +673,7 @@ fn append_and_resume_record_each_step_once() {
         assert_eq!(doc("g/x.step/zarr.json")["shape"], json!([12]));
         let mut rows = Vec::new();
         for k in 0..3 {
-            let stored = store.get(&top.join(format!("g/x/c/{k}/0"))).unwrap();
+            let stored = place.get(&format!("g/x/c/{k}/0"));
             rows.extend(if objects { zstd::decode_all(&stored[..]).unwrap() } else { stored });
         }
         rows.truncate(12 * 8);
@@ -647,7 +681,6 @@ fn append_and_resume_record_each_step_once() {
         assert_eq!(values("g/x.step/c/0", 12), (0..12).collect::<Vec<i64>>());
         // Record numbers go on after the largest kept: 0..5, then 5.. in the resumed run.
         assert_eq!(values("g/x.seq/c/0", 12), (0..12).collect::<Vec<i64>>());
-        let _ = fs::remove_dir_all(&root);
     }
 }
 
@@ -659,29 +692,17 @@ fn append_and_resume_record_each_step_once() {
 /// an inner chunk and of a shard; appending to the store goes on where it stopped.
 #[test]
 fn sharded_arrays_hold_every_flushed_row() {
-    use crate::record::objects::Objects;
     use crate::record::shard;
-    use crate::record::store::{FsStore, Store};
     for (objects, codec) in [(false, Codec::Raw), (false, Codec::Zstd(1)), (true, Codec::Raw), (true, Codec::Zstd(1))] {
-        let root = temp_root(&format!("sharded_{objects}_{codec:?}"));
+        let place = Place::new(&format!("sharded_{objects}_{codec:?}"), objects);
         let budget = Arc::new(Counter::default());
         let opts = Options { codec, chunk_bytes: 40, shard_bytes: Some(120), ..Options::default() };
-        let mem = Objects::in_memory("memory:///s.zarr").unwrap();
-        let open = |mode: Mode| {
-            if objects {
-                Recorder::create_in_objects(Arc::clone(&mem), mode, opts.clone(), budget.clone())
-            } else {
-                Recorder::create(&root, mode, opts.clone(), budget.clone())
-            }
-        };
-        let fs = FsStore { durable: false };
-        let store: &dyn Store = if objects { &*mem } else { &fs };
-        let top = if objects { mem.root().to_path_buf() } else { root.clone() };
-        let doc = |p: &str| -> Value { serde_json::from_slice(&store.get(&top.join(p)).unwrap()).unwrap() };
+        let open = |mode: Mode| place.open(mode, &opts, &budget);
+        let doc = |p: &str| place.doc(p);
         let read = |rows: usize| -> Vec<u8> {
             let mut out = Vec::new();
             for k in 0..rows.div_ceil(15) {
-                let stored = store.get(&top.join(format!("g/x/c/{k}/0"))).unwrap();
+                let stored = place.get(&format!("g/x/c/{k}/0"));
                 let want = (rows - 15 * k).min(15) * 8;
                 out.extend(shard::read_rows(&stored, want, 40, 3, codec).unwrap());
             }
@@ -713,6 +734,5 @@ fn sharded_arrays_hold_every_flushed_row() {
         rec.close().unwrap();
         assert_eq!(doc("g/x/zarr.json")["shape"], json!([31, 2]));
         assert_eq!(read(31), (0..31).flat_map(int_row).collect::<Vec<u8>>(), "appended, objects={objects} {codec:?}");
-        let _ = fs::remove_dir_all(&root);
     }
 }
