@@ -154,6 +154,60 @@ def test_processes_write_one_store_the_same_bit_for_bit(n_proc, reference, tmp_p
     np.testing.assert_array_equal(np.asarray(root["many/s"][:]), np.ones((1, 3)))
 
 
+def _arrays(group, prefix=""):
+    """Every array of a zarr group by path, read whole."""
+    out = {}
+    for name, node in group.members():
+        path = f"{prefix}{name}"
+        if hasattr(node, "shape"):
+            out[path] = np.asarray(node[:])
+        else:
+            out.update(_arrays(node, path + "/"))
+    return out
+
+
+def test_processes_share_an_object_store(reference):
+    """The same program, its processes recording to one store in an S3 bucket (moto, on
+    127.0.0.1): process 0 holds the lock object naming the run, each process uploads its own
+    parts' shards (sharded by default in an object store), and the store holds the same
+    values as the single-process reference run on disk."""
+    pytest.importorskip("moto.server", reason="needs moto[server]")
+    obstore = pytest.importorskip("obstore")
+    from helpers.s3_server import S3Server, restore, setenv
+    server = S3Server()
+    server.start()
+    old = setenv(server.env())
+    try:
+        bucket = server.new_bucket()
+        url = f"s3://{bucket}/shared/run.zarr"
+        results = run(2, "program", url)
+        assert all(rc == 0 for rc, _, _ in results), _report(results)
+        assert "locked" in results[1][1]["second_open"], results[1][1]
+        keys = server.keys(bucket, "shared/run.zarr/")
+        assert "shared/run.zarr/.hostfeed.lock" not in keys, "released at close"
+        # Each device's slice of act/h in its own shard: c/<shard>/<device>/0.
+        assert sorted(k for k in keys if k.startswith("shared/run.zarr/act/h/c/")) == [
+            f"shared/run.zarr/act/h/c/0/{d}/0" for d in range(DEVICES)]
+        zarr = pytest.importorskip("zarr")
+        from hostfeed import zarr_dtypes
+        zarr_dtypes.register()
+        store = zarr.storage.ObjectStore(obstore.store.from_url(
+            f"s3://{bucket}", config={"endpoint": server.endpoint},
+            client_options={"allow_http": True}), read_only=True)
+        mine = _arrays(zarr.open_group(store, path="shared/run.zarr", mode="r"))
+    finally:
+        restore(old)
+        server.close()
+    ref = _arrays(_zarr_root(reference))
+    timing = [k for k in ref if k.endswith((".time_ns", ".seq"))]
+    assert set(ref) <= set(mine)
+    for k in sorted(set(ref) - set(timing)):
+        np.testing.assert_array_equal(mine[k], ref[k], err_msg=k)
+    for k in timing:
+        assert mine[k].shape == ref[k].shape, k
+    np.testing.assert_array_equal(mine["many/e"], np.ones((1, 2)))
+
+
 @pytest.mark.parametrize("fault", ["killed", "raising"])
 def test_a_failing_process_leaves_the_committed_rows_and_others_get_an_error(fault, tmp_path):
     path = str(tmp_path / "run.zarr")

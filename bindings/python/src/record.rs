@@ -225,12 +225,6 @@ impl PyRecorder {
                     "{url:?} is not the URL of an object store hostfeed writes (s3://, gs://, az://)"
                 )));
             }
-            if shared.is_some() {
-                return Err(PyValueError::new_err(
-                    "several processes cannot record to one object store yet: record to a shared \
-                     file system, or give each process its own URL",
-                ));
-            }
             Location::Url { url: url.to_string(), options: storage_options.unwrap_or_default() }
         } else {
             Location::Path(path.clone())
@@ -238,7 +232,7 @@ impl PyRecorder {
         let inner = match shared {
             None => py.detach(|| Recorder::create_at(&location, mode, opts, budget)).py()?,
             Some(run) => {
-                py.detach(|| Recorder::create_shared(&path, mode, opts, budget, &run, leader)).py()?
+                py.detach(|| Recorder::create_shared_at(&location, mode, opts, budget, &run, leader)).py()?
             }
         };
         install_tracer();

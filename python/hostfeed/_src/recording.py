@@ -304,11 +304,6 @@ class Recorder:
                                 f"got {resume_after_step!r}")
             options["resume_after_step"] = int(resume_after_step)
         if where.url:
-            if coord.shared:
-                raise ValueError(
-                    f"hostfeed.Recorder({fspath!r}): several processes cannot record to one "
-                    f"object store yet; record to a shared file system, or give each process "
-                    f"its own URL (e.g. with jax.process_index() in it)")
             options.update(url=True, storage_options=where.options, lease=lease)
         if not coord.shared:
             self._native = _receiver.Recorder(fspath, **options)

@@ -24,7 +24,11 @@
 //! * The lock is an object, `.hostfeed.lock`, created conditionally (`If-None-Match: *`)
 //!   with a holder record and a lease that the recorder renews (conditionally again) while
 //!   it is open. After a crash nobody renews it, and the store opens again once the lease
-//!   has ended.
+//!   has ended. The processes of one `jax.distributed` run share a store: the leader
+//!   (process 0) takes the lock naming the run and renews it; the others only check that it
+//!   names their run ([`ObjectLock::join`]). Each process writes the objects of its own
+//!   arrays and parts; documents written by several processes (a group's) are created
+//!   once, the others finding them there.
 //!
 //! ## Threads
 //!
@@ -58,7 +62,7 @@ use serde_json::{json, Value};
 use crate::error::RecordError;
 use crate::host::sync::lock;
 use crate::record::store::{InPlace, Put, Store, Streamed};
-use crate::record::storelock::LOCK_FILE;
+use crate::record::storelock::{Access, LOCK_FILE};
 
 /// Option names (lowercase, as `object_store`'s config keys or the environment variables
 /// they come from) whose values are secrets: never shown.
@@ -75,6 +79,8 @@ const MULTIPART_ABOVE: usize = 32 << 20;
 const PART: usize = 16 << 20;
 /// Parts of one upload in flight at a time.
 const PARTS_IN_FLIGHT: usize = 4;
+/// Google Cloud Storage's rate of updates of one object: one a second.
+const GCS_UPDATE_EVERY: Duration = Duration::from_secs(1);
 
 /// Whether the option (or environment variable) `name` holds a secret.
 fn is_secret(name: &str) -> bool {
@@ -101,6 +107,10 @@ pub(crate) struct Objects {
     versions: Mutex<HashMap<String, UpdateVersion>>,
     /// This store itself (it lives in an `Arc`), for the uploads it starts.
     me: std::sync::Weak<Objects>,
+    /// The least time between two writes of one object (Google Cloud Storage allows one
+    /// update of an object a second; zero elsewhere), and when each key was last written.
+    update_every: Duration,
+    updated: Mutex<HashMap<String, Instant>>,
 }
 
 impl std::fmt::Debug for Objects {
@@ -241,7 +251,12 @@ impl Objects {
             }
         };
         let inner = built.map_err(|e| invalid(redact(format!("cannot open {trimmed}: {e}"))))?;
-        Self::with_store(inner, trimmed, prefix.as_ref(), secrets)
+        let update_every = if matches!(scheme, ObjectStoreScheme::GoogleCloudStorage) {
+            GCS_UPDATE_EVERY
+        } else {
+            Duration::ZERO
+        };
+        Self::with_store(inner, trimmed, prefix.as_ref(), secrets, update_every)
     }
 
     /// An in-memory store standing for `url` (its root): the store of `cargo test`.
@@ -250,10 +265,16 @@ impl Objects {
     /// As [`Objects::open`].
     #[cfg(test)]
     pub(crate) fn in_memory(url: &str) -> Result<Arc<Objects>, RecordError> {
+        Self::in_memory_paced(url, Duration::ZERO)
+    }
+
+    /// [`Objects::in_memory`] writing an object at most once every `every`, as on GCS.
+    #[cfg(test)]
+    pub(crate) fn in_memory_paced(url: &str, every: Duration) -> Result<Arc<Objects>, RecordError> {
         let inner = Arc::new(object_store::memory::InMemory::new());
         let parsed = url::Url::parse(url).map_err(|e| invalid(format!("{url:?} is not a URL: {e}")))?;
         let prefix = parsed.path().trim_start_matches('/').trim_end_matches('/').to_string();
-        Self::with_store(inner, url.trim_end_matches('/'), &prefix, Vec::new())
+        Self::with_store(inner, url.trim_end_matches('/'), &prefix, Vec::new(), every)
     }
 
     fn with_store(
@@ -261,6 +282,7 @@ impl Objects {
         root: &str,
         prefix: &str,
         secrets: Vec<String>,
+        update_every: Duration,
     ) -> Result<Arc<Objects>, RecordError> {
         let base = root.strip_suffix(prefix).unwrap_or(root).trim_end_matches('/');
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -281,7 +303,29 @@ impl Objects {
             secrets,
             versions: Mutex::new(HashMap::new()),
             me: me.clone(),
+            update_every,
+            updated: Mutex::new(HashMap::new()),
         }))
+    }
+
+    /// Waits, if `key` was written less than `update_every` ago, until that much time has
+    /// passed (the provider would refuse the write, or throttle the bucket), then notes the
+    /// write. Only writer threads and a flush or close (the GIL released) wait here.
+    fn pace(&self, key: &Key) {
+        if self.update_every.is_zero() {
+            return;
+        }
+        let wait = {
+            let mut updated = lock(&self.updated);
+            if updated.len() > 4096 {
+                updated.retain(|_, t| t.elapsed() < self.update_every);
+            }
+            updated.get(key.as_ref()).map_or(Duration::ZERO, |t| self.update_every.saturating_sub(t.elapsed()))
+        };
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
+        }
+        lock(&self.updated).insert(key.as_ref().to_string(), Instant::now());
     }
 
     /// The store's root as a path (the URL).
@@ -493,6 +537,7 @@ impl Store for Objects {
 
     fn put(&self, path: &Path, bytes: &[u8], put: Put) -> Result<(), RecordError> {
         let key = self.key(path).map_err(|e| RecordError::Io { errno: None, message: e.to_string() })?;
+        self.pace(&key);
         if put != Put::Document {
             let done = if bytes.len() > MULTIPART_ABOVE {
                 self.put_large(&key, bytes)
@@ -543,6 +588,7 @@ impl Store for Objects {
                 Ok(Box::new(Upload {
                     objects: self.me.upgrade().unwrap_or_else(|| unreachable!("an Objects lives in its Arc")),
                     path: path.to_path_buf(),
+                    key,
                     parts: upload,
                     buffer: Vec::new(),
                     in_flight: std::collections::VecDeque::new(),
@@ -559,6 +605,7 @@ impl Store for Objects {
 struct Upload {
     objects: Arc<Objects>,
     path: PathBuf,
+    key: Key,
     parts: Box<dyn object_store::MultipartUpload>,
     buffer: Vec<u8>,
     in_flight: std::collections::VecDeque<tokio::task::JoinHandle<Result<(), object_store::Error>>>,
@@ -620,6 +667,7 @@ impl Streamed for Upload {
             self.abort();
             return Err(e);
         }
+        self.objects.pace(&self.key);
         let done = self.objects.run(self.parts.complete());
         done.map(|_| ()).map_err(|e| self.objects.fail("complete", &self.path, &e))
     }
@@ -740,17 +788,25 @@ impl ObjectLock {
     ///
     /// # Errors
     /// [`RecordError::Io`] with `EBUSY` naming the holder; the store's errors.
-    pub(crate) fn acquire(objects: &Arc<Objects>, root: &Path, lease: Duration) -> Result<ObjectLock, RecordError> {
+    pub(crate) fn acquire(
+        objects: &Arc<Objects>,
+        root: &Path,
+        lease: Duration,
+        access: &Access,
+    ) -> Result<ObjectLock, RecordError> {
         let (key, path) = Self::location(objects, root)?;
         let since = now_ns();
-        let record = json!({
+        let mut record = json!({
             "pid": std::process::id(),
             "host": hostname(),
-            "access": "exclusive",
+            "access": access.name(),
             "since_ns": since,
             "lease_ns": as_ns(lease),
             "lease_until_ns": since.saturating_add(as_ns(lease)),
         });
+        if let Some(group) = access.group() {
+            record["group"] = json!(group);
+        }
         let bytes = record.to_string().into_bytes();
         let taken = match objects.put_mode(&key, &bytes, PutMode::Create) {
             Ok(v) => v,
@@ -774,6 +830,34 @@ impl ObjectLock {
             Err(e) => return Err(objects.fail("create the lock", &path, &e)),
         };
         Ok(Self::held(objects, key, path, record, lease, taken))
+    }
+
+    /// A member of a shared store's run joins the lock its leader took: the lock object
+    /// must name the run `group` and its lease must not have ended (nothing is written;
+    /// the leader renews the lease for the run).
+    ///
+    /// # Errors
+    /// The busy error naming the holder when another run (or no one) holds the store; the
+    /// store's errors.
+    pub(crate) fn join(objects: &Objects, root: &Path, group: &str) -> Result<(), RecordError> {
+        let (key, path) = Self::location(objects, root)?;
+        let held = objects.get_versioned(&key).map_err(|e| objects.fail("read the lock", &path, &e))?;
+        let holder = held.and_then(|(bytes, _)| serde_json::from_slice::<Value>(&bytes).ok());
+        let live = holder.as_ref().is_some_and(|h| h["lease_until_ns"].as_i64().unwrap_or(0) > now_ns());
+        if live && holder.as_ref().is_some_and(|h| h["group"].as_str() == Some(group)) {
+            return Ok(());
+        }
+        if holder.is_none() {
+            return Err(RecordError::Io {
+                errno: Some(libc::ENOENT),
+                message: format!(
+                    "{}: the leader of this run (process 0) holds no lock on the store (it closed \
+                     it, or never opened it)",
+                    root.display()
+                ),
+            });
+        }
+        Err(busy(root, holder.as_ref()))
     }
 
     fn acquire_fresh(
@@ -818,6 +902,7 @@ impl ObjectLock {
         let mut record = self.record.clone();
         record["lease_until_ns"] = json!(now_ns().saturating_add(as_ns(self.lease)));
         let bytes = record.to_string().into_bytes();
+        self.objects.pace(&self.key);
         match self.objects.put_mode(&self.key, &bytes, PutMode::Update(st.version.clone())) {
             Ok(v) => {
                 st.version = v;
@@ -920,8 +1005,8 @@ mod tests {
     fn the_lock_refuses_a_second_holder_until_its_lease_ends() {
         let o = Objects::in_memory("memory:///r.zarr").unwrap();
         let root = o.root().to_path_buf();
-        let first = ObjectLock::acquire(&o, &root, Duration::from_secs(60)).unwrap();
-        let e = ObjectLock::acquire(&o, &root, Duration::from_secs(60)).unwrap_err();
+        let first = ObjectLock::acquire(&o, &root, Duration::from_secs(60), &Access::Exclusive).unwrap();
+        let e = ObjectLock::acquire(&o, &root, Duration::from_secs(60), &Access::Exclusive).unwrap_err();
         assert!(matches!(e, RecordError::Io { errno: Some(libc::EBUSY), .. }), "{e}");
         assert!(e.to_string().contains(&format!("process {} on host", std::process::id())), "{e}");
         assert!(ObjectLock::check_free(&o, &root).is_err());
@@ -929,9 +1014,9 @@ mod tests {
         ObjectLock::check_free(&o, &root).unwrap();
         // A holder that never renews (a crashed process): once its lease ends, the store
         // is taken over, and the old holder's renewal reports the loss.
-        let crashed = ObjectLock::acquire(&o, &root, Duration::from_millis(30)).unwrap();
+        let crashed = ObjectLock::acquire(&o, &root, Duration::from_millis(30), &Access::Exclusive).unwrap();
         std::thread::sleep(Duration::from_millis(40));
-        let next = ObjectLock::acquire(&o, &root, Duration::from_secs(60)).unwrap();
+        let next = ObjectLock::acquire(&o, &root, Duration::from_secs(60), &Access::Exclusive).unwrap();
         let lost = crashed.renew_if_due().unwrap_err();
         assert!(lost.to_string().contains("took the store over"), "{lost}");
         drop(crashed); // must not delete the new holder's lock

@@ -124,6 +124,8 @@ pub(crate) enum HeldLock {
     File(#[expect(dead_code, reason = "held for its Drop")] StoreLock),
     /// An object store's lock object with its lease (`objects.rs`), renewed by the ticker.
     Object(ObjectLock),
+    /// A member of a shared object store's run: its leader holds (and renews) the lock.
+    Joined,
 }
 
 /// Where a recorder's store lives.
@@ -278,6 +280,18 @@ fn clear_root(store: &dyn Store, root: &Path, mode: Mode) -> Result<(), RecordEr
     Ok(())
 }
 
+/// `mode="a"` is for one process: a shared store's run records to a new store.
+fn refuse_shared_append(mode: Mode) -> Result<(), RecordError> {
+    if matches!(mode, Mode::Append { .. }) {
+        return Err(RecordError::Invalid(
+            "mode=\"a\" cannot yet be used by the processes of a jax.distributed run (one \
+             process appends; or record the resumed run to a new path)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Makes `root` an empty directory held by the returned lock. A store another recorder
 /// holds is refused first (naming the holder), before anything is created or removed.
 fn prepare_root(
@@ -307,13 +321,23 @@ fn prepare_root(
 /// [`prepare_root`] for a store in an object store: the bucket is reached first (a missing
 /// bucket or wrong credentials fail here, before anything is written), a live holder is
 /// refused, then the lock object is created and an earlier recording removed.
-fn prepare_objects(objects: &Arc<Objects>, mode: Mode, lease: std::time::Duration) -> Result<HeldLock, RecordError> {
+fn prepare_objects(
+    objects: &Arc<Objects>,
+    mode: Mode,
+    lease: std::time::Duration,
+    access: &Access,
+) -> Result<HeldLock, RecordError> {
     let root = objects.root().to_path_buf();
     let store: &dyn Store = &**objects;
     objects.check_reachable()?;
+    if let Access::SharedMember { group } = access {
+        // A member of a shared store's run: its leader prepared the store.
+        ObjectLock::join(objects, &root, group)?;
+        return Ok(HeldLock::Joined);
+    }
     ObjectLock::check_free(objects, &root)?;
     check_existing(store, &root, mode)?;
-    let held = ObjectLock::acquire(objects, &root, lease)?;
+    let held = ObjectLock::acquire(objects, &root, lease, access)?;
     check_existing(store, &root, mode)?;
     clear_root(store, &root, mode)?;
     Ok(HeldLock::Object(held))
@@ -350,7 +374,31 @@ impl Recorder {
             Location::Path(root) => Self::create(root, mode, opts, budget),
             Location::Url { url, options } => {
                 let objects = Objects::open(url, options)?;
-                Self::create_in_objects(objects, mode, opts, budget)
+                Self::create_in_objects(objects, mode, opts, budget, &Access::Exclusive)
+            }
+        }
+    }
+
+    /// [`Recorder::create_shared`] at `location` (a path, or an object store by URL).
+    ///
+    /// # Errors
+    /// As [`Recorder::create_at`] and [`Recorder::create_shared`].
+    pub fn create_shared_at(
+        location: &Location,
+        mode: Mode,
+        opts: Options,
+        budget: Arc<dyn Budget>,
+        run: &str,
+        leader: bool,
+    ) -> Result<Arc<Recorder>, RecordError> {
+        match location {
+            Location::Path(root) => Self::create_shared(root, mode, opts, budget, run, leader),
+            Location::Url { url, options } => {
+                refuse_shared_append(mode)?;
+                let group = run.to_string();
+                let access = if leader { Access::SharedLeader { group } } else { Access::SharedMember { group } };
+                let objects = Objects::open(url, options)?;
+                Self::create_in_objects(objects, mode, opts, budget, &access)
             }
         }
     }
@@ -362,15 +410,18 @@ impl Recorder {
         mode: Mode,
         opts: Options,
         budget: Arc<dyn Budget>,
+        access: &Access,
     ) -> Result<Arc<Recorder>, RecordError> {
         let root = objects.root().to_path_buf();
-        let held = prepare_objects(&objects, mode, opts.lease)?;
+        let held = prepare_objects(&objects, mode, opts.lease, access)?;
         let store: Box<dyn Store> = Box::new(objects);
+        let member = matches!(access, Access::SharedMember { .. });
         let appending = matches!(mode, Mode::Append { .. }) && is_recording(&*store, &root);
-        if !appending {
+        if !appending && !member {
             zarr::write_json(&*store, &root, &zarr::group_metadata(&root_attributes()))?;
         }
-        let rec = Self::start(root, store, held, false, opts, budget)?;
+        let shared = !matches!(access, Access::Exclusive);
+        let rec = Self::start(root, store, held, shared, opts, budget)?;
         rec.adopt(mode)?;
         Ok(rec)
     }
@@ -404,12 +455,8 @@ impl Recorder {
         let member = matches!(access, Access::SharedMember { .. });
         let shared = !matches!(access, Access::Exclusive);
         let store: Box<dyn Store> = Box::new(FsStore { durable: opts.durable });
-        if shared && matches!(mode, Mode::Append { .. }) {
-            return Err(RecordError::Invalid(
-                "mode=\"a\" cannot yet be used by the processes of a jax.distributed run (one \
-                 process appends; or record the resumed run to a new path)"
-                    .into(),
-            ));
+        if shared {
+            refuse_shared_append(mode)?;
         }
         let held = prepare_root(&*store, root, mode, access)?;
         let appending = matches!(mode, Mode::Append { .. }) && is_recording(&*store, root);
@@ -550,8 +597,12 @@ impl Recorder {
                 self.store
                     .create_dir(&group_dir)
                     .map_err(|e| io_error("create", &group_dir, &e).context(context))?;
-                zarr::write_json(&*self.store, &group_dir, &zarr::group_metadata(&json!({})))
-                    .map_err(|e| e.context(context))?;
+                match zarr::write_json(&*self.store, &group_dir, &zarr::group_metadata(&json!({}))) {
+                    // Another process of a shared store's run created it meanwhile (an
+                    // object store's conditional create): the same document.
+                    Err(RecordError::Io { errno: Some(libc::EEXIST), .. }) if self.shared => {}
+                    done => done.map_err(|e| e.context(context))?,
+                }
             }
         }
         let leaf = parts[parts.len() - 1].to_string();

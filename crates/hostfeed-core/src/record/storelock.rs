@@ -57,14 +57,14 @@ pub(crate) enum Access {
 }
 
 impl Access {
-    fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Access::Exclusive => "exclusive",
             Access::SharedLeader { .. } | Access::SharedMember { .. } => "shared",
         }
     }
 
-    fn group(&self) -> Option<&str> {
+    pub(crate) fn group(&self) -> Option<&str> {
         match self {
             Access::Exclusive => None,
             Access::SharedLeader { group } | Access::SharedMember { group } => Some(group),

@@ -19,6 +19,7 @@ use crate::record::arrays::*;
 use crate::record::common::*;
 use crate::record::recorder::*;
 use crate::record::store::write_all_vectored_at;
+use crate::record::storelock::Access;
 
 /// A budget that counts.
 #[derive(Default)]
@@ -534,9 +535,9 @@ fn an_object_store_holds_every_flushed_row() {
         let root = objects.root().to_path_buf();
         let budget = Arc::new(Counter::default());
         let opts = Options { codec, chunk_bytes: 40, writers: 2, ..Options::default() };
-        let rec = Recorder::create_in_objects(Arc::clone(&objects), Mode::Create, opts.clone(), budget.clone())
+        let rec = Recorder::create_in_objects(Arc::clone(&objects), Mode::Create, opts.clone(), budget.clone(), &Access::Exclusive)
             .unwrap();
-        let again = Recorder::create_in_objects(Arc::clone(&objects), Mode::Overwrite, opts.clone(), budget.clone())
+        let again = Recorder::create_in_objects(Arc::clone(&objects), Mode::Overwrite, opts.clone(), budget.clone(), &Access::Exclusive)
             .err()
             .expect("a second recorder is refused while the first is open");
         assert!(again.to_string().contains("is locked: a hostfeed.Recorder of process"), "{again}");
@@ -572,7 +573,7 @@ fn an_object_store_holds_every_flushed_row() {
             steps.chunks(8).take(13).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
         assert_eq!(step_values, (0..13).collect::<Vec<i64>>());
         // Closed: the store opens again, replacing the recording.
-        let next = Recorder::create_in_objects(Arc::clone(&objects), Mode::Overwrite, opts, budget.clone()).unwrap();
+        let next = Recorder::create_in_objects(Arc::clone(&objects), Mode::Overwrite, opts, budget.clone(), &Access::Exclusive).unwrap();
         assert!(!store.exists(&root.join("g")), "mode=\"w\" replaced the earlier recording");
         next.close().unwrap();
     }
@@ -594,7 +595,7 @@ impl Place {
 
     fn open(&self, mode: Mode, opts: &Options, budget: &Arc<Counter>) -> Result<Arc<Recorder>, RecordError> {
         if self.objects {
-            Recorder::create_in_objects(Arc::clone(&self.mem), mode, opts.clone(), budget.clone())
+            Recorder::create_in_objects(Arc::clone(&self.mem), mode, opts.clone(), budget.clone(), &Access::Exclusive)
         } else {
             Recorder::create(&self.root, mode, opts.clone(), budget.clone())
         }
@@ -735,4 +736,98 @@ fn sharded_arrays_hold_every_flushed_row() {
         assert_eq!(doc("g/x/zarr.json")["shape"], json!([31, 2]));
         assert_eq!(read(31), (0..31).flat_map(int_row).collect::<Vec<u8>>(), "appended, objects={objects} {codec:?}");
     }
+}
+
+/// The processes of one run sharing an object store: the leader takes the lock naming the
+/// run, a member joins it (another run, or a store nobody holds, is refused), each writes
+/// its own part of a sharded parted array (shards `c/k/part/0`), and the leader announces
+/// the rows both parts have. (One in-memory store stands for the bucket both processes
+/// reach.)
+#[test]
+fn the_processes_of_a_run_share_an_object_store() {
+    use crate::record::objects::Objects;
+    use crate::record::shard;
+    let objects = Objects::in_memory("memory:///runs/shared.zarr").unwrap();
+    let store: &dyn crate::record::store::Store = &*objects;
+    let root = objects.root().to_path_buf();
+    let budget = Arc::new(Counter::default());
+    // 8-byte slices, 2 rows an inner chunk, 4 rows a shard.
+    let opts = Options { chunk_bytes: 16, shard_bytes: Some(32), ..Options::default() };
+    let open = |access: Access| Recorder::create_in_objects(Arc::clone(&objects), Mode::Create, opts.clone(), budget.clone(), &access);
+    let member = |group: &str| Access::SharedMember { group: group.into() };
+    let e = open(member("run-1")).err().unwrap().to_string();
+    assert!(e.contains("holds no lock"), "{e}");
+    let leader = open(Access::SharedLeader { group: "run-1".into() }).unwrap();
+    let lock_record: Value = serde_json::from_slice(&store.get(&root.join(".hostfeed.lock")).unwrap()).unwrap();
+    assert_eq!((lock_record["group"].as_str(), lock_record["access"].as_str()), (Some("run-1"), Some("shared")));
+    let e = open(member("run-2")).err().unwrap().to_string();
+    assert!(e.contains("locked"), "{e}");
+    let e = open(Access::Exclusive).err().unwrap().to_string();
+    assert!(e.contains("locked"), "{e}");
+    let joined = open(member("run-1")).unwrap();
+    for rec in [&leader, &joined] {
+        rec.declare_parted("g/h", xla::S32, &[1, 2], 2, Arc::ptr_eq(rec, &leader)).unwrap();
+    }
+    let doc = |p: &str| -> Value { serde_json::from_slice(&store.get(&root.join(p)).unwrap()).unwrap() };
+    let meta = doc("g/h/zarr.json");
+    assert_eq!(meta["chunk_grid"]["configuration"]["chunk_shape"], json!([4, 1, 2]));
+    assert_eq!(meta["codecs"][0]["configuration"]["chunk_shape"], json!([2, 1, 2]));
+    let sinks = [leader.parted_sink("g/h", Some(2), "[]").unwrap(), joined.parted_sink("g/h", Some(2), "[]").unwrap()];
+    for r in 0..6 {
+        for (part, sink) in sinks.iter().enumerate() {
+            let p = i32::try_from(part).unwrap();
+            budget.charge(100);
+            sink.route(part_message(p, &[100 * p + 2 * r, 100 * p + 2 * r + 1], r, 4 + p), 100);
+        }
+    }
+    for rec in [&leader, &joined] {
+        assert!(rec.flush(Duration::from_secs(30)).unwrap());
+    }
+    assert_eq!((leader.parted_rows("g/h").unwrap()[0], joined.parted_rows("g/h").unwrap()[1]), (6, 6));
+    leader.commit_parted("g/h", 6).unwrap();
+    assert_eq!(doc("g/h/zarr.json")["shape"], json!([6, 2, 2]));
+    for part in 0..2i32 {
+        let mut rows = Vec::new();
+        for k in 0..2 {
+            let stored = store.get(&root.join(format!("g/h/c/{k}/{part}/0"))).unwrap();
+            let want = if k == 0 { 4 } else { 2 } * 8;
+            rows.extend(shard::read_rows(&stored, want, 16, 2, Codec::Raw).unwrap());
+        }
+        let expect: Vec<u8> = (0..12).flat_map(|v: i32| (100 * part + v).to_le_bytes()).collect();
+        assert_eq!(rows, expect, "part {part}");
+    }
+    joined.close().unwrap();
+    leader.close().unwrap();
+    assert!(!store.exists(&root.join(".hostfeed.lock")), "the leader releases the lock");
+    assert_eq!(budget.held.load(Ordering::SeqCst), 0);
+}
+
+/// On a store that allows one update of an object every so often (Google Cloud Storage:
+/// a second), flushes in quick succession wait for it: an array's `zarr.json` (and a
+/// partial shard, put again) is never written twice within the interval, and nothing is
+/// lost.
+#[test]
+fn an_object_is_updated_at_most_once_an_interval() {
+    use crate::record::objects::Objects;
+    use crate::record::store::Store;
+    let every = Duration::from_millis(150);
+    let objects = Objects::in_memory_paced("memory:///runs/paced.zarr", every).unwrap();
+    let store: &dyn Store = &*objects;
+    let root = objects.root().to_path_buf();
+    let budget = Arc::new(Counter::default());
+    let opts = Options { chunk_bytes: 40, shard_bytes: Some(120), ..Options::default() };
+    let rec = Recorder::create_in_objects(Arc::clone(&objects), Mode::Create, opts, budget.clone(), &Access::Exclusive)
+        .unwrap();
+    let id = rec.declare("x", xla::S32, &[2]).unwrap();
+    let start = Instant::now();
+    for r in 0..4u32 {
+        rec.append(id, &int_row(r), r.into(), 0, 0).unwrap();
+        assert!(rec.flush(Duration::from_secs(30)).unwrap());
+        let doc: Value = serde_json::from_slice(&store.get(&root.join("x/zarr.json")).unwrap()).unwrap();
+        assert_eq!(doc["shape"], json!([r + 1, 2]));
+    }
+    // Four announcements of `x/zarr.json` (and four puts of its partial shard) after its
+    // first write at the declaration: at least four intervals apart.
+    assert!(start.elapsed() >= every * 4, "{:?}", start.elapsed());
+    rec.close().unwrap();
 }

@@ -87,7 +87,7 @@ impl Recorder {
                 "record name {name:?} clashes with {p:?}: a name cannot be both an array and a group"
             )));
         }
-        let Layout { group_dir, leaf, chunk_rows, inner_rows: _, dim_names } =
+        let Layout { group_dir, leaf, chunk_rows, inner_rows, dim_names } =
             self.lay_out(&parts, part_shape, &global, dtype.itemsize, &context)?;
         let dir = group_dir.join(&leaf);
         let mut ids = Vec::new();
@@ -100,7 +100,7 @@ impl Recorder {
                 dim_names: dim_names.clone(),
                 sep: self.opts.sep,
                 part: Some(Part { index: p, count }),
-                inner_rows: None,
+                inner_rows,
             };
             let handle = Arc::new(ArrayHandle {
                 meta_chunk_rows: self.meta_chunk_rows(),
