@@ -54,6 +54,7 @@ from .host_callback import (CallbackException, TapFunctionException, barrier_wai
                             id_print, id_tap, stop_outfeed_receiver)
 from ._src.reading import read_recording  # noqa: E402
 from ._src.recording import Recorder  # noqa: E402
+from ._src.summaries import STATS, Histogram  # noqa: E402
 from ._receiver import (CallbackContextError, ReceiverError, ReceiverTimeoutError,  # noqa: E402
                         RecordingError)
 
@@ -65,6 +66,7 @@ __all__ = [
     "host_callback", "install", "id_tap", "id_print", "barrier_wait",
     "stop_outfeed_receiver", "CallbackException", "TapFunctionException",
     "start_receiver", "receiver_stats", "Recorder", "RecordingError", "read_recording",
+    "Histogram", "STATS",
     "register_zarr_dtypes", "CallbackContextError", "ReceiverError", "ReceiverTimeoutError",
     "transports", "gpu_status",
     "__version__",

@@ -128,6 +128,10 @@ class Recorder:
     def closed(self) -> bool:
         """Whether ``close`` was called."""
 
+    def describe_summary(self, name: str, summary: str) -> None:
+        """Says what the rows of array ``name`` summarize (a JSON object), written as
+        ``hostfeed.reduce`` in its attributes; ValueError if it summarized otherwise."""
+
     def check_name(self, name: str, ndim: int) -> None:
         """Raises ValueError if ``name`` cannot name an array with rows of ``ndim``
         dimensions (creates nothing)."""

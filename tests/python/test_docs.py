@@ -37,6 +37,8 @@ EXPECTED = {
     ("recording.md", 0): ["(100, 64, 32) float32 [0 1 2]", "(100, 64, 32) (100,)"],
     ("recording.md", 2): ["[0, 1, 2, 3, 4, 5, 6, 7]", "[3.0, 1.92, 1.23, 0.79]",
                           "(8,) [3.0, 1.92]"],
+    ("recording.md", 3): ["(10, 9) ('count', 'mean', 'std')", "[0, 5] [0, 24, 8, 8, 24, 0]",
+                          "[8, 9]"],
     ("troubleshooting.md", 0): ["[1.0]"],
     ("troubleshooting.md", 1): ["ValueError negative: -1.0"],
 }

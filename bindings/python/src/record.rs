@@ -252,6 +252,11 @@ impl PyRecorder {
         self.inner.is_closed()
     }
 
+    /// Says what the rows of array `name` summarize (JSON object), for its attributes.
+    fn describe_summary(&self, name: &str, summary: &str) -> PyResult<()> {
+        self.inner.describe_summary(name, summary).py()
+    }
+
     /// Checks record name `name` for rows of `ndim` dimensions (every part, lengths, the
     /// paths it makes) without creating anything; raises `ValueError` saying what is wrong.
     fn check_name(&self, name: &str, ndim: usize) -> PyResult<()> {

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import stores
-from .recording import ROW_METADATA
+from .record_roles import ROW_METADATA
 
 
 def _recorded_names(group: Any, prefix: str = "") -> list[str]:

@@ -13,8 +13,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from . import consumers, settings
-from .recording import (KIND, KIND_WITH_STEP, STEP, Target, lane_dims, roles,
-                        transforms_json)
+from .record_roles import KIND, KIND_WITH_STEP, STEP, lane_dims, roles, transforms_json
+from .recording import Target
 from .runtime import CallbackSpec, make_tap_invoker
 
 

@@ -35,85 +35,18 @@ import jax
 import numpy as np
 
 from .. import _receiver
-from . import compat, coordination, dtypes, keys, lifecycle, record_inputs, settings, stores
+from . import (compat, coordination, dtypes, keys, lifecycle, record_inputs, settings, stores,
+               summaries)
 from .primitives import outside_call_p, outside_call_params
-from .runtime import CallbackSpec, unpack_transforms
+from .runtime import CallbackSpec
+from .record_roles import (COTANGENT_SUFFIX, KIND, KIND_WITH_STEP, ROW_METADATA, STEP,  # noqa: F401
+                           TANGENT_SUFFIX, lane_dims, roles, transforms_json)
 
 logger = logging.getLogger("hostfeed")
 
 __all__ = ["Recorder", "RecordingError", "ROW_METADATA"]
 
 RecordingError = _receiver.RecordingError
-
-#: Per-row metadata arrays stored next to each recorded array, by suffix.
-ROW_METADATA = ("seq", "step", "device", "time_ns", "transforms")
-
-#: Suffixes of the names under which tangents and cotangents are recorded.
-TANGENT_SUFFIX = ".tangent"
-COTANGENT_SUFFIX = ".cotangent"
-
-KIND = "record"
-KIND_WITH_STEP = "record+step"
-
-STEP = "step"  # the role of the step operand
-
-
-def roles(kind: str, transform_names: Sequence[str], n_operands: int) -> list[Optional[str]]:
-    """What each operand of a record is, after ``transform_names`` (in order): the suffix
-    of the name it is recorded under (``""``, ``".tangent"``, ``".cotangent"``...),
-    ``"step"``, or None (not recorded: the tangent of a step).
-
-    Example:
-        >>> roles("record+step", ["jvp"], 4)
-        ['', 'step', '.tangent', None]
-        >>> roles("record", ["jvp", "transpose", "batch"], 1)
-        ['.cotangent']
-        >>> roles("record+step", ["jvp", "transpose"], 2)
-        ['.cotangent', 'step']
-    """
-    out: list[Optional[str]] = ["", STEP] if kind == KIND_WITH_STEP else [""]
-    open_jvps = 0
-
-    def derived(r: Optional[str], suffix: str) -> Optional[str]:
-        return None if r is None or r == STEP else r + suffix
-
-    for t in transform_names:
-        if t == "jvp":
-            out = out + [derived(r, TANGENT_SUFFIX) for r in out]
-            open_jvps += 1
-        elif t == "transpose":
-            if open_jvps:
-                # The backward half of a jvp record: the cotangents of its tangents, which
-                # are the gradients with respect to the primals.
-                # The step's primal value travels with them (`rules._outside_call_transpose`).
-                open_jvps -= 1
-                out = [r if r == STEP else derived(r, COTANGENT_SUFFIX)
-                       for r in out[:len(out) // 2]]
-            else:
-                # A record of linear values (inside a custom_jvp rule): only the linear
-                # operands (never the integer step) are transposed.
-                out = [derived(r, COTANGENT_SUFFIX) for r in out if r is not None and r != STEP]
-    if len(out) != n_operands:
-        raise NotImplementedError(
-            f"hostfeed: cannot tell the operands of a record apart after the transformations "
-            f"{list(transform_names)} ({n_operands} operands, expected {len(out)})")
-    return out
-
-
-def lane_dims(transform_names: Sequence[str]) -> int:
-    """How many leading dimensions of a record's operands are vmap lanes: the batching rule
-    puts each ``vmap``'s dimension first, and each lane is one row.
-
-    Example:
-        >>> lane_dims(["batch", "jvp", "batch"])
-        2
-    """
-    return sum(1 for t in transform_names if t == "batch")
-
-
-def transforms_json(transforms: tuple) -> str:
-    return json.dumps(unpack_transforms(transforms), default=list)
-
 
 def _dtype_code(dtype: Any) -> int:
     name = np.dtype(dtype).name
@@ -342,8 +275,11 @@ class Recorder:
         """Whether :meth:`close` was called."""
         return bool(self._native.closed)
 
-    def record(self, name: str, value: Any, *, step: Any = None, result: Any = None) -> Any:
-        """Identity on ``value`` that also appends it as one row of array ``name``.
+    def record(self, name: str, value: Any, *, step: Any = None, result: Any = None,
+               every: Optional[int] = None, start: Optional[int] = None,
+               stop: Optional[int] = None, reduce: Any = None, axis: Any = None) -> Any:
+        """Identity on ``value`` that also appends it (or its summary) as one row of array
+        ``name``.
 
         Args:
           name: the array's name in the store; ``/`` separates groups (``"layer1/h"``).
@@ -357,9 +293,20 @@ class Recorder:
             ``name.step``, to line rows up with training steps.
           result: if given, the return value instead of ``value`` (as for ``id_tap``); the
             row is recorded either way.
+          every, start, stop: record only at steps ``start, start + every, ...`` before
+            ``stop`` (each optional; ``step`` required). Decided on the device: a step that
+            records nothing costs a compare (see Recording, "Selective recording").
+          reduce: ``"stats"`` records a row of statistics of ``value`` instead of it
+            (``hostfeed.STATS``: count, mean, std, min, max, absmax, l2, nan and inf counts;
+            float32), ``hostfeed.Histogram(...)`` a row of bin counts; computed on the device.
+          axis: the axes ``reduce`` reduces over (default: all); the others stay, e.g.
+            ``axis=(0, 1)`` of ``[batch, seq, d]`` gives per-channel stats ``[d, 9]``.
 
         Returns:
           ``value``, or ``result`` if given.
+
+        Example:
+            >>> rec.record("h/stats", h, step=step, every=100, reduce="stats")  # doctest: +SKIP
 
         Raises:
           ValueError: an invalid name (every part is checked), the recorder is closed, or
@@ -367,6 +314,14 @@ class Recorder:
             recorded before with another shape or dtype.
           TypeError: a pytree, or a dtype that cannot be recorded (sub-byte types).
         """
+        if every is not None or start is not None or stop is not None or reduce is not None \
+                or axis is not None:
+            return summaries.record_selected(self._record, self._native.describe_summary,
+                                             name, value, step, result, every, start, stop,
+                                             reduce, axis)
+        return self._record(name, value, step=step, result=result)
+
+    def _record(self, name: str, value: Any, *, step: Any = None, result: Any = None) -> Any:
         if self.closed:
             if os.getpid() != self._pid:
                 raise ValueError(

@@ -182,6 +182,9 @@ pub struct Recorder {
     fork_generation: u64,
     /// Distinct transforms descriptions (JSON) of the rows; rows store the index.
     transforms: Mutex<Vec<String>>,
+    /// What the rows of an array summarize (`hostfeed.reduce` in its attributes: the
+    /// statistics' names, a histogram's edges), by array name.
+    pub(crate) summaries: Mutex<HashMap<String, Value>>,
     pub(crate) closed: AtomicBool,
     pub(crate) ticker: Mutex<bool>,
     pub(crate) ticker_wake: Waker,
@@ -495,6 +498,7 @@ impl Recorder {
             store_lock: Mutex::new(Some(held)),
             fork_generation: FORK_GENERATION.load(Ordering::SeqCst),
             transforms: Mutex::new(vec!["[]".to_string()]),
+            summaries: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
             ticker: Mutex::new(false),
             ticker_wake: Waker::new(),
@@ -744,10 +748,35 @@ impl Recorder {
             .iter()
             .map(|t| serde_json::from_str(t).unwrap_or_else(|_| json!(t)))
             .collect();
-        json!({
-            "coordinates": coords.join(" "),
-            "hostfeed": {"name": a.name, "row_metadata": ROW_METADATA, "transforms": transforms},
-        })
+        let mut hostfeed = json!({"name": a.name, "row_metadata": ROW_METADATA, "transforms": transforms});
+        if let Some(summary) = lock(&self.summaries).get(&a.name) {
+            hostfeed["reduce"] = summary.clone();
+        }
+        json!({"coordinates": coords.join(" "), "hostfeed": hostfeed})
+    }
+
+    /// Says what the rows of array `name` summarize (a JSON object: the kind of summary,
+    /// the statistics' names or a histogram's edges), written as `hostfeed.reduce` in its
+    /// attributes from its next `zarr.json` on.
+    ///
+    /// # Errors
+    /// Text that is not a JSON object; a name that already summarizes otherwise.
+    pub fn describe_summary(&self, name: &str, summary: &str) -> Result<(), RecordError> {
+        let value: Value = serde_json::from_str(summary)
+            .ok()
+            .filter(Value::is_object)
+            .ok_or_else(|| RecordError::Invalid(format!("a summary must be a JSON object, got {summary:?}")))?;
+        let mut summaries = lock(&self.summaries);
+        match summaries.get(name) {
+            Some(known) if *known != value => Err(RecordError::Invalid(format!(
+                "record name {name:?} holds {known}, not {value}: a name keeps one kind of summary; use \
+                 another name"
+            ))),
+            _ => {
+                summaries.insert(name.to_string(), value);
+                Ok(())
+            }
+        }
     }
 
     /// The index of a transforms description (JSON) in the recorder's table.

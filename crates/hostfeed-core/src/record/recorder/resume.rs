@@ -152,6 +152,9 @@ impl Recorder {
             if transforms.len() > table.len() {
                 table = transforms.iter().map(Value::to_string).collect();
             }
+            if let Some(summary) = f.doc["attributes"]["hostfeed"].get("reduce").filter(|v| v.is_object()) {
+                lock(&self.summaries).insert(f.name.clone(), summary.clone());
+            }
             let mut arrays = write_lock(&self.arrays);
             let mut index = lock(&self.index);
             let handle = Arc::new(ArrayHandle {

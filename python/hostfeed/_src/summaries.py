@@ -1,0 +1,360 @@
+"""Recording what matters: the steps a record is taken at (``every``, ``start``, ``stop``)
+and summaries computed on the device instead of the value (``reduce="stats"``,
+``reduce=Histogram(...)``), for :meth:`hostfeed.Recorder.record`.
+
+The selection is decided on the device: with a traced ``step``, the record sits in a
+``lax.cond`` whose false branch does nothing, so a step that records nothing costs a
+compare and a branch (no copy, no host work); with a concrete step it is decided here and
+an unselected record binds nothing at all. A summary is computed by ordinary JAX
+operations before the record, so under ``jit`` of a sharded value each device reduces its
+own slice and XLA combines the partial results (a few numbers per device move, never the
+value); the row recorded is the summary.
+"""
+from __future__ import annotations
+
+import json
+import math
+import operator
+from typing import Any, Optional, Union
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.interpreters import ad, batching, mlir
+
+from . import compat
+
+__all__ = ["Histogram", "STATS", "record_selected"]
+
+#: The statistics of ``reduce="stats"``, in the order of a row's last axis.
+STATS = ("count", "mean", "std", "min", "max", "absmax", "l2", "nan_count", "inf_count")
+
+
+class Histogram:
+    """A histogram of a value as the summary a record keeps (``reduce=Histogram(...)``):
+    each row holds ``bins + 2`` counts (int32): values below the first edge, one count per
+    bin, values above the last edge. NaNs are not counted (``reduce="stats"`` counts them).
+
+    Args:
+      bins: the number of bins (at least 1).
+      range: ``(lo, hi)``: ``bins`` equal bins from ``lo`` to ``hi`` (a value equal to
+        ``hi`` is in the last bin, as with ``numpy.histogram``; the bin is
+        ``floor((x - lo) * bins / (hi - lo))`` in float32, so a value within a rounding
+        error of an inner edge may count in the bin next to it); or ``"log"``: the
+        magnitudes ``|x|`` in bins of one power of two each, from ``2**-(bins // 2)`` to
+        ``2**(bins - bins // 2)`` (zeros count as below).
+
+    The edges are stored in the array's attributes (``hostfeed.reduce.edges``).
+
+    Example:
+        >>> h = Histogram(bins=4, range=(0.0, 1.0))
+        >>> h.edges().tolist()
+        [0.0, 0.25, 0.5, 0.75, 1.0]
+        >>> Histogram(bins=4, range="log").edges().tolist()
+        [0.25, 0.5, 1.0, 2.0, 4.0]
+    """
+
+    def __init__(self, bins: int = 64, range: Union[tuple[float, float], str] = "log"):
+        if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1 \
+                or bins > 1 << 16:
+            raise ValueError(f"hostfeed.Histogram: bins must be an int from 1 to 65536, got "
+                             f"{bins!r}")
+        self.bins = int(bins)
+        if isinstance(range, str):
+            if range != "log":
+                raise ValueError(f"hostfeed.Histogram: range must be (lo, hi) or 'log', got "
+                                 f"{range!r}")
+            self.log = True
+            self.lo_exp = -(self.bins // 2)
+            self.range: tuple[float, float] = (2.0 ** self.lo_exp,
+                                               2.0 ** (self.lo_exp + self.bins))
+        else:
+            try:
+                lo, hi = (float(v) for v in range)
+            except (TypeError, ValueError):
+                raise ValueError(f"hostfeed.Histogram: range must be (lo, hi) or 'log', got "
+                                 f"{range!r}") from None
+            if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+                raise ValueError(f"hostfeed.Histogram: range must be finite with lo < hi, "
+                                 f"got {range!r}")
+            self.log = False
+            self.range = (lo, hi)
+
+    def edges(self) -> np.ndarray:
+        """The ``bins + 1`` bin edges (float64)."""
+        if self.log:
+            return 2.0 ** np.arange(self.lo_exp, self.lo_exp + self.bins + 1, dtype=np.float64)
+        return np.linspace(self.range[0], self.range[1], self.bins + 1)
+
+    def describe(self) -> dict:
+        return {"kind": "histogram", "scale": "log2 |x|" if self.log else "linear",
+                "bins": self.bins, "edges": self.edges().tolist(),
+                "columns": ["below"] + [f"bin{i}" for i in range(self.bins)] + ["above"]}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Histogram) and self.describe() == other.describe()
+
+    def __hash__(self) -> int:
+        return hash((self.bins, self.log, self.range))
+
+    def __repr__(self) -> str:
+        rng = '"log"' if self.log else repr(self.range)
+        return f"hostfeed.Histogram(bins={self.bins}, range={rng})"
+
+    def __call__(self, v: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+        """Counts of ``v`` (float32) over ``axes``: the other axes, then ``bins + 2``. Each
+        element's bin is computed where it lies (elementwise, no gather) and counted by one
+        scatter-add into the small result (under sharding: per device, then summed)."""
+        n = self.bins
+        if self.log:
+            a = jnp.abs(v)
+            _, e = jnp.frexp(a)  # a in [2**(e-1), 2**e): exact, no rounding
+            k = e - 1 - self.lo_exp
+            k = jnp.where(a == 0, -1, k)
+            k = jnp.where(jnp.isinf(a), n, k)
+        else:
+            lo, hi = (np.float32(e) for e in self.range)
+            q = jnp.floor((v - lo) * np.float32(n / (self.range[1] - self.range[0])))
+            k = jnp.clip(jnp.nan_to_num(q, nan=0.0, posinf=n, neginf=0), 0, n - 1)
+            k = jnp.where(v < lo, -1, jnp.where(v > hi, n, k.astype(jnp.int32)))
+        k = jnp.clip(k, -1, n).astype(jnp.int32) + 1
+        kept = [d for d in range(v.ndim) if d not in axes]
+        rows = math.prod(v.shape[d] for d in kept)
+        # The row of each element: its position along the kept axes.
+        row = jnp.zeros((), jnp.int32)
+        for d in kept:
+            row = row * v.shape[d] + jax.lax.broadcasted_iota(jnp.int32, v.shape, d)
+        flat = jnp.where(jnp.isnan(v), rows * (n + 2), row * (n + 2) + k)  # NaN: dropped
+        counts = jnp.zeros(rows * (n + 2), jnp.int32).at[flat].add(1, mode="drop")
+        return counts.reshape(*(v.shape[d] for d in kept), n + 2)
+
+def _stats(v: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+    """The :data:`STATS` of ``v`` (float32) over ``axes``: the other axes, then 9.
+    Mean, std, min, max, absmax and l2 are over the finite values (NaN when none is).
+    Reductions along the axes, no reshape: under sharding each device reduces its slice.
+
+    When every value is finite (the sum and the sum of squared deviations are: a NaN or an
+    infinity makes them so), four plain reductions give everything; otherwise (decided on
+    the device) the statistics are taken again over the finite values only."""
+    n = math.prod(v.shape[a] for a in axes)
+    total = jnp.sum(v, axis=axes, keepdims=True)
+    mean = total / n
+    dev = jnp.sum((v - mean) ** 2, axis=axes, keepdims=True)
+    lo = jnp.min(v, axis=axes, keepdims=True)
+    hi = jnp.max(v, axis=axes, keepdims=True)
+    zero = jnp.zeros_like(total)
+    fast = [zero + n, mean, jnp.sqrt(dev / n), lo, hi, jnp.maximum(-lo, hi),
+            jnp.sqrt(dev + n * mean * mean), zero, zero]
+    fast_row = jnp.stack([jnp.squeeze(c, axes) for c in fast], axis=-1)
+    finite = jnp.all(jnp.isfinite(total) & jnp.isfinite(dev))
+    return jax.lax.cond(finite, lambda v: fast_row, lambda v: _finite_stats(v, axes), v)
+
+
+def _finite_stats(v: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+    """:func:`_stats` over the finite values, NaNs and infinities counted apart."""
+    finite = jnp.isfinite(v)
+    vf = jnp.where(finite, v, 0.0)
+    n = jnp.sum(finite, axis=axes, dtype=jnp.float32, keepdims=True)
+    safe = jnp.maximum(n, 1.0)
+    mean = jnp.sum(vf, axis=axes, keepdims=True) / safe
+    var = jnp.sum(jnp.where(finite, (v - mean) ** 2, 0.0), axis=axes, keepdims=True) / safe
+    none = n == 0
+    nan = jnp.float32(jnp.nan)
+    lo = jnp.min(jnp.where(finite, v, jnp.inf), axis=axes, keepdims=True)
+    hi = jnp.max(jnp.where(finite, v, -jnp.inf), axis=axes, keepdims=True)
+    absmax = jnp.max(jnp.abs(vf), axis=axes, keepdims=True)
+    l2 = jnp.sqrt(jnp.sum(vf * vf, axis=axes, keepdims=True))
+    nans = jnp.sum(jnp.isnan(v), axis=axes, dtype=jnp.float32, keepdims=True)
+    infs = jnp.sum(jnp.isinf(v), axis=axes, dtype=jnp.float32, keepdims=True)
+    count = jnp.full_like(n, math.prod(v.shape[a] for a in axes))
+    cols = [count, mean, jnp.sqrt(var), lo, hi, absmax, l2, nans, infs]
+    cols = [c if i in (0, 6, 7, 8) else jnp.where(none, nan, c) for i, c in enumerate(cols)]
+    return jnp.stack([jnp.squeeze(c, axes) for c in cols], axis=-1)
+
+
+def _axes(axis: Any, ndim: int, name: str) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(ndim))
+    items = axis if isinstance(axis, (tuple, list)) else (axis,)
+    out = []
+    for a in items:
+        try:
+            i = operator.index(a)
+        except TypeError:
+            raise TypeError(f"hostfeed: Recorder.record({name!r}): axis must be an int or a "
+                            f"tuple of ints, got {axis!r}") from None
+        if not -ndim <= i < ndim:
+            raise ValueError(f"hostfeed: Recorder.record({name!r}): axis {i} is out of range "
+                             f"for a value of {ndim} dimensions")
+        out.append(i % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"hostfeed: Recorder.record({name!r}): axis {axis!r} repeats an axis")
+    return tuple(sorted(out))
+
+
+def summarize(value: Any, reduce: Any, axis: Any, name: str) -> tuple[jax.Array, dict]:
+    """The row that ``reduce`` makes of ``value`` (reduced over ``axis``, all by default)
+    and the description stored in the array's attributes."""
+    if isinstance(reduce, str) and reduce == "stats":
+        fn: Callable[[jax.Array, tuple[int, ...]], jax.Array] = _stats
+        desc: dict = {"kind": "stats", "columns": list(STATS)}
+    elif isinstance(reduce, Histogram):
+        fn, desc = reduce, reduce.describe()
+    else:
+        raise ValueError(f"hostfeed: Recorder.record({name!r}): reduce must be 'stats' or a "
+                         f"hostfeed.Histogram(...), got {reduce!r}")
+    x = jnp.asarray(value)
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        raise TypeError(f"hostfeed: Recorder.record({name!r}): reduce= summarizes real "
+                        f"values, got {x.dtype}: record jnp.abs(x) or x.real")
+    axes = _axes(axis, x.ndim, name)
+    size = math.prod(x.shape[d] for d in axes)
+    if size >= 1 << 31:
+        raise ValueError(f"hostfeed: Recorder.record({name!r}): reduce= over {size} elements "
+                         f"a row; at most 2**31 - 1 (reduce over fewer axes)")
+    desc["axis"] = list(axes)
+    # The reductions read the value as it is in memory: fused into its producer, each would
+    # compute it again (a gelu's tanh, once per statistic).
+    x = jax.lax.optimization_barrier(x)
+    if isinstance(reduce, Histogram):
+        return _per_shard(fn, x.astype(jnp.float32), axes), desc
+    return fn(x.astype(jnp.float32), axes), desc
+
+
+def _per_shard(fn: Callable[[jax.Array, tuple[int, ...]], jax.Array], v: jax.Array,
+               axes: tuple[int, ...]) -> jax.Array:
+    """``fn(v, axes)``, a sum over ``axes``; for a value sharded in its type (explicit
+    sharding), computed on each device's slice and summed over the devices (``psum``) in a
+    ``shard_map``: JAX refuses a scatter with sharded indices there. Otherwise XLA
+    partitions it (auto sharding) the same way."""
+    sharding = getattr(jax.typeof(v), "sharding", None)
+    spec, mesh = getattr(sharding, "spec", None), getattr(sharding, "mesh", None)
+    if spec is None or mesh is None or getattr(mesh, "empty", True) \
+            or all(p is None for p in spec):
+        return fn(v, axes)
+    from jax.sharding import PartitionSpec as P
+    spec = tuple(spec) + (None,) * (v.ndim - len(spec))
+    names = [n for d in axes for n in ((spec[d],) if isinstance(spec[d], str) else
+                                         (spec[d] or ()))]
+    kept = [spec[d] for d in range(v.ndim) if d not in axes]
+
+    def local(part: jax.Array) -> jax.Array:
+        out = fn(part, axes)
+        return jax.lax.psum(out, tuple(names)) if names else out
+
+    return jax.shard_map(local, mesh=mesh, in_specs=P(*spec), out_specs=P(*kept, None))(v)
+
+
+def _check_int(v: Any, what: str, name: str, least: Optional[int] = None) -> Optional[int]:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"hostfeed: Recorder.record({name!r}): {what} must be an int (a step), "
+                        f"got {v!r}")
+    if least is not None and v < least:
+        raise ValueError(f"hostfeed: Recorder.record({name!r}): {what} must be >= {least}, "
+                         f"got {v}")
+    return int(v)
+
+
+def selection(step: Any, every: Any, start: Any, stop: Any, name: str) -> Any:
+    """Whether ``step`` is selected: a Python bool for a concrete step, else a traced one."""
+    every = _check_int(every, "every", name, least=1)
+    start, stop = _check_int(start, "start", name), _check_int(stop, "stop", name)
+    if step is None:
+        raise ValueError(f"hostfeed: Recorder.record({name!r}): every=, start= and stop= "
+                         f"select steps: pass the step too (step=...)")
+    if not compat.is_tracer(step):
+        k = int(np.asarray(step))
+        return ((start is None or k >= start) and (stop is None or k < stop)
+                and (every is None or (k - (start or 0)) % every == 0))
+    s = jnp.asarray(step)
+    chosen = jnp.bool_(True)
+    if start is not None:
+        chosen = chosen & (s >= start)
+    if stop is not None:
+        chosen = chosen & (s < stop)
+    if every is not None:
+        chosen = chosen & ((s - (start or 0)) % every == 0)
+    return chosen
+
+
+# The step of a selected record, passed through a primitive that also takes the
+# selection: when ``vmap`` batches a ``cond`` by its predicate, JAX turns it into a select
+# that runs both branches (taking their side effects for granted), so a record would be
+# taken at every lane's step. Batching this primitive with a batched selection raises
+# instead; with one selection for all lanes, it is the identity on the step.
+selected_step_p = compat.Primitive("hostfeed_selected_step")
+selected_step_p.def_impl(lambda step, chosen: step)
+selected_step_p.def_abstract_eval(lambda step, chosen: step)
+mlir.register_lowering(selected_step_p,
+                       mlir.lower_fun(lambda step, chosen: [step],
+                                      multiple_results=True))
+
+
+def _selected_step_jvp(primals: Any, tangents: Any) -> Any:
+    # An integer step: its tangent is a symbolic zero.
+    out = selected_step_p.bind(*primals)
+    return out, ad.Zero(jax.typeof(out).to_tangent_aval())
+
+
+ad.primitive_jvps[selected_step_p] = _selected_step_jvp
+
+
+def _selected_step_batched(args: Any, dims: Any) -> Any:
+    step, chosen = args
+    if dims[1] is not None:
+        raise ValueError(
+            "hostfeed: Recorder.record(..., every=/start=/stop=) under vmap with a step that "
+            "differs between the lanes: the selection must be one for all lanes (pass the "
+            "step unbatched, in_axes=None), or record without every=/start=/stop= and select "
+            "when reading")
+    return selected_step_p.bind(step, chosen), dims[0]
+
+
+batching.primitive_batchers[selected_step_p] = _selected_step_batched
+
+
+def record_selected(record: Callable[..., Any], describe: Callable[[str, str], None],
+                    name: str, value: Any, step: Any, result: Any, every: Any, start: Any,
+                    stop: Any, reduce: Any, axis: Any) -> Any:
+    """``record(name, row, step=, result=)`` of ``value`` (or of its summary), at the
+    selected steps only; returns ``value``, or ``result`` if given."""
+    selecting = every is not None or start is not None or stop is not None
+    chosen = selection(step, every, start, stop, name) if selecting else True
+    if reduce is None and axis is not None:
+        raise ValueError(f"hostfeed: Recorder.record({name!r}): axis= says what reduce= "
+                         f"reduces over; pass reduce='stats' or a hostfeed.Histogram")
+    out = value if result is None else result
+    if chosen is False:
+        return out
+
+    def take(v: Any, s: Any, r: Any) -> Any:
+        row = v
+        if reduce is not None:
+            # A summary is a diagnostic: no gradient flows into it (nor is its cotangent,
+            # always zero, recorded).
+            row, desc = summarize(jax.lax.stop_gradient(v), reduce, axis, name)
+            describe(name, json.dumps(desc))
+        return record(name, row, step=s, result=r)
+
+    if chosen is True:
+        if reduce is None:
+            return take(value, step, result)
+        take(value, step, None if result is None else result)
+        return out
+    # Decided on the device: nothing but the compare runs at other steps. The value (or a
+    # given result) goes through both branches, so that it still follows the record (and
+    # under grad, the cotangent recorded is the one flowing into the value).
+    passed = value if reduce is None and result is None else result
+    if passed is None:  # a summary: the value does not go through the record
+        jax.lax.cond(chosen,
+                     lambda v, s, c: (take(v, selected_step_p.bind(s, c), None), None)[1],
+                     lambda v, s, c: None, value, jnp.asarray(step), chosen)
+        return value
+    if reduce is None and result is None:
+        return jax.lax.cond(chosen, lambda v, s, c: take(v, selected_step_p.bind(s, c), None),
+                            lambda v, s, c: v, value, jnp.asarray(step), chosen)
+    return jax.lax.cond(chosen, lambda v, s, c, r: take(v, selected_step_p.bind(s, c), r),
+                        lambda v, s, c, r: r, value, jnp.asarray(step), chosen, result)

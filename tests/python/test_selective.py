@@ -1,0 +1,274 @@
+"""Selective recording and on-device summaries: ``Recorder.record(..., every=, start=,
+stop=)`` records exactly the selected steps (under jit, scan, vmap, grad, eagerly), and
+``reduce="stats"`` / ``reduce=hostfeed.Histogram(...)`` record rows that match numpy on the
+same data (eager, jit, vmap, and sharded over 4 devices in a subprocess, where no
+all-gather of the value is compiled)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hostfeed
+
+
+@pytest.fixture
+def store(tmp_path):
+    return str(tmp_path / "run.zarr")
+
+
+def read(path, name):
+    rows, meta = hostfeed.read_recording(path, name)
+    return rows, meta["step"].tolist()
+
+
+def stats_of(v):
+    """numpy's statistics of one row, as hostfeed.STATS orders them (float64)."""
+    v = np.asarray(v, np.float64).ravel()
+    f = v[np.isfinite(v)]
+    if f.size == 0:
+        return [v.size, np.nan, np.nan, np.nan, np.nan, np.nan, 0.0, np.isnan(v).sum(),
+                np.isinf(v).sum()]
+    return [v.size, f.mean(), f.std(), f.min(), f.max(), np.abs(f).max(),
+            np.sqrt((f ** 2).sum()), np.isnan(v).sum(), np.isinf(v).sum()]
+
+
+def hist_of(v, edges):
+    v = np.asarray(v, np.float64).ravel()
+    v = v[~np.isnan(v)]
+    inside, _ = np.histogram(v, bins=edges)
+    return [int((v < edges[0]).sum()), *inside.tolist(), int((v > edges[-1]).sum())]
+
+
+def attributes(path, name):
+    with open(os.path.join(path, name, "zarr.json")) as f:
+        return json.load(f)["attributes"]["hostfeed"]
+
+
+def data(shape, seed=0):
+    return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
+
+
+def test_every_start_stop_under_jit_and_scan_record_exactly_the_selected_steps(store):
+    x = jnp.asarray(data((3, 4)))
+    with hostfeed.Recorder(store) as rec:
+        def body(c, s):
+            rec.record("every3", x + s, step=s, every=3, start=1, stop=11)
+            rec.record("from5", x + s, step=s, start=5)
+            rec.record("until4", x + s, step=s, stop=4)
+            rec.record("even", x + s, step=s, every=2)
+            return c + 1, None
+        jax.jit(lambda: jax.lax.scan(body, 0, jnp.arange(14)))()
+        # The same function again (cached): the selection is decided at run time.
+        jax.jit(lambda: jax.lax.scan(body, 0, jnp.arange(14, 20)))()
+    expect = {"every3": [1, 4, 7, 10], "from5": list(range(5, 20)), "until4": [0, 1, 2, 3],
+              "even": list(range(0, 20, 2))}
+    for name, steps in expect.items():
+        rows, got = read(store, name)
+        assert got == steps, name
+        np.testing.assert_array_equal(rows, np.stack([np.asarray(x) + s for s in steps]))
+
+
+def test_a_concrete_step_is_decided_at_the_call_and_result_is_returned(store):
+    with hostfeed.Recorder(store) as rec:
+        outs = []
+        for s in range(7):
+            outs.append(rec.record("e", np.full(2, s, np.int32), step=s, every=3,
+                                   result=s * 10))
+            rec.record("js", jnp.full(2, s), step=s, start=2, stop=4)
+        assert outs == [s * 10 for s in range(7)]
+        f = jax.jit(lambda x, s: rec.record("r", x, step=s, every=2, result=x * 2))
+        np.testing.assert_array_equal(f(jnp.ones(2), 3), 2 * np.ones(2))
+        np.testing.assert_array_equal(f(jnp.ones(2), 4), 2 * np.ones(2))
+    assert read(store, "e")[1] == [0, 3, 6]
+    assert read(store, "js")[1] == [2, 3]
+    assert read(store, "r")[1] == [4]
+
+
+def test_vmap_with_one_step_for_all_lanes_and_a_batched_step_is_refused(store):
+    x = jnp.asarray(data((2, 3)))
+    with hostfeed.Recorder(store) as rec:
+        f = jax.jit(jax.vmap(lambda v, s: rec.record("v", v, step=s, every=2),
+                             in_axes=(0, None)))
+        for s in range(4):
+            f(x, s)
+        g = jax.vmap(lambda v, s: rec.record("b", v, step=s, every=2))
+        with pytest.raises(ValueError, match="differs between the lanes"):
+            jax.jit(g)(x, jnp.arange(2))
+        with pytest.raises(ValueError, match="differs between the lanes"):
+            jax.vmap(jax.jit(lambda v, s: rec.record("b", v, step=s, every=2)))(
+                x, jnp.arange(2))
+    rows, steps = read(store, "v")
+    assert steps == [0, 0, 2, 2]
+    np.testing.assert_array_equal(rows, np.concatenate([np.asarray(x)] * 2))
+
+
+def test_grad_records_the_selected_steps_and_summaries_carry_no_gradient(store):
+    x = jnp.asarray(data((2, 3)))
+
+    def loss(v, s):
+        v = rec.record("g", v, step=s, every=2)
+        rec.record("gs", v, step=s, reduce="stats")
+        return (v ** 2).sum()
+
+    with hostfeed.Recorder(store) as rec:
+        step = jax.jit(jax.grad(loss))
+        for s in range(4):
+            np.testing.assert_allclose(step(x, s), 2 * np.asarray(x), rtol=1e-6)
+    assert read(store, "g")[1] == [0, 2]
+    cot, steps = read(store, "g.cotangent")
+    assert steps == [0, 2]
+    np.testing.assert_allclose(cot, np.stack([2 * np.asarray(x)] * 2), rtol=1e-6)
+    assert read(store, "gs")[1] == [0, 1, 2, 3]
+    with pytest.raises(KeyError):
+        hostfeed.read_recording(store, "gs.cotangent")
+
+
+@pytest.mark.parametrize("how", ["eager", "jit", "vmap"])
+def test_stats_match_numpy(store, how):
+    x = data((4, 6, 8))
+    x[0, 0, :3] = [np.nan, np.inf, -np.inf]
+    with hostfeed.Recorder(store) as rec:
+        if how == "eager":
+            rec.record("s", x, step=0, reduce="stats")
+            rec.record("pc", x, step=0, reduce="stats", axis=(0, 1))
+        elif how == "jit":
+            jax.jit(lambda v: (rec.record("s", v, step=0, reduce="stats"),
+                               rec.record("pc", v, step=0, reduce="stats", axis=(0, 1))))(x)
+        else:
+            # Each lane (a slice along axis 0) is a row of its own statistics.
+            jax.jit(jax.vmap(lambda v: rec.record("s", v, step=0, reduce="stats")))(x)
+    rows, _ = read(store, "s")
+    want = [stats_of(x)] if how != "vmap" else [stats_of(v) for v in x]
+    np.testing.assert_allclose(rows, np.array(want), rtol=2e-5, atol=1e-6)
+    assert attributes(store, "s")["reduce"]["columns"] == list(hostfeed.STATS)
+    if how != "vmap":
+        pc, _ = read(store, "pc")
+        assert pc.shape == (1, 8, 9)
+        np.testing.assert_allclose(pc[0], np.array([stats_of(x[:, :, c]) for c in range(8)]),
+                                   rtol=2e-5, atol=1e-6)
+
+
+def test_stats_of_a_row_with_no_finite_value_and_of_integers(store):
+    with hostfeed.Recorder(store) as rec:
+        rec.record("nan", np.full(3, np.nan, np.float32), reduce="stats")
+        rec.record("int", np.arange(5, dtype=np.int32), reduce="stats")
+    rows, _ = read(store, "nan")
+    assert rows[0, 0] == 3 and rows[0, 7] == 3 and np.isnan(rows[0, 1:6]).all()
+    np.testing.assert_allclose(read(store, "int")[0][0], stats_of(np.arange(5)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("how", ["eager", "jit", "vmap"])
+def test_histograms_match_numpy(store, how):
+    x = data((3, 1000)) * 2
+    x[0, :4] = [np.nan, -2.0, 2.0, 0.0]  # an edge at each end, and a zero
+    lin, log = hostfeed.Histogram(16, (-2.0, 2.0)), hostfeed.Histogram(12, "log")
+    with hostfeed.Recorder(store) as rec:
+        def both(v):
+            rec.record("lin", v, reduce=lin)
+            rec.record("log", v, reduce=log)
+        if how == "eager":
+            both(x)
+        elif how == "jit":
+            jax.jit(both)(x)
+        else:
+            jax.jit(jax.vmap(both))(x)
+    parts = [x] if how != "vmap" else list(x)
+    np.testing.assert_array_equal(read(store, "lin")[0],
+                                  [hist_of(p, lin.edges()) for p in parts])
+    np.testing.assert_array_equal(read(store, "log")[0],
+                                  [hist_of(np.abs(p), log.edges()) for p in parts])
+    assert attributes(store, "lin")["reduce"]["edges"] == lin.edges().tolist()
+    assert read(store, "lin")[0].dtype == np.int32
+
+
+def test_bad_arguments_are_refused_at_the_call(store):
+    x = jnp.ones(3)
+    with hostfeed.Recorder(store) as rec:
+        with pytest.raises(ValueError, match="pass the step"):
+            rec.record("a", x, every=2)
+        with pytest.raises(ValueError, match="every must be >= 1"):
+            rec.record("a", x, step=1, every=0)
+        with pytest.raises(TypeError, match="start must be an int"):
+            rec.record("a", x, step=1, start=1.5)
+        with pytest.raises(ValueError, match="reduce must be 'stats' or a hostfeed.Histogram"):
+            rec.record("a", x, reduce="mean")
+        with pytest.raises(ValueError, match="axis= says what reduce= reduces over"):
+            rec.record("a", x, axis=0)
+        with pytest.raises(ValueError, match="out of range"):
+            rec.record("a", x, reduce="stats", axis=1)
+        with pytest.raises(TypeError, match="summarizes real values"):
+            rec.record("a", jnp.ones(3, jnp.complex64), reduce="stats")
+        with pytest.raises(ValueError, match="bins must be"):
+            hostfeed.Histogram(0)
+        with pytest.raises(ValueError, match="lo < hi"):
+            hostfeed.Histogram(4, (1.0, 1.0))
+        rec.record("h", x, reduce=hostfeed.Histogram(4, (0.0, 1.0)))
+        with pytest.raises(ValueError, match="one kind of summary"):
+            rec.record("h", x, reduce=hostfeed.Histogram(8, (0.0, 1.0)))
+
+
+def test_a_summary_survives_appending(store):
+    with hostfeed.Recorder(store) as rec:
+        rec.record("s", np.ones(4, np.float32), step=0, reduce="stats")
+    with hostfeed.Recorder(store, mode="a") as rec:
+        rec.record("s", np.ones(4, np.float32), step=1, reduce="stats")
+    assert attributes(store, "s")["reduce"]["kind"] == "stats"
+    assert read(store, "s")[1] == [0, 1]
+
+
+@pytest.mark.several_devices
+@pytest.mark.parametrize("mode", ["explicit", "auto"])
+def test_sharded_summaries_reduce_where_the_shards_are(tmp_path, mode):
+    """Over 4 devices: each device reduces its slice; the compiled step has no all-gather
+    (the value never moves), and the rows match numpy on the whole value."""
+    code = textwrap.dedent(f"""
+        import json, re, sys, numpy as np, jax, jax.numpy as jnp, hostfeed
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        # Sharding in the types (make_mesh: explicit axes), or left to XLA (auto axes).
+        mesh = (jax.make_mesh((4,), ("x",)) if sys.argv[1] == "explicit"
+                else Mesh(np.array(jax.devices()), ("x",)))
+        x = np.random.default_rng(1).normal(size=(8, 64, 32)).astype(np.float32)
+        xs = jax.device_put(x, NamedSharding(mesh, P("x")))
+        path = {str(tmp_path)!r} + "/" + sys.argv[1] + ".zarr"
+        with hostfeed.Recorder(path) as rec:
+            h = hostfeed.Histogram(10, (-3.0, 3.0))
+            def step(v, s):
+                rec.record("stats", v, step=s, reduce="stats", every=2)
+                rec.record("chan", v, step=s, reduce="stats", axis=(0, 1))
+                rec.record("hist", v, step=s, reduce=h)
+                return v * 2
+            f = jax.jit(step)
+            hlo = f.lower(xs, 0).compile().as_text()
+            for s in range(3):
+                f(xs, s)
+        gathered = [int(np.prod([int(d) for d in m.split(",") if d]))
+                    for m in re.findall(r"= f32\\[([0-9,]*)\\][^=]*all-gather\\(", hlo)]
+        out = dict(gathered=gathered,
+                   stats=hostfeed.read_recording(path, "stats")[0].tolist(),
+                   steps=hostfeed.read_recording(path, "stats")[1]["step"].tolist(),
+                   chan=hostfeed.read_recording(path, "chan")[0][0].tolist(),
+                   hist=hostfeed.read_recording(path, "hist")[0].tolist(),
+                   edges=h.edges().tolist())
+        print("RESULT", json.dumps(out))
+    """)
+    r = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True,
+                       timeout=180, env=dict(os.environ, JAX_PLATFORMS="cpu",
+                                             XLA_FLAGS="--xla_force_host_platform_device_count=4"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.split("RESULT ", 1)[1])
+    x = np.random.default_rng(1).normal(size=(8, 64, 32)).astype(np.float32)
+    # Nothing of the value's size moves: at most the per-channel means (32 numbers).
+    assert all(n <= 32 for n in out["gathered"]), out["gathered"]
+    assert out["steps"] == [0, 2]
+    np.testing.assert_allclose(out["stats"], [stats_of(x)] * 2, rtol=2e-5, atol=1e-5)
+    np.testing.assert_allclose(out["chan"], [stats_of(x[:, :, c]) for c in range(32)],
+                               rtol=2e-5, atol=1e-5)
+    assert out["hist"] == [hist_of(x, np.array(out["edges"]))] * 3
