@@ -1,6 +1,6 @@
 """What recording a transformer layer's activation costs the step that produces it: no
 record, ``reduce="stats"``, a histogram, a raw record, and a raw record every 10th step,
-side by side in one run.
+side by side in one run; then how fast a recording reads back as training data.
 
 The step: ``h = gelu(x @ w)`` with ``x`` float32[8, 512, 1024] and ``w`` [1024, 1024] (the
 activation ``h`` is float32[8, 512, 1024], 16 MiB), jitted, ``STEPS`` steps in a Python
@@ -9,7 +9,14 @@ together, per step. Rounds interleave the cases (the machine is shared and noisy
 table shows the median and the range over rounds, and each case's time against the step
 without recording and against the raw record.
 
-Run: python benches/summaries.py [DIR]   (default /dev/shm)
+Reading back: 1 GiB of rows float32[512, 1024] recorded into DIR, then read whole by
+zarr-python (``arr[:]``), by ``open_recording(...).iter_batches`` (batches of 4096 tokens,
+``flatten_axes=1``) in order and shuffled, and by numpy reading each chunk file (the
+floor: the disk's sequential read, no decoding); from a directory on a disk, as root, the
+page cache is dropped before each case, so every case reads from the disk itself.
+
+Run: python benches/summaries.py [DIR ...]   (default /dev/shm and a directory on the
+working disk, /work/tmp or $HOSTFEED_BENCH_DISK)
 Environment: HOSTFEED_BENCH_REPEATS (default 5), HOSTFEED_BENCH_STEPS (default 20).
 """
 from __future__ import annotations
@@ -21,6 +28,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -68,8 +76,84 @@ def case(kind: str) -> Callable[[str], Callable[[], None]]:
     return setup
 
 
+def _can_drop_caches() -> bool:
+    return os.access("/proc/sys/vm/drop_caches", os.W_OK)
+
+
+def _drop_caches() -> None:
+    """Empties the page cache (root only), so that reads come from the disk."""
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def read_back(base: str, mb: int = 1024) -> None:
+    """Reading a recording back: hostfeed's iter_batches (in order, and shuffled across
+    rows and tokens) against zarr-python reading the whole array and the floor (each chunk
+    file read with numpy, in order); GB/s and ratios, medians over rounds."""
+    import glob
+
+    import zarr
+    shape = (512, 1024)  # float32 rows of 2 MiB: [sequence, d]
+    n = mb * (1 << 20) // (4 * shape[0] * shape[1])
+    d = tempfile.mkdtemp(prefix="hfread-", dir=base)
+    path = os.path.join(d, "r.zarr")
+    try:
+        x = jnp.asarray(np.random.default_rng(0).normal(size=shape).astype(np.float32))
+        with hostfeed.Recorder(path) as rec:
+            f = jax.jit(lambda x, s: rec.record("h", x + s, step=s))
+            for s in range(n):
+                f(x, s)
+        nbytes = n * 4 * shape[0] * shape[1]
+        chunks = sorted(glob.glob(os.path.join(path, "h", "c", "*", "*", "*")),
+                        key=lambda p: int(p.split(os.sep)[-3]))
+
+        def floor() -> None:
+            for c in chunks:
+                np.fromfile(c, np.uint8)
+
+        def zarr_python() -> None:
+            np.asarray(zarr.open_array(os.path.join(path, "h"), mode="r")[:])
+
+        def batches(**kw: Any) -> Callable[[], None]:
+            def run() -> None:
+                for _ in hostfeed.open_recording(path).iter_batches("h", 4096, **kw):
+                    pass
+            return run
+
+        cases = {"floor: np.fromfile per chunk": floor, "zarr-python arr[:]": zarr_python,
+                 "iter_batches, in order": batches(shuffle=False, flatten_axes=1),
+                 "iter_batches, shuffled": batches(shuffle=True, flatten_axes=1)}
+        times: dict[str, list[float]] = {k: [] for k in cases}
+        cold = _can_drop_caches() and not base.startswith("/dev/shm")
+        for r in range(REPEATS + 1):
+            for k, run in cases.items():
+                if cold:
+                    _drop_caches()
+                t0 = time.perf_counter()
+                run()
+                if r:
+                    times[k].append(time.perf_counter() - t0)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        print(f"\nreading back {nbytes / 2**30:.2f} GiB ({n} rows of float32{list(shape)}, "
+              f"16 MiB chunks) from {base}" + (" (page cache dropped before each case)"
+                                               if cold else "") +
+              f", batches of 4096 tokens, median of {REPEATS}")
+        print(f"  {'case':<32}{'GB/s':>8}{'range':>15}{'vs floor':>10}{'vs zarr-python':>16}")
+        floor_t = med["floor: np.fromfile per chunk"]
+        for k, v in times.items():
+            print(f"  {k:<32}{nbytes / med[k] / 1e9:>8.2f}{nbytes / max(v) / 1e9:>7.2f}-"
+                  f"{nbytes / min(v) / 1e9:<7.2f}{floor_t / med[k]:>9.2f}x"
+                  f"{med['zarr-python arr[:]'] / med[k]:>15.2f}x")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def main() -> None:
-    base = sys.argv[1] if len(sys.argv) > 1 else "/dev/shm"
+    dirs = sys.argv[1:] or ["/dev/shm", os.environ.get("HOSTFEED_BENCH_DISK", "/work/tmp")]
+    for d in dirs:
+        os.makedirs(d, exist_ok=True)
+    base = dirs[0]
     kinds = ["no record", "stats", "histogram", "raw", "raw, every 10th"]
     times: dict[str, list[float]] = {k: [] for k in kinds}
     hostfeed.start_receiver(max_queue_byte_size=1 << 30)
@@ -96,6 +180,8 @@ def main() -> None:
         rel = f"{added / (raw_t - base_t):>13.2f}x" if k != "no record" else ""
         print(f"  {k:<18}{med[k] * 1e3:>9.2f}{min(v) * 1e3:>8.2f}-{max(v) * 1e3:<7.2f}"
               f"{added * 1e3:>10.2f}{med[k] / base_t:>8.2f}x{rel}")
+    for d in dirs:
+        read_back(d)
 
 
 if __name__ == "__main__":

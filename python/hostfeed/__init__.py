@@ -53,6 +53,7 @@ from . import host_callback, zarr_dtypes  # noqa: E402
 from .host_callback import (CallbackException, TapFunctionException, barrier_wait,  # noqa: E402
                             id_print, id_tap, stop_outfeed_receiver)
 from ._src.reading import read_recording  # noqa: E402
+from ._src.opened import RecordedArray, Recording, follow, open_recording  # noqa: E402
 from ._src.recording import Recorder  # noqa: E402
 from ._src.summaries import STATS, Histogram  # noqa: E402
 from ._receiver import (CallbackContextError, ReceiverError, ReceiverTimeoutError,  # noqa: E402
@@ -66,7 +67,7 @@ __all__ = [
     "host_callback", "install", "id_tap", "id_print", "barrier_wait",
     "stop_outfeed_receiver", "CallbackException", "TapFunctionException",
     "start_receiver", "receiver_stats", "Recorder", "RecordingError", "read_recording",
-    "Histogram", "STATS",
+    "Histogram", "STATS", "open_recording", "follow", "Recording", "RecordedArray",
     "register_zarr_dtypes", "CallbackContextError", "ReceiverError", "ReceiverTimeoutError",
     "transports", "gpu_status",
     "__version__",

@@ -140,9 +140,21 @@ def main(argv: list[str] | None = None) -> int:
                    help="keep the recording in this Zarr store (default: a temporary one)")
     b = sub.add_parser("bench", help="latency and throughput against JAX's own callbacks")
     bench.add_arguments(b)
+    s = sub.add_parser("show", help="a recording's table; one array's plot over steps (PNG)")
+    s.add_argument("store", help="the recording: a directory or an object store's URL")
+    s.add_argument("name", nargs="?", help="an array to plot (statistics, a histogram, or "
+                   "rows' mean and spread)")
+    s.add_argument("--png", help="where to draw it (default: NAME.png, '/' as '_')")
     args = parser.parse_args(argv)
     if args.command == "bench":
         return bench.run_command(args)
+    if args.command == "show":
+        from ._src import show
+        try:
+            return show.main(args.store, args.name, args.png)
+        except (KeyError, FileNotFoundError, ImportError) as exc:
+            print(f"python -m hostfeed show: {str(exc).strip(chr(34))}", file=sys.stderr)
+            return 2
     if args.command == "demo":
         if args.steps < 1:
             p.error(f"--steps must be at least 1, got {args.steps}")

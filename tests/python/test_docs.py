@@ -39,6 +39,7 @@ EXPECTED = {
                           "(8,) [3.0, 1.92]"],
     ("recording.md", 3): ["(10, 9) ('count', 'mean', 'std')", "[0, 5] [0, 24, 8, 8, 24, 0]",
                           "[8, 9]"],
+    ("recording.md", 4): ["32 (32, 8, 4) [3.0, 0.0]", "4 (64, 4)", "True"],
     ("troubleshooting.md", 0): ["[1.0]"],
     ("troubleshooting.md", 1): ["ValueError negative: -1.0"],
 }

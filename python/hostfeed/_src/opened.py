@@ -1,0 +1,374 @@
+"""Reading a recording back as data: :func:`open_recording` (names, shapes, steps; each
+array a random-access source for Grain or PyTorch, and shuffled batches with bounded
+memory) and :func:`follow` (the rows a running writer commits, as they come).
+
+Reads go through zarr-python, a chunk at a time: a row asked for alone reads (and keeps,
+for the next rows) the whole chunk that holds it (an inner chunk of a shard: zarr-python
+reads it from the shard by its index), so reading in order reads each chunk once, and a
+batch of indices reads each chunk it touches once.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import fcntl
+import json
+import math
+import os
+import time
+from typing import Any, Optional, Union
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+
+from . import stores
+from .reading import _recorded_names
+from .record_roles import ROW_METADATA
+
+__all__ = ["Recording", "RecordedArray", "open_recording", "follow"]
+
+#: Chunks a RecordedArray keeps decoded (the last ones read).
+CACHED_CHUNKS = 4
+#: Threads reading the next window's chunks in iter_batches (a disk serves several reads
+#: at once faster than one).
+READERS = 4
+
+
+def _zarr() -> Any:
+    try:
+        import zarr
+    except ImportError as exc:
+        raise ImportError("hostfeed.open_recording needs zarr-python: pip install "
+                          "'zarr>=3.1'") from exc
+    from .. import zarr_dtypes
+    zarr_dtypes.register()
+    return zarr
+
+
+class RecordedArray:
+    """The rows of one recorded array: a random-access source (``len``, ``[i]``,
+    ``[a:b]``, ``[[i, j, ...]]``) that reads whole chunks, usable as a Grain data source
+    (``grain.MapDataset.source(arr)``) or a PyTorch map-style dataset. Its length is the
+    rows committed when it was opened (:meth:`refresh` looks again).
+
+    Example:
+        >>> arr = open_recording("run.zarr")["layer1/h"]      # doctest: +SKIP
+        >>> len(arr), arr.shape, arr[0].shape, arr[[5, 1]].shape  # doctest: +SKIP
+        (100, (100, 64, 32), (64, 32), (2, 64, 32))
+    """
+
+    def __init__(self, group: Any, name: str):
+        self.name = name
+        self._group = group
+        self.refresh()
+
+    def refresh(self) -> int:
+        """Reads the array's metadata again (rows a writer committed since); returns the
+        number of rows."""
+        self._array = self._group[self.name]
+        self.shape: tuple[int, ...] = tuple(self._array.shape)
+        self.dtype = np.dtype(self._array.dtype)
+        self.chunk_rows = int(self._array.chunks[0]) or 1
+        self._cache: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
+        self.chunk_reads = 0
+        return self.shape[0]
+
+    @property
+    def attrs(self) -> dict:
+        """hostfeed's attributes of the array (``reduce``: what a summary's columns are)."""
+        return dict(self._array.attrs.get("hostfeed", {}))
+
+    def meta(self, field: str) -> np.ndarray:
+        """Per-row metadata ``field`` (one of ``hostfeed.Recorder``'s ``ROW_METADATA``:
+        ``step``, ``device``, ``time_ns``, ``seq``, ``transforms``) of these rows."""
+        if field not in ROW_METADATA:
+            raise KeyError(f"hostfeed: no per-row metadata {field!r}; there are "
+                           f"{list(ROW_METADATA)}")
+        parent, _, leaf = self.name.rpartition("/")
+        group = self._group[parent] if parent else self._group
+        return np.asarray(group[f"{leaf}.{field}"][:len(self)])
+
+    @property
+    def steps(self) -> np.ndarray:
+        """The step of each row (-1: recorded without one)."""
+        return self.meta("step")
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def _chunk(self, k: int) -> np.ndarray:
+        got = self._cache.get(k)
+        if got is not None:
+            self._cache.move_to_end(k)
+            return got
+        lo = k * self.chunk_rows
+        got = np.asarray(self._array[lo:min(lo + self.chunk_rows, len(self))])
+        self.chunk_reads += 1
+        self._cache[k] = got
+        if len(self._cache) > CACHED_CHUNKS:
+            self._cache.popitem(last=False)
+        return got
+
+    def _read_runs(self, ks: Any) -> list[tuple[int, int]]:
+        """The row ranges holding chunks ``ks``, in increasing order, adjacent chunks
+        merged (one zarr-python slice read each)."""
+        runs: list[tuple[int, int]] = []
+        for k in sorted(int(k) for k in ks):
+            lo, hi = k * self.chunk_rows, min((k + 1) * self.chunk_rows, len(self))
+            if runs and runs[-1][1] == lo:
+                runs[-1] = (runs[-1][0], hi)
+            else:
+                runs.append((lo, hi))
+        self.chunk_reads += len(list(ks))
+        return runs
+
+    def _read(self, lo: int, hi: int) -> np.ndarray:
+        return np.asarray(self._array[lo:hi])
+
+    def _rows(self, index: np.ndarray) -> np.ndarray:
+        n = len(self)
+        if index.size and (index.min() < -n or index.max() >= n):
+            bad = index[(index < -n) | (index >= n)][0]
+            raise IndexError(f"hostfeed: row {bad} of {self.name!r}, which has {n} rows")
+        index = np.where(index < 0, index + n, index)
+        out = np.empty((index.size, *self.shape[1:]), self.dtype)
+        chunks = index // self.chunk_rows
+        for k in np.unique(chunks):
+            at = np.nonzero(chunks == k)[0]
+            out[at] = self._chunk(int(k))[index[at] - k * self.chunk_rows]
+        return out
+
+    def __getitem__(self, key: Union[int, slice, Any]) -> np.ndarray:
+        if isinstance(key, (int, np.integer)):
+            return self._rows(np.asarray([int(key)]))[0]
+        if isinstance(key, slice):
+            return self._rows(np.arange(*key.indices(len(self))))
+        index = np.asarray(key)
+        if index.dtype == bool:
+            index = np.nonzero(index)[0]
+        if index.dtype.kind not in "iu":
+            raise TypeError(f"hostfeed: rows of {self.name!r} are indexed by ints, slices or "
+                            f"int arrays, got {key!r}")
+        return self._rows(index.ravel().astype(np.int64)).reshape(*index.shape,
+                                                                   *self.shape[1:])
+
+    def __getitems__(self, keys: Any) -> list[np.ndarray]:
+        """Rows ``keys`` as a list (what Grain's and PyTorch's batching ask for), each chunk
+        read once."""
+        return list(self._rows(np.asarray(keys, np.int64).ravel()))
+
+    def __repr__(self) -> str:
+        return f"hostfeed.RecordedArray({self.name!r}, shape={self.shape}, dtype={self.dtype})"
+
+
+class Recording:
+    """A recording opened for reading (see :func:`open_recording`)."""
+
+    def __init__(self, path: Any, storage_options: Optional[Mapping[str, Any]]):
+        zarr = _zarr()
+        self.where = stores.location(path, storage_options, who="open_recording")
+        self.path = self.where.where
+        self._root: Any = zarr.open_group(stores.zarr_store(self.where), mode="r")
+        self.names: list[str] = sorted(_recorded_names(self._root))
+
+    def __getitem__(self, name: str) -> RecordedArray:
+        if name not in self.names:
+            import difflib
+            near = difflib.get_close_matches(name, self.names, n=20, cutoff=0.0)
+            raise KeyError(f"hostfeed: the recording {self.path} has no array {name!r}; it "
+                           f"has {near or 'none'} (nearest first)")
+        return RecordedArray(self._root, name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def table(self) -> list[dict[str, Any]]:
+        """One entry per array: name, rows, row shape, dtype, bytes (uncompressed), first
+        and last step, and what a summary holds (``reduce``)."""
+        out = []
+        for name in self.names:
+            a = self[name]
+            steps = a.steps if len(a) else np.zeros(0, np.int64)
+            out.append(dict(name=name, rows=len(a), shape=a.shape[1:], dtype=str(a.dtype),
+                            bytes=int(math.prod(a.shape) * a.dtype.itemsize),
+                            steps=(int(steps.min()), int(steps.max())) if steps.size else None,
+                            reduce=a.attrs.get("reduce", {}).get("kind")))
+        return out
+
+    def iter_batches(self, name: str, batch_size: int, *, shuffle: bool = True,
+                     seed: int = 0, flatten_axes: int = 0, window: int = 8,
+                     drop_last: bool = False) -> Iterator[np.ndarray]:
+        """Batches of ``batch_size`` rows of ``name``, every row once (one epoch).
+
+        With ``shuffle``, the chunks are taken in a random order, ``window`` at a time (read
+        in one call), and the rows of a window shuffled together (those left over go into
+        the next window's first batch), so memory holds about ``window`` chunks and reads
+        stay whole chunks.
+        ``flatten_axes=k`` first merges the row axis with the next ``k`` axes (``1`` for
+        rows of ``[sequence, d]``: batches of tokens, shuffled across sequences).
+
+        Example:
+            >>> rec = open_recording("run.zarr")                       # doctest: +SKIP
+            >>> for batch in rec.iter_batches("layer1/h", 4096, flatten_axes=1, seed=0):
+            ...     train_step(batch)                                 # doctest: +SKIP
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+                or batch_size < 1:
+            raise ValueError(f"hostfeed: iter_batches: batch_size must be a positive int, "
+                             f"got {batch_size!r}")
+        arr = self[name]
+        if not 0 <= flatten_axes < len(arr.shape):
+            raise ValueError(f"hostfeed: iter_batches: flatten_axes must be from 0 to "
+                             f"{len(arr.shape) - 1} for rows of shape {arr.shape[1:]}, got "
+                             f"{flatten_axes!r}")
+        if window < 1:
+            raise ValueError(f"hostfeed: iter_batches: window must be >= 1, got {window!r}")
+        rng = np.random.default_rng(seed)
+        chunks = np.arange(math.ceil(len(arr) / arr.chunk_rows))
+        if shuffle:
+            rng.shuffle(chunks)
+        item = arr.shape[1 + flatten_axes:]
+        windows = [chunks[w:w + window] for w in range(0, len(chunks), window)]
+        # The next window is read on threads (a read per run of adjacent chunks) while this
+        # one's batches are gathered (file reads and numpy's copies release the GIL): memory
+        # holds two windows.
+        pool = concurrent.futures.ThreadPoolExecutor(READERS, thread_name_prefix="hostfeed-read")
+
+        def submit(ws: Any) -> list:
+            return [pool.submit(arr._read, lo, hi) for lo, hi in arr._read_runs(ws)]
+
+        ahead = [submit(windows[0])] if windows else []
+        try:
+            yield from self._batches(windows, ahead, submit, item, batch_size, shuffle, rng,
+                                     drop_last)
+        finally:
+            for futures in ahead:
+                for f in futures:
+                    f.cancel()
+            pool.shutdown(wait=True)
+
+    @staticmethod
+    def _batches(windows: list, ahead: list, submit: Any, item: tuple, batch_size: int,
+                 shuffle: bool, rng: Any, drop_last: bool) -> Iterator[np.ndarray]:
+        carry: Optional[np.ndarray] = None
+        for w in range(len(windows)):
+            parts = [f.result() for f in ahead.pop(0)]
+            if w + 1 < len(windows):
+                ahead.append(submit(windows[w + 1]))
+            rows = (parts[0] if len(parts) == 1 else np.concatenate(parts)).reshape(-1, *item)
+            order = rng.permutation(len(rows)) if shuffle else np.arange(len(rows))
+            pos = 0
+            if carry is not None:  # the last window's rows that did not fill a batch
+                pos = min(batch_size - len(carry), len(rows))
+                carry = np.concatenate([carry, rows[order[:pos]]])
+                if len(carry) < batch_size:
+                    continue
+                yield carry
+                carry = None
+            full = pos + (len(rows) - pos) // batch_size * batch_size
+            for b in range(pos, full, batch_size):
+                yield rows[order[b:b + batch_size]] if shuffle else rows[b:b + batch_size]
+            carry = rows[order[full:]] if full < len(rows) else None
+        if carry is not None and not drop_last:
+            yield carry
+
+    def __repr__(self) -> str:
+        return f"hostfeed.Recording({self.path!r}, {len(self.names)} arrays)"
+
+
+def open_recording(path: Any, *, storage_options: Optional[Mapping[str, Any]] = None
+                   ) -> Recording:
+    """Opens a recording (a directory, or an object store's URL with ``storage_options``
+    as :class:`Recorder` takes them) for reading: ``rec.names``, ``rec.table()``,
+    ``rec[name]`` (a :class:`RecordedArray`: ``len``, indexing, a Grain or PyTorch data
+    source) and ``rec.iter_batches(name, batch_size, ...)``. Needs zarr-python.
+
+    Example:
+        >>> import pathlib, tempfile, numpy as np, hostfeed
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "run.zarr"
+        >>> with hostfeed.Recorder(path, mode="w") as rec:
+        ...     for step in range(5):
+        ...         _ = rec.record("h", np.full(3, step, np.float32), step=step)
+        >>> r = hostfeed.open_recording(path)
+        >>> r.names, len(r["h"]), r["h"][[4, 0]][:, 0].tolist()
+        (['h'], 5, [4.0, 0.0])
+    """
+    return Recording(path, storage_options)
+
+
+def _writer_open(where: stores.Location) -> bool:
+    """Whether a recorder holds the store (its lock taken: a file's ``flock``, an object
+    store's live lock object)."""
+    if where.url:
+        return _object_lock_live(where)
+    try:
+        fd = os.open(os.path.join(where.where, ".hostfeed.lock"), os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        held = False
+    except BlockingIOError:
+        held = True
+    finally:
+        os.close(fd)
+    return held
+
+
+def _object_lock_live(where: stores.Location) -> bool:
+    import asyncio
+    try:
+        raw = asyncio.run(_get(stores.zarr_store(where), ".hostfeed.lock"))
+    except Exception:  # noqa: BLE001 - no lock object: nobody writes
+        raw = None
+    if raw is None:
+        return False
+    try:
+        return int(json.loads(raw)["lease_until_ns"]) > time.time_ns()
+    except (ValueError, KeyError):
+        return True
+
+
+async def _get(store: Any, key: str) -> Optional[bytes]:
+    from zarr.core.buffer import default_buffer_prototype
+    got = await store.get(key, prototype=default_buffer_prototype())
+    return None if got is None else got.to_bytes()
+
+
+def follow(path: Any, name: str, *, poll: float = 0.5, timeout: Optional[float] = None,
+           storage_options: Optional[Mapping[str, Any]] = None) -> Iterator[np.ndarray]:
+    """The rows of ``name`` as a running recorder commits them: yields each new block of
+    rows (``[k, *shape]``) once, polling the array's ``zarr.json`` every ``poll`` seconds,
+    and ends when the writer closes the store (after yielding its last rows). Waits for the
+    store and the array to appear. ``timeout``: at most that many seconds in all, then
+    ``TimeoutError``.
+
+    Example:
+        >>> for rows in hostfeed.follow("run.zarr", "loss"):        # doctest: +SKIP
+        ...     plot(rows)
+    """
+    zarr = _zarr()
+    where = stores.location(path, storage_options, who="follow")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    done = 0
+    while True:
+        writing = _writer_open(where)  # before reading: rows committed by then are seen
+        try:
+            root = zarr.open_group(stores.zarr_store(where), mode="r")
+            arr = root[name]
+            n = int(arr.shape[0])
+        except (FileNotFoundError, KeyError, ValueError, OSError):
+            arr, n = None, done
+        if arr is not None and n > done:
+            yield np.asarray(arr[done:n])
+            done = n
+            continue
+        if not writing and arr is not None:
+            return
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"hostfeed.follow({where.where!r}, {name!r}): no writer closed "
+                               f"the store within {timeout} s ({done} rows seen)")
+        time.sleep(poll)
