@@ -373,13 +373,7 @@ impl Recorder {
         opts: Options,
         budget: Arc<dyn Budget>,
     ) -> Result<Arc<Recorder>, RecordError> {
-        match location {
-            Location::Path(root) => Self::create(root, mode, opts, budget),
-            Location::Url { url, options } => {
-                let objects = Objects::open(url, options)?;
-                Self::create_in_objects(objects, mode, opts, budget, &Access::Exclusive)
-            }
-        }
+        Self::open_at(location, mode, opts, budget, &Access::Exclusive)
     }
 
     /// [`Recorder::create_shared`] at `location` (a path, or an object store by URL).
@@ -394,14 +388,27 @@ impl Recorder {
         run: &str,
         leader: bool,
     ) -> Result<Arc<Recorder>, RecordError> {
+        let group = run.to_string();
+        let access = if leader { Access::SharedLeader { group } } else { Access::SharedMember { group } };
+        Self::open_at(location, mode, opts, budget, &access)
+    }
+
+    /// A store at `location` held with `access`.
+    fn open_at(
+        location: &Location,
+        mode: Mode,
+        opts: Options,
+        budget: Arc<dyn Budget>,
+        access: &Access,
+    ) -> Result<Arc<Recorder>, RecordError> {
         match location {
-            Location::Path(root) => Self::create_shared(root, mode, opts, budget, run, leader),
+            Location::Path(root) => Self::create_with(root, mode, opts, budget, access),
             Location::Url { url, options } => {
-                refuse_shared_append(mode)?;
-                let group = run.to_string();
-                let access = if leader { Access::SharedLeader { group } } else { Access::SharedMember { group } };
+                if !matches!(access, Access::Exclusive) {
+                    refuse_shared_append(mode)?;
+                }
                 let objects = Objects::open(url, options)?;
-                Self::create_in_objects(objects, mode, opts, budget, &access)
+                Self::create_in_objects(objects, mode, opts, budget, access)
             }
         }
     }
@@ -443,9 +450,7 @@ impl Recorder {
         run: &str,
         leader: bool,
     ) -> Result<Arc<Recorder>, RecordError> {
-        let group = run.to_string();
-        let access = if leader { Access::SharedLeader { group } } else { Access::SharedMember { group } };
-        Self::create_with(root, mode, opts, budget, &access)
+        Self::create_shared_at(&Location::Path(root.to_path_buf()), mode, opts, budget, run, leader)
     }
 
     fn create_with(
