@@ -115,6 +115,45 @@ def test_an_unsharded_store_has_an_object_per_chunk(s3, bucket):
     assert hostfeed.read_recording(url, "h")[0][:, 0].tolist() == list(range(5))
 
 
+def test_open_recording_and_follow_read_an_object_store(s3, bucket):
+    """Reading back from S3: open_recording's random access and batches, and follow
+    seeing a running recorder's rows as they are flushed, ending when it closes."""
+    url = f"s3://{bucket}/live.zarr"
+    rec = hostfeed.Recorder(url, chunk_bytes=64)  # 4 rows a chunk
+    seen: list[int] = []
+    errors: list[BaseException] = []
+
+    def follower():
+        try:
+            for rows in hostfeed.follow(url, "x", poll=0.05, timeout=120):
+                seen.extend(rows[:, 0].tolist())
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    try:
+        for s in range(5):
+            rec.record("x", np.full(4, s, np.int32), step=s)
+        rec.flush()
+        thread = threading.Thread(target=follower)
+        thread.start()
+        wait_until(lambda: len(seen) == 5 or bool(errors), timeout=60)
+        assert thread.is_alive(), "the writer is open: follow goes on"
+        for s in range(5, 10):
+            rec.record("x", np.full(4, s, np.int32), step=s)
+    finally:
+        rec.close()
+    thread.join(60)
+    assert not errors and not thread.is_alive()
+    assert seen == list(range(10))
+    data = hostfeed.open_recording(url)
+    assert data.names == ["x"]
+    x = data["x"]
+    assert len(x) == 10 and x[[9, 2]][:, 0].tolist() == [9, 2]
+    assert x.steps.tolist() == list(range(10))
+    rows = np.concatenate(list(data.iter_batches("x", 3, seed=1)))
+    assert sorted(rows[:, 0].tolist()) == list(range(10))
+
+
 def test_a_resumed_run_appends_each_step_once(s3, bucket):
     url = f"s3://{bucket}/resumed.zarr"
 
