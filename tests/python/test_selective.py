@@ -84,6 +84,9 @@ def test_a_concrete_step_is_decided_at_the_call_and_result_is_returned(store):
                                    result=s * 10))
             rec.record("js", jnp.full(2, s), step=s, start=2, stop=4)
         assert outs == [s * 10 for s in range(7)]
+        assert rec.record("rs", np.ones(3, np.float32), reduce="stats", result=7) == 7
+        x = np.ones(3, np.float32)
+        assert rec.record("rs", x, reduce="stats") is x
         f = jax.jit(lambda x, s: rec.record("r", x, step=s, every=2, result=x * 2))
         np.testing.assert_array_equal(f(jnp.ones(2), 3), 2 * np.ones(2))
         np.testing.assert_array_equal(f(jnp.ones(2), 4), 2 * np.ones(2))

@@ -340,10 +340,10 @@ def record_selected(record: Callable[..., Any], describe: Callable[[str, str], N
         return record(name, row, step=s, result=r)
 
     if chosen is True:
-        if reduce is None:
-            return take(value, step, result)
-        take(value, step, None if result is None else result)
-        return out
+        # Through the record: the value (a raw record) or a given result, so that it
+        # follows the record; a summary's value is returned as it is.
+        got = take(value, step, result)
+        return got if reduce is None or result is not None else value
     # Decided on the device: nothing but the compare runs at other steps. The value (or a
     # given result) goes through both branches, so that it still follows the record (and
     # under grad, the cotangent recorded is the one flowing into the value).
