@@ -194,7 +194,7 @@ class Recording:
             steps = a.steps if len(a) else np.zeros(0, np.int64)
             out.append(dict(name=name, rows=len(a), shape=a.shape[1:], dtype=str(a.dtype),
                             bytes=int(math.prod(a.shape) * a.dtype.itemsize),
-                            steps=(int(steps.min()), int(steps.max())) if steps.size else None,
+                            steps=(int(np.min(steps)), int(np.max(steps))) if steps.size else None,
                             reduce=a.attrs.get("reduce", {}).get("kind")))
         return out
 
