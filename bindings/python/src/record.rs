@@ -229,12 +229,8 @@ impl PyRecorder {
         } else {
             Location::Path(path.clone())
         };
-        let inner = match shared {
-            None => py.detach(|| Recorder::create_at(&location, mode, opts, budget)).py()?,
-            Some(run) => {
-                py.detach(|| Recorder::create_shared_at(&location, mode, opts, budget, &run, leader)).py()?
-            }
-        };
+        let run = shared.as_deref().map(|run| (run, leader));
+        let inner = py.detach(|| Recorder::open(&location, mode, opts, budget, run)).py()?;
         install_tracer();
         refresh_write_tracing(py);
         Ok(PyRecorder { inner })

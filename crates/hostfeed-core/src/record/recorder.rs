@@ -361,59 +361,40 @@ impl Recorder {
     }
 
     /// Creates a store at `location` (a path, or an object store by URL) and starts the
-    /// writer and ticker threads.
+    /// writer and ticker threads. `run`: the store is shared by the processes of one
+    /// `jax.distributed` run, named by its first element; the leader (second element:
+    /// process 0) prepares the store and takes its lock naming the run, the others join it.
     ///
     /// # Errors
     /// As [`Recorder::create`]; for a URL also an unknown scheme or option
     /// ([`RecordError::Invalid`]), and an unreachable bucket or a store held by another
-    /// recorder whose lease has not ended ([`RecordError::Io`]).
-    pub fn create_at(
+    /// recorder whose lease has not ended ([`RecordError::Io`]); a shared store held by
+    /// someone outside the run, or asked to append.
+    pub fn open(
         location: &Location,
         mode: Mode,
         opts: Options,
         budget: Arc<dyn Budget>,
+        run: Option<(&str, bool)>,
     ) -> Result<Arc<Recorder>, RecordError> {
-        Self::open_at(location, mode, opts, budget, &Access::Exclusive)
-    }
-
-    /// [`Recorder::create_shared`] at `location` (a path, or an object store by URL).
-    ///
-    /// # Errors
-    /// As [`Recorder::create_at`] and [`Recorder::create_shared`].
-    pub fn create_shared_at(
-        location: &Location,
-        mode: Mode,
-        opts: Options,
-        budget: Arc<dyn Budget>,
-        run: &str,
-        leader: bool,
-    ) -> Result<Arc<Recorder>, RecordError> {
-        let group = run.to_string();
-        let access = if leader { Access::SharedLeader { group } } else { Access::SharedMember { group } };
-        Self::open_at(location, mode, opts, budget, &access)
-    }
-
-    /// A store at `location` held with `access`.
-    fn open_at(
-        location: &Location,
-        mode: Mode,
-        opts: Options,
-        budget: Arc<dyn Budget>,
-        access: &Access,
-    ) -> Result<Arc<Recorder>, RecordError> {
+        let access = match run {
+            None => Access::Exclusive,
+            Some((group, true)) => Access::SharedLeader { group: group.to_string() },
+            Some((group, false)) => Access::SharedMember { group: group.to_string() },
+        };
         match location {
-            Location::Path(root) => Self::create_with(root, mode, opts, budget, access),
+            Location::Path(root) => Self::create_with(root, mode, opts, budget, &access),
             Location::Url { url, options } => {
-                if !matches!(access, Access::Exclusive) {
+                if run.is_some() {
                     refuse_shared_append(mode)?;
                 }
                 let objects = Objects::open(url, options)?;
-                Self::create_in_objects(objects, mode, opts, budget, access)
+                Self::create_in_objects(objects, mode, opts, budget, &access)
             }
         }
     }
 
-    /// [`Recorder::create_at`] in an object store already opened (`cargo test`'s in-memory
+    /// [`Recorder::open`] in an object store already opened (`cargo test`'s in-memory
     /// store).
     pub(crate) fn create_in_objects(
         objects: Arc<Objects>,
@@ -434,23 +415,6 @@ impl Recorder {
         let rec = Self::start(root, store, held, shared, opts, budget)?;
         rec.adopt(mode)?;
         Ok(rec)
-    }
-
-    /// [`Recorder::create`] for a store shared by the processes of one `jax.distributed`
-    /// run: `run` names the run; the leader (process 0) prepares the directory and the
-    /// others join its lock.
-    ///
-    /// # Errors
-    /// As [`Recorder::create`]; the store is held by someone outside the run.
-    pub fn create_shared(
-        root: &Path,
-        mode: Mode,
-        opts: Options,
-        budget: Arc<dyn Budget>,
-        run: &str,
-        leader: bool,
-    ) -> Result<Arc<Recorder>, RecordError> {
-        Self::create_shared_at(&Location::Path(root.to_path_buf()), mode, opts, budget, run, leader)
     }
 
     fn create_with(
