@@ -265,8 +265,13 @@ def test_taps_pending_at_exit_all_run(procs):
 def test_sigterm_ends_processes_whose_call_waits_forever():
     """jax.distributed's preemption service catches SIGTERM (it only records a notice);
     a call waiting on a host function that never returns must still let SIGTERM end the
-    processes."""
-    group = Group(2, 2, True, cases=("hang",), env={"HOSTFEED_STOP_TIMEOUT": "1"})
+    processes, also where another device of the execution reaches its call only after
+    the signal (its peers wait for it in the collective that combines the calls'
+    statuses)."""
+    go_dir = tempfile.TemporaryDirectory(prefix="hostfeed-go-")
+    go = os.path.join(go_dir.name, "go")
+    group = Group(2, 2, True, cases=("hang",),
+                  env={"HOSTFEED_STOP_TIMEOUT": "1", "HANG_GO_FILE": go})
     try:
         deadline = time.monotonic() + LAUNCH_TIMEOUT
         waiting = threading.Event()
@@ -276,8 +281,10 @@ def test_sigterm_ends_processes_whose_call_waits_forever():
             waiting.wait(0.05)
         for p in group.procs:
             p.send_signal(signal.SIGTERM)
+        open(go, "w").close()  # now the late devices make their calls
         results = group.wait(60)
     finally:
         group.kill()
+        go_dir.cleanup()
     assert all(rc is not None for rc, _, _ in results), _report(results)
     assert all("interrupted (SIGTERM)" in err for _, _, err in results), _report(results)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -72,6 +73,7 @@ def run(n_proc: int, scenario: str, path: str) -> list[tuple[int | None, dict, s
         found = [json.loads(line[len("RESULT "):]) for line in text.splitlines()
                  if line.startswith("RESULT ")]
         results.append((p.returncode, found[0] if found else {}, errors[-3000:]))
+    shutil.rmtree(out_dir)
     return results
 
 

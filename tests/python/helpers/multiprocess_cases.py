@@ -6,7 +6,8 @@ Usage: python multiprocess_cases.py PROCESS_ID N_PROCESSES PORT LOCAL_DEVICES SH
 Prints `RESULT {case_name: result}` (JSON; a case that raises records {"error": ...}),
 then, unless the case list is `hang`, dispatches a loop of taps and exits without waiting
 for them (they must still all run: lines `EXIT <device id> <i>`). The case `hang` makes
-a call whose host function never returns, after printing `HANGING`.
+a call whose host function never returns, after printing `HANGING`, on every device (see
+`hang`).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ jax.distributed.initialize(f"127.0.0.1:{PORT}", num_processes=N_PROCESSES,
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
+from jax.experimental import io_callback  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 from casekit import CASES, case, got, host_add, run_cases, shards, tap  # noqa: E402
@@ -210,11 +212,29 @@ def exit_with_taps_pending():
 
 
 def hang():
+    """Every device calls a host function that never returns; the last local device gets
+    there only once the file named by HANG_GO_FILE exists (the test creates it after
+    signalling), so its call starts after the signal."""
+    go = os.environ["HANG_GO_FILE"]
+
     def stuck(a):
         print("HANGING", flush=True)
         threading.Event().wait()
-    f = jax.jit(jax.shard_map(lambda v: hcb.call(stuck, v, result_shape=v), mesh=MESH,
-                              in_specs=P("x"), out_specs=P("x")))
+
+    def gate(v, position):
+        # JAX's own callback: there is no hostfeed wait for the signal to interrupt here.
+        pause = threading.Event()
+        for _ in range(6000 if position % LOCAL == LOCAL - 1 else 0):  # 60 s at most
+            if os.path.exists(go):
+                break
+            pause.wait(0.01)
+        return v
+
+    def body(v):
+        v = io_callback(gate, jax.ShapeDtypeStruct(v.shape, v.dtype), v, lax.axis_index("x"))
+        return hcb.call(stuck, lax.pcast(v, ("x",), to="varying"), result_shape=v)
+
+    f = jax.jit(jax.shard_map(body, mesh=MESH, in_specs=P("x"), out_specs=P("x")))
     f(sharded(1)).block_until_ready()
 
 
