@@ -68,10 +68,15 @@ class BatchIter:
     def __iter__(self) -> Iterator[_Message]: ...
     def __next__(self) -> _Message: ...
     def run_taps(self, consumers: dict[int, Any],
-                 failed: Callable[[BaseException, Any], object]) -> int:
+                 failed: Callable[[BaseException, Any], object],
+                 call_failed: Callable[[BaseException | None, Any, int, int, Reply], object]
+                 | None = None) -> int:
         """Runs the plain taps at the head of the batch (``consumer.invoke(arrays,
-        device)`` for each, exceptions to ``failed(exception, consumer)``); stops at the
-        first other message. Returns how many ran."""
+        device)`` for each, exceptions to ``failed(exception, consumer)``) and, with
+        ``call_failed``, the plain calls (``consumer.invoke(arrays, device, reply)``, true
+        when it failed; failed, unwaited or raising calls to ``call_failed(exception_or_None,
+        consumer, run_id, device, reply)``); stops at the first other message. Returns how
+        many ran."""
 
 @final
 class Reply:

@@ -324,6 +324,33 @@ def test_timeout_fails_a_slow_call_naming_the_callback(monkeypatch):
     hcb.barrier_wait()
 
 
+def test_a_call_that_timed_out_while_queued_is_not_run(monkeypatch):
+    monkeypatch.setenv("HOSTFEED_CALL_TIMEOUT", "0.1")
+    started, release = threading.Event(), threading.Event()
+    ran = []
+
+    def busy(a, transforms):
+        started.set()
+        release.wait(60)
+
+    def host(a):
+        ran.append(float(a))
+        return a
+
+    f = jax.jit(lambda x: hcb.call(host, x, result_shape=x))
+    try:
+        jax.jit(lambda x: hcb.id_tap(busy, x))(1.0)  # the receiver is busy with it
+        assert started.wait(30)
+        with pytest.raises(RuntimeErr, match=r"host timed out .* without .*host ever "
+                           r"starting: the receiver has been busy .* running .*busy"):
+            np.asarray(f(2.0))
+    finally:
+        release.set()
+    hcb.barrier_wait()
+    assert ran == []  # nobody waited for it any more when the receiver got to it
+    assert float(f(3.0)) == 3.0 and ran == [3.0]
+
+
 def test_bad_timeout_setting_is_reported(monkeypatch):
     monkeypatch.setenv("HOSTFEED_CALL_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="HOSTFEED_CALL_TIMEOUT='soon'"):

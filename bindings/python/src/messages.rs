@@ -78,58 +78,100 @@ impl BatchIter {
         slf
     }
 
-    /// Runs the plain taps at the head of the batch here, in queue order, and returns how
-    /// many ran: while the next message is a tap without flags or reply whose consumer
-    /// (looked up in ``consumers``, a dict by consumer id) has ``kind == "tap"``, calls
-    /// ``consumer.invoke(arrays, device)``; an exception it raises goes to
-    /// ``failed(exception, consumer)`` and the next message runs. Stops, without taking
-    /// it, at the first message that is not such a tap (the dispatcher's general path
-    /// takes it), or at the end of the batch.
+    /// Runs the plain taps and calls at the head of the batch here, in queue order, and
+    /// returns how many ran: while the next message is a tap without flags or reply whose
+    /// consumer (looked up in ``consumers``, a dict by consumer id) has ``kind == "tap"``,
+    /// calls ``consumer.invoke(arrays, device)``; an exception it raises goes to
+    /// ``failed(exception, consumer)`` and the next message runs. With ``call_failed``,
+    /// a call (a reply, no flags but a status output) whose consumer has
+    /// ``kind == "call"`` runs the same way, as ``consumer.invoke(arrays, device, reply)``
+    /// (true when it failed); a failed call, one that nobody waits for any more (not
+    /// run) and one whose ``invoke`` raised go to ``call_failed(exception_or_None,
+    /// consumer, run_id, device, reply)``. Stops, without taking it, at the first message
+    /// that is not such a tap or call (the dispatcher's general path takes it), or at the
+    /// end of the batch.
     ///
     /// The dispatcher's common case without a Python frame per message: a batch of small
-    /// taps spends most of its time here.
+    /// taps, or a call a computation waits for, spends most of its time here.
+    #[pyo3(signature = (consumers, failed, call_failed=None))]
     fn run_taps(
         &self,
         py: Python<'_>,
         consumers: &Bound<'_, PyDict>,
         failed: &Bound<'_, PyAny>,
+        call_failed: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
         let Some(batch) = self.batch.as_ref() else { return Ok(0) };
-        let kind_tap = intern!(py, "tap");
-        // The consumer of the last tap run: consecutive taps mostly share one.
-        let mut last: Option<(i64, Bound<'_, PyAny>, Bound<'_, PyAny>)> = None;
+        let (kind_tap, kind_call) = (intern!(py, "tap"), intern!(py, "call"));
+        // The consumer of the last message run (whether it is a call's, the consumer and
+        // its invoke): consecutive messages mostly share one.
+        let mut last: Option<(i64, bool, Bound<'_, PyAny>, Bound<'_, PyAny>)> = None;
         let mut ran = 0;
         loop {
             sinks().route_leading(batch);
             let mut unknown = None;
             let msg = batch.take_if(|m| {
-                if m.flags != 0 || m.host.is_some() || m.reply.is_some() {
+                let tap = m.flags == 0 && m.reply.is_none();
+                let call = call_failed.is_some()
+                    && m.flags & !hostfeed_core::FLAG_STATUS_OUTPUT == 0
+                    && m.reply.is_some();
+                if m.host.is_some() || !(tap || call) {
                     return false;
                 }
-                if last.as_ref().is_some_and(|(cid, _, _)| *cid == m.consumer_id) {
-                    return true;
+                if let Some((cid, is_call, _, _)) = last.as_ref() {
+                    if *cid == m.consumer_id {
+                        return *is_call == call;
+                    }
                 }
                 unknown = Some(m.consumer_id);
                 false
             });
             let Some(msg) = msg else {
-                // Not a plain tap, the end, or a plain tap of a consumer not looked up yet.
+                // Not a plain tap or call, the end, or one whose consumer is not looked up yet.
                 let Some(cid) = unknown else { return Ok(ran) };
                 let Some(consumer) = consumers.get_item(cid)? else { return Ok(ran) };
-                if !consumer.getattr(intern!(py, "kind"))?.eq(kind_tap)? {
+                let kind = consumer.getattr(intern!(py, "kind"))?;
+                let is_call = if kind.eq(kind_tap)? {
+                    false
+                } else if call_failed.is_some() && kind.eq(kind_call)? {
+                    true
+                } else {
                     return Ok(ran);
-                }
+                };
                 let invoke = consumer.getattr(intern!(py, "invoke"))?;
-                last = Some((cid, consumer, invoke));
+                last = Some((cid, is_call, consumer, invoke));
                 continue;
             };
-            let Some((_, consumer, invoke)) = last.as_ref() else {
+            let Some((_, _, consumer, invoke)) = last.as_ref() else {
                 unreachable!("accepted a known consumer")
             };
-            let Message { device, arrays, dims, data, .. } = msg;
-            let arrays = message_arrays(py, &self.dtypes, &arrays, &dims, data)?;
-            if let Err(e) = invoke.call1((arrays, device)) {
-                failed.call1((e.into_value(py), consumer))?;
+            let Message { device, arrays, dims, data, reply, run_id, .. } = msg;
+            if let (Some(slot), Some(call_failed)) = (reply, call_failed) {
+                // The reply first: if building the arrays fails, dropping it fails the call.
+                slot.mark_started();
+                let pending = slot.is_pending();
+                let reply = Bound::new(py, Reply { slot })?;
+                let arrays = message_arrays(py, &self.dtypes, &arrays, &dims, data)?;
+                // A call nobody waits for any more (timed out, cancelled) is not run.
+                let outcome = if pending {
+                    invoke.call1((arrays, device, &reply))
+                } else {
+                    Ok(py.None().into_bound(py))
+                };
+                match outcome {
+                    Ok(failed) if pending && !failed.is_truthy()? => {}
+                    Ok(_) => {
+                        call_failed.call1((py.None(), consumer, run_id, device, reply))?;
+                    }
+                    Err(e) => {
+                        call_failed.call1((e.into_value(py), consumer, run_id, device, reply))?;
+                    }
+                }
+            } else {
+                let arrays = message_arrays(py, &self.dtypes, &arrays, &dims, data)?;
+                if let Err(e) = invoke.call1((arrays, device)) {
+                    failed.call1((e.into_value(py), consumer))?;
+                }
             }
             ran += 1;
         }

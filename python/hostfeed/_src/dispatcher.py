@@ -105,11 +105,12 @@ class Dispatcher:
         held, orphans = self.held, self.orphans  # (mutated in place, never rebound)
         run_taps = getattr(batch, "run_taps", None)
         if run_taps is not None:
-            # The receiver's batch: the plain taps at its head run in Rust, whenever no
-            # device is held; whatever stops them (another kind of message) runs here.
+            # The receiver's batch: the plain taps and calls at its head run in Rust,
+            # whenever no device is held; whatever stops them (another kind of message)
+            # runs here.
             while True:
                 if not held and not orphans:
-                    run_taps(consumers, _tap_failed)
+                    run_taps(consumers, _tap_failed, self._call_failed)
                 msg = next(batch, None)  # type: ignore[call-overload]
                 if msg is None:
                     return
@@ -249,6 +250,17 @@ class Dispatcher:
             if not self.charged:
                 self.over_cap_warned = False
         return msg
+
+    def _call_failed(self, exc: BaseException | None, consumer: Any, run: int, ordinal: int,
+                     reply: Any) -> None:
+        """A call that ``BatchIter.run_taps`` ran failed (its reply already says why), or
+        was not run (nobody waits for it), or its ``invoke`` raised ``exc``: as in
+        :meth:`_deliver`."""
+        if exc is not None:
+            record_exception(exc, f"host callback {consumer.name}")
+            reply.fail(f"hostfeed: host callback {consumer.name} failed: "
+                       f"{type(exc).__name__}: {exc}")
+        self._run_failed(run, f"a call of execution {run} failed on device {ordinal}")
 
     def _run_failed(self, run: int, why: str) -> None:
         """Execution ``run`` failed on some device: drops its incomplete sets (that device
