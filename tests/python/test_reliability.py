@@ -168,16 +168,26 @@ def test_ctrl_c_interrupts_a_call_whose_host_function_hangs():
         except KeyboardInterrupt:   # the signal may surface while handling the error
             caught.append("KeyboardInterrupt")
         print(caught[0], release.is_set(), flush=True)
+        # While the receiver is still stuck in hang, another call fails at once, saying so.
+        g = jax.jit(lambda x: hcb.call(lambda a: a + 1, x, result_shape=x))
+        try:
+            print("ran", float(g(1.0)), flush=True)
+        except Exception as e:
+            print("refused" if "still running the host callback" in str(e)
+                  and "hang" in str(e) else repr(e), flush=True)
         release.set()
         try:
             hcb.barrier_wait()
         except BaseException:
             pass
+        print("then", float(g(2.0)), flush=True)  # the receiver has moved on
     """, timeout=120)
     assert r.returncode == 0, r.stderr
-    what, host_returned = r.stdout.split()
+    what, host_returned, refused, _, then = r.stdout.split()
     assert what in ("KeyboardInterrupt", "interrupted")
     assert host_returned == "False"  # interrupted while the host function still hung
+    assert refused == "refused", r.stdout
+    assert then == "3.0", r.stdout
 
 
 def test_a_call_timing_out_behind_a_stuck_callback_says_so(monkeypatch):

@@ -46,7 +46,6 @@ fn call(frame: &Frame<'_>, receiver: &'static Hub, _start: u64) -> Result<(), Er
         return Err(Error::InsideCallback(waiting_computation(frame.attrs.flags)));
     }
     let msg = message(frame)?;
-    let run = Some(msg.run_id);
     let mut outs = frame.outputs();
     let status = if frame.attrs.flags & FLAG_STATUS_OUTPUT != 0 {
         let status = outs.next().filter(|b| b.dtype() == dtype::S32 && b.dims().is_empty());
@@ -58,7 +57,7 @@ fn call(frame: &Frame<'_>, receiver: &'static Hub, _start: u64) -> Result<(), Er
     // Where to write zeros if the call fails and reports through its status instead.
     let zero_outputs: Vec<(*mut u8, usize)> =
         if status.is_some() { outs.iter().map(|o| (o.data, o.nbytes)).collect() } else { Vec::new() };
-    let outcome = await_reply(receiver, frame.attrs.name, frame.attrs.timeout_ms, run, msg, outs);
+    let outcome = await_reply(receiver, frame.attrs.name, frame.attrs.timeout_ms, msg, outs);
     let Some(status) = status else { return outcome };
     let code: i32 = match outcome {
         Ok(()) => 0,

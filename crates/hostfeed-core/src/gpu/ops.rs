@@ -234,7 +234,7 @@ pub(crate) unsafe fn call<'a, S: Stream>(
             dims: o.dims.clone(),
         })
         .collect();
-    let outcome = await_reply(receiver, attrs.name, attrs.timeout_ms, Some(header.run_id), msg, outs);
+    let outcome = await_reply(receiver, attrs.name, attrs.timeout_ms, msg, outs);
     if status.is_none() {
         outcome?;
         return write_back(stream, delivery, header.ordinal, st);

@@ -19,10 +19,9 @@ use crate::host::reply::{NoReply, OutBuf, ReplySlot};
 /// Enqueues a `call`'s request `msg` and waits for the consumer's reply (no GIL involved),
 /// which writes the results into `outs` (XLA's result buffers on CPU, a staging buffer on
 /// GPUs). Honours the call's timeout (`timeout_ms`; 0 waits forever), Ctrl-C and SIGTERM;
-/// `name` (the callback's) is for error messages. `run` is XLA's id of the execution
-/// (`None` where there is none, in the portable transport): once a signal failed one of
-/// its calls, its other calls fail too, those that wait and those still to come, without
-/// running their host function.
+/// `name` (the callback's) is for error messages. Once a signal failed a call, every call
+/// fails at once, without running, while the consumer is still processing the message it
+/// was processing then (see [`Hub::stalled_by_interrupt`]).
 ///
 /// # Errors
 /// The host function's failure, a timeout or interruption, or a push error.
@@ -30,15 +29,12 @@ pub(crate) fn await_reply(
     receiver: &'static Hub,
     name: &[u8],
     timeout_ms: i64,
-    run: Option<i64>,
     mut msg: Message,
     outs: Vec<OutBuf>,
 ) -> Result<(), Error> {
-    if let Some(why) = run.and_then(interrupt::run_failed) {
+    if let Some(stall) = stall_reason(receiver) {
         let name = String::from_utf8_lossy(name);
-        return Err(Error::CallFailed(format!(
-            "hostfeed: host callback {name} of hcb.call was not run: its execution was interrupted ({why})"
-        )));
+        return Err(Error::CallFailed(format!("hostfeed: host callback {name} of hcb.call was not run: {stall}")));
     }
     let slot = Arc::new(ReplySlot::new(outs));
     msg.reply = Some(Arc::clone(&slot));
@@ -48,19 +44,17 @@ pub(crate) fn await_reply(
         .filter(|&ms| ms > 0)
         .map(|ms| Instant::now() + Duration::from_millis(ms));
     // Ctrl-C or SIGTERM fails the wait at once (the host function may never return), and
-    // so does one that failed another call of this execution.
+    // so does a signal that failed another call while the consumer is stuck where it was.
     let signals = interrupt::counts();
     let interrupted = || {
         if interrupt::wanted() {
             interrupt::install(); // again, if Python's signal.signal replaced it meanwhile
         }
         if let Some(why) = interrupt::signalled_since(signals) {
-            if let Some(run) = run {
-                interrupt::fail_run(run, why);
-            }
+            receiver.note_interrupted(why);
             return Some(why.to_string());
         }
-        run.and_then(interrupt::run_failed).map(str::to_string)
+        stall_reason(receiver)
     };
     let waited = receiver.push(msg).map(|()| slot.wait(deadline, interrupted));
     receiver.end_call(call_id);
@@ -70,6 +64,19 @@ pub(crate) fn await_reply(
         Ok(Err(why)) => Err(no_reply_error(receiver, &slot, name, timeout_ms, why)),
         Err(e) => Err(e),
     }
+}
+
+/// Why no call can be answered now, in words: the consumer is stuck where it was when a
+/// signal failed a call (see [`Hub::stalled_by_interrupt`]).
+fn stall_reason(receiver: &Hub) -> Option<String> {
+    receiver.stalled_by_interrupt().map(|(busy, why)| {
+        format!(
+            "the receiver is still running the host callback {}, for which a call was \
+             interrupted ({why}); calls run again once it returns, or once a stop gives up \
+             on it (HOSTFEED_STOP_TIMEOUT)",
+            receiver.name(busy)
+        )
+    })
 }
 
 /// Why a `call` has no reply, in words.
@@ -107,32 +114,32 @@ mod tests {
     use crate::host::hub::{Consume, Worker};
     use crate::host::message::gather;
     use crate::host::sync::lock;
-    use std::sync::mpsc;
-    use std::sync::Mutex;
+    use std::sync::{mpsc, Condvar, Mutex};
 
-    /// A consumer that keeps every message without replying (a host function that never
-    /// returns) and reports each consumer id it takes.
-    struct NeverReplies {
-        kept: Mutex<Vec<Message>>,
+    /// A consumer whose host function for consumer id 1 does not return until released;
+    /// it answers every other call at once. Reports each consumer id it takes.
+    struct StuckOnOne {
+        released: Mutex<bool>,
+        release: Condvar,
         taken: Mutex<mpsc::Sender<i64>>,
     }
 
-    impl Consume for NeverReplies {
+    impl Consume for StuckOnOne {
         fn run(&self, worker: &Worker) {
             while let Some(batch) = worker.next_batch() {
                 while let Some(m) = batch.take() {
                     lock(&self.taken).send(m.consumer_id).unwrap();
-                    lock(&self.kept).push(m);
+                    if m.consumer_id == 1 {
+                        let mut released = lock(&self.released);
+                        while !*released {
+                            released = self.release.wait(released).unwrap();
+                        }
+                    } else if let Some(slot) = &m.reply {
+                        slot.reply_with(|_| Ok(()));
+                    }
                 }
             }
         }
-    }
-
-    fn hub() -> (&'static Hub, mpsc::Receiver<i64>) {
-        let r: &'static Hub = Box::leak(Box::new(Hub::new(1 << 20)));
-        let (tx, rx) = mpsc::channel();
-        r.configure(Arc::new(NeverReplies { kept: Mutex::new(Vec::new()), taken: Mutex::new(tx) }));
-        (r, rx)
     }
 
     fn request(consumer_id: i64) -> Message {
@@ -140,32 +147,44 @@ mod tests {
         unsafe { gather(consumer_id, 0, 0, std::iter::empty()) }.unwrap()
     }
 
-    // Run ids of their own, so that no other test's calls are failed by these.
-    const RUN: i64 = -7_000_001;
-    const OTHER_RUN: i64 = -7_000_002;
-
     #[test]
-    fn a_signal_that_failed_one_call_fails_the_rest_of_its_execution() {
-        let (r, taken) = hub();
-        // A call of the execution waits for a host function that never returns...
-        // (Timeouts of 30 s: without the failure these would wait that long, and fail.)
-        let waiting =
-            std::thread::spawn(move || await_reply(r, b"stuck", 30_000, Some(RUN), request(1), Vec::new()));
+    fn a_call_behind_a_host_function_a_signal_gave_up_on_fails_at_once() {
+        let r: &'static Hub = Box::leak(Box::new(Hub::new(1 << 20)));
+        r.set_name(1, "stuck".into());
+        let (tx, taken) = mpsc::channel();
+        let c = Arc::new(StuckOnOne { released: Mutex::new(false), release: Condvar::new(), taken: Mutex::new(tx) });
+        r.configure(c.clone());
+        // A call waits for a host function that does not return... (Timeouts of 30 s:
+        // without the failures below these calls would wait that long, and fail.)
+        let waiting = std::thread::spawn(move || await_reply(r, b"stuck", 30_000, request(1), Vec::new()));
         assert_eq!(taken.recv_timeout(Duration::from_secs(30)), Ok(1));
-        // ...until a signal fails another call of the same execution.
-        interrupt::fail_run(RUN, "SIGTERM");
+        // ...and before any signal, another call waits behind it.
+        let err = await_reply(r, b"behind", 100, request(2), Vec::new()).unwrap_err();
+        assert!(matches!(err, Error::CallTimeout { .. }), "{err}");
+        assert_eq!(taken.try_recv(), Err(mpsc::TryRecvError::Empty));
+        // A signal fails the waiting call (as `interrupted` does when it sees one)...
+        r.note_interrupted("SIGTERM");
         let err = waiting.join().unwrap().unwrap_err().to_string();
         assert!(err.contains("stuck") && err.contains("interrupted (SIGTERM)"), "{err}");
-        // A call of that execution that comes later fails at once, without being sent.
-        let err = await_reply(r, b"later", 30_000, Some(RUN), request(2), Vec::new()).unwrap_err().to_string();
-        assert!(err.contains("later") && err.contains("was not run") && err.contains("(SIGTERM)"), "{err}");
-        // Another execution's call and a call without a run id are not failed by it.
-        for (run, id) in [(Some(OTHER_RUN), 3), (None, 4)] {
-            let err = await_reply(r, b"other", 100, run, request(id), Vec::new()).unwrap_err();
-            assert!(matches!(err, Error::CallTimeout { .. }), "{err}");
-            assert_eq!(taken.recv_timeout(Duration::from_secs(30)), Ok(id));
+        // ...and a call made while the receiver is still stuck there fails at once, unsent.
+        let err = await_reply(r, b"later", 30_000, request(3), Vec::new()).unwrap_err().to_string();
+        assert!(
+            err.contains("later of hcb.call was not run")
+                && err.contains("still running the host callback stuck")
+                && err.contains("interrupted (SIGTERM)"),
+            "{err}"
+        );
+        // Once the host function returns, calls run again: the one that timed out behind
+        // it is taken (and not answered: nobody waits), then a new one is answered.
+        *lock(&c.released) = true;
+        c.release.notify_all();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while r.stalled_by_interrupt().is_some() {
+            assert!(Instant::now() < deadline, "the consumer never moved on");
+            std::thread::yield_now();
         }
-        assert!(taken.try_recv().is_err(), "the later call of the failed execution was sent");
-        r.stop(Some(Duration::from_millis(100))).unwrap();
+        await_reply(r, b"again", 30_000, request(4), Vec::new()).unwrap();
+        assert_eq!(taken.try_iter().collect::<Vec<_>>(), vec![2, 4]);
+        r.stop(Some(Duration::from_secs(30))).unwrap();
     }
 }

@@ -98,7 +98,7 @@ impl Worker {
         if r.generation.load(Ordering::Acquire) != self.generation {
             return None;
         }
-        r.busy.store(-1, Ordering::Relaxed);
+        r.mark_idle();
         let epoch = r.queue.begin_batch(MAX_BATCH)?;
         Some(Batch { receiver: r, epoch })
     }
@@ -149,6 +149,9 @@ impl Batch {
 
 impl Drop for Batch {
     fn drop(&mut self) {
+        // Before the batch counts as processed: whoever sees it processed (a barrier) sees
+        // the consumer busy with none of its messages.
+        self.receiver.mark_idle();
         // Messages not taken (the dispatcher failed) are dropped and counted.
         let dropped = self.receiver.queue.end_batch(self.epoch);
         if dropped > 0 {
@@ -221,6 +224,13 @@ pub struct Hub {
     busy: AtomicI64,
     /// Raw cycle count (`Timing::raw_now`) when `busy` was set.
     busy_since: AtomicU64,
+    /// The message being processed, by the order the consumer took it in (0: none).
+    item: AtomicU64,
+    takes: AtomicU64,
+    /// The message the consumer was processing when a signal failed a waiting call (0:
+    /// none), and the signal: see [`Hub::stalled_by_interrupt`].
+    interrupted_item: AtomicU64,
+    interrupted: Mutex<(u64, &'static str)>,
     /// Consumer names, for messages about them.
     names: Mutex<HashMap<i64, String>>,
     /// Things worth telling the user that happened where nobody could be told at once
@@ -256,6 +266,10 @@ impl Hub {
             generation: AtomicU64::new(0),
             busy: AtomicI64::new(-1),
             busy_since: AtomicU64::new(0),
+            item: AtomicU64::new(0),
+            takes: AtomicU64::new(0),
+            interrupted_item: AtomicU64::new(0),
+            interrupted: Mutex::new((0, "")),
             names: Mutex::new(HashMap::new()),
             notes: Mutex::new(Vec::new()),
             has_notes: AtomicBool::new(false),
@@ -268,6 +282,38 @@ impl Hub {
     fn mark_busy(&self, id: i64, now: u64) {
         self.busy.store(id, Ordering::Relaxed);
         self.busy_since.store(now, Ordering::Relaxed);
+        self.item.store(self.takes.fetch_add(1, Ordering::Relaxed) + 1, Ordering::Release);
+    }
+
+    /// Records that the consumer is not processing any message.
+    fn mark_idle(&self) {
+        self.busy.store(-1, Ordering::Relaxed);
+        self.item.store(0, Ordering::Release);
+    }
+
+    /// Records that signal `why` failed a waiting call: the message the consumer is
+    /// processing now (a host function that may never return) stalls every call behind it.
+    pub(crate) fn note_interrupted(&self, why: &'static str) {
+        let item = self.item.load(Ordering::Acquire);
+        if item != 0 {
+            *lock(&self.interrupted) = (item, why);
+            self.interrupted_item.store(item, Ordering::Release);
+        }
+    }
+
+    /// Whether the consumer is still processing the message it was processing when a
+    /// signal failed a waiting call: then the consumer id of that message and the signal.
+    /// A call would wait behind it, maybe forever (another device of the execution whose
+    /// call the signal failed, coming to its own call later, and its peers with it in the
+    /// collective that combines the calls' statuses), so it fails instead, until the
+    /// consumer moves on (the host function returns, or stopping abandons it).
+    pub(crate) fn stalled_by_interrupt(&self) -> Option<(i64, &'static str)> {
+        let stalled = self.interrupted_item.load(Ordering::Acquire);
+        if stalled == 0 || self.item.load(Ordering::Acquire) != stalled {
+            return None;
+        }
+        let (item, why) = *lock(&self.interrupted);
+        (item == stalled).then(|| (self.busy.load(Ordering::Relaxed), why))
     }
 
     /// Installs the consumer used by current and future consumer threads.
@@ -516,7 +562,7 @@ impl Hub {
         let reclaimed = self.queue.reclaim_batch();
         self.queue.consumer_exited();
         let name = self.busy_with().map_or_else(|| "?".to_string(), |(id, _)| self.name(id));
-        self.busy.store(-1, Ordering::Relaxed);
+        self.mark_idle();
         let failed_calls = self.cancel_calls(&format!(
             "hostfeed: the host callback {name} made no progress for {:.1} s \
              (HOSTFEED_STOP_TIMEOUT) while the receiver was stopping; this call was failed \
@@ -578,7 +624,7 @@ impl Hub {
             std::mem::forget(std::mem::take(&mut *calls));
         }
         self.queue.reset_after_fork();
-        self.busy.store(-1, Ordering::Relaxed);
+        self.mark_idle();
     }
 
     /// Processes what is queued (restarting the consumer once after abandoning a stuck
@@ -620,7 +666,7 @@ struct ExitGuard(&'static Hub, u64);
 impl Drop for ExitGuard {
     fn drop(&mut self) {
         if self.0.generation.load(Ordering::Acquire) == self.1 {
-            self.0.busy.store(-1, Ordering::Relaxed);
+            self.0.mark_idle();
             self.0.queue.consumer_exited();
         }
     }

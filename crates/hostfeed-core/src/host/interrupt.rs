@@ -48,39 +48,6 @@ pub(crate) fn signalled_since(before: [u64; 2]) -> Option<&'static str> {
         .find_map(|((_, name), (b, n))| (b != n).then_some(*name))
 }
 
-/// How many executions are kept in [`FAILED_RUNS`] (the newest; an execution is far older
-/// than its calls by the time it falls off).
-const FAILED_RUNS_KEPT: usize = 64;
-/// Executions (XLA run ids) whose waiting call a signal failed, with the signal's name:
-/// the execution's other calls fail too, also those that start waiting after the signal
-/// (another device of the execution that was still computing then would otherwise wait
-/// for its host function forever, and its peers with it, in a collective).
-static FAILED_RUNS: Mutex<std::collections::VecDeque<(i64, &'static str)>> =
-    Mutex::new(std::collections::VecDeque::new());
-/// Whether [`FAILED_RUNS`] was ever written (spares the lock in every wait until then).
-static ANY_FAILED_RUN: AtomicBool = AtomicBool::new(false);
-
-/// Records that signal `why` failed a call of execution `run`.
-pub(crate) fn fail_run(run: i64, why: &'static str) {
-    let mut runs = lock(&FAILED_RUNS);
-    if !runs.iter().any(|&(r, _)| r == run) {
-        if runs.len() == FAILED_RUNS_KEPT {
-            runs.pop_front();
-        }
-        runs.push_back((run, why));
-    }
-    ANY_FAILED_RUN.store(true, Ordering::Release);
-}
-
-/// The signal that failed a call of execution `run`, if one did.
-#[must_use]
-pub(crate) fn run_failed(run: i64) -> Option<&'static str> {
-    if !ANY_FAILED_RUN.load(Ordering::Acquire) {
-        return None;
-    }
-    lock(&FAILED_RUNS).iter().find(|&&(r, _)| r == run).map(|&(_, why)| why)
-}
-
 /// The handlers that were installed before ours: `(sa_sigaction, sa_flags)` per signal.
 static PREVIOUS: Mutex<[Option<(usize, i32)>; 2]> = Mutex::new([None, None]);
 /// Whether the watch was asked for (so a waiting call should keep it installed).

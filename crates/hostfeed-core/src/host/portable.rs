@@ -138,7 +138,7 @@ pub fn call(
     let r = hub::global();
     // The consumer writes through the outputs only while the reply slot is pending, that
     // is while `await_reply` waits.
-    match await_reply(r, name.as_bytes(), timeout_ms, None, msg, outputs.0) {
+    match await_reply(r, name.as_bytes(), timeout_ms, msg, outputs.0) {
         Ok(()) => Ok(0),
         Err(e) if flags & FLAG_STATUS_OUTPUT != 0 => {
             for (data, n) in zero {
