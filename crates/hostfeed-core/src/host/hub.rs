@@ -100,7 +100,7 @@ impl Worker {
         }
         r.mark_idle();
         let epoch = r.queue.begin_batch(MAX_BATCH)?;
-        Some(Batch { receiver: r, epoch })
+        Some(Batch { receiver: r, epoch, generation: self.generation })
     }
 }
 
@@ -110,6 +110,8 @@ impl Worker {
 pub struct Batch {
     receiver: &'static Hub,
     epoch: u64,
+    /// The consumer generation that took it (an abandoned consumer's batch may end later).
+    generation: u64,
 }
 
 impl Batch {
@@ -150,8 +152,11 @@ impl Batch {
 impl Drop for Batch {
     fn drop(&mut self) {
         // Before the batch counts as processed: whoever sees it processed (a barrier) sees
-        // the consumer busy with none of its messages.
-        self.receiver.mark_idle();
+        // the consumer busy with none of its messages. (Not the batch of an abandoned
+        // consumer whose callback returned at last: a newer consumer may be busy.)
+        if self.receiver.generation.load(Ordering::Acquire) == self.generation {
+            self.receiver.mark_idle();
+        }
         // Messages not taken (the dispatcher failed) are dropped and counted.
         let dropped = self.receiver.queue.end_batch(self.epoch);
         if dropped > 0 {
