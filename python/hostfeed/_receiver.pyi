@@ -20,7 +20,7 @@ __all__ = [
     "reset_peak", "hold_back", "let_go", "histograms", "reset_histograms", "set_timing",
     "set_buffer_pool_bytes",
     "DEFAULT_BUFFER_POOL_BYTES", "set_consumer_name",
-    "install_interrupt_watch", "registrations",
+    "install_interrupt_watch", "registrations", "summary_registrations",
     "GpuPlatform", "GPU_PLATFORMS",
 ]
 
@@ -294,6 +294,10 @@ def install_interrupt_watch() -> bool:
 
 def registrations() -> dict[str, Any]:
     """``{target_name: PyCapsule}`` for ``jax.ffi.register_ffi_target(..., platform="cpu")``."""
+
+def summary_registrations() -> dict[str, Any]:
+    """``{target_name: PyCapsule}`` of the CPU's summary handlers (``hostfeed_stats``,
+    ``hostfeed_histogram``), for ``jax.ffi.register_ffi_target(..., platform="cpu")``."""
 
 # The GPU platforms, one table (the drivers are loaded at run time; nothing here needs a
 # GPU driver to import).

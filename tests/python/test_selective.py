@@ -168,6 +168,45 @@ def test_stats_of_a_row_with_no_finite_value_and_of_integers(store):
     np.testing.assert_allclose(read(store, "int")[0][0], stats_of(np.arange(5)), rtol=1e-6)
 
 
+def test_summaries_on_one_cpu_are_one_pass_in_the_core_and_match_numpy(store):
+    """On one CPU device, reduce="stats" over trailing axes is the core's one-pass custom
+    call (the value read once): rows spanning many of its blocks, non-finite values in
+    some, a mean far from zero (the std must not cancel), and a row of only NaNs; and so is
+    a histogram."""
+    x = data((4, 20000))
+    x[1] += 1e4
+    x[2, [5, 4099, 8200]] = [np.nan, np.inf, -np.inf]
+    x[3] = np.nan
+    f = jax.jit(lambda rec, v: rec.record("s", v, step=0, reduce="stats", axis=1),
+                static_argnums=0)
+    with hostfeed.Recorder(store) as rec:
+        assert "hostfeed_stats" in f.lower(rec, x).as_text()
+        f(rec, x)
+        # Reduced over leading axes: the JAX reductions, no custom call.
+        g = jax.jit(lambda v: rec.record("c", v, step=0, reduce="stats", axis=0))
+        assert "hostfeed_stats" not in g.lower(x[:, :10]).as_text()
+        g(x[:, :10])
+        # Histograms too: linear and powers of two, per row, NaNs and infinities included.
+        lin, log = hostfeed.Histogram(16, (-3.0, 3.0)), hostfeed.Histogram(40, "log")
+        x[0, :4] = [0.0, -3.0, 3.0, 1e-30]
+        h = jax.jit(lambda v: (rec.record("lin", v, step=0, reduce=lin, axis=1),
+                               rec.record("log", v, step=0, reduce=log, axis=1)))
+        assert "hostfeed_histogram" in h.lower(x).as_text()
+        h(x)
+    np.testing.assert_array_equal(read(store, "lin")[0][0],
+                                  [hist_of(v, lin.edges()) for v in x])
+    np.testing.assert_array_equal(read(store, "log")[0][0],
+                                  [hist_of(np.abs(v), log.edges()) for v in x])
+    x[0, :4] = data((4, 20000))[0, :4]
+    rows, _ = read(store, "s")
+    want = np.array([stats_of(v) for v in x])
+    np.testing.assert_allclose(rows[0], want, rtol=2e-5, atol=1e-5)
+    assert rows[0, 1, 2] == pytest.approx(x[1].astype(np.float64).std(), rel=1e-4)
+    np.testing.assert_allclose(read(store, "c")[0][0],
+                               np.array([stats_of(x[:, c]) for c in range(10)]),
+                               rtol=2e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("how", ["eager", "jit", "vmap"])
 def test_histograms_match_numpy(store, how):
     x = data((3, 1000)) * 2
@@ -252,6 +291,7 @@ def test_sharded_summaries_reduce_where_the_shards_are(tmp_path, mode):
             hlo = f.lower(xs, 0).compile().as_text()
             for s in range(3):
                 f(xs, s)
+        assert "hostfeed_stats" not in hlo  # a custom call would gather the value
         gathered = [int(np.prod([int(d) for d in m.split(",") if d]))
                     for m in re.findall(r"= f32\\[([0-9,]*)\\][^=]*all-gather\\(", hlo)]
         out = dict(gathered=gathered,

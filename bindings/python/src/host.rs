@@ -79,6 +79,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_consumer_name, m)?)?;
     m.add_function(wrap_pyfunction!(install_interrupt_watch, m)?)?;
     m.add_function(wrap_pyfunction!(registrations, m)?)?;
+    m.add_function(wrap_pyfunction!(summary_registrations, m)?)?;
     Ok(())
 }
 
@@ -529,6 +530,13 @@ fn capsule(py: Python<'_>, f: XLA_FFI_Handler) -> PyResult<Bound<'_, PyCapsule>>
 #[pyfunction]
 pub fn registrations(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     handler_capsules(py, hostfeed_core::CPU_HANDLERS)
+}
+
+/// `{target_name: PyCapsule}` of the CPU's summary handlers (`hostfeed_stats`,
+/// `hostfeed_histogram`), for `jax.ffi.register_ffi_target(..., platform="cpu")`.
+#[pyfunction]
+pub fn summary_registrations(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    handler_capsules(py, hostfeed_core::CPU_SUMMARY_HANDLERS)
 }
 
 /// `{name: PyCapsule}` of FFI handlers.

@@ -45,6 +45,7 @@ cfg_not_loom! {
         constant_table, dtype, layout_table, minimum_table, XLA_FFI_CallFrame, XLA_FFI_Error, XLA_FFI_Handler,
     };
     pub use ffi::handlers::HANDLERS as CPU_HANDLERS;
+    pub use ffi::summary_handlers::HANDLERS as CPU_SUMMARY_HANDLERS;
 
     // ---- host: buffers, messages and their flags, the hub -----------------------------
     pub use host::buffer::{

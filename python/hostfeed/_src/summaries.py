@@ -5,10 +5,11 @@ and summaries computed on the device instead of the value (``reduce="stats"``,
 The selection is decided on the device: with a traced ``step``, the record sits in a
 ``lax.cond`` whose false branch does nothing, so a step that records nothing costs a
 compare and a branch (no copy, no host work); with a concrete step it is decided here and
-an unselected record binds nothing at all. A summary is computed by ordinary JAX
-operations before the record, so under ``jit`` of a sharded value each device reduces its
-own slice and XLA combines the partial results (a few numbers per device move, never the
-value); the row recorded is the summary.
+an unselected record binds nothing at all. A summary is computed on the device before the
+record: on a CPU device in one pass by a custom call of the Rust core; elsewhere by ordinary
+JAX operations, so that under ``jit`` of a sharded value each device reduces its own slice
+and XLA combines the partial results (a few numbers per device move, never the value). The
+row recorded is the summary.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching, mlir
 
+from .. import _receiver
 from . import compat
 
 __all__ = ["Histogram", "STATS", "record_selected"]
@@ -173,6 +175,105 @@ def _finite_stats(v: jax.Array, axes: tuple[int, ...]) -> jax.Array:
     return jnp.stack([jnp.squeeze(c, axes) for c in cols], axis=-1)
 
 
+# A summary over a value's trailing axes (all of them, by default) is one primitive. Where
+# the CPU computes it per device (one device; pmap or a shard_map over every mesh axis) it
+# lowers to a custom call of the Rust core, which reads the value once (XLA:CPU has no
+# single-pass way to take several reductions: four plain ones read it four times, the
+# switch to the finite values is a ``cond``, and a histogram is a scatter-add); elsewhere
+# (GPU, ``jit`` over values sharded on several devices, where XLA partitions the
+# reductions) to the JAX operations of :func:`_stats` or :meth:`Histogram.__call__`.
+for _name, _capsule in _receiver.summary_registrations().items():
+    jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
+
+
+def _per_device(ctx: Any) -> bool:
+    """Whether a lowering rule runs on one device's own values."""
+    ac = ctx.module_context.axis_context
+    if isinstance(ac, compat.SPMDAxisContext):
+        return frozenset(compat.manual_axes(ac)) == frozenset(ac.mesh.axis_names)
+    if isinstance(ac, compat.ShardingContext):
+        return ac.num_devices == 1
+    return True  # pmap's per-replica context
+
+
+def _summary_primitive(name: str, columns: Callable[..., int], dtype: Any,
+                       of_trailing: Callable[..., jax.Array],
+                       constants: Callable[..., list[np.ndarray]]) -> Any:
+    """The primitive ``name(v, reduced=k, **params)``: the kept axes, then ``columns``
+    values of ``dtype``; lowered on a CPU device to the core's custom call ``name`` (with
+    the operands ``constants(**params)`` after the value), elsewhere to ``of_trailing``."""
+    prim = compat.Primitive(name)
+    prim.def_impl(lambda v, **params: compat.apply_primitive(prim, v, **params))
+    prim.def_abstract_eval(lambda v, *, reduced, **params: jax.core.ShapedArray(
+        v.shape[:v.ndim - reduced] + (columns(**params),), np.dtype(dtype)))
+    portable = mlir.lower_fun(of_trailing, multiple_results=False)
+
+    def cpu(ctx: Any, v: Any, **params: Any) -> Any:
+        if not _per_device(ctx):
+            return portable(ctx, v, **params)
+        extra = constants(**{k: p for k, p in params.items() if k != "reduced"})
+        ctx = ctx.replace(avals_in=[*ctx.avals_in,
+                                    *(jax.core.ShapedArray(c.shape, c.dtype) for c in extra)])
+        return jax.ffi.ffi_lowering(name)(ctx, v, *map(mlir.ir_constant, extra))
+
+    mlir.register_lowering(prim, portable)
+    mlir.register_lowering(prim, cpu, platform="cpu")
+
+    def jvp(primals: Any, tangents: Any, **params: Any) -> Any:
+        # A summary is of stop_gradient(x): no tangent flows.
+        out = prim.bind(*primals, **params)
+        return out, ad.Zero(jax.typeof(out).to_tangent_aval())
+
+    def batched(args: Any, dims: Any, **params: Any) -> Any:
+        # The batch axis goes first, among the kept axes: the reduced ones stay trailing.
+        return prim.bind(jnp.moveaxis(args[0], dims[0], 0), **params), 0
+
+    ad.primitive_jvps[prim] = jvp
+    batching.primitive_batchers[prim] = batched
+    return prim
+
+
+def _binning(hist: Histogram) -> list[np.ndarray]:
+    """A histogram's binning for the core, as the JAX operations compute it (float32 edges
+    and scale): ``[0, lo, hi, scale]`` or, for powers of two, ``[1, lo_exp, 0, 0]``."""
+    if hist.log:
+        return [np.array([1.0, hist.lo_exp, 0.0, 0.0], np.float32)]
+    lo, hi = hist.range
+    return [np.array([0.0, lo, hi, np.float32(hist.bins / (hi - lo))], np.float32)]
+
+
+stats_p = _summary_primitive(
+    "hostfeed_stats", lambda: len(STATS), np.float32,
+    lambda v, *, reduced: _stats(v, tuple(range(v.ndim - reduced, v.ndim))),
+    list)
+histogram_p = _summary_primitive(
+    "hostfeed_histogram", lambda hist: hist.bins + 2, np.int32,
+    lambda v, *, reduced, hist: hist(v, tuple(range(v.ndim - reduced, v.ndim))),
+    _binning)
+
+
+def _trailing(axes: tuple[int, ...], ndim: int) -> bool:
+    return axes == tuple(range(ndim - len(axes), ndim))
+
+
+def _histogram(hist: Histogram) -> Callable[[jax.Array, tuple[int, ...]], jax.Array]:
+    """``hist(v, axes)``, through :data:`histogram_p` where ``axes`` are trailing."""
+    def count(v: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+        if _trailing(axes, v.ndim):
+            return histogram_p.bind(v, reduced=len(axes), hist=hist)
+        return hist(v, axes)
+    return count
+
+
+def _sharded_in_type(v: jax.Array) -> bool:
+    """Whether ``v``'s sharding is in its type (explicit sharding over a non-trivial
+    mesh)."""
+    sharding = getattr(jax.typeof(v), "sharding", None)
+    spec, mesh = getattr(sharding, "spec", None), getattr(sharding, "mesh", None)
+    return not (spec is None or mesh is None or getattr(mesh, "empty", True)
+                or all(p is None for p in spec))
+
+
 def _axes(axis: Any, ndim: int, name: str) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(ndim))
@@ -217,9 +318,12 @@ def summarize(value: Any, reduce: Any, axis: Any, name: str) -> tuple[jax.Array,
     # The reductions read the value as it is in memory: fused into its producer, each would
     # compute it again (a gelu's tanh, once per statistic).
     x = jax.lax.optimization_barrier(x)
+    v = x.astype(jnp.float32)
     if isinstance(reduce, Histogram):
-        return _per_shard(fn, x.astype(jnp.float32), axes), desc
-    return fn(x.astype(jnp.float32), axes), desc
+        return _per_shard(_histogram(reduce), v, axes), desc
+    if _trailing(axes, v.ndim) and not _sharded_in_type(v):
+        return stats_p.bind(v, reduced=len(axes)), desc
+    return fn(v, axes), desc
 
 
 def _per_shard(fn: Callable[[jax.Array, tuple[int, ...]], jax.Array], v: jax.Array,
@@ -228,11 +332,10 @@ def _per_shard(fn: Callable[[jax.Array, tuple[int, ...]], jax.Array], v: jax.Arr
     sharding), computed on each device's slice and summed over the devices (``psum``) in a
     ``shard_map``: JAX refuses a scatter with sharded indices there. Otherwise XLA
     partitions it (auto sharding) the same way."""
-    sharding = getattr(jax.typeof(v), "sharding", None)
-    spec, mesh = getattr(sharding, "spec", None), getattr(sharding, "mesh", None)
-    if spec is None or mesh is None or getattr(mesh, "empty", True) \
-            or all(p is None for p in spec):
+    if not _sharded_in_type(v):
         return fn(v, axes)
+    sharding = jax.typeof(v).sharding
+    spec, mesh = sharding.spec, sharding.mesh
     from jax.sharding import PartitionSpec as P
     spec = tuple(spec) + (None,) * (v.ndim - len(spec))
     names = [n for d in axes for n in ((spec[d],) if isinstance(spec[d], str) else

@@ -1,0 +1,547 @@
+//! The statistics of `Recorder.record(..., reduce="stats")` computed in one pass over the
+//! value, for the CPU's `hostfeed_stats` custom call (XLA:CPU has no single-pass way to
+//! compute several reductions of one array: four plain reductions read it four times, and
+//! a variadic reduce is not vectorized).
+//!
+//! A row of values is taken in blocks small enough to stay in the L1 cache. Each block is
+//! read twice: once for its sum, minimum and maximum, then, from the cache, for the sum of
+//! squared deviations from its own mean (two passes, so the variance does not suffer the
+//! cancellation of a sum of squares). The blocks' partial results combine in `f64` (Chan et
+//! al.'s formula for the variance). A block whose sum is not finite (a NaN, an infinity, or
+//! an overflow) is taken again with every non-finite value masked out and counted. The
+//! loops keep one accumulator per SIMD lane, so they vectorize; on x86-64 a copy compiled
+//! for AVX2 is chosen at run time where the CPU has it.
+//!
+//! No Python and no XLA here: the handler passes slices.
+//!
+//! Every helper is `#[inline(always)]`: a function compiled apart would not get the
+//! target features of the caller it is inlined into, and would lose the wide vectors.
+#![allow(clippy::inline_always)]
+
+/// Values per block: 16 KiB of `f32`, half of a typical L1 data cache.
+const BLOCK: usize = 4096;
+/// Accumulators per statistic: one per lane of two 256-bit vectors.
+const LANES: usize = 16;
+
+/// The partial statistics of some values: the finite ones' count, mean, sum of squared
+/// deviations from that mean, minimum and maximum; how many were NaN or infinite.
+#[derive(Clone, Copy, Debug)]
+struct Partial {
+    n: f64,
+    mean: f64,
+    m2: f64,
+    lo: f32,
+    hi: f32,
+    nan: u64,
+    inf: u64,
+}
+
+impl Partial {
+    const EMPTY: Partial = Partial { n: 0.0, mean: 0.0, m2: 0.0, lo: f32::INFINITY, hi: f32::NEG_INFINITY, nan: 0, inf: 0 };
+
+    /// Both parts' values together (the pairwise update of Chan, Golub and `LeVeque`).
+    fn merge(self, o: Partial) -> Partial {
+        let n = self.n + o.n;
+        let (mean, m2) = if o.n == 0.0 {
+            (self.mean, self.m2)
+        } else if self.n == 0.0 {
+            (o.mean, o.m2)
+        } else {
+            let delta = o.mean - self.mean;
+            (self.mean + delta * o.n / n, self.m2 + o.m2 + delta * delta * self.n * o.n / n)
+        };
+        Partial {
+            n,
+            mean,
+            m2,
+            lo: if o.lo < self.lo { o.lo } else { self.lo },
+            hi: if o.hi > self.hi { o.hi } else { self.hi },
+            nan: self.nan + o.nan,
+            inf: self.inf + o.inf,
+        }
+    }
+
+    /// The statistics row: count (all values), then mean, std, min, max, absmax over the
+    /// finite values (NaN when there is none), l2 over the finite values, NaN and
+    /// infinity counts.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+    fn row(self, count: usize) -> [f32; 9] {
+        let none = self.n == 0.0;
+        let pick = |v: f64| if none { f32::NAN } else { v as f32 };
+        let var = if none { 0.0 } else { (self.m2 / self.n).max(0.0) };
+        let l2 = (self.m2 + self.n * self.mean * self.mean).max(0.0).sqrt();
+        [
+            count as f32,
+            pick(self.mean),
+            pick(var.sqrt()),
+            pick(f64::from(self.lo)),
+            pick(f64::from(self.hi)),
+            pick(f64::from(self.hi.max(-self.lo))),
+            l2 as f32,
+            self.nan as f32,
+            self.inf as f32,
+        ]
+    }
+}
+
+#[inline(always)]
+fn lanes_sum(v: &[f32; LANES]) -> f32 {
+    let mut s = 0.0;
+    for &x in v {
+        s += x;
+    }
+    s
+}
+
+#[inline(always)]
+fn lanes_min(v: &[f32; LANES]) -> f32 {
+    let mut m = f32::INFINITY;
+    for &x in v {
+        m = if x < m { x } else { m };
+    }
+    m
+}
+
+#[inline(always)]
+fn lanes_max(v: &[f32; LANES]) -> f32 {
+    let mut m = f32::NEG_INFINITY;
+    for &x in v {
+        m = if x > m { x } else { m };
+    }
+    m
+}
+
+/// Sum, minimum and maximum of a block, every value taken as it is (a NaN or an infinity
+/// makes the sum non-finite, which the caller checks).
+#[inline(always)]
+fn plain_pass(x: &[f32]) -> (f32, f32, f32) {
+    let mut sum = [0.0f32; LANES];
+    let mut lo = [f32::INFINITY; LANES];
+    let mut hi = [f32::NEG_INFINITY; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for i in 0..LANES {
+            let v = c[i];
+            sum[i] += v;
+            lo[i] = if v < lo[i] { v } else { lo[i] };
+            hi[i] = if v > hi[i] { v } else { hi[i] };
+        }
+    }
+    for (i, &v) in rest.iter().enumerate() {
+        sum[i] += v;
+        lo[i] = if v < lo[i] { v } else { lo[i] };
+        hi[i] = if v > hi[i] { v } else { hi[i] };
+    }
+    (lanes_sum(&sum), lanes_min(&lo), lanes_max(&hi))
+}
+
+/// The sum of the deviations from `m` and of their squares.
+#[inline(always)]
+fn deviations(vals: &[f32], mean: f32) -> (f32, f32) {
+    let mut dev = [0.0f32; LANES];
+    let mut sq = [0.0f32; LANES];
+    let chunks = vals.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for i in 0..LANES {
+            let d = c[i] - mean;
+            dev[i] += d;
+            sq[i] += d * d;
+        }
+    }
+    for (i, &v) in rest.iter().enumerate() {
+        let d = v - mean;
+        dev[i] += d;
+        sq[i] += d * d;
+    }
+    (lanes_sum(&dev), lanes_sum(&sq))
+}
+
+/// Whether `v` is neither NaN nor infinite, from its bits (vectorizes as an integer test).
+#[inline(always)]
+fn finite(v: f32) -> bool {
+    v.to_bits() & 0x7f80_0000 != 0x7f80_0000
+}
+
+/// Minimum and maximum of the finite values of a block; NaN and infinity counts.
+#[inline(always)]
+fn masked_pass(x: &[f32]) -> (f32, f32, u64, u64) {
+    let mut lo = [f32::INFINITY; LANES];
+    let mut hi = [f32::NEG_INFINITY; LANES];
+    let mut bad = [0u32; LANES];
+    let mut nan = [0u32; LANES];
+    let mut lane = |i: usize, v: f32| {
+        let ok = finite(v);
+        lo[i] = if ok && v < lo[i] { v } else { lo[i] };
+        hi[i] = if ok && v > hi[i] { v } else { hi[i] };
+        bad[i] += u32::from(!ok);
+        nan[i] += u32::from(v.to_bits() & 0x7fff_ffff > 0x7f80_0000);
+    };
+    let chunks = x.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (i, &v) in c.iter().enumerate() {
+            lane(i, v);
+        }
+    }
+    for (i, &v) in rest.iter().enumerate() {
+        lane(i, v);
+    }
+    let bad: u64 = bad.iter().map(|&b| u64::from(b)).sum();
+    let nan: u64 = nan.iter().map(|&b| u64::from(b)).sum();
+    (lanes_min(&lo), lanes_max(&hi), nan, bad - nan)
+}
+
+/// The partial statistics of one block (at most [`BLOCK`] values).
+#[inline(always)]
+#[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
+fn block(x: &[f32]) -> Partial {
+    let (sum, lo, hi) = plain_pass(x);
+    if sum.is_finite() && !x.is_empty() {
+        let nf = x.len() as f64;
+        let m = (f64::from(sum) / nf) as f32;
+        let (s, q) = deviations(x, m);
+        if q.is_finite() {
+            // The deviations are from `m`, the rounded mean: their own mean `s / n`
+            // corrects it.
+            let (s, q) = (f64::from(s), f64::from(q));
+            return Partial { n: nf, mean: f64::from(m) + s / nf, m2: (q - s * s / nf).max(0.0), lo, hi, nan: 0, inf: 0 };
+        }
+    }
+    careful(x)
+}
+
+/// [`block`] for a block holding a NaN or an infinity, or whose sums overflow `f32`: the
+/// finite values in `f64` (rare: taken one by one).
+#[cold]
+#[allow(clippy::cast_precision_loss)]
+fn careful(x: &[f32]) -> Partial {
+    let (lo, hi, nan, inf) = masked_pass(x);
+    let fin = || x.iter().filter(|v| finite(**v)).map(|&v| f64::from(v));
+    let n = fin().count() as f64;
+    if n == 0.0 {
+        return Partial { nan, inf, ..Partial::EMPTY };
+    }
+    let mean = fin().sum::<f64>() / n;
+    let m2 = fin().map(|v| (v - mean) * (v - mean)).sum::<f64>();
+    Partial { n, mean, m2, lo, hi, nan, inf }
+}
+
+/// The statistics row of `x`. Plain loops, so that everything inlines into the caller
+/// (iterator adapters would be compiled apart, without the caller's target features).
+#[inline(always)]
+fn row_generic(x: &[f32]) -> [f32; 9] {
+    let mut acc = Partial::EMPTY;
+    let mut start = 0;
+    while start < x.len() {
+        let end = x.len().min(start + BLOCK);
+        acc = acc.merge(block(&x[start..end]));
+        start = end;
+    }
+    acc.row(x.len())
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+/// # Safety
+/// The CPU must have AVX-512F.
+unsafe fn row_avx512(x: &[f32]) -> [f32; 9] {
+    row_generic(x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+unsafe fn row_avx2(x: &[f32]) -> [f32; 9] {
+    row_generic(x)
+}
+
+/// The statistics row of `x`: count, mean, std, min, max, absmax, l2, NaN count,
+/// infinity count (the columns of `hostfeed._src.summaries.STATS`). Mean, std, min, max and absmax are over
+/// the finite values (NaN when there is none), l2 too; count is every value.
+#[must_use]
+pub(crate) fn stats_row(x: &[f32]) -> [f32; 9] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return unsafe { row_avx512(x) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX2 and FMA (checked just above).
+            return unsafe { row_avx2(x) };
+        }
+    }
+    row_generic(x)
+}
+
+/// The statistics of each row of `x` (`rows` rows of equal length, one after another) into
+/// `out` (9 values a row).
+///
+/// # Panics
+/// If `x` does not split into `out.len() / 9` rows.
+pub(crate) fn stats_rows(x: &[f32], out: &mut [f32]) {
+    let rows = out.len() / 9;
+    assert!(out.len() % 9 == 0 && (rows == 0 && x.is_empty() || rows > 0 && x.len() % rows == 0));
+    if rows == 0 {
+        return;
+    }
+    let per = x.len() / rows;
+    for (r, o) in out.chunks_exact_mut(9).enumerate() {
+        o.copy_from_slice(&stats_row(&x[r * per..(r + 1) * per]));
+    }
+}
+
+/// How a histogram bins a value (the two kinds of `hostfeed.Histogram`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Bins {
+    /// Equal bins from `lo` to `hi`: a value's bin is `floor((v - lo) * scale)`, in `f32`
+    /// (as the JAX operations compute it), kept within the bins; `v == hi` is in the last.
+    Linear { lo: f32, hi: f32, scale: f32 },
+    /// The magnitude's binary exponent: `|v|` in `[2**(lo_exp + k), 2**(lo_exp + k + 1))`
+    /// is in bin `k`; zero is below, an infinity above.
+    Log { lo_exp: i32 },
+}
+
+/// The column of `v` in a row of `bins + 2` counts (below, the bins, above), or `None`
+/// for a NaN (not counted).
+#[inline(always)]
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_possible_wrap, clippy::cast_precision_loss)]
+fn column(v: f32, bins: usize, how: Bins) -> Option<usize> {
+    let mag = v.to_bits() & 0x7fff_ffff;
+    if mag > 0x7f80_0000 {
+        return None;
+    }
+    Some(match how {
+        Bins::Linear { lo, hi, scale } => {
+            if v < lo {
+                0
+            } else if v > hi {
+                bins + 1
+            } else {
+                let q = ((v - lo) * scale).floor();
+                // Within [lo, hi] q is at least 0 and at most about `bins`.
+                (if q >= bins as f32 { bins - 1 } else if q > 0.0 { q as usize } else { 0 }) + 1
+            }
+        }
+        Bins::Log { lo_exp } => {
+            if mag == 0 {
+                0
+            } else if mag == 0x7f80_0000 {
+                bins + 1
+            } else {
+                let exp = (mag >> 23) as i32;
+                // floor(log2 |v|), subnormals included (their exponent is in the mantissa).
+                let log2 = if exp == 0 { 31 - mag.leading_zeros() as i32 - 149 } else { exp - 127 };
+                let k = i64::from(log2) - i64::from(lo_exp);
+                (k.clamp(-1, bins as i64) + 1) as usize
+            }
+        }
+    })
+}
+
+/// The counts of one row into `out` (`bins + 2` columns). Four tables in turn, so that
+/// values falling in the same bin one after another do not wait on each other's count.
+#[inline(always)]
+fn histogram_generic(x: &[f32], bins: usize, how: Bins, tables: &mut [u32], out: &mut [i32]) {
+    let width = bins + 2;
+    tables.fill(0);
+    let chunks = x.chunks_exact(4);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (t, &v) in c.iter().enumerate() {
+            if let Some(col) = column(v, bins, how) {
+                tables[t * width + col] += 1;
+            }
+        }
+    }
+    for &v in rest {
+        if let Some(col) = column(v, bins, how) {
+            tables[col] += 1;
+        }
+    }
+    for (j, o) in out.iter_mut().enumerate() {
+        let total = tables[j] + tables[width + j] + tables[2 * width + j] + tables[3 * width + j];
+        *o = i32::try_from(total).unwrap_or(i32::MAX);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi1,lzcnt")]
+/// # Safety
+/// The CPU must have AVX2, BMI1 and LZCNT.
+unsafe fn histogram_avx2(x: &[f32], bins: usize, how: Bins, tables: &mut [u32], out: &mut [i32]) {
+    histogram_generic(x, bins, how, tables, out);
+}
+
+/// The histogram of each row of `x` (`out.len() / (bins + 2)` rows of equal length, one
+/// after another) into `out`: per row, values below, the `bins` counts, values above; NaNs
+/// are not counted.
+///
+/// # Panics
+/// If `x` does not split into that many rows.
+pub(crate) fn histogram_rows(x: &[f32], bins: usize, how: Bins, out: &mut [i32]) {
+    let width = bins + 2;
+    let rows = out.len() / width;
+    assert!(out.len() % width == 0 && (rows == 0 && x.is_empty() || rows > 0 && x.len() % rows == 0));
+    if rows == 0 {
+        return;
+    }
+    let per = x.len() / rows;
+    let mut tables = vec![0u32; 4 * width];
+    #[cfg(target_arch = "x86_64")]
+    let wide = std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("bmi1")
+        && std::arch::is_x86_feature_detected!("lzcnt");
+    for (r, o) in out.chunks_exact_mut(width).enumerate() {
+        let row = &x[r * per..(r + 1) * per];
+        #[cfg(target_arch = "x86_64")]
+        if wide {
+            // SAFETY: the CPU has AVX2, BMI1 and LZCNT (checked above).
+            unsafe { histogram_avx2(row, bins, how, &mut tables, o) };
+            continue;
+        }
+        histogram_generic(row, bins, how, &mut tables, o);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::float_cmp)] // exact counts and exact copies
+
+    use super::{histogram_rows, stats_row, stats_rows, Bins, BLOCK};
+
+    /// The statistics in f64 the plain way (two passes), for comparison.
+    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
+    fn reference(x: &[f32]) -> [f64; 9] {
+        let fin: Vec<f64> = x.iter().filter(|v| v.is_finite()).map(|&v| f64::from(v)).collect();
+        let n = fin.len() as f64;
+        let nan = x.iter().filter(|v| v.is_nan()).count() as f64;
+        let inf = x.iter().filter(|v| v.is_infinite()).count() as f64;
+        let l2 = fin.iter().map(|v| v * v).sum::<f64>().sqrt();
+        if fin.is_empty() {
+            return [x.len() as f64, f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN, l2, nan, inf];
+        }
+        let mean = fin.iter().sum::<f64>() / n;
+        let var = fin.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+        let lo = fin.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = fin.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        [x.len() as f64, mean, var.sqrt(), lo, hi, hi.max(-lo), l2, nan, inf]
+    }
+
+    fn check(x: &[f32]) {
+        let got = stats_row(x);
+        let want = reference(x);
+        // Rounding is relative to the values' magnitude (a mean near zero of values near 5
+        // is known to about 5 * 1e-7).
+        let scale = if want[5].is_nan() { 1.0 } else { want[5] };
+        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            if w.is_nan() {
+                assert!(g.is_nan(), "column {i}: {g} for NaN");
+            } else {
+                let tol = 1e-5 * w.abs().max(scale).max(1e-3);
+                assert!((f64::from(g) - w).abs() <= tol, "column {i}: {g} vs {w}");
+            }
+        }
+    }
+
+    /// A deterministic spread of values (no randomness crate).
+    #[allow(clippy::cast_precision_loss)]
+    fn values(n: usize, offset: f32) -> Vec<f32> {
+        (0..n).map(|i| offset + ((i * 7919 % 1009) as f32 - 504.0) / 100.0).collect()
+    }
+
+    #[test]
+    fn finite_rows_match_a_two_pass_reference() {
+        for n in [0, 1, 2, 15, 16, 17, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 5, 100_000] {
+            check(&values(n, 0.0));
+        }
+    }
+
+    #[test]
+    fn a_large_mean_does_not_cancel_the_std() {
+        // Sum of squares minus n·mean² would lose every digit of the spread here.
+        let x = values(50_000, 10_000.0);
+        check(&x);
+        let got = stats_row(&x);
+        assert!(got[2] > 2.0 && got[2] < 3.5, "std {}", got[2]);
+    }
+
+    #[test]
+    fn non_finite_values_are_counted_and_left_out() {
+        let mut x = values(3 * BLOCK, 1.0);
+        x[5] = f32::NAN;
+        x[BLOCK + 3] = f32::INFINITY;
+        x[2 * BLOCK + 9] = f32::NEG_INFINITY;
+        x[2 * BLOCK + 10] = -f32::NAN;
+        check(&x);
+        let got = stats_row(&x);
+        assert_eq!((got[7], got[8]), (2.0, 2.0));
+        assert!(got[3].is_finite() && got[4].is_finite());
+    }
+
+    #[test]
+    fn no_finite_value_gives_nan_statistics_and_zero_l2() {
+        let got = stats_row(&[f32::NAN, f32::INFINITY, f32::NAN]);
+        assert_eq!(got[0], 3.0);
+        assert!(got[1..6].iter().all(|v| v.is_nan()));
+        assert_eq!(&got[6..], &[0.0, 2.0, 1.0]);
+        let empty = stats_row(&[]);
+        assert_eq!(empty[0], 0.0);
+        assert!(empty[1].is_nan());
+    }
+
+    #[test]
+    fn an_overflowing_sum_is_taken_again_over_the_finite_values() {
+        let x = vec![1.0e37f32; 64]; // the sum overflows f32, l2 (8e37) does not
+        check(&x);
+        assert_eq!(stats_row(&x)[8], 0.0);
+    }
+
+    #[test]
+    fn rows_are_taken_one_after_another() {
+        let x = values(30, 0.0);
+        let mut out = [0.0f32; 27];
+        stats_rows(&x, &mut out);
+        for r in 0..3 {
+            assert_eq!(&out[r * 9..r * 9 + 9], &stats_row(&x[r * 10..r * 10 + 10]));
+        }
+    }
+
+    #[test]
+    fn linear_histograms_count_as_the_jax_operations_do() {
+        // 4 bins over [-2, 2]: -2 is in bin 0, 2 in the last, beyond either end outside,
+        // NaN nowhere, infinities at the ends.
+        let x = [-2.0, 2.0, -2.5, 2.5, 0.0, -0.1, 1.99, f32::NAN, f32::INFINITY, f32::NEG_INFINITY];
+        let mut out = [0i32; 6];
+        histogram_rows(&x, 4, Bins::Linear { lo: -2.0, hi: 2.0, scale: 1.0 }, &mut out);
+        assert_eq!(out, [2, 1, 1, 1, 2, 2]);
+    }
+
+    #[test]
+    fn log_histograms_bin_by_the_exponent() {
+        // lo_exp -2: bins [1/4, 1/2), [1/2, 1), [1, 2), [2, 4); zero and tiny below, 4 and
+        // infinity above; the sign does not matter; a subnormal is below.
+        let x = [0.0, 0.3, -0.3, 0.5, 1.0, 1.999, -3.0, 4.0, f32::INFINITY, 1e-40, f32::NAN, 0.1];
+        let mut out = [0i32; 6];
+        histogram_rows(&x, 4, Bins::Log { lo_exp: -2 }, &mut out);
+        assert_eq!(out, [3, 2, 1, 2, 1, 2]);
+        // Wide enough for subnormals: 1e-40 is 2**-133 and some.
+        let mut wide = vec![0i32; 302];
+        histogram_rows(&[1e-40], 300, Bins::Log { lo_exp: -150 }, &mut wide);
+        assert_eq!(wide.iter().position(|&c| c == 1), Some(1 + 150 - 133));
+    }
+
+    #[test]
+    fn histogram_rows_count_each_row_apart() {
+        let x: Vec<f32> = (0..4003).map(|i| f32::from(u16::try_from(i % 8).unwrap())).collect();
+        let mut out = vec![0i32; 2 * 10];
+        histogram_rows(&x[..4002], 8, Bins::Linear { lo: 0.0, hi: 8.0, scale: 1.0 }, &mut out);
+        let per_row = out.chunks(10).map(|r| r.iter().sum::<i32>()).collect::<Vec<_>>();
+        assert_eq!(per_row, [2001, 2001]);
+        assert_eq!(out[0], 0);
+        assert_eq!(out[9], 0);
+    }
+}

@@ -1,0 +1,125 @@
+//! The CPU's summary handlers, `hostfeed_stats` and `hostfeed_histogram`: a record's
+//! `reduce="stats"` or `reduce=Histogram(...)` computed on the device's thread in one pass
+//! ([`summary`]), in place into the custom call's result: no message, no host. CPU only
+//! (a GPU lowers summaries to JAX reductions), so their table is apart from the transport
+//! handlers every platform registers under the same names.
+
+use crate::error::Error;
+use crate::ffi::c_api::dtype;
+use crate::ffi::frame::Frame;
+use crate::ffi::handlers::define_handlers;
+use crate::ffi::summary;
+use crate::host::hub::Hub;
+
+/// The body of the statistics handler: one `f32` operand whose rows are its leading
+/// dimensions' elements (the lowering puts the reduced axes last), one `f32` result of 9
+/// values a row (`summary::STATS_COLUMNS`). Computed here, on the execution thread.
+fn stats(frame: &Frame<'_>, _receiver: &'static Hub, _start: u64) -> Result<(), Error> {
+    let (Some(x), Some(out)) = (frame.operands().next(), frame.outputs().next()) else {
+        return Err(Error::InvalidArgument("hostfeed_stats takes one operand and one result".into()));
+    };
+    if x.dtype != dtype::F32 || out.dtype() != dtype::F32 {
+        return Err(Error::InvalidArgument("hostfeed_stats computes float32 statistics of float32".into()));
+    }
+    let (n, m) = (elements(x.dims)?, elements(out.dims())?);
+    let rows = m / 9;
+    if m % 9 != 0 || (rows == 0 && n != 0) || (rows > 0 && n % rows != 0) {
+        return Err(Error::InvalidArgument(format!(
+            "hostfeed_stats: {n} values do not make the {rows} rows of the result"
+        )));
+    }
+    if m == 0 {
+        return Ok(());
+    }
+    if x.data.align_offset(4) != 0 || out.data().align_offset(4) != 0 {
+        return Err(Error::InvalidArgument("hostfeed_stats: buffers not aligned for float32".into()));
+    }
+    #[allow(clippy::cast_ptr_alignment)] // checked just above
+    let x: &[f32] = if n == 0 {
+        &[]
+    } else {
+        // SAFETY: on CPU the operand is an XLA host buffer of `n` float32 values (non-null,
+        // aligned: checked), alive and unchanged for this call.
+        unsafe { std::slice::from_raw_parts(x.data.cast::<f32>(), n) }
+    };
+    // SAFETY: the result is an XLA host buffer of `m > 0` float32 values (aligned:
+    // checked), alive for this call and written by nothing else; XLA aliases no operand
+    // with it (the custom call declares no aliasing), so it does not overlap `x`.
+    #[allow(clippy::cast_ptr_alignment)]
+    let out = unsafe { std::slice::from_raw_parts_mut(out.data().cast::<f32>(), m) };
+    summary::stats_rows(x, out);
+    Ok(())
+}
+
+/// The body of the histogram handler: an `f32` operand whose rows are its leading
+/// dimensions' elements, then the binning as four `f32`s (`[0, lo, hi, scale]` for equal
+/// bins, `[1, lo_exp, 0, 0]` for powers of two); one `s32` result of `bins + 2` counts a
+/// row (`summary::histogram_rows`). Computed here, on the execution thread.
+fn histogram(frame: &Frame<'_>, _receiver: &'static Hub, _start: u64) -> Result<(), Error> {
+    let mut ops = frame.operands();
+    let (Some(x), Some(params), Some(out)) = (ops.next(), ops.next(), frame.outputs().next()) else {
+        return Err(Error::InvalidArgument("hostfeed_histogram takes two operands and one result".into()));
+    };
+    if x.dtype != dtype::F32 || params.dtype != dtype::F32 || out.dtype() != dtype::S32 {
+        return Err(Error::InvalidArgument("hostfeed_histogram counts float32 values into int32".into()));
+    }
+    let (n, m) = (elements(x.dims)?, elements(out.dims())?);
+    let width = out.dims().last().and_then(|&w| usize::try_from(w).ok()).unwrap_or(0);
+    if elements(params.dims)? != 4 || width < 3 {
+        return Err(Error::InvalidArgument("hostfeed_histogram: bad binning operand or result".into()));
+    }
+    let rows = m / width;
+    if (rows == 0 && n != 0) || (rows > 0 && n % rows != 0) {
+        return Err(Error::InvalidArgument(format!(
+            "hostfeed_histogram: {n} values do not make the {rows} rows of the result"
+        )));
+    }
+    let aligned = |p: *const u8| p.align_offset(4) == 0;
+    if !aligned(x.data) || !aligned(params.data) || !aligned(out.data().cast_const()) {
+        return Err(Error::InvalidArgument("hostfeed_histogram: buffers not aligned".into()));
+    }
+    // SAFETY: on CPU the binning operand is an XLA host buffer of 4 float32 values (checked
+    // dims and alignment), alive for this call.
+    #[allow(clippy::cast_ptr_alignment)]
+    let p = unsafe { std::slice::from_raw_parts(params.data.cast::<f32>(), 4) };
+    #[allow(clippy::cast_possible_truncation)] // an exponent from -65536 to 0, exact in f32
+    let how = if p[0] == 0.0 {
+        summary::Bins::Linear { lo: p[1], hi: p[2], scale: p[3] }
+    } else {
+        summary::Bins::Log { lo_exp: p[1] as i32 }
+    };
+    if m == 0 {
+        return Ok(());
+    }
+    #[allow(clippy::cast_ptr_alignment)] // checked above
+    let x: &[f32] = if n == 0 {
+        &[]
+    } else {
+        // SAFETY: on CPU the operand is an XLA host buffer of `n` float32 values (non-null,
+        // aligned: checked), alive and unchanged for this call.
+        unsafe { std::slice::from_raw_parts(x.data.cast::<f32>(), n) }
+    };
+    // SAFETY: the result is an XLA host buffer of `m > 0` int32 values (aligned: checked),
+    // alive for this call and written by nothing else; XLA aliases no operand with it.
+    #[allow(clippy::cast_ptr_alignment)]
+    let out = unsafe { std::slice::from_raw_parts_mut(out.data().cast::<i32>(), m) };
+    summary::histogram_rows(x, width - 2, how, out);
+    Ok(())
+}
+
+/// The number of elements of `dims`.
+fn elements(dims: &[i64]) -> Result<usize, Error> {
+    dims.iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(usize::try_from(d).ok()?))
+        .ok_or_else(|| Error::InvalidArgument(format!("invalid dims {dims:?}")))
+}
+
+define_handlers! {
+    "";
+    pub const HANDLERS;
+    /// XLA FFI handler `hostfeed_stats`: the statistics of `reduce="stats"` in one pass.
+    hostfeed_stats => stats;
+    /// XLA FFI handler `hostfeed_histogram`: the counts of `reduce=Histogram(...)` in one
+    /// pass.
+    hostfeed_histogram => histogram;
+}
