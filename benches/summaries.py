@@ -4,10 +4,12 @@ side by side in one run; then how fast a recording reads back as training data.
 
 The step: ``h = gelu(x @ w)`` with ``x`` float32[8, 512, 1024] and ``w`` [1024, 1024] (the
 activation ``h`` is float32[8, 512, 1024], 16 MiB), jitted, ``STEPS`` steps in a Python
-loop, each waited for; then ``rec.flush()`` (every row written and announced), all timed
-together, per step. Rounds interleave the cases (the machine is shared and noisy); the
-table shows the median and the range over rounds, and each case's time against the step
-without recording and against the raw record.
+loop, each waited for and timed; then ``rec.close()`` (every row written), timed. Rounds
+interleave the cases; a case's cost per step is the median of its steps over every round
+plus its median close over the round's steps. The machine is shared and noisy (the same
+step takes 23 to 35 ms from one second to the next, more than a summary adds), so the
+record is also timed alone, of the activation already computed, the cases called in turn
+and each call's added time taken against the call without recording just before it.
 
 Reading back: 1 GiB of rows float32[512, 1024] recorded into DIR, then read whole by
 zarr-python (``arr[:]``), by ``open_recording(...).iter_batches`` (batches of 4096 tokens,
@@ -41,10 +43,10 @@ STEPS = int(os.environ.get("HOSTFEED_BENCH_STEPS", 20))
 SHAPE = (8, 512, 1024)
 
 
-def case(kind: str) -> Callable[[str], Callable[[], None]]:
+def case(kind: str) -> Callable[[str], tuple[Callable[[int], float], Callable[[], float]]]:
     """A case: set up a recorder (if any) and a compiled step in ``d``; return the timed
-    run."""
-    def setup(d: str) -> Callable[[], None]:
+    step (of a step number) and the timed close."""
+    def setup(d: str) -> tuple[Callable[[int], float], Callable[[], float]]:
         rng = np.random.default_rng(0)
         x = jnp.asarray(rng.normal(size=SHAPE).astype(np.float32))
         w = jnp.asarray(rng.normal(size=SHAPE[-1:] * 2).astype(np.float32) / 32)
@@ -67,12 +69,17 @@ def case(kind: str) -> Callable[[str], Callable[[], None]]:
         if rec is not None:
             rec.flush()
 
-        def run() -> None:
-            for s in range(1, STEPS + 1):
-                f(x, w, s).block_until_ready()
+        def one(s: int) -> float:
+            t0 = time.perf_counter()
+            f(x, w, s).block_until_ready()
+            return time.perf_counter() - t0
+
+        def close() -> float:
+            t0 = time.perf_counter()
             if rec is not None:
                 rec.close()
-        return run
+            return time.perf_counter() - t0
+        return one, close
     return setup
 
 
@@ -149,37 +156,109 @@ def read_back(base: str, mb: int = 1024) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def in_step(base: str, kinds: list[str]) -> float:
+    """Each case's steps, round by round (a raw record's writes, running on after its steps,
+    would slow another case's steps if they alternated)."""
+    steps: dict[str, list[float]] = {k: [] for k in kinds}
+    closes: dict[str, list[float]] = {k: [] for k in kinds}
+    for r in range(REPEATS + 1):  # round 0 warms up
+        # Each round starts with another case (the first of a round runs just after the
+        # last round's writes and removals).
+        for k in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
+            d = tempfile.mkdtemp(prefix="hfsum-", dir=base)
+            try:
+                one, close = case(k)(d)
+                times = [one(s) for s in range(1, STEPS + 1)]
+                done = close()
+                if r:
+                    steps[k] += times
+                    closes[k].append(done)
+            finally:
+                shutil.rmtree(d, ignore_errors=True)
+    per = {k: statistics.median(steps[k]) + statistics.median(closes[k]) / STEPS
+           for k in kinds}
+    q = {k: statistics.quantiles(steps[k], n=4) for k in kinds}
+    base_t, raw_add = per["no record"], per["raw"] - per["no record"]
+    print(f"jax {jax.__version__}, hostfeed {hostfeed.__version__}, {os.cpu_count()} cpus, "
+          f"{REPEATS} rounds of {STEPS} steps; h = gelu(x @ w), float32{list(SHAPE)} "
+          f"(16 MiB), recorded to {base}; per step: the median step plus the median close "
+          f"over the round's steps; the steps' quartiles")
+    print(f"  {'case':<18}{'ms/step':>9}{'quartiles':>16}{'close ms':>10}{'added ms':>10}"
+          f"{'vs step':>9}{'added vs raw':>14}")
+    for k in kinds:
+        added = per[k] - base_t
+        rel = f"{added / raw_add:>13.2f}x" if k != "no record" else ""
+        print(f"  {k:<18}{per[k] * 1e3:>9.2f}{q[k][0] * 1e3:>8.2f}-{q[k][2] * 1e3:<7.2f}"
+              f"{statistics.median(closes[k]) * 1e3:>10.2f}{added * 1e3:>10.2f}"
+              f"{per[k] / base_t:>8.3f}x{rel}")
+    return statistics.median(steps["no record"])
+
+
+def alone(base: str, step: float, calls: int = 200) -> None:
+    """The record by itself, of an activation already computed: a jitted function of ``h``
+    and the step that records it (stats, histogram) or returns ``h`` (nothing), the cases
+    called in turn, each call waited for; the added time of a call is taken against the
+    call without recording just before it. The raw record, whose writes go on after the
+    call, is timed over ``STEPS`` calls and its close, against as many calls without
+    recording. ``step``: the step without recording, for the fraction of it each costs."""
+    h = jax.jit(lambda x, w: jax.nn.gelu(x @ w))(
+        jnp.asarray(np.random.default_rng(0).normal(size=SHAPE).astype(np.float32)),
+        jnp.asarray(np.random.default_rng(1).normal(size=SHAPE[-1:] * 2).astype(np.float32)
+                    / 32)).block_until_ready()
+    d = tempfile.mkdtemp(prefix="hfsum-", dir=base)
+    try:
+        rec = hostfeed.Recorder(os.path.join(d, "r.zarr"))
+        fs = {"nothing": jax.jit(lambda h, s: h),
+              "stats": jax.jit(lambda h, s: (rec.record("s", h, step=s, reduce="stats"), h)[1]),
+              "histogram": jax.jit(lambda h, s: (rec.record(
+                  "g", h, step=s, reduce=hostfeed.Histogram(64, "log")), h)[1])}
+        times: dict[str, list[float]] = {k: [] for k in fs}
+        for i in range(calls + 10):  # 10 calls warm up
+            for k, f in fs.items():
+                t0 = time.perf_counter()
+                f(h, i).block_until_ready()
+                if i >= 10:
+                    times[k].append(time.perf_counter() - t0)
+        rec.close()
+        raw_rounds = []
+        for r in range(REPEATS + 1):
+            rrec = hostfeed.Recorder(os.path.join(d, f"raw{r}.zarr"))
+            f = jax.jit(lambda h, s: rrec.record("h", h, step=s))
+            f(h, 0).block_until_ready()
+            rrec.flush()
+            t0 = time.perf_counter()
+            for i in range(1, STEPS + 1):
+                f(h, i).block_until_ready()
+            rrec.close()
+            t_raw = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for i in range(1, STEPS + 1):
+                fs["nothing"](h, i).block_until_ready()
+            if r:
+                raw_rounds.append((t_raw - (time.perf_counter() - t0)) / STEPS)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    added = {k: statistics.median([a - b for a, b in zip(times[k], times["nothing"])])
+             for k in ("stats", "histogram")}
+    raw = statistics.median(raw_rounds)
+    print(f"\nthe record alone, of h = float32{list(SHAPE)} already computed: added ms per "
+          f"record (median of {calls} calls, each against the call without recording just "
+          f"before it; raw: {REPEATS} rounds of {STEPS} records and the close); vs step: "
+          f"against the median step without recording above ({step * 1e3:.2f} ms)")
+    print(f"  {'case':<18}{'added ms':>10}{'vs step':>9}{'vs raw':>9}")
+    for k, v in [*added.items(), ("raw", raw)]:
+        print(f"  {k:<18}{v * 1e3:>10.3f}{v / step:>8.1%} {v / raw:>7.2f}x")
+
+
 def main() -> None:
     dirs = sys.argv[1:] or ["/dev/shm", os.environ.get("HOSTFEED_BENCH_DISK", "/work/tmp")]
     for d in dirs:
         os.makedirs(d, exist_ok=True)
     base = dirs[0]
     kinds = ["no record", "stats", "histogram", "raw", "raw, every 10th"]
-    times: dict[str, list[float]] = {k: [] for k in kinds}
     hostfeed.start_receiver(max_queue_byte_size=1 << 30)
-    for r in range(REPEATS + 1):  # round 0 warms up
-        for k in kinds:
-            d = tempfile.mkdtemp(prefix="hfsum-", dir=base)
-            try:
-                run = case(k)(d)
-                t0 = time.perf_counter()
-                run()
-                if r:
-                    times[k].append((time.perf_counter() - t0) / STEPS)
-            finally:
-                shutil.rmtree(d, ignore_errors=True)
-    med = {k: statistics.median(v) for k, v in times.items()}
-    base_t, raw_t = med["no record"], med["raw"]
-    print(f"jax {jax.__version__}, hostfeed {hostfeed.__version__}, {os.cpu_count()} cpus, "
-          f"{REPEATS} rounds of {STEPS} steps; h = gelu(x @ w), float32{list(SHAPE)} "
-          f"(16 MiB), recorded to {base}")
-    print(f"  {'case':<18}{'ms/step':>9}{'range':>16}{'added ms':>10}{'vs step':>9}"
-          f"{'added vs raw':>14}")
-    for k, v in times.items():
-        added = med[k] - base_t
-        rel = f"{added / (raw_t - base_t):>13.2f}x" if k != "no record" else ""
-        print(f"  {k:<18}{med[k] * 1e3:>9.2f}{min(v) * 1e3:>8.2f}-{max(v) * 1e3:<7.2f}"
-              f"{added * 1e3:>10.2f}{med[k] / base_t:>8.2f}x{rel}")
+    step = in_step(base, kinds)
+    alone(base, step)
     for d in dirs:
         read_back(d)
 
