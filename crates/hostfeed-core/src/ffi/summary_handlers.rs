@@ -6,14 +6,15 @@
 
 use crate::error::Error;
 use crate::ffi::c_api::dtype;
-use crate::ffi::frame::Frame;
+use crate::ffi::frame::{Buffer, Frame};
 use crate::ffi::handlers::define_handlers;
 use crate::ffi::summary;
 use crate::host::hub::Hub;
+use crate::host::message::Operand;
 
 /// The body of the statistics handler: one `f32` operand whose rows are its leading
 /// dimensions' elements (the lowering puts the reduced axes last), one `f32` result of 9
-/// values a row (`summary::STATS_COLUMNS`). Computed here, on the execution thread.
+/// values a row (`summary::stats_row`). Computed here, on the execution thread.
 fn stats(frame: &Frame<'_>, _receiver: &'static Hub, _start: u64) -> Result<(), Error> {
     let (Some(x), Some(out)) = (frame.operands().next(), frame.outputs().next()) else {
         return Err(Error::InvalidArgument("hostfeed_stats takes one operand and one result".into()));
@@ -21,33 +22,9 @@ fn stats(frame: &Frame<'_>, _receiver: &'static Hub, _start: u64) -> Result<(), 
     if x.dtype != dtype::F32 || out.dtype() != dtype::F32 {
         return Err(Error::InvalidArgument("hostfeed_stats computes float32 statistics of float32".into()));
     }
-    let (n, m) = (elements(x.dims)?, elements(out.dims())?);
-    let rows = m / 9;
-    if m % 9 != 0 || (rows == 0 && n != 0) || (rows > 0 && n % rows != 0) {
-        return Err(Error::InvalidArgument(format!(
-            "hostfeed_stats: {n} values do not make the {rows} rows of the result"
-        )));
+    if let Some((x, out)) = rows::<f32>("hostfeed_stats", &x, &out, 9)? {
+        summary::stats_rows(x, out);
     }
-    if m == 0 {
-        return Ok(());
-    }
-    if x.data.align_offset(4) != 0 || out.data().align_offset(4) != 0 {
-        return Err(Error::InvalidArgument("hostfeed_stats: buffers not aligned for float32".into()));
-    }
-    #[allow(clippy::cast_ptr_alignment)] // checked just above
-    let x: &[f32] = if n == 0 {
-        &[]
-    } else {
-        // SAFETY: on CPU the operand is an XLA host buffer of `n` float32 values (non-null,
-        // aligned: checked), alive and unchanged for this call.
-        unsafe { std::slice::from_raw_parts(x.data.cast::<f32>(), n) }
-    };
-    // SAFETY: the result is an XLA host buffer of `m > 0` float32 values (aligned:
-    // checked), alive for this call and written by nothing else; XLA aliases no operand
-    // with it (the custom call declares no aliasing), so it does not overlap `x`.
-    #[allow(clippy::cast_ptr_alignment)]
-    let out = unsafe { std::slice::from_raw_parts_mut(out.data().cast::<f32>(), m) };
-    summary::stats_rows(x, out);
     Ok(())
 }
 
@@ -63,23 +40,12 @@ fn histogram(frame: &Frame<'_>, _receiver: &'static Hub, _start: u64) -> Result<
     if x.dtype != dtype::F32 || params.dtype != dtype::F32 || out.dtype() != dtype::S32 {
         return Err(Error::InvalidArgument("hostfeed_histogram counts float32 values into int32".into()));
     }
-    let (n, m) = (elements(x.dims)?, elements(out.dims())?);
     let width = out.dims().last().and_then(|&w| usize::try_from(w).ok()).unwrap_or(0);
-    if elements(params.dims)? != 4 || width < 3 {
+    if elements(params.dims)? != 4 || params.data.align_offset(4) != 0 || width < 3 {
         return Err(Error::InvalidArgument("hostfeed_histogram: bad binning operand or result".into()));
     }
-    let rows = m / width;
-    if (rows == 0 && n != 0) || (rows > 0 && n % rows != 0) {
-        return Err(Error::InvalidArgument(format!(
-            "hostfeed_histogram: {n} values do not make the {rows} rows of the result"
-        )));
-    }
-    let aligned = |p: *const u8| p.align_offset(4) == 0;
-    if !aligned(x.data) || !aligned(params.data) || !aligned(out.data().cast_const()) {
-        return Err(Error::InvalidArgument("hostfeed_histogram: buffers not aligned".into()));
-    }
-    // SAFETY: on CPU the binning operand is an XLA host buffer of 4 float32 values (checked
-    // dims and alignment), alive for this call.
+    // SAFETY: on CPU the binning operand is an XLA host buffer of 4 float32 values (dims
+    // and alignment checked just above), alive for this call.
     #[allow(clippy::cast_ptr_alignment)]
     let p = unsafe { std::slice::from_raw_parts(params.data.cast::<f32>(), 4) };
     #[allow(clippy::cast_possible_truncation)] // an exponent from -65536 to 0, exact in f32
@@ -88,23 +54,49 @@ fn histogram(frame: &Frame<'_>, _receiver: &'static Hub, _start: u64) -> Result<
     } else {
         summary::Bins::Log { lo_exp: p[1] as i32 }
     };
-    if m == 0 {
-        return Ok(());
+    if let Some((x, out)) = rows::<i32>("hostfeed_histogram", &x, &out, width)? {
+        summary::histogram_rows(x, width - 2, how, out);
     }
-    #[allow(clippy::cast_ptr_alignment)] // checked above
-    let x: &[f32] = if n == 0 {
+    Ok(())
+}
+
+/// A summary's values and its result.
+type Rows<'a, T> = (&'a [f32], &'a mut [T]);
+
+/// A summary's operand (`f32` values) and result (`width` values of `T` a row) as slices,
+/// once the result's rows divide the values evenly; `None` for an empty result.
+fn rows<'a, T>(
+    name: &str,
+    x: &Operand<'a>,
+    out: &Buffer<'a>,
+    width: usize,
+) -> Result<Option<Rows<'a, T>>, Error> {
+    let (n, m) = (elements(x.dims)?, elements(out.dims())?);
+    let rows = m / width;
+    if m % width != 0 || (rows == 0 && n != 0) || (rows > 0 && n % rows != 0) {
+        return Err(Error::InvalidArgument(format!("{name}: {n} values do not make the {rows} rows of the result")));
+    }
+    if m == 0 {
+        return Ok(None);
+    }
+    if x.data.align_offset(4) != 0 || out.data().align_offset(std::mem::align_of::<T>()) != 0 {
+        return Err(Error::InvalidArgument(format!("{name}: buffers not aligned for their dtypes")));
+    }
+    #[allow(clippy::cast_ptr_alignment)] // checked just above
+    let values: &[f32] = if n == 0 {
         &[]
     } else {
         // SAFETY: on CPU the operand is an XLA host buffer of `n` float32 values (non-null,
-        // aligned: checked), alive and unchanged for this call.
+        // aligned: checked), alive and unchanged for this call ('a).
         unsafe { std::slice::from_raw_parts(x.data.cast::<f32>(), n) }
     };
-    // SAFETY: the result is an XLA host buffer of `m > 0` int32 values (aligned: checked),
-    // alive for this call and written by nothing else; XLA aliases no operand with it.
+    // SAFETY: the result is an XLA host buffer of `m > 0` values of `T` (the caller checked
+    // its dtype; aligned: checked), alive for this call ('a) and written by nothing else;
+    // XLA aliases no operand with it (the custom call declares no aliasing), so it does not
+    // overlap `values`.
     #[allow(clippy::cast_ptr_alignment)]
-    let out = unsafe { std::slice::from_raw_parts_mut(out.data().cast::<i32>(), m) };
-    summary::histogram_rows(x, width - 2, how, out);
-    Ok(())
+    let result = unsafe { std::slice::from_raw_parts_mut(out.data().cast::<T>(), m) };
+    Ok(Some((values, result)))
 }
 
 /// The number of elements of `dims`.
