@@ -4,12 +4,15 @@ side by side in one run; then how fast a recording reads back as training data.
 
 The step: ``h = gelu(x @ w)`` with ``x`` float32[8, 512, 1024] and ``w`` [1024, 1024] (the
 activation ``h`` is float32[8, 512, 1024], 16 MiB), jitted, ``STEPS`` steps in a Python
-loop, each waited for and timed; then ``rec.close()`` (every row written), timed. Rounds
-interleave the cases; a case's cost per step is the median of its steps over every round
-plus its median close over the round's steps. The machine is shared and noisy (the same
-step takes 23 to 35 ms from one second to the next, more than a summary adds), so the
-record is also timed alone, of the activation already computed, the cases called in turn
-and each call's added time taken against the call without recording just before it.
+loop, each waited for and timed; then ``rec.close()`` (every row written), timed. The
+machine is shared and noisy (the same step takes 20 or 33 ms from one stretch to the next,
+more than a summary adds), so the summaries run step by step in turn with the step without
+recording, each step's added time taken against the step without recording of the same
+turn; the raw records (whose writes go on after a step and would slow the next case's)
+round by round, against the step without recording of those rounds. Each case's added
+cost per step is that median plus its median close over the round's steps. The record is
+also timed alone, of the activation already computed, the cases called in turn and each
+call's added time taken against the call without recording just before it.
 
 Reading back: 1 GiB of rows float32[512, 1024] recorded into DIR, then read whole by
 zarr-python (``arr[:]``), by ``open_recording(...).iter_batches`` (batches of 4096 tokens,
@@ -157,41 +160,64 @@ def read_back(base: str, mb: int = 1024) -> None:
 
 
 def in_step(base: str, kinds: list[str]) -> float:
-    """Each case's steps, round by round (a raw record's writes, running on after its steps,
-    would slow another case's steps if they alternated)."""
+    """The cases in the step. The summaries (rows of a few bytes) step by step with the step
+    without recording, each step's added time taken against the step without recording of
+    the same turn (paired: a slow stretch of the machine slows both); the raw records round
+    by round (their writes, going on after a step, would slow the next case's step), their
+    added time against the median step without recording of those rounds."""
     steps: dict[str, list[float]] = {k: [] for k in kinds}
     closes: dict[str, list[float]] = {k: [] for k in kinds}
+    paired: dict[str, list[float]] = {}
+    summaries = kinds[:3]
+    rounds = [kinds[0], *kinds[3:]]
     for r in range(REPEATS + 1):  # round 0 warms up
-        # Each round starts with another case (the first of a round runs just after the
-        # last round's writes and removals).
-        for k in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
+        dirs = {k: tempfile.mkdtemp(prefix="hfsum-", dir=base) for k in summaries}
+        try:
+            cases = {k: case(k)(dirs[k]) for k in summaries}
+            turns = [[cases[k][0](s) for k in summaries] for s in range(1, STEPS + 1)]
+            done = {k: cases[k][1]() for k in summaries}
+        finally:
+            for d in dirs.values():
+                shutil.rmtree(d, ignore_errors=True)
+        if r:
+            for i, k in enumerate(summaries):
+                paired.setdefault(k, []).extend(t[i] - t[0] for t in turns)
+                closes[k].append(done[k])
+        # Each round of the raw records starts with another case (the first of a round runs
+        # just after the last round's writes and removals).
+        for k in rounds[r % len(rounds):] + rounds[:r % len(rounds)]:
             d = tempfile.mkdtemp(prefix="hfsum-", dir=base)
             try:
                 one, close = case(k)(d)
                 times = [one(s) for s in range(1, STEPS + 1)]
-                done = close()
+                ended = close()
                 if r:
                     steps[k] += times
-                    closes[k].append(done)
+                    if k != kinds[0]:
+                        closes[k].append(ended)
             finally:
                 shutil.rmtree(d, ignore_errors=True)
-    per = {k: statistics.median(steps[k]) + statistics.median(closes[k]) / STEPS
-           for k in kinds}
-    q = {k: statistics.quantiles(steps[k], n=4) for k in kinds}
-    base_t, raw_add = per["no record"], per["raw"] - per["no record"]
+    base_t = statistics.median(steps[kinds[0]])
+    added = {k: statistics.median(paired[k]) for k in summaries}
+    added.update({k: statistics.median(steps[k]) - base_t for k in rounds})
+    added = {k: v + (statistics.median(closes[k]) / STEPS if closes[k] else 0.0)
+             for k, v in added.items()}
     print(f"jax {jax.__version__}, hostfeed {hostfeed.__version__}, {os.cpu_count()} cpus, "
           f"{REPEATS} rounds of {STEPS} steps; h = gelu(x @ w), float32{list(SHAPE)} "
-          f"(16 MiB), recorded to {base}; per step: the median step plus the median close "
-          f"over the round's steps; the steps' quartiles")
-    print(f"  {'case':<18}{'ms/step':>9}{'quartiles':>16}{'close ms':>10}{'added ms':>10}"
-          f"{'vs step':>9}{'added vs raw':>14}")
-    for k in kinds:
-        added = per[k] - base_t
-        rel = f"{added / raw_add:>13.2f}x" if k != "no record" else ""
-        print(f"  {k:<18}{per[k] * 1e3:>9.2f}{q[k][0] * 1e3:>8.2f}-{q[k][2] * 1e3:<7.2f}"
-              f"{statistics.median(closes[k]) * 1e3:>10.2f}{added * 1e3:>10.2f}"
-              f"{per[k] / base_t:>8.3f}x{rel}")
-    return statistics.median(steps["no record"])
+          f"(16 MiB), recorded to {base}; added per step: summaries paired step by step with "
+          f"the step without recording, raw records round by round; each plus its median "
+          f"close over the round's steps")
+    print(f"  {'case':<18}{'added ms':>10}{'quartiles':>18}{'close ms':>10}"
+          f"{'vs step':>9}{'vs raw':>9}")
+    print(f"  {kinds[0]:<18}{'step':>10}{'':>18}{'':>10}{base_t * 1e3:>8.2f} ms")
+    for k in kinds[1:]:
+        spread = (f"{statistics.quantiles(paired[k], n=4)[0] * 1e3:>8.2f}-"
+                  f"{statistics.quantiles(paired[k], n=4)[2] * 1e3:<9.2f}"
+                  if k in paired else " " * 18)
+        print(f"  {k:<18}{added[k] * 1e3:>10.3f}{spread}"
+              f"{statistics.median(closes[k]) * 1e3:>10.2f}{added[k] / base_t:>8.1%}"
+              f"{added[k] / added['raw']:>8.2f}x")
+    return base_t
 
 
 def alone(base: str, step: float, calls: int = 200) -> None:

@@ -10,9 +10,14 @@
 //! al.'s formula for the variance). A block whose sum is not finite (a NaN, an infinity, or
 //! an overflow) is taken again with every non-finite value masked out and counted. The
 //! loops keep one accumulator per SIMD lane, so they vectorize; on x86-64 a copy compiled
-//! for AVX2 is chosen at run time where the CPU has it.
+//! for AVX-512 or AVX2 is chosen at run time where the CPU has it.
 //!
-//! No Python and no XLA here: the handler passes slices.
+//! A histogram (`reduce=Histogram(...)`, the `hostfeed_histogram` custom call) computes
+//! the columns of a batch of values without branches (vectorized: a power of two's bin is
+//! the float's exponent, an equal bin `floor((v - lo) * scale)` in `f32` as the JAX
+//! operations compute it), then counts them into four tables in turn.
+//!
+//! No Python and no XLA here: the handlers (`summary_handlers.rs`) pass slices.
 //!
 //! Every helper is `#[inline(always)]`: a function compiled apart would not get the
 //! target features of the caller it is inlined into, and would lose the wide vectors.
@@ -342,24 +347,71 @@ fn column(v: f32, bins: usize, how: Bins) -> Option<usize> {
     })
 }
 
-/// The counts of one row into `out` (`bins + 2` columns). Four tables in turn, so that
-/// values falling in the same bin one after another do not wait on each other's count.
+/// Values whose columns are computed at once (on the stack), then counted.
+const BATCH: usize = 256;
+
+/// The columns of a batch of values into `cols` ([`column`]'s, a NaN's being `bins + 2`,
+/// a slot that is not counted). Written without branches, so that it vectorizes; powers of
+/// two binned below 2**-126 (where subnormals would need their own exponent) go value by
+/// value through [`column`].
 #[inline(always)]
-fn histogram_generic(x: &[f32], bins: usize, how: Bins, tables: &mut [u32], out: &mut [i32]) {
-    let width = bins + 2;
-    tables.fill(0);
-    let chunks = x.chunks_exact(4);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for (t, &v) in c.iter().enumerate() {
-            if let Some(col) = column(v, bins, how) {
-                tables[t * width + col] += 1;
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_possible_wrap, clippy::cast_precision_loss)]
+fn columns(x: &[f32], bins: usize, how: Bins, cols: &mut [u32]) {
+    let nb = bins as i32;
+    match how {
+        Bins::Linear { lo, hi, scale } => {
+            let last = (nb - 1) as f32;
+            for (c, &v) in cols.iter_mut().zip(x) {
+                // floor((v - lo) * scale) within the bins: at or above zero, truncating
+                // is flooring (below `lo`, the value is below anyway).
+                let q = (v - lo) * scale;
+                let q = if q > 0.0 { q } else { 0.0 };
+                let q = if q < last { q } else { last };
+                // SAFETY: `q` is in [0, bins - 1] (a NaN became 0 above): finite and
+                // within i32. (`as` would saturate, which does not vectorize.)
+                let k = unsafe { q.to_int_unchecked::<i32>() } + 1;
+                let k = if v < lo { 0 } else { k };
+                let k = if v > hi { nb + 1 } else { k };
+                *c = (if v.is_nan() { nb + 2 } else { k }) as u32;
+            }
+        }
+        Bins::Log { lo_exp } if lo_exp > -126 => {
+            for (c, &v) in cols.iter_mut().zip(x) {
+                let mag = v.to_bits() & 0x7fff_ffff;
+                // A zero or a subnormal has exponent field 0: below the least bin here.
+                let k = ((mag >> 23) as i32 - 127 - lo_exp).clamp(-1, nb) + 1;
+                let k = if mag == 0x7f80_0000 { nb + 1 } else { k };
+                *c = (if mag > 0x7f80_0000 { nb + 2 } else { k }) as u32;
+            }
+        }
+        Bins::Log { .. } => {
+            for (c, &v) in cols.iter_mut().zip(x) {
+                *c = column(v, bins, how).map_or(nb as u32 + 2, |k| k as u32);
             }
         }
     }
-    for &v in rest {
-        if let Some(col) = column(v, bins, how) {
-            tables[col] += 1;
+}
+
+/// The counts of one row into `out` (`bins + 2` columns). Columns are computed a batch at
+/// a time, then counted into four tables in turn, so that values falling in the same bin
+/// one after another do not wait on each other's count.
+#[inline(always)]
+fn histogram_generic(x: &[f32], bins: usize, how: Bins, tables: &mut [u32], out: &mut [i32]) {
+    let width = bins + 3; // the columns, and the uncounted slot of NaNs
+    tables.fill(0);
+    let mut cols = [0u32; BATCH];
+    for batch in x.chunks(BATCH) {
+        let cols = &mut cols[..batch.len()];
+        columns(batch, bins, how, cols);
+        let quads = cols.chunks_exact(4);
+        let rest = quads.remainder();
+        for q in quads {
+            for (t, &c) in q.iter().enumerate() {
+                tables[t * width + c as usize] += 1;
+            }
+        }
+        for &c in rest {
+            tables[c as usize] += 1;
         }
     }
     for (j, o) in out.iter_mut().enumerate() {
@@ -390,7 +442,7 @@ pub(crate) fn histogram_rows(x: &[f32], bins: usize, how: Bins, out: &mut [i32])
         return;
     }
     let per = x.len() / rows;
-    let mut tables = vec![0u32; 4 * width];
+    let mut tables = vec![0u32; 4 * (width + 1)];
     #[cfg(target_arch = "x86_64")]
     let wide = std::arch::is_x86_feature_detected!("avx2")
         && std::arch::is_x86_feature_detected!("bmi1")
@@ -544,4 +596,29 @@ mod tests {
         assert_eq!(out[0], 0);
         assert_eq!(out[9], 0);
     }
+
+    #[test]
+    fn batched_columns_are_the_columns_of_each_value() {
+        let mut vals = vec![
+            0.0, -0.0, 1e-40, -1e-40, 1.2e-38, 0.25, 0.5, -0.5, 1.0, 1.5, 2.0, 3.999, 4.0, 1e30, -1e30,
+            f32::MAX, f32::MIN, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN, f32::EPSILON,
+        ];
+        vals.extend((0..300).map(|i| (f32::from(u16::try_from(i).unwrap()) - 150.0) / 37.0));
+        let binnings = [
+            (4, Bins::Log { lo_exp: -2 }),
+            (64, Bins::Log { lo_exp: -32 }),
+            (300, Bins::Log { lo_exp: -150 }),
+            (4, Bins::Linear { lo: -2.0, hi: 2.0, scale: 1.0 }),
+            (7, Bins::Linear { lo: -1.0, hi: 3.0, scale: 1.75 }),
+        ];
+        for (bins, how) in binnings {
+            let mut cols = vec![0u32; vals.len()];
+            super::columns(&vals, bins, how, &mut cols);
+            for (v, c) in vals.iter().zip(&cols) {
+                let want = u32::try_from(super::column(*v, bins, how).unwrap_or(bins + 2)).unwrap();
+                assert_eq!(*c, want, "{v} in {how:?}");
+            }
+        }
+    }
+
 }
