@@ -350,10 +350,10 @@ fn column(v: f32, bins: usize, how: Bins) -> Option<usize> {
 /// Values whose columns are computed at once (on the stack), then counted.
 const BATCH: usize = 256;
 
-/// The columns of a batch of values into `cols` ([`column`]'s, a NaN's being `bins + 2`,
+/// The columns of a batch of values into `cols` ([`column()`]'s, a NaN's being `bins + 2`,
 /// a slot that is not counted). Written without branches, so that it vectorizes; powers of
 /// two binned below 2**-126 (where subnormals would need their own exponent) go value by
-/// value through [`column`].
+/// value through [`column()`].
 #[inline(always)]
 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_possible_wrap, clippy::cast_precision_loss)]
 fn columns(x: &[f32], bins: usize, how: Bins, cols: &mut [u32]) {
