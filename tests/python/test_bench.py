@@ -94,6 +94,22 @@ def test_quick_run_writes_every_section_in_the_schema(quick_run):
         for name, row in result[section].items():
             if isinstance(row, dict):
                 assert len(row["rounds_us"]) >= 3 and min(row["rounds_us"]) == row["us"], name
+    # The other sections' comparisons are interleaved rounds too, their figures the
+    # fastest round's.
+    rounds = result["latency"]["rounds"]
+    assert rounds >= 2
+    for name, m in lat.items():
+        if name != "hostfeed (spaced taps)":
+            assert len(m["rounds_device_us"]) == len(m["rounds_end_to_end_us"]) == rounds
+            assert min(m["rounds_device_us"]) == m["device_side_per_tap_us"], name
+            assert min(m["rounds_end_to_end_us"]) == m["end_to_end_per_tap_us"], name
+    for name, points in sweep["methods"].items():
+        for p in points:
+            assert p["rounds_gb_per_s"] and max(p["rounds_gb_per_s"]) == p["gb_per_s"], name
+    for section in (calls, loaded["methods"]):
+        for name, m in section.items():
+            assert len(m["rounds_p50_us"]) >= 2 and min(m["rounds_p50_us"]) == m["p50_us"]
+            assert m["round_trip_us"]["count"] >= len(m["rounds_p50_us"]) * 100, name
     runs = result["backpressure"]["runs"]
     assert [r["method"] for r in runs] == ["hostfeed"] * 3 + ["io_callback(ordered)"]
     # The smallest bound holds the device back: it waited, and held little.
@@ -130,6 +146,9 @@ def test_terminal_report_has_ratios_and_the_plot_is_a_png(quick_run):
     stdout, _, png = quick_run
     assert "per-tap latency" in stdout and "payload sweep" in stdout
     assert "hostfeed / 2 buffers" in stdout
+    # Next to the ratios of the interleaved sections, their range over the rounds.
+    assert "per tap / best JAX" in stdout and "range (each round's p50)" in stdout
+    assert re.search(r"\d+\.\d\d-\d+\.\d\dx", stdout)
     assert "call round trip" in stdout and "back-pressure" in stdout
     # Ratios to the best JAX callback measured in the same run.
     assert re.search(r"best JAX: (buffer_callback|io_callback|debug\.callback|"

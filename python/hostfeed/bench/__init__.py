@@ -37,6 +37,9 @@ Sections (all by default, in this order):
 
 Every ratio in the report is a time ratio (a row's time over the named baseline's; below
 1.00x is faster), against the fastest JAX callback of that row unless named otherwise.
+The sections that compare (latency, sweep, call, dispatch, barrier, ...) run their cases in
+interleaved rounds, so that a slow stretch of the machine hits them alike; a figure is
+the fastest round's, and the report prints next to a ratio its range over the rounds.
 ``--quick`` takes about a minute on 2 cores; the full run takes 3-5 minutes there
 (the compile section alone compiles 200-tap functions six ways, twice).
 
@@ -46,18 +49,23 @@ JSON schema (``--json``), version ``hostfeed-bench/1``: an object with ``schema`
 ``quick``, ``started``) and one key per section run. A *distribution* is ``{"count",
 "mean", "p50", "p90", "p99", "p999", "max"}``; a *CDF* is ``[[value, fraction], ...]``.
 
-* ``latency``: ``{"payload", "taps", "methods": {name: {"device_us": distribution,
-  "device_cdf_us": CDF, "handover_us": distribution or null, "handover_cdf_us": CDF (hostfeed
-  only), "device_side_per_tap_us", "end_to_end_per_tap_us"}}, "floors": {"xla_custom_call",
-  "numpy"}}`` (floors in µs per tap: XLA calling a handler that does nothing in the same
-  loop; copying the bytes and calling the function in Python)
+* ``latency``: ``{"payload", "taps", "rounds", "methods": {name: {"device_us":
+  distribution, "device_cdf_us": CDF, "handover_us": distribution or null,
+  "handover_cdf_us": CDF (hostfeed only), "device_side_per_tap_us",
+  "end_to_end_per_tap_us", "rounds_device_us", "rounds_end_to_end_us"}}, "floors":
+  {"xla_custom_call", "numpy"}}`` (per tap: the fastest round's, and each round's;
+  floors in µs per tap: XLA calling a handler that does nothing in the same loop;
+  copying the bytes and calling the function in Python)
 * ``sweep``: ``{"sizes": [bytes, ...], "methods": {name: [{"bytes", "taps", "taps_per_s",
-  "gb_per_s"}, ...]}}`` (``numpy copy`` is the floor; ``numpy copy, 2 buffers`` the
-  floor of a tap that copies asynchronously: alternately into two buffers)
-* ``call``: ``{"calls", "methods": {name: {"round_trip_us": distribution,
-  "round_trip_cdf_us": CDF, "per_call_us"}}, "loaded": {"calls", "busy_processes",
-  "methods": ...}}`` (``host function alone`` is the floor)
-* ``dispatch``: ``{"calls", name: {"us"}, ...}`` (per call, waited for)
+  "gb_per_s", "rounds_gb_per_s"}, ...]}}`` (the fastest round's, and each round's;
+  ``numpy copy`` is the floor; ``numpy copy, 2 buffers`` the floor of a tap that copies
+  asynchronously: alternately into two buffers)
+* ``call``: ``{"calls", "methods": {name: {"p50_us", "rounds_p50_us", "round_trip_us":
+  distribution, "round_trip_cdf_us": CDF, "per_call_us"}}, "loaded": {"calls",
+  "busy_processes", "methods": ...}}`` (``p50_us``: the median round trip of the fastest
+  round; the distribution pools every round; ``host function alone`` is the floor)
+* ``dispatch``: ``{"calls", name: {"us", "rounds_us"}, ...}`` (per call, waited for: the
+  fastest round's, and each round's)
 * ``backpressure``: ``{"host_us_per_tap", "tap_bytes", "taps", "runs": [{"method",
   "bound_bytes", "device_s", "end_to_end_s", "blocked_s", "blocked_count",
   "peak_queued_bytes"}, ...]}`` (null where a method has no queue)

@@ -93,14 +93,24 @@ def _large_taps(run: Run) -> Figure | None:
                   floor / gbps["hostfeed"])
 
 
+def call_p50(m: dict[str, Any]) -> float:
+    """A call method's median round trip: its fastest round's (``p50_us``), or in runs
+    without rounds the median of all its calls.
+
+    Example:
+        >>> call_p50({"p50_us": 2.5, "round_trip_us": {"p50": 3.0}})
+        2.5
+    """
+    return float(m.get("p50_us") or m["round_trip_us"]["p50"])
+
+
 def _round_trip(loaded: bool) -> Callable[[Run], Figure | None]:
     def figure(run: Run) -> Figure | None:
         call = run.get("call")
         if not call or (loaded and "loaded" not in call):
             return None
         methods = (call["loaded"] if loaded else call)["methods"]
-        return _against_best({k: m["round_trip_us"]["p50"] for k, m in methods.items()},
-                             "hostfeed call")
+        return _against_best({k: call_p50(m) for k, m in methods.items()}, "hostfeed call")
     return figure
 
 

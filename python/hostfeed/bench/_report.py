@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import __version__ as hostfeed_version
 from . import _portable
+from ._markdown import call_p50
 
 #: Environment variables that change what the benchmark measures.
 ENV_PREFIXES = ("JAX_", "XLA_", "HOSTFEED_", "OPENBLAS_", "OMP_", "CUDA_")
@@ -104,27 +105,33 @@ def text(result: dict[str, Any]) -> str:
 
 def _latency(r: dict) -> list[str]:
     methods = r["methods"]
-    best, best_v = _best_jax({k: m["device_us"]["p50"] for k, m in methods.items()
-                              if k != "hostfeed (spaced taps)"})
+    taps = {k: m for k, m in methods.items() if k != "hostfeed (spaced taps)"}
+    best, best_v = _best_jax({k: m["device_us"]["p50"] for k, m in taps.items()})
+    best_tap, best_tap_v = _best_jax({k: m["device_side_per_tap_us"] for k, m in taps.items()})
     rows = []
     for k, m in methods.items():
         hv = m["handover_us"] or {}
         if k == "hostfeed (spaced taps)":  # device work between taps: only hand-over counts
             rows.append([k, "", "", "", "", _fmt(hv.get("p50")), _fmt(hv.get("p99")), "", "",
-                         ""])
+                         "", "", ""])
             continue
         d = m["device_us"]
+        per_round = round_ratios(m, taps[best_tap], "rounds_device_us")
         rows.append([k, _fmt(d["p50"]), _fmt(d["p99"]), _fmt(d["p999"]), _fmt(d["max"]),
                      _fmt(hv.get("p50")), _fmt(hv.get("p99")),
                      _fmt(m["device_side_per_tap_us"]), _fmt(m["end_to_end_per_tap_us"]),
-                     _x(d["p50"] / best_v)])
+                     _x(d["p50"] / best_v), _x(m["device_side_per_tap_us"] / best_tap_v),
+                     _spread(per_round)])
+    rounds = r.get("rounds")
     return [f"per-tap latency, {r['taps']} taps of {r['payload']} in a loop (us). device: "
             f"what the computation spends per tap; hand-over: queued -> host function "
             f"starts (behind the taps queued before it, except spaced taps); per tap: the "
-            f"loop's time / taps, until it returns and until every callback ran. best JAX: "
-            f"{best}",
+            f"loop's time / taps, until it returns and until every callback ran (the "
+            f"fastest of {rounds or 'the'} rounds, and the ratio's range over them). best "
+            f"JAX: {best} (p50), {best_tap} (per tap)",
             *_grid(["method", "device p50", "p99", "p99.9", "max", "hand-over p50", "p99",
-                    "per tap", "end to end", "p50 / best JAX"], rows),
+                    "per tap", "end to end", "p50 / best JAX", "per tap / best JAX",
+                    "range"], rows),
             *_tap_floors(r)]
 
 
@@ -148,35 +155,45 @@ def _sweep(r: dict) -> list[str]:
         gbs = {m: v["gb_per_s"] for m, v in row.items()}
         best, best_v = _best_jax({m: 1 / v for m, v in gbs.items() if not m.startswith("numpy")})
         two = gbs.get("numpy copy, 2 buffers")  # absent from runs before it was measured
+        # Time ratios per round: the floor's GB/s over hostfeed's.
+        two_rounds = (round_ratios(row["numpy copy, 2 buffers"], row["hostfeed"],
+                                   "rounds_gb_per_s") if two else [])
         rows.append([str(size), *[f"{v['gb_per_s']:.3g}" for v in row.values()], best,
                      _x(1 / (gbs["hostfeed"] * best_v)),
                      _x(gbs["numpy copy"] / gbs["hostfeed"]),
-                     *([_x(two / gbs["hostfeed"])] if two else [])])
-    two_col = ["hostfeed / 2 buffers"] if "numpy copy, 2 buffers" in methods else []
+                     *([_x(two / gbs["hostfeed"]), _spread(two_rounds)] if two else [])])
+    two_col = (["hostfeed / 2 buffers", "range"] if "numpy copy, 2 buffers" in methods
+               else [])
     return ["payload sweep: GB/s end to end (taps of each size in a loop until every "
             "callback ran); hostfeed's time per byte over the best JAX callback's and over "
             "the floor (a numpy copy of the same bytes passed to the same Python function; "
             "'2 buffers': copying alternately into two, the fewest an asynchronous tap "
-            "can use: one is filled while the previous one's function runs)",
+            "can use: one is filled while the previous one's function runs; the fastest "
+            f"of {len(methods['hostfeed'][0].get('rounds_gb_per_s') or [1])} rounds, and "
+            "that ratio's range over them)",
             *_grid(["bytes", *methods, "best JAX", "hostfeed / best JAX",
                     "hostfeed / numpy copy", *two_col], rows)]
 
 
 def _call_rows(methods: dict) -> tuple[str, list[list[str]]]:
-    best, best_v = _best_jax({k: m["round_trip_us"]["p50"] for k, m in methods.items()})
-    rows = [[k, _fmt(m["round_trip_us"]["p50"]), _fmt(m["round_trip_us"]["p99"]),
+    best, best_v = _best_jax({k: call_p50(m) for k, m in methods.items()})
+    rows = [[k, _fmt(call_p50(m)), _fmt(m["round_trip_us"]["p99"]),
              _fmt(m["round_trip_us"]["p999"]), _fmt(m["round_trip_us"]["max"]),
-             _fmt(m["per_call_us"]), _x(m["round_trip_us"]["p50"] / best_v)]
+             _fmt(m["per_call_us"]), _x(call_p50(m) / best_v),
+             _spread(round_ratios(m, methods[best], "rounds_p50_us"))]
             for k, m in methods.items()]
     return best, rows
 
 
 def _call(r: dict) -> list[str]:
-    header = ["method", "p50", "p99", "p99.9", "max", "per call", "p50 / best JAX"]
+    header = ["method", "p50", "p99", "p99.9", "max", "per call", "p50 / best JAX",
+              "range (each round's p50)"]
     best, rows = _call_rows(r["methods"])
+    rounds = len(r["methods"]["hostfeed call"].get("rounds_p50_us") or [])
     out = [f"call round trip, {r['calls']} calls float32[4] -> float32[4] in a loop (us; "
-           f"between host function starts); host function alone: the floor. best JAX: "
-           f"{best}", *_grid(header, rows)]
+           f"between host function starts; p50: the median of the fastest of "
+           f"{rounds or 'the'} rounds, the tail over all); host function alone: the floor. "
+           f"best JAX: {best}", *_grid(header, rows)]
     if "loaded" in r:
         lr = r["loaded"]
         best, rows = _call_rows(lr["methods"])
@@ -185,15 +202,15 @@ def _call(r: dict) -> list[str]:
     return out
 
 
-def round_ratios(a: dict, b: dict) -> list[float]:
-    """``a``'s time over ``b``'s in each round both were measured in (``rounds_us``, the
+def round_ratios(a: dict, b: dict, key: str = "rounds_us") -> list[float]:
+    """``a``'s time over ``b``'s in each round both were measured in (``a[key]``, the
     interleaved repeats of a section), or [] when the result has no rounds.
 
     Example:
         >>> round_ratios({"rounds_us": [2.0, 3.0]}, {"rounds_us": [1.0, 2.0]})
         [2.0, 1.5]
     """
-    ra, rb = a.get("rounds_us") or [], b.get("rounds_us") or []
+    ra, rb = a.get(key) or [], b.get(key) or []
     return [x / y for x, y in zip(ra, rb) if y]
 
 

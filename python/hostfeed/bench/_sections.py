@@ -126,27 +126,70 @@ def _stamper(stamps: list[int]) -> Callable[[Any], None]:
 
 
 def latency(cfg: Config) -> dict:
-    """Per-tap device-side cost and hand-over latency of a float32[4] tap in a loop."""
+    """Per-tap device-side cost and hand-over latency of a float32[4] tap in a loop, in
+    rounds that interleave the methods (each method's loop once a round), so that a slow
+    stretch of the machine hits every method alike. The per-tap figures are the fastest
+    round's; ``rounds_device_us``/``rounds_end_to_end_us`` keep every round's (for the
+    ratios' ranges); the distributions pool every round's taps."""
     n = cfg.n(2000, 20000)
+    rounds = cfg.n(2, 5)
     x = jnp.arange(4, dtype=jnp.float32)
-    out: dict[str, Any] = {"payload": "float32[4]", "taps": n, "methods": {}}
-    for method in ("hostfeed", "hostfeed (sync)", *TAP_METHODS):
-        cfg.progress(f"latency: {method}")
-        stamps: list[int] = []
-        f = loop(n, tap_step(method, _stamper(stamps)))
-        entry = _timed_taps(f, x, n, before=stamps.clear)
-        if method == "hostfeed":
-            entry.update(_histogram_entries())
-        else:  # the device waits for each host function: the time between two is the cost
-            gaps = _inter_arrival_us(stamps)
-            entry["device_us"] = summary_of_samples(gaps)
-            entry["device_cdf_us"] = cdf_of_samples(gaps)
+    methods = ("hostfeed", "hostfeed (sync)", *TAP_METHODS)
+    stamps: dict[str, list[int]] = {m: [] for m in methods}
+    loops = {m: loop(n, tap_step(m, _stamper(stamps[m]))) for m in methods}
+    gaps: dict[str, list[float]] = {m: [] for m in methods}
+    buckets: dict[str, dict[int, int]] = {"device_ns": {}, "handover_ns": {}}
+    timed: dict[str, list[tuple[float, float]]] = {m: [] for m in methods}
+    for m, f in loops.items():  # compile and warm up
+        cfg.progress(f"latency: {m}")
+        _run_taps(f, x)
+    for _ in range(rounds):
+        for m, f in loops.items():
+            stamps[m].clear()
+            lifecycle.reset_histograms()
+            timed[m].append(_run_taps(f, x))
+            if m == "hostfeed":
+                _add_buckets(buckets, lifecycle.histograms())
+            else:  # the device waits for each host function: the time between two is the cost
+                gaps[m] += _inter_arrival_us(stamps[m])
+    out: dict[str, Any] = {"payload": "float32[4]", "taps": n, "rounds": rounds,
+                           "methods": {}}
+    for m in methods:
+        device_s, end_s = zip(*timed[m], strict=True)
+        entry: dict[str, Any] = {
+            "device_side_per_tap_us": min(device_s) / n * 1e6,
+            "end_to_end_per_tap_us": min(end_s) / n * 1e6,
+            "rounds_device_us": [t / n * 1e6 for t in device_s],
+            "rounds_end_to_end_us": [t / n * 1e6 for t in end_s]}
+        if m == "hostfeed":
+            entry.update(_histogram_entries({k: sorted(v.items()) for k, v in buckets.items()}))
+        else:
+            entry["device_us"] = summary_of_samples(gaps[m])
+            entry["device_cdf_us"] = cdf_of_samples(gaps[m])
             entry["handover_us"] = None  # the host function runs on the device's thread
-        out["methods"][method] = entry
+        out["methods"][m] = entry
     out["methods"]["hostfeed (spaced taps)"] = _spaced_latency(cfg)
     cfg.progress("latency: floors")
     out["floors"] = _tap_floors(cfg, n)
     return out
+
+
+def _add_buckets(into: dict[str, dict[int, int]], histograms: dict[str, Any]) -> None:
+    """Adds the ``(upper bound, count)`` buckets of ``histograms`` into ``into``."""
+    for key, table in into.items():
+        for bound, count in histograms[key]:
+            table[bound] = table.get(bound, 0) + count
+
+
+def _run_taps(f: Callable, x: jax.Array) -> tuple[float, float]:
+    """Runs ``f(x)`` once: seconds until it returns (device side) and until every callback
+    ran (end to end)."""
+    t0 = time.perf_counter()
+    f(x).block_until_ready()
+    device_s = time.perf_counter() - t0
+    hcb.barrier_wait()
+    jax.effects_barrier()
+    return device_s, time.perf_counter() - t0
 
 
 def _tap_floors(cfg: Config, n: int) -> dict[str, float]:
@@ -200,29 +243,21 @@ def _spaced_latency(cfg: Config) -> dict:
     return entry
 
 
-def _timed_taps(f: Callable, x: jax.Array, n: int,
-                before: Callable[[], None] = lambda: None) -> dict[str, Any]:
-    """Runs ``f(x)`` (n taps) once to compile and warm up, then once timed: until it
-    returns (device side) and until every callback ran (end to end), per tap. ``before``
-    runs just before the timed run, as do emptying hostfeed's timing histograms."""
-    f(x).block_until_ready()
-    hcb.barrier_wait()
-    jax.effects_barrier()
-    before()
+def _timed_taps(f: Callable, x: jax.Array, n: int) -> dict[str, Any]:
+    """Runs ``f(x)`` (n taps) once to compile and warm up, then once timed with hostfeed's
+    timing histograms emptied just before: per tap, until it returns (device side) and
+    until every callback ran (end to end)."""
+    _run_taps(f, x)
     lifecycle.reset_histograms()
-    t0 = time.perf_counter()
-    f(x).block_until_ready()
-    device_s = time.perf_counter() - t0
-    hcb.barrier_wait()
-    jax.effects_barrier()
-    end_to_end_s = time.perf_counter() - t0
+    device_s, end_s = _run_taps(f, x)
     return {"device_side_per_tap_us": device_s / n * 1e6,
-            "end_to_end_per_tap_us": end_to_end_s / n * 1e6}
+            "end_to_end_per_tap_us": end_s / n * 1e6}
 
 
-def _histogram_entries() -> dict[str, Any]:
-    """hostfeed's timing histograms since the last reset: summaries and CDFs, in µs."""
-    h = lifecycle.histograms()
+def _histogram_entries(h: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Summaries and CDFs, in µs, of hostfeed's timing histograms (``h``, by default the
+    receiver's since the last reset)."""
+    h = h if h is not None else lifecycle.histograms()
     return {"device_us": summary_of_buckets(h["device_ns"], 1e-3),
             "device_cdf_us": cdf_of_buckets(h["device_ns"], 1e-3),
             "handover_us": summary_of_buckets(h["handover_ns"], 1e-3),
@@ -275,7 +310,7 @@ def sweep(cfg: Config) -> dict:
     numpy and calling the same Python function with the copy."""
     sizes = ([16, 4096, 1 << 20, 16 << 20] if cfg.quick
              else [16 << (2 * k) for k in range(12)])  # 16 B ... 64 MiB
-    budget = cfg.n(48 << 20, 512 << 20)
+    budget = cfg.n(48 << 20, 1 << 31)
     methods = ("hostfeed", "buffer_callback", "io_callback(ordered)", "io_callback",
                "debug.callback")
     out: dict[str, Any] = {"sizes": sizes, "methods": {m: [] for m in
@@ -283,14 +318,18 @@ def sweep(cfg: Config) -> dict:
     for size in sizes:
         n = int(np.clip(budget // size, cfg.n(4, 8), cfg.n(500, 5000)))
         cfg.progress(f"sweep: {size} B")
-        for m, seconds in _sweep_one(cfg, methods, size, n).items():
+        for m, rounds in _sweep_one(cfg, methods, size, n).items():
+            seconds = min(rounds)
             out["methods"][m].append({"bytes": size, "taps": n, "taps_per_s": n / seconds,
-                                      "gb_per_s": n * size / seconds / 1e9})
+                                      "gb_per_s": n * size / seconds / 1e9,
+                                      "rounds_gb_per_s": [n * size / t / 1e9 for t in rounds]})
     return out
 
 
-def _sweep_one(cfg: Config, methods: tuple[str, ...], size: int, n: int) -> dict[str, float]:
-    """Best seconds of ``n`` taps of ``size`` bytes, per method and for a numpy copy."""
+def _sweep_one(cfg: Config, methods: tuple[str, ...], size: int,
+               n: int) -> dict[str, list[float]]:
+    """Seconds of ``n`` taps of ``size`` bytes in each round, per method and for the numpy
+    copies (the rounds interleave them)."""
     x = jnp.zeros(size // 4, jnp.float32)
     host_x = np.asarray(x)
     sink: list[int] = []
@@ -328,8 +367,8 @@ def _sweep_one(cfg: Config, methods: tuple[str, ...], size: int, n: int) -> dict
 
     res = interleaved({**{m: case(loops[m]) for m in methods}, "numpy copy": numpy_copy,
                        "numpy copy, 2 buffers": numpy_copy_two_buffers},
-                      repeats=cfg.n(1, 3))
-    return {m: r["min"] for m, r in res.items()}
+                      repeats=cfg.n(1, 5))
+    return {m: r["all"] for m, r in res.items()}
 
 
 # ----------------------------------------------------------------------------------------
@@ -365,45 +404,68 @@ def busy_cores(count: int | None = None) -> Any:
 
 
 def _call_runs(cfg: Config, n: int, tag: str) -> dict[str, Any]:
+    """Each method's loop of ``n`` calls, in rounds that interleave the methods (and the
+    host function alone). Per method: ``p50_us``, the median round trip of its fastest
+    round (this machine switches between a fast and a slow mode for seconds at a time,
+    for hostfeed and JAX alike: the fastest rounds compare like with like);
+    ``rounds_p50_us``, each round's median (for the ratio's range); the round trips of
+    every round pooled (for the tail); and the fastest round's time per call."""
     spec = jax.ShapeDtypeStruct((4,), jnp.float32)
-    out: dict[str, Any] = {"host function alone": _host_floor(n)}
+    rounds = cfg.n(2, 5)
+    z = jnp.zeros(4, jnp.float32)
+    stamps: dict[str, list[int]] = {}
+    runs: dict[str, Callable[[], None]] = {}
     for method in ("hostfeed call", *CALL_METHODS):
         cfg.progress(f"call: {method}{tag}")
-        stamps: list[int] = []
+        stamps[method] = []
 
-        def host(a: Any, stamps: list[int] = stamps) -> np.ndarray:
+        def host(a: Any, stamps: list[int] = stamps[method]) -> np.ndarray:
             stamps.append(time.perf_counter_ns())
             return np.asarray(a) + np.float32(1)
 
         step = _call_step(method, host, spec)
         f = jax.jit(lambda v, step=step: lax.fori_loop(0, n, lambda i, a: step(a), v))
-        z = jnp.zeros(4, jnp.float32)
-        f(z).block_until_ready()
-        stamps.clear()
-        t0 = time.perf_counter()
-        f(z).block_until_ready()
-        total = time.perf_counter() - t0
-        gaps = _inter_arrival_us(stamps)
-        out[method] = {"round_trip_us": summary_of_samples(gaps),
-                       "round_trip_cdf_us": cdf_of_samples(gaps),
-                       "per_call_us": total / n * 1e6}
-    return out
+        f(z).block_until_ready()  # compile and warm up
+        runs[method] = _waited(f, z)
+    stamps["host function alone"] = []
+    runs["host function alone"] = _host_floor(n, stamps["host function alone"])
+    gaps: dict[str, list[float]] = {m: [] for m in runs}
+    p50s: dict[str, list[float]] = {m: [] for m in runs}
+    per_call: dict[str, list[float]] = {m: [] for m in runs}
+    for _ in range(rounds):
+        for method, go in runs.items():
+            stamps[method].clear()
+            t0 = time.perf_counter()
+            go()
+            per_call[method].append((time.perf_counter() - t0) / n * 1e6)
+            g = _inter_arrival_us(stamps[method])
+            gaps[method] += g
+            p50s[method].append(summary_of_samples(g)["p50"])
+    order = ("host function alone", "hostfeed call", *CALL_METHODS)
+    return {m: {"p50_us": min(p50s[m]), "round_trip_us": summary_of_samples(gaps[m]),
+                "round_trip_cdf_us": cdf_of_samples(gaps[m]),
+                "rounds_p50_us": p50s[m], "per_call_us": min(per_call[m])} for m in order}
 
 
-def _host_floor(n: int) -> dict[str, Any]:
+def _waited(f: Callable[[Any], Any], x: Any) -> Callable[[], None]:
+    """Calls ``f(x)`` and waits for its result."""
+    def go() -> None:
+        f(x).block_until_ready()
+    return go
+
+
+def _host_floor(n: int, stamps: list[int]) -> Callable[[], None]:
     """The floor of a round trip: the host function called in a Python loop on a numpy
-    copy of its operand, with its result copied as a call's result is."""
-    stamps: list[int] = []
+    copy of its operand, with its result copied as a call's result is (stamped into
+    ``stamps``)."""
     a = np.zeros(4, np.float32)
     res = np.empty(4, np.float32)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        stamps.append(time.perf_counter_ns())
-        res[...] = np.array(a, copy=True) + np.float32(1)
-    total = time.perf_counter() - t0
-    gaps = _inter_arrival_us(stamps)
-    return {"round_trip_us": summary_of_samples(gaps), "round_trip_cdf_us": cdf_of_samples(gaps),
-            "per_call_us": total / n * 1e6}
+
+    def go() -> None:
+        for _ in range(n):
+            stamps.append(time.perf_counter_ns())
+            res[...] = np.array(a, copy=True) + np.float32(1)
+    return go
 
 
 def _call_step(method: str, host: Callable[[Any], Any], spec: Any) -> Callable[[Any], Any]:
