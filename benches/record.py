@@ -57,6 +57,7 @@ HOSTFEED_BENCH_SMALL_ROWS (default 10000).
 """
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import shutil
@@ -399,27 +400,44 @@ def s3_cost(mb: int, kind: str) -> None:
               f"{objects[k] / gib:>13.0f}{objects[k] / med:>11.1f}{base / med:>15.2f}x")
 
 
+def _arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (``--help`` prints it; an unknown option is an error, never taken
+    for a directory to write into)."""
+    p = argparse.ArgumentParser(
+        prog="benches/record.py", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--device-only", action="store_true",
+                      help="the device-side cost table only")
+    mode.add_argument("--names", type=int, nargs="?", const=10_000, metavar="N",
+                      help="the cost of N new names (default 10,000)")
+    mode.add_argument("--s3", type=int, nargs="?", const=1024, metavar="MB",
+                      help="write MB (default 1024) to an S3 server on 127.0.0.1")
+    p.add_argument("--s3-server", choices=("auto", "moto", "s3s-fs"), default="auto",
+                   help="which S3 server --s3 starts (auto: s3s-fs when found, else moto)")
+    p.add_argument("dirs", nargs="*", metavar="DIR",
+                   help="directories to write into (default: /dev/shm and "
+                        "$HOSTFEED_BENCH_DISK or /work/tmp)")
+    args = p.parse_args(argv)
+    if args.s3 is not None and args.dirs:
+        p.error("--s3 writes to the S3 server: give no DIR")
+    return args
+
+
 def main() -> None:
-    args = sys.argv[1:]
-    if "--s3" in args:
-        i = args.index("--s3")
-        mb = int(args[i + 1]) if i + 1 < len(args) and args[i + 1].isdigit() else 1024
-        kind = args[args.index("--s3-server") + 1] if "--s3-server" in args else "auto"
+    args = _arguments()
+    if args.s3 is not None:
         print(f"jax {jax.__version__}, hostfeed {hostfeed.__version__}, {os.cpu_count()} cpus, "
               f"load {os.getloadavg()[0]:.1f}, {REPEATS} rounds")
-        s3_cost(mb, kind)
+        s3_cost(args.s3, args.s3_server)
         return
-    device_only = "--device-only" in args
-    if "--names" in args:
-        i = args.index("--names")
-        n = int(args[i + 1]) if i + 1 < len(args) and args[i + 1].isdigit() else 10_000
-        rest = [a for k, a in enumerate(args) if k != i and not (k == i + 1 and a.isdigit())]
-        for base in rest or ["/dev/shm"]:
+    device_only = args.device_only
+    if args.names is not None:
+        for base in args.dirs or ["/dev/shm"]:
             os.makedirs(base, exist_ok=True)
-            names_cost(n, base)
+            names_cost(args.names, base)
         return
-    dirs = [a for a in args if a != "--device-only"] or [
-        "/dev/shm", os.environ.get("HOSTFEED_BENCH_DISK", "/work/tmp")]
+    dirs = args.dirs or ["/dev/shm", os.environ.get("HOSTFEED_BENCH_DISK", "/work/tmp")]
     print(f"jax {jax.__version__}, hostfeed {hostfeed.__version__}, {os.cpu_count()} cpus, "
           f"load {os.getloadavg()[0]:.1f}, {REPEATS} rounds")
     rng = np.random.default_rng(0)
