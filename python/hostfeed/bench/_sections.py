@@ -142,12 +142,12 @@ def latency(cfg: Config) -> dict:
     timed: dict[str, list[tuple[float, float]]] = {m: [] for m in methods}
     for m, f in loops.items():  # compile and warm up
         cfg.progress(f"latency: {m}")
-        _run_taps(f, x)
+        run_taps(f, x)
     for _ in range(rounds):
         for m, f in loops.items():
             stamps[m].clear()
             lifecycle.reset_histograms()
-            timed[m].append(_run_taps(f, x))
+            timed[m].append(run_taps(f, x))
             if m == "hostfeed":
                 _add_buckets(buckets, lifecycle.histograms())
             else:  # the device waits for each host function: the time between two is the cost
@@ -181,7 +181,7 @@ def _add_buckets(into: dict[str, dict[int, int]], histograms: dict[str, Any]) ->
             table[bound] = table.get(bound, 0) + count
 
 
-def _run_taps(f: Callable, x: jax.Array) -> tuple[float, float]:
+def run_taps(f: Callable, x: Any) -> tuple[float, float]:
     """Runs ``f(x)`` once: seconds until it returns (device side) and until every callback
     ran (end to end)."""
     t0 = time.perf_counter()
@@ -247,9 +247,9 @@ def _timed_taps(f: Callable, x: jax.Array, n: int) -> dict[str, Any]:
     """Runs ``f(x)`` (n taps) once to compile and warm up, then once timed with hostfeed's
     timing histograms emptied just before: per tap, until it returns (device side) and
     until every callback ran (end to end)."""
-    _run_taps(f, x)
+    run_taps(f, x)
     lifecycle.reset_histograms()
-    device_s, end_s = _run_taps(f, x)
+    device_s, end_s = run_taps(f, x)
     return {"device_side_per_tap_us": device_s / n * 1e6,
             "end_to_end_per_tap_us": end_s / n * 1e6}
 
