@@ -385,6 +385,7 @@ def s3_cost(mb: int, kind: str) -> None:
                 if r:
                     times[k].append(t)
                 objects[k] = len(server.keys(where["bucket"], where["prefix"]))
+                server.remove_bucket(bucket)  # 5 cases x 6 rounds x 1 GiB filled moto's disk
     finally:
         server.close()
         hostfeed.start_receiver(max_queue_byte_size=256_000_000)

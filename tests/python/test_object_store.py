@@ -105,6 +105,36 @@ def test_a_jitted_loop_reads_back_bit_for_bit(s3, bucket, compression):
     np.testing.assert_array_equal(t.read().result(), want)
 
 
+@pytest.mark.parametrize("single_put_bytes", [None, 8 << 20, 0],
+                         ids=["held-whole", "held-then-multipart", "multipart"])
+def test_shards_put_whole_or_in_parts_read_back_bit_for_bit(s3, bucket, single_put_bytes):
+    """A shard is held and put in one request; past ``single_put_bytes`` it becomes a
+    multipart upload (its held chunks the first part, several 16 MiB parts); 0 streams every
+    shard. A flush in the middle of a shard completes it partially; the next rows put it
+    again from the rows read back."""
+    url = f"s3://{bucket}/big.zarr"
+    options = {} if single_put_bytes is None else {"single_put_bytes": single_put_bytes}
+    rng = np.random.default_rng(7)
+    rows = rng.normal(size=(200, 1024, 64)).astype(np.float32)  # 256 KiB a row, 50 MiB
+    # 16 rows (4 MiB) an inner chunk, 160 rows (40 MiB) a shard: the second shard is partial.
+    with hostfeed.Recorder(url, chunk_bytes=4 << 20, shard_bytes=40 << 20,
+                           storage_options=options) as rec:
+        step = jax.jit(lambda x, s: rec.record("h", x, step=s).sum())
+        for s in range(200):
+            step(rows[s], s)
+            if s == 90:  # mid-shard: the first shard's object holds 91 rows, then 160
+                rec.flush()
+                assert hostfeed.read_recording(url, "h", storage_options=options)[0].shape[0] == 91
+    got, meta = hostfeed.read_recording(url, "h", storage_options=options)
+    np.testing.assert_array_equal(got, rows)
+    assert meta["step"].tolist() == list(range(200))
+    assert sorted(k for k in s3.keys(bucket, "big.zarr/h/c/")) == [
+        "big.zarr/h/c/0/0/0", "big.zarr/h/c/1/0/0"]
+    # A multipart upload's ETag ends in "-<parts>" (S3's rule, which both servers follow).
+    etag = s3.client().head_object(Bucket=bucket, Key="big.zarr/h/c/0/0/0")["ETag"]
+    assert etag.strip('"').endswith("-3") if single_put_bytes is not None else "-" not in etag
+
+
 def test_an_unsharded_store_has_an_object_per_chunk(s3, bucket):
     url = f"s3://{bucket}/plain.zarr"
     with hostfeed.Recorder(url, chunk_bytes=32, shard_bytes=0) as rec:  # 2 rows a chunk

@@ -239,6 +239,13 @@ def test_jvp_records_tangents_under_a_derived_name(store):
     assert read(store, "h.tangent").tolist() == [[1.5, 1.5]]
 
 
+@pytest.mark.parametrize("writers", [0, -1, 1.5, "2", True])
+def test_a_bad_writer_count_is_refused_at_open(store, writers):
+    with pytest.raises(ValueError, match=r"writers must be a positive number of threads, got"):
+        hostfeed.Recorder(store, writers=writers)
+    assert not os.path.exists(store), "nothing is created"
+
+
 def test_reserved_and_invalid_names_are_refused(store):
     with hostfeed.Recorder(store) as rec:
         for bad in ["h.step", "a/h.cotangent", "h.tangent", "a//b", "__x", "a b", ""]:

@@ -168,7 +168,9 @@ class Recorder:
         a chunk is an object. Default (None): 256 MiB shards in an object store, none on a
         file system. A compressed shard on a file system is put whole, its rows waiting in
         memory, so it is at most a quarter of the queue bound there.
-      writers: writer threads (default 2; they write different chunks at the same time).
+      writers: writer threads (they write different chunks at the same time). Default
+        (None): 2 on a file system; 4 in an object store, where a writer mostly waits for
+        the network (each puts a shard in one request, up to ``single_put_bytes`` held).
       durable: fsync every chunk and metadata write, so rows also survive an OS crash or
         power loss (default False: a killed process loses nothing flushed either way).
       commit_interval: seconds between announcements of written rows besides flushes.
@@ -182,8 +184,11 @@ class Recorder:
         ``google_service_account``, ``azure_storage_account_name``, ...), over the provider's
         environment variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
         ``GOOGLE_APPLICATION_CREDENTIALS``, ...); plus ``retry_timeout`` (seconds, default
-        180) and ``max_retries`` (default 10) for transient errors. Secret values never
-        appear in a message, a ``repr`` or the store.
+        180) and ``max_retries`` (default 10) for transient errors, and
+        ``single_put_bytes`` (default 1 GiB: the shards held in memory together to be put
+        in one request each; beyond, a shard goes up as a multipart upload as it fills; 0
+        streams every shard). Secret values never appear in a message, a ``repr`` or the
+        store.
       lease: an object store's lock is an object with a lease that the recorder renews
         while it is open; after a crash, the store opens again once ``lease`` seconds have
         passed (default 60).
@@ -210,7 +215,8 @@ class Recorder:
     """
 
     def __init__(self, path: Any, *, mode: str = "w-", compression: Optional[str] = None,
-                 compression_level: int = 1, chunk_bytes: int = 16 << 20, writers: int = 2,
+                 compression_level: int = 1, chunk_bytes: int = 16 << 20,
+                 writers: Optional[int] = None,
                  durable: bool = False, commit_interval: float = 1.0,
                  separator: str = "/", coordination_timeout: float = 60.0,
                  storage_options: Optional[Mapping[str, Any]] = None, lease: float = 60.0,
@@ -227,7 +233,8 @@ class Recorder:
         fspath = where.where
         coord = coordination.Coordinator(fspath, coordination_timeout)
         options: dict[str, Any] = dict(mode=mode, compression=compression, level=compression_level,
-                       chunk_bytes=chunk_bytes, writers=writers, durable=durable,
+                       chunk_bytes=chunk_bytes, writers=_writers(writers, where.url),
+                       durable=durable,
                        commit_interval=commit_interval, separator=separator,
                        shard_bytes=_shard_bytes(shard_bytes, where.url))
         if resume_after_step is not None:
@@ -489,6 +496,8 @@ class Recorder:
 
 #: Shards of an object store's arrays unless ``shard_bytes`` says otherwise.
 DEFAULT_OBJECT_SHARD_BYTES = 256 << 20
+#: Writer threads of a recorder in an object store, unless told otherwise.
+OBJECT_STORE_WRITERS = 4
 
 
 def _shard_bytes(shard_bytes: Optional[int], url: bool) -> Optional[int]:
@@ -500,6 +509,17 @@ def _shard_bytes(shard_bytes: Optional[int], url: bool) -> Optional[int]:
         raise ValueError(f"hostfeed.Recorder: shard_bytes must be a number of bytes (0: no "
                          f"shards), got {shard_bytes!r}")
     return int(shard_bytes) or None
+
+
+def _writers(writers: Optional[int], url: bool) -> int:
+    """Writer threads: as given, else 4 for an object store (they wait on the network) and
+    2 for a file system."""
+    if writers is None:
+        return OBJECT_STORE_WRITERS if url else 2
+    if isinstance(writers, bool) or not isinstance(writers, (int, np.integer)) or writers < 1:
+        raise ValueError(f"hostfeed.Recorder: writers must be a positive number of threads, "
+                         f"got {writers!r}")
+    return int(writers)
 
 
 def _check_name(name: str) -> None:

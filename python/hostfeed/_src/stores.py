@@ -116,7 +116,7 @@ def zarr_store(where: Location) -> Any:
         bare = re.sub(r"^(aws|google|azure)_", "", k.lower())
         if bare in _CLIENT_KEYS:
             client[bare] = config.pop(k)
-    for k in ("retry_timeout", "max_retries"):
+    for k in ("retry_timeout", "max_retries", "single_put_bytes"):
         config.pop(k, None)
     options: dict[str, Any] = {"config": config or None, "client_options": client or None}
     store = obstore.store.from_url(where.where, **options)

@@ -61,6 +61,15 @@ class _Client:
             out.update({o["Key"]: o["Size"] for o in page.get("Contents", [])})
         return out
 
+    def remove_bucket(self, bucket: str) -> None:
+        """Deletes every object of ``bucket``, then the bucket (one request per object:
+        s3s-fs has no bulk delete). A server keeps what it stores until then: moto in temporary
+        files, so a bench that writes a GiB a case would fill the disk otherwise."""
+        s3 = self.client()
+        for key in self.keys(bucket):
+            s3.delete_object(Bucket=bucket, Key=key)
+        s3.delete_bucket(Bucket=bucket)
+
     def objects(self, bucket: str, prefix: str = "") -> dict[str, bytes]:
         """Every object under ``prefix``: key -> bytes."""
         s3 = self.client()

@@ -30,6 +30,18 @@
 //!   arrays and parts; documents written by several processes (a group's) are created
 //!   once, the others finding them there.
 //!
+//! ## Shards: one request when they can be held
+//!
+//! A shard ([`Store::stream`]) is held in memory while its inner chunks come and put in
+//! one request when it is complete, as tensorstore and zarrs put theirs: one request per
+//! object, and a server that assembles a multipart upload by copying its parts (moto
+//! does) stores it once. The shards a store holds together stay within
+//! [`SINGLE_PUT_BYTES`] (default [`DEFAULT_SINGLE_PUT_BYTES`]): a shard that would pass it
+//! becomes a multipart upload, its held pieces its first parts, and the rest streamed as
+//! its inner chunks fill (a few parts in flight; the writer waits beyond, so a slow
+//! network holds rows back, and with them the devices). Either way the object appears
+//! whole when it is complete, never before.
+//!
 //! ## Threads
 //!
 //! Requests are async; a small tokio runtime owned by the store runs them, and the
@@ -48,6 +60,7 @@ use std::collections::HashMap;
 use std::io;
 use std::mem::ManuallyDrop;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -72,6 +85,13 @@ const SECRET_WORDS: [&str; 6] = ["secret", "token", "key", "password", "credenti
 pub(crate) const RETRY_TIMEOUT: &str = "retry_timeout";
 /// See [`RETRY_TIMEOUT`].
 pub(crate) const MAX_RETRIES: &str = "max_retries";
+/// See [`RETRY_TIMEOUT`]: the most bytes of shards held to be put in one request each.
+pub(crate) const SINGLE_PUT_BYTES: &str = "single_put_bytes";
+/// Default of [`SINGLE_PUT_BYTES`]: four shards of the default 256 MiB with their indexes,
+/// one for each of the four writers a recorder has in an object store by default.
+pub(crate) const DEFAULT_SINGLE_PUT_BYTES: usize = (1 << 30) + (1 << 20);
+/// The largest object S3 takes in one request (5 GiB; GCS and Azure take more).
+const SINGLE_PUT_MAX: usize = 5 << 30;
 
 /// Objects larger than this (shards) are put as multipart uploads, in parallel parts.
 const MULTIPART_ABOVE: usize = 32 << 20;
@@ -111,6 +131,13 @@ pub(crate) struct Objects {
     /// update of an object a second; zero elsewhere), and when each key was last written.
     update_every: Duration,
     updated: Mutex<HashMap<String, Instant>>,
+    /// The most bytes of shards held at once to be put in one request each
+    /// ([`SINGLE_PUT_BYTES`]), and the bytes held now.
+    hold_limit: usize,
+    held: AtomicUsize,
+    /// Objects put in one request and multipart uploads completed (for the tests).
+    single_puts: AtomicU64,
+    multipart_puts: AtomicU64,
 }
 
 impl std::fmt::Debug for Objects {
@@ -144,7 +171,7 @@ fn unknown_option(k: &str, name: &str) -> RecordError {
     invalid(format!(
         "unknown storage option {k:?} for {name} (the object_store crate's config keys, e.g. \
          \"aws_endpoint\", \"aws_region\", \"google_service_account\", \
-         \"azure_storage_account_name\", or hostfeed's \"{RETRY_TIMEOUT}\" and \"{MAX_RETRIES}\")"
+         \"azure_storage_account_name\", or hostfeed's \"{RETRY_TIMEOUT}\", \"{MAX_RETRIES}\" and \"{SINGLE_PUT_BYTES}\")"
     ))
 }
 
@@ -176,6 +203,7 @@ impl Objects {
         let (scheme, prefix) = ObjectStoreScheme::parse(&parsed)
             .map_err(|e| invalid(format!("{url:?} names no object store hostfeed knows: {e}")))?;
         let mut retry = RetryConfig::default();
+        let mut hold_limit = DEFAULT_SINGLE_PUT_BYTES;
         let mut provider: Vec<(String, String)> = Vec::new();
         let mut secrets: Vec<String> = std::env::vars()
             .filter(|(k, v)| is_secret(k) && v.len() >= 4)
@@ -192,6 +220,11 @@ impl Objects {
                 MAX_RETRIES => {
                     retry.max_retries = v.trim().parse().map_err(|_| {
                         invalid(format!("storage option {k:?} must be a whole number, got {v:?}"))
+                    })?;
+                }
+                SINGLE_PUT_BYTES => {
+                    hold_limit = v.trim().parse().map_err(|_| {
+                        invalid(format!("storage option {k:?} must be a whole number of bytes, got {v:?}"))
                     })?;
                 }
                 _ => provider.push((k.clone(), v.clone())),
@@ -256,7 +289,7 @@ impl Objects {
         } else {
             Duration::ZERO
         };
-        Self::with_store(inner, trimmed, prefix.as_ref(), secrets, update_every)
+        Self::with_store(inner, trimmed, prefix.as_ref(), secrets, update_every, hold_limit)
     }
 
     /// An in-memory store standing for `url` (its root): the store of `cargo test`.
@@ -271,10 +304,22 @@ impl Objects {
     /// [`Objects::in_memory`] writing an object at most once every `every`, as on GCS.
     #[cfg(test)]
     pub(crate) fn in_memory_paced(url: &str, every: Duration) -> Result<Arc<Objects>, RecordError> {
+        Self::in_memory_with(url, every, DEFAULT_SINGLE_PUT_BYTES)
+    }
+
+    /// [`Objects::in_memory`] holding at most `hold_limit` bytes of shards
+    /// ([`SINGLE_PUT_BYTES`]).
+    #[cfg(test)]
+    pub(crate) fn in_memory_holding(url: &str, hold_limit: usize) -> Result<Arc<Objects>, RecordError> {
+        Self::in_memory_with(url, Duration::ZERO, hold_limit)
+    }
+
+    #[cfg(test)]
+    fn in_memory_with(url: &str, every: Duration, hold_limit: usize) -> Result<Arc<Objects>, RecordError> {
         let inner = Arc::new(object_store::memory::InMemory::new());
         let parsed = url::Url::parse(url).map_err(|e| invalid(format!("{url:?} is not a URL: {e}")))?;
         let prefix = parsed.path().trim_start_matches('/').trim_end_matches('/').to_string();
-        Self::with_store(inner, url.trim_end_matches('/'), &prefix, Vec::new(), every)
+        Self::with_store(inner, url.trim_end_matches('/'), &prefix, Vec::new(), every, hold_limit)
     }
 
     fn with_store(
@@ -283,6 +328,7 @@ impl Objects {
         prefix: &str,
         secrets: Vec<String>,
         update_every: Duration,
+        hold_limit: usize,
     ) -> Result<Arc<Objects>, RecordError> {
         let base = root.strip_suffix(prefix).unwrap_or(root).trim_end_matches('/');
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -305,7 +351,30 @@ impl Objects {
             me: me.clone(),
             update_every,
             updated: Mutex::new(HashMap::new()),
+            hold_limit,
+            held: AtomicUsize::new(0),
+            single_puts: AtomicU64::new(0),
+            multipart_puts: AtomicU64::new(0),
         }))
+    }
+
+    /// Reserves `n` more bytes for an object held as `held_now` bytes so far, if the
+    /// object and everything held stay within the limits.
+    fn try_hold(&self, held_now: usize, n: usize) -> bool {
+        if held_now + n > SINGLE_PUT_MAX.min(self.hold_limit) {
+            return false;
+        }
+        self.held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| {
+                Some(h + n).filter(|&t| t <= self.hold_limit)
+            })
+            .is_ok()
+    }
+
+    fn release_held(&self, n: usize) {
+        if n > 0 {
+            self.held.fetch_sub(n, Ordering::AcqRel);
+        }
     }
 
     /// Waits, if `key` was written less than `update_every` ago, until that much time has
@@ -583,30 +652,37 @@ impl Store for Objects {
         let started = self
             .key(path)
             .map_err(|e| RecordError::Io { errno: None, message: e.to_string() })
-            .and_then(|key| {
-                let upload = self.run(self.inner.put_multipart(&key)).map_err(|e| self.fail("start", path, &e))?;
-                Ok(Box::new(Upload {
+            .map(|key| {
+                Box::new(Upload {
                     objects: self.me.upgrade().unwrap_or_else(|| unreachable!("an Objects lives in its Arc")),
                     path: path.to_path_buf(),
                     key,
-                    parts: upload,
+                    held: Vec::new(),
+                    held_bytes: 0,
+                    parts: None,
                     buffer: Vec::new(),
                     in_flight: std::collections::VecDeque::new(),
-                }) as Box<dyn Streamed>)
+                }) as Box<dyn Streamed>
             });
         Some(started)
     }
 }
 
-/// A multipart upload ([`Streamed`]): pieces gathered into parts of at least [`PART`]
-/// bytes (S3's least is 5 MiB, but for the last), each sent as soon as it is complete, up
-/// to [`PARTS_IN_FLIGHT`] at a time (the writer waits for the oldest beyond that, so a
-/// slow network holds rows back, and with them the devices).
+/// An object written piece by piece ([`Streamed`]; see "Shards" in the module
+/// documentation): its pieces held while the store may hold them, and put in one request
+/// at [`Streamed::finish`]; else a multipart upload, the pieces gathered into parts of at
+/// least [`PART`] bytes (S3's least is 5 MiB, but for the last), each sent as soon as it is
+/// complete, up to [`PARTS_IN_FLIGHT`] at a time (the writer waits for the oldest beyond
+/// that).
 struct Upload {
     objects: Arc<Objects>,
     path: PathBuf,
     key: Key,
-    parts: Box<dyn object_store::MultipartUpload>,
+    /// The pieces held (while `parts` is `None`), and their bytes, reserved in the store.
+    held: Vec<bytes::Bytes>,
+    held_bytes: usize,
+    /// The multipart upload, once the object could not be held.
+    parts: Option<Box<dyn object_store::MultipartUpload>>,
     buffer: Vec<u8>,
     in_flight: std::collections::VecDeque<tokio::task::JoinHandle<Result<(), object_store::Error>>>,
 }
@@ -616,8 +692,37 @@ impl Upload {
         while self.in_flight.len() >= PARTS_IN_FLIGHT {
             self.wait_oldest()?;
         }
-        let part = self.parts.put_part(PutPayload::from(bytes));
+        let Some(parts) = self.parts.as_mut() else {
+            unreachable!("parts are sent once the multipart upload has started")
+        };
+        let part = parts.put_part(PutPayload::from(bytes));
         self.in_flight.push_back(self.objects.rt.spawn(part));
+        Ok(())
+    }
+
+    /// Starts the multipart upload and sends the pieces held so far as its first parts
+    /// (their reservation released: from now on at most [`PARTS_IN_FLIGHT`] parts wait).
+    fn start_multipart(&mut self) -> Result<(), RecordError> {
+        let upload = self.objects.run(self.objects.inner.put_multipart(&self.key));
+        self.parts = Some(upload.map_err(|e| self.objects.fail("start", &self.path, &e))?);
+        self.objects.release_held(std::mem::take(&mut self.held_bytes));
+        for piece in std::mem::take(&mut self.held) {
+            self.gather(Vec::from(piece))?;
+        }
+        Ok(())
+    }
+
+    /// Adds a piece to the part being gathered; sends the part once it is large enough.
+    fn gather(&mut self, bytes: Vec<u8>) -> Result<(), RecordError> {
+        if self.buffer.is_empty() {
+            self.buffer = bytes; // no copy: a piece of a part's size or more goes as it is
+        } else {
+            self.buffer.extend_from_slice(&bytes);
+        }
+        if self.buffer.len() >= PART {
+            let part = std::mem::take(&mut self.buffer);
+            self.send(part)?;
+        }
         Ok(())
     }
 
@@ -634,28 +739,48 @@ impl Upload {
         for h in self.in_flight.drain(..) {
             h.abort();
         }
-        let _ = self.objects.run(self.parts.abort());
+        if let Some(parts) = self.parts.as_mut() {
+            let _ = self.objects.run(parts.abort());
+        }
+    }
+}
+
+impl Drop for Upload {
+    fn drop(&mut self) {
+        self.objects.release_held(std::mem::take(&mut self.held_bytes));
     }
 }
 
 impl Streamed for Upload {
     fn push(&mut self, bytes: Vec<u8>) -> Result<(), RecordError> {
-        if self.buffer.is_empty() {
-            self.buffer = bytes; // no copy: a piece of a part's size or more goes as it is
-        } else {
-            self.buffer.extend_from_slice(&bytes);
-        }
-        if self.buffer.len() >= PART {
-            let part = std::mem::take(&mut self.buffer);
-            if let Err(e) = self.send(part) {
+        if self.parts.is_none() {
+            if self.objects.try_hold(self.held_bytes, bytes.len()) {
+                self.held_bytes += bytes.len();
+                self.held.push(bytes::Bytes::from(bytes));
+                return Ok(());
+            }
+            if let Err(e) = self.start_multipart() {
                 self.abort();
                 return Err(e);
             }
+        }
+        if let Err(e) = self.gather(bytes) {
+            self.abort();
+            return Err(e);
         }
         Ok(())
     }
 
     fn finish(mut self: Box<Self>) -> Result<(), RecordError> {
+        if self.parts.is_none() {
+            // Held whole: one request (retried as a whole by the client).
+            let payload: PutPayload = std::mem::take(&mut self.held).into_iter().collect();
+            self.objects.pace(&self.key);
+            let opts = PutOptions { mode: PutMode::Overwrite, ..PutOptions::default() };
+            let done = self.objects.run(self.objects.inner.put_opts(&self.key, payload, opts));
+            self.objects.single_puts.fetch_add(1, Ordering::Relaxed);
+            return done.map(|_| ()).map_err(|e| self.objects.fail("put", &self.path, &e));
+        }
         let last = std::mem::take(&mut self.buffer);
         let sent = (if last.is_empty() { Ok(()) } else { self.send(last) }).and_then(|()| {
             while !self.in_flight.is_empty() {
@@ -668,7 +793,9 @@ impl Streamed for Upload {
             return Err(e);
         }
         self.objects.pace(&self.key);
-        let done = self.objects.run(self.parts.complete());
+        let Some(parts) = self.parts.as_mut() else { unreachable!("a multipart upload was started") };
+        let done = self.objects.run(parts.complete());
+        self.objects.multipart_puts.fetch_add(1, Ordering::Relaxed);
         done.map(|_| ()).map_err(|e| self.objects.fail("complete", &self.path, &e))
     }
 }
@@ -987,6 +1114,72 @@ mod tests {
         assert!(o.get(&path).unwrap() == bytes);
     }
 
+    /// Streams `pieces` to a new object of `o` and finishes it.
+    fn streamed(o: &Arc<Objects>, name: &str, pieces: &[Vec<u8>]) -> (PathBuf, Vec<u8>) {
+        let path = o.root().join(name);
+        let mut up = o.stream(&path).unwrap().unwrap();
+        for p in pieces {
+            up.push(p.clone()).unwrap();
+        }
+        up.finish().unwrap();
+        (path, pieces.concat())
+    }
+
+    fn piece(n: usize, seed: usize) -> Vec<u8> {
+        (0..n).map(|i| u8::try_from((i * 7 + seed) % 251).unwrap()).collect()
+    }
+
+    #[test]
+    fn a_shard_held_whole_goes_up_in_one_request() {
+        let o = Objects::in_memory("memory:///r.zarr").unwrap();
+        let pieces = [piece(1 << 20, 1), piece(1 << 20, 2), piece(100, 3)];
+        let (path, whole) = streamed(&o, "x/c/0", &pieces);
+        assert!(o.get(&path).unwrap() == whole);
+        assert_eq!(o.single_puts.load(Ordering::Relaxed), 1);
+        assert_eq!(o.multipart_puts.load(Ordering::Relaxed), 0);
+        assert_eq!(o.held.load(Ordering::Relaxed), 0, "the reservation ends with the put");
+    }
+
+    #[test]
+    fn a_shard_past_the_hold_limit_becomes_a_multipart_upload() {
+        // One shard larger than the limit: its held pieces become the first part.
+        let o = Objects::in_memory_holding("memory:///r.zarr", (5 << 20) / 2).unwrap();
+        let pieces: Vec<Vec<u8>> = (0..20).map(|k| piece(1 << 20, k)).collect();
+        let (path, whole) = streamed(&o, "x/c/0", &pieces);
+        assert!(o.get(&path).unwrap() == whole);
+        assert_eq!((o.single_puts.load(Ordering::Relaxed), o.multipart_puts.load(Ordering::Relaxed)), (0, 1));
+        assert_eq!(o.held.load(Ordering::Relaxed), 0);
+        // Limit 0: every shard is streamed.
+        let o = Objects::in_memory_holding("memory:///r.zarr", 0).unwrap();
+        streamed(&o, "x/c/0", &[piece(10, 1)]);
+        assert_eq!((o.single_puts.load(Ordering::Relaxed), o.multipart_puts.load(Ordering::Relaxed)), (0, 1));
+    }
+
+    #[test]
+    fn shards_held_together_stay_within_the_limit() {
+        let o = Objects::in_memory_holding("memory:///r.zarr", 3 << 20).unwrap();
+        let a_path = o.root().join("a/c/0");
+        let mut a = o.stream(&a_path).unwrap().unwrap();
+        a.push(piece(2 << 20, 1)).unwrap();
+        assert_eq!(o.held.load(Ordering::Relaxed), 2 << 20);
+        // A second shard finds 1 MiB left: it is held up to that, then streamed.
+        let (b_path, b_whole) = streamed(&o, "b/c/0", &[piece(1 << 20, 2), piece(1 << 20, 3)]);
+        assert_eq!(o.multipart_puts.load(Ordering::Relaxed), 1);
+        assert_eq!(o.held.load(Ordering::Relaxed), 2 << 20, "b's held piece was released");
+        a.push(piece(1 << 20, 4)).unwrap();
+        a.finish().unwrap();
+        assert_eq!(o.single_puts.load(Ordering::Relaxed), 1);
+        assert!(o.get(&b_path).unwrap() == b_whole);
+        assert!(o.get(&a_path).unwrap() == [piece(2 << 20, 1), piece(1 << 20, 4)].concat());
+        // An upload dropped unfinished (a failed write) frees what it held; no object.
+        let gone = o.root().join("c/c/0");
+        let mut c = o.stream(&gone).unwrap().unwrap();
+        c.push(piece(1 << 20, 5)).unwrap();
+        drop(c);
+        assert_eq!(o.held.load(Ordering::Relaxed), 0);
+        assert!(!o.exists(&gone));
+    }
+
     #[test]
     fn a_document_is_replaced_only_from_the_version_this_process_wrote() {
         let o = Objects::in_memory("memory:///r.zarr").unwrap();
@@ -1059,6 +1252,8 @@ mod tests {
         assert!(e.to_string().contains("unknown storage option \"aws_bogus\""), "{e}");
         let e = Objects::open("s3://b/r.zarr", &[(RETRY_TIMEOUT.into(), "soon".into())]).unwrap_err();
         assert!(e.to_string().contains("number of seconds"), "{e}");
+        let e = Objects::open("s3://b/r.zarr", &[(SINGLE_PUT_BYTES.into(), "1GB".into())]).unwrap_err();
+        assert!(e.to_string().contains("whole number of bytes"), "{e}");
         assert!(is_object_url("s3://b/x") && is_object_url("gs://b/x") && is_object_url("az://c/x"));
         assert!(!is_object_url("file:///tmp/x") && !is_object_url("/tmp/x"));
     }
