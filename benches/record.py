@@ -41,7 +41,8 @@ from a jitted loop, until flushed and closed) against tensorstore's ``zarr3`` dr
 sharding, zarrs (the Rust implementation, through its zarr-python codec pipeline) and
 zarr-python, all sharded alike, each writing all rows from host memory in one call (their
 fastest use, no JAX). Printed: GB/s, objects per GiB, objects written per
-second, and ratios to tensorstore.
+second, and ratios to tensorstore. Each case's bucket is removed after it is measured
+(moto keeps objects in temporary files: rounds of GiB-sized cases would fill the disk).
 
 A third mode, ``--names [N]``, checks that a new name costs the same however many came
 before: N distinct names (default 10,000) into one store, recorded eagerly
@@ -465,6 +466,11 @@ def main() -> None:
         report(f"\n{base}: {n_large} rows of float32{list(LARGE_SHAPE)} "
                f"({n_large * large.nbytes / 2**30:.2f} GiB), end to end",
                times, n_large * large.nbytes, n_large, "floor: tofile per row")
+        sharded, plain = times["Recorder, sharded 256 MiB"], times["Recorder (2 writers)"]
+        per_round = [p / s for s, p in zip(sharded, plain)]  # the rounds interleave cases
+        print(f"  sharded / unsharded throughput: "
+              f"{statistics.median(plain) / statistics.median(sharded):.2f}x of the medians, "
+              f"rounds {min(per_round):.2f}-{max(per_round):.2f}x")
 
         small_cases = [
             Case("Recorder", recorder_case(SMALL_ROWS, small)),

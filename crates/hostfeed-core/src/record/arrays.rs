@@ -183,18 +183,16 @@ pub(crate) struct Job {
     pub(crate) partial: bool,
     /// Compressed codec: rows at the start of this chunk to read back from disk.
     pub(crate) disk_prefix: u64,
-    /// Jobs of one array with the same lane run one at a time, in order: its chunk, or
-    /// for a shard written in place, its inner chunk (those of one shard run in parallel).
-    pub(crate) lane: u64,
 }
 
 impl Job {
+    /// The array and chunk (shard) the job writes into. Jobs with one key run one at a
+    /// time, in order; jobs of different chunks (shards) in parallel. A shard's jobs (its
+    /// inner chunks) are not spread over the writers: the kernel lets one write at a time
+    /// into a file, so two writers in one shard wait for each other, while two shards are
+    /// two files written at once (on `/dev/shm`, 256 MiB shards wrote at 0.55x a file per
+    /// chunk with a shard's jobs in parallel, 0.95x with shards in parallel).
     pub(crate) fn key(&self) -> (ArrayId, u64) {
-        (self.array.id, self.lane)
-    }
-
-    /// The array and shard (chunk) the job writes into.
-    pub(crate) fn key_of_shard(&self) -> (ArrayId, u64) {
         (self.array.id, self.chunk)
     }
 

@@ -198,7 +198,7 @@ pub struct Recorder {
     /// the budget: beyond that it spills); released at close.
     pub(crate) pool_reservation: Mutex<Option<PoolReservation>>,
     /// Shards written in place: the inner chunks their index lists, by array and shard
-    /// (jobs of one shard run in parallel; the index only grows).
+    /// (the index only grows).
     pub(crate) shard_index: Mutex<HashMap<(ArrayId, u64), u64>>,
     /// Shards being streamed to their objects (object stores), by array and shard.
     pub(crate) uploads: Mutex<HashMap<(ArrayId, u64), crate::record::shard::ShardUpload>>,
@@ -877,9 +877,7 @@ impl Recorder {
         let disk_prefix = if whole { st.on_disk_prefix } else { 0 };
         // After a partial compressed chunk, the next write of it starts from the disk copy.
         st.on_disk_prefix = st.pending_first % cr;
-        // Inner chunks of a shard written in place go to disjoint bytes: in parallel.
-        let lane = if self.in_place_shards(a) { first_row / a.spec.inner_rows.unwrap_or(cr) } else { chunk };
-        let job = Job { array: Arc::clone(a), chunk, first_row, rows, partial, disk_prefix, lane };
+        let job = Job { array: Arc::clone(a), chunk, first_row, rows, partial, disk_prefix };
         lock(&self.pool.state).jobs.push_back(job);
         self.pool.work.notify_one();
     }

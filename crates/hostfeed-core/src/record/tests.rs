@@ -400,7 +400,6 @@ fn jobs_of_one_chunk_run_in_order() {
         rows: Vec::new(),
         partial: false,
         disk_prefix: 0,
-        lane: chunk,
     };
     p.jobs.extend([job(0, 0), job(0, 3), job(1, 10)]);
     assert_eq!(p.next_job().map(|j| j.first_row), Some(0));

@@ -355,11 +355,10 @@ fn write_chunk(
         in_place.write_at(&path, in_chunk * as_u64(rb), &slices, data)?;
         if let Some(inner) = spec.inner_rows {
             // A shard: its index, at its fixed place after the inner chunks, lists the inner
-            // chunks up to this job's. Jobs of one shard run in parallel: the index is
-            // written under a lock and only grows (an inner chunk listed before its rows
-            // are written lies past the announced rows, which are all listed).
+            // chunks up to this job's, and only grows (an inner chunk listed before all its
+            // rows are written lies past the announced rows, which are all listed).
             let mut listed = lock(shard_index);
-            let entry = listed.entry(job.key_of_shard()).or_insert(0);
+            let entry = listed.entry(job.key()).or_insert(0);
             let present = (*entry).max((in_chunk + as_u64(job.rows.len())).div_ceil(inner));
             if present > *entry {
                 let index = shard::index_in_place(present, spec.chunk_rows / inner, inner * as_u64(rb));
