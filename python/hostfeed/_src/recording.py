@@ -185,10 +185,10 @@ class Recorder:
         environment variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
         ``GOOGLE_APPLICATION_CREDENTIALS``, ...); plus ``retry_timeout`` (seconds, default
         180) and ``max_retries`` (default 10) for transient errors, and
-        ``single_put_bytes`` (default 1 GiB: the shards held in memory together to be put
-        in one request each; beyond, a shard goes up as a multipart upload as it fills; 0
-        streams every shard). Secret values never appear in a message, a ``repr`` or the
-        store.
+        ``single_put_bytes`` (default 1 GiB and 1 MiB, four default shards: the shards held in
+        memory together to be put in one request each; beyond, a shard goes up as a
+        multipart upload as it fills; 0 streams every shard). Secret values never appear
+        in a message, a ``repr`` or the store.
       lease: an object store's lock is an object with a lease that the recorder renews
         while it is open; after a crash, the store opens again once ``lease`` seconds have
         passed (default 60).
