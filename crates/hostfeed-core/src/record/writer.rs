@@ -41,6 +41,13 @@ impl Recorder {
                         break j;
                     }
                     if g.stop && g.jobs.is_empty() {
+                        drop(g);
+                        // Wake the writers still asleep: one may have gone back to sleep on
+                        // a job of a chunk another writer was running when the stop came
+                        // (the stop's wake-up found it blocked), and the job that ended
+                        // last woke nobody, the queue being empty: it would sleep forever,
+                        // and close with it, waiting to join it.
+                        self.pool.work.notify_all();
                         return;
                     }
                     g = self.pool.work.wait(g);
