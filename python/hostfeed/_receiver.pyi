@@ -12,13 +12,14 @@ __all__ = [
     "DEFAULT_MAX_QUEUE_BYTES", "DEFAULT_STOP_TIMEOUT", "FLAG_STATUS_OUTPUT", "FLAG_SHARD",
     "FLAG_EAGER", "FLAG_SYNC_TAP", "push_eager", "push_host", "call_host", "failure_text",
     "DTYPE_CODES", "ReceiverError", "ReceiverTimeoutError", "CallbackContextError",
-    "RecordingError", "MessageData", "BatchIter", "Reply", "Recorder", "after_fork_in_child",
+    "RecordingError", "MessageData", "BatchIter", "Reply", "DirectCall",
+    "Recorder", "after_fork_in_child",
     "write_tracing",
     "start", "stop",
     "finalize", "start_exit_watch", "stop_exit_watch", "push_control", "barrier",
     "is_running", "in_callback_thread", "max_queue_bytes", "set_max_queue_bytes", "stats",
     "reset_peak", "hold_back", "let_go", "histograms", "reset_histograms", "set_timing",
-    "set_buffer_pool_bytes",
+    "set_inline_calls", "set_buffer_pool_bytes",
     "DEFAULT_BUFFER_POOL_BYTES", "set_consumer_name",
     "install_interrupt_watch", "registrations", "summary_registrations",
     "GpuPlatform", "GPU_PLATFORMS",
@@ -92,6 +93,19 @@ class Reply:
 
     def fail(self, message: str) -> bool:
         """Fails the call with ``message``; returns False if the call no longer waits."""
+
+@final
+class DirectCall:
+    """A ``call``'s host function as the receiver runs it without hostfeed's Python frames
+    around it: ``func`` gets the one array (``treedef`` None) or ``treedef.unflatten`` of
+    the arrays; one result of exactly ``shape`` and ``dtype`` is copied straight into the
+    call's results; an exception goes to ``raised(exc) -> message``, any other results to
+    ``results(res) -> (flat, None) | (None, message)``."""
+
+    def __init__(self, func: Callable[[Any], Any], treedef: Any | None,
+                 shape: tuple[int, ...] | None, dtype: np.dtype | None,
+                 raised: Callable[[BaseException], str],
+                 results: Callable[[Any], tuple[list | None, str | None]]) -> None: ...
 
 @final
 class Recorder:
@@ -284,6 +298,11 @@ def set_buffer_pool_bytes(bytes: int) -> None:
 
 def set_timing(enabled: bool) -> bool:
     """Turns the timing histograms on or off; returns the previous setting."""
+
+def set_inline_calls(enabled: bool) -> bool:
+    """Lets a CPU ``call`` run its host function on the device's thread when nothing else is
+    pending (True, the default), or keeps every call on the receiver thread (False);
+    returns the previous setting."""
 
 def set_consumer_name(consumer_id: int, name: str) -> None:
     """Remembers the name of a consumer, for error messages about it."""

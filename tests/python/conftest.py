@@ -117,3 +117,15 @@ def run_python(code: str, env: dict[str, str] | None = None,
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def calls_on_receiver_thread():
+    """Every ``call`` runs on the receiver thread while the test runs (as with
+    ``HOSTFEED_CALL_THREAD=receiver``): for what only a host function there can do, be
+    abandoned by a stop, or go on after Ctrl-C failed its call."""
+    from hostfeed import _receiver
+
+    before = _receiver.set_inline_calls(False)
+    yield
+    _receiver.set_inline_calls(before)

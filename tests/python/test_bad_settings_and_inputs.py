@@ -34,6 +34,7 @@ BAD = [
     ("HOSTFEED_SYNC_TAPS", "sometimes"),
     ("HOSTFEED_TRANSPORT", "carrier-pigeon"),
     ("HOSTFEED_FAST_DISPATCH", "2"),
+    ("HOSTFEED_CALL_THREAD", "main"),
 ]
 
 

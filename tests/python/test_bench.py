@@ -77,13 +77,14 @@ def test_quick_run_writes_every_section_in_the_schema(quick_run):
         assert [p["bytes"] for p in points] == sweep["sizes"], name
     calls = result["call"]["methods"]
     assert set(calls) == {"hostfeed call", "host function alone",
-                          *bench._sections.CALL_METHODS}
+                          bench._sections.RECEIVER_CALL, *bench._sections.CALL_METHODS}
     loaded = result["call"]["loaded"]
     assert set(loaded["methods"]) == set(calls) and loaded["busy_processes"] >= 1
     assert set(result["dispatch"]) == {"calls", *bench._sections.DISPATCH_METHODS,
                                        "hostfeed id_tap, compiled ahead of time",
                                        "hostfeed id_tap, token chain",
-                                       "hostfeed call, token chain"}
+                                       "hostfeed call, token chain",
+                                       bench._sections.RECEIVER_CALL}
     assert set(result["barrier"]) == {"calls", "marked devices", "hostfeed barrier_wait",
                                       "jax.effects_barrier",
                                       "hostfeed barrier_wait, no device to mark",

@@ -270,7 +270,7 @@ def test_call_completes_while_the_queue_is_full_of_taps():
         assert got == list(range(50)) + ["call"]
 
 
-def test_stop_fails_a_call_whose_callback_never_returns(monkeypatch):
+def test_stop_fails_a_call_whose_callback_never_returns(monkeypatch, calls_on_receiver_thread):
     entered, release = threading.Event(), threading.Event()
 
     def stuck(a):

@@ -267,11 +267,13 @@ def test_sigterm_ends_processes_whose_call_waits_forever():
     a call waiting on a host function that never returns must still let SIGTERM end the
     processes, also where another device of the execution reaches its call only after
     the signal (its peers wait for it in the collective that combines the calls'
-    statuses)."""
+    statuses). The host function blocks in a wait, which only the receiver thread can be
+    left in (HOSTFEED_CALL_THREAD=receiver; see docs/behaviour.md)."""
     go_dir = tempfile.TemporaryDirectory(prefix="hostfeed-go-")
     go = os.path.join(go_dir.name, "go")
     group = Group(2, 2, True, cases=("hang",),
-                  env={"HOSTFEED_STOP_TIMEOUT": "1", "HANG_GO_FILE": go})
+                  env={"HOSTFEED_STOP_TIMEOUT": "1", "HANG_GO_FILE": go,
+                       "HOSTFEED_CALL_THREAD": "receiver"})
     try:
         deadline = time.monotonic() + LAUNCH_TIMEOUT
         waiting = threading.Event()

@@ -146,6 +146,9 @@ def test_the_bound_counts_what_messages_hold_even_empty_ones(elems):
 
 
 def test_ctrl_c_interrupts_a_call_whose_host_function_hangs():
+    # A host function blocked in a wait is interrupted only on the receiver thread (the
+    # call fails while it stays blocked); on the device's thread it would see Ctrl-C only
+    # once the wait returns (test_call_thread.py has that side).
     r = run_python("""
         import os, signal, threading, jax, numpy as np
         from hostfeed import host_callback as hcb
@@ -181,7 +184,7 @@ def test_ctrl_c_interrupts_a_call_whose_host_function_hangs():
         except BaseException:
             pass
         print("then", float(g(2.0)), flush=True)  # the receiver has moved on
-    """, timeout=120)
+    """, env={"HOSTFEED_CALL_THREAD": "receiver"}, timeout=120)
     assert r.returncode == 0, r.stderr
     what, host_returned, refused, _, then = r.stdout.split()
     assert what in ("KeyboardInterrupt", "interrupted")

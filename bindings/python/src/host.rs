@@ -75,6 +75,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(histograms, m)?)?;
     m.add_function(wrap_pyfunction!(reset_histograms, m)?)?;
     m.add_function(wrap_pyfunction!(set_timing, m)?)?;
+    m.add_function(wrap_pyfunction!(set_inline_calls, m)?)?;
     m.add_function(wrap_pyfunction!(set_buffer_pool_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(set_consumer_name, m)?)?;
     m.add_function(wrap_pyfunction!(install_interrupt_watch, m)?)?;
@@ -147,9 +148,241 @@ fn record_dispatch_error(py: Python<'_>, err: PyErr) {
 struct PyConsumer {
     dispatcher: Py<PyAny>,
     dtypes: Arc<Dtypes>,
+    /// What an inline call needs from the dispatcher, looked up at the first one.
+    inline: std::sync::OnceLock<Option<InlineContext>>,
+}
+
+/// The dispatcher's state an inline call looks at (dicts mutated in place, never
+/// rebound) and what it calls.
+struct InlineContext {
+    /// Devices held for a joined callback: their messages wait in the dispatcher.
+    held: Py<PyDict>,
+    /// Messages an abandoned consumer left to run first.
+    orphans: Py<PyDict>,
+    /// The consumer registry.
+    consumers: Py<PyDict>,
+    /// `Dispatcher._call_failed`.
+    call_failed: Py<PyAny>,
+    /// Whether `jax.profiler` traces (then every callback is traced by the dispatcher).
+    tracing: Py<PyAny>,
+}
+
+impl InlineContext {
+    fn new(dispatcher: &Bound<'_, PyAny>) -> Option<Self> {
+        let dict = |name: &str| dispatcher.getattr(name).ok()?.cast_into::<PyDict>().ok().map(Bound::unbind);
+        Some(InlineContext {
+            held: dict("held")?,
+            orphans: dict("orphans")?,
+            consumers: dict("consumers")?,
+            call_failed: dispatcher.getattr("_call_failed").ok()?.unbind(),
+            tracing: dispatcher.getattr("tracing").ok()?.unbind(),
+        })
+    }
+}
+
+/// Ctrl-C and SIGTERM while a `call`'s host function runs on a device's thread (see
+/// `PyConsumer::run_inline`). On the process's initial thread Python raises
+/// `KeyboardInterrupt` in the host function itself. On another thread, the signal handler
+/// (the core's) writes a byte to a pipe, and a watcher thread reading it raises
+/// `KeyboardInterrupt` (SIGINT) or `SystemExit` (SIGTERM) in the host function, at its
+/// next Python instruction. Either way the call then fails as an interrupted wait does.
+/// A run is the host function's own call, nothing of hostfeed's around it; its start and
+/// end and the raising happen with the GIL held, so an exception is never raised in a
+/// thread once its run ended (one raised too late to be seen is withdrawn).
+pub(crate) mod interrupts {
+    use std::ffi::c_ulong;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+
+    use hostfeed_core::lock;
+
+    /// The run in progress on a thread other than the initial one: its Python ident and
+    /// the signal counts at its start.
+    static RUN: Mutex<Option<(c_ulong, [u64; 2])>> = Mutex::new(None);
+    /// Whether the watcher raised an exception in the run in progress.
+    static RAISED: AtomicBool = AtomicBool::new(false);
+    /// The process whose watcher runs (after a fork, the child starts its own).
+    static WATCHER: Mutex<Option<u32>> = Mutex::new(None);
+
+    /// Starts the watcher once per process; `false` if it cannot run (no pipe or thread).
+    pub(crate) fn watch() -> bool {
+        let mut w = lock(&WATCHER);
+        let pid = std::process::id();
+        if *w == Some(pid) {
+            return true;
+        }
+        if !hostfeed_core::open_wake_pipe()
+            || std::thread::Builder::new().name("hostfeed-interrupt".into()).spawn(run_watcher).is_err()
+        {
+            return false;
+        }
+        *w = Some(pid);
+        true
+    }
+
+    fn run_watcher() {
+        while hostfeed_core::wait_for_signal() {
+            let Some((_, counts)) = *lock(&RUN) else { continue };
+            if hostfeed_core::signalled_since(counts).is_none() {
+                continue;
+            }
+            // SAFETY: a plain query of the interpreter's state.
+            if unsafe { pyo3::ffi::Py_IsInitialized() } == 0 {
+                return;
+            }
+            pyo3::Python::attach(|_py| {
+                // Again with the GIL held: the run may have ended meanwhile.
+                let Some((ident, counts)) = *lock(&RUN) else { return };
+                let Some(why) = hostfeed_core::signalled_since(counts) else { return };
+                if RAISED.swap(true, Ordering::AcqRel) {
+                    return;
+                }
+                // SAFETY: the GIL is held; `ident` is the thread running the host function
+                // now (the run ends only with the GIL held); the exception types are
+                // CPython's static objects.
+                unsafe {
+                    let exc = if why.starts_with("KeyboardInterrupt") {
+                        pyo3::ffi::PyExc_KeyboardInterrupt
+                    } else {
+                        pyo3::ffi::PyExc_SystemExit
+                    };
+                    pyo3::ffi::PyThreadState_SetAsyncExc(as_c_long(ident), exc);
+                }
+                hostfeed_core::hub().note_interrupted(why);
+            });
+        }
+    }
+
+    /// A thread ident as the `long` that `PyO3` declares `PyThreadState_SetAsyncExc` to take
+    /// (`CPython`'s is an `unsigned long`: the same bits).
+    fn as_c_long(ident: c_ulong) -> std::ffi::c_long {
+        std::ffi::c_long::from_ne_bytes(ident.to_ne_bytes())
+    }
+
+    /// A run starts on this thread (with the GIL held); returns the signal counts, for
+    /// [`interrupted`].
+    pub(crate) fn begin_run() -> [u64; 2] {
+        let counts = hostfeed_core::signal_counts();
+        if !hostfeed_core::on_initial_thread() {
+            // SAFETY: the GIL is held.
+            let ident = unsafe { pyo3::ffi::PyThread_get_thread_ident() };
+            *lock(&RUN) = Some((ident, counts));
+        }
+        counts
+    }
+
+    /// The run on this thread ended (with the GIL held): an exception raised for it and not
+    /// delivered yet is withdrawn.
+    pub(crate) fn end_run() {
+        let ident = lock(&RUN).take().map(|(ident, _)| ident);
+        if let (Some(ident), true) = (ident, RAISED.swap(false, Ordering::AcqRel)) {
+            // SAFETY: the GIL is held; a null exception clears the thread's pending one.
+            unsafe { pyo3::ffi::PyThreadState_SetAsyncExc(as_c_long(ident), std::ptr::null_mut()) };
+        }
+    }
+
+    /// Whether `err`, raised by a host function whose run began with `counts`, is the
+    /// interruption of a watched signal that came since (a `KeyboardInterrupt` or
+    /// `SystemExit`, raised by Python on the initial thread or by the watcher elsewhere).
+    pub(crate) fn interrupted(py: pyo3::Python<'_>, err: &pyo3::PyErr, counts: [u64; 2]) -> bool {
+        hostfeed_core::signalled_since(counts).is_some()
+            && (err.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py)
+                || err.is_instance_of::<pyo3::exceptions::PySystemExit>(py))
+    }
+}
+
+thread_local! {
+    /// Whether this (device) thread keeps a Python thread state for inline calls.
+    static KEPT_THREAD_STATE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Gives the calling thread a Python thread state that outlives each attach (attaching a
+/// thread without one creates and destroys one every time, a microsecond or more);
+/// returns `false` when Python cannot be entered (not initialized). A thread Python knows
+/// already (the main thread, when JAX runs a computation on the thread that dispatched it,
+/// with the GIL released) keeps its own.
+fn keep_thread_state() -> bool {
+    KEPT_THREAD_STATE.with(|kept| {
+        if kept.get() {
+            return true;
+        }
+        // SAFETY: plain queries of the interpreter's state, valid without the GIL.
+        unsafe {
+            if pyo3::ffi::Py_IsInitialized() == 0 {
+                return false;
+            }
+            if !pyo3::ffi::PyGILState_GetThisThreadState().is_null() {
+                return true;
+            }
+        }
+        // SAFETY: the interpreter is initialized and this thread has no thread state (so it
+        // does not hold the GIL): `PyGILState_Ensure` gives it a thread state and the GIL;
+        // `PyEval_SaveThread` releases the GIL and keeps the state, whose GIL-state count
+        // stays at one, so later attaches of this thread reuse it. It is never released
+        // (the threads are XLA's, few and long-lived); the interpreter frees it at exit.
+        unsafe {
+            pyo3::ffi::PyGILState_Ensure();
+            pyo3::ffi::PyEval_SaveThread();
+        }
+        kept.set(true);
+        true
+    })
 }
 
 impl Consume for PyConsumer {
+    #[allow(clippy::result_large_err)] // the message moves back once; boxing would allocate
+    fn run_inline(&self, msg: Message) -> Result<(), Message> {
+        if !keep_thread_state() {
+            return Err(msg);
+        }
+        Python::attach(|py| {
+            let ctx = self.inline.get_or_init(|| InlineContext::new(self.dispatcher.bind(py)));
+            let Some(ctx) = ctx.as_ref() else { return Err(msg) };
+            if !ctx.held.bind(py).is_empty()
+                || !ctx.orphans.bind(py).is_empty()
+                || ctx.tracing.bind(py).call0().and_then(|t| t.is_truthy()).unwrap_or(true)
+            {
+                return Err(msg);
+            }
+            let Ok(Some(consumer)) = ctx.consumers.bind(py).get_item(msg.consumer_id) else {
+                return Err(msg);
+            };
+            let is_call = consumer
+                .getattr(pyo3::intern!(py, "kind"))
+                .and_then(|k| k.eq(pyo3::intern!(py, "call")))
+                .unwrap_or(false);
+            let Ok(invoke) = consumer.getattr(pyo3::intern!(py, "invoke")) else { return Err(msg) };
+            // Only a function the receiver runs without Python frames of hostfeed's (not one
+            // that takes the device): an interruption then ends in hostfeed's own code.
+            let Ok(Some(direct)) = crate::messages::direct_of(py, &consumer) else { return Err(msg) };
+            if !is_call || !interrupts::watch() {
+                return Err(msg);
+            }
+            let outcome = catch_unwind(AssertUnwindSafe(|| {
+                let call_failed = ctx.call_failed.bind(py);
+                crate::messages::run_call(
+                    py,
+                    &self.dtypes,
+                    msg,
+                    &consumer,
+                    &invoke,
+                    Some(&direct),
+                    call_failed,
+                )
+            }));
+            match outcome {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => record_dispatch_error(py, e),
+                Err(_) => record_dispatch_error(
+                    py,
+                    ReceiverError::new_err("hostfeed internal error: a panic while running a call"),
+                ),
+            }
+            report_notes(py);
+            Ok(())
+        })
+    }
+
     fn run(&self, worker: &Worker) {
         Python::attach(|py| {
             // A batch is completed only once the GIL is released again, so that a barrier
@@ -230,8 +463,11 @@ pub fn start(
     if let Some(bound) = max_queue_bytes {
         set_max_queue_bytes(bound)?;
     }
-    let consumer =
-        Arc::new(PyConsumer { dispatcher: dispatcher.unbind(), dtypes: Arc::new(Dtypes { descrs }) });
+    let consumer = Arc::new(PyConsumer {
+        dispatcher: dispatcher.unbind(),
+        dtypes: Arc::new(Dtypes { descrs }),
+        inline: std::sync::OnceLock::new(),
+    });
     let r = hub();
     // Detached: the control lock may be held by a `stop` waiting for the consumer, which
     // needs the GIL.
@@ -483,6 +719,14 @@ pub fn set_timing(enabled: bool) -> bool {
     let before = t.enabled();
     t.set_enabled(enabled);
     before
+}
+
+/// Lets a CPU `call` run its host function on the device's thread when nothing else is
+/// pending (`True`, the default), or keeps every call on the receiver thread (`False`);
+/// returns the previous setting.
+#[pyfunction]
+pub fn set_inline_calls(enabled: bool) -> bool {
+    hostfeed_core::set_inline_calls(enabled)
 }
 
 /// Sets the most bytes of host buffers kept for reuse when idle.

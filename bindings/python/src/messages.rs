@@ -26,6 +26,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<MessageData>()?;
     m.add_class::<BatchIter>()?;
     m.add_class::<Reply>()?;
+    m.add_class::<DirectCall>()?;
     m.add("FLAG_STATUS_OUTPUT", hostfeed_core::FLAG_STATUS_OUTPUT)?;
     m.add("FLAG_SHARD", hostfeed_core::FLAG_SHARD)?;
     m.add("FLAG_EAGER", hostfeed_core::FLAG_EAGER)?;
@@ -105,7 +106,7 @@ impl BatchIter {
         let (kind_tap, kind_call) = (intern!(py, "tap"), intern!(py, "call"));
         // The consumer of the last message run (whether it is a call's, the consumer and
         // its invoke): consecutive messages mostly share one.
-        let mut last: Option<(i64, bool, Bound<'_, PyAny>, Bound<'_, PyAny>)> = None;
+        let mut last: Option<LastConsumer<'_>> = None;
         let mut ran = 0;
         loop {
             sinks().route_leading(batch);
@@ -118,7 +119,7 @@ impl BatchIter {
                 if m.host.is_some() || !(tap || call) {
                     return false;
                 }
-                if let Some((cid, is_call, _, _)) = last.as_ref() {
+                if let Some((cid, is_call, ..)) = last.as_ref() {
                     if *cid == m.consumer_id {
                         return *is_call == call;
                     }
@@ -139,35 +140,17 @@ impl BatchIter {
                     return Ok(ran);
                 };
                 let invoke = consumer.getattr(intern!(py, "invoke"))?;
-                last = Some((cid, is_call, consumer, invoke));
+                let direct = if is_call { direct_of(py, &consumer)? } else { None };
+                last = Some((cid, is_call, consumer, invoke, direct));
                 continue;
             };
-            let Some((_, _, consumer, invoke)) = last.as_ref() else {
+            let Some((_, _, consumer, invoke, direct)) = last.as_ref() else {
                 unreachable!("accepted a known consumer")
             };
-            let Message { device, arrays, dims, data, reply, run_id, .. } = msg;
-            if let (Some(slot), Some(call_failed)) = (reply, call_failed) {
-                // The reply first: if building the arrays fails, dropping it fails the call.
-                slot.mark_started();
-                let pending = slot.is_pending();
-                let reply = Bound::new(py, Reply { slot })?;
-                let arrays = message_arrays(py, &self.dtypes, &arrays, &dims, data)?;
-                // A call nobody waits for any more (timed out, cancelled) is not run.
-                let outcome = if pending {
-                    invoke.call1((arrays, device, &reply))
-                } else {
-                    Ok(py.None().into_bound(py))
-                };
-                match outcome {
-                    Ok(failed) if pending && !failed.is_truthy()? => {}
-                    Ok(_) => {
-                        call_failed.call1((py.None(), consumer, run_id, device, reply))?;
-                    }
-                    Err(e) => {
-                        call_failed.call1((e.into_value(py), consumer, run_id, device, reply))?;
-                    }
-                }
+            if let (true, Some(call_failed)) = (msg.reply.is_some(), call_failed) {
+                run_call(py, &self.dtypes, msg, consumer, invoke, direct.as_ref(), call_failed)?;
             } else {
+                let Message { device, arrays, dims, data, .. } = msg;
                 let arrays = message_arrays(py, &self.dtypes, &arrays, &dims, data)?;
                 if let Err(e) = invoke.call1((arrays, device)) {
                     failed.call1((e.into_value(py), consumer))?;
@@ -187,6 +170,224 @@ impl BatchIter {
             Some(m) => message_tuple(py, &self.dtypes, m),
             None => Err(PyStopIteration::new_err(())),
         }
+    }
+}
+
+/// The consumer of the last message `run_taps` ran: its id, whether it is a call's, the
+/// consumer, its `invoke` and its `direct`.
+type LastConsumer<'py> = (i64, bool, Bound<'py, PyAny>, Bound<'py, PyAny>, Option<Bound<'py, DirectCall>>);
+
+/// A call consumer's `direct` (a [`DirectCall`], or `None`).
+pub(crate) fn direct_of<'py>(
+    py: Python<'py>,
+    consumer: &Bound<'py, PyAny>,
+) -> PyResult<Option<Bound<'py, DirectCall>>> {
+    let direct = consumer.getattr(intern!(py, "direct"))?;
+    Ok(direct.cast_into::<DirectCall>().ok())
+}
+
+/// Runs a plain `call` message (it has a reply slot): with its consumer's [`DirectCall`]
+/// when it has one, else with its `invoke`. The results are sent to the reply, or the
+/// failure goes to `call_failed` (the dispatcher's `_call_failed`). Used by
+/// [`BatchIter::run_taps`] on the consumer thread and by a call run on its device's thread.
+pub(crate) fn run_call(
+    py: Python<'_>,
+    dtypes: &Dtypes,
+    msg: Message,
+    consumer: &Bound<'_, PyAny>,
+    invoke: &Bound<'_, PyAny>,
+    direct: Option<&Bound<'_, DirectCall>>,
+    call_failed: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let Message { device, arrays, dims, data, reply, run_id, .. } = msg;
+    let Some(slot) = reply else {
+        return Err(ReceiverError::new_err("hostfeed internal error: a call without a reply"));
+    };
+    // The reply first: if building the arrays fails, dropping it fails the call.
+    slot.mark_started();
+    let pending = slot.is_pending();
+    if let (Some(direct), true) = (direct, pending) {
+        let arrays = message_arrays(py, dtypes, &arrays, &dims, data);
+        let arrays = match arrays {
+            Ok(a) => a,
+            Err(e) => {
+                let reply = Bound::new(py, Reply { slot })?;
+                call_failed.call1((e.into_value(py), consumer, run_id, device, reply))?;
+                return Ok(());
+            }
+        };
+        if direct.get().run(py, &slot, arrays)? {
+            return Ok(());
+        }
+        let reply = Bound::new(py, Reply { slot })?;
+        call_failed.call1((py.None(), consumer, run_id, device, reply))?;
+        return Ok(());
+    }
+    let reply = Bound::new(py, Reply { slot })?;
+    let arrays = message_arrays(py, dtypes, &arrays, &dims, data)?;
+    // A call nobody waits for any more (timed out, cancelled) is not run.
+    let outcome = if pending { invoke.call1((arrays, device, &reply)) } else { Ok(py.None().into_bound(py)) };
+    match outcome {
+        Ok(failed) if pending && !failed.is_truthy()? => {}
+        Ok(_) => {
+            call_failed.call1((py.None(), consumer, run_id, device, reply))?;
+        }
+        Err(e) => {
+            call_failed.call1((e.into_value(py), consumer, run_id, device, reply))?;
+        }
+    }
+    Ok(())
+}
+
+/// A `call`'s host function as the receiver runs it without hostfeed's Python frames
+/// around it (made by `runtime.make_direct_call`): the argument is the one array or the
+/// tree made of the arrays; one result of exactly the expected shape and dtype, a
+/// C-contiguous numpy array, is copied straight into the call's results; an exception
+/// and any other results go to the Python parts that `invoke` uses too, so that errors
+/// and records are the same.
+#[pyclass(frozen, module = "hostfeed._receiver")]
+pub struct DirectCall {
+    func: Py<PyAny>,
+    /// The argument's tree (`None`: the argument is the one array).
+    treedef: Option<Py<PyAny>>,
+    /// The one result's shape and dtype (`None`: not a single result).
+    result: Option<(Vec<usize>, Py<PyArrayDescr>)>,
+    /// `raised(exc) -> message`.
+    raised: Py<PyAny>,
+    /// `results(res) -> (flat, None) | (None, message)`.
+    results: Py<PyAny>,
+}
+
+#[pymethods]
+impl DirectCall {
+    #[new]
+    #[pyo3(signature = (func, treedef, shape, dtype, raised, results))]
+    fn new(
+        func: Py<PyAny>,
+        treedef: Option<Py<PyAny>>,
+        shape: Option<Vec<usize>>,
+        dtype: Option<Py<PyArrayDescr>>,
+        raised: Py<PyAny>,
+        results: Py<PyAny>,
+    ) -> Self {
+        let result = shape.zip(dtype);
+        DirectCall { func, treedef, result, raised, results }
+    }
+}
+
+impl DirectCall {
+    /// Runs the function on `arrays` and answers `slot`; returns whether it succeeded
+    /// (on failure the slot has the error).
+    fn run(&self, py: Python<'_>, slot: &Arc<ReplySlot>, arrays: Bound<'_, PyTuple>) -> PyResult<bool> {
+        let arg = match &self.treedef {
+            None => arrays.get_item(0)?,
+            Some(treedef) => treedef.bind(py).call_method1(intern!(py, "unflatten"), (arrays,))?,
+        };
+        let counts = crate::host::interrupts::begin_run();
+        let res = self.func.bind(py).call1((arg,));
+        crate::host::interrupts::end_run();
+        let res = match res {
+            Ok(res) => res,
+            Err(e) if crate::host::interrupts::interrupted(py, &e, counts) => {
+                // Ctrl-C or SIGTERM interrupted it: the call fails as interrupted (its
+                // caller words the error), and nothing is recorded for barrier_wait.
+                slot.fail("hostfeed: interrupted".into());
+                return Ok(false);
+            }
+            Err(e) => {
+                let message: String = self.raised.bind(py).call1((e.into_value(py),))?.extract()?;
+                slot.fail(message);
+                return Ok(false);
+            }
+        };
+        if let Some((shape, dtype)) = &self.result {
+            if let Ok(a) = res.cast::<PyUntypedArray>() {
+                // SAFETY: `a` is a live numpy array object (checked by the cast).
+                let exact = unsafe { npyffi::PyArray_CheckExact(py, a.as_ptr()) } != 0;
+                if exact
+                    && a.is_c_contiguous()
+                    && a.shape() == shape.as_slice()
+                    && a.dtype().is_equiv_to(dtype.bind(py))
+                {
+                    return send_results(slot, std::slice::from_ref(a));
+                }
+            }
+        }
+        let checked = self.results.bind(py).call1((res,))?;
+        let (flat, error): (Option<Vec<Bound<'_, PyAny>>>, Option<String>) = checked.extract()?;
+        match (flat, error) {
+            (Some(flat), None) => {
+                let arrays = as_result_arrays(&flat)?;
+                send_results(slot, &arrays)
+            }
+            (_, error) => {
+                slot.fail(
+                    error.unwrap_or_else(|| {
+                        "hostfeed internal error: a call's results were not checked".into()
+                    }),
+                );
+                Ok(false)
+            }
+        }
+    }
+}
+
+/// `results` as C-contiguous numpy arrays, or the error naming the first that is not.
+fn as_result_arrays<'py>(results: &[Bound<'py, PyAny>]) -> PyResult<Vec<Bound<'py, PyUntypedArray>>> {
+    let mut arrays = Vec::with_capacity(results.len());
+    for (i, r) in results.iter().enumerate() {
+        let a = r
+            .cast::<PyUntypedArray>()
+            .map_err(|_| ReceiverError::new_err(format!("result {i} is not a numpy array")))?;
+        if !a.is_c_contiguous() {
+            return Err(ReceiverError::new_err(format!("result {i} is not C-contiguous")));
+        }
+        arrays.push(a.clone());
+    }
+    Ok(arrays)
+}
+
+/// Copies `arrays` (C-contiguous, checked) into the call's result buffers, checking their
+/// number, shapes and sizes. Returns `False` if the call no longer waits; an error (the
+/// call failed with it) if they do not fit.
+fn send_results(slot: &ReplySlot, arrays: &[Bound<'_, PyUntypedArray>]) -> PyResult<bool> {
+    let mut problem: Option<String> = None;
+    let sent = slot.reply_with(|outs| {
+        if outs.len() != arrays.len() {
+            let m = format!("expected {} result arrays, got {}", outs.len(), arrays.len());
+            problem = Some(m.clone());
+            return Err(m);
+        }
+        for (i, (a, out)) in arrays.iter().zip(outs).enumerate() {
+            let nbytes = a.len() * a.dtype().itemsize();
+            let shape_ok = a.shape().len() == out.dims.len()
+                && a.shape().iter().zip(&out.dims).all(|(&x, &y)| i64::try_from(x).is_ok_and(|x| x == y));
+            if nbytes != out.nbytes || !shape_ok {
+                let m = format!(
+                    "result {i} has shape {:?} and {nbytes} bytes, expected dims {:?} and {} bytes",
+                    a.shape(),
+                    out.dims,
+                    out.nbytes
+                );
+                problem = Some(m.clone());
+                return Err(m);
+            }
+            if nbytes > 0 {
+                // SAFETY: the array is C-contiguous with `nbytes` bytes of data; the
+                // output buffer holds `out.nbytes == nbytes` bytes and stays alive while
+                // the slot is pending (`reply_with` runs this under the slot lock);
+                // numpy memory and XLA's buffer cannot overlap.
+                unsafe {
+                    let src = (*npyffi::_PyArray_GET_ITEM_DATA(a.as_array_ptr())).data.cast::<u8>();
+                    std::ptr::copy_nonoverlapping(src, out.data, nbytes);
+                }
+            }
+        }
+        Ok(())
+    });
+    match problem {
+        Some(m) => Err(ReceiverError::new_err(format!("hostfeed: bad call results: {m}"))),
+        None => Ok(sent),
     }
 }
 
@@ -326,54 +527,7 @@ impl Reply {
     /// longer waits.
     #[allow(clippy::needless_pass_by_value)] // PyO3 extracts the argument as an owned list
     fn send(&self, results: Vec<Bound<'_, PyAny>>) -> PyResult<bool> {
-        let mut arrays = Vec::with_capacity(results.len());
-        for (i, r) in results.iter().enumerate() {
-            let a = r
-                .cast::<PyUntypedArray>()
-                .map_err(|_| ReceiverError::new_err(format!("result {i} is not a numpy array")))?;
-            if !a.is_c_contiguous() {
-                return Err(ReceiverError::new_err(format!("result {i} is not C-contiguous")));
-            }
-            arrays.push(a.clone());
-        }
-        let mut problem: Option<String> = None;
-        let sent = self.slot.reply_with(|outs| {
-            if outs.len() != arrays.len() {
-                let m = format!("expected {} result arrays, got {}", outs.len(), arrays.len());
-                problem = Some(m.clone());
-                return Err(m);
-            }
-            for (i, (a, out)) in arrays.iter().zip(outs).enumerate() {
-                let nbytes = a.len() * a.dtype().itemsize();
-                let shape_ok = a.shape().len() == out.dims.len()
-                    && a.shape().iter().zip(&out.dims).all(|(&x, &y)| i64::try_from(x).is_ok_and(|x| x == y));
-                if nbytes != out.nbytes || !shape_ok {
-                    let m = format!(
-                        "result {i} has shape {:?} and {nbytes} bytes, expected dims {:?} and {} bytes",
-                        a.shape(),
-                        out.dims,
-                        out.nbytes
-                    );
-                    problem = Some(m.clone());
-                    return Err(m);
-                }
-                if nbytes > 0 {
-                    // SAFETY: the array is C-contiguous with `nbytes` bytes of data; the
-                    // output buffer holds `out.nbytes == nbytes` bytes and stays alive while
-                    // the slot is pending (`reply_with` runs this under the slot lock);
-                    // numpy memory and XLA's buffer cannot overlap.
-                    unsafe {
-                        let src = (*npyffi::_PyArray_GET_ITEM_DATA(a.as_array_ptr())).data.cast::<u8>();
-                        std::ptr::copy_nonoverlapping(src, out.data, nbytes);
-                    }
-                }
-            }
-            Ok(())
-        });
-        match problem {
-            Some(m) => Err(ReceiverError::new_err(format!("hostfeed: bad call results: {m}"))),
-            None => Ok(sent),
-        }
+        send_results(&self.slot, &as_result_arrays(&results)?)
     }
 
     /// Fails the call with `message` (raised in the JAX caller). Returns `False` if the

@@ -57,7 +57,11 @@ cfg_not_loom! {
         global as hub, in_consumer_thread, Abandoned, Batch, Consume, Hub, StopOutcome, TryPush, Worker,
         DEFAULT_MAX_QUEUE_BYTES, DEFAULT_STOP_TIMEOUT,
     };
-    pub use host::interrupt::{install as install_interrupt_handlers, remove as remove_interrupt_handlers};
+    pub use host::call::set_inline_calls;
+    pub use host::interrupt::{
+        counts as signal_counts, install as install_interrupt_handlers, on_initial_thread, open_wake_pipe,
+        remove as remove_interrupt_handlers, signalled_since, wait_for_signal,
+    };
     pub use host::message::{
         gather, ArrayMeta, ArrayTable, DimTable, Message, Operand, FLAG_EAGER, FLAG_GPU, FLAG_SHARD,
         FLAG_STATUS_OUTPUT, FLAG_SYNC_TAP,

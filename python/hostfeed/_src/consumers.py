@@ -25,12 +25,15 @@ class Consumer:
     shard).
     """
 
-    __slots__ = ("invoke", "name", "kind")
+    __slots__ = ("invoke", "name", "kind", "direct")
 
-    def __init__(self, invoke: Any, name: str, kind: str):
+    def __init__(self, invoke: Any, name: str, kind: str, direct: Any = None):
         self.invoke = invoke
         self.name = name
         self.kind = kind
+        # For a call: the receiver's ``DirectCall``, which runs the function without
+        # ``invoke``'s Python frames (None: use ``invoke``).
+        self.direct = direct
         if kind == "joined":
             registry.joined = True
 

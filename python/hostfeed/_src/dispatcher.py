@@ -87,6 +87,9 @@ class Dispatcher:
         self.over_cap_warned = False
         # device ordinal -> messages an abandoned consumer left to be run, in order
         self.orphans: dict[int, collections.deque] = {}
+        # What a call run on its device's thread looks at (the receiver reads them once).
+        self.consumers = registry.consumers
+        self.tracing = compat.host_tracing
         self.owner = 0  # thread id of the consumer running the dispatcher
         self.epoch = 0  # the newest barrier mark run
         # runs a failed call ended on some device (bounded: the newest 1024)

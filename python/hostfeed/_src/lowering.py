@@ -23,7 +23,8 @@ from .placement import (Where, check_device_index, lower_global_call, lower_glob
                         lower_per_device_call, where)
 from .primitives import (call_check_p, failure_message_p, host_call_p, host_callback_effect,
                          outside_call_p)
-from .runtime import (CallbackSpec, ShardParts, make_call_invoker, make_joined_call,
+from .runtime import (CallbackSpec, ShardParts, make_call_invoker, make_direct_call,
+                      make_joined_call,
                       make_joined_tap, make_tap_invoker)
 
 def _runs_here(ac: Any, device_index: int) -> bool:
@@ -59,7 +60,8 @@ def _call_consumer_id(ctx: Any, spec: CallbackSpec, result_treedef: Any, result_
     def make() -> consumers.Consumer:
         if shard_parts is None:
             return consumers.Consumer(make_call_invoker(spec, result_treedef, result_avals),
-                                     spec.name, "call")
+                                     spec.name, "call",
+                                     make_direct_call(spec, result_treedef, result_avals))
         return consumers.Consumer(make_joined_call(spec, result_treedef, shard_parts),
                                  spec.name, "joined")
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
+from .. import _receiver
 from .devices import device_for_ordinal
 from .dispatcher import run_sync_tap
 from .dtypes import SUPPORTED_DTYPES, byte_order_problem
@@ -218,10 +219,25 @@ def _result_shape_hint(res: Any, result_treedef: Any, result_avals: tuple = ()) 
 CallOutcome = tuple[list | None, str | None]
 
 
-def make_call_runner(spec: CallbackSpec, result_treedef: Any,
-                     result_avals: tuple) -> Callable[[Sequence[np.ndarray], int], CallOutcome]:
-    """``run(arrays, device_ordinal) -> (results, None) | (None, error_message)``: runs the
-    callback of a ``call`` and checks its results; failures are also recorded."""
+class CallParts(NamedTuple):
+    """A ``call``'s callback in its parts (see :func:`make_call_parts`)."""
+
+    #: ``arg(arrays)``: the host function's argument, from the operands' arrays.
+    arg: Callable[[Sequence[np.ndarray]], Any]
+    #: ``call(arg, ordinal)``: the host function's results.
+    call: Callable[[Any, int], Any]
+    #: ``raised(exc) -> message``: records the exception the host function raised and
+    #: returns the call's error message.
+    raised: Callable[[BaseException], str]
+    #: ``results(res) -> (flat, None) | (None, message)``: the checked flat results, or
+    #: the error (recorded).
+    results: Callable[[Any], CallOutcome]
+
+
+def make_call_parts(spec: CallbackSpec, result_treedef: Any, result_avals: tuple) -> CallParts:
+    """The parts of running a ``call``'s callback and checking its results, which
+    :func:`make_call_runner` puts together (and the receiver, when it runs the function
+    itself)."""
     func = spec.func
     treedef = spec.arg_treedef
     name = spec.name
@@ -245,19 +261,22 @@ def make_call_runner(spec: CallbackSpec, result_treedef: Any,
                 return None
         return flat
 
-    def run(arrays: Sequence[np.ndarray], ordinal: int) -> CallOutcome:
-        arg = treedef.unflatten(arrays)
-        try:
-            if spec.with_device:
-                res = func(arg, device=device_for_ordinal(ordinal))
-            else:
-                res = func(arg)
-        except BaseException as exc:  # noqa: BLE001 - recorded and sent to the device
-            record_exception(exc, f"host callback {name} of hcb.call",
-                             raised_in="the computation that made the call fails with it")
-            return None, (f"hostfeed: host callback {name} of hcb.call raised "
-                          f"{type(exc).__name__}: {exc}{user_frame(exc)} (expected "
-                          f"results: {expected})")
+    def arg(arrays: Sequence[np.ndarray]) -> Any:
+        return treedef.unflatten(arrays)
+
+    def call(arg: Any, ordinal: int) -> Any:
+        if spec.with_device:
+            return func(arg, device=device_for_ordinal(ordinal))
+        return func(arg)
+
+    def raised(exc: BaseException) -> str:
+        record_exception(exc, f"host callback {name} of hcb.call",
+                         raised_in="the computation that made the call fails with it")
+        return (f"hostfeed: host callback {name} of hcb.call raised "
+                f"{type(exc).__name__}: {exc}{user_frame(exc)} (expected "
+                f"results: {expected})")
+
+    def results(res: Any) -> CallOutcome:
         flat = fast_check(res)
         try:
             if flat is None:
@@ -268,6 +287,23 @@ def make_call_runner(spec: CallbackSpec, result_treedef: Any,
                              raised_in="the computation that made the call fails with it")
             return None, f"hostfeed: {exc}"
         return flat, None
+
+    return CallParts(arg, call, raised, results)
+
+
+def make_call_runner(spec: CallbackSpec, result_treedef: Any,
+                     result_avals: tuple) -> Callable[[Sequence[np.ndarray], int], CallOutcome]:
+    """``run(arrays, device_ordinal) -> (results, None) | (None, error_message)``: runs the
+    callback of a ``call`` and checks its results; failures are also recorded."""
+    parts = make_call_parts(spec, result_treedef, result_avals)
+
+    def run(arrays: Sequence[np.ndarray], ordinal: int) -> CallOutcome:
+        arg = parts.arg(arrays)
+        try:
+            res = parts.call(arg, ordinal)
+        except BaseException as exc:  # noqa: BLE001 - recorded and sent to the device
+            return None, parts.raised(exc)
+        return parts.results(res)
 
     return run
 
@@ -288,6 +324,26 @@ def make_call_invoker(spec: CallbackSpec, result_treedef: Any,
         return True
 
     return invoke
+
+
+def make_direct_call(spec: CallbackSpec, result_treedef: Any,
+                     result_avals: tuple) -> Any:
+    """What the receiver needs to run a ``call``'s host function without a Python frame of
+    hostfeed's around it (``_receiver.DirectCall``), or ``None`` where it cannot (a
+    function that takes the device): the function; the argument's tree, unless it is
+    the one array; the one result's shape and dtype when there is one result (checked
+    there, copied straight into the call's results); and the parts that handle an
+    exception and any other results, as :func:`make_call_runner` does."""
+    if spec.with_device:
+        return None
+    parts = make_call_parts(spec, result_treedef, result_avals)
+    treedef = spec.arg_treedef
+    leaf = treedef.num_leaves == 1 and treedef.num_nodes == 1
+    single = result_treedef.num_leaves == 1 and result_treedef.num_nodes == 1
+    shape = tuple(result_avals[0].shape) if single else None
+    dtype = np.dtype(result_avals[0].dtype) if single else None
+    return _receiver.DirectCall(spec.func, None if leaf else treedef, shape, dtype,
+                                parts.raised, parts.results)
 
 
 # ----------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@
 | ``HOSTFEED_BUFFER_POOL_BYTES`` | :func:`buffer_pool_bytes` |
 | ``HOSTFEED_TRANSPORT`` | :func:`transport` |
 | ``HOSTFEED_FAST_DISPATCH`` | :func:`fast_dispatch` |
+| ``HOSTFEED_CALL_THREAD`` | :func:`call_thread` |
 
 Every parser raises ``ValueError`` naming the variable and its value when the value is not
 usable, so a typo fails where the setting is read instead of being ignored; and
@@ -35,11 +36,15 @@ STOP_TIMEOUT_ENV = "HOSTFEED_STOP_TIMEOUT"
 BUFFER_POOL_ENV = "HOSTFEED_BUFFER_POOL_BYTES"
 TRANSPORT_ENV = "HOSTFEED_TRANSPORT"
 FAST_DISPATCH_ENV = "HOSTFEED_FAST_DISPATCH"
+CALL_THREAD_ENV = "HOSTFEED_CALL_THREAD"
 
 #: The transports ``HOSTFEED_TRANSPORT`` can force (see :mod:`hostfeed._src.transports`).
 TRANSPORTS = ("native", "jax")
 
 AD_TAPS_MODES = ("transforms", "primals")
+
+#: Where a CPU ``call``'s host function may run (``HOSTFEED_CALL_THREAD``).
+CALL_THREADS = ("device", "receiver")
 
 #: Longest finite number of seconds accepted for a timeout (about 31 years); longer waits
 #: are spelled ``inf`` (no limit).
@@ -246,6 +251,25 @@ def fast_dispatch() -> bool:
     return _bool_from_env(FAST_DISPATCH_ENV, default=True)
 
 
+def call_thread() -> str:
+    """Where a CPU ``call``'s host function runs, from ``HOSTFEED_CALL_THREAD``:
+    ``device`` (default: on the device's own thread when nothing else is pending and the
+    call has no timeout) or ``receiver`` (always on the receiver thread, where a host
+    function that never returns can always be interrupted). Read when hostfeed is
+    imported.
+
+    Example:
+        >>> os.environ.pop(CALL_THREAD_ENV, None) and None
+        >>> call_thread()
+        'device'
+    """
+    text = _env(CALL_THREAD_ENV)
+    if text is None:
+        return "device"
+    return _one_of(text, CALL_THREADS, CALL_THREAD_ENV,
+                   "is not a place to run calls; use 'device' (the default) or 'receiver'")
+
+
 def call_timeout() -> float | None:
     """Seconds a ``call`` waits for its host function (``HOSTFEED_CALL_TIMEOUT``, read when
     a computation is lowered); None (unset, ``0`` or ``inf``) means no limit.
@@ -329,6 +353,7 @@ PARSERS = {
     BUFFER_POOL_ENV: buffer_pool_bytes,
     TRANSPORT_ENV: transport,
     FAST_DISPATCH_ENV: fast_dispatch,
+    CALL_THREAD_ENV: call_thread,
 }
 
 

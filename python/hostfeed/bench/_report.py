@@ -310,6 +310,7 @@ STYLES: dict[str, tuple[str, str]] = {
     "debug.callback": ("#9467bd", "X"), "pure_callback": ("#8c564b", "<"),
     "numpy copy": ("#555555", "x"), "numpy copy, 2 buffers": ("#bcbd22", "+"),
     "host function alone": ("#555555", "x"), "no callback": ("#555555", "x"),
+    "hostfeed call, receiver thread": ("#ff9896", "d"),
 }
 #: Methods drawn like another: hostfeed's tap and call are "hostfeed" in every panel.
 _SAME_AS = {"hostfeed call": "hostfeed", "hostfeed id_tap": "hostfeed"}

@@ -27,6 +27,7 @@ from jax.experimental import io_callback
 from jax.experimental.buffer_callback import buffer_callback
 
 from .._src import compat, fast_dispatch, lifecycle
+from .. import _receiver
 from .. import host_callback as hcb
 from ._timing import (cdf_of_buckets, cdf_of_samples, interleaved, summary_of_buckets,
                       summary_of_samples)
@@ -427,6 +428,11 @@ def _call_runs(cfg: Config, n: int, tag: str) -> dict[str, Any]:
         f = jax.jit(lambda v, step=step: lax.fori_loop(0, n, lambda i, a: step(a), v))
         f(z).block_until_ready()  # compile and warm up
         runs[method] = _waited(f, z)
+    # The same call, its host function kept on the receiver thread (as with
+    # HOSTFEED_CALL_THREAD=receiver): the hand-over between threads that a call on its
+    # device's thread saves.
+    stamps[RECEIVER_CALL] = stamps["hostfeed call"]
+    runs[RECEIVER_CALL] = on_receiver_thread(runs["hostfeed call"])
     stamps["host function alone"] = []
     runs["host function alone"] = _host_floor(n, stamps["host function alone"])
     gaps: dict[str, list[float]] = {m: [] for m in runs}
@@ -441,10 +447,25 @@ def _call_runs(cfg: Config, n: int, tag: str) -> dict[str, Any]:
             g = _inter_arrival_us(stamps[method])
             gaps[method] += g
             p50s[method].append(summary_of_samples(g)["p50"])
-    order = ("host function alone", "hostfeed call", *CALL_METHODS)
+    order = ("host function alone", "hostfeed call", RECEIVER_CALL, *CALL_METHODS)
     return {m: {"p50_us": min(p50s[m]), "round_trip_us": summary_of_samples(gaps[m]),
                 "round_trip_cdf_us": cdf_of_samples(gaps[m]),
                 "rounds_p50_us": p50s[m], "per_call_us": min(per_call[m])} for m in order}
+
+
+#: The row of a ``call`` whose host function runs on the receiver thread.
+RECEIVER_CALL = "hostfeed call, receiver thread"
+
+
+def on_receiver_thread(go: Callable[[], None]) -> Callable[[], None]:
+    """``go`` with every ``call`` kept on the receiver thread while it runs."""
+    def run() -> None:
+        before = _receiver.set_inline_calls(False)
+        try:
+            go()
+        finally:
+            _receiver.set_inline_calls(before)
+    return run
 
 
 def _waited(f: Callable[[Any], Any], x: Any) -> Callable[[], None]:
@@ -528,6 +549,8 @@ def dispatch(cfg: Config) -> dict:
             f(x).block_until_ready()  # lowered now, in this mode; its later calls reuse it
             fns[f"{m}, token chain"] = f
 
+    fns[RECEIVER_CALL] = _dispatch_fn("hostfeed call")
+
     def case(f: Callable[[Any], Any]) -> Callable[[], None]:
         def go() -> None:
             for _ in range(n):
@@ -538,7 +561,9 @@ def dispatch(cfg: Config) -> dict:
         f(x).block_until_ready()
     hcb.barrier_wait()
     cfg.progress("dispatch")
-    res = interleaved({k: case(f) for k, f in fns.items()}, repeats=cfg.n(3, 7))
+    cases = {k: case(f) for k, f in fns.items()}
+    cases[RECEIVER_CALL] = on_receiver_thread(cases[RECEIVER_CALL])
+    res = interleaved(cases, repeats=cfg.n(3, 7))
     hcb.barrier_wait()
     jax.effects_barrier()
     return {"calls": n, **{k: {"us": v["min"] / n * 1e6,

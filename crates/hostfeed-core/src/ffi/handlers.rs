@@ -10,7 +10,7 @@ use std::ptr;
 use crate::error::Error;
 use crate::ffi::c_api::{self as ffi, dtype};
 use crate::ffi::frame::{self, Decoded, Frame};
-use crate::host::call::{await_reply, waiting_computation};
+use crate::host::call::{call_on_device_thread, waiting_computation};
 use crate::host::hub::{self, in_consumer_thread, Hub};
 use crate::host::message::{self, Message, FLAG_STATUS_OUTPUT};
 
@@ -57,7 +57,7 @@ fn call(frame: &Frame<'_>, receiver: &'static Hub, _start: u64) -> Result<(), Er
     // Where to write zeros if the call fails and reports through its status instead.
     let zero_outputs: Vec<(*mut u8, usize)> =
         if status.is_some() { outs.iter().map(|o| (o.data, o.nbytes)).collect() } else { Vec::new() };
-    let outcome = await_reply(receiver, frame.attrs.name, frame.attrs.timeout_ms, msg, outs);
+    let outcome = call_on_device_thread(receiver, frame.attrs.name, frame.attrs.timeout_ms, msg, outs);
     let Some(status) = status else { return outcome };
     let code: i32 = match outcome {
         Ok(()) => 0,

@@ -7,13 +7,14 @@
 //!
 //! No Python here.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::host::hub::Hub;
 use crate::host::interrupt;
-use crate::host::message::{Message, FLAG_SYNC_TAP};
+use crate::host::message::{Message, FLAG_STATUS_OUTPUT, FLAG_SYNC_TAP};
 use crate::host::reply::{NoReply, OutBuf, ReplySlot};
 
 /// Enqueues a `call`'s request `msg` and waits for the consumer's reply (no GIL involved),
@@ -64,6 +65,59 @@ pub(crate) fn await_reply(
         Ok(Err(why)) => Err(no_reply_error(receiver, &slot, name, timeout_ms, why)),
         Err(e) => Err(e),
     }
+}
+
+/// A `call` from a device whose thread may run the host function itself (the CPU's): run
+/// there when the hub lets it ([`Hub::run_inline`]: nothing else pending, no host function
+/// running) and the call has no timeout (a host function on the device's thread cannot be
+/// abandoned at a deadline), else queued for the consumer thread as [`await_reply`] does.
+///
+/// # Errors
+/// As [`await_reply`].
+pub(crate) fn call_on_device_thread(
+    receiver: &'static Hub,
+    name: &[u8],
+    timeout_ms: i64,
+    mut msg: Message,
+    outs: Vec<OutBuf>,
+) -> Result<(), Error> {
+    let plain = msg.flags & !FLAG_STATUS_OUTPUT == 0 && msg.host.is_none();
+    if timeout_ms > 0 || !plain || !INLINE_CALLS.load(Ordering::Relaxed) || stall_reason(receiver).is_some() {
+        return await_reply(receiver, name, timeout_ms, msg, outs);
+    }
+    let slot = Arc::new(ReplySlot::new(outs));
+    msg.reply = Some(Arc::clone(&slot));
+    let signals = interrupt::counts();
+    match receiver.run_inline(msg) {
+        Ok(()) => {}
+        Err(mut msg) => {
+            // Not run: queue it with the same slot's outputs.
+            msg.reply = None;
+            let outs = Arc::try_unwrap(slot).map_err(|_| Error::Internal("a call's reply slot is shared".into()))?;
+            return await_reply(receiver, name, timeout_ms, msg, outs.into_outputs());
+        }
+    }
+    match slot.wait(None, || None) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(message)) => match interrupt::signalled_since(signals) {
+            // Ctrl-C or SIGTERM during the host function: the call was interrupted, as one
+            // waiting for the consumer thread would be.
+            Some(why) => Err(no_reply_error(receiver, &slot, name, timeout_ms, NoReply::Interrupted(why.into()))),
+            None => Err(Error::CallFailed(message)),
+        },
+        Err(why) => Err(no_reply_error(receiver, &slot, name, timeout_ms, why)),
+    }
+}
+
+/// Whether a CPU `call` may run its host function on the device's thread (see
+/// [`call_on_device_thread`]); `HOSTFEED_INLINE_CALLS=0` keeps every call on the consumer
+/// thread.
+static INLINE_CALLS: AtomicBool = AtomicBool::new(true);
+
+/// Sets whether CPU calls may run on the device's thread (see [`call_on_device_thread`]);
+/// returns the previous setting.
+pub fn set_inline_calls(enabled: bool) -> bool {
+    INLINE_CALLS.swap(enabled, Ordering::Relaxed)
 }
 
 /// Why no call can be answered now, in words: the consumer is stuck where it was when a

@@ -31,7 +31,7 @@ use crate::host::histogram::Timing;
 use crate::host::message::{Message, FLAG_SYNC_TAP};
 use crate::host::queue::{Nap, PushError, Queue, Reclaimed};
 use crate::host::reply::ReplySlot;
-use crate::host::sync::{lock, spin_until, AdaptiveSpin};
+use crate::host::sync::{lock, spin_until, AdaptiveSpin, Waker};
 
 /// Default byte bound: `256e6`, the default of JAX's former `host_callback` module, which
 /// hostfeed replaces.
@@ -62,6 +62,17 @@ fn urgent(msg: &Message) -> bool {
     msg.reply.is_some() || msg.flags & FLAG_SYNC_TAP != 0
 }
 
+/// How long a consumer that took a batch during an inline run spins (never yielding)
+/// before sleeping until the run ends (see `AdaptiveSpin`).
+static INLINE_WAIT_SPIN: AdaptiveSpin = AdaptiveSpin::new(Duration::from_micros(100));
+
+/// How long a call polls (yielding between rounds) for the consumer to finish what is
+/// pending before it queues itself instead of running on its device's thread. Not
+/// adaptive: the consumer usually ends its batch within a microsecond of answering the
+/// previous call, and a call that queued itself leaves the consumer busy at the next, so
+/// a budget that fell to nothing would keep every later call on the consumer thread.
+const INLINE_IDLE_SPIN: Duration = Duration::from_micros(20);
+
 /// How long a barrier polls before sleeping.
 const BARRIER_SPIN: Duration = Duration::from_micros(100);
 /// Failure messages kept for `hostfeed_check` to find.
@@ -81,6 +92,17 @@ pub fn in_consumer_thread() -> bool {
 pub trait Consume: Send + Sync + 'static {
     /// Processes batches from `worker` until `Worker::next_batch` returns `None`.
     fn run(&self, worker: &Worker);
+
+    /// Runs one `call` request on the calling thread, the device's (see [`Hub::run_inline`]),
+    /// answering its reply slot; or gives it back, unrun, when this consumer cannot run it
+    /// there (its host function is not a plain call's, or other host work must come first).
+    ///
+    /// # Errors
+    /// The message, untouched, to be queued for the consumer thread instead.
+    #[allow(clippy::result_large_err)] // the message moves back once; boxing would allocate
+    fn run_inline(&self, msg: Message) -> Result<(), Message> {
+        Err(msg)
+    }
 }
 
 /// The consumer thread's access to the receiver.
@@ -98,8 +120,11 @@ impl Worker {
         if r.generation.load(Ordering::Acquire) != self.generation {
             return None;
         }
-        r.mark_idle();
+        if r.inline.load(Ordering::Acquire) == 0 {
+            r.mark_idle();
+        }
         let epoch = r.queue.begin_batch(MAX_BATCH)?;
+        r.enter_batch(self.generation);
         Some(Batch { receiver: r, epoch, generation: self.generation })
     }
 }
@@ -159,6 +184,7 @@ impl Drop for Batch {
         }
         // Messages not taken (the dispatcher failed) are dropped and counted.
         let dropped = self.receiver.queue.end_batch(self.epoch);
+        self.receiver.in_batch.store(false, Ordering::SeqCst);
         if dropped > 0 {
             self.receiver.note(format!("{dropped} message(s) were dropped after the dispatcher failed"));
         }
@@ -244,6 +270,13 @@ pub struct Hub {
     has_notes: AtomicBool,
     /// Stall detection across [`Hub::drain_step`] calls: progress last seen, when.
     watch: Mutex<(u64, Instant)>,
+    /// A host function running on a device's thread ([`Hub::run_inline`]): the consumer
+    /// generation it started under, plus one; 0: none.
+    inline: AtomicU64,
+    /// Whether the consumer thread holds a batch (it runs host functions only then).
+    in_batch: AtomicBool,
+    /// Where a consumer with a batch waits for an inline run to end.
+    inline_ended: (crate::host::sync::Mutex<()>, Waker),
 }
 
 static GLOBAL: OnceLock<Hub> = OnceLock::new();
@@ -279,7 +312,75 @@ impl Hub {
             notes: Mutex::new(Vec::new()),
             has_notes: AtomicBool::new(false),
             watch: Mutex::new((0, Instant::now())),
+            inline: AtomicU64::new(0),
+            in_batch: AtomicBool::new(false),
+            inline_ended: (crate::host::sync::Mutex::new(()), Waker::new()),
         }
+    }
+
+    /// The consumer thread (of `generation`) took a batch: it may run host functions once
+    /// no inline run is in progress (one host function at a time). An inline run of an
+    /// older generation (abandoned with its consumer) does not hold it up.
+    fn enter_batch(&self, generation: u64) {
+        loop {
+            self.in_batch.store(true, Ordering::SeqCst);
+            if self.inline.load(Ordering::SeqCst) != generation + 1 {
+                return;
+            }
+            self.in_batch.store(false, Ordering::SeqCst);
+            let ended = || self.inline.load(Ordering::SeqCst) != generation + 1;
+            if !INLINE_WAIT_SPIN.spin(ended) {
+                let (m, waker) = &self.inline_ended;
+                let mut g = lock(m);
+                while !ended() {
+                    g = waker.wait_timeout(g, Duration::from_millis(20));
+                }
+            }
+        }
+    }
+
+    /// Runs a plain `call` request on the calling thread (the device's, which waits for the
+    /// reply anyway) when nothing else is pending: no message is queued or being processed
+    /// (so the device's earlier taps have all run) and the consumer thread holds no batch
+    /// (one host function at a time: the consumer waits for this run before it takes the
+    /// next). The reply slot is answered when this returns `Ok`.
+    ///
+    /// # Errors
+    /// The message, untouched, when it must go through the queue instead.
+    #[allow(clippy::result_large_err)] // the message moves back once; boxing would allocate
+    pub(crate) fn run_inline(&'static self, msg: Message) -> Result<(), Message> {
+        if self.is_finalized() || in_consumer_thread() {
+            return Err(msg);
+        }
+        let Some(consumer) = lock(&self.control).consumer.clone() else { return Err(msg) };
+        let generation = self.generation.load(Ordering::Acquire);
+        // The consumer may be finishing what came before (its batch ends just after it
+        // answers the previous call): worth a short wait, since the call would wait for it
+        // anyway behind the queue.
+        let idle = || !self.in_batch.load(Ordering::SeqCst) && self.queue.processed() >= self.queue.enqueued();
+        if !idle() && !spin_until(INLINE_IDLE_SPIN, idle) {
+            return Err(msg);
+        }
+        self.inline.store(generation + 1, Ordering::SeqCst);
+        let idle = idle();
+        let outcome = if idle {
+            let now = self.timing.raw_now();
+            self.mark_busy(msg.consumer_id, now);
+            IS_CONSUMER.with(|c| c.set(true));
+            let outcome = consumer.run_inline(msg);
+            IS_CONSUMER.with(|c| c.set(false));
+            self.mark_idle();
+            outcome
+        } else {
+            Err(msg)
+        };
+        // Under the lock a waiting consumer checks it under (the `Waker` contract).
+        let (m, waker) = &self.inline_ended;
+        let g = lock(m);
+        self.inline.store(0, Ordering::SeqCst);
+        drop(g);
+        waker.notify_all();
+        outcome
     }
 
     /// Records that the consumer took a message of consumer `id` at `now` (a raw
@@ -298,7 +399,7 @@ impl Hub {
 
     /// Records that signal `why` failed a waiting call: the message the consumer is
     /// processing now (a host function that may never return) stalls every call behind it.
-    pub(crate) fn note_interrupted(&self, why: &'static str) {
+    pub fn note_interrupted(&self, why: &'static str) {
         let item = self.item.load(Ordering::Acquire);
         if item != 0 {
             *lock(&self.interrupted) = (item, why);
@@ -719,6 +820,105 @@ mod tests {
         let c = Arc::new(Recording { seen: Mutex::new(Vec::new()), hook });
         r.configure(c.clone());
         c
+    }
+
+    /// A consumer that logs what it runs, where: `("queue", id)` on its thread, and
+    /// `("inline", id)` for what a device's thread runs through `run_inline` (which waits
+    /// for the test's go-ahead when `hold_inline` is set).
+    struct Logging {
+        log: Mutex<Vec<(&'static str, i64)>>,
+        hold_inline: Mutex<Option<(mpsc::Sender<()>, mpsc::Receiver<()>)>>,
+        hold_queue: Mutex<Option<(mpsc::Sender<()>, mpsc::Receiver<()>)>>,
+    }
+
+    impl Consume for Logging {
+        fn run(&self, worker: &Worker) {
+            while let Some(batch) = worker.next_batch() {
+                while let Some(m) = batch.take() {
+                    if let Some((entered, go)) = lock(&self.hold_queue).take() {
+                        entered.send(()).unwrap();
+                        go.recv().unwrap();
+                    }
+                    lock(&self.log).push(("queue", m.consumer_id));
+                }
+            }
+        }
+
+        fn run_inline(&self, msg: Message) -> Result<(), Message> {
+            assert!(in_consumer_thread(), "an inline run counts as inside a callback");
+            if let Some((entered, go)) = lock(&self.hold_inline).take() {
+                entered.send(()).unwrap();
+                go.recv().unwrap();
+            }
+            lock(&self.log).push(("inline", msg.consumer_id));
+            Ok(())
+        }
+    }
+
+    fn logging(r: &'static Hub) -> Arc<Logging> {
+        let c = Arc::new(Logging { log: Mutex::new(Vec::new()), hold_inline: Mutex::new(None), hold_queue: Mutex::new(None) });
+        r.configure(c.clone());
+        c
+    }
+
+    /// A pair of channels holding a run until the test lets it go: `(entered, go)` for the
+    /// run, `(entered_rx, go_tx)` for the test.
+    #[allow(clippy::type_complexity)]
+    fn hold() -> ((mpsc::Sender<()>, mpsc::Receiver<()>), (mpsc::Receiver<()>, mpsc::Sender<()>)) {
+        let (entered_tx, entered_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel();
+        ((entered_tx, go_rx), (entered_rx, go_tx))
+    }
+
+    #[test]
+    fn a_call_runs_inline_when_nothing_is_pending_and_is_given_back_otherwise() {
+        let r = leak(1 << 20);
+        let c = logging(r);
+        r.push(message(1)).unwrap();
+        assert!(r.wait_processed(r.queue.enqueued(), Duration::from_secs(30)).unwrap());
+        assert!(r.run_inline(message(2)).is_ok());
+        assert!(!in_consumer_thread(), "the inline run's mark is removed");
+        // The consumer is stuck in message 3: a call finds it pending and is given back.
+        let (run_side, (entered, go)) = hold();
+        *lock(&c.hold_queue) = Some(run_side);
+        r.push(message(3)).unwrap();
+        entered.recv().unwrap();
+        let back = r.run_inline(message(4)).expect_err("message 3 is still being processed");
+        assert_eq!(back.consumer_id, 4);
+        go.send(()).unwrap();
+        assert!(r.wait_processed(r.queue.enqueued(), Duration::from_secs(30)).unwrap());
+        assert_eq!(*lock(&c.log), vec![("queue", 1), ("inline", 2), ("queue", 3)]);
+        r.stop(None).unwrap();
+    }
+
+    #[test]
+    fn the_consumer_waits_for_an_inline_run_before_it_runs_anything() {
+        let r = leak(1 << 20);
+        let c = logging(r);
+        r.push(message(1)).unwrap();
+        assert!(r.wait_processed(r.queue.enqueued(), Duration::from_secs(30)).unwrap());
+        let (run_side, (entered, go)) = hold();
+        *lock(&c.hold_inline) = Some(run_side);
+        let inline = std::thread::spawn(move || r.run_inline(message(2)).is_ok());
+        entered.recv().unwrap();
+        // Another device's message arrives while the inline run holds: it waits.
+        r.push(message(3)).unwrap();
+        assert!(!r.wait_processed(r.queue.enqueued(), Duration::from_millis(50)).unwrap());
+        go.send(()).unwrap();
+        assert!(inline.join().unwrap());
+        assert!(r.wait_processed(r.queue.enqueued(), Duration::from_secs(30)).unwrap());
+        assert_eq!(*lock(&c.log), vec![("queue", 1), ("inline", 2), ("queue", 3)]);
+        r.stop(None).unwrap();
+    }
+
+    #[test]
+    fn no_inline_run_without_a_consumer_or_after_finalize() {
+        let r = leak(1 << 20);
+        assert!(r.run_inline(message(1)).is_err(), "not configured");
+        let c = logging(r);
+        r.finalize(None).unwrap();
+        assert!(r.run_inline(message(2)).is_err());
+        assert!(lock(&c.log).is_empty());
     }
 
     #[test]

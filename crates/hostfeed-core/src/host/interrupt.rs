@@ -34,13 +34,13 @@ static COUNTS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
 /// How many of each watched signal have been seen (a waiting call remembers the counts
 /// it started with).
 #[must_use]
-pub(crate) fn counts() -> [u64; 2] {
+pub fn counts() -> [u64; 2] {
     [COUNTS[0].load(Ordering::Relaxed), COUNTS[1].load(Ordering::Relaxed)]
 }
 
 /// Which watched signal arrived since `before` (from [`counts`]), in words.
 #[must_use]
-pub(crate) fn signalled_since(before: [u64; 2]) -> Option<&'static str> {
+pub fn signalled_since(before: [u64; 2]) -> Option<&'static str> {
     let now = counts();
     SIGNALS
         .iter()
@@ -64,9 +64,80 @@ fn slot(sig: libc::c_int) -> Option<usize> {
     SIGNALS.iter().position(|&(s, _)| s == sig)
 }
 
+/// A file descriptor the handler writes a byte to after counting (-1: none): the write
+/// end of the pipe a thread that interrupts host functions running on a device's thread
+/// reads (see [`set_wake_fd`]).
+static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// The read end of the wake pipe, and the process that made it (a forked child makes its
+/// own).
+static WAKE_PIPE: Mutex<Option<(u32, i32)>> = Mutex::new(None);
+
+/// Makes the pipe that the handler writes a byte to after counting a signal, once per
+/// process, so that a thread can wait for signals in [`wait_for_signal`]; returns `false`
+/// if it cannot be made. A full pipe loses nothing: the reader looks at [`counts`].
+pub fn open_wake_pipe() -> bool {
+    let mut pipe = lock(&WAKE_PIPE);
+    let pid = std::process::id();
+    if pipe.is_some_and(|(p, _)| p == pid) {
+        return true;
+    }
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors `pipe2` writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return false;
+    }
+    // SAFETY: a descriptor just made; only its status flags change (the handler must never
+    // block on a full pipe).
+    unsafe { libc::fcntl(fds[1], libc::F_SETFL, libc::O_NONBLOCK) };
+    *pipe = Some((pid, fds[0]));
+    WAKE_FD.store(fds[1], Ordering::Release);
+    true
+}
+
+/// Whether the calling thread is the process's initial thread: the one `CPython` delivers
+/// signals to (its handlers run there, raising `KeyboardInterrupt` in whatever Python code
+/// runs there).
+#[must_use]
+pub fn on_initial_thread() -> bool {
+    // SAFETY: plain queries of the calling thread's and process's ids.
+    unsafe { libc::gettid() == libc::getpid() }
+}
+
+/// Waits until a watched signal arrives (a byte in the wake pipe; several signals may
+/// come as one wake-up); returns `false` when there is no pipe to wait on.
+#[must_use]
+pub fn wait_for_signal() -> bool {
+    let Some((_, fd)) = *lock(&WAKE_PIPE) else { return false };
+    let mut buf = [0u8; 64];
+    loop {
+        // SAFETY: reading into a local buffer of its length from our pipe's read end.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n > 0 {
+            return true;
+        }
+        if n == 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            return false;
+        }
+    }
+}
+
 extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     let Some(i) = slot(sig) else { return };
     COUNTS[i].fetch_add(1, Ordering::Relaxed);
+    let fd = WAKE_FD.load(Ordering::Acquire);
+    #[cfg(target_os = "linux")]
+    if fd >= 0 {
+        // SAFETY: `write` is async-signal-safe; one byte from a live local; a failure (a
+        // full pipe, a closed descriptor) is ignored. errno is saved and restored, as a
+        // handler must.
+        unsafe {
+            let errno = *libc::__errno_location();
+            let byte = 1u8;
+            libc::write(fd, (&raw const byte).cast(), 1);
+            *libc::__errno_location() = errno;
+        }
+    }
     let prev = PREV_HANDLER[i].load(Ordering::Relaxed);
     if prev == libc::SIG_DFL || prev == libc::SIG_IGN {
         return;

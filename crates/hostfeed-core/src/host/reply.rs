@@ -92,6 +92,12 @@ impl ReplySlot {
         }
     }
 
+    /// The output buffers of a slot nobody else holds (a request that was not sent).
+    #[must_use]
+    pub(crate) fn into_outputs(self) -> Vec<OutBuf> {
+        self.state.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner).outputs
+    }
+
     /// Records that the consumer took the request.
     pub fn mark_started(&self) {
         self.started.store(true, Ordering::Relaxed);
