@@ -102,10 +102,10 @@ class DirectCall:
     call's results; an exception goes to ``raised(exc) -> message``, any other results to
     ``results(res) -> (flat, None) | (None, message)``."""
 
-    def __init__(self, func: Callable[[Any], Any], treedef: Any | None,
-                 shape: tuple[int, ...] | None, dtype: np.dtype | None,
-                 raised: Callable[[BaseException], str],
-                 results: Callable[[Any], tuple[list | None, str | None]]) -> None: ...
+    def __new__(cls, func: Callable[[Any], Any], treedef: Any | None,
+                shape: tuple[int, ...] | None, dtype: np.dtype | None,
+                raised: Callable[[BaseException], str],
+                results: Callable[[Any], tuple[list | None, str | None]]) -> DirectCall: ...
 
 @final
 class Recorder:

@@ -457,7 +457,7 @@ def _call_runs(cfg: Config, n: int, tag: str) -> dict[str, Any]:
 RECEIVER_CALL = "hostfeed call, receiver thread"
 
 
-def on_receiver_thread(go: Callable[[], None]) -> Callable[[], None]:
+def on_receiver_thread(go: Callable[[], object]) -> Callable[[], None]:
     """``go`` with every ``call`` kept on the receiver thread while it runs."""
     def run() -> None:
         before = _receiver.set_inline_calls(False)
@@ -561,7 +561,7 @@ def dispatch(cfg: Config) -> dict:
         f(x).block_until_ready()
     hcb.barrier_wait()
     cfg.progress("dispatch")
-    cases = {k: case(f) for k, f in fns.items()}
+    cases: dict[str, Callable[[], object]] = {k: case(f) for k, f in fns.items()}
     cases[RECEIVER_CALL] = on_receiver_thread(cases[RECEIVER_CALL])
     res = interleaved(cases, repeats=cfg.n(3, 7))
     hcb.barrier_wait()

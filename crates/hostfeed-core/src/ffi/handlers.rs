@@ -1,7 +1,7 @@
 //! The `extern "C"` XLA FFI handlers. They never touch Python: they decode the call frame
 //! ([`Frame::decode`], the one unsafe boundary), copy the operands into a message and push
-//! it onto the receiver's queue; a `call` then waits for its reply
-//! ([`await_reply`], shared by every platform). Errors and panics become `XLA_FFI_Error`s,
+//! it onto the receiver's queue; a `call` runs its host function on this thread when
+//! nothing else is pending, or waits for its reply ([`call_on_device_thread`]). Errors and panics become `XLA_FFI_Error`s,
 //! so nothing unwinds into XLA and the JAX caller sees an ordinary exception.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -114,8 +114,8 @@ pub(crate) fn call_on_device_thread(
 /// thread.
 static INLINE_CALLS: AtomicBool = AtomicBool::new(true);
 
-/// Sets whether CPU calls may run on the device's thread (see [`call_on_device_thread`]);
-/// returns the previous setting.
+/// Sets whether CPU calls may run their host function on the device's thread when nothing
+/// else is pending (`HOSTFEED_CALL_THREAD`); returns the previous setting.
 pub fn set_inline_calls(enabled: bool) -> bool {
     INLINE_CALLS.swap(enabled, Ordering::Relaxed)
 }

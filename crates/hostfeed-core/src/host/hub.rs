@@ -93,7 +93,7 @@ pub trait Consume: Send + Sync + 'static {
     /// Processes batches from `worker` until `Worker::next_batch` returns `None`.
     fn run(&self, worker: &Worker);
 
-    /// Runs one `call` request on the calling thread, the device's (see [`Hub::run_inline`]),
+    /// Runs one `call` request on the calling thread, the device's (see `Hub::run_inline`),
     /// answering its reply slot; or gives it back, unrun, when this consumer cannot run it
     /// there (its host function is not a plain call's, or other host work must come first).
     ///

@@ -66,7 +66,7 @@ fn slot(sig: libc::c_int) -> Option<usize> {
 
 /// A file descriptor the handler writes a byte to after counting (-1: none): the write
 /// end of the pipe a thread that interrupts host functions running on a device's thread
-/// reads (see [`set_wake_fd`]).
+/// reads (see [`open_wake_pipe`]).
 static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
 
 /// The read end of the wake pipe, and the process that made it (a forked child makes its
