@@ -176,15 +176,16 @@ impl Batch {
 
 impl Drop for Batch {
     fn drop(&mut self) {
-        // Before the batch counts as processed: whoever sees it processed (a barrier) sees
-        // the consumer busy with none of its messages. (Not the batch of an abandoned
-        // consumer whose callback returned at last: a newer consumer may be busy.)
+        // Before the batch counts as processed: whoever sees it processed (a barrier, a
+        // call that would run on its device's thread) sees the consumer busy with none of
+        // its messages and holding no batch. (Not the batch of an abandoned consumer whose
+        // callback returned at last: a newer consumer may be busy.)
         if self.receiver.generation.load(Ordering::Acquire) == self.generation {
             self.receiver.mark_idle();
+            self.receiver.in_batch.store(false, Ordering::SeqCst);
         }
         // Messages not taken (the dispatcher failed) are dropped and counted.
         let dropped = self.receiver.queue.end_batch(self.epoch);
-        self.receiver.in_batch.store(false, Ordering::SeqCst);
         if dropped > 0 {
             self.receiver.note(format!("{dropped} message(s) were dropped after the dispatcher failed"));
         }
