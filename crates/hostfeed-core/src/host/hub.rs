@@ -871,12 +871,26 @@ mod tests {
         ((entered_tx, go_rx), (entered_rx, go_tx))
     }
 
-    #[test]
-    fn a_call_runs_inline_when_nothing_is_pending_and_is_given_back_otherwise() {
+    /// A hub with a logging consumer that has processed message 1 (so it runs, and is idle).
+    fn logging_after_one() -> (&'static Hub, Arc<Logging>) {
         let r = leak(1 << 20);
         let c = logging(r);
         r.push(message(1)).unwrap();
         assert!(r.wait_processed(r.queue.enqueued(), Duration::from_secs(30)).unwrap());
+        (r, c)
+    }
+
+    /// Waits until everything is processed, checks it ran as message 1 queued, 2 inline, 3
+    /// queued, and stops.
+    fn ends_as_queue_inline_queue(r: &'static Hub, c: &Logging) {
+        assert!(r.wait_processed(r.queue.enqueued(), Duration::from_secs(30)).unwrap());
+        assert_eq!(*lock(&c.log), vec![("queue", 1), ("inline", 2), ("queue", 3)]);
+        r.stop(None).unwrap();
+    }
+
+    #[test]
+    fn a_call_runs_inline_when_nothing_is_pending_and_is_given_back_otherwise() {
+        let (r, c) = logging_after_one();
         assert!(r.run_inline(message(2)).is_ok());
         assert!(!in_consumer_thread(), "the inline run's mark is removed");
         // The consumer is stuck in message 3: a call finds it pending and is given back.
@@ -887,17 +901,12 @@ mod tests {
         let back = r.run_inline(message(4)).expect_err("message 3 is still being processed");
         assert_eq!(back.consumer_id, 4);
         go.send(()).unwrap();
-        assert!(r.wait_processed(r.queue.enqueued(), Duration::from_secs(30)).unwrap());
-        assert_eq!(*lock(&c.log), vec![("queue", 1), ("inline", 2), ("queue", 3)]);
-        r.stop(None).unwrap();
+        ends_as_queue_inline_queue(r, &c);
     }
 
     #[test]
     fn the_consumer_waits_for_an_inline_run_before_it_runs_anything() {
-        let r = leak(1 << 20);
-        let c = logging(r);
-        r.push(message(1)).unwrap();
-        assert!(r.wait_processed(r.queue.enqueued(), Duration::from_secs(30)).unwrap());
+        let (r, c) = logging_after_one();
         let (run_side, (entered, go)) = hold();
         *lock(&c.hold_inline) = Some(run_side);
         let inline = std::thread::spawn(move || r.run_inline(message(2)).is_ok());
@@ -907,9 +916,7 @@ mod tests {
         assert!(!r.wait_processed(r.queue.enqueued(), Duration::from_millis(50)).unwrap());
         go.send(()).unwrap();
         assert!(inline.join().unwrap());
-        assert!(r.wait_processed(r.queue.enqueued(), Duration::from_secs(30)).unwrap());
-        assert_eq!(*lock(&c.log), vec![("queue", 1), ("inline", 2), ("queue", 3)]);
-        r.stop(None).unwrap();
+        ends_as_queue_inline_queue(r, &c);
     }
 
     #[test]
