@@ -231,6 +231,35 @@ def test_histograms_match_numpy(store, how):
     assert read(store, "lin")[0].dtype == np.int32
 
 
+@pytest.mark.parametrize("hist", [hostfeed.Histogram(16, (-2.0, 2.0)),
+                                  hostfeed.Histogram(10, (-0.3, 0.7)),
+                                  hostfeed.Histogram(7, (-1.0, 3.0)),
+                                  hostfeed.Histogram(12, "log")], ids=repr)
+def test_every_bin_counts_what_numpy_histogram_counts_at_and_beside_each_edge(store, hist):
+    """Each edge, the float32 next to it on either side, its negation, signed zeros and
+    subnormals: binned as ``numpy.histogram`` bins them against the same (float64)
+    edges, in the core's one-pass kernel (trailing axes on a CPU device) and in the JAX
+    operations (another axis), the values outside in the below and above columns."""
+    edges = hist.edges()
+    e32 = edges.astype(np.float32)
+    tiny = np.float32([0.0, -0.0, 1e-45, -1e-45, 1e-40, -1e-40])
+    special = np.concatenate([e32, np.nextafter(e32, np.float32(-np.inf)),
+                              np.nextafter(e32, np.float32(np.inf)), -e32, tiny])
+    x = np.stack([special, np.resize(data((1, 400))[0] * 2, special.shape)])
+    with hostfeed.Recorder(store) as rec:
+        @jax.jit
+        def both(v):
+            rec.record("core", v, reduce=hist, axis=1)
+            rec.record("jax", v.T, reduce=hist, axis=0)
+        both(x)
+    magnitude = np.abs if hist.log else (lambda v: v)
+    want = [hist_of(magnitude(r), edges) for r in x]
+    np.testing.assert_array_equal(read(store, "core")[0][0], want)
+    np.testing.assert_array_equal(read(store, "jax")[0][0], want)
+    assert attributes(store, "core")["reduce"]["columns"][0] == "below"
+    assert attributes(store, "core")["reduce"]["columns"][-1] == "above"
+
+
 def test_bad_arguments_are_refused_at_the_call(store):
     x = jnp.ones(3)
     with hostfeed.Recorder(store) as rec:

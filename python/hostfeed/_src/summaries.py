@@ -35,19 +35,22 @@ STATS = ("count", "mean", "std", "min", "max", "absmax", "l2", "nan_count", "inf
 
 class Histogram:
     """A histogram of a value as the summary a record keeps (``reduce=Histogram(...)``):
-    each row holds ``bins + 2`` counts (int32): values below the first edge, one count per
-    bin, values above the last edge. NaNs are not counted (``reduce="stats"`` counts them).
+    each row holds ``bins + 2`` counts (int32): the values below the first edge (column
+    0), one count per bin, the values above the last edge (the last column). The bins
+    count what ``numpy.histogram(x, bins=Histogram.edges())`` counts, value for value
+    (each comparison with an edge is exact, the float64 edges against the float32 values);
+    numpy leaves the values outside the edges uncounted, here they have their columns.
+    NaNs are not counted (``reduce="stats"`` counts them).
 
     Args:
       bins: the number of bins (at least 1).
-      range: ``(lo, hi)``: ``bins`` equal bins from ``lo`` to ``hi`` (a value equal to
-        ``hi`` is in the last bin, as with ``numpy.histogram``; the bin is
-        ``floor((x - lo) * bins / (hi - lo))`` in float32, so a value within a rounding
-        error of an inner edge may count in the bin next to it); or ``"log"``: the
-        magnitudes ``|x|`` in bins of one power of two each, from ``2**-(bins // 2)`` to
-        ``2**(bins - bins // 2)`` (zeros count as below).
+      range: ``(lo, hi)``: ``bins`` equal bins from ``lo`` to ``hi`` (the edges are
+        ``numpy.linspace(lo, hi, bins + 1)``; a value equal to ``hi`` is in the last bin);
+        or ``"log"``: the magnitudes ``|x|`` in bins of one power of two each, from
+        ``2**-(bins // 2)`` to ``2**(bins - bins // 2)`` (zeros count as below).
 
-    The edges are stored in the array's attributes (``hostfeed.reduce.edges``).
+    The edges are stored in the array's attributes (``hostfeed.reduce.edges``), and the
+    columns' names (``hostfeed.reduce.columns``: ``below``, ``bin0`` ..., ``above``).
 
     Example:
         >>> h = Histogram(bins=4, range=(0.0, 1.0))
@@ -89,6 +92,29 @@ class Histogram:
             return 2.0 ** np.arange(self.lo_exp, self.lo_exp + self.bins + 1, dtype=np.float64)
         return np.linspace(self.range[0], self.range[1], self.bins + 1)
 
+    def thresholds(self) -> np.ndarray:
+        """The edges as exact float32 comparisons (``bins + 2`` values): for each edge the
+        least float32 at or above it (a float32 ``v`` is below edge ``i`` exactly when
+        ``v < t[i]``), then the greatest float32 at or below the last edge (``v`` is above
+        it exactly when ``v > t[-1]``). So a value is binned as ``numpy.histogram`` bins it
+        against :meth:`edges`.
+
+        Example:
+            >>> Histogram(bins=2, range=(0.0, 1.0)).thresholds().tolist()
+            [0.0, 0.5, 1.0, 1.0]
+            >>> t = Histogram(bins=1, range=(0.0, 0.1)).thresholds()  # 0.1 is no float32
+            >>> float(t[1]) > 0.1 > float(t[2])
+            True
+        """
+        edges = self.edges()
+        with np.errstate(over="ignore"):
+            near = edges.astype(np.float32)
+        up = np.where(near.astype(np.float64) < edges,
+                      np.nextafter(near, np.float32(np.inf)), near)
+        top = near[-1] if float(near[-1]) <= edges[-1] else np.nextafter(
+            near[-1], np.float32(-np.inf))
+        return np.append(up, top).astype(np.float32)
+
     def describe(self) -> dict:
         return {"kind": "histogram", "scale": "log2 |x|" if self.log else "linear",
                 "bins": self.bins, "edges": self.edges().tolist(),
@@ -109,18 +135,32 @@ class Histogram:
         element's bin is computed where it lies (elementwise, no gather) and counted by one
         scatter-add into the small result (under sharding: per device, then summed)."""
         n = self.bins
+        # Comparisons on the floats' order as integers (ordered_keys): XLA flushes
+        # subnormals to zero in float comparisons, numpy does not.
+        t = jnp.asarray(ordered_keys(self.thresholds()))
+        bits = jax.lax.bitcast_convert_type(v, jnp.int32)
         if self.log:
-            a = jnp.abs(v)
-            _, e = jnp.frexp(a)  # a in [2**(e-1), 2**e): exact, no rounding
-            k = e - 1 - self.lo_exp
-            k = jnp.where(a == 0, -1, k)
-            k = jnp.where(jnp.isinf(a), n, k)
+            mag = bits & 0x7FFFFFFF
+            exp = mag >> 23
+            # floor(log2 |v|) from the bits, subnormals included.
+            log2 = jnp.where(exp == 0, 31 - jax.lax.clz(mag) - 149, exp - 127)
+            k = jnp.clip(log2 - self.lo_exp, 0, n - 1)
+            key = mag
         else:
-            lo, hi = (np.float32(e) for e in self.range)
-            q = jnp.floor((v - lo) * np.float32(n / (self.range[1] - self.range[0])))
+            # floor((v - lo) * scale) is off by at most one bin near an edge: corrected
+            # by exact comparisons with the two edges of the bin it names.
+            key = jnp.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+            key = jnp.where(key == -1, 0, key)  # -0.0 is 0.0
+            edges = t[:-1]
+            q = jnp.floor((v - np.float32(self.range[0]))
+                          * np.float32(n / (self.range[1] - self.range[0])))
             k = jnp.clip(jnp.nan_to_num(q, nan=0.0, posinf=n, neginf=0), 0, n - 1)
-            k = jnp.where(v < lo, -1, jnp.where(v > hi, n, k.astype(jnp.int32)))
-        k = jnp.clip(k, -1, n).astype(jnp.int32) + 1
+            k = k.astype(jnp.int32)
+            k = jnp.maximum(k - (key < jnp.take(edges, k)).astype(jnp.int32), 0)
+            k = k + ((k < n - 1) & (key >= jnp.take(edges, jnp.minimum(k + 1, n)))).astype(
+                jnp.int32)
+        k = jnp.where(key < t[0], -1, jnp.where(key > t[-1], n, k))
+        k = k.astype(jnp.int32) + 1
         kept = [d for d in range(v.ndim) if d not in axes]
         rows = math.prod(v.shape[d] for d in kept)
         # The row of each element: its position along the kept axes.
@@ -130,6 +170,19 @@ class Histogram:
         flat = jnp.where(jnp.isnan(v), rows * (n + 2), row * (n + 2) + k)  # NaN: dropped
         counts = jnp.zeros(rows * (n + 2), jnp.int32).at[flat].add(1, mode="drop")
         return counts.reshape(*(v.shape[d] for d in kept), n + 2)
+
+def ordered_keys(x: np.ndarray) -> np.ndarray:
+    """float32 values as int32 keys in the same order (``-0.0`` as ``0.0``; NaNs aside): a
+    float comparison that no flush of subnormals to zero changes.
+
+    Example:
+        >>> ordered_keys(np.float32([-2.0, -1e-45, -0.0, 0.0, 1e-45, 2.0])).tolist()
+        [-1073741825, -2, 0, 0, 1, 1073741824]
+    """
+    bits = np.asarray(x, np.float32).view(np.int32)
+    keys = np.where(bits < 0, bits ^ np.int32(0x7FFFFFFF), bits)
+    return np.where(keys == -1, 0, keys).astype(np.int32)
+
 
 def _stats(v: jax.Array, axes: tuple[int, ...]) -> jax.Array:
     """The :data:`STATS` of ``v`` (float32) over ``axes``: the other axes, then 9.
@@ -234,12 +287,15 @@ def _summary_primitive(name: str, columns: Callable[..., int], dtype: Any,
 
 
 def _binning(hist: Histogram) -> list[np.ndarray]:
-    """A histogram's binning for the core, as the JAX operations compute it (float32 edges
-    and scale): ``[0, lo, hi, scale]`` or, for powers of two, ``[1, lo_exp, 0, 0]``."""
+    """A histogram's binning for the core, as the JAX operations compute it:
+    ``[0, lo, 0, scale]`` (float32) or, for powers of two, ``[1, lo_exp, 0, 0]``, then
+    the edges' exact comparisons (:meth:`Histogram.thresholds`)."""
     if hist.log:
-        return [np.array([1.0, hist.lo_exp, 0.0, 0.0], np.float32)]
-    lo, hi = hist.range
-    return [np.array([0.0, lo, hi, np.float32(hist.bins / (hi - lo))], np.float32)]
+        params = np.array([1.0, hist.lo_exp, 0.0, 0.0], np.float32)
+    else:
+        lo, hi = hist.range
+        params = np.array([0.0, lo, 0.0, np.float32(hist.bins / (hi - lo))], np.float32)
+    return [params, hist.thresholds()]
 
 
 stats_p = _summary_primitive(

@@ -299,49 +299,75 @@ pub(crate) fn stats_rows(x: &[f32], out: &mut [f32]) {
     }
 }
 
-/// How a histogram bins a value (the two kinds of `hostfeed.Histogram`).
+/// How a histogram bins a value (the two kinds of `hostfeed.Histogram`), as
+/// `numpy.histogram` bins it against the same edges (float64): a value `v` is in bin `k`
+/// when `edge[k] <= v < edge[k + 1]`, the last bin holding its upper edge too; below when
+/// `v < edge[0]`, above when `v > edge[bins]`. Each comparison with an edge is exact in
+/// `f32`: `lower` holds, for each edge, the least `f32` at or above it (`v < edge[k]`
+/// exactly when `v < lower[k]`), and `top` the greatest `f32` at or below the last edge.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Bins {
-    /// Equal bins from `lo` to `hi`: a value's bin is `floor((v - lo) * scale)`, in `f32`
-    /// (as the JAX operations compute it), kept within the bins; `v == hi` is in the last.
-    Linear { lo: f32, hi: f32, scale: f32 },
-    /// The magnitude's binary exponent: `|v|` in `[2**(lo_exp + k), 2**(lo_exp + k + 1))`
-    /// is in bin `k`; zero is below, an infinity above.
-    Log { lo_exp: i32 },
+pub(crate) enum Bins<'a> {
+    /// Equal bins from `lo`: `floor((v - lo) * scale)` in `f32` is off by at most one bin
+    /// near an edge, which the comparisons with `lower` (`bins + 1` values) correct.
+    Linear { lo: f32, scale: f32, lower: &'a [f32], top: f32 },
+    /// Powers of two of the magnitude: `|v|` in `[2**(lo_exp + k), 2**(lo_exp + k + 1))`
+    /// is in bin `k`, read from the float's exponent; `least` is `lower[0]`.
+    Log { lo_exp: i32, least: f32, top: f32 },
+}
+
+/// `v` as an `i32` key in the same order (`-0.0` as `0.0`; NaNs aside). Edges are compared
+/// on keys: XLA's threads flush subnormals to zero in float comparisons, numpy does not.
+#[inline(always)]
+#[allow(clippy::cast_possible_wrap)]
+fn key(v: f32) -> i32 {
+    let b = v.to_bits() as i32;
+    let k = if b < 0 { b ^ 0x7fff_ffff } else { b };
+    if k == -1 {
+        0
+    } else {
+        k
+    }
 }
 
 /// The column of `v` in a row of `bins + 2` counts (below, the bins, above), or `None`
 /// for a NaN (not counted).
 #[inline(always)]
 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_possible_wrap, clippy::cast_precision_loss)]
-fn column(v: f32, bins: usize, how: Bins) -> Option<usize> {
+fn column(v: f32, bins: usize, how: Bins<'_>) -> Option<usize> {
     let mag = v.to_bits() & 0x7fff_ffff;
     if mag > 0x7f80_0000 {
         return None;
     }
     Some(match how {
-        Bins::Linear { lo, hi, scale } => {
-            if v < lo {
+        Bins::Linear { lo, scale, lower, top } => {
+            let kv = key(v);
+            if kv < key(lower[0]) {
                 0
-            } else if v > hi {
+            } else if kv > key(top) {
                 bins + 1
             } else {
                 let q = ((v - lo) * scale).floor();
-                // Within [lo, hi] q is at least 0 and at most about `bins`.
-                (if q >= bins as f32 { bins - 1 } else if q > 0.0 { q as usize } else { 0 }) + 1
+                let mut k = if q >= bins as f32 { bins - 1 } else if q > 0.0 { q as usize } else { 0 };
+                if kv < key(lower[k]) {
+                    k = k.saturating_sub(1);
+                } else if k + 1 < bins && kv >= key(lower[k + 1]) {
+                    k += 1;
+                }
+                k + 1
             }
         }
-        Bins::Log { lo_exp } => {
-            if mag == 0 {
+        Bins::Log { lo_exp, least, top } => {
+            let a = key(f32::from_bits(mag));
+            if a < key(least) {
                 0
-            } else if mag == 0x7f80_0000 {
+            } else if a > key(top) {
                 bins + 1
             } else {
                 let exp = (mag >> 23) as i32;
                 // floor(log2 |v|), subnormals included (their exponent is in the mantissa).
                 let log2 = if exp == 0 { 31 - mag.leading_zeros() as i32 - 149 } else { exp - 127 };
                 let k = i64::from(log2) - i64::from(lo_exp);
-                (k.clamp(-1, bins as i64) + 1) as usize
+                (k.clamp(0, bins as i64 - 1) + 1) as usize
             }
         }
     })
@@ -356,11 +382,13 @@ const BATCH: usize = 256;
 /// value through [`column()`].
 #[inline(always)]
 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_possible_wrap, clippy::cast_precision_loss)]
-fn columns(x: &[f32], bins: usize, how: Bins, cols: &mut [u32]) {
+fn columns(x: &[f32], bins: usize, how: Bins<'_>, cols: &mut [u32]) {
     let nb = bins as i32;
     match how {
-        Bins::Linear { lo, hi, scale } => {
+        Bins::Linear { lo, scale, lower, top } => {
+            assert!(lower.len() > bins, "a linear histogram needs bins + 1 lower edges");
             let last = (nb - 1) as f32;
+            let (first, top) = (key(lower[0]), key(top));
             for (c, &v) in cols.iter_mut().zip(x) {
                 // floor((v - lo) * scale) within the bins: at or above zero, truncating
                 // is flooring (below `lo`, the value is below anyway).
@@ -369,18 +397,28 @@ fn columns(x: &[f32], bins: usize, how: Bins, cols: &mut [u32]) {
                 let q = if q < last { q } else { last };
                 // SAFETY: `q` is in [0, bins - 1] (a NaN became 0 above): finite and
                 // within i32. (`as` would saturate, which does not vectorize.)
-                let k = unsafe { q.to_int_unchecked::<i32>() } + 1;
-                let k = if v < lo { 0 } else { k };
-                let k = if v > hi { nb + 1 } else { k };
+                let k = unsafe { q.to_int_unchecked::<i32>() };
+                let kv = key(v);
+                // SAFETY: `k` is in [0, bins - 1] and `lower` holds `bins + 1` values.
+                let k = k - i32::from(kv < key(unsafe { *lower.get_unchecked(k as usize) }));
+                let k = if k > 0 { k } else { 0 };
+                // SAFETY: `k + 1` is in [1, bins] (the last bin's upper edge at most).
+                let up = k < nb - 1 && kv >= key(unsafe { *lower.get_unchecked((k + 1) as usize) });
+                let k = k + i32::from(up) + 1;
+                let k = if kv < first { 0 } else { k };
+                let k = if kv > top { nb + 1 } else { k };
                 *c = (if v.is_nan() { nb + 2 } else { k }) as u32;
             }
         }
-        Bins::Log { lo_exp } if lo_exp > -126 => {
+        Bins::Log { lo_exp, least, top } if lo_exp > -126 => {
+            let (least, top) = (key(least), key(top));
             for (c, &v) in cols.iter_mut().zip(x) {
                 let mag = v.to_bits() & 0x7fff_ffff;
-                // A zero or a subnormal has exponent field 0: below the least bin here.
-                let k = ((mag >> 23) as i32 - 127 - lo_exp).clamp(-1, nb) + 1;
-                let k = if mag == 0x7f80_0000 { nb + 1 } else { k };
+                #[allow(clippy::cast_possible_wrap)] // at most 0x7fff_ffff
+                let a = mag as i32;
+                let k = ((mag >> 23) as i32 - 127 - lo_exp).clamp(0, nb - 1) + 1;
+                let k = if a < least { 0 } else { k };
+                let k = if a > top { nb + 1 } else { k };
                 *c = (if mag > 0x7f80_0000 { nb + 2 } else { k }) as u32;
             }
         }
@@ -396,7 +434,7 @@ fn columns(x: &[f32], bins: usize, how: Bins, cols: &mut [u32]) {
 /// a time, then counted into four tables in turn, so that values falling in the same bin
 /// one after another do not wait on each other's count.
 #[inline(always)]
-fn histogram_generic(x: &[f32], bins: usize, how: Bins, tables: &mut [u32], out: &mut [i32]) {
+fn histogram_generic(x: &[f32], bins: usize, how: Bins<'_>, tables: &mut [u32], out: &mut [i32]) {
     let width = bins + 3; // the columns, and the uncounted slot of NaNs
     tables.fill(0);
     let mut cols = [0u32; BATCH];
@@ -424,7 +462,7 @@ fn histogram_generic(x: &[f32], bins: usize, how: Bins, tables: &mut [u32], out:
 #[target_feature(enable = "avx2,bmi1,lzcnt")]
 /// # Safety
 /// The CPU must have AVX2, BMI1 and LZCNT.
-unsafe fn histogram_avx2(x: &[f32], bins: usize, how: Bins, tables: &mut [u32], out: &mut [i32]) {
+unsafe fn histogram_avx2(x: &[f32], bins: usize, how: Bins<'_>, tables: &mut [u32], out: &mut [i32]) {
     histogram_generic(x, bins, how, tables, out);
 }
 
@@ -434,7 +472,7 @@ unsafe fn histogram_avx2(x: &[f32], bins: usize, how: Bins, tables: &mut [u32], 
 ///
 /// # Panics
 /// If `x` does not split into that many rows.
-pub(crate) fn histogram_rows(x: &[f32], bins: usize, how: Bins, out: &mut [i32]) {
+pub(crate) fn histogram_rows(x: &[f32], bins: usize, how: Bins<'_>, out: &mut [i32]) {
     let width = bins + 2;
     let rows = out.len() / width;
     assert!(out.len() % width == 0 && (rows == 0 && x.is_empty() || rows > 0 && x.len() % rows == 0));
@@ -562,35 +600,133 @@ mod tests {
         }
     }
 
+    /// `numpy.linspace(lo, hi, bins + 1)`'s edges (float64), as numpy computes them.
+    #[allow(clippy::cast_precision_loss)]
+    fn linspace(lo: f64, hi: f64, bins: usize) -> Vec<f64> {
+        let step = (hi - lo) / bins as f64;
+        let mut e: Vec<f64> = (0..=bins).map(|i| i as f64 * step + lo).collect();
+        e[bins] = hi;
+        e
+    }
+
+    /// The exact `f32` comparisons of `edges` (what `Histogram.thresholds()` computes).
+    #[allow(clippy::cast_possible_truncation)]
+    fn thresholds(edges: &[f64]) -> (Vec<f32>, f32) {
+        let up = |e: f64| {
+            let f = e as f32;
+            if f64::from(f) < e { f.next_up() } else { f }
+        };
+        let down = |e: f64| {
+            let f = e as f32;
+            if f64::from(f) > e { f.next_down() } else { f }
+        };
+        (edges.iter().map(|&e| up(e)).collect(), down(edges[edges.len() - 1]))
+    }
+
+    /// A value's column as `numpy.histogram` bins it (comparisons in float64), with the
+    /// values below and above counted in the first and last columns.
+    fn numpy_column(v: f32, edges: &[f64]) -> Option<usize> {
+        let (v, n) = (f64::from(v), edges.len() - 1);
+        if v.is_nan() {
+            None
+        } else if v < edges[0] {
+            Some(0)
+        } else if v > edges[n] {
+            Some(n + 1)
+        } else {
+            Some(edges.partition_point(|&e| e <= v).min(n))
+        }
+    }
+
+    fn linear(lo: f64, hi: f64, bins: usize) -> (Vec<f64>, Vec<f32>, f32, f32, f32) {
+        let edges = linspace(lo, hi, bins);
+        let (lower, top) = thresholds(&edges);
+        #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+        let (lo32, scale) = (lo as f32, (bins as f64 / (hi - lo)) as f32);
+        (edges, lower, top, lo32, scale)
+    }
+
     #[test]
-    fn linear_histograms_count_as_the_jax_operations_do() {
+    fn linear_histograms_count_as_numpy_does() {
         // 4 bins over [-2, 2]: -2 is in bin 0, 2 in the last, beyond either end outside,
         // NaN nowhere, infinities at the ends.
+        let (_, lower, top, lo, scale) = linear(-2.0, 2.0, 4);
         let x = [-2.0, 2.0, -2.5, 2.5, 0.0, -0.1, 1.99, f32::NAN, f32::INFINITY, f32::NEG_INFINITY];
         let mut out = [0i32; 6];
-        histogram_rows(&x, 4, Bins::Linear { lo: -2.0, hi: 2.0, scale: 1.0 }, &mut out);
+        histogram_rows(&x, 4, Bins::Linear { lo, scale, lower: &lower, top }, &mut out);
         assert_eq!(out, [2, 1, 1, 1, 2, 2]);
     }
 
     #[test]
-    fn log_histograms_bin_by_the_exponent() {
-        // lo_exp -2: bins [1/4, 1/2), [1/2, 1), [1, 2), [2, 4); zero and tiny below, 4 and
-        // infinity above; the sign does not matter; a subnormal is below.
-        let x = [0.0, 0.3, -0.3, 0.5, 1.0, 1.999, -3.0, 4.0, f32::INFINITY, 1e-40, f32::NAN, 0.1];
+    fn values_at_and_beside_every_edge_are_binned_as_numpy_bins_them() {
+        for (lo, hi, bins) in [(-2.0, 2.0, 16), (-0.3, 0.7, 10), (-1.0, 3.0, 7), (1e-3, 1e3, 1000)] {
+            let (edges, lower, top, lo32, scale) = linear(lo, hi, bins);
+            let how = Bins::Linear { lo: lo32, scale, lower: &lower, top };
+            #[allow(clippy::cast_possible_truncation)]
+            let mut vals: Vec<f32> = edges.iter().flat_map(|&e| {
+                let f = e as f32;
+                [f.next_down(), f, f.next_up()]
+            }).collect();
+            vals.extend((0..5000).map(|i| {
+                let t = f64::from(i) / 4999.0;
+                #[allow(clippy::cast_possible_truncation)]
+                let v = (lo - 0.1 + t * (hi - lo + 0.2)) as f32;
+                v
+            }));
+            let mut cols = vec![0u32; vals.len()];
+            super::columns(&vals, bins, how, &mut cols);
+            for (v, c) in vals.iter().zip(&cols) {
+                let want = numpy_column(*v, &edges);
+                assert_eq!(super::column(*v, bins, how), want, "{v} in [{lo}, {hi}] / {bins}");
+                assert_eq!(*c as usize, want.unwrap_or(bins + 2), "{v} in [{lo}, {hi}] / {bins}");
+            }
+        }
+    }
+
+    #[test]
+    fn subnormals_beside_a_zero_edge_are_binned_as_numpy_bins_them() {
+        // XLA's threads flush subnormals to zero in float comparisons; the bins are
+        // decided on the values' bits. Edge 2 of 4 bins over [-2, 2] is 0.
+        let (edges, lower, top, lo, scale) = linear(-2.0, 2.0, 4);
+        let how = Bins::Linear { lo, scale, lower: &lower, top };
+        let x = [-f32::from_bits(1), -0.0, 0.0, f32::from_bits(1)];
+        let mut cols = [0u32; 4];
+        super::columns(&x, 4, how, &mut cols);
+        let want: Vec<u32> =
+            x.iter().map(|&v| u32::try_from(numpy_column(v, &edges).unwrap()).unwrap()).collect();
+        assert_eq!(cols.to_vec(), want);
+        assert_eq!(want, [2, 3, 3, 3]);
+    }
+
+    fn log(lo_exp: i32, bins: usize) -> (Vec<f64>, Bins<'static>) {
+        #[allow(clippy::cast_possible_wrap, clippy::cast_possible_truncation)]
+        let edges: Vec<f64> = (0..=bins).map(|i| 2f64.powi(lo_exp + i as i32)).collect();
+        let (lower, top) = thresholds(&edges);
+        (edges, Bins::Log { lo_exp, least: lower[0], top })
+    }
+
+    #[test]
+    fn log_histograms_bin_by_the_exponent_as_numpy_bins_the_magnitude() {
+        // lo_exp -2: bins [1/4, 1/2), [1/2, 1), [1, 2), [2, 4]; zero and tiny below, beyond
+        // 4 and infinity above; the sign does not matter; a subnormal is below.
+        let (_, how) = log(-2, 4);
+        let x = [0.0, 0.3, -0.3, 0.5, 1.0, 1.999, -3.0, 4.0, 4.001, f32::INFINITY, 1e-40, f32::NAN, 0.1];
         let mut out = [0i32; 6];
-        histogram_rows(&x, 4, Bins::Log { lo_exp: -2 }, &mut out);
-        assert_eq!(out, [3, 2, 1, 2, 1, 2]);
+        histogram_rows(&x, 4, how, &mut out);
+        assert_eq!(out, [3, 2, 1, 2, 2, 2]);
         // Wide enough for subnormals: 1e-40 is 2**-133 and some.
+        let (_, wide_how) = log(-150, 300);
         let mut wide = vec![0i32; 302];
-        histogram_rows(&[1e-40], 300, Bins::Log { lo_exp: -150 }, &mut wide);
+        histogram_rows(&[1e-40], 300, wide_how, &mut wide);
         assert_eq!(wide.iter().position(|&c| c == 1), Some(1 + 150 - 133));
     }
 
     #[test]
     fn histogram_rows_count_each_row_apart() {
         let x: Vec<f32> = (0..4003).map(|i| f32::from(u16::try_from(i % 8).unwrap())).collect();
+        let (_, lower, top, lo, scale) = linear(0.0, 8.0, 8);
         let mut out = vec![0i32; 2 * 10];
-        histogram_rows(&x[..4002], 8, Bins::Linear { lo: 0.0, hi: 8.0, scale: 1.0 }, &mut out);
+        histogram_rows(&x[..4002], 8, Bins::Linear { lo, scale, lower: &lower, top }, &mut out);
         let per_row = out.chunks(10).map(|r| r.iter().sum::<i32>()).collect::<Vec<_>>();
         assert_eq!(per_row, [2001, 2001]);
         assert_eq!(out[0], 0);
@@ -598,27 +734,30 @@ mod tests {
     }
 
     #[test]
-    fn batched_columns_are_the_columns_of_each_value() {
+    fn batched_columns_are_the_columns_of_each_value_and_numpys() {
         let mut vals = vec![
             0.0, -0.0, 1e-40, -1e-40, 1.2e-38, 0.25, 0.5, -0.5, 1.0, 1.5, 2.0, 3.999, 4.0, 1e30, -1e30,
             f32::MAX, f32::MIN, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN, f32::EPSILON,
         ];
         vals.extend((0..300).map(|i| (f32::from(u16::try_from(i).unwrap()) - 150.0) / 37.0));
+        let lin4 = linear(-2.0, 2.0, 4);
+        let lin7 = linear(-1.0, 3.0, 7);
         let binnings = [
-            (4, Bins::Log { lo_exp: -2 }),
-            (64, Bins::Log { lo_exp: -32 }),
-            (300, Bins::Log { lo_exp: -150 }),
-            (4, Bins::Linear { lo: -2.0, hi: 2.0, scale: 1.0 }),
-            (7, Bins::Linear { lo: -1.0, hi: 3.0, scale: 1.75 }),
+            (4, log(-2, 4), false),
+            (64, log(-32, 64), false),
+            (300, log(-150, 300), false),
+            (4, (lin4.0.clone(), Bins::Linear { lo: lin4.3, scale: lin4.4, lower: &lin4.1, top: lin4.2 }), true),
+            (7, (lin7.0.clone(), Bins::Linear { lo: lin7.3, scale: lin7.4, lower: &lin7.1, top: lin7.2 }), true),
         ];
-        for (bins, how) in binnings {
+        for (bins, (edges, how), signed) in binnings {
             let mut cols = vec![0u32; vals.len()];
             super::columns(&vals, bins, how, &mut cols);
             for (v, c) in vals.iter().zip(&cols) {
                 let want = u32::try_from(super::column(*v, bins, how).unwrap_or(bins + 2)).unwrap();
                 assert_eq!(*c, want, "{v} in {how:?}");
+                let numpy = numpy_column(if signed { *v } else { v.abs() }, &edges);
+                assert_eq!(super::column(*v, bins, how), numpy, "{v} in {how:?}");
             }
         }
     }
-
 }

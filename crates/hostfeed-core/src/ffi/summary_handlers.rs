@@ -29,30 +29,45 @@ fn stats(frame: &Frame<'_>, _receiver: &'static Hub, _start: u64) -> Result<(), 
 }
 
 /// The body of the histogram handler: an `f32` operand whose rows are its leading
-/// dimensions' elements, then the binning as four `f32`s (`[0, lo, hi, scale]` for equal
-/// bins, `[1, lo_exp, 0, 0]` for powers of two); one `s32` result of `bins + 2` counts a
-/// row (`summary::histogram_rows`). Computed here, on the execution thread.
+/// dimensions' elements, then the binning as four `f32`s (`[0, lo, 0, scale]` for equal
+/// bins, `[1, lo_exp, 0, 0]` for powers of two) and the edges' exact `f32` comparisons
+/// (`bins + 2` values: the least `f32` at or above each edge, then the greatest at or below
+/// the last; see `summary::Bins`); one `s32` result of `bins + 2` counts a row
+/// (`summary::histogram_rows`). Computed here, on the execution thread.
 fn histogram(frame: &Frame<'_>, _receiver: &'static Hub, _start: u64) -> Result<(), Error> {
     let mut ops = frame.operands();
-    let (Some(x), Some(params), Some(out)) = (ops.next(), ops.next(), frame.outputs().next()) else {
-        return Err(Error::InvalidArgument("hostfeed_histogram takes two operands and one result".into()));
+    let (Some(x), Some(params), Some(edges), Some(out)) = (ops.next(), ops.next(), ops.next(), frame.outputs().next())
+    else {
+        return Err(Error::InvalidArgument("hostfeed_histogram takes three operands and one result".into()));
     };
-    if x.dtype != dtype::F32 || params.dtype != dtype::F32 || out.dtype() != dtype::S32 {
+    if x.dtype != dtype::F32 || params.dtype != dtype::F32 || edges.dtype != dtype::F32 || out.dtype() != dtype::S32
+    {
         return Err(Error::InvalidArgument("hostfeed_histogram counts float32 values into int32".into()));
     }
     let width = out.dims().last().and_then(|&w| usize::try_from(w).ok()).unwrap_or(0);
-    if elements(params.dims)? != 4 || params.data.align_offset(4) != 0 || width < 3 {
-        return Err(Error::InvalidArgument("hostfeed_histogram: bad binning operand or result".into()));
+    if elements(params.dims)? != 4
+        || params.data.align_offset(4) != 0
+        || width < 3
+        || elements(edges.dims)? != width
+        || edges.data.align_offset(4) != 0
+    {
+        return Err(Error::InvalidArgument("hostfeed_histogram: bad binning operands or result".into()));
     }
-    // SAFETY: on CPU the binning operand is an XLA host buffer of 4 float32 values (dims
-    // and alignment checked just above), alive for this call.
+    // SAFETY: on CPU the binning operands are XLA host buffers of 4 and `width` float32
+    // values (dims and alignment checked just above), alive for this call.
     #[allow(clippy::cast_ptr_alignment)]
-    let p = unsafe { std::slice::from_raw_parts(params.data.cast::<f32>(), 4) };
+    let (p, lower) = unsafe {
+        (
+            std::slice::from_raw_parts(params.data.cast::<f32>(), 4),
+            std::slice::from_raw_parts(edges.data.cast::<f32>(), width),
+        )
+    };
+    let top = lower[width - 1];
     #[allow(clippy::cast_possible_truncation)] // an exponent from -65536 to 0, exact in f32
     let how = if p[0] == 0.0 {
-        summary::Bins::Linear { lo: p[1], hi: p[2], scale: p[3] }
+        summary::Bins::Linear { lo: p[1], scale: p[3], lower: &lower[..width - 1], top }
     } else {
-        summary::Bins::Log { lo_exp: p[1] as i32 }
+        summary::Bins::Log { lo_exp: p[1] as i32, least: lower[0], top }
     };
     if let Some((x, out)) = rows::<i32>("hostfeed_histogram", &x, &out, width)? {
         summary::histogram_rows(x, width - 2, how, out);
