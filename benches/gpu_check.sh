@@ -35,15 +35,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 out=${OUT:-$root/gpu_check_out}
-mkdir -p "$out"
-summary="$out/summary.txt"
-: > "$summary"
-start=$SECONDS
-say() { echo "[gpu_check $((SECONDS - start))s] $*" | tee -a "$summary"; }
-result() {  # result STATUS TEXT: the last line, and the exit
-    echo "RESULT: $2" | tee -a "$summary"
-    exit "$1"
-}
+check_name=gpu_check
 python=${PYTHON:-python3}
 # Which GPU: cuda (the default) or rocm; JAX_PLATFORMS is the same word (cpu: the dry run).
 kind=${GPU_CHECK_KIND:-cuda}
@@ -63,8 +55,8 @@ test_s=${GPU_CHECK_TEST_S:-90}
 stacks_s=${GPU_CHECK_STACKS_S:-45}
 # The suite's files (default: all but test_bench.py); the CPU dry run picks a few.
 suite_files=${GPU_CHECK_SUITE_FILES:-}
-left() { echo $((budget - (SECONDS - start))); }
-cap() { local l; l=$(left); [ "$1" -lt "$l" ] && echo "$1" || echo "$l"; }  # min(step, left)
+# shellcheck source=benches/check_lib.sh
+source "$root/benches/check_lib.sh"
 
 # ---- the machine --------------------------------------------------------------------------
 {
@@ -80,7 +72,7 @@ cap() { local l; l=$(left); [ "$1" -lt "$l" ] && echo "$1" || echo "$l"; }  # mi
 work=$(mktemp -d "${TMPDIR:-/tmp}/hostfeed_gpu_check.XXXXXX")  # not under $OUT: only results go back
 trap 'rm -rf "$work"' EXIT
 site="$work/site"
-if ! "$python" benches/gpu_install.py "$dist" "$site" > "$out/install.log" 2>&1; then
+if ! "$python" benches/check_install.py "$dist" "$site" > "$out/install.log" 2>&1; then
     tail -5 "$out/install.log" | tee -a "$summary"
     result 2 "setup failed: hostfeed or the test tools cannot be installed (install.log)"
 fi
@@ -102,58 +94,6 @@ if [ "$smoke_rc" -eq 3 ]; then
     result 2 "setup failed: the $kind_name handlers are missing (see the smoke lines above)"
 fi
 [ "$smoke_rc" -eq 0 ] || say "smoke FAILED (exit status $smoke_rc): going on to name what fails"
-
-# pytest_step NAME SECONDS ARGS...: one pytest run, verbose log and junit under $OUT. A
-# test hung past GPU_CHECK_TEST_S ends the process (pytest-timeout's thread method): the
-# step then resumes with the tests not yet started (every test that started is deselected),
-# up to 3 times, while its time lasts; the junit file then covers the last part only.
-pytest_step() {
-    local name=$1 secs=$2
-    shift 2
-    local log="$out/$name.log" until=$((SECONDS + secs)) rc=0 part=0 hung=0 t
-    local deselect=()
-    : > "$log"
-    while :; do
-        local remaining=$((until - SECONDS))
-        if [ "$remaining" -lt 10 ]; then
-            if [ "$part" -eq 0 ]; then
-                say "$name: no time left (${remaining} s)"
-                echo "(not run: no time left)" >> "$log"
-                return 124
-            fi
-            say "$name: no time left to resume after the hung test"
-            break
-        fi
-        part=$((part + 1))
-        [ "$part" -gt 1 ] && echo "==== part $part: resumed after a hung test, ${#deselect[@]} arguments deselecting what ran ====" >> "$log"
-        # SIGINT first: pytest then reports what ran and writes its junit file.
-        timeout -s INT -k 15 "$remaining" "$python" -m pytest -p pytest_timeout -p no:cacheprovider \
-            -o addopts="" -o faulthandler_timeout="$stacks_s" --timeout="$test_s" \
-            --timeout-method=thread -v -rA --durations=20 --junitxml="$out/$name.xml" \
-            "${deselect[@]}" "$@" >> "$log" 2>&1
-        rc=$?
-        if [ "$rc" -ne 124 ] && tail -3 "$log" | grep -q "Timeout +"; then
-            hung=$((hung + 1))
-            say "$name: a test hung past ${test_s} s: $(grep -oE '^[^ ]+::[^ ]+' "$log" | tail -1) (stacks in $name.log)"
-            if [ "$part" -le 3 ]; then
-                deselect=()
-                while read -r t; do deselect+=(--deselect "$t"); done \
-                    < <(grep -oE '^[^ ]+::[^ ]+' "$log" | sort -u)
-                continue
-            fi
-        fi
-        break
-    done
-    [ "$hung" -gt 0 ] && [ "$rc" -eq 0 ] && rc=1  # a hang is a failure
-    local passed failed
-    passed=$(grep -cE ' PASSED( |$)' "$log")
-    failed=$(grep -cE ' (FAILED|ERROR)( |$)' "$log")
-    grep -E '^(FAILED|ERROR) tests/' "$log" | head -30 | tee -a "$summary"
-    [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] \
-        && say "$name: ran out of its ${secs} s (partial: $name.log names each test that ran)"
-    say "$name: exit status $rc; $passed passed, $failed failed or errored, $hung hung; $(tail -1 "$log" | cut -c1-160)"
-    return "$rc"
-}
 
 # ---- 2. the GPU tests ---------------------------------------------------------------------------
 say "2/4 gpu tests (at most $(cap "$gpu_tests_s") s)"
