@@ -7,10 +7,11 @@
 A table sits between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` (NAME one of
 ``hostfeed.bench._markdown.TABLES``). Its figures come from ``docs/bench.json`` (the cited
 run: ``python -m hostfeed bench --json docs/bench.json > docs/bench.txt``) and its ranges
-from that run and the full runs in ``docs/bench-repeats/*.json``. A performance figure
-(a time in ns, µs or ms, a rate in MB/s or GB/s, a ratio such as ``0.25x``) anywhere else
-in ``README.md`` or ``docs/*.md`` is an error: a figure a reader sees must be one a
-committed run produced. CI runs ``--check`` (``tests/python/test_docs.py``).
+from that run and the full runs in ``docs/bench-repeats/*.json``; a TPU table's (NAME in
+``TPU_TABLES``) from the newest ``docs/tpu/bench-DATE.json`` (``benches/tpu_check.sh``).
+A performance figure (a time in ns, µs or ms, a rate in MB/s or GB/s, a ratio such as
+``0.25x``) anywhere else in ``README.md`` or ``docs/*.md`` is an error: a figure a reader
+sees must be one a committed run produced. CI runs ``--check`` (``tests/python/test_docs.py``).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 CITED = DOCS / "bench.json"
 REPEATS = DOCS / "bench-repeats"
+TPU_RUNS = DOCS / "tpu"
 
 _BLOCK = re.compile(r"(<!-- bench:(\w+) -->\n)(.*?)(<!-- /bench:\2 -->)", re.S)
 _FIGURE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:\s?-\s?\d+(?:\.\d+)?)?\s?"
@@ -41,9 +43,22 @@ def runs() -> list[dict]:
             for p in [CITED, *sorted(REPEATS.glob("*.json"))]]
 
 
+def tpu_runs() -> list[dict]:
+    """The committed TPU runs (``docs/tpu/bench-DATE.json``), the newest first."""
+    return [json.loads(p.read_text())
+            for p in sorted(TPU_RUNS.glob("bench-*.json"), reverse=True)]
+
+
 def render(name: str, all_runs: list[dict]) -> str:
     from hostfeed.bench import _markdown
 
+    if name in _markdown.TPU_TABLES:
+        tpu = tpu_runs()
+        newest = sorted(TPU_RUNS.glob("bench-*.json"), reverse=True)[0].relative_to(ROOT)
+        return (f"Measured on {_markdown.tpu_machine(tpu[0])} (`{newest}`, "
+                "`python -m hostfeed bench` there). Ratios are time ratios (below one: "
+                "faster than the baseline).\n\n"
+                f"{_markdown.TPU_TABLES[name](tpu)}\n")
     if name not in _markdown.TABLES:
         raise KeyError(f"no bench table {name!r}; tables: {sorted(_markdown.TABLES)}")
     return (f"Measured on {_markdown.machine(all_runs[0])} "

@@ -10,7 +10,8 @@ import numpy as np
 
 __all__ = [
     "DEFAULT_MAX_QUEUE_BYTES", "DEFAULT_STOP_TIMEOUT", "FLAG_STATUS_OUTPUT", "FLAG_SHARD",
-    "FLAG_EAGER", "FLAG_SYNC_TAP", "push_eager", "push_host", "call_host", "failure_text",
+    "FLAG_EAGER", "FLAG_SYNC_TAP", "PORTABLE_KEY_BASE", "PORTABLE_ID_BITS", "push_eager",
+    "push_host", "call_host", "failure_text",
     "DTYPE_CODES", "ReceiverError", "ReceiverTimeoutError", "CallbackContextError",
     "RecordingError", "MessageData", "BatchIter", "Reply", "DirectCall",
     "Recorder", "after_fork_in_child",
@@ -39,6 +40,10 @@ FLAG_SHARD: Final[int]
 FLAG_EAGER: Final[int]
 #: ``flags`` bit of a synchronous tap (a ``hostfeed_call`` without results).
 FLAG_SYNC_TAP: Final[int]
+#: Device keys at or below this one name devices of the portable transport.
+PORTABLE_KEY_BASE: Final[int]
+#: The low bits of a portable key's offset from PORTABLE_KEY_BASE that hold the device id.
+PORTABLE_ID_BITS: Final[int]
 #: numpy dtype name -> XLA FFI dtype code, for every dtype hostfeed transfers.
 DTYPE_CODES: Final[dict[str, int]]
 

@@ -28,27 +28,55 @@ ON_GPU = _FIRST_PLATFORM in ("cuda", "gpu") or ON_ROCM
 GPU_KIND = "rocm" if ON_ROCM else "cuda"
 
 
-#: The suite runs with the portable transport forced (``HOSTFEED_TRANSPORT=jax``).
-PORTABLE = os.environ.get("HOSTFEED_TRANSPORT", "").strip().lower() == "jax"
+#: The suite runs on a TPU (``JAX_PLATFORMS=tpu``, see ``benches/tpu_check.sh``).
+ON_TPU = _FIRST_PLATFORM == "tpu"
+#: The suite runs on one accelerator (one device; CI runs the several-device tests on CPU).
+ON_ACCELERATOR = ON_GPU or ON_TPU
+
+#: The callbacks take the portable transport (JAX's host-callback lowering): forced with
+#: ``HOSTFEED_TRANSPORT=jax``, or on a TPU, which has no hostfeed handlers.
+PORTABLE = os.environ.get("HOSTFEED_TRANSPORT", "").strip().lower() == "jax" or ON_TPU
 
 
 def pytest_collection_modifyitems(config, items):
-    """On a GPU, tests marked ``several_devices`` (many CPU devices or processes in
-    subprocesses) are skipped: the GPU machine has one device, and CI runs them on CPU.
-    With ``HOSTFEED_TRANSPORT=jax``, tests marked ``native_transport(reason)`` (about
-    hostfeed's native handlers themselves) are skipped with their reason."""
+    """On a GPU or a TPU, tests marked ``several_devices`` (many CPU devices or processes in
+    subprocesses) are skipped: the accelerator machine has one device, and CI runs them on
+    CPU. With the portable transport (``HOSTFEED_TRANSPORT=jax``, or a TPU), tests marked
+    ``native_transport(reason)`` (about hostfeed's native handlers themselves) are skipped
+    with their reason."""
     if PORTABLE:
         for item in items:
             marker = item.get_closest_marker("native_transport")
             if marker:
                 why = marker.args[0] if marker.args else "tests the native transport"
                 item.add_marker(pytest.mark.skip(reason=f"native transport only: {why}"))
-    if not ON_GPU:
+    if not ON_ACCELERATOR:
         return
     skip = pytest.mark.skip(reason="needs several devices (runs on CPU devices in CI)")
     for item in items:
         if item.get_closest_marker("several_devices"):
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _one_process_holds_the_tpu(monkeypatch):
+    """On a TPU, a test that starts another Python process is skipped when it does: one
+    process at a time can hold the chip, and this one does (CI runs these tests on CPU)."""
+    if not ON_TPU:
+        yield
+        return
+    real_init = subprocess.Popen.__init__
+
+    def init(self, args, *rest, **kwargs):
+        first = args if isinstance(args, (str, bytes)) else args[0]
+        name = os.path.basename(os.fsdecode(first).split()[0])
+        if first == sys.executable or name.startswith("python"):
+            pytest.skip("starts another JAX process, and one process at a time can hold a "
+                        "TPU (runs on CPU in CI)")
+        real_init(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", init)
+    yield
 
 
 @pytest.fixture(autouse=True)
@@ -97,6 +125,33 @@ def queue_bound(nbytes: int):
         yield
     finally:
         hostfeed.start_receiver(max_queue_byte_size=old)
+
+
+#: Dtypes a TPU's host transfers do not carry bit for bit (measured 2026-12-05, TPU v5e,
+#: jax 0.10.2): a TPU emulates 64-bit floats (a negative zero arrived as a positive one, and
+#: complex128[2, 3, 5] failed to compile), and rewrites the NaN encodings of these float8s.
+TPU_INEXACT_DTYPES = frozenset({"float64", "complex128", "float8_e3m4", "float8_e4m3"})
+
+
+def skip_if_the_tpu_alters(dtype) -> None:
+    """Skips a bit-exactness test of ``dtype`` on a TPU that does not carry it bit for bit."""
+    import numpy as np
+
+    name = np.dtype(dtype).name
+    if ON_TPU and name in TPU_INEXACT_DTYPES:
+        pytest.skip(f"a TPU does not carry {name} bit for bit (TPU_INEXACT_DTYPES)")
+
+
+def cpu_device_or_skip():
+    """JAX's first CPU device; skips the test where JAX has no CPU backend (a TPU machine
+    run with ``JAX_PLATFORMS=tpu``): JAX's own ``io_callback`` and ``pure_callback`` place
+    their operands on it, and a host function's computations run there."""
+    import jax
+
+    try:
+        return jax.devices("cpu")[0]
+    except RuntimeError:
+        pytest.skip("needs JAX's CPU backend beside the accelerator (JAX_PLATFORMS=tpu,cpu)")
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:

@@ -25,7 +25,8 @@ MODULES = ["hostfeed", "hostfeed.host_callback", "hostfeed.lowering", "hostfeed.
                "fast_dispatch", "recording", "record_lowering", "reading", "stores", "coordination",
                "rules",
                "lowering", "summary",
-               "transports", "transports.native", "transports.portable"))]
+               "transports", "transports.native", "transports.portable", "packing",
+               "transports.host_transfer"))]
 
 
 @pytest.mark.parametrize("name", MODULES)

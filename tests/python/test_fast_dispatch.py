@@ -15,7 +15,7 @@ import pytest
 from hostfeed._src import fast_dispatch
 from hostfeed import host_callback as hcb
 
-from conftest import run_python
+from conftest import cpu_device_or_skip, run_python
 
 
 # The main function's signature in the lowered module: its arguments and results.
@@ -72,6 +72,7 @@ def test_taps_keep_program_order_inside_the_scope_through_control_flow():
 
 
 def test_other_ordered_effects_pass_through_the_scope():
+    cpu_device_or_skip()  # io_callback's operands go there
     seen = []
     lock = threading.Lock()
 

@@ -18,6 +18,8 @@ import pytest
 
 import hostfeed
 
+from conftest import ON_TPU
+
 
 @pytest.fixture
 def store(tmp_path):
@@ -168,6 +170,7 @@ def test_stats_of_a_row_with_no_finite_value_and_of_integers(store):
     np.testing.assert_allclose(read(store, "int")[0][0], stats_of(np.arange(5)), rtol=1e-6)
 
 
+@pytest.mark.skipif(ON_TPU, reason="about the CPU's one-pass custom call")
 def test_summaries_on_one_cpu_are_one_pass_in_the_core_and_match_numpy(store):
     """On one CPU device, reduce="stats" over trailing axes is the core's one-pass custom
     call (the value read once): rows spanning many of its blocks, non-finite values in
@@ -344,3 +347,43 @@ def test_sharded_summaries_reduce_where_the_shards_are(tmp_path, mode):
     np.testing.assert_allclose(out["chan"], [stats_of(x[:, :, c]) for c in range(32)],
                                rtol=2e-5, atol=1e-5)
     assert out["hist"] == [hist_of(x, np.array(out["edges"]))] * 3
+
+
+@pytest.mark.parametrize("result", [False, True])
+def test_summaries_at_selected_steps_computed_at_every_step_record_the_same(
+        store, monkeypatch, result):
+    """Where a summary at selected steps is computed at every step (a TPU, whose compiler
+    fails on the summary inside the cond), the rows, steps and returned values are the
+    same as where it is computed at the selected steps only."""
+    from hostfeed._src import summaries
+
+    x = jnp.asarray(data((3, 5)))
+
+    def run(path, every_step):
+        if every_step:
+            monkeypatch.setattr(summaries, "SUMMARIZE_EVERY_STEP_ON",
+                                frozenset({jax.default_backend()}))
+        else:
+            monkeypatch.setattr(summaries, "SUMMARIZE_EVERY_STEP_ON", frozenset())
+        with hostfeed.Recorder(path, mode="w") as rec:
+            @jax.jit
+            def step(v, s):
+                given = v * 2 if result else None
+                out = rec.record("s", v, step=s, reduce="stats", every=2, start=1,
+                                 result=given)
+                h = rec.record("h", v, step=s, reduce=hostfeed.Histogram(8, (-2.0, 2.0)),
+                               every=3)
+                return out, h
+            outs = [step(x, s) for s in range(7)]
+        return outs, read(path, "s"), read(path, "h")
+
+    outs_a, s_a, h_a = run(store, False)
+    outs_b, s_b, h_b = run(store + "-every-step", True)
+    assert s_a[1] == s_b[1] == [1, 3, 5] and h_a[1] == h_b[1] == [0, 3, 6]
+    np.testing.assert_array_equal(s_a[0], s_b[0])
+    np.testing.assert_array_equal(h_a[0], h_b[0])
+    for (a, ha), (b, hb) in zip(outs_a, outs_b):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(ha, hb)
+        np.testing.assert_array_equal(a, np.asarray(x) * (2 if result else 1))
+

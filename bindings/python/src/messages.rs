@@ -31,6 +31,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FLAG_SHARD", hostfeed_core::FLAG_SHARD)?;
     m.add("FLAG_EAGER", hostfeed_core::FLAG_EAGER)?;
     m.add("FLAG_SYNC_TAP", hostfeed_core::FLAG_SYNC_TAP)?;
+    m.add("PORTABLE_KEY_BASE", hostfeed_core::PORTABLE_KEY_BASE)?;
+    m.add("PORTABLE_ID_BITS", hostfeed_core::PORTABLE_ID_BITS)?;
     Ok(())
 }
 

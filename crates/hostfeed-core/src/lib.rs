@@ -63,8 +63,8 @@ cfg_not_loom! {
         remove as remove_interrupt_handlers, signalled_since, wait_for_signal,
     };
     pub use host::message::{
-        gather, ArrayMeta, ArrayTable, DimTable, Message, Operand, FLAG_EAGER, FLAG_GPU, FLAG_SHARD,
-        FLAG_STATUS_OUTPUT, FLAG_SYNC_TAP,
+        gather, recorded_device, ArrayMeta, ArrayTable, DimTable, Message, Operand, FLAG_EAGER, FLAG_GPU,
+        FLAG_SHARD, FLAG_STATUS_OUTPUT, FLAG_SYNC_TAP, PORTABLE_ID_BITS, PORTABLE_KEY_BASE,
     };
     pub use host::portable;
 

@@ -2,13 +2,15 @@
 spaces (a CPU device's XLA ordinal; ``-2 - ordinal`` for a GPU's, set by the GPU handlers;
 keys at or below :data:`PORTABLE_KEY_BASE` for the portable transport's devices of any
 platform), and the ``jax.Device`` each names. The ground floor: imports nothing of
-hostfeed."""
+hostfeed but the native module's constants."""
 from __future__ import annotations
 
 import functools
 import threading
 
 import jax
+
+from .. import _receiver
 
 
 @functools.cache
@@ -30,7 +32,7 @@ def device_for_ordinal(ordinal: int) -> jax.Device:
         as failed for ``barrier_wait``, not lost silently).
     """
     if ordinal <= PORTABLE_KEY_BASE:
-        return _portable_devices[PORTABLE_KEY_BASE - ordinal]
+        return _portable_devices[ordinal]
     platform = "cpu"
     if ordinal <= -2:
         platform, ordinal = "gpu", -2 - ordinal
@@ -47,10 +49,14 @@ def device_for_ordinal(ordinal: int) -> jax.Device:
         f"{[(d.id, d.local_hardware_id) for d in devices]} as (id, local_hardware_id)")
 
 
-#: Device keys at or below this one name devices of the portable transport (any platform).
-PORTABLE_KEY_BASE = -(1 << 24)
-_portable_devices: list[jax.Device] = []
-_portable_keys: dict[jax.Device, int] = {}
+#: Device keys at or below this one name devices of the portable transport (any platform):
+#: ``PORTABLE_KEY_BASE - (slot << PORTABLE_ID_BITS | id)``, where ``id`` is the device's JAX
+#: id (what a recorded row's ``device`` holds, decoded in Rust) and ``slot`` its platform's
+#: place among the portable platforms seen.
+PORTABLE_KEY_BASE = _receiver.PORTABLE_KEY_BASE
+PORTABLE_ID_BITS = _receiver.PORTABLE_ID_BITS
+_portable_devices: dict[int, jax.Device] = {}
+_portable_slots: dict[str, int] = {}
 _portable_lock = threading.Lock()
 
 
@@ -60,18 +66,19 @@ def portable_device_key(device: jax.Device) -> int:
     a native handler's messages).
 
     Example:
-        >>> d = jax.devices("cpu")[0]
+        >>> d = jax.devices()[0]
         >>> device_for_ordinal(portable_device_key(d)) == d
         True
     """
     if device.platform == "cpu":
         return device.id
+    if not 0 <= device.id < 1 << PORTABLE_ID_BITS:
+        raise ValueError(f"hostfeed: device {device} has id {device.id}, beyond the "
+                         f"{1 << PORTABLE_ID_BITS} a message can name")
     with _portable_lock:
-        key = _portable_keys.get(device)
-        if key is None:
-            key = PORTABLE_KEY_BASE - len(_portable_devices)
-            _portable_devices.append(device)
-            _portable_keys[device] = key
+        slot = _portable_slots.setdefault(device.platform, len(_portable_slots))
+        key = PORTABLE_KEY_BASE - ((slot << PORTABLE_ID_BITS) | device.id)
+        _portable_devices.setdefault(key, device)
         return key
 
 

@@ -111,6 +111,18 @@ def _scope_dce(used_outputs: list, eqn: Any) -> tuple:
 compat.register_dce_rule(token_scope_p, _scope_dce)
 
 
+#: What lowers at the end of a token scope, after its last callback: functions of the rule
+#: context and hostfeed's token (the lowering adds a fence for platforms whose callbacks
+#: may run after the computation finished, see ``transports.host_transfer.fence``).
+_scope_end: list[Callable[[Any, Any], None]] = []
+
+
+def add_scope_end(emit: Callable[[Any, Any], None]) -> None:
+    """Has ``emit(ctx, token)`` lowered at the end of every token scope, after its callbacks
+    (``token``: hostfeed's token after the last of them)."""
+    _scope_end.append(emit)
+
+
 def _scope_lowering(ctx: Any, *args: Any, jaxpr: Any, outer_effects: Any) -> Any:
     del outer_effects
     inner, _ = compat.open_jaxpr(jaxpr)
@@ -120,6 +132,9 @@ def _scope_lowering(ctx: Any, *args: Any, jaxpr: Any, outer_effects: Any) -> Any
     tokens = compat.TokenSet({**dict(outer.items()),
                                **{e: compat.create_token() for e in ours}})
     outs, tokens_out = compat.lower_jaxpr_inline(ctx, inner, tokens, *args)
+    for e in ours:
+        for emit in _scope_end:
+            emit(ctx, tokens_out.get(e))
     ctx.set_tokens_out(compat.TokenSet({e: tokens_out.get(e) for e, _ in outer.items()}))
     return outs
 

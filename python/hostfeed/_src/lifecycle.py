@@ -412,9 +412,18 @@ def stop() -> None:
     """``stop_outfeed_receiver``: processes everything already sent, then stops the
     consumer thread (it restarts by itself on the next message)."""
     if _life.configured:
+        stall = stop_timeout()
         if not _receiver.in_callback_thread():
-            _wait_and_sweep()  # a failed computation was already reported to its caller
-        _receiver.stop(stop_timeout())
+            # A computation may be waiting for a call whose host function never returns:
+            # where a device runs its computations in order (TPUs, GPUs), even the marker
+            # that the wait dispatches waits behind it. The watchdog abandons such a host
+            # function after the stop timeout (failing its call), as at exit.
+            _receiver.start_exit_watch(stall)
+            try:
+                _wait_and_sweep()  # a failed computation was already reported to its caller
+            finally:
+                _receiver.stop_exit_watch()
+        _receiver.stop(stall)
 
 
 def _at_exit() -> None:

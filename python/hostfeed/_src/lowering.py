@@ -16,8 +16,9 @@ from collections.abc import Sequence
 import jax
 
 from .. import _receiver
-from . import compat, consumers, lifecycle, record_lowering, settings, transports
-from .transports import native, portable
+from . import (compat, consumers, fast_dispatch, lifecycle, record_lowering, settings,
+               transports)
+from .transports import host_transfer, native, portable
 from .placement import (Where, check_device_index, lower_global_call, lower_global_tap,
                         lower_parted_record, lower_per_device_parted_record,
                         lower_per_device_call, where)
@@ -161,6 +162,11 @@ def _outside_call_lowering(ctx: Any, transport: transports.Transport, *args: Any
     # that produced the operand into every later fusion (N taps along a chain of
     # elementwise ops compile O(N^2) ops). kAddDependency is a no-op at run time: its
     # output shares the operand's buffer, nothing is copied.
+    if call_op is None:
+        # Host transfers (TPUs): no MHLO add-dependency there (it does not legalize to
+        # StableHLO, which is what a TPU compiles), and the send needs none: later uses
+        # of the operand do not wait for the transfer.
+        return list(args)
     token = ctx.tokens_out.get(host_callback_effect)
     outs = [compat.add_dependency(a, token) for a in args]
     _depend_later_uses(ctx, call_op, args, outs)
@@ -216,6 +222,13 @@ def _lowering_unsupported(ctx: Any) -> NotImplementedError:
         f"'jax'), or run it on CPU (jax.default_device(jax.devices('cpu')[0])).")
 
 
+#: What each rule lowers, as a compile failure's note names it.
+_OPERATIONS = {_outside_call_lowering: "taps (id_tap, id_print, Recorder.record)",
+               _host_call_lowering: "hcb.call",
+               _call_check_lowering: "hcb.call status check",
+               _failure_message_lowering: "hcb.call failure message"}
+
+
 def _on(platform: str | None, rule: Any) -> Any:
     """``rule`` for ``platform`` (None: every platform without native handlers), called
     with the transport of the context. On a GPU platform whose handlers could not register
@@ -236,9 +249,21 @@ def _on(platform: str | None, rule: Any) -> Any:
                 raise NotImplementedError(
                     f"hostfeed cannot run host callbacks on this {gpu.xla_platform} "
                     f"backend: {reason}")
+        platforms = "/".join(transports.platforms(ctx))
+        compat.note_lowered(ctx, f"{_OPERATIONS.get(rule, rule.__name__)} "
+                                 f"({transport.NAME} transport on {platforms})")
         return rule(ctx, transport, *args, **params)
     return lower
 
+
+def _fence(ctx: Any, token: Any) -> None:
+    """On a TPU, the end of a computation waits for the host to have run its callbacks
+    (``host_transfer.fence``)."""
+    if transports.for_context(ctx) is portable and portable.host_transfers(ctx):
+        host_transfer.fence(ctx, token)
+
+
+fast_dispatch.add_scope_end(_fence)
 
 for _prim, _rule in ((outside_call_p, _outside_call_lowering),
                      (host_call_p, _host_call_lowering),

@@ -53,7 +53,6 @@ strategies), expressed as JAX code that the lowering rules lower in place.
 """
 from __future__ import annotations
 
-import dataclasses
 import enum
 from typing import Any, NamedTuple
 from collections.abc import Callable, Sequence
@@ -202,15 +201,6 @@ def check_everywhere(status: Any, axes: tuple) -> None:
     call_check_p.bind(combined, text)
 
 
-def lower_fun(ctx: Any, fn: Callable, avals_in: Sequence[Any], avals_out: Sequence[Any],
-              args: Sequence[Any]) -> list:
-    """`mlir.lower_fun` on a context with the given avals, passing the effect tokens on."""
-    sub_ctx = dataclasses.replace(ctx, avals_in=list(avals_in), avals_out=list(avals_out))
-    outs = compat.lower_fun(fn, multiple_results=True)(sub_ctx, *args)
-    ctx.set_tokens_out(sub_ctx.tokens_out)
-    return outs
-
-
 def _in_region(region: Region, body: Callable, spec: P, n_in: int, n_out: int,
                ops: Sequence[Any]) -> Any:
     with jax.sharding.use_abstract_mesh(region.mesh):
@@ -245,7 +235,7 @@ def _lower_gathered(ctx: Any, region: Region, args: Sequence[Any], avals_in: Seq
     def fn(*ops):
         return _in_region(region, body, P(), len(ops), len(avals_out), ops)
 
-    return lower_fun(ctx, fn, avals_in, avals_out, args)
+    return compat.lower_fun(ctx, fn, avals_in, avals_out, args)
 
 
 def _splits_evenly(avals: Sequence[Any], group: int) -> bool:
@@ -374,7 +364,7 @@ def lower_global_tap(ctx: Any, ac: Any, tapped: Sequence[Any], bind_params: dict
             _in_region(region, body, P(region.axes), len(ops), 0, ops)
             return ()
 
-        lower_fun(ctx, fn, avals, [], tapped)
+        compat.lower_fun(ctx, fn, avals, [], tapped)
         return
 
     def run(*xs):
@@ -416,7 +406,7 @@ def lower_parted_record(ctx: Any, ac: Any, tapped: Sequence[Any], bind_params: d
                 *(_resharded(o, s) for o, s in zip(ops, specs)))
         return ()
 
-    lower_fun(ctx, fn, avals, [], tapped)
+    compat.lower_fun(ctx, fn, avals, [], tapped)
     return True
 
 
@@ -435,7 +425,7 @@ def lower_per_device_parted_record(ctx: Any, ac: Any, tapped: Sequence[Any],
         outside_call_p.bind(_part_meta(axes, ()), *ops, **params)
         return ()
 
-    lower_fun(ctx, fn, avals, [], tapped)
+    compat.lower_fun(ctx, fn, avals, [], tapped)
 
 
 def lower_global_call(ctx: Any, ac: Any, args: Sequence[Any], params: dict) -> list:
@@ -493,7 +483,7 @@ def lower_global_call(ctx: Any, ac: Any, args: Sequence[Any], params: dict) -> l
         def fn(*ops):
             return _in_region(region, body, P(region.axes), len(ops), len(whole), ops)
 
-        return lower_fun(ctx, fn, ctx.avals_in, ctx.avals_out, args)
+        return compat.lower_fun(ctx, fn, ctx.avals_in, ctx.avals_out, args)
 
     def run(*xs):
         return host_call_p.bind(*xs, **params, with_status=True)
@@ -512,4 +502,4 @@ def lower_per_device_call(ctx: Any, ac: Any, args: Sequence[Any], params: dict) 
         check_everywhere(status, axes)
         return outs
 
-    return lower_fun(ctx, per_device, ctx.avals_in, ctx.avals_out, args)
+    return compat.lower_fun(ctx, per_device, ctx.avals_in, ctx.avals_out, args)

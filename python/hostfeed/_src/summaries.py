@@ -475,6 +475,29 @@ def _selected_step_batched(args: Any, dims: Any) -> Any:
 batching.primitive_batchers[selected_step_p] = _selected_step_batched
 
 
+#: Platforms (JAX's default backend) where a summary recorded at selected steps is computed
+#: at every step, outside the ``cond`` that sends it: a TPU's compiler failed on a summary
+#: computed in a ``cond`` with a host transfer after it (in the same branch, or in a second
+#: ``cond``), and compiled a summary at every step, and a ``cond`` that only sends a value.
+SUMMARIZE_EVERY_STEP_ON = frozenset({"tpu"})
+
+
+def _sent_at_selected(record: Callable[..., Any], name: str, row: Any, step: Any,
+                      chosen: Any, result: Any) -> Any:
+    """``record(name, row, step=, result=)`` in a ``cond`` on ``chosen``; returns
+    ``result`` through it (None without one)."""
+    if result is None:
+        jax.lax.cond(chosen,
+                     lambda r, s, c: (record(name, r, step=selected_step_p.bind(s, c),
+                                             result=None), None)[1],
+                     lambda r, s, c: None, row, step, chosen)
+        return None
+    return jax.lax.cond(
+        chosen, lambda r, s, c, res: record(name, r, step=selected_step_p.bind(s, c),
+                                            result=res),
+        lambda r, s, c, res: res, row, step, chosen, result)
+
+
 def record_selected(record: Callable[..., Any], describe: Callable[[str, str], None],
                     name: str, value: Any, step: Any, result: Any, every: Any, start: Any,
                     stop: Any, reduce: Any, axis: Any) -> Any:
@@ -489,14 +512,15 @@ def record_selected(record: Callable[..., Any], describe: Callable[[str, str], N
     if chosen is False:
         return out
 
+    def summary(v: Any) -> Any:
+        # A summary is a diagnostic: no gradient flows into it (nor is its cotangent,
+        # always zero, recorded).
+        row, desc = summarize(jax.lax.stop_gradient(v), reduce, axis, name)
+        describe(name, json.dumps(desc))
+        return row
+
     def take(v: Any, s: Any, r: Any) -> Any:
-        row = v
-        if reduce is not None:
-            # A summary is a diagnostic: no gradient flows into it (nor is its cotangent,
-            # always zero, recorded).
-            row, desc = summarize(jax.lax.stop_gradient(v), reduce, axis, name)
-            describe(name, json.dumps(desc))
-        return record(name, row, step=s, result=r)
+        return record(name, v if reduce is None else summary(v), step=s, result=r)
 
     if chosen is True:
         # Through the record: the value (a raw record) or a given result, so that it
@@ -506,14 +530,19 @@ def record_selected(record: Callable[..., Any], describe: Callable[[str, str], N
     # Decided on the device: nothing but the compare runs at other steps. The value (or a
     # given result) goes through both branches, so that it still follows the record (and
     # under grad, the cotangent recorded is the one flowing into the value).
+    s_arr = jnp.asarray(step)
+    if reduce is not None and jax.default_backend() in SUMMARIZE_EVERY_STEP_ON:
+        # At every step; the cond only sends it.
+        got = _sent_at_selected(record, name, summary(value), s_arr, chosen, result)
+        return value if result is None else got
     passed = value if reduce is None and result is None else result
     if passed is None:  # a summary: the value does not go through the record
         jax.lax.cond(chosen,
                      lambda v, s, c: (take(v, selected_step_p.bind(s, c), None), None)[1],
-                     lambda v, s, c: None, value, jnp.asarray(step), chosen)
+                     lambda v, s, c: None, value, s_arr, chosen)
         return value
     if reduce is None and result is None:
         return jax.lax.cond(chosen, lambda v, s, c: take(v, selected_step_p.bind(s, c), None),
-                            lambda v, s, c: v, value, jnp.asarray(step), chosen)
+                            lambda v, s, c: v, value, s_arr, chosen)
     return jax.lax.cond(chosen, lambda v, s, c, r: take(v, selected_step_p.bind(s, c), r),
-                        lambda v, s, c, r: r, value, jnp.asarray(step), chosen, result)
+                        lambda v, s, c, r: r, value, s_arr, chosen, result)

@@ -35,6 +35,13 @@ Sections (all by default, in this order):
     here, beside the native one and ``io_callback(ordered=True)``: taps, calls, and 100
     slow (10 ms) taps against 100 no-op taps (see :mod:`hostfeed.bench._portable`).
 
+On a TPU (``--suite tpu``, chosen by default when JAX's default backend is a TPU) the
+sections are those of :mod:`hostfeed.bench._tpu` instead (``taps``, ``slow_taps``,
+``call``, ``dispatch``, ``record``, ``sweep``, ``barrier``, ``compile``, ``paths``):
+against JAX's callbacks only, on the scale of a TPU's host transfers, with the issue's
+targets as ratios at the end. ``--suite tpu`` on a CPU runs them as a dry run (the raw
+transfers of ``paths`` record that the CPU has none).
+
 Every ratio in the report is a time ratio (a row's time over the named baseline's; below
 1.00x is faster), against the fastest JAX callback of that row unless named otherwise.
 The sections that compare (latency, sweep, call, dispatch, barrier, ...) run their cases in
@@ -99,7 +106,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import _report
+import jax
+
+from . import _report, _tpu
 from ._portable import portable_section
 from ._receiver_sections import backpressure, barrier, compile_time, eager
 from ._sections import Config, call, dispatch, latency, sweep, timing_cost
@@ -144,7 +153,29 @@ def _progress(total: int) -> tuple[Callable[[str], None], Callable[[], None]]:
     return step, bar.close
 
 
-def _steps(sections: Sequence[str], quick: bool) -> int:
+#: The suites of sections: ``cpu`` (any backend with ``buffer_callback``) and ``tpu``.
+SUITES: dict[str, dict[str, Callable[[Config], dict]]] = {"cpu": SECTIONS,
+                                                          "tpu": _tpu.SECTIONS}
+
+
+def suite_for(suite: str = "auto") -> str:
+    """The suite that ``suite`` names (``"auto"``: ``tpu`` when JAX's default backend is
+    a TPU, else ``cpu``).
+
+    Example:
+        >>> suite_for("tpu"), suite_for("auto") in SUITES
+        ('tpu', True)
+    """
+    if suite == "auto":
+        return "tpu" if jax.default_backend() == "tpu" else "cpu"
+    if suite not in SUITES:
+        raise ValueError(f"unknown bench suite {suite!r}; choose from auto, {', '.join(SUITES)}")
+    return suite
+
+
+def _steps(sections: Sequence[str], quick: bool, suite: str) -> int:
+    if suite == "tpu":
+        return len(sections) + (3 if quick else 4)  # the sweep counts a step a size
     per = {"latency": 9, "sweep": 4 if quick else 12, "call": 10, "dispatch": 1,
            "backpressure": 4, "eager": 1, "compile": 1, "barrier": 1, "timing": 1,
            "portable": 3}
@@ -152,17 +183,24 @@ def _steps(sections: Sequence[str], quick: bool) -> int:
 
 
 def run(sections: Sequence[str] | None = None, *, quick: bool = False,
-        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Runs the given sections (all by default) and returns the result (the JSON schema
-    above)."""
-    chosen = list(sections or SECTIONS)
-    unknown = [s for s in chosen if s not in SECTIONS]
+        progress: Callable[[str], None] | None = None, suite: str = "auto") -> dict[str, Any]:
+    """Runs the given sections (all of the suite by default) and returns the result (the
+    JSON schema above; on the ``tpu`` suite a section that fails holds its ``error``)."""
+    suite = suite_for(suite)
+    table = SUITES[suite]
+    chosen = list(sections or table)
+    unknown = [s for s in chosen if s not in table]
     if unknown:
-        raise ValueError(f"unknown bench sections {unknown}; choose from {list(SECTIONS)}")
-    result: dict[str, Any] = {"schema": SCHEMA, "header": _report.header(quick)}
+        raise ValueError(f"unknown bench sections {unknown} (the {suite} suite); choose "
+                         f"from {list(table)}")
+    header = _report.header(quick)
+    header["suite"] = suite
+    result: dict[str, Any] = {"schema": SCHEMA, "header": header}
     cfg = Config(quick=quick, progress=progress or (lambda step: None))
     for name in chosen:
-        result[name] = SECTIONS[name](cfg)
+        result[name] = _tpu.run_section(name, cfg) if suite == "tpu" else table[name](cfg)
+    if suite == "tpu":
+        result["targets"] = _tpu.targets(result)
     return result
 
 
@@ -184,8 +222,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     parser.add_argument("--plot", metavar="FILE.png",
                         help="write a figure (needs matplotlib: pip install matplotlib)")
-    parser.add_argument("--only", nargs="+", metavar="SECTION", choices=list(SECTIONS),
-                        help=f"sections to run (default: all): {', '.join(SECTIONS)}")
+    every = list(dict.fromkeys([*SECTIONS, *_tpu.SECTIONS]))
+    parser.add_argument("--only", nargs="+", metavar="SECTION", choices=every,
+                        help=f"sections to run (default: all of the suite): "
+                             f"{', '.join(SECTIONS)}; on a TPU {', '.join(_tpu.SECTIONS)}")
+    parser.add_argument("--suite", choices=["auto", *SUITES], default="auto",
+                        help="the sections of a CPU or GPU (cpu) or of a TPU (tpu); auto: "
+                             "by JAX's default backend")
 
 
 def _unwritable(path: str) -> str | None:
@@ -216,13 +259,19 @@ def run_command(args: argparse.Namespace) -> int:
         if problem:
             print(f"{flag} {path}: {problem}", file=sys.stderr)
             return 2
-    sections = args.only or list(SECTIONS)
-    if args.plot and not any(s in _report.PLOTTED for s in sections):
+    suite = suite_for(args.suite)
+    sections = args.only or list(SUITES[suite])
+    foreign = [s for s in sections if s not in SUITES[suite]]
+    if foreign:
+        print(f"--only: {', '.join(foreign)} not in the {suite} suite "
+              f"({', '.join(SUITES[suite])})", file=sys.stderr)
+        return 2
+    if args.plot and (suite == "tpu" or not any(s in _report.PLOTTED for s in sections)):
         print(_report.nothing_to_plot(sections), file=sys.stderr)
         return 2
-    step, close = _progress(_steps(sections, args.quick))
+    step, close = _progress(_steps(sections, args.quick, suite))
     try:
-        result = run(sections, quick=args.quick, progress=step)
+        result = run(sections, quick=args.quick, progress=step, suite=suite)
     finally:
         close()
     print(_report.text(result))
@@ -231,4 +280,5 @@ def run_command(args: argparse.Namespace) -> int:
             json.dump(result, f, indent=1, allow_nan=False)
     if args.plot:
         _report.plot(result, args.plot)
-    return 0
+    failed = [k for k, v in result.items() if isinstance(v, dict) and "error" in v]
+    return 1 if failed else 0

@@ -13,7 +13,7 @@ import jaxlib
 import numpy as np
 
 from .. import __version__ as hostfeed_version
-from . import _portable
+from . import _portable, _tpu
 from ._markdown import call_p50
 
 #: Environment variables that change what the benchmark measures.
@@ -94,6 +94,8 @@ def text(result: dict[str, Any]) -> str:
     if h["env"]:
         lines.append("env: " + " ".join(f"{k}={v}" for k, v in h["env"].items()))
     lines.append(CONVENTION)
+    if h.get("suite") == "tpu":
+        return "\n".join(lines + _tpu.text(result))
     for name, render in (("latency", _latency), ("sweep", _sweep), ("call", _call),
                          ("dispatch", _dispatch), ("backpressure", _backpressure),
                          ("eager", _eager), ("compile", _compile), ("barrier", _barrier),

@@ -44,6 +44,25 @@ pub const FLAG_SYNC_TAP: i64 = 1 << 5;
 /// whose device ordinal `Message::device` holds.
 pub const FLAG_GPU: i64 = 1 << 4;
 
+/// Device keys at or below this one name devices of the portable transport (TPUs, and any
+/// platform it serves): `PORTABLE_KEY_BASE - (slot << PORTABLE_ID_BITS | id)`, `id` the
+/// device's JAX id and `slot` its platform's place among the portable ones seen.
+pub const PORTABLE_KEY_BASE: i32 = -(1 << 24);
+
+/// How many low bits of a portable key's offset from [`PORTABLE_KEY_BASE`] hold the id.
+pub const PORTABLE_ID_BITS: u32 = 20;
+
+/// The device a recorded row names for the device key `key` of its message: the JAX id of
+/// a portable transport's device, else the key itself (a CPU's or GPU's ordinal).
+#[must_use]
+pub fn recorded_device(key: i32) -> i32 {
+    if key <= PORTABLE_KEY_BASE {
+        PORTABLE_KEY_BASE.wrapping_sub(key) & ((1 << PORTABLE_ID_BITS) - 1)
+    } else {
+        key
+    }
+}
+
 /// What the allocator adds to every heap allocation (glibc malloc: a 16-byte header and
 /// 16-byte granularity), charged against the queue bound with each allocation a message
 /// holds.
@@ -275,6 +294,16 @@ pub unsafe fn gather<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_record_a_portable_devices_id_and_an_ordinal_unchanged() {
+        assert_eq!(recorded_device(0), 0);
+        assert_eq!(recorded_device(3), 3);
+        assert_eq!(recorded_device(-2), -2);
+        assert_eq!(recorded_device(PORTABLE_KEY_BASE), 0);
+        assert_eq!(recorded_device(PORTABLE_KEY_BASE - 7), 7);
+        assert_eq!(recorded_device(PORTABLE_KEY_BASE - ((1 << PORTABLE_ID_BITS) | 5)), 5);
+    }
 
     #[test]
     fn gather_copies_and_aligns() {

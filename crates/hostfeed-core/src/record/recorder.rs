@@ -73,6 +73,7 @@ use serde_json::{json, Value};
 
 use crate::error::RecordError;
 use crate::host::buffer::{HostBuffer, PoolReservation};
+use crate::host::message::recorded_device;
 use crate::host::sync::{lock, Waker};
 use crate::record::arrays::{
     meta_specs, ArrayHandle, ArrayState, Job, Payload, Pool, Row, RowMeta, META_CHUNK_ROWS,
@@ -803,7 +804,7 @@ impl Recorder {
 
     pub(crate) fn meta(&self, step: i64, device: i32, transforms: i16) -> RowMeta {
         let seq = i64::try_from(self.next_seq.fetch_add(1, Ordering::Relaxed)).unwrap_or(i64::MAX);
-        RowMeta { seq, step, device, time_ns: now_ns(), transforms }
+        RowMeta { seq, step, device: recorded_device(device), time_ns: now_ns(), transforms }
     }
 
     /// Appends a row to its array's pending chunk; a full chunk goes to the writers.

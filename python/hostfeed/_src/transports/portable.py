@@ -39,9 +39,10 @@ import jax
 import numpy as np
 
 from ... import _receiver
-from .. import compat, dtypes
+from .. import compat, dtypes, lifecycle
 from ..devices import portable_device_key
 from ..primitives import host_callback_effect
+from . import host_transfer
 
 NAME = "jax"
 
@@ -138,6 +139,21 @@ def _call_function(cid: int, flags: int, timeout_ms: int, name: str, codes: list
     return call
 
 
+def _call_host(cid: int, flags: int, timeout_ms: int, name: str, codes: list[int],
+               keys: tuple[int, ...]) -> Callable:
+    """The host side of a call over host transfers: the results are written into the
+    arrays the transport receives from (a failure's ticket into the status, with one)."""
+    call_host = _receiver.call_host
+    with_status = bool(flags & _receiver.FLAG_STATUS_OUTPUT)
+
+    def host(arrays: list[np.ndarray], pid: int, outputs: list[np.ndarray]) -> None:
+        status = call_host(cid, arrays, codes, outputs[int(with_status):], _key(keys, pid),
+                           flags, timeout_ms, name)
+        if with_status:
+            outputs[0][...] = status
+    return host
+
+
 def _text(message: Sequence[Any]) -> str:
     if not message:
         return ""
@@ -191,6 +207,11 @@ def _check_platform(ctx: Any) -> None:
             f"platforms, e.g. under jax.default_device(jax.devices('cpu')[0]).")
 
 
+def host_transfers(ctx: Any) -> bool:
+    """Whether the computation lowers for platforms of the host-transfer transport only."""
+    return all(p in host_transfer.PLATFORMS for p in _platforms(ctx))
+
+
 def _emit(ctx: Any, fn: Callable, args: Sequence[Any], avals_in: Sequence[Any],
           avals_out: Sequence[Any]) -> tuple[Any, list]:
     """JAX's host callback running ``fn`` with hostfeed's token in and out (the executing
@@ -211,21 +232,43 @@ def _emit(ctx: Any, fn: Callable, args: Sequence[Any], avals_in: Sequence[Any],
 def tap(ctx: Any, args: Sequence[Any], avals_in: Sequence[Any], per_device: bool, *,
         consumer_id: int, flags: int) -> Any:
     """The portable ``hostfeed_tap`` (``per_device``: the sharding follows from the
-    context, as for io_callback); returns the operation that orders after it."""
+    context, as for io_callback); returns the operation that orders after it (None over
+    host transfers, where nothing later needs to)."""
     del per_device
     _check_platform(ctx)
-    fn = _tap_function(int(consumer_id), int(flags), _codes(avals_in), _device_keys(ctx))
-    return _emit(ctx, fn, args, avals_in, [])[0]
+    cid, flags, codes, keys = int(consumer_id), int(flags), _codes(avals_in), _device_keys(ctx)
+    if host_transfers(ctx):
+        push = _receiver.push_host
+
+        def host(arrays: list[np.ndarray], pid: int) -> None:
+            push(cid, arrays, codes, _key(keys, pid), flags)
+
+        host_transfer.tap(ctx, args, avals_in, with_pid=len(keys) > 1, host=host)
+        return None
+    return _emit(ctx, _tap_function(cid, flags, codes, keys), args, avals_in, [])[0]
 
 
 def call(ctx: Any, args: Sequence[Any], avals_in: Sequence[Any], avals_out: Sequence[Any],
          per_device: bool, *, consumer_id: int, flags: int, timeout_ms: int,
          name: str) -> tuple[Any, list]:
-    """The portable ``hostfeed_call``; returns the operation and its results."""
+    """The portable ``hostfeed_call``; returns the operation (None over host transfers)
+    and its results."""
     del per_device
     _check_platform(ctx)
+    keys = _device_keys(ctx)
+    if host_transfers(ctx):
+        if _receiver.in_callback_thread():
+            # A TPU runs one computation at a time: one that waits for the receiver,
+            # compiled by a host function the receiver runs, would wait for itself.
+            lifecycle.check_not_in_callback(
+                "a computation with synchronous taps" if flags & _receiver.FLAG_SYNC_TAP
+                else "a computation containing hcb.call")
+        host = _call_host(int(consumer_id), int(flags), int(timeout_ms), str(name),
+                          _codes(avals_in), keys)
+        return None, host_transfer.call(ctx, args, avals_in, avals_out,
+                                        with_pid=len(keys) > 1, host=host)
     fn = _call_function(int(consumer_id), int(flags), int(timeout_ms), str(name),
-                        _codes(avals_in), avals_out, _device_keys(ctx))
+                        _codes(avals_in), avals_out, keys)
     return _emit(ctx, fn, args, avals_in, avals_out)
 
 

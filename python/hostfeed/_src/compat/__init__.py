@@ -9,8 +9,9 @@ none.
 """
 from __future__ import annotations
 
+import dataclasses
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -140,7 +141,17 @@ def _wrap_lower_per_platform() -> None:
     _mlir_src.lower_per_platform = lower_per_platform
 
 
-lower_fun = mlir.lower_fun
+def lower_fun(ctx: Any, fn: Callable, avals_in: Sequence[Any], avals_out: Sequence[Any],
+              args: Sequence[Any], *, pass_tokens: bool = True) -> list:
+    """``fn`` (a JAX function of several values returning a list) lowered inline in rule
+    context ``ctx`` on operands of ``avals_in`` giving ``avals_out`` (``mlir.lower_fun`` on
+    a context with those avals), passing the effect tokens on unless ``pass_tokens`` is
+    False (``fn`` has no effect, and the rule sets the tokens out itself)."""
+    sub_ctx = dataclasses.replace(ctx, avals_in=list(avals_in), avals_out=list(avals_out))
+    outs = mlir.lower_fun(fn, multiple_results=True)(sub_ctx, *args)
+    if pass_tokens:
+        ctx.set_tokens_out(sub_ctx.tokens_out)
+    return outs
 # Sharding contexts a lowering rule can find itself in.
 SPMDAxisContext = mlir.SPMDAxisContext
 ShardingContext = mlir.ShardingContext
@@ -326,6 +337,12 @@ callback_op_sharding = _callback._callback_op_sharding
 #: Platforms whose computations JAX's host callbacks (and so the portable transport) run on.
 PYTHON_CALLBACK_PLATFORMS = frozenset(
     {"cpu", "cuda", "rocm", "tpu"} | ({"oneapi"} if JAX_VERSION >= (0, 11) else set()))
+
+
+# The TPU's host transfers and the notes on compile failures (split off by concern).
+from .transfers import (  # noqa: E402,F401
+    COMPILE_FAILURES_NAMED, add_host_transfer_callback, after_all, compile_failure_note,
+    jax_ordered_io_effect, note_lowered, receive_from_host, send_to_host, xla_shape)
 
 
 def partition_id() -> Any:
