@@ -1,6 +1,6 @@
 """The structure's rules: no import circle among the Python modules of ``python/hostfeed``
 nor among the Rust files of each crate (read from their ``import``/``use`` lines), and no
-Python module over :data:`MAX_PYTHON_LINES` lines.
+Python module over :data:`MAX_PYTHON_LINES` lines, no Rust file over :data:`MAX_RUST_LINES`.
 
     python .ci/structure_check.py          # exit 1, naming each circle or long module
     python .ci/structure_check.py --graph  # also print every module's imports
@@ -28,6 +28,9 @@ PACKAGE = ROOT / "python" / "hostfeed"
 CRATES = [ROOT / "crates" / "hostfeed-core" / "src", ROOT / "bindings" / "python" / "src"]
 #: The longest a Python module may be: a longer one holds more than one concern.
 MAX_PYTHON_LINES = 620
+#: The longest a Rust file may be (tests included: a file's tests go to a `tests.rs` of its
+#: own when they outgrow it).
+MAX_RUST_LINES = 800
 
 
 # ---- Python ------------------------------------------------------------------------------
@@ -212,9 +215,16 @@ def main(argv: list[str] | None = None) -> int:
             found += 1
             print(f"{path.relative_to(ROOT)} has {lines} lines (at most {MAX_PYTHON_LINES}): "
                   "split it by concern", file=sys.stderr)
+    for src in CRATES:
+        for path in sorted(src.rglob("*.rs")):
+            lines = len(path.read_text().splitlines())
+            if lines > MAX_RUST_LINES:
+                found += 1
+                print(f"{path.relative_to(ROOT)} has {lines} lines (at most {MAX_RUST_LINES}): "
+                      "split it by concern", file=sys.stderr)
     if not found:
         print(f"no import circle ({sum(len(g) for g in graphs.values())} modules), no Python "
-              f"module over {MAX_PYTHON_LINES} lines")
+              f"module over {MAX_PYTHON_LINES} lines, no Rust file over {MAX_RUST_LINES}")
     return 1 if found else 0
 
 

@@ -1,5 +1,6 @@
 """The structure's rules (.ci/structure_check.py, run by CI): no import circle among the
-Python modules or the Rust files, no overlong Python module; and the check finds them."""
+Python modules or the Rust files, no overlong Python module or Rust file; and the check finds
+them."""
 from __future__ import annotations
 
 import importlib.util
@@ -52,3 +53,19 @@ def test_a_rust_circle_is_found_through_use_groups_and_super(tmp_path, monkeypat
     monkeypatch.setattr(check, "ROOT", tmp_path)
     circles = check.circles(check.rust_graph(src))
     assert circles == [["src/ffi/handlers.rs", "src/host/hub.rs"]]
+
+
+def test_an_overlong_module_or_rust_file_is_found(tmp_path, monkeypatch, capsys):
+    pkg, src = tmp_path / "hostfeed", tmp_path / "crate" / "src"
+    _write(pkg, {"__init__.py": "", "long.py": "x = 1\n" * (check.MAX_PYTHON_LINES + 1)})
+    _write(src, {"lib.rs": "mod long;\n",
+                 "long.rs": "// a line\n" * (check.MAX_RUST_LINES + 1),
+                 "short.rs": "// a line\n" * check.MAX_RUST_LINES})
+    monkeypatch.setattr(check, "ROOT", tmp_path)
+    monkeypatch.setattr(check, "PACKAGE", pkg)
+    monkeypatch.setattr(check, "CRATES", [src])
+    assert check.main([]) == 1
+    err = capsys.readouterr().err
+    assert f"hostfeed/long.py has {check.MAX_PYTHON_LINES + 1} lines" in err
+    assert f"crate/src/long.rs has {check.MAX_RUST_LINES + 1} lines" in err
+    assert "short.rs" not in err

@@ -6,12 +6,13 @@
 //! ("Where things live") at the repository root.
 //!
 //! Each module adds its own items to the one Python module (`register`); there are no
-//! Python submodules. The modules in layer order, ground floor first: `error`, `messages`,
-//! `host`, then `portable`, `record` and `gpu` (each imports only modules before it).
+//! Python submodules. The modules in layer order, ground floor first: `error`, `interrupts`,
+//! `messages`, `host`, then `portable`, `record` and `gpu` (each imports only modules before it).
 
 mod error;
 mod gpu;
 mod host;
+mod interrupts;
 mod messages;
 mod portable;
 mod record;

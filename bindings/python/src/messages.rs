@@ -285,12 +285,12 @@ impl DirectCall {
             None => arrays.get_item(0)?,
             Some(treedef) => treedef.bind(py).call_method1(intern!(py, "unflatten"), (arrays,))?,
         };
-        let counts = crate::host::interrupts::begin_run();
+        let counts = crate::interrupts::begin_run();
         let res = self.func.bind(py).call1((arg,));
-        crate::host::interrupts::end_run();
+        crate::interrupts::end_run();
         let res = match res {
             Ok(res) => res,
-            Err(e) if crate::host::interrupts::interrupted(py, &e, counts) => {
+            Err(e) if crate::interrupts::interrupted(py, &e, counts) => {
                 // Ctrl-C or SIGTERM interrupted it: the call fails as interrupted (its
                 // caller words the error), and nothing is recorded for barrier_wait.
                 slot.fail("hostfeed: interrupted".into());
