@@ -18,7 +18,8 @@ page cache: nobody fsyncs) and, for the Recorder, announced. Compilation (the wa
 and for the Recorder, whose records are bound to one store, an ahead-of-time compile in the
 set-up) and directory set-up are not timed; ``os.sync()`` runs before each timed case so
 that earlier cases' write-back does not throttle it. Rounds interleave the cases; the
-table shows medians (and the best round) and ratios to the floor.
+table shows medians (and the best round), ratios to the floor, and each round's ratio to
+that round's floor (its range).
 
 A second table compares the device-side cost per record with a plain tap: the time until
 the computation returns (``block_until_ready``), with a queue bound large enough that
@@ -222,15 +223,17 @@ def report(title: str, times: dict[str, list[float]], nbytes: int, n: int,
     best = {k: min(v) for k, v in times.items()}
     print(title)
     print(f"  {'case':<34}{'GB/s med':>10}{'best':>8}{'us/row':>10}{'vs floor':>10}"
-          f"{'vs best Python':>16}")
+          f"{'vs best Python':>16}  vs floor by round")
     python = [k for k in times if "np.save" in k or "zarr append" in k]
     best_python = min(med[k] for k in python) if python else None
-    for k in times:
+    for k, case_times in times.items():
         gbs = nbytes / med[k] / 1e9
         ratio = med[floor] / med[k]
-        vs_py = f"{best_python / med[k]:>15.2f}x" if best_python else ""
+        # The rounds interleave the cases: each round's floor against the case's.
+        rounds = [f / t for f, t in zip(times[floor], case_times)]
+        vs_py = f"{best_python / med[k]:>15.2f}x" if best_python else f"{'':>16}"
         print(f"  {k:<34}{gbs:>10.3f}{nbytes / best[k] / 1e9:>8.3f}{med[k] / n * 1e6:>10.1f}"
-              f"{ratio:>9.2f}x{vs_py}")
+              f"{ratio:>9.2f}x{vs_py}  {min(rounds):.2f}-{max(rounds):.2f}x")
 
 
 def device_cost(n: int, x: jax.Array, d: str) -> None:

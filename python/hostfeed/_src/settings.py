@@ -302,7 +302,7 @@ def stop_timeout() -> float | None:
 def buffer_pool_bytes() -> int | None:
     """Most bytes of large host buffers kept for reuse when idle
     (``HOSTFEED_BUFFER_POOL_BYTES``; None: the default, 64 MiB, raised while Recorders
-    are open to half the queue bound, at most 1 GiB per Recorder: the rows a Recorder may
+    are open to the queue bound, at most 1 GiB per Recorder: the rows a Recorder may
     hold). Bursts of large taps or records bigger than the pool pay page faults for fresh
     memory. A value set here is kept as is, Recorders or not.
 

@@ -196,8 +196,9 @@ pub struct Recorder {
     pub(crate) spills: AtomicU64,
     pub(crate) commits: AtomicU64,
     pub(crate) rows_dropped: AtomicU64,
-    /// Keeps the host buffer pool large enough for the rows this recorder may hold (half
-    /// the budget: beyond that it spills); released at close.
+    /// Keeps the host buffer pool large enough for the rows this recorder may hold (the
+    /// budget: queued rows, and pending ones up to half of it before it spills); released
+    /// at close.
     pub(crate) pool_reservation: Mutex<Option<PoolReservation>>,
     /// Shards written in place: the inner chunks their index lists, by array and shard
     /// (the index only grows).
@@ -388,7 +389,12 @@ impl Recorder {
             return Err(e);
         }
         trace::opened();
-        *lock(&rec.pool_reservation) = Some(PoolReservation::new(rec.budget.bound() / 2));
+        // The rows a recorder holds until written (queued, and pending in partial chunks)
+        // may fill the whole bound: the pool keeps that much, so that a burst's buffers
+        // come back warm for the next (with half, a single writer behind a burst of 4 MiB
+        // rows freed the rest and faulted in fresh memory for most rows of the next burst:
+        // 0.35x of a plain file write instead of 0.95x).
+        *lock(&rec.pool_reservation) = Some(PoolReservation::new(rec.budget.bound()));
         Ok(rec)
     }
 
