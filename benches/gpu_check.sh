@@ -22,8 +22,9 @@
 # faulthandler dumps every thread's stack when a test runs past GPU_CHECK_STACKS_S, and
 # pytest-timeout (thread method: it also ends a test hung inside XLA's Execute, where the
 # signal method cannot) stops one past GPU_CHECK_TEST_S. gpu_bench.json is rewritten after
-# each section of the bench. $OUT holds at most 8 files: summary.txt, install.log,
-# gpu_tests.log, gpu_tests.xml, bench.log, gpu_bench.json, suite.log, suite.xml.
+# each section of the bench. $OUT holds at most 10 files: summary.txt, install.log,
+# gpu_tests.log, gpu_tests.xml, gpu_tests.failures.txt, bench.log, gpu_bench.json,
+# suite.log, suite.xml, suite.failures.txt (benches/check_lib.sh's pytest steps).
 #
 # Exit status and last line ("RESULT: ..."):
 #   0  all met          every step passed and every target was met

@@ -26,6 +26,10 @@
 # benches/check_lib.sh's (verbose log, junit, failures as they happen, resumed after a
 # hung test).
 #
+# $OUT holds 8 files: summary.txt, install.log, tpu_smoke.json, bench.log, tpu_bench.json,
+# suite.log, suite.xml, suite.failures.txt (a machine that returns 8 files at most drops a
+# 9th: keep the command's own output in summary.txt rather than in a file of its own).
+#
 # Exit status and last line ("RESULT: ..."):
 #   0  all met          every step run passed and every target was met
 #   1  suite failed     the smoke step, a test, or the suite's time ran out (targets as measured)
