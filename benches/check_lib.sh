@@ -79,3 +79,16 @@ pytest_step() {
     return "$rc"
 }
 
+# suite_step TITLE: the suite (the files of `suite_files`, by default all but the bench's, the
+# GPUs' and the lowering-only ones) in the time left, then the total; returns pytest_step's.
+suite_step() {
+    local secs=$(( $(left) - 5 )) rc files
+    say "$1 (at most ${secs} s)"
+    files=${suite_files:-$(ls tests/python/test_*.py \
+        | grep -v -E '/test_(bench|gpu|cuda_lowering|rocm_lowering)\.py$' | tr '\n' ' ')}
+    # shellcheck disable=SC2086 # a list of paths
+    pytest_step suite "$secs" $files
+    rc=$?
+    say "total $((SECONDS - start)) s of ${budget} s; files in \$OUT: $(ls "$out" | wc -l)"
+    return "$rc"
+}

@@ -117,16 +117,9 @@ fi
 # ---- suite ------------------------------------------------------------------------------------
 suite_rc=0
 if wants suite; then
-    suite_secs=$(( $(left) - 5 ))
-    say "suite (at most ${suite_secs} s)"
-    if [ -z "$suite_files" ]; then
-        suite_files=$(ls tests/python/test_*.py | grep -v -E '/test_(bench|gpu|cuda_lowering|rocm_lowering)\.py$' | tr '\n' ' ')
-    fi
-    # shellcheck disable=SC2086 # a list of paths
-    pytest_step suite "$suite_secs" $suite_files
+    suite_step suite
     suite_rc=$?
 fi
-say "total $((SECONDS - start)) s of ${budget} s; files in \$OUT: $(ls "$out" | wc -l)"
 
 # ---- verdict ----------------------------------------------------------------------------------
 failed_steps=""
