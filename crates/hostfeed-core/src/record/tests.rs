@@ -520,9 +520,4 @@ fn writes_go_through_the_tracer_only_while_tracing() {
     let _ = fs::remove_dir_all(&root);
 }
 
-/// The object store flavour of the flush test: no writes into part of an object, so a
-/// chunk flushed half full is put again whole (its rows read back) when it fills, and the
-/// metadata chunks are put whole at every commit; a second recorder is refused while the
-/// first holds the lock, and the store opens again (`mode="w"`) once it is closed.
-
 mod stores;

@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// The object store flavour of the flush test: no writes into part of an object, so a
+/// chunk flushed half full is put again whole (its rows read back) when it fills, and the
+/// metadata chunks are put whole at every commit; a second recorder is refused while the
+/// first holds the lock, and the store opens again (`mode="w"`) once it is closed.
 #[test]
 fn an_object_store_holds_every_flushed_row() {
     use crate::record::objects::Objects;
