@@ -81,9 +81,26 @@ def _one_process_holds_the_tpu(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _receiver_clean_after_test():
+    from hostfeed._src import recording
+
+    with recording.open_lock:
+        before = set(recording._open)
     yield
-    # Raises (and so fails the test's teardown) if a callback exception went unreported.
-    hcb.barrier_wait("test_teardown", timeout=120)
+    try:
+        # Raises (and so fails the test's teardown) if a callback exception went unreported.
+        hcb.barrier_wait("test_teardown", timeout=120)
+    finally:
+        # A recorder the test opened and left open (an assertion failed before its close)
+        # is closed here and fails this test: left open, it would keep writing (and renewing
+        # its lease on a store this test's server may no longer serve), and every later
+        # test's barrier would report its errors.
+        with recording.open_lock:
+            left = [rec for rec in recording._open if rec not in before]
+        for rec in left:
+            with contextlib.suppress(Exception):
+                rec.close()
+        if left:
+            pytest.fail(f"the test left {len(left)} recorder(s) open: {left!r}")
 
 
 def _in_mode(name: str):
@@ -154,14 +171,16 @@ def cpu_device_or_skip():
         pytest.skip("needs JAX's CPU backend beside the accelerator (JAX_PLATFORMS=tpu,cpu)")
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-    """Waits for a condition (polling in short steps), failing after ``timeout`` seconds."""
+def wait_until(predicate: Callable[[], bool], timeout: float = 30.0,
+               interval: float = 0.001) -> None:
+    """Waits for a condition (polling every ``interval`` seconds), failing after ``timeout``
+    seconds."""
     deadline = time.monotonic() + timeout
     event = threading.Event()
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout} s")
-        event.wait(0.001)
+        event.wait(interval)
 
 
 def run_python(code: str, env: dict[str, str] | None = None,

@@ -290,9 +290,11 @@ def test_two_writers_racing_for_a_store_one_wins(s3, bucket):
 
 def test_a_killed_writer_leaves_its_flushed_rows_and_its_lease_ends(s3, bucket):
     url = f"s3://{bucket}/killed.zarr"
+    # The dead writer's lease outlasts the read-back below by far, even on a loaded machine
+    # (with 3 s, a CI run under load read back after it ended, and the refusal did not come).
     code = textwrap.dedent(f"""
         import os, signal, jax.numpy as jnp, hostfeed
-        rec = hostfeed.Recorder({url!r}, chunk_bytes=64, lease=3.0)
+        rec = hostfeed.Recorder({url!r}, chunk_bytes=64, lease=10.0)
         for s in range(10):
             rec.record("h", jnp.full(4, s, jnp.int32), step=s)
         rec.flush()
@@ -309,7 +311,7 @@ def test_a_killed_writer_leaves_its_flushed_rows_and_its_lease_ends(s3, bucket):
     np.testing.assert_array_equal(rows, np.repeat(meta["step"][:, None], 4, axis=1))
     # The dead writer's lock: refused while its lease lasts, then the store opens again.
     with pytest.raises(hostfeed.RecordingError, match="is locked"):
-        hostfeed.Recorder(url, mode="w", lease=3.0)
+        hostfeed.Recorder(url, mode="w", lease=3.0).close()
     opened = []
 
     def reopen():
@@ -319,7 +321,7 @@ def test_a_killed_writer_leaves_its_flushed_rows_and_its_lease_ends(s3, bucket):
             assert "is locked" in str(exc), exc
         return bool(opened)
 
-    wait_until(reopen, timeout=30)
+    wait_until(reopen, timeout=60, interval=0.2)  # a request per try
     opened[0].close()
 
 
