@@ -1,7 +1,8 @@
 # Shared by benches/gpu_check.sh and benches/tpu_check.sh, sourced once they set `root`,
-# `out`, `check_name`, `python`, `budget`, `test_s` and `stacks_s`: the summary file and
-# its lines (`say`, `result`), the time left (`left`, `cap`), and `pytest_step`, one pytest
-# run that survives a hung test.
+# `out`, `dist`, `check_name`, `python`, `budget`, `test_s` and `stacks_s`: the summary
+# file and its lines (`say`, `result`), the time left (`left`, `cap`), `install_step` (the
+# wheels from `dist` onto PYTHONPATH), and `pytest_step`, one pytest run that survives a
+# hung test.
 #
 # Every step writes a verbose log as it goes (a test's name appears when it starts, its
 # outcome when it ends, so a run cut off still names each outcome), a junit file, and
@@ -19,6 +20,26 @@ result() {  # result STATUS TEXT: the last line, and the exit
 }
 left() { echo $((budget - (SECONDS - start))); }
 cap() { local l; l=$(left); [ "$1" -lt "$l" ] && echo "$1" || echo "$l"; }  # min(step, left)
+
+# install_step before|after: the wheel in $dist and only the test tools the machine lacks,
+# unpacked into a folder of their own (not under $OUT: only results go back; removed at
+# exit), put on PYTHONPATH before or after what is there already ("after": the machine's
+# own packages, its JAX among them, stay the ones imported). A failure ends the check.
+install_step() {
+    work=$(mktemp -d "${TMPDIR:-/tmp}/hostfeed_${check_name}.XXXXXX")
+    trap 'rm -rf "$work"' EXIT
+    local site="$work/site"
+    if ! "$python" "$root/benches/check_install.py" "$dist" "$site" > "$out/install.log" 2>&1; then
+        tail -5 "$out/install.log" | tee -a "$summary"
+        result 2 "setup failed: hostfeed or the test tools cannot be installed (install.log)"
+    fi
+    say "install: $(grep -c '^unpacked' "$out/install.log") wheel(s) unpacked onto PYTHONPATH (install.log)"
+    if [ "$1" = after ]; then
+        export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$site"
+    else
+        export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+    fi
+}
 
 # pytest_step NAME SECONDS ARGS...: one pytest run, verbose log and junit under $OUT. A
 # test hung past GPU_CHECK_TEST_S ends the process (pytest-timeout's thread method): the

@@ -70,15 +70,7 @@ source "$root/benches/check_lib.sh"
 } | while read -r line; do say "machine: $line"; done
 
 # ---- install: the wheel, and only the test tools the machine lacks --------------------------
-work=$(mktemp -d "${TMPDIR:-/tmp}/hostfeed_gpu_check.XXXXXX")  # not under $OUT: only results go back
-trap 'rm -rf "$work"' EXIT
-site="$work/site"
-if ! "$python" benches/check_install.py "$dist" "$site" > "$out/install.log" 2>&1; then
-    tail -5 "$out/install.log" | tee -a "$summary"
-    result 2 "setup failed: hostfeed or the test tools cannot be installed (install.log)"
-fi
-say "install: $(grep -c '^unpacked' "$out/install.log") wheel(s) unpacked onto PYTHONPATH (install.log)"
-export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+install_step before
 export JAX_PLATFORMS=$platform
 # No preallocation: tests start fresh interpreters on the same GPU while this one runs.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false

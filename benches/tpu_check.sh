@@ -60,16 +60,8 @@ wants() { [[ " $steps " == *" $1 "* ]]; }
     | tail -1 | while read -r line; do say "machine: $line"; done
 
 # ---- install: the wheel, and only the test tools the machine lacks --------------------------
-work=$(mktemp -d "${TMPDIR:-/tmp}/hostfeed_tpu_check.XXXXXX")  # not under $OUT: only results go back
-trap 'rm -rf "$work"' EXIT
-site="$work/site"
-if ! "$python" benches/check_install.py "$dist" "$site" > "$out/install.log" 2>&1; then
-    tail -5 "$out/install.log" | tee -a "$summary"
-    result 2 "setup failed: hostfeed or the test tools cannot be installed (install.log)"
-fi
-say "install: $(grep -c '^unpacked' "$out/install.log") wheel(s) unpacked onto PYTHONPATH (install.log)"
 # After the machine's own packages: its JAX stays the one imported.
-export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$site"
+install_step after
 export JAX_PLATFORMS=$platform
 # JAX's own callbacks (the bench's baselines, the smoke's dtype table) place their operands
 # on a CPU device: the smoke and the bench run with JAX's CPU backend beside the TPU; the
