@@ -1,15 +1,15 @@
 """Test matrix: the whole Python test suite, the stub check and mypy on each supported
 (Python, JAX) pair; the suite with the portable transport forced; the docs site; the GPU
 check's dry run;
-and the Rust core's tests once (debug and release, and the loom models).
+and the Rust core's tests once (optimised, with debug assertions, and the loom models).
 
     nox                                 # everything: the three environments, portable,
                                         # gpu_check_dry, then the Rust tests
     nox -l                              # list the sessions
     nox -s "tests(py3.12-jax0.11.2)"    # one environment (or: nox -s tests -p 3.12)
     nox -s tests                        # the three environments
-    nox -s rust                         # the core's tests, debug and release (the FFI layout
-                                        # against each jaxlib seen), then the loom models
+    nox -s rust                         # the core's tests (the FFI layout against each jaxlib
+                                        # seen), then the loom models
     nox -s gpu_check_dry                # benches/gpu_check.sh's dry run on CPU (a few minutes)
     nox -s docs                         # build the docs site (-W), check its front page
     nox -s portable                     # the suite with the portable transport forced
@@ -37,7 +37,9 @@ FFI_INCLUDES = ROOT / ".nox" / "_ffi_include"
 # on the GPU machines; each on a Python its wheels exist for (jax 0.11+ needs Python 3.12+).
 MATRIX = [("3.11", "0.10.2"), ("3.12", "0.11.2"), ("3.13", "0.12.0.1")]
 
-nox.options.default_venv_backend = "venv"
+# uv where it is installed (CI: nox[uv]): the sessions install the same jax, jaxlib and test
+# tools again and again, from its cache in seconds; else the standard library's venv + pip.
+nox.options.default_venv_backend = "uv|venv"
 # The pair that also runs the suite with the portable transport forced on CPU
 # (HOSTFEED_TRANSPORT=jax: JAX's host-callback lowering, what TPUs and ROCm GPUs use).
 PORTABLE = [("3.11", "0.10.2")]
@@ -82,7 +84,7 @@ def portable(session: nox.Session, jax: str) -> None:
     """pytest with the portable transport forced for every platform (``HOSTFEED_TRANSPORT=
     jax``); tests of the native handlers themselves skip, saying why."""
     _install(session, jax)
-    session.run("python", "-m", "pytest", *session.posargs,
+    session.run("python", "-m", "pytest", "--durations=10", *session.posargs,
                 env={"JAX_PLATFORMS": "cpu", "HOSTFEED_TRANSPORT": "jax"})
 
 
@@ -102,7 +104,7 @@ def _test(session: nox.Session, jax: str) -> None:
     env = {"JAX_PLATFORMS": "cpu"}
     # From the repository root, but importing the installed wheel: python/ is not on the
     # path, and pytest's rootdir only adds tests/python (for conftest).
-    session.run("python", "-m", "pytest", *session.posargs, env=env)
+    session.run("python", "-m", "pytest", "--durations=10", *session.posargs, env=env)
     session.run("python", "-m", "mypy.stubtest", "hostfeed._receiver", env=env)
     session.run("python", "-m", "mypy", "python/hostfeed", env=env)
 
@@ -125,7 +127,7 @@ GPU_MACHINE = ("3.12", "0.11.2")
 DRY_SUITE = "tests/python/test_taps.py tests/python/test_call.py"
 
 
-@nox.session(python=GPU_MACHINE[0])
+@nox.session(python=GPU_MACHINE[0], venv_backend="venv")  # pip: the check downloads wheels
 def gpu_check_dry(session: nox.Session) -> None:
     """benches/gpu_check.sh on CPU (GPU_CHECK_PLATFORM=cpu): every step (install, smoke,
     GPU tests, bench, suite) and its verdict, as on the GPU machine. Like that machine,
@@ -175,17 +177,18 @@ def _ffi_include_dirs(session: nox.Session) -> list[str]:
 
 @nox.session(python=False)
 def rust(session: nox.Session) -> None:
-    """The core's tests (`cargo test -p hostfeed-core`) in the debug and the release
-    profile, with the FFI layout checked against every jaxlib header the test sessions
-    installed (required here: it fails rather than skips), then the loom models of the
-    hand-made synchronisation (bounded; their own target directory, since `--cfg loom`
-    rebuilds everything)."""
+    """The core's tests (`cargo test -p hostfeed-core`) in the `ci` profile (Cargo.toml:
+    release's optimisation with the debug profile's assertions and overflow checks), with
+    the FFI layout checked against every jaxlib header the test sessions installed
+    (required here: it fails rather than skips), then the loom models of the hand-made
+    synchronisation (bounded; their own target directory, since `--cfg loom` rebuilds
+    everything)."""
     dirs = os.environ.get("HOSTFEED_XLA_FFI_INCLUDE", "").split(os.pathsep)
     dirs = [d for d in dirs if d] or _ffi_include_dirs(session)
     session.log("FFI headers: " + ", ".join(dirs))
     env = {"HOSTFEED_XLA_FFI_INCLUDE": os.pathsep.join(dirs), "HOSTFEED_REQUIRE_FFI_HEADERS": "1"}
-    session.run("cargo", "test", "-p", "hostfeed-core", external=True, env=env)
-    session.run("cargo", "test", "-p", "hostfeed-core", "--release", external=True, env=env)
+    session.run("cargo", "test", "-p", "hostfeed-core", "--profile", "ci", external=True,
+                env=env)
     loom = {"RUSTFLAGS": "--cfg loom", "CARGO_TARGET_DIR": str(ROOT / "target" / "loom")}
-    session.run("cargo", "test", "-p", "hostfeed-core", "--release", "--lib", "loom",
-                external=True, env=loom)
+    session.run("cargo", "test", "-p", "hostfeed-core", "--lib", "loom", external=True,
+                env=loom)
