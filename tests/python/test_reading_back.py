@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -143,6 +145,36 @@ def test_follow_sees_every_row_of_a_concurrent_writer_once(tmp_path):
             if writer.poll() is None:
                 writer.kill()
     assert seen == list(range(30))
+
+
+def test_follow_keeps_a_writer_that_opens_between_its_look_and_its_read(tmp_path, monkeypatch):
+    """follow() looks whether a writer holds the store, then reads it. A run that starts in
+    between (its lock taken, its array traced, no row yet) is followed to its end, not
+    taken for a closed store (seen once in CI: the follower ended before the first row)."""
+    from hostfeed._src import opened
+
+    path = str(tmp_path / "starting.zarr")
+    real_look = opened._writer_open
+    looks: list[bool] = []
+    writer: dict = {}
+
+    def look(where):
+        held = real_look(where)
+        looks.append(held)
+        if len(looks) == 1:  # the run starts right after the follower's first look
+            rec = writer["rec"] = hostfeed.Recorder(path, chunk_bytes=64)
+            writer["f"] = jax.jit(lambda s: rec.record("x", jnp.full(4, s, jnp.int32), step=s))
+            writer["f"].lower(0)  # the array exists, with no row
+        elif len(looks) == 4:  # later: five rows, then the run ends
+            for s in range(5):
+                writer["f"](s)
+            writer["rec"].close()
+        return held
+
+    monkeypatch.setattr(opened, "_writer_open", look)
+    rows = list(hostfeed.follow(path, "x", poll=0.001, timeout=60))
+    assert looks[:2] == [False, True], looks  # nobody, then the run that had just started
+    assert np.concatenate(rows)[:, 0].tolist() == [0, 1, 2, 3, 4]
 
 
 def test_follow_ends_at_once_on_a_closed_store_and_times_out_on_a_missing_one(store, tmp_path):

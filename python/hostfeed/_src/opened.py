@@ -354,6 +354,7 @@ def follow(path: Any, name: str, *, poll: float = 0.5, timeout: Optional[float] 
     where = stores.location(path, storage_options, who="follow")
     deadline = None if timeout is None else time.monotonic() + timeout
     done = 0
+    settled = False  # the last read came after a look that found nobody writing
     while True:
         writing = _writer_open(where)  # before reading: rows committed by then are seen
         try:
@@ -367,7 +368,19 @@ def follow(path: Any, name: str, *, poll: float = 0.5, timeout: Optional[float] 
             done = n
             continue
         if not writing and arr is not None:
+            # Nobody held the store before the read. Ended, unless a writer opened it
+            # between that look and the read (a run starting: its array there, its rows to
+            # come): then it holds the store now, and is followed. Else one more read after
+            # this second look, which sees the rows of a writer that came and went since the
+            # first.
+            if _writer_open(where):
+                settled = False
+                continue
+            if not settled:
+                settled = True
+                continue
             return
+        settled = False
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"hostfeed.follow({where.where!r}, {name!r}): no writer closed "
                                f"the store within {timeout} s ({done} rows seen)")

@@ -119,6 +119,25 @@ fn flock(file: &File, op: libc::c_int) -> std::io::Result<()> {
     }
 }
 
+/// How long [`lock_exclusive`] retries a lock held by someone else: a reader asking whether
+/// a writer holds the store (`check_free`, `hostfeed.follow`) holds it shared for
+/// microseconds, and must not make a recorder opening at that moment fail as busy.
+const READER_GRACE: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// The exclusive lock of `file`, retried (every millisecond) for [`READER_GRACE`] while
+/// someone holds it: a recorder holds it for its whole life, a reader only for a look.
+fn lock_exclusive(file: &File) -> std::io::Result<()> {
+    let deadline = std::time::Instant::now() + READER_GRACE;
+    loop {
+        match flock(file, libc::LOCK_EX | libc::LOCK_NB) {
+            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            other => return other,
+        }
+    }
+}
+
 fn now_ns() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -190,7 +209,7 @@ impl StoreLock {
                 .truncate(false)
                 .open(&path)
                 .map_err(|e| io_error("create the lock file", &path, &e))?;
-            match flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
+            match lock_exclusive(&file) {
                 Ok(()) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
                     return Err(busy(root, read_holder(&path).as_ref()));
@@ -260,6 +279,32 @@ impl Drop for StoreLock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reader_looking_at_the_lock_does_not_make_a_recorder_busy() {
+        let root = std::env::temp_dir().join(format!("hostfeed_lock_reader_{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(&root).unwrap();
+        // A reader (hostfeed.follow, check_free) holds the lock shared while it looks: here
+        // for 50 ms, from the moment it has it, which is before the recorder tries.
+        fs::write(root.join(LOCK_FILE), b"").unwrap();
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let reader = {
+            let path = root.join(LOCK_FILE);
+            std::thread::spawn(move || {
+                let file = File::open(&path).unwrap();
+                flock(&file, libc::LOCK_SH | libc::LOCK_NB).unwrap();
+                held_tx.send(()).unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(50)); // the reader's look
+                flock(&file, libc::LOCK_UN).unwrap();
+            })
+        };
+        held_rx.recv().unwrap();
+        let lock = StoreLock::acquire(&root, &Access::Exclusive).expect("a look is not a holder");
+        reader.join().unwrap();
+        drop(lock);
+        fs::remove_dir_all(&root).unwrap();
+    }
 
     #[test]
     fn a_second_lock_is_refused_with_the_holder_and_released_on_drop() {
