@@ -283,19 +283,66 @@ def test_a_failed_call_drops_its_executions_joined_sets_and_later_parts():
     errors.take_last_exception()
 
 
-def test_a_sweep_runs_crossed_parts_out_of_order_rather_than_drop_them():
-    # Devices 0 and 1 ran executions 1 and 2 in opposite orders: each holds the part the
-    # other waits for.
+def test_crossed_parts_run_out_of_order_as_soon_as_the_crossing_forms():
+    # Devices 0 and 1 ran executions 1 and 2 in opposite orders (dispatched by two
+    # threads): each holds back the part the other waits for. No barrier is needed.
     log = Log()
-    d = Dispatch([log.joined("x"), log.joined("y")])
+    d = Dispatch([log.joined("x"), log.joined("y"), log.tap("tap")])
+    d.send((0, 0, 1, *part(0, 0, np.array([10]))),
+           (2, 0, 7, np.array([1])),  # device 0's tap between its two parts
+           (1, 0, 2, *part(0, 0, np.array([20]))),
+           (1, 1, 2, *part(0, 1, np.array([21]))))
+    assert log.events == []  # no circle yet: device 1 may still send its part of x
+    assert sorted(d.d.held) == [0, 1]
+    d.send((0, 1, 1, *part(0, 1, np.array([11]))))  # held back behind y: a circle
+    assert sorted(log.events[:2]) == [("x", "joined", [[10, 11]]),
+                                      ("y", "joined", [[20, 21]])]
+    assert log.events[2:] == [("tap", 0)]  # device 0's tap after x, its place
+    assert d.d.held == {}
+
+
+def test_a_crossing_of_three_devices_is_resolved():
+    # Three executions, each on two of three devices, run in a circle of orders.
+    log = Log()
+    d = Dispatch([log.joined("a"), log.joined("b"), log.joined("c")])
+    d.send((0, 0, 1, *part(0, 0, np.array([0]))),  # device 0: a, then c
+           (2, 0, 3, *part(0, 1, np.array([3]))),
+           (1, 1, 2, *part(0, 0, np.array([1]))),  # device 1: b, then a
+           (0, 1, 1, *part(0, 1, np.array([2]))),
+           (2, 2, 3, *part(0, 0, np.array([4]))))  # device 2: c, then b
+    assert log.events == []  # device 2 may still send its part of b in its order
+    d.send((1, 2, 2, *part(0, 1, np.array([5]))))  # held back behind c: a circle of three
+    assert sorted(log.events) == [("a", "joined", [[0, 2]]), ("b", "joined", [[1, 5]]),
+                                  ("c", "joined", [[4, 3]])]
+    assert d.d.held == {}
+
+
+def test_a_device_that_waits_in_order_is_no_crossing():
+    # Device 0 sent parts of x and then y, device 1 has sent neither yet: y waits behind
+    # x on device 0, in its order.
+    log = Log()
+    d = Dispatch([log.joined("x"), log.joined("y"), log.tap("tap")])
     d.send((0, 0, 1, *part(0, 0, np.array([10]))),
            (1, 0, 2, *part(0, 0, np.array([20]))),
-           (1, 1, 2, *part(0, 1, np.array([21]))),
-           (0, 1, 1, *part(0, 1, np.array([11]))))
-    assert log.events == []
+           (2, 1, 9, np.array([5])))
+    assert log.events == [("tap", 1)]
+    d.send((0, 1, 1, *part(0, 1, np.array([11]))),
+           (1, 1, 2, *part(0, 1, np.array([21]))))
+    assert log.events == [("tap", 1), ("x", "joined", [[10, 11]]),
+                          ("y", "joined", [[20, 21]])]
+    assert d.d.held == {}
+
+
+def test_a_late_part_of_a_swept_set_holds_no_device():
+    # A failure swept run 1's set; device 1's part of it comes after all (its execution
+    # did not fail there): it is dropped, and device 1's later taps run.
+    log = Log()
+    d = Dispatch([log.joined("x"), log.tap("tap")])
+    d.send((0, 0, 1, *part(0, 0, np.array([10]))))
     d.marker(lambda: d.d.mark(1))
     d.marker(lambda: d.d.sweep(1))
-    assert sorted(log.events) == [("x", "joined", [[10, 11]]), ("y", "joined", [[20, 21]])]
+    d.send((0, 1, 1, *part(0, 1, np.array([11]))), (1, 1, 2, np.array([3])))
+    assert log.events == [("tap", 1)]
     assert d.d.held == {}
 
 

@@ -29,13 +29,19 @@ def _tap_failed(exc: BaseException, consumer: Any) -> None:
 
 class _Held(NamedTuple):
     """A device waiting for its joined tap: the set's joiner and run, the device's later
-    messages (in order, each with the bytes it charges against the bound), and the
-    barrier epoch in which the device was first held."""
+    messages (in order, each with the bytes it charges against the bound), the barrier
+    epoch in which the device was first held, and how many of the waiting messages are
+    parts of each other joined set (keyed by joiner and run: what a crossing is made of)."""
 
     joiner: Any
     run: int
     waiting: collections.deque
     epoch: int
+    parts: collections.Counter
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return id(self.joiner), self.run
 
 
 class Dispatcher:
@@ -53,22 +59,27 @@ class Dispatcher:
     execution is not ordered against single-device ones, nor are executions dispatched by
     different threads), so it never drops a set.
 
-    A set is dropped only when its execution has failed:
+    Two devices can run two multi-device executions in opposite orders (executions
+    dispatched by different threads): then each holds back the part the other waits for.
+    Such a crossing (a circle of held devices, each holding back a part of the set the
+    next waits for) is found as soon as it forms, and one of those parts runs out of its
+    device's order, with a warning, rather than wait for ever.
+
+    A set is dropped only when its execution is known to have failed, never because
+    time passed or because a barrier ran meanwhile:
 
     - a ``call`` of that execution failed (its host function raised, or it timed out), so
       the device it ran on sends nothing more of that execution: the run's incomplete sets
       are dropped and its later parts are not waited for;
-    - every barrier (``barrier_wait``, ``stop_outfeed_receiver``, exit) that finds a device
-      held sends a *mark* before it waits for the dispatched computations and a *sweep*
-      after: a set that was already incomplete when the mark ran belongs to an execution
-      the barrier waited for, so if it is still incomplete at the sweep, some device's
-      execution failed before sending its part. Exit sweeps every set once everything
-      finished.
+    - a barrier (``barrier_wait``, ``stop_outfeed_receiver``) that finds a device held
+      sends a *mark* before it waits for the dispatched computations; if that wait reports
+      a failed computation, it sends a *sweep* after a second mark and wait: a set that
+      was already incomplete at that mark belongs to an execution that has finished, so
+      if it is still incomplete at the sweep, the failure left it so. Exit sweeps every
+      set once everything finished.
 
-    Before dropping a set, a sweep looks for its missing parts among the messages held
-    back for other devices (two devices that ran two multi-device executions in opposite
-    orders hold each other's parts): such a part runs out of its device's order rather
-    than be lost. A dropped set's waiting ``call`` replies are failed, with a warning.
+    A dropped set's waiting ``call`` replies are failed, with a warning, and parts of its
+    run that come later are dropped too (they could never form a set).
 
     Only the consumer thread runs the dispatcher, so it takes no lock: state changes and
     callbacks interleave freely. The one exception is a consumer that was abandoned while
@@ -158,14 +169,32 @@ class Dispatcher:
             h = held.get(msg[1])
             if h is not None:
                 h.waiting.append((msg, self._hold_back(msg)))
+                key = self._joined_key(consumers, msg)
+                if key is not None:
+                    h.parts[key] += 1
+                    self._resolve_crossings(consumers)
                 return
+        self._deliver_and_release(consumers, msg)
+
+    def _deliver_and_release(self, consumers: dict, msg: Message) -> None:
         done = self._deliver(consumers, msg)
         if done:
-            self._release(consumers, done)
+            self._release(consumers, *done)
 
-    def _deliver(self, consumers: dict, msg: Message) -> tuple[int, ...] | None:
-        """Runs one message; for the part that completes a joined set, returns the devices
-        that took part (to be released)."""
+    @staticmethod
+    def _joined_key(consumers: dict, msg: Message) -> tuple[int, int] | None:
+        """The (joiner, run) a message is a part of, or None if it is no joined part."""
+        if msg[2] & FLAG_EAGER or msg[0] == 0:
+            return None
+        c = consumers.get(msg[0])
+        if c is None or c.kind in ("tap", "call"):
+            return None
+        return id(c.invoke), msg[5]
+
+    def _deliver(self, consumers: dict, msg: Message
+                 ) -> tuple[tuple[int, int], tuple[int, ...]] | None:
+        """Runs one message; for the part that completes a joined set, returns the set's
+        (joiner, run) and the devices that took part (to be released)."""
         cid, ordinal, flags, arrays, reply, run = msg
         # An eager tap's message carries its consumer (no device is involved: its device
         # ordinal is -1, never held).
@@ -195,9 +224,14 @@ class Dispatcher:
                     return None
                 done = consumer.invoke.add(run, arrays, ordinal, reply)
                 if done is None:
-                    self.held[ordinal] = _Held(consumer.invoke, run, collections.deque(),
-                                               self.epoch)
-                return done
+                    # (A device already held here is running a crossed part out of its
+                    # order: it stays held where it was.)
+                    if ordinal not in self.held:
+                        self.held[ordinal] = _Held(consumer.invoke, run, collections.deque(),
+                                                   self.epoch, collections.Counter())
+                        self._resolve_crossings(consumers)
+                    return None
+                return (id(consumer.invoke), run), done
         except BaseException as exc:  # noqa: BLE001 - recorded and re-raised by barrier_wait
             name = getattr(consumer, "name", cid)
             record_exception(exc, f"host callback {name}")
@@ -209,14 +243,18 @@ class Dispatcher:
                                           f"{ordinal}")
         return None
 
-    def _release(self, consumers: dict, ordinals: Sequence[int]) -> None:
-        """Runs the messages held back for ``ordinals``, in each device's order (a device
-        that sends another incomplete part on the way is held again)."""
+    def _release(self, consumers: dict, key: tuple[int, int] | None,
+                 ordinals: Sequence[int]) -> None:
+        """Runs the messages held back for those of ``ordinals`` held on set ``key``
+        (joiner, run; None: whatever holds them), in each device's order (a device that
+        sends another incomplete part on the way is held again). A device held on another
+        set sent its part of this one out of its order (a crossing) and stays held."""
         me = threading.get_ident()
         for ordinal in ordinals:
-            h = self.held.pop(ordinal, None)
-            if h is None:
+            h = self.held.get(ordinal)
+            if h is None or (key is not None and h.key != key):
                 continue
+            del self.held[ordinal]
             waiting = h.waiting
             while waiting:
                 if self.owner != me:  # abandoned meanwhile: leave the rest to the owner
@@ -268,57 +306,101 @@ class Dispatcher:
     def _run_failed(self, run: int, why: str) -> None:
         """Execution ``run`` failed on some device: drops its incomplete sets (that device
         sends no more parts) and does not wait for its later ones."""
-        self.failed_runs[run] = None
-        while len(self.failed_runs) > 1024:
-            self.failed_runs.popitem(last=False)
+        self._forget_run(run)
         for h in list(self.held.values()):
             if h.run == run:
                 self._abandon(h.joiner, run, why)
+
+    def _forget_run(self, run: int) -> None:
+        self.failed_runs[run] = None
+        while len(self.failed_runs) > 1024:
+            self.failed_runs.popitem(last=False)
 
     def mark(self, epoch: int) -> None:
         """A barrier's mark (run in queue order): sets held from now on are newer."""
         self.epoch = max(self.epoch, epoch)
 
     def sweep(self, epoch: int | None) -> None:
-        """A barrier's sweep (run in queue order, after the barrier waited for everything
-        dispatched before its mark): drops the sets held since before mark ``epoch``
-        (``None``: every set), whose executions finished without sending every part."""
-        consumers = registry.consumers
+        """A sweep (run in queue order, after a barrier that saw a computation fail waited
+        for everything dispatched before its mark; or at exit, ``None``): drops the sets
+        held since before mark ``epoch`` (``None``: every set), whose executions finished
+        without sending every part."""
         while True:
             stale = [(o, h) for o, h in self.held.items() if epoch is None or h.epoch < epoch]
             if not stale:
                 return
-            if self._unblock_crossed(consumers):
-                continue
             ordinal, h = stale[0]
+            self._forget_run(h.run)
             self._abandon(h.joiner, h.run, "its execution finished without sending it")
-            self._release(consumers, [ordinal])  # in case it was not dropped
+            if self.held.get(ordinal) is h:  # its part was not among the set's (never so)
+                self._release(registry.consumers, None, [ordinal])
 
-    def _unblock_crossed(self, consumers: dict) -> bool:
-        """Finds a held-back message that is a part some held device waits for, and runs
-        it out of its device's order; returns whether it found one."""
-        waited = {(id(h.joiner), h.run) for h in self.held.values()}
-        for ordinal, h in list(self.held.items()):
-            for i, (msg, _) in enumerate(h.waiting):
-                c = consumers.get(msg[0]) if not msg[2] & FLAG_EAGER else None
-                if c is not None and (id(c.invoke), msg[5]) in waited:
-                    self._let_go(h.waiting[i])
+    def _resolve_crossings(self, consumers: dict) -> None:
+        """Runs parts out of their device's order while held devices wait for each other
+        in a circle (each holds back a part of the set the next one waits for): found by
+        following, from each held device, the device that holds back a part of its set."""
+        while True:
+            edge = self._find_crossing()
+            if edge is None:
+                return
+            waiter, holder = edge
+            key = self.held[waiter].key
+            h = self.held[holder]
+            for i, entry in enumerate(h.waiting):
+                if self._joined_key(consumers, entry[0]) == key:
                     del h.waiting[i]
-                    logger.warning("hostfeed: device %s ran two multi-device executions "
-                                   "in another order than its peers; its part of %s runs "
-                                   "out of its order", ordinal, c.name)
-                    done = self._deliver(consumers, msg)
-                    if done:
-                        self._release(consumers, done)
-                    return True
-        return False
+                    break
+            else:  # the count said it was there
+                raise AssertionError("hostfeed: a held-back part went missing")
+            h.parts[key] -= 1
+            if not h.parts[key]:
+                del h.parts[key]
+            msg = self._let_go(entry)
+            c = consumers.get(msg[0])
+            logger.warning("hostfeed: device %s ran two multi-device executions in another "
+                           "order than its peers; its part of %s runs out of its order",
+                           holder, getattr(c, "name", msg[0]))
+            self._deliver_and_release(consumers, msg)
+
+    def _find_crossing(self) -> tuple[int, int] | None:
+        """An edge (waiter, holder) of a circle of held devices, where ``holder`` holds
+        back a part of the set ``waiter`` is held on; None if there is no circle."""
+        held = self.held
+        if len(held) < 2:
+            return None
+        holders: dict[tuple[int, int], list[int]] = {}
+        for ordinal, h in held.items():
+            for key in h.parts:
+                holders.setdefault(key, []).append(ordinal)
+        if not holders:
+            return None
+        # Each held device's successors: the held devices holding back a part of its set.
+        succ = {o: [x for x in holders.get(h.key, ()) if x != o] for o, h in held.items()}
+        state: dict[int, int] = {}  # 1: on the path, 2: done
+        for start in succ:
+            if start in state:
+                continue
+            path = [(start, iter(succ[start]))]
+            state[start] = 1
+            while path:
+                node, it = path[-1]
+                nxt = next(it, None)
+                if nxt is None:
+                    state[node] = 2
+                    path.pop()
+                elif state.get(nxt) == 1:
+                    return node, nxt
+                elif nxt not in state:
+                    state[nxt] = 1
+                    path.append((nxt, iter(succ[nxt])))
+        return None
 
     def _abandon(self, joiner: Any, run: int, why: str) -> None:
         dropped = joiner.abandon(run, f"hostfeed: a part of a global-view host call never "
                                       f"arrived ({why}); the call was failed")
         logger.warning("hostfeed: dropped an incomplete global-view host callback of "
                        "execution %s (%s)", run, why)
-        self._release(registry.consumers, dropped)
+        self._release(registry.consumers, (id(joiner), run), dropped)
 
 
 #: The dispatcher of the receiver's consumer thread (held messages charged to the bound).

@@ -299,23 +299,21 @@ def _push_mark() -> int | None:
 
 
 def _wait_and_sweep() -> Optional[BaseException]:
-    """Waits for the computations dispatched so far (:func:`_effects_barrier`) between a
-    mark and a sweep, so that the consumer drops the joined sets those computations left
-    incomplete (their executions failed) when it reaches the sweep; returns the error of a
-    computation that failed. After a failure, a second mark and wait cover the sets whose
-    first part came after the first mark: every set held before the second mark belongs
-    to a computation that has finished by then. The first mark is pushed only when some
-    device is held (marks are messages, seen in the receiver's counters); a set left by a
-    failure that no computation reported is then dropped by the next barrier."""
-    epoch = _push_mark() if dispatcher.held else None
+    """Waits for the computations dispatched so far (:func:`_effects_barrier`); returns the
+    error of a computation that failed. Only then can a joined set be incomplete for good
+    (its execution failed on some device before sending its part), so only then, and
+    only if a joined consumer exists, a mark, a second wait and a sweep follow: every set held
+    before that mark belongs to a computation that has finished by the end of the second
+    wait, so the consumer drops those still incomplete when it reaches the sweep. Without
+    a failure nothing is dropped, whatever other threads dispatch meanwhile (a set whose
+    execution is still running completes when its last part comes)."""
     failed_run = _effects_barrier()
     if failed_run is not None:
         epoch = _push_mark()
         again = _effects_barrier()
         failed_run = failed_run if again is None else again
-    if epoch is not None:
-        swept = epoch
-        _push_marker("barrier sweep", lambda: dispatcher.sweep(swept))
+        if epoch is not None:
+            _push_marker("barrier sweep", lambda: dispatcher.sweep(epoch))
     return failed_run
 
 

@@ -192,6 +192,10 @@ pub struct Hub {
     inline: AtomicU64,
     /// Whether the consumer thread holds a batch (it runs host functions only then).
     in_batch: AtomicBool,
+    /// Set while [`Hub::stop`] holds the control lock to join the consumer: a handler
+    /// whose message found no consumer then leaves the restart to `stop` instead of
+    /// waiting for the lock (see [`Hub::push`]).
+    stopping: AtomicBool,
     /// Where a consumer with a batch waits for an inline run to end.
     inline_ended: (crate::host::sync::Mutex<()>, Waker),
 }
@@ -231,6 +235,7 @@ impl Hub {
             watch: Mutex::new((0, Instant::now())),
             inline: AtomicU64::new(0),
             in_batch: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
             inline_ended: (crate::host::sync::Mutex::new(()), Waker::new()),
         }
     }
@@ -364,6 +369,10 @@ impl Hub {
     /// [`Error::Closed`] after `finalize`, [`Error::NotConfigured`] before `configure`.
     pub fn start(&'static self) -> Result<bool, Error> {
         let mut control = lock(&self.control);
+        self.start_locked(&mut control)
+    }
+
+    fn start_locked(&'static self, control: &mut Control) -> Result<bool, Error> {
         if self.is_finalized() {
             return Err(Error::Closed);
         }
@@ -410,7 +419,13 @@ impl Hub {
             };
             match pushed {
                 Ok(pushed) => {
-                    if !pushed.consumer_active {
+                    // The message is queued. While a stop joins the consumer, the stop
+                    // starts a fresh one for it once joined (it looks at the queue after
+                    // clearing `stopping`; the push above came first): the device does not
+                    // wait for that join. (Stalling every device for each stop deadlocked
+                    // XLA's CPU client when two threads dispatched multi-device
+                    // computations beside single-device ones.)
+                    if !pushed.consumer_active && !self.stopping.load(Ordering::SeqCst) {
                         self.start()?;
                     }
                     return Ok(());
@@ -617,6 +632,17 @@ impl Hub {
         // waits for this stop to finish and then starts a fresh one.
         let mut control = lock(&self.control);
         let Some(handle) = control.thread.take() else { return Ok(StopOutcome::NotRunning) };
+        self.stopping.store(true, Ordering::SeqCst);
+        let outcome = self.join_stopping(&mut control, handle, stall);
+        self.stopping.store(false, Ordering::SeqCst);
+        // Messages pushed while `stopping` was set did not start a consumer (see `push`).
+        if control.thread.is_none() && self.queue.processed() < self.queue.enqueued() {
+            self.start_locked(&mut control)?;
+        }
+        Ok(outcome)
+    }
+
+    fn join_stopping(&'static self, control: &mut Control, handle: JoinHandle<()>, stall: Option<Duration>) -> StopOutcome {
         self.queue.request_stop();
         let mut seen = (self.queue.progress(), Instant::now());
         while !handle.is_finished() {
@@ -625,14 +651,14 @@ impl Hub {
                 seen = (progress, Instant::now());
             } else if stall.is_some_and(|s| seen.1.elapsed() >= s) {
                 control.thread = Some(handle);
-                return Ok(StopOutcome::Abandoned(self.abandon(&mut control, seen.1.elapsed())));
+                return StopOutcome::Abandoned(self.abandon(control, seen.1.elapsed()));
             }
             self.queue.wait_progress(progress, Duration::from_millis(20));
         }
         if handle.join().is_err() {
             self.note("the consumer thread panicked".into());
         }
-        Ok(StopOutcome::Joined)
+        StopOutcome::Joined
     }
 
     /// In a child process created by `fork`: the consumer thread (and every other thread)

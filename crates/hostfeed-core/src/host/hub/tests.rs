@@ -168,6 +168,54 @@ fn stop_then_push_restarts() {
     r.stop(None).unwrap();
 }
 
+/// A consumer that records consumer ids and, the first time it is about to end (asked
+/// to stop, the queue empty), waits for the test's go-ahead: a consumer slow to exit, as
+/// one waiting for the GIL is.
+struct SlowExit {
+    seen: Mutex<Vec<i64>>,
+    exiting: Mutex<Option<(mpsc::Sender<()>, mpsc::Receiver<()>)>>,
+}
+
+impl Consume for SlowExit {
+    fn run(&self, worker: &Worker) {
+        while let Some(batch) = worker.next_batch() {
+            while let Some(m) = batch.take() {
+                lock(&self.seen).push(m.consumer_id);
+            }
+        }
+        if let Some((exiting, go)) = lock(&self.exiting).take() {
+            exiting.send(()).unwrap();
+            go.recv().unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_push_during_a_stop_does_not_wait_for_it_and_the_stop_restarts_the_consumer() {
+    let r = leak(1 << 20);
+    let ((exiting, go), (exiting_rx, go_tx)) = hold();
+    let c = Arc::new(SlowExit { seen: Mutex::new(Vec::new()), exiting: Mutex::new(Some((exiting, go))) });
+    r.configure(c.clone());
+    r.push(message(1)).unwrap();
+    let stopper = std::thread::spawn(move || r.stop(None).unwrap());
+    exiting_rx.recv().unwrap(); // the stop is joining a consumer that is ending
+    // A device's push returns at once: it neither waits for the join nor starts a
+    // consumer of its own (the stop holds the control lock).
+    let (pushed_tx, pushed_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        r.push(message(2)).unwrap();
+        pushed_tx.send(()).unwrap();
+    });
+    pushed_rx.recv_timeout(Duration::from_secs(30)).expect("the push waited for the stop");
+    go_tx.send(()).unwrap();
+    assert_eq!(stopper.join().unwrap(), StopOutcome::Joined);
+    // The stop started a fresh consumer for the message pushed meanwhile.
+    assert!(r.wait_processed(2, Duration::from_secs(30)).unwrap());
+    assert_eq!(*lock(&c.seen), vec![1, 2]);
+    assert_eq!(r.stop(None).unwrap(), StopOutcome::Joined);
+    assert!(!r.is_running());
+}
+
 #[test]
 fn a_stuck_consumer_is_abandoned_and_the_rest_is_processed_by_a_new_one() {
     let r = leak(1 << 20);
