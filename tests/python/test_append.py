@@ -98,3 +98,40 @@ def test_resume_after_a_step_before_every_row_empties_the_arrays(tmp_path):
     with hostfeed.Recorder(path, mode="a") as rec:
         _train(rec, range(2, 4))
     assert hostfeed.read_recording(path, "loss")[1]["step"].tolist() == [2, 3]
+
+
+def test_append_refuses_a_store_whose_array_metadata_is_corrupt(tmp_path):
+    # A truncated h/zarr.json: appending must not take "h" for a new array and write over
+    # its chunks (it did: 20 rows became 3), but refuse, saying which array.
+    path = tmp_path / "run.zarr"
+    with hostfeed.Recorder(path) as rec:
+        for s in range(20):
+            rec.record("h", jnp.full(2, s, jnp.int32), step=s)
+    meta = path / "h" / "zarr.json"
+    text = meta.read_text()
+    chunks = {p: p.read_bytes() for p in (path / "h").rglob("*") if p.is_file()}
+    meta.write_text(text[: len(text) // 2])
+    with pytest.raises(hostfeed.RecordingError, match=r"h.*zarr.json is not JSON"):
+        hostfeed.Recorder(path, mode="a")
+    assert {p: p.read_bytes() for p in chunks if p != meta} == {
+        p: b for p, b in chunks.items() if p != meta}, "nothing was written over"
+    meta.write_text(text)  # restored: appending works again
+    with hostfeed.Recorder(path, mode="a") as rec:
+        rec.record("h", jnp.full(2, 20, jnp.int32), step=20)
+    rows, m = hostfeed.read_recording(path, "h")
+    assert m["step"].tolist() == list(range(21))
+
+
+def test_append_leaves_another_writers_array_alone(tmp_path):
+    import zarr
+    path = tmp_path / "run.zarr"
+    with hostfeed.Recorder(path) as rec:
+        rec.record("h", jnp.ones(2))
+    zarr.open_array(str(path / "theirs"), mode="w", shape=(3,), dtype="int32")[:] = [1, 2, 3]
+    with hostfeed.Recorder(path, mode="a") as rec:
+        rec.record("h", jnp.ones(2))  # its own arrays: appended to
+        with pytest.raises(ValueError, match="theirs.*hostfeed did not write"):
+            rec.record("theirs", jnp.ones(3, jnp.int32))
+    assert zarr.open_array(str(path / "theirs"), mode="r")[:].tolist() == [1, 2, 3]
+    rows, _ = hostfeed.read_recording(path, "h")
+    assert rows.shape == (2, 2)

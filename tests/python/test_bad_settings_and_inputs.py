@@ -6,6 +6,7 @@ outside the operands' devices, a non-positive coordination timeout and a bench o
 path that cannot be written are refused at the call."""
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
@@ -254,3 +255,118 @@ def test_a_recorder_url_is_refused_before_anything_is_created_and_file_urls_work
     with hostfeed.Recorder("./s3://bkt/run.zarr") as rec:
         rec.record("x", jnp.arange(2.0))
     assert (tmp_path / "s3:" / "bkt" / "run.zarr" / "zarr.json").exists()
+
+
+# Every storage option the object_store crate (0.14) knows, by provider, its client's, and
+# hostfeed's own: each given a wrong type and wrong values must be an ordinary exception
+# (TypeError, ValueError, RecordingError), never the crate's panic (a PanicException is a
+# BaseException: `except Exception` does not catch it). "not a url" as aws_endpoint, and a
+# control character in a credential, panicked inside the crate's request signing.
+_S3_KEYS = ["aws_access_key_id", "aws_secret_access_key", "aws_region", "aws_bucket",
+    "aws_endpoint", "aws_endpoint_url_s3", "aws_session_token", "aws_imdsv1_fallback",
+    "aws_virtual_hosted_style_request", "aws_s3_express", "aws_default_region",
+    "aws_metadata_endpoint", "aws_unsigned_payload", "aws_checksum_algorithm",
+    "aws_container_credentials_relative_uri", "aws_container_credentials_full_uri",
+    "aws_container_authorization_token_file", "aws_web_identity_token_file", "aws_role_arn",
+    "aws_role_session_name", "aws_endpoint_url_sts", "aws_skip_signature",
+    "aws_copy_if_not_exists", "aws_conditional_put", "aws_disable_tagging",
+    "aws_disable_bulk_delete", "aws_request_payer"]
+_GCS_KEYS = ["google_service_account", "google_service_account_key", "google_bucket",
+    "google_base_url", "google_application_credentials", "google_bearer_token",
+    "google_skip_signature"]
+_AZURE_KEYS = ["azure_storage_account_name", "azure_storage_account_key",
+    "azure_storage_client_id", "azure_storage_client_secret", "azure_storage_tenant_id",
+    "azure_storage_authority_host", "azure_storage_sas_key", "azure_storage_token",
+    "azure_storage_use_emulator", "azure_use_fabric_endpoint", "azure_storage_endpoint",
+    "azure_msi_endpoint", "azure_object_id", "azure_msi_resource_id", "azure_federated_token_file",
+    "azure_use_azure_cli", "azure_skip_signature", "azure_container_name", "azure_disable_tagging",
+    "azure_fabric_token_service_url", "azure_fabric_workload_host", "azure_fabric_session_token",
+    "azure_fabric_cluster_identifier", "azure_credential_type", "azure_storage_encryption_key"]
+_CLIENT_KEYS = ["allow_http", "allow_invalid_certificates", "disable_system_certificates",
+    "connect_timeout", "default_content_type", "http1_only", "http2_only",
+    "http2_keep_alive_interval", "http2_keep_alive_timeout", "http2_keep_alive_while_idle",
+    "http2_max_frame_size", "pool_idle_timeout", "pool_max_idle_per_host", "proxy_url",
+    "proxy_ca_certificate", "proxy_excludes", "randomize_addresses", "read_timeout", "timeout",
+    "user_agent"]
+_OWN_KEYS = ["retry_timeout", "max_retries", "single_put_bytes"]
+# A closed port on loopback: nothing leaves the machine; retry_timeout 0 fails at once.
+_NOWHERE = "http://127.0.0.1:9"
+_PROVIDERS = {
+    "s3://bucket/run.zarr": (_S3_KEYS, {"aws_endpoint": _NOWHERE, "aws_access_key_id": "key",
+                                        "aws_secret_access_key": "secret",
+                                        "aws_region": "us-east-1"}),
+    "gs://bucket/run.zarr": (_GCS_KEYS, {"google_base_url": _NOWHERE,
+                                         "google_skip_signature": "true"}),
+    "az://container/run.zarr": (_AZURE_KEYS, {"azure_storage_account_name": "account",
+                                              "azure_storage_endpoint": _NOWHERE,
+                                              "azure_storage_account_key": "c2VjcmV0"}),
+}
+
+
+@pytest.mark.parametrize("url", list(_PROVIDERS))
+def test_no_storage_option_value_reaches_a_rust_panic(url):
+    keys, base = _PROVIDERS[url]
+    for key in keys + _CLIENT_KEYS + _OWN_KEYS:
+        for wrong_type in (None, [1], {"a": 1}, float("nan")):
+            with pytest.raises(TypeError, match=f"storage_options\\['{key}'\\]"):
+                hostfeed.Recorder(url, storage_options={**base, key: wrong_type})
+        for wrong in ("not a url", "", "-1", "nope", "http://", "1e400", "a\x00b", "\n"):
+            options = {**base, "retry_timeout": 0, key: wrong}
+            # anything but these (a PanicException above all) fails the test
+            with contextlib.suppress(TypeError, ValueError, hostfeed.RecordingError):
+                hostfeed.Recorder(url, storage_options=options).close()
+
+
+def test_an_endpoint_that_is_no_url_is_named():
+    with pytest.raises(ValueError, match='"aws_endpoint" must be an http:// or https:// URL'):
+        hostfeed.Recorder("s3://bucket/run.zarr",
+                          storage_options={"aws_endpoint": "not a url", "aws_region": "x"})
+
+
+@pytest.mark.parametrize("lease", [-1, 0.0, float("nan"), float("inf"), "60", True])
+def test_a_bad_lease_is_refused_on_a_local_path_too(tmp_path, lease):
+    with pytest.raises(ValueError, match="lease must be a finite number of seconds"):
+        hostfeed.Recorder(tmp_path / "run.zarr", lease=lease)
+
+
+@pytest.mark.parametrize("text, fixed", [("s3:/bucket/run.zarr", "s3://bucket/run.zarr"),
+                                         ("gs:bucket/run.zarr", "gs://bucket/run.zarr"),
+                                         ("file:/tmp/run.zarr", "file://tmp/run.zarr")])
+def test_a_url_missing_a_slash_is_no_local_folder(tmp_path, monkeypatch, text, fixed):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=f"missing a slash; write '{fixed}'"):
+        hostfeed.Recorder(text)
+    assert list(tmp_path.iterdir()) == [], "no folder was made"
+
+
+def test_reading_what_hostfeed_did_not_write_says_so(tmp_path):
+    import zarr
+    g = zarr.open_group(str(tmp_path / "v2.zarr"), mode="w", zarr_format=2)
+    g.create_array("h", shape=(3, 2), dtype="float32")[:] = 1
+    with pytest.raises(ValueError, match="Zarr v2, and hostfeed writes Zarr v3"):
+        hostfeed.read_recording(tmp_path / "v2.zarr", "h")
+    with pytest.raises(ValueError, match="Zarr v2, and hostfeed writes Zarr v3"):
+        hostfeed.open_recording(tmp_path / "v2.zarr")["h"]
+
+
+def test_a_truncated_chunk_is_named_when_read(tmp_path):
+    path = tmp_path / "run.zarr"
+    with hostfeed.Recorder(path) as rec:
+        for s in range(8):
+            rec.record("h", np.full(4, s, np.float32), step=s)
+    chunk = next(p for p in (path / "h").rglob("*") if p.is_file() and p.name != "zarr.json")
+    chunk.write_bytes(chunk.read_bytes()[:5])
+    for read in (lambda: hostfeed.read_recording(path, "h"),
+                 lambda: hostfeed.open_recording(path)["h"][0],
+                 lambda: list(hostfeed.follow(path, "h", timeout=30))):
+        with pytest.raises(ValueError, match="a chunk of 'h' in .* is truncated or damaged"):
+            read()
+
+
+def test_follow_on_a_damaged_store_raises_at_once(tmp_path):
+    path = tmp_path / "run.zarr"
+    with hostfeed.Recorder(path) as rec:
+        rec.record("h", np.ones(2, np.float32))
+    (path / "zarr.json").write_text("{")
+    with pytest.raises(ValueError, match="the store cannot be read"):
+        list(hostfeed.follow(path, "h", timeout=600, poll=0.01))  # not the timeout

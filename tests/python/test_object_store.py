@@ -346,9 +346,11 @@ def test_the_server_stopped_and_restarted_mid_run_loses_nothing(s3, bucket):
 
         t = threading.Thread(target=flush)
         t.start()
-        # The writes are retried with backoff while the server is down (the default
-        # retry_timeout is 3 minutes): the flush is still waiting when the server returns.
-        assert not flushed.wait(1.0)
+        # The writes are retried with backoff while the server is down, for the default
+        # retry_timeout of 3 minutes however many retries that takes: the flush is still
+        # waiting when the server returns after 5 s (object_store's default of 10 retries,
+        # from 100 ms, gave up after 2-4 s and lost the rows).
+        assert not flushed.wait(5.0)
         s3.start()
         assert flushed.wait(120), "the flush finished once the server was back"
         t.join()
@@ -365,13 +367,26 @@ def test_an_unreachable_server_is_a_recording_error_at_flush(s3, bucket):
     rec.record("h", jnp.arange(4))
     rec.flush()
     s3.stop()
+    back = False
     try:
         rec.record("h", jnp.arange(4) + 1)
-        with pytest.raises(hostfeed.RecordingError, match=f"{url}/h"):
+        with pytest.raises(hostfeed.RecordingError, match=f"{url}/h") as failed:
             rec.flush()
-    finally:
+        assert failed.value.errno is not None, "an object store's error has an errno too"
+        # What an outage longer than retry_timeout costs (docs/recording.md): the array
+        # whose write failed drops its later rows, even once the server is back, and
+        # every flush that follows dropped rows says how many.
         s3.start()
-        rec.close()  # the failure was reported by the flush, once
+        back = True
+        for i in range(3):
+            rec.record("h", jnp.arange(4) + 2 + i)
+        with pytest.raises(hostfeed.RecordingError, match="3 more row.s. were dropped"):
+            rec.flush()
+        rec.flush()  # nothing dropped since: nothing to say
+    finally:
+        if not back:
+            s3.start()
+        rec.close()
     rows, _ = hostfeed.read_recording(url, "h")
     assert rows.tolist()[:1] == [[0, 1, 2, 3]], "what was announced is intact"
 

@@ -170,6 +170,66 @@ def test_stats_of_a_row_with_no_finite_value_and_of_integers(store):
     np.testing.assert_allclose(read(store, "int")[0][0], stats_of(np.arange(5)), rtol=1e-6)
 
 
+def extreme_columns():
+    """Columns (64 values each) whose squares or sum overflow float32, or whose squares
+    underflow it: values near 1e20, near float32's maximum, near 1e-25; and ordinary
+    ones."""
+    rng = np.random.default_rng(5)
+    normal = rng.normal(size=64)
+    near_max = np.where(np.arange(64) % 2, 3.0e38, 3.3e38)
+    return np.stack([normal * 7e19, near_max, -near_max, normal * 1e-25, normal,
+                     normal + 1e4], axis=1).astype(np.float32)
+
+
+def test_stats_of_values_near_float32s_limits_match_numpy_in_the_jax_operations(store):
+    """Issue 54.5: reduced over a leading axis, reduce="stats" is computed by the JAX
+    operations (the path of a GPU, a TPU, and a value sharded over devices): squares of
+    values near 1e20 overflowed float32 (std and l2 inf), the sum of values near float32's
+    maximum too (mean inf), squares of values near 1e-25 underflowed (std 0). Scaled by a
+    power of two, they match numpy in float64 rounded to float32, as the core's one-pass
+    kernel (the trailing axis of the transpose) does (it scales a block of tiny values up
+    before squaring)."""
+    x = extreme_columns()
+    with hostfeed.Recorder(store) as rec:
+        @jax.jit
+        def both(v):
+            rec.record("jax", v, reduce="stats", axis=0)
+            rec.record("core", v.T, reduce="stats", axis=1)
+        both(x)
+    with np.errstate(over="ignore"):  # l2 of the values near float32's maximum: inf
+        want = np.float32([stats_of(x[:, c]) for c in range(x.shape[1])])
+    assert np.isfinite(want[0]).all() and np.isinf(want[1:3, 6]).all()
+    np.testing.assert_allclose(read(store, "jax")[0][0], want, rtol=2e-5)
+    np.testing.assert_allclose(read(store, "core")[0][0], want, rtol=2e-5)
+
+
+def test_stats_of_subnormal_and_zero_size_values_in_the_jax_operations(store):
+    """Issue 54.7: min, max and absmax of subnormal values are exact (compared as ordered
+    integer keys: XLA's CPU threads flush subnormals to zero in float comparisons, which
+    reported 0 for all three); a reduction over no value records the row the core's
+    kernel records (count 0, NaN statistics) instead of raising JAX's zero-size error."""
+    sub = np.float32([[1e-45, 2e-45, -3e-40, 5e-41], [-1e-45, -1e-40, -1e-38, -2e-45],
+                      [-0.0, 1e-45, 0.0, 1.5e-38]]).T  # a column a row of statistics
+    sub[0, 0] = np.nan  # and through the statistics over the finite values
+    empty = np.zeros((0, 3), np.float32)
+    with hostfeed.Recorder(store) as rec:
+        jax.jit(lambda v, e: (rec.record("sub", v, reduce="stats", axis=0),
+                              rec.record("sub_core", v.T, reduce="stats", axis=1),
+                              rec.record("empty", e, reduce="stats", axis=0),
+                              rec.record("empty_core", e.T, reduce="stats", axis=1)))(
+            sub, empty)
+    f = [c[np.isfinite(c)] for c in sub.T]
+    for name in ("sub", "sub_core"):  # the JAX operations and the core's kernel
+        got = read(store, name)[0][0]
+        np.testing.assert_array_equal(got[:, 3:6], [[c.min(), c.max(), np.abs(c).max()]
+                                                   for c in f], err_msg=name)
+        np.testing.assert_array_equal(got[:, 7], [1, 0, 0], err_msg=name)
+    core = read(store, "empty_core")[0][0]
+    np.testing.assert_array_equal(core, [[0, np.nan, np.nan, np.nan, np.nan, np.nan, 0, 0,
+                                          0]] * 3)
+    np.testing.assert_array_equal(read(store, "empty")[0][0], core)
+
+
 @pytest.mark.skipif(ON_TPU, reason="about the CPU's one-pass custom call")
 def test_summaries_on_one_cpu_are_one_pass_in_the_core_and_match_numpy(store):
     """On one CPU device, reduce="stats" over trailing axes is the core's one-pass custom
@@ -289,6 +349,53 @@ def test_bad_arguments_are_refused_at_the_call(store):
             rec.record("h", x, reduce=hostfeed.Histogram(8, (0.0, 1.0)))
 
 
+@pytest.mark.parametrize("bins, rng, match", [
+    (1000, (0.0, 1e-38), r"bins 1e-41 wide are too narrow .*overflows float32"),
+    (1000, (1e30, 1e30 + 1e25), r"too narrow .*use at most 332 bins over this range"),
+    (1000, (0.0, 3e-36), r"too narrow .*a range at least 4.7\d*e-35 wide"),
+    (3, (-1.5e38, 1.5e38), "below float32's smallest normal number"),
+    (4, (-3e38, 3e38), "within float32's range"),
+    (4, (-1e39, 0.0), "within float32's range"),
+    (4, (np.nan, 1.0), "must be finite"),
+    (4, (0.0, np.inf), "must be finite"),
+    (4, (1.0, 0.0), "lo < hi"),
+    (1.5, (0.0, 1.0), "bins must be an int"),
+    (True, (0.0, 1.0), "bins must be an int"),
+    (-1, (0.0, 1.0), "bins must be an int"),
+    (2047, "log", "at most 2046 bins"),
+], ids=lambda v: repr(v)[:24])
+def test_histogram_bins_float32_cannot_compute_are_refused_at_construction(bins, rng, match):
+    """Issue 54.6: a value's bin is guessed in float32 and corrected by one bin at most, so
+    bins narrower than float32 resolves there (bins / (hi - lo) overflowing float32, lo's
+    rounding to float32 or the flush of subnormals to zero over a bin or more), a range
+    beyond float32's, or a scale below its normal numbers, binned values wrongly with only
+    a numpy warning. They are refused, saying what would do."""
+    with pytest.raises(ValueError, match=match):
+        hostfeed.Histogram(bins, rng)
+
+
+@pytest.mark.parametrize("hist", [hostfeed.Histogram(332, (1e30, 1e30 + 1e25)),
+                                  hostfeed.Histogram(63, (0.0, 3e-36)),
+                                  hostfeed.Histogram(4, (-1.5e38, 1.5e38))], ids=repr)
+def test_histograms_at_the_limits_of_float32_count_what_numpy_counts(store, hist):
+    """What the refusals above suggest is accepted and binned as ``numpy.histogram`` bins
+    it, in the core's kernel and in the JAX operations."""
+    edges = hist.edges()
+    e32 = edges.astype(np.float32)
+    lo, hi = hist.range
+    x = np.concatenate([np.float32(lo + np.linspace(-0.1, 1.1, 4001) * (hi - lo)), e32,
+                        np.nextafter(e32, np.float32(np.inf)),
+                        np.nextafter(e32, np.float32(-np.inf)),
+                        np.float32([0.0, -0.0, 1e-45, -1e-45, 1e-39, 1.1e-38])])
+    x = x[np.isfinite(x)]
+    with hostfeed.Recorder(store) as rec:
+        jax.jit(lambda v: (rec.record("core", v[None], reduce=hist, axis=1),
+                           rec.record("jax", v[:, None], reduce=hist, axis=0)))(x)
+    want = hist_of(x, edges)
+    np.testing.assert_array_equal(read(store, "core")[0][0][0], want)
+    np.testing.assert_array_equal(read(store, "jax")[0][0][0], want)
+
+
 def test_a_summary_survives_appending(store):
     with hostfeed.Recorder(store) as rec:
         rec.record("s", np.ones(4, np.float32), step=0, reduce="stats")
@@ -347,6 +454,47 @@ def test_sharded_summaries_reduce_where_the_shards_are(tmp_path, mode):
     np.testing.assert_allclose(out["chan"], [stats_of(x[:, :, c]) for c in range(32)],
                                rtol=2e-5, atol=1e-5)
     assert out["hist"] == [hist_of(x, np.array(out["edges"]))] * 3
+
+
+@pytest.mark.several_devices
+@pytest.mark.parametrize("mode", ["explicit", "auto"])
+def test_sharded_stats_of_extreme_subnormal_and_zero_size_values(tmp_path, mode):
+    """Issue 54.5 and 54.7 over 2 devices, where each device reduces its slice with the
+    JAX operations: values near float32's limits match numpy (no overflow), subnormals
+    have exact min, max and absmax, and a zero-size value records the one-device row
+    (count 0, NaN statistics) instead of raising JAX's zero-size error at trace time."""
+    x = extreme_columns()
+    np.save(tmp_path / "extreme.npy", x.T)
+    code = textwrap.dedent(f"""
+        import json, sys, numpy as np, jax, hostfeed
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        mesh = (jax.make_mesh((2,), ("x",)) if sys.argv[1] == "explicit"
+                else Mesh(np.array(jax.devices()), ("x",)))
+        values = dict(extreme=(np.load({str(tmp_path / "extreme.npy")!r}), 1),
+                      sub=(np.float32([[1e-45, 2e-45, -3e-40, 5e-41]] * 2), 1),
+                      empty=(np.zeros((0, 4), np.float32), None),
+                      empty_rows=(np.zeros((2, 0), np.float32), 1))
+        path = {str(tmp_path)!r} + "/" + sys.argv[1] + ".zarr"
+        with hostfeed.Recorder(path) as rec:
+            for name, (x, axis) in values.items():
+                xs = jax.device_put(x, NamedSharding(mesh, P("x")))
+                jax.jit(lambda v: rec.record(name, v, reduce="stats", axis=axis))(xs)
+        out = {{name: hostfeed.read_recording(path, name)[0][0].tolist() for name in values}}
+        print("RESULT", json.dumps(out))
+    """)
+    r = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True,
+                       timeout=180, env=dict(os.environ, JAX_PLATFORMS="cpu",
+                                             XLA_FLAGS="--xla_force_host_platform_device_count=2"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.split("RESULT ", 1)[1])
+    with np.errstate(over="ignore"):
+        want = np.float32([stats_of(x[:, c]) for c in range(x.shape[1])])
+    np.testing.assert_allclose(np.float32(out["extreme"]), want, rtol=2e-5)
+    np.testing.assert_array_equal(np.float32(out["sub"])[:, 3:6],
+                                  np.float32([[-3e-40, 5e-41, 3e-40]] * 2))
+    empty = [0, np.nan, np.nan, np.nan, np.nan, np.nan, 0, 0, 0]
+    np.testing.assert_array_equal(out["empty"], empty)
+    np.testing.assert_array_equal(out["empty_rows"], [empty] * 2)
 
 
 @pytest.mark.parametrize("result", [False, True])

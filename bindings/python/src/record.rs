@@ -230,7 +230,28 @@ impl PyRecorder {
             Location::Path(path.clone())
         };
         let run = shared.as_deref().map(|run| (run, leader));
-        let inner = py.detach(|| Recorder::open(&location, mode, opts, budget, run)).py()?;
+        // No argument may reach the caller as a Rust panic (a `BaseException`): one in a
+        // storage client, on input that hostfeed's checks did not foresee, is a ValueError.
+        let opened = py.detach(|| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                Recorder::open(&location, mode, opts, budget, run)
+            }))
+        });
+        let inner = match opened {
+            Ok(result) => result.py()?,
+            Err(panic) => {
+                let why = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("a panic");
+                return Err(PyValueError::new_err(format!(
+                    "hostfeed: opening {} failed in the storage client ({why}); check the path and \
+                     storage_options",
+                    path.display()
+                )));
+            }
+        };
         install_tracer();
         refresh_write_tracing(py);
         Ok(PyRecorder { inner })

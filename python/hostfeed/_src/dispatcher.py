@@ -377,10 +377,10 @@ class Dispatcher:
         # Each held device's successors: the held devices holding back a part of its set.
         succ = {o: [x for x in holders.get(h.key, ()) if x != o] for o, h in held.items()}
         state: dict[int, int] = {}  # 1: on the path, 2: done
-        for start in succ:
+        for start, first in succ.items():
             if start in state:
                 continue
-            path = [(start, iter(succ[start]))]
+            path = [(start, iter(first))]
             state[start] = 1
             while path:
                 node, it = path[-1]

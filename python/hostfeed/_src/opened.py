@@ -57,9 +57,10 @@ class RecordedArray:
         (100, (100, 64, 32), (64, 32), (2, 64, 32))
     """
 
-    def __init__(self, group: Any, name: str):
+    def __init__(self, group: Any, name: str, where: str = "the store"):
         self.name = name
         self._group = group
+        self._where = where
         self.refresh()
 
     def refresh(self) -> int:
@@ -86,7 +87,8 @@ class RecordedArray:
                            f"{list(ROW_METADATA)}")
         parent, _, leaf = self.name.rpartition("/")
         group = self._group[parent] if parent else self._group
-        return np.asarray(group[f"{leaf}.{field}"][:len(self)])
+        return stores.read_rows(group[f"{leaf}.{field}"], slice(0, len(self)),
+                                f"{self.name}.{field}", self._where)
 
     @property
     def steps(self) -> np.ndarray:
@@ -102,7 +104,8 @@ class RecordedArray:
             self._cache.move_to_end(k)
             return got
         lo = k * self.chunk_rows
-        got = np.asarray(self._array[lo:min(lo + self.chunk_rows, len(self))])
+        got = stores.read_rows(self._array, slice(lo, min(lo + self.chunk_rows, len(self))),
+                               self.name, self._where)
         self.chunk_reads += 1
         self._cache[k] = got
         if len(self._cache) > CACHED_CHUNKS:
@@ -123,7 +126,7 @@ class RecordedArray:
         return runs
 
     def _read(self, lo: int, hi: int) -> np.ndarray:
-        return np.asarray(self._array[lo:hi])
+        return stores.read_rows(self._array, slice(lo, hi), self.name, self._where)
 
     def _rows(self, index: np.ndarray) -> np.ndarray:
         n = len(self)
@@ -177,7 +180,8 @@ class Recording:
             near = difflib.get_close_matches(name, self.names, n=20, cutoff=0.0)
             raise KeyError(f"hostfeed: the recording {self.path} has no array {name!r}; it "
                            f"has {near or 'none'} (nearest first)")
-        return RecordedArray(self._root, name)
+        stores.check_recorded(self._root, self._root[name], name, self.path)
+        return RecordedArray(self._root, name, self.path)
 
     def __contains__(self, name: object) -> bool:
         return name in self.names
@@ -355,16 +359,25 @@ def follow(path: Any, name: str, *, poll: float = 0.5, timeout: Optional[float] 
     deadline = None if timeout is None else time.monotonic() + timeout
     done = 0
     settled = False  # the last read came after a look that found nobody writing
+    unreadable: Optional[str] = None  # the error of the last read, if it failed
     while True:
         writing = _writer_open(where)  # before reading: rows committed by then are seen
         try:
             root = zarr.open_group(stores.zarr_store(where), mode="r")
             arr = root[name]
             n = int(arr.shape[0])
-        except (FileNotFoundError, KeyError, ValueError, OSError):
-            arr, n = None, done
+            unreadable = None
+        except (FileNotFoundError, KeyError):  # not there yet
+            arr, n, unreadable = None, done, None
+        except (ValueError, OSError) as exc:
+            # Metadata that cannot be read twice in a row is damaged, not being written
+            # (a recorder replaces each zarr.json whole): said now, not at the timeout.
+            if unreadable is not None and str(exc) == unreadable:
+                raise ValueError(f"hostfeed.follow({where.where!r}, {name!r}): the store "
+                                 f"cannot be read ({type(exc).__name__}: {exc})") from exc
+            arr, n, unreadable = None, done, str(exc)
         if arr is not None and n > done:
-            yield np.asarray(arr[done:n])
+            yield stores.read_rows(arr, slice(done, n), name, where.where)
             done = n
             continue
         if not writing and arr is not None:

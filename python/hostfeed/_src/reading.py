@@ -61,13 +61,15 @@ def read_recording(path: Any, name: str, *, storage_options: Optional[Mapping[st
         near = difflib.get_close_matches(name, names, n=len(names), cutoff=0.0)[:20]
         raise KeyError(f"hostfeed.read_recording: the store {where.where} has no array "
                        f"{name!r}; it has {near or 'none'} (nearest first)") from None
-    rows = np.asarray(data[:])
+    stores.check_recorded(root, data, name, where.where)
+    rows = stores.read_rows(data, slice(None), name, where.where)
     n = rows.shape[0]
     parent, _, leaf = name.rpartition("/")
     group = root[parent] if parent else root
     meta: dict[str, Any] = {}
     for field in ROW_METADATA:
-        values = np.asarray(group[f"{leaf}.{field}"][:n])
+        values = stores.read_rows(group[f"{leaf}.{field}"], slice(0, n), f"{name}.{field}",
+                                  where.where)
         meta["transform_index" if field == "transforms" else field] = values
     meta["transforms"] = list(data.attrs.get("hostfeed", {}).get("transforms", []))
     return rows, meta

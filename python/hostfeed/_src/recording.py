@@ -226,6 +226,12 @@ class Recorder:
                 or coordination_timeout <= 0:
             raise ValueError(f"hostfeed.Recorder: coordination_timeout must be a positive, "
                              f"finite number of seconds, got {coordination_timeout!r}")
+        # Checked wherever the store is (it matters only in an object store), so that a
+        # wrong value is not found out only when the same code first writes to one.
+        if isinstance(lease, bool) or not isinstance(lease, (int, float)) \
+                or not math.isfinite(lease) or lease < 0.1:
+            raise ValueError(f"hostfeed.Recorder: lease must be a finite number of seconds, "
+                             f"at least 0.1; got {lease!r}")
         # The receiver (and its exit handler, which closes recorders after draining) must
         # exist before any row can be recorded.
         lifecycle.ensure_started()

@@ -5,6 +5,7 @@ A URL of any other scheme is refused at the call rather than taken for a local f
 name."""
 from __future__ import annotations
 
+import math
 import os
 import re
 import urllib.parse
@@ -13,6 +14,9 @@ from typing import Any, NamedTuple, Optional
 from collections.abc import Mapping
 
 _URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+# A scheme followed by ":" but not "//" ("s3:/bucket", "gs:bucket"); Windows drive letters
+# ("C:/data") have one letter and are no scheme hostfeed knows.
+_NEAR_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):/?")
 
 #: The URL schemes of object stores (S3, Google Cloud Storage, Azure Blob Storage).
 OBJECT_SCHEMES = ("s3", "s3a", "gs", "az", "adl", "azure", "abfs", "abfss")
@@ -45,7 +49,13 @@ def _options(storage_options: Optional[Mapping[str, Any]], text: str,
     for k, v in storage_options.items():
         if not isinstance(k, str):
             raise TypeError(f"hostfeed: {who}: storage_options keys must be str, got {k!r}")
-        out.append((k, ("true" if v else "false") if isinstance(v, bool) else str(v)))
+        if isinstance(v, bool):
+            out.append((k, "true" if v else "false"))
+        elif isinstance(v, (str, int, float)) and not (isinstance(v, float) and math.isnan(v)):
+            out.append((k, str(v)))
+        else:
+            raise TypeError(f"hostfeed: {who}: storage_options[{k!r}] must be a str, int, "
+                            f"float or bool, got {v!r}")
     return out
 
 
@@ -66,6 +76,12 @@ def location(path: Any, storage_options: Optional[Mapping[str, Any]] = None, *,
     """
     text = _text(path, who)
     url = _URL.match(text)
+    near = _NEAR_URL.match(text) if url is None else None
+    if near is not None and near.group(1).lower() in OBJECT_SCHEMES + ("file",):
+        # "s3:/bucket/run" or "s3:bucket/run" would make a local folder named "s3:".
+        fixed = f"{near.group(1)}://{text[near.end():].lstrip('/')}"
+        raise ValueError(f"hostfeed: {who}({text!r}) looks like a URL missing a slash; "
+                         f"write {fixed!r} (or './{text}' for a local folder of that name)")
     if url is not None and url.group(1).lower() in OBJECT_SCHEMES:
         return Location(text, True, _options(storage_options, text, who))
     if storage_options:
@@ -126,3 +142,27 @@ def zarr_store(where: Location) -> Any:
 # obstore takes HTTP client settings apart from the provider's keys.
 _CLIENT_KEYS = ("allow_http", "allow_invalid_certificates", "connect_timeout", "timeout",
                 "proxy_url", "user_agent", "http1_only", "http2_only")
+
+
+def check_recorded(root: Any, array: Any, name: str, where: str) -> None:
+    """Raises ``ValueError`` saying why array ``name`` of the store at ``where`` is not one
+    that a Recorder wrote (a Zarr v2 store, or another writer's array), instead of the
+    ``KeyError`` of a missing per-row metadata array."""
+    if "hostfeed" in array.attrs:
+        return
+    version = getattr(getattr(root, "metadata", None), "zarr_format", 3)
+    why = (f"the store is Zarr v{version}, and hostfeed writes Zarr v3" if version != 3
+           else "it has no 'hostfeed' attributes: another program wrote it")
+    raise ValueError(f"hostfeed: the array {name!r} in {where} was not recorded by hostfeed "
+                     f"({why}); read it with zarr-python directly")
+
+
+def read_rows(array: Any, selection: Any, name: str, where: str) -> Any:
+    """``array[selection]`` as numpy, a chunk that cannot be decoded (truncated, partly
+    written, damaged) reported as a ``ValueError`` naming the array and the store."""
+    import numpy as np
+    try:
+        return np.asarray(array[selection])
+    except (ValueError, OSError, RuntimeError) as exc:
+        raise ValueError(f"hostfeed: a chunk of {name!r} in {where} cannot be read: it is "
+                         f"truncated or damaged ({type(exc).__name__}: {exc})") from exc

@@ -49,6 +49,10 @@ class Histogram:
         or ``"log"``: the magnitudes ``|x|`` in bins of one power of two each, from
         ``2**-(bins // 2)`` to ``2**(bins - bins // 2)`` (zeros count as below).
 
+    Raises:
+      ValueError: bins or range not as above; a range beyond float32's, or bins too narrow
+        for float32 to compute a value's bin (the message says how many bins would do).
+
     The edges are stored in the array's attributes (``hostfeed.reduce.edges``), and the
     columns' names (``hostfeed.reduce.columns``: ``below``, ``bin0`` ..., ``above``).
 
@@ -70,6 +74,9 @@ class Histogram:
             if range != "log":
                 raise ValueError(f"hostfeed.Histogram: range must be (lo, hi) or 'log', got "
                                  f"{range!r}")
+            if self.bins > 2046:  # 2.0 ** (bins - bins // 2) overflows float64
+                raise ValueError(f"hostfeed.Histogram: a 'log' histogram has at most 2046 bins "
+                                 f"(float32 magnitudes span 278 powers of two), got {bins}")
             self.log = True
             self.lo_exp = -(self.bins // 2)
             self.range: tuple[float, float] = (2.0 ** self.lo_exp,
@@ -80,9 +87,7 @@ class Histogram:
             except (TypeError, ValueError):
                 raise ValueError(f"hostfeed.Histogram: range must be (lo, hi) or 'log', got "
                                  f"{range!r}") from None
-            if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-                raise ValueError(f"hostfeed.Histogram: range must be finite with lo < hi, "
-                                 f"got {range!r}")
+            _check_linear(self.bins, lo, hi, f"hostfeed.Histogram({self.bins}, {range!r})")
             self.log = False
             self.range = (lo, hi)
 
@@ -138,9 +143,8 @@ class Histogram:
         # Comparisons on the floats' order as integers (ordered_keys): XLA flushes
         # subnormals to zero in float comparisons, numpy does not.
         t = jnp.asarray(ordered_keys(self.thresholds()))
-        bits = jax.lax.bitcast_convert_type(v, jnp.int32)
         if self.log:
-            mag = bits & 0x7FFFFFFF
+            mag = jax.lax.bitcast_convert_type(v, jnp.int32) & 0x7FFFFFFF
             exp = mag >> 23
             # floor(log2 |v|) from the bits, subnormals included.
             log2 = jnp.where(exp == 0, 31 - jax.lax.clz(mag) - 149, exp - 127)
@@ -149,8 +153,7 @@ class Histogram:
         else:
             # floor((v - lo) * scale) is off by at most one bin near an edge: corrected
             # by exact comparisons with the two edges of the bin it names.
-            key = jnp.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-            key = jnp.where(key == -1, 0, key)  # -0.0 is 0.0
+            key = _keys(v)
             edges = t[:-1]
             q = jnp.floor((v - np.float32(self.range[0]))
                           * np.float32(n / (self.range[1] - self.range[0])))
@@ -184,46 +187,110 @@ def ordered_keys(x: np.ndarray) -> np.ndarray:
     return np.where(keys == -1, 0, keys).astype(np.int32)
 
 
+def _keys(v: jax.Array) -> jax.Array:
+    """:func:`ordered_keys` of a float32 JAX value."""
+    bits = jax.lax.bitcast_convert_type(v, jnp.int32)
+    key = jnp.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return jnp.where(key == -1, 0, key)  # -0.0 is 0.0
+
+
+def _check_linear(bins: int, lo: float, hi: float, what: str) -> None:
+    """Refuses a range whose bins float32 cannot compute. A value's bin is first guessed as
+    ``floor((v - lo) * (bins / (hi - lo)))`` in float32, then moved by one bin at most by
+    exact comparisons with the edges: the guess must be off by less than a bin. It is off
+    by float32's rounding of ``lo`` and by XLA's flush of subnormal numbers to zero."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise ValueError(f"{what}: the range's ends must be finite numbers")
+    if not lo < hi:
+        raise ValueError(f"{what}: the range must have lo < hi")
+    big, tiny = float(np.finfo(np.float32).max), float(np.finfo(np.float32).tiny)
+    with np.errstate(over="ignore"):
+        wide = max(abs(lo), abs(hi)) > big or not np.isfinite(np.float32(hi) - np.float32(lo))
+    if wide:
+        raise ValueError(f"{what}: the values are binned in float32, so lo, hi and hi - lo "
+                         f"must be within float32's range (at most {big:.7g}): narrow it")
+    scale = bins / (hi - lo)
+    if scale < tiny:
+        raise ValueError(f"{what}: bins / (hi - lo) = {scale:.3g} is below float32's "
+                         f"smallest normal number ({tiny:.3g}, which XLA flushes to zero): "
+                         f"use more bins or a narrower range")
+    error = abs(lo - float(np.float32(lo))) + 2 * tiny
+    if error * scale > 0.5:
+        fits = math.floor(0.5 * (hi - lo) / error)
+        fewer = f"at most {fits} bins over this range, or " if fits >= 1 else ""
+        over = " (bins / (hi - lo) overflows float32)" if scale > big else ""
+        least = 2.01 * error  # rounded up in the message
+        raise ValueError(f"{what}: bins {1 / scale:.3g} wide are too narrow for float32"
+                         f"{over}: a bin is computed in float32, exact to {error:.3g} here "
+                         f"(lo rounded to float32, numbers below {tiny:.3g} flushed to zero), "
+                         f"so a bin must be at least {least:.3g} wide: use {fewer}a range at "
+                         f"least {least * bins:.3g} wide")
+
+
+def _extremes(low: jax.Array, high: jax.Array, axes: tuple[int, ...]) -> tuple[Any, ...]:
+    """Min, max and absmax over ``axes`` of the values whose keys (:func:`_keys`) are
+    ``low`` and ``high`` (a value left out: the greatest and the least key), as float32
+    moved bit for bit (exact for subnormals, which XLA's CPU threads flush to zero in float
+    operations); and powers of two ``scale``, ``unscale`` that bring those values to
+    magnitudes below 4 and back, exactly: their squares and sums do not overflow float32
+    (the core's kernel sums in float64)."""
+    lo = jnp.min(low, axis=axes, keepdims=True)
+    hi = jnp.max(high, axis=axes, keepdims=True)
+    absmax = jnp.maximum(hi, -lo - 1)  # the key of -v is -key(v) - 1 (v != 0)
+    e = jnp.clip((absmax >> 23) - 127, -126, 126)  # both powers of two normal numbers
+
+    def f32(k: jax.Array) -> jax.Array:
+        return jax.lax.bitcast_convert_type(jnp.where(k < 0, k ^ 0x7FFFFFFF, k), jnp.float32)
+    return f32(lo), f32(hi), f32(absmax), f32((127 - e) << 23), f32((127 + e) << 23)
+
+
 def _stats(v: jax.Array, axes: tuple[int, ...]) -> jax.Array:
     """The :data:`STATS` of ``v`` (float32) over ``axes``: the other axes, then 9.
     Mean, std, min, max, absmax and l2 are over the finite values (NaN when none is).
     Reductions along the axes, no reshape: under sharding each device reduces its slice.
 
-    When every value is finite (the sum and the sum of squared deviations are: a NaN or an
-    infinity makes them so), four plain reductions give everything; otherwise (decided on
-    the device) the statistics are taken again over the finite values only."""
+    When every value is finite (the sum is: a NaN, an infinity or an overflow makes it
+    not), the sum, min and max give everything but the squared deviations, taken of the
+    values scaled by a power of two (:func:`_extremes`); otherwise (decided on the device)
+    the statistics are taken again over the finite values only. Over no value (decided
+    at trace time), the row is the core's kernel's: count 0, NaN statistics."""
     n = math.prod(v.shape[a] for a in axes)
+    if n == 0:
+        kept = tuple(v.shape[d] for d in range(v.ndim) if d not in axes)
+        row = np.array([0, np.nan, np.nan, np.nan, np.nan, np.nan, 0, 0, 0], np.float32)
+        return jnp.broadcast_to(jnp.asarray(row), (*kept, len(STATS)))
     total = jnp.sum(v, axis=axes, keepdims=True)
+    lo, hi, absmax, scale, unscale = _extremes(_keys(v), _keys(v), axes)
     mean = total / n
-    dev = jnp.sum((v - mean) ** 2, axis=axes, keepdims=True)
-    lo = jnp.min(v, axis=axes, keepdims=True)
-    hi = jnp.max(v, axis=axes, keepdims=True)
+    dev = jnp.sum((v * scale - mean * scale) ** 2, axis=axes, keepdims=True)
     zero = jnp.zeros_like(total)
-    fast = [zero + n, mean, jnp.sqrt(dev / n), lo, hi, jnp.maximum(-lo, hi),
-            jnp.sqrt(dev + n * mean * mean), zero, zero]
+    fast = [zero + n, mean, jnp.sqrt(dev / n) * unscale, lo, hi, absmax,
+            jnp.sqrt(dev + n * (mean * scale) ** 2) * unscale, zero, zero]
     fast_row = jnp.stack([jnp.squeeze(c, axes) for c in fast], axis=-1)
-    finite = jnp.all(jnp.isfinite(total) & jnp.isfinite(dev))
+    finite = jnp.all(jnp.isfinite(total))
     return jax.lax.cond(finite, lambda v: fast_row, lambda v: _finite_stats(v, axes), v)
 
 
 def _finite_stats(v: jax.Array, axes: tuple[int, ...]) -> jax.Array:
     """:func:`_stats` over the finite values, NaNs and infinities counted apart."""
     finite = jnp.isfinite(v)
-    vf = jnp.where(finite, v, 0.0)
+    info, keys = np.iinfo(np.int32), _keys(v)
+    lo, hi, absmax, scale, unscale = _extremes(
+        jnp.where(finite, keys, info.max), jnp.where(finite, keys, info.min), axes)
+    vs = jnp.where(finite, v * scale, 0.0)
     n = jnp.sum(finite, axis=axes, dtype=jnp.float32, keepdims=True)
     safe = jnp.maximum(n, 1.0)
-    mean = jnp.sum(vf, axis=axes, keepdims=True) / safe
-    var = jnp.sum(jnp.where(finite, (v - mean) ** 2, 0.0), axis=axes, keepdims=True) / safe
+    mean_s = jnp.sum(vs, axis=axes, keepdims=True) / safe
+    var_s = jnp.sum(jnp.where(finite, (vs - mean_s) ** 2, 0.0), axis=axes,
+                    keepdims=True) / safe
     none = n == 0
     nan = jnp.float32(jnp.nan)
-    lo = jnp.min(jnp.where(finite, v, jnp.inf), axis=axes, keepdims=True)
-    hi = jnp.max(jnp.where(finite, v, -jnp.inf), axis=axes, keepdims=True)
-    absmax = jnp.max(jnp.abs(vf), axis=axes, keepdims=True)
-    l2 = jnp.sqrt(jnp.sum(vf * vf, axis=axes, keepdims=True))
+    l2 = jnp.sqrt(jnp.sum(vs * vs, axis=axes, keepdims=True)) * unscale
     nans = jnp.sum(jnp.isnan(v), axis=axes, dtype=jnp.float32, keepdims=True)
     infs = jnp.sum(jnp.isinf(v), axis=axes, dtype=jnp.float32, keepdims=True)
     count = jnp.full_like(n, math.prod(v.shape[a] for a in axes))
-    cols = [count, mean, jnp.sqrt(var), lo, hi, absmax, l2, nans, infs]
+    cols = [count, mean_s * unscale, jnp.sqrt(var_s) * unscale, lo, hi, absmax, l2, nans,
+            infs]
     cols = [c if i in (0, 6, 7, 8) else jnp.where(none, nan, c) for i, c in enumerate(cols)]
     return jnp.stack([jnp.squeeze(c, axes) for c in cols], axis=-1)
 

@@ -41,7 +41,6 @@ os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 

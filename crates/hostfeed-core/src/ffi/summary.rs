@@ -141,26 +141,40 @@ fn plain_pass(x: &[f32]) -> (f32, f32, f32) {
     (lanes_sum(&sum), lanes_min(&lo), lanes_max(&hi))
 }
 
-/// The sum of the deviations from `m` and of their squares.
+/// The sum of the deviations of `scale * v` from `mean` and of their squares (`scale` a
+/// power of two, so that the scaling is exact).
 #[inline(always)]
-fn deviations(vals: &[f32], mean: f32) -> (f32, f32) {
+fn deviations(vals: &[f32], mean: f32, scale: f32) -> (f32, f32) {
     let mut dev = [0.0f32; LANES];
     let mut sq = [0.0f32; LANES];
     let chunks = vals.chunks_exact(LANES);
     let rest = chunks.remainder();
     for c in chunks {
         for i in 0..LANES {
-            let d = c[i] - mean;
+            let d = c[i] * scale - mean;
             dev[i] += d;
             sq[i] += d * d;
         }
     }
     for (i, &v) in rest.iter().enumerate() {
-        let d = v - mean;
+        let d = v * scale - mean;
         dev[i] += d;
         sq[i] += d * d;
     }
     (lanes_sum(&dev), lanes_sum(&sq))
+}
+
+/// The power of two that brings `amax` (a block's largest magnitude) to `[1, 2)` when it is
+/// so small that squares of deviations would underflow `f32` (below `2**-32`), else 1.
+#[inline(always)]
+fn scale_for(amax: f32) -> f32 {
+    if amax == 0.0 || amax >= 2f32.powi(-32) || !amax.is_finite() {
+        return 1.0;
+    }
+    // amax < 2**-32: its exponent e (the subnormals' taken as the least) gives 2**-e,
+    // at most 2**149, applied in two exact steps by the caller's f64 arithmetic.
+    let e = i32::try_from((amax.to_bits() >> 23) & 0xff).unwrap_or(0) - 127;
+    2f32.powi((-e).min(127))
 }
 
 /// Whether `v` is neither NaN nor infinite, from its bits (vectorizes as an integer test).
@@ -205,13 +219,16 @@ fn block(x: &[f32]) -> Partial {
     let (sum, lo, hi) = plain_pass(x);
     if sum.is_finite() && !x.is_empty() {
         let nf = x.len() as f64;
-        let m = (f64::from(sum) / nf) as f32;
-        let (s, q) = deviations(x, m);
+        // Tiny values are scaled up first: their squared deviations would underflow.
+        let scale = scale_for(hi.max(-lo));
+        let m = (f64::from(sum) * f64::from(scale) / nf) as f32;
+        let (s, q) = deviations(x, m, scale);
         if q.is_finite() {
             // The deviations are from `m`, the rounded mean: their own mean `s / n`
             // corrects it.
-            let (s, q) = (f64::from(s), f64::from(q));
-            return Partial { n: nf, mean: f64::from(m) + s / nf, m2: (q - s * s / nf).max(0.0), lo, hi, nan: 0, inf: 0 };
+            let (s, q, factor) = (f64::from(s), f64::from(q), f64::from(scale));
+            let mean = (f64::from(m) + s / nf) / factor;
+            return Partial { n: nf, mean, m2: (q - s * s / nf).max(0.0) / (factor * factor), lo, hi, nan: 0, inf: 0 };
         }
     }
     careful(x)
@@ -288,6 +305,7 @@ pub(crate) fn stats_row(x: &[f32]) -> [f32; 9] {
 /// # Panics
 /// If `x` does not split into `out.len() / 9` rows.
 pub(crate) fn stats_rows(x: &[f32], out: &mut [f32]) {
+    let _ieee = KeepSubnormals::new();
     let rows = out.len() / 9;
     assert!(out.len() % 9 == 0 && (rows == 0 && x.is_empty() || rows > 0 && x.len() % rows == 0));
     if rows == 0 {
@@ -296,6 +314,68 @@ pub(crate) fn stats_rows(x: &[f32], out: &mut [f32]) {
     let per = x.len() / rows;
     for (r, o) in out.chunks_exact_mut(9).enumerate() {
         o.copy_from_slice(&stats_row(&x[r * per..(r + 1) * per]));
+    }
+}
+
+/// While alive, the thread's float arithmetic keeps subnormal numbers, as IEEE 754 and
+/// numpy do: XLA's CPU threads run with them flushed to zero (x86-64's MXCSR FTZ and DAZ
+/// bits, `AArch64`'s `FPCR.FZ`), under which a subnormal compares equal to zero and converts
+/// to zero (min, max and absmax of subnormal values came out 0). The previous mode is
+/// restored on drop.
+pub(crate) struct KeepSubnormals {
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    saved: u64,
+}
+
+impl KeepSubnormals {
+    /// Turns flushing off for the current thread (until dropped).
+    #[must_use]
+    pub(crate) fn new() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            const FTZ: u32 = 1 << 15;
+            const DAZ: u32 = 1 << 6;
+            let mut csr: u32 = 0;
+            // SAFETY: `stmxcsr` stores the 32-bit MXCSR register at the address given, a
+            // valid, aligned `u32` on this stack frame; it touches nothing else.
+            unsafe { std::arch::asm!("stmxcsr [{}]", in(reg) &raw mut csr, options(nostack, preserves_flags)) };
+            let cleared = csr & !(FTZ | DAZ);
+            // SAFETY: `ldmxcsr` loads MXCSR from a valid `u32`: the current value with only
+            // the two flush bits cleared, a setting every SSE CPU accepts.
+            unsafe { std::arch::asm!("ldmxcsr [{}]", in(reg) &raw const cleared, options(nostack, preserves_flags, readonly)) };
+            KeepSubnormals { saved: u64::from(csr) }
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            const FZ: u64 = 1 << 24;
+            let fpcr: u64;
+            // SAFETY: reading FPCR has no side effect.
+            unsafe { std::arch::asm!("mrs {}, fpcr", out(reg) fpcr, options(nomem, nostack, preserves_flags)) };
+            // SAFETY: writing FPCR with only its flush-to-zero bit changed.
+            unsafe { std::arch::asm!("msr fpcr, {}", in(reg) fpcr & !FZ, options(nomem, nostack, preserves_flags)) };
+            KeepSubnormals { saved: fpcr }
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        {
+            KeepSubnormals {}
+        }
+    }
+}
+
+impl Drop for KeepSubnormals {
+    fn drop(&mut self) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[allow(clippy::cast_possible_truncation)]
+            let csr = self.saved as u32;
+            // SAFETY: restores the MXCSR value read in `new` on this thread.
+            unsafe { std::arch::asm!("ldmxcsr [{}]", in(reg) &raw const csr, options(nostack, preserves_flags, readonly)) };
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            // SAFETY: restores the FPCR value read in `new` on this thread.
+            unsafe { std::arch::asm!("msr fpcr, {}", in(reg) self.saved, options(nomem, nostack, preserves_flags)) };
+        }
     }
 }
 
@@ -498,266 +578,4 @@ pub(crate) fn histogram_rows(x: &[f32], bins: usize, how: Bins<'_>, out: &mut [i
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::float_cmp)] // exact counts and exact copies
-
-    use super::{histogram_rows, stats_row, stats_rows, Bins, BLOCK};
-
-    /// The statistics in f64 the plain way (two passes), for comparison.
-    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
-    fn reference(x: &[f32]) -> [f64; 9] {
-        let fin: Vec<f64> = x.iter().filter(|v| v.is_finite()).map(|&v| f64::from(v)).collect();
-        let n = fin.len() as f64;
-        let nan = x.iter().filter(|v| v.is_nan()).count() as f64;
-        let inf = x.iter().filter(|v| v.is_infinite()).count() as f64;
-        let l2 = fin.iter().map(|v| v * v).sum::<f64>().sqrt();
-        if fin.is_empty() {
-            return [x.len() as f64, f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN, l2, nan, inf];
-        }
-        let mean = fin.iter().sum::<f64>() / n;
-        let var = fin.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
-        let lo = fin.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = fin.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        [x.len() as f64, mean, var.sqrt(), lo, hi, hi.max(-lo), l2, nan, inf]
-    }
-
-    fn check(x: &[f32]) {
-        let got = stats_row(x);
-        let want = reference(x);
-        // Rounding is relative to the values' magnitude (a mean near zero of values near 5
-        // is known to about 5 * 1e-7).
-        let scale = if want[5].is_nan() { 1.0 } else { want[5] };
-        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
-            if w.is_nan() {
-                assert!(g.is_nan(), "column {i}: {g} for NaN");
-            } else {
-                let tol = 1e-5 * w.abs().max(scale).max(1e-3);
-                assert!((f64::from(g) - w).abs() <= tol, "column {i}: {g} vs {w}");
-            }
-        }
-    }
-
-    /// A deterministic spread of values (no randomness crate).
-    #[allow(clippy::cast_precision_loss)]
-    fn values(n: usize, offset: f32) -> Vec<f32> {
-        (0..n).map(|i| offset + ((i * 7919 % 1009) as f32 - 504.0) / 100.0).collect()
-    }
-
-    #[test]
-    fn finite_rows_match_a_two_pass_reference() {
-        for n in [0, 1, 2, 15, 16, 17, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 5, 100_000] {
-            check(&values(n, 0.0));
-        }
-    }
-
-    #[test]
-    fn a_large_mean_does_not_cancel_the_std() {
-        // Sum of squares minus n·mean² would lose every digit of the spread here.
-        let x = values(50_000, 10_000.0);
-        check(&x);
-        let got = stats_row(&x);
-        assert!(got[2] > 2.0 && got[2] < 3.5, "std {}", got[2]);
-    }
-
-    #[test]
-    fn non_finite_values_are_counted_and_left_out() {
-        let mut x = values(3 * BLOCK, 1.0);
-        x[5] = f32::NAN;
-        x[BLOCK + 3] = f32::INFINITY;
-        x[2 * BLOCK + 9] = f32::NEG_INFINITY;
-        x[2 * BLOCK + 10] = -f32::NAN;
-        check(&x);
-        let got = stats_row(&x);
-        assert_eq!((got[7], got[8]), (2.0, 2.0));
-        assert!(got[3].is_finite() && got[4].is_finite());
-    }
-
-    #[test]
-    fn no_finite_value_gives_nan_statistics_and_zero_l2() {
-        let got = stats_row(&[f32::NAN, f32::INFINITY, f32::NAN]);
-        assert_eq!(got[0], 3.0);
-        assert!(got[1..6].iter().all(|v| v.is_nan()));
-        assert_eq!(&got[6..], &[0.0, 2.0, 1.0]);
-        let empty = stats_row(&[]);
-        assert_eq!(empty[0], 0.0);
-        assert!(empty[1].is_nan());
-    }
-
-    #[test]
-    fn an_overflowing_sum_is_taken_again_over_the_finite_values() {
-        let x = vec![1.0e37f32; 64]; // the sum overflows f32, l2 (8e37) does not
-        check(&x);
-        assert_eq!(stats_row(&x)[8], 0.0);
-    }
-
-    #[test]
-    fn rows_are_taken_one_after_another() {
-        let x = values(30, 0.0);
-        let mut out = [0.0f32; 27];
-        stats_rows(&x, &mut out);
-        for r in 0..3 {
-            assert_eq!(&out[r * 9..r * 9 + 9], &stats_row(&x[r * 10..r * 10 + 10]));
-        }
-    }
-
-    /// `numpy.linspace(lo, hi, bins + 1)`'s edges (float64), as numpy computes them.
-    #[allow(clippy::cast_precision_loss)]
-    fn linspace(lo: f64, hi: f64, bins: usize) -> Vec<f64> {
-        let step = (hi - lo) / bins as f64;
-        let mut e: Vec<f64> = (0..=bins).map(|i| i as f64 * step + lo).collect();
-        e[bins] = hi;
-        e
-    }
-
-    /// The exact `f32` comparisons of `edges` (what `Histogram.thresholds()` computes).
-    #[allow(clippy::cast_possible_truncation)]
-    fn thresholds(edges: &[f64]) -> (Vec<f32>, f32) {
-        let up = |e: f64| {
-            let f = e as f32;
-            if f64::from(f) < e { f.next_up() } else { f }
-        };
-        let down = |e: f64| {
-            let f = e as f32;
-            if f64::from(f) > e { f.next_down() } else { f }
-        };
-        (edges.iter().map(|&e| up(e)).collect(), down(edges[edges.len() - 1]))
-    }
-
-    /// A value's column as `numpy.histogram` bins it (comparisons in float64), with the
-    /// values below and above counted in the first and last columns.
-    fn numpy_column(v: f32, edges: &[f64]) -> Option<usize> {
-        let (v, n) = (f64::from(v), edges.len() - 1);
-        if v.is_nan() {
-            None
-        } else if v < edges[0] {
-            Some(0)
-        } else if v > edges[n] {
-            Some(n + 1)
-        } else {
-            Some(edges.partition_point(|&e| e <= v).min(n))
-        }
-    }
-
-    fn linear(lo: f64, hi: f64, bins: usize) -> (Vec<f64>, Vec<f32>, f32, f32, f32) {
-        let edges = linspace(lo, hi, bins);
-        let (lower, top) = thresholds(&edges);
-        #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
-        let (lo32, scale) = (lo as f32, (bins as f64 / (hi - lo)) as f32);
-        (edges, lower, top, lo32, scale)
-    }
-
-    #[test]
-    fn linear_histograms_count_as_numpy_does() {
-        // 4 bins over [-2, 2]: -2 is in bin 0, 2 in the last, beyond either end outside,
-        // NaN nowhere, infinities at the ends.
-        let (_, lower, top, lo, scale) = linear(-2.0, 2.0, 4);
-        let x = [-2.0, 2.0, -2.5, 2.5, 0.0, -0.1, 1.99, f32::NAN, f32::INFINITY, f32::NEG_INFINITY];
-        let mut out = [0i32; 6];
-        histogram_rows(&x, 4, Bins::Linear { lo, scale, lower: &lower, top }, &mut out);
-        assert_eq!(out, [2, 1, 1, 1, 2, 2]);
-    }
-
-    #[test]
-    fn values_at_and_beside_every_edge_are_binned_as_numpy_bins_them() {
-        for (lo, hi, bins) in [(-2.0, 2.0, 16), (-0.3, 0.7, 10), (-1.0, 3.0, 7), (1e-3, 1e3, 1000)] {
-            let (edges, lower, top, lo32, scale) = linear(lo, hi, bins);
-            let how = Bins::Linear { lo: lo32, scale, lower: &lower, top };
-            #[allow(clippy::cast_possible_truncation)]
-            let mut vals: Vec<f32> = edges.iter().flat_map(|&e| {
-                let f = e as f32;
-                [f.next_down(), f, f.next_up()]
-            }).collect();
-            vals.extend((0..5000).map(|i| {
-                let t = f64::from(i) / 4999.0;
-                #[allow(clippy::cast_possible_truncation)]
-                let v = (lo - 0.1 + t * (hi - lo + 0.2)) as f32;
-                v
-            }));
-            let mut cols = vec![0u32; vals.len()];
-            super::columns(&vals, bins, how, &mut cols);
-            for (v, c) in vals.iter().zip(&cols) {
-                let want = numpy_column(*v, &edges);
-                assert_eq!(super::column(*v, bins, how), want, "{v} in [{lo}, {hi}] / {bins}");
-                assert_eq!(*c as usize, want.unwrap_or(bins + 2), "{v} in [{lo}, {hi}] / {bins}");
-            }
-        }
-    }
-
-    #[test]
-    fn subnormals_beside_a_zero_edge_are_binned_as_numpy_bins_them() {
-        // XLA's threads flush subnormals to zero in float comparisons; the bins are
-        // decided on the values' bits. Edge 2 of 4 bins over [-2, 2] is 0.
-        let (edges, lower, top, lo, scale) = linear(-2.0, 2.0, 4);
-        let how = Bins::Linear { lo, scale, lower: &lower, top };
-        let x = [-f32::from_bits(1), -0.0, 0.0, f32::from_bits(1)];
-        let mut cols = [0u32; 4];
-        super::columns(&x, 4, how, &mut cols);
-        let want: Vec<u32> =
-            x.iter().map(|&v| u32::try_from(numpy_column(v, &edges).unwrap()).unwrap()).collect();
-        assert_eq!(cols.to_vec(), want);
-        assert_eq!(want, [2, 3, 3, 3]);
-    }
-
-    fn log(lo_exp: i32, bins: usize) -> (Vec<f64>, Bins<'static>) {
-        #[allow(clippy::cast_possible_wrap, clippy::cast_possible_truncation)]
-        let edges: Vec<f64> = (0..=bins).map(|i| 2f64.powi(lo_exp + i as i32)).collect();
-        let (lower, top) = thresholds(&edges);
-        (edges, Bins::Log { lo_exp, least: lower[0], top })
-    }
-
-    #[test]
-    fn log_histograms_bin_by_the_exponent_as_numpy_bins_the_magnitude() {
-        // lo_exp -2: bins [1/4, 1/2), [1/2, 1), [1, 2), [2, 4]; zero and tiny below, beyond
-        // 4 and infinity above; the sign does not matter; a subnormal is below.
-        let (_, how) = log(-2, 4);
-        let x = [0.0, 0.3, -0.3, 0.5, 1.0, 1.999, -3.0, 4.0, 4.001, f32::INFINITY, 1e-40, f32::NAN, 0.1];
-        let mut out = [0i32; 6];
-        histogram_rows(&x, 4, how, &mut out);
-        assert_eq!(out, [3, 2, 1, 2, 2, 2]);
-        // Wide enough for subnormals: 1e-40 is 2**-133 and some.
-        let (_, wide_how) = log(-150, 300);
-        let mut wide = vec![0i32; 302];
-        histogram_rows(&[1e-40], 300, wide_how, &mut wide);
-        assert_eq!(wide.iter().position(|&c| c == 1), Some(1 + 150 - 133));
-    }
-
-    #[test]
-    fn histogram_rows_count_each_row_apart() {
-        let x: Vec<f32> = (0..4003).map(|i| f32::from(u16::try_from(i % 8).unwrap())).collect();
-        let (_, lower, top, lo, scale) = linear(0.0, 8.0, 8);
-        let mut out = vec![0i32; 2 * 10];
-        histogram_rows(&x[..4002], 8, Bins::Linear { lo, scale, lower: &lower, top }, &mut out);
-        let per_row = out.chunks(10).map(|r| r.iter().sum::<i32>()).collect::<Vec<_>>();
-        assert_eq!(per_row, [2001, 2001]);
-        assert_eq!(out[0], 0);
-        assert_eq!(out[9], 0);
-    }
-
-    #[test]
-    fn batched_columns_are_the_columns_of_each_value_and_numpys() {
-        let mut vals = vec![
-            0.0, -0.0, 1e-40, -1e-40, 1.2e-38, 0.25, 0.5, -0.5, 1.0, 1.5, 2.0, 3.999, 4.0, 1e30, -1e30,
-            f32::MAX, f32::MIN, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN, f32::EPSILON,
-        ];
-        vals.extend((0..300).map(|i| (f32::from(u16::try_from(i).unwrap()) - 150.0) / 37.0));
-        let lin4 = linear(-2.0, 2.0, 4);
-        let lin7 = linear(-1.0, 3.0, 7);
-        let binnings = [
-            (4, log(-2, 4), false),
-            (64, log(-32, 64), false),
-            (300, log(-150, 300), false),
-            (4, (lin4.0.clone(), Bins::Linear { lo: lin4.3, scale: lin4.4, lower: &lin4.1, top: lin4.2 }), true),
-            (7, (lin7.0.clone(), Bins::Linear { lo: lin7.3, scale: lin7.4, lower: &lin7.1, top: lin7.2 }), true),
-        ];
-        for (bins, (edges, how), signed) in binnings {
-            let mut cols = vec![0u32; vals.len()];
-            super::columns(&vals, bins, how, &mut cols);
-            for (v, c) in vals.iter().zip(&cols) {
-                let want = u32::try_from(super::column(*v, bins, how).unwrap_or(bins + 2)).unwrap();
-                assert_eq!(*c, want, "{v} in {how:?}");
-                let numpy = numpy_column(if signed { *v } else { v.abs() }, &edges);
-                assert_eq!(super::column(*v, bins, how), numpy, "{v} in {how:?}");
-            }
-        }
-    }
-}
+mod tests;

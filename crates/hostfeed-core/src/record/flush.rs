@@ -187,6 +187,15 @@ impl Recorder {
             _ => None,
         };
         st.failure = Some((errno, e.message().to_string()));
+        // Said at once (logged at the next call into hostfeed), not only by the next flush:
+        // from now on this array's rows are dropped.
+        self.budget.note(format!(
+            "{}: a write failed ({}); this array's later rows are dropped (counted) until the \
+             recorder is closed, and every flush() or barrier_wait() raises RecordingError saying \
+             how many. Close it and open the store again with mode=\"a\" to go on",
+            a.context(),
+            e.message()
+        ));
         lock(&self.failed_arrays).push(a.id);
         lock(&self.errors).push(e.context(&a.context()));
     }

@@ -102,6 +102,9 @@ const MULTIPART_ABOVE: usize = 32 << 20;
 const PART: usize = 16 << 20;
 /// Parts of one upload in flight at a time.
 const PARTS_IN_FLIGHT: usize = 4;
+/// The longest `Recorder(...)` tries to reach an object store before it fails (requests
+/// after the open are retried for the whole `retry_timeout`).
+const REACH_TIMEOUT: Duration = Duration::from_secs(15);
 /// Google Cloud Storage's rate of updates of one object: one a second.
 const GCS_UPDATE_EVERY: Duration = Duration::from_secs(1);
 
@@ -178,6 +181,49 @@ fn unknown_option(k: &str, name: &str) -> RecordError {
     ))
 }
 
+/// Whether option (or environment variable) `key` holds an absolute URL: an endpoint, a
+/// base URL, a proxy, a full credentials URI.
+fn is_url_option(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    k.contains("endpoint") || k.ends_with("_url") || k.ends_with("full_uri")
+}
+
+/// Checks that every URL among `options` ([`is_url_option`]) and in the
+/// environment variables the provider reads (`env_prefix`: `AWS_ENDPOINT`, ...) is an
+/// absolute `http://` or `https://` URL with a host: the `object_store` crate panics on a
+/// request to an endpoint it cannot make a URI of (`"not a url"`, `""`, `"http://"`).
+///
+/// # Errors
+/// [`RecordError::Invalid`] naming the option (or variable) and its value.
+fn check_endpoints(options: &[(String, String)], env_prefix: &str) -> Result<(), RecordError> {
+    let from_env = std::env::vars()
+        .filter(|(k, _)| {
+            let k = k.to_ascii_uppercase();
+            k.starts_with(env_prefix) && is_url_option(&k)
+        })
+        .map(|(k, v)| (format!("environment variable {k}"), v));
+    let given = options
+        .iter()
+        .filter(|(k, _)| is_url_option(k))
+        .map(|(k, v)| (format!("storage option {k:?}"), v.clone()));
+    // Values go into HTTP headers (credentials, tokens), where the crate panics on a
+    // control character.
+    if let Some((k, _)) = options.iter().find(|(_, v)| v.chars().any(char::is_control)) {
+        return Err(invalid(format!("storage option {k:?} contains a control character")));
+    }
+    for (what, value) in given.chain(from_env) {
+        let ok = url::Url::parse(value.trim())
+            .ok()
+            .is_some_and(|u| matches!(u.scheme(), "http" | "https") && u.host_str().is_some_and(|h| !h.is_empty()));
+        if !ok {
+            return Err(invalid(format!(
+                "{what} must be an http:// or https:// URL with a host (e.g. \"http://127.0.0.1:9000\"), got {value:?}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Each option as provider `name`'s config key `K` (its name in any case), with its value.
 ///
 /// # Errors
@@ -205,13 +251,24 @@ impl Objects {
         let parsed = url::Url::parse(trimmed).map_err(|e| invalid(format!("{url:?} is not a URL: {e}")))?;
         let (scheme, prefix) = ObjectStoreScheme::parse(&parsed)
             .map_err(|e| invalid(format!("{url:?} names no object store hostfeed knows: {e}")))?;
-        let mut retry = RetryConfig::default();
+        // Transient errors are retried for `retry_timeout` (object_store's default, 180 s),
+        // however many retries that takes, unless `max_retries` says otherwise: with the
+        // crate's default of 10 retries, backing off from 100 ms, a server away for more
+        // than 2-4 s failed the write long before the timeout the docs promise.
+        let mut retry = RetryConfig { max_retries: usize::MAX, ..RetryConfig::default() };
         let mut hold_limit = DEFAULT_SINGLE_PUT_BYTES;
         let mut provider: Vec<(String, String)> = Vec::new();
         let mut secrets: Vec<String> = std::env::vars()
             .filter(|(k, v)| is_secret(k) && v.len() >= 4)
             .map(|(_, v)| v)
             .collect();
+        let env_prefix = match scheme {
+            ObjectStoreScheme::AmazonS3 => "AWS_",
+            ObjectStoreScheme::GoogleCloudStorage => "GOOGLE_",
+            ObjectStoreScheme::MicrosoftAzure => "AZURE_",
+            _ => "HOSTFEED_NONE_",
+        };
+        check_endpoints(options, env_prefix)?;
         for (k, v) in options {
             let seconds = |v: &str| {
                 v.trim().parse::<f64>().ok().filter(|s| s.is_finite() && *s >= 0.0).ok_or_else(|| {
@@ -504,17 +561,32 @@ impl Objects {
     /// # Errors
     /// The store's error.
     pub(crate) fn check_reachable(&self) -> Result<(), RecordError> {
-        let key = self.key(&self.root).map_err(|e| RecordError::Io { errno: None, message: e.to_string() })?;
-        self.run(self.inner.list_with_delimiter(Some(&key))).map(|_| ()).map_err(|e| {
-            let mut err = self.fail("reach", &self.root, &e);
-            if let RecordError::Io { message, .. } = &mut err {
-                message.push_str(
-                    " (check the URL's bucket, the endpoint, region and credentials: the provider's \
-                     environment variables or storage_options)",
-                );
+        const ADVICE: &str = " (check the URL's bucket, the endpoint, region and credentials: the provider's \
+                              environment variables or storage_options)";
+        let key = self.key(&self.root).map_err(|e| RecordError::Io { errno: Some(libc::EINVAL), message: e.to_string() })?;
+        // Retried like any request, but for at most REACH_TIMEOUT: a wrong endpoint is an
+        // error at open, not a wait of the whole retry_timeout.
+        let listed = self.run(async {
+            tokio::time::timeout(REACH_TIMEOUT, self.inner.list_with_delimiter(Some(&key))).await
+        });
+        match listed {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => {
+                let mut err = self.fail("reach", &self.root, &e);
+                if let RecordError::Io { message, .. } = &mut err {
+                    message.push_str(ADVICE);
+                }
+                Err(err)
             }
-            err
-        })
+            Err(_) => Err(RecordError::Io {
+                errno: Some(libc::ETIMEDOUT),
+                message: format!(
+                    "cannot reach {}: no answer in {} s{ADVICE}",
+                    self.root.display(),
+                    REACH_TIMEOUT.as_secs()
+                ),
+            }),
+        }
     }
 }
 
@@ -592,8 +664,10 @@ impl Store for Objects {
             let mut doomed: Vec<Key> =
                 self.inner.list(Some(&key)).map_ok(|m| m.location).try_collect().await.map_err(|e| self.io(&e))?;
             // The key itself only if it names an object (not just a prefix: some servers,
-            // such as s3s-fs, refuse to delete what is a folder in their files).
-            if self.inner.head(&key).await.is_ok() {
+            // such as s3s-fs, refuse to delete what is a folder in their files, and answer a
+            // HEAD of one with a 500 that would be retried for the whole retry_timeout).
+            // hostfeed never writes an object and objects below it under one key.
+            if doomed.is_empty() && self.inner.head(&key).await.is_ok() {
                 doomed.push(key.clone());
             }
             for k in &doomed {
@@ -608,7 +682,7 @@ impl Store for Objects {
     }
 
     fn put(&self, path: &Path, bytes: &[u8], put: Put) -> Result<(), RecordError> {
-        let key = self.key(path).map_err(|e| RecordError::Io { errno: None, message: e.to_string() })?;
+        let key = self.key(path).map_err(|e| RecordError::Io { errno: Some(libc::EINVAL), message: e.to_string() })?;
         self.pace(&key);
         if put != Put::Document {
             let done = if bytes.len() > MULTIPART_ABOVE {
@@ -654,7 +728,7 @@ impl Store for Objects {
     fn stream(&self, path: &Path) -> Option<Result<Box<dyn Streamed>, RecordError>> {
         let started = self
             .key(path)
-            .map_err(|e| RecordError::Io { errno: None, message: e.to_string() })
+            .map_err(|e| RecordError::Io { errno: Some(libc::EINVAL), message: e.to_string() })
             .map(|key| {
                 Box::new(Upload {
                     objects: self.me.upgrade().unwrap_or_else(|| unreachable!("an Objects lives in its Arc")),

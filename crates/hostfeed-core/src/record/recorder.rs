@@ -294,8 +294,7 @@ impl Recorder {
         }
         let shared = !matches!(access, Access::Exclusive);
         let rec = Self::start(root, store, held, shared, opts, budget)?;
-        rec.adopt(mode)?;
-        Ok(rec)
+        rec.adopt_or_close(mode)
     }
 
     fn create_with(
@@ -317,8 +316,19 @@ impl Recorder {
             zarr::write_json(&*store, root, &zarr::group_metadata(&root_attributes()))?;
         }
         let rec = Self::start(root.to_path_buf(), store, HeldLock::File(held), shared, opts, budget)?;
-        rec.adopt(mode)?;
-        Ok(rec)
+        rec.adopt_or_close(mode)
+    }
+
+    /// Adopts the store's arrays (appending); if it cannot, closes the recorder (its
+    /// threads stopped, the store's lock released: the failed open leaves nothing held).
+    fn adopt_or_close(self: Arc<Self>, mode: Mode) -> Result<Arc<Recorder>, RecordError> {
+        match self.adopt(mode) {
+            Ok(()) => Ok(self),
+            Err(e) => {
+                let _ = self.close(); // nothing was recorded: nothing to report
+                Err(e)
+            }
+        }
     }
 
     /// The recorder of a prepared store: starts the writer and ticker threads.

@@ -257,7 +257,23 @@ impl InPlace for FsStore {
 /// The error for an I/O operation `op` ("write", "create") on `path`.
 #[must_use]
 pub(crate) fn io_error(op: &str, path: &Path, e: &io::Error) -> RecordError {
-    RecordError::Io { errno: e.raw_os_error(), message: format!("cannot {op} {}: {e}", path.display()) }
+    RecordError::Io { errno: Some(errno_of(e)), message: format!("cannot {op} {}: {e}", path.display()) }
+}
+
+/// The OS error number of `e`, or, for an error that has none (an object store's), the one
+/// its kind stands for (`EIO` for any other).
+#[must_use]
+pub(crate) fn errno_of(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(match e.kind() {
+        io::ErrorKind::NotFound => libc::ENOENT,
+        io::ErrorKind::AlreadyExists => libc::EEXIST,
+        io::ErrorKind::PermissionDenied => libc::EACCES,
+        io::ErrorKind::TimedOut => libc::ETIMEDOUT,
+        io::ErrorKind::ConnectionRefused => libc::ECONNREFUSED,
+        io::ErrorKind::StorageFull => libc::ENOSPC,
+        io::ErrorKind::InvalidData | io::ErrorKind::InvalidInput => libc::EINVAL,
+        _ => libc::EIO,
+    })
 }
 
 /// A temporary file name next to `path`, unique to this process and call: `.NAME.PID.N.tmp`

@@ -92,7 +92,7 @@ impl ObjectLock {
     /// The lock object's key and path for the store at `root`.
     fn location(objects: &Objects, root: &Path) -> Result<(Key, PathBuf), RecordError> {
         let path = root.join(LOCK_FILE);
-        let key = objects.key(&path).map_err(|e| RecordError::Io { errno: None, message: e.to_string() })?;
+        let key = objects.key(&path).map_err(|e| RecordError::Io { errno: Some(libc::EINVAL), message: e.to_string() })?;
         Ok((key, path))
     }
 

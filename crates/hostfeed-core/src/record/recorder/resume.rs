@@ -11,6 +11,7 @@
 //! next. Arrays recorded from sharded values in parts are kept as they are but cannot be
 //! appended to yet (a record under their name is refused, saying so).
 
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -194,14 +195,29 @@ impl Recorder {
             if leaf.starts_with('.') || leaf == "zarr.json" {
                 continue;
             }
-            let Ok(doc) = self.doc(&child) else { continue };
+            // A node whose zarr.json is there but cannot be read as one refuses the open:
+            // skipped, its name would be declared afresh and its chunks written over.
+            let path = child.join("zarr.json");
+            let doc = match self.store.get(&path) {
+                Ok(bytes) => serde_json::from_slice::<Value>(&bytes)
+                    .map_err(|e| corrupt(&child, &format!("its zarr.json is not JSON ({e}); restore it, or remove the array")))?,
+                Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::NotADirectory) => continue,
+                Err(e) => return Err(io_error("read", &path, &e)),
+            };
             let name = format!("{prefix}{leaf}");
             match doc["node_type"].as_str() {
                 Some("group") => self.find_arrays(&child, &format!("{name}/"), out)?,
                 Some("array") if doc["attributes"]["hostfeed"]["name"].is_string() => {
                     out.push(Found { name, dir: child, doc });
                 }
-                _ => {}
+                // Another writer's array: left alone, and refused as a name to record to.
+                Some("array") if !leaf.contains('.') => {
+                    let mut index = lock(&self.index);
+                    index.groups.extend(name.match_indices('/').map(|(i, _)| name[..i].to_string()));
+                    index.frozen.insert(name, "it is an array hostfeed did not write".into());
+                }
+                Some("array") => {}
+                _ => return Err(corrupt(&child, "its zarr.json names no node type (\"group\" or \"array\")")),
             }
         }
         Ok(())
