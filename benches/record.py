@@ -12,6 +12,10 @@ Cases, each writing the same rows into a fresh directory:
   thread, which waits for it).
 * ``floor``: the same bytes written by one ``numpy.ndarray.tofile`` per row into the same
   directory, no JAX (and, for small rows, ``one tofile`` of all rows at once).
+* steps: a Python loop calling a jitted step that records one row each call, as a training
+  loop does: ``rec.step(step)`` (on a CPU the records stay inside the computation, as in
+  ``jax.jit(step)``), ``rec.step(step, outputs=True)`` (they leave as outputs, the TPU's
+  way) and ``jax.jit(step)``, large rows and small, with the ratio of the first to the last.
 
 Timed end to end: from calling the compiled function until the rows are on disk (in the
 page cache: nobody fsyncs) and, for the Recorder, announced. Compilation (the warm-up round,
@@ -111,6 +115,33 @@ def recorder_case(n: int, x: jax.Array, **options) -> Callable[[str], Callable[[
 
         def run() -> None:
             f(x)
+            rec.flush()
+            rec.close()
+        return run
+    return setup
+
+
+def step_case(n: int, x: jax.Array, wrapped: bool, outputs: bool | None = None
+              ) -> Callable[[str], Callable[[], None]]:
+    """n calls of a jitted step that records a row derived from ``x`` (a training loop's
+    shape): ``rec.step(step, outputs=...)`` (on a CPU by default the records stay inside;
+    ``outputs=True`` takes them out as outputs) or ``jax.jit(step)`` (the records are host
+    callbacks inside the computation), until flushed and closed."""
+    def setup(d: str) -> Callable[[], None]:
+        rec = hostfeed.Recorder(os.path.join(d, "run.zarr"))
+
+        def step(v: jax.Array, i: jax.Array) -> jax.Array:
+            rec.record("layer/h", v * 1.0, step=i)
+            return i + 1
+
+        f = rec.step(step, outputs=outputs) if wrapped else jax.jit(step)
+        f(x, jnp.int32(0))  # compiled (and the first row recorded) outside the timing
+        rec.flush()
+
+        def run() -> None:
+            i = jnp.int32(1)
+            for _ in range(n):
+                i = f(x, i)
             rec.flush()
             rec.close()
         return run
@@ -474,6 +505,38 @@ def main() -> None:
         print(f"  sharded / unsharded throughput: "
               f"{statistics.median(plain) / statistics.median(sharded):.2f}x of the medians, "
               f"rounds {min(per_round):.2f}-{max(per_round):.2f}x")
+
+        n_steps = min(n_large, 256)
+        step_cases = [
+            Case("rec.step(step)", step_case(n_steps, large, wrapped=True)),
+            Case("rec.step(step, outputs=True)", step_case(n_steps, large, True, True)),
+            Case("jax.jit(step), records inside", step_case(n_steps, large, wrapped=False)),
+            Case("floor: tofile per row", floor_case(n_steps, large)),
+        ]
+        times = measure(base, step_cases)
+        report(f"\n{base}: {n_steps} calls of a jitted step recording float32"
+               f"{list(LARGE_SHAPE)} each, end to end", times, n_steps * large.nbytes,
+               n_steps, "floor: tofile per row")
+        stepped, inside = times["rec.step(step)"], times["jax.jit(step), records inside"]
+        per_round = [j / s for s, j in zip(stepped, inside)]
+        print(f"  rec.step / records inside, time: "
+              f"{statistics.median(stepped) / statistics.median(inside):.2f}x of the medians, "
+              f"rounds {min(1 / r for r in per_round):.2f}-{max(1 / r for r in per_round):.2f}x")
+        n_small_steps = min(SMALL_ROWS, 2000)
+        small_steps = [
+            Case("rec.step(step)", step_case(n_small_steps, small, wrapped=True)),
+            Case("rec.step(step, outputs=True)", step_case(n_small_steps, small, True, True)),
+            Case("jax.jit(step), records inside", step_case(n_small_steps, small,
+                                                           wrapped=False)),
+            Case("floor: tofile per row", floor_case(n_small_steps, small)),
+        ]
+        times = measure(base, small_steps)
+        report(f"\n{base}: {n_small_steps} calls of a jitted step recording float32"
+               f"{list(SMALL_SHAPE)} each, end to end", times,
+               n_small_steps * small.nbytes, n_small_steps, "floor: tofile per row")
+        stepped, inside = times["rec.step(step)"], times["jax.jit(step), records inside"]
+        print(f"  rec.step / records inside, time: "
+              f"{statistics.median(stepped) / statistics.median(inside):.2f}x of the medians")
 
         small_cases = [
             Case("Recorder", recorder_case(SMALL_ROWS, small)),

@@ -11,6 +11,7 @@
 #   bench   python -m hostfeed bench (the TPU suite, <= 300 s): hostfeed against JAX's
 #           callbacks, the targets as ratios, tpu_bench.json. The smoke and the bench run
 #           with JAX_PLATFORMS=tpu,cpu (JAX's own callbacks need its CPU backend).
+#           (TPU_CHECK_BENCH_ONLY="record paths": only those sections)
 #   suite   tests/python (not the bench's, GPUs' or lowering-only files) with
 #           JAX_PLATFORMS=tpu, in the time left; tests that start another process or need
 #           several devices skip themselves there.
@@ -89,6 +90,9 @@ if wants bench; then
     say "bench (at most ${bench_secs} s)"
     quick=()
     [ "$platform" = tpu ] || quick=(--quick --suite tpu)
+    # TPU_CHECK_BENCH_ONLY: the bench's sections to run (default: all of the TPU suite).
+    [ -z "${TPU_CHECK_BENCH_ONLY:-}" ] || read -r -a only <<< "$TPU_CHECK_BENCH_ONLY"
+    [ -z "${TPU_CHECK_BENCH_ONLY:-}" ] || quick+=(--only "${only[@]}")
     JAX_PLATFORMS=$with_cpu timeout -k 10 "$bench_secs" "$python" -m hostfeed bench "${quick[@]}" \
         --json "$out/tpu_bench.json" > "$out/bench.log" 2>&1
     bench_rc=$?

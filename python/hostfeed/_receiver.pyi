@@ -193,8 +193,9 @@ class Recorder:
         """Announces ``rows`` rows of parted array ``name`` in its ``zarr.json``."""
 
     def append(self, array_id: int, data: Any, step: int, device: int,
-               transforms: str) -> None:
-        """Records one row of ``array_id`` from the C-contiguous bytes ``data``."""
+               transforms: str, wait: bool = False) -> None:
+        """Records one row of ``array_id`` from the C-contiguous bytes ``data``; with
+        ``wait``, first waits (GIL released) for room under the byte bound."""
 
     def flush(self, timeout: float | None = None) -> bool:
         """Writes and announces every row received so far; False if not done in time."""

@@ -355,31 +355,50 @@ impl PyRecorder {
     }
 
     /// Records one row of array `array_id` from `data`, a C-contiguous buffer of its bytes
-    /// (values that reach the host through Python: global-view records, inline mode).
-    #[pyo3(signature = (array_id, data, step, device, transforms))]
+    /// (values that reach the host through Python: global-view records, inline mode, the
+    /// outputs of a recorded step). With `wait`, first waits (GIL released) for room under
+    /// the byte bound, then copies with the GIL released: never on the consumer thread,
+    /// which makes the room.
+    #[pyo3(signature = (array_id, data, step, device, transforms, wait=false))]
+    #[allow(clippy::too_many_arguments)]
     fn append(
         &self,
+        py: Python<'_>,
         array_id: usize,
         data: &Bound<'_, PyAny>,
         step: i64,
         device: i32,
         transforms: &str,
+        wait: bool,
     ) -> PyResult<()> {
         let buf = PyUntypedBuffer::get(data)?;
         if !buf.is_c_contiguous() {
             return Err(PyValueError::new_err("append needs a C-contiguous buffer"));
         }
         let len = buf.len_bytes();
-        let bytes: &[u8] = if len == 0 {
-            &[]
-        } else {
-            // SAFETY: the buffer is C-contiguous with `len` bytes at `buf_ptr`, exported by
-            // its owner for as long as `buf` lives; we stay attached to Python while we read
-            // it, so no Python code runs meanwhile on this thread.
-            unsafe { std::slice::from_raw_parts(buf.buf_ptr().cast::<u8>(), len) }
-        };
         let t = self.inner.transforms_index(transforms);
-        self.inner.append(array_id, bytes, step, device, t).py()
+        if len == 0 {
+            return self.inner.append(array_id, &[], step, device, t).py();
+        }
+        // The address as an integer, so that the slice can be made on the detached side.
+        let ptr = buf.buf_ptr() as usize;
+        let inner = &self.inner;
+        let copy = || {
+            // SAFETY: the buffer is C-contiguous with `len` bytes at `ptr`, exported by its
+            // owner for as long as `buf` lives, which outlives this call. Read while
+            // detached only with `wait`, from the outputs of a recorded step (read-only
+            // host copies nobody writes); else attached, so no Python code runs meanwhile
+            // on this thread.
+            let bytes = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
+            if wait {
+                inner.append_waiting(array_id, bytes, step, device, t)
+            } else {
+                inner.append(array_id, bytes, step, device, t)
+            }
+        };
+        let appended = if wait { py.detach(copy) } else { copy() };
+        drop(buf);
+        appended.py()
     }
 
     /// Writes every row received so far and announces it in the store's metadata, waiting

@@ -8,9 +8,11 @@ the device, :func:`unpack` slices them back, and :meth:`Layout.views` gives the 
 views of the buffer without copying. Each array starts at a multiple of
 :data:`ALIGNMENT` bytes, so the host views are aligned for their dtype.
 
-Only dtypes that bitcast to bytes on every platform are packed (:func:`packable`): the
-integers, floats of 16 and 32 bits and booleans (as ``uint8``). Others (64-bit and complex
-dtypes, the float8 types) travel as arrays of their own, as JAX's callbacks send them.
+Only dtypes that bitcast to bytes unchanged on every platform are packed
+(:func:`packable`): the integers, float16, float32 and booleans (as ``uint8``). Others
+travel as arrays of their own, as JAX's callbacks send them: 64-bit and complex dtypes, the
+float8 types, and bfloat16 (a TPU's bitcast of bfloat16 to integers flushes its subnormals
+and rewrites its NaN payloads, where sending it as it is keeps its bits).
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ ALIGNMENT = 16
 
 _PACKABLE = frozenset(np.dtype(t) for t in (
     np.bool_, np.int8, np.int16, np.int32, np.uint8, np.uint16, np.uint32, np.float16,
-    jnp.bfloat16, np.float32))
+    np.float32))
 
 
 def packable(dtype: Any) -> bool:

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import consumers, settings
 from .record_roles import KIND, KIND_WITH_STEP, STEP, lane_dims, roles, transforms_json
-from .recording import Target
+from .record.target import Target
 from .runtime import CallbackSpec, make_tap_invoker
 
 

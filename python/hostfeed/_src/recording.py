@@ -23,11 +23,11 @@ operand is what, :func:`lane_dims` how many leading dimensions are lanes.
 from __future__ import annotations
 
 import logging
-import json
 import math
 import os
 import threading
 from typing import Any, Optional
+from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
 
@@ -35,9 +35,11 @@ import jax
 import numpy as np
 
 from .. import _receiver
-from . import (compat, coordination, dtypes, keys, lifecycle, record_inputs, settings, stores,
+from . import (compat, coordination, dtypes, keys, lifecycle, record_inputs, stores,
                summaries)
 from .primitives import outside_call_p, outside_call_params
+from .record import step as _step
+from .record.target import Target
 from .runtime import CallbackSpec
 from .record_roles import (COTANGENT_SUFFIX, KIND, KIND_WITH_STEP, ROW_METADATA, STEP,  # noqa: F401
                            TANGENT_SUFFIX, lane_dims, roles, transforms_json)
@@ -54,61 +56,6 @@ def _dtype_code(dtype: Any) -> int:
     if code is None:
         raise TypeError(f"hostfeed: values of dtype {name} cannot be recorded")
     return code
-
-
-class Target:
-    """The ``func`` of a record's :class:`CallbackSpec`: one name of one recorder, with or
-    without a step (``kind``). Called only on the paths that go through Python (see the
-    module documentation), as a tap function with ``(arg, transforms, device=...)``."""
-
-    __slots__ = ("kind", "name", "recorder")
-
-    def __init__(self, recorder: Recorder, name: str, kind: str):
-        self.recorder = recorder
-        self.name = name
-        self.kind = kind
-
-    def __repr__(self) -> str:  # names the consumer in messages
-        return f"Recorder.record({self.name!r})"
-
-    def __call__(self, arg: Any, transforms: Sequence, *, device: Any = None) -> None:
-        # On the consumer thread (or inline): a failure belongs to this recorder, whose
-        # flush, close and the next barrier_wait raise it (whichever comes first).
-        try:
-            self._append(arg, transforms, device)
-        except Exception as exc:  # kept for the recorder's flush/close
-            if settings.inline() and not _receiver.in_callback_thread():
-                raise  # inline mode: the caller's own thread, which sees it at once
-            logger.error("hostfeed: %r failed (raised by the recorder's next flush, "
-                                  "close or barrier_wait): %s", self, exc)
-            self.recorder._keep_error(exc)
-
-    def _append(self, arg: Any, transforms: Sequence, device: Any) -> None:
-        leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(arg)]
-        names = [t[0] for t in transforms]
-        rs = roles(self.kind, names, len(leaves))
-        nb = lane_dims(names)
-        lanes = int(np.prod(leaves[0].shape[:nb], dtype=np.int64)) if nb else 1
-        packed = json.dumps(transforms, default=list)
-        steps = [-1] * lanes
-        for r, leaf in zip(rs, leaves):
-            if r == STEP:
-                flat = leaf.reshape(-1)
-                steps = [int(flat[min(k, flat.size - 1)]) if flat.size else -1
-                         for k in range(lanes)]
-        ordinal = -1 if device is None else int(getattr(device, "id", -1))
-        native = self.recorder._native
-        values = []
-        for r, leaf in zip(rs, leaves):
-            if r is not None and r != STEP:
-                value = np.ascontiguousarray(leaf).reshape(lanes, *leaf.shape[nb:])
-                array_id = self.recorder._declare(self.name + r, value.dtype, value.shape[1:])
-                self.recorder._coord.claim(self.name + r)
-                values.append((array_id, value))
-        for k in range(lanes):
-            for array_id, value in values:
-                native.append(array_id, value[k].reshape(-1).view(np.uint8), steps[k],
-                              ordinal, packed)
 
 
 # Recorders not closed yet: barrier_wait flushes them, interpreter exit closes them (after
@@ -272,6 +219,7 @@ class Recorder:
         self._declared: dict[tuple, int] = {}
         # Errors of rows recorded through Python (eager records), not raised yet.
         self._unseen: list[BaseException] = []
+        self._steps: Optional[_step.Pipeline] = None
         self._pid = os.getpid()
         with open_lock:
             _open.add(self)
@@ -379,6 +327,68 @@ class Recorder:
                 keys.rewrap_keys(outs[len(operands):], result_keys))
         return treedef.unflatten(keys.rewrap_keys(outs[:1], value_keys))
 
+    def step(self, fn: Callable, *, in_flight: int = _step.DEFAULT_IN_FLIGHT,
+             outputs: Optional[bool] = None, **jit_kwargs: Any) -> _step.RecordedStep:
+        """``fn`` compiled with ``jax.jit``, its records leaving the computation as outputs:
+        the fastest way to record from a step that is called again and again (a training
+        step), on an accelerator above all.
+
+        The ``record()`` calls that ``fn`` makes (at its top, in nested ``jit``, ``scan``
+        and ``fori_loop`` bodies, in ``cond`` branches and ``every=``/``start=``/``stop=``,
+        under ``grad`` and ``vmap``) become extra outputs of the computation instead of
+        host callbacks inside it. Each call starts their copies to the host at once and
+        returns ``fn``'s outputs; a thread appends the rows while the next steps run, in
+        call order. ``every=`` moves no bytes for a step it skips; ``reduce=`` moves only
+        the summary. A ``record`` inside a ``while_loop`` (or ``shard_map``, ``pmap``)
+        stays in the computation, as without ``step``. By default the records leave as
+        outputs where the step runs on a TPU; on a CPU or a GPU, where hostfeed's own
+        handlers copy a record inside the computation for less, they stay inside (the
+        step is then ``jax.jit(fn)``).
+
+        Args:
+          fn: the step function; it may record with this or other recorders.
+          in_flight: at most this many calls' records wait on the device: the next call
+            waits until the oldest is copied (device memory for records stays within
+            ``in_flight`` times one step's recorded bytes).
+          outputs: True: the records always leave as outputs; False: never (they are
+            host callbacks inside the computation); None: as outputs on a TPU.
+          **jit_kwargs: passed to ``jax.jit`` (``static_argnums``, ``donate_argnums``...).
+
+        Returns:
+          A callable like ``jax.jit(fn)``.
+
+        Example:
+            >>> train_step = rec.step(train_step)              # doctest: +SKIP
+            >>> for i, batch in enumerate(data):               # doctest: +SKIP
+            ...     params = train_step(params, batch, i)
+        """
+        if not callable(fn):
+            raise TypeError(f"hostfeed: Recorder.step(fn) needs a callable, got "
+                            f"{type(fn).__name__}")
+        if isinstance(in_flight, bool) or not isinstance(in_flight, (int, np.integer)) \
+                or in_flight < 1:
+            raise ValueError(f"hostfeed: Recorder.step: in_flight must be a positive number "
+                             f"of steps, got {in_flight!r}")
+        if outputs is not None and not isinstance(outputs, bool):
+            raise TypeError(f"hostfeed: Recorder.step: outputs must be True, False or None, "
+                            f"got {outputs!r}")
+        return _step.RecordedStep(self, fn, int(in_flight), jit_kwargs, outputs)
+
+    def _pipeline(self) -> _step.Pipeline:
+        """The pipeline of this recorder's steps (made on first use)."""
+        p = self._steps
+        if p is None:
+            with self._lock:
+                if self._steps is None:
+                    self._steps = _step.Pipeline(self)
+                p = self._steps
+        return p
+
+    def _drain_steps(self) -> None:
+        """Waits until every row of the steps called so far is appended."""
+        if self._steps is not None:
+            self._steps.drain()
+
     def flush(self, timeout: Optional[float] = None) -> None:
         """Waits until every row recorded by the computations dispatched so far is written
         and announced in the store's metadata.
@@ -391,6 +401,7 @@ class Recorder:
           TimeoutError: not done within ``timeout`` seconds (what was written is announced).
         """
         lifecycle.check_not_in_callback("Recorder.flush")
+        self._drain_steps()
         failed_run = lifecycle.drain_dispatched(timeout)
         if not self._native.flush(timeout):
             raise _receiver.ReceiverTimeoutError(
@@ -409,6 +420,7 @@ class Recorder:
             return
         lifecycle.check_not_in_callback("Recorder.close")
         try:
+            self._drain_steps()
             lifecycle.drain_dispatched()
         finally:
             with open_lock:
@@ -551,6 +563,7 @@ def _flush_open() -> Optional[BaseException]:
     first: Optional[BaseException] = None
     for rec in recorders:
         try:
+            rec._drain_steps()
             rec._native.flush(None)
             rec._coord.commit(rec._native)
         except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
@@ -566,6 +579,7 @@ def _close_open() -> None:
         _open.clear()
     for rec in recorders:
         try:
+            rec._drain_steps()
             rec._close_native()
         except Exception as exc:  # noqa: BLE001 - logged; the other recorders still close
             logger.error("hostfeed: closing %r at exit: %s", rec, exc)

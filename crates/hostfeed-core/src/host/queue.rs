@@ -471,6 +471,21 @@ impl<T> Queue<T> {
         self.space_freed.notify_all();
     }
 
+    /// Waits until `bytes` more fit under the bound, or nothing but held-back bytes is
+    /// charged (a row larger than the bound goes alone), or the queue is closed; charges
+    /// nothing. While it waits it counts as a waiting producer (a recorder's ticker then
+    /// writes partial chunks early to make room).
+    pub(crate) fn wait_for_room(&self, bytes: usize) {
+        let mut g = lock(&self.inner);
+        loop {
+            let bound = self.bound.load(Ordering::Relaxed);
+            if g.closed || g.held_bytes <= g.held_back || g.held_bytes.saturating_add(bytes) <= bound {
+                return;
+            }
+            g = self.space_freed.wait(g);
+        }
+    }
+
     /// Whether some producer is waiting for space now.
     pub(crate) fn producers_waiting(&self) -> bool {
         self.space_freed.has_sleepers()

@@ -26,6 +26,12 @@ pub trait Budget: Send + Sync + 'static {
     fn producers_waiting(&self) -> bool;
     /// Something worth telling the user that has no caller to raise in (logged).
     fn note(&self, text: String);
+    /// Waits until `bytes` more fit under the bound (at once if nothing is charged: a row
+    /// larger than the bound goes alone). For producers that are not the consumer thread
+    /// (which frees the room): rows a recorder's steps hand over from their outputs.
+    fn wait_for_room(&self, bytes: usize) {
+        let _ = bytes;
+    }
 }
 
 impl Budget for &'static Hub {
@@ -43,6 +49,9 @@ impl Budget for &'static Hub {
     }
     fn note(&self, text: String) {
         Hub::note(self, text);
+    }
+    fn wait_for_room(&self, bytes: usize) {
+        self.queue.wait_for_room(bytes);
     }
 }
 

@@ -71,11 +71,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 use crate::error::RecordError;
-use crate::host::buffer::{HostBuffer, PoolReservation};
+use crate::host::buffer::PoolReservation;
 use crate::host::message::recorded_device;
 use crate::host::sync::{lock, Waker};
 use crate::record::arrays::{
-    meta_specs, ArrayHandle, ArrayState, Job, Payload, Pool, Row, RowMeta, META_CHUNK_ROWS,
+    meta_specs, ArrayHandle, ArrayState, Job, Pool, Row, RowMeta, META_CHUNK_ROWS,
     META_CHUNK_ROWS_OBJECTS,
 };
 use crate::record::common::{as_u64, as_usize, read_lock, write_lock, ArrayId, Budget, Mode, Options};
@@ -88,6 +88,7 @@ use crate::record::zarr::{self, ArraySpec, Codec, DType, ROW_METADATA};
 mod parts;
 mod resume;
 mod root;
+mod rows;
 use root::{is_recording, prepare_objects, prepare_root, refuse_shared_append, root_attributes};
 
 /// Longest path the recorder creates (Linux's `PATH_MAX`).
@@ -656,45 +657,6 @@ impl Recorder {
 
     pub(crate) fn array(&self, id: ArrayId) -> Option<Arc<ArrayHandle>> {
         read_lock(&self.arrays).get(id).cloned()
-    }
-
-    /// Records one row of array `id` copied from `data` (the path of values that reach
-    /// the host through Python: global-view records joined from shards, inline mode).
-    ///
-    /// # Errors
-    /// A size that does not match the array's rows, an unknown array, a closed recorder.
-    pub fn append(
-        &self,
-        id: ArrayId,
-        data: &[u8],
-        step: i64,
-        device: i32,
-        transforms: i16,
-    ) -> Result<(), RecordError> {
-        let a = self.array(id).ok_or_else(|| RecordError::Invalid(format!("no array with id {id}")))?;
-        if data.len() != a.spec.row_bytes() {
-            return Err(RecordError::Invalid(format!(
-                "{}: a row has {} bytes, got {}",
-                a.context(),
-                a.spec.row_bytes(),
-                data.len()
-            )));
-        }
-        if self.is_closed() {
-            return Err(self.closed_error());
-        }
-        let mut buf = HostBuffer::with_capacity(data.len())
-            .map_err(|e| RecordError::Io { errno: Some(libc::ENOMEM), message: e.to_string() })?;
-        if !data.is_empty() {
-            // SAFETY: the buffer was allocated with room for `data.len()` bytes; a fresh
-            // allocation cannot overlap `data`.
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf.as_mut_ptr(), data.len()) };
-        }
-        self.budget.charge(buf.capacity());
-        let payload = Arc::new(Payload { charged: buf.capacity(), buf, budget: Arc::clone(&self.budget) });
-        let meta = self.meta(step, device, transforms);
-        self.route_row(&a, Row { payload, offset: 0, len: data.len(), meta });
-        Ok(())
     }
 
     pub(crate) fn meta(&self, step: i64, device: i32, transforms: i16) -> RowMeta {

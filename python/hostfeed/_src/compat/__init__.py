@@ -343,6 +343,8 @@ PYTHON_CALLBACK_PLATFORMS = frozenset(
 from .transfers import (  # noqa: E402,F401
     COMPILE_FAILURES_NAMED, add_host_transfer_callback, after_all, compile_failure_note,
     jax_ordered_io_effect, note_lowered, receive_from_host, send_to_host, xla_shape)
+# Re-evaluating a traced jaxpr (the recorder's hoisting of records into outputs).
+from . import jaxprs  # noqa: E402,F401
 
 
 def partition_id() -> Any:

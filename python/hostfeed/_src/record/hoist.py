@@ -1,0 +1,292 @@
+"""Records hoisted out of a computation into its outputs.
+
+A recorded step (:class:`hostfeed._src.record.step.RecordedStep`) traces the user's
+function to a jaxpr, then evaluates that jaxpr again inside its own ``jit`` with this
+module's interpreter: every equation is bound as it was, except a record's
+(``outside_call_p`` with a recorder's target), whose operands are *collected* instead of
+sent to the host, and which is the identity, as it always is. The collected values become
+extra outputs of the computation; the host copies them when the step has been dispatched,
+overlapping the next steps, and appends their rows to the recorder.
+
+Where a record sits decides how it is collected:
+
+- at the top, or in a call-like body (nested ``jit``, ``checkpoint``, custom derivatives
+  after differentiation): as it is (a body holding a record is evaluated in place of its
+  call);
+- in a ``scan`` (``fori_loop`` with static bounds): the scan is rebuilt with ``lax.scan``,
+  its body collecting too, and the collected values come out stacked, one per iteration;
+- in a ``cond`` (``every=``, ``start=``, ``stop=`` are one): the cond is rebuilt with
+  ``lax.switch``; every branch gives every branch's collected values (zeros where it did
+  not record) and a flag per record saying whether it ran;
+- anywhere else (a ``while_loop``, ``shard_map``, ``pmap``): not collected; the record
+  stays in the computation and reaches the recorder the way it always does.
+
+The structure of what was collected is static (:class:`Site`, :class:`Loop`): it travels
+as the auxiliary data of the :class:`Collected` pytree the computation returns, so the
+host reads it from the outputs of every call without tracing again.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple, Union
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .. import compat
+from ..primitives import outside_call_p
+from ..record_roles import KIND, KIND_WITH_STEP
+
+__all__ = ["Site", "Loop", "Collected", "evaluate", "holds_records", "order"]
+
+
+class Site(NamedTuple):
+    """One record equation: its callback (a recorder's target), its transforms, how many
+    operands it sends, and whether each instance carries a flag (inside a cond: it may not
+    have run). Its arrays: the flag (bool, if flagged), then the operands."""
+    callback: Any
+    transforms: tuple
+    operands: int
+    flagged: bool
+
+
+class Loop(NamedTuple):
+    """A scan that collected: its length and direction, and what its body collected (each
+    array stacked along a new leading axis, one entry per iteration)."""
+    length: int
+    reverse: bool
+    children: tuple
+
+
+Node = Union[Site, Loop]
+
+
+class Collected:
+    """What a computation collected: the static nodes and their arrays, flat in node order.
+    A pytree whose auxiliary data is the nodes (so jit returns them with every call)."""
+
+    __slots__ = ("nodes", "arrays")
+
+    def __init__(self, nodes: tuple, arrays: Sequence[Any]):
+        self.nodes = tuple(nodes)
+        self.arrays = list(arrays)
+
+    def __repr__(self) -> str:
+        return f"Collected({len(self.nodes)} nodes, {len(self.arrays)} arrays)"
+
+
+jax.tree_util.register_pytree_node(
+    Collected, lambda c: (c.arrays, c.nodes), lambda nodes, arrays: Collected(nodes, arrays))
+
+
+def is_record(eqn: Any) -> bool:
+    """Whether ``eqn`` is a recorder's record that can be collected (not a synchronous one,
+    not one the global-view lowering already split into parts)."""
+    if eqn.primitive is not outside_call_p:
+        return False
+    params = eqn.params
+    return (params["callback"].kind in (KIND, KIND_WITH_STEP) and not params.get("sync")
+            and params.get("shard_parts") is None)
+
+
+_holds: dict[int, tuple[Any, bool]] = {}
+
+
+def holds_records(jaxpr: Any) -> bool:
+    """Whether ``jaxpr`` (open) has a record equation, at any depth."""
+    hit = _holds.get(id(jaxpr))
+    if hit is not None and hit[0] is jaxpr:
+        return hit[1]
+    found = any(is_record(e) or any(holds_records(j) for j in compat.jaxprs.sub_jaxprs(e.params))
+                for e in jaxpr.eqns)
+    if len(_holds) > 4096:
+        _holds.clear()
+    _holds[id(jaxpr)] = (jaxpr, found)
+    return found
+
+
+class _Collector:
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+        self.arrays: list[Any] = []
+
+    def site(self, eqn: Any, operands: Sequence[Any]) -> None:
+        params = eqn.params
+        self.nodes.append(Site(params["callback"], params["transforms"], len(operands), False))
+        self.arrays.extend(_strong(x) for x in operands)
+
+
+def _strong(x: Any) -> Any:
+    """``x`` without a weak type (a branch's outputs must have the same types in each)."""
+    x = jnp.asarray(x)
+    return lax.convert_element_type(x, x.dtype) if getattr(x, "weak_type", False) else x
+
+
+def evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]
+             ) -> tuple[list, tuple, list]:
+    """Evaluates ``jaxpr`` on ``args`` in the current trace, collecting its records:
+    (its results, the collected nodes, their arrays)."""
+    c = _Collector()
+    outs = _eval(jaxpr, consts, args, c)
+    return outs, tuple(c.nodes), c.arrays
+
+
+def _eval(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], c: _Collector) -> list:
+    env: dict[Any, Any] = {}
+
+    def read(v: Any) -> Any:
+        return v.val if compat.jaxprs.is_literal(v) else env[v]
+
+    env.update(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        outvals = _eval_eqn(eqn, invals, c)
+        for v, x in zip(eqn.outvars, outvals):
+            if not isinstance(v, compat.DropVar):
+                env[v] = x
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _eval_eqn(eqn: Any, invals: list, c: _Collector) -> list:
+    if is_record(eqn):
+        c.site(eqn, invals[:eqn.params["nr_tapped_args"]])
+        return invals  # the identity on every operand
+    subs = compat.jaxprs.sub_jaxprs(eqn.params)
+    if not subs or not any(holds_records(j) for j in subs):
+        return compat.jaxprs.bind_eqn(eqn, invals)
+    name = eqn.primitive.name
+    if name == "scan":
+        return _scan(eqn, invals, c)
+    if name == "cond":
+        return _cond(eqn, invals, c)
+    called = compat.jaxprs.call_body(eqn)
+    if called is not None:
+        return _eval(called[0], called[1], invals, c)
+    # A while loop, shard_map, pmap...: its records stay in the computation.
+    return compat.jaxprs.bind_eqn(eqn, invals)
+
+
+def _scan(eqn: Any, invals: list, c: _Collector) -> list:
+    params = eqn.params
+    consts, carry, xs = compat.jaxprs.scan_groups(params, invals)
+    body, body_consts = compat.jaxprs.scan_body(params)
+    inner = _Collector()
+    ncarry = len(carry)
+
+    def step(k: list, x: list) -> tuple:
+        inner.nodes, inner.arrays = [], []
+        outs = _eval(body, body_consts, [*consts, *k, *x], inner)
+        return outs[:ncarry], (outs[ncarry:], inner.arrays)
+
+    scanned: Any = lax.scan(step, carry, xs, length=params["length"],
+                            reverse=params["reverse"], unroll=params.get("unroll", 1))
+    new_carry, (ys, stacked) = scanned
+    c.nodes.append(Loop(int(params["length"]), bool(params["reverse"]), tuple(inner.nodes)))
+    c.arrays.extend(stacked)
+    return [*new_carry, *ys]
+
+
+def _flagged(nodes: Sequence[Node], arrays: Sequence[Any], lead: tuple = ()
+             ) -> tuple[list[Node], list]:
+    """Every site of ``nodes`` with a flag: a site that had none gets a true one (of the
+    stacked shape ``lead`` of its loops)."""
+    out_nodes: list[Node] = []
+    out: list = []
+    it = iter(arrays)
+    for node in nodes:
+        if isinstance(node, Loop):
+            inner = [next(it) for _ in range(_count(node))]
+            n, a = _flagged(node.children, inner, (*lead, node.length))
+            out_nodes.append(node._replace(children=tuple(n)))
+            out.extend(a)
+        else:
+            out.append(next(it) if node.flagged else jnp.ones(lead, bool))
+            out.extend(next(it) for _ in range(node.operands))
+            out_nodes.append(node._replace(flagged=True))
+    return out_nodes, out
+
+
+def _count(node: Node) -> int:
+    """How many arrays a node holds."""
+    if isinstance(node, Loop):
+        return sum(_count(n) for n in node.children)
+    return node.operands + int(node.flagged)
+
+
+def _cond(eqn: Any, invals: list, c: _Collector) -> list:
+    index, ops = invals[0], invals[1:]
+    branches = compat.jaxprs.cond_branches(eqn.params)
+    # What each branch collects (nodes, and the arrays' types), traced once to know it.
+    shapes: list[tuple[list[Node], Any]] = []
+    for body, consts in branches:
+        probe = _Collector()
+
+        def run(*o: Any, body: Any = body, consts: Any = consts, probe: Any = probe) -> Any:
+            _eval(body, consts, list(o), probe)
+            return _flagged(probe.nodes, probe.arrays)[1]
+
+        arrays = jax.eval_shape(run, *ops)
+        shapes.append((_flagged(probe.nodes, [None] * len(probe.arrays))[0], arrays))
+
+    def branch(i: int) -> Any:
+        body, consts = branches[i]
+
+        def run(*o: Any) -> tuple:
+            inner = _Collector()
+            outs = _eval(body, consts, list(o), inner)
+            mine = _flagged(inner.nodes, inner.arrays)[1]
+            out: list = []
+            for j, (_, arrays) in enumerate(shapes):
+                out.extend(mine if j == i else
+                           [jnp.zeros(a.shape, a.dtype) for a in arrays])
+            return outs, out
+
+        return run
+
+    outs, collected = lax.switch(index, [branch(i) for i in range(len(branches))], *ops)
+    for nodes, _ in shapes:
+        c.nodes.extend(nodes)
+    c.arrays.extend(collected)
+    return list(outs)
+
+
+def order(nodes: Sequence[Node], prefix: tuple = ()) -> Iterator[tuple[int, Site, tuple]]:
+    """The record instances of ``nodes`` in program order: (the index of the site's first
+    array in the flat list, the site, its index into the stacked arrays)."""
+    yield from _order(nodes, prefix, [0])
+
+
+def _order(nodes: Sequence[Node], prefix: tuple, at: list) -> Iterator[tuple[int, Site, tuple]]:
+    for node in nodes:
+        if isinstance(node, Loop):
+            start = at[0]
+            steps = range(node.length - 1, -1, -1) if node.reverse else range(node.length)
+            for t in steps:
+                at[0] = start
+                yield from _order(node.children, (*prefix, t), at)
+            at[0] = start + _count(node)
+        else:
+            yield at[0], node, prefix
+            at[0] += _count(node)
+
+
+def site_arrays(nodes: Sequence[Node]) -> tuple[list[int], list[int]]:
+    """The flat indices of the arrays every call needs (operands of sites without a flag),
+    and of the flags."""
+    always: list[int] = []
+    flags: list[int] = []
+    at = 0
+    for node in nodes:
+        if isinstance(node, Loop):
+            a, f = site_arrays(node.children)
+            always += [at + i for i in a]
+            flags += [at + i for i in f]
+        elif node.flagged:
+            flags.append(at)
+        else:
+            always += list(range(at, at + node.operands))
+        at += _count(node)
+    return always, flags
+

@@ -1,0 +1,263 @@
+"""A recorded step: ``Recorder.step(fn)``, a jitted ``fn`` whose records leave the
+computation as outputs instead of as host callbacks inside it.
+
+Each call dispatches the computation (:mod:`hostfeed._src.record.hoist` turned its records
+into extra outputs), starts the device-to-host copies of what it recorded at once, and
+hands them to the recorder's *pipeline*: one thread that, in call order, waits for each
+step's copies and appends the rows (the bytes go to the recorder's writers from the host
+copies, without a Python copy). The computation itself waits for nothing: the copies of
+one step overlap the next steps, and on an accelerator the step keeps the cost of the copy
+alone (no host transfer inside it, no Python callback).
+
+Memory: at most ``in_flight`` steps' records wait on the device; a call that would make
+one more waits first (back-pressure), so device memory held for records stays within
+``in_flight`` times a step's recorded bytes. On the host, rows wait within the queue's
+byte bound like every record (the pipeline waits for room).
+
+Flush, close, ``barrier_wait`` and exit wait for the pipeline first, so nothing recorded
+by a step that was called is lost.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
+
+import jax
+import numpy as np
+
+from .. import compat
+from ..record_roles import STEP, lane_dims, roles
+from ..runtime import unpack_transforms
+from . import hoist
+
+logger = logging.getLogger("hostfeed")
+
+__all__ = ["RecordedStep", "Pipeline", "DEFAULT_IN_FLIGHT"]
+
+#: Steps whose records may wait on the device at once (``Recorder.step(in_flight=)``).
+DEFAULT_IN_FLIGHT = 4
+
+
+class RecordedStep:
+    """``fn`` compiled with ``jax.jit`` (``jit_kwargs``), its records taken out as outputs
+    and written by ``recorder``'s pipeline. See :meth:`hostfeed.Recorder.step`."""
+
+    def __init__(self, recorder: Any, fn: Callable, in_flight: int, jit_kwargs: dict,
+                 outputs: Optional[bool] = None):
+        self.recorder = recorder
+        self.fn = fn
+        self.in_flight = in_flight
+        self.outputs = outputs
+        self._inside = jax.jit(fn, **jit_kwargs)
+        static = jit_kwargs.get("static_argnums", ())
+        self._static = (static,) if isinstance(static, int) else tuple(static)
+        names = jit_kwargs.get("static_argnames", ())
+        self._static_names = (names,) if isinstance(names, str) else tuple(names)
+        self._jitted = jax.jit(self._traced, **jit_kwargs)
+        self.__wrapped__ = fn
+        self.__name__ = getattr(fn, "__name__", "step")
+        self.__doc__ = getattr(fn, "__doc__", None)
+
+    def __repr__(self) -> str:
+        return f"{self.recorder!r}.step({self.__name__})"
+
+    def _traced(self, *args: Any, **kwargs: Any) -> tuple[Any, hoist.Collected]:
+        """What ``jit`` traces: ``fn`` traced to a jaxpr, evaluated again with its records
+        collected as outputs."""
+        n = len(args)
+        static = {i % n if n else i for i in self._static}
+        dyn = {i: a for i, a in enumerate(args) if i not in static}
+        dyn_kw = {k: v for k, v in kwargs.items() if k not in self._static_names}
+        leaves, tree = jax.tree_util.tree_flatten((dyn, dyn_kw))
+
+        def flat(*ls: Any) -> Any:
+            d, dk = jax.tree_util.tree_unflatten(tree, ls)
+            full = [d[i] if i in d else args[i] for i in range(n)]
+            kw = {**{k: v for k, v in kwargs.items() if k in self._static_names}, **dk}
+            return self.fn(*full, **kw)
+
+        jaxpr, consts, shape = compat.jaxprs.traced(flat, *leaves)
+        outs, nodes, arrays = hoist.evaluate(jaxpr, consts, leaves)
+        _declare(nodes, arrays)
+        result = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shape), outs)
+        return result, hoist.Collected(nodes, arrays)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves = jax.tree_util.tree_leaves((args, kwargs))
+        if any(compat.is_tracer(x) for x in leaves):
+            # Called inside another trace (a jit, grad, vmap of its own): there is no
+            # dispatch to hang the records on, so they stay in that computation.
+            return self.fn(*args, **kwargs)
+        if not self.takes_outputs(leaves):
+            return self._inside(*args, **kwargs)
+        result, collected = self._jitted(*args, **kwargs)
+        if collected.nodes:
+            self.recorder._pipeline().submit(collected, self.in_flight)
+        return result
+
+    def takes_outputs(self, leaves: Sequence[Any] = ()) -> bool:
+        """Whether the records of a call on ``leaves`` (its arguments) leave as outputs:
+        as ``outputs=`` says, else where the computation runs on a TPU (whose records
+        would be host transfers inside it, which cost far more than a copy of an output;
+        on a CPU or a GPU hostfeed's own handlers copy a record inside the computation
+        for less than a copy of an output costs)."""
+        if self.outputs is not None:
+            return self.outputs
+        return _platform(leaves) == "tpu"
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """The computation lowered for ``args`` (``jax.jit(...).lower``); where the records
+        leave as outputs, its outputs are ``(fn's outputs, what it records)``."""
+        if self.takes_outputs(jax.tree_util.tree_leaves((args, kwargs))):
+            return self._jitted.lower(*args, **kwargs)
+        return self._inside.lower(*args, **kwargs)
+
+
+def _platform(leaves: Sequence[Any]) -> str:
+    """The platform a call on ``leaves`` runs on: its first committed array's, else JAX's
+    default backend."""
+    for x in leaves:
+        if isinstance(x, jax.Array) and getattr(x, "committed", False):
+            return next(iter(x.devices())).platform
+    return jax.default_backend()
+
+
+def _declare(nodes: Sequence[hoist.Node], arrays: Sequence[Any], depth: int = 0) -> int:
+    """Declares the arrays every collected record writes (as lowering does for a record
+    left in the computation), so that a name recorded with another dtype or shape, or to a
+    closed recorder, is an error here, at the call; returns how many arrays it went
+    through."""
+    at = 0
+    for node in nodes:
+        if isinstance(node, hoist.Loop):
+            at += _declare(node.children, arrays[at:], depth + 1)
+            continue
+        at += int(node.flagged)
+        avals = [jax.typeof(a) if hasattr(jax, "typeof") else a.aval
+                 for a in arrays[at:at + node.operands]]
+        at += node.operands
+        target = node.callback.func
+        rec = target.recorder
+        if rec.closed:
+            raise ValueError(f"hostfeed: a step records {target.name!r} to a closed "
+                             f"recorder ({rec.path})")
+        names = [t[0] for t in unpack_transforms(node.transforms)]
+        rs = roles(node.callback.kind, names, len(avals))
+        nb = lane_dims(names)
+        for r, aval in zip(rs, avals):
+            if r is not None and r != STEP:
+                rec._declare(target.name + r, aval.dtype, aval.shape[depth + nb:])
+    return at
+
+
+class _Plan:
+    """For one structure of collected nodes: which arrays to copy at once (operands of
+    records without a flag, and the flags) and the record instances in program order."""
+
+    __slots__ = ("prefetch", "instances")
+
+    def __init__(self, nodes: tuple):
+        always, flags = hoist.site_arrays(nodes)
+        self.prefetch = always + flags
+        self.instances = list(hoist.order(nodes))
+
+
+class Pipeline:
+    """A recorder's pipeline: the steps submitted and not yet appended, in order, and the
+    thread that appends them."""
+
+    def __init__(self, recorder: Any):
+        self.recorder = recorder
+        self.cv = threading.Condition()
+        self.pending: collections.deque[hoist.Collected] = collections.deque()
+        self.busy = False
+        self.thread: Optional[threading.Thread] = None
+        self.plans: dict[tuple, _Plan] = {}
+
+    def plan(self, nodes: tuple) -> _Plan:
+        p = self.plans.get(nodes)
+        if p is None:
+            if len(self.plans) > 256:
+                self.plans.clear()
+            p = self.plans[nodes] = _Plan(nodes)
+        return p
+
+    def submit(self, collected: hoist.Collected, in_flight: int) -> None:
+        """Starts the copies of a step's records and queues it; waits first while
+        ``in_flight`` steps are queued or being appended (GIL released)."""
+        arrays = collected.arrays
+        for i in self.plan(collected.nodes).prefetch:
+            copy = getattr(arrays[i], "copy_to_host_async", None)
+            if copy is not None:
+                copy()
+        with self.cv:
+            while len(self.pending) + self.busy >= in_flight:
+                self.cv.wait()
+            self.pending.append(collected)
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, daemon=True,
+                                               name="hostfeed-record-steps")
+                self.thread.start()
+            self.cv.notify_all()
+
+    def drain(self) -> None:
+        """Waits until every step submitted so far is appended."""
+        with self.cv:
+            while self.pending or self.busy:
+                if self.thread is None or not self.thread.is_alive():
+                    # (a forked child: the parent's thread is not here)
+                    self.pending.clear()
+                    return
+                self.cv.wait(0.1)
+
+    def _run(self) -> None:
+        while True:
+            with self.cv:
+                while not self.pending:
+                    if not self.cv.wait(30.0) and not self.pending:
+                        self.thread = None  # idle: a later submit starts another
+                        return
+                collected = self.pending.popleft()
+                self.busy = True
+            try:
+                self._deliver(collected)
+            except BaseException as exc:  # noqa: BLE001 - kept for the recorder's flush
+                logger.error("hostfeed: recording a step's outputs failed (raised by the "
+                             "recorder's next flush, close or barrier_wait): %s", exc)
+                self.recorder._keep_error(exc)
+            finally:
+                del collected
+                with self.cv:
+                    self.busy = False
+                    self.cv.notify_all()
+
+    def _deliver(self, collected: hoist.Collected) -> None:
+        arrays = collected.arrays
+        host: dict[int, np.ndarray] = {}
+
+        def get(i: int) -> np.ndarray:
+            h = host.get(i)
+            if h is None:
+                h = host[i] = np.asarray(arrays[i])
+            return h
+
+        for start, site, index in self.plan(collected.nodes).instances:
+            j = start
+            if site.flagged:
+                if not get(j)[index]:
+                    continue
+                j += 1
+            values = [get(j + k)[index] for k in range(site.operands)]
+            site.callback.func.append_rows(values, site.transforms,
+                                           _device_of(arrays[j] if site.operands else None))
+
+
+def _device_of(array: Any) -> Any:
+    """The device a record's row is said to come from: the array's (the first of its
+    devices, for a sharded one: the device a global-view record names)."""
+    devices: Sequence[Any] = sorted(getattr(array, "devices", lambda: ())(),
+                                    key=lambda d: d.id)
+    return devices[0] if devices else None
