@@ -8,7 +8,9 @@ A table sits between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` (NAME 
 ``hostfeed.bench._markdown.TABLES``). Its figures come from ``docs/bench.json`` (the cited
 run: ``python -m hostfeed bench --json docs/bench.json > docs/bench.txt``) and its ranges
 from that run and the full runs in ``docs/bench-repeats/*.json``; a TPU table's (NAME in
-``TPU_TABLES``) from the newest ``docs/tpu/bench-DATE.json`` (``benches/tpu_check.sh``).
+``TPU_TABLES``) from the newest ``docs/tpu/bench-DATE.json`` (``benches/tpu_check.sh``), or
+for the record table (``TPU_RECORD_TABLES``) the newest ``docs/tpu/record-DATE.json`` (the
+check with ``TPU_CHECK_BENCH_ONLY=record``).
 A performance figure (a time in ns, µs or ms, a rate in MB/s or GB/s, a ratio such as
 ``0.25x``) anywhere else in ``README.md`` or ``docs/*.md`` is an error: a figure a reader
 sees must be one a committed run produced. CI runs ``--check`` (``tests/python/test_docs.py``).
@@ -53,8 +55,10 @@ def render(name: str, all_runs: list[dict]) -> str:
     from hostfeed.bench import _markdown
 
     if name in _markdown.TPU_TABLES:
-        tpu = tpu_runs()
-        newest = sorted(TPU_RUNS.glob("bench-*.json"), reverse=True)[0].relative_to(ROOT)
+        pattern = "record-*.json" if name in _markdown.TPU_RECORD_TABLES else "bench-*.json"
+        found = sorted(TPU_RUNS.glob(pattern), reverse=True)
+        tpu = [json.loads(f.read_text()) for f in found]
+        newest = found[0].relative_to(ROOT)
         return (f"Measured on {_markdown.tpu_machine(tpu[0])} (`{newest}`, "
                 "`python -m hostfeed bench` there). Ratios are time ratios (below one: "
                 "faster than the baseline).\n\n"

@@ -193,9 +193,10 @@ class Recorder:
         """Announces ``rows`` rows of parted array ``name`` in its ``zarr.json``."""
 
     def append(self, array_id: int, data: Any, step: int, device: int,
-               transforms: str, wait: bool = False) -> None:
+               transforms: str, wait: bool = False, lend: bool = False) -> None:
         """Records one row of ``array_id`` from the C-contiguous bytes ``data``; with
-        ``wait``, first waits (GIL released) for room under the byte bound."""
+        ``wait``, first waits (GIL released) for room under the byte bound; with ``lend``,
+        ``data`` (a numpy array nobody writes) is kept and written as it is, not copied."""
 
     def flush(self, timeout: float | None = None) -> bool:
         """Writes and announces every row received so far; False if not done in time."""

@@ -51,9 +51,11 @@ def both_ways(tmp_path, make, calls, **step_kwargs):
 
 
 def lowered_callbacks(step, *args):
-    """How many hostfeed host callbacks remain in the step's computation."""
+    """How many host callbacks remain in the step's computation (hostfeed's custom calls,
+    JAX's callbacks, a TPU's host transfers)."""
     text = step.lower(*args).as_text()
-    return text.count("hostfeed_tap") + text.count("callback")
+    return (text.count("hostfeed_tap") + text.count("callback")
+            + text.count("is_host_transfer = true"))
 
 
 def test_top_level_records_are_outputs_with_the_same_rows(tmp_path):
@@ -340,3 +342,24 @@ def test_a_value_sharded_over_devices_is_recorded_whole(tmp_path):
     assert res["step"] == res["jit"]
     assert len(res["step"][0]) == 3 and len(res["step"][0][0]) == 8
 
+
+
+def test_a_host_step_decides_the_selection_without_fetching_a_flag(tmp_path, monkeypatch):
+    # every= with the step passed as a Python int: the host knows which calls record, so a
+    # skipped call copies nothing from the device (not even the flag), a selected one only
+    # its operands.
+    from hostfeed._src.record import step as step_module
+    copied = []
+    real = step_module._copy
+    monkeypatch.setattr(step_module, "_copy", lambda a: (copied.append(a.shape), real(a)))
+
+    def make(rec):
+        def f(x, i):
+            rec.record("sel", x * 2, step=i, every=3, start=1)
+            return x + 1
+        return f
+    calls = [(jnp.zeros(5), i) for i in range(8)]  # Python ints
+    got = both_ways(tmp_path, make, calls)
+    assert got["sel"][1]["step"].tolist() == [1, 4, 7]
+    # the three selected calls' operands (the value and its step), no flag
+    assert copied == [(5,), ()] * 3, copied

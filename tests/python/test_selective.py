@@ -503,7 +503,7 @@ def test_summaries_at_selected_steps_computed_at_every_step_record_the_same(
     """Where a summary at selected steps is computed at every step (a TPU, whose compiler
     fails on the summary inside the cond), the rows, steps and returned values are the
     same as where it is computed at the selected steps only."""
-    from hostfeed._src import summaries
+    from hostfeed._src.record import selection as summaries
 
     x = jnp.asarray(data((3, 5)))
 

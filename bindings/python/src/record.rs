@@ -20,6 +20,7 @@ use pyo3::types::PyDict;
 use crate::error::IntoPy;
 use crate::host::{dict_of, duration};
 use hostfeed_core::Codec;
+use hostfeed_core::HostBuffer;
 use hostfeed_core::{hub, is_object_url, sinks, Budget, Location, Mode, Options, Recorder};
 use hostfeed_core::{install_write_tracer, open_recorders, set_write_tracing, WriteTracer};
 
@@ -359,7 +360,7 @@ impl PyRecorder {
     /// outputs of a recorded step). With `wait`, first waits (GIL released) for room under
     /// the byte bound, then copies with the GIL released: never on the consumer thread,
     /// which makes the room.
-    #[pyo3(signature = (array_id, data, step, device, transforms, wait=false))]
+    #[pyo3(signature = (array_id, data, step, device, transforms, wait=false, lend=false))]
     #[allow(clippy::too_many_arguments)]
     fn append(
         &self,
@@ -370,6 +371,7 @@ impl PyRecorder {
         device: i32,
         transforms: &str,
         wait: bool,
+        lend: bool,
     ) -> PyResult<()> {
         let buf = PyUntypedBuffer::get(data)?;
         if !buf.is_c_contiguous() {
@@ -379,6 +381,21 @@ impl PyRecorder {
         let t = self.inner.transforms_index(transforms);
         if len == 0 {
             return self.inner.append(array_id, &[], step, device, t).py();
+        }
+        if lend {
+            // No copy: the row is the numpy array's own bytes, kept alive (a reference to
+            // the array) until written. Its reference is dropped wherever the row is, and
+            // released by Python when it next runs (PyO3's deferred reference counting).
+            let ptr = buf.buf_ptr().cast::<u8>().cast_const();
+            drop(buf);
+            let keeper: Box<dyn Send + Sync> = Box::new(data.clone().unbind());
+            // SAFETY: `ptr` is the start of the C-contiguous `len` bytes of `data`, a numpy
+            // array (the pipeline of a recorded step lends only the read-only host copies
+            // of a computation's outputs, or views of them, which nobody writes); a numpy
+            // array's bytes live as long as the array, which `keeper` keeps alive.
+            let lent_buf = unsafe { HostBuffer::lent(ptr, len, keeper) };
+            let inner = &self.inner;
+            return py.detach(|| inner.append_lent(array_id, lent_buf, len, step, device, t)).py();
         }
         // The address as an integer, so that the slice can be made on the detached side.
         let ptr = buf.buf_ptr() as usize;

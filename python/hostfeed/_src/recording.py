@@ -35,9 +35,9 @@ import jax
 import numpy as np
 
 from .. import _receiver
-from . import (compat, coordination, dtypes, keys, lifecycle, record_inputs, stores,
-               summaries)
+from . import (compat, coordination, dtypes, keys, lifecycle, record_inputs, stores)
 from .primitives import outside_call_p, outside_call_params
+from .record import selection as _selection
 from .record import step as _step
 from .record.target import Target
 from .runtime import CallbackSpec
@@ -277,7 +277,7 @@ class Recorder:
         """
         if every is not None or start is not None or stop is not None or reduce is not None \
                 or axis is not None:
-            return summaries.record_selected(self._record, self._native.describe_summary,
+            return _selection.record_selected(self._record, self._native.describe_summary,
                                              name, value, step, result, every, start, stop,
                                              reduce, axis)
         return self._record(name, value, step=step, result=result)

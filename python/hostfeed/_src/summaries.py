@@ -13,7 +13,6 @@ row recorded is the summary.
 """
 from __future__ import annotations
 
-import json
 import math
 import operator
 from typing import Any, Optional, Union
@@ -27,7 +26,7 @@ from jax.interpreters import ad, batching, mlir
 from .. import _receiver
 from . import compat
 
-__all__ = ["Histogram", "STATS", "record_selected"]
+__all__ = ["Histogram", "STATS", "summarize"]
 
 #: The statistics of ``reduce="stats"``, in the order of a row's last axis.
 STATS = ("count", "mean", "std", "min", "max", "absmax", "l2", "nan_count", "inf_count")
@@ -472,7 +471,7 @@ def _per_shard(fn: Callable[[jax.Array, tuple[int, ...]], jax.Array], v: jax.Arr
     return jax.shard_map(local, mesh=mesh, in_specs=P(*spec), out_specs=P(*kept, None))(v)
 
 
-def _check_int(v: Any, what: str, name: str, least: Optional[int] = None) -> Optional[int]:
+def check_int(v: Any, what: str, name: str, least: Optional[int] = None) -> Optional[int]:
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
@@ -482,134 +481,3 @@ def _check_int(v: Any, what: str, name: str, least: Optional[int] = None) -> Opt
         raise ValueError(f"hostfeed: Recorder.record({name!r}): {what} must be >= {least}, "
                          f"got {v}")
     return int(v)
-
-
-def selection(step: Any, every: Any, start: Any, stop: Any, name: str) -> Any:
-    """Whether ``step`` is selected: a Python bool for a concrete step, else a traced one."""
-    every = _check_int(every, "every", name, least=1)
-    start, stop = _check_int(start, "start", name), _check_int(stop, "stop", name)
-    if step is None:
-        raise ValueError(f"hostfeed: Recorder.record({name!r}): every=, start= and stop= "
-                         f"select steps: pass the step too (step=...)")
-    if not compat.is_tracer(step):
-        k = int(np.asarray(step))
-        return ((start is None or k >= start) and (stop is None or k < stop)
-                and (every is None or (k - (start or 0)) % every == 0))
-    s = jnp.asarray(step)
-    chosen = jnp.bool_(True)
-    if start is not None:
-        chosen = chosen & (s >= start)
-    if stop is not None:
-        chosen = chosen & (s < stop)
-    if every is not None:
-        chosen = chosen & ((s - (start or 0)) % every == 0)
-    return chosen
-
-
-# The step of a selected record, passed through a primitive that also takes the
-# selection: when ``vmap`` batches a ``cond`` by its predicate, JAX turns it into a select
-# that runs both branches (taking their side effects for granted), so a record would be
-# taken at every lane's step. Batching this primitive with a batched selection raises
-# instead; with one selection for all lanes, it is the identity on the step.
-selected_step_p = compat.Primitive("hostfeed_selected_step")
-selected_step_p.def_impl(lambda step, chosen: step)
-selected_step_p.def_abstract_eval(lambda step, chosen: step)
-mlir.register_lowering(selected_step_p,
-                       mlir.lower_fun(lambda step, chosen: [step],
-                                      multiple_results=True))
-
-
-def _selected_step_jvp(primals: Any, tangents: Any) -> Any:
-    # An integer step: its tangent is a symbolic zero.
-    out = selected_step_p.bind(*primals)
-    return out, ad.Zero(jax.typeof(out).to_tangent_aval())
-
-
-ad.primitive_jvps[selected_step_p] = _selected_step_jvp
-
-
-def _selected_step_batched(args: Any, dims: Any) -> Any:
-    step, chosen = args
-    if dims[1] is not None:
-        raise ValueError(
-            "hostfeed: Recorder.record(..., every=/start=/stop=) under vmap with a step that "
-            "differs between the lanes: the selection must be one for all lanes (pass the "
-            "step unbatched, in_axes=None), or record without every=/start=/stop= and select "
-            "when reading")
-    return selected_step_p.bind(step, chosen), dims[0]
-
-
-batching.primitive_batchers[selected_step_p] = _selected_step_batched
-
-
-#: Platforms (JAX's default backend) where a summary recorded at selected steps is computed
-#: at every step, outside the ``cond`` that sends it: a TPU's compiler failed on a summary
-#: computed in a ``cond`` with a host transfer after it (in the same branch, or in a second
-#: ``cond``), and compiled a summary at every step, and a ``cond`` that only sends a value.
-SUMMARIZE_EVERY_STEP_ON = frozenset({"tpu"})
-
-
-def _sent_at_selected(record: Callable[..., Any], name: str, row: Any, step: Any,
-                      chosen: Any, result: Any) -> Any:
-    """``record(name, row, step=, result=)`` in a ``cond`` on ``chosen``; returns
-    ``result`` through it (None without one)."""
-    if result is None:
-        jax.lax.cond(chosen,
-                     lambda r, s, c: (record(name, r, step=selected_step_p.bind(s, c),
-                                             result=None), None)[1],
-                     lambda r, s, c: None, row, step, chosen)
-        return None
-    return jax.lax.cond(
-        chosen, lambda r, s, c, res: record(name, r, step=selected_step_p.bind(s, c),
-                                            result=res),
-        lambda r, s, c, res: res, row, step, chosen, result)
-
-
-def record_selected(record: Callable[..., Any], describe: Callable[[str, str], None],
-                    name: str, value: Any, step: Any, result: Any, every: Any, start: Any,
-                    stop: Any, reduce: Any, axis: Any) -> Any:
-    """``record(name, row, step=, result=)`` of ``value`` (or of its summary), at the
-    selected steps only; returns ``value``, or ``result`` if given."""
-    selecting = every is not None or start is not None or stop is not None
-    chosen = selection(step, every, start, stop, name) if selecting else True
-    if reduce is None and axis is not None:
-        raise ValueError(f"hostfeed: Recorder.record({name!r}): axis= says what reduce= "
-                         f"reduces over; pass reduce='stats' or a hostfeed.Histogram")
-    out = value if result is None else result
-    if chosen is False:
-        return out
-
-    def summary(v: Any) -> Any:
-        # A summary is a diagnostic: no gradient flows into it (nor is its cotangent,
-        # always zero, recorded).
-        row, desc = summarize(jax.lax.stop_gradient(v), reduce, axis, name)
-        describe(name, json.dumps(desc))
-        return row
-
-    def take(v: Any, s: Any, r: Any) -> Any:
-        return record(name, v if reduce is None else summary(v), step=s, result=r)
-
-    if chosen is True:
-        # Through the record: the value (a raw record) or a given result, so that it
-        # follows the record; a summary's value is returned as it is.
-        got = take(value, step, result)
-        return got if reduce is None or result is not None else value
-    # Decided on the device: nothing but the compare runs at other steps. The value (or a
-    # given result) goes through both branches, so that it still follows the record (and
-    # under grad, the cotangent recorded is the one flowing into the value).
-    s_arr = jnp.asarray(step)
-    if reduce is not None and jax.default_backend() in SUMMARIZE_EVERY_STEP_ON:
-        # At every step; the cond only sends it.
-        got = _sent_at_selected(record, name, summary(value), s_arr, chosen, result)
-        return value if result is None else got
-    passed = value if reduce is None and result is None else result
-    if passed is None:  # a summary: the value does not go through the record
-        jax.lax.cond(chosen,
-                     lambda v, s, c: (take(v, selected_step_p.bind(s, c), None), None)[1],
-                     lambda v, s, c: None, value, s_arr, chosen)
-        return value
-    if reduce is None and result is None:
-        return jax.lax.cond(chosen, lambda v, s, c: take(v, selected_step_p.bind(s, c), None),
-                            lambda v, s, c: v, value, s_arr, chosen)
-    return jax.lax.cond(chosen, lambda v, s, c, r: take(v, selected_step_p.bind(s, c), r),
-                        lambda v, s, c, r: r, value, s_arr, chosen, result)

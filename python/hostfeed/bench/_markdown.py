@@ -323,7 +323,42 @@ def tpu_paths(runs: Sequence[Run]) -> str:
     return "\n".join(lines)
 
 
+def tpu_record(runs: Sequence[Run]) -> str:
+    """Logging a 4 MiB activation each training step on a TPU, every way (the record
+    section of the cited TPU record run, ``docs/tpu/record-*.json``)."""
+    ms = runs[0]["record"]["ms"]
+    step, copy = ms["step"], ms["returned + copy_to_host_async, overlapped"]
+    rows = [
+        ("the step alone", ms["step"], "", None, ""),
+        ("the activation returned, `copy_to_host_async`, overlapped with the next step",
+         copy, "", None, ""),
+        ("the activation returned, `device_get` every step", ms["returned + device_get"],
+         "", None, ""),
+        ("`io_callback` of it", ms["io_callback"], "", None, ""),
+        ("`rec.record` inside the computation", ms["hostfeed Recorder"],
+         "returned + `device_get`", ms["hostfeed Recorder"] / ms["returned + device_get"],
+         "1.00x"),
+        ("`rec.step`: the row leaves as an output, written to disk",
+         ms["rec.step, written to disk"], "returned + `copy_to_host_async`",
+         ms["rec.step, written to disk"] / copy, "1.00x"),
+        ("the same", ms["rec.step, written to disk"], "max(step, one 4 MiB `device_get`)",
+         ms["rec.step, written to disk"] / max(step, ms["one device_get of 4 MiB"]), "1.10x"),
+        ("`rec.step`, `every=10` (the step a host int)", ms["rec.step, every=10"],
+         "the step alone", ms["rec.step, every=10"] / step, "1.10x"),
+        ("`rec.step`, `reduce=\"stats\"` every step", ms["rec.step, reduce='stats'"],
+         "the step alone", ms["rec.step, reduce='stats'"] / step, "1.20x"),
+    ]
+    lines = ["| way | ms per step | compared with | ratio | at most |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {what} | {_ms(v)} | {base} | {_ratio(r) if r is not None else ''} | {b} |"
+              for what, v, base, r, b in rows]
+    return "\n".join(lines)
+
+
 #: The tables ``docs/figures.py`` generates, by the name their markers use.
 TABLES: dict[str, Callable[[Sequence[Run]], str]] = {"summary": summary, "portable": portable}
 #: The tables of TPU runs (``docs/tpu/bench-*.json``, the newest cited).
-TPU_TABLES: dict[str, Callable[[Sequence[Run]], str]] = {"tpu": tpu, "tpu_paths": tpu_paths}
+TPU_TABLES: dict[str, Callable[[Sequence[Run]], str]] = {"tpu": tpu, "tpu_paths": tpu_paths,
+                                                         "tpu_record": tpu_record}
+#: TPU tables read from the record runs (``docs/tpu/record-*.json``), not the full ones.
+TPU_RECORD_TABLES = frozenset({"tpu_record"})

@@ -258,7 +258,24 @@ enum Storage {
     /// an asynchronous device copy: GPUs fill pinned blocks), and read where the buffer
     /// rests (in its message, in a record's `Payload`, in the Python owner of its views).
     Inline(InlineBytes),
+    /// Bytes someone else owns (a host copy of a computation's output, held by Python),
+    /// valid and unchanged while their keeper lives; dropping the storage drops the keeper.
+    Lent(LentBytes),
 }
+
+/// See [`Storage::Lent`].
+struct LentBytes {
+    ptr: NonNull<u8>,
+    cap: usize,
+    _keeper: Box<dyn Send + Sync>,
+}
+
+// SAFETY: the bytes are only read, never written, and [`HostBuffer::lent`]'s caller
+// guarantees they stay valid and unchanged from any thread while the keeper (itself Send
+// and Sync) lives, which is as long as this value.
+unsafe impl Send for LentBytes {}
+// SAFETY: as for Send: shared access only reads bytes nobody changes.
+unsafe impl Sync for LentBytes {}
 
 /// A heap buffer aligned to 16 bytes (2 MiB when large), a block of pinned memory, or up
 /// to 32 bytes held inline, whose bytes are written once (by the handler or
@@ -282,6 +299,18 @@ impl HostBuffer {
             Error::Internal(format!("cannot allocate {len} bytes of host memory for a tapped value"))
         })?;
         Ok(HostBuffer { storage: Storage::Heap(raw), len })
+    }
+
+    /// The `len` bytes at `ptr`, owned by `keeper`: no copy.
+    ///
+    /// # Safety
+    /// `ptr` must point to `len` readable bytes (aligned to [`ALIGN`] where the buffer will
+    /// be read as a message's operands; a recorder reads rows as bytes) that stay valid and
+    /// unchanged for as long as `keeper` lives, from any thread.
+    #[must_use]
+    pub unsafe fn lent(ptr: *const u8, len: usize, keeper: Box<dyn Send + Sync>) -> Self {
+        let ptr = NonNull::new(ptr.cast_mut()).unwrap_or(NonNull::dangling());
+        HostBuffer { storage: Storage::Lent(LentBytes { ptr, cap: len, _keeper: keeper }), len }
     }
 
     /// A buffer of `len` bytes in a block of pinned memory (at least `len` bytes).
@@ -318,6 +347,7 @@ impl HostBuffer {
             Storage::Heap(raw) => raw.ptr.as_ptr(),
             Storage::Pinned(block) => block.as_ptr(),
             Storage::Inline(bytes) => bytes.0.as_ptr(),
+            Storage::Lent(lent) => lent.ptr.as_ptr(),
         }
     }
 
@@ -338,6 +368,7 @@ impl HostBuffer {
             Storage::Heap(raw) => raw.cap,
             Storage::Pinned(block) => block.capacity(),
             Storage::Inline(_) => INLINE_BYTES,
+            Storage::Lent(lent) => lent.cap,
         }
     }
 

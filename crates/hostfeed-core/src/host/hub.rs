@@ -185,8 +185,9 @@ pub struct Hub {
     /// (taken by the binding and logged).
     notes: Mutex<Vec<String>>,
     has_notes: AtomicBool,
-    /// Stall detection across [`Hub::drain_step`] calls: progress last seen, when.
-    watch: Mutex<(u64, Instant)>,
+    /// Stall detection across [`Hub::drain_step`] calls: progress last seen, since when,
+    /// and when a step last looked.
+    watch: Mutex<(u64, Instant, Instant)>,
     /// A host function running on a device's thread ([`Hub::run_inline`]): the consumer
     /// generation it started under, plus one; 0: none.
     inline: AtomicU64,
@@ -232,7 +233,7 @@ impl Hub {
             names: Mutex::new(HashMap::new()),
             notes: Mutex::new(Vec::new()),
             has_notes: AtomicBool::new(false),
-            watch: Mutex::new((0, Instant::now())),
+            watch: Mutex::new((0, Instant::now(), Instant::now())),
             inline: AtomicU64::new(0),
             in_batch: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
@@ -572,11 +573,18 @@ impl Hub {
         let mut abandoned = None;
         {
             let mut w = lock(&self.watch);
-            if progress != w.0 || !pending {
-                *w = (progress, Instant::now());
+            let now = Instant::now();
+            // A watch that was not looking (no step for a while: the last watch ended, the
+            // messages pending now are new) starts again rather than count that time as a
+            // stall: an exit watch started long after the last one abandoned a consumer
+            // that had not yet had a moment to take the message just pushed.
+            let resumed = now.duration_since(w.2) > (slice * 4).max(Duration::from_secs(1));
+            w.2 = now;
+            if progress != w.0 || !pending || resumed {
+                *w = (progress, now, now);
             } else if stall.is_some_and(|s| w.1.elapsed() >= s) {
                 let stalled_for = w.1.elapsed();
-                *w = (progress, Instant::now());
+                *w = (progress, now, now);
                 drop(w);
                 let mut control = lock(&self.control);
                 if control.thread.is_some() {

@@ -28,7 +28,7 @@ host reads it from the outputs of every call without tracing again.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -44,11 +44,15 @@ __all__ = ["Site", "Loop", "Collected", "evaluate", "holds_records", "order"]
 class Site(NamedTuple):
     """One record equation: its callback (a recorder's target), its transforms, how many
     operands it sends, and whether each instance carries a flag (inside a cond: it may not
-    have run). Its arrays: the flag (bool, if flagged), then the operands."""
+    have run). Its arrays: the flag (bool, if flagged), then the operands. ``selection``:
+    for a record of ``every=``/``start=``/``stop=`` at the computation's top whose step is
+    an argument, ``(the argument's index among the flat arguments, every, start, stop)``:
+    when that argument is a host value, the host knows the flag without fetching it."""
     callback: Any
     transforms: tuple
     operands: int
     flagged: bool
+    selection: Any = None
 
 
 class Loop(NamedTuple):
@@ -107,9 +111,20 @@ def holds_records(jaxpr: Any) -> bool:
 
 
 class _Collector:
-    def __init__(self) -> None:
+    def __init__(self, origins: Optional[dict] = None) -> None:
         self.nodes: list[Node] = []
         self.arrays: list[Any] = []
+        # id(value) -> (value, index of the flat argument it is, maybe converted)
+        self.origins: dict[int, tuple[Any, int]] = {} if origins is None else origins
+        # selections of records whose step is an argument, in the order met; the host's
+        # outcome of some (see `evaluate`)
+        self.met: list[tuple] = []
+        self.choices: tuple = ()
+
+    def origin(self, value: Any) -> Optional[int]:
+        """The index of the flat argument ``value`` is (maybe converted), if it is one."""
+        hit = self.origins.get(id(value))
+        return hit[1] if hit is not None and hit[0] is value else None
 
     def site(self, eqn: Any, operands: Sequence[Any]) -> None:
         params = eqn.params
@@ -123,13 +138,17 @@ def _strong(x: Any) -> Any:
     return lax.convert_element_type(x, x.dtype) if getattr(x, "weak_type", False) else x
 
 
-def evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]
-             ) -> tuple[list, tuple, list]:
+def evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any],
+             choices: Optional[tuple] = None) -> tuple[list, tuple, list, tuple]:
     """Evaluates ``jaxpr`` on ``args`` in the current trace, collecting its records:
-    (its results, the collected nodes, their arrays)."""
-    c = _Collector()
+    (its results, the collected nodes, their arrays, the selections met). ``choices``:
+    for each selection met (in order), ``(selection, outcome)`` as the host decided it
+    (None: not decided), from the selections an earlier evaluation met: a cond whose
+    outcome is decided is replaced by the chosen branch."""
+    c = _Collector({id(a): (a, i) for i, a in enumerate(args)})
+    c.choices = choices or ()
     outs = _eval(jaxpr, consts, args, c)
-    return outs, tuple(c.nodes), c.arrays
+    return outs, tuple(c.nodes), c.arrays, tuple(c.met)
 
 
 def _eval(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], c: _Collector) -> list:
@@ -155,7 +174,12 @@ def _eval_eqn(eqn: Any, invals: list, c: _Collector) -> list:
         return invals  # the identity on every operand
     subs = compat.jaxprs.sub_jaxprs(eqn.params)
     if not subs or not any(holds_records(j) for j in subs):
-        return compat.jaxprs.bind_eqn(eqn, invals)
+        outvals = compat.jaxprs.bind_eqn(eqn, invals)
+        if eqn.primitive.name == "convert_element_type" and invals:
+            at = c.origin(invals[0])
+            if at is not None:  # an argument converted (jnp.asarray(step, jnp.int32))
+                c.origins[id(outvals[0])] = (outvals[0], at)
+        return outvals
     name = eqn.primitive.name
     if name == "scan":
         return _scan(eqn, invals, c)
@@ -218,17 +242,33 @@ def _count(node: Node) -> int:
 def _cond(eqn: Any, invals: list, c: _Collector) -> list:
     index, ops = invals[0], invals[1:]
     branches = compat.jaxprs.cond_branches(eqn.params)
+    selections = [s for s in (_host_selection(b, ops, c) for b, _ in branches)
+                  if s is not None]
+    if selections and c.origins is not None and len(branches) == 2:
+        k = len(c.met)
+        c.met.append(selections[0])
+        if k < len(c.choices) and c.choices[k][0] == selections[0] \
+                and c.choices[k][1] is not None:
+            # The host decided this step's selection: only the chosen branch (the
+            # second, for a true predicate) is in the computation.
+            body, consts = branches[1 if c.choices[k][1] else 0]
+            return _eval(body, consts, ops, c)
     # What each branch collects (nodes, and the arrays' types), traced once to know it.
     shapes: list[tuple[list[Node], Any]] = []
     for body, consts in branches:
-        probe = _Collector()
+        probe = _Collector(c.origins)
 
         def run(*o: Any, body: Any = body, consts: Any = consts, probe: Any = probe) -> Any:
             _eval(body, consts, list(o), probe)
             return _flagged(probe.nodes, probe.arrays)[1]
 
         arrays = jax.eval_shape(run, *ops)
-        shapes.append((_flagged(probe.nodes, [None] * len(probe.arrays))[0], arrays))
+        nodes = _flagged(probe.nodes, [None] * len(probe.arrays))[0]
+        selection = _host_selection(body, ops, c)
+        if selection is not None:
+            nodes = [n._replace(selection=selection) if isinstance(n, Site) else n
+                     for n in nodes]
+        shapes.append((nodes, arrays))
 
     def branch(i: int) -> Any:
         body, consts = branches[i]
@@ -250,6 +290,22 @@ def _cond(eqn: Any, invals: list, c: _Collector) -> list:
         c.nodes.extend(nodes)
     c.arrays.extend(collected)
     return list(outs)
+
+
+def _host_selection(body: Any, ops: Sequence[Any], c: _Collector) -> Optional[tuple]:
+    """For a branch that records at the steps ``every=``/``start=``/``stop=`` select (it
+    passes its step through ``selected_step_p``), whose step operand is an argument of the
+    computation: (that argument's flat index, every, start, stop)."""
+    invars = list(body.invars)
+    for eqn in body.eqns:
+        if eqn.primitive.name != "hostfeed_selected_step" or not eqn.params.get("selection"):
+            continue
+        var = eqn.invars[0]
+        if compat.jaxprs.is_literal(var) or var not in invars:
+            return None
+        at = c.origin(ops[invars.index(var)])
+        return None if at is None else (at, *eqn.params["selection"])
+    return None
 
 
 def order(nodes: Sequence[Node], prefix: tuple = ()) -> Iterator[tuple[int, Site, tuple]]:

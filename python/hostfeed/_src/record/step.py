@@ -30,6 +30,7 @@ import numpy as np
 
 from .. import compat
 from ..record_roles import STEP, lane_dims, roles
+from .selection import selected
 from ..runtime import unpack_transforms
 from . import hoist
 
@@ -56,7 +57,13 @@ class RecordedStep:
         self._static = (static,) if isinstance(static, int) else tuple(static)
         names = jit_kwargs.get("static_argnames", ())
         self._static_names = (names,) if isinstance(names, str) else tuple(names)
-        self._jitted = jax.jit(self._traced, **jit_kwargs)
+        # The selections (every=, start=, stop=) of records whose step is an argument, in
+        # the order the last trace met them: a call whose step is a host value passes
+        # their outcome as a static argument, compiling the computation with the chosen
+        # branch only (a skipped step computes and returns nothing for the record).
+        self._host_conds: tuple = ()
+        self._jitted = jax.jit(self._traced, **{
+            **jit_kwargs, "static_argnames": (*self._static_names, "_choices")})
         self.__wrapped__ = fn
         self.__name__ = getattr(fn, "__name__", "step")
         self.__doc__ = getattr(fn, "__doc__", None)
@@ -64,9 +71,11 @@ class RecordedStep:
     def __repr__(self) -> str:
         return f"{self.recorder!r}.step({self.__name__})"
 
-    def _traced(self, *args: Any, **kwargs: Any) -> tuple[Any, hoist.Collected]:
+    def _traced(self, *args: Any, _choices: Optional[tuple] = None, **kwargs: Any
+                ) -> tuple[Any, hoist.Collected]:
         """What ``jit`` traces: ``fn`` traced to a jaxpr, evaluated again with its records
-        collected as outputs."""
+        collected as outputs (``_choices``: the host's outcome of selections, see
+        :attr:`_host_conds`)."""
         n = len(args)
         static = {i % n if n else i for i in self._static}
         dyn = {i: a for i, a in enumerate(args) if i not in static}
@@ -80,49 +89,71 @@ class RecordedStep:
             return self.fn(*full, **kw)
 
         jaxpr, consts, shape = compat.jaxprs.traced(flat, *leaves)
-        outs, nodes, arrays = hoist.evaluate(jaxpr, consts, leaves)
+        outs, nodes, arrays, met = hoist.evaluate(jaxpr, consts, leaves, _choices)
+        if _choices is None:
+            self._host_conds = met
         _declare(nodes, arrays)
         result = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shape), outs)
         return result, hoist.Collected(nodes, arrays)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        leaves = jax.tree_util.tree_leaves((args, kwargs))
-        if any(compat.is_tracer(x) for x in leaves):
+        if not compat.eval_trace_active():
             # Called inside another trace (a jit, grad, vmap of its own): there is no
             # dispatch to hang the records on, so they stay in that computation.
             return self.fn(*args, **kwargs)
-        if not self.takes_outputs(leaves):
+        if not self.takes_outputs():
             return self._inside(*args, **kwargs)
-        result, collected = self._jitted(*args, **kwargs)
+        choices = self._choices(args, kwargs) if self._host_conds else None
+        result, collected = self._jitted(*args, _choices=choices, **kwargs)
         if collected.nodes:
-            self.recorder._pipeline().submit(collected, self.in_flight)
+            pipeline = self.recorder._pipeline()
+            plan = pipeline.plan(collected.nodes)
+            chosen = self._chosen(plan, args, kwargs) if plan.host else {}
+            pipeline.submit(collected, self.in_flight, chosen)
         return result
 
-    def takes_outputs(self, leaves: Sequence[Any] = ()) -> bool:
-        """Whether the records of a call on ``leaves`` (its arguments) leave as outputs:
-        as ``outputs=`` says, else where the computation runs on a TPU (whose records
-        would be host transfers inside it, which cost far more than a copy of an output;
-        on a CPU or a GPU hostfeed's own handlers copy a record inside the computation
-        for less than a copy of an output costs)."""
-        if self.outputs is not None:
-            return self.outputs
-        return _platform(leaves) == "tpu"
+    def _leaves(self, args: tuple, kwargs: dict) -> list:
+        """The dynamic arguments, flat, in the order :meth:`_traced` numbers them."""
+        n = len(args)
+        static = {i % n if n else i for i in self._static}
+        return jax.tree_util.tree_leaves(
+            ({i: a for i, a in enumerate(args) if i not in static},
+             {k: v for k, v in kwargs.items() if k not in self._static_names}))
+
+    def _choices(self, args: tuple, kwargs: dict) -> Optional[tuple]:
+        """The host's outcome of each selection of :attr:`_host_conds` whose step argument
+        is a host value (None for the others), or None if there is none."""
+        leaves = self._leaves(args, kwargs)
+        out = tuple((sel, _selected_at(leaves, sel)) for sel in self._host_conds)
+        return out if any(c is not None for _, c in out) else None
+
+    def _chosen(self, plan: _Plan, args: tuple, kwargs: dict) -> dict[int, bool]:
+        """The records whose ``every=``/``start=``/``stop=`` selection the host decides from
+        a step argument passed as a host value: {their first array's index: selected}."""
+        leaves = self._leaves(args, kwargs)
+        out = {}
+        for start, site in plan.host:
+            chosen = _selected_at(leaves, site.selection)
+            if chosen is not None:
+                out[start] = chosen
+        return out
+
+    def takes_outputs(self) -> bool:
+        """Whether the records leave as outputs: as ``outputs=`` says, else where JAX's
+        default backend is a TPU (whose records would be host transfers inside the
+        computation, which cost far more than a copy of an output; on a CPU or a GPU
+        hostfeed's own handlers copy a record inside the computation for less than a copy
+        of an output costs)."""
+        if self.outputs is None:
+            self.outputs = jax.default_backend() == "tpu"
+        return self.outputs
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """The computation lowered for ``args`` (``jax.jit(...).lower``); where the records
         leave as outputs, its outputs are ``(fn's outputs, what it records)``."""
-        if self.takes_outputs(jax.tree_util.tree_leaves((args, kwargs))):
+        if self.takes_outputs():
             return self._jitted.lower(*args, **kwargs)
         return self._inside.lower(*args, **kwargs)
-
-
-def _platform(leaves: Sequence[Any]) -> str:
-    """The platform a call on ``leaves`` runs on: its first committed array's, else JAX's
-    default backend."""
-    for x in leaves:
-        if isinstance(x, jax.Array) and getattr(x, "committed", False):
-            return next(iter(x.devices())).platform
-    return jax.default_backend()
 
 
 def _declare(nodes: Sequence[hoist.Node], arrays: Sequence[Any], depth: int = 0) -> int:
@@ -155,14 +186,17 @@ def _declare(nodes: Sequence[hoist.Node], arrays: Sequence[Any], depth: int = 0)
 
 class _Plan:
     """For one structure of collected nodes: which arrays to copy at once (operands of
-    records without a flag, and the flags) and the record instances in program order."""
+    records without a flag, and the flags), the record instances in program order, and the
+    records whose selection the host may decide (``host``: (first array's index, site))."""
 
-    __slots__ = ("prefetch", "instances")
+    __slots__ = ("prefetch", "instances", "host")
 
     def __init__(self, nodes: tuple):
         always, flags = hoist.site_arrays(nodes)
         self.prefetch = always + flags
         self.instances = list(hoist.order(nodes))
+        self.host = [(start, site) for start, site, index in self.instances
+                     if site.selection is not None and index == ()]
 
 
 class Pipeline:
@@ -172,8 +206,10 @@ class Pipeline:
     def __init__(self, recorder: Any):
         self.recorder = recorder
         self.cv = threading.Condition()
-        self.pending: collections.deque[hoist.Collected] = collections.deque()
+        self.pending: collections.deque[tuple[hoist.Collected, dict]] = collections.deque()
         self.busy = False
+        self.sleeping = False  # the thread waits for work
+        self.waiting = 0  # threads waiting for room (submit) or for the end (drain)
         self.thread: Optional[threading.Thread] = None
         self.plans: dict[tuple, _Plan] = {}
 
@@ -185,45 +221,71 @@ class Pipeline:
             p = self.plans[nodes] = _Plan(nodes)
         return p
 
-    def submit(self, collected: hoist.Collected, in_flight: int) -> None:
+    def submit(self, collected: hoist.Collected, in_flight: int,
+               chosen: Optional[dict[int, bool]] = None) -> None:
         """Starts the copies of a step's records and queues it; waits first while
-        ``in_flight`` steps are queued or being appended (GIL released)."""
+        ``in_flight`` steps are queued or being appended (GIL released). ``chosen``: the
+        records whose selection the host decided (no flag fetched: their values are
+        copied if selected, nothing otherwise)."""
         arrays = collected.arrays
-        for i in self.plan(collected.nodes).prefetch:
-            copy = getattr(arrays[i], "copy_to_host_async", None)
-            if copy is not None:
-                copy()
+        chosen = chosen or {}
+        plan = self.plan(collected.nodes)
+        if chosen and len(chosen) == len(plan.instances) and not any(chosen.values()):
+            return  # the host knows this step records nothing: nothing to copy or append
+        skip = set()
+        for start, site in plan.host:
+            if start in chosen:
+                skip.add(start)  # its flag
+                if chosen[start]:
+                    for k in range(site.operands):
+                        _copy(arrays[start + 1 + k])
+        for i in plan.prefetch:
+            if i not in skip:
+                _copy(arrays[i])
         with self.cv:
             while len(self.pending) + self.busy >= in_flight:
+                self.waiting += 1
                 self.cv.wait()
-            self.pending.append(collected)
+                self.waiting -= 1
+            self.pending.append((collected, chosen))
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self._run, daemon=True,
                                                name="hostfeed-record-steps")
                 self.thread.start()
-            self.cv.notify_all()
+            elif self.sleeping:
+                # (Woken only when asleep: a wake-up is a system call, which a sandboxed
+                # host such as a TPU VM's makes slow, and the thread takes what is queued
+                # without sleeping while it is busy.)
+                self.cv.notify_all()
 
     def drain(self) -> None:
         """Waits until every step submitted so far is appended."""
         with self.cv:
-            while self.pending or self.busy:
-                if self.thread is None or not self.thread.is_alive():
-                    # (a forked child: the parent's thread is not here)
-                    self.pending.clear()
-                    return
-                self.cv.wait(0.1)
+            self.waiting += 1
+            try:
+                while self.pending or self.busy:
+                    if self.thread is None or not self.thread.is_alive():
+                        # (a forked child: the parent's thread is not here)
+                        self.pending.clear()
+                        return
+                    self.cv.wait(0.1)
+            finally:
+                self.waiting -= 1
 
     def _run(self) -> None:
         while True:
             with self.cv:
                 while not self.pending:
-                    if not self.cv.wait(30.0) and not self.pending:
+                    self.sleeping = True
+                    woken = self.cv.wait(30.0)
+                    self.sleeping = False
+                    if not woken and not self.pending:
                         self.thread = None  # idle: a later submit starts another
                         return
-                collected = self.pending.popleft()
+                collected, chosen = self.pending.popleft()
                 self.busy = True
             try:
-                self._deliver(collected)
+                self._deliver(collected, chosen)
             except BaseException as exc:  # noqa: BLE001 - kept for the recorder's flush
                 logger.error("hostfeed: recording a step's outputs failed (raised by the "
                              "recorder's next flush, close or barrier_wait): %s", exc)
@@ -232,9 +294,10 @@ class Pipeline:
                 del collected
                 with self.cv:
                     self.busy = False
-                    self.cv.notify_all()
+                    if self.waiting:
+                        self.cv.notify_all()
 
-    def _deliver(self, collected: hoist.Collected) -> None:
+    def _deliver(self, collected: hoist.Collected, chosen: dict[int, bool]) -> None:
         arrays = collected.arrays
         host: dict[int, np.ndarray] = {}
 
@@ -247,12 +310,31 @@ class Pipeline:
         for start, site, index in self.plan(collected.nodes).instances:
             j = start
             if site.flagged:
-                if not get(j)[index]:
+                known = chosen.get(start) if index == () else None
+                if not (get(j)[index] if known is None else known):
                     continue
                 j += 1
             values = [get(j + k)[index] for k in range(site.operands)]
             site.callback.func.append_rows(values, site.transforms,
                                            _device_of(arrays[j] if site.operands else None))
+
+
+def _selected_at(leaves: Sequence[Any], selection: tuple) -> Optional[bool]:
+    """Whether the step ``leaves[at]`` is selected (``selection``: at, every, start, stop),
+    if it is a host integer; None for a device value."""
+    at, every, first, stop = selection
+    step = leaves[at] if at < len(leaves) else None
+    if (isinstance(step, (int, np.integer)) and not isinstance(step, bool)) or (
+            isinstance(step, np.ndarray) and step.ndim == 0 and step.dtype.kind in "iu"):
+        return selected(step, every, first, stop)
+    return None
+
+
+def _copy(array: Any) -> None:
+    """Starts the copy of a device array to the host (nothing for a host value)."""
+    copy = getattr(array, "copy_to_host_async", None)
+    if copy is not None:
+        copy()
 
 
 def _device_of(array: Any) -> Any:

@@ -91,8 +91,10 @@ class Target:
             for k in range(lanes):
                 for i, array_id, shape in arrays:
                     row = np.ascontiguousarray(ops[i]).reshape(lanes, *shape)[k]
+                    # Lent, not copied: the writers read the host copy of the output
+                    # itself (read-only, alive while the row waits).
                     append(array_id, row.reshape(-1).view(np.uint8), steps[k], ordinal,
-                           packed, True)
+                           packed, True, True)
         return write
 
     def _append(self, arg: Any, transforms: Sequence, device: Any, wait: bool = False) -> None:

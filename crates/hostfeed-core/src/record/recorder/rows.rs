@@ -11,6 +11,40 @@ use crate::record::common::ArrayId;
 use crate::record::recorder::Recorder;
 
 impl Recorder {
+    /// Records one row of array `id` from `buf` without copying it (bytes a caller lends:
+    /// the host copy of a recorded step's output), after waiting for room under the byte
+    /// bound; the buffer is dropped (its keeper with it) once the row is written.
+    ///
+    /// # Errors
+    /// As [`Recorder::append`].
+    pub fn append_lent(
+        &self,
+        id: ArrayId,
+        buf: HostBuffer,
+        len: usize,
+        step: i64,
+        device: i32,
+        transforms: i16,
+    ) -> Result<(), RecordError> {
+        let a = self.array(id).ok_or_else(|| RecordError::Invalid(format!("no array with id {id}")))?;
+        if len != a.spec.row_bytes() || len > buf.capacity() {
+            return Err(RecordError::Invalid(format!(
+                "{}: a row has {} bytes, got {len}",
+                a.context(),
+                a.spec.row_bytes()
+            )));
+        }
+        if self.is_closed() {
+            return Err(self.closed_error());
+        }
+        self.budget.wait_for_room(len);
+        self.budget.charge(len);
+        let payload = Arc::new(Payload { charged: len, buf, budget: Arc::clone(&self.budget) });
+        let meta = self.meta(step, device, transforms);
+        self.route_row(&a, Row { payload, offset: 0, len, meta });
+        Ok(())
+    }
+
     /// [`Recorder::append`] after waiting for room under the byte bound (a producer that
     /// is not the consumer thread: rows of a recorded step's outputs).
     ///
