@@ -14,6 +14,8 @@ and the Rust core's tests once (optimised, with debug assertions, and the loom m
     nox -s docs                         # build the docs site (-W), check its front page
     nox -s portable                     # the suite with the portable transport forced
     nox -s releases                     # also 0.10.0, 0.10.1, 0.11.0, 0.11.1, 0.12.0 (not in CI)
+    nox -s full                         # tests, portable and rust with every test in every
+                                        # session (CI runs the host-side tests once: SCOPES)
 
 Each environment installs one hostfeed wheel. Set ``HOSTFEED_WHEEL`` to a wheel built
 beforehand (CI builds the abi3 wheel once: ``maturin build --release --out dist``);
@@ -36,6 +38,16 @@ FFI_INCLUDES = ROOT / ".nox" / "_ffi_include"
 # (Python, jax/jaxlib) pairs: the oldest and newest supported JAX minor releases and the one
 # on the GPU machines; each on a Python its wheels exist for (jax 0.11+ needs Python 3.12+).
 MATRIX = [("3.11", "0.10.2"), ("3.12", "0.11.2"), ("3.13", "0.12.0.1")]
+# Which tests each session runs (pytest --scope, tests/python/conftest.py): the tests whose
+# result may depend on the JAX release in every session; the host-side ones (stores, object
+# stores, reading back, settings, docs, the bench's machinery: conftest.HOST_SIDE_FILES)
+# once, with the newest JAX. `nox -s full` runs everything everywhere.
+SCOPES = {"0.10.2": "jax", "0.11.2": "jax", "0.12.0.1": "all"}
+_FULL = os.environ.get("HOSTFEED_NOX_FULL") == "1"
+
+
+def _scope(jax: str) -> list[str]:
+    return ["--scope=all" if _FULL else f"--scope={SCOPES.get(jax, 'jax')}"]
 
 # uv where it is installed (CI: nox[uv]): the sessions install the same jax, jaxlib and test
 # tools again and again, from its cache in seconds; else the standard library's venv + pip.
@@ -84,7 +96,9 @@ def portable(session: nox.Session, jax: str) -> None:
     """pytest with the portable transport forced for every platform (``HOSTFEED_TRANSPORT=
     jax``); tests of the native handlers themselves skip, saying why."""
     _install(session, jax)
-    session.run("python", "-m", "pytest", "--durations=10", *session.posargs,
+    # The tests that lower a callback (the host-side ones lower none differently).
+    session.run("python", "-m", "pytest", "--durations=10",
+                *(["--scope=all"] if _FULL else ["--scope=jax"]), *session.posargs,
                 env={"JAX_PLATFORMS": "cpu", "HOSTFEED_TRANSPORT": "jax"})
 
 
@@ -104,9 +118,19 @@ def _test(session: nox.Session, jax: str) -> None:
     env = {"JAX_PLATFORMS": "cpu"}
     # From the repository root, but importing the installed wheel: python/ is not on the
     # path, and pytest's rootdir only adds tests/python (for conftest).
-    session.run("python", "-m", "pytest", "--durations=10", *session.posargs, env=env)
+    session.run("python", "-m", "pytest", "--durations=10", *_scope(jax), *session.posargs,
+                env=env)
     session.run("python", "-m", "mypy.stubtest", "hostfeed._receiver", env=env)
     session.run("python", "-m", "mypy", "python/hostfeed", env=env)
+
+
+@nox.session(python=False)
+def full(session: nox.Session) -> None:
+    """The whole matrix with every test in every session (CI runs the host-side tests once):
+    the `tests` and `portable` sessions, then the Rust tests."""
+    session.run("nox", "-s", "tests", "portable", "rust", *(
+        ["--", *session.posargs] if session.posargs else []), external=True,
+        env={"HOSTFEED_NOX_FULL": "1"})
 
 
 @nox.session(python=MATRIX[-1][0])

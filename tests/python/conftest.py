@@ -38,12 +38,49 @@ ON_ACCELERATOR = ON_GPU or ON_TPU
 PORTABLE = os.environ.get("HOSTFEED_TRANSPORT", "").strip().lower() == "jax" or ON_TPU
 
 
+#: The files whose tests do not depend on which JAX release lowers and runs the
+#: computations: the Recorder's stores and writers, object stores, reading back, appends,
+#: settings and inputs checked before JAX is reached, the docs and the examples, the
+#: bench's machinery, packaging, the structure, the dispatcher's joining logic. The one
+#: list of what runs where: with ``pytest --scope=jax`` these are left out (CI's sessions
+#: of the older JAX releases, and the portable pass); with ``--scope=host`` they alone run;
+#: with ``all`` (the default: plain ``pytest``) everything does. CI runs them in the newest
+#: JAX's session (noxfile.py's MATRIX), and ``nox -s full`` everywhere.
+HOST_SIDE_FILES = frozenset({
+    "test_object_store.py", "test_append.py", "test_reading_back.py",
+    "test_recorder_integrity.py", "test_docs.py", "test_examples.py", "test_bench.py",
+    "test_bad_settings_and_inputs.py", "test_packaging.py", "test_install.py",
+    "test_structure.py", "test_shard_assembly.py",
+})
+_SCOPES = ("all", "jax", "host")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--scope", choices=_SCOPES, default="all",
+                     help="which tests run: all; jax (those whose result may depend on the "
+                          "JAX release: all but conftest.HOST_SIDE_FILES); host (only those)")
+
+
+def _deselect_by_scope(config, items) -> None:
+    scope = config.getoption("--scope")
+    if scope == "all":
+        return
+    keep, drop = [], []
+    for item in items:
+        host_side = os.path.basename(str(item.fspath)) in HOST_SIDE_FILES
+        (keep if host_side == (scope == "host") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def pytest_collection_modifyitems(config, items):
     """On a GPU or a TPU, tests marked ``several_devices`` (many CPU devices or processes in
     subprocesses) are skipped: the accelerator machine has one device, and CI runs them on
     CPU. With the portable transport (``HOSTFEED_TRANSPORT=jax``, or a TPU), tests marked
     ``native_transport(reason)`` (about hostfeed's native handlers themselves) are skipped
-    with their reason."""
+    with their reason. ``--scope`` deselects files (:data:`HOST_SIDE_FILES`)."""
+    _deselect_by_scope(config, items)
     if PORTABLE:
         for item in items:
             marker = item.get_closest_marker("native_transport")
