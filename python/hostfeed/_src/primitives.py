@@ -109,7 +109,7 @@ def outside_call_params(callback: CallbackSpec, nr_tapped_args: int, transforms:
     global-view sharding; ``forward_tapped``: for a jvp tap, whether the forward pass
     already tapped its primals (so partial evaluation must not tap them again);
     ``shard_parts``: set only by the global-view lowering, a
-    :class:`hostfeed.runtime.ShardParts` when each device sends its shard and the host
+    :class:`hostfeed._src.runtime.ShardParts` when each device sends its shard and the host
     joins them; ``sync``: the computation waits until the tap function has run (a
     synchronous tap, lowered as a call without results).
     """

@@ -304,7 +304,7 @@ impl HostBuffer {
     /// The `len` bytes at `ptr`, owned by `keeper`: no copy.
     ///
     /// # Safety
-    /// `ptr` must point to `len` readable bytes (aligned to [`ALIGN`] where the buffer will
+    /// `ptr` must point to `len` readable bytes (aligned to 16 bytes where the buffer will
     /// be read as a message's operands; a recorder reads rows as bytes) that stay valid and
     /// unchanged for as long as `keeper` lives, from any thread.
     #[must_use]

@@ -1,9 +1,8 @@
 //! The hub: the one place every handler pushes to and the consumer thread pulls from. It
 //! owns the queue, the consumer thread's lifecycle (start, stop, restart, abandoning a
 //! stuck consumer), the barrier, the `call`s waiting for replies and the failures they
-//! report. (Python calls the whole native side "the receiver": `hostfeed.receiver`, the
-//! only importer of the extension module `hostfeed._receiver`; in Rust that name is kept
-//! for the variables that hold a [`Hub`], as in `receiver.push(msg)`.)
+//! report. (Python calls the whole native side "the receiver", which
+//! `hostfeed._src.lifecycle` drives through the extension module `hostfeed._receiver`.)
 //!
 //! The consumer thread runs a [`Consume`] implementation. The Python binding provides the
 //! real one (the binding's `host.rs` and `messages.rs`: attach to Python, hand each batch

@@ -16,7 +16,7 @@
 //!
 //! A routed message counts as processed for barriers, but its bytes stay charged against
 //! the receiver queue's bound (taken with `take_retained`) until its rows are written; the
-//! [`Payload`] that owns them releases the charge when dropped, whatever path drops it. So
+//! [`Payload`](crate::record::arrays::Payload) that owns them releases the charge when dropped, whatever path drops it. So
 //! a disk slower than the devices fills the bound and pauses the devices, and memory stays
 //! bounded. Rows waiting in partial chunks are charged too; two rules keep them from
 //! holding the bound forever: when they exceed half the bound, every partial chunk is
