@@ -40,6 +40,7 @@ EXPECTED = {
     ("recording.md", 3): ["(10, 9) ('count', 'mean', 'std')", "[0, 5] [0, 24, 8, 8, 24, 0]",
                           "[8, 9]"],
     ("recording.md", 4): ["32 (32, 8, 4) [3.0, 0.0]", "4 (64, 4)", "True"],
+    ("quickstart.md", 1): ["(30, 8, 4) [0 1 2]", "[ 0 10 20]"],
     ("troubleshooting.md", 0): ["[1.0]"],
     ("troubleshooting.md", 1): ["ValueError negative: -1.0"],
 }
@@ -99,3 +100,30 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
     assert r.returncode == 0, r.stderr[-4000:]
     index = (tmp_path / "index.html").read_text()
     assert "<title>hostfeed" in index and "troubleshooting.html" in index
+
+
+def test_the_api_page_lists_every_public_name_in_plain_markdown():
+    """docs/api.md reads on a code host: every public name in a table, no Sphinx role or
+    directive (the docstrings' detail is docs/reference.md, built into the site)."""
+    import hostfeed
+    from hostfeed import host_callback as hcb
+
+    text = (ROOT / "docs" / "api.md").read_text()
+    assert "{eval-rst}" not in text and "{doc}" not in text and "autofunction" not in text
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    listed = " ".join(row.split("|")[1] for row in rows)
+    for name in [*hostfeed.__all__, *hcb.__all__]:
+        assert f"`{name}" in listed or f" `{name}(" in listed or f"`{name}`" in listed, name
+    for method in ("record", "step", "flush", "close", "stats"):
+        assert f"`Recorder.{method}" in listed, method
+
+
+def test_pages_the_readme_links_to_use_no_sphinx_role():
+    """Read on a code host or in an editor, a role shows as raw text: the README and the
+    pages it links to use Markdown links instead."""
+    import re
+    readme = (ROOT / "README.md").read_text()
+    pages = {ROOT / "README.md"} | {ROOT / m for m in re.findall(r"\]\((docs/[\w-]+\.md)", readme)}
+    for page in sorted(pages):
+        text = page.read_text()
+        assert not re.search(r"\{(doc|class|func|ref|meth)\}`", text), page
