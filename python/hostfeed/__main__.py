@@ -52,8 +52,9 @@ def _us(value: float) -> str:
 def demo(steps: int = 100, out: TextIO = sys.stdout, store: Any = None) -> int:
     """Trains a 2-layer MLP on synthetic data for ``steps`` steps: each step taps its loss
     (the host draws a progress line) and records the hidden layer's mean, standard
-    deviation and gradient norm into a Zarr store (``store``, or a temporary folder),
-    read back at the end. Returns 0, or 1 when the loss did not fall."""
+    deviation and gradient norm into a Zarr store, read back at the end: ``store`` (kept,
+    and its path printed), or a temporary folder deleted at the end (the output says
+    so). Returns 0, or 1 when the loss did not fall."""
     progress = _Progress(steps, out)
     losses: list[float] = []
 
@@ -112,8 +113,13 @@ def demo(steps: int = 100, out: TextIO = sys.stdout, store: Any = None) -> int:
             print(f"  {int(meta['step'][i]):>6} {float(means[i]):>12.4f} "
                   f"{float(stds[i]):>11.4f} {float(rows[i]):>10.4f}", file=out)
     except ImportError:
-        print(f"recorded into {store}; reading it back needs zarr-python "
-              f"(pip install 'zarr>=3.1')", file=out)
+        print("reading the recording back needs zarr-python (pip install 'zarr>=3.1')",
+              file=out)
+    if folder is None:
+        print(f"the recording is kept in {store}", file=out)
+    else:  # said before it goes, so that no path is printed that will not exist
+        print("the recording was in a temporary store, deleted at the end of the demo "
+              "(--store PATH keeps it)", file=out)
     stats = hostfeed.receiver_stats()
     device, handover = stats["device_us"], stats["handover_us"]
     print(f"the device spent {_us(device['p50'])} per tap or record (p50; p99 "
@@ -138,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=100, help="training steps (default 100)")
     p.add_argument("--store", metavar="PATH",
                    help="keep the recording in this Zarr store (default: a temporary one)")
-    b = sub.add_parser("bench", help="latency and throughput against JAX's own callbacks")
+    b = sub.add_parser("bench", help="latency and throughput against JAX's own callbacks",
+                       description=bench.DESCRIPTION)
     bench.add_arguments(b)
     s = sub.add_parser("show", help="a recording's table; one array's plot over steps (PNG)")
     s.add_argument("store", help="the recording: a directory or an object store's URL")

@@ -19,7 +19,7 @@ import hostfeed
 from hostfeed import bench
 from hostfeed._src import lifecycle
 from hostfeed import host_callback as hcb
-from hostfeed.bench import _report
+from hostfeed.bench import _portable, _report, _text
 
 from conftest import run_python
 
@@ -228,6 +228,50 @@ def test_ratios_are_shown_with_their_range_over_the_rounds():
     old = {k: {"us": v["us"]} for k, v in rows.items()}  # a result from before the rounds
     assert next(ln for ln in _report._dispatch({"calls": 10, **old})
                 if ln.strip().startswith("hostfeed call")).split()[4] == "-"
+
+
+def test_the_whole_report_fits_100_columns_and_every_ratio_is_a_time_ratio():
+    # The committed full run (every CPU section) and a TPU run, as the terminal shows them.
+    reports = [_report.text(json.loads(FULL_RUN.read_text()))]
+    reports += [_report.text(json.loads(p.read_text()))
+                for p in sorted((FULL_RUN.parent / "tpu").glob("bench-*.json"))[-1:]]
+    for text in reports:
+        wide = [ln for ln in text.splitlines() if len(ln) > 100]
+        assert not wide, wide[:3]
+        # Columns of ratios say "/ baseline": a row's time over the baseline's.
+        assert not re.search(r"^ +method .*vs io_callback", text, re.M)
+    portable = _portable.render({
+        "taps_per_run": 10, "calls_per_run": 10, "payload": "float32[4]",
+        "taps": {"hostfeed (native)": {"device_side_per_tap_us": 1.0,
+                                       "end_to_end_per_tap_us": 1.5},
+                 "io_callback(ordered)": {"device_side_per_tap_us": 50.0,
+                                          "end_to_end_per_tap_us": 60.0}},
+        "calls": {"hostfeed (native)": {"per_call_us": 4.0},
+                  "io_callback(ordered)": {"per_call_us": 100.0}},
+        "slow_taps": {"taps": 10, "host_ms_per_tap": 10.0, "slow_device_s": 0.001,
+                      "noop_device_s": 0.002, "ratio": 0.5}})
+    cells = [c for ln in portable if ln.strip().startswith("hostfeed (native)")
+             for c in ln.split()[2:]]
+    # hostfeed faster than io_callback: below 1.00x, as the report's header says.
+    assert cells == ["1.00", "1.50", "0.020x", "4.00", "0.040x"]
+
+
+def test_a_table_wider_than_the_terminal_is_cut_into_tables_that_repeat_the_first_column():
+    header = ["method"] + [f"column {i}" for i in range(20)]
+    lines = _text.grid(header, [["hostfeed"] + [f"{i}.00" for i in range(20)]])
+    assert all(len(ln) <= _text.WIDTH for ln in lines)
+    heads = [ln for ln in lines if ln.strip().startswith("method")]
+    assert len(heads) > 1 and len(lines) == 2 * len(heads)
+    cells = [c for ln in lines if ln.strip().startswith("hostfeed") for c in ln.split()[1:]]
+    assert cells == [f"{i}.00" for i in range(20)]  # every cell once, in order
+
+
+def test_bench_help_says_in_one_line_what_it_measures():
+    r = subprocess.run([sys.executable, "-m", "hostfeed", "bench", "--help"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "side by side with JAX's own callbacks" in " ".join(r.stdout.split())
+    assert bench.DESCRIPTION.endswith(".") and ". " not in bench.DESCRIPTION  # one sentence
 
 
 def test_unknown_section_is_refused():

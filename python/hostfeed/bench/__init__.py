@@ -130,6 +130,9 @@ __all__ = [
 ]
 
 SCHEMA = "hostfeed-bench/1"
+#: What the command measures, in one line (``--help``).
+DESCRIPTION = ("Times hostfeed's taps, calls, barriers and compiles side by side with JAX's "
+               "own callbacks in one run, and prints time ratios (below 1.00x: faster).")
 
 
 def _progress(total: int) -> tuple[Callable[[str], None], Callable[[], None]]:
@@ -208,9 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The ``bench`` command; returns the exit status."""
     parser = argparse.ArgumentParser(
         prog="python -m hostfeed bench",
-        description="Latency and throughput of hostfeed's callbacks against JAX's own "
-                    "(buffer_callback, io_callback, debug.callback, pure_callback), side by "
-                    "side in one run.")
+        description=DESCRIPTION)
     add_arguments(parser)
     return run_command(parser.parse_args(argv))
 

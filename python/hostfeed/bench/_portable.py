@@ -28,6 +28,7 @@ from jax.experimental import io_callback
 from .. import host_callback as hcb
 from .._src import transports
 from ._sections import run_taps
+from ._text import grid
 from ._timing import interleaved
 
 #: Rows of the section: (name, transport forced, or None for io_callback).
@@ -123,20 +124,21 @@ def _slow_taps(taps: int = 100, host_ms: float = 10.0) -> dict:
 
 
 def render(r: dict) -> list[str]:
-    """The section as text lines, with ratios to ``io_callback(ordered)``."""
+    """The section as text lines, with time ratios to ``io_callback(ordered)``."""
     io_tap = r["taps"]["io_callback(ordered)"]["device_side_per_tap_us"]
     io_call = r["calls"]["io_callback(ordered)"]["per_call_us"]
-    out = [f"portable transport (JAX's host-callback lowering, forced here), {r['taps_per_run']} "
-           f"taps of {r['payload']} / {r['calls_per_run']} calls in a loop (us)",
-           f"  {'method':<22}{'tap, device':>12}{'tap, end to end':>17}"
-           f"{'vs io_callback(ordered)':>25}{'call':>9}{'vs io_callback(ordered)':>25}"]
+    rows = []
     for name, t in r["taps"].items():
         c = r["calls"][name]["per_call_us"]
         d = t["device_side_per_tap_us"]
-        out.append(f"  {name:<22}{d:>12.2f}{t['end_to_end_per_tap_us']:>17.2f}"
-                   f"{io_tap / d:>24.1f}x{c:>9.2f}{io_call / c:>24.1f}x")
+        rows.append([name, f"{d:.2f}", f"{t['end_to_end_per_tap_us']:.2f}",
+                     f"{d / io_tap:.3f}x", f"{c:.2f}", f"{c / io_call:.3f}x"])
     s = r["slow_taps"]
-    out.append(f"  slow taps (portable): {s['taps']} taps of a {s['host_ms_per_tap']:.0f} ms "
-               f"function: device side {s['slow_device_s'] * 1e3:.2f} ms vs "
-               f"{s['noop_device_s'] * 1e3:.2f} ms for no-op taps ({s['ratio']:.2f}x)")
-    return out
+    return [f"portable transport (JAX's host-callback lowering, forced here), "
+            f"{r['taps_per_run']} taps of {r['payload']} / {r['calls_per_run']} calls in a "
+            f"loop (us; ratios: time over io_callback(ordered)'s)",
+            *grid(["method", "tap, device", "tap, end to end", "/ io_callback(ordered)",
+                    "call", "/ io_callback(ordered)"], rows),
+            f"  slow taps (portable): {s['taps']} taps of a {s['host_ms_per_tap']:.0f} ms "
+            f"function: device side {s['slow_device_s'] * 1e3:.2f} ms vs "
+            f"{s['noop_device_s'] * 1e3:.2f} ms for no-op taps ({s['ratio']:.2f}x)"]

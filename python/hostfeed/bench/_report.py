@@ -15,6 +15,7 @@ import numpy as np
 from .. import __version__ as hostfeed_version
 from . import _portable, _tpu
 from ._markdown import call_p50
+from ._text import fit, grid as _grid
 
 #: Environment variables that change what the benchmark measures.
 ENV_PREFIXES = ("JAX_", "XLA_", "HOSTFEED_", "OPENBLAS_", "OMP_", "CUDA_")
@@ -72,17 +73,6 @@ def _best_jax(values: dict[str, float]) -> tuple[str, float]:
     return name, jax_only[name]
 
 
-def _grid(header: list[str], rows: list[list[str]], first_left: bool = True) -> list[str]:
-    """Rows of cells as aligned columns (each as wide as its widest cell, two spaces
-    apart), so that no header runs into the next."""
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(cells: list[str]) -> str:
-        return "  " + "  ".join(c.ljust(w) if i == 0 and first_left else c.rjust(w)
-                                for i, (c, w) in enumerate(zip(cells, widths)))
-    return [line(header), *[line(r) for r in rows]]
-
-
 def text(result: dict[str, Any]) -> str:
     """The whole report as terminal text, each section with time ratios to the best JAX
     callback measured in the same run."""
@@ -95,14 +85,14 @@ def text(result: dict[str, Any]) -> str:
         lines.append("env: " + " ".join(f"{k}={v}" for k, v in h["env"].items()))
     lines.append(CONVENTION)
     if h.get("suite") == "tpu":
-        return "\n".join(lines + _tpu.text(result))
+        return "\n".join(fit(lines + _tpu.text(result)))
     for name, render in (("latency", _latency), ("sweep", _sweep), ("call", _call),
                          ("dispatch", _dispatch), ("backpressure", _backpressure),
                          ("eager", _eager), ("compile", _compile), ("barrier", _barrier),
                          ("timing", _timing), ("portable", _portable.render)):
         if name in result:
             lines += ["", *render(result[name])]
-    return "\n".join(lines)
+    return "\n".join(fit(lines))
 
 
 def _latency(r: dict) -> list[str]:
@@ -260,8 +250,9 @@ def _eager(r: dict) -> list[str]:
                    [[k, _fmt(v), _x(v / best_v) if "fresh" not in k else _x(v / dbgf)]
                     for k, v in per.items()]),
             f"  best JAX: {best}; fresh function each call: hostfeed / debug.callback "
-            f"{_x(hff / dbgf)}; RSS grew {r['rss_growth_mb']:.1f} MB, registered consumers "
-            f"{r['registered_consumers_growth']:+d}"]
+            f"{_x(hff / dbgf)}; over those fresh functions the process's memory (RSS) grew "
+            f"{r['rss_growth_mb']:.1f} MB and hostfeed's registered consumers changed by "
+            f"{r['registered_consumers_growth']:+d} (a fresh function's is released with it)"]
 
 
 def _compile(r: dict) -> list[str]:

@@ -466,7 +466,7 @@ def _taps_text(r: dict) -> list[str]:
            f"{r['taps']['jax']} JAX taps a run; a step without callback "
            f"{r['no_callback_step_us']:.2f} us); hostfeed's order kept: {r['order_kept']}",
            f"  {'method':<24}{'device us/tap':>14}{'end to end':>12}"
-           f"{'vs io_callback(ordered)':>25}"]
+           f"{'/ io_callback(ordered)':>25}"]
     for m, v in r["methods"].items():
         d = v["device_side_per_tap_us"]
         out.append(f"  {m:<24}{d:>14.1f}{v['end_to_end_per_tap_us']:>12.1f}{d / io:>24.2f}x")
