@@ -283,6 +283,36 @@ def test_a_failed_call_drops_its_executions_joined_sets_and_later_parts():
     errors.take_last_exception()
 
 
+def test_a_failure_without_an_execution_id_lasts_until_the_next_sweep():
+    # The portable transport's messages all carry run 0: a failed call there cannot fail
+    # the joined sets of later executions for ever, only those dispatched before the
+    # barrier that follows it.
+    log = Log()
+
+    def call(arrays, ordinal, reply):
+        reply.fail("host function raised")
+        return True
+
+    run = dispatcher.UNKNOWN_RUN
+    d = Dispatch([log.joined("joined"), consumers.Consumer(call, "c", "call")])
+    d.send((1, 1, run, np.array([0])), reply=FakeCallReply())  # fails on device 1
+    assert d.d.awaits_sweep
+    late = FakeCallReply()  # a part of that execution, from another device
+    d.send((0, 0, run, *part(0, 0, np.array([9]))), reply=late)
+    assert d.d.held == {} and "never came" in late.failed
+    d.marker(lambda: d.d.mark(1))  # the barrier that follows, after waiting ...
+    d.marker(lambda: d.d.sweep(1))
+    assert not d.d.awaits_sweep
+    d.send((0, 0, run, *part(0, 0, np.array([1]))),  # ... and a later execution joins
+           (0, 1, run, *part(0, 1, np.array([2]))))
+    assert log.events == [("joined", "joined", [[1, 2]])]
+    d.send((1, 0, 7, np.array([0])), reply=FakeCallReply())  # a run with an id: kept
+    d.marker(lambda: d.d.mark(2))
+    d.marker(lambda: d.d.sweep(2))
+    assert 7 in d.d.failed_runs and not d.d.awaits_sweep
+    errors.take_last_exception()
+
+
 def test_crossed_parts_run_out_of_order_as_soon_as_the_crossing_forms():
     # Devices 0 and 1 ran executions 1 and 2 in opposite orders (dispatched by two
     # threads): each holds back the part the other waits for. No barrier is needed.

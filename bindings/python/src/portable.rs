@@ -131,7 +131,21 @@ pub fn call_host(
     // writes them meanwhile (the caller waits here).
     let outs = unsafe { Outputs::new(outs) };
     EAGER_PUSHED.store(true, Ordering::Release);
-    py.detach(move || portable::call(msg, outs, flags, timeout_ms, &name)).py()
+    let result = py.detach(move || portable::call(msg, outs, flags, timeout_ms, &name));
+    if result.is_err() {
+        // A Ctrl-C (or SIGTERM) that ended the wait is pending in Python on the initial
+        // thread: its handler would raise a `KeyboardInterrupt` in the next Python code,
+        // JAX's callback wrapper, which lets it escape into XLA (the process aborts). Run
+        // the handler here and keep the call's error, which names the interruption.
+        if let Err(e) = py.check_signals() {
+            let interrupt = e.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py)
+                || e.is_instance_of::<pyo3::exceptions::PySystemExit>(py);
+            if !interrupt {
+                return Err(e);
+            }
+        }
+    }
+    result.py()
 }
 
 /// The message of the failed `call` recorded under `ticket` (a status of `call_host`).

@@ -27,6 +27,10 @@ def _tap_failed(exc: BaseException, consumer: Any) -> None:
     record_exception(exc, f"host callback {consumer.name}")
 
 
+#: The run of every message of the portable transport, which knows no execution ids.
+UNKNOWN_RUN = 0
+
+
 class _Held(NamedTuple):
     """A device waiting for its joined tap: the set's joiner and run, the device's later
     messages (in order, each with the bytes it charges against the bound), the barrier
@@ -81,6 +85,12 @@ class Dispatcher:
     A dropped set's waiting ``call`` replies are failed, with a warning, and parts of its
     run that come later are dropped too (they could never form a set).
 
+    The portable transport knows no execution ids: its messages all carry run
+    :data:`UNKNOWN_RUN`. A failure of that "run" is kept only until a barrier's sweep (by
+    then every execution dispatched before the failure has sent its parts): global-view
+    callbacks dispatched after a failed call fail until the next ``barrier_wait()``,
+    rather than for the rest of the process.
+
     Only the consumer thread runs the dispatcher, so it takes no lock: state changes and
     callbacks interleave freely. The one exception is a consumer that was abandoned while
     stuck in a callback and comes back later: it notices that it no longer owns the
@@ -103,8 +113,9 @@ class Dispatcher:
         self.tracing = compat.host_tracing
         self.owner = 0  # thread id of the consumer running the dispatcher
         self.epoch = 0  # the newest barrier mark run
-        # runs a failed call ended on some device (bounded: the newest 1024)
-        self.failed_runs: collections.OrderedDict[int, None] = collections.OrderedDict()
+        # runs a failed call ended on some device (bounded: the newest 1024), each with
+        # the epoch in which it failed
+        self.failed_runs: collections.OrderedDict[int, int] = collections.OrderedDict()
 
     def __call__(self, batch: Iterable[Message]) -> None:
         consumers = registry.consumers
@@ -311,8 +322,13 @@ class Dispatcher:
             if h.run == run:
                 self._abandon(h.joiner, run, why)
 
+    @property
+    def awaits_sweep(self) -> bool:
+        """Whether a failure of :data:`UNKNOWN_RUN` waits for a barrier's sweep to end."""
+        return UNKNOWN_RUN in self.failed_runs
+
     def _forget_run(self, run: int) -> None:
-        self.failed_runs[run] = None
+        self.failed_runs[run] = self.epoch
         while len(self.failed_runs) > 1024:
             self.failed_runs.popitem(last=False)
 
@@ -328,12 +344,17 @@ class Dispatcher:
         while True:
             stale = [(o, h) for o, h in self.held.items() if epoch is None or h.epoch < epoch]
             if not stale:
-                return
+                break
             ordinal, h = stale[0]
-            self._forget_run(h.run)
+            if h.run != UNKNOWN_RUN:  # (its later parts, if any, came before this sweep)
+                self._forget_run(h.run)
             self._abandon(h.joiner, h.run, "its execution finished without sending it")
             if self.held.get(ordinal) is h:  # its part was not among the set's (never so)
                 self._release(registry.consumers, None, [ordinal])
+        # The executions that failed before the mark have sent every part by now.
+        at = self.failed_runs.get(UNKNOWN_RUN)
+        if at is not None and (epoch is None or at < epoch):
+            del self.failed_runs[UNKNOWN_RUN]
 
     def _resolve_crossings(self, consumers: dict) -> None:
         """Runs parts out of their device's order while held devices wait for each other

@@ -306,9 +306,11 @@ def _wait_and_sweep() -> Optional[BaseException]:
     before that mark belongs to a computation that has finished by the end of the second
     wait, so the consumer drops those still incomplete when it reaches the sweep. Without
     a failure nothing is dropped, whatever other threads dispatch meanwhile (a set whose
-    execution is still running completes when its last part comes)."""
+    execution is still running completes when its last part comes). A failed call of the
+    portable transport (no execution ids) is forgotten by that sweep too, reported or not
+    (``Dispatcher.awaits_sweep``)."""
     failed_run = _effects_barrier()
-    if failed_run is not None:
+    if failed_run is not None or dispatcher.awaits_sweep:
         epoch = _push_mark()
         again = _effects_barrier()
         failed_run = failed_run if again is None else again
