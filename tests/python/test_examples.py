@@ -58,6 +58,7 @@ def test_demo_trains_records_reads_back_and_summarises(tmp_path):
     assert len(summary) == 1 and "for 240 messages" in summary[0], r.stdout
     first, last = (float(v) for v in lines[-1].removeprefix("loss ").split(" -> "))
     assert last < first
+    assert f"the recording is kept in {store}" in lines
     rows, meta = hostfeed.read_recording(store, "grad_norm")
     assert meta["step"].tolist() == list(range(40))
 

@@ -24,6 +24,10 @@ class CallbackException(Exception):
 
 
 _last_exception: list[tuple[BaseException, str]] = []
+# The last exception that nothing has shown the user's code yet (a tap function's, not a
+# failed call's, whose computation fails with it): what interpreter exit reports when no
+# barrier_wait did.
+_last_unsurfaced: list[tuple[BaseException, str]] = []
 
 
 #: The installed package's folder: a frame of a file under it is hostfeed's own (wherever
@@ -70,18 +74,31 @@ def record_exception(exc: BaseException, where: str, *, raised_in: str = "") -> 
     """Keeps ``exc`` for the next ``barrier_wait`` and logs one line that names it and where
     it was raised (its traceback, from the user's frame on, is printed once: as the cause
     of the ``CallbackException`` that ``barrier_wait`` raises). ``raised_in`` says where
-    else the user already saw it (a failing ``call``'s computation)."""
+    else the user already saw it (a failing ``call``'s computation): such an exception is
+    not reported again at interpreter exit (:func:`take_unsurfaced`)."""
     exc.__traceback__ = _user_traceback(exc)
     summary = f"{type(exc).__name__}: {exc}{user_frame(exc)}, in {where}"
     also = f"; {raised_in}" if raised_in else ""
     logger.error("hostfeed: %s%s; the next barrier_wait() raises it with its traceback",
                  summary, also)
     _last_exception[:] = [(exc, summary)]
+    if not raised_in:
+        _last_unsurfaced[:] = [(exc, summary)]
 
 
 def take_last_exception() -> tuple[BaseException, str] | None:
-    """Returns and clears the recorded callback exception."""
+    """Returns and clears the recorded callback exception (``barrier_wait`` raises it, so
+    nothing is left for exit to report either)."""
+    _last_unsurfaced.clear()
     return _last_exception.pop() if _last_exception else None
+
+
+def take_unsurfaced() -> tuple[BaseException, str] | None:
+    """For interpreter exit: the last recorded exception that the user's code has not
+    seen (no ``barrier_wait`` raised it, and it did not fail a computation, as a failed
+    ``call`` does); clears every recorded exception."""
+    _last_exception.clear()
+    return _last_unsurfaced.pop() if _last_unsurfaced else None
 
 
 
@@ -93,3 +110,4 @@ def pending() -> bool:
 def clear() -> None:
     """Forgets the recorded exception (a forked child starts clean)."""
     _last_exception.clear()
+    _last_unsurfaced.clear()

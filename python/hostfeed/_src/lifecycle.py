@@ -7,7 +7,9 @@ import atexit
 import contextlib
 import logging
 import os
+import sys
 import threading
+import traceback
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -434,7 +436,7 @@ def _at_exit() -> None:
     # HOSTFEED_STOP_TIMEOUT (so computations blocked on a full queue, or calls waiting for
     # it, finish). Each step runs whatever happened to the one before (an error is
     # logged), so the queue is drained and the recorders closed in any case. A pending
-    # callback exception is raised here, so it is printed rather than lost.
+    # callback exception that the user's code never saw is printed, rather than lost.
     try:
         stall = stop_timeout()
     except ValueError as exc:  # validated at import; changed since
@@ -455,8 +457,21 @@ def _at_exit() -> None:
         except BaseException as exc:  # noqa: BLE001 - logged; the next steps still run
             logger.error("hostfeed: at exit, %s failed: %s: %s", what,
                          type(exc).__name__, exc)
-    last = take_last_exception()
-    if last is not None:
-        raise CallbackException("There were exceptions during callback processing. "
-                                f"Last one was: {last[1]} (its traceback is above)"
-                                ) from last[0]
+    _report_unsurfaced()
+
+
+def _report_unsurfaced() -> None:
+    """At exit: prints (on stderr, with its traceback) the last exception of a host
+    function that no ``barrier_wait`` raised. Not a failed ``call``'s: its computation
+    failed with it, so the user's code saw it (and may have caught it). Printed, not
+    raised: Python prints an exception raised by an ``atexit`` function without its
+    cause, which holds the traceback."""
+    last = errors.take_unsurfaced()
+    if last is None:
+        return
+    report = CallbackException("There were exceptions during callback processing that "
+                               f"no barrier_wait() raised. Last one was: {last[1]} (its "
+                               f"traceback is above)")
+    report.__cause__ = last[0]
+    sys.stderr.write("".join(traceback.format_exception(report)))
+    sys.stderr.flush()

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import fcntl
-import json
 import math
-import os
 import time
 from typing import Any, Optional, Union
 from collections.abc import Iterator, Mapping
@@ -23,6 +20,7 @@ import numpy as np
 
 from . import stores
 from .reading import _recorded_names
+from .record.unflushed import warn_if_unflushed
 from .record_roles import ROW_METADATA
 
 __all__ = ["Recording", "RecordedArray", "open_recording", "follow"]
@@ -173,6 +171,7 @@ class Recording:
         self.path = self.where.where
         self._root: Any = zarr.open_group(stores.zarr_store(self.where), mode="r")
         self.names: list[str] = sorted(_recorded_names(self._root))
+        warn_if_unflushed(self.where, "hostfeed.open_recording", stacklevel=4)
 
     def __getitem__(self, name: str) -> RecordedArray:
         if name not in self.names:
@@ -303,43 +302,8 @@ def open_recording(path: Any, *, storage_options: Optional[Mapping[str, Any]] = 
     return Recording(path, storage_options)
 
 
-def _writer_open(where: stores.Location) -> bool:
-    """Whether a recorder holds the store (its lock taken: a file's ``flock``, an object
-    store's live lock object)."""
-    if where.url:
-        return _object_lock_live(where)
-    try:
-        fd = os.open(os.path.join(where.where, ".hostfeed.lock"), os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        held = False
-    except BlockingIOError:
-        held = True
-    finally:
-        os.close(fd)
-    return held
-
-
-def _object_lock_live(where: stores.Location) -> bool:
-    import asyncio
-    try:
-        raw = asyncio.run(_get(stores.zarr_store(where), ".hostfeed.lock"))
-    except Exception:  # noqa: BLE001 - no lock object: nobody writes
-        raw = None
-    if raw is None:
-        return False
-    try:
-        return int(json.loads(raw)["lease_until_ns"]) > time.time_ns()
-    except (ValueError, KeyError):
-        return True
-
-
-async def _get(store: Any, key: str) -> Optional[bytes]:
-    from zarr.core.buffer import default_buffer_prototype
-    got = await store.get(key, prototype=default_buffer_prototype())
-    return None if got is None else got.to_bytes()
+#: Whether a recorder holds a store (``stores.writer_open``; a name here, for the tests).
+_writer_open = stores.writer_open
 
 
 def follow(path: Any, name: str, *, poll: float = 0.5, timeout: Optional[float] = None,

@@ -2,19 +2,29 @@
 from __future__ import annotations
 
 import difflib
+import warnings
 from typing import Any, Optional
 from collections.abc import Mapping
 
 import numpy as np
 
 from . import stores
+from .record.unflushed import warn_if_unflushed
 from .record_roles import ROW_METADATA
+
+#: zarr-python's warning about the lock file (not a Zarr node) of a store being written.
+_LOCK_WARNING = rf"Object at {stores.LOCK_NAME.replace('.', '[.]')} is not recognized"
 
 
 def _recorded_names(group: Any, prefix: str = "") -> list[str]:
-    """The recorded arrays under ``group`` (full names; per-row metadata left out)."""
+    """The recorded arrays under ``group`` (full names; per-row metadata left out). The
+    lock file of a store a recorder holds is not a Zarr node: zarr-python's warning about
+    it, and only that one, is silenced."""
     names = []
-    for key, member in group.members():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_LOCK_WARNING)
+        members = list(group.members())
+    for key, member in members:
         full = f"{prefix}{key}"
         if hasattr(member, "members"):
             names += _recorded_names(member, full + "/")
@@ -34,6 +44,12 @@ def read_recording(path: Any, name: str, *, storage_options: Optional[Mapping[st
     directory or an object store's URL (``s3://…``, read with ``storage_options`` as
     :class:`Recorder` takes them). Needs zarr-python (``pip install 'zarr>=3.1'``), and
     for an object store obstore (``pip install obstore``).
+
+    A store that a :class:`Recorder` still has open holds the rows written so far (up to
+    its last ``flush()``, or its periodic commit): reading it while rows may be missing
+    (another process's recorder, or one of this process that recorded since its last
+    ``flush()``) warns with an ``UnflushedReadWarning`` that says so. Flush (or close)
+    the recorder first, or read rows as they are committed with :func:`follow`.
 
     Example:
         >>> import pathlib, tempfile, jax.numpy as jnp, hostfeed
@@ -64,6 +80,7 @@ def read_recording(path: Any, name: str, *, storage_options: Optional[Mapping[st
     stores.check_recorded(root, data, name, where.where)
     rows = stores.read_rows(data, slice(None), name, where.where)
     n = rows.shape[0]
+    warn_if_unflushed(where, "hostfeed.read_recording", n)
     parent, _, leaf = name.rpartition("/")
     group = root[parent] if parent else root
     meta: dict[str, Any] = {}

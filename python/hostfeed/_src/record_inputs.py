@@ -2,7 +2,7 @@
 integer scalar step, and what to do instead with a pytree."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import numpy as np
@@ -41,7 +41,66 @@ def as_value(x: Any, name: str) -> Any:
             f"recorded (sub-byte types have no Zarr encoding that readers share); cast "
             f"first, e.g. x.astype(jnp.int8) or a float8 type")
     dtypes.check_size(np.shape(x), x.dtype, "hostfeed", f"Recorder.record({name!r})'s value")
+    check_fits(x, name)
     return x
+
+
+def ad_taps_of(cotangents: Any, name: str) -> Optional[str]:
+    """``Recorder.record(..., cotangents=)`` as the record's autodiff mode: None (the
+    process's), ``"transforms"`` (True) or ``"primals"`` (False).
+
+    Example:
+        >>> ad_taps_of(None, "h"), ad_taps_of(True, "h"), ad_taps_of(False, "h")
+        (None, 'transforms', 'primals')
+    """
+    if cotangents is None:
+        return None
+    if not isinstance(cotangents, (bool, np.bool_)):
+        raise TypeError(f"hostfeed: Recorder.record({name!r}, cotangents=...) must be True, "
+                        f"False or None (the process's HOSTFEED_AD_TAPS), got {cotangents!r}")
+    return "transforms" if cotangents else "primals"
+
+
+def check_fits(x: Any, name: str) -> None:
+    """Raises ``OverflowError`` if the numpy value ``x`` does not fit the dtype JAX gives it
+    (``int64`` becomes ``int32``, ``float64`` ``float32``... while ``jax_enable_x64`` is
+    off): an integer out of range, or a finite float or complex part that would become
+    infinite. A value that fits is recorded converted, as a computation would convert it
+    (the same array under ``jit`` and eagerly); float64 is rounded to float32.
+
+    Example:
+        >>> import jax
+        >>> check_fits(np.array([2**31 - 1, -2**31]), "ok")
+        >>> if not jax.config.jax_enable_x64:
+        ...     check_fits(np.array([2**40, 1]), "big")
+        Traceback (most recent call last):
+        OverflowError: hostfeed: Recorder.record('big') got a numpy int64 value that does not...
+    """
+    if not isinstance(x, (np.ndarray, np.generic)):
+        return
+    have = np.dtype(x.dtype)
+    want = np.dtype(jax.dtypes.canonicalize_dtype(have))
+    if want == have or have.kind not in "iufc":
+        return
+    a = np.asarray(x)
+    with np.errstate(over="ignore", invalid="ignore"):
+        converted = a.astype(want)
+        if have.kind in "iu":
+            bad = converted.astype(have) != a
+        else:
+            bad = np.zeros(a.shape, bool)
+            for part, conv in ((a.real, converted.real), (a.imag, converted.imag)):
+                bad |= np.isfinite(part) & ~np.isfinite(conv)
+    if not bad.any():
+        return
+    at = np.unravel_index(int(np.argmax(bad)), a.shape) if a.ndim else ()
+    raise OverflowError(
+        f"hostfeed: Recorder.record({name!r}) got a numpy {have} value that does not fit "
+        f"in {want}, the dtype JAX gives it while 64-bit types are off (jax_enable_x64): "
+        f"{a[at].item()!r} would be stored as {converted[at].item()!r}. Enable them "
+        f"(jax.config.update('jax_enable_x64', True)) to record {have}, or convert the "
+        f"value yourself to a dtype that holds it (scaled, or x.astype(np.float32), which "
+        f"holds large integers approximately)")
 
 
 def as_step(step: Any, name: str) -> Any:

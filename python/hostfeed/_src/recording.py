@@ -22,6 +22,7 @@ operand is what, :func:`lane_dims` how many leading dimensions are lanes.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -37,8 +38,7 @@ import numpy as np
 from .. import _receiver
 from . import (compat, coordination, dtypes, keys, lifecycle, record_inputs, stores)
 from .primitives import outside_call_p, outside_call_params
-from .record import selection as _selection
-from .record import step as _step
+from .record import selection as _selection, step as _step, unflushed as _unflushed
 from .record.target import Target
 from .runtime import CallbackSpec
 from .record_roles import (COTANGENT_SUFFIX, KIND, KIND_WITH_STEP, ROW_METADATA, STEP,  # noqa: F401
@@ -223,6 +223,7 @@ class Recorder:
         self._pid = os.getpid()
         with open_lock:
             _open.add(self)
+        _unflushed.mark_flushed(self)
 
     # ---- public API ---------------------------------------------------------------------
 
@@ -238,7 +239,8 @@ class Recorder:
 
     def record(self, name: str, value: Any, *, step: Any = None, result: Any = None,
                every: Optional[int] = None, start: Optional[int] = None,
-               stop: Optional[int] = None, reduce: Any = None, axis: Any = None) -> Any:
+               stop: Optional[int] = None, reduce: Any = None, axis: Any = None,
+               cotangents: Optional[bool] = None) -> Any:
         """Identity on ``value`` that also appends it (or its summary) as one row of array
         ``name``.
 
@@ -262,27 +264,44 @@ class Recorder:
             float32), ``hostfeed.Histogram(...)`` a row of bin counts; computed on the device.
           axis: the axes ``reduce`` reduces over (default: all); the others stay, e.g.
             ``axis=(0, 1)`` of ``[batch, seq, d]`` gives per-channel stats ``[d, 9]``.
+          cotangents: under ``grad`` (``vjp``), whether the backward pass also records the
+            cotangent as ``name.cotangent``, a row the size of ``value`` (and under
+            ``jvp`` the tangent as ``name.tangent``); False records the primal only. None
+            (default): the process's autodiff mode (``HOSTFEED_AD_TAPS``, default
+            ``transforms``: recorded; ``primals``: not).
+
+        Each call that runs appends a row: a name recorded twice in one step (train and
+        eval passes) gets two rows with that ``step``, in run order (``name.seq``); give
+        each its own name (``"train/h"``, ``"eval/h"``) to tell them apart.
 
         Returns:
           ``value``, or ``result`` if given.
 
         Example:
             >>> rec.record("h/stats", h, step=step, every=100, reduce="stats")  # doctest: +SKIP
+            >>> rec.record("h", h, step=step, cotangents=False)  # doctest: +SKIP
 
         Raises:
           ValueError: an invalid name (every part is checked), the recorder is closed, or
             (eagerly, or when the computation is compiled, at the call site) the name was
             recorded before with another shape or dtype.
           TypeError: a pytree, or a dtype that cannot be recorded (sub-byte types).
+          OverflowError: a numpy value that does not fit the dtype JAX converts it to
+            (``int64`` values beyond int32's range, ``float64`` beyond float32's, while
+            ``jax_enable_x64`` is off); one that fits is recorded converted, as ``jit``
+            would convert it.
         """
+        ad_taps = record_inputs.ad_taps_of(cotangents, name)
         if every is not None or start is not None or stop is not None or reduce is not None \
                 or axis is not None:
-            return _selection.record_selected(self._record, self._native.describe_summary,
-                                             name, value, step, result, every, start, stop,
-                                             reduce, axis)
-        return self._record(name, value, step=step, result=result)
+            record_inputs.check_fits(value, name)
+            return _selection.record_selected(
+                functools.partial(self._record, ad_taps=ad_taps), self._native.describe_summary,
+                name, value, step, result, every, start, stop, reduce, axis)
+        return self._record(name, value, step=step, result=result, ad_taps=ad_taps)
 
-    def _record(self, name: str, value: Any, *, step: Any = None, result: Any = None) -> Any:
+    def _record(self, name: str, value: Any, *, step: Any = None, result: Any = None,
+                ad_taps: Optional[str] = None) -> Any:
         if self.closed:
             if os.getpid() != self._pid:
                 raise ValueError(
@@ -310,7 +329,7 @@ class Recorder:
             operands.append(record_inputs.as_step(step, name))
         kind = KIND if step is None else KIND_WITH_STEP
         spec = CallbackSpec(self._target(name, kind),
-                            jax.tree_util.tree_structure(tuple(operands)), True, kind)
+                            jax.tree_util.tree_structure(tuple(operands)), True, kind, ad_taps)
         flat_results: list = []
         result_keys: Any = None
         result_treedef: Any = None
@@ -408,6 +427,7 @@ class Recorder:
                 f"hostfeed: Recorder.flush timed out after {timeout} s with rows of "
                 f"{self.path} still being written")
         self._coord.commit(self._native)
+        _unflushed.mark_flushed(self)
         self._raise_unseen()
         if failed_run is not None:
             raise failed_run
@@ -438,8 +458,8 @@ class Recorder:
             self._native.close()
 
     def stats(self) -> dict[str, int]:
-        """Counters: rows received, bytes and chunks written, spills (partial chunks
-        written early to free the queue), commits, rows dropped."""
+        """Counters: rows received, bytes and chunks written, spills (partial chunks written
+        early to free the queue), commits, rows dropped."""
         return dict(self._native.stats())
 
     def __enter__(self) -> Recorder:
@@ -566,6 +586,7 @@ def _flush_open() -> Optional[BaseException]:
             rec._drain_steps()
             rec._native.flush(None)
             rec._coord.commit(rec._native)
+            _unflushed.mark_flushed(rec)
         except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
             first = first or exc
         first = first or rec._take_unseen()

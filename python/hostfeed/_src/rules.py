@@ -99,7 +99,7 @@ def _primal_half(callback: CallbackSpec) -> CallbackSpec:
 
 def _outside_call_jvp(primals, tangents, **params):
     n = params["nr_tapped_args"]
-    if get_ad_taps() == "primals":
+    if (params["callback"].ad_taps or get_ad_taps()) == "primals":
         # JAX 0.4.x behaviour: the tap sees the primals only; tangents pass through.
         return outside_call_p.bind(*primals, **params), list(tangents)
     tapped_p, pass_p = list(primals[:n]), list(primals[n:])

@@ -9,7 +9,7 @@ shard are joined here first (:class:`Joiner`). Nothing in this module runs at tr
 from __future__ import annotations
 
 import os
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 from collections.abc import Callable, Sequence
 
 import jax
@@ -33,19 +33,23 @@ class CallbackSpec:
         (tap:print, 'print')
     """
 
-    __slots__ = ("func", "arg_treedef", "with_device", "kind")
+    __slots__ = ("func", "arg_treedef", "with_device", "kind", "ad_taps")
 
-    def __init__(self, func: Any, arg_treedef: Any, with_device: bool, kind: str):
+    def __init__(self, func: Any, arg_treedef: Any, with_device: bool, kind: str,
+                 ad_taps: Optional[str] = None):
         self.func = func
         self.arg_treedef = arg_treedef
         self.with_device = bool(with_device)
         self.kind = kind
+        # This callback's autodiff mode ("transforms" or "primals"), over the process's
+        # (`get_ad_taps()`, read when None): `Recorder.record(..., cotangents=)`.
+        self.ad_taps = ad_taps
 
     def _key(self) -> tuple:
         # Callables are told apart by identity, except hostfeed's own value-like ones
         # (id_print's printers), which compare by their settings.
         func = self.func if getattr(self.func, "__hostfeed_by_value__", False) else id(self.func)
-        return (func, self.arg_treedef, self.with_device, self.kind)
+        return (func, self.arg_treedef, self.with_device, self.kind, self.ad_taps)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, CallbackSpec) and self._key() == other._key()
@@ -76,7 +80,7 @@ class CallbackSpec:
 
     def with_tree(self, treedef: Any) -> CallbackSpec:
         """The same callback with another argument tree."""
-        return CallbackSpec(self.func, treedef, self.with_device, self.kind)
+        return CallbackSpec(self.func, treedef, self.with_device, self.kind, self.ad_taps)
 
 
 def unpack_transforms(transforms: tuple) -> tuple[tuple[str, dict], ...]:

@@ -5,9 +5,12 @@ A URL of any other scheme is refused at the call rather than taken for a local f
 name."""
 from __future__ import annotations
 
+import fcntl
+import json
 import math
 import os
 import re
+import time
 import urllib.parse
 import urllib.request
 from typing import Any, NamedTuple, Optional
@@ -166,3 +169,46 @@ def read_rows(array: Any, selection: Any, name: str, where: str) -> Any:
     except (ValueError, OSError, RuntimeError) as exc:
         raise ValueError(f"hostfeed: a chunk of {name!r} in {where} cannot be read: it is "
                          f"truncated or damaged ({type(exc).__name__}: {exc})") from exc
+
+
+#: The file (in an object store, the object) of an open store's lock, in its root.
+LOCK_NAME = ".hostfeed.lock"
+
+
+def writer_open(where: Location) -> bool:
+    """Whether a recorder holds the store (its lock taken: a file's ``flock``, an object
+    store's live lock object)."""
+    if where.url:
+        return _object_lock_live(where)
+    try:
+        fd = os.open(os.path.join(where.where, LOCK_NAME), os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        held = False
+    except BlockingIOError:
+        held = True
+    finally:
+        os.close(fd)
+    return held
+
+
+def _object_lock_live(where: Location) -> bool:
+    import asyncio
+    try:
+        raw = asyncio.run(_get(zarr_store(where), LOCK_NAME))
+    except Exception:  # noqa: BLE001 - no lock object: nobody writes
+        raw = None
+    if raw is None:
+        return False
+    try:
+        return int(json.loads(raw)["lease_until_ns"]) > time.time_ns()
+    except (ValueError, KeyError):
+        return True
+
+
+async def _get(store: Any, key: str) -> Optional[bytes]:
+    from zarr.core.buffer import default_buffer_prototype
+    got = await store.get(key, prototype=default_buffer_prototype())
+    return None if got is None else got.to_bytes()

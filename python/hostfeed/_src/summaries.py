@@ -42,11 +42,13 @@ class Histogram:
     NaNs are not counted (``reduce="stats"`` counts them).
 
     Args:
-      bins: the number of bins (at least 1).
+      bins: the number of bins (at least 1; default 64).
       range: ``(lo, hi)``: ``bins`` equal bins from ``lo`` to ``hi`` (the edges are
         ``numpy.linspace(lo, hi, bins + 1)``; a value equal to ``hi`` is in the last bin);
-        or ``"log"``: the magnitudes ``|x|`` in bins of one power of two each, from
-        ``2**-(bins // 2)`` to ``2**(bins - bins // 2)`` (zeros count as below).
+        or ``"log"`` (the default, when ``range`` is not given): the magnitudes ``|x|``
+        in bins of one power of two each, from ``2**-(bins // 2)`` to
+        ``2**(bins - bins // 2)`` (zeros count as below; the signs are dropped). Pass
+        ``range=(lo, hi)`` for bins of the values themselves.
 
     Raises:
       ValueError: bins or range not as above; a range beyond float32's, or bins too narrow
@@ -60,6 +62,8 @@ class Histogram:
         >>> h.edges().tolist()
         [0.0, 0.25, 0.5, 0.75, 1.0]
         >>> Histogram(bins=4, range="log").edges().tolist()
+        [0.25, 0.5, 1.0, 2.0, 4.0]
+        >>> Histogram(4).edges().tolist()          # no range: the same "log" bins of |x|
         [0.25, 0.5, 1.0, 2.0, 4.0]
     """
 

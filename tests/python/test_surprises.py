@@ -1,0 +1,248 @@
+"""Behaviour that used to surprise without a word (issue 57, part 5), each now a rule that
+is documented and tested: legacy prints in order with the program's own lines on request,
+a record's cotangent chosen per call, reading a store a recorder still writes says so, a
+name recorded twice in one step keeps both rows, numpy values that do not fit JAX's dtype
+are refused, ``Histogram``'s default range, the demo's store, and what exit reports."""
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hostfeed
+from hostfeed._src.record.unflushed import UnflushedReadWarning
+from hostfeed._src.record_roles import ROW_METADATA
+
+from conftest import run_python
+
+X64 = bool(jax.config.jax_enable_x64)
+
+
+@pytest.fixture
+def store(tmp_path):
+    return str(tmp_path / "run.zarr")
+
+
+def names_in(path):
+    import zarr
+    meta = tuple("." + m for m in ROW_METADATA)
+    return sorted(k for k in zarr.open_group(path, mode="r").array_keys()
+                  if not k.endswith(meta))
+
+
+# ---- 1. legacy id_print in order with the program's own output ----------------------------
+
+
+def test_sync_taps_setting_prints_id_print_in_order_with_the_programs_own_lines():
+    code = """
+        import jax, jax.numpy as jnp
+        from hostfeed import host_callback as hcb
+        f = jax.jit(lambda x: hcb.id_print(x * 2, what="tap") + 1)
+        for i in range(20):
+            print(f"before {i}", flush=True)
+            print(f"after {int(f(jnp.int32(i)))}", flush=True)
+    """
+    r = run_python(code, env={"HOSTFEED_SYNC_TAPS": "1"})
+    assert r.returncode == 0, r.stderr
+    expected = []
+    for i in range(20):
+        expected += [f"before {i}", "what: tap", str(2 * i), f"after {2 * i + 1}"]
+    assert r.stdout.splitlines() == expected
+
+
+# ---- 2. cotangents per record --------------------------------------------------------------
+
+
+def _grad_with(rec, name, cotangents):
+    def loss(w):
+        h = rec.record(name, jnp.tanh(w), step=7, cotangents=cotangents)
+        return jnp.sum(h ** 2)
+    return jax.jit(jax.grad(loss))(jnp.arange(3.0))
+
+
+@pytest.mark.parametrize("cotangents", [True, False, None])
+def test_record_under_grad_writes_the_cotangent_as_the_call_chooses(store, mode, cotangents):
+    with hostfeed.Recorder(store) as rec:
+        g = _grad_with(rec, "h", cotangents)
+    np.testing.assert_allclose(g, 2 * np.tanh(np.arange(3.0)) * (1 - np.tanh(np.arange(3.0))
+                                                                  ** 2), rtol=1e-6)
+    written = cotangents if cotangents is not None else mode == "transforms"
+    assert names_in(store) == (["h", "h.cotangent"] if written else ["h"])
+    rows, meta = hostfeed.read_recording(store, "h")
+    np.testing.assert_allclose(rows, [np.tanh(np.arange(3.0))], rtol=1e-6)
+    if written:
+        ct, ct_meta = hostfeed.read_recording(store, "h.cotangent")
+        np.testing.assert_allclose(ct, [2 * np.tanh(np.arange(3.0))], rtol=1e-6)
+        assert ct_meta["step"].tolist() == [7]
+
+
+def test_record_cotangents_false_under_jvp_records_no_tangent(store, transforms_mode):
+    with hostfeed.Recorder(store) as rec:
+        jax.jvp(lambda w: rec.record("h", w * 2, cotangents=False), (jnp.ones(2),),
+                (jnp.ones(2),))
+        jax.jvp(lambda w: rec.record("t", w * 2, cotangents=True), (jnp.ones(2),),
+                (jnp.ones(2),))
+    assert names_in(store) == ["h", "t", "t.tangent"]
+
+
+def test_record_cotangents_must_be_a_bool_or_none(store):
+    with hostfeed.Recorder(store) as rec, pytest.raises(
+            TypeError, match=r"cotangents=\.\.\.\) must be True, False or None.*got 'no'"):
+        rec.record("h", jnp.ones(2), cotangents="no")
+
+
+def test_record_cotangents_false_with_every_records_no_cotangent(store, transforms_mode):
+    with hostfeed.Recorder(store) as rec:
+        jax.jit(jax.grad(lambda w, s: jnp.sum(rec.record("h", w, step=s, every=2,
+                                                          cotangents=False))))(
+            jnp.ones(2), 4)
+    assert names_in(store) == ["h"]
+
+
+# ---- 3. reading a store a recorder still writes ----------------------------------------------
+
+
+def test_reading_an_open_store_with_unflushed_rows_warns_naming_flush(store):
+    rec = hostfeed.Recorder(store)
+    try:
+        for step in range(3):
+            rec.record("x", jnp.full(2, step, jnp.float32), step=step)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            hostfeed.read_recording(store, "x")
+            hostfeed.open_recording(store)
+        assert [type(w.message) for w in caught] == [UnflushedReadWarning] * 2, \
+            [str(w.message) for w in caught]
+        first = str(caught[0].message)
+        assert "hostfeed.read_recording: a Recorder of this process still has" in first
+        assert "rec.flush()" in first and "hostfeed.follow()" in first
+        assert caught[0].filename == __file__
+        rec.flush()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # neither ours nor zarr-python's (.hostfeed.lock)
+            rows, meta = hostfeed.read_recording(store, "x")
+            assert hostfeed.open_recording(store).names == ["x"]
+        assert rows[:, 0].tolist() == [0.0, 1.0, 2.0] and meta["step"].tolist() == [0, 1, 2]
+        jax.jit(lambda v: rec.record("x", v, step=3))(jnp.ones(2)).block_until_ready()
+        with pytest.warns(UnflushedReadWarning, match=r"rec\.flush\(\)"):
+            hostfeed.read_recording(store, "x")
+    finally:
+        rec.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert hostfeed.read_recording(store, "x")[1]["step"].tolist() == [0, 1, 2, 3]
+
+
+# ---- 4. the same name twice in one step ------------------------------------------------------
+
+
+def test_a_name_recorded_twice_in_one_step_keeps_both_rows_in_run_order(store):
+    with hostfeed.Recorder(store) as rec:
+        def forward(x, step):
+            return rec.record("h", jnp.tanh(x), step=step)
+
+        @jax.jit
+        def train_and_eval(x, step):
+            return forward(x, step), forward(-x, step)  # one forward pass for each
+
+        for step in range(2):
+            train_and_eval(jnp.ones(2), step)
+    rows, meta = hostfeed.read_recording(store, "h")
+    t = float(np.tanh(np.float32(1)))
+    np.testing.assert_allclose(rows[:, 0], [t, -t, t, -t], rtol=1e-6)
+    assert meta["step"].tolist() == [0, 0, 1, 1]
+    assert np.all(np.diff(meta["seq"]) > 0)
+
+
+# ---- 5. numpy values JAX would convert -------------------------------------------------------
+
+
+@pytest.mark.skipif(X64, reason="with x64 on, numpy's 64-bit types are recorded as they are")
+def test_an_eager_numpy_value_that_fits_is_recorded_as_jit_converts_it(store):
+    with hostfeed.Recorder(store) as rec:
+        rec.record("i", np.array([2**31 - 1, -2**31, 1], np.int64))
+        rec.record("f", np.array([0.5, np.inf, -1e30], np.float64))
+    i, _ = hostfeed.read_recording(store, "i")
+    f, _ = hostfeed.read_recording(store, "f")
+    assert i.dtype == np.int32 and i.tolist() == [[2**31 - 1, -2**31, 1]]
+    assert f.dtype == np.float32 and f.tolist() == [[0.5, np.inf, np.float32(-1e30)]]
+
+
+@pytest.mark.skipif(X64, reason="with x64 on, numpy's 64-bit types are recorded as they are")
+@pytest.mark.parametrize("value, message", [
+    (np.array([2**40, 1], np.int64), r"numpy int64 value that does not fit in int32.*"
+                                     r"1099511627776 would be stored as 0"),
+    (np.array([1.0, 1e300]), r"numpy float64 value that does not fit in float32.*"
+                             r"1e\+300 would be stored as inf"),
+    (np.uint64(2**33), r"numpy uint64 value that does not fit in uint32"),
+])
+def test_an_eager_numpy_value_that_does_not_fit_is_refused(store, value, message):
+    with hostfeed.Recorder(store) as rec:
+        with pytest.raises(OverflowError, match=message + r".*jax_enable_x64"):
+            rec.record("v", value)
+        with pytest.raises(OverflowError, match=message):
+            rec.record("s", value, reduce="stats")
+        assert rec.stats()["rows"] == 0
+    assert names_in(store) == []
+
+
+# ---- 6. Histogram's default, the demo's store, what exit reports ------------------------------
+
+
+def test_histogram_without_range_is_the_log_histogram():
+    assert hostfeed.Histogram(16).range == hostfeed.Histogram(16, range="log").range
+    assert hostfeed.Histogram(16).log
+    assert 'or ``"log"`` (the default' in hostfeed.Histogram.__doc__
+
+
+def test_demo_with_a_temporary_store_says_it_is_deleted():
+    r = run_python("from hostfeed.__main__ import main; "
+                   "raise SystemExit(main(['demo', '--steps', '4']))")
+    assert r.returncode == 0, r.stderr
+    assert ("the recording was in a temporary store, deleted at the end of the demo "
+            "(--store PATH keeps it)") in r.stdout.splitlines()
+    assert "hostfeed-demo-" not in r.stdout
+
+
+def test_exit_does_not_repeat_a_call_failure_the_program_caught():
+    r = run_python("""
+        import jax, jax.numpy as jnp
+        from hostfeed import host_callback as hcb
+        def bad(x):
+            raise ValueError("call went wrong")
+        try:
+            jax.jit(lambda x: hcb.call(bad, x, result_shape=x))(jnp.ones(2)).block_until_ready()
+        except Exception as e:
+            print("caught:", "call went wrong" in str(e))
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["caught: True"]
+    # Logged once when it happened; nothing at exit.
+    assert r.stderr.count("call went wrong") == 1, r.stderr
+    assert "CallbackException" not in r.stderr and "atexit" not in r.stderr, r.stderr
+
+
+def test_exit_reports_a_tap_failure_no_barrier_raised_with_its_traceback():
+    r = run_python("""
+        import jax, jax.numpy as jnp
+        from hostfeed import host_callback as hcb
+        def bad(x):
+            raise ValueError("call went wrong")
+        def bad_tap(a, tr):
+            raise RuntimeError("tap went wrong")
+        try:
+            jax.jit(lambda x: hcb.call(bad, x, result_shape=x))(jnp.ones(2)).block_until_ready()
+        except Exception:
+            pass
+        jax.jit(lambda x: hcb.id_tap(bad_tap, x))(1.0).block_until_ready()
+    """)
+    assert r.returncode == 0, r.stderr
+    exit_report = r.stderr[r.stderr.index("Traceback (most recent call last)"):]
+    assert 'File "<string>", line 7, in bad_tap\nRuntimeError: tap went wrong' in exit_report
+    assert ("hostfeed.CallbackException: There were exceptions during callback processing "
+            "that no barrier_wait() raised. Last one was: RuntimeError: tap went wrong") \
+        in exit_report
+    assert "call went wrong" not in exit_report and "atexit" not in r.stderr
