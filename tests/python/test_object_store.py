@@ -306,7 +306,9 @@ def test_a_killed_writer_leaves_its_flushed_rows_and_its_lease_ends(s3, bucket):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=180, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert proc.returncode == -signal.SIGKILL and "flushed" in proc.stdout, proc.stderr
-    rows, meta = hostfeed.read_recording(url, "h")
+    # Its lock lives on until its lease ends: reading says rows may be missing (two are).
+    with pytest.warns(hostfeed.UnflushedReadWarning, match="flush"):
+        rows, meta = hostfeed.read_recording(url, "h")
     assert rows.shape[0] >= 10 and meta["step"][:10].tolist() == list(range(10))
     np.testing.assert_array_equal(rows, np.repeat(meta["step"][:, None], 4, axis=1))
     # The dead writer's lock: refused while its lease lasts, then the store opens again.
