@@ -5,7 +5,8 @@
   taps with ``sync=True`` or ``host_callback.sync_taps()``);
 * ``host_callback.call``: a host function whose results flow back into the computation;
 * :class:`Recorder`: records values from inside jitted code to a Zarr v3 store, written by
-  Rust threads; :func:`read_recording` reads them back.
+  Rust threads; :func:`read_recording` reads them back; :func:`capture` records a Flax or
+  Equinox model's submodules chosen by name, without editing the model.
 
 Use it as ``from hostfeed import host_callback as hcb``, or call :func:`install` once so
 that legacy code's ``from jax.experimental import host_callback`` gets hostfeed.
@@ -56,6 +57,8 @@ from ._src.reading import read_recording  # noqa: E402
 from ._src.opened import RecordedArray, Recording, follow, open_recording  # noqa: E402
 from ._src.recording import Recorder  # noqa: E402
 from ._src.summaries import STATS, Histogram  # noqa: E402
+from ._src.capture import Capturing, capture  # noqa: E402
+from ._src.record.unflushed import UnflushedReadWarning  # noqa: E402
 from ._receiver import (CallbackContextError, ReceiverError, ReceiverTimeoutError,  # noqa: E402
                         RecordingError)
 
@@ -67,7 +70,8 @@ __all__ = [
     "host_callback", "install", "id_tap", "id_print", "barrier_wait",
     "stop_outfeed_receiver", "CallbackException", "TapFunctionException",
     "start_receiver", "receiver_stats", "Recorder", "RecordingError", "read_recording",
-    "Histogram", "STATS", "open_recording", "follow", "Recording", "RecordedArray",
+    "Histogram", "STATS", "capture", "Capturing", "open_recording", "follow", "Recording",
+    "RecordedArray", "UnflushedReadWarning",
     "register_zarr_dtypes", "CallbackContextError", "ReceiverError", "ReceiverTimeoutError",
     "transports", "gpu_status",
     "__version__",

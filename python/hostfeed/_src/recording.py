@@ -37,7 +37,7 @@ import numpy as np
 
 from .. import _receiver
 from . import (compat, coordination, dtypes, keys, lifecycle, record_inputs, stores)
-from .primitives import outside_call_p, outside_call_params
+from .primitives import get_ad_taps, outside_call_p, outside_call_params
 from .record import selection as _selection, step as _step, unflushed as _unflushed
 from .record.target import Target
 from .runtime import CallbackSpec
@@ -297,7 +297,8 @@ class Recorder:
             record_inputs.check_fits(value, name)
             return _selection.record_selected(
                 functools.partial(self._record, ad_taps=ad_taps), self._native.describe_summary,
-                name, value, step, result, every, start, stop, reduce, axis)
+                name, value, step, result, every, start, stop, reduce, axis,
+                through=(ad_taps or get_ad_taps()) != "primals")
         return self._record(name, value, step=step, result=result, ad_taps=ad_taps)
 
     def _record(self, name: str, value: Any, *, step: Any = None, result: Any = None,

@@ -122,9 +122,12 @@ def _sent_at_selected(record: Callable[..., Any], name: str, row: Any, step: Any
 
 def record_selected(record: Callable[..., Any], describe: Callable[[str, str], None],
                     name: str, value: Any, step: Any, result: Any, every: Any, start: Any,
-                    stop: Any, reduce: Any, axis: Any) -> Any:
+                    stop: Any, reduce: Any, axis: Any, through: bool = True) -> Any:
     """``record(name, row, step=, result=)`` of ``value`` (or of its summary), at the
-    selected steps only; returns ``value``, or ``result`` if given."""
+    selected steps only; returns ``value``, or ``result`` if given. ``through``: whether
+    a raw value decided on the device passes through the record (for its cotangent to
+    be recorded under ``grad``); if not, the record is only a side effect, which leaves
+    XLA's fusion of the value's producers and users as without it."""
     selecting = every is not None or start is not None or stop is not None
     chosen = selection(step, every, start, stop, name) if selecting else True
     if reduce is None and axis is not None:
@@ -159,7 +162,7 @@ def record_selected(record: Callable[..., Any], describe: Callable[[str, str], N
         # At every step; the cond only sends it.
         got = _sent_at_selected(record, name, summary(value), s_arr, chosen, result, sel)
         return value if result is None else got
-    passed = value if reduce is None and result is None else result
+    passed = value if reduce is None and result is None and through else result
     if passed is None:  # a summary: the value does not go through the record
         jax.lax.cond(chosen,
                      lambda v, s, c: (take(v, _marked(s, c, sel), None), None)[1],

@@ -1,0 +1,171 @@
+"""``hostfeed.capture``: record the inputs and outputs of a model's submodules chosen by
+name, without editing the model (Flax NNX, Flax Linen, Equinox).
+
+- :mod:`.selection`: glob patterns or a predicate over the names each library gives its
+  submodules, and the error listing the names there are;
+- :mod:`.calls`: what is recorded around one call (``Recorder.record`` of each array input
+  and output, under ``MODULE/output``, ``MODULE/input.0``, ...), and ``Capturing``, the
+  Flax model whose calls capture;
+- :mod:`.nnx`, :mod:`.linen`, :mod:`.equinox`: each library's hook (a patched ``__call__``
+  while capturing, ``nn.intercept_methods``, a wrapper module in the pytree), imported
+  only for a model of that library: Flax and Equinox are optional (``hostfeed[flax]``,
+  ``hostfeed[equinox]``).
+"""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any, Optional
+
+import numpy as np
+
+from .calls import CaptureSpec, Capturing, summary_suffix
+from .selection import Select, Selector
+
+__all__ = ["capture", "Capturing"]
+
+# library -> (hostfeed module, what it is called in messages, the extra that installs it,
+# the distribution)
+_LIBRARIES = {
+    "nnx": ("nnx", "a Flax NNX model", "flax", "flax"),
+    "linen": ("linen", "a Flax Linen model", "flax", "flax"),
+    "equinox": ("equinox", "an Equinox model", "equinox", "equinox"),
+}
+
+
+def _library(model: Any) -> Optional[str]:
+    """Which library ``model`` is a module of, from its classes' modules (nothing imported)."""
+    model = model.model if isinstance(model, Capturing) else model
+    for cls in type(model).__mro__:
+        where = getattr(cls, "__module__", "") or ""
+        if where.startswith("flax.nnx"):
+            return "nnx"
+        if where.startswith("flax.linen"):
+            return "linen"
+        if where.startswith("equinox"):
+            return "equinox"
+    return None
+
+
+def _load(library: str) -> ModuleType:
+    module, what, extra, dist = _LIBRARIES[library]
+    try:
+        return importlib.import_module(f"{__name__}.{module}")
+    except ImportError as exc:
+        raise ImportError(
+            f"hostfeed.capture of {what} needs {dist}: pip install 'hostfeed[{extra}]' "
+            f"({exc})") from exc
+
+
+def capture(model: Any, recorder: Any, select: Select, *, step: Any = None,
+            every: Optional[int] = None, start: Optional[int] = None,
+            stop: Optional[int] = None, reduce: Any = None, axis: Any = None,
+            inputs: bool = False, outputs: bool = True, prefix: Optional[str] = None,
+            cotangents: Optional[bool] = None) -> Any:
+    """Records the outputs (and/or inputs) of a model's submodules chosen by name, with
+    ``recorder.record``, without editing the model: a Flax NNX or Linen model, or an
+    Equinox model.
+
+    Names are the library's own: NNX's attribute path (``blocks.3.mlp``), Linen's scope
+    path (``Block_3/MLP_0``), Equinox's pytree path (``blocks.3.mlp`` for
+    ``model.blocks[3].mlp``). Each submodule is a group of the store holding ``output``
+    (an output that is one array; ``output.0``, ``output.1``, ... or ``output.KEY`` for a
+    tuple, list or dict) and, with ``inputs=True``, ``input.0``, ... (positional
+    arguments) and ``input.NAME`` (keyword arguments); ``reduce`` adds ``.stats`` or
+    ``.hist``. Under ``grad`` the cotangents go to ``OUTPUT.cotangent`` as with every
+    record. The model's results are unchanged; its gradients are too, but for rounding
+    where cotangents are recorded (their records in the backward pass change how XLA
+    fuses the operations around them, as hand-placed records do): ``cotangents=False``
+    leaves them out, and the gradients bit for bit as without hostfeed.
+
+    Use the result in place of the model, inside the function you jit (the step is
+    usually traced there): for Equinox, a copy of the model with the selected submodules
+    wrapped; for Flax, a :class:`Capturing` whose calls and methods are the model's
+    (``captured(x)``, ``captured.apply(variables, x)``), also a context manager
+    (``with hostfeed.capture(model, rec, ...): model(x)``).
+
+    Args:
+      model: an ``nnx.Module``, a Linen ``nn.Module`` (unbound, or bound) or an
+        ``eqx.Module``; or a model ``capture`` returned, to add another capture.
+      recorder: the :class:`hostfeed.Recorder` to record with.
+      select: a glob pattern, a list of them, or a predicate ``(name, module) -> bool``.
+        A pattern is matched part by part (parts split on ``.``, on ``/`` for Linen):
+        ``*`` within a part, ``**`` any number of parts (``"blocks.*.mlp"``,
+        ``"**.attn"``, ``"Block_*/MLP_0"``). Only submodules that can be called are
+        selected, not the model itself.
+      step, every, start, stop, reduce, axis: as for :meth:`hostfeed.Recorder.record`,
+        for every captured array (``every=``/``start=``/``stop=`` need ``step``).
+      inputs, outputs: which to record (default: outputs only).
+      prefix: a group to store the submodules' groups under (``"acts"``:
+        ``acts/blocks.3.mlp/output``).
+      cotangents: whether ``grad`` records the cotangents of the captured arrays (as
+        :meth:`hostfeed.Recorder.record`'s ``cotangents``; None: the process's
+        ``HOSTFEED_AD_TAPS``, which records them by default).
+
+    Returns:
+      The model with the capture on (see above).
+
+    Raises:
+      ValueError: a pattern (or the predicate) selects nothing: the message lists the
+        submodules there are (for Linen, those called, when the capture ends); every=,
+        start= or stop= without step; a reduce= a record does not take.
+      TypeError: ``model`` is not a module of those libraries, or ``select`` is not a
+        pattern, a list of them or a callable.
+      ImportError: the library of ``model`` cannot be imported (the message names the
+        extra to install: ``hostfeed[flax]``, ``hostfeed[equinox]``).
+
+    Example:
+        >>> def loss_fn(model, x, y, step):                    # doctest: +SKIP
+        ...     model = hostfeed.capture(model, rec, "blocks.*.mlp", step=step, every=100)
+        ...     return jnp.mean((model(x) - y) ** 2)
+        >>> # rows of blocks.0.mlp/output, blocks.0.mlp/output.cotangent, ...
+    """
+    library = _library(model)
+    if library is None:
+        raise TypeError(
+            f"hostfeed.capture: model must be a Flax NNX module, a Flax Linen module or an "
+            f"Equinox module (pip install 'hostfeed[flax]' or 'hostfeed[equinox]'), got "
+            f"{type(model).__module__}.{type(model).__qualname__}")
+    impl = _load(library)
+    spec = _spec(recorder, step, every, start, stop, reduce, axis, inputs, outputs, prefix,
+                 cotangents)
+    selector = Selector(select, impl.SEP, _LIBRARIES[library][1])
+    if library == "equinox":
+        return impl.capture(model, spec, selector, step)
+    earlier: tuple = ()
+    if isinstance(model, Capturing):
+        model, earlier = model.model, model._hooks
+    return impl.capture(model, spec, selector, step, earlier)
+
+
+def _spec(recorder: Any, step: Any, every: Any, start: Any, stop: Any, reduce: Any,
+          axis: Any, inputs: Any, outputs: Any, prefix: Any,
+          cotangents: Any = None) -> CaptureSpec:
+    """The checked arguments of :func:`capture` (errors at the call, not at trace time)."""
+    if not callable(getattr(recorder, "record", None)):
+        raise TypeError(f"hostfeed.capture: recorder must be a hostfeed.Recorder, got "
+                        f"{type(recorder).__name__}")
+    for what, v in (("every", every), ("start", start), ("stop", stop)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
+            raise TypeError(f"hostfeed.capture: {what} must be an int (a step), got {v!r}")
+    if every is not None and every < 1:
+        raise ValueError(f"hostfeed.capture: every must be >= 1, got {every}")
+    if step is None and (every is not None or start is not None or stop is not None):
+        raise ValueError("hostfeed.capture: every=, start= and stop= select steps: pass the "
+                         "step too (step=...)")
+    summary_suffix(reduce)
+    if not isinstance(inputs, bool) or not isinstance(outputs, bool):
+        raise TypeError(f"hostfeed.capture: inputs and outputs must be True or False, got "
+                        f"inputs={inputs!r}, outputs={outputs!r}")
+    if cotangents is not None and not isinstance(cotangents, bool):
+        raise TypeError(f"hostfeed.capture: cotangents must be True, False or None, got "
+                        f"{cotangents!r}")
+    if not (inputs or outputs):
+        raise ValueError("hostfeed.capture: inputs=False and outputs=False record nothing")
+    if prefix is not None and (not isinstance(prefix, str) or not prefix.strip("/")):
+        raise ValueError(f"hostfeed.capture: prefix must be a non-empty group name, got "
+                         f"{prefix!r}")
+    return CaptureSpec(recorder, every=every, start=start, stop=stop, reduce=reduce,
+                       axis=tuple(axis) if isinstance(axis, list) else axis, inputs=inputs,
+                       outputs=outputs, prefix=(prefix or "").strip("/"),
+                       cotangents=cotangents)

@@ -1,0 +1,210 @@
+"""What a capture does around one call of a selected submodule (:class:`CaptureSpec`): its
+array inputs and outputs recorded with ``Recorder.record`` under the submodule's name, the
+values passed on being the records' results (so that under ``grad`` the cotangents are
+recorded too); and :class:`Capturing`, a Flax model whose calls capture.
+
+Names: ``[prefix/]MODULE/output`` for an output that is one array, ``MODULE/output.K`` for
+each array of a tuple, list or dict output (``K`` its index or key, nested ones joined by
+``.``); ``MODULE/input.I`` for the ``I``-th positional argument and ``MODULE/input.KW`` for
+a keyword argument. A summary adds ``.stats`` or ``.hist`` to the last part.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
+
+import jax
+import numpy as np
+
+from ..summaries import Histogram
+from .selection import key_name
+
+__all__ = ["CaptureSpec", "Capturing", "summary_suffix"]
+
+
+def summary_suffix(reduce: Any) -> str:
+    """The suffix a summary adds to a captured array's name.
+
+    Example:
+        >>> summary_suffix(None), summary_suffix("stats"), summary_suffix(Histogram(4))
+        ('', '.stats', '.hist')
+    """
+    if reduce is None:
+        return ""
+    if isinstance(reduce, str) and reduce == "stats":
+        return ".stats"
+    if isinstance(reduce, Histogram):
+        return ".hist"
+    raise ValueError(f"hostfeed.capture: reduce must be None, 'stats' or a "
+                     f"hostfeed.Histogram(...), got {reduce!r}")
+
+
+def _is_container(v: Any) -> bool:
+    return isinstance(v, (tuple, list, dict))
+
+
+def _recordable(leaf: Any) -> bool:
+    """An array leaf (not a typed PRNG key): what a capture records."""
+    if not isinstance(leaf, (jax.Array, np.ndarray)):
+        return False
+    return not jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class CaptureSpec:
+    """What to record around each call of a selected submodule, and how (the arguments of
+    ``hostfeed.capture`` but the model and the selection). Hashed by identity: it sits in
+    an Equinox wrapper's static fields."""
+
+    recorder: Any
+    every: Optional[int] = None
+    start: Optional[int] = None
+    stop: Optional[int] = None
+    reduce: Any = None
+    axis: Any = None
+    inputs: bool = False
+    outputs: bool = True
+    prefix: str = ""
+    cotangents: Optional[bool] = None
+
+    def array_name(self, module: str, role: str) -> str:
+        """The stored name of one captured array (``role``: ``output``, ``input.0``, ...).
+
+        Example:
+            >>> CaptureSpec(None, reduce="stats", prefix="acts").array_name("b.0.mlp", "output")
+            'acts/b.0.mlp/output.stats'
+        """
+        head = f"{self.prefix}/" if self.prefix else ""
+        return f"{head}{module}/{role}{summary_suffix(self.reduce)}"
+
+    def record_tree(self, module: str, role: str, tree: Any, step: Any,
+                    keys: Callable[[tuple], str]) -> Any:
+        """Records every array leaf of ``tree`` (descending into tuples, lists and dicts
+        only) under ``role`` + its key path (``keys``); returns the tree with each recorded
+        leaf replaced by its record's result (the same value)."""
+        flat, treedef = jax.tree_util.tree_flatten_with_path(
+            tree, is_leaf=lambda v: not _is_container(v))
+        out = []
+        for path, leaf in flat:
+            out.append(self.recorder.record(
+                self.array_name(module, role + keys(path)), leaf, step=step,
+                every=self.every, start=self.start, stop=self.stop, reduce=self.reduce,
+                axis=self.axis, cotangents=self.cotangents) if _recordable(leaf) else leaf)
+        return jax.tree_util.tree_unflatten(treedef, out)
+
+    def call(self, module: str, step: Any, fn: Callable, args: Sequence[Any],
+             kwargs: dict[str, Any]) -> Any:
+        """``fn(*args, **kwargs)`` with its inputs and/or outputs recorded."""
+        if self.inputs:
+            args, kwargs = self.record_tree(module, "input", (tuple(args), dict(kwargs)), step,
+                                            _input_keys)
+        out = fn(*args, **kwargs)
+        if self.outputs:
+            out = self.record_tree(module, "output", out, step, _output_keys)
+        return out
+
+
+def _output_keys(path: tuple) -> str:
+    return "".join("." + key_name(k) for k in path)
+
+
+def _input_keys(path: tuple) -> str:
+    # path[0] picks args (0) or kwargs (1); path[1] the position or the keyword.
+    return "".join("." + key_name(k) for k in path[1:])
+
+
+class Hooks:
+    """What a Flax capture switches on while the model runs (``enter``) and off again
+    (``exit``): NNX's patched ``__call__`` of the selected modules' classes, Linen's method
+    interceptor. Per thread: ``_stack()`` is this thread's stack of what ``enter`` set."""
+
+    _local: threading.local
+
+    def _stack(self) -> list:
+        local = self.__dict__.setdefault("_local", threading.local())
+        if not hasattr(local, "stack"):
+            local.stack = []
+        return local.stack
+
+    def enter(self) -> None:
+        raise NotImplementedError
+
+    def exit(self, ok: bool) -> None:
+        raise NotImplementedError
+
+
+class Capturing:
+    """A Flax model whose selected submodules are recorded while it runs: returned by
+    ``hostfeed.capture`` for a Flax NNX or Linen model.
+
+    Use it where the model is used: calling it calls the model (``captured(x)`` is
+    ``model(x)``), and its methods are the model's (``captured.apply(variables, x)`` is
+    ``model.apply(variables, x)``, ``captured.generate(...)``), each run with the capture
+    on. As a context manager it turns the capture on around a block instead
+    (``with hostfeed.capture(model, rec, "blocks.*.mlp", step=step): y = model(x)``).
+    Other attributes are the model's. Capturing again (``hostfeed.capture(captured, ...)``)
+    adds a capture (another summary, other modules).
+    """
+
+    def __init__(self, model: Any, hooks: Sequence[Hooks]):
+        object.__setattr__(self, "_model", model)
+        object.__setattr__(self, "_hooks", tuple(hooks))
+        # How deep this thread is in calls with the capture on (it is turned on once).
+        object.__setattr__(self, "_local", threading.local())
+
+    @property
+    def model(self) -> Any:
+        """The model itself (its calls outside this wrapper record nothing)."""
+        return self._model
+
+    def __enter__(self) -> Any:
+        depth = getattr(self._local, "depth", 0)
+        if depth == 0:
+            entered: list[Hooks] = []
+            try:
+                for h in self._hooks:
+                    h.enter()
+                    entered.append(h)
+            except BaseException:
+                for h in reversed(entered):
+                    h.exit(False)
+                raise
+        self._local.depth = depth + 1
+        return self._model
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        self._local.depth -= 1
+        if self._local.depth:
+            return
+        first: Optional[BaseException] = None
+        for h in reversed(self._hooks):
+            try:
+                h.exit(exc_type is None)
+            except Exception as exc:  # noqa: BLE001 - every hook exits; the first error is raised
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self:
+            return self._model(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._model, name)
+        if not callable(attr) or isinstance(attr, type):
+            return attr
+
+        @functools.wraps(attr)
+        def capturing(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return attr(*args, **kwargs)
+        return capturing
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._model, name, value)
+
+    def __repr__(self) -> str:
+        return f"hostfeed.capture({type(self._model).__name__}, {len(self._hooks)} capture(s))"
