@@ -37,6 +37,8 @@ between_processes = _mp.between_processes
 def worker(process_id: int, n_proc: int, port: int, mode: str, path: str) -> None:
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={N_DEV // n_proc}"
     os.environ["JAX_PLATFORMS"] = "cpu"
+    # Parts, or the value gathered in one process first (read when hostfeed is imported).
+    os.environ["HOSTFEED_RECORD_PARTS"] = "1" if mode == "parts" else "0"
     import jax
 
     if n_proc > 1:
@@ -47,10 +49,9 @@ def worker(process_id: int, n_proc: int, port: int, mode: str, path: str) -> Non
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     import hostfeed
-    from hostfeed._src import lifecycle, record_lowering
+    from hostfeed._src import lifecycle
     from hostfeed.bench import summary_of_buckets
 
-    record_lowering._PARTED = mode == "parts"
     mesh = jax.make_mesh((N_DEV,), ("x",))
     whole = np.arange(ELEMS, dtype=np.float32)
     x = jax.make_array_from_callback(whole.shape, NamedSharding(mesh, P("x")),

@@ -229,7 +229,7 @@ def _() -> Any:
 if RESULTS["Recorder: reduce='stats', every=2"][0] != "ok":
     @check("diagnosis: reduce='stats', every=2, without the cond inside the statistics")
     def _() -> Any:
-        from hostfeed._src import summaries
+        from hostfeed._src.record import summaries
 
         def stats(v: Any, axes: tuple[int, ...]) -> Any:
             return summaries._finite_stats(v, axes)

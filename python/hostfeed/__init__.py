@@ -47,16 +47,16 @@ _settings.validate()
 from ._src import primitives as _primitives, rules as _rules  # noqa: E402,F401
 from ._src import fast_dispatch as _fast_dispatch, lowering as _lowering  # noqa: E402,F401
 from ._src import lifecycle as _lifecycle  # noqa: E402
-from ._src.summary import summary_of_buckets  # noqa: E402
+from ._src.latency import summary_of_buckets  # noqa: E402
 from ._src import transports as _transports  # noqa: E402
 from ._src.transports import native as _native  # noqa: E402
 from . import host_callback, zarr_dtypes  # noqa: E402
 from .host_callback import (CallbackException, TapFunctionException, barrier_wait,  # noqa: E402
                             id_print, id_tap, stop_outfeed_receiver)
-from ._src.reading import read_recording  # noqa: E402
-from ._src.opened import RecordedArray, Recording, follow, open_recording  # noqa: E402
-from ._src.recording import Recorder  # noqa: E402
-from ._src.summaries import STATS, Histogram  # noqa: E402
+from ._src.readback.reading import read_recording  # noqa: E402
+from ._src.readback.opened import RecordedArray, Recording, follow, open_recording  # noqa: E402
+from ._src.record.recorder import Recorder  # noqa: E402
+from ._src.record.summaries import STATS, Histogram  # noqa: E402
 from ._src.capture import Capturing, capture  # noqa: E402
 from ._src.record.unflushed import UnflushedReadWarning  # noqa: E402
 from ._receiver import (CallbackContextError, ReceiverError, ReceiverTimeoutError,  # noqa: E402

@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         return bench.run_command(args)
     if args.command == "show":
-        from ._src import show
+        from ._src.readback import show
         try:
             return show.main(args.store, args.name, args.png)
         except (KeyError, FileNotFoundError, ImportError) as exc:

@@ -118,7 +118,7 @@ def _one_process_holds_the_tpu(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _receiver_clean_after_test():
-    from hostfeed._src import recording
+    from hostfeed._src.record import recorder as recording
 
     with recording.open_lock:
         before = set(recording._open)

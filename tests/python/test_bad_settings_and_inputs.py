@@ -36,6 +36,7 @@ BAD = [
     ("HOSTFEED_TRANSPORT", "carrier-pigeon"),
     ("HOSTFEED_FAST_DISPATCH", "2"),
     ("HOSTFEED_CALL_THREAD", "main"),
+    ("HOSTFEED_RECORD_PARTS", "halves"),
 ]
 
 

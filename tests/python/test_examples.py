@@ -22,11 +22,11 @@ MODULES = ["hostfeed", "hostfeed.host_callback", "hostfeed.lowering", "hostfeed.
            *(f"hostfeed._src.{m}" for m in (
                "compat", "settings", "dtypes", "devices", "errors", "consumers", "dispatcher",
                "lifecycle", "keys", "printing", "primitives", "runtime", "placement",
-               "fast_dispatch", "recording", "record_lowering", "reading", "stores", "coordination",
-               "rules",
-               "lowering", "summary",
-               "transports", "transports.native", "transports.portable", "packing",
-               "transports.host_transfer"))]
+               "fast_dispatch", "record.recorder", "record.lowering", "readback.reading",
+               "record.stores", "record.coordination", "rules",
+               "lowering", "latency",
+               "transports", "transports.native", "transports.portable",
+               "transports.tpu"))]
 
 
 @pytest.mark.parametrize("name", MODULES)

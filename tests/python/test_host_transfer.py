@@ -16,7 +16,7 @@ from jax import lax
 import hostfeed
 from hostfeed import host_callback as hcb
 from hostfeed._src import compat, transports
-from hostfeed._src.transports import host_transfer
+from hostfeed._src.transports import tpu
 
 from conftest import ON_TPU
 
@@ -85,7 +85,7 @@ def emulated(monkeypatch):
     monkeypatch.setattr(compat, "send_to_host", t.send)
     monkeypatch.setattr(compat, "receive_from_host", t.receive)
     monkeypatch.setattr(compat, "add_host_transfer_callback", t.callback)
-    monkeypatch.setattr(host_transfer, "PLATFORMS", frozenset({"cpu"}))
+    monkeypatch.setattr(tpu, "PLATFORMS", frozenset({"cpu"}))
     with transports.forcing("jax"):
         yield t
 
@@ -107,7 +107,7 @@ def test_a_tap_is_one_send_of_its_packed_operands_and_a_computation_ends_with_a_
 
 def test_large_and_unpackable_operands_travel_apart_and_zero_size_ones_not_at_all(emulated):
     got = []
-    big = jnp.arange(host_transfer.PACK_LIMIT_BYTES // 4 + 1, dtype=jnp.float32)
+    big = jnp.arange(tpu.PACK_LIMIT_BYTES // 4 + 1, dtype=jnp.float32)
     f = jax.jit(lambda b, c, e, s: hcb.id_tap(lambda a, t: got.append(a), (b, c, e, s)))
     f(big, jnp.complex64(1 + 2j), jnp.zeros((0, 3)), jnp.int32(7))
     hcb.barrier_wait()
@@ -188,7 +188,7 @@ def test_a_platform_that_cannot_compile_the_transfers_says_so_naming_the_operati
         monkeypatch):
     # CPU has no host transfers: lowered for them anyway, the tap fails to compile, as
     # hostfeed's lowering would on a platform or JAX release that stopped accepting it.
-    monkeypatch.setattr(host_transfer, "PLATFORMS", frozenset({"cpu"}))
+    monkeypatch.setattr(tpu, "PLATFORMS", frozenset({"cpu"}))
     with transports.forcing("jax"):
         f = jax.jit(lambda x: hcb.id_tap(lambda a, t: None, x) + 1)
         with pytest.raises(jax.errors.JaxRuntimeError) as raised:

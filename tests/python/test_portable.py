@@ -59,6 +59,50 @@ def test_the_portable_lowering_uses_jax_host_callbacks_and_no_hostfeed_custom_ca
     assert jax.jit(f)(jnp.ones(3)).tolist() == [3.0, 3.0, 3.0]
 
 
+def test_summaries_lower_through_jax_where_jax_lowering_is_forced(transport, tmp_path):
+    # HOSTFEED_TRANSPORT=jax means no hostfeed custom call at all: a summary's kernels
+    # too lower to JAX's operations then, with the same rows as the native kernels'.
+    x = jnp.asarray(np.linspace(-3.0, 5.0, 24, dtype=np.float32).reshape(4, 6))
+    with hostfeed.Recorder(str(tmp_path / "r.zarr"), mode="w") as rec:
+        def f(v):
+            rec.record("stats", v, reduce="stats", axis=1)
+            rec.record("hist", v, reduce=hostfeed.Histogram(4, (-4.0, 4.0)))
+            return v + 1
+
+        text = jax.jit(f).lower(x).as_text()
+        assert ("hostfeed_stats" in text) == (transport == "native"), text
+        assert ("hostfeed_histogram" in text) == (transport == "native"), text
+        jax.jit(f)(x)
+    stats, _ = hostfeed.read_recording(str(tmp_path / "r.zarr"), "stats")
+    hist, _ = hostfeed.read_recording(str(tmp_path / "r.zarr"), "hist")
+    v = np.asarray(x)
+    np.testing.assert_array_equal(stats[0, :, 0], [6, 6, 6, 6])  # count, mean, std, min, max
+    np.testing.assert_allclose(stats[0, :, 1], v.mean(axis=1), rtol=1e-6)
+    np.testing.assert_allclose(stats[0, :, 3], v.min(axis=1))
+    np.testing.assert_allclose(stats[0, :, 4], v.max(axis=1))
+    assert int(hist.sum()) == v.size
+
+
+def test_the_tpu_transport_is_chosen_only_where_every_platform_is_a_tpu():
+    class Ctx:
+        def __init__(self, *platforms):
+            self.platforms = platforms
+
+    with transports.forcing(None):
+        assert transports.for_context(Ctx("tpu")).NAME == "host-transfer"
+        assert transports.for_context(Ctx("tpu", "cpu")).NAME == "jax"
+        assert transports.for_context(Ctx("cpu")).NAME == "native"
+        assert transports.for_platform("tpu").RECORDS_AS_OUTPUTS
+        assert transports.for_platform("tpu").SUMMARIZE_EVERY_STEP
+        assert not transports.for_platform("cpu").RECORDS_AS_OUTPUTS
+    with transports.forcing("jax"):
+        assert transports.for_context(Ctx("cpu")).NAME == "jax"
+        assert not transports.for_context(Ctx("cpu")).NATIVE_KERNELS
+    with transports.forcing("native"), pytest.raises(NotImplementedError,
+                                                     match="HOSTFEED_TRANSPORT=native"):
+        transports.for_context(Ctx("tpu")).prepare(Ctx("tpu"), None)
+
+
 def test_slow_tap_functions_do_not_hold_up_the_computation(transport):
     # 100 taps whose function is slow: the first waits for `gate`, every one then takes
     # 10 ms. The computation's results are ready while the tap functions have not even

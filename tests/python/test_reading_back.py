@@ -151,7 +151,7 @@ def test_follow_keeps_a_writer_that_opens_between_its_look_and_its_read(tmp_path
     """follow() looks whether a writer holds the store, then reads it. A run that starts in
     between (its lock taken, its array traced, no row yet) is followed to its end, not
     taken for a closed store (seen once in CI: the follower ended before the first row)."""
-    from hostfeed._src import opened
+    from hostfeed._src.readback import opened
 
     path = str(tmp_path / "starting.zarr")
     real_look = opened._writer_open

@@ -231,8 +231,9 @@ def test_flush_and_close_raise_the_recorders_unseen_errors(tmp_path):
     rec = hostfeed.Recorder(str(tmp_path / "u.zarr"))
     rec.record("h", np.ones(3, np.float32))
     rec.flush()
-    native = rec._native
-    rec._native = _FailingAppends(native)
+    # Rows recorded through Python reach the store through the recorder's catalogue.
+    native = rec.catalogue._native
+    rec.catalogue._native = _FailingAppends(native)
     rec.record("h", np.ones(3, np.float32))
     with pytest.raises(ValueError, match="simulated append failure"):
         rec.flush()

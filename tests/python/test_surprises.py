@@ -15,7 +15,7 @@ import pytest
 
 import hostfeed
 from hostfeed._src.record.unflushed import UnflushedReadWarning
-from hostfeed._src.record_roles import ROW_METADATA
+from hostfeed._src.record.roles import ROW_METADATA
 
 from conftest import run_python
 

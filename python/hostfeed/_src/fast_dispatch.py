@@ -1,9 +1,9 @@
 """Fast dispatch: computations that tap on one device take JAX's C++ dispatch path.
 
 JAX dispatches a jitted function through its C++ fast path only when the executable has
-no effect at all; any other computation goes through JAX's Python dispatch on every call
-(about 95 us of the 100 us that calling a small jitted function with one tap cost, against
-4 us for the same function without it). hostfeed's effect is ordered so that JAX threads a
+no effect at all; any other computation goes through JAX's Python dispatch on every call,
+which is most of what calling a small jitted function with one tap costs (docs/performance.md
+says which benchmark shows it). hostfeed's effect is ordered so that JAX threads a
 token through the taps *inside* a computation (program order, through control flow) and,
 between computations, passes the token of one to the next.
 
@@ -36,7 +36,7 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from . import compat, lifecycle, settings
+from . import compat, lifecycle, settings, transports
 from .primitives import HostCallbackEffect
 
 __all__ = ["token_scope_p", "enabled", "token_chain_lowering", "scoped_devices",
@@ -111,18 +111,9 @@ def _scope_dce(used_outputs: list, eqn: Any) -> tuple:
 compat.register_dce_rule(token_scope_p, _scope_dce)
 
 
-#: What lowers at the end of a token scope, after its last callback: functions of the rule
-#: context and hostfeed's token (the lowering adds a fence for platforms whose callbacks
-#: may run after the computation finished, see ``transports.host_transfer.fence``).
-_scope_end: list[Callable[[Any, Any], None]] = []
-
-
-def add_scope_end(emit: Callable[[Any, Any], None]) -> None:
-    """Has ``emit(ctx, token)`` lowered at the end of every token scope, after its callbacks
-    (``token``: hostfeed's token after the last of them)."""
-    _scope_end.append(emit)
-
-
+# At the end of a token scope, after its last callback, the transport's ``end_scope`` (a
+# TPU's fence: its callbacks may run after the computation finished, see
+# ``transports.tpu.end_scope``).
 def _scope_lowering(ctx: Any, *args: Any, jaxpr: Any, outer_effects: Any) -> Any:
     del outer_effects
     inner, _ = compat.open_jaxpr(jaxpr)
@@ -132,9 +123,10 @@ def _scope_lowering(ctx: Any, *args: Any, jaxpr: Any, outer_effects: Any) -> Any
     tokens = compat.TokenSet({**dict(outer.items()),
                                **{e: compat.create_token() for e in ours}})
     outs, tokens_out = compat.lower_jaxpr_inline(ctx, inner, tokens, *args)
-    for e in ours:
-        for emit in _scope_end:
-            emit(ctx, tokens_out.get(e))
+    if ours:  # what the transport does at the end of a scope (a TPU's fence)
+        end_scope = transports.for_context(ctx).end_scope
+        for e in ours:
+            end_scope(ctx, tokens_out.get(e))
     ctx.set_tokens_out(compat.TokenSet({e: tokens_out.get(e) for e, _ in outer.items()}))
     return outs
 
@@ -220,10 +212,9 @@ def _compile_marker(device: Any) -> Callable[[], None]:
         compiled(operand).block_until_ready()
 
     # Straight through the runtime's executable, waiting on the execution's completion
-    # token instead of building and blocking on an output array: 0.6x the time of the
-    # Compiled's call, alternated in one process (medians 9.8-11.2 us against 16.7-18.6 us
-    # on a 2-core VM, jax 0.10.2). The token is what
-    # jax.effects_barrier waits on for computations with unordered effects.
+    # token: no output array is built and blocked on, which is most of what the Compiled's
+    # call costs for so small a computation. The token is what jax.effects_barrier waits
+    # on for computations with unordered effects.
     executable = compiled.runtime_executable()
     if executable is None:
         return through_jax

@@ -16,11 +16,9 @@ from collections.abc import Sequence
 import jax
 
 from .. import _receiver
-from . import (compat, consumers, fast_dispatch, lifecycle, record_lowering, settings,
-               transports)
-from .transports import host_transfer, native, portable
+from . import compat, consumers, lifecycle, settings, transports
+from .record import lowering as record_lowering
 from .placement import (Where, check_device_index, lower_global_call, lower_global_tap,
-                        lower_parted_record, lower_per_device_parted_record,
                         lower_per_device_call, where)
 from .primitives import (call_check_p, failure_message_p, host_call_p, host_callback_effect,
                          outside_call_p)
@@ -44,8 +42,8 @@ def _consumer_id(ctx: Any, lease: consumers.Lease) -> int:
     return lease.cid
 
 
-def _tap_consumer_id(ctx: Any, spec: CallbackSpec, transforms: tuple,
-                     shard_parts: ShardParts | None) -> int:
+def _tap_lease(spec: CallbackSpec, transforms: tuple,
+               shard_parts: ShardParts | None) -> consumers.Lease:
     def make() -> consumers.Consumer:
         invoke = make_tap_invoker(spec, transforms)
         if shard_parts is None:
@@ -53,7 +51,7 @@ def _tap_consumer_id(ctx: Any, spec: CallbackSpec, transforms: tuple,
         return consumers.Consumer(make_joined_tap(invoke, shard_parts, spec.name), spec.name,
                                  "joined")
 
-    return _consumer_id(ctx, consumers.register((spec, transforms, shard_parts), make))
+    return consumers.register((spec, transforms, shard_parts), make)
 
 
 def _call_consumer_id(ctx: Any, spec: CallbackSpec, result_treedef: Any, result_avals: tuple,
@@ -82,7 +80,7 @@ def _depend_later_uses(ctx: Any, call_op: Any, operands: Sequence[Any],
     the tap's output instead: the same value, ordered after the tap. XLA CPU's fusion
     otherwise duplicates the chain of elementwise ops that produced the operand into each
     later op and into each later tap's operand (N ignored taps along a chain compiled O(N^2)
-    ops: 200 compiled 8x slower than with the results used). Uses lowered after the
+    ops, and compiled that much slower). Uses lowered after the
     module's last tap keep the operand (one duplicated chain at most)."""
     pending = _undepended.setdefault(ctx.module_context.module, [])
     for entry in pending:
@@ -113,37 +111,24 @@ def _outside_call_lowering(ctx: Any, transport: transports.Transport, *args: Any
                                nr_tapped_args: int, transforms: tuple, **params: Any) -> list:
     context, ac = where(ctx)
     shard_parts = params.get("shard_parts")
+    tapped = args[:nr_tapped_args]
+    bind_params = dict(params, callback=callback, nr_tapped_args=nr_tapped_args,
+                       transforms=transforms)
     record = record_lowering.is_record(callback)
-    if record and shard_parts is None and record_lowering.partable(callback, transforms):
-        bind_params = dict(params, callback=callback, nr_tapped_args=nr_tapped_args,
-                           transforms=transforms)
-        if context is Where.GLOBAL and lower_parted_record(ctx, ac, args[:nr_tapped_args],
-                                                           bind_params):
+    if record:  # where a record goes is the recorder's business
+        lease = record_lowering.lower(ctx, context, ac, tapped, bind_params,
+                                      gathered_here=_runs_here(ac, params["device_index"]),
+                                      joined=_tap_lease)
+        if lease is None:  # lowered already: written part by part, or gathered first
             return list(args)
-        if context is Where.PER_DEVICE and record_lowering.is_shared(callback):
-            lower_per_device_parted_record(ctx, ac, args[:nr_tapped_args], bind_params)
-            return list(args)
-    if context in (Where.GLOBAL, Where.PARTIAL_MANUAL) and shard_parts is None:
-        if record:  # recorded through Python once joined; a clash raises here
-            record_lowering.declare_global(callback, transforms, ctx.avals_in[:nr_tapped_args])
-        bind_params = dict(params, callback=callback, nr_tapped_args=nr_tapped_args,
-                           transforms=transforms)
-        # Gathered, a record is written by the process of device `device_index` alone.
-        with record_lowering.gathered(_runs_here(ac, params["device_index"])):
-            lower_global_tap(ctx, ac, args[:nr_tapped_args], bind_params)
+        cid = _consumer_id(ctx, lease)
+    elif context in (Where.GLOBAL, Where.PARTIAL_MANUAL) and shard_parts is None:
+        lower_global_tap(ctx, ac, tapped, bind_params)
         return list(args)
-    if context is Where.SINGLE:
-        check_device_index(params["device_index"], 1, "run this computation")
-    if record and shard_parts is None:  # a Rust sink takes the messages
-        cid = _consumer_id(ctx, record_lowering.consumer_lease(callback, transforms,
-                                                         ctx.avals_in[:nr_tapped_args],
-                                                         context is not Where.PER_DEVICE))
-    elif record and shard_parts is not None and shard_parts.parted:  # one part, to Rust
-        cid = _consumer_id(ctx, record_lowering.parted_lease(callback, transforms,
-                                                       ctx.avals_in[:nr_tapped_args],
-                                                       shard_parts))
     else:
-        cid = _tap_consumer_id(ctx, callback, transforms, shard_parts)
+        if context is Where.SINGLE:
+            check_device_index(params["device_index"], 1, "run this computation")
+        cid = _consumer_id(ctx, _tap_lease(callback, transforms, shard_parts))
     lifecycle.ensure_started()
     flags = _receiver.FLAG_SHARD if shard_parts is not None else 0
     if params.get("sync") and not record:
@@ -163,9 +148,9 @@ def _outside_call_lowering(ctx: Any, transport: transports.Transport, *args: Any
     # elementwise ops compile O(N^2) ops). kAddDependency is a no-op at run time: its
     # output shares the operand's buffer, nothing is copied.
     if call_op is None:
-        # Host transfers (TPUs): no MHLO add-dependency there (it does not legalize to
-        # StableHLO, which is what a TPU compiles), and the send needs none: later uses
-        # of the operand do not wait for the transfer.
+        # A transport with nothing to order after (a TPU's send: later uses of the operand
+        # do not wait for the transfer, and MHLO's add-dependency does not legalize to
+        # what a TPU compiles).
         return list(args)
     token = ctx.tokens_out.get(host_callback_effect)
     outs = [compat.add_dependency(a, token) for a in args]
@@ -213,15 +198,6 @@ def _failure_message_lowering(ctx: Any, transport: transports.Transport, status:
     return transport.failure(ctx, status, context is Where.PER_DEVICE)
 
 
-def _lowering_unsupported(ctx: Any) -> NotImplementedError:
-    platforms = ", ".join(transports.platforms(ctx))
-    return NotImplementedError(
-        f"hostfeed's native host callbacks run on {native.TITLES} only; this "
-        f"computation targets {platforms} and HOSTFEED_TRANSPORT=native forbids the portable "
-        f"transport (JAX's host-callback lowering). Unset HOSTFEED_TRANSPORT (or set it to "
-        f"'jax'), or run it on CPU (jax.default_device(jax.devices('cpu')[0])).")
-
-
 #: What each rule lowers, as a compile failure's note names it.
 _OPERATIONS = {_outside_call_lowering: "taps (id_tap, id_print, Recorder.record)",
                _host_call_lowering: "hcb.call",
@@ -231,39 +207,21 @@ _OPERATIONS = {_outside_call_lowering: "taps (id_tap, id_print, Recorder.record)
 
 def _on(platform: str | None, rule: Any) -> Any:
     """``rule`` for ``platform`` (None: every platform without native handlers), called
-    with the transport of the context. On a GPU platform whose handlers could not register
-    on an existing backend, only a forced native transport reaches the native rule: it
-    refuses clearly."""
-    gpu = native.platform(platform) if platform not in (None, "cpu") else None
+    with the transport of the context, once that transport has prepared the context (or
+    refused it: on a GPU platform whose handlers could not register on an existing
+    backend, only a forced native transport reaches the native rule, and it refuses
+    clearly)."""
 
     @functools.wraps(rule)
     def lower(ctx: Any, *args: Any, **params: Any) -> list:
         transport = transports.for_context(ctx)
-        if transport is portable:
-            portable.note_devices(ctx)
-        elif platform is None:
-            raise _lowering_unsupported(ctx)
-        elif gpu is not None:
-            reason = gpu.status()
-            if reason is not None and gpu.has_backend():
-                raise NotImplementedError(
-                    f"hostfeed cannot run host callbacks on this {gpu.xla_platform} "
-                    f"backend: {reason}")
+        transport.prepare(ctx, platform)
         platforms = "/".join(transports.platforms(ctx))
         compat.note_lowered(ctx, f"{_OPERATIONS.get(rule, rule.__name__)} "
                                  f"({transport.NAME} transport on {platforms})")
         return rule(ctx, transport, *args, **params)
     return lower
 
-
-def _fence(ctx: Any, token: Any) -> None:
-    """On a TPU, the end of a computation waits for the host to have run its callbacks
-    (``host_transfer.fence``)."""
-    if transports.for_context(ctx) is portable and portable.host_transfers(ctx):
-        host_transfer.fence(ctx, token)
-
-
-fast_dispatch.add_scope_end(_fence)
 
 for _prim, _rule in ((outside_call_p, _outside_call_lowering),
                      (host_call_p, _host_call_lowering),
@@ -272,7 +230,7 @@ for _prim, _rule in ((outside_call_p, _outside_call_lowering),
     # Lowered in place, not as a cached function inlined later: a tap's rule then sees the
     # values of the function it is in (`_depend_later_uses`); caching gained nothing, as
     # every tap's parameters differ.
-    for _platform in native.PLATFORMS:
+    for _platform in transports.RULE_PLATFORMS:
         compat.register_lowering(_prim, _on(_platform, _rule), platform=_platform,
                                  cacheable=False)
     compat.register_lowering(_prim, _on(None, _rule), cacheable=False)

@@ -191,7 +191,7 @@ def check_everywhere(status: Any, axes: tuple) -> None:
         return
     jnp = jax.numpy
 
-    def message(status):
+    def message(status: Any) -> Any:
         idx = lax.axis_index(axes)
         source = lax.pmax(jnp.where(status == combined, idx, -1), axes)
         return _bitwise_broadcast(failure_message_p.bind(status), idx == source, axes)
@@ -219,9 +219,9 @@ def _lower_gathered(ctx: Any, region: Region, args: Sequence[Any], avals_in: Seq
     """
     axes = region.axes
 
-    def body(*xs):
+    def body(*xs: Any) -> tuple[Any, ...]:
         is_source = lax.axis_index(axes) == device_index
-        zeros = tuple(jax.numpy.zeros(a.shape, a.dtype) for a in avals_out)
+        zeros: tuple[Any, ...] = tuple(jax.numpy.zeros(a.shape, a.dtype) for a in avals_out)
         if with_status:
             zeros = (np.int32(0),) + zeros
         outs = lax.cond(is_source, lambda xs: tuple(run(*xs)), lambda xs: zeros, xs)
@@ -232,7 +232,7 @@ def _lower_gathered(ctx: Any, region: Region, args: Sequence[Any], avals_in: Seq
             return tuple(outs)
         return tuple(_bitwise_broadcast(o, is_source, axes) for o in outs)
 
-    def fn(*ops):
+    def fn(*ops: Any) -> Any:
         return _in_region(region, body, P(), len(ops), len(avals_out), ops)
 
     return compat.lower_fun(ctx, fn, avals_in, avals_out, args)
@@ -346,28 +346,28 @@ def lower_global_tap(ctx: Any, ac: Any, tapped: Sequence[Any], bind_params: dict
         params = dict(bind_params, nr_tapped_args=n_slots * len(tapped) + 1,
                       shard_parts=ShardParts(region.group, device_index))
 
-        def body(*shards):
+        def body(*shards: Any) -> tuple[()]:
             if rounds.local:
                 outside_call_p.bind(_part_meta(region.axes, manual), *shards, **params)
                 return ()
             idx = lax.axis_index(region.axes)
             ops = (_meta_rows(rounds, idx, manual), *_gather_slots(rounds, region.axes, shards))
 
-            def send(ops):
+            def send(ops: Sequence[Any]) -> tuple[()]:
                 outside_call_p.bind(*ops, **params)
                 return ()
 
             lax.cond(jax.numpy.asarray(rounds.owner)[idx], send, lambda ops: (), ops)
             return ()
 
-        def fn(*ops):
+        def fn(*ops: Any) -> tuple[()]:
             _in_region(region, body, P(region.axes), len(ops), 0, ops)
             return ()
 
         compat.lower_fun(ctx, fn, avals, [], tapped)
         return
 
-    def run(*xs):
+    def run(*xs: Any) -> tuple[()]:
         outside_call_p.bind(*xs, **bind_params)
         return ()
 
@@ -395,11 +395,11 @@ def lower_parted_record(ctx: Any, ac: Any, tapped: Sequence[Any], bind_params: d
                   shard_parts=ShardParts(region.group, 0, None, parted=True))
     specs = (P(region.axes),) + (P(),) * (len(tapped) - 1)
 
-    def body(*ops):
+    def body(*ops: Any) -> tuple[()]:
         outside_call_p.bind(_part_meta(region.axes, ()), *ops, **params)
         return ()
 
-    def fn(*ops):
+    def fn(*ops: Any) -> tuple[()]:
         with jax.sharding.use_abstract_mesh(region.mesh):
             jax.shard_map(body, mesh=region.mesh, in_specs=specs, out_specs=(),
                           axis_names=frozenset(region.axes), check_vma=False)(
@@ -421,7 +421,7 @@ def lower_per_device_parted_record(ctx: Any, ac: Any, tapped: Sequence[Any],
                   shard_parts=ShardParts(n, 0, None, parted=True, per_device=True))
     avals = ctx.avals_in[:len(tapped)]
 
-    def fn(*ops):
+    def fn(*ops: Any) -> tuple[()]:
         outside_call_p.bind(_part_meta(axes, ()), *ops, **params)
         return ()
 
@@ -453,7 +453,7 @@ def lower_global_call(ctx: Any, ac: Any, args: Sequence[Any], params: dict) -> l
         inner = dict(params, result_avals=local * n_slots, with_status=True,
                      shard_parts=ShardParts(group, device_index, whole))
 
-        def body(*shards):
+        def body(*shards: Any) -> tuple[Any, ...]:
             if rounds.local:
                 status, *outs = host_call_p.bind(_part_meta(region.axes, manual), *shards,
                                                  **inner)
@@ -463,10 +463,10 @@ def lower_global_call(ctx: Any, ac: Any, args: Sequence[Any], params: dict) -> l
             idx = lax.axis_index(region.axes)
             ops = (_meta_rows(rounds, idx, manual), *_gather_slots(rounds, region.axes, shards))
 
-            def call(ops):
+            def call(ops: Sequence[Any]) -> tuple[Any, ...]:
                 return tuple(host_call_p.bind(*ops, **inner))
 
-            def skip(ops):
+            def skip(ops: Sequence[Any]) -> tuple[Any, ...]:
                 return (np.int32(0), *(jnp.zeros(a.shape, a.dtype) for a in local * n_slots))
 
             status, *outs = lax.cond(jnp.asarray(rounds.owner)[idx], call, skip, ops)
@@ -480,12 +480,12 @@ def lower_global_call(ctx: Any, ac: Any, args: Sequence[Any], params: dict) -> l
             check_everywhere(status, region.axes)
             return tuple(mine)
 
-        def fn(*ops):
+        def fn(*ops: Any) -> Any:
             return _in_region(region, body, P(region.axes), len(ops), len(whole), ops)
 
         return compat.lower_fun(ctx, fn, ctx.avals_in, ctx.avals_out, args)
 
-    def run(*xs):
+    def run(*xs: Any) -> Any:
         return host_call_p.bind(*xs, **params, with_status=True)
 
     return _lower_gathered(ctx, region, args, ctx.avals_in, run, ctx.avals_out,
@@ -497,7 +497,7 @@ def lower_per_device_call(ctx: Any, ac: Any, args: Sequence[Any], params: dict) 
     so that a failure fails every device together."""
     axes = tuple(ac.mesh.axis_names)
 
-    def per_device(*xs):
+    def per_device(*xs: Any) -> list[Any]:
         status, *outs = host_call_p.bind(*xs, **params, with_status=True)
         check_everywhere(status, axes)
         return outs

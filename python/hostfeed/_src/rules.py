@@ -1,6 +1,9 @@
 """Transformation rules for hostfeed's primitives, each registered under its definition."""
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -16,7 +19,7 @@ from .runtime import CallbackSpec
 # host_call_p (`hcb.call`)
 
 
-def _host_call_not_differentiable(*args, callback, **params):
+def _host_call_not_differentiable(*args: Any, callback: CallbackSpec, **params: Any) -> NoReturn:
     # The legacy module's wording first (code and tests match on it), then the way out.
     raise NotImplementedError(
         f"differentiation rules are implemented only for id_tap, not for call (hcb.call of "
@@ -31,14 +34,15 @@ ad.primitive_transposes[host_call_p] = (
     lambda cts, *args, **params: _host_call_not_differentiable(**params))
 
 
-def _host_call_batching(args, dims, **params):
+def _host_call_batching(args: Sequence[Any], dims: Sequence[Any],
+                        **params: Any) -> tuple[Any, list[int]]:
     # One host call per batch element, in order (like vmap_method="sequential"): the host
     # function keeps seeing the shapes it was written for.
     is_batched = [d is not None for d in dims]
     moved = [jnp.moveaxis(a, d, 0) if b else a for a, d, b in zip(args, dims, is_batched)]
     batched = [a for a, b in zip(moved, is_batched) if b]
 
-    def one(batched_slice):
+    def one(batched_slice: Sequence[Any]) -> Any:
         it = iter(batched_slice)
         operands = [next(it) if b else a for a, b in zip(moved, is_batched)]
         return host_call_p.bind(*operands, **params)
@@ -63,7 +67,7 @@ batching.primitive_batchers[host_call_p] = _host_call_batching
 Zero = compat.Zero
 
 
-def _with_transform(transforms: tuple, name: str, *params) -> tuple:
+def _with_transform(transforms: tuple, name: str, *params: Any) -> tuple:
     return transforms + ((name, *params),)
 
 
@@ -71,15 +75,15 @@ def _is_jvp_tap(transforms: tuple) -> bool:
     return bool(transforms) and transforms[-1] == ("jvp",)
 
 
-def _is_float0(aval) -> bool:
+def _is_float0(aval: Any) -> bool:
     return getattr(aval, "dtype", None) == compat.float0
 
 
-def _tangent_aval(x):
+def _tangent_aval(x: Any) -> Any:
     return x.aval if compat.is_undefined_primal(x) else jax.typeof(x).to_tangent_aval()
 
 
-def _instantiate(t, aval):
+def _instantiate(t: Any, aval: Any) -> Any:
     """A tangent or cotangent as an array to send: symbolic zeros become zeros of the right
     shape and dtype; float0 (the tangent type of integers and bools) is sent as bool zeros,
     as the legacy module did."""
@@ -97,7 +101,8 @@ def _primal_half(callback: CallbackSpec) -> CallbackSpec:
     return callback.with_tree(callback.arg_treedef.children()[0])
 
 
-def _outside_call_jvp(primals, tangents, **params):
+def _outside_call_jvp(primals: Sequence[Any], tangents: Sequence[Any],
+                      **params: Any) -> tuple[Any, list[Any]]:
     n = params["nr_tapped_args"]
     if (params["callback"].ad_taps or get_ad_taps()) == "primals":
         # JAX 0.4.x behaviour: the tap sees the primals only; tangents pass through.
@@ -136,7 +141,7 @@ def _splittable(params: dict, known_or_unknown: list[bool], known_value: bool) -
     return all(is_known[:n]) and all(is_known[n2:]) and not all(is_known[n:n2])
 
 
-def _outside_call_partial_eval(trace, *tracers, **params):
+def _outside_call_partial_eval(trace: Any, *tracers: Any, **params: Any) -> Any:
     # Linearisation (grad, vjp, linearize) traces the jvp tap with known primals and
     # unknown tangents. Split it, as the legacy module did: the forward pass taps the
     # primals (without 'jvp'), and the jvp tap is staged for the backward pass, where its
@@ -155,13 +160,15 @@ def _outside_call_partial_eval(trace, *tracers, **params):
 compat.custom_partial_eval_rules[outside_call_p] = _outside_call_partial_eval
 
 
-def _recomputes(saveable, eqn) -> bool:
+def _recomputes(saveable: Callable[..., Any], eqn: Any) -> bool:
     policy = compat.ensure_enum(
         saveable(outside_call_p, *[v.aval for v in eqn.invars], **eqn.params))
     return isinstance(policy, compat.RecomputeType)
 
 
-def _outside_call_partial_eval_custom(saveable, unks_in, inst_in, eqn):
+def _outside_call_partial_eval_custom(
+        saveable: Callable[..., Any], unks_in: Sequence[bool], inst_in: Sequence[bool], eqn: Any,
+) -> tuple[Any, Any, list[bool], list[bool], list[Any]]:
     # Used by jax.checkpoint/remat (and other users of partial_eval_jaxpr_custom). The
     # checkpoint policy decides whether the taps of a checkpointed function run again in
     # the backward pass, where it is rematerialised (the default policy: yes).
@@ -196,7 +203,7 @@ def _outside_call_partial_eval_custom(saveable, unks_in, inst_in, eqn):
 compat.partial_eval_jaxpr_custom_rules[outside_call_p] = _outside_call_partial_eval_custom
 
 
-def _outside_call_dce(used_outs, eqn):
+def _outside_call_dce(used_outs: list[bool], eqn: Any) -> tuple[list[bool], Any]:
     # Never drop a tap. Only the pass-through operands of `result=` whose outputs are unused
     # can go; tapped operands are always kept.
     n = eqn.params["nr_tapped_args"]
@@ -211,10 +218,10 @@ def _outside_call_dce(used_outs, eqn):
 compat.register_dce_rule(outside_call_p, _outside_call_dce)
 
 
-def _outside_call_transpose(cts, *args, **params):
+def _outside_call_transpose(cts: Sequence[Any], *args: Any, **params: Any) -> list[Any]:
     n2 = params["nr_tapped_args"]
     linear = [compat.is_undefined_primal(a) for a in args]
-    out = [None] * len(args)
+    out: list[Any] = [None] * len(args)
     for i in range(n2, len(args)):  # pass-through operands: identity
         if linear[i]:
             out[i] = cts[i]
@@ -249,7 +256,8 @@ def _outside_call_transpose(cts, *args, **params):
 ad.primitive_transposes[outside_call_p] = _outside_call_transpose
 
 
-def _outside_call_batching(args, dims, **params):
+def _outside_call_batching(args: Sequence[Any], dims: Sequence[int | None],
+                           **params: Any) -> tuple[Any, list[int | None]]:
     # The tap sees the batched values; `transforms` records where each tapped operand's
     # batch dimension is (None for an operand that is not batched).
     n = params["nr_tapped_args"]
@@ -262,7 +270,8 @@ def _outside_call_batching(args, dims, **params):
     return outs, list(dims)
 
 
-def _record_batching(args, dims, **params):
+def _record_batching(args: Sequence[Any], dims: Sequence[int | None],
+                     **params: Any) -> tuple[list[Any], list[int | None]]:
     # A record (hostfeed.Recorder) writes one row per lane: every tapped operand gets the
     # batch dimension first (an unbatched one is broadcast), so that lane i is row i of
     # each. An unbatched operand's output is the operand itself, still unbatched (the
@@ -307,11 +316,12 @@ batching.primitive_batchers[outside_call_p] = _outside_call_batching
 # values past a lane's end). Every other loop (no hostfeed effect in the cond, or a
 # predicate that is not batched) goes to JAX's own rule, unchanged.
 
-def _has_hostfeed_effect(jaxpr) -> bool:
+def _has_hostfeed_effect(jaxpr: Any) -> bool:
     return any(isinstance(e, HostCallbackEffect) for e in jaxpr.effects)
 
 
-def _batched_carry(axis_data, bconst_bat: list, init_bat: list, body_jaxpr) -> list:
+def _batched_carry(axis_data: Any, bconst_bat: list[bool], init_bat: list[bool],
+                   body_jaxpr: Any) -> list[bool]:
     """Which carries are batched: batched initially, or made so by the body (fixpoint)."""
     carry_bat = list(init_bat)
     for _ in range(1 + len(carry_bat)):
@@ -324,13 +334,14 @@ def _batched_carry(axis_data, bconst_bat: list, init_bat: list, body_jaxpr) -> l
     raise AssertionError("while_loop batching: no fixpoint for the batched carries")
 
 
-def _select_lanes(pred, new, old):
+def _select_lanes(pred: Any, new: Any, old: Any) -> Any:
     """`new` in the lanes where `pred` (shape (lanes,)) is true, else `old`; lanes on axis 0."""
     return lax.select(lax.broadcast_in_dim(pred, jnp.shape(new), (0,)), new, old)
 
 
-def _while_batching(axis_data, args, dims, *, cond_nconsts, cond_jaxpr, body_nconsts,
-                    body_jaxpr):
+def _while_batching(axis_data: Any, args: Sequence[Any], dims: Sequence[int | None], *,
+                    cond_nconsts: int, cond_jaxpr: Any, body_nconsts: int,
+                    body_jaxpr: Any) -> tuple[Any, Sequence[int | None]]:
     params = dict(cond_nconsts=cond_nconsts, cond_jaxpr=cond_jaxpr,
                   body_nconsts=body_nconsts, body_jaxpr=body_jaxpr)
     if not _has_hostfeed_effect(cond_jaxpr):
@@ -354,10 +365,10 @@ def _while_batching(axis_data, args, dims, *, cond_nconsts, cond_jaxpr, body_nco
     init = [batching.bdim_at_front(x, d, axis_data.size, axis_data.explicit_mesh_axis)
             for x, d in zip(args[n_consts:], dims[n_consts:])]
 
-    def lane_preds(carry):
+    def lane_preds(carry: Sequence[Any]) -> Any:
         return jaxpr_as_fun(cond_b)(*cconsts, *carry)[0]
 
-    def step(state):
+    def step(state: tuple[Any, list[Any]]) -> tuple[Any, list[Any]]:
         pred, carry = state
         new = jaxpr_as_fun(body_b)(*bconsts, *carry)
         carry = [_select_lanes(pred, a, b) for a, b in zip(new, carry)]

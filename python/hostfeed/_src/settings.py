@@ -37,6 +37,7 @@ BUFFER_POOL_ENV = "HOSTFEED_BUFFER_POOL_BYTES"
 TRANSPORT_ENV = "HOSTFEED_TRANSPORT"
 FAST_DISPATCH_ENV = "HOSTFEED_FAST_DISPATCH"
 CALL_THREAD_ENV = "HOSTFEED_CALL_THREAD"
+RECORD_PARTS_ENV = "HOSTFEED_RECORD_PARTS"
 
 #: The transports ``HOSTFEED_TRANSPORT`` can force (see :mod:`hostfeed._src.transports`).
 TRANSPORTS = ("native", "jax")
@@ -251,6 +252,21 @@ def fast_dispatch() -> bool:
     return _bool_from_env(FAST_DISPATCH_ENV, default=True)
 
 
+def record_parts() -> bool:
+    """Whether a record of a value sharded over several devices is written part by part,
+    each device's part by its own process, from ``HOSTFEED_RECORD_PARTS`` (``1``/``0``,
+    default ``1``; ``0``: the value is first gathered in the process of ``device_index``,
+    as before parts were written, kept to compare the two). Read once, when hostfeed is
+    imported.
+
+    Example:
+        >>> os.environ.pop(RECORD_PARTS_ENV, None) and None
+        >>> record_parts()
+        True
+    """
+    return _bool_from_env(RECORD_PARTS_ENV, default=True)
+
+
 def call_thread() -> str:
     """Where a CPU ``call``'s host function runs, from ``HOSTFEED_CALL_THREAD``:
     ``device`` (default: on the device's own thread when nothing else is pending and the
@@ -354,6 +370,7 @@ PARSERS = {
     TRANSPORT_ENV: transport,
     FAST_DISPATCH_ENV: fast_dispatch,
     CALL_THREAD_ENV: call_thread,
+    RECORD_PARTS_ENV: record_parts,
 }
 
 

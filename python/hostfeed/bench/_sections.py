@@ -94,9 +94,10 @@ def tap_step(method: str, record: Callable[..., None]) -> Callable[[Any, Any], A
     if method == "pure_callback":
         # A result the loop carries, and the carry as an operand, so that the callback is
         # neither removed as dead code nor hoisted out of the loop (it is "pure").
-        def with_result(x, c):
-            r = jax.pure_callback(lambda a, k: (record(a), np.int32(0))[1],
-                                  jax.ShapeDtypeStruct((), jnp.int32), x, c)
+        def with_result(x: Any, c: Any) -> tuple[Any, Any]:
+            r = jax.pure_callback(
+                lambda a, k: (record(a), np.int32(0))[1],  # type: ignore[func-returns-value]
+                jax.ShapeDtypeStruct((), jnp.int32), x, c)
             return x, c + r
         return with_result
     raise ValueError(method)
@@ -106,7 +107,7 @@ def loop(n: int, step: Callable[[Any, Any], Any]) -> Callable[[Any], Any]:
     """A jitted loop of ``n`` steps on one operand carried unchanged (the loop moves no
     array in or out, so nothing but the callback is measured)."""
     @jax.jit
-    def f(x):
+    def f(x: Any) -> Any:
         return lax.fori_loop(0, n, lambda i, s: step(*s), (x, jnp.int32(0)))[1]
     return f
 
@@ -202,8 +203,8 @@ def _tap_floors(cfg: Config, n: int) -> dict[str, float]:
     from .._src.primitives import call_check_p
 
     @jax.jit
-    def custom_calls(x):
-        def step(i, c):
+    def custom_calls(x: Any) -> Any:
+        def step(i: Any, c: Any) -> Any:
             call_check_p.bind(c * 0)  # status 0: the handler returns at once
             return c + 1
         return lax.fori_loop(0, n, step, x)
@@ -229,12 +230,14 @@ def _spaced_latency(cfg: Config) -> dict:
     n = cfg.n(300, 2000)
     cfg.progress("latency: hostfeed (spaced taps)")
 
-    def spin(j, v):  # scalar, single-threaded work (XLA would spread array work over all
-        return v * 1.0000001 + 1e-7  # cores and starve the consumer on a small machine)
+    # Scalar, single-threaded work (XLA would spread array work over all cores and starve
+    # the consumer on a small machine).
+    def spin(j: Any, v: Any) -> Any:
+        return v * 1.0000001 + 1e-7
 
     @jax.jit
-    def f(x):
-        def body(i, c):
+    def f(x: Any) -> Any:
+        def body(i: Any, c: Any) -> Any:
             c = lax.fori_loop(0, 8000, spin, c)  # device work between taps
             return hcb.id_tap(lambda a, tr: None, x, result=c)
         return lax.fori_loop(0, n, body, jnp.float32(0))

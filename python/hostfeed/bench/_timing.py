@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 #: The percentiles every distribution reports.
-from .._src.summary import PERCENTILES, summary_of_buckets  # noqa: F401  (re-exported)
+from .._src.latency import PERCENTILES, summary_of_buckets  # noqa: F401  (re-exported)
 
 
 def timeit(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1) -> dict:

@@ -101,13 +101,13 @@ def clashes(rec) -> dict:
     client = _compat.distributed_client()
     errors = {}
     if PROCESS_ID == 0:
-        rec._declare("many/d", np.float32, (2,))
+        rec.catalogue.declare("many/d", np.float32, (2,))
         rec.record("many/e", jnp.ones(2))
         jax.jit(lambda v: rec.record("many/s", v))(jnp.ones(3))
     client.wait_at_barrier("test/clash", 60_000)
     if PROCESS_ID != 0:
         attempts = {
-            "declare": lambda: rec._declare("many/d", np.float32, (3,)),
+            "declare": lambda: rec.catalogue.declare("many/d", np.float32, (3,)),
             "eager": lambda: rec.record("many/e", jnp.ones(2)),
             "jit": lambda: jax.jit(lambda v: rec.record("many/s", v))(jnp.ones(3)),
         }

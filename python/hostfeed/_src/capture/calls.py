@@ -19,7 +19,7 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from ..summaries import Histogram
+from ..record.summaries import Histogram
 from .selection import key_name
 
 __all__ = ["CaptureSpec", "Capturing", "summary_suffix"]

@@ -188,7 +188,7 @@ EFFECT_SETS = (
 )
 
 
-def manual_op_sharding():
+def manual_op_sharding() -> _xc.OpSharding:
     """A GSPMD ``OpSharding`` of type MANUAL (ops inside a fully manual region)."""
     proto = _xc.OpSharding()
     proto.type = _xc.OpSharding.Type.MANUAL
@@ -252,7 +252,7 @@ def register_dce_rule(primitive: Any, rule: DCERule) -> None:
     """Registers ``rule(used_outputs, eqn) -> (used_inputs, new_eqn)`` as the DCE rule of
     ``primitive``, in the calling convention of the installed JAX."""
     if _DCE_RULES_TAKE_LIVE_INS:
-        def adapted(used_outs, live_ins, eqn):
+        def adapted(used_outs: list, live_ins: Any, eqn: Any) -> tuple:
             del live_ins
             return rule(used_outs, eqn)
 
@@ -398,8 +398,8 @@ AOT_CALLS_KEEP_TOKENS = _wrap_create_cpp_call()
 # jax 0.10.2-0.12: every dispatch of a computation with an ordered effect passes the
 # effect's token from the previous one through `RuntimeTokenSet.get_token_input`, which
 # `device_put`s it onto a fresh `NamedSharding(Mesh(devices))` each time, even when it
-# already lies on exactly those devices: half the Python dispatch of a small computation
-# that taps (about 90 of 180 us here). For hostfeed's effect, a token already on the
+# already lies on exactly those devices, which is about half the Python dispatch of a small
+# computation that taps. For hostfeed's effect, a token already on the
 # executable's devices, in order, is passed as it is (the executable only reads its
 # per-device buffers); any other case goes through JAX's own function.
 def install_token_fast_path(effect_type: type) -> bool:
@@ -432,7 +432,7 @@ def install_token_fast_path(effect_type: type) -> bool:
 # ---- Fast dispatch of computations that tap on one device (primitives.token_scope_p) ----
 # jax 0.10.2-0.12: `pjit._get_fastpath_data` keeps every computation with an effect, ordered
 # or not, off JAX's C++ dispatch path; each call of such a jitted function runs JAX's Python
-# dispatch (about 95 us of a 100 us call here, against 4 us without the tap). The
+# dispatch, which is most of the time of a small call that taps. The
 # executable's effects are the ones `pxla._cached_lowering_to_hlo` reads off the jaxpr it
 # lowers: it takes (jaxpr, module_name, backend, num_const_args, in_avals, [out_avals,]
 # in_shardings, out_shardings, in_layouts, out_layouts, num_devices, device_assignment,

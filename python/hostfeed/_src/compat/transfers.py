@@ -14,7 +14,7 @@ from jax._src import pickle_util as _pickle_util
 from jax._src.lib.mlir.dialects import hlo
 
 
-# ---- Host transfers (transports/host_transfer.py): TPUs' send/recv to the host ----------
+# ---- Host transfers (transports/tpu.py): TPUs' send/recv to the host ----------
 # jax 0.10-0.12: `callback.send_to_host(module_ctx, channel, token, operand, *, sharding)`
 # and `callback.receive_from_host(module_ctx, channel, token, out_aval, *, sharding)` emit
 # `stablehlo.send`/`recv` with `is_host_transfer` and the rendezvous attributes PJRT's

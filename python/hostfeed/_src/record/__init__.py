@@ -1,7 +1,21 @@
-"""The recorder's wing: what a ``Recorder`` is made of on the Python side.
+"""The recorder's wing: what a ``Recorder`` is made of on the Python side (the Rust side
+is ``crates/hostfeed-core/src/record/``, reached through ``hostfeed._receiver``).
 
-- :mod:`.hoist`: records taken out of a computation as its outputs (an interpreter over the
-  traced jaxpr that rebuilds scans and conds around them);
-- :mod:`.step`: ``Recorder.step(fn)``, the jitted step whose recorded outputs are copied to
-  the host while the next steps run, and the pipeline that appends their rows.
+- :mod:`.recorder`: :class:`~.recorder.Recorder` itself (open, record, step, flush, close);
+- :mod:`.inputs`: the checks of what ``record`` is given;
+- :mod:`.roles`: what each operand of a record is after transformations, and the kinds
+  and metadata names of records;
+- :mod:`.target`: :class:`~.target.Target`, one name of one recorder: what a record's
+  callback is, and what the lowering asks of it;
+- :mod:`.lowering`: the recorder's side of lowering (``hostfeed._src.lowering`` asks it
+  whether a tap is a record, and for the consumer that takes its messages);
+- :mod:`.selection` and :mod:`.summaries`: records at selected steps, and summaries
+  computed on the device instead of the value;
+- :mod:`.hoist` and :mod:`.step`: ``Recorder.step(fn)``, records taken out of a
+  computation as its outputs and appended while the next steps run;
+- :mod:`.stores` and :mod:`.coordination`: where a recording lives (paths, object
+  stores) and how the processes of a distributed run agree on one store;
+- :mod:`.unflushed`: the warning for a read of rows a writer may not have written yet.
+
+Reading a recording back is :mod:`hostfeed._src.readback`'s.
 """

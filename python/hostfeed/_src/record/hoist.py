@@ -36,7 +36,7 @@ from jax import lax
 
 from .. import compat
 from ..primitives import outside_call_p
-from ..record_roles import KIND, KIND_WITH_STEP
+from .roles import KIND, KIND_WITH_STEP
 
 __all__ = ["Site", "Loop", "Collected", "evaluate", "holds_records", "order"]
 

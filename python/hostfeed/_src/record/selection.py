@@ -13,11 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching, mlir
 
-from .. import compat
-from ..summaries import check_int, summarize
+from .. import compat, transports
+from .summaries import check_int, summarize
 
 __all__ = ["record_selected", "selection", "selected", "selected_step_p",
-           "SUMMARIZE_EVERY_STEP_ON"]
+]
 
 
 def selection(step: Any, every: Any, start: Any, stop: Any, name: str) -> Any:
@@ -92,13 +92,6 @@ def _selected_step_batched(args: Any, dims: Any, **params: Any) -> Any:
 batching.primitive_batchers[selected_step_p] = _selected_step_batched
 
 
-#: Platforms (JAX's default backend) where a summary recorded at selected steps is computed
-#: at every step, outside the ``cond`` that sends it: a TPU's compiler failed on a summary
-#: computed in a ``cond`` with a host transfer after it (in the same branch, or in a second
-#: ``cond``), and compiled a summary at every step, and a ``cond`` that only sends a value.
-SUMMARIZE_EVERY_STEP_ON = frozenset({"tpu"})
-
-
 def _marked(step: Any, chosen: Any, sel: tuple) -> Any:
     """``step``, through :data:`selected_step_p` with the selection ``sel``."""
     return selected_step_p.bind(step, chosen, selection=sel)
@@ -158,8 +151,9 @@ def record_selected(record: Callable[..., Any], describe: Callable[[str, str], N
     s_arr = jnp.asarray(step)
     sel = (check_int(every, "every", name, least=1), check_int(start, "start", name),
            check_int(stop, "stop", name))
-    if reduce is not None and jax.default_backend() in SUMMARIZE_EVERY_STEP_ON:
-        # At every step; the cond only sends it.
+    if reduce is not None and transports.for_platform().SUMMARIZE_EVERY_STEP:
+        # At every step (the transport of JAX's default backend says so); the cond only
+        # sends it.
         got = _sent_at_selected(record, name, summary(value), s_arr, chosen, result, sel)
         return value if result is None else got
     passed = value if reduce is None and result is None and through else result

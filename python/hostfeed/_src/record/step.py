@@ -28,8 +28,8 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from .. import compat
-from ..record_roles import STEP, lane_dims, roles
+from .. import compat, transports
+from .roles import STEP, lane_dims, roles
 from .selection import selected
 from ..runtime import unpack_transforms
 from . import hoist
@@ -139,13 +139,13 @@ class RecordedStep:
         return out
 
     def takes_outputs(self) -> bool:
-        """Whether the records leave as outputs: as ``outputs=`` says, else where JAX's
-        default backend is a TPU (whose records would be host transfers inside the
-        computation, which cost far more than a copy of an output; on a CPU or a GPU
-        hostfeed's own handlers copy a record inside the computation for less than a copy
-        of an output costs)."""
+        """Whether the records leave as outputs: as ``outputs=`` says, else as the
+        transport of JAX's default backend prefers (``RECORDS_AS_OUTPUTS``: a TPU's
+        records would be host transfers inside the computation, which cost far more than a
+        copy of an output; on a CPU or a GPU hostfeed's own handlers copy a record inside
+        the computation for less than a copy of an output costs)."""
         if self.outputs is None:
-            self.outputs = jax.default_backend() == "tpu"
+            self.outputs = transports.for_platform().RECORDS_AS_OUTPUTS
         return self.outputs
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
@@ -180,7 +180,7 @@ def _declare(nodes: Sequence[hoist.Node], arrays: Sequence[Any], depth: int = 0)
         nb = lane_dims(names)
         for r, aval in zip(rs, avals):
             if r is not None and r != STEP:
-                rec._declare(target.name + r, aval.dtype, aval.shape[depth + nb:])
+                rec.catalogue.declare(target.name + r, aval.dtype, aval.shape[depth + nb:])
     return at
 
 
@@ -289,7 +289,7 @@ class Pipeline:
             except BaseException as exc:  # noqa: BLE001 - kept for the recorder's flush
                 logger.error("hostfeed: recording a step's outputs failed (raised by the "
                              "recorder's next flush, close or barrier_wait): %s", exc)
-                self.recorder._keep_error(exc)
+                self.recorder.catalogue.failed(exc)
             finally:
                 del collected
                 with self.cv:

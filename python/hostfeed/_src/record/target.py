@@ -11,11 +11,11 @@ import numpy as np
 
 from ... import _receiver
 from .. import settings
-from ..record_roles import STEP, lane_dims, roles
+from .roles import STEP, lane_dims, roles
 from ..runtime import unpack_transforms
 
 if TYPE_CHECKING:
-    from ..recording import Recorder
+    from .recorder import Recorder
 
 logger = logging.getLogger("hostfeed")
 
@@ -49,7 +49,7 @@ class Target:
                 raise  # inline mode: the caller's own thread, which sees it at once
             logger.error("hostfeed: %r failed (raised by the recorder's next flush, "
                                   "close or barrier_wait): %s", self, exc)
-            self.recorder._keep_error(exc)
+            self.recorder.catalogue.failed(exc)
 
     def append_rows(self, operands: Sequence[np.ndarray], transforms: tuple,
                     device: Any) -> None:
@@ -76,10 +76,10 @@ class Target:
         arrays = []
         for i, (r, o) in enumerate(zip(rs, operands)):
             if r is not None and r != STEP:
-                array_id = self.recorder._declare(self.name + r, o.dtype, o.shape[nb:])
-                self.recorder._coord.claim(self.name + r)
+                array_id = self.recorder.catalogue.declare(self.name + r, o.dtype, o.shape[nb:])
+                self.recorder.catalogue.claim(self.name + r)
                 arrays.append((i, array_id, o.shape[nb:]))
-        append = self.recorder._native.append
+        append = self.recorder.catalogue.append
 
         def write(ops: Sequence[np.ndarray], ordinal: int) -> None:
             if step_at is None:
@@ -111,15 +111,15 @@ class Target:
                 steps = [int(flat[min(k, flat.size - 1)]) if flat.size else -1
                          for k in range(lanes)]
         ordinal = -1 if device is None else int(getattr(device, "id", -1))
-        native = self.recorder._native
+        catalogue = self.recorder.catalogue
         values = []
         for r, leaf in zip(rs, leaves):
             if r is not None and r != STEP:
                 value = np.ascontiguousarray(leaf).reshape(lanes, *leaf.shape[nb:])
-                array_id = self.recorder._declare(self.name + r, value.dtype, value.shape[1:])
-                self.recorder._coord.claim(self.name + r)
+                array_id = catalogue.declare(self.name + r, value.dtype, value.shape[1:])
+                catalogue.claim(self.name + r)
                 values.append((array_id, value))
         for k in range(lanes):
             for array_id, value in values:
-                native.append(array_id, value[k].reshape(-1).view(np.uint8), steps[k],
+                catalogue.append(array_id, value[k].reshape(-1).view(np.uint8), steps[k],
                               ordinal, packed, wait)

@@ -1,5 +1,5 @@
 """Reading a store that a recorder still writes: :func:`warn_if_unflushed` says so when rows
-may not be written yet (the readers of ``reading.py`` and ``opened.py`` call it), and
+may not be written yet (the readers of :mod:`hostfeed._src.readback` call it), and
 :func:`mark_flushed` is what the recorder tells it when everything it was sent is written
 (opened, flushed, after a barrier)."""
 from __future__ import annotations
@@ -9,11 +9,12 @@ import warnings
 import weakref
 from typing import TYPE_CHECKING, Optional
 
-from .. import lifecycle, stores
+from .. import lifecycle
+from . import stores
 from ..primitives import host_callback_effect
 
 if TYPE_CHECKING:
-    from ..recording import Recorder
+    from .recorder import Recorder
 
 __all__ = ["UnflushedReadWarning", "mark_flushed", "warn_if_unflushed"]
 
@@ -31,7 +32,7 @@ _flushed: weakref.WeakKeyDictionary[Recorder, tuple[int, int]] = weakref.WeakKey
 
 
 def _mark(rec: Recorder) -> tuple[int, int]:
-    return (int(lifecycle.stats()["messages_enqueued"]), int(rec._native.stats()["rows"]))
+    return (int(lifecycle.stats()["messages_enqueued"]), int(rec.stats()["rows"]))
 
 
 def mark_flushed(rec: Recorder) -> None:

@@ -2,14 +2,18 @@
 
 * :mod:`.native`: hostfeed's XLA FFI custom calls with handlers in Rust (CPU, and the GPU
   platforms of its table, where their handlers register);
+* :mod:`.tpu`: a TPU's own host transfers, one send per tap (where JAX's lowering is
+  taken and every platform lowered for is a TPU);
 * :mod:`.portable`: JAX's own host-callback lowering (what ``io_callback`` uses), for every
   other platform, or everywhere when ``HOSTFEED_TRANSPORT=jax``.
 
-Both offer the same four operations (:class:`Transport`): ``tap``, ``call``, ``check``
-(fail the computation on a failed call's status) and ``failure`` (a failed call's
-message). The lowering rules (``hostfeed._src.lowering``) decide where a callback runs and
-ask :func:`for_context` which transport emits it. Adding a transport is one module with
-these four functions and a line in :func:`for_context`.
+Each is a whole transport (:class:`Transport`): ``prepare`` before a rule lowers, the
+four operations ``tap``, ``call``, ``check`` (fail the computation on a failed call's
+status) and ``failure`` (a failed call's message), ``end_scope`` at the end of a token
+scope, and the policies the Recorder builds records by. The lowering rules
+(``hostfeed._src.lowering``) decide where a callback runs and ask :func:`for_context`
+which transport emits it; the Recorder asks :func:`for_platform`. Adding a transport is
+one module with these functions and a line in :func:`for_context`.
 
 The transport forced for every platform is a JAX configuration state, ``hostfeed_transport``
 (``"auto"``, ``"native"`` or ``"jax"``; its default from ``HOSTFEED_TRANSPORT``), so it is
@@ -24,17 +28,38 @@ from typing import Any, Optional, Protocol
 import jax
 
 from .. import compat, settings
-from . import native, portable
+from . import native, portable, tpu
 
 #: Platforms listed by :func:`transports` besides those of this process's backends.
-KNOWN_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+KNOWN_PLATFORMS = (*native.PLATFORMS, *sorted(tpu.PLATFORMS))
+
+#: The platforms with a lowering rule of their own (the native ones; every other platform
+#: takes the default rule).
+RULE_PLATFORMS = native.PLATFORMS
 
 
 class Transport(Protocol):
-    """What a transport offers the lowering rules (the modules :mod:`.native` and
-    :mod:`.portable` are the two)."""
+    """What a transport offers the lowering rules (the modules :mod:`.native`,
+    :mod:`.tpu` and :mod:`.portable`)."""
 
+    #: Its name in a compile failure's note.
     NAME: str
+    #: Whether a summary recorded at selected steps is computed at every step, outside the
+    #: ``cond`` that sends it (where a compiler fails on a summary in such a ``cond``).
+    SUMMARIZE_EVERY_STEP: bool
+    #: Whether a recorded step's records leave as outputs by default (where a transfer
+    #: inside the computation costs more than a copy of an output).
+    RECORDS_AS_OUTPUTS: bool
+    #: Whether hostfeed's own compute kernels (the summaries' custom calls) are used.
+    NATIVE_KERNELS: bool
+
+    def prepare(self, ctx: Any, rule_platform: Optional[str]) -> None:
+        """Before a rule registered for ``rule_platform`` (None: the default rule) lowers
+        in ``ctx``; raises where this transport cannot serve."""
+
+    def end_scope(self, ctx: Any, token: Any) -> None:
+        """At the end of a token scope, after its callbacks (``token``: hostfeed's token
+        after the last of them)."""
 
     def tap(self, ctx: Any, args: Sequence[Any], avals_in: Sequence[Any], per_device: bool, *,
             consumer_id: int, flags: int) -> Any: ...
@@ -126,15 +151,33 @@ def platforms(ctx: Any) -> Sequence[str]:
     return ctx.platforms or ctx.module_context.platforms
 
 
+def _of(lowered_for: Sequence[str]) -> Transport:
+    if any(transport_for(p) == "jax" for p in lowered_for):
+        if lowered_for and all(p in tpu.PLATFORMS for p in lowered_for):
+            return tpu  # type: ignore[return-value]
+        return portable  # type: ignore[return-value]
+    return native  # type: ignore[return-value]
+
+
 def for_context(ctx: Any) -> Transport:
-    """The transport that emits hostfeed's operations in lowering context ``ctx``: the
-    portable one when any platform lowered for takes it.
+    """The transport that emits hostfeed's operations in lowering context ``ctx``: JAX's
+    lowering when any platform lowered for takes it (over a TPU's host transfers when all
+    of them are TPUs), else the native one.
 
     Example:
         >>> class Ctx: platforms = ("tpu",)
-        >>> for_context(Ctx()).NAME == ("native" if forced() == "native" else "jax")
+        >>> for_context(Ctx()).NAME == ("native" if forced() == "native" else "host-transfer")
         True
     """
-    if any(transport_for(p) == "jax" for p in platforms(ctx)):
-        return portable  # type: ignore[return-value]
-    return native  # type: ignore[return-value]
+    return _of(platforms(ctx))
+
+
+def for_platform(platform: Optional[str] = None) -> Transport:
+    """The transport of computations lowered for ``platform`` (None: JAX's default
+    backend), for decisions taken while tracing, before the platform lowered for is known.
+
+    Example:
+        >>> for_platform("tpu").RECORDS_AS_OUTPUTS == (forced() != "native")
+        True
+    """
+    return _of([platform or jax.default_backend()])

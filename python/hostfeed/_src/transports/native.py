@@ -168,6 +168,41 @@ def unavailable(name: str) -> Optional[str]:
     return platform(name).unavailable()
 
 
+# ---- the transport (:class:`hostfeed._src.transports.Transport`) ---------------------------
+
+#: The Recorder's policies here: a summary at selected steps is computed in the ``cond``
+#: that sends it, records leave through the handlers inside the computation (a copy there
+#: costs less than a copy of an output), and summaries use hostfeed's own kernels on CPU.
+SUMMARIZE_EVERY_STEP = False
+RECORDS_AS_OUTPUTS = False
+NATIVE_KERNELS = True
+
+
+def prepare(ctx: Any, rule_platform: Optional[str]) -> None:
+    """Before the rule registered for ``rule_platform`` (None: the rule of every platform
+    without native handlers) lowers: refuses clearly where the handlers cannot serve."""
+    if rule_platform is None:  # only a forced native transport gets here
+        platforms = ", ".join(ctx.platforms or ctx.module_context.platforms)
+        raise NotImplementedError(
+            f"hostfeed's native host callbacks run on {TITLES} only; this computation "
+            f"targets {platforms} and HOSTFEED_TRANSPORT=native forbids the portable "
+            f"transport (JAX's host-callback lowering). Unset HOSTFEED_TRANSPORT (or set it "
+            f"to 'jax'), or run it on CPU (jax.default_device(jax.devices('cpu')[0])).")
+    if rule_platform != "cpu":
+        gpu = platform(rule_platform)
+        reason = gpu.status()
+        if reason is not None and gpu.has_backend():
+            raise NotImplementedError(
+                f"hostfeed cannot run host callbacks on this {gpu.xla_platform} backend: "
+                f"{reason}")
+
+
+def end_scope(ctx: Any, token: Any) -> None:
+    """Nothing at the end of a token scope: the handlers have run when the computation
+    ends."""
+    del ctx, token
+
+
 # ---- emitting the custom calls -------------------------------------------------------------
 
 

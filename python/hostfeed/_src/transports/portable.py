@@ -33,18 +33,27 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import numpy as np
 
 from ... import _receiver
-from .. import compat, dtypes, lifecycle
+from .. import compat, dtypes
 from ..devices import portable_device_key
 from ..primitives import host_callback_effect
-from . import host_transfer
 
 NAME = "jax"
+
+#: The Recorder's policies on this transport (see :mod:`.tpu` for where they differ): a
+#: summary at selected steps is computed in the ``cond`` that sends it, and records leave
+#: through callbacks inside the computation.
+SUMMARIZE_EVERY_STEP = False
+RECORDS_AS_OUTPUTS = False
+
+#: Whether hostfeed's own compute kernels (the summaries' custom calls) are used: not where
+#: JAX's lowering is asked for.
+NATIVE_KERNELS = False
 
 _U32 = jax.core.ShapedArray((), np.uint32)
 
@@ -76,7 +85,7 @@ def note_devices(ctx: Any) -> None:
         mc.add_keepalive(_DeviceTable(tuple(devices)))
 
 
-def _device_keys(ctx: Any) -> tuple[int, ...]:
+def device_keys(ctx: Any) -> tuple[int, ...]:
     """The device key (:func:`devices.portable_device_key`) of each partition id of the
     computation being lowered."""
     mc = ctx.module_context
@@ -96,7 +105,7 @@ def _device_keys(ctx: Any) -> tuple[int, ...]:
     return tuple(portable_device_key(d) for d in devices)
 
 
-def _key(keys: tuple[int, ...], pid: Any) -> int:
+def key(keys: tuple[int, ...], pid: Any) -> int:
     p = int(pid)
     return keys[p] if 0 <= p < len(keys) else keys[0]
 
@@ -104,7 +113,7 @@ def _key(keys: tuple[int, ...], pid: Any) -> int:
 # ---- the functions JAX runs on its execution thread ---------------------------------------
 
 
-def _codes(avals: Sequence[Any]) -> list[int]:
+def codes(avals: Sequence[Any]) -> list[int]:
     """The XLA dtype code of each operand (what the native handlers read from the frame)."""
     return [dtypes.DTYPE_CODES.get(np.dtype(a.dtype).name, -1) for a in avals]
 
@@ -120,7 +129,7 @@ def _tap_function(cid: int, flags: int, codes: list[int], keys: tuple[int, ...])
     def tap(*args: Any) -> tuple:
         # One copy, in Rust, into the message (the arrays may view buffers that live only
         # during this callback).
-        push(cid, [_contiguous(a) for a in args[:-1]], codes, _key(keys, args[-1]), flags)
+        push(cid, [_contiguous(a) for a in args[:-1]], codes, key(keys, args[-1]), flags)
         return ()
     return tap
 
@@ -134,12 +143,12 @@ def _call_function(cid: int, flags: int, timeout_ms: int, name: str, codes: list
     def call(*args: Any) -> tuple:
         outs = [np.empty(shape, dtype) for shape, dtype in results]
         status = call_host(cid, [_contiguous(a) for a in args[:-1]], codes, outs,
-                           _key(keys, args[-1]), flags, timeout_ms, name)
+                           key(keys, args[-1]), flags, timeout_ms, name)
         return ((np.int32(status),) if with_status else ()) + tuple(outs)
     return call
 
 
-def _call_host(cid: int, flags: int, timeout_ms: int, name: str, codes: list[int],
+def call_host_function(cid: int, flags: int, timeout_ms: int, name: str, codes: list[int],
                keys: tuple[int, ...]) -> Callable:
     """The host side of a call over host transfers: the results are written into the
     arrays the transport receives from (a failure's ticket into the status, with one)."""
@@ -147,7 +156,7 @@ def _call_host(cid: int, flags: int, timeout_ms: int, name: str, codes: list[int
     with_status = bool(flags & _receiver.FLAG_STATUS_OUTPUT)
 
     def host(arrays: list[np.ndarray], pid: int, outputs: list[np.ndarray]) -> None:
-        status = call_host(cid, arrays, codes, outputs[int(with_status):], _key(keys, pid),
+        status = call_host(cid, arrays, codes, outputs[int(with_status):], key(keys, pid),
                            flags, timeout_ms, name)
         if with_status:
             outputs[0][...] = status
@@ -196,7 +205,7 @@ def _sharding(ctx: Any, avals_out: Sequence[Any]) -> Any:
     return compat.callback_op_sharding(ctx.module_context.axis_context, None, avals_out)
 
 
-def _check_platform(ctx: Any) -> None:
+def check_platform(ctx: Any) -> None:
     bad = [p for p in _platforms(ctx) if p not in compat.PYTHON_CALLBACK_PLATFORMS]
     if bad:
         raise ValueError(
@@ -205,11 +214,6 @@ def _check_platform(ctx: Any) -> None:
             f"{', '.join(sorted(compat.PYTHON_CALLBACK_PLATFORMS))}), so hostfeed cannot "
             f"send data to the host from this computation. Run it on one of those "
             f"platforms, e.g. under jax.default_device(jax.devices('cpu')[0]).")
-
-
-def host_transfers(ctx: Any) -> bool:
-    """Whether the computation lowers for platforms of the host-transfer transport only."""
-    return all(p in host_transfer.PLATFORMS for p in _platforms(ctx))
 
 
 def _emit(ctx: Any, fn: Callable, args: Sequence[Any], avals_in: Sequence[Any],
@@ -232,51 +236,42 @@ def _emit(ctx: Any, fn: Callable, args: Sequence[Any], avals_in: Sequence[Any],
 def tap(ctx: Any, args: Sequence[Any], avals_in: Sequence[Any], per_device: bool, *,
         consumer_id: int, flags: int) -> Any:
     """The portable ``hostfeed_tap`` (``per_device``: the sharding follows from the
-    context, as for io_callback); returns the operation that orders after it (None over
-    host transfers, where nothing later needs to)."""
+    context, as for io_callback); returns the operation that orders after it."""
     del per_device
-    _check_platform(ctx)
-    cid, flags, codes, keys = int(consumer_id), int(flags), _codes(avals_in), _device_keys(ctx)
-    if host_transfers(ctx):
-        push = _receiver.push_host
-
-        def host(arrays: list[np.ndarray], pid: int) -> None:
-            push(cid, arrays, codes, _key(keys, pid), flags)
-
-        host_transfer.tap(ctx, args, avals_in, with_pid=len(keys) > 1, host=host)
-        return None
-    return _emit(ctx, _tap_function(cid, flags, codes, keys), args, avals_in, [])[0]
+    check_platform(ctx)
+    fn = _tap_function(int(consumer_id), int(flags), codes(avals_in), device_keys(ctx))
+    return _emit(ctx, fn, args, avals_in, [])[0]
 
 
 def call(ctx: Any, args: Sequence[Any], avals_in: Sequence[Any], avals_out: Sequence[Any],
          per_device: bool, *, consumer_id: int, flags: int, timeout_ms: int,
          name: str) -> tuple[Any, list]:
-    """The portable ``hostfeed_call``; returns the operation (None over host transfers)
-    and its results."""
+    """The portable ``hostfeed_call``; returns the operation and its results."""
     del per_device
-    _check_platform(ctx)
-    keys = _device_keys(ctx)
-    if host_transfers(ctx):
-        if _receiver.in_callback_thread():
-            # A TPU runs one computation at a time: one that waits for the receiver,
-            # compiled by a host function the receiver runs, would wait for itself.
-            lifecycle.check_not_in_callback(
-                "a computation with synchronous taps" if flags & _receiver.FLAG_SYNC_TAP
-                else "a computation containing hcb.call")
-        host = _call_host(int(consumer_id), int(flags), int(timeout_ms), str(name),
-                          _codes(avals_in), keys)
-        return None, host_transfer.call(ctx, args, avals_in, avals_out,
-                                        with_pid=len(keys) > 1, host=host)
+    check_platform(ctx)
+    keys = device_keys(ctx)
     fn = _call_function(int(consumer_id), int(flags), int(timeout_ms), str(name),
-                        _codes(avals_in), avals_out, keys)
+                        codes(avals_in), avals_out, keys)
     return _emit(ctx, fn, args, avals_in, avals_out)
+
+
+def prepare(ctx: Any, rule_platform: Optional[str]) -> None:
+    """Before a rule lowers: the module keeps its device assignment (:func:`note_devices`)."""
+    del rule_platform
+    note_devices(ctx)
+
+
+def end_scope(ctx: Any, token: Any) -> None:
+    """Nothing at the end of a token scope: JAX's callbacks have returned when the
+    computation ends."""
+    del ctx, token
 
 
 def check(ctx: Any, args: Sequence[Any], avals_in: Sequence[Any], per_device: bool) -> None:
     """The portable ``hostfeed_check``: fails the computation when the status (``args[0]``)
     names a failed call."""
     del per_device
-    _check_platform(ctx)
+    check_platform(ctx)
     _emit(ctx, _check_function(), args, avals_in, [])
 
 
@@ -284,7 +279,7 @@ def failure(ctx: Any, status: Any, per_device: bool) -> list:
     """The portable ``hostfeed_failure``: the text of this process's failed call named by
     ``status`` as ``uint8[n]`` (zeros for status 0). No token, no side effect."""
     del per_device
-    _check_platform(ctx)
+    check_platform(ctx)
     (out_aval,) = ctx.avals_out
     n = out_aval.shape[0]
 

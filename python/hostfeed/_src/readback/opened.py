@@ -18,10 +18,10 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from . import stores
+from ..record import stores
 from .reading import _recorded_names
-from .record.unflushed import warn_if_unflushed
-from .record_roles import ROW_METADATA
+from ..record.unflushed import warn_if_unflushed
+from ..record.roles import ROW_METADATA
 
 __all__ = ["Recording", "RecordedArray", "open_recording", "follow"]
 
@@ -38,7 +38,7 @@ def _zarr() -> Any:
     except ImportError as exc:
         raise ImportError("hostfeed.open_recording needs zarr-python: pip install "
                           "'zarr>=3.1'") from exc
-    from .. import zarr_dtypes
+    from ... import zarr_dtypes
     zarr_dtypes.register()
     return zarr
 

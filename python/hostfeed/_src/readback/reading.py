@@ -8,9 +8,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from . import stores
-from .record.unflushed import warn_if_unflushed
-from .record_roles import ROW_METADATA
+from ..record import stores
+from ..record.unflushed import warn_if_unflushed
+from ..record.roles import ROW_METADATA
 
 #: zarr-python's warning about the lock file (not a Zarr node) of a store being written.
 _LOCK_WARNING = rf"Object at {stores.LOCK_NAME.replace('.', '[.]')} is not recognized"
@@ -66,7 +66,7 @@ def read_recording(path: Any, name: str, *, storage_options: Optional[Mapping[st
     except ImportError as exc:
         raise ImportError("hostfeed.read_recording needs zarr-python: pip install "
                           "'zarr>=3.1' (or read the store with any Zarr v3 reader)") from exc
-    from .. import zarr_dtypes
+    from ... import zarr_dtypes
     zarr_dtypes.register()
     where = stores.location(path, storage_options, who="read_recording")
     root: Any = zarr.open_group(stores.zarr_store(where), mode="r")

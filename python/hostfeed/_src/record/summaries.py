@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching, mlir
 
-from .. import _receiver
-from . import compat
+from ... import _receiver
+from .. import compat, transports
 
 __all__ = ["Histogram", "STATS", "summarize"]
 
@@ -304,7 +304,9 @@ def _finite_stats(v: jax.Array, axes: tuple[int, ...]) -> jax.Array:
 # single-pass way to take several reductions: four plain ones read it four times, the
 # switch to the finite values is a ``cond``, and a histogram is a scatter-add); elsewhere
 # (GPU, ``jit`` over values sharded on several devices, where XLA partitions the
-# reductions) to the JAX operations of :func:`_stats` or :meth:`Histogram.__call__`.
+# reductions) to the JAX operations of :func:`_stats` or :meth:`Histogram.__call__`, as
+# they do where JAX's lowering is asked for (``HOSTFEED_TRANSPORT=jax``: a transport
+# without ``NATIVE_KERNELS``).
 for _name, _capsule in _receiver.summary_registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
 
@@ -324,7 +326,8 @@ def _summary_primitive(name: str, columns: Callable[..., int], dtype: Any,
                        constants: Callable[..., list[np.ndarray]]) -> Any:
     """The primitive ``name(v, reduced=k, **params)``: the kept axes, then ``columns``
     values of ``dtype``; lowered on a CPU device to the core's custom call ``name`` (with
-    the operands ``constants(**params)`` after the value), elsewhere to ``of_trailing``."""
+    the operands ``constants(**params)`` after the value) where the transport uses native
+    kernels, elsewhere to ``of_trailing``."""
     prim = compat.Primitive(name)
     prim.def_impl(lambda v, **params: compat.apply_primitive(prim, v, **params))
     prim.def_abstract_eval(lambda v, *, reduced, **params: jax.core.ShapedArray(
@@ -332,7 +335,7 @@ def _summary_primitive(name: str, columns: Callable[..., int], dtype: Any,
     portable = mlir.lower_fun(of_trailing, multiple_results=False)
 
     def cpu(ctx: Any, v: Any, **params: Any) -> Any:
-        if not _per_device(ctx):
+        if not _per_device(ctx) or not transports.for_context(ctx).NATIVE_KERNELS:
             return portable(ctx, v, **params)
         extra = constants(**{k: p for k, p in params.items() if k != "reduced"})
         ctx = ctx.replace(avals_in=[*ctx.avals_in,

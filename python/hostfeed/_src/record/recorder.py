@@ -28,20 +28,20 @@ import math
 import os
 import threading
 from typing import Any, Optional
-from collections.abc import Callable
-from collections.abc import Mapping
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping
 
 import jax
 import numpy as np
 
-from .. import _receiver
-from . import (compat, coordination, dtypes, keys, lifecycle, record_inputs, stores)
-from .primitives import get_ad_taps, outside_call_p, outside_call_params
-from .record import selection as _selection, step as _step, unflushed as _unflushed
-from .record.target import Target
-from .runtime import CallbackSpec
-from .record_roles import (COTANGENT_SUFFIX, KIND, KIND_WITH_STEP, ROW_METADATA, STEP,  # noqa: F401
+from ... import _receiver
+from .. import compat, keys, lifecycle
+from ..primitives import get_ad_taps, outside_call_p, outside_call_params
+from . import (coordination, inputs as record_inputs, selection as _selection, step as _step,
+               stores, unflushed as _unflushed)
+from .catalogue import Catalogue
+from .target import Target
+from ..runtime import CallbackSpec
+from .roles import (COTANGENT_SUFFIX, KIND, KIND_WITH_STEP, ROW_METADATA, STEP,  # noqa: F401
                            TANGENT_SUFFIX, lane_dims, roles, transforms_json)
 
 logger = logging.getLogger("hostfeed")
@@ -49,14 +49,6 @@ logger = logging.getLogger("hostfeed")
 __all__ = ["Recorder", "RecordingError", "ROW_METADATA"]
 
 RecordingError = _receiver.RecordingError
-
-def _dtype_code(dtype: Any) -> int:
-    name = np.dtype(dtype).name
-    code = dtypes.DTYPE_CODES.get(name)
-    if code is None:
-        raise TypeError(f"hostfeed: values of dtype {name} cannot be recorded")
-    return code
-
 
 # Recorders not closed yet: barrier_wait flushes them, interpreter exit closes them (after
 # the receiver has drained). Strong references, so that an open recorder dropped by the
@@ -216,7 +208,8 @@ class Recorder:
         coord.start(self._native, commit_interval)
         self._lock = threading.Lock()
         self._targets: dict[tuple[str, str], Target] = {}
-        self._declared: dict[tuple, int] = {}
+        #: What the lowering, the records' targets and recorded steps ask of this recorder.
+        self.catalogue = Catalogue(self._native, coord, self._keep_error)
         # Errors of rows recorded through Python (eager records), not raised yet.
         self._unseen: list[BaseException] = []
         self._steps: Optional[_step.Pipeline] = None
@@ -323,8 +316,8 @@ class Recorder:
             # An eager record: its row is appended later, on the consumer thread; a shape or
             # dtype clash is raised here, at the call, as under jit (and, for a shared
             # store, an array another process writes).
-            self._coord.claim(name)
-            self._declare(name, jax.dtypes.canonicalize_dtype(operands[0].dtype),
+            self.catalogue.claim(name)
+            self.catalogue.declare(name, jax.dtypes.canonicalize_dtype(operands[0].dtype),
                           np.shape(operands[0]))
         if step is not None:
             operands.append(record_inputs.as_step(step, name))
@@ -503,34 +496,6 @@ class Recorder:
             if t is None:
                 t = self._targets[(name, kind)] = Target(self, name, kind)
             return t
-
-    def _declare(self, name: str, dtype: Any, shape: Sequence[int]) -> int:
-        key = (name, np.dtype(dtype).name, tuple(int(d) for d in shape))
-        with self._lock:
-            array_id = self._declared.get(key)
-        if array_id is None:
-            code = _dtype_code(dtype)
-            self._coord.declare(name, {"dtype": key[1], "shape": list(key[2]),
-                                       "layout": "rows"})
-            array_id = int(self._native.declare(name, code, list(key[2])))
-            with self._lock:
-                self._declared[key] = array_id
-        return array_id
-
-    def _declare_parted(self, name: str, dtype: Any, part_shape: Sequence[int],
-                        count: int) -> None:
-        """Declares parted array ``name`` (``count`` parts of ``part_shape``)."""
-        key = (name, np.dtype(dtype).name, tuple(int(d) for d in part_shape), count)
-        with self._lock:
-            if key in self._declared:
-                return
-        code = _dtype_code(dtype)
-        shape = [key[2][0] * count, *key[2][1:]]
-        self._coord.declare(name, {"dtype": key[1], "shape": shape, "layout": "parts",
-                                   "parts": count})
-        self._native.declare_parted(name, code, list(key[2]), count, self._coord.leader)
-        with self._lock:
-            self._declared[key] = -1
 
 
 #: Shards of an object store's arrays unless ``shard_bytes`` says otherwise.

@@ -39,8 +39,8 @@ from typing import Any, Optional
 
 import jax
 
-from .. import _receiver
-from . import compat
+from ... import _receiver
+from .. import compat
 
 logger = logging.getLogger("hostfeed")
 

@@ -7,7 +7,7 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from . import compat, dtypes
+from .. import compat, dtypes
 
 
 def describe_pytree(value: Any, n_leaves: int, name: str) -> str:

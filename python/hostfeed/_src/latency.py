@@ -1,4 +1,4 @@
-"""Summaries of the native latency histograms (``receiver_stats()``'s ``device_us`` and
+"""Percentiles of the native latency histograms (``receiver_stats()``'s ``device_us`` and
 ``handover_us``): count, mean, percentiles and max from ``(upper bound, count)`` buckets.
 Shipped code; the benchmarks (``hostfeed.bench``) use it too.
 """

@@ -8,14 +8,16 @@ import logging
 import contextlib
 import contextvars
 from typing import Any, Optional
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from . import consumers, settings
-from .record_roles import KIND, KIND_WITH_STEP, STEP, lane_dims, roles, transforms_json
-from .record.target import Target
-from .runtime import CallbackSpec, make_tap_invoker
+from .. import consumers, settings
+from ..placement import (Where, check_device_index, lower_global_tap, lower_parted_record,
+                         lower_per_device_parted_record)
+from .roles import KIND, KIND_WITH_STEP, STEP, lane_dims, roles, transforms_json
+from .target import Target
+from ..runtime import CallbackSpec, make_tap_invoker
 
 
 logger = logging.getLogger("hostfeed")
@@ -44,7 +46,8 @@ def _declare_operands(spec: CallbackSpec, transforms: tuple, avals: Sequence[Any
         elif r is None:
             ids.append(None)
         else:
-            ids.append(target.recorder._declare(target.name + r, aval.dtype, aval.shape[nb:]))
+            ids.append(target.recorder.catalogue.declare(target.name + r, aval.dtype,
+                                                         aval.shape[nb:]))
     return ids, step, lanes
 
 
@@ -70,9 +73,8 @@ def gathered(here: bool) -> Iterator[None]:
         _gathered.reset(token)
 
 
-#: Records of global values are written part by part. Benches set it False
-#: to measure the path before it (joined in the process of ``device_index``).
-_PARTED = True
+#: Whether records of global values are written part by part (``HOSTFEED_RECORD_PARTS``).
+_PARTED = settings.record_parts()
 
 
 def partable(spec: CallbackSpec, transforms: tuple) -> bool:
@@ -83,7 +85,7 @@ def partable(spec: CallbackSpec, transforms: tuple) -> bool:
 
 def is_shared(spec: CallbackSpec) -> bool:
     """Whether a record's recorder is shared by the processes of a jax.distributed run."""
-    return bool(spec.func.recorder._coord.shared)
+    return spec.func.recorder.catalogue.shared
 
 
 def parted_lease(spec: CallbackSpec, transforms: tuple, avals: Sequence[Any],
@@ -99,7 +101,7 @@ def parted_lease(spec: CallbackSpec, transforms: tuple, avals: Sequence[Any],
                          f"recorder ({rec.path})")
     value = avals[1]
     part_shape = (1, *value.shape) if parts.per_device else tuple(value.shape)
-    rec._declare_parted(target.name, value.dtype, part_shape, parts.n_parts)
+    rec.catalogue.declare_parted(target.name, value.dtype, part_shape, parts.n_parts)
     step = 2 if spec.kind == KIND_WITH_STEP else None
     key = (spec, transforms, tuple((tuple(a.shape), np.dtype(a.dtype).name) for a in avals),
            "parted", parts)
@@ -108,7 +110,7 @@ def parted_lease(spec: CallbackSpec, transforms: tuple, avals: Sequence[Any],
         return consumers.Consumer(make_tap_invoker(spec, transforms), spec.name, "tap")
 
     lease = consumers.register(key, make)
-    rec._native.bind_parted(lease.cid, target.name, step, transforms_json(transforms))
+    rec.catalogue.bind_parted(lease.cid, target.name, step, transforms_json(transforms))
     return lease
 
 
@@ -123,12 +125,12 @@ def consumer_lease(spec: CallbackSpec, transforms: tuple,
         raise ValueError(f"hostfeed: a computation records {target.name!r} to a closed "
                          f"recorder ({target.recorder.path})")
     gathered_here = _gathered.get()
-    if gathered_here if gathered_here is not None else (alone or target.recorder._coord.shared):
+    if gathered_here if gathered_here is not None else (alone or target.recorder.catalogue.shared):
         # Claimed first: a declaration must not touch an array another process writes.
         names = [target.name + r for r in roles(spec.kind, [t[0] for t in transforms],
                                                 len(avals)) if r is not None and r != STEP]
         for n in names:
-            target.recorder._coord.claim(n)
+            target.recorder.catalogue.claim(n)
     ids, step, lanes = _declare_operands(spec, transforms, avals)
     key = (spec, transforms, tuple((tuple(a.shape), np.dtype(a.dtype).name) for a in avals),
            KIND)
@@ -141,5 +143,39 @@ def consumer_lease(spec: CallbackSpec, transforms: tuple,
     lease = consumers.register(key, make)
     if lanes == 0:  # vmap over an empty batch: nothing to record, nothing is sent
         return lease
-    target.recorder._native.bind(lease.cid, ids, step, transforms_json(transforms), lanes)
+    target.recorder.catalogue.bind(lease.cid, ids, step, transforms_json(transforms), lanes)
     return lease
+
+
+def lower(ctx: Any, context: Where, ac: Any, tapped: Sequence[Any], bind_params: dict, *,
+          gathered_here: bool, joined: Callable[..., consumers.Lease]
+          ) -> Optional[consumers.Lease]:
+    """Where a record lowered in ``ctx`` (``context``, ``ac``: :func:`placement.where`)
+    goes. None when it is lowered here already: written part by part (a global value, or
+    a shared store's per-device value), or gathered into one device's callback first
+    (whose process alone writes it where ``gathered_here``). Otherwise the lease on the
+    consumer id its messages name, bound to a Rust sink (one device, each device, or one
+    part), or ``joined(spec, transforms, shard_parts)``: the Python consumer that joins the
+    parts of a record of a sharded value, which records it as a tap would."""
+    spec: CallbackSpec = bind_params["callback"]
+    transforms = bind_params["transforms"]
+    shard_parts = bind_params.get("shard_parts")
+    avals = ctx.avals_in[:len(tapped)]
+    if shard_parts is None and partable(spec, transforms):
+        if context is Where.GLOBAL and lower_parted_record(ctx, ac, tapped, bind_params):
+            return None
+        if context is Where.PER_DEVICE and is_shared(spec):
+            lower_per_device_parted_record(ctx, ac, tapped, bind_params)
+            return None
+    if context in (Where.GLOBAL, Where.PARTIAL_MANUAL) and shard_parts is None:
+        declare_global(spec, transforms, avals)  # recorded through Python once joined
+        with gathered(gathered_here):
+            lower_global_tap(ctx, ac, tapped, bind_params)
+        return None
+    if context is Where.SINGLE:
+        check_device_index(bind_params["device_index"], 1, "run this computation")
+    if shard_parts is None:  # a Rust sink takes the messages
+        return consumer_lease(spec, transforms, avals, context is not Where.PER_DEVICE)
+    if shard_parts.parted:  # one part, to Rust
+        return parted_lease(spec, transforms, avals, shard_parts)
+    return joined(spec, transforms, shard_parts)

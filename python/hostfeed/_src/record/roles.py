@@ -1,13 +1,13 @@
 """What each operand of a record is after transformations (:func:`roles`), how many leading
 dimensions are lanes (:func:`lane_dims`), and the names and kinds of records: shared by the
-Recorder (``recording.py``) and its lowering (``record_lowering.py``)."""
+Recorder (``recorder.py``) and its lowering (``lowering.py``)."""
 from __future__ import annotations
 
 import json
 from typing import Optional
 from collections.abc import Sequence
 
-from .runtime import unpack_transforms
+from ..runtime import unpack_transforms
 
 #: Per-row metadata arrays stored next to each recorded array, by suffix.
 ROW_METADATA = ("seq", "step", "device", "time_ns", "transforms")
