@@ -21,7 +21,7 @@ use crate::error::IntoPy;
 use crate::host::{dict_of, duration};
 use hostfeed_core::Codec;
 use hostfeed_core::HostBuffer;
-use hostfeed_core::{hub, is_object_url, sinks, Budget, Location, Mode, Options, Recorder};
+use hostfeed_core::{hub, is_object_url, sinks, Budget, Location, Mode, Options, Recorder, Sink};
 use hostfeed_core::{install_write_tracer, open_recorders, set_write_tracing, WriteTracer};
 
 /// Adds the recorder class and the recorder's functions to `m`.
@@ -304,7 +304,7 @@ impl PyRecorder {
         transforms: &str,
         lanes: usize,
     ) -> PyResult<()> {
-        let sink = self.inner.sink(&targets, step, transforms, lanes).py()?;
+        let sink = Sink::new(&self.inner, &targets, step, transforms, lanes).py()?;
         sinks().bind(consumer_id, sink);
         Ok(())
     }
@@ -335,7 +335,7 @@ impl PyRecorder {
         step: Option<usize>,
         transforms: &str,
     ) -> PyResult<()> {
-        let sink = self.inner.parted_sink(name, step, transforms).py()?;
+        let sink = Sink::parted(&self.inner, name, step, transforms).py()?;
         sinks().bind(consumer_id, sink);
         Ok(())
     }

@@ -28,19 +28,19 @@ fn message(frame: &Frame<'_>) -> Result<Message, Error> {
 }
 
 /// The body of the tap handler: copy every operand and enqueue one message.
-fn tap(frame: &Frame<'_>, receiver: &'static Hub, start: u64) -> Result<(), Error> {
+fn tap(frame: &Frame<'_>, hub: &'static Hub, start: u64) -> Result<(), Error> {
     let mut msg = message(frame)?;
     // The device-side cost: from the handler's start until the message is ready to queue
     // (time spent waiting for space on a full queue is counted by `producer_blocked_ns`).
     // The same timestamp starts the message's hand-over.
-    msg.queued_at = receiver.timing.now();
-    receiver.timing.record_device(start, msg.queued_at);
-    receiver.push(msg)
+    msg.queued_at = hub.timing.now();
+    hub.timing.record_device(start, msg.queued_at);
+    hub.push(msg)
 }
 
 /// The body of the call handler: enqueue the request, wait for the consumer's reply (no
 /// GIL involved), which writes straight into the result buffers.
-fn call(frame: &Frame<'_>, receiver: &'static Hub, _start: u64) -> Result<(), Error> {
+fn call(frame: &Frame<'_>, hub: &'static Hub, _start: u64) -> Result<(), Error> {
     if in_consumer_thread() {
         // The reply would have to come from this very thread.
         return Err(Error::InsideCallback(waiting_computation(frame.attrs.flags)));
@@ -57,7 +57,7 @@ fn call(frame: &Frame<'_>, receiver: &'static Hub, _start: u64) -> Result<(), Er
     // Where to write zeros if the call fails and reports through its status instead.
     let zero_outputs: Vec<(*mut u8, usize)> =
         if status.is_some() { outs.iter().map(|o| (o.data, o.nbytes)).collect() } else { Vec::new() };
-    let outcome = call_on_device_thread(receiver, frame.attrs.name, frame.attrs.timeout_ms, msg, outs);
+    let outcome = call_on_device_thread(hub, frame.attrs.name, frame.attrs.timeout_ms, msg, outs);
     let Some(status) = status else { return outcome };
     let code: i32 = match outcome {
         Ok(()) => 0,
@@ -67,7 +67,7 @@ fn call(frame: &Frame<'_>, receiver: &'static Hub, _start: u64) -> Result<(), Er
                 // so nothing else writes these XLA result buffers of `n` bytes.
                 unsafe { ptr::write_bytes(data, 0, n) };
             }
-            receiver.record_failure(e.to_string())
+            hub.record_failure(e.to_string())
         }
     };
     // SAFETY: the status result is an int32 scalar buffer (checked above), in host memory.
@@ -94,7 +94,7 @@ fn status_arg(frame: &Frame<'_>, what: &str) -> Result<i32, Error> {
 /// With many processes the failure may have been recorded in another process, whose
 /// tickets mean nothing here; there the lowering passes the failure's message as a second
 /// operand (`uint8[n]`, NUL-padded UTF-8, see [`failure`]), which wins when present.
-fn check(frame: &Frame<'_>, receiver: &'static Hub, _start: u64) -> Result<(), Error> {
+fn check(frame: &Frame<'_>, hub: &'static Hub, _start: u64) -> Result<(), Error> {
     match status_arg(frame, "hostfeed_check")? {
         0 => Ok(()),
         ticket => {
@@ -109,7 +109,7 @@ fn check(frame: &Frame<'_>, receiver: &'static Hub, _start: u64) -> Result<(), E
                 }
                 None => String::new(),
             };
-            let text = if text.is_empty() { receiver.failure_message(ticket) } else { text };
+            let text = if text.is_empty() { hub.failure_message(ticket) } else { text };
             Err(Error::CallFailed(text))
         }
     }
@@ -119,7 +119,7 @@ fn check(frame: &Frame<'_>, receiver: &'static Hub, _start: u64) -> Result<(), E
 /// under this device's own status (a ticket of this process) into the `uint8[n]` result,
 /// NUL-padded and cut to fit (zeros when the status is 0). Lets the lowering send the
 /// message to the other processes of a multi-process computation.
-fn failure(frame: &Frame<'_>, receiver: &'static Hub, _start: u64) -> Result<(), Error> {
+fn failure(frame: &Frame<'_>, hub: &'static Hub, _start: u64) -> Result<(), Error> {
     let ticket = status_arg(frame, "hostfeed_failure")?;
     let out = frame
         .outputs()
@@ -127,7 +127,7 @@ fn failure(frame: &Frame<'_>, receiver: &'static Hub, _start: u64) -> Result<(),
         .filter(|b| b.dtype() == dtype::U8)
         .ok_or_else(|| Error::InvalidArgument("hostfeed_failure needs a uint8 result".into()))?;
     let n = out.nbytes()?;
-    let text = if ticket == 0 { String::new() } else { receiver.failure_message(ticket) };
+    let text = if ticket == 0 { String::new() } else { hub.failure_message(ticket) };
     let bytes = padded(text, n);
     // SAFETY: the result is a uint8 buffer of `n` bytes in host memory, owned by this call.
     unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), out.data(), n) };
@@ -161,13 +161,13 @@ pub(crate) unsafe fn run(
     body: fn(&Frame<'_>, &'static Hub, u64) -> Result<(), Error>,
 ) -> *mut ffi::XLA_FFI_Error {
     let result = catch_unwind(AssertUnwindSafe(|| {
-        let receiver = hub::global();
+        let hub = hub::global();
         // The device-side cost of a tap is timed from here (decoding included).
-        let start = receiver.timing.now();
+        let start = hub.timing.now();
         // SAFETY: caller contract.
         match unsafe { Frame::decode(frame) } {
             Ok(Decoded::Nothing) => ptr::null_mut(),
-            Ok(Decoded::Execute(f)) => match body(&f, receiver, start) {
+            Ok(Decoded::Execute(f)) => match body(&f, hub, start) {
                 Ok(()) => ptr::null_mut(),
                 Err(e) => f.error_for(&e),
             },

@@ -15,7 +15,7 @@ use crate::host::message::Operand;
 /// The body of the statistics handler: one `f32` operand whose rows are its leading
 /// dimensions' elements (the lowering puts the reduced axes last), one `f32` result of 9
 /// values a row (`summary::stats_row`). Computed here, on the execution thread.
-fn stats(frame: &Frame<'_>, _receiver: &'static Hub, _start: u64) -> Result<(), Error> {
+fn stats(frame: &Frame<'_>, _hub: &'static Hub, _start: u64) -> Result<(), Error> {
     let (Some(x), Some(out)) = (frame.operands().next(), frame.outputs().next()) else {
         return Err(Error::InvalidArgument("hostfeed_stats takes one operand and one result".into()));
     };
@@ -34,7 +34,7 @@ fn stats(frame: &Frame<'_>, _receiver: &'static Hub, _start: u64) -> Result<(), 
 /// (`bins + 2` values: the least `f32` at or above each edge, then the greatest at or below
 /// the last; see `summary::Bins`); one `s32` result of `bins + 2` counts a row
 /// (`summary::histogram_rows`). Computed here, on the execution thread.
-fn histogram(frame: &Frame<'_>, _receiver: &'static Hub, _start: u64) -> Result<(), Error> {
+fn histogram(frame: &Frame<'_>, _hub: &'static Hub, _start: u64) -> Result<(), Error> {
     let mut ops = frame.operands();
     let (Some(x), Some(params), Some(edges), Some(out)) = (ops.next(), ops.next(), ops.next(), frame.outputs().next())
     else {

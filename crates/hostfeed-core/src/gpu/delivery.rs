@@ -25,7 +25,7 @@ const IDLE_SPIN: Duration = Duration::from_micros(50);
 #[allow(clippy::large_enum_variant)] // moved once into its parcel; boxing would allocate per tap
 pub(crate) enum Job {
     /// Pushes a tap's message (its copies completed) and ends its reservation.
-    Deliver { msg: Message, receiver: &'static Hub, reserved: usize },
+    Deliver { msg: Message, hub: &'static Hub, reserved: usize },
     /// Drops a staging buffer whose copies to the device completed (back to its pool).
     Release(HostBuffer),
 }
@@ -122,28 +122,28 @@ impl Delivery {
     ///
     /// # Errors
     /// The receiver shut down, or no consumer could be started.
-    pub(crate) fn reserve(&self, receiver: &'static Hub, ordinal: i32, bytes: usize) -> Result<(), Error> {
+    pub(crate) fn reserve(&self, hub: &'static Hub, ordinal: i32, bytes: usize) -> Result<(), Error> {
         let i = index(ordinal);
         // A computation run from inside a host callback: the consumer is this thread, so
         // waiting for it would never end (as `Hub::push` admits such a message).
         let on_consumer = in_consumer_thread();
-        let stats = &receiver.queue.stats;
+        let stats = &hub.queue.stats;
         let mut blocked_since: Option<Instant> = None;
         let outcome = loop {
-            if receiver.is_finalized() {
+            if hub.is_finalized() {
                 break Err(Error::Closed);
             }
             // Read before looking: a change after the look (the consumer's progress, or a
             // courier ending a reservation) changes it, so the wait below does not sleep
             // through it.
-            let seen = receiver.queue.wake_count();
-            let held = receiver.queue.held_bytes();
+            let seen = hub.queue.wake_count();
+            let held = hub.queue.held_bytes();
             {
                 let mut t = lock(&self.transit);
                 if t.len() <= i {
                     t.resize(i + 1, 0);
                 }
-                if on_consumer || admits(t[i], held, bytes, receiver.queue.bound()) {
+                if on_consumer || admits(t[i], held, bytes, hub.queue.bound()) {
                     t[i] += bytes;
                     break Ok(());
                 }
@@ -153,12 +153,12 @@ impl Delivery {
                 blocked_since = Some(Instant::now());
                 stats.producer_blocked_count.fetch_add(1, Ordering::Relaxed);
             }
-            if held > 0 && !receiver.is_running() {
-                if let Err(e) = receiver.start() {
+            if held > 0 && !hub.is_running() {
+                if let Err(e) = hub.start() {
                     break Err(e); // nobody would make room
                 }
             }
-            receiver.queue.wait_woken(seen, self.gate_slice);
+            hub.queue.wait_woken(seen, self.gate_slice);
         };
         if let Some(t0) = blocked_since {
             let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -167,15 +167,15 @@ impl Delivery {
         outcome
     }
 
-    /// Ends a reservation made by [`Delivery::reserve`] for `receiver`, waking the
+    /// Ends a reservation made by [`Delivery::reserve`] for `hub`, waking the
     /// handlers waiting for room (the room may be theirs now: the device's message was
     /// lost, or the consumer completed it before this, or the device has nothing in
     /// flight any more).
-    pub(crate) fn unreserve(&self, receiver: &Hub, ordinal: i32, bytes: usize) {
+    pub(crate) fn unreserve(&self, hub: &Hub, ordinal: i32, bytes: usize) {
         if let Some(b) = lock(&self.transit).get_mut(index(ordinal)) {
             *b = b.saturating_sub(bytes);
         }
-        receiver.queue.nudge();
+        hub.queue.nudge();
     }
 
     fn courier(&'static self, ordinal: i32) -> Result<Arc<Courier>, Error> {
@@ -216,8 +216,8 @@ impl Delivery {
                 courier.work.notify_one();
             }
             Err(e) => {
-                if let Job::Deliver { receiver, .. } = &parcel.job {
-                    receiver.note(e.to_string());
+                if let Job::Deliver { hub, .. } = &parcel.job {
+                    hub.note(e.to_string());
                 }
                 self.deliver(ordinal, parcel);
             }
@@ -251,17 +251,17 @@ impl Delivery {
         let outcome = ready.wait();
         drop(ready);
         match (outcome, job) {
-            (Ok(()), Job::Deliver { msg, receiver, reserved }) => {
-                if let Err(e) = receiver.push(msg) {
-                    receiver.note(format!("hostfeed: a tap from GPU {ordinal} could not be delivered: {e}"));
+            (Ok(()), Job::Deliver { msg, hub, reserved }) => {
+                if let Err(e) = hub.push(msg) {
+                    hub.note(format!("hostfeed: a tap from GPU {ordinal} could not be delivered: {e}"));
                 }
-                self.unreserve(receiver, ordinal, reserved);
+                self.unreserve(hub, ordinal, reserved);
             }
             (Ok(()), Job::Release(buf)) => drop(buf),
-            (Err(e), Job::Deliver { msg, receiver, reserved }) => {
-                receiver.note(format!("hostfeed: a tap from GPU {ordinal} was lost: {e}"));
+            (Err(e), Job::Deliver { msg, hub, reserved }) => {
+                hub.note(format!("hostfeed: a tap from GPU {ordinal} was lost: {e}"));
                 std::mem::forget(msg); // a copy into it may not have completed
-                self.unreserve(receiver, ordinal, reserved);
+                self.unreserve(hub, ordinal, reserved);
             }
             (Err(_), Job::Release(buf)) => std::mem::forget(buf),
         }

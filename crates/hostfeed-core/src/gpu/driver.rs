@@ -4,7 +4,7 @@
 //! and the words for a stream under graph capture ([`captured`]).
 //!
 //! A driver (`cuda/`: the CUDA driver API; `hip/`: the HIP runtime for ROCm) provides
-//! only its [`Queue`] (copies, events, synchronisation on the stream XLA gives a call),
+//! only its [`StreamOps`] (copies, events, synchronisation on the stream XLA gives a call),
 //! its pinned allocator for the pool, and the loading of its library; the handler bodies
 //! below decode the call, build the [`Header`] and run the platform-neutral ones of
 //! `gpu/ops.rs`; [`gpu_driver!`] makes each driver's `extern "C"` symbols and `HANDLERS`
@@ -292,19 +292,19 @@ fn header(frame: &Frame<'_>) -> Result<Header, Error> {
     Ok(Header { consumer_id, flags: frame.attrs.flags, ordinal: frame.device, run_id: frame.run_id })
 }
 
-pub(crate) fn tap<D: Driver>(frame: &Frame<'_>, receiver: &'static Hub, start: u64) -> Result<(), Error> {
+pub(crate) fn tap<D: Driver>(frame: &Frame<'_>, hub: &'static Hub, start: u64) -> Result<(), Error> {
     let header = header(frame)?;
     let stream = stream::<D>(frame, true)?;
     // SAFETY: the operands are XLA's device buffers of their dtypes and dims, alive until
     // the work enqueued on this stream by this call has run.
-    unsafe { gpu::tap(&stream, receiver, &gpu::DELIVERY, header, frame.operands()) }?;
+    unsafe { gpu::tap(&stream, hub, &gpu::DELIVERY, header, frame.operands()) }?;
     // The host thread's cost (enqueuing the copies); the hand-over is timed from the
     // courier's push, when the message is on the host.
-    receiver.timing.record_device(start, receiver.timing.now());
+    hub.timing.record_device(start, hub.timing.now());
     Ok(())
 }
 
-pub(crate) fn call<D: Driver>(frame: &Frame<'_>, receiver: &'static Hub, _start: u64) -> Result<(), Error> {
+pub(crate) fn call<D: Driver>(frame: &Frame<'_>, hub: &'static Hub, _start: u64) -> Result<(), Error> {
     let header = header(frame)?;
     let mut outs = frame.outputs();
     let status = if frame.attrs.flags & FLAG_STATUS_OUTPUT != 0 {
@@ -319,7 +319,7 @@ pub(crate) fn call<D: Driver>(frame: &Frame<'_>, receiver: &'static Hub, _start:
     unsafe {
         gpu::call(
             &stream,
-            receiver,
+            hub,
             &gpu::DELIVERY,
             header,
             &frame.attrs,
@@ -332,7 +332,7 @@ pub(crate) fn call<D: Driver>(frame: &Frame<'_>, receiver: &'static Hub, _start:
 
 pub(crate) fn check_call<D: Driver>(
     frame: &Frame<'_>,
-    receiver: &'static Hub,
+    hub: &'static Hub,
     _start: u64,
 ) -> Result<(), Error> {
     let mut ops = frame.operands();
@@ -341,12 +341,12 @@ pub(crate) fn check_call<D: Driver>(
     let sent = ops.next();
     let stream = stream::<D>(frame, false)?;
     // SAFETY: XLA's device buffers of their dtypes and dims, alive for the call.
-    unsafe { gpu::check(&stream, receiver, &status, sent.as_ref()) }
+    unsafe { gpu::check(&stream, hub, &status, sent.as_ref()) }
 }
 
 pub(crate) fn failure<D: Driver>(
     frame: &Frame<'_>,
-    receiver: &'static Hub,
+    hub: &'static Hub,
     _start: u64,
 ) -> Result<(), Error> {
     let status = frame
@@ -361,7 +361,7 @@ pub(crate) fn failure<D: Driver>(
     let stream = stream::<D>(frame, false)?;
     // SAFETY: XLA's device buffers of their dtypes and dims, alive until the work enqueued
     // by this call has run.
-    unsafe { gpu::failure(&stream, receiver, &gpu::DELIVERY, frame.device, &status, &out) }
+    unsafe { gpu::failure(&stream, hub, &gpu::DELIVERY, frame.device, &status, &out) }
 }
 
 /// What a driver's query of an event or stream answered.
@@ -441,7 +441,7 @@ impl Default for EventPool {
 
 /// The operations on one call's stream, and on its events, in which the drivers differ;
 /// [`OnStream`] makes a [`Stream`] of them.
-pub(crate) trait Queue: Pools + 'static {
+pub(crate) trait StreamOps: Pools + 'static {
     /// The owner of this stream's events (its CUDA context, its HIP device), as an address.
     fn owner(&self) -> usize;
 
@@ -455,7 +455,7 @@ pub(crate) trait Queue: Pools + 'static {
     /// As [`Stream::copy_to_host`] or [`Stream::copy_to_device`], by direction.
     unsafe fn copy(&self, dst: *mut u8, src: *const u8, n: usize) -> Result<(), Error>;
 
-    /// Records `event` (one of this stream's owner, from [`Queue::create_event`]).
+    /// Records `event` (one of this stream's owner, from [`StreamOps::create_event`]).
     ///
     /// # Errors
     /// The event could not be recorded.
@@ -511,31 +511,31 @@ pub(crate) trait Pools {
     fn events() -> &'static EventPool;
 }
 
-/// The [`Stream`] of a driver's [`Queue`].
-pub(crate) struct OnStream<Q: Queue>(pub(crate) Q);
+/// The [`Stream`] of a driver's [`StreamOps`].
+pub(crate) struct OnStream<S: StreamOps>(pub(crate) S);
 
-/// An event recorded on a stream of driver `Q`, back to its pool when dropped.
-pub(crate) struct Pooled<Q: Queue> {
+/// An event recorded on a stream of driver `S`, back to its pool when dropped.
+pub(crate) struct Pooled<S: StreamOps> {
     raw: usize,
     owner: usize,
-    driver: std::marker::PhantomData<fn() -> Q>,
+    driver: std::marker::PhantomData<fn() -> S>,
 }
 
-impl<Q: Queue> Completion for Pooled<Q> {
+impl<S: StreamOps> Completion for Pooled<S> {
     fn wait(&self) -> Result<(), Error> {
-        Q::enter(self.owner)?;
-        poll_then_block(|| Q::event_query(self.raw), || Q::event_block(self.raw))
+        S::enter(self.owner)?;
+        poll_then_block(|| S::event_query(self.raw), || S::event_block(self.raw))
     }
 }
 
-impl<Q: Queue> Drop for Pooled<Q> {
+impl<S: StreamOps> Drop for Pooled<S> {
     fn drop(&mut self) {
         // Re-recording an event is allowed whatever its state.
-        Q::events().give(self.owner, self.raw);
+        S::events().give(self.owner, self.raw);
     }
 }
 
-impl<Q: Queue> Stream for OnStream<Q> {
+impl<S: StreamOps> Stream for OnStream<S> {
     unsafe fn copy_to_host(&self, dst: *mut u8, src: *const u8, n: usize) -> Result<(), Error> {
         // SAFETY: forwarded caller contract.
         unsafe { self.0.copy(dst, src, n) }
@@ -548,11 +548,11 @@ impl<Q: Queue> Stream for OnStream<Q> {
 
     fn record(&self) -> Result<Box<dyn Completion>, Error> {
         let owner = self.0.owner();
-        let raw = match Q::events().take(owner) {
+        let raw = match S::events().take(owner) {
             Some(e) => e,
             None => self.0.create_event()?,
         };
-        let event = Pooled::<Q> { raw, owner, driver: std::marker::PhantomData };
+        let event = Pooled::<S> { raw, owner, driver: std::marker::PhantomData };
         self.0.record_on(raw)?;
         Ok(Box::new(event))
     }
@@ -564,7 +564,7 @@ impl<Q: Queue> Stream for OnStream<Q> {
     }
 
     fn host_buffer(&self, len: usize) -> Result<HostBuffer, Error> {
-        Ok(HostBuffer::pinned(Q::pinned().take(len)?, len))
+        Ok(HostBuffer::pinned(S::pinned().take(len)?, len))
     }
 }
 

@@ -61,7 +61,7 @@
 //! [`PLATFORMS`] is the one table of GPU platforms, a row each: its names, its handlers and
 //! its driver's functions (check, version, path, pinned pool counters). The binding
 //! registers and reports every platform from it. Adding a platform is a driver folder (as
-//! `hip/`: its `Queue`, pinned allocator and library loading, declared with `gpu_driver!`),
+//! `hip/`: its `StreamOps`, pinned allocator and library loading, declared with `gpu_driver!`),
 //! its `mod` line below and its row in [`PLATFORMS`].
 //!
 //! No Python and no CUDA here. What every driver shares is in `driver.rs`; `cuda/` and

@@ -105,7 +105,7 @@ unsafe fn enqueue_copies<'a>(
 /// As [`enqueue_copies`].
 pub(crate) unsafe fn tap<'a, S: Stream>(
     stream: &S,
-    receiver: &'static Hub,
+    hub: &'static Hub,
     delivery: &'static Delivery,
     header: Header,
     operands: impl Iterator<Item = Operand<'a>> + Clone,
@@ -114,18 +114,18 @@ pub(crate) unsafe fn tap<'a, S: Stream>(
     // copy: nothing is enqueued for a message that cannot be admitted.
     let mut msg = new_message(stream, header, operands.clone())?;
     let reserved = msg.charged_bytes();
-    delivery.reserve(receiver, header.ordinal, reserved)?;
+    delivery.reserve(hub, header.ordinal, reserved)?;
     // SAFETY: caller contract; `msg` was laid out for these operands.
     let ready = unsafe { enqueue_copies(stream, &mut msg, operands) }.and_then(|()| stream.record());
     let ready = match ready {
         Ok(r) => r,
         Err(e) => {
             settle(stream, msg);
-            delivery.unreserve(receiver, header.ordinal, reserved);
+            delivery.unreserve(hub, header.ordinal, reserved);
             return Err(e);
         }
     };
-    delivery.submit(header.ordinal, ready, Job::Deliver { msg, receiver, reserved });
+    delivery.submit(header.ordinal, ready, Job::Deliver { msg, hub, reserved });
     Ok(())
 }
 
@@ -196,7 +196,7 @@ fn write_back<S: Stream>(
 #[allow(clippy::too_many_arguments)] // the pieces of a decoded frame
 pub(crate) unsafe fn call<'a, S: Stream>(
     stream: &S,
-    receiver: &'static Hub,
+    hub: &'static Hub,
     delivery: &'static Delivery,
     header: Header,
     attrs: &Attrs<'_>,
@@ -234,7 +234,7 @@ pub(crate) unsafe fn call<'a, S: Stream>(
             dims: o.dims.clone(),
         })
         .collect();
-    let outcome = await_reply(receiver, attrs.name, attrs.timeout_ms, msg, outs);
+    let outcome = await_reply(hub, attrs.name, attrs.timeout_ms, msg, outs);
     if status.is_none() {
         outcome?;
         return write_back(stream, delivery, header.ordinal, st);
@@ -247,7 +247,7 @@ pub(crate) unsafe fn call<'a, S: Stream>(
                 // (the reply slot is no longer pending).
                 unsafe { std::ptr::write_bytes(base.add(offset), 0, n) };
             }
-            receiver.record_failure(e.to_string())
+            hub.record_failure(e.to_string())
         }
     };
     let (status_offset, _, _) = st.slots[st.slots.len() - 1];
@@ -300,7 +300,7 @@ unsafe fn read_status<S: Stream>(stream: &S, status: &Operand<'_>, what: &str) -
 /// The operands must be device memory of their dtypes and dims.
 pub(crate) unsafe fn check<S: Stream>(
     stream: &S,
-    receiver: &'static Hub,
+    hub: &'static Hub,
     status: &Operand<'_>,
     sent: Option<&Operand<'_>>,
 ) -> Result<(), Error> {
@@ -319,7 +319,7 @@ pub(crate) unsafe fn check<S: Stream>(
         }
         None => String::new(),
     };
-    let text = if text.is_empty() { receiver.failure_message(ticket) } else { text };
+    let text = if text.is_empty() { hub.failure_message(ticket) } else { text };
     Err(Error::CallFailed(text))
 }
 
@@ -333,7 +333,7 @@ pub(crate) unsafe fn check<S: Stream>(
 /// `status` must be device memory of an int32 scalar, `out` device memory of its bytes.
 pub(crate) unsafe fn failure<S: Stream>(
     stream: &S,
-    receiver: &'static Hub,
+    hub: &'static Hub,
     delivery: &'static Delivery,
     ordinal: i32,
     status: &Operand<'_>,
@@ -344,7 +344,7 @@ pub(crate) unsafe fn failure<S: Stream>(
     }
     // SAFETY: caller contract.
     let ticket = unsafe { read_status(stream, status, "hostfeed_failure") }?;
-    let text = if ticket == 0 { String::new() } else { receiver.failure_message(ticket) };
+    let text = if ticket == 0 { String::new() } else { hub.failure_message(ticket) };
     let bytes = handlers::padded(text, out.nbytes);
     let mut st = staging(stream, std::slice::from_ref(out), None)?;
     // SAFETY: the staging buffer holds `out.nbytes` bytes at offset 0.

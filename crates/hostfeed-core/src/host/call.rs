@@ -27,19 +27,19 @@ use crate::host::reply::{NoReply, OutBuf, ReplySlot};
 /// # Errors
 /// The host function's failure, a timeout or interruption, or a push error.
 pub(crate) fn await_reply(
-    receiver: &'static Hub,
+    hub: &'static Hub,
     name: &[u8],
     timeout_ms: i64,
     mut msg: Message,
     outs: Vec<OutBuf>,
 ) -> Result<(), Error> {
-    if let Some(stall) = stall_reason(receiver) {
+    if let Some(stall) = stall_reason(hub) {
         let name = String::from_utf8_lossy(name);
         return Err(Error::CallFailed(format!("hostfeed: host callback {name} of hcb.call was not run: {stall}")));
     }
     let slot = Arc::new(ReplySlot::new(outs));
     msg.reply = Some(Arc::clone(&slot));
-    let call_id = receiver.begin_call(Arc::clone(&slot));
+    let call_id = hub.begin_call(Arc::clone(&slot));
     let deadline = u64::try_from(timeout_ms)
         .ok()
         .filter(|&ms| ms > 0)
@@ -52,17 +52,17 @@ pub(crate) fn await_reply(
             interrupt::install(); // again, if Python's signal.signal replaced it meanwhile
         }
         if let Some(why) = interrupt::signalled_since(signals) {
-            receiver.note_interrupted(why);
+            hub.note_interrupted(why);
             return Some(why.to_string());
         }
-        stall_reason(receiver)
+        stall_reason(hub)
     };
-    let waited = receiver.push(msg).map(|()| slot.wait(deadline, interrupted));
-    receiver.end_call(call_id);
+    let waited = hub.push(msg).map(|()| slot.wait(deadline, interrupted));
+    hub.end_call(call_id);
     match waited {
         Ok(Ok(Ok(()))) => Ok(()),
         Ok(Ok(Err(message))) => Err(Error::CallFailed(message)),
-        Ok(Err(why)) => Err(no_reply_error(receiver, &slot, name, timeout_ms, why)),
+        Ok(Err(why)) => Err(no_reply_error(hub, &slot, name, timeout_ms, why)),
         Err(e) => Err(e),
     }
 }
@@ -75,26 +75,26 @@ pub(crate) fn await_reply(
 /// # Errors
 /// As [`await_reply`].
 pub(crate) fn call_on_device_thread(
-    receiver: &'static Hub,
+    hub: &'static Hub,
     name: &[u8],
     timeout_ms: i64,
     mut msg: Message,
     outs: Vec<OutBuf>,
 ) -> Result<(), Error> {
     let plain = msg.flags & !FLAG_STATUS_OUTPUT == 0 && msg.host.is_none();
-    if timeout_ms > 0 || !plain || !INLINE_CALLS.load(Ordering::Relaxed) || stall_reason(receiver).is_some() {
-        return await_reply(receiver, name, timeout_ms, msg, outs);
+    if timeout_ms > 0 || !plain || !INLINE_CALLS.load(Ordering::Relaxed) || stall_reason(hub).is_some() {
+        return await_reply(hub, name, timeout_ms, msg, outs);
     }
     let slot = Arc::new(ReplySlot::new(outs));
     msg.reply = Some(Arc::clone(&slot));
     let signals = interrupt::counts();
-    match receiver.run_inline(msg) {
+    match hub.run_inline(msg) {
         Ok(()) => {}
         Err(mut msg) => {
             // Not run: queue it with the same slot's outputs.
             msg.reply = None;
             let outs = Arc::try_unwrap(slot).map_err(|_| Error::Internal("a call's reply slot is shared".into()))?;
-            return await_reply(receiver, name, timeout_ms, msg, outs.into_outputs());
+            return await_reply(hub, name, timeout_ms, msg, outs.into_outputs());
         }
     }
     match slot.wait(None, || None) {
@@ -102,10 +102,10 @@ pub(crate) fn call_on_device_thread(
         Ok(Err(message)) => match interrupt::signalled_since(signals) {
             // Ctrl-C or SIGTERM during the host function: the call was interrupted, as one
             // waiting for the consumer thread would be.
-            Some(why) => Err(no_reply_error(receiver, &slot, name, timeout_ms, NoReply::Interrupted(why.into()))),
+            Some(why) => Err(no_reply_error(hub, &slot, name, timeout_ms, NoReply::Interrupted(why.into()))),
             None => Err(Error::CallFailed(message)),
         },
-        Err(why) => Err(no_reply_error(receiver, &slot, name, timeout_ms, why)),
+        Err(why) => Err(no_reply_error(hub, &slot, name, timeout_ms, why)),
     }
 }
 
@@ -122,19 +122,19 @@ pub fn set_inline_calls(enabled: bool) -> bool {
 
 /// Why no call can be answered now, in words: the consumer is stuck where it was when a
 /// signal failed a call (see [`Hub::stalled_by_interrupt`]).
-fn stall_reason(receiver: &Hub) -> Option<String> {
-    receiver.stalled_by_interrupt().map(|(busy, why)| {
+fn stall_reason(hub: &Hub) -> Option<String> {
+    hub.stalled_by_interrupt().map(|(busy, why)| {
         format!(
             "the receiver is still running the host callback {}, for which a call was \
              interrupted ({why}); calls run again once it returns, or once a stop gives up \
              on it (HOSTFEED_STOP_TIMEOUT)",
-            receiver.name(busy)
+            hub.name(busy)
         )
     })
 }
 
 /// Why a `call` has no reply, in words.
-fn no_reply_error(receiver: &Hub, slot: &ReplySlot, name: &[u8], timeout_ms: i64, why: NoReply) -> Error {
+fn no_reply_error(hub: &Hub, slot: &ReplySlot, name: &[u8], timeout_ms: i64, why: NoReply) -> Error {
     let name = String::from_utf8_lossy(name).into_owned();
     match why {
         NoReply::Interrupted(reason) => Error::CallFailed(format!(
@@ -142,11 +142,8 @@ fn no_reply_error(receiver: &Hub, slot: &ReplySlot, name: &[u8], timeout_ms: i64
         )),
         NoReply::TimedOut => {
             let seconds = Duration::from_millis(u64::try_from(timeout_ms).unwrap_or(0)).as_secs_f64();
-            let blocked_behind = if slot.is_started() {
-                None
-            } else {
-                receiver.busy_with().map(|(id, busy)| (receiver.name(id), busy))
-            };
+            let blocked_behind =
+                if slot.is_started() { None } else { hub.busy_with().map(|(id, busy)| (hub.name(id), busy)) };
             Error::CallTimeout { name, seconds, blocked_behind }
         }
     }

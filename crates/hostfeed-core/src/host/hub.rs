@@ -728,10 +728,10 @@ impl Drop for ExitGuard {
     }
 }
 
-fn consumer_main(receiver: &'static Hub, consumer: &dyn Consume, generation: u64) {
+fn consumer_main(hub: &'static Hub, consumer: &dyn Consume, generation: u64) {
     IS_CONSUMER.with(|c| c.set(true));
-    let _guard = ExitGuard(receiver, generation);
-    consumer.run(&Worker { receiver, generation });
+    let _guard = ExitGuard(hub, generation);
+    consumer.run(&Worker { hub, generation });
 }
 
 #[cfg(test)]

@@ -1,14 +1,13 @@
 //! An array's state (its pending rows, chunk jobs and frontier), the layout of its per-row
-//! metadata arrays, and the writer pool's job queue.
+//! metadata arrays, and the jobs the writers write.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::ffi::c_api::dtype as xla;
 use crate::host::buffer::HostBuffer;
-use crate::host::sync::Waker;
 use crate::record::common::{ArrayId, Budget};
 use crate::record::zarr::{ArraySpec, Codec, DType, ROW_METADATA};
 
@@ -189,9 +188,8 @@ impl Job {
     /// The array and chunk (shard) the job writes into. Jobs with one key run one at a
     /// time, in order; jobs of different chunks (shards) in parallel. A shard's jobs (its
     /// inner chunks) are not spread over the writers: the kernel lets one write at a time
-    /// into a file, so two writers in one shard wait for each other, while two shards are
-    /// two files written at once (on `/dev/shm`, 256 MiB shards wrote at 0.55x a file per
-    /// chunk with a shard's jobs in parallel, 0.95x with shards in parallel).
+    /// into a file, so two writers in one shard would wait for each other, while two shards
+    /// are two files written at once; parallelism is across shards.
     pub(crate) fn key(&self) -> (ArrayId, u64) {
         (self.array.id, self.chunk)
     }
@@ -200,44 +198,4 @@ impl Job {
     pub(crate) fn end_row(&self) -> u64 {
         self.first_row + self.rows.len() as u64
     }
-}
-
-#[derive(Default)]
-pub(crate) struct PoolState {
-    pub(crate) jobs: VecDeque<Job>,
-    /// Chunks being written: jobs of one chunk run one at a time, in submission order.
-    pub(crate) running: Vec<(ArrayId, u64)>,
-    /// Jobs finished so far (flush waits for this to move).
-    pub(crate) finished: u64,
-    pub(crate) stop: bool,
-}
-
-impl PoolState {
-    /// The first job whose chunk is not being written and has no earlier job waiting.
-    pub(crate) fn next_job(&mut self) -> Option<Job> {
-        let mut blocked: Vec<(ArrayId, u64)> = Vec::new();
-        for i in 0..self.jobs.len() {
-            let key = self.jobs[i].key();
-            if !self.running.contains(&key) && !blocked.contains(&key) {
-                let job = self.jobs.remove(i)?;
-                self.running.push(key);
-                return Some(job);
-            }
-            blocked.push(key);
-        }
-        None
-    }
-
-    pub(crate) fn idle(&self) -> bool {
-        self.jobs.is_empty() && self.running.is_empty()
-    }
-}
-
-#[derive(Default)]
-pub(crate) struct Pool {
-    pub(crate) state: Mutex<PoolState>,
-    /// Writers sleep here for jobs.
-    pub(crate) work: Waker,
-    /// Flushes sleep here for finished jobs.
-    pub(crate) finished: Waker,
 }

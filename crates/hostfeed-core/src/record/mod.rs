@@ -14,16 +14,22 @@
 //! - [`objects`]: object stores (S3, GCS, Azure) as a [`Store`](store::Store), and their
 //!   lock (a conditionally created object with a lease);
 //! - [`common`]: what every file shares (an array's id, the byte budget, the options);
-//! - [`arrays`]: an array's state, its metadata arrays' layout and the writer pool's jobs;
-//! - [`recorder`]: the recorder itself (its documentation tells how a record travels);
-//! - `writer`: the writer and ticker threads, commits, the encoding of chunks;
-//! - `flush`: a recorder's flush, errors and close;
-//! - [`sinks`]: the table that routes messages to recorders from the consumer thread;
-//! - `recorder/parts.rs`: parted arrays (their declaration, commits and routing).
+//! - [`arrays`]: an array's state, its metadata arrays' layout and the writers' jobs;
+//! - [`catalogue`]: the arrays a recorder knows (names, handles, parted arrays, the
+//!   transforms table, summaries);
+//! - [`failures`]: the errors a recorder's next flush reports;
+//! - [`commit`]: announcing written rows in `zarr.json`;
+//! - `writer`: the writer and ticker threads, the encoding of chunks;
+//! - [`recorder`]: the recorder itself, composing those parts (its documentation tells how a
+//!   record travels; its own files: declaring arrays, routing rows, flush and close, parted
+//!   arrays, appending to a store);
+//! - [`sinks`]: the table that routes messages to recorders from the consumer thread.
 
 pub(crate) mod arrays;
+pub(crate) mod catalogue;
+pub(crate) mod commit;
 pub(crate) mod common;
-mod flush;
+pub(crate) mod failures;
 pub(crate) mod objects;
 pub(crate) mod recorder;
 pub(crate) mod shard;

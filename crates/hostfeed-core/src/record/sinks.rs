@@ -1,5 +1,6 @@
 //! The sink table: routing messages from the consumer thread to recorders; a recorder's
-//! sinks; and a forked child's start without recorders.
+//! sinks (of its arrays, or of a parted array's parts); and a forked child's start without
+//! recorders.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,8 +10,7 @@ use crate::error::RecordError;
 use crate::ffi::c_api::dtype as xla;
 use crate::host::hub::{Batch, Worker};
 use crate::host::message::Message;
-use crate::host::sync::lock;
-use crate::record::arrays::{ArrayHandle, Payload, Row};
+use crate::record::arrays::{ArrayHandle, Row};
 use crate::record::common::{read_lock, write_lock, ArrayId};
 use crate::record::recorder::{Recorder, FORK_GENERATION};
 use crate::record::trace;
@@ -25,16 +25,31 @@ pub(crate) fn after_fork_in_child() {
     trace::after_fork_in_child();
 }
 
-impl Recorder {
-    /// A sink for messages whose operand `i` holds `lanes` rows of array `targets[i]` (or
-    /// is not recorded, `None`) and whose operand `step` (if any) holds the integer step
-    /// (one per lane, or one for all). `lanes` is 1 except under `vmap`, where each lane of
-    /// the batch (first dimensions) is a row.
+// ---- Sinks: routing messages from the consumer thread -----------------------------------
+
+/// Where the messages of one consumer id go: operand `i` holds `lanes` rows of
+/// `targets[i]` (or is not recorded), operand `step` the integer step(s).
+pub struct Sink {
+    recorder: Arc<Recorder>,
+    targets: Vec<Option<Arc<ArrayHandle>>>,
+    step: Option<usize>,
+    transforms: i16,
+    lanes: usize,
+    /// A parted array's sink (`recorder/parts.rs`): operand 0 is `[group, part]`, and the
+    /// message's rows go to that part's handle.
+    parted: Option<Vec<Arc<ArrayHandle>>>,
+}
+
+impl Sink {
+    /// A sink for messages whose operand `i` holds `lanes` rows of array `targets[i]` of
+    /// `recorder` (or is not recorded, `None`) and whose operand `step` (if any) holds the
+    /// integer step (one per lane, or one for all). `lanes` is 1 except under `vmap`, where
+    /// each lane of the batch (first dimensions) is a row.
     ///
     /// # Errors
     /// [`RecordError::Invalid`] for an unknown array id or no lanes.
-    pub fn sink(
-        self: &Arc<Self>,
+    pub fn new(
+        recorder: &Arc<Recorder>,
         targets: &[Option<ArrayId>],
         step: Option<usize>,
         transforms: &str,
@@ -47,38 +62,49 @@ impl Recorder {
             .iter()
             .map(|t| {
                 t.map(|id| {
-                    self.array(id).ok_or_else(|| RecordError::Invalid(format!("no array with id {id}")))
+                    recorder.array(id).ok_or_else(|| RecordError::Invalid(format!("no array with id {id}")))
                 })
                 .transpose()
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Sink {
-            recorder: Arc::clone(self),
+            recorder: Arc::clone(recorder),
             targets,
             step,
-            transforms: self.transforms_index(transforms),
+            transforms: recorder.transforms_index(transforms),
             lanes,
             parted: None,
         })
     }
-}
 
-// ---- Sinks: routing messages from the consumer thread -----------------------------------
+    /// A sink for the shard-by-shard messages of parted array `name` of `recorder` (see
+    /// `recorder/parts.rs`): operand `step` (if any) holds the step.
+    ///
+    /// # Errors
+    /// An unknown name.
+    pub fn parted(
+        recorder: &Arc<Recorder>,
+        name: &str,
+        step: Option<usize>,
+        transforms: &str,
+    ) -> Result<Sink, RecordError> {
+        let handles = recorder.parted_handles(name)?;
+        Ok(Sink {
+            recorder: Arc::clone(recorder),
+            targets: Vec::new(),
+            step,
+            transforms: recorder.transforms_index(transforms),
+            lanes: 1,
+            parted: Some(handles),
+        })
+    }
 
-/// Where the messages of one consumer id go: operand `i` holds `lanes` rows of
-/// `targets[i]` (or is not recorded), operand `step` the integer step(s).
-pub struct Sink {
-    pub(crate) recorder: Arc<Recorder>,
-    pub(crate) targets: Vec<Option<Arc<ArrayHandle>>>,
-    pub(crate) step: Option<usize>,
-    pub(crate) transforms: i16,
-    pub(crate) lanes: usize,
-    /// A parted array's sink (`recorder/parts.rs`): operand 0 is `[group, part]`, and the
-    /// message's rows go to that part's handle.
-    pub(crate) parted: Option<Vec<Arc<ArrayHandle>>>,
-}
+    /// The index of the sink's transforms description in its recorder's table.
+    #[cfg(test)]
+    pub(crate) fn transforms(&self) -> i16 {
+        self.transforms
+    }
 
-impl Sink {
     /// Routes one message whose bytes (`charged`) are still charged against the bound;
     /// the charge is released once its rows are written (or dropped).
     pub(crate) fn route(&self, msg: Message, charged: usize) {
@@ -115,9 +141,9 @@ impl Sink {
         }
         let steps = self.step.map(|i| read_steps(&msg, i, self.lanes)).unwrap_or_default();
         let device = msg.device;
-        let payload = Arc::new(Payload { buf: msg.data, charged, budget: Arc::clone(&rec.budget) });
+        let payload = rec.hold(msg.data, charged);
         if let Some(p) = problem {
-            lock(&rec.errors).push(RecordError::Invalid(format!("hostfeed internal error: {p}")));
+            rec.report(RecordError::Invalid(format!("hostfeed internal error: {p}")));
             return;
         }
         for lane in 0..self.lanes {
@@ -130,10 +156,58 @@ impl Sink {
             }
         }
     }
+
+    /// Routes one message of a parted array's sink to the part it names (see
+    /// [`Sink::route`]).
+    fn route_parted(&self, parts: &[Arc<ArrayHandle>], msg: Message, charged: usize) {
+        let rec = &self.recorder;
+        let part = part_of(&msg);
+        let problem = match (part.and_then(|p| parts.get(p)), msg.arrays.get(1)) {
+            (Some(a), Some(op)) => {
+                let dtype_ok = DType::from_xla(op.dtype).is_ok_and(|d| d == a.spec.dtype);
+                (!dtype_ok || op.nbytes != a.spec.row_bytes()).then(|| {
+                    format!(
+                        "{}: {} bytes of dtype code {} are not one slice of {} bytes of {}",
+                        a.context(),
+                        op.nbytes,
+                        op.dtype,
+                        a.spec.row_bytes(),
+                        a.spec.dtype.name
+                    )
+                })
+            }
+            _ => Some(format!("a parted record message names part {part:?} of {}", parts.len())),
+        };
+        let steps = self.step.map(|i| read_steps(&msg, i, 1)).unwrap_or_default();
+        let device = msg.device;
+        let offset = msg.arrays.get(1).map_or(0, |op| op.offset);
+        let payload = rec.hold(msg.data, charged);
+        if let Some(p) = problem {
+            rec.report(RecordError::Invalid(format!("hostfeed internal error: {p}")));
+            return;
+        }
+        let a = &parts[part.unwrap_or_default()];
+        let meta = rec.meta(steps.first().copied().unwrap_or(-1), device, self.transforms);
+        let len = a.spec.row_bytes();
+        rec.route_row(a, Row { payload, offset, len, meta });
+    }
+}
+
+/// The part number of a `[group, part]` operand.
+fn part_of(msg: &Message) -> Option<usize> {
+    let op = msg.arrays.first()?;
+    if op.dtype != xla::S32 || op.nbytes < 8 {
+        return None;
+    }
+    let mut raw = [0u8; 4];
+    // SAFETY: bytes `op.offset + 4..op.offset + 8` lie inside the operand (nbytes >= 8),
+    // written by the handler's copy before the message was queued.
+    unsafe { std::ptr::copy_nonoverlapping(msg.data.as_ptr().add(op.offset + 4), raw.as_mut_ptr(), 4) };
+    usize::try_from(i32::from_le_bytes(raw)).ok()
 }
 
 /// Up to `lanes` integers of operand `i` of `msg` (the step of each lane).
-pub(crate) fn read_steps(msg: &Message, i: usize, lanes: usize) -> Vec<i64> {
+fn read_steps(msg: &Message, i: usize, lanes: usize) -> Vec<i64> {
     let Some(op) = msg.arrays.get(i) else { return Vec::new() };
     let Some(size) = xla::element_size(op.dtype).filter(|&s| s <= 8) else { return Vec::new() };
     let n = (op.nbytes / size).min(lanes);

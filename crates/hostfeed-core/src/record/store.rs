@@ -260,6 +260,17 @@ pub(crate) fn io_error(op: &str, path: &Path, e: &io::Error) -> RecordError {
     RecordError::Io { errno: Some(errno_of(e)), message: format!("cannot {op} {}: {e}", path.display()) }
 }
 
+/// Creates the directory that holds `path` (and those above it) in `store`.
+///
+/// # Errors
+/// I/O errors, with the directory's path.
+pub(crate) fn create_parent(store: &dyn Store, path: &Path) -> Result<(), RecordError> {
+    match path.parent() {
+        Some(p) => store.create_dir(p).map_err(|e| io_error("create", p, &e)),
+        None => Ok(()),
+    }
+}
+
 /// The OS error number of `e`, or, for an error that has none (an object store's), the one
 /// its kind stands for (`EIO` for any other).
 #[must_use]

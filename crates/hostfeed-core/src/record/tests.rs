@@ -18,8 +18,10 @@ use crate::host::message::{gather, Operand};
 use crate::record::arrays::*;
 use crate::record::common::*;
 use crate::record::recorder::*;
+use crate::record::sinks::Sink;
 use crate::record::store::write_all_vectored_at;
 use crate::record::storelock::Access;
+use crate::record::writer::PoolState;
 
 /// A budget that counts.
 #[derive(Default)]
@@ -290,8 +292,8 @@ fn a_sink_routes_messages_without_copying_and_releases_after_writing() {
     let opts = Options { chunk_bytes: 8 * 4, ..Options::default() };
     let rec = Recorder::create(&root, Mode::Create, opts, budget.clone()).unwrap();
     let x = rec.declare("x", xla::S32, &[2]).unwrap();
-    let sink = rec.sink(&[Some(x), None], Some(1), r#"[["batch", {"batch_dims": [0]}]]"#, 1).unwrap();
-    assert_eq!(sink.transforms, 1);
+    let sink = Sink::new(&rec, &[Some(x), None], Some(1), r#"[["batch", {"batch_dims": [0]}]]"#, 1).unwrap();
+    assert_eq!(sink.transforms(), 1);
     for i in 0..6 {
         let msg = message(7, &[i, -i], 10 * i, 1);
         budget.charge(100);
@@ -401,12 +403,14 @@ fn jobs_of_one_chunk_run_in_order() {
         partial: false,
         disk_prefix: 0,
     };
-    p.jobs.extend([job(0, 0), job(0, 3), job(1, 10)]);
+    for j in [job(0, 0), job(0, 3), job(1, 10)] {
+        p.push(j);
+    }
     assert_eq!(p.next_job().map(|j| j.first_row), Some(0));
     // Chunk 0 is being written: its second job waits, chunk 1 goes ahead.
     assert_eq!(p.next_job().map(|j| j.first_row), Some(10));
     assert!(p.next_job().is_none());
-    p.running.retain(|k| *k != (0, 0));
+    p.finish((0, 0));
     assert_eq!(p.next_job().map(|j| j.first_row), Some(3));
 }
 
@@ -436,7 +440,7 @@ fn parted_arrays_write_each_part_in_its_own_chunks_and_announce_what_all_parts_h
     let e = rec.declare("g/h", xla::S32, &[2, 2]).unwrap_err().to_string();
     assert!(e.contains("first recorded"), "{e}");
     assert_eq!(json_at(&root.join("g/h"))["shape"], json!([0, 2, 2]));
-    let sink = rec.parted_sink("g/h", Some(2), "[]").unwrap();
+    let sink = Sink::parted(&rec, "g/h", Some(2), "[]").unwrap();
     // Part 1 runs ahead of part 0: only the rows both parts have are announced.
     for r in 0..3 {
         budget.charge(100);

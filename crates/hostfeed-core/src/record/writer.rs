@@ -1,41 +1,178 @@
-//! The recorder's writer and ticker threads, commits, and the encoding of chunks and
-//! metadata rows for the store. What the bytes become in the store (files, objects) is the
-//! [`Store`]'s business: the writers hand it whole objects ([`Store::put`]) and, for
-//! uncompressed chunks and metadata rows, writes into part of one where the store can
+//! The recorder's threads: the writers, which write the jobs (a chunk, or part of one) the
+//! recorder hands them, and the ticker, which runs the recorder's periodic work; and the
+//! encoding of chunks for the store. What the bytes become in the store (files, objects) is
+//! the [`Store`]'s business: the writers hand it whole objects ([`Store::put`]) and, for
+//! uncompressed chunks, writes into part of one where the store can
 //! ([`InPlace::write_at`](crate::record::store::InPlace::write_at)).
 
+use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
-use std::sync::atomic::Ordering;
-use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-
 use crate::error::RecordError;
-use crate::host::sync::lock;
-use crate::record::arrays::{meta_specs, ArrayHandle, ArrayState, Job, Row};
-use crate::record::common::ArrayId;
-use crate::record::common::{as_u64, as_usize, read_lock};
-use crate::record::recorder::{HeldLock, Recorder};
+use crate::host::sync::{lock, Waker};
+use crate::record::arrays::{ArrayHandle, Job, Row};
+use crate::record::common::{as_u64, as_usize, ArrayId};
+use crate::record::failures::Failures;
 use crate::record::shard::{self, ShardUpload};
-use crate::record::store::{io_error, Put, Store};
+use crate::record::store::{create_parent, io_error, Put, Store};
 use crate::record::trace;
-use crate::record::zarr::{self, ArraySpec, Codec};
+use crate::record::zarr::Codec;
 
-/// How often the ticker looks for producers stuck behind partial chunks, and for commits.
+/// How often the ticker runs the recorder's periodic work (looking for producers stuck
+/// behind partial chunks, commits, the lease).
 pub(crate) const TICK: Duration = Duration::from_millis(50);
 
-impl Recorder {
-    // ---- threads --------------------------------------------------------------------
+/// The writers' jobs: waiting, running, and how many finished.
+#[derive(Default)]
+pub(crate) struct PoolState {
+    jobs: VecDeque<Job>,
+    /// Chunks being written: jobs of one chunk run one at a time, in submission order.
+    running: Vec<(ArrayId, u64)>,
+    /// Jobs finished so far (flush waits for this to move).
+    finished: u64,
+    stop: bool,
+}
 
-    pub(crate) fn writer_main(&self) {
+impl PoolState {
+    /// Adds `job` after the jobs waiting.
+    pub(crate) fn push(&mut self, job: Job) {
+        self.jobs.push_back(job);
+    }
+
+    /// The first job whose chunk is not being written and has no earlier job waiting.
+    pub(crate) fn next_job(&mut self) -> Option<Job> {
+        let mut blocked: Vec<(ArrayId, u64)> = Vec::new();
+        for i in 0..self.jobs.len() {
+            let key = self.jobs[i].key();
+            if !self.running.contains(&key) && !blocked.contains(&key) {
+                let job = self.jobs.remove(i)?;
+                self.running.push(key);
+                return Some(job);
+            }
+            blocked.push(key);
+        }
+        None
+    }
+
+    /// Ends the running job of chunk `key` (written, or failed).
+    pub(crate) fn finish(&mut self, key: (ArrayId, u64)) {
+        self.running.retain(|k| *k != key);
+        self.finished += 1;
+    }
+
+    fn idle(&self) -> bool {
+        self.jobs.is_empty() && self.running.is_empty()
+    }
+}
+
+/// See the module documentation.
+#[derive(Default)]
+pub(crate) struct Writers {
+    /// The jobs, waiting and running.
+    state: Mutex<PoolState>,
+    /// Writers sleep here for jobs.
+    work: Waker,
+    /// Flushes sleep here for finished jobs.
+    finished: Waker,
+    /// Set to stop the ticker.
+    ticker: Mutex<bool>,
+    /// The ticker sleeps here between ticks.
+    ticker_wake: Waker,
+    /// The writer and ticker threads, joined by [`Writers::stop`].
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Shards written in place: the inner chunks their index lists, by array and shard
+    /// (the index only grows).
+    shard_index: Mutex<HashMap<(ArrayId, u64), u64>>,
+    /// Shards being streamed to their objects (object stores), by array and shard.
+    uploads: Mutex<HashMap<(ArrayId, u64), ShardUpload>>,
+    /// Bytes of chunk data written.
+    bytes_written: AtomicU64,
+    /// Chunk files written.
+    chunks_written: AtomicU64,
+}
+
+impl Writers {
+    /// Starts thread `name` running `main`, joined by [`Writers::stop`].
+    ///
+    /// # Errors
+    /// [`RecordError::Io`] when the thread cannot be started.
+    pub(crate) fn spawn(&self, name: String, main: Box<dyn FnOnce() + Send>) -> Result<(), RecordError> {
+        let t = std::thread::Builder::new().name(name).spawn(main).map_err(|e| RecordError::Io {
+            errno: e.raw_os_error(),
+            message: format!("cannot start a recorder thread: {e}"),
+        })?;
+        lock(&self.threads).push(t);
+        Ok(())
+    }
+
+    /// Hands `job` to the writers (the caller submits the jobs of one chunk in order).
+    pub(crate) fn submit(&self, job: Job) {
+        lock(&self.state).push(job);
+        self.work.notify_one();
+    }
+
+    /// Whether no job is waiting or running.
+    pub(crate) fn idle(&self) -> bool {
+        lock(&self.state).idle()
+    }
+
+    /// Bytes of chunk data and chunk files written so far.
+    pub(crate) fn written(&self) -> (u64, u64) {
+        (self.bytes_written.load(Ordering::Relaxed), self.chunks_written.load(Ordering::Relaxed))
+    }
+
+    /// Waits up to `timeout` until every array of `targets` has written its target rows (or
+    /// failed). Returns whether they have.
+    pub(crate) fn wait_for(&self, targets: &[(Arc<ArrayHandle>, u64)], timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let seen = lock(&self.state).finished;
+            let done = targets.iter().all(|(a, target)| {
+                let st = lock(&a.state);
+                st.frontier >= *target || st.failed
+            });
+            if done {
+                return true;
+            }
+            let mut g = lock(&self.state);
+            while g.finished == seen {
+                let now = Instant::now();
+                if now >= deadline {
+                    return false;
+                }
+                g = self.finished.wait_timeout(g, deadline - now);
+            }
+        }
+    }
+
+    /// Stops and joins the writer and ticker threads (once the writers ran out of jobs);
+    /// `on_panic` for each that panicked.
+    pub(crate) fn stop(&self, mut on_panic: impl FnMut()) {
+        lock(&self.state).stop = true;
+        self.work.notify_all();
+        *lock(&self.ticker) = true;
+        self.ticker_wake.notify_all();
+        let threads = std::mem::take(&mut *lock(&self.threads));
+        for t in threads {
+            if t.join().is_err() {
+                on_panic();
+            }
+        }
+    }
+
+    /// A writer thread: writes jobs as they come until the writers stop and no job is left;
+    /// a failed write fails its array (`failures`).
+    pub(crate) fn writer_main(&self, store: &dyn Store, failures: &Failures) {
         lower_priority();
         loop {
             let job = {
-                let mut g = lock(&self.pool.state);
+                let mut g = lock(&self.state);
                 loop {
                     if let Some(j) = g.next_job() {
                         break j;
@@ -47,23 +184,23 @@ impl Recorder {
                         // (the stop's wake-up found it blocked), and the job that ended
                         // last woke nobody, the queue being empty: it would sleep forever,
                         // and close with it, waiting to join it.
-                        self.pool.work.notify_all();
+                        self.work.notify_all();
                         return;
                     }
-                    g = self.pool.work.wait(g);
+                    g = self.work.wait(g);
                 }
             };
             let a = Arc::clone(&job.array);
             let key = job.key();
             let bytes = job.rows.len() * a.spec.row_bytes();
-            let streamed = a.spec.inner_rows.is_some() && self.store.streams();
+            let streamed = a.spec.inner_rows.is_some() && store.streams();
             // A panic must not lose the job's bookkeeping (a flush would wait for it forever).
             let result = trace::traced_write(&a.name, job.chunk, bytes, || {
                 catch_unwind(AssertUnwindSafe(|| {
                     if streamed {
-                        self.write_streamed(&job)
+                        self.write_streamed(store, &job)
                     } else {
-                        write_chunk(&*self.store, &job, &self.shard_index)
+                        write_chunk(store, &job, &self.shard_index)
                             .map(|()| Some((job.first_row, job.end_row())))
                     }
                 }))
@@ -94,25 +231,25 @@ impl Recorder {
                     }
                     Err(e) => {
                         if !st.failed {
-                            self.record_error(&a, &mut st, e);
+                            failures.record(&a, &mut st, e);
                         }
                     }
                 }
             }
-            let mut g = lock(&self.pool.state);
-            g.running.retain(|k| *k != key);
-            g.finished += 1;
+            let mut g = lock(&self.state);
+            g.finish(key);
             let more = !g.jobs.is_empty();
             drop(g);
-            self.pool.finished.notify_all();
+            self.finished.notify_all();
             if more {
                 // A job of the chunk just finished may be next.
-                self.pool.work.notify_one();
+                self.work.notify_one();
             }
         }
     }
 
-    pub(crate) fn ticker_main(&self) {
+    /// The ticker thread: runs `tick` every [`TICK`] until the threads stop.
+    pub(crate) fn ticker_main(&self, tick: impl Fn()) {
         let mut g = lock(&self.ticker);
         while !*g {
             g = self.ticker_wake.wait_timeout(g, TICK);
@@ -120,18 +257,7 @@ impl Recorder {
                 break;
             }
             drop(g);
-            // Producers stuck behind rows in partial chunks that nothing else will write.
-            if self.pending_bytes.load(Ordering::Relaxed) > 0
-                && self.budget.producers_waiting()
-                && lock(&self.pool.state).idle()
-            {
-                self.spill();
-            }
-            self.renew_lease();
-            let arrays = read_lock(&self.arrays).clone();
-            for a in &arrays {
-                self.commit(a, false);
-            }
+            tick();
             g = lock(&self.ticker);
         }
     }
@@ -141,7 +267,7 @@ impl Recorder {
     /// shard completed earlier) and completed by the job that fills the shard or a partial
     /// job (a flush or spill). Returns the rows made durable: those of the shard's object
     /// when this job completed it, else none (they are in an upload nobody can read yet).
-    fn write_streamed(&self, job: &Job) -> Result<Option<(u64, u64)>, RecordError> {
+    fn write_streamed(&self, store: &dyn Store, job: &Job) -> Result<Option<(u64, u64)>, RecordError> {
         let a = &job.array;
         let spec = &a.spec;
         let rb = spec.row_bytes();
@@ -155,12 +281,12 @@ impl Recorder {
             // A flush's job without rows, for a shard whose object is complete already.
             None if job.rows.is_empty() => return Ok(Some((job.first_row, job.first_row))),
             None => {
-                let object = self.store.stream(&path).unwrap_or_else(|| {
+                let object = store.stream(&path).unwrap_or_else(|| {
                     Err(RecordError::Invalid("hostfeed internal error: a store that cannot stream".into()))
                 })?;
                 let in_shard = job.first_row - shard_start;
                 let tail = if in_shard > 0 {
-                    let stored = self.store.get(&path).map_err(|e| io_error("reopen", &path, &e))?;
+                    let stored = store.get(&path).map_err(|e| io_error("reopen", &path, &e))?;
                     shard::read_rows(&stored, as_usize(in_shard) * rb, inner_bytes, inner_chunks, spec.codec)
                         .map_err(|why| shard::unreadable(&path, &why))?
                 } else {
@@ -191,128 +317,6 @@ impl Recorder {
         up.object.finish()?;
         Ok(Some((up.first_row, job.end_row())))
     }
-
-    /// Renews an object store lock's lease when due; a failure is reported by the next flush.
-    fn renew_lease(&self) {
-        let renewed = match &*lock(&self.store_lock) {
-            Some(HeldLock::Object(l)) => l.renew_if_due(),
-            _ => Ok(()),
-        };
-        if let Err(e) = renewed {
-            lock(&self.errors).push(e);
-        }
-    }
-
-    /// Announces the rows written so far in `zarr.json` (per-row metadata first), if due.
-    pub(crate) fn commit(&self, a: &ArrayHandle, force: bool) {
-        let mut st = lock(&a.state);
-        let rows = st.frontier;
-        if rows == st.committed
-            || st.failed
-            || (!force && st.last_commit.elapsed() < self.opts.commit_interval)
-        {
-            return;
-        }
-        match self.commit_locked(a, &mut st, rows) {
-            Ok(()) => {
-                self.commits.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(e) => self.record_error(a, &mut st, e),
-        }
-    }
-
-    fn commit_locked(&self, a: &ArrayHandle, st: &mut ArrayState, rows: u64) -> Result<(), RecordError> {
-        let store = &*self.store;
-        let from = st.committed;
-        let lo = as_usize(from - st.meta_first);
-        let hi = as_usize(rows - st.meta_first);
-        let meta = &st.meta[lo..hi];
-        for (suffix, spec) in meta_specs(&a.leaf, a.meta_chunk_rows) {
-            let values: Vec<u8> = match suffix {
-                "seq" => meta.iter().flat_map(|m| m.seq.to_le_bytes()).collect(),
-                "step" => meta.iter().flat_map(|m| m.step.to_le_bytes()).collect(),
-                "device" => meta.iter().flat_map(|m| m.device.to_le_bytes()).collect(),
-                "time_ns" => meta.iter().flat_map(|m| m.time_ns.to_le_bytes()).collect(),
-                _ => meta.iter().flat_map(|m| m.transforms.to_le_bytes()).collect(),
-            };
-            let mdir = a.group_dir.join(format!("{}.{suffix}", a.leaf));
-            match a.spec.part {
-                // A parted array: part 0 writes the rows' metadata; `zarr.json` is written
-                // by the store's committer once every part has its rows (`parts.rs`).
-                Some(p) if p.index != 0 => {}
-                Some(_) => write_rows_in_place(store, &spec, &mdir, from, &values)?,
-                None => {
-                    write_rows_in_place(store, &spec, &mdir, from, &values)?;
-                    zarr::write_json(store, &mdir, &spec.metadata(rows, &json!({})))?;
-                }
-            }
-        }
-        if a.spec.part.is_none() {
-            zarr::write_json(store, &a.dir, &a.spec.metadata(rows, &self.attributes(a)))?;
-        }
-        st.committed = rows;
-        st.last_commit = Instant::now();
-        // Forget metadata that is on disk.
-        st.meta.drain(..hi);
-        st.meta_first = rows;
-        Ok(())
-    }
-}
-
-/// Writes the rows `from..` of an uncompressed array whose bytes are `values`: in place
-/// (each chunk object at full size, its rows written at their offsets) where the store
-/// can, else each chunk put whole.
-fn write_rows_in_place(
-    store: &dyn Store,
-    spec: &ArraySpec,
-    dir: &Path,
-    from: u64,
-    values: &[u8],
-) -> Result<(), RecordError> {
-    let in_place = store.in_place();
-    let rb = spec.row_bytes();
-    let rows = as_u64(values.len() / rb.max(1));
-    let mut row = from;
-    let mut off = 0usize;
-    while row < from + rows {
-        let k = row / spec.chunk_rows;
-        let end = ((k + 1) * spec.chunk_rows).min(from + rows);
-        let n = as_usize(end - row) * rb;
-        let path = spec.chunk_path(dir, k);
-        create_parent(store, &path)?;
-        let at = (row - k * spec.chunk_rows) * as_u64(rb);
-        let new = &values[off..off + n];
-        match in_place {
-            Some(in_place) => in_place.write_at(&path, at, &[new], as_u64(spec.chunk_bytes()))?,
-            None => put_rows_whole(store, spec, &path, as_usize(at), new)?,
-        }
-        off += n;
-        row = end;
-    }
-    Ok(())
-}
-
-/// Puts the chunk at `path` again whole with `new` at byte `at`: its earlier rows read back
-/// (a chunk begun at an earlier commit), zeros (the fill value) where none were written.
-fn put_rows_whole(store: &dyn Store, spec: &ArraySpec, path: &Path, at: usize, new: &[u8]) -> Result<(), RecordError> {
-    let mut chunk = match store.get(path) {
-        Ok(b) if b.len() == spec.chunk_bytes() => b,
-        Ok(b) => {
-            return Err(RecordError::Io {
-                errno: Some(libc::EIO),
-                message: format!(
-                    "cannot append to {}: it holds {} bytes, not a chunk of {}",
-                    path.display(),
-                    b.len(),
-                    spec.chunk_bytes()
-                ),
-            })
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => vec![0u8; spec.chunk_bytes()],
-        Err(e) => return Err(io_error("read back", path, &e)),
-    };
-    chunk[at..at + new.len()].copy_from_slice(new);
-    store.put(path, &chunk, Put::Replace)
 }
 
 /// Lowers the calling thread's scheduling priority (nice +10), so that on a busy machine
@@ -329,13 +333,6 @@ fn lower_priority() {
             // SAFETY: see above.
             unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, 10) };
         }
-    }
-}
-
-fn create_parent(store: &dyn Store, path: &Path) -> Result<(), RecordError> {
-    match path.parent() {
-        Some(p) => store.create_dir(p).map_err(|e| io_error("create", p, &e)),
-        None => Ok(()),
     }
 }
 

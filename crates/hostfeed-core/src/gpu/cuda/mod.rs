@@ -450,7 +450,7 @@ thread_local! {
     static CURRENT: Cell<usize> = const { Cell::new(0) };
 }
 
-impl gpu_driver::Queue for CudaStream {
+impl gpu_driver::StreamOps for CudaStream {
     fn owner(&self) -> usize {
         self.ctx as usize
     }

@@ -67,7 +67,7 @@ macro_rules! driver_kind_tests {
     };
 }
 
-/// The shared [`Stream`] ([`OnStream`], [`Pooled`]) against a fake [`Queue`] of one driver
+/// The shared [`Stream`] ([`OnStream`], [`Pooled`]) against a fake [`StreamOps`] of one driver
 /// kind: what its events belong to (`owner`: a context's address on CUDA, a device ordinal
 /// on HIP) and whether a courier must make it current before waiting (`enters`).
 macro_rules! fake_queue_tests {
@@ -131,7 +131,7 @@ macro_rules! fake_queue_tests {
                 }
             }
 
-            impl Queue for Fake {
+            impl StreamOps for Fake {
                 fn owner(&self) -> usize {
                     $owner
                 }

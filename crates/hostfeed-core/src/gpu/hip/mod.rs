@@ -273,7 +273,7 @@ impl Drop for HipStreamRef {
     }
 }
 
-impl gpu_driver::Queue for HipStreamRef {
+impl gpu_driver::StreamOps for HipStreamRef {
     fn owner(&self) -> usize {
         self.device.unsigned_abs() as usize
     }

@@ -1,4 +1,4 @@
-//! The consumer thread's side of the hub: its access to the receiver ([`Worker`]) and the
+//! The consumer thread's side of the hub: its access to the hub ([`Worker`]) and the
 //! batch of messages it is processing ([`Batch`]), which marks the consumer busy with each
 //! message it takes and, when it ends, idle and the batch processed.
 
@@ -7,9 +7,9 @@ use std::sync::atomic::Ordering;
 use super::{Hub, MAX_BATCH};
 use crate::host::message::Message;
 
-/// The consumer thread's access to the receiver.
+/// The consumer thread's access to the hub.
 pub struct Worker {
-    pub(super) receiver: &'static Hub,
+    pub(super) hub: &'static Hub,
     pub(super) generation: u64,
 }
 
@@ -18,7 +18,7 @@ impl Worker {
     /// abandoned in favour of a newer consumer).
     #[must_use]
     pub(crate) fn next_batch(&self) -> Option<Batch> {
-        let r = self.receiver;
+        let r = self.hub;
         if r.generation.load(Ordering::Acquire) != self.generation {
             return None;
         }
@@ -27,7 +27,7 @@ impl Worker {
         }
         let epoch = r.queue.begin_batch(MAX_BATCH)?;
         r.enter_batch(self.generation);
-        Some(Batch { receiver: r, epoch, generation: self.generation })
+        Some(Batch { hub: r, epoch, generation: self.generation })
     }
 }
 
@@ -35,7 +35,7 @@ impl Worker {
 /// consumer stuck in one of them can be relieved of the rest ([`Queue::reclaim_batch`](crate::host::queue::Queue::reclaim_batch)).
 /// Ending (or dropping) the batch completes what was taken.
 pub struct Batch {
-    receiver: &'static Hub,
+    hub: &'static Hub,
     epoch: u64,
     /// The consumer generation that took it (an abandoned consumer's batch may end later).
     generation: u64,
@@ -52,10 +52,10 @@ impl Batch {
     /// only look at the message); `None` when the batch is exhausted or `accept` refused.
     #[must_use]
     pub fn take_if(&self, accept: impl FnOnce(&Message) -> bool) -> Option<Message> {
-        let m = self.receiver.queue.take_if(self.epoch, accept)?;
-        let now = self.receiver.timing.raw_now();
-        self.receiver.timing.record_handover_at(m.queued_at, now);
-        self.receiver.mark_busy(m.consumer_id, now);
+        let m = self.hub.queue.take_if(self.epoch, accept)?;
+        let now = self.hub.timing.raw_now();
+        self.hub.timing.record_handover_at(m.queued_at, now);
+        self.hub.mark_busy(m.consumer_id, now);
         Some(m)
     }
 
@@ -64,15 +64,15 @@ impl Batch {
     /// byte count (the recorder keeps rows until they are written).
     #[must_use]
     pub(crate) fn take_retained(&self, accept: impl FnOnce(&Message) -> bool) -> Option<(Message, usize)> {
-        let (m, bytes) = self.receiver.queue.take_retained(self.epoch, accept)?;
-        self.receiver.mark_busy(m.consumer_id, self.receiver.timing.raw_now());
+        let (m, bytes) = self.hub.queue.take_retained(self.epoch, accept)?;
+        self.hub.mark_busy(m.consumer_id, self.hub.timing.raw_now());
         Some((m, bytes))
     }
 
     /// Messages not taken yet.
     #[must_use]
     pub fn remaining(&self) -> usize {
-        self.receiver.queue.remaining(self.epoch)
+        self.hub.queue.remaining(self.epoch)
     }
 }
 
@@ -82,14 +82,14 @@ impl Drop for Batch {
         // call that would run on its device's thread) sees the consumer busy with none of
         // its messages and holding no batch. (Not the batch of an abandoned consumer whose
         // callback returned at last: a newer consumer may be busy.)
-        if self.receiver.generation.load(Ordering::Acquire) == self.generation {
-            self.receiver.mark_idle();
-            self.receiver.in_batch.store(false, Ordering::SeqCst);
+        if self.hub.generation.load(Ordering::Acquire) == self.generation {
+            self.hub.mark_idle();
+            self.hub.in_batch.store(false, Ordering::SeqCst);
         }
         // Messages not taken (the dispatcher failed) are dropped and counted.
-        let dropped = self.receiver.queue.end_batch(self.epoch);
+        let dropped = self.hub.queue.end_batch(self.epoch);
         if dropped > 0 {
-            self.receiver.note(format!("{dropped} message(s) were dropped after the dispatcher failed"));
+            self.hub.note(format!("{dropped} message(s) were dropped after the dispatcher failed"));
         }
     }
 }

@@ -14,15 +14,14 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use serde_json::{json, Value};
 
 use crate::error::RecordError;
-use crate::host::sync::lock;
 use crate::record::arrays::{ArrayHandle, ArrayState};
-use crate::record::common::{as_u64, as_usize, write_lock, Mode};
-use crate::record::recorder::{NameIndex, Recorder};
+use crate::record::common::{as_u64, as_usize, Mode};
+use crate::record::recorder::Recorder;
 use crate::record::store::io_error;
 use crate::record::zarr::{self, ArraySpec, Codec, DType};
 
@@ -31,18 +30,6 @@ struct Found {
     name: String,
     dir: PathBuf,
     doc: Value,
-}
-
-impl NameIndex {
-    /// Refuses a record under the name of an array that cannot be appended to.
-    pub(super) fn refuse_frozen(&self, name: &str) -> Result<(), RecordError> {
-        match self.frozen.get(name) {
-            Some(why) => Err(RecordError::Invalid(format!(
-                "cannot append to {name:?} in this store: {why}; record under another name"
-            ))),
-            None => Ok(()),
-        }
-    }
 }
 
 fn corrupt(dir: &Path, what: &str) -> RecordError {
@@ -120,9 +107,7 @@ impl Recorder {
             let (spec, stored) = match spec_of(&f)? {
                 Ok(s) => s,
                 Err(why) => {
-                    let mut index = lock(&self.index);
-                    index.groups.extend(f.name.match_indices('/').map(|(i, _)| f.name[..i].to_string()));
-                    index.frozen.insert(f.name, why);
+                    self.catalogue.freeze(f.name, why);
                     continue;
                 }
             };
@@ -154,13 +139,11 @@ impl Recorder {
                 table = transforms.iter().map(Value::to_string).collect();
             }
             if let Some(summary) = f.doc["attributes"]["hostfeed"].get("reduce").filter(|v| v.is_object()) {
-                lock(&self.summaries).insert(f.name.clone(), summary.clone());
+                self.catalogue.adopt_summary(f.name.clone(), summary.clone());
             }
-            let mut arrays = write_lock(&self.arrays);
-            let mut index = lock(&self.index);
-            let handle = Arc::new(ArrayHandle {
-                id: arrays.len(),
-                name: f.name.clone(),
+            self.catalogue.adopt(|id| ArrayHandle {
+                id,
+                name: f.name,
                 dir: f.dir,
                 group_dir,
                 leaf,
@@ -168,15 +151,9 @@ impl Recorder {
                 spec,
                 meta_chunk_rows,
             });
-            index.arrays.insert(f.name.clone(), handle.id);
-            index.groups.extend(f.name.match_indices('/').map(|(i, _)| f.name[..i].to_string()));
-            arrays.push(handle);
         }
         self.next_seq.fetch_max(next_seq, Ordering::Relaxed);
-        let mut own = lock(&self.transforms);
-        if table.len() > own.len() {
-            *own = table;
-        }
+        self.catalogue.adopt_transforms(table);
         Ok(())
     }
 
@@ -212,9 +189,7 @@ impl Recorder {
                 }
                 // Another writer's array: left alone, and refused as a name to record to.
                 Some("array") if !leaf.contains('.') => {
-                    let mut index = lock(&self.index);
-                    index.groups.extend(name.match_indices('/').map(|(i, _)| name[..i].to_string()));
-                    index.frozen.insert(name, "it is an array hostfeed did not write".into());
+                    self.catalogue.freeze(name, "it is an array hostfeed did not write".into());
                 }
                 Some("array") => {}
                 _ => return Err(corrupt(&child, "its zarr.json names no node type (\"group\" or \"array\")")),

@@ -2,11 +2,9 @@
 //! (global-view records joined from their shards, inline mode) and the recorded outputs
 //! of a step (`Recorder.step`), whose pipeline waits for room under the byte bound.
 
-use std::sync::Arc;
-
 use crate::error::RecordError;
 use crate::host::buffer::HostBuffer;
-use crate::record::arrays::{Payload, Row};
+use crate::record::arrays::Row;
 use crate::record::common::ArrayId;
 use crate::record::recorder::Recorder;
 
@@ -39,7 +37,7 @@ impl Recorder {
         }
         self.budget.wait_for_room(len);
         self.budget.charge(len);
-        let payload = Arc::new(Payload { charged: len, buf, budget: Arc::clone(&self.budget) });
+        let payload = self.hold(buf, len);
         let meta = self.meta(step, device, transforms);
         self.route_row(&a, Row { payload, offset: 0, len, meta });
         Ok(())
@@ -94,8 +92,9 @@ impl Recorder {
             // allocation cannot overlap `data`.
             unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf.as_mut_ptr(), data.len()) };
         }
-        self.budget.charge(buf.capacity());
-        let payload = Arc::new(Payload { charged: buf.capacity(), buf, budget: Arc::clone(&self.budget) });
+        let charged = buf.capacity();
+        self.budget.charge(charged);
+        let payload = self.hold(buf, charged);
         let meta = self.meta(step, device, transforms);
         self.route_row(&a, Row { payload, offset: 0, len: data.len(), meta });
         Ok(())

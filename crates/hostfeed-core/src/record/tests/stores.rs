@@ -254,7 +254,10 @@ fn the_processes_of_a_run_share_an_object_store() {
     let meta = doc("g/h/zarr.json");
     assert_eq!(meta["chunk_grid"]["configuration"]["chunk_shape"], json!([4, 1, 2]));
     assert_eq!(meta["codecs"][0]["configuration"]["chunk_shape"], json!([2, 1, 2]));
-    let sinks = [leader.parted_sink("g/h", Some(2), "[]").unwrap(), joined.parted_sink("g/h", Some(2), "[]").unwrap()];
+    let sinks = [
+        Sink::parted(&leader, "g/h", Some(2), "[]").unwrap(),
+        Sink::parted(&joined, "g/h", Some(2), "[]").unwrap(),
+    ];
     for r in 0..6 {
         for (part, sink) in sinks.iter().enumerate() {
             let p = i32::try_from(part).unwrap();

@@ -1,0 +1,217 @@
+//! Commits: announcing the rows written so far in `zarr.json` (an array's per-row metadata
+//! first, so that its metadata arrays never hold fewer rows than it), at every flush and,
+//! from the ticker thread, every `commit_interval`; and the documents of a parted array,
+//! which only its committer writes.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::error::RecordError;
+use crate::host::sync::lock;
+use crate::record::arrays::{meta_specs, ArrayHandle, ArrayState};
+use crate::record::catalogue::Catalogue;
+use crate::record::common::{as_u64, as_usize};
+use crate::record::failures::Failures;
+use crate::record::store::{create_parent, io_error, Put, Store};
+use crate::record::zarr::{self, ArraySpec};
+
+/// See the module documentation.
+pub(crate) struct Committer {
+    /// Announce written rows at least this often (besides every flush).
+    interval: Duration,
+    /// Metadata commits (`zarr.json` replaced).
+    commits: AtomicU64,
+}
+
+impl Committer {
+    /// A committer that commits every `interval` (and at every flush).
+    pub(crate) fn new(interval: Duration) -> Self {
+        Committer { interval, commits: AtomicU64::new(0) }
+    }
+
+    /// Commits so far.
+    pub(crate) fn count(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
+    }
+
+    /// Announces the rows written so far in `zarr.json` (per-row metadata first), if due
+    /// (`force`: a flush's, always); a failure fails the array.
+    pub(crate) fn commit(
+        &self,
+        store: &dyn Store,
+        catalogue: &Catalogue,
+        failures: &Failures,
+        a: &ArrayHandle,
+        force: bool,
+    ) {
+        let mut st = lock(&a.state);
+        let rows = st.frontier;
+        if rows == st.committed || st.failed || (!force && st.last_commit.elapsed() < self.interval) {
+            return;
+        }
+        match commit_locked(store, catalogue, a, &mut st, rows) {
+            Ok(()) => {
+                self.commits.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => failures.record(a, &mut st, e),
+        }
+    }
+
+    /// [`Committer::commit`] of every array of `catalogue`.
+    pub(crate) fn commit_all(
+        &self,
+        store: &dyn Store,
+        catalogue: &Catalogue,
+        failures: &Failures,
+        force: bool,
+    ) {
+        for a in &catalogue.all() {
+            self.commit(store, catalogue, failures, a, force);
+        }
+    }
+
+    /// Announces `rows` rows of the parted array whose first part is `a` (see
+    /// [`write_parted_metadata`]).
+    ///
+    /// # Errors
+    /// I/O errors.
+    pub(crate) fn commit_parted(
+        &self,
+        store: &dyn Store,
+        catalogue: &Catalogue,
+        a: &ArrayHandle,
+        rows: u64,
+    ) -> Result<(), RecordError> {
+        write_parted_metadata(store, catalogue, a, rows).map_err(|e| e.context(&a.context()))?;
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Announces rows `..rows` of `a` (under its lock, `st`): writes their per-row metadata,
+/// then the documents (`zarr.json`) of the metadata arrays, then the data array's.
+fn commit_locked(
+    store: &dyn Store,
+    catalogue: &Catalogue,
+    a: &ArrayHandle,
+    st: &mut ArrayState,
+    rows: u64,
+) -> Result<(), RecordError> {
+    let from = st.committed;
+    let lo = as_usize(from - st.meta_first);
+    let hi = as_usize(rows - st.meta_first);
+    let meta = &st.meta[lo..hi];
+    for (suffix, spec) in meta_specs(&a.leaf, a.meta_chunk_rows) {
+        let values: Vec<u8> = match suffix {
+            "seq" => meta.iter().flat_map(|m| m.seq.to_le_bytes()).collect(),
+            "step" => meta.iter().flat_map(|m| m.step.to_le_bytes()).collect(),
+            "device" => meta.iter().flat_map(|m| m.device.to_le_bytes()).collect(),
+            "time_ns" => meta.iter().flat_map(|m| m.time_ns.to_le_bytes()).collect(),
+            _ => meta.iter().flat_map(|m| m.transforms.to_le_bytes()).collect(),
+        };
+        let mdir = a.group_dir.join(format!("{}.{suffix}", a.leaf));
+        match a.spec.part {
+            // A parted array: part 0 writes the rows' metadata; `zarr.json` is written
+            // by the store's committer once every part has its rows (`parts.rs`).
+            Some(p) if p.index != 0 => {}
+            Some(_) => write_rows_in_place(store, &spec, &mdir, from, &values)?,
+            None => {
+                write_rows_in_place(store, &spec, &mdir, from, &values)?;
+                zarr::write_json(store, &mdir, &spec.metadata(rows, &json!({})))?;
+            }
+        }
+    }
+    if a.spec.part.is_none() {
+        zarr::write_json(store, &a.dir, &a.spec.metadata(rows, &catalogue.attributes(a)))?;
+    }
+    st.committed = rows;
+    st.last_commit = Instant::now();
+    // Forget metadata that is on disk.
+    st.meta.drain(..hi);
+    st.meta_first = rows;
+    Ok(())
+}
+
+/// Writes the documents (`zarr.json`) of the parted array whose first part is `a` and of
+/// its metadata arrays, announcing `rows` rows: the rows every part has committed
+/// (`recorder/parts.rs`).
+///
+/// # Errors
+/// I/O errors.
+pub(crate) fn write_parted_metadata(
+    store: &dyn Store,
+    catalogue: &Catalogue,
+    a: &ArrayHandle,
+    rows: u64,
+) -> Result<(), RecordError> {
+    for (suffix, spec) in meta_specs(&a.leaf, a.meta_chunk_rows) {
+        let mdir = a.group_dir.join(format!("{}.{suffix}", a.leaf));
+        zarr::write_json(store, &mdir, &spec.metadata(rows, &json!({})))?;
+    }
+    zarr::write_json(store, &a.dir, &a.spec.metadata(rows, &catalogue.attributes(a)))
+}
+
+/// Writes the rows `from..` of an uncompressed array whose bytes are `values`: in place
+/// (each chunk object at full size, its rows written at their offsets) where the store
+/// can, else each chunk put whole.
+fn write_rows_in_place(
+    store: &dyn Store,
+    spec: &ArraySpec,
+    dir: &Path,
+    from: u64,
+    values: &[u8],
+) -> Result<(), RecordError> {
+    let in_place = store.in_place();
+    let rb = spec.row_bytes();
+    let rows = as_u64(values.len() / rb.max(1));
+    let mut row = from;
+    let mut off = 0usize;
+    while row < from + rows {
+        let k = row / spec.chunk_rows;
+        let end = ((k + 1) * spec.chunk_rows).min(from + rows);
+        let n = as_usize(end - row) * rb;
+        let path = spec.chunk_path(dir, k);
+        create_parent(store, &path)?;
+        let at = (row - k * spec.chunk_rows) * as_u64(rb);
+        let new = &values[off..off + n];
+        match in_place {
+            Some(in_place) => in_place.write_at(&path, at, &[new], as_u64(spec.chunk_bytes()))?,
+            None => put_rows_whole(store, spec, &path, as_usize(at), new)?,
+        }
+        off += n;
+        row = end;
+    }
+    Ok(())
+}
+
+/// Puts the chunk at `path` again whole with `new` at byte `at`: its earlier rows read back
+/// (a chunk begun at an earlier commit), zeros (the fill value) where none were written.
+fn put_rows_whole(
+    store: &dyn Store,
+    spec: &ArraySpec,
+    path: &Path,
+    at: usize,
+    new: &[u8],
+) -> Result<(), RecordError> {
+    let mut chunk = match store.get(path) {
+        Ok(b) if b.len() == spec.chunk_bytes() => b,
+        Ok(b) => {
+            return Err(RecordError::Io {
+                errno: Some(libc::EIO),
+                message: format!(
+                    "cannot append to {}: it holds {} bytes, not a chunk of {}",
+                    path.display(),
+                    b.len(),
+                    spec.chunk_bytes()
+                ),
+            })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => vec![0u8; spec.chunk_bytes()],
+        Err(e) => return Err(io_error("read back", path, &e)),
+    };
+    chunk[at..at + new.len()].copy_from_slice(new);
+    store.put(path, &chunk, Put::Replace)
+}

@@ -1,0 +1,134 @@
+//! Flushing and closing a recorder: a flush's three steps (begin, wait, end), close, the
+//! ticker's periodic work, the counters.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{HeldLock, Recorder, RecorderStats};
+use crate::error::RecordError;
+use crate::host::sync::lock;
+use crate::record::arrays::ArrayHandle;
+use crate::record::trace;
+
+impl Recorder {
+    /// Starts a flush: every row received so far goes to the writers. Returns the rows each
+    /// array must have written for the flush to be complete.
+    pub fn flush_begin(&self) -> Vec<(Arc<ArrayHandle>, u64)> {
+        let arrays = self.catalogue.all();
+        let mut targets = Vec::with_capacity(arrays.len());
+        for a in arrays {
+            let mut st = lock(&a.state);
+            // A streamed shard's rows are durable once its object is complete: a job
+            // without rows completes it when no row is pending.
+            let streaming = a.spec.inner_rows.is_some() && self.store.streams() && st.frontier < st.received;
+            if !st.pending.is_empty() || streaming {
+                self.submit(&a, &mut st, true);
+            }
+            let received = st.received;
+            drop(st);
+            targets.push((a, received));
+        }
+        targets
+    }
+
+    /// Waits up to `timeout` until every array has written its target rows (or failed).
+    /// Returns whether they have.
+    pub fn flush_wait(&self, targets: &[(Arc<ArrayHandle>, u64)], timeout: Duration) -> bool {
+        self.writers.wait_for(targets, timeout)
+    }
+
+    /// Ends a flush: announces every written row and reports the errors since the last
+    /// flush (the first, with a count of the others).
+    ///
+    /// # Errors
+    /// The first write error since the last flush.
+    pub fn flush_end(&self) -> Result<(), RecordError> {
+        self.committer.commit_all(&*self.store, &self.catalogue, &self.failures, true);
+        self.failures.take(&self.catalogue)
+    }
+
+    #[cfg(test)]
+    /// [`Recorder::flush_begin`], [`Recorder::flush_wait`] (for up to `timeout`) and
+    /// [`Recorder::flush_end`]. Returns `Ok(false)` if the writes did not finish in time.
+    ///
+    /// # Errors
+    /// As [`Recorder::flush_end`].
+    pub(crate) fn flush(&self, timeout: Duration) -> Result<bool, RecordError> {
+        let targets = self.flush_begin();
+        let finished = self.flush_wait(&targets, timeout);
+        self.flush_end()?;
+        Ok(finished)
+    }
+
+    /// Flushes (waiting as long as it takes), then stops the threads; rows that arrive
+    /// later are dropped with a note. Closing twice does nothing.
+    ///
+    /// # Errors
+    /// As [`Recorder::flush_end`].
+    pub fn close(&self) -> Result<(), RecordError> {
+        if self.forked_away() {
+            // The threads and the store are the parent's: nothing here to stop or release.
+            self.closed.store(true, Ordering::SeqCst);
+            return Ok(());
+        }
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let targets = self.flush_begin();
+        while !self.flush_wait(&targets, Duration::from_secs(3600)) {}
+        let result = self.flush_end();
+        self.stop_threads();
+        lock(&self.pool_reservation).take();
+        lock(&self.store_lock).take();
+        trace::closed();
+        result
+    }
+
+    /// Stops and joins the writer and ticker threads (once the writers ran out of jobs).
+    pub(super) fn stop_threads(&self) {
+        self.writers.stop(|| {
+            self.budget.note(format!("a thread of the recorder of {} panicked", self.root.display()));
+        });
+    }
+
+    /// The ticker's work, every [`TICK`](crate::record::writer::TICK): a spill for
+    /// producers stuck behind rows in partial chunks, the lease, the commits due.
+    pub(super) fn tick(&self) {
+        // Producers stuck behind rows in partial chunks that nothing else will write.
+        if self.pending_bytes.load(Ordering::Relaxed) > 0
+            && self.budget.producers_waiting()
+            && self.writers.idle()
+        {
+            self.spill();
+        }
+        self.renew_lease();
+        self.committer.commit_all(&*self.store, &self.catalogue, &self.failures, false);
+    }
+
+    /// Renews an object store lock's lease when due; a failure is reported by the next flush.
+    fn renew_lease(&self) {
+        let renewed = match &*lock(&self.store_lock) {
+            Some(HeldLock::Object(l)) => l.renew_if_due(),
+            _ => Ok(()),
+        };
+        if let Err(e) = renewed {
+            self.failures.push(e);
+        }
+    }
+
+    /// Counters.
+    #[must_use]
+    pub fn stats(&self) -> RecorderStats {
+        let rows = self.catalogue.rows_received();
+        let (bytes_written, chunks_written) = self.writers.written();
+        RecorderStats {
+            rows,
+            bytes_written,
+            chunks_written,
+            spills: self.spills.load(Ordering::Relaxed),
+            commits: self.committer.count(),
+            rows_dropped: self.rows_dropped.load(Ordering::Relaxed),
+        }
+    }
+}
