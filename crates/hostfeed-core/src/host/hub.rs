@@ -42,11 +42,6 @@ pub const DEFAULT_MAX_QUEUE_BYTES: usize = 256_000_000;
 pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most messages in one batch.
 pub(crate) const MAX_BATCH: usize = 1024;
-/// How long an idle consumer polls, yielding the CPU between looks, before sleeping (see
-/// `Queue::with_spin`): not at all. Under load a yield can give the CPU away for a whole
-/// scheduler time slice, so a polling consumer would take a message milliseconds late,
-/// where a consumer woken from sleep takes it within microseconds.
-const CONSUMER_SPIN: Duration = Duration::ZERO;
 /// The longest an idle consumer spins (never yielding) before sleeping (see
 /// `AdaptiveSpin`): a burst of calls or taps finds it awake while spinning pays, and it
 /// stops spinning within a few waits when it does not (a loaded machine, taps far apart).
@@ -212,8 +207,11 @@ impl Hub {
     #[must_use]
     pub(crate) fn new(bound: usize) -> Self {
         Hub {
+            // No polling that yields the CPU (`Queue::with_spin`): under load a yield can
+            // give the CPU away for a whole scheduler time slice, so a polling consumer would
+            // take a message milliseconds late, where one woken from sleep takes it within
+            // microseconds. It spins without yielding instead, adaptively.
             queue: Queue::new(bound)
-                .with_spin(CONSUMER_SPIN)
                 .with_adaptive_spin(&CONSUMER_ADAPTIVE_SPIN)
                 .with_nap(Nap { period: CONSUMER_NAP_PERIOD, window: CONSUMER_NAP_WINDOW, urgent }),
             timing: Timing::default(),
