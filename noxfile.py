@@ -10,7 +10,7 @@ and the Rust core's tests once (optimised, with debug assertions, and the loom m
     nox -s tests                        # the three environments
     nox -s rust                         # the core's tests (the FFI layout against each jaxlib
                                         # seen), then the loom models
-    nox -s gpu_check_dry                # benches/gpu_check.sh's dry run on CPU (a few minutes)
+    nox -s gpu_check_dry                # .ci/accelerators/gpu_check.sh's dry run on CPU (a few minutes)
     nox -s docs                         # build the docs site (-W), check its front page
     nox -s portable                     # the suite with the portable transport forced
     nox -s releases                     # also 0.10.0, 0.10.1, 0.11.0, 0.11.1, 0.12.0 (not in CI)
@@ -153,7 +153,7 @@ DRY_SUITE = "tests/python/test_taps.py tests/python/test_call.py"
 
 @nox.session(python=GPU_MACHINE[0], venv_backend="venv")  # pip: the check downloads wheels
 def gpu_check_dry(session: nox.Session) -> None:
-    """benches/gpu_check.sh on CPU (GPU_CHECK_PLATFORM=cpu): every step (install, smoke,
+    """.ci/accelerators/gpu_check.sh on CPU (GPU_CHECK_PLATFORM=cpu): every step (install, smoke,
     GPU tests, bench, suite) and its verdict, as on the GPU machine. Like that machine,
     the environment has JAX, pytest and pytest-timeout but not zarr, which the script
     must unpack (with its dependencies) from the wheel directory."""
@@ -173,7 +173,7 @@ def gpu_check_dry(session: nox.Session) -> None:
                 "--dest", str(dist), "zarr>=3.1")
     out = ROOT / ".nox" / "_gpu_check_out"
     out.mkdir(parents=True, exist_ok=True)
-    session.run("bash", "benches/gpu_check.sh", external=True, env={
+    session.run("bash", ".ci/accelerators/gpu_check.sh", external=True, env={
         "GPU_CHECK_PLATFORM": "cpu", "GPU_CHECK_DIST": str(dist), "OUT": str(out),
         "PYTHON": "python", "GPU_CHECK_SUITE_FILES": DRY_SUITE,
         "GPU_CHECK_BUDGET_S": "300"})

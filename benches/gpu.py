@@ -1,5 +1,5 @@
 """hostfeed on a CUDA GPU vs JAX's own callbacks, side by side in one run, with the issue's
-targets checked as ratios (run by benches/gpu_check.sh; needs a GPU):
+targets checked as ratios (run by .ci/accelerators/gpu_check.sh; needs a GPU):
 
 * small taps, end to end (from the call until every callback ran: barrier_wait /
   effects_barrier), float32[4]: N_SMALL taps in straight-line code (a jitted function with
@@ -21,7 +21,7 @@ targets checked as ratios (run by benches/gpu_check.sh; needs a GPU):
 Run: JAX_PLATFORMS=cuda python benches/gpu.py   (writes gpu_bench.json to $OUT if set, after
 each section, so that a run cut off keeps what it measured)
 Environment: HOSTFEED_BENCH_N_SMALL, _N_LARGE, _N_CALLS, _REPEATS.
-GPU_CHECK_PLATFORM=cpu (with JAX_PLATFORMS=cpu): the dry run of benches/gpu_check.sh, every
+GPU_CHECK_PLATFORM=cpu (with JAX_PLATFORMS=cpu): the dry run of .ci/accelerators/gpu_check.sh, every
 section with small sizes on CPU, a host memcpy standing in for the pinned copy floor; no
 target is judged.
 """
@@ -47,7 +47,7 @@ from hostfeed.bench._timing import interleaved, table
 from _cuda_floor import StreamCopies, copy_floor  # benches/: the script's own directory
 
 DRY_RUN = os.environ.get("GPU_CHECK_PLATFORM") == "cpu"
-#: Which GPU: cuda or rocm (benches/rocm_check.sh sets GPU_CHECK_KIND=rocm).
+#: Which GPU: cuda or rocm (.ci/accelerators/rocm_check.sh sets GPU_CHECK_KIND=rocm).
 KIND = os.environ.get("GPU_CHECK_KIND", "cuda")
 
 

@@ -8,7 +8,7 @@ A table sits between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` (NAME 
 ``hostfeed.bench._markdown.TABLES``). Its figures come from ``docs/bench.json`` (the cited
 run: ``python -m hostfeed bench --json docs/bench.json > docs/bench.txt``) and its ranges
 from that run and the full runs in ``docs/bench-repeats/*.json``; a TPU table's (NAME in
-``TPU_TABLES``) from the newest ``docs/tpu/bench-DATE.json`` (``benches/tpu_check.sh``), or
+``TPU_TABLES``) from the newest ``docs/tpu/bench-DATE.json`` (``.ci/accelerators/tpu_check.sh``), or
 for the record table (``TPU_RECORD_TABLES``) the newest ``docs/tpu/record-DATE.json`` (the
 check with ``TPU_CHECK_BENCH_ONLY=record``).
 A performance figure (a time in ns, µs or ms, a rate in MB/s or GB/s, a ratio such as

@@ -18,17 +18,17 @@ import pytest
 
 from hostfeed import host_callback as hcb
 
-#: The suite runs on a GPU (``JAX_PLATFORMS=cuda``, see ``benches/gpu_check.sh``).
+#: The suite runs on a GPU (``JAX_PLATFORMS=cuda``, see ``.ci/accelerators/gpu_check.sh``).
 _FIRST_PLATFORM = os.environ["JAX_PLATFORMS"].split(",")[0].strip()
-#: The suite runs on a ROCm GPU (benches/rocm_check.sh).
+#: The suite runs on a ROCm GPU (.ci/accelerators/rocm_check.sh).
 ON_ROCM = _FIRST_PLATFORM == "rocm"
-#: The suite runs on a GPU: CUDA (benches/gpu_check.sh) or ROCm.
+#: The suite runs on a GPU: CUDA (.ci/accelerators/gpu_check.sh) or ROCm.
 ON_GPU = _FIRST_PLATFORM in ("cuda", "gpu") or ON_ROCM
 #: Which GPU's native functions the GPU tests use (``lowering.gpu_driver``).
 GPU_KIND = "rocm" if ON_ROCM else "cuda"
 
 
-#: The suite runs on a TPU (``JAX_PLATFORMS=tpu``, see ``benches/tpu_check.sh``).
+#: The suite runs on a TPU (``JAX_PLATFORMS=tpu``, see ``.ci/accelerators/tpu_check.sh``).
 ON_TPU = _FIRST_PLATFORM == "tpu"
 #: The suite runs on one accelerator (one device; CI runs the several-device tests on CPU).
 ON_ACCELERATOR = ON_GPU or ON_TPU

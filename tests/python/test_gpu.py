@@ -1,5 +1,6 @@
 """Taps and calls on a GPU: CUDA (run with ``JAX_PLATFORMS=cuda``, see
-``benches/gpu_check.sh``) or ROCm (``JAX_PLATFORMS=rocm``, ``benches/rocm_check.sh``; not
+``.ci/accelerators/gpu_check.sh``) or ROCm (``JAX_PLATFORMS=rocm``,
+``.ci/accelerators/rocm_check.sh``; not
 yet run on ROCm hardware); skipped elsewhere. The rest of the suite runs on the GPU too
 there; these tests check what is particular to it: the handlers are registered, the device
 never waits for a tap's host function, pinned buffers are reused, results come back in

@@ -1,7 +1,7 @@
 """The host-transfer transport (what a TPU's taps and calls take) on CPU: its sends and
 receives emulated with JAX's CPU host callbacks, one mailbox per channel, so that the
 plan, the packing on the device, the host side and the fence run here as a TPU runs them
-(the transfers themselves run on the TPU machine: benches/tpu_check.sh)."""
+(the transfers themselves run on the TPU machine: .ci/accelerators/tpu_check.sh)."""
 from __future__ import annotations
 
 import dataclasses

@@ -4,7 +4,7 @@ library, the reason naming libamdhip64; the lowering for ``rocm`` emitting hostf
 custom calls; pool counters and the copy floor without a GPU) runs for ROCm in
 test_cuda_lowering.py (its ``gpu`` fixture).
 
-Implemented, not verified on ROCm hardware (benches/rocm_check.sh runs these there).
+Implemented, not verified on ROCm hardware (.ci/accelerators/rocm_check.sh runs these there).
 
 Issue: "ROCm GPUs: native HIP handlers beside the CUDA ones".
 """

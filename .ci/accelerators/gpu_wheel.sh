@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Builds what benches/gpu_check.sh installs on the GPU machine (which has no network):
+# Builds what .ci/accelerators/gpu_check.sh installs on the GPU machine (which has no network):
 # the hostfeed wheel (abi3: one file for Python 3.11+) and the wheels of the test extra's
 # tools for its Python (3.12 by default: pytest, pytest-timeout, zarr, matplotlib, tqdm
 # and their dependencies, except numpy, which the machine's JAX brings), all into dist/
 # (gitignored; carry it to the GPU machine with the working tree, about 30 MB).
-# benches/gpu_check.sh unpacks from it only what the machine's Python lacks.
+# .ci/accelerators/gpu_check.sh unpacks from it only what the machine's Python lacks.
 #
-#   bash benches/gpu_wheel.sh [python-for-the-gpu-machine]   # default: python3.12
+#   bash .ci/accelerators/gpu_wheel.sh [python-for-the-gpu-machine]   # default: python3.12
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 python=${1:-python3.12}
 if ! "$python" --version >/dev/null 2>&1 && command -v pyenv >/dev/null 2>&1; then
     # pyenv's shim serves only the global version: use the installed one directly.

@@ -1,4 +1,4 @@
-"""A pytest plugin for the accelerator checks (benches/check_lib.sh): appends each failing
+"""A pytest plugin for the accelerator checks (.ci/accelerators/check_lib.sh): appends each failing
 test's report to the file that ``LIVE_FAILURES`` names as soon as the test fails, so that
 the reasons survive a run that is killed later (a hung test, the step's time running out).
 

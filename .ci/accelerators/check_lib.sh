@@ -1,4 +1,4 @@
-# Shared by benches/gpu_check.sh and benches/tpu_check.sh, sourced once they set `root`,
+# Shared by .ci/accelerators/gpu_check.sh and .ci/accelerators/tpu_check.sh, sourced once they set `root`,
 # `out`, `dist`, `check_name`, `python`, `budget`, `test_s` and `stacks_s`: the summary
 # file and its lines (`say`, `result`), the time left (`left`, `cap`), `install_step` (the
 # wheels from `dist` onto PYTHONPATH), and `pytest_step`, one pytest run that survives a
@@ -6,7 +6,7 @@
 #
 # Every step writes a verbose log as it goes (a test's name appears when it starts, its
 # outcome when it ends, so a run cut off still names each outcome), a junit file, and
-# NAME.failures.txt: each failure's report as it happens (benches/pytest_live_failures.py),
+# NAME.failures.txt: each failure's report as it happens (.ci/accelerators/pytest_live_failures.py),
 # so that a run killed later keeps the reasons.
 
 mkdir -p "$out"
@@ -29,7 +29,7 @@ install_step() {
     work=$(mktemp -d "${TMPDIR:-/tmp}/hostfeed_${check_name}.XXXXXX")
     trap 'rm -rf "$work"' EXIT
     local site="$work/site"
-    if ! "$python" "$root/benches/check_install.py" "$dist" "$site" > "$out/install.log" 2>&1; then
+    if ! "$python" "$root/.ci/accelerators/check_install.py" "$dist" "$site" > "$out/install.log" 2>&1; then
         tail -5 "$out/install.log" | tee -a "$summary"
         result 2 "setup failed: hostfeed or the test tools cannot be installed (install.log)"
     fi
@@ -67,7 +67,7 @@ pytest_step() {
         [ "$part" -gt 1 ] && echo "==== part $part: resumed after a hung test, ${#deselect[@]} arguments deselecting what ran ====" >> "$log"
         local first_line=$(($(wc -l < "$log") + 1))
         # SIGINT first: pytest then reports what ran and writes its junit file.
-        PYTHONPATH="$root/benches${PYTHONPATH:+:$PYTHONPATH}" LIVE_FAILURES="$out/$name.failures.txt" \
+        PYTHONPATH="$root/.ci/accelerators${PYTHONPATH:+:$PYTHONPATH}" LIVE_FAILURES="$out/$name.failures.txt" \
         timeout -s INT -k 15 "$remaining" "$python" -m pytest -p pytest_timeout -p no:cacheprovider \
             -p pytest_live_failures \
             -o addopts="" -o faulthandler_timeout="$stacks_s" --timeout="$test_s" \

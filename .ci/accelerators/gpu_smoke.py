@@ -1,4 +1,4 @@
-"""The first step of benches/gpu_check.sh: is hostfeed usable on this machine's GPU at all?
+"""The first step of .ci/accelerators/gpu_check.sh: is hostfeed usable on this machine's GPU at all?
 
 Checks, in about a minute, what every later step needs: the CUDA handlers are registered
 (else it stops at once, exit status 3, so that the check does not spend its time on a
@@ -6,7 +6,7 @@ suite that cannot pass), one small tap, one call, one 64 MiB tap and a barrier, 
 its values checked. Prints one line per check; a hang dumps every thread's stack and
 exits (faulthandler) before the step's time is up.
 
-Run: JAX_PLATFORMS=cuda python benches/gpu_smoke.py   (JAX_PLATFORMS=cpu: the dry run,
+Run: JAX_PLATFORMS=cuda python .ci/accelerators/gpu_smoke.py   (JAX_PLATFORMS=cpu: the dry run,
 where the CPU handlers serve and the CUDA handlers are not required)
 Environment: GPU_CHECK_SMOKE_S (default 60): seconds before the stack dump and exit;
 GPU_CHECK_REQUIRE_CUDA=1: require the CUDA handlers on CPU too (to try the early stop).
@@ -32,7 +32,7 @@ from hostfeed._src.transports import native  # noqa: E402
 
 ON_CPU = os.environ.get("JAX_PLATFORMS", "").split(",")[0].strip() == "cpu"
 REQUIRE_CUDA = not ON_CPU or os.environ.get("GPU_CHECK_REQUIRE_CUDA") == "1"
-#: Which GPU's handlers: cuda or rocm (benches/rocm_check.sh sets GPU_CHECK_KIND=rocm).
+#: Which GPU's handlers: cuda or rocm (.ci/accelerators/rocm_check.sh sets GPU_CHECK_KIND=rocm).
 KIND = os.environ.get("GPU_CHECK_KIND", "cuda")
 NAME = {"cuda": "CUDA", "rocm": "ROCm"}[KIND]
 

@@ -1,4 +1,4 @@
-"""Installation step of benches/gpu_check.sh and benches/tpu_check.sh, for a machine
+"""Installation step of the accelerator checks (gpu_check.sh and tpu_check.sh), for a machine
 without network whose Python already has JAX (and maybe some of the test tools): puts
 hostfeed's wheel and only the *missing* test tools on a directory meant for PYTHONPATH,
 never shadowing what the machine has (a foreign pytest or plugin loaded against the
@@ -10,7 +10,7 @@ fresh interpreter with the directory on the path; on ModuleNotFoundError it unpa
 wheel in the wheel directory that provides the missing top-level module and tries again,
 so a package's dependencies come in one by one, only as far as the machine lacks them.
 
-    python benches/check_install.py WHEEL_DIR SITE_DIR     # prints what it unpacked
+    python .ci/accelerators/check_install.py WHEEL_DIR SITE_DIR     # prints what it unpacked
 Exit status: 0 when hostfeed and the required tools import, else 2 (with the reason).
 """
 from __future__ import annotations
@@ -60,8 +60,8 @@ def main() -> int:
     tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
     ours.sort(key=lambda w: ("abi3" not in w, tag not in w))
     if not ours:
-        print(f"no hostfeed wheel in {wheel_dir} (build it with benches/gpu_wheel.sh or "
-              f"benches/tpu_wheel.sh)")
+        print(f"no hostfeed wheel in {wheel_dir} (build it with .ci/accelerators/gpu_wheel.sh or "
+              f".ci/accelerators/tpu_wheel.sh)")
         return 2
     zipfile.ZipFile(ours[0]).extractall(site)
     print(f"unpacked {os.path.basename(ours[0])}")

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Builds what benches/tpu_check.sh installs on the TPU machine (which has no network): the
+# Builds what .ci/accelerators/tpu_check.sh installs on the TPU machine (which has no network): the
 # hostfeed wheel (abi3, linked against glibc 2.27 with zig as CI links it) and the wheels
 # of the test tools its Python lacks (zarr and its dependencies, for Python 3.11 by
 # default), into dist/ (gitignored; carry it to the TPU machine with the working tree,
-# about 16 MB). benches/tpu_check.sh unpacks from it only what the machine's Python lacks.
+# about 16 MB). .ci/accelerators/tpu_check.sh unpacks from it only what the machine's Python lacks.
 #
-#   bash benches/tpu_wheel.sh [python-version-of-the-tpu-machine]   # default: 3.11
+#   bash .ci/accelerators/tpu_wheel.sh [python-version-of-the-tpu-machine]   # default: 3.11
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 version=${1:-3.11}
 maturin=${MATURIN:-maturin}
 mkdir -p dist

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check: on a machine with a CUDA GPU and JAX's CUDA plugin (no network needed),
-# or, as GPU_CHECK_KIND=rocm (benches/rocm_check.sh), an AMD GPU and JAX's ROCm plugin,
+# or, as GPU_CHECK_KIND=rocm (.ci/accelerators/rocm_check.sh), an AMD GPU and JAX's ROCm plugin,
 # puts the hostfeed wheel built elsewhere (and only the test tools the machine lacks) on
 # PYTHONPATH, then, within GPU_CHECK_BUDGET_S (450 s) in all, runs:
 #
-#   1. smoke      benches/gpu_smoke.py (<= 60 s): handlers registered, one tap, one call,
+#   1. smoke      .ci/accelerators/gpu_smoke.py (<= 60 s): handlers registered, one tap, one call,
 #                 one 64 MiB tap, a barrier. Stops the check at once if the handlers are
 #                 missing: nothing later could pass.
 #   2. gpu tests  test_gpu.py, test_cuda_lowering.py and test_rocm_lowering.py, -v.
@@ -12,9 +12,9 @@
 #   4. suite      the rest of tests/python (not test_bench.py, a CPU bench subprocess),
 #                 -rA --durations=20, in the time left.
 #
-#   bash benches/gpu_wheel.sh        # where the wheel is built: fills dist/ (gitignored)
-#   GPU_CHECK_PLATFORM=cpu bash benches/gpu_check.sh   # the dry run, on CPU (CI runs it)
-#   bash benches/gpu_check.sh        # on the GPU machine, from the repository root, with
+#   bash .ci/accelerators/gpu_wheel.sh        # where the wheel is built: fills dist/ (gitignored)
+#   GPU_CHECK_PLATFORM=cpu bash .ci/accelerators/gpu_check.sh   # the dry run, on CPU (CI runs it)
+#   bash .ci/accelerators/gpu_check.sh        # on the GPU machine, from the repository root, with
 #                                    # dist/ carried along; results under $OUT (or ./gpu_check_out)
 #
 # Every pytest step writes a verbose log as it goes (a test's name appears when it starts,
@@ -24,7 +24,7 @@
 # signal method cannot) stops one past GPU_CHECK_TEST_S. gpu_bench.json is rewritten after
 # each section of the bench. $OUT holds at most 10 files: summary.txt, install.log,
 # gpu_tests.log, gpu_tests.xml, gpu_tests.failures.txt, bench.log, gpu_bench.json,
-# suite.log, suite.xml, suite.failures.txt (benches/check_lib.sh's pytest steps).
+# suite.log, suite.xml, suite.failures.txt (.ci/accelerators/check_lib.sh's pytest steps).
 #
 # Exit status and last line ("RESULT: ..."):
 #   0  all met          every step passed and every target was met
@@ -33,7 +33,7 @@
 #   2  setup failed     no wheel, hostfeed does not import, or the GPU handlers are missing
 #   0  dry run ok       GPU_CHECK_PLATFORM=cpu: every step ran (targets not judged on CPU)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 root=$PWD
 out=${OUT:-$root/gpu_check_out}
 check_name=gpu_check
@@ -56,8 +56,8 @@ test_s=${GPU_CHECK_TEST_S:-90}
 stacks_s=${GPU_CHECK_STACKS_S:-45}
 # The suite's files (default: all but test_bench.py); the CPU dry run picks a few.
 suite_files=${GPU_CHECK_SUITE_FILES:-}
-# shellcheck source=benches/check_lib.sh
-source "$root/benches/check_lib.sh"
+# shellcheck source=.ci/accelerators/check_lib.sh
+source "$root/.ci/accelerators/check_lib.sh"
 
 # ---- the machine --------------------------------------------------------------------------
 {
@@ -80,7 +80,7 @@ export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
 
 # ---- 1. smoke --------------------------------------------------------------------------------
 say "1/4 smoke (at most ${smoke_s} s)"
-GPU_CHECK_SMOKE_S=$smoke_s timeout -k 5 "$smoke_s" "$python" benches/gpu_smoke.py 2>&1 \
+GPU_CHECK_SMOKE_S=$smoke_s timeout -k 5 "$smoke_s" "$python" .ci/accelerators/gpu_smoke.py 2>&1 \
     | tee -a "$summary"
 smoke_rc=${PIPESTATUS[0]}
 if [ "$smoke_rc" -eq 3 ]; then

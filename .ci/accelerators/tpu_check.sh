@@ -4,7 +4,7 @@
 # PYTHONPATH, then, within TPU_CHECK_BUDGET_S (560 s) in all, runs the steps that
 # TPU_CHECK_STEPS names (default: all three, in this order):
 #
-#   smoke   benches/tpu_smoke.py (<= 120 s): every feature once on the TPU (taps in order,
+#   smoke   .ci/accelerators/tpu_smoke.py (<= 120 s): every feature once on the TPU (taps in order,
 #           id_print, call, barrier_wait, tap_with_device, transformations, the Recorder
 #           with every=/start=/stop=, reduce="stats", a Histogram, read-back), and which
 #           dtypes the TPU's host transfers carry.
@@ -16,15 +16,15 @@
 #           JAX_PLATFORMS=tpu, in the time left; tests that start another process or need
 #           several devices skip themselves there.
 #
-#   bash benches/tpu_wheel.sh        # where the wheel is built: fills dist/ (gitignored)
-#   TPU_CHECK_PLATFORM=cpu bash benches/tpu_check.sh   # the dry run, on CPU
-#   bash benches/tpu_check.sh        # on the TPU machine, from the repository root, with
+#   bash .ci/accelerators/tpu_wheel.sh        # where the wheel is built: fills dist/ (gitignored)
+#   TPU_CHECK_PLATFORM=cpu bash .ci/accelerators/tpu_check.sh   # the dry run, on CPU
+#   bash .ci/accelerators/tpu_check.sh        # on the TPU machine, from the repository root, with
 #                                    # dist/ carried along; results under $OUT (or ./tpu_check_out)
 #
 # One program at a time can hold a TPU, so every step is one process after the other; a
 # machine's command limit may ask for two calls (TPU_CHECK_STEPS="smoke bench", then
 # TPU_CHECK_STEPS=suite), each writing its files under $OUT. The pytest steps are
-# benches/check_lib.sh's (verbose log, junit, failures as they happen, resumed after a
+# .ci/accelerators/check_lib.sh's (verbose log, junit, failures as they happen, resumed after a
 # hung test).
 #
 # $OUT holds 8 files: summary.txt, install.log, tpu_smoke.json, bench.log, tpu_bench.json,
@@ -38,7 +38,7 @@
 #   2  setup failed     no wheel, or hostfeed does not import
 #   0  dry run ok       TPU_CHECK_PLATFORM=cpu: every step ran (targets not judged on CPU)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 root=$PWD
 out=${OUT:-$root/tpu_check_out}
 check_name=tpu_check
@@ -53,8 +53,8 @@ test_s=${TPU_CHECK_TEST_S:-60}
 stacks_s=${TPU_CHECK_STACKS_S:-40}
 # The suite's files (default: all but the bench's, the GPUs' and the lowering-only ones).
 suite_files=${TPU_CHECK_SUITE_FILES:-}
-# shellcheck source=benches/check_lib.sh
-source "$root/benches/check_lib.sh"
+# shellcheck source=.ci/accelerators/check_lib.sh
+source "$root/.ci/accelerators/check_lib.sh"
 wants() { [[ " $steps " == *" $1 "* ]]; }
 
 "$python" -c 'import sys, platform, jax, jaxlib; print("python", sys.version.split()[0], "| jax", jax.__version__, "| jaxlib", jaxlib.__version__, "|", platform.libc_ver())' 2>&1 \
@@ -78,7 +78,7 @@ smoke_rc=0
 if wants smoke; then
     say "smoke (at most $(cap "$smoke_s") s)"
     JAX_PLATFORMS=$with_cpu TPU_CHECK_SMOKE_S=$(cap "$smoke_s") OUT="$out" \
-        timeout -k 5 "$(cap "$smoke_s")" "$python" benches/tpu_smoke.py 2>&1 | tee -a "$summary"
+        timeout -k 5 "$(cap "$smoke_s")" "$python" .ci/accelerators/tpu_smoke.py 2>&1 | tee -a "$summary"
     smoke_rc=${PIPESTATUS[0]}
     [ "$smoke_rc" -eq 0 ] || say "smoke FAILED (exit status $smoke_rc)"
 fi

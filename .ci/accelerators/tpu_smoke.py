@@ -1,4 +1,4 @@
-"""The first step of benches/tpu_check.sh: every hostfeed feature once on this machine's TPU,
+"""The first step of tpu_check.sh: every hostfeed feature once on this machine's TPU,
 each check's values compared, and which dtypes the TPU's host transfers carry (hostfeed's
 tap and call, and ``io_callback`` beside them).
 
@@ -6,7 +6,7 @@ Prints one line per check and writes ``$OUT/tpu_smoke.json`` (``{check: ["ok", s
 detail] | ["FAIL", traceback]}``); every check runs whatever happened to the one before.
 A hang dumps every thread's stack and exits (faulthandler) before the step's time is up.
 
-Run: JAX_PLATFORMS=tpu python benches/tpu_smoke.py   (JAX_PLATFORMS=cpu: the dry run)
+Run: JAX_PLATFORMS=tpu python .ci/accelerators/tpu_smoke.py   (JAX_PLATFORMS=cpu: the dry run)
 Exit status: 0 when every check passed, 1 otherwise.
 """
 from __future__ import annotations
