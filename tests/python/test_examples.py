@@ -21,7 +21,8 @@ MODULES = ["hostfeed", "hostfeed.host_callback", "hostfeed.lowering", "hostfeed.
            "hostfeed.bench._report",
            *(f"hostfeed._src.{m}" for m in (
                "compat", "settings", "dtypes", "devices", "errors", "consumers", "dispatcher",
-               "lifecycle", "keys", "printing", "primitives", "runtime", "placement",
+               "lifecycle", "keys", "printing", "spec", "primitives", "eager", "runtime",
+               "placement",
                "fast_dispatch", "recording", "record_lowering", "reading", "stores", "coordination",
                "rules",
                "lowering", "summary",

@@ -15,7 +15,9 @@ import numpy as np
 from . import consumers, settings
 from .record_roles import KIND, KIND_WITH_STEP, STEP, lane_dims, roles, transforms_json
 from .record.target import Target
-from .runtime import CallbackSpec, make_tap_invoker
+from .consumers import ConsumerKind
+from .runtime import make_tap_invoker
+from .spec import CallbackSpec
 
 
 logger = logging.getLogger("hostfeed")
@@ -105,7 +107,7 @@ def parted_lease(spec: CallbackSpec, transforms: tuple, avals: Sequence[Any],
            "parted", parts)
 
     def make() -> consumers.Consumer:
-        return consumers.Consumer(make_tap_invoker(spec, transforms), spec.name, "tap")
+        return consumers.Consumer(make_tap_invoker(spec, transforms), spec.name, ConsumerKind.TAP)
 
     lease = consumers.register(key, make)
     rec._native.bind_parted(lease.cid, target.name, step, transforms_json(transforms))
@@ -136,7 +138,7 @@ def consumer_lease(spec: CallbackSpec, transforms: tuple,
     def make() -> consumers.Consumer:
         # Never called for messages (the sink takes them in Rust); kept as the registry's
         # entry, and as a fallback that records through Python.
-        return consumers.Consumer(make_tap_invoker(spec, transforms), spec.name, "tap")
+        return consumers.Consumer(make_tap_invoker(spec, transforms), spec.name, ConsumerKind.TAP)
 
     lease = consumers.register(key, make)
     if lanes == 0:  # vmap over an empty batch: nothing to record, nothing is sent

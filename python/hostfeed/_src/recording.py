@@ -40,7 +40,7 @@ from . import (compat, coordination, dtypes, keys, lifecycle, record_inputs, sto
 from .primitives import get_ad_taps, outside_call_p, outside_call_params
 from .record import selection as _selection, step as _step, unflushed as _unflushed
 from .record.target import Target
-from .runtime import CallbackSpec
+from .spec import CallbackSpec
 from .record_roles import (COTANGENT_SUFFIX, KIND, KIND_WITH_STEP, ROW_METADATA, STEP,  # noqa: F401
                            TANGENT_SUFFIX, lane_dims, roles, transforms_json)
 
