@@ -42,9 +42,11 @@ from ._src import settings as _settings
 # import with a ValueError naming the variable, not a barrier or the program's exit.
 _settings.validate()
 
-# The package is assembled here, once: the primitives, then their transformation rules
-# and lowerings (registered with JAX as these modules are imported), then the public API.
+# The package is assembled here, once: the primitives, then their transformation rules,
+# evaluation outside computations and lowerings (registered with JAX as these modules are
+# imported), then the public API.
 from ._src import primitives as _primitives, rules as _rules  # noqa: E402,F401
+from ._src import eager as _eager  # noqa: E402,F401
 from ._src import fast_dispatch as _fast_dispatch, lowering as _lowering  # noqa: E402,F401
 from ._src import lifecycle as _lifecycle  # noqa: E402
 from ._src.latency import summary_of_buckets  # noqa: E402

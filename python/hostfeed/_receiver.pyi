@@ -3,7 +3,7 @@
 Imported by hostfeed's internal modules (``hostfeed._src``), each for the part it owns.
 """
 from os import PathLike
-from typing import Any, Final, final
+from typing import Any, ClassVar, Final, final
 from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
@@ -13,7 +13,8 @@ __all__ = [
     "FLAG_EAGER", "FLAG_SYNC_TAP", "PORTABLE_KEY_BASE", "PORTABLE_ID_BITS", "push_eager",
     "push_host", "call_host", "failure_text",
     "DTYPE_CODES", "ReceiverError", "ReceiverTimeoutError", "CallbackContextError",
-    "RecordingError", "MessageData", "BatchIter", "Reply", "DirectCall",
+    "RecordingError", "MessageData", "Message", "BatchIter", "Reply", "DirectCall",
+    "ConsumerKind", "Consumer",
     "Recorder", "after_fork_in_child",
     "write_tracing",
     "start", "stop",
@@ -36,7 +37,7 @@ DEFAULT_STOP_TIMEOUT: Final[float]
 FLAG_STATUS_OUTPUT: Final[int]
 #: ``flags`` bit of one part of a global-view callback sent shard by shard.
 FLAG_SHARD: Final[int]
-#: ``flags`` bit of an eager tap's message (its first field is the consumer itself).
+#: ``flags`` bit of an eager tap's message (it carries its consumer: ``Message.consumer``).
 FLAG_EAGER: Final[int]
 #: ``flags`` bit of a synchronous tap (a ``hostfeed_call`` without results).
 FLAG_SYNC_TAP: Final[int]
@@ -46,8 +47,6 @@ PORTABLE_KEY_BASE: Final[int]
 PORTABLE_ID_BITS: Final[int]
 #: numpy dtype name -> XLA FFI dtype code, for every dtype hostfeed transfers.
 DTYPE_CODES: Final[dict[str, int]]
-
-_Message = tuple[int, int, int, tuple[np.ndarray, ...], "Reply | None", int]
 
 class ReceiverError(RuntimeError):
     """The receiver cannot do what was asked (stopped, shut down, misconfigured)."""
@@ -67,22 +66,90 @@ class MessageData:
     """Owner of one message's bytes; numpy arrays handed to callbacks view it."""
 
 @final
-class BatchIter:
-    """A batch of messages for the dispatcher: an iterator of
-    ``(consumer_id, device_ordinal, flags, arrays, reply_or_None, run_id)`` tuples."""
+class Message:
+    """One message as the dispatcher reads it, by name (frozen; the receiver makes them,
+    and so can tests)."""
 
-    def __iter__(self) -> Iterator[_Message]: ...
-    def __next__(self) -> _Message: ...
-    def run_taps(self, consumers: dict[int, Any],
-                 failed: Callable[[BaseException, Any], object],
-                 call_failed: Callable[[BaseException | None, Any, int, int, Reply], object]
+    def __new__(cls, consumer_id: int, device: int, flags: int, arrays: tuple[np.ndarray, ...],
+                reply: Any = None, run_id: int = 0,
+                consumer: Consumer | None = None) -> Message: ...
+    @property
+    def consumer_id(self) -> int:
+        """The consumer's id (0: a control message; -1: an eager tap, see ``consumer``)."""
+    @property
+    def device(self) -> int:
+        """The device's key: a CPU device's ordinal, a GPU's or the portable transport's."""
+    @property
+    def flags(self) -> int:
+        """The message's ``FLAG_*`` bits."""
+    @property
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """The operands, as numpy arrays viewing the message's bytes."""
+    @property
+    def reply(self) -> Reply | None:
+        """A call's reply (a synchronous tap's too); None for a tap. (Any object with
+        ``pending``, ``send`` and ``fail`` where a test made the message.)"""
+    @property
+    def run_id(self) -> int:
+        """XLA's run id of the execution that sent it (0 when unknown: the portable
+        transport)."""
+    @property
+    def consumer(self) -> Consumer | None:
+        """An eager tap's consumer (it is registered nowhere); None otherwise."""
+
+@final
+class ConsumerKind:
+    """How a consumer's messages run. Each kind is one object: compare with ``is``;
+    ``str(kind)`` is its word (``tap``, ``call``, ``joined``)."""
+
+    #: ``invoke(arrays, device)``; a synchronous tap's message also has a reply, answered
+    #: with no results once it ran.
+    TAP: ClassVar[ConsumerKind]
+    #: ``invoke(arrays, device, reply) -> failed``, which answers ``reply``.
+    CALL: ClassVar[ConsumerKind]
+    #: One part of a global-view tap or call sent shard by shard: ``invoke`` is the
+    #: ``Joiner`` (``invoke.add(run, arrays, device, reply)``).
+    JOINED: ClassVar[ConsumerKind]
+
+@final
+class Consumer:
+    """A registered consumer (or an eager tap's): how the receiver runs the user's callable
+    for one message. The receiver reads its fields itself. ``direct`` (a ``CALL`` one's
+    only) runs the host function without ``invoke``'s Python frames."""
+
+    def __new__(cls, invoke: Any, name: str, kind: ConsumerKind,
+                direct: DirectCall | None = None) -> Consumer: ...
+    @property
+    def invoke(self) -> Any:
+        """What runs a message (see ``ConsumerKind``)."""
+    @property
+    def name(self) -> str:
+        """The callback's name, for messages about it."""
+    @property
+    def kind(self) -> ConsumerKind:
+        """How its messages run."""
+    @property
+    def direct(self) -> DirectCall | None:
+        """A call's ``DirectCall``, or None."""
+
+@final
+class BatchIter:
+    """A batch of messages for the dispatcher: an iterator of ``Message``s (those for
+    recorders are routed on the way, in Rust)."""
+
+    def __iter__(self) -> Iterator[Message]: ...
+    def __next__(self) -> Message: ...
+    def run_taps(self, consumers: dict[int, Consumer],
+                 failed: Callable[[BaseException, Consumer], object],
+                 call_failed: Callable[[BaseException | None, Consumer, int, int, Reply], object]
                  | None = None) -> int:
         """Runs the plain taps at the head of the batch (``consumer.invoke(arrays,
-        device)`` for each, exceptions to ``failed(exception, consumer)``) and, with
-        ``call_failed``, the plain calls (``consumer.invoke(arrays, device, reply)``, true
-        when it failed; failed, unwaited or raising calls to ``call_failed(exception_or_None,
-        consumer, run_id, device, reply)``); stops at the first other message. Returns how
-        many ran."""
+        device)`` for each ``ConsumerKind.TAP`` consumer, exceptions to ``failed(exception,
+        consumer)``) and, with ``call_failed``, the plain calls of ``ConsumerKind.CALL``
+        consumers (with their ``DirectCall``, or ``consumer.invoke(arrays, device,
+        reply)``, true when it failed; failed, unwaited or raising calls to
+        ``call_failed(exception_or_None, consumer, run_id, device, reply)``); stops at the
+        first other message. Returns how many ran."""
 
 @final
 class Reply:
@@ -217,7 +284,7 @@ def write_tracing() -> bool:
     recorder is open)."""
 
 def start(
-    dispatcher: Callable[[Iterable[_Message]], Any],
+    dispatcher: Callable[[Iterable[Message]], Any],
     dtypes: dict[int, np.dtype],
     max_queue_bytes: int | None = None,
 ) -> bool:
@@ -239,7 +306,7 @@ def start_exit_watch(stall_timeout: float | None) -> None:
 def stop_exit_watch() -> None:
     """Stops the exit watchdog and waits for it."""
 
-def push_eager(entry: Any, arrays: tuple[np.ndarray, ...], nbytes: int) -> None:
+def push_eager(entry: Consumer, arrays: tuple[np.ndarray, ...], nbytes: int) -> None:
     """Enqueues an eager tap: ``entry`` runs on the consumer thread with ``arrays`` after
     everything already enqueued; ``nbytes`` counts against the bound (waits for space with
     the GIL released)."""

@@ -21,9 +21,9 @@ MODULES = ["hostfeed", "hostfeed.host_callback", "hostfeed.lowering", "hostfeed.
            "hostfeed.bench._report",
            *(f"hostfeed._src.{m}" for m in (
                "compat", "settings", "dtypes", "devices", "errors", "consumers", "dispatcher",
-               "lifecycle", "keys", "printing", "primitives", "runtime", "placement",
-               "fast_dispatch", "record.recorder", "record.lowering", "readback.reading",
-               "record.stores", "record.coordination", "rules",
+               "lifecycle", "keys", "printing", "spec", "primitives", "eager", "runtime",
+               "placement", "fast_dispatch", "record.recorder", "record.lowering",
+               "readback.reading", "record.stores", "record.coordination", "rules",
                "lowering", "latency",
                "transports", "transports.native", "transports.portable",
                "transports.tpu"))]

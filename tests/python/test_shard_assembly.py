@@ -9,7 +9,9 @@ import pytest
 from hostfeed import _receiver
 from hostfeed._src import consumers, dispatcher, errors, lifecycle
 from hostfeed._src.placement import rounds_for
-from hostfeed._src.runtime import CallbackSpec, ShardParts, make_joined_call, make_joined_tap
+from hostfeed._src.consumers import ConsumerKind
+from hostfeed._src.runtime import make_joined_call, make_joined_tap
+from hostfeed._src.spec import CallbackKind, CallbackSpec, ShardParts
 
 
 def part(group, index, *shards):
@@ -81,7 +83,7 @@ class FakeReply:
 def joined_call(host, n_elems, n_parts=2):
     """An `n_parts`-part joined call of `host` returning float32[n_elems]."""
     scalar_tree = jax.tree_util.tree_structure(0)
-    spec = CallbackSpec(host, scalar_tree, False, "call")
+    spec = CallbackSpec(host, scalar_tree, False, CallbackKind.CALL)
     avals = (jax.core.ShapedArray((n_elems,), np.float32),)
     return make_joined_call(spec, scalar_tree, ShardParts(n_parts, 0, avals))
 
@@ -134,14 +136,14 @@ class Log:
 
     def tap(self, name):
         return consumers.Consumer(lambda arrays, ordinal: self.events.append((name, ordinal)),
-                                 name, "tap")
+                                  name, ConsumerKind.TAP)
 
     def joined(self, name, n_parts=2):
         def invoke(arrays, ordinal):
             self.events.append((name, "joined", [a.tolist() for a in arrays]))
 
         return consumers.Consumer(make_joined_tap(invoke, ShardParts(n_parts, 0), name), name,
-                                 "joined")
+                                  ConsumerKind.JOINED)
 
 
 def dispatch(made, messages):
@@ -150,7 +152,8 @@ def dispatch(made, messages):
     saved = consumers.registry.consumers
     consumers.registry.consumers = {i + 1: c for i, c in enumerate(made)}  # 0: control
     try:
-        d([(cid + 1, dev, 0, tuple(arrays), None, run) for cid, dev, run, *arrays in messages])
+        d([_receiver.Message(cid + 1, dev, 0, tuple(arrays), None, run)
+           for cid, dev, run, *arrays in messages])
     finally:
         consumers.registry.consumers = saved
     return d
@@ -191,12 +194,12 @@ class Dispatch:
             consumers.registry.consumers = saved
 
     def send(self, *messages, reply=None):
-        self.run([(cid + 1, dev, 0, tuple(arrays), reply, run)
+        self.run([_receiver.Message(cid + 1, dev, 0, tuple(arrays), reply, run)
                   for cid, dev, run, *arrays in messages])
 
     def marker(self, action):
-        self.run([(consumers.Consumer(lambda a, o: action(), "marker", "tap"), -1,
-                   _receiver.FLAG_EAGER, (), None, 0)])
+        marker = consumers.Consumer(lambda a, o: action(), "marker", ConsumerKind.TAP)
+        self.run([_receiver.Message(-1, -1, _receiver.FLAG_EAGER, (), consumer=marker)])
 
 
 def test_a_held_device_going_on_to_other_executions_waits_for_its_joined_tap():
@@ -271,7 +274,8 @@ def test_a_failed_call_drops_its_executions_joined_sets_and_later_parts():
         reply.fail("host function raised")
         return True
 
-    d = Dispatch([log.joined("joined"), log.tap("tap"), consumers.Consumer(call, "c", "call")])
+    d = Dispatch([log.joined("joined"), log.tap("tap"),
+                  consumers.Consumer(call, "c", ConsumerKind.CALL)])
     d.send((0, 0, 1, *part(0, 0, np.array([0]))),  # device 0's part of run 1
            (1, 0, 2, np.array([1])))  # held behind it
     d.send((2, 1, 1, np.array([0])), reply=FakeCallReply())  # run 1's call fails on device 1
@@ -294,7 +298,7 @@ def test_a_failure_without_an_execution_id_lasts_until_the_next_sweep():
         return True
 
     run = dispatcher.UNKNOWN_RUN
-    d = Dispatch([log.joined("joined"), consumers.Consumer(call, "c", "call")])
+    d = Dispatch([log.joined("joined"), consumers.Consumer(call, "c", ConsumerKind.CALL)])
     d.send((1, 1, run, np.array([0])), reply=FakeCallReply())  # fails on device 1
     assert d.d.awaits_sweep
     late = FakeCallReply()  # a part of that execution, from another device

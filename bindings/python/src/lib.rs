@@ -7,8 +7,11 @@
 //!
 //! Each module adds its own items to the one Python module (`register`); there are no
 //! Python submodules. The modules in layer order, ground floor first: `error`, `interrupts`,
-//! `messages`, `host`, then `portable`, `record` and `gpu` (each imports only modules before it).
+//! `messages`, `consumers`, `batch`, `host`, then `portable`, `record` and `gpu` (each
+//! imports only modules before it).
 
+mod batch;
+mod consumers;
 mod error;
 mod gpu;
 mod host;
@@ -23,6 +26,8 @@ use pyo3::prelude::*;
 fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     error::register(m)?;
     messages::register(m)?;
+    consumers::register(m)?;
+    batch::register(m)?;
     host::register(m)?;
     portable::register(m)?;
     record::register(m)?;

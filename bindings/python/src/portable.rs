@@ -3,7 +3,7 @@
 //! host-callback lowering, and the Python function that JAX runs on its execution thread
 //! calls these with the callback's numpy arrays. The arrays are checked and described
 //! here; the message, the push and the wait for a reply are the core's
-//! (`hostfeed_core::portable`), pushed like an eager tap ([`crate::host::push_eager`]).
+//! (`hostfeed_core::portable`), pushed like an eager tap (`host/lifecycle.rs`'s `push_eager`).
 //!
 //! The GIL is released around every wait here (the queue when full, a call's reply).
 

@@ -80,7 +80,7 @@ cfg_not_loom! {
     pub use record::common::{Budget, Mode, Options};
     pub use record::objects::is_object_url;
     pub use record::recorder::{Location, Recorder, RecorderStats};
-    pub use record::sinks::{sinks, Sink, Sinks};
+    pub use record::sinks::{sinks, RoutedBatch, Sink, Sinks};
     pub use record::trace::{
         install_write_tracer, open_recorders, set_write_tracing, write_tracing, WriteTracer,
     };

@@ -16,26 +16,15 @@ from typing import Any
 from .. import _receiver
 
 
-class Consumer:
-    """A registered consumer: how to run the user's callable for one message.
-
-    ``kind`` is ``"tap"`` (``invoke(arrays, ordinal)``), ``"call"`` (``invoke(arrays,
-    ordinal, reply)``, which must answer ``reply``) or ``"joined"`` (a
-    :class:`hostfeed._src.runtime.Joiner`: one part of a global-view tap or call sent shard by
-    shard).
-    """
-
-    __slots__ = ("invoke", "name", "kind", "direct")
-
-    def __init__(self, invoke: Any, name: str, kind: str, direct: Any = None):
-        self.invoke = invoke
-        self.name = name
-        self.kind = kind
-        # For a call: the receiver's ``DirectCall``, which runs the function without
-        # ``invoke``'s Python frames (None: use ``invoke``).
-        self.direct = direct
-        if kind == "joined":
-            registry.joined = True
+#: A registered consumer (``_receiver.Consumer``): ``Consumer(invoke, name, kind,
+#: direct=None)``, how the receiver runs the user's callable for one message. ``kind`` is a
+#: :class:`ConsumerKind`: ``TAP`` (``invoke(arrays, ordinal)``), ``CALL`` (``invoke(arrays,
+#: ordinal, reply)``, which must answer ``reply``; ``direct``, a ``DirectCall``, runs the
+#: function without ``invoke``'s Python frames) or ``JOINED`` (a
+#: :class:`hostfeed._src.runtime.Joiner`: one part of a global-view tap or call sent shard
+#: by shard). The receiver reads these fields itself.
+Consumer = _receiver.Consumer
+ConsumerKind = _receiver.ConsumerKind
 
 
 class Lease:
@@ -103,7 +92,9 @@ def _describe(obj: Any, depth: int = 0) -> str:
     """
     if depth > 8:
         text = type(obj).__qualname__
-    elif obj is None or isinstance(obj, (bool, int, float, complex, str, bytes)):
+    elif isinstance(obj, str):  # (a str enum, such as a CallbackKind, as its value)
+        text = str.__repr__(obj)
+    elif obj is None or isinstance(obj, (bool, int, float, complex, bytes)):
         text = repr(obj)
     elif isinstance(obj, (tuple, list)):
         text = "(" + ",".join(_describe(o, depth + 1) for o in obj) + ")"
@@ -115,7 +106,7 @@ def _describe(obj: Any, depth: int = 0) -> str:
     elif isinstance(obj, (types.FunctionType, types.BuiltinFunctionType)):
         text = f"{getattr(obj, '__module__', None)}.{obj.__qualname__}"
     elif isinstance(getattr(type(obj), "__slots__", None), tuple) and type(obj).__slots__:
-        # e.g. runtime.CallbackSpec: its fields, described the same way
+        # e.g. spec.CallbackSpec: its fields, described the same way
         fields = ",".join(f"{n}={_describe(getattr(obj, n, None), depth + 1)}"
                           for n in type(obj).__slots__ if not n.startswith("_"))
         text = f"{type(obj).__qualname__}({fields})"
@@ -144,6 +135,8 @@ def register(key: Any, make: Callable[[], Consumer]) -> Lease:
         cid = registry.ids.get(key)
         if cid is None:
             consumer = make()
+            if consumer.kind is ConsumerKind.JOINED:
+                registry.joined = True
             description = _describe(key)
             attempt = 0
             cid = _id_candidate(description, attempt)

@@ -12,14 +12,14 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import _receiver
-from .._receiver import FLAG_EAGER
+from .._receiver import FLAG_EAGER, Message
 from . import compat
-from .consumers import registry
+from .consumers import ConsumerKind, registry
 from .errors import record_exception
 
 logger = logging.getLogger("hostfeed")
 
-Message = tuple  # (consumer_id, device_ordinal, flags, arrays, reply_or_None, run_id)
+TAP, CALL = ConsumerKind.TAP, ConsumerKind.CALL
 
 
 def _tap_failed(exc: BaseException, consumer: Any) -> None:
@@ -143,11 +143,11 @@ class Dispatcher:
         for msg in batch:
             # The common case first, with nothing else to look at: a plain tap (no flags) of
             # a registered consumer, while no device is held.
-            if not msg[2] and not held and not orphans:
-                consumer = get(msg[0])
-                if consumer is not None and consumer.kind == "tap":
+            if not msg.flags and not held and not orphans:
+                consumer = get(msg.consumer_id)
+                if consumer is not None and consumer.kind is TAP:
                     try:
-                        consumer.invoke(msg[3], msg[1])
+                        consumer.invoke(msg.arrays, msg.device)
                     except BaseException as exc:  # noqa: BLE001 - recorded for barrier_wait
                         record_exception(exc, f"host callback {consumer.name}")
                     continue
@@ -159,7 +159,7 @@ class Dispatcher:
         consumer thread, so a trace shows when each callback ran."""
         trace_me = compat.TraceMe
         for msg in batch:
-            c = msg[0] if msg[2] & FLAG_EAGER else consumers.get(msg[0])
+            c = msg.consumer if msg.flags & FLAG_EAGER else consumers.get(msg.consumer_id)
             name = getattr(c, "name", None) or "callback"
             with trace_me(f"hostfeed {getattr(c, 'kind', 'tap')}: {name}"):
                 self._offer(consumers, msg)
@@ -170,14 +170,14 @@ class Dispatcher:
             self._offer(consumers, waiting.popleft())
 
     def _offer(self, consumers: dict, msg: Message) -> None:
-        if msg[0] == 0:  # control message: every execution has finished
+        if msg.consumer_id == 0:  # control message: every execution has finished
             self.sweep(None)
             return
-        if self.orphans and msg[1] in self.orphans:
-            self._run_orphans(consumers, msg[1])
+        if self.orphans and msg.device in self.orphans:
+            self._run_orphans(consumers, msg.device)
         held = self.held
         if held:
-            h = held.get(msg[1])
+            h = held.get(msg.device)
             if h is not None:
                 h.waiting.append((msg, self._hold_back(msg)))
                 key = self._joined_key(consumers, msg)
@@ -195,45 +195,50 @@ class Dispatcher:
     @staticmethod
     def _joined_key(consumers: dict, msg: Message) -> tuple[int, int] | None:
         """The (joiner, run) a message is a part of, or None if it is no joined part."""
-        if msg[2] & FLAG_EAGER or msg[0] == 0:
+        if msg.flags & FLAG_EAGER or msg.consumer_id == 0:
             return None
-        c = consumers.get(msg[0])
-        if c is None or c.kind in ("tap", "call"):
+        c = consumers.get(msg.consumer_id)
+        if c is None or c.kind is not ConsumerKind.JOINED:
             return None
-        return id(c.invoke), msg[5]
+        return id(c.invoke), msg.run_id
 
     def _deliver(self, consumers: dict, msg: Message
                  ) -> tuple[tuple[int, int], tuple[int, ...]] | None:
         """Runs one message; for the part that completes a joined set, returns the set's
         (joiner, run) and the devices that took part (to be released)."""
-        cid, ordinal, flags, arrays, reply, run = msg
         # An eager tap's message carries its consumer (no device is involved: its device
         # ordinal is -1, never held).
-        consumer = cid if flags & FLAG_EAGER else consumers.get(cid)
+        consumer = msg.consumer if msg.flags & FLAG_EAGER else consumers.get(msg.consumer_id)
+        ordinal, reply = msg.device, msg.reply
         try:
             if consumer is None:
                 raise LookupError(
-                    f"hostfeed: no host callback is registered under consumer id {cid} in "
-                    f"this process: the executable was compiled elsewhere and not lowered "
-                    f"here (hostfeed registers callbacks when JAX lowers a computation)")
-            if consumer.kind == "tap":
+                    f"hostfeed: no host callback is registered under consumer id "
+                    f"{msg.consumer_id} in this process: the executable was compiled elsewhere "
+                    f"and not lowered here (hostfeed registers callbacks when JAX lowers a "
+                    f"computation)")
+            kind = consumer.kind
+            if kind is TAP:
                 if reply is None:
-                    consumer.invoke(arrays, ordinal)
+                    consumer.invoke(msg.arrays, ordinal)
                 else:
-                    run_sync_tap(consumer.invoke, consumer.name, arrays, ordinal, [reply])
-            elif consumer.kind == "call":
+                    run_sync_tap(consumer.invoke, consumer.name, msg.arrays, ordinal, [reply])
+            elif kind is CALL:
                 # A call nobody waits for any more (timed out, cancelled) is not run; like
                 # a failing one, it ends its execution on this device.
-                if not reply.pending or consumer.invoke(arrays, ordinal, reply):
+                assert reply is not None  # (a call's message always has one)
+                if not reply.pending or consumer.invoke(msg.arrays, ordinal, reply):
+                    run = msg.run_id
                     self._run_failed(run, f"a call of execution {run} failed on "
                                           f"device {ordinal}")
             else:
+                run = msg.run_id
                 if run in self.failed_runs:  # the set can never complete
                     if reply is not None:
                         reply.fail(f"hostfeed: {consumer.name}: another device's part of "
                                    f"execution {run} never came (a call there failed)")
                     return None
-                done = consumer.invoke.add(run, arrays, ordinal, reply)
+                done = consumer.invoke.add(run, msg.arrays, ordinal, reply)
                 if done is None:
                     # (A device already held here is running a crossed part out of its
                     # order: it stays held where it was.)
@@ -244,12 +249,13 @@ class Dispatcher:
                     return None
                 return (id(consumer.invoke), run), done
         except BaseException as exc:  # noqa: BLE001 - recorded and re-raised by barrier_wait
-            name = getattr(consumer, "name", cid)
+            name = getattr(consumer, "name", msg.consumer_id)
             record_exception(exc, f"host callback {name}")
             if reply is not None:
                 reply.fail(f"hostfeed: host callback {name} failed: "
                            f"{type(exc).__name__}: {exc}")
-                if consumer is not None and consumer.kind == "call":
+                if consumer is not None and consumer.kind is CALL:
+                    run = msg.run_id
                     self._run_failed(run, f"a call of execution {run} failed on device "
                                           f"{ordinal}")
         return None
@@ -279,7 +285,7 @@ class Dispatcher:
         """Charges a message held back against the bound; returns the bytes charged."""
         if not self.charge:
             return 0
-        n = 64 + sum(a.nbytes for a in msg[3])  # its arrays and, roughly, the rest
+        n = 64 + sum(a.nbytes for a in msg.arrays)  # its arrays and, roughly, the rest
         if self.charged + n > _receiver.max_queue_bytes() // 2:
             if not self.over_cap_warned:
                 self.over_cap_warned = True
@@ -368,7 +374,8 @@ class Dispatcher:
             key = self.held[waiter].key
             h = self.held[holder]
             for i, entry in enumerate(h.waiting):
-                if self._joined_key(consumers, entry[0]) == key:
+                waiting_msg, _ = entry
+                if self._joined_key(consumers, waiting_msg) == key:
                     del h.waiting[i]
                     break
             else:  # the count said it was there
@@ -377,10 +384,10 @@ class Dispatcher:
             if not h.parts[key]:
                 del h.parts[key]
             msg = self._let_go(entry)
-            c = consumers.get(msg[0])
+            c = consumers.get(msg.consumer_id)
             logger.warning("hostfeed: device %s ran two multi-device executions in another "
                            "order than its peers; its part of %s runs out of its order",
-                           holder, getattr(c, "name", msg[0]))
+                           holder, getattr(c, "name", msg.consumer_id))
             self._deliver_and_release(consumers, msg)
 
     def _find_crossing(self) -> tuple[int, int] | None:

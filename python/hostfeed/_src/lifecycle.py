@@ -18,7 +18,7 @@ import numpy as np
 from .. import _receiver
 from .._receiver import CallbackContextError, ReceiverError
 from . import compat, errors, settings
-from .consumers import Consumer, count_dead_leases, registry, release_unleased
+from .consumers import Consumer, ConsumerKind, count_dead_leases, registry, release_unleased
 from .dispatcher import dispatcher
 from .dtypes import XLA_DTYPES
 from .errors import CallbackException, take_last_exception
@@ -68,7 +68,7 @@ def push_eager(invoke: Callable[..., None], name: str, arrays: tuple[np.ndarray,
     message and is dropped once it has run."""
     if not _life.configured:
         ensure_started()
-    _receiver.push_eager(Consumer(invoke, name, "tap"), arrays, nbytes)
+    _receiver.push_eager(Consumer(invoke, name, ConsumerKind.TAP), arrays, nbytes)
 
 
 def wait_processed() -> None:
@@ -283,7 +283,8 @@ def _push_marker(name: str, action: Callable[[], None]) -> bool:
     thread; False if the receiver has shut down (interpreter exit: nothing is held any
     more, the exit swept every set)."""
     try:
-        _receiver.push_eager(Consumer(lambda arrays, ordinal: action(), name, "tap"), (), 0)
+        _receiver.push_eager(Consumer(lambda arrays, ordinal: action(), name, ConsumerKind.TAP),
+                             (), 0)
     except ReceiverError:
         return False
     return True

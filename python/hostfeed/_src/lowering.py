@@ -22,9 +22,10 @@ from .placement import (Where, check_device_index, lower_global_call, lower_glob
                         lower_per_device_call, where)
 from .primitives import (call_check_p, failure_message_p, host_call_p, host_callback_effect,
                          outside_call_p)
-from .runtime import (CallbackSpec, ShardParts, make_call_invoker, make_direct_call,
-                      make_joined_call,
-                      make_joined_tap, make_tap_invoker)
+from .consumers import ConsumerKind
+from .runtime import (make_call_invoker, make_direct_call, make_joined_call, make_joined_tap,
+                      make_tap_invoker)
+from .spec import CallbackSpec, ShardParts
 
 def _runs_here(ac: Any, device_index: int) -> bool:
     """Whether device ``device_index`` of a global-view computation is this process's
@@ -47,9 +48,9 @@ def _tap_lease(spec: CallbackSpec, transforms: tuple,
     def make() -> consumers.Consumer:
         invoke = make_tap_invoker(spec, transforms)
         if shard_parts is None:
-            return consumers.Consumer(invoke, spec.name, "tap")
+            return consumers.Consumer(invoke, spec.name, ConsumerKind.TAP)
         return consumers.Consumer(make_joined_tap(invoke, shard_parts, spec.name), spec.name,
-                                 "joined")
+                                 ConsumerKind.JOINED)
 
     return consumers.register((spec, transforms, shard_parts), make)
 
@@ -59,10 +60,10 @@ def _call_consumer_id(ctx: Any, spec: CallbackSpec, result_treedef: Any, result_
     def make() -> consumers.Consumer:
         if shard_parts is None:
             return consumers.Consumer(make_call_invoker(spec, result_treedef, result_avals),
-                                     spec.name, "call",
+                                     spec.name, ConsumerKind.CALL,
                                      make_direct_call(spec, result_treedef, result_avals))
         return consumers.Consumer(make_joined_call(spec, result_treedef, shard_parts),
-                                 spec.name, "joined")
+                                 spec.name, ConsumerKind.JOINED)
 
     key = (spec, "call", result_treedef, result_avals, shard_parts)
     return _consumer_id(ctx, consumers.register(key, make))

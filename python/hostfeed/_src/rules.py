@@ -13,7 +13,7 @@ from jax.interpreters import ad, batching
 
 from . import compat
 from .primitives import HostCallbackEffect, get_ad_taps, host_call_p, outside_call_p
-from .runtime import CallbackSpec
+from .spec import RECORD_KINDS, CallbackKind, CallbackSpec
 
 # ----------------------------------------------------------------------------------------
 # host_call_p (`hcb.call`)
@@ -59,7 +59,7 @@ batching.primitive_batchers[host_call_p] = _host_call_batching
 #
 # Operands are [tapped args..., pass-through args...] (the pass-through ones come from
 # `result=`); outputs are the operands (identity). `transforms` holds internal
-# `(name, *params)` tuples, unpacked for the tap function by runtime.unpack_transforms.
+# `(name, *params)` tuples, unpacked for the tap function by spec.unpack_transforms.
 #
 # A "jvp tap" (transforms mode) has transforms ending in ("jvp",) and tapped operands
 # [primals..., tangents...] whose argument tree is the pair (primals, tangents).
@@ -240,7 +240,7 @@ def _outside_call_transpose(cts: Sequence[Any], *args: Any, **params: Any) -> li
         return out
     avals = [_tangent_aval(args[i]) for i in idx]
     sent = [_instantiate(cts[i], a) for i, a in zip(idx, avals)]
-    if callback.kind == "record+step" and idx[0] == n2 // 2 and len(sent) > 1:
+    if callback.kind is CallbackKind.RECORD_WITH_STEP and idx[0] == n2 // 2 and len(sent) > 1:
         # A record's step is an integer, so its cotangent is always zero: send its primal
         # value instead (known here), so that the cotangent's row carries the step.
         sent[1] = args[1]
@@ -261,7 +261,7 @@ def _outside_call_batching(args: Sequence[Any], dims: Sequence[int | None],
     # The tap sees the batched values; `transforms` records where each tapped operand's
     # batch dimension is (None for an operand that is not batched).
     n = params["nr_tapped_args"]
-    if params["callback"].kind in ("record", "record+step"):
+    if params["callback"].kind in RECORD_KINDS:
         return _record_batching(args, dims, **params)
     batch_dims = tuple(dims[:n])
     outs = outside_call_p.bind(

@@ -8,8 +8,7 @@ shard are joined here first (:class:`Joiner`). Nothing in this module runs at tr
 """
 from __future__ import annotations
 
-import os
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 from collections.abc import Callable, Sequence
 
 import jax
@@ -20,83 +19,7 @@ from .devices import device_for_ordinal
 from .dispatcher import run_sync_tap
 from .dtypes import SUPPORTED_DTYPES, byte_order_problem
 from .errors import record_exception, user_frame
-
-
-class CallbackSpec:
-    """What a host callback is: the user's function, the pytree of its argument, and how to
-    call it. Hashable by the function's identity, so it can be a primitive parameter.
-
-    Example:
-        >>> import jax
-        >>> spec = CallbackSpec(print, jax.tree_util.tree_structure(0), False, "tap")
-        >>> spec, spec.name
-        (tap:print, 'print')
-    """
-
-    __slots__ = ("func", "arg_treedef", "with_device", "kind", "ad_taps")
-
-    def __init__(self, func: Any, arg_treedef: Any, with_device: bool, kind: str,
-                 ad_taps: Optional[str] = None):
-        self.func = func
-        self.arg_treedef = arg_treedef
-        self.with_device = bool(with_device)
-        self.kind = kind
-        # This callback's autodiff mode ("transforms" or "primals"), over the process's
-        # (`get_ad_taps()`, read when None): `Recorder.record(..., cotangents=)`.
-        self.ad_taps = ad_taps
-
-    def _key(self) -> tuple:
-        # Callables are told apart by identity, except hostfeed's own value-like ones
-        # (id_print's printers), which compare by their settings.
-        func = self.func if getattr(self.func, "__hostfeed_by_value__", False) else id(self.func)
-        return (func, self.arg_treedef, self.with_device, self.kind, self.ad_taps)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, CallbackSpec) and self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __repr__(self) -> str:
-        return f"{self.kind}:{getattr(self.func, '__name__', type(self.func).__name__)}"
-
-    @property
-    def name(self) -> str:
-        """The function's qualified name; a lambda's is its file and line instead
-        (``<lambda> at train.py:12``), which tells lambdas apart.
-
-        Example:
-            >>> f = lambda x: x
-            >>> CallbackSpec(f, None, False, "tap").name.startswith("<lambda> at ")
-            True
-        """
-        name = getattr(self.func, "__qualname__", None)
-        if not isinstance(name, str):
-            return getattr(self.func, "__name__", repr(self.func))
-        code = getattr(self.func, "__code__", None)
-        if name.endswith("<lambda>") and code is not None:
-            return f"<lambda> at {os.path.basename(code.co_filename)}:{code.co_firstlineno}"
-        return name
-
-    def with_tree(self, treedef: Any) -> CallbackSpec:
-        """The same callback with another argument tree."""
-        return CallbackSpec(self.func, treedef, self.with_device, self.kind, self.ad_taps)
-
-
-def unpack_transforms(transforms: tuple) -> tuple[tuple[str, dict], ...]:
-    """Internal ``(name, *params)`` tuples -> the legacy ``(name, params_dict)`` form.
-
-    Example:
-        >>> unpack_transforms((("batch", (0,)), ("jvp",)))
-        (('batch', {'batch_dims': (0,)}), ('jvp', {}))
-    """
-    out = []
-    for name, *params in transforms:
-        if name == "batch":
-            out.append((name, {"batch_dims": params[0]}))
-        else:
-            out.append((name, {}))
-    return tuple(out)
+from .spec import CallbackSpec, ShardParts, unpack_transforms
 
 
 def make_tap_invoker(spec: CallbackSpec, transforms: tuple) -> Callable[..., None]:
@@ -358,21 +281,6 @@ def make_direct_call(spec: CallbackSpec, result_treedef: Any,
 # the callback (placement.py), which then send several slices in one message:
 # `meta = [group, part_0, part_1, ...]`, one *slot* of operands per part, -1 marking an
 # empty slot (see :class:`Joiner`).
-
-
-class ShardParts(NamedTuple):
-    """How a global-view callback is split: ``n_parts`` devices each send a slice; the
-    joined callback runs as if device part ``source`` had sent it. For a ``call``,
-    ``whole_avals`` are the avals of its whole (unsplit) results."""
-
-    n_parts: int
-    source: int
-    whole_avals: tuple | None = None
-    #: A record written part by part, each part by its own process: the
-    #: messages go to a Rust sink, never joined. ``per_device``: each device's whole value
-    #: is one part (a shard_map record under many processes).
-    parted: bool = False
-    per_device: bool = False
 
 
 class _Part(NamedTuple):

@@ -7,7 +7,7 @@
 //! a Python function. The consumer thread looks up each message's consumer id in the
 //! process-wide [`Sinks`](crate::record::sinks::Sinks) table and, for a sink, *routes* the
 //! message here without attaching to Python
-//! ([`Sinks::route_leading`](crate::record::sinks::Sinks::route_leading)): the message's
+//! ([`RoutedBatch`](crate::record::sinks::RoutedBatch), the one place that routes): the message's
 //! buffer becomes the row's bytes (no copy), the row is appended to its array's pending
 //! chunk, and a full chunk becomes a [`Job`](crate::record::arrays::Job) for the
 //! recorder's writer threads. Routing never does I/O and never waits.

@@ -277,26 +277,32 @@ impl Sinks {
         read_lock(&self.table).get(&consumer_id).cloned()
     }
 
-    /// The consumer's next batch that holds a message for Python (`None` when the consumer
-    /// must exit); messages for sinks at the head of each batch are routed on the way.
+    /// The consumer's next batch that holds a message for the host's code (`None` when
+    /// the consumer must exit); messages for sinks at the head of each batch are routed on
+    /// the way, and later ones as the batch is taken from ([`RoutedBatch`]).
     #[must_use]
-    pub fn next_batch(&self, worker: &Worker) -> Option<Batch> {
+    pub fn next_batch(&'static self, worker: &Worker) -> Option<RoutedBatch> {
         loop {
             let batch = worker.next_batch()?;
             self.route_leading(&batch);
             if batch.remaining() > 0 {
-                return Some(batch);
+                return Some(RoutedBatch { batch, sinks: self });
             }
         }
     }
 
     /// Routes the messages at the head of `batch` that belong to sinks, stopping at the
-    /// first that does not (it is for Python). Returns how many were routed.
-    pub fn route_leading(&self, batch: &Batch) -> usize {
-        if !self.any.load(Ordering::Acquire) {
-            return 0;
+    /// first that does not (it is for the host's code). Without sinks (no recorder open),
+    /// one atomic load: this runs before every message the host's code takes.
+    #[inline]
+    fn route_leading(&self, batch: &Batch) {
+        if self.any.load(Ordering::Acquire) {
+            self.route_leading_messages(batch);
         }
-        let mut n = 0;
+    }
+
+    /// [`Sinks::route_leading`] where sinks exist.
+    fn route_leading_messages(&self, batch: &Batch) {
         loop {
             let mut sink = None;
             let taken = batch.take_retained(|m| {
@@ -305,9 +311,42 @@ impl Sinks {
             });
             match (taken, sink) {
                 (Some((msg, charged)), Some(sink)) => sink.route(msg, charged),
-                _ => return n,
+                _ => return,
             }
-            n += 1;
         }
+    }
+}
+
+/// A batch of the consumer thread as the host's code sees it: the one place where records
+/// are routed. Every message for a sink is routed to it on the way to the next message for
+/// the host's code, so queue order is kept and such messages are never taken by the host's
+/// code. Ending (or dropping) it ends the batch.
+pub struct RoutedBatch {
+    batch: Batch,
+    sinks: &'static Sinks,
+}
+
+impl RoutedBatch {
+    /// The next message for the host's code (those for sinks before it routed), or `None`
+    /// when the batch is exhausted.
+    #[must_use]
+    #[inline]
+    pub fn take(&self) -> Option<Message> {
+        self.take_if(|_| true)
+    }
+
+    /// The next message for the host's code (those for sinks before it routed) if
+    /// `accept` accepts it (see [`Batch::take_if`]).
+    #[must_use]
+    #[inline]
+    pub fn take_if(&self, accept: impl FnOnce(&Message) -> bool) -> Option<Message> {
+        self.sinks.route_leading(&self.batch);
+        self.batch.take_if(accept)
+    }
+
+    /// Messages not taken yet (those for sinks included).
+    #[must_use]
+    pub fn remaining(&self) -> usize {
+        self.batch.remaining()
     }
 }

@@ -13,11 +13,13 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from .. import consumers, settings
+from ..consumers import ConsumerKind
 from ..placement import (Where, check_device_index, lower_global_tap, lower_parted_record,
                          lower_per_device_parted_record)
 from .roles import KIND, KIND_WITH_STEP, STEP, lane_dims, roles, transforms_json
 from .target import Target
-from ..runtime import CallbackSpec, make_tap_invoker
+from ..runtime import make_tap_invoker
+from ..spec import CallbackSpec
 
 
 logger = logging.getLogger("hostfeed")
@@ -107,7 +109,7 @@ def parted_lease(spec: CallbackSpec, transforms: tuple, avals: Sequence[Any],
            "parted", parts)
 
     def make() -> consumers.Consumer:
-        return consumers.Consumer(make_tap_invoker(spec, transforms), spec.name, "tap")
+        return consumers.Consumer(make_tap_invoker(spec, transforms), spec.name, ConsumerKind.TAP)
 
     lease = consumers.register(key, make)
     rec.catalogue.bind_parted(lease.cid, target.name, step, transforms_json(transforms))
@@ -138,7 +140,7 @@ def consumer_lease(spec: CallbackSpec, transforms: tuple,
     def make() -> consumers.Consumer:
         # Never called for messages (the sink takes them in Rust); kept as the registry's
         # entry, and as a fallback that records through Python.
-        return consumers.Consumer(make_tap_invoker(spec, transforms), spec.name, "tap")
+        return consumers.Consumer(make_tap_invoker(spec, transforms), spec.name, ConsumerKind.TAP)
 
     lease = consumers.register(key, make)
     if lanes == 0:  # vmap over an empty batch: nothing to record, nothing is sent

@@ -40,7 +40,7 @@ from . import (coordination, inputs as record_inputs, selection as _selection, s
                stores, unflushed as _unflushed)
 from .catalogue import Catalogue
 from .target import Target
-from ..runtime import CallbackSpec
+from ..spec import CallbackSpec
 from .roles import (COTANGENT_SUFFIX, KIND, KIND_WITH_STEP, ROW_METADATA, STEP,  # noqa: F401
                            TANGENT_SUFFIX, lane_dims, roles, transforms_json)
 

@@ -7,7 +7,7 @@ import json
 from typing import Optional
 from collections.abc import Sequence
 
-from ..runtime import unpack_transforms
+from ..spec import CallbackKind, unpack_transforms
 
 #: Per-row metadata arrays stored next to each recorded array, by suffix.
 ROW_METADATA = ("seq", "step", "device", "time_ns", "transforms")
@@ -16,8 +16,8 @@ ROW_METADATA = ("seq", "step", "device", "time_ns", "transforms")
 TANGENT_SUFFIX = ".tangent"
 COTANGENT_SUFFIX = ".cotangent"
 
-KIND = "record"
-KIND_WITH_STEP = "record+step"
+KIND = CallbackKind.RECORD
+KIND_WITH_STEP = CallbackKind.RECORD_WITH_STEP
 
 STEP = "step"  # the role of the step operand
 

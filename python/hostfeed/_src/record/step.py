@@ -31,7 +31,7 @@ import numpy as np
 from .. import compat, transports
 from .roles import STEP, lane_dims, roles
 from .selection import selected
-from ..runtime import unpack_transforms
+from ..spec import unpack_transforms
 from . import hoist
 
 logger = logging.getLogger("hostfeed")

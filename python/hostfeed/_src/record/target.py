@@ -12,7 +12,7 @@ import numpy as np
 from ... import _receiver
 from .. import settings
 from .roles import STEP, lane_dims, roles
-from ..runtime import unpack_transforms
+from ..spec import unpack_transforms
 
 if TYPE_CHECKING:
     from .recorder import Recorder

@@ -163,10 +163,11 @@ def call_host_function(cid: int, flags: int, timeout_ms: int, name: str, codes: 
     return host
 
 
-def _text(message: Sequence[Any]) -> str:
-    if not message:
+def _text(text_operands: Sequence[Any]) -> str:
+    """A failure's text from the operands that carry it (NUL-padded UTF-8 bytes)."""
+    if not text_operands:
         return ""
-    raw = np.asarray(message[0], np.uint8).tobytes()
+    raw = np.asarray(text_operands[0], np.uint8).tobytes()
     return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 

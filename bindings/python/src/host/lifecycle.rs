@@ -1,0 +1,274 @@
+//! The receiver's life as Python drives it: start (with the dispatcher), stop, finalize at
+//! exit and its watchdog, barriers, and the messages Python pushes itself (eager taps,
+//! control messages). Every wait here releases the GIL, in slices of at most
+//! [`WAIT_SLICE`] so that Ctrl-C is honoured between them.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use numpy::PyArrayDescr;
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use super::consumer::{report_notes, take_dispatch_error, PyConsumer, BARRIER_DETACHED, EAGER_PUSHED};
+use super::passthrough::{duration, set_max_queue_bytes};
+use crate::error::{IntoPy, ReceiverError};
+use crate::messages::{Dtypes, EagerTap};
+use hostfeed_core::lock;
+use hostfeed_core::Error;
+use hostfeed_core::Message;
+use hostfeed_core::{hub, StopOutcome, TryPush};
+
+/// Adds the lifecycle's functions to `m`.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(start, m)?)?;
+    m.add_function(wrap_pyfunction!(stop, m)?)?;
+    m.add_function(wrap_pyfunction!(finalize, m)?)?;
+    m.add_function(wrap_pyfunction!(start_exit_watch, m)?)?;
+    m.add_function(wrap_pyfunction!(stop_exit_watch, m)?)?;
+    m.add_function(wrap_pyfunction!(push_control, m)?)?;
+    m.add_function(wrap_pyfunction!(push_eager, m)?)?;
+    m.add_function(wrap_pyfunction!(barrier, m)?)?;
+    m.add_function(wrap_pyfunction!(is_running, m)?)?;
+    Ok(())
+}
+
+/// Longest single wait with the GIL released before re-checking signals.
+pub(crate) const WAIT_SLICE: Duration = Duration::from_millis(100);
+
+/// Waits (GIL released, signals checked) until the GPU couriers delivered every tap handed
+/// to them so far.
+fn wait_gpu_parcels(py: Python<'_>) -> PyResult<()> {
+    let parcels = hostfeed_core::GPU_DELIVERY.submitted();
+    while !hostfeed_core::GPU_DELIVERY.delivered_at_least(parcels) {
+        if py.detach(|| hostfeed_core::GPU_DELIVERY.wait_delivered(parcels, WAIT_SLICE)) {
+            break;
+        }
+        py.check_signals()?;
+    }
+    Ok(())
+}
+
+/// Waits (GIL released, `limit` at most) until the GPU couriers delivered every tap
+/// handed to them, so that stopping or exiting does not leave GPU taps behind.
+fn wait_gpu_deliveries(py: Python<'_>, limit: Duration) {
+    let parcels = hostfeed_core::GPU_DELIVERY.submitted();
+    py.detach(|| hostfeed_core::GPU_DELIVERY.wait_delivered(parcels, limit));
+}
+
+/// Configures and starts the receiver.
+///
+/// `dispatcher(batch)` is called on the consumer thread with a `BatchIter`, an iterator of
+/// `Message`s; `dtypes` maps XLA dtype codes to numpy dtypes. Returns whether a consumer thread was started.
+#[pyfunction]
+#[pyo3(signature = (dispatcher, dtypes, max_queue_bytes=None))]
+pub fn start(
+    py: Python<'_>,
+    dispatcher: Bound<'_, PyAny>,
+    dtypes: &Bound<'_, PyDict>,
+    max_queue_bytes: Option<u64>,
+) -> PyResult<bool> {
+    if !dispatcher.is_callable() {
+        return Err(PyTypeError::new_err("dispatcher must be callable"));
+    }
+    let mut descrs: Vec<Option<Py<PyArrayDescr>>> = Vec::new();
+    for (k, v) in dtypes.iter() {
+        let code: usize = k.extract()?;
+        let descr = v
+            .cast_into::<PyArrayDescr>()
+            .map_err(|e| PyTypeError::new_err(format!("dtypes[{code}] must be a numpy dtype: {e}")))?;
+        if descrs.len() <= code {
+            descrs.resize_with(code + 1, || None);
+        }
+        descrs[code] = Some(descr.unbind());
+    }
+    if let Some(bound) = max_queue_bytes {
+        set_max_queue_bytes(bound)?;
+    }
+    let consumer = Arc::new(PyConsumer::new(dispatcher.unbind(), Dtypes { descrs }));
+    let r = hub();
+    // Detached: the control lock may be held by a `stop` waiting for the consumer, which
+    // needs the GIL.
+    py.detach(move || {
+        r.configure(consumer);
+        r.start()
+    })
+    .py()
+}
+
+/// Drains the queue, then stops and joins the consumer thread (GIL released). If a
+/// callback makes no progress for `stall_timeout` seconds (None: no limit), waiting calls
+/// are failed and the thread is abandoned; returns whether the thread was joined.
+#[pyfunction]
+#[pyo3(signature = (stall_timeout))]
+pub fn stop(py: Python<'_>, stall_timeout: Option<f64>) -> PyResult<bool> {
+    let stall = duration("stall_timeout", stall_timeout)?;
+    wait_gpu_deliveries(py, stall.unwrap_or(hostfeed_core::DEFAULT_STOP_TIMEOUT)); // GPU taps first
+    let outcome = py.detach(|| hub().stop(stall));
+    report_notes(py);
+    Ok(!matches!(outcome.py()?, StopOutcome::Abandoned(_)))
+}
+
+/// Stops the receiver for good (interpreter exit): drains what is queued (abandoning
+/// callbacks stuck for `stall_timeout` seconds), then refuses later messages. Returns the
+/// number of messages that could not be processed.
+#[pyfunction]
+#[pyo3(signature = (stall_timeout))]
+pub fn finalize(py: Python<'_>, stall_timeout: Option<f64>) -> PyResult<usize> {
+    let stall = duration("stall_timeout", stall_timeout)?;
+    wait_gpu_deliveries(py, stall.unwrap_or(hostfeed_core::DEFAULT_STOP_TIMEOUT)); // GPU taps first
+    let dropped = py.detach(|| hub().finalize(stall));
+    report_notes(py);
+    hostfeed_core::remove_interrupt_handlers();
+    dropped.py()
+}
+
+/// The exit watchdog: a native thread that keeps the receiver draining while the main
+/// thread waits for computations at interpreter exit (no Python thread can be started
+/// then). It abandons a consumer stuck for the stall timeout, so that computations
+/// blocked on a full queue, or calls waiting for a stuck callback, can finish.
+static EXIT_WATCH: Mutex<Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>> = Mutex::new(None);
+
+/// Starts the exit watchdog (see above): abandons a callback that makes no progress for
+/// `stall_timeout` seconds (None: never). Idempotent.
+#[pyfunction]
+#[pyo3(signature = (stall_timeout))]
+pub fn start_exit_watch(stall_timeout: Option<f64>) -> PyResult<()> {
+    let stall = duration("stall_timeout", stall_timeout)?;
+    let mut watch = lock(&EXIT_WATCH);
+    if watch.is_some() {
+        return Ok(());
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&stop);
+    let r = hub();
+    let handle = std::thread::Builder::new()
+        .name("hostfeed-exit-watch".into())
+        .spawn(move || {
+            while !flag.load(Ordering::Acquire) {
+                if let Err(e) = r.drain_step(stall, Duration::from_millis(20)) {
+                    r.note(format!("exit watchdog: {e}"));
+                    break;
+                }
+                if r.queue.processed() >= r.queue.enqueued() {
+                    std::thread::park_timeout(Duration::from_millis(20));
+                }
+            }
+        })
+        .map_err(|e| ReceiverError::new_err(format!("cannot start the exit watchdog: {e}")))?;
+    *watch = Some((stop, handle));
+    Ok(())
+}
+
+/// Stops the exit watchdog and waits for it (GIL released).
+#[pyfunction]
+pub fn stop_exit_watch(py: Python<'_>) {
+    let taken = lock(&EXIT_WATCH).take();
+    if let Some((stop, handle)) = taken {
+        stop.store(true, Ordering::Release);
+        handle.thread().unpark();
+        py.detach(|| drop(handle.join()));
+    }
+    report_notes(py);
+}
+
+/// Waits until every message enqueued before the call is processed (`timeout` seconds at
+/// most; None: no limit), with the GIL released in slices so that Ctrl-C works. Raises an
+/// error the dispatcher raised meanwhile.
+#[pyfunction]
+#[pyo3(signature = (timeout=None))]
+pub fn barrier(py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+    let timeout = duration("timeout", timeout)?;
+    if hostfeed_core::in_consumer_thread() {
+        return Err(Error::InsideCallback("barrier_wait")).py();
+    }
+    let r = hub();
+    let start = Instant::now();
+    // Taps GPUs sent before the barrier reach the queue first (without GPUs:
+    // one atomic load).
+    let parcels = hostfeed_core::GPU_DELIVERY.submitted();
+    while !hostfeed_core::GPU_DELIVERY.delivered_at_least(parcels) {
+        if py.detach(|| hostfeed_core::GPU_DELIVERY.wait_delivered(parcels, WAIT_SLICE)) {
+            break;
+        }
+        py.check_signals()?;
+        if timeout.is_some_and(|t| start.elapsed() >= t) {
+            break; // the queue wait below reports the timeout
+        }
+    }
+    let target = r.queue.enqueued();
+    // Idle (the usual case after the first one): two atomic loads, no lock, no detach.
+    while r.queue.processed() < target {
+        let slice = match timeout {
+            Some(t) => {
+                let left = t.saturating_sub(start.elapsed());
+                if left.is_zero() && r.queue.processed() < target {
+                    return Err(Error::Timeout {
+                        what: "barrier_wait",
+                        seconds: t.as_secs_f64(),
+                        pending: target.saturating_sub(r.queue.processed()),
+                    })
+                    .py();
+                }
+                left.min(WAIT_SLICE)
+            }
+            None => WAIT_SLICE,
+        };
+        BARRIER_DETACHED.store(true, Ordering::Release);
+        let processed = py.detach(|| r.wait_processed(target, slice));
+        BARRIER_DETACHED.store(false, Ordering::Release);
+        if processed.py()? {
+            break;
+        }
+        py.check_signals()?;
+    }
+    report_notes(py);
+    take_dispatch_error().map_or(Ok(()), Err)
+}
+
+/// Enqueues an eager tap: `entry` (its `Consumer`, registered nowhere: the message carries
+/// it; anything else fails when it runs, recorded for the next barrier) runs on the consumer
+/// thread with `arrays`, after everything already enqueued. `nbytes`
+/// (the arrays' bytes) counts against the queue bound; when the queue is full this waits
+/// for space with the GIL released.
+#[pyfunction]
+pub fn push_eager(
+    py: Python<'_>,
+    entry: Bound<'_, PyAny>,
+    arrays: Bound<'_, PyTuple>,
+    nbytes: usize,
+) -> PyResult<()> {
+    // Python waited for the computations dispatched before this tap; their GPU
+    // taps reach the queue first (without GPUs: two atomic loads).
+    wait_gpu_parcels(py)?;
+    let payload = EagerTap { entry: entry.unbind(), arrays: arrays.unbind() };
+    let msg = Message::from_host(hostfeed_core::FLAG_EAGER, -1, Box::new(payload), nbytes);
+    EAGER_PUSHED.store(true, Ordering::Release);
+    // (`try_push`/`push` stamp the message for the hand-over histogram.)
+    let r = hub();
+    // While attached only what cannot wait; waiting (or starting a consumer, which takes
+    // the control lock a `stop` may hold while it waits for the GIL) happens detached.
+    match r.try_push(msg).py()? {
+        TryPush::Pushed => Ok(()),
+        TryPush::NeedsConsumer => Ok(py.detach(|| r.start().map(drop)).py()?),
+        TryPush::Full(msg) => Ok(py.detach(|| r.push(msg)).py()?),
+    }
+}
+
+/// Enqueues a control message (consumer id 0, no data) that the dispatcher acts on in
+/// queue order. The GIL is released while the queue is full.
+#[pyfunction]
+pub fn push_control(py: Python<'_>) -> PyResult<()> {
+    // SAFETY: no operands are read.
+    let msg = unsafe { hostfeed_core::gather(0, 0, -1, std::iter::empty()) }.py()?;
+    let r = hub();
+    py.detach(|| r.push(msg)).py()
+}
+
+/// Whether the consumer thread is running.
+#[pyfunction]
+pub fn is_running(py: Python<'_>) -> bool {
+    py.detach(|| hub().is_running())
+}
