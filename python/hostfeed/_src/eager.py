@@ -28,7 +28,7 @@ def _eager_device(callback: CallbackSpec, values: Sequence[Any]) -> jax.Device |
     return devs[0] if devs else jax.devices()[0]
 
 
-def _outside_call_impl(*args, **params):
+def _outside_call_impl(*args: Any, **params: Any) -> Any:
     callback, nr_tapped_args = params["callback"], params["nr_tapped_args"]
     transforms = params["transforms"]
     # Eager taps from inside a host callback also run inline: going through the device
@@ -112,8 +112,9 @@ def outside_call(args: Sequence[Any], params: dict) -> list:
     return outside_call_p.bind(*args, **params)
 
 
-def _host_call_impl(*args, callback, result_treedef, result_avals, device_index,
-                    with_status=False, shard_parts=None):
+def _host_call_impl(*args: Any, callback: Any, result_treedef: Any, result_avals: Any,
+                    device_index: int, with_status: bool = False,
+                    shard_parts: Any = None) -> Any:
     if settings.inline():
         arg = callback.arg_treedef.unflatten([np.asarray(a) for a in args])
         if callback.with_device:

@@ -12,6 +12,8 @@ computation is :mod:`hostfeed._src.eager`'s, so declaring them starts nothing.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import numpy as np
 
@@ -118,7 +120,7 @@ def outside_call_params(callback: CallbackSpec, nr_tapped_args: int, transforms:
 
 
 @outside_call_p.def_effectful_abstract_eval
-def _outside_call_abstract_eval(*avals, **params):
+def _outside_call_abstract_eval(*avals: Any, **params: Any) -> Any:
     del params
     return avals, {host_callback_effect}
 
@@ -131,7 +133,8 @@ host_call_p.multiple_results = True
 
 
 @host_call_p.def_effectful_abstract_eval
-def _host_call_abstract_eval(*avals, result_avals, with_status=False, **params):
+def _host_call_abstract_eval(*avals: Any, result_avals: Any, with_status: bool = False,
+                             **params: Any) -> Any:
     # `with_status` (set only by hostfeed's own multi-device lowering) adds a leading int32
     # status result: 0, or the ticket of a failure that a later check raises everywhere.
     del avals, params
@@ -139,7 +142,7 @@ def _host_call_abstract_eval(*avals, result_avals, with_status=False, **params):
     return status + list(result_avals), {host_callback_effect}
 
 
-def _status_aval():
+def _status_aval() -> Any:
     return jax.core.ShapedArray((), np.int32)
 
 
@@ -151,7 +154,7 @@ call_check_p.multiple_results = True
 
 
 @call_check_p.def_effectful_abstract_eval
-def _call_check_abstract_eval(status, *message):
+def _call_check_abstract_eval(status: Any, *message: Any) -> Any:
     # `message` (many processes only): the failure's text as NUL-padded uint8 bytes, sent
     # from the process where the call failed (its status ticket means nothing elsewhere).
     del status, message
@@ -170,6 +173,6 @@ FAILURE_MESSAGE_BYTES = 2048
 
 
 @failure_message_p.def_abstract_eval
-def _failure_message_abstract_eval(status):
+def _failure_message_abstract_eval(status: Any) -> Any:
     del status
     return jax.core.ShapedArray((FAILURE_MESSAGE_BYTES,), np.uint8)
