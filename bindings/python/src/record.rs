@@ -1,5 +1,5 @@
 //! The Python binding of the recorder (the core's `record/recorder.rs`): `hostfeed._receiver.Recorder`,
-//! which `hostfeed._src.recording` wraps. Argument conversion, and the release of the GIL
+//! which `hostfeed._src.record.recorder` wraps. Argument conversion, and the release of the GIL
 //! around every file system operation and wait (waits are sliced so that Ctrl-C works).
 //! While `jax.profiler` traces, writer threads attach to Python around each chunk write to
 //! put it on the timeline as a `TraceMe` (the core's `record/trace.rs`; see

@@ -281,7 +281,7 @@ unsafe fn row_avx2(x: &[f32]) -> [f32; 9] {
 }
 
 /// The statistics row of `x`: count, mean, std, min, max, absmax, l2, NaN count,
-/// infinity count (the columns of `hostfeed._src.summaries.STATS`). Mean, std, min, max and absmax are over
+/// infinity count (the columns of `hostfeed._src.record.summaries.STATS`). Mean, std, min, max and absmax are over
 /// the finite values (NaN when there is none), l2 too; count is every value.
 #[must_use]
 pub(crate) fn stats_row(x: &[f32]) -> [f32; 9] {

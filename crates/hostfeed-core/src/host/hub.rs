@@ -5,7 +5,7 @@
 //! `hostfeed._src.lifecycle` drives through the extension module `hostfeed._receiver`.)
 //!
 //! The consumer thread runs a [`Consume`] implementation. The Python binding provides the
-//! real one (the binding's `host.rs` and `messages.rs`: attach to Python, hand each batch
+//! real one (the binding's `host/consumer.rs`, `batch.rs` and `messages.rs`: attach to Python, hand each batch
 //! to the dispatcher); tests provide plain Rust ones, so this whole module is covered by `cargo test`.
 //!
 //! Lifecycle: the binding configures the receiver with its consumer and starts it. A

@@ -1,7 +1,7 @@
 """Selective recording: ``every=``, ``start=`` and ``stop=`` of ``Recorder.record``, decided
 on the device (a ``cond`` on the step) or, for a concrete step, at the call; and
 :func:`record_selected`, which records a value or its summary
-(:func:`hostfeed._src.summaries.summarize`) at the selected steps only."""
+(:func:`hostfeed._src.record.summaries.summarize`) at the selected steps only."""
 from __future__ import annotations
 
 import json
