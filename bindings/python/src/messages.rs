@@ -88,7 +88,16 @@ impl PyMessage {
         run_id: i64,
         consumer: Option<Py<PyAny>>,
     ) -> Self {
-        PyMessage::new(py, consumer_id, device, flags, arrays, reply, run_id, consumer)
+        let int = |v: i64| v.into_pyobject(py).map_or_else(|e| match e {}, Bound::unbind);
+        PyMessage {
+            consumer_id: int(consumer_id),
+            device: int(i64::from(device)),
+            flags: int(flags),
+            arrays,
+            reply: reply.unwrap_or_else(|| py.None()),
+            run_id: int(run_id),
+            consumer: consumer.unwrap_or_else(|| py.None()),
+        }
     }
 
     fn __repr__(&self, py: Python<'_>) -> String {
@@ -105,29 +114,6 @@ impl PyMessage {
 }
 
 impl PyMessage {
-    #[allow(clippy::too_many_arguments)] // one argument per field
-    fn new(
-        py: Python<'_>,
-        consumer_id: i64,
-        device: i32,
-        flags: i64,
-        arrays: Py<PyTuple>,
-        reply: Option<Py<PyAny>>,
-        run_id: i64,
-        consumer: Option<Py<PyAny>>,
-    ) -> Self {
-        let int = |v: i64| v.into_pyobject(py).map_or_else(|e| match e {}, Bound::unbind);
-        PyMessage {
-            consumer_id: int(consumer_id),
-            device: int(i64::from(device)),
-            flags: int(flags),
-            arrays,
-            reply: reply.unwrap_or_else(|| py.None()),
-            run_id: int(run_id),
-            consumer: consumer.unwrap_or_else(|| py.None()),
-        }
-    }
-
     /// One message of the receiver's queue for the dispatcher; an eager tap's carries its
     /// consumer (`consumer_id` -1).
     pub(crate) fn from_message<'py>(
@@ -143,7 +129,7 @@ impl PyMessage {
             let EagerTap { entry, arrays } = *eager;
             return Bound::new(
                 py,
-                PyMessage::new(py, consumer_id, device, flags, arrays, None, 0, Some(entry)),
+                PyMessage::py_new(py, consumer_id, device, flags, arrays, None, 0, Some(entry)),
             );
         }
         // The reply first: if building the arrays fails, dropping it fails the call.
@@ -157,7 +143,7 @@ impl PyMessage {
         // A GPU's messages reach Python with a key of their own (see `hostfeed_core::gpu_device_key`).
         let device =
             if flags & hostfeed_core::FLAG_GPU == 0 { device } else { hostfeed_core::gpu_device_key(device) };
-        Bound::new(py, PyMessage::new(py, consumer_id, device, flags, arrays, reply, run_id, None))
+        Bound::new(py, PyMessage::py_new(py, consumer_id, device, flags, arrays, reply, run_id, None))
     }
 }
 
