@@ -1,7 +1,8 @@
-"""Test matrix: the whole Python test suite, the stub check and mypy on each supported
-(Python, JAX) pair; the suite with the portable transport forced; the docs site; the GPU
-check's dry run;
-and the Rust core's tests once (optimised, with debug assertions, and the loom models).
+"""Test matrix: the Python test suite, the stub check and mypy on each supported (Python,
+JAX) pair; the suite with the portable transport forced; the docs site; the GPU check's dry
+run; and the Rust core's tests once (optimised, with debug assertions, and the loom models).
+Which tests each session runs: SCOPES below, and tests/python/conftest.py (HOST_SIDE,
+TRANSPORT_AGNOSTIC), the one list of what runs where.
 
     nox                                 # everything: the three environments, portable,
                                         # gpu_check_dry, then the Rust tests
@@ -10,12 +11,14 @@ and the Rust core's tests once (optimised, with debug assertions, and the loom m
     nox -s tests                        # the three environments
     nox -s rust                         # the core's tests (the FFI layout against each jaxlib
                                         # seen), then the loom models
-    nox -s gpu_check_dry                # .ci/accelerators/gpu_check.sh's dry run on CPU (a few minutes)
+    nox -s gpu_check_dry                # .ci/accelerators/gpu_check.sh's dry run on CPU
+                                        # (about a minute)
     nox -s docs                         # build the docs site (-W), check its front page
-    nox -s portable                     # the suite with the portable transport forced
+    nox -s portable                     # the tests that lower a callback, with the
+                                        # portable transport forced
     nox -s releases                     # also 0.10.0, 0.10.1, 0.11.0, 0.11.1, 0.12.0 (not in CI)
     nox -s full                         # tests, portable and rust with every test in every
-                                        # session (CI runs the host-side tests once: SCOPES)
+                                        # session, soaks at full length (CI: SCOPES)
 
 Each environment installs one hostfeed wheel. Set ``HOSTFEED_WHEEL`` to a wheel built
 beforehand (CI builds the abi3 wheel once: ``maturin build --release --out dist``);
@@ -40,14 +43,27 @@ FFI_INCLUDES = ROOT / ".nox" / "_ffi_include"
 MATRIX = [("3.11", "0.10.2"), ("3.12", "0.11.2"), ("3.13", "0.12.0.1")]
 # Which tests each session runs (pytest --scope, tests/python/conftest.py): the tests whose
 # result may depend on the JAX release in every session; the host-side ones (stores, object
-# stores, reading back, settings, docs, the bench's machinery: conftest.HOST_SIDE_FILES)
-# once, with the newest JAX. `nox -s full` runs everything everywhere.
+# stores, reading back, settings, docs, the bench's report: conftest.HOST_SIDE) once, with
+# the newest JAX, which also runs the soak-like tests at full length (the others run their
+# short variant: conftest.soak_seconds). The portable session runs the tests whose result
+# may also depend on the transport (--scope=transport). `nox -s full` runs everything
+# everywhere, at full length.
 SCOPES = {"0.10.2": "jax", "0.11.2": "jax", "0.12.0.1": "all"}
 _FULL = os.environ.get("HOSTFEED_NOX_FULL") == "1"
 
 
 def _scope(jax: str) -> list[str]:
-    return ["--scope=all" if _FULL else f"--scope={SCOPES.get(jax, 'jax')}"]
+    if _FULL:
+        return ["--scope=all"]
+    scope = SCOPES.get(jax, "jax")
+    return [f"--scope={scope}", *([] if scope == "all" else ["--short-soaks"])]
+
+
+# Each session's Python writes the bytecode of the modules it imports into its environment
+# (uv installs none, and a machine may set PYTHONDONTWRITEBYTECODE): otherwise every process
+# the suite starts (hundreds: subprocess tests, helpers, the docs' blocks) compiles JAX's
+# modules again, about 3 CPU-seconds each: a third of a session's CPU time.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 # uv where it is installed (CI: nox[uv]): the sessions install the same jax, jaxlib and test
 # tools again and again, from its cache in seconds; else the standard library's venv + pip.
@@ -96,10 +112,11 @@ def portable(session: nox.Session, jax: str) -> None:
     """pytest with the portable transport forced for every platform (``HOSTFEED_TRANSPORT=
     jax``); tests of the native handlers themselves skip, saying why."""
     _install(session, jax)
-    # The tests that lower a callback (the host-side ones lower none differently).
+    # The tests whose result may depend on the transport: those that lower a callback
+    # through it (conftest: all but HOST_SIDE and TRANSPORT_AGNOSTIC).
     session.run("python", "-m", "pytest", "--durations=10",
-                *(["--scope=all"] if _FULL else ["--scope=jax"]), *session.posargs,
-                env={"JAX_PLATFORMS": "cpu", "HOSTFEED_TRANSPORT": "jax"})
+                *(["--scope=all"] if _FULL else ["--scope=transport", "--short-soaks"]),
+                *session.posargs, env={"JAX_PLATFORMS": "cpu", "HOSTFEED_TRANSPORT": "jax"})
 
 
 def _install(session: nox.Session, jax: str) -> None:
@@ -108,13 +125,16 @@ def _install(session: nox.Session, jax: str) -> None:
 
 def _test(session: nox.Session, jax: str) -> None:
     _install(session, jax)
-    session.run("python", "-c", "import jax, jaxlib, sys; "
-                "print('python', sys.version.split()[0], 'jax', jax.__version__, "
-                "'jaxlib', jaxlib.__version__)")
-    include = session.run("python", "-c", "import jax; print(jax.ffi.include_dir())",
-                          silent=True)
+    out = session.run("python", "-c", "import jax, jaxlib, sys; "
+                      "print('python', sys.version.split()[0], 'jax', jax.__version__, "
+                      "'jaxlib', jaxlib.__version__); print(jax.ffi.include_dir())",
+                      silent=True)
+    if out is None:  # nox --install-only: nothing runs
+        return
+    versions, include = str(out).strip().splitlines()[-2:]
+    session.log(versions)
     FFI_INCLUDES.mkdir(parents=True, exist_ok=True)
-    (FFI_INCLUDES / f"py{session.python}-jax{jax}").write_text(str(include).strip())
+    (FFI_INCLUDES / f"py{session.python}-jax{jax}").write_text(include.strip())
     env = {"JAX_PLATFORMS": "cpu"}
     # From the repository root, but importing the installed wheel: python/ is not on the
     # path, and pytest's rootdir only adds tests/python (for conftest).
@@ -126,8 +146,9 @@ def _test(session: nox.Session, jax: str) -> None:
 
 @nox.session(python=False)
 def full(session: nox.Session) -> None:
-    """The whole matrix with every test in every session (CI runs the host-side tests once):
-    the `tests` and `portable` sessions, then the Rust tests."""
+    """The whole matrix with every test in every session, the soak-like tests at full length
+    (CI runs the host-side tests once and the long soaks once: SCOPES): the `tests` and
+    `portable` sessions, then the Rust tests."""
     session.run("nox", "-s", "tests", "portable", "rust", *(
         ["--", *session.posargs] if session.posargs else []), external=True,
         env={"HOSTFEED_NOX_FULL": "1"})
@@ -151,14 +172,15 @@ GPU_MACHINE = ("3.12", "0.11.2")
 DRY_SUITE = "tests/python/test_taps.py tests/python/test_call.py"
 
 
-@nox.session(python=GPU_MACHINE[0], venv_backend="venv")  # pip: the check downloads wheels
+@nox.session(python=GPU_MACHINE[0])
 def gpu_check_dry(session: nox.Session) -> None:
     """.ci/accelerators/gpu_check.sh on CPU (GPU_CHECK_PLATFORM=cpu): every step (install, smoke,
     GPU tests, bench, suite) and its verdict, as on the GPU machine. Like that machine,
     the environment has JAX, pytest and pytest-timeout but not zarr, which the script
-    must unpack (with its dependencies) from the wheel directory."""
+    must unpack (with its dependencies) from the wheel directory (pip downloads them)."""
     jax = GPU_MACHINE[1]
-    session.install(f"jax=={jax}", f"jaxlib=={jax}", "pytest>=8", "pytest-timeout>=2.3")
+    session.install(f"jax=={jax}", f"jaxlib=={jax}", "pytest>=8", "pytest-timeout>=2.3",
+                    "pip")
     dist = ROOT / ".nox" / "_gpu_check_dist"
     if dist.exists():
         for old in dist.iterdir():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -38,27 +39,196 @@ ON_ACCELERATOR = ON_GPU or ON_TPU
 PORTABLE = os.environ.get("HOSTFEED_TRANSPORT", "").strip().lower() == "jax" or ON_TPU
 
 
-#: The files whose tests do not depend on which JAX release lowers and runs the
-#: computations: the Recorder's stores and writers, object stores, reading back, appends,
-#: settings and inputs checked before JAX is reached, the docs and the examples, the
-#: bench's machinery, packaging, the structure, the dispatcher's joining logic. The one
-#: list of what runs where: with ``pytest --scope=jax`` these are left out (CI's sessions
-#: of the older JAX releases, and the portable pass); with ``--scope=host`` they alone run;
-#: with ``all`` (the default: plain ``pytest``) everything does. CI runs them in the newest
-#: JAX's session (noxfile.py's MATRIX), and ``nox -s full`` everywhere.
-HOST_SIDE_FILES = frozenset({
-    "test_object_store.py", "test_append.py", "test_reading_back.py",
-    "test_recorder_integrity.py", "test_docs.py", "test_examples.py", "test_bench.py",
-    "test_bad_settings_and_inputs.py", "test_packaging.py", "test_install.py",
-    "test_structure.py", "test_shard_assembly.py",
-})
-_SCOPES = ("all", "jax", "host")
+# ---- where each test runs ------------------------------------------------------------------
+# The one list of what runs where (docs/development.md, "What runs where"). A test runs in
+# every session unless it is named here: in the `tests` session of each supported JAX
+# release (noxfile.py's MATRIX) and again in the `portable` one (HOSTFEED_TRANSPORT=jax).
+# A test is named only where running it in fewer sessions saves time and it cannot fail
+# differently there; when in doubt, it is left out of these lists and runs everywhere.
+# Keys are test files; a value is ALL (the whole file) or the names of some of its tests
+# (every parametrization of each). `nox -s full` runs every test in every session.
+
+#: The whole file.
+ALL = "*"
+
+#: Tests whose outcome depends neither on the JAX release nor on the transport: what they
+#: check happens on the host, after a callback has delivered its data (the Recorder's stores
+#: and writers, object stores, reading back, appending) or before JAX is reached (settings,
+#: arguments refused at the call), or involves no JAX at all (the docs' pages and figures,
+#: the examples, the bench's report and plots, packaging, the structure, the dispatcher's
+#: joining logic, the GPU driver loaders). A jitted record that only brings the rows to the
+#: writer under test does not make a test JAX-facing: the JAX-facing tests check that path
+#: on every release. `pytest --scope=host` runs these alone; CI runs them once, in the
+#: newest JAX's session (noxfile.py's SCOPES).
+HOST_SIDE: dict[str, object] = {
+    "test_object_store.py": ALL,
+    "test_append.py": ALL,
+    "test_reading_back.py": ALL,
+    "test_sharding.py": ALL,  # Zarr's sharded layout (not JAX's), read by three readers
+    "test_docs.py": ALL,
+    "test_packaging.py": ALL,
+    "test_structure.py": ALL,
+    "test_shard_assembly.py": ALL,
+    # Not the fork (JAX's own threads at a fork) nor the byte order of a call's result (the
+    # call's host side differs between transports).
+    "test_recorder_integrity.py": frozenset({
+        "test_rows_flushed_mid_chunk_read_back_exactly",
+        "test_soak_rows_flushed_mid_chunk_read_back_exactly",
+        "test_a_second_recorder_on_an_open_store_is_refused_in_process",
+        "test_the_lock_holds_across_processes_and_dies_with_its_holder",
+        "test_names_are_refused_before_anything_is_created",
+        "test_paths_longer_than_the_system_allows_are_refused",
+        "test_eager_records_raise_at_the_call",
+        "test_flush_and_close_raise_the_recorders_unseen_errors",
+        "test_write_failures_raise_recording_error_every_time_naming_every_array",
+        "test_paths_are_taken_with_os_fspath"}),
+    # The writer's errors, durability and chunks, and zarr-python's dtypes; not the rows'
+    # dtypes, transformations, the queue's bound or the exit (JAX-facing).
+    "test_recording.py": frozenset({
+        "test_a_bad_writer_count_is_refused_at_open",
+        "test_an_unwritable_or_existing_path_is_an_oserror",
+        "test_a_failing_disk_is_a_recording_error_at_the_next_barrier",
+        "test_rows_flushed_before_a_kill_survive_it",
+        "test_flushes_in_the_middle_of_chunks",
+        "test_zstd_store_reads_back_and_stats",
+        "test_registered_dtypes_leave_zarr_python_working_for_other_arrays",
+        "test_zarr_learns_the_ml_dtypes_whatever_the_import_order",
+        "test_a_chosen_pool_limit_holds_whatever_starts_the_receiver"}),
+    # The object store and the lock; the processes' JAX side is the file system run's.
+    "test_shared_store.py": frozenset({
+        "test_processes_share_an_object_store",
+        "test_another_run_on_an_open_shared_store_is_refused"}),
+    # Not the exit with pending taps, the refusals at tracing and lowering, the eager
+    # id_print, the jitted lambda's name (JAX-facing).
+    "test_bad_settings_and_inputs.py": frozenset({
+        "test_the_table_covers_every_variable",
+        "test_a_bad_value_fails_the_import_naming_the_variable",
+        "test_empty_values_are_unset_and_words_ignore_case",
+        "test_recorder_refuses_a_coordination_timeout_that_is_not_positive",
+        "test_bench_checks_its_output_paths_before_the_run",
+        "test_a_misspelt_keyword_is_named",
+        "test_read_recording_names_the_store_and_the_nearest_names",
+        "test_byte_counts_take_the_units_the_readme_writes",
+        "test_byte_counts_refuse_what_they_cannot_read",
+        "test_a_misspelt_variable_name_is_reported_at_import_with_the_nearest_name",
+        "test_a_recorder_url_is_refused_before_anything_is_created_and_file_urls_work",
+        "test_no_storage_option_value_reaches_a_rust_panic",
+        "test_an_endpoint_that_is_no_url_is_named",
+        "test_a_bad_lease_is_refused_on_a_local_path_too",
+        "test_a_url_missing_a_slash_is_no_local_folder",
+        "test_reading_what_hostfeed_did_not_write_says_so",
+        "test_a_truncated_chunk_is_named_when_read",
+        "test_follow_on_a_damaged_store_raises_at_once"}),
+    # The README's commands and the demo; not the docstring examples (taps under jit).
+    "test_examples.py": frozenset({
+        "test_readme_has_two_commands_first",
+        "test_demo_trains_records_reads_back_and_summarises",
+        "test_demo_refuses_no_steps_with_its_own_usage",
+        "test_readme_check_doctests",
+        "test_readme_blocks_need_only_what_the_readme_installed_before_them"}),
+    "test_surprises.py": frozenset({"test_demo_with_a_temporary_store_says_it_is_deleted"}),
+    # The report and the plots from the committed runs; not the quick run, which calls
+    # JAX's own callbacks (jax.experimental.buffer_callback among them) on each release,
+    # nor the receiver's timing of taps.
+    "test_bench.py": frozenset({
+        "test_plot_without_matplotlib_is_a_clear_error",
+        "test_plot_draws_one_panel_per_section_with_data",
+        "test_plot_of_a_result_with_nothing_to_draw_names_what_it_draws",
+        "test_plot_of_sections_with_nothing_to_draw_is_refused_before_the_run",
+        "test_ratios_are_shown_with_their_range_over_the_rounds",
+        "test_the_whole_report_fits_100_columns_and_every_ratio_is_a_time_ratio",
+        "test_a_table_wider_than_the_terminal_is_cut_into_tables_that_repeat_the_first_column",
+        "test_bench_help_says_in_one_line_what_it_measures",
+        "test_unknown_section_is_refused",
+        "test_importing_hostfeed_loads_no_benchmark_code"}),
+    # Version strings and settings; not the import under a faked version (the real JAX's
+    # import is what it runs).
+    "test_lifecycle.py": frozenset({
+        "test_start_receiver_validates_the_bound",
+        "test_jax_older_than_0_10_is_refused_with_the_upgrade_command",
+        "test_every_supported_jax_is_accepted_silently",
+        "test_jax_newer_than_tested_warns_once_naming_the_tested_range",
+        "test_queue_bound_comes_from_the_environment",
+        "test_invalid_queue_bound_environment_is_a_clear_error"}),
+    "test_fast_dispatch.py": frozenset({"test_a_bad_setting_is_refused_at_import"}),
+    # The driver libraries' loaders (stand-ins built with cc), in Rust.
+    "test_cuda_lowering.py": frozenset({
+        "test_the_driver_is_loaded_as_libcuda_so_1_with_every_function_hostfeed_calls",
+        "test_cuda_pool_stats_answer_without_a_gpu",
+        "test_the_copy_floor_benchmark_is_not_in_the_shipped_module"}),
+    "test_rocm_lowering.py": frozenset({
+        "test_the_runtime_is_found_by_a_versioned_name_with_every_function_hostfeed_calls",
+        "test_registrations_name_the_cpu_targets_for_rocm"}),
+}
+
+#: Tests whose outcome may depend on the JAX release but not on the transport that
+#: HOSTFEED_TRANSPORT forces: they lower no callback, or choose each transport themselves.
+#: They run on every JAX release; `pytest --scope=transport` (CI's portable pass) leaves
+#: them out, with the host-side ones.
+TRANSPORT_AGNOSTIC: dict[str, object] = {
+    "test_portable.py": ALL,  # runs each transport itself (transports.forcing)
+    "test_lifecycle.py": frozenset({"test_importing_under_a_newer_or_older_jax"}),
+    "test_cuda_lowering.py": frozenset({
+        "test_the_package_imports_without_cuda_libraries_in_a_fresh_process",
+        "test_native_transport_forced_refuses_other_platforms_with_a_clear_message",
+        "test_other_platforms_take_the_portable_transport_without_refusal"}),
+    "test_rocm_lowering.py": frozenset({
+        "test_native_transport_forced_lowers_for_rocm_without_a_backend",
+        "test_rocm_lowers_natively_by_default_and_jax_when_forced"}),
+}
+
+_SCOPES = ("all", "jax", "host", "transport")
+
+#: The options that change how tests run (set from the command line by pytest_configure):
+#: ``short_soaks``, soak-like tests (races given a number of seconds) run their short
+#: variant (see :func:`soak_seconds`).
+_RUN = {"short_soaks": False}
+
+
+def soak_seconds(long: float, short: float) -> float:
+    """How many seconds a soak-like test runs: ``long``, or ``short`` with ``--short-soaks``
+    (CI's sessions but the newest JAX's: the same code path on each release, for less
+    time; the long variant runs once)."""
+    return short if _RUN["short_soaks"] else long
 
 
 def pytest_addoption(parser):
     parser.addoption("--scope", choices=_SCOPES, default="all",
-                     help="which tests run: all; jax (those whose result may depend on the "
-                          "JAX release: all but conftest.HOST_SIDE_FILES); host (only those)")
+                     help="which tests run (conftest.HOST_SIDE, TRANSPORT_AGNOSTIC): all; "
+                          "jax (those whose result may depend on the JAX release: all but "
+                          "HOST_SIDE); host (only HOST_SIDE); transport (those that may also "
+                          "depend on the transport: all but HOST_SIDE and TRANSPORT_AGNOSTIC)")
+    parser.addoption("--short-soaks", action="store_true",
+                     help="soak-like tests run their short variant (conftest.soak_seconds)")
+
+
+def pytest_configure(config):
+    _RUN["short_soaks"] = config.getoption("--short-soaks")
+    _check_lists()
+
+
+def _check_lists() -> None:
+    """Every file and test the lists name exists (a renamed test would silently run
+    everywhere, or nowhere it should)."""
+    here = pathlib.Path(__file__).parent
+    for table, entries in (("HOST_SIDE", HOST_SIDE), ("TRANSPORT_AGNOSTIC", TRANSPORT_AGNOSTIC)):
+        for file, names in entries.items():
+            path = here / file
+            if not path.is_file():
+                raise pytest.UsageError(f"conftest.{table} names {file}, which does not exist")
+            if names is ALL:
+                continue
+            text = path.read_text()
+            missing = sorted(n for n in names if f"def {n}(" not in text)
+            if missing:
+                raise pytest.UsageError(f"conftest.{table} names tests {file} does not "
+                                        f"define: {', '.join(missing)}")
+
+
+def _listed(entries: dict[str, object], item) -> bool:
+    names = entries.get(item.path.name)
+    return names is ALL or (names is not None and
+                            getattr(item, "originalname", item.name) in names)
 
 
 def _deselect_by_scope(config, items) -> None:
@@ -67,8 +237,14 @@ def _deselect_by_scope(config, items) -> None:
         return
     keep, drop = [], []
     for item in items:
-        host_side = os.path.basename(str(item.fspath)) in HOST_SIDE_FILES
-        (keep if host_side == (scope == "host") else drop).append(item)
+        host_side = _listed(HOST_SIDE, item)
+        if scope == "host":
+            wanted = host_side
+        elif scope == "jax":
+            wanted = not host_side
+        else:  # transport
+            wanted = not host_side and not _listed(TRANSPORT_AGNOSTIC, item)
+        (keep if wanted else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
@@ -79,7 +255,8 @@ def pytest_collection_modifyitems(config, items):
     subprocesses) are skipped: the accelerator machine has one device, and CI runs them on
     CPU. With the portable transport (``HOSTFEED_TRANSPORT=jax``, or a TPU), tests marked
     ``native_transport(reason)`` (about hostfeed's native handlers themselves) are skipped
-    with their reason. ``--scope`` deselects files (:data:`HOST_SIDE_FILES`)."""
+    with their reason. ``--scope`` deselects tests (:data:`HOST_SIDE`,
+    :data:`TRANSPORT_AGNOSTIC`)."""
     _deselect_by_scope(config, items)
     if PORTABLE:
         for item in items:

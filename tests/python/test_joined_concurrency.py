@@ -18,6 +18,8 @@ import sys
 
 import pytest
 
+from conftest import soak_seconds
+
 pytestmark = pytest.mark.several_devices
 
 HELPER = os.path.join(os.path.dirname(__file__), "helpers", "joined_concurrency.py")
@@ -62,7 +64,8 @@ def test_barriers_and_stops_from_other_threads_lose_no_tap_and_reorder_none():
     # parts ran out of order), and each stop stalled every device until the consumer was
     # joined, which deadlocked XLA's CPU client with two threads dispatching sharded
     # computations.
-    res = run_helper(4, True, "--seconds", "10", "--sharded-threads", "2",
+    # 10 s of it once (CI's newest JAX), 3 s in the other sessions (conftest.soak_seconds).
+    res = run_helper(4, True, "--seconds", str(soak_seconds(10, 3)), "--sharded-threads", "2",
                      "--sharded-taps-only", "--single-threads", "3", "--barrier-threads", "1",
                      "--stop-threads", "1", timeout=240)
     check(res)
