@@ -536,3 +536,47 @@ def test_summaries_at_selected_steps_computed_at_every_step_record_the_same(
         np.testing.assert_array_equal(ha, hb)
         np.testing.assert_array_equal(a, np.asarray(x) * (2 if result else 1))
 
+
+
+def test_where_a_summary_at_selected_steps_is_computed_is_chosen_for_the_lowering_platform(
+        store):
+    """Whether a summary at selected steps is computed at every step (a TPU's transport
+    says so) or in the cond, at the selected steps only (the other transports), is taken
+    when JAX lowers for a platform, not from the default backend while tracing: one trace
+    holds both ways, each branch naming the platforms it serves; run here (lowered for the
+    CPU), the CPU's way records the selected steps."""
+    from hostfeed._src import transports
+
+    def names(eqns):
+        return [e.primitive.name for e in eqns]
+
+    def nested(eqns):
+        return [n for e in eqns if e.primitive.name == "cond"
+                for b in e.params["branches"] for n in names(b.jaxpr.eqns)]
+
+    on = transports.platforms_with("SUMMARIZE_EVERY_STEP")
+    assert "cpu" not in on
+    x = jnp.asarray(data((3, 5)))
+    with hostfeed.Recorder(store, mode="w") as rec:
+        @jax.jit
+        def step(v, s):
+            return rec.record("s", v, step=s, reduce="stats", every=2)
+
+        jaxpr = step.trace(x, 3).jaxpr
+        by_platform = [e for e in jaxpr.eqns
+                       if e.primitive.name == "cond" and e.params.get("branches_platforms")]
+        if not on:  # HOSTFEED_TRANSPORT=native: no transport computes it at every step
+            assert by_platform == []
+        else:
+            (eqn,) = by_platform
+            assert eqn.params["branches_platforms"] == (tuple(on), None)
+            every_step, in_cond = (b.jaxpr.eqns for b in eqn.params["branches"])
+            assert "hostfeed_stats" in names(every_step)
+            assert "hostfeed_stats" not in nested(every_step)
+            assert "hostfeed_stats" not in names(in_cond)
+            assert "hostfeed_stats" in nested(in_cond)
+        for k in range(5):
+            np.testing.assert_array_equal(step(x, k), x)
+    rows, steps = read(store, "s")
+    assert steps == [0, 2, 4]
+    np.testing.assert_allclose(rows[0], rows[1])

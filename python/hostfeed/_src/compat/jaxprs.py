@@ -11,7 +11,7 @@ jax 0.11 packs a scan's operand groups into ``ft_in`` (0.10: ``num_consts``/``nu
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Optional
 
 import jax
 from jax._src import core as _core
@@ -94,3 +94,23 @@ def scan_body(params: dict) -> tuple[Any, list]:
 def cond_branches(params: dict) -> list[tuple[Any, list]]:
     """A cond equation's branches (open jaxpr, constants each), by index."""
     return [body(b) for b in params["branches"]]
+
+
+def platform_branch(params: dict, platform: str) -> Optional[int]:
+    """For a cond of :func:`jax.lax.platform_dependent` (its index is the platform lowered
+    for, its ``branches_platforms`` say which branch serves which platforms, None for the
+    default one): the index of the branch ``platform`` takes; None for any other cond.
+
+    Example:
+        >>> platform_branch({"branches_platforms": (("tpu",), None)}, "cpu")
+        1
+        >>> platform_branch({}, "cpu") is None
+        True
+    """
+    platforms = params.get("branches_platforms")
+    if platforms is None:
+        return None
+    for i, ps in enumerate(platforms):
+        if ps is None or platform in ps:
+            return i
+    return None

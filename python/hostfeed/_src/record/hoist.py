@@ -15,6 +15,8 @@ Where a record sits decides how it is collected:
   call);
 - in a ``scan`` (``fori_loop`` with static bounds): the scan is rebuilt with ``lax.scan``,
   its body collecting too, and the collected values come out stacked, one per iteration;
+- in a ``cond`` of :func:`jax.lax.platform_dependent`: its branch for the platform the
+  step runs on, evaluated in place;
 - in a ``cond`` (``every=``, ``start=``, ``stop=`` are one): the cond is rebuilt with
   ``lax.switch``; every branch gives every branch's collected values (zeros where it did
   not record) and a flag per record saying whether it ran;
@@ -111,7 +113,10 @@ def holds_records(jaxpr: Any) -> bool:
 
 
 class _Collector:
-    def __init__(self, origins: Optional[dict] = None) -> None:
+    def __init__(self, origins: Optional[dict] = None, platform: str = "") -> None:
+        # the platform the computation runs on (a cond of platform_dependent takes its
+        # branch)
+        self.platform = platform
         self.nodes: list[Node] = []
         self.arrays: list[Any] = []
         # id(value) -> (value, index of the flat argument it is, maybe converted)
@@ -138,14 +143,15 @@ def _strong(x: Any) -> Any:
     return lax.convert_element_type(x, x.dtype) if getattr(x, "weak_type", False) else x
 
 
-def evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any],
+def evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], platform: str,
              choices: Optional[tuple] = None) -> tuple[list, tuple, list, tuple]:
-    """Evaluates ``jaxpr`` on ``args`` in the current trace, collecting its records:
-    (its results, the collected nodes, their arrays, the selections met). ``choices``:
-    for each selection met (in order), ``(selection, outcome)`` as the host decided it
-    (None: not decided), from the selections an earlier evaluation met: a cond whose
-    outcome is decided is replaced by the chosen branch."""
-    c = _Collector({id(a): (a, i) for i, a in enumerate(args)})
+    """Evaluates ``jaxpr`` on ``args`` in the current trace, for a computation that runs on
+    ``platform``, collecting its records: (its results, the collected nodes, their arrays,
+    the selections met). ``choices``: for each selection met (in order),
+    ``(selection, outcome)`` as the host decided it (None: not decided), from the
+    selections an earlier evaluation met: a cond whose outcome is decided is replaced by
+    the chosen branch."""
+    c = _Collector({id(a): (a, i) for i, a in enumerate(args)}, platform)
     c.choices = choices or ()
     outs = _eval(jaxpr, consts, args, c)
     return outs, tuple(c.nodes), c.arrays, tuple(c.met)
@@ -196,7 +202,7 @@ def _scan(eqn: Any, invals: list, c: _Collector) -> list:
     params = eqn.params
     consts, carry, xs = compat.jaxprs.scan_groups(params, invals)
     body, body_consts = compat.jaxprs.scan_body(params)
-    inner = _Collector()
+    inner = _Collector(platform=c.platform)
     ncarry = len(carry)
 
     def step(k: list, x: list) -> tuple:
@@ -242,6 +248,13 @@ def _count(node: Node) -> int:
 def _cond(eqn: Any, invals: list, c: _Collector) -> list:
     index, ops = invals[0], invals[1:]
     branches = compat.jaxprs.cond_branches(eqn.params)
+    chosen = compat.jaxprs.platform_branch(eqn.params, c.platform)
+    if chosen is not None:
+        # A choice by platform (a summary's, Recorder.record with reduce= and every=): the
+        # branch of the platform this step runs on, evaluated in place. Either branch
+        # records the same rows; as outputs, none of them is a host transfer.
+        body, consts = branches[chosen]
+        return _eval(body, consts, ops, c)
     selections = [s for s in (_host_selection(b, ops, c) for b, _ in branches)
                   if s is not None]
     if selections and c.origins is not None and len(branches) == 2:
@@ -256,7 +269,7 @@ def _cond(eqn: Any, invals: list, c: _Collector) -> list:
     # What each branch collects (nodes, and the arrays' types), traced once to know it.
     shapes: list[tuple[list[Node], Any]] = []
     for body, consts in branches:
-        probe = _Collector(c.origins)
+        probe = _Collector(c.origins, c.platform)
 
         def run(*o: Any, body: Any = body, consts: Any = consts, probe: Any = probe) -> Any:
             _eval(body, consts, list(o), probe)
@@ -274,7 +287,7 @@ def _cond(eqn: Any, invals: list, c: _Collector) -> list:
         body, consts = branches[i]
 
         def run(*o: Any) -> tuple:
-            inner = _Collector()
+            inner = _Collector(platform=c.platform)
             outs = _eval(body, consts, list(o), inner)
             mine = _flagged(inner.nodes, inner.arrays)[1]
             out: list = []

@@ -113,6 +113,35 @@ def _sent_at_selected(record: Callable[..., Any], name: str, row: Any, step: Any
         lambda r, s, c, res: res, row, step, chosen, result)
 
 
+def _summary_at_selected(take: Callable[..., Any], record: Callable[..., Any], name: str,
+                         summary: Callable[[Any], Any], value: Any, step: Any, chosen: Any,
+                         result: Any, sel: tuple) -> Any:
+    """A summary of ``value`` recorded at the steps ``chosen`` selects (decided on the
+    device); returns ``value``, or ``result`` through the record if given. Where the
+    transport of the platform lowered for says so (``SUMMARIZE_EVERY_STEP``: a TPU's), the
+    summary is computed at every step and the ``cond`` only sends it; elsewhere it is
+    computed in the ``cond``, at the selected steps only. JAX takes the choice when it
+    lowers (:func:`jax.lax.platform_dependent`), keeping the one branch of the platform."""
+    def every_step(v: Any, s: Any, c: Any, r: Any) -> Any:
+        return _sent_at_selected(record, name, summary(v), s, c, r, sel)
+
+    def in_cond(v: Any, s: Any, c: Any, r: Any) -> Any:
+        if r is None:
+            jax.lax.cond(c, lambda v, s, c: (take(v, _marked(s, c, sel), None), None)[1],
+                         lambda v, s, c: None, v, s, c)
+            return None
+        return jax.lax.cond(c, lambda v, s, c, r: take(v, _marked(s, c, sel), r),
+                            lambda v, s, c, r: r, v, s, c, r)
+
+    on = transports.platforms_with("SUMMARIZE_EVERY_STEP")
+    if on:
+        got = jax.lax.platform_dependent(value, step, chosen, result, default=in_cond,
+                                         **dict.fromkeys(on, every_step))
+    else:
+        got = in_cond(value, step, chosen, result)
+    return value if result is None else got
+
+
 def record_selected(record: Callable[..., Any], describe: Callable[[str, str], None],
                     name: str, value: Any, step: Any, result: Any, every: Any, start: Any,
                     stop: Any, reduce: Any, axis: Any, through: bool = True) -> Any:
@@ -151,18 +180,15 @@ def record_selected(record: Callable[..., Any], describe: Callable[[str, str], N
     s_arr = jnp.asarray(step)
     sel = (check_int(every, "every", name, least=1), check_int(start, "start", name),
            check_int(stop, "stop", name))
-    if reduce is not None and transports.for_platform().SUMMARIZE_EVERY_STEP:
-        # At every step (the transport of JAX's default backend says so); the cond only
-        # sends it.
-        got = _sent_at_selected(record, name, summary(value), s_arr, chosen, result, sel)
-        return value if result is None else got
-    passed = value if reduce is None and result is None and through else result
-    if passed is None:  # a summary: the value does not go through the record
+    if reduce is not None:
+        return _summary_at_selected(take, record, name, summary, value, s_arr, chosen,
+                                    result, sel)
+    if result is None and not through:  # the record is only a side effect
         jax.lax.cond(chosen,
                      lambda v, s, c: (take(v, _marked(s, c, sel), None), None)[1],
                      lambda v, s, c: None, value, s_arr, chosen)
         return value
-    if reduce is None and result is None:
+    if result is None:
         return jax.lax.cond(chosen, lambda v, s, c: take(v, _marked(s, c, sel), None),
                             lambda v, s, c: v, value, s_arr, chosen)
     return jax.lax.cond(chosen, lambda v, s, c, r: take(v, _marked(s, c, sel), r),

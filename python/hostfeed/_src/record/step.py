@@ -52,6 +52,8 @@ class RecordedStep:
         self.fn = fn
         self.in_flight = in_flight
         self.outputs = outputs
+        # The platform the step runs on, from its first call's arguments.
+        self._platform = ""
         self._inside = jax.jit(fn, **jit_kwargs)
         static = jit_kwargs.get("static_argnums", ())
         self._static = (static,) if isinstance(static, int) else tuple(static)
@@ -89,7 +91,9 @@ class RecordedStep:
             return self.fn(*full, **kw)
 
         jaxpr, consts, shape = compat.jaxprs.traced(flat, *leaves)
-        outs, nodes, arrays, met = hoist.evaluate(jaxpr, consts, leaves, _choices)
+        outs, nodes, arrays, met = hoist.evaluate(jaxpr, consts, leaves,
+                                                  self._platform or jax.default_backend(),
+                                                  _choices)
         if _choices is None:
             self._host_conds = met
         _declare(nodes, arrays)
@@ -101,6 +105,8 @@ class RecordedStep:
             # Called inside another trace (a jit, grad, vmap of its own): there is no
             # dispatch to hang the records on, so they stay in that computation.
             return self.fn(*args, **kwargs)
+        if not self._platform:
+            self._platform = _platform_of(args, kwargs)
         if not self.takes_outputs():
             return self._inside(*args, **kwargs)
         choices = self._choices(args, kwargs) if self._host_conds else None
@@ -140,20 +146,34 @@ class RecordedStep:
 
     def takes_outputs(self) -> bool:
         """Whether the records leave as outputs: as ``outputs=`` says, else as the
-        transport of JAX's default backend prefers (``RECORDS_AS_OUTPUTS``: a TPU's
-        records would be host transfers inside the computation, which cost far more than a
-        copy of an output; on a CPU or a GPU hostfeed's own handlers copy a record inside
-        the computation for less than a copy of an output costs)."""
+        transport of the platform the step runs on prefers (its first call's arguments'
+        platform, or JAX's default backend's; ``RECORDS_AS_OUTPUTS``: a TPU's records
+        would be host transfers inside the computation, which cost far more than a copy of
+        an output; on a CPU or a GPU hostfeed's own handlers copy a record inside the
+        computation for less than a copy of an output costs). The choice shapes the whole
+        computation (its outputs), so it is taken at the first call, not when lowering."""
         if self.outputs is None:
-            self.outputs = transports.for_platform().RECORDS_AS_OUTPUTS
+            self.outputs = transports.for_platform(self._platform or None).RECORDS_AS_OUTPUTS
         return self.outputs
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """The computation lowered for ``args`` (``jax.jit(...).lower``); where the records
         leave as outputs, its outputs are ``(fn's outputs, what it records)``."""
+        if not self._platform:
+            self._platform = _platform_of(args, kwargs)
         if self.takes_outputs():
             return self._jitted.lower(*args, **kwargs)
         return self._inside.lower(*args, **kwargs)
+
+
+def _platform_of(args: tuple, kwargs: dict) -> str:
+    """The platform of the first JAX array among a call's arguments ("" if there is none:
+    the computation runs on JAX's default backend)."""
+    for leaf in jax.tree_util.tree_leaves((args, kwargs)):
+        if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
+            device: Any = next(iter(leaf.sharding.device_set))
+            return str(device.platform)
+    return ""
 
 
 def _declare(nodes: Sequence[hoist.Node], arrays: Sequence[Any], depth: int = 0) -> int:

@@ -12,8 +12,10 @@ four operations ``tap``, ``call``, ``check`` (fail the computation on a failed c
 status) and ``failure`` (a failed call's message), ``end_scope`` at the end of a token
 scope, and the policies the Recorder builds records by. The lowering rules
 (``hostfeed._src.lowering``) decide where a callback runs and ask :func:`for_context`
-which transport emits it; the Recorder asks :func:`for_platform`. Adding a transport is
-one module with these functions and a line in :func:`for_context`.
+which transport emits it; the Recorder asks :func:`platforms_with` (a choice JAX takes
+when it lowers for a platform) or, where the choice shapes a whole step,
+:func:`for_platform`. Adding a transport is one module with these functions and a line in
+:func:`for_context`.
 
 The transport forced for every platform is a JAX configuration state, ``hostfeed_transport``
 (``"auto"``, ``"native"`` or ``"jax"``; its default from ``HOSTFEED_TRANSPORT``), so it is
@@ -181,3 +183,15 @@ def for_platform(platform: Optional[str] = None) -> Transport:
         True
     """
     return _of([platform or jax.default_backend()])
+
+
+def platforms_with(policy: str) -> tuple[str, ...]:
+    """The known platforms whose transport holds ``policy`` (the name of one of a
+    :class:`Transport`'s boolean policies), for a choice that JAX then takes when it lowers
+    for a platform (:func:`jax.lax.platform_dependent`), not while tracing.
+
+    Example:
+        >>> "cpu" in platforms_with("SUMMARIZE_EVERY_STEP")
+        False
+    """
+    return tuple(p for p in KNOWN_PLATFORMS if getattr(for_platform(p), policy))
