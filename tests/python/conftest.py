@@ -167,6 +167,7 @@ HOST_SIDE: dict[str, object] = {
 #: them out, with the host-side ones.
 TRANSPORT_AGNOSTIC: dict[str, object] = {
     "test_portable.py": ALL,  # runs each transport itself (transports.forcing)
+    "test_bench.py": ALL,  # the bench measures each transport itself (its portable section)
     "test_lifecycle.py": frozenset({"test_importing_under_a_newer_or_older_jax"}),
     "test_cuda_lowering.py": frozenset({
         "test_the_package_imports_without_cuda_libraries_in_a_fresh_process",

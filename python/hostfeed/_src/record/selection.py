@@ -120,8 +120,10 @@ def _summary_at_selected(take: Callable[..., Any], record: Callable[..., Any], n
     device); returns ``value``, or ``result`` through the record if given. Where the
     transport of the platform lowered for says so (``SUMMARIZE_EVERY_STEP``: a TPU's), the
     summary is computed at every step and the ``cond`` only sends it; elsewhere it is
-    computed in the ``cond``, at the selected steps only. JAX takes the choice when it
-    lowers (:func:`jax.lax.platform_dependent`), keeping the one branch of the platform."""
+    computed in the ``cond``, at the selected steps only. Traced where JAX's default
+    backend computes it in the cond (a CPU, a GPU), JAX takes the choice when it lowers
+    (:func:`jax.lax.platform_dependent`), keeping the branch of the platform lowered for
+    (a TPU's when a function traced on a CPU host is lowered for a TPU)."""
     def every_step(v: Any, s: Any, c: Any, r: Any) -> Any:
         return _sent_at_selected(record, name, summary(v), s, c, r, sel)
 
@@ -134,7 +136,12 @@ def _summary_at_selected(take: Callable[..., Any], record: Callable[..., Any], n
                             lambda v, s, c, r: r, v, s, c, r)
 
     on = transports.platforms_with("SUMMARIZE_EVERY_STEP")
-    if on:
+    if transports.for_platform().SUMMARIZE_EVERY_STEP:
+        # JAX's default backend computes it at every step (a TPU): that way, with no
+        # platform's cond around it, as the TPU's compiler was checked to take it; on
+        # another platform it records the same rows.
+        got = every_step(value, step, chosen, result)
+    elif on:
         got = jax.lax.platform_dependent(value, step, chosen, result, default=in_cond,
                                          **dict.fromkeys(on, every_step))
     else:
