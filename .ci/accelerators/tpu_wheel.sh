@@ -14,6 +14,7 @@ mkdir -p dist
 rm -f dist/*.whl
 "$maturin" build --release --zig --compatibility manylinux_2_27 --out dist \
     --interpreter "python$version"
+python3 .ci/wheel_symbols.py dist/hostfeed-*.whl  # no C library symbol without a version
 python3 -m pip download --quiet --only-binary=:all: --dest dist --python-version "$version" \
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform any \
