@@ -4,11 +4,12 @@ run; and the Rust core's tests once (optimised, with debug assertions, and the l
 Which tests each session runs: SCOPES below, and tests/python/conftest.py (HOST_SIDE,
 TRANSPORT_AGNOSTIC), the one list of what runs where.
 
-    nox                                 # everything: the three environments, portable,
-                                        # gpu_check_dry, then the Rust tests
+    nox                                 # everything: the three environments, the host-side
+                                        # tests, portable, gpu_check_dry, then the Rust tests
     nox -l                              # list the sessions
     nox -s "tests(py3.12-jax0.11.2)"    # one environment (or: nox -s tests -p 3.12)
     nox -s tests                        # the three environments
+    nox -s host                         # the host-side tests, once (newest JAX)
     nox -s rust                         # the core's tests (the FFI layout against each jaxlib
                                         # seen), then the loom models
     nox -s gpu_check_dry                # .ci/accelerators/gpu_check.sh's dry run on CPU
@@ -42,21 +43,23 @@ FFI_INCLUDES = ROOT / ".nox" / "_ffi_include"
 # on the GPU machines; each on a Python its wheels exist for (jax 0.11+ needs Python 3.12+).
 MATRIX = [("3.11", "0.10.2"), ("3.12", "0.11.2"), ("3.13", "0.12.0.1")]
 # Which tests each session runs (pytest --scope, tests/python/conftest.py): the tests whose
-# result may depend on the JAX release in every session; the host-side ones (stores, object
-# stores, reading back, settings, docs, the bench's report: conftest.HOST_SIDE) once, with
-# the newest JAX, which also runs the soak-like tests at full length (the others run their
-# short variant: conftest.soak_seconds). The portable session runs the tests whose result
-# may also depend on the transport (--scope=transport). `nox -s full` runs everything
-# everywhere, at full length.
-SCOPES = {"0.10.2": "jax", "0.11.2": "jax", "0.12.0.1": "all"}
+# result may depend on the JAX release in every `tests` session, the newest JAX's running
+# the soak-like tests at full length (the others run their short variant:
+# conftest.soak_seconds); the host-side ones (stores, object stores, reading back,
+# settings, docs, the bench's report: conftest.HOST_SIDE) once, in the `host` session, with
+# the newest JAX. The portable session runs the tests whose result may also depend on the
+# transport (--scope=transport). `nox -s full` runs everything everywhere, at full length.
+SCOPES = {"0.10.2": "jax", "0.11.2": "jax", "0.12.0.1": "jax"}
+#: The pair of the `host` session and of the long soaks: the newest.
+NEWEST = MATRIX[-1]
 _FULL = os.environ.get("HOSTFEED_NOX_FULL") == "1"
 
 
 def _scope(jax: str) -> list[str]:
     if _FULL:
         return ["--scope=all"]
-    scope = SCOPES.get(jax, "jax")
-    return [f"--scope={scope}", *([] if scope == "all" else ["--short-soaks"])]
+    return [f"--scope={SCOPES.get(jax, 'jax')}",
+            *([] if jax == NEWEST[1] else ["--short-soaks"])]
 
 
 # Each session's Python writes the bytecode of the modules it imports into its environment
@@ -72,7 +75,7 @@ nox.options.default_venv_backend = "uv|venv"
 # (HOSTFEED_TRANSPORT=jax: JAX's host-callback lowering, what TPUs and ROCm GPUs use).
 PORTABLE = [("3.11", "0.10.2")]
 
-nox.options.sessions = ["tests", "portable", "docs", "gpu_check_dry", "rust"]
+nox.options.sessions = ["tests", "host", "portable", "docs", "gpu_check_dry", "rust"]
 
 
 def _wheel() -> str:
@@ -97,6 +100,15 @@ RELEASES = [("3.11", "0.10.0"), ("3.11", "0.10.1"), ("3.12", "0.11.0"), ("3.12",
 def tests(session: nox.Session, jax: str) -> None:
     """pytest, the stub check and mypy with one Python and one jax/jaxlib release."""
     _test(session, jax)
+
+
+@nox.session(python=NEWEST[0])
+def host(session: nox.Session) -> None:
+    """The host-side tests (conftest.HOST_SIDE: their result depends on neither the JAX
+    release nor the transport), once, with the newest JAX."""
+    _install(session, NEWEST[1])
+    session.run("python", "-m", "pytest", "--durations=10", "--scope=host", *session.posargs,
+                env={"JAX_PLATFORMS": "cpu"})
 
 
 @nox.session

@@ -59,7 +59,7 @@ ALL = "*"
 #: joining logic, the GPU driver loaders). A jitted record that only brings the rows to the
 #: writer under test does not make a test JAX-facing: the JAX-facing tests check that path
 #: on every release. `pytest --scope=host` runs these alone; CI runs them once, in the
-#: newest JAX's session (noxfile.py's SCOPES).
+#: `host` session, with the newest JAX (noxfile.py).
 HOST_SIDE: dict[str, object] = {
     "test_object_store.py": ALL,
     "test_append.py": ALL,
@@ -188,8 +188,8 @@ _RUN = {"short_soaks": False}
 
 def soak_seconds(long: float, short: float) -> float:
     """How many seconds a soak-like test runs: ``long``, or ``short`` with ``--short-soaks``
-    (CI's sessions but the newest JAX's: the same code path on each release, for less
-    time; the long variant runs once)."""
+    (CI's `tests` sessions but the newest JAX's: the same code path on each release, for
+    less time; the long variant runs once)."""
     return short if _RUN["short_soaks"] else long
 
 
