@@ -98,16 +98,28 @@ pub fn start(
     .py()
 }
 
+/// What stopping and finalizing share: the GPU taps delivered first (for at most the stall
+/// timeout, or the default stop timeout without one), then `end` of the hub with the GIL
+/// released, then the notes it left reported to Python's logging.
+fn wind_down<R: Send>(
+    py: Python<'_>,
+    stall_timeout: Option<f64>,
+    end: impl FnOnce(Option<Duration>) -> R + Send,
+) -> PyResult<R> {
+    let stall = duration("stall_timeout", stall_timeout)?;
+    wait_gpu_deliveries(py, stall.unwrap_or(hostfeed_core::DEFAULT_STOP_TIMEOUT));
+    let out = py.detach(|| end(stall));
+    report_notes(py);
+    Ok(out)
+}
+
 /// Drains the queue, then stops and joins the consumer thread (GIL released). If a
 /// callback makes no progress for `stall_timeout` seconds (None: no limit), waiting calls
 /// are failed and the thread is abandoned; returns whether the thread was joined.
 #[pyfunction]
 #[pyo3(signature = (stall_timeout))]
 pub fn stop(py: Python<'_>, stall_timeout: Option<f64>) -> PyResult<bool> {
-    let stall = duration("stall_timeout", stall_timeout)?;
-    wait_gpu_deliveries(py, stall.unwrap_or(hostfeed_core::DEFAULT_STOP_TIMEOUT)); // GPU taps first
-    let outcome = py.detach(|| hub().stop(stall));
-    report_notes(py);
+    let outcome = wind_down(py, stall_timeout, |stall| hub().stop(stall))?;
     Ok(!matches!(outcome.py()?, StopOutcome::Abandoned(_)))
 }
 
@@ -117,10 +129,7 @@ pub fn stop(py: Python<'_>, stall_timeout: Option<f64>) -> PyResult<bool> {
 #[pyfunction]
 #[pyo3(signature = (stall_timeout))]
 pub fn finalize(py: Python<'_>, stall_timeout: Option<f64>) -> PyResult<usize> {
-    let stall = duration("stall_timeout", stall_timeout)?;
-    wait_gpu_deliveries(py, stall.unwrap_or(hostfeed_core::DEFAULT_STOP_TIMEOUT)); // GPU taps first
-    let dropped = py.detach(|| hub().finalize(stall));
-    report_notes(py);
+    let dropped = wind_down(py, stall_timeout, |stall| hub().finalize(stall))?;
     hostfeed_core::remove_interrupt_handlers();
     dropped.py()
 }
