@@ -7,7 +7,8 @@
 #   smoke   .ci/accelerators/tpu_smoke.py (<= 120 s): every feature once on the TPU (taps in order,
 #           id_print, call, barrier_wait, tap_with_device, transformations, the Recorder
 #           with every=/start=/stop=, reduce="stats", a Histogram, read-back), and which
-#           dtypes the TPU's host transfers carry.
+#           dtypes the TPU's host transfers carry; then .ci/accelerators/tpu_traced_on_cpu.py
+#           (a summary traced with the CPU as default backend, lowered for the TPU).
 #   bench   python -m hostfeed bench (the TPU suite, <= 300 s): hostfeed against JAX's
 #           callbacks, the targets as ratios, tpu_bench.json. The smoke and the bench run
 #           with JAX_PLATFORMS=tpu,cpu (JAX's own callbacks need its CPU backend).
@@ -80,6 +81,14 @@ if wants smoke; then
     JAX_PLATFORMS=$with_cpu TPU_CHECK_SMOKE_S=$(cap "$smoke_s") OUT="$out" \
         timeout -k 5 "$(cap "$smoke_s")" "$python" .ci/accelerators/tpu_smoke.py 2>&1 | tee -a "$summary"
     smoke_rc=${PIPESTATUS[0]}
+    # Then, once the smoke has let go of the TPU: traced with the CPU as default backend,
+    # lowered for the TPU (.ci/accelerators/tpu_traced_on_cpu.py). Not in the dry run.
+    if [ "$platform" != cpu ]; then
+        JAX_PLATFORMS="cpu,$platform" timeout -k 5 60 "$python" \
+            .ci/accelerators/tpu_traced_on_cpu.py 2>&1 | grep -v -i warn | tee -a "$summary"
+        traced_rc=${PIPESTATUS[0]}
+        [ "$traced_rc" -eq 0 ] || { say "traced on the CPU: FAILED ($traced_rc)"; smoke_rc=$traced_rc; }
+    fi
     [ "$smoke_rc" -eq 0 ] || say "smoke FAILED (exit status $smoke_rc)"
 fi
 

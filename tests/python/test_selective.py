@@ -543,8 +543,9 @@ def test_where_a_summary_at_selected_steps_is_computed_is_chosen_for_the_lowerin
     """Whether a summary at selected steps is computed at every step (a TPU's transport
     says so) or in the cond, at the selected steps only (the other transports), is taken
     when JAX lowers for a platform, not from the default backend while tracing: one trace
-    holds both ways, each branch naming the platforms it serves; run here (lowered for the
-    CPU), the CPU's way records the selected steps."""
+    holds both ways, each branch naming the platforms it serves; run on a CPU, the CPU's way
+    records the selected steps. Where the default backend is itself such a platform (a TPU),
+    the summary is traced its way directly, without the platform cond."""
     from hostfeed._src import transports
 
     def names(eqns):
@@ -567,6 +568,10 @@ def test_where_a_summary_at_selected_steps_is_computed_is_chosen_for_the_lowerin
                        if e.primitive.name == "cond" and e.params.get("branches_platforms")]
         if not on:  # HOSTFEED_TRANSPORT=native: no transport computes it at every step
             assert by_platform == []
+        elif jax.default_backend() in on:  # on a TPU: traced its way, no platform cond
+            assert by_platform == []
+            assert "hostfeed_stats" in names(jaxpr.eqns)
+            assert "hostfeed_stats" not in nested(jaxpr.eqns)
         else:
             (eqn,) = by_platform
             assert eqn.params["branches_platforms"] == (tuple(on), None)
