@@ -22,7 +22,7 @@ TRANSPORT_AGNOSTIC), the one list of what runs where.
                                         # session, soaks at full length (CI: SCOPES)
 
 Each environment installs one hostfeed wheel. Set ``HOSTFEED_WHEEL`` to a wheel built
-beforehand (CI builds the abi3 wheel once: ``maturin build --release --out dist``);
+beforehand (CI builds the abi3 wheel once: ``maturin build --profile ci --out dist``);
 otherwise the session builds one from this checkout (``pip install .``). Extra arguments
 go to pytest: ``nox -s tests -- -k cache``.
 """
@@ -131,8 +131,21 @@ def portable(session: nox.Session, jax: str) -> None:
                 *session.posargs, env={"JAX_PLATFORMS": "cpu", "HOSTFEED_TRANSPORT": "jax"})
 
 
+# ml_dtypes (JAX's extra dtypes, which every JAX process imports) for the JAX releases
+# before the newest: 0.6.0, the release before the newest, 0.7.0, whose import costs about
+# 1.15 CPU-seconds (0.6.0: 0.02; 0.7.0 with numpy 2.2 or 2.4 alike): in the hundreds of
+# processes a suite starts, 70 of a suite's 440 CPU-seconds. Every supported jaxlib takes
+# either (ml_dtypes>=0.5.0), so the matrix covers both: the newest JAX (its tests, the
+# host-side tests, the docs) with 0.7, the others (and the portable run) with 0.6.
+OLDER_ML_DTYPES = "ml_dtypes==0.6.0"
+
+
+def _pins(jax: str) -> list[str]:
+    return [] if jax == NEWEST[1] else [OLDER_ML_DTYPES]
+
+
 def _install(session: nox.Session, jax: str) -> None:
-    session.install(f"{_wheel()}[test]", f"jax=={jax}", f"jaxlib=={jax}")
+    session.install(f"{_wheel()}[test]", f"jax=={jax}", f"jaxlib=={jax}", *_pins(jax))
 
 
 def _test(session: nox.Session, jax: str) -> None:
@@ -192,7 +205,7 @@ def gpu_check_dry(session: nox.Session) -> None:
     must unpack (with its dependencies) from the wheel directory (pip downloads them)."""
     jax = GPU_MACHINE[1]
     session.install(f"jax=={jax}", f"jaxlib=={jax}", "pytest>=8", "pytest-timeout>=2.3",
-                    "pip")
+                    "pip", *_pins(jax))
     dist = ROOT / ".nox" / "_gpu_check_dist"
     if dist.exists():
         for old in dist.iterdir():
@@ -240,7 +253,9 @@ def rust(session: nox.Session) -> None:
     the FFI layout checked against every jaxlib header the test sessions installed
     (required here: it fails rather than skips), then the loom models of the hand-made
     synchronisation (bounded; their own target directory, since `--cfg loom` rebuilds
-    everything)."""
+    everything). cargo's environment is the caller's: CI's Rust lane runs this in the one
+    its wheel was built in (.ci/wheel_env.py), so that nothing compiled there compiles
+    again."""
     dirs = os.environ.get("HOSTFEED_XLA_FFI_INCLUDE", "").split(os.pathsep)
     dirs = [d for d in dirs if d] or _ffi_include_dirs(session)
     session.log("FFI headers: " + ", ".join(dirs))

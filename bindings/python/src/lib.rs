@@ -8,13 +8,12 @@
 //! Each module adds its own items to the one Python module (`register`); there are no
 //! Python submodules. The modules in layer order, ground floor first: `error`, `interrupts`,
 //! `messages`, `consumers`, `batch`, `host`, then `portable`, `record` and `gpu` (each
-//! imports only modules before it). `glibc` stands apart: a C library function the wheel's
-//! glibc floor lacks.
+//! imports only modules before it). (`gettid`, which the wheel's glibc floor lacks, is the
+//! core's: `hostfeed-core`'s `glibc` module.)
 
 mod batch;
 mod consumers;
 mod error;
-mod glibc;
 mod gpu;
 mod host;
 mod interrupts;
