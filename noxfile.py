@@ -22,7 +22,7 @@ TRANSPORT_AGNOSTIC), the one list of what runs where.
                                         # session, soaks at full length (CI: SCOPES)
 
 Each environment installs one hostfeed wheel. Set ``HOSTFEED_WHEEL`` to a wheel built
-beforehand (CI builds the abi3 wheel once: ``maturin build --profile ci --out dist``);
+beforehand (CI builds the abi3 wheel once: ``maturin build --release --out dist``);
 otherwise the session builds one from this checkout (``pip install .``). Extra arguments
 go to pytest: ``nox -s tests -- -k cache``.
 """
@@ -253,9 +253,7 @@ def rust(session: nox.Session) -> None:
     the FFI layout checked against every jaxlib header the test sessions installed
     (required here: it fails rather than skips), then the loom models of the hand-made
     synchronisation (bounded; their own target directory, since `--cfg loom` rebuilds
-    everything). cargo's environment is the caller's: CI's Rust lane runs this in the one
-    its wheel was built in (.ci/wheel_env.py), so that nothing compiled there compiles
-    again."""
+    everything)."""
     dirs = os.environ.get("HOSTFEED_XLA_FFI_INCLUDE", "").split(os.pathsep)
     dirs = [d for d in dirs if d] or _ffi_include_dirs(session)
     session.log("FFI headers: " + ", ".join(dirs))

@@ -8,12 +8,13 @@
 //! Each module adds its own items to the one Python module (`register`); there are no
 //! Python submodules. The modules in layer order, ground floor first: `error`, `interrupts`,
 //! `messages`, `consumers`, `batch`, `host`, then `portable`, `record` and `gpu` (each
-//! imports only modules before it). (`gettid`, which the wheel's glibc floor lacks, is the
-//! core's: `hostfeed-core`'s `glibc` module.)
+//! imports only modules before it). `glibc` stands apart: a C library function the wheel's
+//! glibc floor lacks.
 
 mod batch;
 mod consumers;
 mod error;
+mod glibc;
 mod gpu;
 mod host;
 mod interrupts;

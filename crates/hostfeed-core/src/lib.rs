@@ -24,9 +24,6 @@ macro_rules! cfg_not_loom {
     };
 }
 
-// `gettid` for a glibc before 2.30 (the wheel's floor is 2.27): the extension module and
-// the core's test executables, linked against glibc 2.27 alike in CI, need it.
-mod glibc;
 mod host;
 
 // ---- host: the parts the loom models check, compiled in every build -------------------
