@@ -200,12 +200,14 @@ DRY_SUITE = "tests/python/test_taps.py tests/python/test_call.py"
 @nox.session(python=GPU_MACHINE[0])
 def gpu_check_dry(session: nox.Session) -> None:
     """.ci/accelerators/gpu_check.sh on CPU (GPU_CHECK_PLATFORM=cpu): every step (install, smoke,
-    GPU tests, bench, suite) and its verdict, as on the GPU machine. Like that machine,
-    the environment has JAX, pytest and pytest-timeout but not zarr, which the script
-    must unpack (with its dependencies) from the wheel directory (pip downloads them)."""
+    GPU tests, bench, suite) and its verdict, as on the GPU machine; it fails if the check
+    would bring back more than the 8 files that machine returns, or run its steps without
+    JAX's CPU backend. Like that machine, the environment has JAX, flax, pytest and
+    pytest-timeout but not zarr, which the script must unpack (with its dependencies)
+    from the wheel directory (pip downloads them)."""
     jax = GPU_MACHINE[1]
-    session.install(f"jax=={jax}", f"jaxlib=={jax}", "pytest>=8", "pytest-timeout>=2.3",
-                    "pip", *_pins(jax))
+    session.install(f"jax=={jax}", f"jaxlib=={jax}", "flax>=0.12.8", "pytest>=8",
+                    "pytest-timeout>=2.3", "pip", *_pins(jax))
     dist = ROOT / ".nox" / "_gpu_check_dist"
     if dist.exists():
         for old in dist.iterdir():

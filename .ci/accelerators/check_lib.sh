@@ -1,11 +1,13 @@
 # Shared by .ci/accelerators/gpu_check.sh and .ci/accelerators/tpu_check.sh, sourced once they set `root`,
-# `out`, `dist`, `check_name`, `python`, `budget`, `test_s` and `stacks_s`: the summary
+# `out`, `dist`, `check_name`, `python`, `budget`, `test_s` and `stacks_s` (and, if it
+# wants no junit files, `junit=no`: a machine that returns few files): the summary
 # file and its lines (`say`, `result`), the time left (`left`, `cap`), `install_step` (the
 # wheels from `dist` onto PYTHONPATH), and `pytest_step`, one pytest run that survives a
 # hung test.
 #
 # Every step writes a verbose log as it goes (a test's name appears when it starts, its
-# outcome when it ends, so a run cut off still names each outcome), a junit file, and
+# outcome when it ends, so a run cut off still names each outcome), a junit file (unless
+# junit=no), and
 # NAME.failures.txt: each failure's report as it happens (.ci/accelerators/pytest_live_failures.py),
 # so that a run killed later keeps the reasons.
 
@@ -49,7 +51,8 @@ pytest_step() {
     local name=$1 secs=$2
     shift 2
     local log="$out/$name.log" until=$((SECONDS + secs)) rc=0 part=0 hung=0 t
-    local deselect=()
+    local deselect=() junit_args=()
+    [ "${junit:-yes}" = no ] || junit_args=(--junitxml="$out/$name.xml")
     : > "$log"
     : > "$out/$name.failures.txt"
     while :; do
@@ -71,7 +74,7 @@ pytest_step() {
         timeout -s INT -k 15 "$remaining" "$python" -m pytest -p pytest_timeout -p no:cacheprovider \
             -p pytest_live_failures \
             -o addopts="" -o faulthandler_timeout="$stacks_s" --timeout="$test_s" \
-            --timeout-method=thread -v -rA --durations=20 --junitxml="$out/$name.xml" \
+            --timeout-method=thread -v -rA --durations=20 "${junit_args[@]}" \
             "${deselect[@]}" "$@" >> "$log" 2>&1
         rc=$?
         # A hung test (pytest-timeout ends the process), or a process that died of a signal
@@ -100,15 +103,16 @@ pytest_step() {
     return "$rc"
 }
 
-# suite_step TITLE: the suite (the files of `suite_files`, by default all but the bench's, the
-# GPUs' and the lowering-only ones) in the time left, then the total; returns pytest_step's.
+# suite_step TITLE [PYTEST_ARGS...]: the suite (the files of `suite_files`, by default
+# those .ci/accelerators/suite_files.py lists: the device path's first, never the wholly
+# host-side ones), in the time left, then the total; returns pytest_step's.
 suite_step() {
-    local secs=$(( $(left) - 5 )) rc files
-    say "$1 (at most ${secs} s)"
-    files=${suite_files:-$(ls tests/python/test_*.py \
-        | grep -v -E '/test_(bench|gpu|cuda_lowering|rocm_lowering)\.py$' | tr '\n' ' ')}
+    local title=$1 secs=$(( $(left) - 5 )) rc files
+    shift
+    say "$title (at most ${secs} s)"
+    files=${suite_files:-$("$python" "$root/.ci/accelerators/suite_files.py")} || return 1
     # shellcheck disable=SC2086 # a list of paths
-    pytest_step suite "$secs" $files
+    pytest_step suite "$secs" "$@" $files
     rc=$?
     say "total $((SECONDS - start)) s of ${budget} s; files in \$OUT: $(ls "$out" | wc -l)"
     return "$rc"

@@ -13,9 +13,9 @@
 #           callbacks, the targets as ratios, tpu_bench.json. The smoke and the bench run
 #           with JAX_PLATFORMS=tpu,cpu (JAX's own callbacks need its CPU backend).
 #           (TPU_CHECK_BENCH_ONLY="record paths": only those sections)
-#   suite   tests/python (not the bench's, GPUs' or lowering-only files) with
-#           JAX_PLATFORMS=tpu, in the time left; tests that start another process or need
-#           several devices skip themselves there.
+#   suite   .ci/accelerators/suite_files.py's files (the device path's first, never the
+#           host-side ones; --scope=jax) with JAX_PLATFORMS=tpu, in the time left; tests
+#           that start another process or need several devices skip themselves there.
 #
 #   bash .ci/accelerators/tpu_wheel.sh        # where the wheel is built: fills dist/ (gitignored)
 #   TPU_CHECK_PLATFORM=cpu bash .ci/accelerators/tpu_check.sh   # the dry run, on CPU
@@ -52,7 +52,7 @@ smoke_s=${TPU_CHECK_SMOKE_S:-120}
 bench_s=${TPU_CHECK_BENCH_S:-300}
 test_s=${TPU_CHECK_TEST_S:-60}
 stacks_s=${TPU_CHECK_STACKS_S:-40}
-# The suite's files (default: all but the bench's, the GPUs' and the lowering-only ones).
+# The suite's files (default: .ci/accelerators/suite_files.py's).
 suite_files=${TPU_CHECK_SUITE_FILES:-}
 # shellcheck source=.ci/accelerators/check_lib.sh
 source "$root/.ci/accelerators/check_lib.sh"
@@ -122,7 +122,7 @@ fi
 # ---- suite ------------------------------------------------------------------------------------
 suite_rc=0
 if wants suite; then
-    suite_step suite
+    suite_step suite --scope=jax
     suite_rc=$?
 fi
 

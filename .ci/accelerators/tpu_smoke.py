@@ -14,13 +14,10 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import io
-import json
 import os
 import sys
 import tempfile
 import time
-import traceback
-from collections.abc import Callable
 from typing import Any
 
 LIMIT_S = float(os.environ.get("TPU_CHECK_SMOKE_S", 120))
@@ -35,31 +32,12 @@ from jax.experimental import io_callback  # noqa: E402
 
 import hostfeed  # noqa: E402
 from hostfeed import host_callback as hcb  # noqa: E402
+from smoke_lib import Checks, recorded, recorder_checks  # noqa: E402
 
 OUT = os.environ.get("OUT", ".")
-RESULTS: dict[str, Any] = {}
-T0 = time.perf_counter()
-
-
-def check(name: str) -> Callable[[Callable[[], Any]], None]:
-    """Runs the decorated function now as the check ``name``, recording its outcome."""
-    def run(fn: Callable[[], Any]) -> None:
-        t = time.perf_counter()
-        try:
-            detail = fn()
-            RESULTS[name] = ["ok", round(time.perf_counter() - t, 2), detail]
-        except BaseException as exc:  # noqa: BLE001 - recorded; the next checks still run
-            RESULTS[name] = ["FAIL", "".join(traceback.format_exception(exc))[-3000:]]
-            # A failure left for the next barrier is this check's, not the next one's.
-            with contextlib.suppress(BaseException):
-                hcb.barrier_wait()
-        status = RESULTS[name][0]
-        shown = RESULTS[name][2] if status == "ok" else RESULTS[name][1].strip().splitlines()[-1]
-        print(f"smoke {time.perf_counter() - T0:6.1f}s  {name}: {status}  {str(shown)[:200]}",
-              flush=True)
-        with open(os.path.join(OUT, "tpu_smoke.json"), "w") as f:
-            json.dump(RESULTS, f, indent=1, default=str)
-    return run
+CHECKS = Checks(json_path=os.path.join(OUT, "tpu_smoke.json"))
+RESULTS = CHECKS.results
+check = CHECKS.check
 
 
 X = jnp.arange(4, dtype=jnp.float32)
@@ -188,42 +166,7 @@ def _() -> Any:
     return f"{(64 << 20) / (time.perf_counter() - t) / 1e9:.2f} GB/s end to end"
 
 
-def _recorded(name: str, steps: int, **kw: Any) -> tuple[np.ndarray, dict]:
-    folder = tempfile.mkdtemp(prefix="hostfeed-smoke-")
-    with hostfeed.Recorder(f"{folder}/r.zarr", mode="w") as rec:
-        step = jax.jit(lambda v, i: rec.record(name, v * i, step=i, **kw) + 0)
-        for i in range(steps):
-            step(X, i)
-    return hostfeed.read_recording(f"{folder}/r.zarr", name)
-
-
-@check("Recorder: raw rows, read back")
-def _() -> Any:
-    h, meta = _recorded("h", 5)
-    assert h.shape == (5, 4) and meta["step"].tolist() == list(range(5)), (h.shape, meta)
-    assert np.array_equal(h[3], np.arange(4) * 3)
-    return "ok"
-
-
-@check("Recorder: every=2, start=1, stop=6")
-def _() -> Any:
-    h, meta = _recorded("h", 8, every=2, start=1, stop=6)
-    assert meta["step"].tolist() == [1, 3, 5], meta["step"]
-    return "ok"
-
-
-@check("Recorder: reduce='stats'")
-def _() -> Any:
-    h, meta = _recorded("h", 3, reduce="stats")
-    assert h.shape == (3, 9) and np.allclose(h[2][1], np.mean(np.arange(4) * 2)), h
-    return "ok"
-
-
-@check("Recorder: reduce='stats', every=2")
-def _() -> Any:
-    h, meta = _recorded("h", 5, reduce="stats", every=2)
-    assert meta["step"].tolist() == [0, 2, 4], meta["step"]
-    return "ok"
+recorder_checks(CHECKS, X)
 
 
 if RESULTS["Recorder: reduce='stats', every=2"][0] != "ok":
@@ -235,7 +178,7 @@ if RESULTS["Recorder: reduce='stats', every=2"][0] != "ok":
             return summaries._finite_stats(v, axes)
         saved, summaries._stats = summaries._stats, stats
         try:
-            h, meta = _recorded("h", 5, reduce="stats", every=2)
+            h, meta = recorded("h", 5, X, reduce="stats", every=2)
         finally:
             summaries._stats = saved
         assert meta["step"].tolist() == [0, 2, 4], meta["step"]
@@ -249,15 +192,6 @@ if RESULTS["Recorder: reduce='stats', every=2"][0] != "ok":
                 jax.jit(lambda v, i=i: rec.record("h", v * i, step=i, reduce="stats",
                                                   every=2) + 0)(X)
         return hostfeed.read_recording(f"{folder}/r.zarr", "h")[1]["step"].tolist()
-
-
-@check("Recorder: Histogram, linear and log, every=2")
-def _() -> Any:
-    lin, _ = _recorded("h", 3, reduce=hostfeed.Histogram(bins=4, range=(0.0, 8.0)))
-    log, _ = _recorded("h", 3, reduce=hostfeed.Histogram(bins=6, range="log"), every=2)
-    assert lin.shape == (3, 6) and log.shape == (2, 8), (lin.shape, log.shape)
-    assert lin[2].sum() == 4, lin
-    return [lin.tolist(), log.tolist()]
 
 
 # Which dtypes travel: hostfeed's tap and call, and io_callback, each on its own.
@@ -302,7 +236,4 @@ def _() -> Any:
     return table
 
 
-failed = [k for k, v in RESULTS.items() if v[0] != "ok"]
-print(f"smoke: {len(RESULTS) - len(failed)} of {len(RESULTS)} checks passed"
-      + (f"; FAILED: {', '.join(failed)}" if failed else ""), flush=True)
-sys.exit(1 if failed else 0)
+sys.exit(CHECKS.summary())

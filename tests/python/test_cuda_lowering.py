@@ -305,3 +305,72 @@ def test_cuda_pool_stats_answer_without_a_gpu(gpu):
 def test_the_copy_floor_benchmark_is_not_in_the_shipped_module(gpu):
     # The floor lives in benches/ (ctypes), not in hostfeed._receiver.
     assert not hasattr(hostfeed._receiver, f"{gpu}_copy_floor")
+
+
+def _pinned_host_operand():
+    dev = jax.devices()[0]
+    try:
+        host = jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host")
+        return host, jax.device_put(jnp.arange(8, dtype=jnp.int32), host)
+    except Exception as exc:  # noqa: BLE001 - a JAX or device without memory kinds
+        pytest.skip(f"no pinned_host memory kind here: {exc}")
+
+
+@native_only
+def test_a_tap_of_an_entry_parameter_in_host_memory_puts_no_op_on_it_but_the_tap(gpu):
+    # XLA:GPU's host offloading lets an entry parameter in host memory flow only through a
+    # few operations (custom calls among them, kAddDependency not): the tap reads it, and
+    # the computation's result is the parameter itself.
+    host, x = _pinned_host_operand()
+    f = jax.jit(lambda v: hcb.id_tap(noop, v), in_shardings=host, out_shardings=host)
+    text = f.trace(x).lower(lowering_platforms=(gpu,)).as_text()
+    assert re.search(r"custom_call @hostfeed_tap\(%\w+, %arg0\)", text), text
+    assert "add_dependency" not in text, text
+    # A value in device memory keeps its dependency on the tap (what orders later uses).
+    text = jax.jit(lambda v: hcb.id_tap(noop, v) + 1).trace(jnp.arange(8)).lower(
+        lowering_platforms=(gpu,)).as_text()
+    assert "add_dependency" in text
+
+
+@native_only
+def test_a_tap_of_a_value_in_host_memory_runs_and_arrives_intact():
+    # On CPU, as test_gpu.py's pinned-memory tap does on a GPU.
+    host, x = _pinned_host_operand()
+    got = []
+    f = jax.jit(lambda v: hcb.id_tap(lambda a, t: got.append(a.copy()), v),
+                in_shardings=host, out_shardings=host)
+    out = f(x)
+    hcb.barrier_wait()
+    np.testing.assert_array_equal(got[0], np.arange(8, dtype=np.int32))
+    np.testing.assert_array_equal(np.asarray(out), np.arange(8, dtype=np.int32))
+
+
+def test_platforms_are_named_as_jax_lowers_for_them_not_as_a_gpu_device_reads(monkeypatch):
+    # A CUDA device's `platform` and jax.default_backend() read "gpu"; computations lower
+    # for "cuda". Here a CUDA backend is made to appear beside the CPU one.
+    from jax._src import xla_bridge
+
+    from hostfeed._src import transports
+
+    backends = dict(xla_bridge.backends(), cuda=xla_bridge.backends()["cpu"])
+    monkeypatch.setattr(xla_bridge, "backends", lambda: backends)
+    assert transports.canonical("gpu") == "cuda"
+    assert transports.canonical("cpu") == "cpu" and transports.canonical("tpu") == "tpu"
+
+    class GpuDevice:
+        platform = "gpu"
+
+    real_devices = jax.devices
+
+    def devices(backend=None):
+        # No backend is created for "cuda" (JAX would cache a CPU client under that name).
+        if backend in ("gpu", None):
+            return [GpuDevice()]
+        if backend == "cpu":
+            return real_devices(backend)
+        raise RuntimeError(f"no {backend} backend in this test")
+
+    monkeypatch.setattr(jax, "devices", devices)
+    table = hostfeed.transports()
+    assert "gpu" not in table and table["cuda"] == "native", table
+    assert transports.for_platform("gpu") is transports.for_platform("cuda")

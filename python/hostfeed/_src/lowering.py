@@ -153,9 +153,14 @@ def _outside_call_lowering(ctx: Any, transport: transports.Transport, *args: Any
         # do not wait for the transfer, and MHLO's add-dependency does not legalize to
         # what a TPU compiles).
         return list(args)
+    # Not an operand in host memory (a pinned_host entry parameter): XLA:GPU's host
+    # offloading refuses any operation on one but a few (custom calls among them, not
+    # kAddDependency); nothing was fused into it, so it needs no dependency either.
     token = ctx.tokens_out.get(host_callback_effect)
-    outs = [compat.add_dependency(a, token) for a in args]
-    _depend_later_uses(ctx, call_op, args, outs)
+    outs = [a if compat.in_host_memory(aval) else compat.add_dependency(a, token)
+            for a, aval in zip(args, ctx.avals_in)]
+    depended = [i for i, (a, o) in enumerate(zip(args, outs)) if o is not a]
+    _depend_later_uses(ctx, call_op, [args[i] for i in depended], [outs[i] for i in depended])
     return outs
 
 

@@ -16,6 +16,18 @@ from typing import Any
 from .._src.latency import PERCENTILES, summary_of_buckets  # noqa: F401  (re-exported)
 
 
+def rounds(cases: dict[str, Callable[[], float]], n: int) -> dict[str, list[float]]:
+    """Each case (a function returning the seconds it measured) once per round, ``n``
+    rounds, interleaved, after one untimed run each; the seconds of each round."""
+    for go in cases.values():
+        go()
+    out: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(n):
+        for name, go in cases.items():
+            out[name].append(go())
+    return out
+
+
 def timeit(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1) -> dict:
     """Runs ``fn`` ``warmup`` times untimed, then ``repeats`` times; returns seconds.
 

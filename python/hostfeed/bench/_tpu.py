@@ -21,7 +21,8 @@ transfers (hundreds of microseconds each, where a CPU's callbacks take microseco
     returning the activation and ``device_get`` each step; returning it and
     ``copy_to_host_async``, fetched while the next step runs; one ``device_get`` of 4 MiB
     alone; ``hostfeed.Recorder.record`` of the activation (until every row reached the
-    recorder; and with the write to disk); ``io_callback`` and ``debug.callback`` of it.
+    recorder; and with the write to disk); ``io_callback`` and ``debug.callback`` of it
+    (:mod:`hostfeed.bench._training`, which the GPU bench shares).
 ``sweep``
     GB/s of one tap per step from 16 B to 16 MiB: hostfeed, ``io_callback``.
 ``barrier``
@@ -37,7 +38,6 @@ the others still run (the exit status is then 1).
 """
 from __future__ import annotations
 
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -49,11 +49,12 @@ import numpy as np
 from jax import lax
 from jax.experimental import io_callback
 
-import hostfeed
 
 from .. import host_callback as hcb
 from . import _tpu_paths
 from ._sections import Config, loop, tap_step
+from ._timing import rounds as _rounds
+from ._training import record
 
 #: Rows of the taps section, hostfeed first.
 TAP_METHODS = ("hostfeed", "io_callback(ordered)", "io_callback", "debug.callback",
@@ -67,17 +68,6 @@ def _wait(f: Callable, *args: Any) -> Callable[[], float]:
         jax.block_until_ready(f(*args))
         return time.perf_counter() - t0
     return go
-
-
-def _rounds(cases: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
-    """Each case once per round, interleaved (after one untimed run each); seconds."""
-    for go in cases.values():
-        go()
-    out: dict[str, list[float]] = {k: [] for k in cases}
-    for _ in range(rounds):
-        for name, go in cases.items():
-            out[name].append(go())
-    return out
 
 
 def _settled(go: Callable[[], float]) -> Callable[[], float]:
@@ -221,104 +211,6 @@ def dispatch(cfg: Config) -> dict:
     res = _rounds({k: many(f) for k, f in fns.items()}, cfg.n(2, 3))
     hcb.barrier_wait()
     return {"calls": n, "methods": {k: {"us": min(t) / n * 1e6} for k, t in res.items()}}
-
-
-def record(cfg: Config) -> dict:
-    """A training step with a 4 MiB activation, recorded or fetched in several ways."""
-    steps = cfg.n(10, 30)
-    key = jax.random.PRNGKey(0)
-    w0 = jax.random.normal(key, (1024, 1024), jnp.float32) * 0.01
-    xs = jax.random.normal(key, (1024, 1024), jnp.float32)
-    folder = tempfile.mkdtemp(prefix="hostfeed-tpu-bench-")
-    rec = hostfeed.Recorder(f"{folder}/run.zarr", mode="w")
-
-    def make(tap: Callable[[Any, Any], None], wrap: Callable = jax.jit) -> Callable:
-        def step(w: Any, x: Any, i: Any) -> Any:
-            h = jnp.tanh(x @ w)
-            tap(h, i)
-            g = jax.grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
-            return w - 0.1 * g, h
-        return wrap(step)
-
-    def noop(*args: Any) -> None:
-        return None
-
-    plain = make(lambda h, i: None)
-    recorded = make(lambda h, i: rec.record("h", h, step=i))
-    every10 = make(lambda h, i: rec.record("h10", h, step=i, every=10))
-    stats = make(lambda h, i: rec.record("h_stats", h, step=i, reduce="stats"))
-    stepped = make(lambda h, i: rec.record("s", h, step=i), rec.step)
-    stepped10 = make(lambda h, i: rec.record("s10", h, step=i, every=10), rec.step)
-    stepped_stats = make(lambda h, i: rec.record("s_stats", h, step=i, reduce="stats"),
-                         rec.step)
-    io_cb = make(lambda h, i: io_callback(noop, None, h))
-    debug_cb = make(lambda h, i: jax.debug.callback(noop, h))
-
-    def train(step: Callable, fetch: str | None = None, settle: str | None = None
-              ) -> Callable[[], float]:
-        def go() -> float:
-            w, prev = w0, None
-            t0 = time.perf_counter()
-            for i in range(steps):
-                w, h = step(w, xs, i)
-                if fetch == "device_get":
-                    jax.device_get(h)
-                elif fetch == "copy_to_host_async":
-                    h.copy_to_host_async()
-                    if prev is not None:
-                        np.asarray(prev)
-                    prev = h
-            if prev is not None:
-                np.asarray(prev)
-            jax.block_until_ready(w)
-            if settle == "barrier":
-                hcb.barrier_wait()
-            elif settle == "flush":
-                rec.flush()
-            return (time.perf_counter() - t0) / steps
-        return go
-
-    h4 = jnp.ones((1024, 1024), jnp.float32)
-
-    def one_copy() -> float:
-        fresh = h4 + 1
-        fresh.block_until_ready()
-        t0 = time.perf_counter()
-        jax.device_get(fresh)
-        return time.perf_counter() - t0
-
-    cases = {
-        "step": train(plain),
-        "returned + device_get": train(plain, "device_get"),
-        "returned + copy_to_host_async, overlapped": train(plain, "copy_to_host_async"),
-        "one device_get of 4 MiB": one_copy,
-        "hostfeed Recorder": train(recorded, settle="barrier"),
-        "hostfeed Recorder, written to disk": train(recorded, settle="flush"),
-        "hostfeed Recorder, every=10": train(every10, settle="barrier"),
-        "hostfeed Recorder, reduce='stats'": train(stats, settle="barrier"),
-        "rec.step": train(stepped, settle="barrier"),
-        "rec.step, written to disk": train(stepped, settle="flush"),
-        "rec.step, every=10": train(stepped10, settle="barrier"),
-        "rec.step, reduce='stats'": train(stepped_stats, settle="barrier"),
-        "io_callback": train(io_cb),
-        "debug.callback": train(debug_cb),
-    }
-    cfg.progress("tpu: record")
-    try:
-        res = _rounds(cases, cfg.n(2, 3))
-    finally:
-        rec.close()
-    for name in ("h", "s"):
-        rows, meta = hostfeed.read_recording(f"{folder}/run.zarr", name)
-        assert rows.shape[1:] == (1024, 1024) and rows.shape[0] % steps == 0, rows.shape
-        assert list(meta["step"][:steps]) == list(range(steps)), meta["step"][:steps]
-    _, meta = hostfeed.read_recording(f"{folder}/run.zarr", "s10")
-    every = list(range(0, steps, 10))
-    assert list(meta["step"][:len(every)]) == every, meta["step"]
-    out = {k: min(t) * 1e3 for k, t in res.items()}
-    return {"steps": steps, "activation_bytes": 4 << 20, "ms": out,
-            "rounds_ms": {k: [v * 1e3 for v in t] for k, t in res.items()},
-            "rows_recorded": int(rows.shape[0])}
 
 
 def sweep(cfg: Config) -> dict:

@@ -322,6 +322,31 @@ def add_dependency(value: Any, token: Any) -> Any:
     return _mhlo.AddDependencyOp(value, token, results=[value.type]).result
 
 
+# jax 0.10-0.12: an aval's `memory_space` (`core.MemorySpace`) is `Host` for a value placed
+# in host memory (a `pinned_host` or `unpinned_host` sharding); XLA:GPU's host offloading
+# accepts such an entry parameter only through a few operations, kAddDependency not one.
+def in_host_memory(aval: Any) -> bool:
+    """Whether ``aval`` is a value in host memory (a ``pinned_host`` or ``unpinned_host``
+    memory kind) in the computation being lowered."""
+    return getattr(aval, "memory_space", None) is _core.MemorySpace.Host
+
+
+# ---- Platform names (transports) ------------------------------------------------------------
+# jax 0.10-0.12: a CUDA or ROCm device's `platform` and `jax.default_backend()` read "gpu";
+# computations lower for "cuda" or "rocm" (`xla_bridge.canonicalize_platform`, which
+# raises for an alias none of whose platforms has a backend here).
+from jax._src import xla_bridge as _xla_bridge  # noqa: E402
+
+
+def canonical_platform(platform: str) -> str:
+    """The platform JAX lowers for, for a name a device or backend reports: ``"gpu"`` is
+    ``"cuda"`` or ``"rocm"`` (whichever has a backend here); other names are themselves."""
+    try:
+        return _xla_bridge.canonicalize_platform(platform)
+    except RuntimeError:
+        return platform
+
+
 # ---- The portable transport (portable.py): JAX's own host-callback lowering -------------
 # jax 0.10-0.12: `callback.emit_python_callback(ctx, callback, token, operands,
 # operand_avals, result_avals, *, has_side_effect, returns_token, partitioned, sharding)`

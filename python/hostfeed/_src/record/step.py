@@ -92,7 +92,8 @@ class RecordedStep:
 
         jaxpr, consts, shape = compat.jaxprs.traced(flat, *leaves)
         outs, nodes, arrays, met = hoist.evaluate(jaxpr, consts, leaves,
-                                                  self._platform or jax.default_backend(),
+                                                  self._platform or transports.canonical(
+                                                      jax.default_backend()),
                                                   _choices)
         if _choices is None:
             self._host_conds = met
@@ -167,12 +168,13 @@ class RecordedStep:
 
 
 def _platform_of(args: tuple, kwargs: dict) -> str:
-    """The platform of the first JAX array among a call's arguments ("" if there is none:
-    the computation runs on JAX's default backend)."""
+    """The platform computations lower for of the first JAX array among a call's arguments
+    (``cuda``, not a CUDA device's ``gpu``; "" if there is none: the computation runs on
+    JAX's default backend)."""
     for leaf in jax.tree_util.tree_leaves((args, kwargs)):
         if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
             device: Any = next(iter(leaf.sharding.device_set))
-            return str(device.platform)
+            return transports.canonical(str(device.platform))
     return ""
 
 

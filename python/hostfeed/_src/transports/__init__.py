@@ -132,9 +132,22 @@ def transport_for(platform: str) -> str:
     return "native" if native.unavailable(platform) is None else "jax"
 
 
+def canonical(platform: str) -> str:
+    """The platform computations lower for, as the lowering rules and the table of
+    :func:`transports` name it, for a name a device or backend reports (a CUDA device's
+    ``platform`` and ``jax.default_backend()`` there read ``"gpu"``: this is ``"cuda"``).
+
+    Example:
+        >>> canonical("cpu"), canonical("tpu")
+        ('cpu', 'tpu')
+    """
+    return compat.canonical_platform(platform)
+
+
 def transports() -> dict[str, str]:
     """The transport of each platform: CPU, CUDA, ROCm, TPU and those of this process's
-    JAX backends, as ``{platform: "native" | "jax"}``. (For a GPU platform this registers
+    JAX backends (named as computations lower for them: ``cuda``, not a device's
+    ``gpu``), as ``{platform: "native" | "jax"}``. (For a GPU platform this registers
     hostfeed's handlers if its backend exists, as the first lowering for it would.)
 
     Example:
@@ -144,7 +157,7 @@ def transports() -> dict[str, str]:
     platforms = list(KNOWN_PLATFORMS)
     for backend in ("cpu", "gpu", "tpu", None):
         with contextlib.suppress(RuntimeError):
-            platforms += [d.platform for d in jax.devices(backend)[:1]]
+            platforms += [canonical(d.platform) for d in jax.devices(backend)[:1]]
     return {p: transport_for(p) for p in dict.fromkeys(platforms)}
 
 
@@ -182,7 +195,7 @@ def for_platform(platform: Optional[str] = None) -> Transport:
         >>> for_platform("tpu").RECORDS_AS_OUTPUTS == (forced() != "native")
         True
     """
-    return _of([platform or jax.default_backend()])
+    return _of([canonical(platform or jax.default_backend())])
 
 
 def platforms_with(policy: str) -> tuple[str, ...]:
