@@ -64,9 +64,12 @@ from ._src.record.unflushed import UnflushedReadWarning  # noqa: E402
 from ._receiver import (CallbackContextError, ReceiverError, ReceiverTimeoutError,  # noqa: E402
                         RecordingError)
 
-# The public exceptions print as hostfeed's (the native ones are defined as hostfeed.* in
-# Rust; CallbackException is Python's).
-CallbackException.__module__ = "hostfeed"
+# The public classes print, and are documented, as hostfeed's, where they are imported
+# from (the native exceptions are defined as hostfeed.* in Rust; these live in _src).
+for _public in (CallbackException, Recorder, Histogram, Capturing, Recording, RecordedArray,
+                UnflushedReadWarning):
+    _public.__module__ = "hostfeed"
+del _public
 
 __all__ = [
     "host_callback", "install", "id_tap", "id_print", "barrier_wait",

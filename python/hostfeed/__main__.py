@@ -113,7 +113,8 @@ def demo(steps: int = 100, out: TextIO = sys.stdout, store: Any = None) -> int:
             print(f"  {int(meta['step'][i]):>6} {float(means[i]):>12.4f} "
                   f"{float(stds[i]):>11.4f} {float(rows[i]):>10.4f}", file=out)
     except ImportError:
-        print("reading the recording back needs zarr-python (pip install 'zarr>=3.1')",
+        print("reading the recording back needs zarr-python: pip install '.[zarr]' in "
+              "hostfeed's checkout (or pip install 'zarr>=3.1')",
               file=out)
     if folder is None:
         print(f"the recording is kept in {store}", file=out)

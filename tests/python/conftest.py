@@ -178,6 +178,29 @@ TRANSPORT_AGNOSTIC: dict[str, object] = {
         "test_rocm_lowers_natively_by_default_and_jax_when_forced"}),
 }
 
+#: The smoke test (`python -m pytest -m smoke`, about a minute: the README's check that an
+#: install works before the whole suite): one test of each use, through the public API:
+#: taps in order under jit and the loops, id_print, call, a tap function's exception at
+#: the barrier, the transformations, the legacy import, recording and reading back,
+#: every=/stats, Recorder.step, capture.
+SMOKE: dict[str, object] = {
+    "test_taps.py": frozenset({"test_jit_tap_values_and_result",
+                               "test_scan_taps_every_iteration_in_order",
+                               "test_while_loop_body_and_predicate_in_order"}),
+    "test_printing.py": frozenset({"test_print_layouts_of_the_legacy_module_examples"}),
+    "test_call.py": frozenset({"test_scalar_array_and_pytree_results_eager_and_jit",
+                               "test_raising_callback_is_an_error_with_the_exception_text"}),
+    "test_errors.py": frozenset({"test_exception_surfaces_at_barrier_and_later_taps_run"}),
+    "test_transforms.py": frozenset({"test_docstring_grad", "test_docstring_vmap"}),
+    "test_install.py": frozenset({"test_legacy_import_runs_unchanged_after_install"}),
+    "test_recording.py": frozenset({"test_jit_rows_are_bit_exact_with_step_device_and_order"}),
+    "test_selective.py": frozenset({
+        "test_every_start_stop_under_jit_and_scan_record_exactly_the_selected_steps"}),
+    "test_recorded_step.py": frozenset({"test_top_level_records_are_outputs_with_the_same_rows"}),
+    "test_capture.py": frozenset({
+        "test_gradients_are_those_of_the_same_step_with_hand_placed_records"}),
+}
+
 _SCOPES = ("all", "jax", "host", "transport")
 
 #: The options that change how tests run (set from the command line by pytest_configure):
@@ -212,7 +235,8 @@ def _check_lists() -> None:
     """Every file and test the lists name exists (a renamed test would silently run
     everywhere, or nowhere it should)."""
     here = pathlib.Path(__file__).parent
-    for table, entries in (("HOST_SIDE", HOST_SIDE), ("TRANSPORT_AGNOSTIC", TRANSPORT_AGNOSTIC)):
+    for table, entries in (("HOST_SIDE", HOST_SIDE), ("TRANSPORT_AGNOSTIC", TRANSPORT_AGNOSTIC),
+                           ("SMOKE", SMOKE)):
         for file, names in entries.items():
             path = here / file
             if not path.is_file():
@@ -257,7 +281,10 @@ def pytest_collection_modifyitems(config, items):
     CPU. With the portable transport (``HOSTFEED_TRANSPORT=jax``, or a TPU), tests marked
     ``native_transport(reason)`` (about hostfeed's native handlers themselves) are skipped
     with their reason. ``--scope`` deselects tests (:data:`HOST_SIDE`,
-    :data:`TRANSPORT_AGNOSTIC`)."""
+    :data:`TRANSPORT_AGNOSTIC`); the tests :data:`SMOKE` names are marked ``smoke``."""
+    for item in items:
+        if _listed(SMOKE, item):
+            item.add_marker(pytest.mark.smoke)
     _deselect_by_scope(config, items)
     if PORTABLE:
         for item in items:

@@ -30,6 +30,8 @@ figures = _load(ROOT / "docs" / "figures.py", "figures")
 EXPECTED = {
     ("README.md", 0): ["8.0", "[2.0, 4.0, 8.0]"],
     ("README.md", 2): ["(5, 2, 3) [0 1 2 3 4]"],
+    ("README.md", 3): ["['layers.0/output', 'layers.1/output', 'layers.2/output']",
+                       "(15, 8) [0 0 0 0 0 1 1 1 1 1 2 2 2 2 2]"],
     ("index.md", 0): ["8.0", "[2.0, 4.0, 8.0]"],
     ("migrating.md", 1): ["True"],
     ("migrating.md", 2): ["[0. 1. 2.]"],
@@ -128,6 +130,28 @@ def test_pages_the_readme_links_to_use_no_sphinx_role():
     for page in sorted(pages):
         text = page.read_text()
         assert not re.search(r"\{(doc|class|func|ref|meth)\}`", text), page
+
+
+def test_a_sphinx_directive_has_plain_links_beside_it_for_a_code_host():
+    """On a code host a directive block shows as raw text: each page that has one also
+    links, in Markdown, what it names (a toctree's pages, an included file) or, for the
+    generated API reference, the plain list of the API."""
+    import re
+    for page in PAGES:
+        text = page.read_text()
+        for kind, body in re.findall(r"^```\{([\w-]+)\}(.*?)^```", text, re.S | re.M):
+            if kind == "toctree":
+                names = [ln.strip() for ln in body.splitlines()
+                         if ln.strip() and not ln.strip().startswith(":")]
+                wanted = [f"]({name}.md)" for name in names]
+            elif kind == "literalinclude":
+                wanted = [f"]({body.split()[0]})"]
+            elif kind == "eval-rst":
+                wanted = ["](api.md)"]
+            else:
+                wanted = []
+            missing = [w for w in wanted if w not in text]
+            assert not missing, (page.name, kind, missing)
 
 
 def test_the_recording_guide_is_short_and_starts_with_its_recipes():

@@ -87,7 +87,15 @@ def _readme_check():
 # What `pip install .` brings (hostfeed's dependencies), and which README install
 # arguments bring the other modules its blocks import.
 _BASE_MODULES = {"hostfeed", "jax", "jaxlib", "numpy", "ml_dtypes"}
-_PROVIDERS = {"zarr": {"zarr", ".[zarr]"}, "matplotlib": {"matplotlib", ".[bench]"}}
+_PROVIDERS = {"zarr": {"zarr", ".[zarr]"}, "matplotlib": {"matplotlib", ".[bench]"},
+              "equinox": {"equinox", ".[equinox]"}}
+
+
+def _one_extra_each(arg: str) -> set[str]:
+    """``'.[equinox,zarr]'`` as ``{'.[equinox]', '.[zarr]'}``; other arguments as they are."""
+    if arg.startswith(".[") and arg.endswith("]"):
+        return {f".[{extra.strip()}]" for extra in arg[2:-1].split(",")}
+    return {arg}
 
 
 def test_readme_check_doctests():
@@ -100,7 +108,8 @@ def test_readme_blocks_need_only_what_the_readme_installed_before_them():
     checked = 0
     for block in rc.blocks():
         if block.lang == "bash":
-            installed |= {a for cmd in rc.pip_installs(block) for a in cmd}
+            installed |= {e for cmd in rc.pip_installs(block) for a in cmd
+                          for e in _one_extra_each(a)}
             continue
         needed = rc.imported_modules(block.code) - _BASE_MODULES - set(sys.stdlib_module_names)
         if "read_recording" in block.code:

@@ -44,7 +44,8 @@ def s3(request):
     if request.param == "moto":
         server = S3Server()
     elif S3Process.s3s_fs() is None:
-        why = "s3s-fs not found (cargo install s3s-fs --features binary, or set S3S_FS)"
+        why = ("s3s-fs not found (cargo install s3s-fs --version 0.14.1 --features binary, "
+               "or set S3S_FS)")
         if os.environ.get("HOSTFEED_REQUIRE_S3S") == "1":
             pytest.fail(why)
         pytest.skip(why)

@@ -21,3 +21,15 @@ def test_ci_builds_the_wheel_for_jaxlibs_glibc_floor_and_checks_its_tag():
     assert "--zig" in run and "--compatibility manylinux_2_27" in run
     assert "cp311-abi3-manylinux_2_27_x86_64" in run
     assert ".ci/readme_check.py --install" in run
+
+
+def test_public_classes_say_they_are_hostfeeds():
+    # A warning's category, a repr or a traceback names the class where users import it.
+    import inspect
+
+    import hostfeed
+    classes = {n: getattr(hostfeed, n) for n in hostfeed.__all__
+               if inspect.isclass(getattr(hostfeed, n))}
+    assert {"Recorder", "Histogram", "UnflushedReadWarning", "RecordingError"} <= set(classes)
+    assert {n: c.__module__ for n, c in classes.items() if c.__module__ != "hostfeed"} == {}
+

@@ -586,3 +586,15 @@ def test_a_chosen_pool_limit_holds_whatever_starts_the_receiver(tmp_path):
     """, env={"HOSTFEED_BUFFER_POOL_BYTES": str(16 << 20)})
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == [str(16 << 20)] * 2
+
+
+def test_a_recorder_is_static_in_a_pytree_and_can_be_a_jitted_argument(tmp_path):
+    with hostfeed.Recorder(tmp_path / "a.zarr", mode="w") as a, \
+            hostfeed.Recorder(tmp_path / "b.zarr", mode="w") as b:
+        assert jax.tree.leaves({"rec": a, "x": 1}) == [1]
+        f = jax.jit(lambda rec, x, i: rec.record("h", x * 2, step=i))
+        for i in range(2):
+            f(a, jnp.ones(2), i)
+        f(b, jnp.ones(2), 7)  # another recorder: traced again, recorded there
+    assert hostfeed.read_recording(tmp_path / "a.zarr", "h")[1]["step"].tolist() == [0, 1]
+    assert hostfeed.read_recording(tmp_path / "b.zarr", "h")[1]["step"].tolist() == [7]

@@ -105,7 +105,8 @@ class S3Process(_Client):
         else:
             binary = self.s3s_fs()
             if binary is None:
-                raise FileNotFoundError("s3s-fs not found: cargo install s3s-fs, or set S3S_FS")
+                raise FileNotFoundError("s3s-fs not found: cargo install s3s-fs --version 0.14.1 "
+                                        "--features binary, or set S3S_FS")
             self._dir = self._dir or tempfile.mkdtemp(prefix="s3s-fs-")
             cmd = [binary, "--host", "127.0.0.1", "--port", str(self.port),
                    "--access-key", ACCESS_KEY_ID, "--secret-key", SECRET_ACCESS_KEY, self._dir]

@@ -580,6 +580,11 @@ def _after_fork_in_child() -> None:
     _open.clear()
 
 
+# A Recorder is static: a pytree with no leaves, itself the node's data (compared and
+# hashed by identity), so that it can be an argument of a jitted function, a field of an
+# Equinox module or part of any pytree, and a new recorder retraces.
+jax.tree_util.register_pytree_node(Recorder, lambda rec: ((), rec), lambda rec, _: rec)
+
 lifecycle.add_barrier_hook(_flush_open)
 lifecycle.add_exit_hook(_close_open)
 lifecycle.add_fork_hook(_after_fork_in_child)
