@@ -91,6 +91,15 @@ def test_a_table_that_differs_from_the_runs_is_caught():
     assert figures.regenerate(regenerated, runs) == regenerated
 
 
+def test_the_rows_the_bench_prints_are_the_committed_runs(tmp_path, monkeypatch, capsys):
+    stale = tmp_path / "_committed.py"
+    stale.write_text(figures.COMMITTED.read_text().replace("RUNS = 3", "RUNS = 2"))
+    monkeypatch.setattr(figures, "COMMITTED", stale)
+    assert figures.main(["--check"]) == 1
+    assert "_committed.py is not the README's rows of the committed runs" in \
+        capsys.readouterr().err
+
+
 def test_the_site_builds_with_warnings_as_errors(tmp_path):
     pytest.importorskip("sphinx")
     pytest.importorskip("myst_parser")
