@@ -52,7 +52,7 @@ def rows() -> list[tuple[str, Callable[[Run], float | None]]]:
             f = figure(run)
             return None if f is None or math.isnan(f.ratio) else float(f.ratio)
         return ratio
-    return [(q, of(f)) for q, f in _markdown.SUMMARY] + _portable_rows()
+    return [(row.question, of(row.figure)) for row in _markdown.SUMMARY] + _portable_rows()
 
 
 def compare(new: Run, references: Sequence[Run], slack: float) -> tuple[list[str], int]:

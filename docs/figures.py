@@ -11,6 +11,10 @@ from that run and the full runs in ``docs/bench-repeats/*.json``; a TPU table's 
 ``TPU_TABLES``) from the newest ``docs/tpu/bench-DATE.json`` (``.ci/accelerators/tpu_check.sh``), or
 for the record table (``TPU_RECORD_TABLES``) the newest ``docs/tpu/record-DATE.json`` (the
 check with ``TPU_CHECK_BENCH_ONLY=record``).
+The summary's last columns are quick runs on a busy machine (``docs/bench-loaded/*.json``:
+``python -m hostfeed bench --quick --json``, while other processes load it), showing how
+load moves each figure. ``python/hostfeed/bench/_committed.py`` holds the summary's rows as
+the committed runs answer them, which ``python -m hostfeed bench`` prints beside its own.
 A performance figure (a time in ns, µs or ms, a rate in MB/s or GB/s, a ratio such as
 ``0.25x``) anywhere else in ``README.md`` or ``docs/*.md`` is an error: a figure a reader
 sees must be one a committed run produced. CI runs ``--check`` (``tests/python/test_docs.py``).
@@ -18,6 +22,7 @@ sees must be one a committed run produced. CI runs ``--check`` (``tests/python/t
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import pathlib
 import re
@@ -27,6 +32,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 CITED = DOCS / "bench.json"
 REPEATS = DOCS / "bench-repeats"
+LOADED = DOCS / "bench-loaded"
+COMMITTED = ROOT / "python" / "hostfeed" / "bench" / "_committed.py"
 TPU_RUNS = DOCS / "tpu"
 
 _BLOCK = re.compile(r"(<!-- bench:(\w+) -->\n)(.*?)(<!-- /bench:\2 -->)", re.S)
@@ -45,13 +52,18 @@ def runs() -> list[dict]:
             for p in [CITED, *sorted(REPEATS.glob("*.json"))]]
 
 
+def loaded_runs() -> list[dict]:
+    """The quick runs on a busy machine (``docs/bench-loaded/*.json``), by name."""
+    return [json.loads(p.read_text()) for p in sorted(LOADED.glob("*.json"))]
+
+
 def tpu_runs() -> list[dict]:
     """The committed TPU runs (``docs/tpu/bench-DATE.json``), the newest first."""
     return [json.loads(p.read_text())
             for p in sorted(TPU_RUNS.glob("bench-*.json"), reverse=True)]
 
 
-def render(name: str, all_runs: list[dict]) -> str:
+def render(name: str, all_runs: list[dict], loaded: list[dict] | None = None) -> str:
     from hostfeed.bench import _markdown
 
     if name in _markdown.TPU_TABLES:
@@ -65,15 +77,23 @@ def render(name: str, all_runs: list[dict]) -> str:
                 f"{_markdown.TPU_TABLES[name](tpu)}\n")
     if name not in _markdown.TABLES:
         raise KeyError(f"no bench table {name!r}; tables: {sorted(_markdown.TABLES)}")
+    quiet = ""
+    if name == "summary":  # the table the bench's report ends with, and its load columns
+        loaded = loaded_runs() if loaded is None else loaded
+        quiet = f", a quiet machine: load {_markdown.loads(all_runs)} when each run started"
+    else:
+        loaded = []
     return (f"Measured on {_markdown.machine(all_runs[0])} "
             f"(`docs/bench.json`; ranges over {len(all_runs)} full runs, "
-            "`docs/bench-repeats/`). Ratios are time ratios (below one: faster than the baseline)."
-            "\n\n"
-            f"{_markdown.TABLES[name](all_runs)}\n")
+            f"`docs/bench-repeats/`){quiet}. Ratios are time ratios (below one: faster than "
+            f"the baseline).{_markdown.loaded_note(loaded)}\n\n"
+            f"{_markdown.TABLES[name](all_runs, loaded)}\n")
 
 
-def regenerate(text: str, all_runs: list[dict]) -> str:
-    return _BLOCK.sub(lambda m: m.group(1) + render(m.group(2), all_runs) + m.group(4), text)
+def regenerate(text: str, all_runs: list[dict], loaded: list[dict] | None = None) -> str:
+    loaded = loaded_runs() if loaded is None else loaded
+    return _BLOCK.sub(lambda m: m.group(1) + render(m.group(2), all_runs, loaded) + m.group(4),
+                      text)
 
 
 def stray_figures(text: str) -> list[tuple[int, str]]:
@@ -92,10 +112,19 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--write", action="store_true")
     mode.add_argument("--check", action="store_true")
     args = parser.parse_args(argv)
-    from hostfeed.bench import _report
+    from hostfeed.bench import _committed, _markdown, _report
 
-    all_runs = runs()
+    all_runs, loaded = runs(), loaded_runs()
     problems = []
+    module = _markdown.committed_module(all_runs)
+    where = COMMITTED.relative_to(ROOT) if COMMITTED.is_relative_to(ROOT) else COMMITTED
+    if COMMITTED.read_text() != module and args.write:
+        COMMITTED.write_text(module)
+        importlib.reload(_committed)  # the report's last section prints it
+        print(f"rewrote {where}")
+    elif COMMITTED.read_text() != module:
+        problems.append(f"{where} is not the README's rows of the committed runs "
+                        "(python docs/figures.py --write)")
     text = _report.text(all_runs[0])
     bench_txt = DOCS / "bench.txt"
     if args.write:
@@ -105,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(python docs/figures.py --write)")
     for page in pages():
         old = page.read_text()
-        new = regenerate(old, all_runs)
+        new = regenerate(old, all_runs, loaded)
         rel = page.relative_to(ROOT)
         if args.write and new != old:
             page.write_text(new)

@@ -316,3 +316,66 @@ def test_importing_hostfeed_loads_no_benchmark_code():
     """)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[-2] == "[]", r.stdout
+
+
+def _readme_table():
+    """The README's bench table: the cells of each row, the header's first."""
+    text = (FULL_RUN.parents[1] / "README.md").read_text()
+    block = text.split("<!-- bench:summary -->")[1].split("<!-- /bench:summary -->")[0]
+    return [[c.strip() for c in ln.strip().strip("|").split("|")]
+            for ln in block.splitlines() if ln.startswith("|") and not ln.startswith("|---")]
+
+
+def _readme_section(text):
+    """The report's last section as (this run, README, range, row) per row, its wrapped
+    lines joined."""
+    lines = text.splitlines()
+    head = next(i for i, ln in enumerate(lines)
+                if ln.split()[:4] == ["this", "run", "README", "over"])
+    entries = []
+    for ln in lines[head + 1:]:
+        if ln.startswith(" " * 37):
+            entries[-1][3] += " " + ln.strip()
+        else:
+            entries.append([ln[2:12].strip(), ln[12:21].strip(), ln[21:35].strip(),
+                            ln[37:]])
+    return lines[:head], entries
+
+
+def test_the_report_ends_with_the_readme_rows_beside_the_committed_figures():
+    from hostfeed.bench import _markdown
+    # A committed run other than the one the README cites, as the terminal shows it.
+    run = json.loads((FULL_RUN.parent / "bench-repeats" / "2.json").read_text())
+    before, entries = _readme_section(_report.text(run))
+    readme = _readme_table()
+    assert readme[0][3:5] == ["ratio", "over 3 runs"] and "best JAX" in readme[0][2]
+    assert len(entries) == len(readme) - 1 == len(_markdown.SUMMARY)
+    body = " ".join(" ".join(before).split())
+    for (now, cited, over, row), cells, summary in zip(entries, readme[1:], _markdown.SUMMARY):
+        # Named as in the README, then where the report shows the figure.
+        assert row == f"{cells[0]} [{summary.source}]"
+        section, rest = summary.source.split(": ")
+        method, column = rest.split(", ")
+        assert section.split(",")[0] in run and method in body and column in body, row
+        figure = summary.figure(run)
+        if cells[3] == "-":  # no baseline: the row's own figure
+            assert cited == cells[1].replace("µ", "u")
+            value, unit = now.rstrip(" !").split()
+            assert unit == "us" and float(value) == pytest.approx(figure.value, rel=0.01)
+        else:
+            assert cited == cells[3] and over == cells[4].removesuffix(" **wide**")
+            assert now.rstrip(" !") == f"{figure.ratio:.2f}x"
+
+
+def test_the_readme_rows_mark_a_figure_outside_the_committed_range_and_name_the_missing():
+    run = only("call")
+    for m in run["call"]["methods"].values():
+        m["p50_us"] = m["p50_us"] * (3.0 if m is run["call"]["methods"]["hostfeed call"]
+                                     else 1.0)
+    _, entries = _readme_section(_report.text(run))
+    rows = {row.split(" [")[0]: (now, cited) for now, cited, _, row in entries}
+    now, cited = rows["`call` round trip, float32[4], p50"]
+    assert now.endswith(" !") and float(now[:-3]) == pytest.approx(3 * float(cited[:-1]),
+                                                                   abs=0.02)
+    assert rows["compile a function with 200 taps"][0] == "-"
+    assert not rows["`call` round trip p50, every core busy"][0].endswith("!")

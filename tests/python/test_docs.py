@@ -4,6 +4,7 @@ committed bench runs produced (docs/figures.py); the site builds with warnings a
 from __future__ import annotations
 
 import importlib.util
+import json
 import pathlib
 import re
 import subprocess
@@ -91,6 +92,34 @@ def test_a_table_that_differs_from_the_runs_is_caught():
     regenerated = figures.regenerate(page, runs)
     assert regenerated != page and "| small tap" in regenerated
     assert figures.regenerate(regenerated, runs) == regenerated
+
+
+def test_the_summary_says_its_runs_are_quiet_and_shows_runs_on_a_busy_machine():
+    runs = figures.runs()
+    busy = json.loads(json.dumps(runs[0]))
+    busy["header"].update(quick=True, load_average=5.1, load_average_end=6.25)
+    busy["call"]["methods"]["hostfeed call"]["p50_us"] *= 3  # 0.63x -> 1.89x
+    del busy["sweep"]
+    table = figures.render("summary", runs, [busy])
+    assert "a quiet machine: load 0.51-1.45 when each run started" in table
+    rows = {ln.split(" | ")[0].strip("| "): ln.strip(" |").split(" | ")
+            for ln in table.splitlines() if ln.startswith("| ")}
+    assert rows[""][-1] == "quick run, load 5.10-6.25"
+    assert rows["`call` round trip, float32[4], p50"][-1] == "**1.89x**"  # outside: bold
+    assert rows["the same with one `call`"][-1] == "0.11x"
+    assert rows["4 MiB taps in a loop until every function ran (per byte)"][-1] == "-"
+    # The README shows the committed busy runs (docs/bench-loaded/) the same way.
+    readme = (ROOT / "README.md").read_text()
+    assert figures.loaded_runs() and "| quick run, load " in readme
+
+
+def test_the_rows_the_bench_prints_are_the_committed_runs(tmp_path, monkeypatch, capsys):
+    stale = tmp_path / "_committed.py"
+    stale.write_text(figures.COMMITTED.read_text().replace("RUNS = 3", "RUNS = 2"))
+    monkeypatch.setattr(figures, "COMMITTED", stale)
+    assert figures.main(["--check"]) == 1
+    assert "_committed.py is not the README's rows of the committed runs" in \
+        capsys.readouterr().err
 
 
 def test_the_site_builds_with_warnings_as_errors(tmp_path):

@@ -18,7 +18,7 @@ from conftest import run_python
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODULES = ["hostfeed", "hostfeed.host_callback", "hostfeed.lowering", "hostfeed.zarr_dtypes",
            "hostfeed.bench", "hostfeed.bench._timing", "hostfeed.bench._markdown",
-           "hostfeed.bench._report",
+           "hostfeed.bench._report", "hostfeed.bench._readme",
            *(f"hostfeed._src.{m}" for m in (
                "compat", "settings", "dtypes", "devices", "errors", "consumers", "dispatcher",
                "lifecycle", "keys", "printing", "spec", "primitives", "eager", "runtime",

@@ -47,14 +47,19 @@ Every ratio in the report is a time ratio (a row's time over the named baseline'
 The sections that compare (latency, sweep, call, dispatch, barrier, ...) run their cases in
 interleaved rounds, so that a slow stretch of the machine hits them alike; a figure is
 the fastest round's, and the report prints next to a ratio its range over the rounds.
+The report ends with the README's table: each of its rows (named as there), this run's
+figure beside the committed one and its range over the committed runs, and where in the
+report the figure comes from.
 ``--quick`` takes about a minute on 2 cores; the full run takes 3-5 minutes there
 (the compile section alone compiles 200-tap functions six ways, twice).
 
 JSON schema (``--json``), version ``hostfeed-bench/1``: an object with ``schema``,
 ``header`` (``hostfeed``, ``jax``, ``jaxlib``, ``numpy``, ``python``, ``platform``,
-``backend``, ``devices``, ``device_count``, ``cpu``, ``cores``, ``load_average``, ``env``,
-``quick``, ``started``) and one key per section run. A *distribution* is ``{"count",
-"mean", "p50", "p90", "p99", "p999", "max"}``; a *CDF* is ``[[value, fraction], ...]``.
+``backend``, ``devices``, ``device_count``, ``cpu``, ``cores``, ``load_average`` (the
+1-minute load average when the run started; ``load_average_end`` when it ended: absent
+from runs before it was recorded), ``env``, ``quick``, ``started``) and one key per section
+run. A *distribution* is ``{"count", "mean", "p50", "p90", "p99", "p999", "max"}``; a *CDF*
+is ``[[value, fraction], ...]``.
 
 * ``latency``: ``{"payload", "taps", "rounds", "methods": {name: {"device_us":
   distribution, "device_cdf_us": CDF, "handover_us": distribution or null,
@@ -202,6 +207,7 @@ def run(sections: Sequence[str] | None = None, *, quick: bool = False,
     cfg = Config(quick=quick, progress=progress or (lambda step: None))
     for name in chosen:
         result[name] = _tpu.run_section(name, cfg) if suite == "tpu" else table[name](cfg)
+    header["load_average_end"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     if suite == "tpu":
         result["targets"] = _tpu.targets(result)
     return result

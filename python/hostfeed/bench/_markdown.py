@@ -162,30 +162,52 @@ def _barrier_floor(run: Run) -> Figure | None:
                   "function: the marker's floor)", mine / trivial["us"])
 
 
+class Row(NamedTuple):
+    """A row of the README's table: what a user asks (the row's name, the same in the
+    bench's report), how a run answers it, and where the bench's report shows that
+    figure (``"section: method, column"``: the section as ``--only`` names it, the row of
+    the method and the column's header)."""
+    question: str
+    figure: Callable[[Run], Figure | None]
+    source: str
+
+
 #: The summary's rows: what a user asks, and how a run answers it. Each compares hostfeed
-#: with the fastest JAX way measured for the same work, but for the rows that say why not.
-SUMMARY: list[tuple[str, Callable[[Run], Figure | None]]] = [
-    ("dispatch of a small jitted function with one `id_tap`, waited for (per call)",
-     _dispatch("hostfeed id_tap")),
-    ("the same with one `call`", _dispatch("hostfeed call")),
-    ("small tap (float32[4]) in a loop: what the computation spends per tap",
-     _small_tap("device_side_per_tap_us")),
-    ("the same loop until every tap's function ran, per tap (throughput, not latency)",
-     _small_tap("end_to_end_per_tap_us")),
-    ("a tap's latency: queued until its function starts, p50 (taps spaced apart)",
-     _handover("hostfeed (spaced taps)")),
-    ("the same in a burst of taps (behind those queued before it)", _handover("hostfeed")),
-    ("synchronous tap (`sync=True`): what the computation spends, p50", _sync_tap),
-    ("4 MiB taps in a loop until every function ran (per byte)", _large_taps(False)),
-    ("the same, against the copy it makes (why it loses to `buffer_callback` there)",
-     _large_taps(True)),
-    ("`call` round trip, float32[4], p50", _round_trip(False)),
-    ("`call` round trip p50, every core busy", _round_trip(True)),
-    ("eager `id_tap` until its function ran (per tap)", _eager),
-    ("compile a function with 200 taps", _compile),
-    ("idle `barrier_wait()` after computations that tapped", _barrier),
-    ("the same, against its own floor (why it loses to `jax.effects_barrier`)",
-     _barrier_floor),
+#: with the fastest JAX way measured for the same work (the report's "best JAX"), but for
+#: the rows that say why not. The words of a row are those of the bench report's columns
+#: it comes from ("computation per tap", "until every function ran, per tap", ...).
+SUMMARY: list[Row] = [
+    Row("dispatch of a small jitted function with one `id_tap`, waited for (per call)",
+        _dispatch("hostfeed id_tap"), "dispatch: hostfeed id_tap, / best JAX"),
+    Row("the same with one `call`", _dispatch("hostfeed call"),
+        "dispatch: hostfeed call, / best JAX"),
+    Row("small tap (float32[4]) in a loop: computation per tap (the loop's time until it "
+        "returns, over its taps)", _small_tap("device_side_per_tap_us"),
+        "latency: hostfeed, computation per tap / best JAX"),
+    Row("the same loop: until every function ran, per tap (throughput, not latency)",
+        _small_tap("end_to_end_per_tap_us"),
+        "latency: hostfeed, until every function ran / best JAX"),
+    Row("a tap's hand-over p50: queued until its function starts (taps spaced apart)",
+        _handover("hostfeed (spaced taps)"), "latency: hostfeed (spaced taps), hand-over p50"),
+    Row("the same in a burst of taps (behind those queued before it)", _handover("hostfeed"),
+        "latency: hostfeed, hand-over p50"),
+    Row("synchronous tap (`sync=True`): each tap p50 (what the computation spends on a tap)",
+        _sync_tap, "latency: hostfeed (sync), each tap p50 / best JAX"),
+    Row("4 MiB taps in a loop until every function ran (per byte)", _large_taps(False),
+        "sweep: 4194304, hostfeed / best JAX"),
+    Row("the same, against the copy it makes (why it loses to `buffer_callback` there)",
+        _large_taps(True), "sweep: 4194304, hostfeed / 2 buffers"),
+    Row("`call` round trip, float32[4], p50", _round_trip(False),
+        "call: hostfeed call, p50 / best JAX"),
+    Row("`call` round trip p50, every core busy", _round_trip(True),
+        "call, every core busy: hostfeed call, p50 / best JAX"),
+    Row("eager `id_tap` until its function ran (per tap)", _eager,
+        "eager: hostfeed, / best JAX"),
+    Row("compile a function with 200 taps", _compile, "compile: hostfeed, / best JAX"),
+    Row("idle `barrier_wait()` after computations that tapped", _barrier,
+        "barrier: hostfeed barrier_wait, jax.effects_barrier"),
+    Row("the same, against its own floor (why it loses to `jax.effects_barrier`)",
+        _barrier_floor, "barrier: barrier_wait, one dispatch of a trivial jitted function"),
 ]
 
 
@@ -229,34 +251,156 @@ def verdict(ratios: Sequence[float]) -> str:
     return "on par"
 
 
-def summary(runs: Sequence[Run]) -> str:
-    """The README's table: for each question, hostfeed's figure and the fastest JAX way's
-    in the cited run (``runs[0]``), hostfeed's time ratio in it, the ratio's range over
-    every run (marked **wide** where its ends differ by more than 1.5x), and whether
-    hostfeed wins or loses in every run. A row without a baseline gives the range of its
-    own figure."""
-    lines = [f"| | hostfeed | fastest JAX way (or why another) | ratio | over {len(runs)} "
-             "runs | hostfeed is |", "|---|---|---|---|---|---|"]
-    for question, figure in SUMMARY:
-        first = figure(runs[0])
+def load(run: Run) -> str:
+    """The machine's load average while the run ran: at its start, and at its end where the
+    run recorded it.
+
+    Example:
+        >>> load({"header": {"load_average": 5.1}})
+        'load 5.10'
+        >>> load({"header": {"load_average": 17.21, "load_average_end": 18.4}})
+        'load 17.21-18.40'
+    """
+    h = run["header"]
+    if h.get("load_average") is None:
+        return "load unknown"
+    end = h.get("load_average_end")
+    return f"load {h['load_average']:.2f}" + (f"-{end:.2f}" if end is not None else "")
+
+
+def loads(runs: Sequence[Run]) -> str:
+    """The range of the load averages ``runs`` started at (``0.51-1.45``)."""
+    values = [r["header"]["load_average"] for r in runs]
+    lo, hi = min(values), max(values)
+    return f"{lo:.2f}" if lo == hi else f"{lo:.2f}-{hi:.2f}"
+
+
+def committed(runs: Sequence[Run]) -> list[tuple[str, str, float, float, float]]:
+    """Each row of the summary that the cited run (``runs[0]``) answers: (question, unit,
+    the cited run's figure, the lowest and the highest over ``runs``); the unit is ``"x"``
+    for a time ratio, ``"us"`` for a row without a baseline (its own figure, in µs)."""
+    out = []
+    for row in SUMMARY:
+        first = row.figure(runs[0])
         if first is None:
             continue
-        found = [f for f in map(figure, runs) if f is not None]
+        found = [f for f in map(row.figure, runs) if f is not None]
         if math.isnan(first.ratio):
             values = [f.value for f in found]
-            lines.append(f"| {question} | {first.hostfeed} | {first.baseline} | - | "
-                         f"{_us(min(values))} to {_us(max(values))} | - |")
+            out.append((row.question, "us", first.value, min(values), max(values)))
+        else:
+            ratios = [f.ratio for f in found]
+            out.append((row.question, "x", first.ratio, min(ratios), max(ratios)))
+    return out
+
+
+def _literal(text: str, indent: int, width: int = 96) -> str:
+    """``text`` as a Python string literal, cut at spaces into adjacent literals on lines
+    of ``indent`` spaces where it is longer than ``width`` allows.
+
+    Example:
+        >>> print(_literal("one two three", 4, width=14))
+        'one two '
+            'three'
+    """
+    chunks = [""]
+    for word in text.split(" "):
+        if chunks[-1] and len(repr(chunks[-1] + word)) + indent > width:
+            chunks.append("")
+        chunks[-1] += word + " "
+    chunks[-1] = chunks[-1][:-1]
+    return ("\n" + " " * indent).join(repr(c) for c in chunks)
+
+
+def committed_module(runs: Sequence[Run]) -> str:
+    """The source of ``hostfeed.bench._committed``: the README's rows as the committed
+    ``runs`` answer them (:func:`committed`), which the bench's report prints beside its
+    own figures (``docs/figures.py --write`` writes it, ``--check`` compares)."""
+    rows = "".join(f"    ({_literal(q, 5)},\n     {unit!r}, {c:.6g}, {lo:.6g}, {hi:.6g}),\n"
+                   for q, unit, c, lo, hi in committed(runs))
+    return ('"""The README\'s bench table as committed, for ``python -m hostfeed bench`` to '
+            'print beside\na run\'s own figures. Generated from docs/bench.json and '
+            'docs/bench-repeats/ by\n``python docs/figures.py --write`` (``--check`` fails '
+            'where it differs): do not edit."""\n'
+            "from __future__ import annotations\n\n"
+            "#: How many full runs, on what machine, at which load averages (when each "
+            f"started).\nRUNS = {len(runs)}\nMACHINE = ({_literal(machine(runs[0]), 11)})\n"
+            f"LOADS = {loads(runs)!r}\n"
+            "#: (the row, its unit: \"x\" a time ratio, \"us\" its own figure in µs; the "
+            "cited run\'s\n#: figure, the lowest and the highest over the runs)\n"
+            f"ROWS: list[tuple[str, str, float, float, float]] = [\n{rows}]\n")
+
+
+#: How far outside the quiet runs' range a figure under load must lie to be marked.
+SLACK = 0.10
+
+
+def outside(value: float, quiet: Sequence[float]) -> bool:
+    """Whether ``value`` lies outside the range of ``quiet`` widened by :data:`SLACK`.
+
+    Example:
+        >>> outside(0.94, [0.18, 0.24]), outside(0.25, [0.18, 0.24])
+        (True, False)
+    """
+    return not min(quiet) * (1 - SLACK) <= value <= max(quiet) * (1 + SLACK)
+
+
+def _marked(cell: str, value: float, quiet: Sequence[float]) -> str:
+    return f"**{cell}**" if outside(value, quiet) else cell
+
+
+def loaded_note(loaded: Sequence[Run]) -> str:
+    """The sentence that says what the summary's columns of ``loaded`` runs are."""
+    if not loaded:
+        return ""
+    columns = "columns" if len(loaded) > 1 else "column"
+    return (f" The last {columns}: `python -m hostfeed bench --quick` on the same machine "
+            "while other processes kept it busy (`docs/bench-loaded/`; the load average when "
+            "the run started and when it ended), in bold where outside the quiet runs' range "
+            f"by more than {SLACK:.0%}; a quick run measures fewer taps, calls and rounds, "
+            "and no 4 MiB taps (-).")
+
+
+def summary(runs: Sequence[Run], loaded: Sequence[Run] = ()) -> str:
+    """The README's table: for each question, hostfeed's figure and the fastest JAX way's
+    ("best JAX", as the bench's report names it) in the cited run (``runs[0]``), hostfeed's
+    time ratio in it, the ratio's range over every run (marked **wide** where its ends
+    differ by more than 1.5x), and whether hostfeed wins or loses in every run; then the
+    ratio in each of the ``loaded`` runs (quick runs on a busy machine: a column each). A
+    row without a baseline gives the range of its own figure (and its own figure under
+    load)."""
+    extra = [f"quick run, {load(r)}" for r in loaded]
+    lines = ["| | hostfeed | best JAX (or the baseline named) | ratio | "
+             f"over {len(runs)} runs | hostfeed is |" + "".join(f" {e} |" for e in extra),
+             "|---|---|---|---|---|---|" + "---|" * len(extra)]
+    for row in SUMMARY:
+        first = row.figure(runs[0])
+        if first is None:
             continue
-        ratios = [f.ratio for f in found]
-        lines.append(f"| {question} | {first.hostfeed} | {first.baseline} | "
-                     f"{_ratio(first.ratio)} | {_range(ratios)} | {verdict(ratios)} |")
+        found = [f for f in map(row.figure, runs) if f is not None]
+        under_load = [row.figure(r) for r in loaded]
+        if math.isnan(first.ratio):
+            values = [f.value for f in found]
+            cells = [first.hostfeed, first.baseline, "-",
+                     f"{_us(min(values))} to {_us(max(values))}", "-",
+                     *[_marked(_us(f.value), f.value, values) if f else "-"
+                       for f in under_load]]
+        else:
+            ratios = [f.ratio for f in found]
+            cells = [first.hostfeed, first.baseline, _ratio(first.ratio), _range(ratios),
+                     verdict(ratios),
+                     *[_marked(_ratio(f.ratio), f.ratio, ratios) if f else "-"
+                       for f in under_load]]
+        lines.append(f"| {row.question} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def portable(runs: Sequence[Run]) -> str:
+def portable(runs: Sequence[Run], loaded: Sequence[Run] = ()) -> str:
     """The portable transport forced on CPU, against the native one and
-    ``io_callback(ordered=True)`` (the cited run, with the ratios' ranges)."""
-    rows = [("small tap, what the computation spends per tap", "taps",
+    ``io_callback(ordered=True)`` (the cited run, with the ratios' ranges; ``loaded`` is
+    not shown)."""
+    del loaded
+    rows = [("small tap, computation per tap", "taps",
              "device_side_per_tap_us"),
             ("`call`, per call in a loop", "calls", "per_call_us")]
     lines = ["| | native | portable | `io_callback(ordered)` | portable / native | "
@@ -397,8 +541,10 @@ def tpu_record(runs: Sequence[Run]) -> str:
     return "\n".join(lines)
 
 
-#: The tables ``docs/figures.py`` generates, by the name their markers use.
-TABLES: dict[str, Callable[[Sequence[Run]], str]] = {"summary": summary, "portable": portable}
+#: The tables ``docs/figures.py`` generates, by the name their markers use (from the cited
+#: run and the repeats, and the quick runs on a busy machine).
+TABLES: dict[str, Callable[[Sequence[Run], Sequence[Run]], str]] = {"summary": summary,
+                                                                     "portable": portable}
 #: The tables of TPU runs (``docs/tpu/bench-*.json``, the newest cited).
 TPU_TABLES: dict[str, Callable[[Sequence[Run]], str]] = {"tpu": tpu, "tpu_paths": tpu_paths,
                                                          "tpu_record": tpu_record}

@@ -137,8 +137,8 @@ def render(r: dict) -> list[str]:
     return [f"portable transport (JAX's host-callback lowering, forced here), "
             f"{r['taps_per_run']} taps of {r['payload']} / {r['calls_per_run']} calls in a "
             f"loop (us; ratios: time over io_callback(ordered)'s)",
-            *grid(["method", "tap, device", "tap, end to end", "/ io_callback(ordered)",
-                    "call", "/ io_callback(ordered)"], rows),
+            *grid(["method", "computation per tap", "until every function ran",
+                    "/ io_callback(ordered)", "call", "/ io_callback(ordered)"], rows),
             f"  slow taps (portable): {s['taps']} taps of a {s['host_ms_per_tap']:.0f} ms "
             f"function: device side {s['slow_device_s'] * 1e3:.2f} ms vs "
             f"{s['noop_device_s'] * 1e3:.2f} ms for no-op taps ({s['ratio']:.2f}x)"]

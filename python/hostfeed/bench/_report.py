@@ -13,8 +13,8 @@ import jaxlib
 import numpy as np
 
 from .. import __version__ as hostfeed_version
-from . import _portable, _tpu
-from ._markdown import call_p50
+from . import _portable, _readme, _tpu
+from ._markdown import call_p50, load
 from ._text import fit, grid as _grid
 
 #: Environment variables that change what the benchmark measures.
@@ -80,7 +80,7 @@ def text(result: dict[str, Any]) -> str:
     lines = [f"hostfeed {h['hostfeed']} bench ({'quick' if h['quick'] else 'full'}): jax "
              f"{h['jax']}, jaxlib {h['jaxlib']}, numpy {h['numpy']}, Python {h['python']}",
              f"backend {h['backend']} ({h['device_count']} device(s)), {h['cpu']}, "
-             f"{h['cores']} cores, load {_fmt(h['load_average'])}, {h['started']}"]
+             f"{h['cores']} cores, {load(result)}, {h['started']}"]
     if h["env"]:
         lines.append("env: " + " ".join(f"{k}={v}" for k, v in h["env"].items()))
     lines.append(CONVENTION)
@@ -92,7 +92,17 @@ def text(result: dict[str, Any]) -> str:
                          ("timing", _timing), ("portable", _portable.render)):
         if name in result:
             lines += ["", *render(result[name])]
+    lines += ["", *_readme.text(result)]
     return "\n".join(fit(lines))
+
+
+#: The latency section's columns, named as the README's rows name them: "each tap" (what
+#: the computation spends on each tap, p50 to max), "hand-over", "computation per tap"
+#: (the loop's time until it returns, over its taps), "until every function ran".
+LATENCY_COLUMNS = ["method", "each tap p50", "p99", "p99.9", "max", "hand-over p50", "p99",
+                   "computation per tap", "until every function ran",
+                   "each tap p50 / best JAX", "computation per tap / best JAX", "range",
+                   "until every function ran / best JAX", "range"]
 
 
 def _latency(r: dict) -> list[str]:
@@ -100,30 +110,33 @@ def _latency(r: dict) -> list[str]:
     taps = {k: m for k, m in methods.items() if k != "hostfeed (spaced taps)"}
     best, best_v = _best_jax({k: m["device_us"]["p50"] for k, m in taps.items()})
     best_tap, best_tap_v = _best_jax({k: m["device_side_per_tap_us"] for k, m in taps.items()})
+    best_e2e, best_e2e_v = _best_jax({k: m["end_to_end_per_tap_us"] for k, m in taps.items()})
     rows = []
     for k, m in methods.items():
         hv = m["handover_us"] or {}
         if k == "hostfeed (spaced taps)":  # device work between taps: only hand-over counts
-            rows.append([k, "", "", "", "", _fmt(hv.get("p50")), _fmt(hv.get("p99")), "", "",
-                         "", "", ""])
+            rows.append([k, "", "", "", "", _fmt(hv.get("p50")), _fmt(hv.get("p99")),
+                         *[""] * 7])
             continue
         d = m["device_us"]
-        per_round = round_ratios(m, taps[best_tap], "rounds_device_us")
+        e2e = m["end_to_end_per_tap_us"]
         rows.append([k, _fmt(d["p50"]), _fmt(d["p99"]), _fmt(d["p999"]), _fmt(d["max"]),
                      _fmt(hv.get("p50")), _fmt(hv.get("p99")),
-                     _fmt(m["device_side_per_tap_us"]), _fmt(m["end_to_end_per_tap_us"]),
+                     _fmt(m["device_side_per_tap_us"]), _fmt(e2e),
                      _x(d["p50"] / best_v), _x(m["device_side_per_tap_us"] / best_tap_v),
-                     _spread(per_round)])
+                     _spread(round_ratios(m, taps[best_tap], "rounds_device_us")),
+                     _x(e2e / best_e2e_v),
+                     _spread(round_ratios(m, taps[best_e2e], "rounds_end_to_end_us"))])
     rounds = r.get("rounds")
-    return [f"per-tap latency, {r['taps']} taps of {r['payload']} in a loop (us). device: "
-            f"what the computation spends per tap; hand-over: queued -> host function "
-            f"starts (behind the taps queued before it, except spaced taps); per tap: the "
-            f"loop's time / taps, until it returns and until every callback ran (the "
-            f"fastest of {rounds or 'the'} rounds, and the ratio's range over them). best "
-            f"JAX: {best} (p50), {best_tap} (per tap)",
-            *_grid(["method", "device p50", "p99", "p99.9", "max", "hand-over p50", "p99",
-                    "per tap", "end to end", "p50 / best JAX", "per tap / best JAX",
-                    "range"], rows),
+    return [f"per-tap latency, {r['taps']} taps of {r['payload']} in a loop (us). each tap: "
+            f"what the computation spends on each tap; hand-over: queued -> host function "
+            f"starts (behind the taps queued before it, except spaced taps); computation per "
+            f"tap: the loop's time until it returns / taps; until every function ran: the "
+            f"loop's time until every tap's function ran / taps (the fastest of "
+            f"{rounds or 'the'} rounds, and the ratio's range over them). best JAX: {best} "
+            f"(each tap p50), {best_tap} (computation per tap), {best_e2e} (until every "
+            f"function ran)",
+            *_grid(LATENCY_COLUMNS, rows),
             *_tap_floors(r)]
 
 
@@ -135,8 +148,8 @@ def _tap_floors(r: dict) -> list[str]:
     e2e, xla, npy = hf["end_to_end_per_tap_us"], floors["xla_custom_call"], floors["numpy"]
     return [f"  floors per tap: XLA calling a custom call that does nothing, in the same "
             f"loop {xla:.2f} us; numpy (copy the bytes, call the function) {npy:.2f} us. "
-            f"hostfeed end to end {e2e:.2f} us = {_x(e2e / npy)} the numpy floor; "
-            f"without XLA's own share {_x(max(e2e - xla, 0.0) / npy)}"]
+            f"hostfeed until every function ran {e2e:.2f} us = {_x(e2e / npy)} the numpy "
+            f"floor; without XLA's own share {_x(max(e2e - xla, 0.0) / npy)}"]
 
 
 def _sweep(r: dict) -> list[str]:
@@ -156,8 +169,8 @@ def _sweep(r: dict) -> list[str]:
                      *([_x(two / gbs["hostfeed"]), _spread(two_rounds)] if two else [])])
     two_col = (["hostfeed / 2 buffers", "range"] if "numpy copy, 2 buffers" in methods
                else [])
-    return ["payload sweep: GB/s end to end (taps of each size in a loop until every "
-            "callback ran); hostfeed's time per byte over the best JAX callback's and over "
+    return ["payload sweep: GB/s until every function ran (taps of each size in a loop); "
+            "hostfeed's time per byte over the best JAX callback's and over "
             "the floor (a numpy copy of the same bytes passed to the same Python function; "
             "'2 buffers': copying alternately into two, the fewest an asynchronous tap "
             "can use: one is filled while the previous one's function runs; the fastest "
@@ -189,7 +202,7 @@ def _call(r: dict) -> list[str]:
     if "loaded" in r:
         lr = r["loaded"]
         best, rows = _call_rows(lr["methods"])
-        out += [f"  with the machine loaded ({lr['busy_processes']} busy processes, "
+        out += [f"  every core busy ({lr['busy_processes']} busy processes, "
                 f"{lr['calls']} calls). best JAX: {best}", *_grid(header, rows)]
     return out
 
