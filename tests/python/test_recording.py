@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -310,8 +311,14 @@ def test_an_unwritable_or_existing_path_is_an_oserror(tmp_path, store):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(hostfeed.RecordingError) as info:
-        hostfeed.Recorder(str(blocker / "run.zarr"))
+        hostfeed.Recorder(str(blocker / "deeper" / "run.zarr"))
     assert isinstance(info.value, OSError) and info.value.errno is not None
+    # The message names what stands in the way, not the OS error alone.
+    assert f"{blocker} is a file, not a folder" in str(info.value), info.value
+    if pathlib.Path("/proc/self").is_dir():  # a folder that takes no new folder
+        with pytest.raises(hostfeed.RecordingError, match="/proc exists, but no folder could "
+                                                          "be made in it"):
+            hostfeed.Recorder("/proc/run.zarr")
     with hostfeed.Recorder(store) as rec:
         rec.record("x", 1.0)
     with pytest.raises(hostfeed.RecordingError, match="exists"):

@@ -131,7 +131,9 @@ impl Catalogue {
             }
             return Err(RecordError::Invalid(format!(
                 "record name {name:?} was first recorded as {} {:?}, now as {} {:?}; a name keeps \
-                 one dtype and row shape: use another name",
+                 one dtype and row shape: pad the value to one shape (a batch size that changes \
+                 between steps), record a summary of it (reduce=\"stats\" or a Histogram), or \
+                 use a name per shape",
                 a.spec.dtype.name, a.spec.row_shape, dtype.name, row_shape
             )));
         }

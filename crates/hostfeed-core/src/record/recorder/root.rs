@@ -102,7 +102,7 @@ pub(super) fn prepare_root(
     if store.exists(root) {
         check_existing(store, root, mode)?;
     }
-    store.create_dir(root).map_err(|e| io_error("create", root, &e))?;
+    store.create_dir(root).map_err(|e| create_error(root, &e))?;
     let held = StoreLock::acquire(root, access)?;
     // Again under the lock: another process may have written meanwhile.
     check_existing(store, root, mode)?;
@@ -135,4 +135,41 @@ pub(super) fn prepare_objects(
     check_existing(store, &root, mode)?;
     clear_root(store, &root, mode)?;
     Ok(HeldLock::Object(held))
+}
+
+/// The error for a local recording's root that cannot be created, naming what stands in
+/// the way: the nearest folder above it that exists (the one that is read-only or will
+/// not take a folder), or a file where a folder should be.
+fn create_error(root: &Path, e: &std::io::Error) -> RecordError {
+    let err = io_error("create", root, e);
+    let Some(why) = blocking_ancestor(root, e) else { return err };
+    match err {
+        RecordError::Io { errno, message } => RecordError::Io { errno, message: format!("{message}: {why}") },
+        other => other,
+    }
+}
+
+/// What keeps the folders of `path` from being made, read from the nearest path above it
+/// that exists (None when nothing above it exists, as for a relative path's first part).
+fn blocking_ancestor(path: &Path, e: &std::io::Error) -> Option<String> {
+    let mut dir = path.parent();
+    while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty()) {
+        if let Ok(meta) = std::fs::metadata(d) {
+            return Some(if !meta.is_dir() {
+                format!("{} is a file, not a folder: choose a path under a folder", d.display())
+            } else if e.raw_os_error() == Some(libc::EROFS) {
+                format!("{} is on a read-only file system: choose a writable folder", d.display())
+            } else if e.kind() == std::io::ErrorKind::PermissionDenied {
+                format!("the folder {} cannot be written (no permission): choose a writable folder", d.display())
+            } else {
+                format!(
+                    "{} exists, but no folder could be made in it (a special file system?): \
+                     choose a writable folder",
+                    d.display()
+                )
+            });
+        }
+        dir = d.parent();
+    }
+    None
 }
