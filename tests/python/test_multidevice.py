@@ -112,6 +112,7 @@ def test_global_view_taps_are_assembled_from_shards_without_collectives(run):
     assert r["tree_collectives"] == 0
     assert r["mixed"]["taps"] == [["mixed", [a, sum(a)], 0, []]]
     assert r["mixed_gathers"]
+    assert r["unmeshed"]["taps"] == [["unmeshed", [a, list(range(n))], 0, []]]
 
 
 def test_device_index_chooses_the_collecting_device(run):

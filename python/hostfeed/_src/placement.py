@@ -147,11 +147,16 @@ def _manual_region(ac: Any, avals: Sequence[Any]) -> Region:
         "automatic mesh axes were found")
 
 
-def _resharded(x: Any, spec: P) -> Any:
+def _resharded(x: Any, spec: P, region_mesh: Any) -> Any:
     """`x` resharded to `spec` when its type carries an explicit sharding (explicit mesh
-    axes); with automatic axes the partitioner reshards by itself."""
+    axes), or no mesh at all while the region's mesh has explicit axes (a constant or a
+    value broadcast from one, such as the step of a record under ``vmap``, which shard_map
+    would otherwise take as replicated); with automatic axes the partitioner reshards by
+    itself."""
     sharding = getattr(jax.typeof(x), "sharding", None)
     mesh = getattr(sharding, "mesh", None)
+    if mesh is None or mesh.empty:
+        mesh = region_mesh
     if mesh is None or mesh.empty or not any(
             t == AxisType.Explicit for t in mesh.axis_types):
         return x
@@ -206,7 +211,7 @@ def _in_region(region: Region, body: Callable, spec: P, n_in: int, n_out: int,
     with jax.sharding.use_abstract_mesh(region.mesh):
         return jax.shard_map(body, mesh=region.mesh, in_specs=(spec,) * n_in,
                              out_specs=(spec,) * n_out, axis_names=frozenset(region.axes),
-                             check_vma=False)(*(_resharded(o, spec) for o in ops))
+                             check_vma=False)(*(_resharded(o, spec, region.mesh) for o in ops))
 
 
 def _lower_gathered(ctx: Any, region: Region, args: Sequence[Any], avals_in: Sequence[Any],
@@ -403,7 +408,7 @@ def lower_parted_record(ctx: Any, ac: Any, tapped: Sequence[Any], bind_params: d
         with jax.sharding.use_abstract_mesh(region.mesh):
             jax.shard_map(body, mesh=region.mesh, in_specs=specs, out_specs=(),
                           axis_names=frozenset(region.axes), check_vma=False)(
-                *(_resharded(o, s) for o, s in zip(ops, specs)))
+                *(_resharded(o, s, region.mesh) for o, s in zip(ops, specs)))
         return ()
 
     compat.lower_fun(ctx, fn, avals, [], tapped)

@@ -176,6 +176,10 @@ def global_shardwise_pytree_loop_and_fallback():
     g = jax.jit(lambda a: hcb.id_tap(tap("mixed"), (a, jnp.sum(a)), tap_with_device=True))
     out["mixed"] = collect(lambda: g(x)[1].tolist())
     out["mixed_gathers"] = "all-gather" in g.lower(x).compile().as_text()
+    # An operand with no mesh (an uncommitted argument) enters the explicit mesh's region
+    # resharded like the others (issue 65.1: shard_map refused it as replicated).
+    h = jax.jit(lambda a, c: hcb.id_tap(tap("unmeshed"), (a, c), tap_with_device=True))
+    out["unmeshed"] = collect(lambda: h(x, jnp.arange(N, dtype=jnp.int32))[1].tolist())
     return out
 
 

@@ -170,9 +170,11 @@ def lower(ctx: Any, context: Where, ac: Any, tapped: Sequence[Any], bind_params:
             lower_per_device_parted_record(ctx, ac, tapped, bind_params)
             return None
     if context in (Where.GLOBAL, Where.PARTIAL_MANUAL) and shard_parts is None:
-        declare_global(spec, transforms, avals)  # recorded through Python once joined
         with gathered(gathered_here):
             lower_global_tap(ctx, ac, tapped, bind_params)
+        # Recorded through Python once joined. Declared once the lowering above succeeded,
+        # so that a computation that fails to lower leaves no empty array behind.
+        declare_global(spec, transforms, avals)
         return None
     if context is Where.SINGLE:
         check_device_index(bind_params["device_index"], 1, "run this computation")
