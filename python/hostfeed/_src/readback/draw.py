@@ -339,9 +339,10 @@ def figure(panels: list[Panel], title: Optional[str], legend: bool) -> Any:
 
 
 def draw_png(panels: list[Panel], title: str, out: Any) -> None:
-    """The grid of every panel, under ``title``, into ``out`` (a path or a binary file)."""
+    """The grid of every panel, under ``title``, into ``out`` (a path or a binary file);
+    a grid of a few panels at twice the resolution."""
     fig = figure(panels, title, legend=any(p.kind != "histogram" for p in panels))
-    fig.savefig(out, format="png")
+    fig.savefig(out, format="png", dpi=DPI * 2 if len(panels) <= 4 else DPI)
 
 
 def write_html(panels: list[Panel], title: str, table: list[dict], out: str) -> None:
@@ -372,7 +373,7 @@ def write_html(panels: list[Panel], title: str, table: list[dict], out: str) -> 
     for module, cells in rows:
         fig = figure([p for _, p in cells], None, legend=False)
         buf = io.BytesIO()
-        fig.savefig(buf, format="png")
+        fig.savefig(buf, format="png", dpi=DPI * 1.4)
         data = base64.b64encode(buf.getvalue()).decode("ascii")
         label = html.escape(module or "(top level)", quote=True)
         parts.append(f"<h2 id='{label}'>{label}</h2>"

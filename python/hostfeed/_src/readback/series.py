@@ -27,19 +27,26 @@ RAW_BUCKETS = 30
 _LISTED = 40
 
 
+def _tokens(text: str) -> tuple:
+    return tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", text))
+
+
 def natural_key(name: str) -> tuple:
-    """A sort key that orders the numbers in a name by value (``blocks.2`` before
-    ``blocks.10``), and a cotangent right after the array it is the cotangent of.
+    """A sort key: by module (the name up to its last ``/``, compared part by part, ``.``
+    and ``/`` separating parts, so a module comes before its submodules), then by the
+    array's own name; numbers by value (``blocks.2`` before ``blocks.10``); a cotangent
+    right after the array it is the cotangent of.
 
     Example:
-        >>> sorted(["blocks.10/out", "blocks.2/out", "blocks.2/out.cotangent", "b"],
-        ...        key=natural_key)
-        ['b', 'blocks.2/out', 'blocks.2/out.cotangent', 'blocks.10/out']
+        >>> sorted(["blocks.10/out", "blocks.2.mlp/out", "blocks.2/out.cotangent",
+        ...         "blocks.2/out", "b"], key=natural_key)
+        ['b', 'blocks.2/out', 'blocks.2/out.cotangent', 'blocks.2.mlp/out', 'blocks.10/out']
     """
-    cot = name.endswith(COTANGENT_SUFFIX)
-    base = name[:-len(COTANGENT_SUFFIX)] if cot else name
-    parts = re.split(r"(\d+)", base)
-    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts) + ((2, cot, ""),)
+    module, _, leaf = name.rpartition("/")
+    cot = leaf.endswith(COTANGENT_SUFFIX)
+    base = leaf[:-len(COTANGENT_SUFFIX)] if cot else leaf
+    parts = tuple(_tokens(p) for p in re.split(r"[/.]", module)) if module else ()
+    return (parts, _tokens(base), cot)
 
 
 def module_of(name: str) -> str:
@@ -101,9 +108,10 @@ def select(names: Iterable[str], patterns: Sequence[str], where: str) -> list[st
     if idle:
         near = difflib.get_close_matches(idle[0], names, n=_LISTED, cutoff=0.0)
         more = f" (and {len(names) - _LISTED} more)" if len(names) > _LISTED else ""
-        raise KeyError(f"hostfeed: {', '.join(map(repr, idle))} chooses no array of {where}; "
-                       f"it has {near or 'none'}{more} (nearest first; a pattern is split on "
-                       f"'/' and '.', '*' within a part, '**' for any parts)")
+        raise KeyError(f"hostfeed: no array {', '.join(map(repr, idle))} in {where}: no "
+                       f"name matches; it has {near or 'none'}{more} (nearest first; a "
+                       f"pattern is split on '/' and '.', '*' within a part, '**' for any "
+                       f"parts)")
     return chosen
 
 

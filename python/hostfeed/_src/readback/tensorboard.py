@@ -4,12 +4,14 @@ TensorBoard's histograms with hostfeed's bin edges, raw arrays as both; each eve
 row's recorded step and time. ``follow=True`` tails a store a recorder is still writing and
 appends the rows as they are committed, until the recorder closes it.
 
-The events are written with the ``tensorboard`` package's event file writer and protobufs
-(``pip install 'hostfeed[tensorboard]'``; no TensorFlow).
+The events are the ``tensorboard`` package's protobufs (``pip install
+'hostfeed[tensorboard]'``; no TensorFlow), written by :class:`_EventFile`.
 """
 from __future__ import annotations
 
 import os
+import socket
+import struct
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -29,17 +31,60 @@ __all__ = ["to_tensorboard", "histogram_buckets"]
 BLOCK_ROWS = 4096
 
 
-def _tb() -> tuple[Any, Any, Any, Any]:
-    """The ``tensorboard`` package's event file writer, ``Event``, ``Summary`` and
-    ``HistogramProto``."""
+def _tb() -> tuple[Any, Any, Any]:
+    """The ``tensorboard`` package's ``Event``, ``Summary`` and ``HistogramProto``."""
     try:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
     except ImportError as exc:
         raise ImportError("hostfeed.to_tensorboard needs the tensorboard package: pip install "
                           "'hostfeed[tensorboard]' (or 'tensorboard')") from exc
-    return EventFileWriter, Event, Summary, HistogramProto
+    return Event, Summary, HistogramProto
+
+
+def _masked_crc() -> Any:
+    """TFRecord's masked CRC-32C of bytes: google-crc32c's (C) where it is installed, else
+    the tensorboard package's own (pure Python: a few times slower an event)."""
+    try:
+        import google_crc32c
+        if google_crc32c.implementation != "c":
+            raise ImportError
+        crc = google_crc32c.value
+
+        def masked(data: bytes) -> int:
+            x = crc(data)
+            return (((x >> 15) | (x << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+        return masked
+    except ImportError:
+        from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+        return masked_crc32c
+
+
+class _EventFile:
+    """An event file as TensorBoard reads it (TFRecord: each event's length, its masked
+    CRC-32C, the event, its CRC), written in this thread: the tensorboard package's
+    ``EventFileWriter`` hands each event to a thread through a queue of 10 and checksums it
+    in pure Python, a few thousand events a second (``benches/show.py``)."""
+
+    def __init__(self, logdir: str, event_cls: Any):
+        name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}."
+                f"{os.getpid()}.hostfeed")
+        self.path = os.path.join(logdir, name)
+        self._file = open(self.path, "wb")  # noqa: SIM115 - closed by close()
+        self._crc = _masked_crc()
+        self.add(event_cls(wall_time=time.time(), file_version="brain.Event:2"))
+
+    def add(self, event: Any) -> None:
+        data = event.SerializeToString()
+        head = struct.pack("<Q", len(data))
+        self._file.write(head + struct.pack("<I", self._crc(head)) + data +
+                         struct.pack("<I", self._crc(data)))
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
 
 
 def histogram_buckets(counts: np.ndarray, edges: Sequence[float], log: bool
@@ -75,9 +120,9 @@ class _Exporter:
     """Turns blocks of rows into events and writes them."""
 
     def __init__(self, logdir: str):
-        writer_cls, self.Event, self.Summary, self.Histogram = _tb()
+        self.Event, self.Summary, self.Histogram = _tb()
         _check_logdir(logdir)
-        self.writer = writer_cls(logdir)
+        self.writer = _EventFile(logdir, self.Event)
         self.rows: dict[str, int] = {}
         self.events = 0
 
@@ -92,20 +137,23 @@ class _Exporter:
         """Writes rows ``rows`` of ``name`` (recorded at ``steps``, ``times`` in ns)."""
         n = rows.shape[0]
         Value = self.Summary.Value
-        stats = series.stats_rows(kind, rows) if kind != "histogram" else None
+        stats = series.stats_rows(kind, rows) if kind != "histogram" and n else None
         counts = (rows.reshape(n, -1, rows.shape[-1]).sum(1) if kind == "histogram"
                   else None)
         edges = reduce.get("edges", [])
         log = "log" in str(reduce.get("scale", ""))
+        single = kind == "raw" and rows[0].size == 1  # a raw scalar: itself, no summary
         for i in range(n):
             values = []
-            if stats is not None:
+            if single:
+                values.append(Value(tag=name, simple_value=float(rows[i].ravel()[0])))
+            elif stats is not None:
                 values += [Value(tag=f"{name}/{c}", simple_value=float(stats[i, j]))
                            for j, c in enumerate(STATS)]
             if counts is not None:
                 values.append(Value(tag=name, histo=self._histo(
                     *histogram_buckets(counts[i], edges, log))))
-            elif kind == "raw":
+            elif kind == "raw" and not single:
                 e, k = series.raw_histogram(rows[i])
                 if k.size:
                     v = np.asarray(rows[i], np.float64).ravel()
@@ -113,7 +161,7 @@ class _Exporter:
                     values.append(Value(tag=name, histo=self._histo(
                         float(e[0]), float(e[-1]), [float(x) for x in e[1:]],
                         [float(x) for x in k], float(v.sum()), float((v * v).sum()))))
-            self.writer.add_event(self.Event(wall_time=int(times[i]) / 1e9, step=int(steps[i]),
+            self.writer.add(self.Event(wall_time=int(times[i]) / 1e9, step=int(steps[i]),
                                              summary=self.Summary(value=values)))
             self.events += 1
         self.rows[name] = self.rows.get(name, 0) + n
@@ -128,8 +176,8 @@ def _check_logdir(logdir: str) -> None:
     try:
         os.makedirs(logdir, exist_ok=True)
     except OSError as exc:
-        raise PermissionError(f"hostfeed.to_tensorboard: cannot make the log directory "
-                              f"{logdir!r} ({type(exc).__name__}: {exc})") from exc
+        raise type(exc)(exc.errno, f"hostfeed.to_tensorboard: cannot make the log directory "
+                        f"{logdir!r} ({type(exc).__name__}: {exc})") from exc
     if not os.access(logdir, os.W_OK | os.X_OK):
         raise PermissionError(f"hostfeed.to_tensorboard: cannot write into the log directory "
                               f"{logdir!r}: choose one you can write")
@@ -268,7 +316,8 @@ def to_tensorboard(path: Any, logdir: str, patterns: Sequence[str] = (), *,
       axes summed);
     - a raw array: the same scalars, computed on the host over each row (mean to l2 over
       the finite values), and a histogram ``NAME`` of each row's finite values
-      (30 equal buckets from its min to its max).
+      (30 equal buckets from its min to its max); rows of one value (a loss) are the
+      scalar ``NAME`` itself.
 
     Args:
       path: the store (a directory, or an object store's URL with ``storage_options``).
