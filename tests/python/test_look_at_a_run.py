@@ -170,6 +170,10 @@ def test_tensorboard_scalars_and_histograms_equal_the_stores_rows(run, tmp_path)
     assert exported == {"blocks.2/h": STEPS, "blocks.2/h.hist": 6, "blocks.2/h.loghist": STEPS,
                         "blocks.2/h.stats": STEPS, "blocks.10/h.stats": STEPS, "loss": STEPS}
     ea = _accumulator(logdir)
+    # hostfeed's event file checksums its records as TensorBoard's own writer does
+    from hostfeed._src.readback import tensorboard as tb
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+    assert all(tb._masked_crc()(b) == masked_crc32c(b) for b in (b"", b"hostfeed" * 99))
     stats, meta = hostfeed.read_recording(run, "blocks.10/h.stats")
     for j, col in enumerate(hostfeed.STATS):
         got = ea.Scalars(f"blocks.10/h.stats/{col}")
@@ -303,3 +307,60 @@ def test_the_tensorboard_command_writes_the_events_and_says_how_to_look(run, tmp
     from hostfeed.__main__ import main
     assert main(cmd[3:]) == 2  # again, in this process: refused
     assert "holds event files already" in capsys.readouterr().err
+
+
+def test_the_tensorboard_server_serves_the_exported_scalars_and_histograms(run, tmp_path):
+    """TensorBoard itself (its server on 127.0.0.1, a free port) reads the export: the
+    scalars and the histograms its HTTP data API serves are the store's rows."""
+    pytest.importorskip("tensorboard")
+    import json
+    import socket
+    import time
+    import urllib.parse
+    import urllib.request
+
+    logdir = str(tmp_path / "logs")
+    hostfeed.to_tensorboard(run, logdir, ["blocks.10", "blocks.2/h.hist"])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", "127.0.0.1",
+         "--port", str(port), "--load_fast", "false", "--reload_interval", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def get(route, **query):
+        url = f"http://127.0.0.1:{port}/data/{route}?{urllib.parse.urlencode(query)}"
+        with opener.open(url, timeout=10) as r:
+            return json.loads(r.read())
+
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # until the server answers with every row (it loads in the background)
+            assert server.poll() is None, server.communicate()[0]
+            try:
+                scalars = get("plugin/scalars/scalars", run=".", tag="blocks.10/h.stats/l2")
+                if len(scalars) == STEPS:
+                    break
+            except OSError:
+                pass  # not listening yet, or the tag not loaded yet
+            assert time.monotonic() < deadline, "TensorBoard served no scalars in 120 s"
+            time.sleep(0.2)
+        stats, meta = hostfeed.read_recording(run, "blocks.10/h.stats")
+        assert [(step, value) for _, step, value in scalars] == \
+            [(int(s), float(v)) for s, v in zip(meta["step"], stats[:, 6])]
+        rows, hmeta = hostfeed.read_recording(run, "blocks.2/h.hist")
+        edges = hostfeed.open_recording(run)["blocks.2/h.hist"].attrs["reduce"]["edges"]
+        lefts = [edges[0] - (edges[1] - edges[0]), *edges]
+        rights = [*edges, edges[-1] + edges[-1] - edges[-2]]
+        served = get("plugin/histograms/histograms", run=".", tag="blocks.2/h.hist")
+        assert [step for _, step, _ in served] == hmeta["step"].tolist()
+        for (_, _, buckets), row in zip(served, rows):
+            full = np.nonzero(row)[0]  # TensorBoard leaves out empty buckets at the ends
+            want = [[lefts[i], rights[i], float(row[i])]
+                    for i in range(full[0], full[-1] + 1)]
+            assert buckets == want
+    finally:
+        server.kill()
+        server.communicate()
