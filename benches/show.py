@@ -9,8 +9,9 @@ activation's statistics (``blocks.L/output``, ``reduce="stats"``), its cotangent
 
 Timed: ``show``'s whole work (open, read every array, draw the grid, write the PNG) in a
 fresh process, as a user runs it (the wall time and the process's CPU time; the machine is
-shared, the CPU time is the steadier figure); the HTML page likewise; the export of the
-statistics and histograms to TensorBoard event files in rows per second.
+shared, the CPU time is the steadier figure), beside the process that only imports
+hostfeed (and JAX) and prints its help; the HTML page likewise; the export of the
+statistics and histograms of 11 layers to TensorBoard event files, in rows per second.
 
 Run: python benches/show.py [DIR]   (default /tmp/hostfeed-show-bench)
 Environment: HOSTFEED_BENCH_LAYERS (48), HOSTFEED_BENCH_STEPS (10000).
@@ -79,6 +80,9 @@ def main() -> int:
     rec = hostfeed.open_recording(store)
     rows = sum(len(rec[n]) for n in rec.names)
     print(f"{store}: {len(rec.names)} arrays, {rows:,} rows; {os.cpu_count()} CPUs")
+    wall, cpu = timed(["show", "--help"])
+    print(f"python -m hostfeed show --help (importing hostfeed and JAX): {wall:.1f} s wall, "
+          f"{cpu:.1f} s CPU")
     for out in ("grid.png", "grid.html"):
         path = os.path.join(folder, out)
         wall, cpu = timed(["show", store, "-o", path])
@@ -92,7 +96,8 @@ def main() -> int:
     n = sum(exported.values())
     size = sum(os.path.getsize(os.path.join(logdir, f)) for f in os.listdir(logdir))
     print(f"to_tensorboard of {len(exported)} arrays ({n:,} rows): {wall:.1f} s wall, "
-          f"{cpu:.1f} s CPU, {n / wall:,.0f} rows/s ({size / 2**20:.1f} MiB of events)")
+          f"{cpu:.1f} s CPU: {n / wall:,.0f} rows/s ({n / cpu:,.0f} a CPU-second; "
+          f"{size / 2**20:.1f} MiB of events)")
     return 0
 
 

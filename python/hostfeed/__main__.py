@@ -117,9 +117,15 @@ def demo(steps: int = 100, out: TextIO = sys.stdout, store: Any = None) -> int:
               file=out)
     if folder is None:
         print(f"the recording is kept in {store}", file=out)
+        print(f"look at it: python -m hostfeed show {store} (every array over its steps, "
+              f"into a PNG), or python -m hostfeed tensorboard {store} LOGDIR (for "
+              f"TensorBoard: pip install 'hostfeed[tensorboard]')", file=out)
     else:  # said before it goes, so that no path is printed that will not exist
         print("the recording was in a temporary store, deleted at the end of the demo "
               "(--store PATH keeps it)", file=out)
+        print("with --store PATH, python -m hostfeed show PATH draws what it recorded and "
+              "python -m hostfeed tensorboard PATH LOGDIR exports it for TensorBoard",
+              file=out)
     stats = hostfeed.receiver_stats()
     device, handover = stats["device_us"], stats["handover_us"]
     print(f"the device spent {_us(device['p50'])} per tap or record (p50; p99 "

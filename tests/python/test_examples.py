@@ -59,6 +59,9 @@ def test_demo_trains_records_reads_back_and_summarises(tmp_path):
     first, last = (float(v) for v in lines[-1].removeprefix("loss ").split(" -> "))
     assert last < first
     assert f"the recording is kept in {store}" in lines
+    look = lines[lines.index(f"the recording is kept in {store}") + 1]
+    assert look.startswith(f"look at it: python -m hostfeed show {store} ")
+    assert f"python -m hostfeed tensorboard {store} LOGDIR" in look
     rows, meta = hostfeed.read_recording(store, "grad_norm")
     assert meta["step"].tolist() == list(range(40))
 

@@ -226,6 +226,14 @@ class _Plot:
             self.cv.text(self.x0 + self.w / 2, self.y0 - 0.22, "step", ha="center", va="top")
 
 
+def _bad_marks(cv: _Canvas, plot: _Plot, bad: np.ndarray) -> None:
+    """A red ``x`` at the top of ``plot`` for each step with a NaN or an infinity."""
+    if bad.size:
+        bx = plot.tx(bad.astype(np.float64))
+        cv.marks[(COLORS["bad"], "x", 14)].append(
+            np.column_stack([bx, np.full(bad.size, plot.y0 + plot.h - 0.07)]))
+
+
 def _stats_panel(cv: _Canvas, p: Panel, x0: float, y0: float, w: float, h: float) -> None:
     s = p.stats
     assert s is not None
@@ -238,6 +246,13 @@ def _stats_panel(cv: _Canvas, p: Panel, x0: float, y0: float, w: float, h: float
     _, hi = _thin(x, s[:, C["max"]], "max")
     _, absmax = _thin(x, s[:, C["absmax"]], "max")
     _, l2 = _thin(x, s[:, C["l2"]], "max")
+    if p.kind == "raw" and (s[:, C["count"]] == 1).all():  # a scalar (a loss): its value
+        plot = _Plot(cv, (x0, y0, w, h), steps, _Scale([mean], positive=False))
+        plot.line(xm, mean, COLORS["mean"], markers=few)
+        plot.yticks("value")
+        plot.xticks(labels=True)
+        _bad_marks(cv, plot, p.bad_steps)
+        return
     vh, sh = h * 0.58, h * 0.36
     top = _Plot(cv, (x0, y0 + h - vh, w, vh), steps,
                 _Scale([lo, hi, mean - std, mean + std], positive=False))
@@ -247,11 +262,7 @@ def _stats_panel(cv: _Canvas, p: Panel, x0: float, y0: float, w: float, h: float
     top.line(xm, hi, COLORS["max"], 0.8, "dashed", markers=few)
     top.yticks("value")
     top.xticks(labels=False)
-    bad = p.bad_steps
-    if bad.size:
-        bx = top.tx(bad.astype(np.float64))
-        cv.marks[(COLORS["bad"], "x", 14)].append(
-            np.column_stack([bx, np.full(bad.size, top.y0 + top.h - 0.07)]))
+    _bad_marks(cv, top, p.bad_steps)
     bottom = _Plot(cv, (x0, y0, w, sh), steps, _Scale([absmax, l2], positive=True))
     bottom.line(xm, absmax, COLORS["absmax"], markers=few)
     bottom.line(xm, l2, COLORS["l2"], markers=few)
@@ -292,6 +303,8 @@ def _histogram_panel(cv: _Canvas, p: Panel, x0: float, y0: float, w: float, h: f
 
 def _title(p: Panel) -> str:
     what = {"stats": "stats", "histogram": "histogram", "raw": "raw, per row"}[p.kind]
+    if p.kind == "raw" and p.stats is not None and (p.stats[:, C["count"]] == 1).all():
+        what = "scalar"
     text = f"{p.name}  ({what}, {len(p.steps)} rows)"
     bad = p.bad_steps
     if bad.size:
