@@ -111,6 +111,34 @@ def test_show_reads_each_array_as_its_statistics_and_marks_nan_steps(run):
     assert int(meta["time_ns"][-1]) >= int(meta["time_ns"][0]) > 0
 
 
+def test_show_reads_large_rows_a_block_at_a_time_and_draws_arrays_without_rows(
+        run, tmp_path, monkeypatch):
+    import jax
+    from hostfeed._src.readback import draw, grid, series
+    rec = hostfeed.open_recording(run)
+    whole = grid.load(rec, ["blocks.2/h", "blocks.2/h.loghist"])
+    monkeypatch.setattr(series, "BLOCK_BYTES", 3 * 24 * 4)  # 3 rows a read
+    reads = []
+    read = hostfeed.RecordedArray._read
+    monkeypatch.setattr(hostfeed.RecordedArray, "_read",
+                        lambda self, lo, hi: reads.append(hi - lo) or read(self, lo, hi))
+    blocked = grid.load(rec, ["blocks.2/h", "blocks.2/h.loghist"])
+    # raw rows of 96 bytes: 4 reads of 3; histogram rows of 32 bytes: 9, then 3
+    assert sorted(reads) == [3, 3, 3, 3, 3, 9]
+    np.testing.assert_array_equal(blocked[0].stats, whole[0].stats)
+    np.testing.assert_array_equal(blocked[1].counts, whole[1].counts)
+    # An array declared (traced) but never written: drawn as such, and exported as nothing.
+    empty = str(tmp_path / "empty.zarr")
+    with hostfeed.Recorder(empty) as rec_w:
+        jax.jit(lambda x: rec_w.record("x", x, step=0)).lower(np.zeros(3, np.float32))
+        rec_w.record("y", np.float32(2.0), step=7)
+    panels = grid.load(hostfeed.open_recording(empty), ["x", "y"])
+    assert [len(p.steps) for p in panels] == [0, 1]
+    draw.draw_png(panels, "empty", str(tmp_path / "empty.png"))
+    pytest.importorskip("tensorboard")
+    assert hostfeed.to_tensorboard(empty, str(tmp_path / "logs")) == {"x": 0, "y": 1}
+
+
 def _show(capsys, *args):
     """``python -m hostfeed show ARGS`` in this process: its exit code, stdout, stderr."""
     from hostfeed.__main__ import main

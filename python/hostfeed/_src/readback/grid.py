@@ -54,19 +54,26 @@ def _panel(rec: Recording, name: str) -> Panel:
     arr = rec[name]
     n = len(arr)
     kind = series.kind_of(arr.attrs)
-    rows = arr._read(0, n) if n else np.zeros((0, *arr.shape[1:]), arr.dtype)
-    steps = arr.steps if n else np.zeros(0, np.int64)
+    reduce = dict(arr.attrs.get("reduce", {}))
+    if n == 0:
+        width = len(series.COLUMN) if kind != "histogram" else int(arr.shape[-1])
+        empty = np.zeros((0, width))
+        return Panel(name, kind, np.zeros(0, np.int64), None if kind == "histogram" else empty,
+                     empty if kind == "histogram" else None, reduce, (0, 0))
+    steps = arr.steps
     steps = np.where(steps >= 0, steps, np.arange(n))
-    times = (0, 0)
-    if n:
-        t = arr.meta("time_ns")
-        times = (int(t[0]), int(t[-1]))
-    stats = counts = None
-    if kind == "histogram":
-        counts = rows.reshape(n, -1, rows.shape[-1]).sum(1).astype(np.float64)
-    else:
-        stats = series.stats_rows(kind, rows)
-    return Panel(name, kind, steps, stats, counts, dict(arr.attrs.get("reduce", {})), times)
+    t = arr.meta("time_ns")
+    parts = []
+    row_bytes = int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.dtype.itemsize
+    for lo, hi in series.blocks(n, row_bytes):  # raw rows can be large: a block at a time
+        rows = arr._read(lo, hi)
+        if kind == "histogram":
+            parts.append(rows.reshape(hi - lo, -1, rows.shape[-1]).sum(1).astype(np.float64))
+        else:
+            parts.append(series.stats_rows(kind, rows))
+    data = np.concatenate(parts)
+    return Panel(name, kind, steps, None if kind == "histogram" else data,
+                 data if kind == "histogram" else None, reduce, (int(t[0]), int(t[-1])))
 
 
 def load(rec: Recording, names: list[str]) -> list[Panel]:

@@ -16,13 +16,15 @@ import numpy as np
 from ..record.summaries import STATS
 from ..record.roles import COTANGENT_SUFFIX
 
-__all__ = ["select", "natural_key", "module_of", "host_stats", "combine_stats", "stats_rows",
-           "kind_of", "raw_histogram", "COLUMN"]
+__all__ = ["blocks", "select", "natural_key", "module_of", "host_stats", "combine_stats",
+           "stats_rows", "kind_of", "raw_histogram", "COLUMN"]
 
 #: Each statistic's column in a row of :data:`STATS`.
 COLUMN = {c: i for i, c in enumerate(STATS)}
 #: How many buckets a raw row's histogram has (TensorBoard's own default).
 RAW_BUCKETS = 30
+#: The most bytes of rows read at a time (raw rows can be large: read in blocks).
+BLOCK_BYTES = 64 << 20
 #: How many names an error lists.
 _LISTED = 40
 
@@ -113,6 +115,18 @@ def select(names: Iterable[str], patterns: Sequence[str], where: str) -> list[st
                        f"pattern is split on '/' and '.', '*' within a part, '**' for any "
                        f"parts)")
     return chosen
+
+
+def blocks(n: int, row_bytes: int, most: int = 4096) -> list[tuple[int, int]]:
+    """The ranges of ``n`` rows of ``row_bytes`` each read at a time: at most ``most``
+    rows and :data:`BLOCK_BYTES` bytes (one row at least).
+
+    Example:
+        >>> blocks(10, 30 << 20)
+        [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10)]
+    """
+    k = max(1, min(most, BLOCK_BYTES // max(row_bytes, 1)))
+    return [(lo, min(lo + k, n)) for lo in range(0, n, k)]
 
 
 def kind_of(attrs: dict) -> str:

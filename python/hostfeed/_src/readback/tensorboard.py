@@ -201,8 +201,8 @@ def _export_all(exp: _Exporter, path: Any, patterns: Sequence[str],
         arr = rec[name]
         kind = series.kind_of(arr.attrs)
         reduce = dict(arr.attrs.get("reduce", {}))
-        for lo in range(0, len(arr), BLOCK_ROWS):
-            hi = min(lo + BLOCK_ROWS, len(arr))
+        row_bytes = int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.dtype.itemsize
+        for lo, hi in series.blocks(len(arr), row_bytes, BLOCK_ROWS):
             exp.write(name, kind, reduce, arr._read(lo, hi),
                       _steps(arr.meta("step", slice(lo, hi)), lo),
                       arr.meta("time_ns", slice(lo, hi)))
@@ -287,7 +287,8 @@ def _follow_array(exp: _Exporter, root: Any, name: str, where: str) -> int:
     stores.check_recorded(root, arr, name, where)
     parent, _, leaf = name.rpartition("/")
     group = root[parent] if parent else root
-    hi = min(n, done + BLOCK_ROWS)
+    row_bytes = int(np.prod(arr.shape[1:], dtype=np.int64)) * np.dtype(arr.dtype).itemsize
+    hi = done + series.blocks(n - done, row_bytes, BLOCK_ROWS)[0][1]
     rows = stores.read_rows(arr, slice(done, hi), name, where)
     steps = stores.read_rows(group[f"{leaf}.step"], slice(done, hi), f"{name}.step", where)
     times = stores.read_rows(group[f"{leaf}.time_ns"], slice(done, hi), f"{name}.time_ns",
