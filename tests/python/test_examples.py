@@ -23,8 +23,8 @@ MODULES = ["hostfeed", "hostfeed.host_callback", "hostfeed.lowering", "hostfeed.
                "compat", "settings", "dtypes", "devices", "errors", "consumers", "dispatcher",
                "lifecycle", "keys", "printing", "spec", "primitives", "eager", "runtime",
                "placement", "fast_dispatch", "record.recorder", "record.lowering",
-               "readback.reading", "record.stores", "record.coordination", "rules",
-               "lowering", "latency",
+               "readback.reading", "readback.series", "readback.tensorboard",
+               "record.stores", "record.coordination", "rules", "lowering", "latency",
                "transports", "transports.native", "transports.portable",
                "transports.tpu"))]
 

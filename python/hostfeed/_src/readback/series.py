@@ -231,8 +231,8 @@ def raw_histogram(row: Any) -> tuple[np.ndarray, np.ndarray]:
 
     Example:
         >>> edges, counts = raw_histogram(np.array([0.0, 1.0, 1.0, np.nan]))
-        >>> len(edges), counts.sum(), counts[0], counts[-1]
-        (31, 3, 1, 2)
+        >>> len(edges), counts.tolist()[0], counts.tolist()[-1], int(counts.sum())
+        (31, 1, 2, 3)
     """
     v = np.asarray(row)
     if v.dtype.kind == "c":

@@ -382,6 +382,10 @@ def main(path: str, logdir: str, patterns: Sequence[str], follow: bool, poll: fl
     except (KeyError, ValueError, OSError, ImportError, TimeoutError) as exc:
         print(f"python -m hostfeed tensorboard: {str(exc).strip(chr(34))}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the events written so far are in the file, closed
+        print(f"python -m hostfeed tensorboard: stopped; the rows exported so far are in "
+              f"{logdir}", file=sys.stderr)
+        return 130
     total = sum(rows.values())
     print(f"wrote {total} rows of {len(rows)} arrays into {logdir} "
           f"({time.perf_counter() - start:.1f} s); look at them with: tensorboard --logdir "
