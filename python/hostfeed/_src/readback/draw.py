@@ -194,7 +194,7 @@ class _Plot:
         self.cv.lines[(color, width, style)].extend(_runs(X, Y))
         if markers:
             ok = np.isfinite(Y)
-            self.cv.marks[(color, "o", 4)].append(np.column_stack([X[ok], Y[ok]]))
+            self.cv.marks[(color, "o", 9)].append(np.column_stack([X[ok], Y[ok]]))
 
     def band(self, x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
         X, L, H = self.tx(x), self.ty(lo), self.ty(hi)
@@ -355,7 +355,7 @@ def draw_png(panels: list[Panel], title: str, out: Any) -> None:
     """The grid of every panel, under ``title``, into ``out`` (a path or a binary file);
     a grid of a few panels at twice the resolution."""
     fig = figure(panels, title, legend=any(p.kind != "histogram" for p in panels))
-    fig.savefig(out, format="png", dpi=DPI * 2 if len(panels) <= 4 else DPI)
+    fig.savefig(out, format="png", dpi=DPI * 2 if len(panels) <= 8 else DPI)
 
 
 def write_html(panels: list[Panel], title: str, table: list[dict], out: str) -> None:
