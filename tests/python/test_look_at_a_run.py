@@ -288,8 +288,15 @@ def test_tensorboard_refuses_bad_input_with_clear_errors(run, tmp_path, monkeypa
     other.create_array("a", shape=(3,), dtype="f4")
     with pytest.raises(ValueError, match="'a' .* was not recorded by hostfeed"):
         hostfeed.to_tensorboard(str(tmp_path / "other.zarr"), str(tmp_path / "l1"))
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match="no recording at"):
         hostfeed.to_tensorboard(str(tmp_path / "nothing.zarr"), str(tmp_path / "l2"))
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "notes.txt").write_text("")
+    with pytest.raises(FileNotFoundError, match="no recording at"):
+        hostfeed.to_tensorboard(str(tmp_path / "plain"), str(tmp_path / "l2"))
+    with pytest.raises(ValueError, match="is not a recording"):  # at once, not a wait
+        hostfeed.to_tensorboard(str(tmp_path / "plain"), str(tmp_path / "l2b"), follow=True,
+                                poll=0.01)
     with pytest.raises(KeyError, match="no array 'blocks.3' in"):
         hostfeed.to_tensorboard(run, str(tmp_path / "l3"), ["blocks.3"])
     (tmp_path / "a_file").write_text("")

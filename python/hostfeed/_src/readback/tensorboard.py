@@ -217,6 +217,15 @@ def _look(zarr: Any, where: Any) -> Optional[Any]:
         return None
 
 
+def _not_a_store(where: Any) -> bool:
+    """Whether a local path is a directory with files of its own but no store's root: no
+    recorder's store, not one about to be (a recorder's lock comes first, then zarr.json)."""
+    if where.url or not os.path.isdir(where.where):
+        return False
+    names = set(os.listdir(where.where)) - {stores.LOCK_NAME}
+    return bool(names) and "zarr.json" not in names
+
+
 def _follow(exp: _Exporter, path: Any, patterns: Sequence[str], poll: float,
             timeout: Optional[float], storage_options: Optional[Mapping[str, Any]]) -> None:
     """Exports the rows of a store a recorder writes, as they are committed, until it
@@ -232,6 +241,10 @@ def _follow(exp: _Exporter, path: Any, patterns: Sequence[str], poll: float,
         new = 0
         try:
             root = _look(zarr, where)
+            if root is None and not seen and not writing and _not_a_store(where):
+                raise ValueError(f"hostfeed.to_tensorboard: {where.where} is not a recording "
+                                 f"(a directory with files but no zarr.json), and no "
+                                 f"recorder is writing it")
             if root is None and seen:
                 raise FileNotFoundError(f"hostfeed.to_tensorboard: the store {where.where} "
                                         f"was deleted while it was followed "
@@ -248,7 +261,7 @@ def _follow(exp: _Exporter, path: Any, patterns: Sequence[str], poll: float,
                     not os.path.exists(where.where) and not where.url:
                 raise FileNotFoundError(f"hostfeed.to_tensorboard: the store {where.where} was "
                                         f"deleted while it was followed ({exc})") from exc
-            if isinstance(exc, FileNotFoundError) and "deleted while" in str(exc):
+            if "deleted while" in str(exc) or "is not a recording" in str(exc):
                 raise
             if unreadable is not None and str(exc) == unreadable:
                 raise ValueError(f"hostfeed.to_tensorboard({where.where!r}): the store cannot "
@@ -358,7 +371,11 @@ def to_tensorboard(path: Any, logdir: str, patterns: Sequence[str] = (), *,
         raise ValueError(f"hostfeed.to_tensorboard: poll must be > 0 seconds, got {poll!r}")
     logdir = os.fspath(logdir)
     if not follow:  # the store checked before anything is written
-        open_recording(path, storage_options=storage_options)
+        try:
+            open_recording(path, storage_options=storage_options)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"hostfeed.to_tensorboard: no recording at {path!s} "
+                                    f"({exc})") from exc
     exp = _Exporter(logdir)
     try:
         if follow:
