@@ -2,10 +2,10 @@
 TensorBoard (``hostfeed.to_tensorboard``).
 
 The store: a model of ``LAYERS`` layers trained ``STEPS`` steps, each layer recording its
-activation's statistics (``blocks.L/output``, ``reduce="stats"``), its cotangent's
-(``blocks.L/output.cotangent``) and a histogram of 32 bins every 10th step
-(``blocks.L/output.hist``), and a ``loss``: 3 arrays a layer, 48 x 10,000 by default
-(2.9 million rows). It is recorded once by a jitted ``lax.scan`` and kept in DIR.
+activation's statistics (``blocks.L/output``, ``reduce="stats"``) at every step and a
+histogram of 32 bins every 10th step (``blocks.L/output.hist``), and the ``loss``: 97
+arrays, 538,000 rows for 48 x 10,000 (the default). It is recorded once by a jitted
+``lax.scan`` and kept in DIR.
 
 Timed: ``show``'s whole work (open, read every array, draw the grid, write the PNG) in a
 fresh process, as a user runs it (the wall time and the process's CPU time; the machine is
