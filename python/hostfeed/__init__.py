@@ -57,6 +57,7 @@ from .host_callback import (CallbackException, TapFunctionException, barrier_wai
                             id_print, id_tap, stop_outfeed_receiver)
 from ._src.readback.reading import read_recording  # noqa: E402
 from ._src.readback.opened import RecordedArray, Recording, follow, open_recording  # noqa: E402
+from ._src.readback.tensorboard import to_tensorboard  # noqa: E402
 from ._src.record.recorder import Recorder  # noqa: E402
 from ._src.record.summaries import STATS, Histogram  # noqa: E402
 from ._src.capture import Capturing, capture  # noqa: E402
@@ -76,7 +77,7 @@ __all__ = [
     "stop_outfeed_receiver", "CallbackException", "TapFunctionException",
     "start_receiver", "receiver_stats", "Recorder", "RecordingError", "read_recording",
     "Histogram", "STATS", "capture", "Capturing", "open_recording", "follow", "Recording",
-    "RecordedArray", "UnflushedReadWarning",
+    "RecordedArray", "to_tensorboard", "UnflushedReadWarning",
     "register_zarr_dtypes", "CallbackContextError", "ReceiverError", "ReceiverTimeoutError",
     "transports", "gpu_status",
     "__version__",

@@ -118,9 +118,15 @@ def demo(steps: int = 100, out: TextIO = sys.stdout, store: Any = None) -> int:
               file=out)
     if folder is None:
         print(f"the recording is kept in {store}", file=out)
+        print(f"look at it: python -m hostfeed show {store} (every array over its steps, "
+              f"into a PNG), or python -m hostfeed tensorboard {store} LOGDIR (for "
+              f"TensorBoard: pip install 'hostfeed[tensorboard]')", file=out)
     else:  # said before it goes, so that no path is printed that will not exist
         print("the recording was in a temporary store, deleted at the end of the demo "
               "(--store PATH keeps it)", file=out)
+        print("with --store PATH, python -m hostfeed show PATH draws what it recorded and "
+              "python -m hostfeed tensorboard PATH LOGDIR exports it for TensorBoard",
+              file=out)
     stats = hostfeed.receiver_stats()
     device, handover = stats["device_us"], stats["handover_us"]
     print(f"the device spent {_us(device['p50'])} per tap or record (p50; p99 "
@@ -148,21 +154,39 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("bench", help="latency and throughput against JAX's own callbacks",
                        description=bench.DESCRIPTION)
     bench.add_arguments(b)
-    s = sub.add_parser("show", help="a recording's table; one array's plot over steps (PNG)")
+    s = sub.add_parser("show", help="a recording's table, and a picture of its arrays over "
+                       "their steps (PNG or HTML)")
     s.add_argument("store", help="the recording: a directory or an object store's URL")
-    s.add_argument("name", nargs="?", help="an array to plot (statistics, a histogram, or "
-                   "rows' mean and spread)")
-    s.add_argument("--png", help="where to draw it (default: NAME.png, '/' as '_')")
+    s.add_argument("patterns", nargs="*", metavar="PATTERN",
+                   help="the arrays to draw: an array's name, or glob patterns split on '/' "
+                   "and '.' as capture matches names ('blocks.*', '**.cotangent'); "
+                   "default: every array")
+    s.add_argument("-o", "--output", "--png", dest="output", metavar="FILE",
+                   help="where to draw: FILE.png, or FILE.html (one self-contained page); "
+                   "default: NAME.png for one array's name, else the store's name .png")
+    t = sub.add_parser("tensorboard", help="write a recording as TensorBoard event files "
+                       "(scalars and histograms), or follow a run that is writing it")
+    t.add_argument("store", help="the recording: a directory or an object store's URL")
+    t.add_argument("logdir", help="the directory of the event files (TensorBoard's run)")
+    t.add_argument("patterns", nargs="*", metavar="PATTERN",
+                   help="the arrays to export (as show takes them); default: every array")
+    t.add_argument("--follow", action="store_true",
+                   help="follow a store a recorder is still writing, until it closes")
+    t.add_argument("--poll", type=float, default=0.5,
+                   help="with --follow: seconds between looks at the store (default 0.5)")
     args = parser.parse_args(argv)
     if args.command == "bench":
         return bench.run_command(args)
     if args.command == "show":
         from ._src.readback import show
         try:
-            return show.main(args.store, args.name, args.png)
-        except (KeyError, FileNotFoundError, ImportError) as exc:
+            return show.main(args.store, args.patterns, args.output)
+        except (KeyError, ValueError, FileNotFoundError, ImportError) as exc:
             print(f"python -m hostfeed show: {str(exc).strip(chr(34))}", file=sys.stderr)
             return 2
+    if args.command == "tensorboard":
+        from ._src.readback import tensorboard
+        return tensorboard.main(args.store, args.logdir, args.patterns, args.follow, args.poll)
     if args.command == "demo":
         if args.steps < 1:
             p.error(f"--steps must be at least 1, got {args.steps}")

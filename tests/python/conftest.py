@@ -64,6 +64,7 @@ HOST_SIDE: dict[str, object] = {
     "test_object_store.py": ALL,
     "test_append.py": ALL,
     "test_reading_back.py": ALL,
+    "test_look_at_a_run.py": ALL,  # show and the TensorBoard export: stores written eagerly
     "test_sharding.py": ALL,  # Zarr's sharded layout (not JAX's), read by three readers
     "test_docs.py": ALL,
     "test_packaging.py": ALL,

@@ -23,8 +23,8 @@ MODULES = ["hostfeed", "hostfeed.host_callback", "hostfeed.lowering", "hostfeed.
                "compat", "settings", "dtypes", "devices", "errors", "consumers", "dispatcher",
                "lifecycle", "keys", "printing", "spec", "primitives", "eager", "runtime",
                "placement", "fast_dispatch", "record.recorder", "record.lowering",
-               "readback.reading", "record.stores", "record.coordination", "rules",
-               "lowering", "latency",
+               "readback.reading", "readback.series", "readback.tensorboard",
+               "record.stores", "record.coordination", "rules", "lowering", "latency",
                "transports", "transports.native", "transports.portable",
                "transports.tpu"))]
 
@@ -59,6 +59,9 @@ def test_demo_trains_records_reads_back_and_summarises(tmp_path):
     first, last = (float(v) for v in lines[-1].removeprefix("loss ").split(" -> "))
     assert last < first
     assert f"the recording is kept in {store}" in lines
+    look = lines[lines.index(f"the recording is kept in {store}") + 1]
+    assert look.startswith(f"look at it: python -m hostfeed show {store} ")
+    assert f"python -m hostfeed tensorboard {store} LOGDIR" in look
     rows, meta = hostfeed.read_recording(store, "grad_norm")
     assert meta["step"].tolist() == list(range(40))
 

@@ -77,15 +77,17 @@ class RecordedArray:
         """hostfeed's attributes of the array (``reduce``: what a summary's columns are)."""
         return dict(self._array.attrs.get("hostfeed", {}))
 
-    def meta(self, field: str) -> np.ndarray:
+    def meta(self, field: str, rows: Optional[slice] = None) -> np.ndarray:
         """Per-row metadata ``field`` (one of ``hostfeed.Recorder``'s ``ROW_METADATA``:
-        ``step``, ``device``, ``time_ns``, ``seq``, ``transforms``) of these rows."""
+        ``step``, ``device``, ``time_ns``, ``seq``, ``transforms``) of these rows (or of
+        ``rows``, a slice of them)."""
         if field not in ROW_METADATA:
             raise KeyError(f"hostfeed: no per-row metadata {field!r}; there are "
                            f"{list(ROW_METADATA)}")
         parent, _, leaf = self.name.rpartition("/")
         group = self._group[parent] if parent else self._group
-        return stores.read_rows(group[f"{leaf}.{field}"], slice(0, len(self)),
+        rows = slice(0, len(self)) if rows is None else slice(*rows.indices(len(self)))
+        return stores.read_rows(group[f"{leaf}.{field}"], rows,
                                 f"{self.name}.{field}", self._where)
 
     @property

@@ -1,15 +1,18 @@
-"""``python -m hostfeed show STORE [NAME]``: a recording's table (names, rows, steps, dtype,
-bytes) and, for one array, a plot over steps (matplotlib, PNG): statistics as lines (mean
-with a band of one standard deviation, min and max), a histogram as an image (steps by
-bins), a raw array as the mean and spread of each row."""
+"""``python -m hostfeed show STORE [PATTERN ...] [-o FILE.png|FILE.html]``: a recording's
+table (names, rows, steps, dtype, bytes), then a picture of it (:mod:`.grid`): every array
+(or those the glob patterns choose, as ``capture`` matches names), one row per module, into
+a PNG or a self-contained HTML file. An exact array's name draws that array alone (into
+``NAME.png`` by default, ``/`` as ``_``)."""
 from __future__ import annotations
 
+import os
 import sys
+import time
 from typing import Any, Optional, TextIO
+from collections.abc import Sequence
 
-import numpy as np
-
-from .opened import RecordedArray, open_recording
+from . import draw, grid, series
+from .opened import Recording, open_recording
 
 
 def _size(n: int) -> str:
@@ -20,9 +23,10 @@ def _size(n: int) -> str:
     return str(n)  # pragma: no cover
 
 
-def table(path: Any, out: TextIO = sys.stdout) -> None:
-    """Prints one line per recorded array."""
-    rec = open_recording(path)
+def table(path: Any, out: TextIO = sys.stdout) -> list[dict[str, Any]]:
+    """Prints one line per recorded array of ``path`` (a store or a :class:`Recording`);
+    returns :meth:`Recording.table`."""
+    rec = path if isinstance(path, Recording) else open_recording(path)
     rows = rec.table()
     width = max([len(r["name"]) for r in rows] + [4])
     print(f"{rec.path}: {len(rows)} arrays", file=out)
@@ -33,70 +37,47 @@ def table(path: Any, out: TextIO = sys.stdout) -> None:
         print(f"  {r['name']:<{width}}  {r['rows']:>8}  {steps:>13}  {r['dtype']:<9} "
               f"{list(r['shape'])!s:<16}{_size(r['bytes']):>11}  {r['reduce'] or ''}",
               file=out)
+    return rows
 
 
-def plot(arr: RecordedArray, png: str) -> None:
-    """Draws ``arr`` over its steps into ``png``."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def default_output(path: Any, patterns: Sequence[str]) -> str:
+    """Where ``show`` draws without ``-o``: ``NAME.png`` for one array's exact name, else
+    the store's name with ``.png`` (``run.zarr`` -> ``run.png``), in the current directory."""
+    if len(patterns) == 1:
+        return patterns[0].replace("/", "_") + ".png"
+    base = os.path.basename(str(path).rstrip("/")) or "recording"
+    return os.path.splitext(base)[0] + ".png"
 
-    steps = arr.steps
-    x = np.where(steps >= 0, steps, np.arange(len(arr)))
-    data = arr[:]
-    reduce = arr.attrs.get("reduce", {})
-    kind = reduce.get("kind")
-    fig, ax = plt.subplots(figsize=(9, 4.5), dpi=100)
-    if kind == "stats":
-        cols = {c: i for i, c in enumerate(reduce["columns"])}
-        v = data.reshape(len(arr), -1, len(cols))
-        mean, std = v[..., cols["mean"]].mean(1), v[..., cols["std"]].mean(1)
-        ax.plot(x, mean, color="C0", label="mean")
-        ax.fill_between(x, mean - std, mean + std, color="C0", alpha=0.2, label="mean ± std")
-        ax.plot(x, v[..., cols["min"]].min(1), color="C1", linestyle="--", label="min")
-        ax.plot(x, v[..., cols["max"]].max(1), color="C2", linestyle="--", label="max")
-        bad = v[..., cols["nan_count"]].sum(1) + v[..., cols["inf_count"]].sum(1)
-        if bad.any():
-            ax.scatter(x[bad > 0], mean[bad > 0], color="C3", marker="x", label="NaN/inf seen")
-        if v.shape[1] > 1:
-            ax.set_title(f"{arr.name}: statistics over steps ({v.shape[1]} rows each, averaged)")
-        else:
-            ax.set_title(f"{arr.name}: statistics over steps")
-        ax.legend(loc="best")
-    elif kind == "histogram":
-        counts = data.reshape(len(arr), -1, data.shape[-1]).sum(1).astype(np.float64)
-        edges = np.asarray(reduce["edges"])
-        image = ax.imshow(np.log10(1 + counts.T), aspect="auto", origin="lower",
-                          extent=(float(x[0]), float(x[-1]) + 1, 0, counts.shape[1]),
-                          cmap="viridis")
-        ticks = np.linspace(1, len(edges), min(len(edges), 9)).astype(int) - 1
-        ax.set_yticks(ticks + 1, [f"{edges[t]:.3g}" for t in ticks])
-        ax.set_ylabel(("|x| " if "log" in reduce.get("scale", "") else "") + "bin lower edge")
-        fig.colorbar(image, ax=ax, label="log10(1 + count)")
-        ax.set_title(f"{arr.name}: histogram over steps (below and above at the ends)")
+
+def main(path: Any, patterns: Sequence[str], output: Optional[str],
+         out: TextIO = sys.stdout) -> int:
+    """``python -m hostfeed show``: the table, then the picture of the arrays ``patterns``
+    choose (every one without a pattern) into ``output`` (``.png`` or ``.html``)."""
+    if output is not None and os.path.splitext(output)[1].lower() not in (".png", ".html",
+                                                                         ".htm"):
+        raise ValueError(f"-o {output!r}: draws into a .png or an .html file")
+    rec = open_recording(path)
+    info = {r["name"]: r for r in table(rec, out)}
+    if len(patterns) == 1 and patterns[0] in rec.names:
+        names = list(patterns)  # an exact name: that array alone, whatever else it prefixes
     else:
-        flat = data.reshape(len(arr), -1).astype(np.float64)
-        mean, std = flat.mean(1), flat.std(1)
-        ax.plot(x, mean, color="C0", label="row mean")
-        ax.fill_between(x, mean - std, mean + std, color="C0", alpha=0.2, label="± row std")
-        ax.legend(loc="best")
-        ax.set_title(f"{arr.name}: each row's mean and spread")
-    ax.set_xlabel("step")
-    fig.tight_layout()
-    fig.savefig(png)
-    plt.close(fig)
-
-
-def main(path: Any, name: Optional[str], png: Optional[str], out: TextIO = sys.stdout) -> int:
-    """``python -m hostfeed show``: the table, then the plot of ``name`` if given."""
-    table(path, out)
-    if name is None:
-        return 0
-    arr = open_recording(path)[name]
-    if len(arr) == 0:
-        print(f"{name}: no rows yet", file=out)
+        names = series.select(rec.names, patterns, rec.path)
+    if not names:
+        print("no arrays to draw", file=out)
         return 1
-    png = png or name.replace("/", "_") + ".png"
-    plot(arr, png)
-    print(f"drew {name} over {len(arr)} rows into {png}", file=out)
+    if len(names) == 1 and len(rec[names[0]]) == 0:
+        print(f"{names[0]}: no rows yet", file=out)
+        return 1
+    output = output or default_output(path, patterns if names == list(patterns) else ())
+    start = time.perf_counter()
+    panels = grid.load(rec, names)
+    title = grid.header(rec.path, panels)
+    if output.lower().endswith((".html", ".htm")):
+        draw.write_html(panels, title, [info[n] for n in names], output)
+    else:
+        draw.draw_png(panels, title, output)
+    rows = sum(len(p.steps) for p in panels)
+    what = names[0] if len(names) == 1 else f"{len(names)} arrays"
+    print(f"drew {what} over {rows} rows into {output} ({time.perf_counter() - start:.1f} s)",
+          file=out)
     return 0

@@ -1,0 +1,249 @@
+"""What a recorded array says over its steps, as ``show`` draws it and the TensorBoard export
+writes it: the arrays chosen by glob patterns (as ``capture`` matches names), in natural
+order; each array's :data:`~hostfeed.STATS` per row (read from a ``reduce="stats"`` array,
+its kept axes combined, or computed on the host from raw rows); a raw row's histogram.
+"""
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..record.summaries import STATS
+from ..record.roles import COTANGENT_SUFFIX
+
+__all__ = ["blocks", "select", "natural_key", "module_of", "host_stats", "combine_stats",
+           "stats_rows", "kind_of", "raw_histogram", "COLUMN"]
+
+#: Each statistic's column in a row of :data:`STATS`.
+COLUMN = {c: i for i, c in enumerate(STATS)}
+#: How many buckets a raw row's histogram has (TensorBoard's own default).
+RAW_BUCKETS = 30
+#: The most bytes of rows read at a time (raw rows can be large: read in blocks).
+BLOCK_BYTES = 64 << 20
+#: How many names an error lists.
+_LISTED = 40
+
+
+def _tokens(text: str) -> tuple:
+    return tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", text))
+
+
+def natural_key(name: str) -> tuple:
+    """A sort key: by module (the name up to its last ``/``, compared part by part, ``.``
+    and ``/`` separating parts, so a module comes before its submodules), then by the
+    array's own name; numbers by value (``blocks.2`` before ``blocks.10``); a cotangent
+    right after the array it is the cotangent of.
+
+    Example:
+        >>> sorted(["blocks.10/out", "blocks.2.mlp/out", "blocks.2/out.cotangent",
+        ...         "blocks.2/out", "b"], key=natural_key)
+        ['b', 'blocks.2/out', 'blocks.2/out.cotangent', 'blocks.2.mlp/out', 'blocks.10/out']
+    """
+    module, _, leaf = name.rpartition("/")
+    cot = leaf.endswith(COTANGENT_SUFFIX)
+    base = leaf[:-len(COTANGENT_SUFFIX)] if cot else leaf
+    parts = tuple(_tokens(p) for p in re.split(r"[/.]", module)) if module else ()
+    return (parts, _tokens(base), cot)
+
+
+def module_of(name: str) -> str:
+    """The module (group) an array belongs to: its name up to the last ``/`` (``""`` for
+    an array at the top of the store).
+
+    Example:
+        >>> module_of("blocks.2.mlp/output.cotangent"), module_of("loss")
+        ('blocks.2.mlp', '')
+    """
+    return name.rpartition("/")[0]
+
+
+def _parts(name: str) -> list[str]:
+    return re.split(r"[/.]", name)
+
+
+def _match_parts(pattern: Sequence[str], name: Sequence[str], prefix: bool) -> bool:
+    """Whether ``name``'s parts (or, with ``prefix``, its first parts) match ``pattern``'s
+    (``**``: any number of parts), as ``capture`` matches a submodule's name."""
+    if not pattern:
+        return prefix or not name
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":
+        return any(_match_parts(rest, name[i:], prefix) for i in range(len(name) + 1))
+    return bool(name) and fnmatch.fnmatchcase(name[0], head) and \
+        _match_parts(rest, name[1:], prefix)
+
+
+def matches(pattern: str, name: str) -> bool:
+    """Whether ``pattern`` chooses the array ``name``: split on ``/`` and ``.`` (the
+    separators of a store's groups and of Flax NNX, Flax Linen and Equinox names), ``*``,
+    ``?`` and ``[...]`` within a part, ``**`` for any number of parts; a pattern that
+    matches the name's first parts chooses the arrays under them (``blocks.2`` chooses
+    ``blocks.2.mlp/output``, ``h`` chooses ``h.cotangent``).
+
+    Example:
+        >>> [matches("blocks.*", n) for n in ("blocks.2.mlp/output", "head/output")]
+        [True, False]
+        >>> [matches("**.cotangent", n) for n in ("fc1/output.cotangent", "fc1/output")]
+        [True, False]
+    """
+    return _match_parts(_parts(pattern), _parts(name), prefix=True)
+
+
+def select(names: Iterable[str], patterns: Sequence[str], where: str) -> list[str]:
+    """The names that any of ``patterns`` chooses (every name without a pattern), in
+    natural order. A pattern that chooses nothing is a ``KeyError`` listing the names.
+
+    Example:
+        >>> select(["blocks.10/h", "blocks.2/h", "loss"], ["blocks.*"], "run.zarr")
+        ['blocks.2/h', 'blocks.10/h']
+    """
+    names = sorted(names, key=natural_key)
+    if not patterns:
+        return names
+    chosen = [n for n in names if any(matches(p, n) for p in patterns)]
+    idle = [p for p in patterns if not any(matches(p, n) for n in names)]
+    if idle:
+        near = difflib.get_close_matches(idle[0], names, n=_LISTED, cutoff=0.0)
+        more = f" (and {len(names) - _LISTED} more)" if len(names) > _LISTED else ""
+        raise KeyError(f"hostfeed: no array {', '.join(map(repr, idle))} in {where}: no "
+                       f"name matches; it has {near or 'none'}{more} (nearest first; a "
+                       f"pattern is split on '/' and '.', '*' within a part, '**' for any "
+                       f"parts)")
+    return chosen
+
+
+def blocks(n: int, row_bytes: int, most: int = 4096) -> list[tuple[int, int]]:
+    """The ranges of ``n`` rows of ``row_bytes`` each read at a time: at most ``most``
+    rows and :data:`BLOCK_BYTES` bytes (one row at least).
+
+    Example:
+        >>> blocks(10, 30 << 20)
+        [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10)]
+    """
+    k = max(1, min(most, BLOCK_BYTES // max(row_bytes, 1)))
+    return [(lo, min(lo + k, n)) for lo in range(0, n, k)]
+
+
+def kind_of(attrs: dict) -> str:
+    """``"stats"``, ``"histogram"`` or ``"raw"``: what an array's rows hold."""
+    kind = attrs.get("reduce", {}).get("kind")
+    return kind if kind in ("stats", "histogram") else "raw"
+
+
+def host_stats(rows: np.ndarray) -> np.ndarray:
+    """The :data:`STATS` of each row of ``rows`` (``[n, ...]``), computed as
+    ``reduce="stats"`` computes them: count of every value, mean to l2 over the finite
+    values (float64, then float32; NaN where no value is finite), NaN and infinity counts.
+
+    Example:
+        >>> host_stats(np.array([[3.0, -4.0, np.nan]]))[0].tolist()
+        [3.0, -0.5, 3.5, -4.0, 3.0, 4.0, 5.0, 1.0, 0.0]
+    """
+    n = rows.shape[0]
+    v = np.asarray(rows).reshape(n, -1)
+    if v.dtype.kind == "c":
+        v = np.abs(v)
+    v = v.astype(np.float64)
+    finite = np.isfinite(v)
+    k = finite.sum(1)
+    z = np.where(finite, v, 0.0)
+    safe = np.maximum(k, 1)
+    mean = z.sum(1) / safe
+    var = np.where(finite, (z - mean[:, None]) ** 2, 0.0).sum(1) / safe
+    with np.errstate(invalid="ignore"):
+        lo = np.where(finite, v, np.inf).min(1, initial=np.inf)
+        hi = np.where(finite, v, -np.inf).max(1, initial=-np.inf)
+    out = np.empty((n, len(STATS)), np.float64)
+    out[:, COLUMN["count"]] = v.shape[1]
+    out[:, COLUMN["mean"]] = mean
+    out[:, COLUMN["std"]] = np.sqrt(var)
+    out[:, COLUMN["min"]] = lo
+    out[:, COLUMN["max"]] = hi
+    out[:, COLUMN["absmax"]] = np.maximum(np.abs(lo), np.abs(hi))
+    out[:, COLUMN["l2"]] = np.sqrt((z * z).sum(1))
+    out[:, COLUMN["nan_count"]] = np.isnan(v).sum(1)
+    out[:, COLUMN["inf_count"]] = np.isinf(v).sum(1)
+    none = k == 0
+    for c in ("mean", "std", "min", "max", "absmax"):
+        out[none, COLUMN[c]] = np.nan
+    return out.astype(np.float32)
+
+
+def combine_stats(v: np.ndarray) -> np.ndarray:
+    """Rows of :data:`STATS` with kept axes (``[n, ..., 9]``, ``reduce="stats"`` with
+    ``axis=``) as one row of statistics each (``[n, 9]``): counts summed, the means and
+    spreads pooled by their finite counts, min, max, absmax over the parts, l2 as the norm
+    of the parts' l2. Rows without kept axes come back as they are.
+
+    Example:
+        >>> parts = np.stack([host_stats(np.array([[1.0, 3.0]])),
+        ...                   host_stats(np.array([[5.0, 7.0]]))], axis=1)
+        >>> combine_stats(parts)[0].tolist() == host_stats(np.array([[1.0, 3, 5, 7]]))[0].tolist()
+        True
+    """
+    n = v.shape[0]
+    if v.ndim == 2:
+        return v
+    p = v.reshape(n, -1, len(STATS)).astype(np.float64)
+    c = {name: p[..., i] for name, i in COLUMN.items()}
+    k = c["count"] - c["nan_count"] - c["inf_count"]  # the finite values of each part
+    k = np.where(np.isnan(c["mean"]), 0.0, k)
+    total = k.sum(1)
+    safe = np.maximum(total, 1)
+    mean_p = np.where(k > 0, c["mean"], 0.0)
+    mean = (k * mean_p).sum(1) / safe
+    var = (k * (np.where(k > 0, c["std"], 0.0) ** 2 + (mean_p - mean[:, None]) ** 2)).sum(1) / safe
+    out = np.empty((n, len(STATS)), np.float64)
+    out[:, COLUMN["count"]] = c["count"].sum(1)
+    out[:, COLUMN["mean"]] = mean
+    out[:, COLUMN["std"]] = np.sqrt(var)
+    with np.errstate(invalid="ignore"):
+        out[:, COLUMN["min"]] = np.nanmin(np.where(k > 0, c["min"], np.inf), 1)
+        out[:, COLUMN["max"]] = np.nanmax(np.where(k > 0, c["max"], -np.inf), 1)
+        out[:, COLUMN["absmax"]] = np.nanmax(np.where(k > 0, c["absmax"], -np.inf), 1)
+    out[:, COLUMN["l2"]] = np.sqrt((c["l2"] ** 2).sum(1))
+    out[:, COLUMN["nan_count"]] = c["nan_count"].sum(1)
+    out[:, COLUMN["inf_count"]] = c["inf_count"].sum(1)
+    for name in ("mean", "std", "min", "max", "absmax"):
+        out[total == 0, COLUMN[name]] = np.nan
+    return out.astype(np.float32)
+
+
+def stats_rows(kind: str, rows: np.ndarray) -> np.ndarray:
+    """One row of :data:`STATS` per recorded row of a ``"stats"`` or ``"raw"`` array."""
+    if kind == "stats":
+        return combine_stats(np.asarray(rows, np.float32))
+    if kind == "raw":
+        return host_stats(rows)
+    raise ValueError(f"hostfeed: no statistics of {kind} rows")
+
+
+def raw_histogram(row: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The histogram of one raw row's finite values as TensorBoard draws a tensor's:
+    :data:`RAW_BUCKETS` equal buckets from its minimum to its maximum (one bucket from
+    ``v - 0.5`` to ``v + 0.5`` when every value is ``v``; none when no value is finite).
+    Returns ``(edges, counts)``, ``len(edges) == len(counts) + 1``.
+
+    Example:
+        >>> edges, counts = raw_histogram(np.array([0.0, 1.0, 1.0, np.nan]))
+        >>> len(edges), counts.tolist()[0], counts.tolist()[-1], int(counts.sum())
+        (31, 1, 2, 3)
+    """
+    v = np.asarray(row)
+    if v.dtype.kind == "c":
+        v = np.abs(v)
+    v = v.astype(np.float64).ravel()
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return np.zeros(1), np.zeros(0, np.int64)
+    lo, hi = float(v.min()), float(v.max())
+    if lo == hi:
+        return np.array([lo - 0.5, hi + 0.5]), np.array([v.size], np.int64)
+    edges = np.linspace(lo, hi, RAW_BUCKETS + 1)
+    counts, _ = np.histogram(v, bins=edges)
+    return edges, counts.astype(np.int64)

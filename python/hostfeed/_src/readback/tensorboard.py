@@ -1,0 +1,411 @@
+"""A recording as TensorBoard event files (:func:`to_tensorboard`, ``python -m hostfeed
+tensorboard STORE LOGDIR [PATTERN ...] [--follow]``): statistics as scalars, histograms as
+TensorBoard's histograms with hostfeed's bin edges, raw arrays as both; each event at its
+row's recorded step and time. ``follow=True`` tails a store a recorder is still writing and
+appends the rows as they are committed, until the recorder closes it.
+
+The events are the ``tensorboard`` package's protobufs (``pip install
+'hostfeed[tensorboard]'``; no TensorFlow), written by :class:`_EventFile`.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional, TextIO
+
+import numpy as np
+
+from ..record import stores
+from ..record.summaries import STATS
+from . import series
+from .opened import _writer_open, _zarr, open_recording
+from .reading import _recorded_names
+
+__all__ = ["to_tensorboard", "histogram_buckets"]
+
+#: Rows read (and written) at a time: bounds the memory an export holds.
+BLOCK_ROWS = 4096
+
+
+def _tb() -> tuple[Any, Any, Any]:
+    """The ``tensorboard`` package's ``Event``, ``Summary`` and ``HistogramProto``."""
+    try:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
+    except ImportError as exc:
+        raise ImportError("hostfeed.to_tensorboard needs the tensorboard package: pip install "
+                          "'hostfeed[tensorboard]' (or 'tensorboard')") from exc
+    return Event, Summary, HistogramProto
+
+
+def _masked_crc() -> Any:
+    """TFRecord's masked CRC-32C of bytes: google-crc32c's (C) where it is installed, else
+    the tensorboard package's own (pure Python: a few times slower an event)."""
+    try:
+        import google_crc32c
+        if google_crc32c.implementation != "c":
+            raise ImportError
+        crc = google_crc32c.value
+
+        def masked(data: bytes) -> int:
+            x = crc(data)
+            return (((x >> 15) | (x << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+        return masked
+    except ImportError:
+        from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+        return masked_crc32c
+
+
+class _EventFile:
+    """An event file as TensorBoard reads it (TFRecord: each event's length, its masked
+    CRC-32C, the event, its CRC), written in this thread: the tensorboard package's
+    ``EventFileWriter`` hands each event to a thread through a queue of 10 and checksums it
+    in pure Python, a few thousand events a second (``benches/show.py``)."""
+
+    def __init__(self, logdir: str, event_cls: Any):
+        name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}."
+                f"{os.getpid()}.hostfeed")
+        self.path = os.path.join(logdir, name)
+        self._file = open(self.path, "wb")  # noqa: SIM115 - closed by close()
+        self._crc = _masked_crc()
+        self.add(event_cls(wall_time=time.time(), file_version="brain.Event:2"))
+
+    def add(self, event: Any) -> None:
+        data = event.SerializeToString()
+        head = struct.pack("<Q", len(data))
+        self._file.write(head + struct.pack("<I", self._crc(head)) + data +
+                         struct.pack("<I", self._crc(data)))
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def histogram_buckets(counts: np.ndarray, edges: Sequence[float], log: bool
+                      ) -> tuple[float, float, list[float], list[float]]:
+    """A ``reduce=Histogram(...)`` row as TensorBoard's buckets: ``(min, max,
+    bucket_limit, bucket)``. The bins keep hostfeed's edges; the values below the first
+    edge are a bucket that ends there and starts one bin's width lower (at 0 for a
+    ``"log"`` histogram of ``|x|``), those above the last edge one that starts there and
+    ends one bin's width higher (at twice the edge for ``"log"``). TensorBoard's bucket
+    ``i`` runs from ``bucket_limit[i - 1]`` to ``bucket_limit[i]``, and its dashboard draws
+    the buckets from the first to the last that is not empty, the first starting at
+    ``min`` and the last ending at ``max``: they are those buckets' outer edges.
+
+    Example:
+        >>> histogram_buckets(np.array([1, 2, 3, 4]), [0.0, 1.0, 2.0], log=False)
+        (-1.0, 3.0, [0.0, 1.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0])
+        >>> histogram_buckets(np.array([0, 2, 0, 0]), [0.0, 1.0, 2.0], log=False)[:2]
+        (0.0, 1.0)
+    """
+    e = [float(x) for x in edges]
+    if log:
+        lo, hi = 0.0, 2 * e[-1]
+    else:
+        lo, hi = e[0] - (e[1] - e[0]), e[-1] + (e[-1] - e[-2])
+    limits = e + [hi]
+    lefts = [lo] + e
+    full = np.nonzero(np.asarray(counts))[0]
+    first, last = (int(full[0]), int(full[-1])) if full.size else (0, len(limits) - 1)
+    return lefts[first], limits[last], limits, [float(c) for c in counts]
+
+
+class _Exporter:
+    """Turns blocks of rows into events and writes them."""
+
+    def __init__(self, logdir: str):
+        self.Event, self.Summary, self.Histogram = _tb()
+        _check_logdir(logdir)
+        self.writer = _EventFile(logdir, self.Event)
+        self.rows: dict[str, int] = {}
+        self.events = 0
+
+    def _histo(self, lo: float, hi: float, limits: list[float], counts: list[float],
+               total: float = 0.0, squares: float = 0.0) -> Any:
+        return self.Histogram(
+            min=lo, max=hi, num=float(sum(counts)), sum=total, sum_squares=squares,
+            bucket_limit=limits, bucket=counts)
+
+    def write(self, name: str, kind: str, reduce: dict, rows: np.ndarray, steps: np.ndarray,
+              times: np.ndarray) -> None:
+        """Writes rows ``rows`` of ``name`` (recorded at ``steps``, ``times`` in ns)."""
+        n = rows.shape[0]
+        Value = self.Summary.Value
+        stats = series.stats_rows(kind, rows) if kind != "histogram" and n else None
+        counts = (rows.reshape(n, -1, rows.shape[-1]).sum(1) if kind == "histogram"
+                  else None)
+        edges = reduce.get("edges", [])
+        log = "log" in str(reduce.get("scale", ""))
+        single = kind == "raw" and rows[0].size == 1  # a raw scalar: itself, no summary
+        for i in range(n):
+            values = []
+            if single:
+                values.append(Value(tag=name, simple_value=float(rows[i].ravel()[0])))
+            elif stats is not None:
+                values += [Value(tag=f"{name}/{c}", simple_value=float(stats[i, j]))
+                           for j, c in enumerate(STATS)]
+            if counts is not None:
+                values.append(Value(tag=name, histo=self._histo(
+                    *histogram_buckets(counts[i], edges, log))))
+            elif kind == "raw" and not single:
+                e, k = series.raw_histogram(rows[i])
+                if k.size:
+                    v = np.asarray(rows[i], np.float64).ravel()
+                    v = v[np.isfinite(v)]
+                    values.append(Value(tag=name, histo=self._histo(
+                        float(e[0]), float(e[-1]), [float(x) for x in e[1:]],
+                        [float(x) for x in k], float(v.sum()), float((v * v).sum()))))
+            self.writer.add(self.Event(wall_time=int(times[i]) / 1e9, step=int(steps[i]),
+                                             summary=self.Summary(value=values)))
+            self.events += 1
+        self.rows[name] = self.rows.get(name, 0) + n
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _check_logdir(logdir: str) -> None:
+    """The log directory made if missing, writable, and without event files already (a
+    second export would show every point twice)."""
+    try:
+        os.makedirs(logdir, exist_ok=True)
+    except OSError as exc:
+        raise type(exc)(exc.errno, f"hostfeed.to_tensorboard: cannot make the log directory "
+                        f"{logdir!r} ({type(exc).__name__}: {exc})") from exc
+    if not os.access(logdir, os.W_OK | os.X_OK):
+        raise PermissionError(f"hostfeed.to_tensorboard: cannot write into the log directory "
+                              f"{logdir!r}: choose one you can write")
+    held = sorted(f for f in os.listdir(logdir) if f.startswith("events.out.tfevents."))
+    if held:
+        raise FileExistsError(f"hostfeed.to_tensorboard: the log directory {logdir!r} holds "
+                              f"event files already ({held[0]}, ...): TensorBoard would show "
+                              f"their points and these; export into a new directory (a "
+                              f"directory per run: LOGDIR/run2) or delete them")
+
+
+def _steps(steps: np.ndarray, first: int) -> np.ndarray:
+    """The recorded steps, a row's index where it was recorded without one."""
+    return np.where(steps >= 0, steps, np.arange(first, first + len(steps)))
+
+
+def _export_all(exp: _Exporter, path: Any, patterns: Sequence[str],
+                storage_options: Optional[Mapping[str, Any]]) -> None:
+    rec = open_recording(path, storage_options=storage_options)
+    for name in series.select(rec.names, patterns, rec.path):
+        arr = rec[name]
+        kind = series.kind_of(arr.attrs)
+        reduce = dict(arr.attrs.get("reduce", {}))
+        row_bytes = int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.dtype.itemsize
+        for lo, hi in series.blocks(len(arr), row_bytes, BLOCK_ROWS):
+            exp.write(name, kind, reduce, arr._read(lo, hi),
+                      _steps(arr.meta("step", slice(lo, hi)), lo),
+                      arr.meta("time_ns", slice(lo, hi)))
+        exp.rows.setdefault(name, 0)
+
+
+def _look(zarr: Any, where: Any) -> Optional[Any]:
+    """The store's root group, or None where there is none (yet)."""
+    try:
+        return zarr.open_group(stores.zarr_store(where), mode="r")
+    except FileNotFoundError:
+        return None
+
+
+def _not_a_store(where: Any) -> bool:
+    """Whether a local path is a directory with files of its own but no store's root: no
+    recorder's store, not one about to be (a recorder's lock comes first, then zarr.json)."""
+    if where.url or not os.path.isdir(where.where):
+        return False
+    names = set(os.listdir(where.where)) - {stores.LOCK_NAME}
+    return bool(names) and "zarr.json" not in names
+
+
+def _follow(exp: _Exporter, path: Any, patterns: Sequence[str], poll: float,
+            timeout: Optional[float], storage_options: Optional[Mapping[str, Any]]) -> None:
+    """Exports the rows of a store a recorder writes, as they are committed, until it
+    closes the store (as :func:`hostfeed.follow` decides it)."""
+    zarr = _zarr()
+    where = stores.location(path, storage_options, who="to_tensorboard")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    seen = False  # the store was there once
+    settled = False
+    unreadable: Optional[str] = None
+    while True:
+        writing = _writer_open(where)
+        new = 0
+        try:
+            root = _look(zarr, where)
+            if root is None and not seen and not writing and _not_a_store(where):
+                raise ValueError(f"hostfeed.to_tensorboard: {where.where} is not a recording "
+                                 f"(a directory with files but no zarr.json), and no "
+                                 f"recorder is writing it")
+            if root is None and seen:
+                raise FileNotFoundError(f"hostfeed.to_tensorboard: the store {where.where} "
+                                        f"was deleted while it was followed "
+                                        f"({sum(exp.rows.values())} rows exported)")
+            names = [] if root is None else _recorded_names(root)
+            chosen = [n for n in sorted(names, key=series.natural_key)
+                      if not patterns or any(series.matches(p, n) for p in patterns)]
+            for name in chosen:
+                new += _follow_array(exp, root, name, where.where)
+            seen = seen or root is not None
+            unreadable = None
+        except (ValueError, OSError, KeyError) as exc:
+            if isinstance(exc, (FileNotFoundError, PermissionError)) and seen and \
+                    not os.path.exists(where.where) and not where.url:
+                raise FileNotFoundError(f"hostfeed.to_tensorboard: the store {where.where} was "
+                                        f"deleted while it was followed ({exc})") from exc
+            if "deleted while" in str(exc) or "is not a recording" in str(exc):
+                raise
+            if unreadable is not None and str(exc) == unreadable:
+                raise ValueError(f"hostfeed.to_tensorboard({where.where!r}): the store cannot "
+                                 f"be read ({type(exc).__name__}: {exc})") from exc
+            unreadable = str(exc)
+        if new:
+            exp.writer.flush()
+            settled = False
+            continue
+        if not writing and seen and unreadable is None:
+            if _writer_open(where):
+                settled = False
+                continue
+            if not settled:
+                settled = True
+                continue
+            if patterns and root is not None:
+                series.select(_recorded_names(root), patterns, where.where)  # said, if idle
+            return
+        settled = False
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"hostfeed.to_tensorboard({where.where!r}): no writer closed "
+                               f"the store within {timeout} s "
+                               f"({sum(exp.rows.values())} rows exported)")
+        time.sleep(poll)
+
+
+def _follow_array(exp: _Exporter, root: Any, name: str, where: str) -> int:
+    """Writes the rows of ``name`` committed since the last look; returns how many."""
+    arr = root[name]
+    done = exp.rows.get(name, 0)
+    n = int(arr.shape[0])
+    if n <= done:
+        exp.rows.setdefault(name, done)
+        return 0
+    stores.check_recorded(root, arr, name, where)
+    parent, _, leaf = name.rpartition("/")
+    group = root[parent] if parent else root
+    row_bytes = int(np.prod(arr.shape[1:], dtype=np.int64)) * np.dtype(arr.dtype).itemsize
+    hi = done + series.blocks(n - done, row_bytes, BLOCK_ROWS)[0][1]
+    rows = stores.read_rows(arr, slice(done, hi), name, where)
+    steps = stores.read_rows(group[f"{leaf}.step"], slice(done, hi), f"{name}.step", where)
+    times = stores.read_rows(group[f"{leaf}.time_ns"], slice(done, hi), f"{name}.time_ns",
+                             where)
+    attrs = dict(arr.attrs.get("hostfeed", {}))
+    exp.write(name, series.kind_of(attrs), dict(attrs.get("reduce", {})), rows,
+              _steps(steps, done), times)
+    return hi - done
+
+
+def to_tensorboard(path: Any, logdir: str, patterns: Sequence[str] = (), *,
+                   follow: bool = False, poll: float = 0.5, timeout: Optional[float] = None,
+                   storage_options: Optional[Mapping[str, Any]] = None) -> dict[str, int]:
+    """Writes a recording as TensorBoard event files into ``logdir`` (made if missing; a
+    directory that holds event files already is refused: TensorBoard would show both).
+
+    Each row becomes an event at its recorded step (its index where it was recorded
+    without one) and its recorded time:
+
+    - a ``reduce="stats"`` array ``NAME``: scalars ``NAME/count``, ``NAME/mean``,
+      ``NAME/std``, ``NAME/min``, ``NAME/max``, ``NAME/absmax``, ``NAME/l2``,
+      ``NAME/nan_count``, ``NAME/inf_count`` (kept axes combined into one row of
+      statistics: counts summed, means and spreads pooled);
+    - a ``reduce=Histogram(...)`` array: a histogram ``NAME`` with hostfeed's bin edges,
+      the below and above counts as buckets at its ends (:func:`histogram_buckets`; kept
+      axes summed);
+    - a raw array: the same scalars, computed on the host over each row (mean to l2 over
+      the finite values), and a histogram ``NAME`` of each row's finite values
+      (30 equal buckets from its min to its max); rows of one value (a loss) are the
+      scalar ``NAME`` itself.
+
+    Args:
+      path: the store (a directory, or an object store's URL with ``storage_options``).
+      logdir: the directory of the event files: point ``tensorboard --logdir`` at it (or at
+        its parent, where each subdirectory is a run).
+      patterns: the arrays to export: glob patterns as ``python -m hostfeed show`` takes
+        them (split on ``/`` and ``.``; ``blocks.*``, ``**.cotangent``); every array when
+        empty. A pattern that chooses nothing is a ``KeyError``.
+      follow: tail a store a recorder is still writing (waiting for it to appear), writing
+        the rows as they are committed, until the recorder closes it.
+      poll: with ``follow``, seconds between looks at the store.
+      timeout: with ``follow``, at most that many seconds in all, then ``TimeoutError``.
+
+    Returns:
+      The rows exported, by array name.
+
+    Raises:
+      ImportError: the ``tensorboard`` package is missing.
+      KeyError: a pattern chooses no array.
+      ValueError: an array hostfeed did not write, or a store that cannot be read.
+      FileNotFoundError: no store at ``path``; with ``follow``, the store deleted.
+      PermissionError, FileExistsError: ``logdir`` cannot be written, or holds events.
+
+    Example:
+        >>> import pathlib, tempfile, numpy as np, hostfeed
+        >>> tmp = pathlib.Path(tempfile.mkdtemp())
+        >>> with hostfeed.Recorder(tmp / "run.zarr", mode="w") as rec:
+        ...     for step in range(3):
+        ...         _ = rec.record("h", np.arange(4, dtype=np.float32) * step, step=step)
+        >>> hostfeed.to_tensorboard(tmp / "run.zarr", str(tmp / "logs"))
+        {'h': 3}
+    """
+    if not isinstance(patterns, (list, tuple)):
+        raise TypeError(f"hostfeed.to_tensorboard: patterns is a list of glob patterns, got "
+                        f"{patterns!r}")
+    if follow and not poll > 0:
+        raise ValueError(f"hostfeed.to_tensorboard: poll must be > 0 seconds, got {poll!r}")
+    logdir = os.fspath(logdir)
+    if not follow:  # the store checked before anything is written
+        try:
+            open_recording(path, storage_options=storage_options)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"hostfeed.to_tensorboard: no recording at {path!s} "
+                                    f"({exc})") from exc
+    exp = _Exporter(logdir)
+    try:
+        if follow:
+            _follow(exp, path, patterns, poll, timeout, storage_options)
+        else:
+            _export_all(exp, path, patterns, storage_options)
+    finally:
+        exp.close()
+    return exp.rows
+
+
+def main(path: str, logdir: str, patterns: Sequence[str], follow: bool, poll: float,
+         out: TextIO = sys.stdout) -> int:
+    """``python -m hostfeed tensorboard STORE LOGDIR [PATTERN ...] [--follow]``."""
+    start = time.perf_counter()
+    try:
+        if follow:
+            print(f"following {path} into {logdir} until its recorder closes it (Ctrl-C "
+                  f"stops)", file=out, flush=True)
+        rows = to_tensorboard(path, logdir, list(patterns), follow=follow, poll=poll)
+    except (KeyError, ValueError, OSError, ImportError, TimeoutError) as exc:
+        print(f"python -m hostfeed tensorboard: {str(exc).strip(chr(34))}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # the events written so far are in the file, closed
+        print(f"python -m hostfeed tensorboard: stopped; the rows exported so far are in "
+              f"{logdir}", file=sys.stderr)
+        return 130
+    total = sum(rows.values())
+    print(f"wrote {total} rows of {len(rows)} arrays into {logdir} "
+          f"({time.perf_counter() - start:.1f} s); look at them with: tensorboard --logdir "
+          f"{logdir}", file=out)
+    return 0
+

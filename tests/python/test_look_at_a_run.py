@@ -1,0 +1,402 @@
+"""Looking at a run: ``python -m hostfeed show`` drawing a whole recording (the arrays
+patterns choose, modules in natural order, cotangents beside their arrays, NaN marks, a
+PNG or a self-contained HTML page), and ``hostfeed.to_tensorboard`` (``python -m hostfeed
+tensorboard``) writing it as TensorBoard events, read back with TensorBoard's own
+``EventAccumulator``: every scalar and histogram bucket equal to the store's rows, for
+statistics, histograms, raw arrays, ``every=``, appended stores and a followed live store;
+bad input a clear error, never a hang."""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import hostfeed
+
+pytest.importorskip("zarr", reason="needs zarr-python")
+
+STEPS = 12
+
+
+def _value(s: int) -> np.ndarray:
+    """A row of 3 x 8 values that changes with the step (a NaN and an inf at step 5)."""
+    v = (np.arange(24, dtype=np.float32).reshape(3, 8) - 10) * (1 + s / 4)
+    if s == 5:
+        v[0, 0], v[1, 1] = np.nan, np.inf
+    return v
+
+
+@pytest.fixture
+def run(tmp_path):
+    """Statistics (whole and per channel), histograms (linear every 2nd step, log), a raw
+    array, a top-level loss; steps 0..7 written, then 8..11 appended (``mode="a"``)."""
+    path = str(tmp_path / "run.zarr")
+    for mode, steps in (("w", range(8)), ("a", range(8, STEPS))):
+        with hostfeed.Recorder(path, mode=mode) as rec:
+            for s in steps:
+                v = _value(s)
+                rec.record("blocks.10/h.stats", v, step=s, reduce="stats")
+                rec.record("blocks.2/h.stats", v, step=s, reduce="stats", axis=1)
+                rec.record("blocks.2/h.hist", v, step=s, every=2,
+                           reduce=hostfeed.Histogram(4, (-10.0, 30.0)))
+                rec.record("blocks.2/h.loghist", v, step=s, reduce=hostfeed.Histogram(6))
+                rec.record("blocks.2/h", v, step=s)
+                rec.record("loss", np.float32(1 / (s + 1)), step=s)
+    return path
+
+
+# ---- the arrays chosen, and their order -------------------------------------------------
+def test_patterns_choose_arrays_as_capture_matches_names_in_natural_order():
+    from hostfeed._src.readback import series
+    names = ["blocks.10/output", "blocks.2/output.cotangent", "blocks.2/output", "loss",
+             "blocks.2.mlp/output", "head/output.stats"]
+    assert series.select(names, [], "s") == [
+        "loss", "blocks.2/output", "blocks.2/output.cotangent", "blocks.2.mlp/output",
+        "blocks.10/output", "head/output.stats"]
+    assert series.select(names, ["blocks.2"], "s") == [
+        "blocks.2/output", "blocks.2/output.cotangent", "blocks.2.mlp/output"]
+    assert series.select(names, ["**.cotangent", "loss"], "s") == [
+        "loss", "blocks.2/output.cotangent"]
+    assert series.select(names, ["blocks.*/output"], "s") == [
+        "blocks.2/output", "blocks.2/output.cotangent", "blocks.10/output"]
+    with pytest.raises(KeyError, match=r"no array 'blocks\.3' in s: no name matches; it has \["):
+        series.select(names, ["blocks.2", "blocks.3"], "s")
+
+
+def test_the_grid_has_a_row_per_module_and_cotangents_beside_their_arrays():
+    from hostfeed._src.readback.grid import Panel, layout
+
+    def panel(name):
+        return Panel(name, "stats", np.arange(3), np.zeros((3, 9), np.float32), None, {},
+                     (0, 0))
+
+    names = ["blocks.10/out", "blocks.2/out.cotangent", "blocks.2/out", "blocks.10/hist",
+             "blocks.10/out.cotangent", "loss", "grad_norm"]
+    rows, width = layout([panel(n) for n in names])
+    assert width == 3
+    assert [(m, [(c, p.name) for c, p in cells]) for m, cells in rows] == [
+        ("", [(0, "grad_norm"), (1, "loss")]),
+        ("blocks.2", [(1, "blocks.2/out"), (2, "blocks.2/out.cotangent")]),
+        ("blocks.10", [(0, "blocks.10/hist"), (1, "blocks.10/out"),
+                       (2, "blocks.10/out.cotangent")])]
+
+
+def test_show_reads_each_array_as_its_statistics_and_marks_nan_steps(run):
+    from hostfeed._src.readback import grid, series
+    rec = hostfeed.open_recording(run)
+    panels = {p.name: p for p in grid.load(rec, series.select(rec.names, [], run))}
+    raw, _ = hostfeed.read_recording(run, "blocks.2/h")
+    per_channel, _ = hostfeed.read_recording(run, "blocks.2/h.stats")
+    whole, meta = hostfeed.read_recording(run, "blocks.10/h.stats")
+    for name in ("blocks.2/h", "blocks.2/h.stats", "blocks.10/h.stats"):
+        p = panels[name]
+        assert p.steps.tolist() == list(range(STEPS)), name
+        assert p.bad_steps.tolist() == [5], name
+        np.testing.assert_allclose(p.stats, whole, rtol=2e-6, err_msg=name)
+    assert per_channel.shape == (STEPS, 3, 9)  # axis=1 reduced, the 3 rows kept
+    hist, hmeta = hostfeed.read_recording(run, "blocks.2/h.hist")
+    assert panels["blocks.2/h.hist"].steps.tolist() == hmeta["step"].tolist() == [0, 2, 4, 6,
+                                                                                   8, 10]
+    np.testing.assert_array_equal(panels["blocks.2/h.hist"].counts, hist)
+    title = grid.header(rec.path, list(panels.values()))
+    assert re.fullmatch(rf"{re.escape(rec.path)}: 6 arrays, steps 0\.\.11, written "
+                        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d to [\d:\- ]+ UTC", title), title
+    assert int(meta["time_ns"][-1]) >= int(meta["time_ns"][0]) > 0
+
+
+def test_show_reads_large_rows_a_block_at_a_time_and_draws_arrays_without_rows(
+        run, tmp_path, monkeypatch):
+    from hostfeed._src.readback import draw, grid, series
+    rec = hostfeed.open_recording(run)
+    whole = grid.load(rec, ["blocks.2/h", "blocks.2/h.loghist"])
+    monkeypatch.setattr(series, "BLOCK_BYTES", 3 * 24 * 4)  # 3 rows a read
+    reads = []
+    read = hostfeed.RecordedArray._read
+    monkeypatch.setattr(hostfeed.RecordedArray, "_read",
+                        lambda self, lo, hi: reads.append(hi - lo) or read(self, lo, hi))
+    blocked = grid.load(rec, ["blocks.2/h", "blocks.2/h.loghist"])
+    # raw rows of 96 bytes: 4 reads of 3; histogram rows of 32 bytes: 9, then 3
+    assert sorted(reads) == [3, 3, 3, 3, 3, 9]
+    np.testing.assert_array_equal(blocked[0].stats, whole[0].stats)
+    np.testing.assert_array_equal(blocked[1].counts, whole[1].counts)
+    # An array without rows (its rows dropped on resuming): drawn as such, exported as
+    # nothing.
+    empty = str(tmp_path / "empty.zarr")
+    with hostfeed.Recorder(empty) as rec_w:
+        rec_w.record("x", np.zeros(3, np.float32), step=9)
+        rec_w.record("y", np.float32(2.0), step=7)
+    hostfeed.Recorder(empty, mode="a", resume_after_step=8).close()
+    panels = grid.load(hostfeed.open_recording(empty), ["x", "y"])
+    assert [len(p.steps) for p in panels] == [0, 1]
+    draw.draw_png(panels, "empty", str(tmp_path / "empty.png"))
+    pytest.importorskip("tensorboard")
+    assert hostfeed.to_tensorboard(empty, str(tmp_path / "logs")) == {"x": 0, "y": 1}
+
+
+def _show(capsys, *args):
+    """``python -m hostfeed show ARGS`` in this process: its exit code, stdout, stderr."""
+    from hostfeed.__main__ import main
+    code = main(["show", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_show_draws_the_whole_run_into_a_png_and_a_self_contained_html(run, tmp_path,
+                                                                       capsys, monkeypatch):
+    pytest.importorskip("matplotlib")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _show(capsys, run)  # every array, into run.png here
+    assert code == 0, err
+    assert out.splitlines()[-1].startswith("drew 6 arrays over 66 rows into run.png")
+    from PIL import Image
+    with Image.open(tmp_path / "run.png") as im:
+        w, h = im.size
+    assert w > 3 * 250 and h > 3 * 180, (w, h)  # 4 columns (h, h.hist, ...), 3 rows
+    page = str(tmp_path / "run.html")
+    code, out, err = _show(capsys, run, "blocks.2", "-o", page)
+    assert code == 0, err
+    assert "drew 4 arrays" in out
+    with open(page, encoding="utf-8") as f:
+        text = f.read()
+    assert text.count("src='data:image/png;base64,") == 1  # one module: one row of panels
+    assert not re.search(r"(src|href)=['\"](https?:|//)", text), "nothing fetched"
+    assert "<script" not in text and "<link" not in text
+    names = re.findall(r"<td><a href='#[^']*'>([^<]+)</a>", text)
+    assert names == ["blocks.2/h", "blocks.2/h.hist", "blocks.2/h.loghist", "blocks.2/h.stats"]
+    code, _, err = _show(capsys, run, "blocks.3")
+    assert code == 2 and "no array 'blocks.3' in" in err
+    code, _, err = _show(capsys, run, "-o", str(tmp_path / "run.pdf"))
+    assert code == 2 and "draws into a .png or an .html file" in err
+
+
+# ---- TensorBoard --------------------------------------------------------------------------
+def _accumulator(logdir):
+    ea_mod = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    ea = ea_mod.EventAccumulator(str(logdir), size_guidance={ea_mod.SCALARS: 0,
+                                                             ea_mod.HISTOGRAMS: 0})
+    ea.Reload()
+    return ea
+
+
+def _stats_reference(v: np.ndarray) -> list[float]:
+    """numpy's statistics of one raw row: count, mean .. l2 of the finite values, NaNs, infs."""
+    f = v[np.isfinite(v)].astype(np.float64)
+    return [v.size, f.mean(), f.std(), f.min(), f.max(), np.abs(f).max(),
+            np.sqrt((f * f).sum()), np.isnan(v).sum(), np.isinf(v).sum()]
+
+
+def test_tensorboard_scalars_and_histograms_equal_the_stores_rows(run, tmp_path):
+    pytest.importorskip("tensorboard")
+    logdir = tmp_path / "logs"
+    exported = hostfeed.to_tensorboard(run, str(logdir))
+    assert exported == {"blocks.2/h": STEPS, "blocks.2/h.hist": 6, "blocks.2/h.loghist": STEPS,
+                        "blocks.2/h.stats": STEPS, "blocks.10/h.stats": STEPS, "loss": STEPS}
+    ea = _accumulator(logdir)
+    # hostfeed's event file checksums its records as TensorBoard's own writer does
+    from hostfeed._src.readback import tensorboard as tb
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+    assert all(tb._masked_crc()(b) == masked_crc32c(b) for b in (b"", b"hostfeed" * 99))
+    stats, meta = hostfeed.read_recording(run, "blocks.10/h.stats")
+    for j, col in enumerate(hostfeed.STATS):
+        got = ea.Scalars(f"blocks.10/h.stats/{col}")
+        assert [e.step for e in got] == meta["step"].tolist(), col
+        np.testing.assert_array_equal([e.value for e in got], stats[:, j], err_msg=col)
+        assert [e.wall_time for e in got] == pytest.approx(meta["time_ns"] / 1e9, abs=1e-6)
+        # per-channel statistics (axis=1 kept): one row of statistics each, pooled
+        pooled = [e.value for e in ea.Scalars(f"blocks.2/h.stats/{col}")]
+        np.testing.assert_allclose(pooled, stats[:, j], rtol=2e-6, err_msg=col)
+        # the raw array: numpy's statistics of each row
+        raw = [e.value for e in ea.Scalars(f"blocks.2/h/{col}")]
+        want = [_stats_reference(_value(s))[j] for s in range(STEPS)]
+        np.testing.assert_allclose(raw, np.float32(want), rtol=2e-6, err_msg=col)
+    for name, log in (("blocks.2/h.hist", False), ("blocks.2/h.loghist", True)):
+        rows, hmeta = hostfeed.read_recording(run, name)
+        edges = hostfeed.open_recording(run)[name].attrs["reduce"]["edges"]
+        got = ea.Histograms(name)
+        assert [e.step for e in got] == hmeta["step"].tolist()
+        for e, row in zip(got, rows):
+            h = e.histogram_value
+            assert h.bucket == row.astype(float).tolist()  # below, bins, above
+            assert h.bucket_limit[:-1] == edges and h.num == row.sum()
+            assert h.bucket_limit[-1] == (2 * edges[-1] if log else
+                                          edges[-1] + edges[-1] - edges[-2])
+    for e, s in zip(ea.Histograms("blocks.2/h"), range(STEPS)):
+        v = _value(s)
+        f = v[np.isfinite(v)].astype(np.float64)
+        counts, bins = np.histogram(f, bins=np.linspace(f.min(), f.max(), 31))
+        h = e.histogram_value
+        assert e.step == s and h.bucket == counts.tolist() and h.bucket_limit == \
+            bins[1:].tolist() and (h.min, h.max) == (f.min(), f.max()), s
+    # a raw scalar is itself
+    assert [e.value for e in ea.Scalars("loss")] == \
+        np.float32([1 / (s + 1) for s in range(STEPS)]).tolist()
+    assert "loss" not in ea.Tags()["histograms"] and "loss/mean" not in ea.Tags()["scalars"]
+
+
+def test_tensorboard_follows_a_live_store_until_its_recorder_closes(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    from hostfeed._src.readback import tensorboard as tb
+    path, logdir = str(tmp_path / "live.zarr"), str(tmp_path / "logs")
+    seen = {"rows": 0}
+    cond = threading.Condition()
+    write = tb._Exporter.write
+
+    def counting(self, name, *args):
+        write(self, name, *args)
+        with cond:
+            seen["rows"] = sum(self.rows.values())
+            cond.notify_all()
+
+    monkeypatch.setattr(tb._Exporter, "write", counting)
+    result: dict = {}
+
+    def follower():
+        try:
+            result["rows"] = hostfeed.to_tensorboard(path, logdir, follow=True, poll=0.01,
+                                                     timeout=120)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=follower)
+    thread.start()  # before the store exists: the follower waits for it
+    rec = hostfeed.Recorder(path, mode="w", chunk_bytes=64)
+    for block in range(3):
+        for s in range(block * 5, block * 5 + 5):
+            rec.record("x", np.full(4, s, np.float32), step=10 * s)
+        rec.flush()
+        with cond:  # the follower wrote these rows while the recorder holds the store
+            assert cond.wait_for(lambda b=block: seen["rows"] >= 5 * b + 5, timeout=60)
+    assert thread.is_alive(), "the follower goes on while the recorder holds the store"
+    rec.close()
+    thread.join(60)
+    assert not thread.is_alive() and "error" not in result, result
+    assert result["rows"] == {"x": 15}
+    got = _accumulator(logdir).Scalars("x/mean")
+    assert [(e.step, e.value) for e in got] == [(10 * s, float(s)) for s in range(15)]
+
+
+def test_tensorboard_refuses_bad_input_with_clear_errors(run, tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    zarr = pytest.importorskip("zarr")
+    other = zarr.open_group(str(tmp_path / "other.zarr"), mode="w")
+    other.create_array("a", shape=(3,), dtype="f4")
+    with pytest.raises(ValueError, match="'a' .* was not recorded by hostfeed"):
+        hostfeed.to_tensorboard(str(tmp_path / "other.zarr"), str(tmp_path / "l1"))
+    with pytest.raises(FileNotFoundError, match="no recording at"):
+        hostfeed.to_tensorboard(str(tmp_path / "nothing.zarr"), str(tmp_path / "l2"))
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "notes.txt").write_text("")
+    with pytest.raises(FileNotFoundError, match="no recording at"):
+        hostfeed.to_tensorboard(str(tmp_path / "plain"), str(tmp_path / "l2"))
+    with pytest.raises(ValueError, match="is not a recording"):  # at once, not a wait
+        hostfeed.to_tensorboard(str(tmp_path / "plain"), str(tmp_path / "l2b"), follow=True,
+                                poll=0.01)
+    with pytest.raises(KeyError, match="no array 'blocks.3' in"):
+        hostfeed.to_tensorboard(run, str(tmp_path / "l3"), ["blocks.3"])
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(OSError, match="cannot make the log directory"):
+        hostfeed.to_tensorboard(run, str(tmp_path / "a_file" / "logs"))
+    hostfeed.to_tensorboard(run, str(tmp_path / "l4"), ["loss"])
+    with pytest.raises(FileExistsError, match="holds event files already"):
+        hostfeed.to_tensorboard(run, str(tmp_path / "l4"), ["loss"])
+    with pytest.raises(TimeoutError, match="no writer closed the store"):
+        hostfeed.to_tensorboard(str(tmp_path / "never.zarr"), str(tmp_path / "l5"),
+                                follow=True, poll=0.01, timeout=0.2)
+    # A store deleted while it is followed (its recorder still open) is an error at once.
+    from hostfeed._src.readback import tensorboard as tb
+    live = str(tmp_path / "deleted.zarr")
+    rec = hostfeed.Recorder(live, mode="w", chunk_bytes=64)
+    rec.record("x", np.zeros(4, np.float32), step=0)
+    rec.flush()
+    write = tb._Exporter.write
+
+    def then_delete(self, name, *args):
+        write(self, name, *args)
+        shutil.rmtree(live)
+
+    monkeypatch.setattr(tb._Exporter, "write", then_delete)
+    with pytest.raises(FileNotFoundError, match="deleted while it was followed"):
+        hostfeed.to_tensorboard(live, str(tmp_path / "l6"), follow=True, poll=0.01,
+                                timeout=60)
+    # Its store is gone: whether a write was left to fail is not this test's concern.
+    with contextlib.suppress(hostfeed.RecordingError):
+        rec.close()
+
+
+def test_the_tensorboard_command_writes_the_events_and_says_how_to_look(run, tmp_path, capsys):
+    pytest.importorskip("tensorboard")
+    logdir = str(tmp_path / "logs")
+    cmd = [sys.executable, "-m", "hostfeed", "tensorboard", run, logdir, "loss", "**.hist"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert r.returncode == 0, r.stderr
+    assert f"wrote {STEPS + 6} rows of 2 arrays into {logdir}" in r.stdout
+    assert f"tensorboard --logdir {logdir}" in r.stdout
+    assert sorted(_accumulator(logdir).Tags()["histograms"]) == ["blocks.2/h.hist"]
+    from hostfeed.__main__ import main
+    assert main(cmd[3:]) == 2  # again, in this process: refused
+    assert "holds event files already" in capsys.readouterr().err
+
+
+def test_the_tensorboard_server_serves_the_exported_scalars_and_histograms(run, tmp_path):
+    """TensorBoard itself (its server on 127.0.0.1, a free port) reads the export: the
+    scalars and the histograms its HTTP data API serves are the store's rows."""
+    pytest.importorskip("tensorboard")
+    import json
+    import socket
+    import time
+    import urllib.parse
+    import urllib.request
+
+    logdir = str(tmp_path / "logs")
+    hostfeed.to_tensorboard(run, logdir, ["blocks.10", "blocks.2/h.hist"])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", "127.0.0.1",
+         "--port", str(port), "--load_fast", "false", "--reload_interval", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def get(route, **query):
+        url = f"http://127.0.0.1:{port}/data/{route}?{urllib.parse.urlencode(query)}"
+        with opener.open(url, timeout=10) as r:
+            return json.loads(r.read())
+
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # until the server answers with every row (it loads in the background)
+            assert server.poll() is None, server.communicate()[0]
+            try:
+                scalars = get("plugin/scalars/scalars", run=".", tag="blocks.10/h.stats/l2")
+                if len(scalars) == STEPS:
+                    break
+            except OSError:
+                pass  # not listening yet, or the tag not loaded yet
+            assert time.monotonic() < deadline, "TensorBoard served no scalars in 120 s"
+            time.sleep(0.2)
+        stats, meta = hostfeed.read_recording(run, "blocks.10/h.stats")
+        assert [(step, value) for _, step, value in scalars] == \
+            [(int(s), float(v)) for s, v in zip(meta["step"], stats[:, 6])]
+        rows, hmeta = hostfeed.read_recording(run, "blocks.2/h.hist")
+        edges = hostfeed.open_recording(run)["blocks.2/h.hist"].attrs["reduce"]["edges"]
+        lefts = [edges[0] - (edges[1] - edges[0]), *edges]
+        rights = [*edges, edges[-1] + edges[-1] - edges[-2]]
+        served = get("plugin/histograms/histograms", run=".", tag="blocks.2/h.hist")
+        assert [step for _, step, _ in served] == hmeta["step"].tolist()
+        for (_, _, buckets), row in zip(served, rows):
+            full = np.nonzero(row)[0]  # TensorBoard leaves out empty buckets at the ends
+            want = [[lefts[i], rights[i], float(row[i])]
+                    for i in range(full[0], full[-1] + 1)]
+            assert buckets == want
+    finally:
+        server.kill()
+        server.communicate()
