@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 
 import numpy as np
@@ -174,6 +175,44 @@ def test_show_draws_the_whole_run_into_a_png_and_a_self_contained_html(run, tmp_
     assert code == 2 and "no array 'blocks.3' in" in err
     code, _, err = _show(capsys, run, "-o", str(tmp_path / "run.pdf"))
     assert code == 2 and "draws into a .png or an .html file" in err
+
+
+def _browser_tools() -> None:
+    """Chromium and Tesseract (Debian's chromium, tesseract-ocr), which CI installs: a skip
+    here, a failure under CI."""
+    missing = [t for t in ("chromium", "tesseract") if shutil.which(t) is None]
+    if missing:
+        why = f"{', '.join(missing)} not on PATH (apt-get install chromium tesseract-ocr)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+
+
+def test_the_html_page_opens_in_a_browser_without_network(run, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    _browser_tools()
+    page = tmp_path / "run.html"
+    code, _, err = _show(capsys, run, "-o", str(page))
+    assert code == 0, err
+    shot = tmp_path / "page.png"
+    # Every request through a proxy that is not there: whatever the page needed from a
+    # network would be missing from the screenshot.
+    with tempfile.TemporaryDirectory() as profile:
+        subprocess.run(["chromium", "--headless=new", "--no-sandbox", "--disable-gpu",
+                        "--hide-scrollbars", f"--user-data-dir={profile}",
+                        "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>",
+                        "--window-size=1400,2400", f"--screenshot={shot}", page.as_uri()],
+                       check=True, capture_output=True, timeout=120)
+    ocr = subprocess.run(["tesseract", str(shot), "stdout"], check=True, capture_output=True,
+                         text=True, timeout=120).stdout
+    assert "run.zarr" in ocr and "blocks.2" in ocr, ocr  # the title and the table
+    from PIL import Image
+    with Image.open(shot) as im:
+        rgb = np.asarray(im.convert("RGB"), dtype=np.int16)
+    # The embedded plots drawn (the histograms' heat maps above all): a page whose images
+    # did not load holds only text, black and a few blue links.
+    colourful = (rgb.max(axis=2) - rgb.min(axis=2) > 100).sum()
+    assert colourful > 20_000, (colourful, shot)
 
 
 # ---- TensorBoard --------------------------------------------------------------------------
