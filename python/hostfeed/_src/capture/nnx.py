@@ -176,10 +176,9 @@ class NnxHooks(Hooks):
             raise ValueError(
                 f"hostfeed.capture: the model ran, but none of the submodules selected "
                 f"({names}{more}) was called while the capture was on, so nothing was "
-                f"recorded: a module is recognised by a mark it carries during the call, and a "
-                f"copy made before the capture began (nnx.split/nnx.merge, nnx.graphdef "
-                f"kept from earlier) does not carry it. Capture the module that is called, or "
-                f"call the model the capture returns.")
+                f"recorded: the model does not call them, or calls a copy that does not carry "
+                f"the capture's mark (one merged from a graph split before the capture "
+                f"began). Select the submodules the model calls.")
 
 
 def named_modules(model: Any) -> list[tuple[str, Any]]:
