@@ -2,7 +2,8 @@
 gradient checkpointing (``nn.remat``, ``jax.checkpoint``, ``nnx.remat``), ``nn.share_scope``,
 and layer stacks run by a scan (Linen's ``nn.scan``, ``nnx.scan`` over layers made by
 ``nnx.vmap``, Equinox's ``lax.scan`` over ``eqx.partition`` of layers made by
-``eqx.filter_vmap``, with a traced step).
+``eqx.filter_vmap``, with a traced step) or by ``nnx.vmap`` (an ensemble: a row per
+member).
 
 Each small model of the test's own returns, beside its output, the values of the modules a
 capture selects (``aux``: the outputs of a scan, of a checkpointed function), computed
@@ -192,7 +193,21 @@ def nnx_models():
                 aux[f"blocks.{i}.mlp/output"] = h[None]
             return self.head(x), aux
 
-    return {"scan": Scanned, "remat": Remat}
+    class Ensemble(nnx.Module):  # members made by nnx.vmap, run by nnx.vmap on one input
+        def __init__(self, rngs):
+            @nnx.split_rngs(splits=L)
+            @nnx.vmap(in_axes=(0,), out_axes=0)
+            def make(rngs):
+                return Block(rngs)
+            self.members = make(rngs)
+            self.head = nnx.Linear(D, 1, rngs=rngs)
+
+        def __call__(self, x):
+            run = nnx.vmap(lambda member, x: member(x), in_axes=(0, None), out_axes=0)
+            xs, hs = run(self.members, x)
+            return self.head(xs.mean(axis=0)), {"members.mlp/output": hs}
+
+    return {"scan": Scanned, "remat": Remat, "vmap": Ensemble}
 
 
 def nnx_run(cls, rec, select, cotangents=False):
@@ -309,6 +324,7 @@ IDIOMS = {
     ("linen", "share_scope"): (linen_models, linen_run, ["layer_*_mlp", "layer_*_mlp/gate"]),
     ("nnx", "scan"): (nnx_models, nnx_run, "blocks.mlp"),
     ("nnx", "remat"): (nnx_models, nnx_run, "blocks.*.mlp"),
+    ("nnx", "vmap"): (nnx_models, nnx_run, "members.mlp"),
     ("equinox", "scan"): (equinox_models, equinox_run, "layers.mlp"),
     ("equinox", "remat"): (equinox_models, equinox_run, "blocks.*.mlp"),
 }
