@@ -497,3 +497,40 @@ def test_near_misses_say_what_the_object_is_and_what_to_pass(tmp_path):
     rows, meta = hostfeed.read_recording(tmp_path / "run.zarr", "layers_0/output")
     assert meta["step"].tolist() == [2] and rows.shape == (1, B, D)
     assert y.shape == (B, 1)
+
+
+@pytest.mark.parametrize("policy", [None, "dots_saveable"])
+def test_a_record_under_checkpoint_writes_once_a_step_under_grad_and_vmap(policy, tmp_path):
+    """``rec.record`` in a checkpointed function: the forward pass's row only (the
+    recomputation in the backward pass is the identity), its cotangent once, per lane
+    under ``vmap`` of ``grad``; the gradients are those without the record, bit for bit."""
+    chosen = policy and getattr(jax.checkpoint_policies, policy)
+    w = jnp.linspace(-1.0, 1.0, 12).reshape(3, 4)
+    xs = jnp.arange(8.0).reshape(2, 4) / 8
+
+    def grads(rec, cotangents):
+        def loss(w, x, s):
+            def f(w, x):
+                h = jnp.tanh(x @ w.T)
+                if rec is not None:
+                    h = rec.record("h", h, step=s, cotangents=cotangents)
+                return jnp.sin(h) @ w
+            return jnp.sum(jax.checkpoint(f, policy=chosen)(w, x) ** 2)
+        step = jax.jit(jax.vmap(jax.grad(loss), in_axes=(None, 0, None)))
+        return [jax.device_get(step(w, xs, s)) for s in range(S)]
+
+    plain = grads(None, None)
+    path = tmp_path / "run.zarr"
+    with hostfeed.Recorder(path) as rec:
+        without = grads(rec, False)
+        with_cotangents = grads(rec, True)
+    for got, want in zip(without, plain):
+        assert_bits_equal(got, want, "gradient")
+    for got, want in zip(with_cotangents, plain):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    rows, meta = hostfeed.read_recording(path, "h")
+    assert meta["step"].tolist() == [s for _ in range(2) for s in range(S) for _ in xs]
+    want = np.tanh(np.asarray(xs) @ np.asarray(w).T)
+    np.testing.assert_allclose(rows, np.concatenate([want] * 2 * S), rtol=1e-6)
+    _, meta = hostfeed.read_recording(path, "h.cotangent")
+    assert meta["step"].tolist() == [s for s in range(S) for _ in xs]
