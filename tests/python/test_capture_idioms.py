@@ -408,6 +408,32 @@ def test_nn_jit_records_under_a_capture_whichever_call_came_first(tmp_path):
     assert hostfeed.open_recording(path).names == ["MLP_0/output"]
 
 
+def test_an_nnx_jit_method_records_under_a_capture_and_only_there(tmp_path):
+    pytest.importorskip("flax")
+    from flax import nnx
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.mlp = nnx.Linear(D, D, rngs=rngs)
+            self.head = nnx.Linear(D, 1, rngs=rngs)
+
+        @nnx.jit
+        def __call__(self, x):
+            return self.head(self.mlp(x))
+
+    model, (x, _) = Model(nnx.Rngs(0)), data()
+    path = tmp_path / "run.zarr"
+    with hostfeed.Recorder(path) as rec:
+        model(x)  # traced without a capture first
+        hostfeed.capture(model, rec, "mlp", step=3)(x)
+        model(x)
+        hostfeed.capture(model, rec, "mlp", step=4)(x)
+        model(x)
+    rows, meta = hostfeed.read_recording(path, "mlp/output")
+    assert meta["step"].tolist() == [3, 4]
+    assert_bits_equal(rows[0], model.mlp(x), "mlp/output")
+
+
 def test_two_modules_under_one_name_are_an_error_that_names_the_capture(tmp_path):
     pytest.importorskip("flax")
     from flax import linen as nn
