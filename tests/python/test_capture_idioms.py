@@ -24,7 +24,7 @@ import hostfeed
 
 pytest.importorskip("zarr", reason="reading back needs zarr-python")
 
-B, D, L, S = 2, 4, 3, 2  # batch, width, layers, steps
+B, D, L, S = 2, 4, 2, 2  # batch, width, layers, steps
 LR = 0.1
 
 
@@ -366,9 +366,10 @@ def test_each_idiom_records_one_row_per_step_and_layer_and_trains_bit_for_bit(
     _assert_rows_are_aux(path, plain, list(plain[0][2]))
 
 
-@pytest.mark.parametrize("library", ["linen", "nnx", "equinox"])
-def test_under_remat_the_output_and_its_cotangent_are_written_once_a_step(library, tmp_path):
-    model, run, select = _setup(library, "remat")
+def test_under_nnx_remat_the_output_and_its_cotangent_are_written_once_a_step(tmp_path):
+    # (Linen's and Equinox's checkpointing go through the same rule: the hand-placed
+    # record's test below covers its cotangents.)
+    model, run, select = _setup("nnx", "remat")
     path = tmp_path / "run.zarr"
     with hostfeed.Recorder(path) as rec:
         steps = run(model, rec, select, cotangents=True)
