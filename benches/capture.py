@@ -3,6 +3,10 @@ model by hand: a small transformer's jitted training step (Flax NNX, Flax Linen,
 each library installed) recording every block's MLP output at every step (and, under
 ``grad``, its cotangent), side by side in one run.
 
+``linen-scan-remat`` is the Linen transformer with its blocks as a stack under
+``nn.scan`` of ``nn.remat`` (one row per layer and step, the recomputation recording
+nothing).
+
 Per library, three cases of the same step: the step without recording; ``rec.record`` calls
 written in the blocks (``hand``); ``hostfeed.capture(model, rec, ...)`` of the blocks' MLPs
 (``capture``), which records the same arrays under the same names. The cases run in turn,
@@ -222,8 +226,56 @@ def equinox_case(kind: str, rec: Any) -> Callable[[int], Any]:
     return one
 
 
+def linen_stack_case(kind: str, rec: Any) -> Callable[[int], Any]:
+    """The Linen transformer's blocks as a stack: ``nn.scan`` over ``nn.remat`` of a
+    block (one row per layer and step; the recomputation in the backward pass records
+    nothing)."""
+    from flax import linen as nn
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x: Any) -> Any:
+            return nn.Dense(D)(nn.gelu(nn.Dense(4 * D)(x)))
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x: Any, _: Any) -> Any:
+            x = x + nn.MultiHeadDotProductAttention(num_heads=4)(nn.LayerNorm()(x))
+            return x + hand("layers/MLP_0/output", MLP()(x)), None
+
+    class Transformer(nn.Module):
+        @nn.compact
+        def __call__(self, x: Any) -> Any:
+            layers = nn.scan(nn.remat(Block), variable_axes={"params": 0},
+                             split_rngs={"params": True}, length=DEPTH)
+            x, _ = layers(name="layers")(x, None)
+            return nn.Dense(1)(x)
+
+    model, (x, y) = Transformer(), data()
+    state = [model.init(jax.random.key(0), x)["params"]]
+
+    @jax.jit
+    def step(params: Any, s: Any) -> Any:
+        def loss_fn(params: Any) -> Any:
+            m = hostfeed.capture(model, rec, "layers/MLP_0", step=s) if kind == "capture" \
+                else model
+            return jnp.mean((m.apply({"params": params}, x) - y) ** 2)
+        _HAND[0] = (rec, s) if kind == "hand" else None
+        try:
+            loss, grads = jax.value_and_grad(loss_fn)(params)
+        finally:
+            _HAND[0] = None
+        return _sgd(params, grads), loss
+
+    def one(s: int) -> Any:
+        state[0], loss = step(state[0], s)
+        return loss
+    return one
+
+
 LIBRARIES = {"nnx": ("flax", nnx_case), "linen": ("flax", linen_case),
-             "equinox": ("equinox", equinox_case)}
+             "equinox": ("equinox", equinox_case),
+             "linen-scan-remat": ("flax", linen_stack_case)}
 KINDS = ("no record", "hand", "capture")
 
 

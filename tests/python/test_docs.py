@@ -45,6 +45,15 @@ EXPECTED = {
     ("recording.md", 4): ["[0, 1, 2, 3, 4, 5, 6, 7]", "[3.0, 1.92, 1.23, 0.79]",
                           "(8,) [3.0, 1.92]"],
     ("quickstart.md", 1): ["(30, 8, 4) [0 1 2]", "[ 0 10 20]"],
+    # The captures' examples train (the loss goes down) and record finite values.
+    ("capture.md", 0): ["['blocks.0.mlp/output', 'blocks.0.mlp/output.cotangent']",
+                        "(3, 8, 12, 16) [0, 10, 20]", "True True"],
+    ("capture.md", 1): ["(30, 9) ('mean', 'std')", "True True"],
+    ("capture.md", 2): ["(24, 12, 16) [0, 10, 20]", "True True"],
+    ("capture.md", 3): ["(12, 8, 12, 16) [0, 0, 0, 0, 10, 10, 10, 10]", "True True"],
+    ("capture.md", 4): ["(12, 8, 12, 16) [0, 0, 0, 0, 10, 10, 10, 10]", "True True"],
+    ("capture.md", 5): ["(96, 12, 16) [0, 0, 0, 0, 10, 10, 10, 10, 20, 20, 20, 20]",
+                        "True True"],
     ("troubleshooting.md", 0): ["[1.0]"],
     ("troubleshooting.md", 1): ["ValueError negative: -1.0"],
 }

@@ -23,7 +23,7 @@ from .spec import CallbackSpec
 __all__ = [
     "HostCallbackEffect", "host_callback_effect", "outside_call_p",
     "outside_call_params", "host_call_p", "call_check_p", "failure_message_p",
-    "get_ad_taps", "set_ad_taps", "get_sync_taps", "sync_taps_state",
+    "get_ad_taps", "set_ad_taps", "get_sync_taps", "sync_taps_state", "recorded_before_p",
 ]
 
 
@@ -123,6 +123,16 @@ def outside_call_params(callback: CallbackSpec, nr_tapped_args: int, transforms:
 def _outside_call_abstract_eval(*avals: Any, **params: Any) -> Any:
     del params
     return avals, {host_callback_effect}
+
+
+# `recorded_before_p`: the identity, sending nothing. A record becomes this in the copy of a
+# checkpointed function (`jax.checkpoint`, `nn.remat`, `nnx.remat`) that the backward pass
+# recomputes: the forward pass recorded the value already (rules.py). Pure, and lowered to
+# nothing, so the recomputation is the one XLA compiles without the record.
+recorded_before_p = compat.Primitive("hostfeed_recorded_before")
+recorded_before_p.multiple_results = True
+recorded_before_p.def_impl(lambda *operands: list(operands))
+recorded_before_p.def_abstract_eval(lambda *avals: list(avals))
 
 
 # ----------------------------------------------------------------------------------------

@@ -9,10 +9,11 @@ import jax.numpy as jnp
 from jax import lax
 from jax.extend.core import jaxpr_as_fun
 from jax.extend.core.primitives import while_p
-from jax.interpreters import ad, batching
+from jax.interpreters import ad, batching, mlir
 
 from . import compat
-from .primitives import HostCallbackEffect, get_ad_taps, host_call_p, outside_call_p
+from .primitives import (HostCallbackEffect, get_ad_taps, host_call_p, outside_call_p,
+                         recorded_before_p)
 from .spec import RECORD_KINDS, CallbackKind, CallbackSpec
 
 # ----------------------------------------------------------------------------------------
@@ -175,7 +176,14 @@ def _outside_call_partial_eval_custom(
     params = eqn.params
     n_out = len(eqn.outvars)
     res = [v for v, unk, inst in zip(eqn.invars, unks_in, inst_in) if not unk and not inst]
+    record = params["callback"].kind in RECORD_KINDS
     if not any(unks_in):
+        if record:
+            # A record writes what the forward pass computed, once: the recomputation has
+            # the identity in its place, so that it is the one without the record.
+            return (eqn, eqn.replace(primitive=recorded_before_p, params={},
+                                     effects=compat.no_effects),
+                    [False] * n_out, [True] * n_out, res)
         if _recomputes(saveable, eqn):
             return eqn, eqn, [False] * n_out, [True] * n_out, res
         return eqn, None, [False] * n_out, [False] * n_out, []
@@ -193,7 +201,7 @@ def _outside_call_partial_eval_custom(
                           + [compat.DropVar(v.aval) for v in eqn.outvars[n2:]])
         staged_eqn = eqn.replace(
             outvars=staged_outvars,
-            params=dict(params, forward_tapped=not _recomputes(saveable, eqn)))
+            params=dict(params, forward_tapped=record or not _recomputes(saveable, eqn)))
         unks_out = [False] * n + [True] * n + [False] * (n_out - n2)
         inst_out = [False] * n + [True] * n + [False] * (n_out - n2)
         return known_eqn, staged_eqn, unks_out, inst_out, res
@@ -201,6 +209,14 @@ def _outside_call_partial_eval_custom(
 
 
 compat.partial_eval_jaxpr_custom_rules[outside_call_p] = _outside_call_partial_eval_custom
+
+
+ad.primitive_jvps[recorded_before_p] = (
+    lambda primals, tangents: (recorded_before_p.bind(*primals), list(tangents)))
+ad.primitive_transposes[recorded_before_p] = lambda cts, *args: list(cts)
+batching.primitive_batchers[recorded_before_p] = (
+    lambda args, dims: (recorded_before_p.bind(*args), list(dims)))
+mlir.register_lowering(recorded_before_p, lambda ctx, *operands: list(operands))
 
 
 def _outside_call_dce(used_outs: list[bool], eqn: Any) -> tuple[list[bool], Any]:

@@ -47,6 +47,49 @@ def _library(model: Any) -> Optional[str]:
     return None
 
 
+def _attribute(obj: Any, name: str) -> Any:
+    try:
+        return getattr(obj, name, None)
+    except Exception:  # noqa: BLE001 - a property that fails is no model
+        return None
+
+
+def _not_a_model(model: Any) -> TypeError:
+    """The error for a ``model`` of no supported library: what it is, what to pass instead
+    where that can be known."""
+    cls = type(model)
+    what = f"{cls.__module__}.{cls.__qualname__}"
+    head = (f"hostfeed.capture: model must be a Flax NNX module, a Flax Linen module or an "
+            f"Equinox module, got {what}")
+    for attr in ("module", "model"):
+        inner = _attribute(model, attr)
+        library = _library(inner) if inner is not None else None
+        if library is None:
+            continue
+        kind = _LIBRARIES[library][1]
+        if library == "linen":
+            how = (f"capture model.{attr} and turn it on around the wrapper's call, "
+                   f"`with hostfeed.capture(model.{attr}, rec, ...): model(...)`, or call "
+                   f"its apply, `hostfeed.capture(model.{attr}, rec, ...).apply("
+                   f"{{'params': model.params}}, ...)`")
+        elif library == "nnx":
+            how = (f"capture model.{attr}: `with hostfeed.capture(model.{attr}, rec, ...): "
+                   f"model(...)`")
+        else:
+            how = f"capture model.{attr} and call what capture returns"
+        return TypeError(f"{head}, a wrapper whose .{attr} is {kind} "
+                         f"({type(inner).__module__}.{type(inner).__qualname__}): {how}")
+    if isinstance(model, (dict, list, tuple)) or cls.__module__.startswith(("jax", "numpy")):
+        return TypeError(f"{head}: pass the model (the module object), not its parameters "
+                         f"or outputs")
+    library = cls.__module__.split(".")[0]
+    if library not in ("builtins", "__main__"):
+        return TypeError(f"{head}, a model of {library}, which hostfeed.capture does not "
+                         f"know: record its layers' values with rec.record(name, value, "
+                         f"step=...) where the model computes them")
+    return TypeError(head)
+
+
 def _load(library: str) -> ModuleType:
     module, what, extra, dist = _LIBRARIES[library]
     try:
@@ -109,8 +152,9 @@ def capture(model: Any, recorder: Any, select: Select, *, step: Any = None,
       ValueError: a pattern (or the predicate) selects nothing: the message lists the
         submodules there are (for Linen, those called, when the capture ends); every=,
         start= or stop= without step; a reduce= a record does not take.
-      TypeError: ``model`` is not a module of those libraries, or ``select`` is not a
-        pattern, a list of them or a callable.
+      TypeError: ``model`` is not a module of those libraries (the message says what it
+        is, and what to pass where that is known: a wrapper's ``.module``), or ``select``
+        is not a pattern, a list of them or a callable.
       ImportError: the library of ``model`` cannot be imported (the message names the
         extra to install: ``hostfeed[flax]``, ``hostfeed[equinox]``).
 
@@ -122,10 +166,7 @@ def capture(model: Any, recorder: Any, select: Select, *, step: Any = None,
     """
     library = _library(model)
     if library is None:
-        raise TypeError(
-            f"hostfeed.capture: model must be a Flax NNX module, a Flax Linen module or an "
-            f"Equinox module (pip install 'hostfeed[flax]' or 'hostfeed[equinox]'), got "
-            f"{type(model).__module__}.{type(model).__qualname__}")
+        raise _not_a_model(model)
     impl = _load(library)
     spec = _spec(recorder, step, every, start, stop, reduce, axis, inputs, outputs, prefix,
                  cotangents)

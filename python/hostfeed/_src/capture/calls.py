@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
@@ -19,6 +20,7 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
+from .. import compat
 from ..record.summaries import Histogram
 from .selection import key_name
 
@@ -135,6 +137,32 @@ class Hooks:
     def exit(self, ok: bool) -> None:
         raise NotImplementedError
 
+    def after_call(self) -> None:
+        """Checks, after a call of the model with the capture on, that it recorded what it
+        should (raises what it did not)."""
+
+
+# Which Flax captures are on in this thread (0: none), as a JAX configuration state that is
+# part of JAX's jit cache key and trace context: a function jitted inside the model (Linen's
+# ``nn.jit``, ``nnx.jit``, a ``jax.jit`` helper) is traced again under a capture instead of
+# reusing a trace made without it (which would record nothing) or under another capture
+# (whose records, and their traced step, would leak into calls without it).
+_scope_state = compat.int_state(
+    name="hostfeed_capture_scope", default=0,
+    help="Which hostfeed.capture of a Flax model is on (0: none); set by hostfeed.capture.",
+    include_in_jit_key=True, include_in_trace_context=True)
+# (the scope around, a Capturing's number) -> the scope inside it: the same captures nested
+# the same way give the same scope, so a jitted function is traced once for them.
+_SCOPES: dict[tuple[int, int], int] = {}
+_NUMBERS = itertools.count(1)
+
+
+def _scope_inside(outer: int, number: int) -> int:
+    scope = _SCOPES.get((outer, number))
+    if scope is None:
+        scope = _SCOPES.setdefault((outer, number), next(_NUMBERS))
+    return scope
+
 
 class Capturing:
     """A Flax model whose selected submodules are recorded while it runs: returned by
@@ -152,6 +180,7 @@ class Capturing:
     def __init__(self, model: Any, hooks: Sequence[Hooks]):
         object.__setattr__(self, "_model", model)
         object.__setattr__(self, "_hooks", tuple(hooks))
+        object.__setattr__(self, "_number", next(_NUMBERS))
         # How deep this thread is in calls with the capture on (it is turned on once).
         object.__setattr__(self, "_local", threading.local())
 
@@ -163,6 +192,8 @@ class Capturing:
     def __enter__(self) -> Any:
         depth = getattr(self._local, "depth", 0)
         if depth == 0:
+            scope = _scope_state(_scope_inside(_scope_state.value, self._number))
+            scope.__enter__()
             entered: list[Hooks] = []
             try:
                 for h in self._hooks:
@@ -171,7 +202,9 @@ class Capturing:
             except BaseException:
                 for h in reversed(entered):
                     h.exit(False)
+                scope.__exit__(None, None, None)
                 raise
+            self._local.scope = scope
         self._local.depth = depth + 1
         return self._model
 
@@ -185,12 +218,17 @@ class Capturing:
                 h.exit(exc_type is None)
             except Exception as exc:  # noqa: BLE001 - every hook exits; the first error is raised
                 first = first or exc
+        self._local.scope.__exit__(None, None, None)
         if first is not None:
             raise first
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with self:
-            return self._model(*args, **kwargs)
+            out = self._model(*args, **kwargs)
+            if self._local.depth == 1:
+                for h in self._hooks:
+                    h.after_call()
+            return out
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._model, name)

@@ -3,10 +3,12 @@ copy of the model in which each selected submodule is wrapped in :class:`Capture
 module that records around the call of the one it holds. Names are the submodules' pytree
 paths (``blocks.3.mlp`` for ``model.blocks[3].mlp``).
 
-The wrapper holds the step as a field (an array or a Python int: a leaf, traced with the
-model) and the rest of the capture as static fields (hashed by identity), so the captured
-model goes through ``eqx.filter_jit``, ``jax.jit`` and ``vmap`` like the original; it
-reads every other attribute from the module it wraps. A captured model captured again
+The wrapper holds the capture in static fields, the step included (a Python int as it is,
+an array or a tracer in a box hashed by identity): the wrapper adds no leaf to the model,
+so the captured model goes through ``eqx.filter_jit``, ``jax.jit``, ``vmap`` and ``grad``
+like the original, and a layer stack made by ``eqx.filter_vmap`` keeps only stacked
+arrays, for ``lax.scan`` over ``eqx.partition(layers, eqx.is_array)`` (one row per layer
+and call). It reads every other attribute from the module it wraps. A captured model captured again
 keeps its wrappers (names do not change) and wraps the newly selected modules once more.
 """
 from __future__ import annotations
@@ -26,16 +28,42 @@ __all__ = ["capture", "Captured", "SEP"]
 SEP = "."
 
 
+class StepBox:
+    """A capture's step that is an array (a tracer, usually), in a static field: hashed by
+    identity, so that it is no leaf of the model (see the module's docstring)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"StepBox({self.value!r})"
+
+
+def boxed(step: Any) -> Any:
+    """``step`` as a static field holds it: a Python int (or None) as it is, else boxed.
+
+    Example:
+        >>> boxed(3), boxed(None), type(boxed(jax.numpy.int32(3))).__name__
+        (3, None, 'StepBox')
+    """
+    if step is None or (isinstance(step, int) and not isinstance(step, bool)):
+        return step
+    return step if isinstance(step, StepBox) else StepBox(step)
+
+
 class Captured(eqx.Module):
     """An Equinox submodule ``module`` whose calls record (``spec``) under ``name``."""
 
     module: Any
-    step: Any
+    step: Any = eqx.field(static=True)  # None, an int or a StepBox (see boxed)
     name: str = eqx.field(static=True)
     spec: CaptureSpec = eqx.field(static=True)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.spec.call(self.name, self.step, self.module, args, kwargs)
+        step = self.step.value if isinstance(self.step, StepBox) else self.step
+        return self.spec.call(self.name, step, self.module, args, kwargs)
 
     def __getattr__(self, item: str) -> Any:
         # Only for attributes the wrapper lacks: the wrapped module's (a field, a method).
@@ -90,6 +118,6 @@ def capture(model: Any, spec: CaptureSpec, selector: Selector, step: Any) -> Any
 
     def visit(path: tuple, m: Any) -> Any:
         name = name_of(path, SEP)
-        return Captured(m, step, name, spec) if name in chosen else m
+        return Captured(m, boxed(step), name, spec) if name in chosen else m
     return _walk(model, (), visit)
 

@@ -6,6 +6,11 @@ around the model's ``apply`` (or ``init``, or a call of a bound model).
 A Linen model's submodules exist only while it runs (``@nn.compact``), so the selection is
 made as each submodule's ``__call__`` is intercepted, and the check that every pattern
 selected something (listing the names that were called) when the capture ends.
+
+A module that shares another's scope (``nn.share_scope``: a wrapper and what it wraps, a
+parent and a child whose parameters live in the parent's) is named as it would be without
+sharing, its parent's name and its own (``layer_0/mlp/gating``), not by the scope's path,
+which is the other module's name too.
 """
 from __future__ import annotations
 
@@ -32,18 +37,30 @@ class LinenHooks(Hooks):
         self.selector = selector
         self.step = step
         self.seen: dict[str, None] = {}
+        # name -> the class of the module recorded under it (in this run of the model).
+        self.recorded: dict[str, type] = {}
 
     def _intercept(self, next_fun: Any, args: Any, kwargs: Any, context: Any) -> Any:
-        path = context.module.path
-        if context.method_name != "__call__" or not path:
+        module = context.module
+        if context.method_name != "__call__" or not module.path:
             return next_fun(*args, **kwargs)
-        name = name_of(path, SEP)
+        name = name_of(own_path(module), SEP)
         self.seen[name] = None
-        if not self.selector.matches(name, context.module):
+        if not self.selector.matches(name, module):
             return next_fun(*args, **kwargs)
+        first = self.recorded.setdefault(name, type(module))
+        if first is not type(module):
+            raise ValueError(
+                f"hostfeed.capture: two different submodules of the Flax Linen model are "
+                f"named {name!r}, a {first.__qualname__} and a {type(module).__qualname__} "
+                f"(modules that share a scope, or a module given the name of another): their "
+                f"outputs cannot be recorded under one name. Select only one of them (a "
+                f"predicate (name, module) -> bool can tell them apart by class).")
         return self.spec.call(name, self.step, next_fun, args, kwargs)
 
     def enter(self) -> None:
+        if not self._stack():
+            self.recorded = {}
         cm = nn.intercept_methods(self._intercept)
         cm.__enter__()
         self._stack().append(cm)
@@ -53,6 +70,20 @@ class LinenHooks(Hooks):
         stack.pop().__exit__(None, None, None)
         if ok and not stack and self.seen:
             self.selector.check(list(self.seen))
+
+
+def own_path(module: Any) -> tuple[str, ...]:
+    """A bound module's path as its parents name it: its scope's path, but for a module
+    whose scope is shared (``nn.share_scope``) or that is inside one, its parent's own path
+    and its name (see the module's docstring)."""
+    path = tuple(module.path)
+    parent = module.parent
+    if not isinstance(parent, nn.Module) or parent.scope is None or module.name is None:
+        return path  # the model, or a copy a lifted transform made (parent: its scope)
+    above = own_path(parent)
+    if path != (*parent.path, module.name) or above != tuple(parent.path):
+        return (*above, module.name)
+    return path
 
 
 def capture(model: Any, spec: CaptureSpec, selector: Selector, step: Any,

@@ -5,15 +5,20 @@
 NNX has no method hook, so this does what ``nnx.capture(..., method_outputs=...)`` does:
 while a capture is on, the ``__call__`` of each selected module's class is replaced by a
 wrapper, put back when the last capture using the class ends. The wrapper records only for
-the selected instances (found by identity in a context variable, so other instances,
-threads and contexts run the plain method) and once per call (a ``super().__call__`` of a
-patched base class runs plainly). Nothing is added to the modules: their graph, state and
-the model's results are as without the capture.
+the selected modules, and once per call (a ``super().__call__`` of a patched base class
+runs plainly). A selected module carries a mark while a capture is on: a static attribute
+(``_hostfeed_capture``, a number) that NNX keeps in the module's graph, so the copies NNX
+transforms make of it (``nnx.remat``, ``nnx.scan`` and ``nnx.vmap`` over a layer stack,
+``nnx.jit``) are recognised too; the captures that record a mark are found in a context
+variable (other threads and contexts run the plain method). The mark is removed when the
+last capture of the module ends: the modules' graph, state and the model's results are
+then as without the capture.
 """
 from __future__ import annotations
 
 import contextvars
 import functools
+import itertools
 import threading
 from types import MappingProxyType
 from collections.abc import Callable, Mapping, Sequence
@@ -29,12 +34,19 @@ __all__ = ["capture", "SEP"]
 #: NNX's path separator in hostfeed's names (``blocks.3.mlp``).
 SEP = "."
 
-# id(module) -> the captures that record it: (hooks, name) pairs, outermost first.
+#: The attribute that marks a selected module while a capture is on (a static attribute of
+#: its graph: NNX's transforms copy it with the module).
+MARK = "_hostfeed_capture"
+
+# mark -> the captures that record it: (hooks, name) pairs, outermost first.
 _ACTIVE: contextvars.ContextVar[Mapping[int, tuple[tuple[NnxHooks, str], ...]]] = \
     contextvars.ContextVar("hostfeed_capture_nnx", default=MappingProxyType({}))
-# The modules whose recorded call is running (a call of the same module inside runs plainly).
+# The marks whose recorded call is running (a call of the same module inside runs plainly).
 _IN_CALL: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar(
     "hostfeed_capture_nnx_in_call", default=frozenset())
+# id(module) -> [the module, its mark, how many captures on (in any thread) use it].
+_MARKED: dict[int, list[Any]] = {}
+_MARKS = itertools.count(1)
 
 _MISSING = object()
 # cls -> [captures using the patch, the class's own __call__ (or _MISSING)]
@@ -55,8 +67,8 @@ def _recording(hooks: NnxHooks, name: str, call: Callable) -> Callable:
 def _wrapper(original: Callable) -> Callable:
     @functools.wraps(original)
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        key = id(self)
-        hits = _ACTIVE.get().get(key)
+        key = vars(self).get(MARK)
+        hits = _ACTIVE.get().get(key) if key is not None else None
         inside = _IN_CALL.get()
         if not hits or key in inside:
             return original(self, *args, **kwargs)
@@ -64,6 +76,7 @@ def _wrapper(original: Callable) -> Callable:
         try:
             call: Callable = functools.partial(original, self)
             for hooks, name in reversed(hits):
+                hooks.called = True
                 call = _recording(hooks, name, call)
             return call(*args, **kwargs)
         finally:
@@ -98,6 +111,27 @@ def _unpatch(cls: type) -> None:
             type.__setattr__(cls, "__call__", entry[1])
 
 
+def _mark(module: Any) -> int:
+    """Marks ``module`` (once for any number of captures); its mark."""
+    with _LOCK:
+        entry = _MARKED.get(id(module))
+        if entry is None:
+            entry = _MARKED[id(module)] = [module, next(_MARKS), 0]
+            object.__setattr__(module, MARK, entry[1])
+        entry[2] += 1
+        return int(entry[1])
+
+
+def _unmark(module: Any) -> None:
+    with _LOCK:
+        entry = _MARKED[id(module)]
+        entry[2] -= 1
+        if not entry[2]:
+            del _MARKED[id(module)]
+            if vars(module).get(MARK) == entry[1]:
+                object.__delattr__(module, MARK)
+
+
 class NnxHooks(Hooks):
     """One capture of an NNX model: the selected modules, what to record, the step."""
 
@@ -109,23 +143,42 @@ class NnxHooks(Hooks):
 
     def enter(self) -> None:
         active = dict(_ACTIVE.get())
-        for name, m in self.chosen:
-            active[id(m)] = (*active.get(id(m), ()), (self, name))
         done: list[type] = []
+        marked: list[Any] = []
         try:
             for cls in self._classes:
                 _patch(cls)
                 done.append(cls)
+            for name, m in self.chosen:
+                key = _mark(m)
+                marked.append(m)
+                active[key] = (*active.get(key, ()), (self, name))
         except BaseException:
+            for m in marked:
+                _unmark(m)
             for cls in done:
                 _unpatch(cls)
             raise
+        self.called = False
         self._stack().append(_ACTIVE.set(active))
 
     def exit(self, ok: bool) -> None:
         _ACTIVE.reset(self._stack().pop())
+        for _, m in self.chosen:
+            _unmark(m)
         for cls in self._classes:
             _unpatch(cls)
+
+    def after_call(self) -> None:
+        if not self.called:
+            names = ", ".join(n for n, _ in self.chosen[:20])
+            more = f" and {len(self.chosen) - 20} more" if len(self.chosen) > 20 else ""
+            raise ValueError(
+                f"hostfeed.capture: the model ran, but none of the submodules selected "
+                f"({names}{more}) was called while the capture was on, so nothing was "
+                f"recorded: the model does not call them, or calls a copy that does not carry "
+                f"the capture's mark (one merged from a graph split before the capture "
+                f"began). Select the submodules the model calls.")
 
 
 def named_modules(model: Any) -> list[tuple[str, Any]]:
