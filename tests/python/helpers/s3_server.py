@@ -3,9 +3,11 @@ by them: moto in server mode, in this process (``S3Server``: ``ThreadedMotoServe
 a process of its own (``S3Process("moto")``), and s3s-fs (``S3Process("s3s-fs")``, a second,
 independent implementation in Rust, serving a local folder; ``cargo install s3s-fs``).
 moto honours conditional writes (``If-None-Match: *`` and ``If-Match``), which the
-recorder's lock and commits use."""
+recorder's lock and commits use. ``CountingProxy`` counts the bytes a client sends a server
+and gets back."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -175,3 +177,76 @@ def restore(old: dict[str, Any]) -> None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+class CountingProxy:
+    """A TCP proxy on ``127.0.0.1:port`` in front of a server, counting the bytes that pass
+    each way (``sent``: client to server, request lines, headers and bodies; ``received``:
+    server to client) and the connections. A client pointed at :attr:`endpoint` (for a
+    Recorder: ``storage_options={"aws_endpoint": proxy.endpoint}``) is measured; one at the
+    server's own endpoint is not."""
+
+    def __init__(self, upstream_port: int) -> None:
+        import threading
+        self.upstream = upstream_port
+        self.sent = 0
+        self.received = 0
+        self.connections = 0
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        t = threading.Thread(target=self._accept, name="counting-proxy", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def reset(self) -> None:
+        with self._lock:
+            self.sent = self.received = self.connections = 0
+
+    def _accept(self) -> None:
+        import threading
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(("127.0.0.1", self.upstream))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self.connections += 1
+            for src, dst, up in ((client, server, True), (server, client, False)):
+                t = threading.Thread(target=self._pipe, args=(src, dst, up), daemon=True)
+                t.start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, up: bool) -> None:
+        try:
+            while True:
+                data = src.recv(1 << 16)
+                if not data:
+                    break
+                with self._lock:
+                    if up:
+                        self.sent += len(data)
+                    else:
+                        self.received += len(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+            src.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()

@@ -15,8 +15,13 @@ use crate::record::zarr::{ArraySpec, Codec, DType, ROW_METADATA};
 /// commit writes only the new rows).
 pub(crate) const META_CHUNK_ROWS: u64 = 1 << 16;
 /// Rows per chunk of a per-row metadata array in an object store, where a commit puts the
-/// whole chunk holding the new rows again: 32 KiB objects of 8-byte values.
+/// whole chunk holding the new rows again: 32 KiB of 8-byte values, compressed
+/// ([`META_CODEC_OBJECTS`]).
 pub(crate) const META_CHUNK_ROWS_OBJECTS: u64 = 1 << 12;
+/// The codec of the per-row metadata arrays in an object store: record numbers, steps and
+/// times compress about 8x (30 bytes a row to about 4), devices and transforms to
+/// nothing, so that the metadata of small rows does not outweigh them.
+pub(crate) const META_CODEC_OBJECTS: Codec = Codec::Zstd(3);
 
 /// Per-row metadata.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -128,9 +133,13 @@ impl ArrayState {
     }
 }
 
-/// The per-row metadata arrays of data array `leaf`, `chunk_rows` rows a chunk: suffix and
-/// layout.
-pub(crate) fn meta_specs(leaf: &str, chunk_rows: u64) -> impl Iterator<Item = (&'static str, ArraySpec)> + '_ {
+/// The per-row metadata arrays of data array `leaf`, `chunk_rows` rows a chunk encoded with
+/// `codec`: suffix and layout.
+pub(crate) fn meta_specs(
+    leaf: &str,
+    chunk_rows: u64,
+    codec: Codec,
+) -> impl Iterator<Item = (&'static str, ArraySpec)> + '_ {
     ROW_METADATA.iter().map(move |&suffix| {
         let code = match suffix {
             "device" => xla::S32,
@@ -141,7 +150,7 @@ pub(crate) fn meta_specs(leaf: &str, chunk_rows: u64) -> impl Iterator<Item = (&
             dtype: DType::from_xla(code).unwrap_or_else(|_| unreachable!("metadata dtypes are valid")),
             row_shape: vec![],
             chunk_rows,
-            codec: Codec::Raw,
+            codec,
             dim_names: vec![Some(format!("{leaf}.row"))],
             sep: '/',
             part: None,
@@ -162,6 +171,9 @@ pub struct ArrayHandle {
     pub(crate) spec: ArraySpec,
     /// Rows per chunk of its per-row metadata arrays.
     pub(crate) meta_chunk_rows: u64,
+    /// The codec of its per-row metadata arrays (raw on a file system, where they are
+    /// written in place; zstd in an object store, [`META_CODEC_OBJECTS`]).
+    pub(crate) meta_codec: Codec,
     pub(crate) state: Mutex<ArrayState>,
 }
 

@@ -16,7 +16,7 @@ use crate::record::catalogue::Catalogue;
 use crate::record::common::{as_u64, as_usize};
 use crate::record::failures::Failures;
 use crate::record::store::{create_parent, io_error, Put, Store};
-use crate::record::zarr::{self, ArraySpec};
+use crate::record::zarr::{self, ArraySpec, Codec};
 
 /// See the module documentation.
 pub(crate) struct Committer {
@@ -104,7 +104,7 @@ fn commit_locked(
     let lo = as_usize(from - st.meta_first);
     let hi = as_usize(rows - st.meta_first);
     let meta = &st.meta[lo..hi];
-    for (suffix, spec) in meta_specs(&a.leaf, a.meta_chunk_rows) {
+    for (suffix, spec) in meta_specs(&a.leaf, a.meta_chunk_rows, a.meta_codec) {
         let values: Vec<u8> = match suffix {
             "seq" => meta.iter().flat_map(|m| m.seq.to_le_bytes()).collect(),
             "step" => meta.iter().flat_map(|m| m.step.to_le_bytes()).collect(),
@@ -147,16 +147,16 @@ pub(crate) fn write_parted_metadata(
     a: &ArrayHandle,
     rows: u64,
 ) -> Result<(), RecordError> {
-    for (suffix, spec) in meta_specs(&a.leaf, a.meta_chunk_rows) {
+    for (suffix, spec) in meta_specs(&a.leaf, a.meta_chunk_rows, a.meta_codec) {
         let mdir = a.group_dir.join(format!("{}.{suffix}", a.leaf));
         zarr::write_json(store, &mdir, &spec.metadata(rows, &json!({})))?;
     }
     zarr::write_json(store, &a.dir, &a.spec.metadata(rows, &catalogue.attributes(a)))
 }
 
-/// Writes the rows `from..` of an uncompressed array whose bytes are `values`: in place
-/// (each chunk object at full size, its rows written at their offsets) where the store
-/// can, else each chunk put whole.
+/// Writes the rows `from..` of a metadata array whose bytes are `values`: in place (each
+/// chunk object at full size, its rows written at their offsets) where the store can and
+/// the chunks are uncompressed, else each chunk put whole (compressed as `spec` says).
 fn write_rows_in_place(
     store: &dyn Store,
     spec: &ArraySpec,
@@ -164,7 +164,7 @@ fn write_rows_in_place(
     from: u64,
     values: &[u8],
 ) -> Result<(), RecordError> {
-    let in_place = store.in_place();
+    let in_place = store.in_place().filter(|_| spec.codec == Codec::Raw);
     let rb = spec.row_bytes();
     let rows = as_u64(values.len() / rb.max(1));
     let mut row = from;
@@ -187,8 +187,33 @@ fn write_rows_in_place(
     Ok(())
 }
 
+/// The bytes of the metadata chunk at `path` (of an array laid out as `spec`), decoded;
+/// `Ok(None)` where there is none.
+///
+/// # Errors
+/// The chunk cannot be read or decoded.
+pub(crate) fn read_meta_chunk(store: &dyn Store, spec: &ArraySpec, path: &Path) -> Result<Option<Vec<u8>>, RecordError> {
+    let stored = match store.get(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_error("read back", path, &e)),
+    };
+    let chunk = match spec.codec {
+        Codec::Raw => stored,
+        Codec::Zstd(_) => {
+            // One byte more than a chunk, so that a longer frame is seen.
+            zstd::bulk::decompress(&stored, spec.chunk_bytes() + 1).map_err(|e| RecordError::Io {
+                errno: Some(libc::EIO),
+                message: format!("cannot decompress {}: {e}", path.display()),
+            })?
+        }
+    };
+    Ok(Some(chunk))
+}
+
 /// Puts the chunk at `path` again whole with `new` at byte `at`: its earlier rows read back
-/// (a chunk begun at an earlier commit), zeros (the fill value) where none were written.
+/// (a chunk begun at an earlier commit), zeros (the fill value) where none were written;
+/// compressed as `spec` says.
 fn put_rows_whole(
     store: &dyn Store,
     spec: &ArraySpec,
@@ -196,22 +221,30 @@ fn put_rows_whole(
     at: usize,
     new: &[u8],
 ) -> Result<(), RecordError> {
-    let mut chunk = match store.get(path) {
-        Ok(b) if b.len() == spec.chunk_bytes() => b,
-        Ok(b) => {
-            return Err(RecordError::Io {
-                errno: Some(libc::EIO),
-                message: format!(
-                    "cannot append to {}: it holds {} bytes, not a chunk of {}",
-                    path.display(),
-                    b.len(),
-                    spec.chunk_bytes()
-                ),
-            })
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => vec![0u8; spec.chunk_bytes()],
-        Err(e) => return Err(io_error("read back", path, &e)),
-    };
+    // Rows from the chunk's start: nothing earlier to read back (a request saved per
+    // chunk begun, and the later bytes are zeros or past the announced rows).
+    let earlier = if at == 0 { None } else { read_meta_chunk(store, spec, path)? };
+    let mut chunk = earlier.unwrap_or_else(|| vec![0u8; spec.chunk_bytes()]);
+    if chunk.len() != spec.chunk_bytes() {
+        return Err(RecordError::Io {
+            errno: Some(libc::EIO),
+            message: format!(
+                "cannot append to {}: it holds {} bytes, not a chunk of {}",
+                path.display(),
+                chunk.len(),
+                spec.chunk_bytes()
+            ),
+        });
+    }
     chunk[at..at + new.len()].copy_from_slice(new);
-    store.put(path, &chunk, Put::Replace)
+    match spec.codec {
+        Codec::Raw => store.put(path, &chunk, Put::Replace),
+        Codec::Zstd(level) => {
+            let packed = zstd::bulk::compress(&chunk, level).map_err(|e| RecordError::Io {
+                errno: Some(libc::EIO),
+                message: format!("cannot compress {}: {e}", path.display()),
+            })?;
+            store.put(path, &packed, Put::Replace)
+        }
+    }
 }

@@ -75,7 +75,7 @@ use std::sync::{Arc, Mutex};
 use crate::error::RecordError;
 use crate::host::buffer::PoolReservation;
 use crate::host::sync::lock;
-use crate::record::arrays::{ArrayHandle, META_CHUNK_ROWS, META_CHUNK_ROWS_OBJECTS};
+use crate::record::arrays::{ArrayHandle, META_CHUNK_ROWS, META_CHUNK_ROWS_OBJECTS, META_CODEC_OBJECTS};
 use crate::record::catalogue::Catalogue;
 use crate::record::commit::Committer;
 use crate::record::common::{ArrayId, Budget, Mode, Options};
@@ -85,7 +85,7 @@ use crate::record::store::{FsStore, Store};
 use crate::record::storelock::{Access, StoreLock};
 use crate::record::trace;
 use crate::record::writer::Writers;
-use crate::record::zarr;
+use crate::record::zarr::{self, Codec};
 
 mod declare;
 mod flush;
@@ -350,13 +350,13 @@ impl Recorder {
         &self.root
     }
 
-    /// Rows per chunk of the per-row metadata arrays: fewer where a commit puts the whole
-    /// chunk again (object stores).
-    fn meta_chunk_rows(&self) -> u64 {
+    /// Rows per chunk of the per-row metadata arrays and their codec: fewer rows, and
+    /// compressed, where a commit puts the whole chunk again (object stores).
+    fn meta_layout(&self) -> (u64, Codec) {
         if self.store.in_place().is_some() {
-            META_CHUNK_ROWS
+            (META_CHUNK_ROWS, Codec::Raw)
         } else {
-            META_CHUNK_ROWS_OBJECTS
+            (META_CHUNK_ROWS_OBJECTS, META_CODEC_OBJECTS)
         }
     }
 

@@ -387,12 +387,13 @@ fn jobs_of_one_chunk_run_in_order() {
     let mut p = PoolState::default();
     let a = Arc::new(ArrayHandle {
         meta_chunk_rows: META_CHUNK_ROWS,
+        meta_codec: Codec::Raw,
         id: 0,
         name: "a".into(),
         dir: PathBuf::new(),
         group_dir: PathBuf::new(),
         leaf: "a".into(),
-        spec: meta_specs("a", crate::record::arrays::META_CHUNK_ROWS).next().unwrap().1,
+        spec: meta_specs("a", crate::record::arrays::META_CHUNK_ROWS, Codec::Raw).next().unwrap().1,
         state: Mutex::new(ArrayState::new()),
     });
     let job = |chunk, first_row| Job {

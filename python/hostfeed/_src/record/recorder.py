@@ -105,8 +105,11 @@ class Recorder:
       shard_bytes: shard the arrays (Zarr's ``sharding_indexed``): each object (file) holds
         this many bytes of rows, in chunks of ``chunk_bytes``, with an index at its end; 0:
         a chunk is an object. Default (None): 256 MiB shards in an object store, none on a
-        file system. A compressed shard on a file system is put whole, its rows waiting in
-        memory, so it is at most a quarter of the queue bound there.
+        file system. In an object store an object (shard or chunk) holds at most 2,048 rows
+        and a shard's chunks at most 256, so that a flush, which puts the object holding the
+        last rows again, costs bytes in proportion to the rows. A compressed shard on a file
+        system is put whole, its rows waiting in memory, so it is at most a quarter of the
+        queue bound there.
       writers: writer threads (they write different chunks at the same time). Default
         (None): 2 on a file system; 4 in an object store, where a writer mostly waits for
         the network (each puts a shard in one request, up to ``single_put_bytes`` held).

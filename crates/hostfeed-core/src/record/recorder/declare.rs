@@ -23,6 +23,15 @@ const PATH_MAX: usize = 4096;
 /// metadata suffix (`.transforms`), the chunk key (`/c/` and a 20-digit index) and a
 /// temporary file's suffix (`.PID.N.tmp`); each row dimension adds two bytes (`/0`).
 const KEY_ROOM: usize = 11 + 3 + 20 + 40;
+/// Where objects are put whole (an object store), the most rows of an object (a chunk or
+/// a shard): a flush puts the object holding an array's last rows again whole, so what it
+/// sends grows with the rows since that object began (at most this many), not with the
+/// chunk size. 2,048 rows of 16 bytes are a 32 KiB object, beside their metadata's
+/// (compressed, 4,096 rows a chunk).
+const OBJECT_ROWS: u64 = 2048;
+/// There, the fewest chunks a shard of [`OBJECT_ROWS`] rows is cut into: a partial shard
+/// is padded to the end of its last chunk only.
+const OBJECT_INNER_CHUNKS: u64 = 8;
 
 /// Where a new array lives and how it is chunked ([`Recorder::lay_out`]).
 pub(super) struct Layout {
@@ -72,17 +81,32 @@ impl Recorder {
         })?;
         let quarter = self.budget.bound() / 4;
         let target = self.opts.chunk_bytes.min(quarter).max(1);
-        let chunk_rows = as_u64((target / row_bytes.max(1)).max(1));
+        let mut chunk_rows = as_u64((target / row_bytes.max(1)).max(1));
+        // Where objects are put whole (an object store), a flush puts the object holding the
+        // last rows again, padded to its last chunk: an object holds at most
+        // `OBJECT_ROWS`, and a shard's chunks at most an eighth of that, so that small rows
+        // make small objects (as their metadata does) and a flush costs about the rows
+        // since its object began, not a chunk size of padding.
+        let whole_objects = self.store.in_place().is_none();
+        if whole_objects {
+            chunk_rows = chunk_rows.min(OBJECT_ROWS);
+        }
         let mut dim_names = vec![Some(format!("{leaf}.row"))];
         dim_names.extend((0..row_shape.len()).map(|i| Some(format!("{leaf}.d{i}"))));
         let Some(shard_bytes) = self.opts.shard_bytes else {
             return Ok(Layout { group_dir, leaf, chunk_rows, inner_rows: None, dim_names });
         };
+        if whole_objects {
+            chunk_rows = chunk_rows.min(OBJECT_ROWS / OBJECT_INNER_CHUNKS);
+        }
         // Rows of a shard written in place or streamed never wait in memory (beyond an inner
         // chunk); a shard put whole does.
         let in_place = matches!(self.opts.codec, Codec::Raw) && self.store.in_place().is_some();
         let cap = if in_place || self.store.streams() { usize::MAX } else { quarter.max(1) };
-        let per_shard = (shard_bytes.min(cap) / (as_usize(chunk_rows) * row_bytes).max(1)).max(1);
+        let mut per_shard = (shard_bytes.min(cap) / (as_usize(chunk_rows) * row_bytes).max(1)).max(1);
+        if whole_objects {
+            per_shard = per_shard.min(as_usize(OBJECT_ROWS / chunk_rows).max(1));
+        }
         Ok(Layout {
             group_dir,
             leaf,
@@ -155,8 +179,10 @@ impl Recorder {
             inner_rows,
         };
         let dir = group_dir.join(&leaf);
+        let (meta_chunk_rows, meta_codec) = self.meta_layout();
         let handle = ArrayHandle {
-            meta_chunk_rows: self.meta_chunk_rows(),
+            meta_chunk_rows,
+            meta_codec,
             id,
             name: name.to_string(),
             dir,
@@ -167,7 +193,7 @@ impl Recorder {
         };
         // Metadata arrays, then the data array, all with zero rows.
         let keep = |dir: &Path| self.shared && store.exists(&dir.join("zarr.json"));
-        for (suffix, mspec) in meta_specs(&handle.leaf, handle.meta_chunk_rows) {
+        for (suffix, mspec) in meta_specs(&handle.leaf, handle.meta_chunk_rows, handle.meta_codec) {
             let mdir = handle.group_dir.join(format!("{}.{suffix}", handle.leaf));
             store.create_dir(&mdir).map_err(|e| io_error("create", &mdir, &e).context(&context))?;
             if !keep(&mdir) {

@@ -71,8 +71,10 @@ impl Recorder {
                     part: Some(Part { index: p, count }),
                     inner_rows,
                 };
+                let (meta_chunk_rows, meta_codec) = self.meta_layout();
                 handles.push(ArrayHandle {
-                    meta_chunk_rows: self.meta_chunk_rows(),
+                    meta_chunk_rows,
+                    meta_codec,
                     id: first + handles.len(),
                     name: name.to_string(),
                     dir: dir.clone(),
@@ -86,7 +88,7 @@ impl Recorder {
         };
         let finish = |first: &ArrayHandle| {
             let store = &*self.store;
-            for (suffix, _) in meta_specs(&first.leaf, self.meta_chunk_rows()) {
+            for (suffix, _) in meta_specs(&first.leaf, first.meta_chunk_rows, first.meta_codec) {
                 let mdir = first.group_dir.join(format!("{}.{suffix}", first.leaf));
                 store.create_dir(&mdir).map_err(|e| io_error("create", &mdir, &e).context(&context))?;
             }

@@ -19,7 +19,8 @@ use std::sync::Mutex;
 use serde_json::{json, Value};
 
 use crate::error::RecordError;
-use crate::record::arrays::{ArrayHandle, ArrayState};
+use crate::record::arrays::{meta_specs, ArrayHandle, ArrayState};
+use crate::record::commit::read_meta_chunk;
 use crate::record::common::{as_u64, as_usize, Mode};
 use crate::record::recorder::Recorder;
 use crate::record::store::io_error;
@@ -71,17 +72,10 @@ fn spec_of(f: &Found) -> Result<Result<(ArraySpec, u64), String>, RecordError> {
         }
         codecs = &config["codecs"];
     }
-    let mut codec = Codec::Raw;
-    for c in codecs.as_array().into_iter().flatten() {
-        match c["name"].as_str() {
-            Some("bytes") => {}
-            Some("zstd") => {
-                let level = c["configuration"]["level"].as_i64().and_then(|l| i32::try_from(l).ok()).unwrap_or(1);
-                codec = Codec::Zstd(level);
-            }
-            other => return Ok(Err(format!("its codec {other:?} is not one hostfeed writes"))),
-        }
+    if let Some(other) = codecs.as_array().into_iter().flatten().find(|c| !matches!(c["name"].as_str(), Some("bytes" | "zstd"))) {
+        return Ok(Err(format!("its codec {:?} is not one hostfeed writes", other["name"].as_str())));
     }
+    let codec = codec_of(codecs);
     let sep = match doc["chunk_key_encoding"]["configuration"]["separator"].as_str() {
         Some(".") => '.',
         _ => '/',
@@ -91,6 +85,14 @@ fn spec_of(f: &Found) -> Result<Result<(ArraySpec, u64), String>, RecordError> {
         .map_or_else(|| vec![None; shape.len()], |a| a.iter().map(|v| v.as_str().map(str::to_string)).collect());
     let spec = ArraySpec { dtype, row_shape, chunk_rows: chunk[0], codec, dim_names, sep, part: None, inner_rows };
     Ok(Ok((spec, shape[0])))
+}
+
+/// The codec of a `codecs` list hostfeed wrote (`bytes`, then `zstd` or nothing).
+fn codec_of(codecs: &Value) -> Codec {
+    let zstd = codecs.as_array().into_iter().flatten().find(|c| c["name"] == json!("zstd"));
+    zstd.map_or(Codec::Raw, |c| {
+        Codec::Zstd(c["configuration"]["level"].as_i64().and_then(|l| i32::try_from(l).ok()).unwrap_or(1))
+    })
 }
 
 impl Recorder {
@@ -116,22 +118,30 @@ impl Recorder {
                 None => (self.root.clone(), f.name.clone()),
             };
             let meta_dir = |suffix: &str| group_dir.join(format!("{leaf}.{suffix}"));
-            let meta_chunk_rows = self
-                .doc(&meta_dir("step"))
-                .ok()
+            let step_doc = self.doc(&meta_dir("step")).ok();
+            let meta_chunk_rows = step_doc
+                .as_ref()
                 .and_then(|d| u64s(&d["chunk_grid"]["configuration"]["chunk_shape"]))
                 .and_then(|c| c.first().copied())
                 .filter(|&c| c > 0)
                 .ok_or_else(|| corrupt(&f.dir, "its per-row metadata array .step is missing"))?;
+            // Raw, or zstd (an object store's; raw in those written before issue 65).
+            let meta_codec = step_doc.as_ref().map_or(Codec::Raw, |d| codec_of(&d["codecs"]));
+            let meta_spec = |suffix: &str| {
+                meta_specs(&leaf, meta_chunk_rows, meta_codec).find(|(s, _)| *s == suffix).map(|(_, spec)| spec)
+            };
+            let (Some(step_spec), Some(seq_spec)) = (meta_spec("step"), meta_spec("seq")) else {
+                unreachable!("step and seq are metadata arrays")
+            };
             let rows = match resume_after_step {
-                Some(step) => self.rows_through(&meta_dir("step"), meta_chunk_rows, stored, step)?,
+                Some(step) => self.rows_through(&meta_dir("step"), &step_spec, stored, step)?,
                 None => stored,
             };
             if rows < stored {
                 self.truncate(&f, &group_dir, &leaf, rows).map_err(|e| e.context(&context))?;
             }
             if rows > 0 {
-                let last = self.meta_value(&meta_dir("seq"), meta_chunk_rows, rows - 1)?;
+                let last = self.meta_value(&meta_dir("seq"), &seq_spec, rows - 1)?;
                 next_seq = next_seq.max(u64::try_from(last).unwrap_or(0) + 1);
             }
             let transforms = f.doc["attributes"]["hostfeed"]["transforms"].as_array().cloned().unwrap_or_default();
@@ -150,6 +160,7 @@ impl Recorder {
                 state: Mutex::new(ArrayState::resumed(rows, spec.chunk_rows)),
                 spec,
                 meta_chunk_rows,
+                meta_codec,
             });
         }
         self.next_seq.fetch_max(next_seq, Ordering::Relaxed);
@@ -198,11 +209,12 @@ impl Recorder {
         Ok(())
     }
 
-    /// The int64 value of row `row` of the per-row metadata array at `dir`.
-    fn meta_value(&self, dir: &Path, chunk_rows: u64, row: u64) -> Result<i64, RecordError> {
-        let path = dir.join("c").join((row / chunk_rows).to_string());
-        let bytes = self.store.get(&path).map_err(|e| io_error("read", &path, &e))?;
-        let at = as_usize(row % chunk_rows) * 8;
+    /// Value `row` of the 8-byte metadata array at `dir`, laid out as `spec`.
+    fn meta_value(&self, dir: &Path, spec: &ArraySpec, row: u64) -> Result<i64, RecordError> {
+        let path = dir.join("c").join((row / spec.chunk_rows).to_string());
+        let bytes = read_meta_chunk(&*self.store, spec, &path)?
+            .ok_or_else(|| io_error("read", &path, &io::Error::from(io::ErrorKind::NotFound)))?;
+        let at = as_usize(row % spec.chunk_rows) * 8;
         bytes
             .get(at..at + 8)
             .map(|b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
@@ -210,12 +222,14 @@ impl Recorder {
     }
 
     /// How many of the first `rows` rows come before the first whose step (the `.step`
-    /// array at `dir`) is greater than `step`.
-    fn rows_through(&self, dir: &Path, chunk_rows: u64, rows: u64, step: i64) -> Result<u64, RecordError> {
+    /// array at `dir`, laid out as `spec`) is greater than `step`.
+    fn rows_through(&self, dir: &Path, spec: &ArraySpec, rows: u64, step: i64) -> Result<u64, RecordError> {
+        let chunk_rows = spec.chunk_rows;
         let mut k = 0;
         while k * chunk_rows < rows {
             let path = dir.join("c").join(k.to_string());
-            let bytes = self.store.get(&path).map_err(|e| io_error("read", &path, &e))?;
+            let bytes = read_meta_chunk(&*self.store, spec, &path)?
+                .ok_or_else(|| io_error("read", &path, &io::Error::from(io::ErrorKind::NotFound)))?;
             let n = as_usize((rows - k * chunk_rows).min(chunk_rows));
             let values = bytes.get(..n * 8).ok_or_else(|| corrupt(dir, "a metadata chunk is too short"))?;
             if let Some(i) = values.chunks(8).position(|b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])) > step) {
