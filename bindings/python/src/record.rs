@@ -29,6 +29,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRecorder>()?;
     m.add_function(wrap_pyfunction!(after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(write_tracing, m)?)?;
+    m.add_function(wrap_pyfunction!(take_late_drops, m)?)?;
     Ok(())
 }
 
@@ -513,6 +514,14 @@ pub fn after_fork_in_child() {
     hostfeed_core::after_fork_in_child();
     // The parent's poller thread does not exist here.
     POLLER_RUNNING.store(false, Ordering::SeqCst);
+}
+
+/// The rows dropped since the last call because they reached a closed recorder (compiled
+/// code run after `close`), as `(store, array, rows)` tuples; empty (without a lock) when
+/// there are none. `barrier_wait` raises them, interpreter exit reports them.
+#[pyfunction]
+pub fn take_late_drops() -> Vec<(String, String, u64)> {
+    hostfeed_core::take_late_drops().into_iter().map(|d| (d.store, d.array, d.rows)).collect()
 }
 
 /// Whether the recorders' writer threads put their writes on `jax.profiler`'s timeline now
