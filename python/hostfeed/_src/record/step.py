@@ -21,6 +21,7 @@ recorded by a step that was called is lost.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -93,7 +94,10 @@ class RecordedStep:
             kw = {**{k: v for k, v in kwargs.items() if k in self._static_names}, **dk}
             return self.fn(*full, **kw)
 
-        jaxpr, consts, shape = compat.jaxprs.traced(flat, *leaves)
+        # So that JAX's messages about what was traced (a result that is not an array...)
+        # name the user's function and its line, as jax.jit's do, not this wrapper.
+        named = functools.wraps(self.fn, updated=())(flat)
+        jaxpr, consts, shape = compat.jaxprs.traced(named, *leaves)
         outs, nodes, arrays, met = hoist.evaluate(jaxpr, consts, leaves,
                                                   self._platform or jax.default_backend(),
                                                   _choices)
