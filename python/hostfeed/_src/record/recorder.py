@@ -174,6 +174,7 @@ class Recorder:
         # The receiver (and its exit handler, which closes recorders after draining) must
         # exist before any row can be recorded.
         lifecycle.ensure_started()
+        durable = settings.flag(durable, "hostfeed.Recorder: durable")
         where = stores.location(path, storage_options)
         fspath = where.where
         coord = coordination.Coordinator(fspath, coordination_timeout)
@@ -382,9 +383,11 @@ class Recorder:
                 or in_flight < 1:
             raise ValueError(f"hostfeed: Recorder.step: in_flight must be a positive number "
                              f"of steps, got {in_flight!r}")
-        if outputs is not None and not isinstance(outputs, bool):
-            raise TypeError(f"hostfeed: Recorder.step: outputs must be True, False or None, "
-                            f"got {outputs!r}")
+        if outputs is not None:
+            if not isinstance(outputs, (bool, np.bool_)):
+                raise TypeError(f"hostfeed: Recorder.step: outputs must be True, False or "
+                                f"None, got {outputs!r}")
+            outputs = bool(outputs)
         return _step.RecordedStep(self, fn, int(in_flight), jit_kwargs, outputs)
 
     def _pipeline(self) -> _step.Pipeline:
