@@ -558,6 +558,8 @@ def barrier_wait(logging_name: Optional[str] = None, *, timeout: Optional[float]
     Raises:
       CallbackException: a host callback raised since the last ``barrier_wait``; carries
         the last such exception (as ``__cause__``) and its formatted traceback.
+      RecordingError: an open recorder's write failed (it flushes them all), or rows
+        reached a recorder after its ``close()`` and were dropped (counted per array).
       RuntimeError: called from inside a host callback, where it would deadlock.
 
     Example:
