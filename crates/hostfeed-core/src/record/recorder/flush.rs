@@ -54,7 +54,7 @@ impl Recorder {
         let shown = left.len().min(4);
         let mut what = left[..shown].join(", ");
         if left.len() > shown {
-            what.push_str(&format!(" and {} more arrays", left.len() - shown));
+            what = format!("{what} and {} more arrays", left.len() - shown);
         }
         if what.is_empty() {
             what = "the last writes".to_string();
