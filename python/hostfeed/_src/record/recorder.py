@@ -369,7 +369,9 @@ class Recorder:
           **jit_kwargs: passed to ``jax.jit`` (``static_argnums``, ``donate_argnums``...).
 
         Returns:
-          A callable like ``jax.jit(fn)``.
+          A callable like ``jax.jit(fn)``. Calling it after this recorder's ``close()`` (or,
+          where the records leave as outputs, another recorder's it records to) raises
+          ``ValueError`` before the step runs: its rows would be dropped.
 
         Example:
             >>> train_step = rec.step(train_step)              # doctest: +SKIP
