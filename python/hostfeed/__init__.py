@@ -174,6 +174,7 @@ def receiver_stats(*, reset: bool = False) -> dict[str, Any]:
         >>> sorted(hostfeed.receiver_stats())[:4]
         ['buffer_pool_bytes', 'buffer_pool_idle_bytes', 'bytes_enqueued', 'bytes_processed']
     """
+    reset = _settings.flag(reset, "hostfeed.receiver_stats: reset")
     stats = _lifecycle.stats()
     h = _lifecycle.histograms()
     stats["device_us"] = summary_of_buckets(h["device_ns"], 1e-3)

@@ -278,6 +278,11 @@ def after_fork_in_child() -> None:
     """In a forked child: a fresh, stopped receiver; recorders opened before count as
     closed."""
 
+def take_late_drops() -> list[tuple[str, str, int]]:
+    """The rows dropped since the last call because they reached a closed recorder
+    (compiled code run after ``close``), as ``(store, array, rows)``; ``barrier_wait``
+    raises them, interpreter exit reports them."""
+
 def write_tracing() -> bool:
     """Whether the recorders' writer threads put their writes on ``jax.profiler``'s
     timeline now (refreshed at every recorder creation and flush, and every 200 ms while a

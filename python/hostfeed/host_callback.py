@@ -73,7 +73,7 @@ import jax
 import numpy as np
 
 from . import _receiver
-from ._src import compat, dtypes, keys, lifecycle, placement
+from ._src import compat, dtypes, keys, lifecycle, placement, settings
 from ._src.errors import CallbackException
 from ._src.eager import outside_call
 from ._src.primitives import (get_ad_taps, get_sync_taps, host_call_p, outside_call_params,
@@ -341,6 +341,7 @@ def id_tap(tap_func: Callable, arg: Any, *, result: Any = None, tap_with_device:
                         "pre-apply keyword arguments, either by using a closure or by passing "
                         f"``functools.partial(tap_func, **kwargs)``. (id_tap got "
                         f"{sorted(kwargs)}.)")
+    tap_with_device = settings.flag(tap_with_device, "id_tap: tap_with_device")
     _check_tap_func(tap_func, tap_with_device, "id_tap")
     return _tap(tap_func, arg, result, tap_with_device, device_index, sync, "id_tap")
 
@@ -430,6 +431,7 @@ def id_print(arg: Any, *, result: Any = None, tap_with_device: bool = False,
         what: x,x^2
         ( 3. 9. )
     """
+    tap_with_device = settings.flag(tap_with_device, "id_print: tap_with_device")
     printer = Printer(output_stream, threshold, kwargs)
     return _tap(printer, arg, result, tap_with_device, device_index, sync, "id_print")
 
@@ -524,6 +526,7 @@ def call(callback_func: Callable, arg: Any, *, result_shape: Any = None,
         >>> f(jnp.zeros(3)).tolist()
         [0.0, 0.0, 0.0]
     """
+    call_with_device = settings.flag(call_with_device, "call: call_with_device")
     _check_call_func(callback_func, call_with_device)
     if _receiver.in_callback_thread():
         raise _receiver.CallbackContextError(
@@ -555,6 +558,8 @@ def barrier_wait(logging_name: Optional[str] = None, *, timeout: Optional[float]
     Raises:
       CallbackException: a host callback raised since the last ``barrier_wait``; carries
         the last such exception (as ``__cause__``) and its formatted traceback.
+      RecordingError: an open recorder's write failed (it flushes them all), or rows
+        reached a recorder after its ``close()`` and were dropped (counted per array).
       RuntimeError: called from inside a host callback, where it would deadlock.
 
     Example:

@@ -371,3 +371,85 @@ def test_follow_on_a_damaged_store_raises_at_once(tmp_path):
     (path / "zarr.json").write_text("{")
     with pytest.raises(ValueError, match="the store cannot be read"):
         list(hostfeed.follow(path, "h", timeout=600, poll=0.01))  # not the timeout
+
+
+def _recording(tmp_path):
+    path = tmp_path / "flags.zarr"
+    with hostfeed.Recorder(path, mode="w") as rec:
+        for i in range(5):
+            rec.record("x", np.full(2, i, np.float32))
+    return hostfeed.open_recording(path)
+
+
+def _set_sync_taps(v, tmp_path):
+    before = hcb.get_sync_taps()
+    try:
+        hcb.set_sync_taps(v)
+    finally:
+        hcb.set_sync_taps(before)
+
+
+def _sync_taps(v, tmp_path):
+    with hcb.sync_taps(v):
+        pass
+
+
+def _with_recorder(use):
+    def call(v, tmp_path):
+        with hostfeed.Recorder(tmp_path / "r.zarr", mode="w") as rec:
+            use(rec, v)
+    return call
+
+
+def _capture(flag):
+    def call(v, tmp_path):
+        eqx = pytest.importorskip("equinox")
+        model = eqx.nn.Sequential([eqx.nn.Linear(2, 2, key=jax.random.key(0))])
+        with hostfeed.Recorder(tmp_path / "c.zarr", mode="w") as rec:
+            hostfeed.capture(model, rec, "layers.0", **{flag: v})
+    return call
+
+
+def _bench(v, tmp_path):
+    from hostfeed import bench
+    try:
+        bench.run(["no-such-section"], quick=v)
+    except ValueError as exc:  # past the flag: the section is refused next
+        assert "unknown bench sections" in str(exc)
+
+
+# Every boolean parameter of the public API (hostfeed.__all__, host_callback's, Recorder's
+# methods, open_recording's Recording, capture, the bench's run): (its name, a call).
+FLAGS = [
+    ("reset", lambda v, t: hostfeed.receiver_stats(reset=v)),
+    ("sync", _set_sync_taps),
+    ("sync", _sync_taps),
+    ("tap_with_device", lambda v, t: hcb.id_tap(lambda x, tr, device=None: None, 1.0,
+                                                tap_with_device=v)),
+    ("sync", lambda v, t: hcb.id_tap(lambda x, tr: None, 1.0, sync=v)),
+    ("tap_with_device", lambda v, t: hcb.id_print(1.0, tap_with_device=v,
+                                                  output_stream=io.StringIO())),
+    ("sync", lambda v, t: hcb.id_print(1.0, sync=v, output_stream=io.StringIO())),
+    ("call_with_device", lambda v, t: hcb.call(lambda x, device=None: x, np.float32(1),
+                                               result_shape=np.float32(1),
+                                               call_with_device=v)),
+    ("durable", lambda v, t: hostfeed.Recorder(t / "d.zarr", mode="w", durable=v).close()),
+    ("cotangents", _with_recorder(lambda rec, v: rec.record("x", 1.0, cotangents=v))),
+    ("outputs", _with_recorder(lambda rec, v: rec.step(lambda x: x, outputs=v))),
+    ("inputs", _capture("inputs")),
+    ("outputs", _capture("outputs")),
+    ("cotangents", _capture("cotangents")),
+    ("shuffle", lambda v, t: list(_recording(t).iter_batches("x", 2, shuffle=v))),
+    ("drop_last", lambda v, t: list(_recording(t).iter_batches("x", 2, drop_last=v))),
+    ("quick", _bench),
+]
+
+
+@pytest.mark.parametrize("name,call", FLAGS, ids=[
+    f"{n}-{i}" for i, (n, _) in enumerate(FLAGS)])
+def test_every_public_flag_takes_a_bool_or_refuses_naming_it(tmp_path, name, call):
+    for bad in ("no", 1):
+        with pytest.raises(TypeError, match=rf"\b{name}\b.*(must be|expected) True.*{bad!r}"):
+            call(bad, tmp_path)
+    call(np.True_, tmp_path)  # a numpy bool is a bool
+    hcb.barrier_wait()

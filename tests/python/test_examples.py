@@ -22,7 +22,7 @@ MODULES = ["hostfeed", "hostfeed.host_callback", "hostfeed.lowering", "hostfeed.
            *(f"hostfeed._src.{m}" for m in (
                "compat", "settings", "dtypes", "devices", "errors", "consumers", "dispatcher",
                "lifecycle", "keys", "printing", "spec", "primitives", "eager", "runtime",
-               "placement", "fast_dispatch", "record.recorder", "record.lowering",
+               "placement", "fast_dispatch", "record.recorder", "record.lowering", "record.late",
                "readback.reading", "readback.series", "readback.tensorboard",
                "record.stores", "record.coordination", "rules", "lowering", "latency",
                "transports", "transports.native", "transports.portable",

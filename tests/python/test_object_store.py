@@ -446,6 +446,58 @@ def test_an_unreachable_server_is_a_recording_error_at_flush(s3, bucket):
     assert rows.tolist()[:1] == [[0, 1, 2, 3]], "what was announced is intact"
 
 
+def test_a_bucket_deleted_mid_run_is_named_as_gone(s3):
+    bucket = s3.new_bucket()
+    url = f"s3://{bucket}/gone.zarr"
+    rec = hostfeed.Recorder(url, chunk_bytes=64, commit_interval=3600,
+                            storage_options={"retry_timeout": 1, "max_retries": 1})
+    try:
+        rec.record("x", jnp.arange(4))  # half a chunk: the next write reads it back
+        rec.flush()
+        s3.remove_bucket(bucket)
+        rec.record("x", jnp.arange(4))
+        with pytest.raises(hostfeed.RecordingError,
+                           match=rf"no object {url}/x/c/0/0: the bucket s3://{bucket} is "
+                                 rf"gone \(deleted while the recorder was open\?\)"):
+            rec.flush()
+    finally:
+        rec.close()
+
+
+def test_a_long_flush_says_what_it_waits_for(s3, bucket, caplog):
+    url = f"s3://{bucket}/slow.zarr"
+    rec = hostfeed.Recorder(url, chunk_bytes=64, commit_interval=3600)
+    rec.record("h", jnp.arange(4))
+    rec.flush()
+    s3.stop()
+    closed = threading.Event()
+    try:
+        rec.record("h", jnp.arange(4) + 1)
+        rec.record("h", jnp.arange(4) + 2)
+        # The close waits for the writers, whose uploads are retried while the server is
+        # down (retry_timeout 180 s): after 5 s it says so.
+        with caplog.at_level(logging.WARNING, logger="hostfeed"):
+            t = threading.Thread(target=lambda: (rec.close(), closed.set()))
+            t.start()
+
+            def said():
+                return [r.getMessage() for r in caplog.records if "has waited" in r.getMessage()]
+            wait_until(lambda: said() or closed.is_set(), timeout=60, interval=0.05)
+        assert not closed.is_set(), "the close waits while the server is down"
+        [text] = said()
+        assert text.startswith(f"hostfeed: the recorder of {url} has waited 5 s to write what "
+                               f"it received (a flush, close or barrier_wait): 2 rows of \"h\" "
+                               f"not written yet; the writers wait on uploads in flight, which "
+                               f"an object store that does not answer"), text
+        assert "retry_timeout" in text, text
+    finally:
+        s3.start()
+    t.join(120)
+    assert closed.is_set(), "the close ended once the server was back"
+    rows, _ = hostfeed.read_recording(url, "h")
+    assert rows[:, 0].tolist() == [0, 1, 2], "every row intact"
+
+
 def test_wrong_credentials_fail_at_open_without_showing_them(s3, bucket):
     if isinstance(s3, S3Server):
         pytest.skip("moto accepts any credentials")

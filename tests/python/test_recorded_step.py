@@ -278,6 +278,19 @@ def test_outputs_must_be_a_bool_or_none(tmp_path):
         rec.step(lambda x: x, outputs="yes")
 
 
+def test_a_step_returning_a_non_array_names_the_users_function(tmp_path):
+    def my_train_step(x):
+        rec.record("x", x)
+        return "done"
+
+    with hostfeed.Recorder(tmp_path / "run.zarr") as rec:
+        step = rec.step(my_train_step, outputs=True)
+        with pytest.raises(TypeError, match=r"function my_train_step at .*test_recorded_step"
+                                            r"\.py:\d+ traced for jit returned a value of type "
+                                            r"<class 'str'>"):
+            step(jnp.zeros(2))
+
+
 def test_a_step_needs_a_callable(tmp_path):
     with hostfeed.Recorder(tmp_path / "run.zarr") as rec, \
             pytest.raises(TypeError, match="needs a callable"):

@@ -29,11 +29,26 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRecorder>()?;
     m.add_function(wrap_pyfunction!(after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(write_tracing, m)?)?;
+    m.add_function(wrap_pyfunction!(take_late_drops, m)?)?;
     Ok(())
 }
 
 /// Longest single wait with the GIL released before re-checking signals.
 const WAIT_SLICE: Duration = Duration::from_millis(100);
+/// A flush waiting this long logs what it waits for (again after four times as long...).
+const FLUSH_NOTICE: Duration = Duration::from_secs(5);
+
+/// Logs `text` as a warning of the `hostfeed` Python logger (what it cannot log is
+/// printed).
+fn warn(py: Python<'_>, text: &str) {
+    let logged = py
+        .import("logging")
+        .and_then(|m| m.call_method1("getLogger", ("hostfeed",)))
+        .and_then(|l| l.call_method1("warning", ("%s", text)));
+    if let Err(e) = logged {
+        e.display(py);
+    }
+}
 
 // ---- Writes on jax.profiler's timeline ------------------------------------------------------
 // Whether a trace is being collected is `TraceMe.is_enabled()`, which needs the GIL. The core
@@ -430,6 +445,7 @@ impl PyRecorder {
         let targets = py.detach(|| inner.flush_begin());
         let start = Instant::now();
         let mut finished = false;
+        let mut notice = FLUSH_NOTICE;
         loop {
             let slice = timeout.map_or(WAIT_SLICE, |t| t.saturating_sub(start.elapsed()).min(WAIT_SLICE));
             if py.detach(|| inner.flush_wait(&targets, slice)) {
@@ -438,6 +454,22 @@ impl PyRecorder {
             }
             if timeout.is_some_and(|t| start.elapsed() >= t) {
                 break;
+            }
+            if start.elapsed() >= notice {
+                // A flush (or close) that takes long says what it waits for, and again
+                // after four times as long.
+                let what = py.detach(|| inner.flush_waiting_for(&targets));
+                warn(
+                    py,
+                    &format!(
+                        "hostfeed: the recorder of {} has waited {} s to write what it received (a flush, \
+                         close or barrier_wait): {}",
+                        inner.root().display(),
+                        start.elapsed().as_secs(),
+                        what
+                    ),
+                );
+                notice *= 4;
             }
             py.check_signals()?;
         }
@@ -482,6 +514,14 @@ pub fn after_fork_in_child() {
     hostfeed_core::after_fork_in_child();
     // The parent's poller thread does not exist here.
     POLLER_RUNNING.store(false, Ordering::SeqCst);
+}
+
+/// The rows dropped since the last call because they reached a closed recorder (compiled
+/// code run after `close`), as `(store, array, rows)` tuples; empty (without a lock) when
+/// there are none. `barrier_wait` raises them, interpreter exit reports them.
+#[pyfunction]
+pub fn take_late_drops() -> Vec<(String, String, u64)> {
+    hostfeed_core::take_late_drops().into_iter().map(|d| (d.store, d.array, d.rows)).collect()
 }
 
 /// Whether the recorders' writer threads put their writes on `jax.profiler`'s timeline now

@@ -27,6 +27,8 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 MAX_QUEUE_ENV = "JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE"
 INLINE_ENV = "JAX_HOST_CALLBACK_INLINE"
 AD_TAPS_ENV = "HOSTFEED_AD_TAPS"
@@ -125,6 +127,23 @@ def byte_count(value: Any, what: str) -> int:
     if number >= 1 << 63:
         raise ValueError(f"{what}={value!r} is larger than any memory; use e.g. 256e6")
     return number
+
+
+def flag(value: Any, what: str) -> bool:
+    """A public function's boolean argument: ``True``, ``False`` or a numpy bool; anything
+    else (``"no"``, ``0``, ``None``) is a ``TypeError`` that names the argument ``what``.
+
+    Example:
+        >>> flag(True, "reset"), flag(np.False_, "reset")
+        (True, False)
+        >>> flag("no", "hostfeed.receiver_stats: reset")
+        Traceback (most recent call last):
+        ...
+        TypeError: hostfeed.receiver_stats: reset must be True or False, got 'no'
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{what} must be True or False, got {value!r}")
 
 
 def seconds(value: Any, what: str) -> float | None:

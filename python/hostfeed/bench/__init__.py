@@ -113,6 +113,7 @@ from typing import Any
 
 import jax
 
+from .._src import settings
 from . import _report, _tpu
 from ._portable import portable_section
 from ._receiver_sections import backpressure, barrier, compile_time, eager
@@ -194,6 +195,7 @@ def run(sections: Sequence[str] | None = None, *, quick: bool = False,
         progress: Callable[[str], None] | None = None, suite: str = "auto") -> dict[str, Any]:
     """Runs the given sections (all of the suite by default) and returns the result (the
     JSON schema above; on the ``tpu`` suite a section that fails holds its ``error``)."""
+    quick = settings.flag(quick, "hostfeed.bench.run: quick")
     suite = suite_for(suite)
     table = SUITES[suite]
     chosen = list(sections or table)

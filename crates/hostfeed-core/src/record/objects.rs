@@ -555,6 +555,33 @@ impl Objects {
         })
     }
 
+    /// What a read of `path` that found no object says: a provider answers "not found" for
+    /// a missing bucket too, so the bucket is looked at (one listing, the error path only)
+    /// to say when it is gone rather than the object.
+    fn no_object(&self, path: &Path) -> String {
+        let listed = self.key(&self.root).ok().map(|key| {
+            self.run(async { tokio::time::timeout(REACH_TIMEOUT, self.inner.list_with_delimiter(Some(&key))).await })
+        });
+        let bucket_gone = match &listed {
+            Some(Ok(Err(e))) => {
+                let text = e.to_string();
+                matches!(e, object_store::Error::NotFound { .. })
+                    || ["NoSuchBucket", "bucket does not exist", "ContainerNotFound"].iter().any(|m| text.contains(m))
+            }
+            _ => false,
+        };
+        if bucket_gone {
+            format!(
+                "no object {}: the bucket {} is gone (deleted while the recorder was open?): recreate it, or \
+                 record to another store",
+                path.display(),
+                self.base.display()
+            )
+        } else {
+            format!("no object {}", path.display())
+        }
+    }
+
     /// A request that touches the bucket, so that a missing bucket, wrong credentials or an
     /// unreachable server fail at open, naming the store.
     ///
@@ -645,7 +672,7 @@ impl Store for Objects {
                 }
                 Ok(bytes)
             }
-            Ok(None) => Err(io::Error::new(io::ErrorKind::NotFound, format!("no object {}", path.display()))),
+            Ok(None) => Err(io::Error::new(io::ErrorKind::NotFound, self.no_object(path))),
             Err(e) => Err(self.io(&e)),
         }
     }

@@ -94,6 +94,8 @@ mod resume;
 mod root;
 mod route;
 mod rows;
+pub(crate) use route::forget_late_drops;
+pub use route::{take_late_drops, LateDrop};
 use root::{is_recording, prepare_objects, prepare_root, refuse_shared_append, root_attributes};
 
 /// Bumped in a child process created by `fork`

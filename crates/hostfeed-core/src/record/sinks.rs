@@ -12,7 +12,7 @@ use crate::host::hub::{Batch, Worker};
 use crate::host::message::Message;
 use crate::record::arrays::{ArrayHandle, Row};
 use crate::record::common::{read_lock, write_lock, ArrayId};
-use crate::record::recorder::{Recorder, FORK_GENERATION};
+use crate::record::recorder::{forget_late_drops, Recorder, FORK_GENERATION};
 use crate::record::trace;
 use crate::record::zarr::DType;
 
@@ -22,6 +22,7 @@ use crate::record::zarr::DType;
 pub(crate) fn after_fork_in_child() {
     FORK_GENERATION.fetch_add(1, Ordering::SeqCst);
     sinks().clear();
+    forget_late_drops();
     trace::after_fork_in_child();
 }
 

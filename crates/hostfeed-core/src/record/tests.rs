@@ -133,6 +133,24 @@ fn rows_survive_flushes_in_the_middle_of_a_chunk() {
 }
 
 #[test]
+fn rows_that_reach_a_closed_recorder_are_counted_for_the_program() {
+    let root = temp_root("late");
+    let rec = create_new(&root).unwrap();
+    let id = rec.declare("g/late", xla::S32, &[2]).unwrap();
+    rec.append(id, &int_row(0), 0, 0, 0).unwrap();
+    rec.close().unwrap();
+    for r in 1..3u32 {
+        assert!(matches!(rec.append(id, &int_row(r), r.into(), 0, 0), Err(RecordError::Closed(_))));
+    }
+    let store = root.display().to_string();
+    // (Other tests' recorders may be in the list too: only this store's entry is checked.)
+    let late: Vec<_> = take_late_drops().into_iter().filter(|d| d.store == store).collect();
+    assert_eq!(late, vec![LateDrop { store: store.clone(), array: "g/late".into(), rows: 2 }]);
+    assert!(take_late_drops().iter().all(|d| d.store != store), "taken once");
+    let _ = fs::remove_dir_all(&root);
+}
+
+#[test]
 fn flat_keys_with_zstd_and_many_writers_keep_every_flushed_row() {
     // Flushes in the middle of chunks: a compressed chunk is rewritten (its flushed
     // prefix read back) while the next chunk's partial copy is written by another

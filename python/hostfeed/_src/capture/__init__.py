@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .. import settings
 from .calls import CaptureSpec, Capturing, summary_suffix
 from .selection import Select, Selector
 
@@ -195,12 +196,13 @@ def _spec(recorder: Any, step: Any, every: Any, start: Any, stop: Any, reduce: A
         raise ValueError("hostfeed.capture: every=, start= and stop= select steps: pass the "
                          "step too (step=...)")
     summary_suffix(reduce)
-    if not isinstance(inputs, bool) or not isinstance(outputs, bool):
-        raise TypeError(f"hostfeed.capture: inputs and outputs must be True or False, got "
-                        f"inputs={inputs!r}, outputs={outputs!r}")
-    if cotangents is not None and not isinstance(cotangents, bool):
-        raise TypeError(f"hostfeed.capture: cotangents must be True, False or None, got "
-                        f"{cotangents!r}")
+    inputs = settings.flag(inputs, "hostfeed.capture: inputs")
+    outputs = settings.flag(outputs, "hostfeed.capture: outputs")
+    if cotangents is not None:
+        if not isinstance(cotangents, (bool, np.bool_)):
+            raise TypeError(f"hostfeed.capture: cotangents must be True, False or None, got "
+                            f"{cotangents!r}")
+        cotangents = bool(cotangents)
     if not (inputs or outputs):
         raise ValueError("hostfeed.capture: inputs=False and outputs=False record nothing")
     if prefix is not None and (not isinstance(prefix, str) or not prefix.strip("/")):

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
+from .. import settings
 from ..record import stores
 from .reading import _recorded_names
 from ..record.unflushed import warn_if_unflushed
@@ -224,6 +225,8 @@ class Recording:
                 or batch_size < 1:
             raise ValueError(f"hostfeed: iter_batches: batch_size must be a positive int, "
                              f"got {batch_size!r}")
+        shuffle = settings.flag(shuffle, "hostfeed: iter_batches: shuffle")
+        drop_last = settings.flag(drop_last, "hostfeed: iter_batches: drop_last")
         arr = self[name]
         if not 0 <= flatten_axes < len(arr.shape):
             raise ValueError(f"hostfeed: iter_batches: flatten_axes must be from 0 to "
@@ -231,6 +234,12 @@ class Recording:
                              f"{flatten_axes!r}")
         if window < 1:
             raise ValueError(f"hostfeed: iter_batches: window must be >= 1, got {window!r}")
+        # Checked above, at the call; the batches come from a generator.
+        return self._epoch(arr, batch_size, shuffle, seed, flatten_axes, window, drop_last)
+
+    def _epoch(self, arr: RecordedArray, batch_size: int, shuffle: bool, seed: int,
+               flatten_axes: int, window: int, drop_last: bool) -> Iterator[np.ndarray]:
+        """The batches of :meth:`iter_batches` (its arguments checked)."""
         rng = np.random.default_rng(seed)
         chunks = np.arange(math.ceil(len(arr) / arr.chunk_rows))
         if shuffle:

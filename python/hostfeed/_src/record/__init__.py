@@ -15,7 +15,9 @@ is ``crates/hostfeed-core/src/record/``, reached through ``hostfeed._receiver``)
   computation as its outputs and appended while the next steps run;
 - :mod:`.stores` and :mod:`.coordination`: where a recording lives (paths, object
   stores) and how the processes of a distributed run agree on one store;
-- :mod:`.unflushed`: the warning for a read of rows a writer may not have written yet.
+- :mod:`.unflushed`: the warning for a read of rows a writer may not have written yet;
+- :mod:`.late`: rows that reached a closed recorder, raised by the next ``barrier_wait``
+  or reported at exit.
 
 Reading a recording back is :mod:`hostfeed._src.readback`'s.
 """

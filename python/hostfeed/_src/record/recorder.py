@@ -34,10 +34,10 @@ import jax
 import numpy as np
 
 from ... import _receiver
-from .. import compat, keys, lifecycle
+from .. import compat, errors, keys, lifecycle, settings
 from ..primitives import get_ad_taps, outside_call_p, outside_call_params
-from . import (coordination, inputs as record_inputs, selection as _selection, step as _step,
-               stores, unflushed as _unflushed)
+from . import (coordination, inputs as record_inputs, late, selection as _selection,
+               step as _step, stores, unflushed as _unflushed)
 from .catalogue import Catalogue
 from .target import Target
 from ..spec import CallbackSpec
@@ -177,6 +177,7 @@ class Recorder:
         # The receiver (and its exit handler, which closes recorders after draining) must
         # exist before any row can be recorded.
         lifecycle.ensure_started()
+        durable = settings.flag(durable, "hostfeed.Recorder: durable")
         where = stores.location(path, storage_options)
         fspath = where.where
         coord = coordination.Coordinator(fspath, coordination_timeout)
@@ -371,7 +372,9 @@ class Recorder:
           **jit_kwargs: passed to ``jax.jit`` (``static_argnums``, ``donate_argnums``...).
 
         Returns:
-          A callable like ``jax.jit(fn)``.
+          A callable like ``jax.jit(fn)``. Calling it after this recorder's ``close()`` (or,
+          where the records leave as outputs, another recorder's it records to) raises
+          ``ValueError`` before the step runs: its rows would be dropped.
 
         Example:
             >>> train_step = rec.step(train_step)              # doctest: +SKIP
@@ -385,9 +388,11 @@ class Recorder:
                 or in_flight < 1:
             raise ValueError(f"hostfeed: Recorder.step: in_flight must be a positive number "
                              f"of steps, got {in_flight!r}")
-        if outputs is not None and not isinstance(outputs, bool):
-            raise TypeError(f"hostfeed: Recorder.step: outputs must be True, False or None, "
-                            f"got {outputs!r}")
+        if outputs is not None:
+            if not isinstance(outputs, (bool, np.bool_)):
+                raise TypeError(f"hostfeed: Recorder.step: outputs must be True, False or "
+                                f"None, got {outputs!r}")
+            outputs = bool(outputs)
         return _step.RecordedStep(self, fn, int(in_flight), jit_kwargs, outputs)
 
     def _pipeline(self) -> _step.Pipeline:
@@ -405,6 +410,14 @@ class Recorder:
         if self._steps is not None:
             self._steps.drain()
 
+    def _drain_all_steps(self) -> None:
+        """Waits until every row of the steps called so far is appended: this recorder's
+        and every open recorder's (a step of another recorder may record to this one)."""
+        with open_lock:
+            recorders = [self, *(r for r in _open if r is not self)]
+        for rec in recorders:
+            rec._drain_steps()
+
     def flush(self, timeout: Optional[float] = None) -> None:
         """Waits until every row recorded by the computations dispatched so far is written
         and announced in the store's metadata.
@@ -417,7 +430,7 @@ class Recorder:
           TimeoutError: not done within ``timeout`` seconds (what was written is announced).
         """
         lifecycle.check_not_in_callback("Recorder.flush")
-        self._drain_steps()
+        self._drain_all_steps()
         failed_run = lifecycle.drain_dispatched(timeout)
         if not self._native.flush(timeout):
             raise _receiver.ReceiverTimeoutError(
@@ -430,14 +443,16 @@ class Recorder:
             raise failed_run
 
     def close(self) -> None:
-        """Flushes, then stops the writer threads. Recording afterwards raises; rows that
-        already compiled code sends later are dropped with a warning. Closing twice does
-        nothing."""
+        """Flushes, then stops the writer threads. Recording afterwards raises, and so
+        does calling a step of this recorder (:meth:`step`); rows that code compiled
+        before sends later are dropped, and the next ``barrier_wait()`` raises a
+        ``RecordingError`` that counts them per array (if none does, the report at
+        interpreter exit says so). Closing twice does nothing."""
         if self.closed:
             return
         lifecycle.check_not_in_callback("Recorder.close")
         try:
-            self._drain_steps()
+            self._drain_all_steps()
             lifecycle.drain_dispatched()
         finally:
             with open_lock:
@@ -544,21 +559,28 @@ def _check_name(name: str) -> None:
 
 
 def _flush_open() -> Optional[BaseException]:
-    """After a barrier: writes what every open recorder received; returns the first error."""
+    """After a barrier: writes what every open recorder received; returns the first error
+    (rows that reached a closed recorder come last)."""
     if not _open:  # no recorder open: nothing to write (checked without the lock)
-        return None
+        return None if errors.pending() else late.raised()
     with open_lock:
         recorders = list(_open)
     first: Optional[BaseException] = None
-    for rec in recorders:
+    for rec in recorders:  # all first: a step of one recorder may record to another
         try:
             rec._drain_steps()
+        except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
+            first = first or exc
+    for rec in recorders:
+        try:
             rec._native.flush(None)
             rec._coord.commit(rec._native)
             _unflushed.mark_flushed(rec)
         except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
             first = first or exc
         first = first or rec._take_unseen()
+    if first is None and not errors.pending():  # else kept for a later barrier
+        return late.raised()
     return first
 
 
@@ -567,12 +589,17 @@ def _close_open() -> None:
     with open_lock:
         recorders = list(_open)
         _open.clear()
-    for rec in recorders:
+    for rec in recorders:  # all first: a step of one recorder may record to another
         try:
             rec._drain_steps()
+        except Exception as exc:  # noqa: BLE001 - logged; the recorders still close
+            logger.error("hostfeed: closing %r at exit: %s", rec, exc)
+    for rec in recorders:
+        try:
             rec._close_native()
         except Exception as exc:  # noqa: BLE001 - logged; the other recorders still close
             logger.error("hostfeed: closing %r at exit: %s", rec, exc)
+    late.report_at_exit()
 
 
 def _after_fork_in_child() -> None:

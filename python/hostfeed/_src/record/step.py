@@ -14,12 +14,14 @@ one more waits first (back-pressure), so device memory held for records stays wi
 ``in_flight`` times a step's recorded bytes. On the host, rows wait within the queue's
 byte bound like every record (the pipeline waits for room).
 
-Flush, close, ``barrier_wait`` and exit wait for the pipeline first, so nothing recorded
-by a step that was called is lost.
+Flush, close, ``barrier_wait`` and exit wait for the pipelines first (a recorder's flush
+and close for every open recorder's: a step may record to other recorders), so nothing
+recorded by a step that was called is lost.
 """
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -64,6 +66,8 @@ class RecordedStep:
         # their outcome as a static argument, compiling the computation with the chosen
         # branch only (a skipped step computes and returns nothing for the record).
         self._host_conds: tuple = ()
+        # The recorders the last trace records to (as outputs), besides ``recorder``.
+        self._recorders: tuple = ()
         self._jitted = jax.jit(self._traced, **{
             **jit_kwargs, "static_argnames": (*self._static_names, "_choices")})
         self.__wrapped__ = fn
@@ -90,14 +94,17 @@ class RecordedStep:
             kw = {**{k: v for k, v in kwargs.items() if k in self._static_names}, **dk}
             return self.fn(*full, **kw)
 
-        jaxpr, consts, shape = compat.jaxprs.traced(flat, *leaves)
+        # So that JAX's messages about what was traced (a result that is not an array...)
+        # name the user's function and its line, as jax.jit's do, not this wrapper.
+        named = functools.wraps(self.fn, updated=())(flat)
+        jaxpr, consts, shape = compat.jaxprs.traced(named, *leaves)
         outs, nodes, arrays, met = hoist.evaluate(jaxpr, consts, leaves,
                                                   self._platform or transports.canonical(
                                                       jax.default_backend()),
                                                   _choices)
         if _choices is None:
             self._host_conds = met
-        _declare(nodes, arrays)
+        self._recorders = _declare(nodes, arrays)[1]
         result = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shape), outs)
         return result, hoist.Collected(nodes, arrays)
 
@@ -106,6 +113,7 @@ class RecordedStep:
             # Called inside another trace (a jit, grad, vmap of its own): there is no
             # dispatch to hang the records on, so they stay in that computation.
             return self.fn(*args, **kwargs)
+        self._check_open()
         if not self._platform:
             self._platform = _platform_of(args, kwargs)
         if not self.takes_outputs():
@@ -118,6 +126,16 @@ class RecordedStep:
             chosen = self._chosen(plan, args, kwargs) if plan.host else {}
             pipeline.submit(collected, self.in_flight, chosen)
         return result
+
+    def _check_open(self) -> None:
+        """Refuses a call, before it runs, when the step's recorder is closed, or (records
+        leaving as outputs) one its last trace records to: its rows would be dropped."""
+        closed = next((r for r in (self.recorder, *self._recorders) if r.closed), None)
+        if closed is not None:
+            raise ValueError(
+                f"hostfeed: {self!r} was called after {closed!r} was closed: its records "
+                f"would be dropped. Call a recorder's steps before its close() (or record "
+                f"with a recorder that is open)")
 
     def _leaves(self, args: tuple, kwargs: dict) -> list:
         """The dynamic arguments, flat, in the order :meth:`_traced` numbers them."""
@@ -178,15 +196,19 @@ def _platform_of(args: tuple, kwargs: dict) -> str:
     return ""
 
 
-def _declare(nodes: Sequence[hoist.Node], arrays: Sequence[Any], depth: int = 0) -> int:
+def _declare(nodes: Sequence[hoist.Node], arrays: Sequence[Any], depth: int = 0
+             ) -> tuple[int, tuple]:
     """Declares the arrays every collected record writes (as lowering does for a record
     left in the computation), so that a name recorded with another dtype or shape, or to a
     closed recorder, is an error here, at the call; returns how many arrays it went
-    through."""
+    through, and the recorders recorded to."""
     at = 0
+    recorders: dict[int, Any] = {}
     for node in nodes:
         if isinstance(node, hoist.Loop):
-            at += _declare(node.children, arrays[at:], depth + 1)
+            n, inner = _declare(node.children, arrays[at:], depth + 1)
+            at += n
+            recorders.update((id(r), r) for r in inner)
             continue
         at += int(node.flagged)
         avals = [jax.typeof(a) if hasattr(jax, "typeof") else a.aval
@@ -194,6 +216,7 @@ def _declare(nodes: Sequence[hoist.Node], arrays: Sequence[Any], depth: int = 0)
         at += node.operands
         target = node.callback.func
         rec = target.recorder
+        recorders[id(rec)] = rec
         if rec.closed:
             raise ValueError(f"hostfeed: a step records {target.name!r} to a closed "
                              f"recorder ({rec.path})")
@@ -203,7 +226,7 @@ def _declare(nodes: Sequence[hoist.Node], arrays: Sequence[Any], depth: int = 0)
         for r, aval in zip(rs, avals):
             if r is not None and r != STEP:
                 rec.catalogue.declare(target.name + r, aval.dtype, aval.shape[depth + nb:])
-    return at
+    return at, tuple(recorders.values())
 
 
 class _Plan:
@@ -337,8 +360,15 @@ class Pipeline:
                     continue
                 j += 1
             values = [get(j + k)[index] for k in range(site.operands)]
-            site.callback.func.append_rows(values, site.transforms,
-                                           _device_of(arrays[j] if site.operands else None))
+            target = site.callback.func
+            try:
+                target.append_rows(values, site.transforms,
+                                   _device_of(arrays[j] if site.operands else None))
+            except ValueError:
+                if not target.recorder.closed:
+                    raise
+                # Closed meanwhile (by another thread): the rows are dropped and counted,
+                # and the next barrier_wait raises it; the other records still go.
 
 
 def _selected_at(leaves: Sequence[Any], selection: tuple) -> Optional[bool]:

@@ -47,6 +47,8 @@ class Target:
         except Exception as exc:  # kept for the recorder's flush/close
             if settings.inline() and not _receiver.in_callback_thread():
                 raise  # inline mode: the caller's own thread, which sees it at once
+            if self.recorder.closed and isinstance(exc, ValueError):
+                return  # dropped and counted: the next barrier_wait raises it
             logger.error("hostfeed: %r failed (raised by the recorder's next flush, "
                                   "close or barrier_wait): %s", self, exc)
             self.recorder.catalogue.failed(exc)

@@ -38,6 +38,36 @@ impl Recorder {
         self.writers.wait_for(targets, timeout)
     }
 
+    /// What a flush waiting on `targets` still waits for, for a note to the program (a
+    /// flush or close that takes long): the rows each array has yet to write, and what
+    /// the writers wait on.
+    #[must_use]
+    pub fn flush_waiting_for(&self, targets: &[(Arc<ArrayHandle>, u64)]) -> String {
+        let mut left = Vec::new();
+        for (a, target) in targets {
+            let st = lock(&a.state);
+            let rows = target.saturating_sub(st.frontier);
+            if rows > 0 && !st.failed {
+                left.push(format!("{rows} row{} of {:?}", if rows == 1 { "" } else { "s" }, a.name));
+            }
+        }
+        let shown = left.len().min(4);
+        let mut what = left[..shown].join(", ");
+        if left.len() > shown {
+            what = format!("{what} and {} more arrays", left.len() - shown);
+        }
+        if what.is_empty() {
+            what = "the last writes".to_string();
+        }
+        let on = if self.store.in_place().is_some() {
+            "writes to the file system (a slow or full disk, or a network file system that does not answer)"
+        } else {
+            "uploads in flight, which an object store that does not answer (an outage, a proxy down) has \
+             retried for up to its retry_timeout (storage_options, default 180 s)"
+        };
+        format!("{what} not written yet; the writers wait on {on}")
+    }
+
     /// Ends a flush: announces every written row and reports the errors since the last
     /// flush (the first, with a count of the others).
     ///

@@ -2,8 +2,9 @@
 //! flush or a spill, a partial one) handed to the writers as a job; the byte bound's share
 //! of the rows waiting in partial chunks (see the recorder's documentation).
 
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::Recorder;
@@ -14,6 +15,47 @@ use crate::host::sync::lock;
 use crate::record::arrays::{ArrayHandle, ArrayState, Job, Payload, Row, RowMeta};
 use crate::record::common::as_u64;
 use crate::record::zarr::Codec;
+
+/// Rows that reached a closed recorder and were dropped, not yet reported to the program:
+/// (store, array) -> rows. Process-wide, so that the program learns of them even when it
+/// holds the recorder no more (see [`take_late_drops`]).
+static LATE: Mutex<BTreeMap<(String, String), u64>> = Mutex::new(BTreeMap::new());
+/// Whether [`LATE`] holds anything (read without its lock by every barrier).
+static HAS_LATE: AtomicBool = AtomicBool::new(false);
+
+/// One entry of [`take_late_drops`]: rows of an array that reached its recorder after it
+/// was closed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LateDrop {
+    /// The recorder's store (a path, or an object store's URL).
+    pub store: String,
+    /// The array's name.
+    pub array: String,
+    /// Rows dropped.
+    pub rows: u64,
+}
+
+/// Takes the rows dropped since the last call because they reached a closed recorder
+/// (compiled code run after `close`), by store and array, for the program to raise
+/// (`barrier_wait`) or report (interpreter exit). Without a lock when there are none.
+#[must_use]
+pub fn take_late_drops() -> Vec<LateDrop> {
+    if !HAS_LATE.swap(false, Ordering::AcqRel) {
+        return Vec::new();
+    }
+    std::mem::take(&mut *lock(&LATE))
+        .into_iter()
+        .map(|((store, array), rows)| LateDrop { store, array, rows })
+        .collect()
+}
+
+/// Forgets the late drops (a forked child: they are the parent's to report).
+pub(crate) fn forget_late_drops() {
+    HAS_LATE.store(false, Ordering::Release);
+    if let Ok(mut late) = LATE.try_lock() {
+        late.clear();
+    }
+}
 
 fn now_ns() -> i64 {
     SystemTime::now()
@@ -26,6 +68,13 @@ impl Recorder {
     /// until they are written; the charge is released when the last of them is dropped.
     pub(crate) fn hold(&self, buf: HostBuffer, charged: usize) -> Arc<Payload> {
         Arc::new(Payload { buf, charged, budget: Arc::clone(&self.budget) })
+    }
+
+    /// Counts a row of `a` that reached this recorder after it was closed, for
+    /// [`take_late_drops`].
+    pub(super) fn note_late(&self, a: &ArrayHandle) {
+        *lock(&LATE).entry((self.root.display().to_string(), a.name.clone())).or_insert(0) += 1;
+        HAS_LATE.store(true, Ordering::Release);
     }
 
     /// Keeps `e` (a failure no array is to blame for) for the next flush to report.
@@ -53,8 +102,12 @@ impl Recorder {
             drop(st);
             drop(row);
             if closed {
+                if !self.forked_away() {
+                    self.note_late(a);
+                }
                 self.budget.note(format!(
-                    "{}: a row arrived after the recorder was closed and was dropped",
+                    "{}: a row arrived after the recorder was closed and was dropped (the next \
+                     barrier_wait raises it)",
                     a.context()
                 ));
             }

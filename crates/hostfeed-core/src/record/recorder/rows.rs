@@ -33,6 +33,9 @@ impl Recorder {
             )));
         }
         if self.is_closed() {
+            if !self.forked_away() {
+                self.note_late(&a);
+            }
             return Err(self.closed_error());
         }
         self.budget.wait_for_room(len);
@@ -83,6 +86,9 @@ impl Recorder {
             )));
         }
         if self.is_closed() {
+            if !self.forked_away() {
+                self.note_late(&a);
+            }
             return Err(self.closed_error());
         }
         let mut buf = HostBuffer::with_capacity(data.len())
