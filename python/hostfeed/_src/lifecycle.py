@@ -419,7 +419,7 @@ def barrier(logging_name: Optional[str] = None, timeout: Optional[float] = None)
     tokens = compat.runtime_tokens
     if (timeout is None and _life.configured and not tokens.current_tokens
             and not tokens.output_runtime_tokens and not _thread_tokens.tokens
-            and not registry.dying
+            and not dispatcher.awaits_sweep and not registry.dying
             and not registry.pending_release and not errors.pending()
             and not dispatcher.held and not logger.isEnabledFor(logging.DEBUG)):
         # Nothing dispatched with JAX's token chain since the last barrier, nothing to
