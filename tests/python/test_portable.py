@@ -9,6 +9,7 @@ handlers".
 """
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -181,3 +182,62 @@ def test_failure_text_is_padded_like_the_native_handler():
     cut = bytes(portable.padded("\u00e9" * 10, 9))  # cut before a character's 2nd byte
     assert cut == "\u00e9".encode() + b" [...]\0"
     assert np.asarray(portable.padded("", 4)).tolist() == [0, 0, 0, 0]
+
+
+@pytest.mark.several_devices
+def test_failed_single_device_calls_leave_later_sharded_calls_alone():
+    # Issue 65.4. The portable transport knows no execution ids, so a failed call used to
+    # mark "the" execution failed for every later global-view call until a barrier swept
+    # it, and no barrier swept it while no global-view callback existed yet: after single-
+    # device calls that raised (each followed by a barrier_wait, which raised the
+    # CallbackException), a good sharded call failed with "another device's part of
+    # execution 0 never came", and so did its barrier_wait (a JaxRuntimeError). A call
+    # lowered into a computation on one device ends no execution that a global-view
+    # callback takes part in: as on the native transport, with or without a barrier between.
+    r = run_python("""
+        import json
+        import jax, jax.numpy as jnp, numpy as np
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        import hostfeed
+        from hostfeed import host_callback as hcb
+
+        def host(x):
+            if x[0] < 0:
+                raise ValueError("a negative first value")
+            return x * 2
+
+        f = jax.jit(lambda x: hcb.call(host, x, result_shape=x))
+        devices = jax.devices()
+        xs = jax.device_put(jnp.arange(8.0), NamedSharding(Mesh(np.array(devices), ("x",)),
+                                                           P("x")))
+        out = {"transports": sorted(set(hostfeed.transports().values()))}
+
+        def outcome(thunk):
+            try:
+                value = thunk()
+                return np.asarray(value).tolist() if value is not None else "clean"
+            except Exception as e:  # noqa: BLE001 - the outcome is what the test checks
+                return type(e).__name__
+
+        def single(i, barrier):
+            x = jax.device_put(jnp.array([-1.0 if i % 2 else 1.0, 2.0]),
+                               devices[i % len(devices)])
+            got = [outcome(lambda: f(x))]
+            return got + [outcome(hcb.barrier_wait)] if barrier else got
+
+        out["singles"] = [single(i, True) for i in range(7)]
+        out["sharded"] = [outcome(lambda: f(xs)), outcome(hcb.barrier_wait)]
+        # A failed single-device call, then a sharded call before any barrier.
+        out["no_barrier"] = [single(1, False), outcome(lambda: f(xs)),
+                             outcome(hcb.barrier_wait)]
+        print(json.dumps(out))
+    """, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+              "HOSTFEED_TRANSPORT": "jax"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["transports"] == ["jax"]
+    good, bad = [[2.0, 4.0], "clean"], ["JaxRuntimeError", "CallbackException"]
+    assert out["singles"] == [good, bad, good, bad, good, bad, good], out
+    doubled = [2.0 * i for i in range(8)]
+    assert out["sharded"] == [doubled, "clean"], out
+    assert out["no_barrier"] == [["JaxRuntimeError"], doubled, "CallbackException"], out

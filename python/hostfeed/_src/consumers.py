@@ -59,6 +59,10 @@ class Registry:
         # Whether a "joined" consumer was ever registered: only then can a device be held
         # by the dispatcher, and barriers need marks.
         self.joined = False
+        # The call consumers lowered into a computation on several devices: only the
+        # failure of one of those can end an execution that global-view callbacks take
+        # part in (what the dispatcher needs to know where messages carry no execution id).
+        self.several_devices: set[Consumer] = set()
 
 
 registry = Registry()
@@ -153,6 +157,15 @@ def register(key: Any, make: Callable[[], Consumer]) -> Lease:
     return lease
 
 
+def note_several_devices(cid: int) -> None:
+    """Notes that the call consumer ``cid`` was lowered into a computation on several
+    devices (see ``Registry.several_devices``)."""
+    with registry.lock:
+        consumer = registry.consumers.get(cid)
+        if consumer is not None:
+            registry.several_devices.add(consumer)
+
+
 def count_dead_leases() -> list[int]:
     """(Under the registry lock.) Counts the leases that died; returns the ids left
     without any."""
@@ -173,7 +186,7 @@ def release_unleased(candidates: list[int]) -> int:
     with registry.lock:
         for cid in candidates:
             if registry.leases.get(cid, 0) <= 0 and cid in registry.consumers:
-                del registry.consumers[cid]
+                registry.several_devices.discard(registry.consumers.pop(cid))
                 registry.ids.pop(registry.keys.pop(cid), None)
                 registry.leases.pop(cid, None)
                 released += 1

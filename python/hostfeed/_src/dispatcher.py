@@ -89,7 +89,9 @@ class Dispatcher:
     :data:`UNKNOWN_RUN`. A failure of that "run" is kept only until a barrier's sweep (by
     then every execution dispatched before the failure has sent its parts): global-view
     callbacks dispatched after a failed call fail until the next ``barrier_wait()``,
-    rather than for the rest of the process.
+    rather than for the rest of the process. Only a call lowered into a computation on
+    several devices counts (:meth:`_call_ended`): one on a single device ends no
+    execution that global-view callbacks take part in.
 
     Only the consumer thread runs the dispatcher, so it takes no lock: state changes and
     callbacks interleave freely. The one exception is a consumer that was abandoned while
@@ -228,9 +230,7 @@ class Dispatcher:
                 # a failing one, it ends its execution on this device.
                 assert reply is not None  # (a call's message always has one)
                 if not reply.pending or consumer.invoke(msg.arrays, ordinal, reply):
-                    run = msg.run_id
-                    self._run_failed(run, f"a call of execution {run} failed on "
-                                          f"device {ordinal}")
+                    self._call_ended(consumer, msg.run_id, ordinal)
             else:
                 run = msg.run_id
                 if run in self.failed_runs:  # the set can never complete
@@ -255,9 +255,7 @@ class Dispatcher:
                 reply.fail(f"hostfeed: host callback {name} failed: "
                            f"{type(exc).__name__}: {exc}")
                 if consumer is not None and consumer.kind is CALL:
-                    run = msg.run_id
-                    self._run_failed(run, f"a call of execution {run} failed on device "
-                                          f"{ordinal}")
+                    self._call_ended(consumer, msg.run_id, ordinal)
         return None
 
     def _release(self, consumers: dict, key: tuple[int, int] | None,
@@ -318,6 +316,18 @@ class Dispatcher:
             record_exception(exc, f"host callback {consumer.name}")
             reply.fail(f"hostfeed: host callback {consumer.name} failed: "
                        f"{type(exc).__name__}: {exc}")
+        self._call_ended(consumer, run, ordinal)
+
+    def _call_ended(self, consumer: Any, run: int, ordinal: int) -> None:
+        """A call of ``consumer`` failed, or was not run, on device ``ordinal``: that device
+        sends nothing more of execution ``run``. Without an execution id (the portable
+        transport), only a call lowered into a computation on several devices can end an
+        execution with global-view parts (a computation on one device has none): the
+        failure of any other leaves the global-view callbacks alone, as the native
+        transport's execution ids do."""
+        if run == UNKNOWN_RUN and (not registry.joined
+                                   or consumer not in registry.several_devices):
+            return
         self._run_failed(run, f"a call of execution {run} failed on device {ordinal}")
 
     def _run_failed(self, run: int, why: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import logging
 import os
 import sys
@@ -138,13 +139,68 @@ def set_timing(enabled: bool) -> bool:
     return _receiver.set_timing(enabled)
 
 
-def _effects_barrier() -> Optional[BaseException]:
-    """Waits for dispatched computations; returns (not raises) the error of one that failed.
+class _ThreadTokens:
+    """The newest effect token of each thread that dispatched a computation with an
+    ordered effect (hostfeed's, for a computation that taps on several devices or without
+    fast dispatch), until a barrier has waited for it. JAX keeps these per thread (its
+    ``runtime_tokens`` is a ``threading.local``), so its own barrier waits only for the
+    calling thread's computations; ``barrier_wait``, stop and exit wait for every thread's
+    (a thread's newest token follows all its earlier computations): the taps of a
+    computation dispatched by another thread, even one that has ended since, run before
+    the barrier returns, and the consumers that computation names are not released while
+    it runs."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.local = threading.local()
+        self.slots = itertools.count(1)  # (a thread's slot: thread ids are reused)
+        # (thread slot, effect) -> that thread's newest token of that effect
+        self.tokens: dict[tuple[int, Any], Any] = {}
+
+
+_thread_tokens = _ThreadTokens()
+
+
+def _note_token(effect: Any, token: Any) -> None:
+    tt = _thread_tokens
+    slot = getattr(tt.local, "slot", None)
+    if slot is None:
+        slot = tt.local.slot = next(tt.slots)
+    with tt.lock:
+        tt.tokens[(slot, effect)] = token
+
+
+compat.install_token_watch(_note_token)
+
+
+def _wait_every_thread() -> bool:
+    """Waits for the newest token of every thread (the computations each dispatched so
+    far); returns whether one of them failed (its caller saw the error)."""
+    tt = _thread_tokens
+    with tt.lock:
+        waiting = list(tt.tokens.items())
+    failed = False
+    for _, token in waiting:
+        try:
+            token.block_until_ready()
+        except Exception:  # noqa: BLE001 - the computation's caller has it
+            failed = True
+    with tt.lock:
+        for key, token in waiting:
+            if tt.tokens.get(key) is token:  # (not replaced by a newer one meanwhile)
+                del tt.tokens[key]
+    return failed
+
+
+def _wait_dispatched() -> tuple[Optional[BaseException], bool]:
+    """Waits for the computations dispatched so far, by any thread; returns (not raises)
+    the error of one of this thread's that failed, and whether any failed (another
+    thread's caller has its error).
 
     A computation that failed (for example a `call` whose host function raised, which its
     caller has already seen) leaves JAX's chain of effect tokens in the failed state, so
     every later computation with host callbacks would fail with the same stale error. The
-    chain is reset here, once the failure has been waited for.
+    chain of this thread is reset here, once the failure has been waited for.
     """
     failed = None
     if _dispatch_waits.due:
@@ -152,15 +208,22 @@ def _effects_barrier() -> Optional[BaseException]:
             _run_dispatch_waits()
         except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
             failed = exc
+    elsewhere = _wait_every_thread() if _thread_tokens.tokens else False
     tokens = compat.runtime_tokens
     if not tokens.current_tokens and not tokens.output_runtime_tokens:
-        return failed  # nothing dispatched with tokens since the last barrier
+        return failed, elsewhere  # nothing dispatched here with tokens since the last barrier
     try:
         _jax_effects_barrier()  # the markers ran above
-        return failed
+        return failed, elsewhere
     except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
         compat.runtime_tokens.clear()
-        return exc
+        return exc, True
+
+
+def _effects_barrier() -> Optional[BaseException]:
+    """Waits for the computations dispatched so far, by any thread (:func:`_wait_dispatched`);
+    returns (not raises) the error of one of this thread's that failed."""
+    return _wait_dispatched()[0]
 
 
 class _DispatchWaits:
@@ -246,6 +309,8 @@ def _after_fork_in_child() -> None:
     errors.clear()
     # Computations of the parent: their tokens mean nothing here (waiting would hang).
     compat.runtime_tokens.clear()
+    _thread_tokens.tokens.clear()
+    _thread_tokens.lock = threading.Lock()
     _life.lock = threading.Lock()
     registry.lock = threading.Lock()
     for hook in _fork_hooks:
@@ -302,9 +367,10 @@ def _push_mark() -> int | None:
 
 
 def _wait_and_sweep() -> Optional[BaseException]:
-    """Waits for the computations dispatched so far (:func:`_effects_barrier`); returns the
-    error of a computation that failed. Only then can a joined set be incomplete for good
-    (its execution failed on some device before sending its part), so only then, and
+    """Waits for the computations dispatched so far, by any thread (:func:`_wait_dispatched`);
+    returns the error of one of this thread's that failed. Only when one (of any thread)
+    failed can a joined set be incomplete for good (its execution failed on some device
+    before sending its part), so only then, and
     only if a joined consumer exists, a mark, a second wait and a sweep follow: every set held
     before that mark belongs to a computation that has finished by the end of the second
     wait, so the consumer drops those still incomplete when it reaches the sweep. Without
@@ -312,8 +378,8 @@ def _wait_and_sweep() -> Optional[BaseException]:
     execution is still running completes when its last part comes). A failed call of the
     portable transport (no execution ids) is forgotten by that sweep too, reported or not
     (``Dispatcher.awaits_sweep``)."""
-    failed_run = _effects_barrier()
-    if failed_run is not None or dispatcher.awaits_sweep:
+    failed_run, failed = _wait_dispatched()
+    if failed or failed_run is not None or dispatcher.awaits_sweep:
         epoch = _push_mark()
         again = _effects_barrier()
         failed_run = failed_run if again is None else again
@@ -352,7 +418,8 @@ def barrier(logging_name: Optional[str] = None, timeout: Optional[float] = None)
     to process everything they sent; raises what went wrong meanwhile."""
     tokens = compat.runtime_tokens
     if (timeout is None and _life.configured and not tokens.current_tokens
-            and not tokens.output_runtime_tokens and not registry.dying
+            and not tokens.output_runtime_tokens and not _thread_tokens.tokens
+            and not dispatcher.awaits_sweep and not registry.dying
             and not registry.pending_release and not errors.pending()
             and not dispatcher.held and not logger.isEnabledFor(logging.DEBUG)):
         # Nothing dispatched with JAX's token chain since the last barrier, nothing to

@@ -183,6 +183,8 @@ def _host_call_lowering(ctx: Any, transport: transports.Transport, *args: Any,
     if context is Where.SINGLE:
         check_device_index(device_index, 1, "run this computation")
     cid = _call_consumer_id(ctx, callback, result_treedef, result_avals, shard_parts)
+    if context is not Where.SINGLE:
+        consumers.note_several_devices(cid)
     lifecycle.ensure_started()
     flags = ((_receiver.FLAG_STATUS_OUTPUT if with_status else 0)
              | (_receiver.FLAG_SHARD if shard_parts is not None else 0))
