@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any, Optional
@@ -74,7 +75,7 @@ def push_eager(invoke: Callable[..., None], name: str, arrays: tuple[np.ndarray,
 def wait_processed() -> None:
     """Waits until the receiver has processed every message enqueued so far (GIL released;
     raises nothing a callback raised: that is for ``barrier_wait``)."""
-    _receiver.barrier(None)
+    _queue_barrier(None)
 
 
 def wait_for_dispatched(effect: Any) -> None:
@@ -301,7 +302,7 @@ def _push_mark() -> int | None:
     return epoch if _push_marker("barrier mark", lambda: dispatcher.mark(epoch)) else None
 
 
-def _wait_and_sweep() -> Optional[BaseException]:
+def _wait_and_sweep(sweep: bool = False) -> Optional[BaseException]:
     """Waits for the computations dispatched so far (:func:`_effects_barrier`); returns the
     error of a computation that failed. Only then can a joined set be incomplete for good
     (its execution failed on some device before sending its part), so only then, and
@@ -311,15 +312,48 @@ def _wait_and_sweep() -> Optional[BaseException]:
     a failure nothing is dropped, whatever other threads dispatch meanwhile (a set whose
     execution is still running completes when its last part comes). A failed call of the
     portable transport (no execution ids) is forgotten by that sweep too, reported or not
-    (``Dispatcher.awaits_sweep``)."""
+    (``Dispatcher.awaits_sweep``). ``sweep``: a mark, a wait and a sweep follow anyway (a
+    host function failed: a part it should have joined may never come)."""
     failed_run = _effects_barrier()
-    if failed_run is not None or dispatcher.awaits_sweep:
+    if failed_run is not None or dispatcher.awaits_sweep or sweep:
         epoch = _push_mark()
         again = _effects_barrier()
         failed_run = failed_run if again is None else again
         if epoch is not None:
             _push_marker("barrier sweep", lambda: dispatcher.sweep(epoch))
     return failed_run
+
+
+#: How long a barrier waits while only messages held back behind a joined tap keep it
+#: waiting before it waits for the computations dispatched since (:func:`_queue_barrier`).
+HELD_PATIENCE = 0.5
+
+
+def _queue_barrier(timeout: Optional[float]) -> Optional[BaseException]:
+    """The receiver's barrier: waits until every message enqueued so far has run, those the
+    dispatcher holds back included (a device's later messages behind a joined tap whose
+    other parts have not come), ``timeout`` seconds at most; returns (not raises) the error
+    of a computation that failed meanwhile.
+
+    A held message runs once its set's other parts come. They may come from an execution
+    dispatched after this barrier waited for the computations (by another thread: the
+    device ran that execution's part before the message), which completes it without any
+    help, unless it failed before sending them. So when only held messages keep the
+    receiver's barrier waiting for :data:`HELD_PATIENCE` seconds, this waits for the
+    computations dispatched since and sweeps the sets of one that failed
+    (:func:`_wait_and_sweep`; also when a host function failed meanwhile, since a set whose
+    part it failed to join never completes), then waits again.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    failed = None
+    while True:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if _receiver.barrier(left, HELD_PATIENCE):
+            return failed
+        # A batch for the consumer: messages an abandoned consumer left run first.
+        _push_marker("barrier nudge", lambda: None)
+        again = _wait_and_sweep(sweep=errors.pending())
+        failed = failed if again is None else again
 
 
 def drain_dispatched(timeout: Optional[float] = None) -> Optional[BaseException]:
@@ -335,7 +369,8 @@ def drain_dispatched(timeout: Optional[float] = None) -> Optional[BaseException]
     try:
         if _life.configured:
             failed_run = _wait_and_sweep()
-            _receiver.barrier(timeout)
+            again = _queue_barrier(timeout)
+            failed_run = failed_run if again is None else again
     except BaseException:
         with registry.lock:
             registry.pending_release += unleased
@@ -367,7 +402,8 @@ def barrier(logging_name: Optional[str] = None, timeout: Optional[float] = None)
                 _run_dispatch_waits()
             except Exception as exc:  # noqa: BLE001 - raised below, after the callbacks'
                 failed = exc
-        _receiver.barrier(None)
+        again = _queue_barrier(None)
+        failed = failed if again is None else again
         hook_errors = None
         for hook in _barrier_hooks:
             e = hook()
