@@ -7,7 +7,9 @@ A multi-device execution is not ordered against single-device ones on CPU, so a 
 that sent its part of a joined tap often runs other computations before the other devices
 send theirs; those later callbacks wait for the joined one, and nothing is dropped.
 The soak (``HOSTFEED_SOAK=1``) runs the same mix, with records, from 4 threads on 4
-devices for 5 minutes.
+devices for 5 minutes. A barrier from another thread waits for every tap dispatched before
+it, also one held behind a joined tap of an execution dispatched after it
+(helpers/barrier_snapshot.py; its soak too).
 """
 from __future__ import annotations
 
