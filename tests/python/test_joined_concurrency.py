@@ -101,6 +101,19 @@ def test_barrier_from_another_thread_waits_for_every_tap_dispatched_before_it():
     assert res["barriers"] > 0 and res["stops"] > 0, res
 
 
+def test_barrier_waits_for_another_threads_sharded_computation():
+    # Issue 65, point 3, the soak's second finding: JAX chains the effect tokens of each
+    # thread apart (its RuntimeTokenSet is a threading.local), so a barrier waited for its
+    # own thread's multi-device computations only. Here a thread dispatches a sharded
+    # computation that calls (the host function waits for an event) and then taps; once
+    # that dispatch returned, a barrier in another thread waits until the tap ran.
+    r = subprocess.run([sys.executable, SNAPSHOT, "2", "--blocked-call"], capture_output=True,
+                       text=True, timeout=240, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res == {"returned_before_release": False, "seen_at_barrier": [[[0.0, 1.0, 2.0, 3.0]]]}
+
+
 @pytest.mark.soak
 @pytest.mark.timeout(3600)
 @pytest.mark.skipif(os.environ.get("HOSTFEED_SOAK") != "1",

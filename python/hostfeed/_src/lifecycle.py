@@ -173,9 +173,17 @@ class _DispatchWaits:
     def __init__(self) -> None:
         self.waits: list[Callable[[], None]] = []
         self.due = False
+        # A wait saw a computation of another thread fail (see note_failed_elsewhere).
+        self.failed_elsewhere = False
 
 
 _dispatch_waits = _DispatchWaits()
+
+
+def note_failed_elsewhere() -> None:
+    """Notes that a wait saw a computation fail that it leaves to another thread to report:
+    the next barrier that waits for held messages sweeps (:func:`_queue_barrier`)."""
+    _dispatch_waits.failed_elsewhere = True
 
 
 def add_dispatch_wait(wait: Callable[[], None]) -> None:
@@ -341,8 +349,9 @@ def _queue_barrier(timeout: Optional[float]) -> Optional[BaseException]:
     help, unless it failed before sending them. So when only held messages keep the
     receiver's barrier waiting for :data:`HELD_PATIENCE` seconds, this waits for the
     computations dispatched since and sweeps the sets of one that failed
-    (:func:`_wait_and_sweep`; also when a host function failed meanwhile, since a set whose
-    part it failed to join never completes), then waits again.
+    (:func:`_wait_and_sweep`; also when a host function or another thread's computation
+    failed meanwhile, since a set whose part it failed to send or join never completes),
+    then waits again.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     failed = None
@@ -352,7 +361,8 @@ def _queue_barrier(timeout: Optional[float]) -> Optional[BaseException]:
             return failed
         # A batch for the consumer: messages an abandoned consumer left run first.
         _push_marker("barrier nudge", lambda: None)
-        again = _wait_and_sweep(sweep=errors.pending())
+        failed_elsewhere, _dispatch_waits.failed_elsewhere = _dispatch_waits.failed_elsewhere, False
+        again = _wait_and_sweep(sweep=errors.pending() or failed_elsewhere)
         failed = failed if again is None else again
 
 

@@ -16,7 +16,15 @@ Prints one JSON line: the barriers checked, the ones that returned early (with t
 snapshot, what had run, and the devices the dispatcher held then), the taps sent and seen,
 and whether each source's taps ran in order.
 
+With ``--blocked-call``, instead, the deterministic form of the second way a barrier
+returned early: one thread dispatches a sharded computation that makes a global-view call
+(whose host function waits for an event) and then taps; once that dispatch returned, a
+barrier in another thread must not return before the tap ran. (JAX chains the effect
+tokens of each thread apart: a barrier waited for its own thread's computations only.)
+Prints ``{"returned_before_release": ..., "seen_at_barrier": [...]}``.
+
     python barrier_snapshot.py [DEVICES] [--seconds S] [--sharded-threads K] [--no-stops]
+    python barrier_snapshot.py [DEVICES] --blocked-call
 """
 from __future__ import annotations
 
@@ -32,6 +40,7 @@ parser.add_argument("devices", type=int, nargs="?", default=4)
 parser.add_argument("--seconds", type=float, default=5.0)
 parser.add_argument("--sharded-threads", type=int, default=1)
 parser.add_argument("--no-stops", action="store_true")
+parser.add_argument("--blocked-call", action="store_true")
 args = parser.parse_args()
 
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
@@ -46,6 +55,47 @@ from hostfeed._src import lifecycle  # noqa: E402
 from hostfeed._src.dispatcher import dispatcher  # noqa: E402
 
 devices = jax.devices()
+
+
+def blocked_call() -> None:
+    """See ``--blocked-call`` in the module's docstring."""
+    sharding = NamedSharding(Mesh(np.array(devices), ("x",)), P("x"))
+    release = threading.Event()
+    seen: list = []
+
+    def host(v):
+        release.wait(120)
+        return v
+
+    def fn(v):
+        w = hcb.call(host, v, result_shape=jax.ShapeDtypeStruct(v.shape, v.dtype))
+        return hcb.id_tap(lambda a, transforms: seen.append(a.tolist()), w) * 2
+
+    fn = jax.jit(fn)
+    x = jax.device_put(np.arange(2.0 * len(devices), dtype=np.float32), sharding)
+    release.set()
+    fn(x)
+    hcb.barrier_wait()  # compiled, and its first run done
+    seen.clear()
+    release.clear()
+    dispatcher_thread = threading.Thread(target=fn, args=(x,))
+    dispatcher_thread.start()
+    dispatcher_thread.join()  # dispatched: the computation waits for the call's reply
+    at_barrier: list = []
+    barrier = threading.Thread(target=lambda: (hcb.barrier_wait(), at_barrier.append(seen[:])))
+    barrier.start()
+    barrier.join(0.5)  # a barrier that waits for the computation is still waiting
+    early = not barrier.is_alive()
+    release.set()
+    barrier.join(120)
+    print(json.dumps({"returned_before_release": early, "seen_at_barrier": at_barrier}))
+    sys.stdout.flush()
+
+
+if args.blocked_call:
+    blocked_call()
+    sys.exit(0)
+
 n_single = len(devices)
 sources = [f"single{i}" for i in range(n_single)]
 sources += [f"sharded{k}" for k in range(args.sharded_threads)]

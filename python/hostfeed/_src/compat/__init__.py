@@ -429,6 +429,32 @@ def install_token_fast_path(effect_type: type) -> bool:
     return True
 
 
+# jax 0.10.2-0.12: `RuntimeTokenSet` is a `threading.local`: each thread chains the effect
+# tokens of its own computations, and `jax.effects_barrier()` waits for the calling
+# thread's only. Every dispatch of a computation with an ordered effect ends with
+# `runtime_tokens.set_token_result(effect, token)` (`pxla.ExecuteReplicated`).
+def install_token_result_hook(effect_type: type, record: Callable[[Any], None]) -> bool:
+    """Makes JAX call ``record(token)``, on the dispatching thread, with the token that
+    every dispatched computation with an ``effect_type`` effect returns; returns whether
+    JAX has the hook (installed once: a second call changes nothing)."""
+    cls = getattr(_dispatch, "RuntimeTokenSet", None)
+    orig = getattr(cls, "set_token_result", None)
+    if orig is None:
+        return False
+    if getattr(orig, "_hostfeed", False):
+        return True
+
+    def set_token_result(self: Any, eff: Any, token: Any) -> None:
+        orig(self, eff, token)
+        if type(eff) is effect_type:
+            record(token)
+
+    set_token_result._hostfeed = True  # type: ignore[attr-defined]
+    set_token_result.__doc__ = orig.__doc__
+    cls.set_token_result = set_token_result  # type: ignore[union-attr]
+    return True
+
+
 # ---- Fast dispatch of computations that tap on one device (primitives.token_scope_p) ----
 # jax 0.10.2-0.12: `pjit._get_fastpath_data` keeps every computation with an effect, ordered
 # or not, off JAX's C++ dispatch path; each call of such a jitted function runs JAX's Python
