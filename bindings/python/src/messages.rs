@@ -149,7 +149,10 @@ impl PyMessage {
         // A GPU's messages reach Python with a key of their own (see `hostfeed_core::gpu_device_key`).
         let device =
             if flags & hostfeed_core::FLAG_GPU == 0 { device } else { hostfeed_core::gpu_device_key(device) };
-        Bound::new(py, PyMessage::py_new(py, consumer_id, device, flags, arrays, reply, run_id, None, Some(seq)))
+        Bound::new(
+            py,
+            PyMessage::py_new(py, consumer_id, device, flags, arrays, reply, run_id, None, Some(seq)),
+        )
     }
 }
 
