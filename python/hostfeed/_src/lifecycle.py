@@ -405,7 +405,7 @@ def barrier(logging_name: Optional[str] = None, timeout: Optional[float] = None)
         # the queue's own barrier (two atomic loads when idle; it refuses the consumer
         # thread with the same CallbackContextError) and the hooks (a recorder's returns
         # at once when none is open). Without markers, as cheap as jax.effects_barrier.
-        failed = None
+        failed: Optional[BaseException] = None
         if _dispatch_waits.due:
             check_not_in_callback("barrier_wait")
             try:
