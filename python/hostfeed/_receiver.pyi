@@ -72,7 +72,7 @@ class Message:
 
     def __new__(cls, consumer_id: int, device: int, flags: int, arrays: tuple[np.ndarray, ...],
                 reply: Any = None, run_id: int = 0,
-                consumer: Consumer | None = None) -> Message: ...
+                consumer: Consumer | None = None, seq: int | None = None) -> Message: ...
     @property
     def consumer_id(self) -> int:
         """The consumer's id (0: a control message; -1: an eager tap, see ``consumer``)."""
@@ -96,6 +96,10 @@ class Message:
     @property
     def consumer(self) -> Consumer | None:
         """An eager tap's consumer (it is registered nowhere); None otherwise."""
+    @property
+    def seq(self) -> int | None:
+        """Its sequence number in the receiver's queue (None for a message made in
+        Python): what the dispatcher names when it holds the message back."""
 
 @final
 class ConsumerKind:
@@ -335,8 +339,10 @@ def failure_text(ticket: int) -> str:
 def push_control() -> None:
     """Enqueues a control message (consumer id 0) the dispatcher acts on in queue order."""
 
-def barrier(timeout: float | None = None) -> None:
-    """Waits until every message enqueued before the call is processed."""
+def barrier(timeout: float | None = None, patience: float | None = None) -> bool:
+    """Waits until every message enqueued before the call has run, those the dispatcher
+    holds back included; True. With ``patience``: False once only held-back messages kept
+    it waiting for that many seconds."""
 
 def is_running() -> bool:
     """Whether the consumer thread is running."""
@@ -353,13 +359,14 @@ def set_max_queue_bytes(bound: int) -> None:
 def stats() -> dict[str, int]:
     """The receiver's counters."""
 
-def hold_back(bytes: int) -> None:
-    """Charges ``bytes`` of messages the dispatcher holds back for a joined tap against the
-    bound (never waits; a push is admitted whenever nothing but held-back bytes is
-    charged)."""
+def hold_back(seq: int | None, bytes: int) -> None:
+    """Holds back the message of sequence number ``seq`` (``Message.seq``; None: one made
+    in Python) that the dispatcher keeps for a joined tap: barriers wait until
+    :func:`let_go` says it ran; its ``bytes`` count against the bound meanwhile (never
+    waits; a push is admitted whenever nothing but held-back bytes is charged)."""
 
-def let_go(bytes: int) -> None:
-    """Frees ``bytes`` charged by :func:`hold_back`."""
+def let_go(seq: int | None, bytes: int) -> None:
+    """Ends a hold of :func:`hold_back` once its message ran, freeing ``bytes``."""
 
 def reset_peak() -> None:
     """Resets ``peak_queued_bytes`` to the current queued bytes."""

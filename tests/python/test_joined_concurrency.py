@@ -8,7 +8,9 @@ that sent its part of a joined tap often runs other computations before the othe
 send theirs; those later callbacks wait for the joined one, and nothing is dropped.
 The soaks (``HOSTFEED_SOAK=1``) run the same mix, with records, from 4 threads on 4
 devices for 5 minutes, and the mix with barriers and stops from other threads run after
-run (issue 65.2).
+run (issue 65.2). A barrier from another thread waits for every tap dispatched before
+it, also one held behind a joined tap of an execution dispatched after it
+(helpers/barrier_snapshot.py; its soak too).
 """
 from __future__ import annotations
 
@@ -153,6 +155,58 @@ def test_soak_barriers_and_stops_from_other_threads_run_after_run():
     for _ in range(runs):
         check(run_helper(4, True, "--seconds", str(seconds), *BARRIERS_AND_STOPS, timeout=240))
     print(f"\nsoak: {runs} runs of {seconds} s, every tap counted")
+
+
+SNAPSHOT = os.path.join(os.path.dirname(__file__), "helpers", "barrier_snapshot.py")
+
+
+def run_snapshot(seconds: float, *args: str) -> dict:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    r = subprocess.run([sys.executable, SNAPSHOT, "4", "--seconds", str(seconds), *args],
+                       capture_output=True, text=True, timeout=seconds + 240, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(300)
+def test_barrier_from_another_thread_waits_for_every_tap_dispatched_before_it():
+    # Issue 65, point 3: four threads tap on their own device (two through AOT-compiled
+    # objects with a donated argument), two dispatch sharded (joined) taps, and other
+    # threads loop on barrier_wait(), jax.effects_barrier() and stop_outfeed_receiver().
+    # Each barrier_wait checks that the taps whose dispatch returned before it started
+    # ran. Before: a tap held back behind a joined tap of a later execution (its device ran
+    # that execution's part first) counted as processed, and about one barrier in 600
+    # returned before it ran (in 1 run of 2 of 10 s). The short deterministic form is
+    # test_shard_assembly's test_barrier_waits_for_a_tap_held_back_behind_...
+    res = run_snapshot(soak_seconds(10, 3), "--sharded-threads", "2")
+    assert res["early"] == 0, res
+    assert res["seen"] == res["sent"] > 0 and not res["out_of_order"], res
+    assert res["barriers"] > 0 and res["stops"] > 0, res
+
+
+def test_barrier_waits_for_another_threads_sharded_computation():
+    # Issue 65, point 3, the soak's second finding: JAX chains the effect tokens of each
+    # thread apart (its RuntimeTokenSet is a threading.local), so a barrier waited for its
+    # own thread's multi-device computations only. Here a thread dispatches a sharded
+    # computation that calls (the host function waits for an event) and then taps; once
+    # that dispatch returned, a barrier in another thread waits until the tap ran.
+    r = subprocess.run([sys.executable, SNAPSHOT, "2", "--blocked-call"], capture_output=True,
+                       text=True, timeout=240, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res == {"returned_before_release": False, "seen_at_barrier": [[[0.0, 1.0, 2.0, 3.0]]]}
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(3600)
+@pytest.mark.skipif(os.environ.get("HOSTFEED_SOAK") != "1",
+                    reason="soak test: set HOSTFEED_SOAK=1 to run")
+def test_soak_barriers_from_other_threads_wait_for_every_tap_dispatched_before_them():
+    seconds = float(os.environ.get("HOSTFEED_SOAK_SECONDS", "300"))
+    res = run_snapshot(seconds, "--sharded-threads", "2")
+    print("\nsoak:", json.dumps(res))
+    assert res["early"] == 0, res
+    assert res["seen"] == res["sent"] > 0 and not res["out_of_order"], res
 
 
 @pytest.mark.soak

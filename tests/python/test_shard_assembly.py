@@ -440,3 +440,72 @@ def test_rounds_bring_every_slice_to_the_owner_process_once(processes, device_in
         assert (j == -1) == r.owner[k]
         if j >= 0:
             assert any(s == k for s, _ in r.perms[j])
+
+
+def test_barrier_waits_for_a_tap_held_back_behind_a_joined_tap_of_a_later_execution():
+    # Issue 65, point 3: a device ran its part of a multi-device execution (dispatched
+    # after the barrier waited for the computations, by another thread), then a tap that
+    # was dispatched before the barrier; the tap waits for the joined tap's other part.
+    # The receiver counted it as processed once its batch ended, so barrier_wait returned
+    # before it ran (about one barrier in 600 under load). Here the devices' messages are
+    # pushed as the portable transport pushes them, in that order, with no device.
+    from hostfeed import host_callback as hcb
+
+    lifecycle.ensure_started()
+    events = []
+
+    def joined(arrays, ordinal):
+        events.append(("joined", [a.tolist() for a in arrays]))
+
+    tap_lease = consumers.register(("held-behind-a-later-execution", "tap"), lambda: (
+        consumers.Consumer(lambda arrays, ordinal: events.append(("tap", int(arrays[0]))),
+                           "held-tap", ConsumerKind.TAP)))
+    joined_lease = consumers.register(("held-behind-a-later-execution", "joined"), lambda: (
+        consumers.Consumer(make_joined_tap(joined, ShardParts(2, 0), "held-joined"),
+                           "held-joined", ConsumerKind.JOINED)))
+    i32 = _receiver.DTYPE_CODES["int32"]
+
+    def send_part(device, value):
+        _receiver.push_host(joined_lease.cid, list(part(0, device, np.array([value], np.int32))),
+                            [i32, i32], device, _receiver.FLAG_SHARD)
+
+    send_part(0, 10)  # device 0's part; device 1 has not reached its part yet
+    _receiver.push_host(tap_lease.cid, [np.array(5, np.int32)], [i32], 0)  # held behind it
+    with pytest.raises(TimeoutError):  # before: returned at once, the tap not run
+        hcb.barrier_wait(timeout=0.2)
+    assert events == []
+    send_part(1, 11)  # device 1's part completes the joined tap: the tap runs after it
+    hcb.barrier_wait()
+    assert events == [("joined", [[10, 11]]), ("tap", 5)]
+    assert dispatcher.dispatcher.held == {} and dispatcher.dispatcher.charged == 0
+
+
+def test_barrier_waiting_for_a_held_tap_sweeps_a_set_whose_part_failed(caplog):
+    # The other side of the barrier waiting for held messages: a joined part that failed
+    # on the host (here an unknown consumer id) never completes its set; the barrier that
+    # waits for the tap held behind it sweeps that set after HELD_PATIENCE (a host
+    # function failed), so the tap runs and the barrier raises the failure, not hangs.
+    from hostfeed import host_callback as hcb
+
+    lifecycle.ensure_started()
+    events = []
+    tap_lease = consumers.register(("held-behind-a-failed-part", "tap"), lambda: (
+        consumers.Consumer(lambda arrays, ordinal: events.append(("tap", int(arrays[0]))),
+                           "held-tap", ConsumerKind.TAP)))
+    joined_lease = consumers.register(("held-behind-a-failed-part", "joined"), lambda: (
+        consumers.Consumer(make_joined_tap(lambda arrays, ordinal: events.append("joined"),
+                                           ShardParts(2, 0), "held-joined"),
+                           "held-joined", ConsumerKind.JOINED)))
+    i32 = _receiver.DTYPE_CODES["int32"]
+    _receiver.push_host(joined_lease.cid, list(part(0, 0, np.array([10], np.int32))),
+                        [i32, i32], 0, _receiver.FLAG_SHARD)
+    _receiver.push_host(tap_lease.cid, [np.array(5, np.int32)], [i32], 0)
+    unknown = next(c for c in range(1 << 40, (1 << 40) + 100)
+                   if c not in consumers.registry.consumers)
+    _receiver.push_host(unknown, list(part(0, 1, np.array([11], np.int32))), [i32, i32], 1,
+                        _receiver.FLAG_SHARD)
+    with pytest.raises(hcb.CallbackException, match="no host callback is registered"):
+        hcb.barrier_wait(timeout=60)
+    assert events == [("tap", 5)]
+    assert "dropped an incomplete global-view host callback" in caplog.text
+    assert dispatcher.dispatcher.held == {} and dispatcher.dispatcher.charged == 0

@@ -71,13 +71,17 @@ pub struct PyMessage {
     /// An eager tap's consumer (it is registered nowhere); `None` otherwise.
     #[pyo3(get)]
     consumer: Py<PyAny>,
+    /// Its sequence number in the receiver's queue (`None` for a message made in Python):
+    /// what the dispatcher names when it holds the message back (`hold_back`).
+    #[pyo3(get)]
+    seq: Option<u64>,
 }
 
 #[pymethods]
 impl PyMessage {
     #[new]
     #[allow(clippy::too_many_arguments)] // one argument per field
-    #[pyo3(signature = (consumer_id, device, flags, arrays, reply=None, run_id=0, consumer=None))]
+    #[pyo3(signature = (consumer_id, device, flags, arrays, reply=None, run_id=0, consumer=None, seq=None))]
     fn py_new(
         py: Python<'_>,
         consumer_id: i64,
@@ -87,6 +91,7 @@ impl PyMessage {
         reply: Option<Py<PyAny>>,
         run_id: i64,
         consumer: Option<Py<PyAny>>,
+        seq: Option<u64>,
     ) -> Self {
         let int = |v: i64| v.into_pyobject(py).map_or_else(|e| match e {}, Bound::unbind);
         PyMessage {
@@ -97,6 +102,7 @@ impl PyMessage {
             reply: reply.unwrap_or_else(|| py.None()),
             run_id: int(run_id),
             consumer: consumer.unwrap_or_else(|| py.None()),
+            seq,
         }
     }
 
@@ -121,7 +127,7 @@ impl PyMessage {
         dtypes: &Dtypes,
         msg: Message,
     ) -> PyResult<Bound<'py, PyMessage>> {
-        let Message { consumer_id, flags, device, arrays, dims, data, reply, run_id, host, .. } = msg;
+        let Message { consumer_id, flags, device, arrays, dims, data, reply, run_id, host, seq, .. } = msg;
         if let Some(host) = host {
             let eager = host
                 .downcast::<EagerTap>()
@@ -129,7 +135,7 @@ impl PyMessage {
             let EagerTap { entry, arrays } = *eager;
             return Bound::new(
                 py,
-                PyMessage::py_new(py, consumer_id, device, flags, arrays, None, 0, Some(entry)),
+                PyMessage::py_new(py, consumer_id, device, flags, arrays, None, 0, Some(entry), Some(seq)),
             );
         }
         // The reply first: if building the arrays fails, dropping it fails the call.
@@ -143,7 +149,10 @@ impl PyMessage {
         // A GPU's messages reach Python with a key of their own (see `hostfeed_core::gpu_device_key`).
         let device =
             if flags & hostfeed_core::FLAG_GPU == 0 { device } else { hostfeed_core::gpu_device_key(device) };
-        Bound::new(py, PyMessage::py_new(py, consumer_id, device, flags, arrays, reply, run_id, None))
+        Bound::new(
+            py,
+            PyMessage::py_new(py, consumer_id, device, flags, arrays, reply, run_id, None, Some(seq)),
+        )
     }
 }
 

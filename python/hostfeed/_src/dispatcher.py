@@ -56,7 +56,11 @@ class Dispatcher:
     its position on every device that sent a part. So once a device has sent a part whose
     set is incomplete, the device is *held*: its later messages, of whatever execution,
     wait here until the set completes (then they run, in order). Messages of other devices
-    go on. Messages held back count against the queue's byte bound (up to half of it,
+    go on. A barrier waits for messages held back as for any other (the receiver counts
+    each as not run until it ran, by its sequence number, ``Message.seq``), even when the
+    set's other parts come from an execution dispatched after the barrier started: the
+    device ran that execution's part first. Messages held back count against the queue's
+    byte bound (up to half of it,
     so that the pushes that complete the sets always find room; past that they are kept
     uncharged, with a warning), and a push is admitted whenever nothing but held-back
     messages is charged. A device going on to other executions is normal (a multi-device
@@ -169,7 +173,19 @@ class Dispatcher:
     def _run_orphans(self, consumers: dict, ordinal: int) -> None:
         waiting = self.orphans.pop(ordinal, None)
         while waiting:
-            self._offer(consumers, waiting.popleft())
+            self._run_held(waiting.popleft(), lambda msg: self._offer(consumers, msg))
+
+    def _run_held(self, entry: tuple[Message, int], run: Callable[[Message], None]) -> None:
+        """Runs a message that was held back (``run(msg)``: offered again, which may hold
+        it again), freeing the bytes it charged first; only then ends its hold, so that a
+        barrier waiting for it returns once it ran."""
+        msg, n = entry
+        self._let_go(n)
+        try:
+            run(msg)
+        finally:
+            if self.charge:
+                _receiver.let_go(msg.seq, 0)
 
     def _offer(self, consumers: dict, msg: Message) -> None:
         if msg.consumer_id == 0:  # control message: every execution has finished
@@ -274,13 +290,15 @@ class Dispatcher:
             while waiting:
                 if self.owner != me:  # abandoned meanwhile: leave the rest to the owner
                     left = self.orphans.setdefault(ordinal, collections.deque())
-                    while waiting:
-                        left.append(self._let_go(waiting.popleft()))
+                    while waiting:  # (still held back: barriers wait until they ran)
+                        left.append(waiting.popleft())
                     break
-                self._offer(consumers, self._let_go(waiting.popleft()))
+                self._run_held(waiting.popleft(), lambda msg: self._offer(consumers, msg))
 
     def _hold_back(self, msg: Message) -> int:
-        """Charges a message held back against the bound; returns the bytes charged."""
+        """Holds a message back in the receiver: barriers count it as not run until it ran
+        (:meth:`_run_held`), and it is charged against the bound; returns the bytes
+        charged."""
         if not self.charge:
             return 0
         n = 64 + sum(a.nbytes for a in msg.arrays)  # its arrays and, roughly, the rest
@@ -292,20 +310,19 @@ class Dispatcher:
                     "passed half the queue bound (%d bytes); further ones are kept without "
                     "counting against it until those callbacks complete",
                     _receiver.max_queue_bytes())
-            return 0
+            n = 0
         self.charged += n
-        _receiver.hold_back(n)
+        _receiver.hold_back(msg.seq, n)
         return n
 
-    def _let_go(self, entry: tuple[Message, int]) -> Message:
-        """Frees what a held-back message charged; returns the message."""
-        msg, n = entry
+    def _let_go(self, n: int) -> None:
+        """Frees the ``n`` bytes a held-back message charged (its hold lasts until it ran:
+        :meth:`_run_held`)."""
         if n:
             self.charged -= n
-            _receiver.let_go(n)
+            _receiver.let_go(None, n)
             if not self.charged:
                 self.over_cap_warned = False
-        return msg
 
     def _call_failed(self, exc: BaseException | None, consumer: Any, run: int, ordinal: int,
                      reply: Any) -> None:
@@ -393,12 +410,12 @@ class Dispatcher:
             h.parts[key] -= 1
             if not h.parts[key]:
                 del h.parts[key]
-            msg = self._let_go(entry)
+            msg = entry[0]
             c = consumers.get(msg.consumer_id)
             logger.warning("hostfeed: device %s ran two multi-device executions in another "
                            "order than its peers; its part of %s runs out of its order",
                            holder, getattr(c, "name", msg.consumer_id))
-            self._deliver_and_release(consumers, msg)
+            self._run_held(entry, lambda msg: self._deliver_and_release(consumers, msg))
 
     def _find_crossing(self) -> tuple[int, int] | None:
         """An edge (waiter, holder) of a circle of held devices, where ``holder`` holds

@@ -21,7 +21,10 @@ What JAX's token chain did besides ordering, hostfeed does itself: ``barrier_wai
 everything that waits for dispatched computations) runs a marker computation on every
 device that such a computation ran on and waits for it, so every computation dispatched
 there before has finished and sent its taps. Computations on several devices keep JAX's
-token chain (their devices do not order them against single-device ones on CPU).
+token chain (their devices do not order them against single-device ones on CPU). JAX keeps
+that chain per thread (``jax.effects_barrier()`` waits for the calling thread's
+computations only), so hostfeed's waits also wait for the newest such computation of every
+other thread (:func:`wait_for_threads`).
 
 ``HOSTFEED_FAST_DISPATCH=0`` (read when hostfeed is imported) lowers every computation
 with JAX's token chain, as before.
@@ -29,6 +32,7 @@ with JAX's token chain, as before.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Optional
@@ -40,7 +44,7 @@ from . import compat, lifecycle, settings, transports
 from .primitives import HostCallbackEffect
 
 __all__ = ["token_scope_p", "enabled", "token_chain_lowering", "scoped_devices",
-           "devices_set_aside", "wait_for_devices", "forget_devices"]
+           "devices_set_aside", "wait_for_devices", "wait_for_threads", "forget_devices"]
 
 
 class _Mode:
@@ -267,17 +271,71 @@ def devices_set_aside() -> Iterator[None]:
         with _devices.lock:
             _devices.markers = {**saved, **_devices.markers}
             _devices.ready = None
-        lifecycle.dispatch_waits_due(bool(_devices.markers))
+        lifecycle.dispatch_waits_due(bool(_devices.markers) or bool(_threads.newest))
+
+
+# ---- Other threads' computations in JAX's token chain ------------------------------------
+class _Threads:
+    """The token of the newest computation with hostfeed's effect that each thread
+    dispatched through JAX's token chain (on several devices, or with fast dispatch off),
+    by the thread's slot, until a wait saw it finish. A slot, not the thread's id: an id is
+    reused once its thread has ended, and the token of an ended thread's computation must
+    not be replaced by that of another thread's chain."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.local = threading.local()
+        self.slots = itertools.count(1)
+        self.newest: dict[int, Any] = {}
+
+
+_threads = _Threads()
+
+
+def _dispatched_with_token(token: Any) -> None:
+    """(JAX's dispatch, on the dispatching thread.) Notes the thread's newest token."""
+    slot = getattr(_threads.local, "slot", None)
+    if slot is None:
+        slot = _threads.local.slot = next(_threads.slots)
+    with _threads.lock:
+        _threads.newest[slot] = token
+    lifecycle.dispatch_waits_due()
+
+
+TOKENS_HOOKED = compat.install_token_result_hook(HostCallbackEffect, _dispatched_with_token)
+
+
+def wait_for_threads() -> None:
+    """Waits until the newest computation that each thread dispatched through JAX's token
+    chain has finished, so that a barrier in one thread waits for what the others
+    dispatched before it (JAX's own barrier waits for the calling thread's chain only).
+    Each thread's computations run in its chain's order, so the newest one finishing means
+    the earlier ones did. A failed one is left to its caller and to its thread's barriers
+    (the chain reports it there); it is only noted for the barriers that wait for held
+    messages (``lifecycle.note_failed_elsewhere``)."""
+    with _threads.lock:
+        newest = list(_threads.newest.items())
+    for slot, token in newest:
+        try:
+            token.block_until_ready()
+        except Exception:  # noqa: BLE001 - reported to that thread (see above)
+            lifecycle.note_failed_elsewhere()
+        with _threads.lock:
+            if _threads.newest.get(slot) is token:
+                del _threads.newest[slot]
 
 
 def forget_devices() -> None:
-    """Forgets the devices and their markers (a forked child: its parent's computations and
-    compiled markers mean nothing there)."""
+    """Forgets the devices and their markers, and the threads' tokens (a forked child: its
+    parent's computations and compiled markers mean nothing there)."""
     _devices.lock = threading.Lock()
     _devices.markers = {}
     _devices.ready = None
+    _threads.lock = threading.Lock()
+    _threads.newest = {}
     lifecycle.dispatch_waits_due(False)
 
 
 lifecycle.add_dispatch_wait(wait_for_devices)
+lifecycle.add_dispatch_wait(wait_for_threads)
 lifecycle.add_fork_hook(forget_devices)

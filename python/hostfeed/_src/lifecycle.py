@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import itertools
 import logging
 import os
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any, Optional
@@ -75,7 +75,7 @@ def push_eager(invoke: Callable[..., None], name: str, arrays: tuple[np.ndarray,
 def wait_processed() -> None:
     """Waits until the receiver has processed every message enqueued so far (GIL released;
     raises nothing a callback raised: that is for ``barrier_wait``)."""
-    _receiver.barrier(None)
+    _queue_barrier(None)
 
 
 def wait_for_dispatched(effect: Any) -> None:
@@ -139,59 +139,6 @@ def set_timing(enabled: bool) -> bool:
     return _receiver.set_timing(enabled)
 
 
-class _ThreadTokens:
-    """The newest effect token of each thread that dispatched a computation with an
-    ordered effect (hostfeed's, for a computation that taps on several devices or without
-    fast dispatch), until a barrier has waited for it. JAX keeps these per thread (its
-    ``runtime_tokens`` is a ``threading.local``), so its own barrier waits only for the
-    calling thread's computations; ``barrier_wait``, stop and exit wait for every thread's
-    (a thread's newest token follows all its earlier computations): the taps of a
-    computation dispatched by another thread, even one that has ended since, run before
-    the barrier returns, and the consumers that computation names are not released while
-    it runs."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.local = threading.local()
-        self.slots = itertools.count(1)  # (a thread's slot: thread ids are reused)
-        # (thread slot, effect) -> that thread's newest token of that effect
-        self.tokens: dict[tuple[int, Any], Any] = {}
-
-
-_thread_tokens = _ThreadTokens()
-
-
-def _note_token(effect: Any, token: Any) -> None:
-    tt = _thread_tokens
-    slot = getattr(tt.local, "slot", None)
-    if slot is None:
-        slot = tt.local.slot = next(tt.slots)
-    with tt.lock:
-        tt.tokens[(slot, effect)] = token
-
-
-compat.install_token_watch(_note_token)
-
-
-def _wait_every_thread() -> bool:
-    """Waits for the newest token of every thread (the computations each dispatched so
-    far); returns whether one of them failed (its caller saw the error)."""
-    tt = _thread_tokens
-    with tt.lock:
-        waiting = list(tt.tokens.items())
-    failed = False
-    for _, token in waiting:
-        try:
-            token.block_until_ready()
-        except Exception:  # noqa: BLE001 - the computation's caller has it
-            failed = True
-    with tt.lock:
-        for key, token in waiting:
-            if tt.tokens.get(key) is token:  # (not replaced by a newer one meanwhile)
-                del tt.tokens[key]
-    return failed
-
-
 def _wait_dispatched() -> tuple[Optional[BaseException], bool]:
     """Waits for the computations dispatched so far, by any thread; returns (not raises)
     the error of one of this thread's that failed, and whether any failed (another
@@ -208,7 +155,9 @@ def _wait_dispatched() -> tuple[Optional[BaseException], bool]:
             _run_dispatch_waits()
         except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
             failed = exc
-    elsewhere = _wait_every_thread() if _thread_tokens.tokens else False
+    # Another thread's computation that failed (seen by fast_dispatch.wait_for_threads): its
+    # caller has the error; here it only means that a joined set may never complete.
+    elsewhere, _dispatch_waits.failed_elsewhere = _dispatch_waits.failed_elsewhere, False
     tokens = compat.runtime_tokens
     if not tokens.current_tokens and not tokens.output_runtime_tokens:
         return failed, elsewhere  # nothing dispatched here with tokens since the last barrier
@@ -235,9 +184,17 @@ class _DispatchWaits:
     def __init__(self) -> None:
         self.waits: list[Callable[[], None]] = []
         self.due = False
+        # A wait saw a computation of another thread fail (see note_failed_elsewhere).
+        self.failed_elsewhere = False
 
 
 _dispatch_waits = _DispatchWaits()
+
+
+def note_failed_elsewhere() -> None:
+    """Notes that a wait saw a computation fail that it leaves to another thread to report:
+    the next barrier that waits for held messages sweeps (:func:`_queue_barrier`)."""
+    _dispatch_waits.failed_elsewhere = True
 
 
 def add_dispatch_wait(wait: Callable[[], None]) -> None:
@@ -309,8 +266,6 @@ def _after_fork_in_child() -> None:
     errors.clear()
     # Computations of the parent: their tokens mean nothing here (waiting would hang).
     compat.runtime_tokens.clear()
-    _thread_tokens.tokens.clear()
-    _thread_tokens.lock = threading.Lock()
     _life.lock = threading.Lock()
     registry.lock = threading.Lock()
     for hook in _fork_hooks:
@@ -366,7 +321,7 @@ def _push_mark() -> int | None:
     return epoch if _push_marker("barrier mark", lambda: dispatcher.mark(epoch)) else None
 
 
-def _wait_and_sweep() -> Optional[BaseException]:
+def _wait_and_sweep(sweep: bool = False) -> Optional[BaseException]:
     """Waits for the computations dispatched so far, by any thread (:func:`_wait_dispatched`);
     returns the error of one of this thread's that failed. Only when one (of any thread)
     failed can a joined set be incomplete for good (its execution failed on some device
@@ -377,15 +332,50 @@ def _wait_and_sweep() -> Optional[BaseException]:
     a failure nothing is dropped, whatever other threads dispatch meanwhile (a set whose
     execution is still running completes when its last part comes). A failed call of the
     portable transport (no execution ids) is forgotten by that sweep too, reported or not
-    (``Dispatcher.awaits_sweep``)."""
+    (``Dispatcher.awaits_sweep``). ``sweep``: a mark, a wait and a sweep follow anyway (a
+    host function failed: a part it should have joined may never come)."""
     failed_run, failed = _wait_dispatched()
-    if failed or failed_run is not None or dispatcher.awaits_sweep:
+    if failed or failed_run is not None or dispatcher.awaits_sweep or sweep:
         epoch = _push_mark()
         again = _effects_barrier()
         failed_run = failed_run if again is None else again
         if epoch is not None:
             _push_marker("barrier sweep", lambda: dispatcher.sweep(epoch))
     return failed_run
+
+
+#: How long a barrier waits while only messages held back behind a joined tap keep it
+#: waiting before it waits for the computations dispatched since (:func:`_queue_barrier`).
+HELD_PATIENCE = 0.5
+
+
+def _queue_barrier(timeout: Optional[float]) -> Optional[BaseException]:
+    """The receiver's barrier: waits until every message enqueued so far has run, those the
+    dispatcher holds back included (a device's later messages behind a joined tap whose
+    other parts have not come), ``timeout`` seconds at most; returns (not raises) the error
+    of a computation that failed meanwhile.
+
+    A held message runs once its set's other parts come. They may come from an execution
+    dispatched after this barrier waited for the computations (by another thread: the
+    device ran that execution's part before the message), which completes it without any
+    help, unless it failed before sending them. So when only held messages keep the
+    receiver's barrier waiting for :data:`HELD_PATIENCE` seconds, this waits for the
+    computations dispatched since and sweeps the sets of one that failed
+    (:func:`_wait_and_sweep`; also when a host function or another thread's computation
+    failed meanwhile, since a set whose part it failed to send or join never completes),
+    then waits again.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    failed = None
+    while True:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if _receiver.barrier(left, HELD_PATIENCE):
+            return failed
+        # A batch for the consumer: messages an abandoned consumer left run first.
+        _push_marker("barrier nudge", lambda: None)
+        failed_elsewhere, _dispatch_waits.failed_elsewhere = _dispatch_waits.failed_elsewhere, False
+        again = _wait_and_sweep(sweep=errors.pending() or failed_elsewhere)
+        failed = failed if again is None else again
 
 
 def drain_dispatched(timeout: Optional[float] = None) -> Optional[BaseException]:
@@ -401,7 +391,8 @@ def drain_dispatched(timeout: Optional[float] = None) -> Optional[BaseException]
     try:
         if _life.configured:
             failed_run = _wait_and_sweep()
-            _receiver.barrier(timeout)
+            again = _queue_barrier(timeout)
+            failed_run = failed_run if again is None else again
     except BaseException:
         with registry.lock:
             registry.pending_release += unleased
@@ -418,7 +409,7 @@ def barrier(logging_name: Optional[str] = None, timeout: Optional[float] = None)
     to process everything they sent; raises what went wrong meanwhile."""
     tokens = compat.runtime_tokens
     if (timeout is None and _life.configured and not tokens.current_tokens
-            and not tokens.output_runtime_tokens and not _thread_tokens.tokens
+            and not tokens.output_runtime_tokens
             and not dispatcher.awaits_sweep and not registry.dying
             and not registry.pending_release and not errors.pending()
             and not dispatcher.held and not logger.isEnabledFor(logging.DEBUG)):
@@ -427,14 +418,15 @@ def barrier(logging_name: Optional[str] = None, timeout: Optional[float] = None)
         # the queue's own barrier (two atomic loads when idle; it refuses the consumer
         # thread with the same CallbackContextError) and the hooks (a recorder's returns
         # at once when none is open). Without markers, as cheap as jax.effects_barrier.
-        failed = None
+        failed: Optional[BaseException] = None
         if _dispatch_waits.due:
             check_not_in_callback("barrier_wait")
             try:
                 _run_dispatch_waits()
             except Exception as exc:  # noqa: BLE001 - raised below, after the callbacks'
                 failed = exc
-        _receiver.barrier(None)
+        again = _queue_barrier(None)
+        failed = failed if again is None else again
         hook_errors = None
         for hook in _barrier_hooks:
             e = hook()

@@ -183,13 +183,19 @@ pub fn stop_exit_watch(py: Python<'_>) {
     report_notes(py);
 }
 
-/// Waits until every message enqueued before the call is processed (`timeout` seconds at
-/// most; None: no limit), with the GIL released in slices so that Ctrl-C works. Raises an
+/// Waits until every message enqueued before the call has run (`timeout` seconds at most;
+/// None: no limit), with the GIL released in slices so that Ctrl-C works, and returns
+/// True. Messages the dispatcher holds back (a device's later messages behind a joined tap
+/// whose other parts have not come) have not run: it waits for them too
+/// (`Queue::done_before`). With `patience`, it returns False instead once only such held
+/// messages kept it waiting for `patience` seconds (the caller then waits for the
+/// computations dispatched since, which send those parts, and calls it again). Raises an
 /// error the dispatcher raised meanwhile.
 #[pyfunction]
-#[pyo3(signature = (timeout=None))]
-pub fn barrier(py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+#[pyo3(signature = (timeout=None, patience=None))]
+pub fn barrier(py: Python<'_>, timeout: Option<f64>, patience: Option<f64>) -> PyResult<bool> {
     let timeout = duration("timeout", timeout)?;
+    let patience = duration("patience", patience)?;
     if hostfeed_core::in_consumer_thread() {
         return Err(Error::InsideCallback("barrier_wait")).py();
     }
@@ -208,16 +214,18 @@ pub fn barrier(py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
         }
     }
     let target = r.queue.enqueued();
+    // Since when only held-back messages keep it waiting.
+    let mut held_since: Option<Instant> = None;
     // Idle (the usual case after the first one): two atomic loads, no lock, no detach.
-    while r.queue.processed() < target {
-        let slice = match timeout {
+    while !r.queue.done_before(target) {
+        let mut slice = match timeout {
             Some(t) => {
                 let left = t.saturating_sub(start.elapsed());
-                if left.is_zero() && r.queue.processed() < target {
+                if left.is_zero() && !r.queue.done_before(target) {
                     return Err(Error::Timeout {
                         what: "barrier_wait",
                         seconds: t.as_secs_f64(),
-                        pending: target.saturating_sub(r.queue.processed()),
+                        pending: r.queue.outstanding_before(target),
                     })
                     .py();
                 }
@@ -225,6 +233,19 @@ pub fn barrier(py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
             }
             None => WAIT_SLICE,
         };
+        if let Some(p) = patience {
+            if r.queue.only_held_before(target) {
+                let since = *held_since.get_or_insert_with(Instant::now);
+                let left = p.saturating_sub(since.elapsed());
+                if left.is_zero() {
+                    report_notes(py);
+                    return Ok(false);
+                }
+                slice = slice.min(left);
+            } else {
+                held_since = None;
+            }
+        }
         BARRIER_DETACHED.store(true, Ordering::Release);
         let processed = py.detach(|| r.wait_processed(target, slice));
         BARRIER_DETACHED.store(false, Ordering::Release);
@@ -234,7 +255,7 @@ pub fn barrier(py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
         py.check_signals()?;
     }
     report_notes(py);
-    take_dispatch_error().map_or(Ok(()), Err)
+    take_dispatch_error().map_or(Ok(true), Err)
 }
 
 /// Enqueues an eager tap: `entry` (its `Consumer`, registered nowhere: the message carries

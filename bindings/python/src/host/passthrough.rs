@@ -128,17 +128,21 @@ pub fn set_buffer_pool_bytes(bytes: usize) {
     hostfeed_core::set_pool_limit(bytes);
 }
 
-/// Charges `bytes` of messages the dispatcher holds back for a joined tap against the
-/// bound (never waits; see `Queue::hold_back`).
+/// Holds back the message of sequence number `seq` (`Message.seq`; None: a message made
+/// in Python, which no barrier waits for) that the dispatcher keeps for a joined tap:
+/// barriers wait until `let_go` says it ran; its `bytes` count against the bound
+/// meanwhile (never waits; see `Queue::hold_back`).
 #[pyfunction]
-pub fn hold_back(bytes: usize) {
-    hub().queue.hold_back(bytes);
+#[pyo3(signature = (seq, bytes))]
+pub fn hold_back(seq: Option<u64>, bytes: usize) {
+    hub().queue.hold_back(seq, bytes);
 }
 
-/// Frees `bytes` charged by `hold_back`.
+/// Ends a hold of `hold_back` once its message ran, freeing the `bytes` it charged.
 #[pyfunction]
-pub fn let_go(bytes: usize) {
-    hub().queue.let_go(bytes);
+#[pyo3(signature = (seq, bytes))]
+pub fn let_go(seq: Option<u64>, bytes: usize) {
+    hub().queue.let_go(seq, bytes);
 }
 
 /// Resets `peak_queued_bytes` to the current queued bytes.

@@ -213,7 +213,8 @@ impl Hub {
             // microseconds. It spins without yielding instead, adaptively.
             queue: Queue::new(bound)
                 .with_adaptive_spin(&CONSUMER_ADAPTIVE_SPIN)
-                .with_nap(Nap { period: CONSUMER_NAP_PERIOD, window: CONSUMER_NAP_WINDOW, urgent }),
+                .with_nap(Nap { period: CONSUMER_NAP_PERIOD, window: CONSUMER_NAP_WINDOW, urgent })
+                .with_seq(|msg, seq| msg.seq = seq),
             timing: Timing::default(),
             control: Mutex::new(Control::default()),
             finalized: AtomicBool::new(false),
@@ -531,13 +532,14 @@ impl Hub {
         std::mem::take(&mut *lock(&self.notes))
     }
 
-    /// Waits up to `timeout` until `target` messages are processed; returns whether they
-    /// were. Starts a consumer if messages are pending and none runs.
+    /// Waits up to `timeout` until the messages pushed before sequence number `target`
+    /// have all run, held back ones included (`Queue::done_before`); returns whether they
+    /// have. Starts a consumer if messages are pending and none runs.
     ///
     /// # Errors
     /// Start errors.
     pub fn wait_processed(&'static self, target: u64, timeout: Duration) -> Result<bool, Error> {
-        if self.queue.processed() >= target {
+        if self.queue.done_before(target) {
             return Ok(true);
         }
         if !self.is_finalized() && !self.is_running() {
@@ -547,7 +549,7 @@ impl Hub {
         // wake-up system call and a scheduler round trip (tens of microseconds on VMs).
         self.queue.wake_napping();
         let spin = BARRIER_SPIN.min(timeout);
-        if !spin.is_zero() && spin_until(spin, || self.queue.processed() >= target) {
+        if !spin.is_zero() && spin_until(spin, || self.queue.done_before(target)) {
             return Ok(true);
         }
         Ok(self.queue.wait_processed(target, timeout.saturating_sub(spin)))

@@ -168,3 +168,33 @@ fn loom_queue_producer_consumer_and_barrier_wake_each_other() {
         assert_eq!(q.held_bytes(), 0);
     });
 }
+
+#[test]
+fn loom_a_barrier_returns_only_after_a_held_message_ran() {
+    model(3, || {
+        // The consumer holds message 0 back past the end of its batch, then runs it (sets
+        // `ran`) and lets it go; a barrier taken after its push, lock-free check first as
+        // the binding does, must never see it completed before it ran.
+        let q = Arc::new(Queue::<(u32, u64)>::new(100).with_seq(|item, seq| item.1 = seq));
+        let ran = Arc::new(loom::sync::atomic::AtomicBool::new(false));
+        q.clear_stop();
+        let target = q.push((7, 0), 1).unwrap().seq + 1;
+        let consumer = {
+            let (q, ran) = (Arc::clone(&q), Arc::clone(&ran));
+            thread::spawn(move || {
+                let epoch = q.begin_batch(1).unwrap();
+                let (_, seq) = q.take(epoch).unwrap();
+                q.hold_back(Some(seq), 1);
+                q.end_batch(epoch);
+                ran.store(true, loom::sync::atomic::Ordering::Relaxed);
+                q.let_go(Some(seq), 1);
+            })
+        };
+        if !q.done_before(target) {
+            assert!(q.wait_processed(target, FOREVER), "the barrier is woken by the let-go");
+        }
+        assert!(ran.load(loom::sync::atomic::Ordering::Relaxed), "returned before the message ran");
+        consumer.join().unwrap();
+        assert_eq!(q.held_bytes(), 0);
+    });
+}

@@ -114,6 +114,9 @@ pub struct Message {
     pub host_bytes: usize,
     /// When it entered the queue (`Timing::now`; 0: not timed).
     pub queued_at: u64,
+    /// Its sequence number in the hub's queue (set as it is pushed): what the consumer
+    /// names when it holds the message back (`Queue::hold_back`).
+    pub seq: u64,
 }
 
 impl Message {
@@ -160,6 +163,7 @@ impl Message {
             host: Some(payload),
             host_bytes: bytes,
             queued_at: 0,
+            seq: 0,
         }
     }
 }
@@ -232,6 +236,7 @@ impl Layout {
             host: None,
             host_bytes: 0,
             queued_at: 0,
+            seq: 0,
         }
     }
 }

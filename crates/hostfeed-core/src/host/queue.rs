@@ -21,10 +21,15 @@
 //!
 //! There is a single FIFO, so messages from any one producer are consumed in push order.
 //! Every push gets a sequence number; [`Queue::wait_processed`] is the barrier primitive.
+//! A message the consumer *holds back* past the end of its batch (the dispatcher keeps a
+//! device's later messages behind a joined tap whose other parts have not come) has not
+//! run yet: it stays outstanding for barriers, by its sequence number, until the consumer
+//! lets it go ([`Queue::hold_back`], [`Queue::let_go`]), so a barrier never returns before
+//! a message pushed before it ran, held or not.
 //!
 //! No Python here: this module is tested with plain `cargo test`.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::host::stats::Stats;
@@ -86,6 +91,9 @@ struct Inner<T> {
     enqueued: u64,
     /// Number of messages completed.
     processed: u64,
+    /// Sequence numbers of completed messages the consumer holds back (not run yet), each
+    /// with how many holds it has ([`Queue::hold_back`]).
+    held: BTreeMap<u64, usize>,
     /// The consumer should exit once `items` is empty.
     drain_and_stop: bool,
     /// A consumer is running (between `clear_stop` and `begin_batch` returning `None`).
@@ -152,6 +160,10 @@ pub struct Queue<T> {
     /// an idle barrier reads them without locking.
     enqueued: CachePadded<AtomicU64>,
     processed: AtomicU64,
+    /// Mirror of the lowest sequence number in `Inner::held` (`u64::MAX`: none).
+    held_min: AtomicU64,
+    /// Writes an item's sequence number into it as it is pushed ([`Queue::with_seq`]).
+    stamp: Option<fn(&mut T, u64)>,
     /// The queue's counters.
     pub stats: Stats,
 }
@@ -167,6 +179,7 @@ impl<T> Queue<T> {
                 held_back: 0,
                 enqueued: 0,
                 processed: 0,
+                held: BTreeMap::new(),
                 drain_and_stop: false,
                 consumer_active: false,
                 closed: false,
@@ -190,6 +203,8 @@ impl<T> Queue<T> {
             nudges: AtomicU64::new(0),
             enqueued: CachePadded(AtomicU64::new(0)),
             processed: AtomicU64::new(0),
+            held_min: AtomicU64::new(u64::MAX),
+            stamp: None,
             stats: Stats::default(),
         }
     }
@@ -215,6 +230,14 @@ impl<T> Queue<T> {
     #[must_use]
     pub fn with_nap(mut self, nap: Nap<T>) -> Self {
         self.nap = Some(nap);
+        self
+    }
+
+    /// Writes each item's sequence number into it as it is pushed (with `stamp`), for a
+    /// consumer that holds items back ([`Queue::hold_back`]).
+    #[must_use]
+    pub fn with_seq(mut self, stamp: fn(&mut T, u64)) -> Self {
+        self.stamp = Some(stamp);
         self
     }
 
@@ -260,7 +283,7 @@ impl<T> Queue<T> {
         self.push_inner(item, bytes, WhenFull::Admit)
     }
 
-    fn push_inner(&self, item: T, bytes: usize, when_full: WhenFull) -> Result<Pushed, PushError<T>> {
+    fn push_inner(&self, mut item: T, bytes: usize, when_full: WhenFull) -> Result<Pushed, PushError<T>> {
         let mut g = lock(&self.inner);
         let mut blocked_since: Option<Instant> = None;
         loop {
@@ -291,6 +314,9 @@ impl<T> Queue<T> {
             self.stats.producer_blocked_ns.fetch_add(ns, Ordering::Relaxed);
         }
         let seq = g.enqueued;
+        if let Some(stamp) = self.stamp {
+            stamp(&mut item, seq);
+        }
         g.enqueued += 1;
         self.enqueued.store(g.enqueued, Ordering::Release);
         g.held_bytes += bytes;
@@ -387,108 +413,6 @@ impl<T> Queue<T> {
         flight.taken_bytes += bytes;
         self.progress.fetch_add(1, Ordering::Relaxed);
         Some(item)
-    }
-
-    // ---- Bytes held past the end of a batch (the recorder) ------------------------------
-    //
-    // A consumer that keeps a message's bytes after processing it (the recorder keeps rows
-    // until they are on disk) takes it with `take_retained`: the message counts as
-    // processed when its batch ends (barriers see it), but its bytes stay charged against
-    // the bound until that consumer calls `release`. Bytes it holds without a message
-    // (rows copied from Python) are charged with `charge`. So the bound keeps bounding
-    // memory, and a slow disk pauses the producers.
-
-    /// Like [`Queue::take`], but only if `accept` accepts the next message, and keeping its
-    /// bytes charged after the batch ends: the caller must [`Queue::release`] the returned
-    /// byte count once it no longer holds the message's memory.
-    pub(crate) fn take_retained(&self, epoch: u64, accept: impl FnOnce(&T) -> bool) -> Option<(T, usize)> {
-        let mut flight = lock(&self.in_flight);
-        if flight.epoch != epoch || !accept(&flight.items.front()?.1) {
-            return None;
-        }
-        let (bytes, item) = flight.items.pop_front()?;
-        flight.taken += 1;
-        self.progress.fetch_add(1, Ordering::Relaxed);
-        self.stats.bytes_processed.fetch_add(bytes as u64, Ordering::Relaxed);
-        Some((item, bytes))
-    }
-
-    /// Charges `bytes` held outside any message (never waits; see [`Queue::take_retained`]).
-    pub(crate) fn charge(&self, bytes: usize) {
-        self.charge_outside(bytes, false);
-    }
-
-    /// Charges `bytes` of messages the consumer holds back after their batch ended, until
-    /// something that only a later push brings lets them run (a joined tap's other parts),
-    /// so that the bound still bounds them. Never waits, and never keeps a push out: a
-    /// push is admitted whenever nothing but held-back bytes is charged. Freed with
-    /// [`Queue::let_go`].
-    pub fn hold_back(&self, bytes: usize) {
-        self.charge_outside(bytes, true);
-    }
-
-    /// [`Queue::charge`], or with `held_back` [`Queue::hold_back`].
-    fn charge_outside(&self, bytes: usize, held_back: bool) {
-        let mut g = lock(&self.inner);
-        g.held_bytes += bytes;
-        if held_back {
-            g.held_back += bytes;
-        }
-        let held = g.held_bytes as u64;
-        drop(g);
-        self.stats.queued_bytes.store(held, Ordering::Relaxed);
-        self.stats.peak_queued_bytes.fetch_max(held, Ordering::Relaxed);
-    }
-
-    /// Frees `bytes` charged by [`Queue::hold_back`].
-    pub fn let_go(&self, bytes: usize) {
-        if bytes == 0 {
-            return;
-        }
-        let mut g = lock(&self.inner);
-        let bytes = bytes.min(g.held_back);
-        g.held_back -= bytes;
-        g.held_bytes = g.held_bytes.saturating_sub(bytes);
-        self.stats.queued_bytes.store(g.held_bytes as u64, Ordering::Relaxed);
-        drop(g);
-        self.space_freed.notify_all();
-    }
-
-    /// Bytes charged by [`Queue::hold_back`] and not yet let go.
-    pub fn held_back_bytes(&self) -> usize {
-        lock(&self.inner).held_back
-    }
-
-    /// Frees `bytes` charged by [`Queue::take_retained`] or [`Queue::charge`].
-    pub(crate) fn release(&self, bytes: usize) {
-        if bytes == 0 {
-            return;
-        }
-        let mut g = lock(&self.inner);
-        g.held_bytes = g.held_bytes.saturating_sub(bytes);
-        self.stats.queued_bytes.store(g.held_bytes as u64, Ordering::Relaxed);
-        drop(g);
-        self.space_freed.notify_all();
-    }
-
-    /// Waits until `bytes` more fit under the bound, or nothing but held-back bytes is
-    /// charged (a row larger than the bound goes alone), or the queue is closed; charges
-    /// nothing. While it waits it counts as a waiting producer (a recorder's ticker then
-    /// writes partial chunks early to make room).
-    pub(crate) fn wait_for_room(&self, bytes: usize) {
-        let mut g = lock(&self.inner);
-        loop {
-            let bound = self.bound.load(Ordering::Relaxed);
-            if g.closed || g.held_bytes <= g.held_back || g.held_bytes.saturating_add(bytes) <= bound {
-                return;
-            }
-            g = self.space_freed.wait(g);
-        }
-    }
-
-    /// Whether some producer is waiting for space now.
-    pub(crate) fn producers_waiting(&self) -> bool {
-        self.space_freed.has_sleepers()
     }
 
     /// Messages of batch `epoch` not taken yet.
@@ -646,8 +570,8 @@ impl<T> Queue<T> {
         lock(&self.inner).held_bytes
     }
 
-    /// Waits up to `timeout` until at least `target` messages are processed.
-    /// Returns whether that happened.
+    /// Waits up to `timeout` until at least `target` messages are processed and none pushed
+    /// before `target` is held back ([`Queue::done_before`]). Returns whether that happened.
     pub fn wait_processed(&self, target: u64, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut g = lock(&self.inner);
@@ -655,7 +579,7 @@ impl<T> Queue<T> {
             // A lazy message may wait for the nap's end (see `wake_napping`).
             self.not_empty.notify_one();
         }
-        while g.processed < target {
+        while g.processed < target || g.held.keys().next().is_some_and(|&seq| seq < target) {
             let now = Instant::now();
             if now >= deadline {
                 return false;
@@ -710,6 +634,8 @@ impl<T> Queue<T> {
             g.processed = g.enqueued;
             g.held_bytes = 0;
             g.held_back = 0;
+            g.held.clear();
+            self.held_min.store(u64::MAX, Ordering::Release);
             g.drain_and_stop = false;
             g.consumer_active = false;
             self.pending.store(0, Ordering::Release);
@@ -723,6 +649,9 @@ impl<T> Queue<T> {
     pub(crate) fn close(&self) -> Vec<T> {
         let mut g = lock(&self.inner);
         g.closed = true;
+        // Nothing runs any more: held messages never will, and no barrier waits for them.
+        g.held.clear();
+        self.held_min.store(u64::MAX, Ordering::Release);
         self.pending.store(0, Ordering::Release);
         let (count, bytes) = (g.items.len() as u64, g.items.iter().map(|(b, _)| *b).sum());
         let left: Vec<T> = g.items.drain(..).map(|(_, t)| t).collect();
@@ -739,6 +668,8 @@ impl<T> Queue<T> {
         lock(&self.inner).closed
     }
 }
+
+mod held;
 
 #[cfg(all(test, not(loom)))]
 mod tests;

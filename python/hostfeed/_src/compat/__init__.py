@@ -456,6 +456,32 @@ def install_token_fast_path(effect_type: type) -> bool:
     return True
 
 
+# jax 0.10.2-0.12: `RuntimeTokenSet` is a `threading.local`: each thread chains the effect
+# tokens of its own computations, and `jax.effects_barrier()` waits for the calling
+# thread's only. Every dispatch of a computation with an ordered effect ends with
+# `runtime_tokens.set_token_result(effect, token)` (`pxla.ExecuteReplicated`).
+def install_token_result_hook(effect_type: type, record: Callable[[Any], None]) -> bool:
+    """Makes JAX call ``record(token)``, on the dispatching thread, with the token that
+    every dispatched computation with an ``effect_type`` effect returns; returns whether
+    JAX has the hook (installed once: a second call changes nothing)."""
+    cls = getattr(_dispatch, "RuntimeTokenSet", None)
+    orig = getattr(cls, "set_token_result", None)
+    if orig is None:
+        return False
+    if getattr(orig, "_hostfeed", False):
+        return True
+
+    def set_token_result(self: Any, eff: Any, token: Any) -> None:
+        orig(self, eff, token)
+        if type(eff) is effect_type:
+            record(token)
+
+    set_token_result._hostfeed = True  # type: ignore[attr-defined]
+    set_token_result.__doc__ = orig.__doc__
+    cls.set_token_result = set_token_result  # type: ignore[union-attr]
+    return True
+
+
 # ---- Fast dispatch of computations that tap on one device (primitives.token_scope_p) ----
 # jax 0.10.2-0.12: `pjit._get_fastpath_data` keeps every computation with an effect, ordered
 # or not, off JAX's C++ dispatch path; each call of such a jitted function runs JAX's Python
@@ -524,33 +550,6 @@ def install_effects_barrier_hook(wait: Callable[[], None]) -> Callable[[], None]
         cls.block_until_ready = block_until_ready
     tokens = runtime_tokens
     return lambda: orig(tokens)
-
-
-# jax 0.10.2-0.12: `dispatch.runtime_tokens` is a `threading.local`: the token of an ordered
-# effect chains the computations dispatched by one thread, and `jax.effects_barrier()`
-# waits for the calling thread's only. Every dispatch of a computation with ordered effects
-# (`ExecuteReplicated._handle_token_bufs`) sets its thread's new token through
-# `RuntimeTokenSet.set_token_result(effect, token)`.
-def install_token_watch(note: Callable[[Any, Any], None]) -> bool:
-    """Makes every dispatch of a computation with an ordered effect, on any thread, also
-    call ``note(effect, token)`` with the token it returned (after JAX has set it); returns
-    whether JAX has the hook."""
-    cls = getattr(_dispatch, "RuntimeTokenSet", None)
-    orig = getattr(cls, "set_token_result", None)
-    if orig is None:
-        return False
-    if getattr(orig, "_hostfeed", False):
-        orig = orig._hostfeed_orig
-
-    def set_token_result(self: Any, eff: Any, token: Any) -> None:
-        orig(self, eff, token)
-        note(eff, token)
-
-    set_token_result._hostfeed = True  # type: ignore[attr-defined]
-    set_token_result._hostfeed_orig = orig  # type: ignore[attr-defined]
-    set_token_result.__doc__ = orig.__doc__
-    cls.set_token_result = set_token_result  # type: ignore[union-attr]
-    return True
 
 
 # jax 0.12 removed ClosedJaxpr (its jaxprs hold their constants as literals); 0.10 and 0.11
