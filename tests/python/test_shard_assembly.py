@@ -298,8 +298,24 @@ def test_a_failure_without_an_execution_id_lasts_until_the_next_sweep():
         return True
 
     run = dispatcher.UNKNOWN_RUN
-    d = Dispatch([log.joined("joined"), consumers.Consumer(call, "c", ConsumerKind.CALL)])
-    d.send((1, 1, run, np.array([0])), reply=FakeCallReply())  # fails on device 1
+    single = consumers.Consumer(call, "single", ConsumerKind.CALL)
+    d = Dispatch([log.joined("joined"), consumers.Consumer(call, "c", ConsumerKind.CALL),
+                  single])
+    # (As registering a joined consumer and lowering a call into a computation on several
+    # devices note.)
+    joined, consumers.registry.joined = consumers.registry.joined, True
+    consumers.registry.several_devices.add(d.consumers[2])
+    try:
+        # A call lowered into a computation on one device fails nothing else (it has no
+        # parts elsewhere) ...
+        d.send((2, 1, run, np.array([0])), reply=FakeCallReply())
+        assert not d.d.awaits_sweep
+        errors.take_last_exception()
+        # ... one lowered into a computation on several devices fails its execution's parts.
+        d.send((1, 1, run, np.array([0])), reply=FakeCallReply())  # fails on device 1
+    finally:
+        consumers.registry.several_devices.discard(d.consumers[2])
+        consumers.registry.joined = joined
     assert d.d.awaits_sweep
     late = FakeCallReply()  # a part of that execution, from another device
     d.send((0, 0, run, *part(0, 0, np.array([9]))), reply=late)
