@@ -113,6 +113,31 @@ def nnx_case(kind: str, rec: Any) -> Callable[[int], Any]:
     return lambda s: step(model, s)
 
 
+def _linen_training(model: Any, pattern: str, kind: str, rec: Any) -> Callable[[int], Any]:
+    """One SGD step of the Linen ``model`` per call: without records (``plain``), with
+    the modules ``pattern`` selects captured (``capture``), or with the records the model
+    places by hand (``hand``)."""
+    x, y = data()
+    state = [model.init(jax.random.key(0), x)["params"]]
+
+    @jax.jit
+    def step(params: Any, s: Any) -> Any:
+        def loss_fn(params: Any) -> Any:
+            m = hostfeed.capture(model, rec, pattern, step=s) if kind == "capture" else model
+            return jnp.mean((m.apply({"params": params}, x) - y) ** 2)
+        _HAND[0] = (rec, s) if kind == "hand" else None
+        try:
+            loss, grads = jax.value_and_grad(loss_fn)(params)
+        finally:
+            _HAND[0] = None
+        return _sgd(params, grads), loss
+
+    def one(s: int) -> Any:
+        state[0], loss = step(state[0], s)
+        return loss
+    return one
+
+
 def linen_case(kind: str, rec: Any) -> Callable[[int], Any]:
     from flax import linen as nn
 
@@ -136,26 +161,7 @@ def linen_case(kind: str, rec: Any) -> Callable[[int], Any]:
                 x = Block(i, name=f"Block_{i}")(x)
             return nn.Dense(1)(x)
 
-    model, (x, y) = Transformer(), data()
-    state = [model.init(jax.random.key(0), x)["params"]]
-
-    @jax.jit
-    def step(params: Any, s: Any) -> Any:
-        def loss_fn(params: Any) -> Any:
-            m = hostfeed.capture(model, rec, "Block_*/MLP_0", step=s) if kind == "capture" \
-                else model
-            return jnp.mean((m.apply({"params": params}, x) - y) ** 2)
-        _HAND[0] = (rec, s) if kind == "hand" else None
-        try:
-            loss, grads = jax.value_and_grad(loss_fn)(params)
-        finally:
-            _HAND[0] = None
-        return _sgd(params, grads), loss
-
-    def one(s: int) -> Any:
-        state[0], loss = step(state[0], s)
-        return loss
-    return one
+    return _linen_training(Transformer(), "Block_*/MLP_0", kind, rec)
 
 
 def equinox_case(kind: str, rec: Any) -> Callable[[int], Any]:
@@ -251,26 +257,7 @@ def linen_stack_case(kind: str, rec: Any) -> Callable[[int], Any]:
             x, _ = layers(name="layers")(x, None)
             return nn.Dense(1)(x)
 
-    model, (x, y) = Transformer(), data()
-    state = [model.init(jax.random.key(0), x)["params"]]
-
-    @jax.jit
-    def step(params: Any, s: Any) -> Any:
-        def loss_fn(params: Any) -> Any:
-            m = hostfeed.capture(model, rec, "layers/MLP_0", step=s) if kind == "capture" \
-                else model
-            return jnp.mean((m.apply({"params": params}, x) - y) ** 2)
-        _HAND[0] = (rec, s) if kind == "hand" else None
-        try:
-            loss, grads = jax.value_and_grad(loss_fn)(params)
-        finally:
-            _HAND[0] = None
-        return _sgd(params, grads), loss
-
-    def one(s: int) -> Any:
-        state[0], loss = step(state[0], s)
-        return loss
-    return one
+    return _linen_training(Transformer(), "layers/MLP_0", kind, rec)
 
 
 LIBRARIES = {"nnx": ("flax", nnx_case), "linen": ("flax", linen_case),

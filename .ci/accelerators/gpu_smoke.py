@@ -23,7 +23,6 @@ from __future__ import annotations
 import faulthandler
 import os
 import sys
-import time
 from typing import Any
 
 LIMIT_S = float(os.environ.get("GPU_CHECK_SMOKE_S", 60))
@@ -33,12 +32,12 @@ faulthandler.dump_traceback_later(max(LIMIT_S - 5, 1), exit=True)
 import jax  # noqa: E402 - after the watchdog: initialising the backend may hang too
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jax import lax  # noqa: E402
 
 import hostfeed  # noqa: E402
 from hostfeed import host_callback as hcb  # noqa: E402
 from hostfeed._src.transports import native  # noqa: E402
-from smoke_lib import Checks, capture_check, recorder_checks, step_checks  # noqa: E402
+from smoke_lib import (Checks, capture_check, recorder_checks, step_checks,  # noqa: E402
+                       tap_checks)
 
 ON_CPU = os.environ.get("JAX_PLATFORMS", "").split(",")[0].strip() == "cpu"
 REQUIRE_CUDA = not ON_CPU or os.environ.get("GPU_CHECK_REQUIRE_CUDA") == "1"
@@ -77,16 +76,6 @@ def main() -> int:
             assert table.get(KIND) == "native", table
         return table
 
-    @checks.check("taps in order in a loop")
-    def _() -> Any:
-        got: list[int] = []
-        f = jax.jit(lambda v: lax.fori_loop(
-            0, 100, lambda i, c: hcb.id_tap(lambda a, t: got.append(int(a)), c + 1), v))
-        assert int(f(jnp.int32(0))) == 100
-        hcb.barrier_wait()
-        assert got == list(range(1, 101)), got[:10]
-        return len(got)
-
     @checks.check("one tap of a computed value, the result used")
     def _() -> Any:
         got: list = []
@@ -103,29 +92,7 @@ def main() -> int:
         assert np.array_equal(np.asarray(y), [0, 10, 20, 30]), y
         return "ok"
 
-    @checks.check("one 64 MiB tap")
-    def _() -> Any:
-        sizes: list = []
-        n = 16 << 20  # float32: 64 MiB
-        big = jnp.arange(n, dtype=jnp.float32)
-        t = time.perf_counter()
-        jax.jit(lambda v: hcb.id_tap(lambda a, _: sizes.append((a.nbytes, float(a[-1]))),
-                                     v))(big)
-        hcb.barrier_wait()
-        assert sizes == [(n * 4, float(n - 1))], sizes
-        return f"{time.perf_counter() - t:.2f}s with compilation"
-
-    @checks.check("a tap function's exception is raised by barrier_wait")
-    def _() -> Any:
-        def bad(a: Any, t: Any) -> None:
-            raise ValueError("smoke boom")
-        jax.jit(lambda v: hcb.id_tap(bad, v))(x)
-        try:
-            hcb.barrier_wait()
-        except hcb.CallbackException:
-            return "raised"
-        raise AssertionError("barrier_wait did not raise")
-
+    tap_checks(checks, x)
     recorder_checks(checks, x)
     step_checks(checks)
     capture_check(checks)

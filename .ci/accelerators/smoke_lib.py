@@ -75,6 +75,43 @@ class Checks:
         return 1 if failed else 0
 
 
+def tap_checks(checks: Checks, x: Any) -> None:
+    """Taps on this device: in order in a loop, a tap function's exception raised by the
+    next barrier, a 64 MiB tap arriving whole (``x``: a float32[4] array)."""
+    @checks.check("taps in order in a loop")
+    def _() -> Any:
+        got: list[int] = []
+        f = jax.jit(lambda v: jax.lax.fori_loop(
+            0, 100, lambda i, c: hcb.id_tap(lambda a, t: got.append(int(a)), c + 1), v))
+        assert int(f(jnp.int32(0))) == 100
+        hcb.barrier_wait()
+        assert got == list(range(1, 101)), got[:10]
+        return len(got)
+
+    @checks.check("a tap function's exception is raised by barrier_wait")
+    def _() -> Any:
+        def bad(a: Any, t: Any) -> None:
+            raise ValueError("smoke boom")
+        jax.jit(lambda v: hcb.id_tap(bad, v))(x)
+        try:
+            hcb.barrier_wait()
+        except hcb.CallbackException:
+            return "raised"
+        raise AssertionError("barrier_wait did not raise")
+
+    @checks.check("64 MiB tap")
+    def _() -> Any:
+        sizes: list = []
+        n = 16 << 20  # float32: 64 MiB
+        big = jnp.arange(n, dtype=jnp.float32)
+        t = time.perf_counter()
+        jax.jit(lambda v: hcb.id_tap(lambda a, _: sizes.append((a.nbytes, float(a[-1]))),
+                                     v))(big)
+        hcb.barrier_wait()
+        assert sizes == [(n * 4, float(n - 1))], sizes
+        return f"{n * 4 / (time.perf_counter() - t) / 1e9:.2f} GB/s end to end, compiling included"
+
+
 def recorded(name: str, steps: int, x: Any, *, wrap: Optional[Callable] = None,
              **kw: Any) -> tuple[np.ndarray, dict]:
     """``rec.record(name, x * i, step=i, **kw)`` in a jitted step (or one made by

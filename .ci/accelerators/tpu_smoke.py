@@ -17,7 +17,6 @@ import io
 import os
 import sys
 import tempfile
-import time
 from typing import Any
 
 LIMIT_S = float(os.environ.get("TPU_CHECK_SMOKE_S", 120))
@@ -32,7 +31,7 @@ from jax.experimental import io_callback  # noqa: E402
 
 import hostfeed  # noqa: E402
 from hostfeed import host_callback as hcb  # noqa: E402
-from smoke_lib import Checks, recorded, recorder_checks  # noqa: E402
+from smoke_lib import Checks, recorded, recorder_checks, tap_checks  # noqa: E402
 
 OUT = os.environ.get("OUT", ".")
 CHECKS = Checks(json_path=os.path.join(OUT, "tpu_smoke.json"))
@@ -44,17 +43,6 @@ X = jnp.arange(4, dtype=jnp.float32)
 SPEC = jax.ShapeDtypeStruct((4,), jnp.float32)
 print(f"smoke: hostfeed {hostfeed.__version__}, jax {jax.__version__}, {jax.devices()}, "
       f"transports {hostfeed.transports()}", flush=True)
-
-
-@check("taps in order in a loop")
-def _() -> Any:
-    got: list[int] = []
-    f = jax.jit(lambda v: lax.fori_loop(
-        0, 100, lambda i, c: hcb.id_tap(lambda a, t: got.append(int(a)), c + 1), v))
-    assert int(f(jnp.int32(0))) == 100
-    hcb.barrier_wait()
-    assert got == list(range(1, 101)), got[:10]
-    return len(got)
 
 
 @check("several operands and dtypes in one tap")
@@ -143,29 +131,7 @@ def _() -> Any:
     return str(got[:4])
 
 
-@check("a tap function's exception is raised by barrier_wait")
-def _() -> Any:
-    def bad(a: Any, t: Any) -> None:
-        raise ValueError("tap boom")
-    jax.jit(lambda v: hcb.id_tap(bad, v))(X)
-    try:
-        hcb.barrier_wait()
-    except hcb.CallbackException:
-        return "raised"
-    raise AssertionError("barrier_wait did not raise")
-
-
-@check("64 MiB tap")
-def _() -> Any:
-    sizes: list = []
-    big = jnp.arange(16 << 20, dtype=jnp.float32)
-    t = time.perf_counter()
-    jax.jit(lambda v: hcb.id_tap(lambda a, _: sizes.append((a.nbytes, float(a[-1]))), v))(big)
-    hcb.barrier_wait()
-    assert sizes == [(64 << 20, float((16 << 20) - 1))], sizes
-    return f"{(64 << 20) / (time.perf_counter() - t) / 1e9:.2f} GB/s end to end"
-
-
+tap_checks(CHECKS, X)
 recorder_checks(CHECKS, X)
 
 
