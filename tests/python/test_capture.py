@@ -561,8 +561,10 @@ def test_bad_arguments_are_errors_that_say_what_to_do(tmp_path, monkeypatch):
         with pytest.raises(TypeError, match="recorder must be a hostfeed.Recorder"):
             hostfeed.capture(model, "run.zarr", "blocks.*.mlp")
         monkeypatch.setitem(sys.modules, "hostfeed._src.capture.nnx", None)
+        # hostfeed is installed from its checkout, not an index: what works is named.
         with pytest.raises(ImportError, match=r"Flax NNX model needs flax: pip install "
-                                              r"'hostfeed\[flax\]'"):
+                                              r"'flax' \(or, in hostfeed's checkout, pip "
+                                              r"install '\.\[flax\]'\)"):
             hostfeed.capture(model, rec, "blocks.*.mlp")
 
 

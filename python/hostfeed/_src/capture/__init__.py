@@ -97,8 +97,8 @@ def _load(library: str) -> ModuleType:
         return importlib.import_module(f"{__name__}.{module}")
     except ImportError as exc:
         raise ImportError(
-            f"hostfeed.capture of {what} needs {dist}: pip install 'hostfeed[{extra}]' "
-            f"({exc})") from exc
+            f"hostfeed.capture of {what} needs {dist}: pip install '{dist}' (or, in "
+            f"hostfeed's checkout, pip install '.[{extra}]') ({exc})") from exc
 
 
 def capture(model: Any, recorder: Any, select: Select, *, step: Any = None,
