@@ -10,7 +10,7 @@ import argparse
 import pathlib
 import sys
 import tempfile
-from typing import Any, TextIO
+from typing import Any, Optional, TextIO
 
 import jax
 import jax.numpy as jnp
@@ -49,12 +49,14 @@ def _us(value: float) -> str:
     return f"{value:.2f} µs" if value < 10 else f"{value:.0f} µs"
 
 
-def demo(steps: int = 100, out: TextIO = sys.stdout, store: Any = None) -> int:
+def demo(steps: int = 100, out: Optional[TextIO] = None, store: Any = None) -> int:
     """Trains a 2-layer MLP on synthetic data for ``steps`` steps: each step taps its loss
     (the host draws a progress line) and records the hidden layer's mean, standard
     deviation and gradient norm into a Zarr store, read back at the end: ``store`` (kept,
     and its path printed), or a temporary folder deleted at the end (the output says
-    so). Returns 0, or 1 when the loss did not fall."""
+    so). Prints on ``out`` (``sys.stdout`` as it is at the call). Returns 0, or 1 when the
+    loss did not fall."""
+    out = sys.stdout if out is None else out
     progress = _Progress(steps, out)
     losses: list[float] = []
 

@@ -21,7 +21,7 @@ __all__ = [
     "finalize", "start_exit_watch", "stop_exit_watch", "push_control", "barrier",
     "is_running", "in_callback_thread", "max_queue_bytes", "set_max_queue_bytes", "stats",
     "reset_peak", "hold_back", "let_go", "histograms", "reset_histograms", "set_timing",
-    "set_inline_calls", "set_buffer_pool_bytes",
+    "set_inline_calls", "set_buffer_pool_bytes", "take_late_drops",
     "DEFAULT_BUFFER_POOL_BYTES", "set_consumer_name",
     "install_interrupt_watch", "registrations", "summary_registrations",
     "GpuPlatform", "GPU_PLATFORMS",

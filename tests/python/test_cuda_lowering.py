@@ -372,5 +372,5 @@ def test_platforms_are_named_as_jax_lowers_for_them_not_as_a_gpu_device_reads(mo
 
     monkeypatch.setattr(jax, "devices", devices)
     table = hostfeed.transports()
-    assert "gpu" not in table and table["cuda"] == "native", table
+    assert "gpu" not in table and table["cuda"] == transports.transport_for("cuda"), table
     assert transports.for_platform("gpu") is transports.for_platform("cuda")

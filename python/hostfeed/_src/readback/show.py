@@ -23,9 +23,10 @@ def _size(n: int) -> str:
     return str(n)  # pragma: no cover
 
 
-def table(path: Any, out: TextIO = sys.stdout) -> list[dict[str, Any]]:
-    """Prints one line per recorded array of ``path`` (a store or a :class:`Recording`);
-    returns :meth:`Recording.table`."""
+def table(path: Any, out: Optional[TextIO] = None) -> list[dict[str, Any]]:
+    """Prints one line per recorded array of ``path`` (a store or a :class:`Recording`) on
+    ``out`` (``sys.stdout`` as it is at the call); returns :meth:`Recording.table`."""
+    out = sys.stdout if out is None else out
     rec = path if isinstance(path, Recording) else open_recording(path)
     rows = rec.table()
     width = max([len(r["name"]) for r in rows] + [4])
@@ -50,9 +51,11 @@ def default_output(path: Any, patterns: Sequence[str]) -> str:
 
 
 def main(path: Any, patterns: Sequence[str], output: Optional[str],
-         out: TextIO = sys.stdout) -> int:
+         out: Optional[TextIO] = None) -> int:
     """``python -m hostfeed show``: the table, then the picture of the arrays ``patterns``
-    choose (every one without a pattern) into ``output`` (``.png`` or ``.html``)."""
+    choose (every one without a pattern) into ``output`` (``.png`` or ``.html``); prints on
+    ``out`` (``sys.stdout`` as it is at the call)."""
+    out = sys.stdout if out is None else out
     if output is not None and os.path.splitext(output)[1].lower() not in (".png", ".html",
                                                                          ".htm"):
         raise ValueError(f"-o {output!r}: draws into a .png or an .html file")
