@@ -107,10 +107,6 @@ def host(session: nox.Session) -> None:
     """The host-side tests (conftest.HOST_SIDE: their result depends on neither the JAX
     release nor the transport), once, with the newest JAX."""
     _install(session, NEWEST[1])
-    # Flax 0.12.8, the oldest hostfeed[flax] takes (and the newest for Python 3.11): the
-    # docs' pages run here, and their Linen example records inside an nn.scan, which Flax
-    # 0.12.12 (the `tests` sessions' on 3.12+) refuses for any effect (docs/capture.md).
-    session.install("flax==0.12.8")
     session.run("python", "-m", "pytest", "--durations=10", "--scope=host", *session.posargs,
                 env={"JAX_PLATFORMS": "cpu"})
 

@@ -121,7 +121,8 @@ def run_python_blocks(steps: list[Block], python: str = sys.executable,
                       workdir: str | None = None, source: str = "README.md") -> list[str]:
     """Runs every Python block in order, each in a fresh ``python``, all in ``workdir``
     (a new temporary directory by default); raises ``RuntimeError`` on the first failure,
-    naming ``source`` (the page) and the block's line. Returns each run block's stdout."""
+    naming ``source`` (the page) and the block's line. Returns each Python block's stdout,
+    in order ("" for a block marked to skip)."""
     workdir = workdir or tempfile.mkdtemp(prefix="readme-check-")
     env = dict(os.environ, MPLBACKEND="Agg")
     env.setdefault("JAX_PLATFORMS", "cpu")
@@ -131,6 +132,7 @@ def run_python_blocks(steps: list[Block], python: str = sys.executable,
             continue
         if b.skip:
             print(f"{source}:{b.line}: skipped ({b.skip})")
+            outputs.append("")
             continue
         print(f"{source}:{b.line}: running", flush=True)
         r = subprocess.run([python, "-c", b.code], cwd=workdir, env=env, capture_output=True,

@@ -449,3 +449,30 @@ def calls_on_receiver_thread():
     before = _receiver.set_inline_calls(False)
     yield
     _receiver.set_inline_calls(before)
+
+
+def flax_scan_refuses_effects() -> bool:
+    """Whether this Flax's ``nn.scan`` refuses any effect in its body (0.12.12, the newest
+    for Python 3.12+, does: its check of broadcast variables keeps every effectful
+    operation alive and calls their operands a data dependency on the body, for JAX's own
+    ``jax.debug.callback`` as for hostfeed's records; 0.12.8 does not)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import linen as nn
+
+    class Body(nn.Module):
+        @nn.compact
+        def __call__(self, x, _):
+            jax.debug.callback(lambda v: None, x)
+            return x, None
+
+    class Scanned(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.scan(Body, length=2)()(x, None)[0]
+
+    try:
+        Scanned().apply({}, jnp.ones(2))
+    except ValueError as exc:
+        return "data dependency on the scan body" in str(exc)
+    return False

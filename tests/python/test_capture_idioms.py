@@ -22,6 +22,8 @@ from jax import lax
 
 import hostfeed
 
+from conftest import flax_scan_refuses_effects
+
 pytest.importorskip("zarr", reason="reading back needs zarr-python")
 
 B, D, L, S = 2, 4, 2, 2  # batch, width, layers, steps
@@ -349,38 +351,13 @@ def _assert_rows_are_aux(path, steps, names):
         assert_bits_equal(rows, want, name)
 
 
-def _flax_scan_refuses_effects() -> bool:
-    """Whether this Flax's ``nn.scan`` refuses any effect in its body (0.12.12, the newest
-    for Python 3.12+, does: its check of broadcast variables keeps every effectful
-    operation alive and calls their operands a data dependency on the body, for JAX's own
-    ``jax.debug.callback`` as for hostfeed's records; 0.12.8 does not)."""
-    from flax import linen as nn
-
-    class Body(nn.Module):
-        @nn.compact
-        def __call__(self, x, _):
-            jax.debug.callback(lambda v: None, x)
-            return x, None
-
-    class Scanned(nn.Module):
-        @nn.compact
-        def __call__(self, x):
-            return nn.scan(Body, length=2)()(x, None)[0]
-
-    try:
-        Scanned().apply({}, jnp.ones(2))
-    except ValueError as exc:
-        return "data dependency on the scan body" in str(exc)
-    return False
-
-
 @pytest.mark.parametrize("library, idiom", sorted(IDIOMS))
 def test_each_idiom_records_one_row_per_step_and_layer_and_trains_bit_for_bit(
         library, idiom, tmp_path):
     model, run, select = _setup(library, idiom)
     plain = run(model, None, select)
     path = tmp_path / "run.zarr"
-    if (library, idiom) == ("linen", "scan") and _flax_scan_refuses_effects():
+    if (library, idiom) == ("linen", "scan") and flax_scan_refuses_effects():
         # Flax's refusal, not hostfeed's (docs/capture.md says so): still refused.
         with hostfeed.Recorder(path) as rec, pytest.raises(
                 ValueError, match="broadcasted variable has a data dependency"):

@@ -238,7 +238,7 @@ def _stats_panel(cv: _Canvas, p: Panel, x0: float, y0: float, w: float, h: float
     s = p.stats
     assert s is not None
     x = p.steps.astype(np.float64)
-    steps = (float(x.min()), float(x.max()))
+    steps = (float(np.min(x)), float(np.max(x)))
     few = len(x) <= FEW_POINTS
     xm, mean = _thin(x, s[:, C["mean"]])
     _, std = _thin(x, s[:, C["std"]])

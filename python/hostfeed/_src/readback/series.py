@@ -241,7 +241,7 @@ def raw_histogram(row: Any) -> tuple[np.ndarray, np.ndarray]:
     v = v[np.isfinite(v)]
     if v.size == 0:
         return np.zeros(1), np.zeros(0, np.int64)
-    lo, hi = float(v.min()), float(v.max())
+    lo, hi = float(np.min(v)), float(np.max(v))
     if lo == hi:
         return np.array([lo - 0.5, hi + 0.5]), np.array([v.size], np.int64)
     edges = np.linspace(lo, hi, RAW_BUCKETS + 1)
