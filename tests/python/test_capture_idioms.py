@@ -167,13 +167,14 @@ def nnx_models():
             h = self.mlp(self.norm(x))
             return x + h, h
 
+    @nnx.split_rngs(splits=L)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def stacked(rngs):  # L blocks made by nnx.vmap, their parameters stacked
+        return Block(rngs)
+
     class Scanned(nnx.Module):  # layers made by nnx.vmap, run by nnx.scan
         def __init__(self, rngs):
-            @nnx.split_rngs(splits=L)
-            @nnx.vmap(in_axes=(0,), out_axes=0)
-            def make(rngs):
-                return Block(rngs)
-            self.blocks = make(rngs)
+            self.blocks = stacked(rngs)
             self.head = nnx.Linear(D, 1, rngs=rngs)
 
         def __call__(self, x):
@@ -197,11 +198,7 @@ def nnx_models():
 
     class Ensemble(nnx.Module):  # members made by nnx.vmap, run by nnx.vmap on one input
         def __init__(self, rngs):
-            @nnx.split_rngs(splits=L)
-            @nnx.vmap(in_axes=(0,), out_axes=0)
-            def make(rngs):
-                return Block(rngs)
-            self.members = make(rngs)
+            self.members = stacked(rngs)
             self.head = nnx.Linear(D, 1, rngs=rngs)
 
         def __call__(self, x):
