@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import hostfeed
 from hostfeed import host_callback as hcb
 
-from conftest import run_python
+from conftest import ON_TPU, run_python
 
 pytest.importorskip("zarr", reason="needs zarr-python")
 
@@ -120,4 +120,8 @@ def test_a_step_that_fails_at_run_time(tmp_path, outputs):
         with pytest.raises(hcb.CallbackException, match="the host function failed"):
             hcb.barrier_wait()
     steps = {n: hostfeed.read_recording(path, n)[1]["step"].tolist() for n in ("a", "b")}
-    assert steps == {"a": [0, 2, 3] if outputs else [0, 1, 2, 3], "b": [0, 2, 3]}
+    # A TPU's program runs on past a failed call (the failure ends it after it has run):
+    # inside, the rows after the call are written too, as the reference says.
+    inside_after = [0, 1, 2, 3] if ON_TPU else [0, 2, 3]
+    assert steps == {"a": [0, 2, 3] if outputs else [0, 1, 2, 3],
+                     "b": [0, 2, 3] if outputs else inside_after}

@@ -291,7 +291,7 @@ class Plan:
                 outs[i] = v
         for i in self.separate:
             a = self.avals[i]
-            outs[i] = np.empty(a.shape, a.dtype)
+            outs[i] = np.zeros(a.shape, a.dtype)  # a failed call returns zeros
             sent.append(outs[i])
         for i in self.empty:
             a = self.avals[i]
