@@ -22,7 +22,7 @@ from jax import lax
 import hostfeed
 from hostfeed import host_callback as hcb
 from hostfeed._src import transports
-from hostfeed._src.transports import portable
+from hostfeed._src.transports import common
 
 from conftest import ON_TPU, run_python
 
@@ -90,15 +90,15 @@ def test_the_tpu_transport_is_chosen_only_where_every_platform_is_a_tpu():
             self.platforms = platforms
 
     with transports.forcing(None):
-        assert transports.for_context(Ctx("tpu")).NAME == "host-transfer"
-        assert transports.for_context(Ctx("tpu", "cpu")).NAME == "jax"
-        assert transports.for_context(Ctx("cpu")).NAME == "native"
-        assert transports.for_platform("tpu").RECORDS_AS_OUTPUTS
-        assert transports.for_platform("tpu").SUMMARIZE_EVERY_STEP
-        assert not transports.for_platform("cpu").RECORDS_AS_OUTPUTS
+        assert transports.for_context(Ctx("tpu")).name == "tpu"
+        assert transports.for_context(Ctx("tpu", "cpu")).name == "jax"
+        assert transports.for_context(Ctx("cpu")).name == "native"
+        assert transports.for_platform("tpu").records_as_outputs
+        assert transports.for_platform("tpu").summarize_every_step
+        assert not transports.for_platform("cpu").records_as_outputs
     with transports.forcing("jax"):
-        assert transports.for_context(Ctx("cpu")).NAME == "jax"
-        assert not transports.for_context(Ctx("cpu")).NATIVE_KERNELS
+        assert transports.for_context(Ctx("cpu")).name == "jax"
+        assert not transports.for_context(Ctx("cpu")).native_kernels
     with transports.forcing("native"), pytest.raises(NotImplementedError,
                                                      match="HOSTFEED_TRANSPORT=native"):
         transports.for_context(Ctx("tpu")).prepare(Ctx("tpu"), None)
@@ -178,10 +178,10 @@ def test_hostfeed_transport_is_read_at_import_and_checked():
 
 
 def test_failure_text_is_padded_like_the_native_handler():
-    assert bytes(portable.padded("h\u00e9llo", 8)) == "h\u00e9llo".encode() + b"\0\0"
-    cut = bytes(portable.padded("\u00e9" * 10, 9))  # cut before a character's 2nd byte
+    assert bytes(common.padded("h\u00e9llo", 8)) == "h\u00e9llo".encode() + b"\0\0"
+    cut = bytes(common.padded("\u00e9" * 10, 9))  # cut before a character's 2nd byte
     assert cut == "\u00e9".encode() + b" [...]\0"
-    assert np.asarray(portable.padded("", 4)).tolist() == [0, 0, 0, 0]
+    assert np.asarray(common.padded("", 4)).tolist() == [0, 0, 0, 0]
 
 
 @pytest.mark.several_devices
