@@ -104,6 +104,55 @@ def test_the_tpu_transport_is_chosen_only_where_every_platform_is_a_tpu():
         transports.for_context(Ctx("tpu")).prepare(Ctx("tpu"), None)
 
 
+def test_each_transport_is_an_instance_of_the_transport_type_named_by_the_setting():
+    import dataclasses
+
+    from hostfeed._src import settings
+    from hostfeed._src.transports import native, portable, tpu
+
+    instances = (native.TRANSPORT, portable.TRANSPORT, tpu.TRANSPORT)
+    assert all(isinstance(t, transports.Transport) for t in instances)
+    assert [t.name for t in instances] == ["native", "jax", "tpu"]
+    # The setting names every transport, and only those.
+    assert set(settings.TRANSPORTS) == set(transports.BY_NAME) == {"native", "jax", "tpu"}
+    assert [transports.BY_NAME[t.name] for t in instances] == list(instances)
+    # Policies are typed fields, read as attributes and fixed.
+    assert [t.summarize_every_step for t in instances] == [False, False, True]
+    assert [t.records_as_outputs for t in instances] == [False, False, True]
+    assert [t.native_kernels for t in instances] == [True, False, False]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tpu.TRANSPORT.records_as_outputs = False
+    with transports.forcing(None):
+        assert transports.platforms_where(lambda t: t.summarize_every_step) == ("tpu",)
+        assert transports.platforms_where(lambda t: t.native_kernels) == ("cpu", "cuda", "rocm")
+
+
+def test_the_tpu_transport_can_be_forced_by_name_and_refuses_other_platforms_clearly():
+    class Ctx:
+        def __init__(self, *platforms):
+            self.platforms = platforms
+
+    from hostfeed._src import settings
+
+    assert settings.check_transport(" TPU", "HOSTFEED_TRANSPORT") == "tpu"
+    with transports.forcing("tpu"):
+        assert transports.forced() == "tpu"
+        assert transports.for_context(Ctx("tpu")).name == "tpu"
+        assert transports.for_context(Ctx("tpu", "cpu")).name == "tpu"
+        assert transports.for_platform("cpu") is transports.BY_NAME["tpu"]
+        with pytest.raises(NotImplementedError, match=r"TPUs only.*targets cpu.*"
+                                                      r"HOSTFEED_TRANSPORT=tpu"):
+            jax.jit(lambda x: hcb.id_tap(lambda a, t: None, x)).trace(1.0).lower(
+                lowering_platforms=("cpu",))
+    r = run_python("""
+        import hostfeed
+        from hostfeed._src import transports
+        print(transports.forced(), transports.for_platform("tpu").name)
+    """, env={"HOSTFEED_TRANSPORT": "tpu"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split("\n")[-2] == "tpu tpu"
+
+
 def test_slow_tap_functions_do_not_hold_up_the_computation(transport):
     # 100 taps whose function is slow: the first waits for `gate`, every one then takes
     # 10 ms. The computation's results are ready while the tap functions have not even
