@@ -26,7 +26,7 @@ MODULES = ["hostfeed", "hostfeed.host_callback", "hostfeed.lowering", "hostfeed.
                "readback.reading", "readback.series", "readback.tensorboard",
                "record.stores", "record.coordination", "rules", "lowering", "latency",
                "transports", "transports.native", "transports.portable",
-               "transports.tpu"))]
+               "transports.tpu", "transports.common", "transports.base"))]
 
 
 #: Modules whose examples need an optional package (a machine without it, as the

@@ -22,7 +22,7 @@ from jax import lax
 import hostfeed
 from hostfeed import host_callback as hcb
 from hostfeed._src import transports
-from hostfeed._src.transports import portable
+from hostfeed._src.transports import common
 
 from conftest import ON_TPU, run_python
 
@@ -90,18 +90,67 @@ def test_the_tpu_transport_is_chosen_only_where_every_platform_is_a_tpu():
             self.platforms = platforms
 
     with transports.forcing(None):
-        assert transports.for_context(Ctx("tpu")).NAME == "host-transfer"
-        assert transports.for_context(Ctx("tpu", "cpu")).NAME == "jax"
-        assert transports.for_context(Ctx("cpu")).NAME == "native"
-        assert transports.for_platform("tpu").RECORDS_AS_OUTPUTS
-        assert transports.for_platform("tpu").SUMMARIZE_EVERY_STEP
-        assert not transports.for_platform("cpu").RECORDS_AS_OUTPUTS
+        assert transports.for_context(Ctx("tpu")).name == "tpu"
+        assert transports.for_context(Ctx("tpu", "cpu")).name == "jax"
+        assert transports.for_context(Ctx("cpu")).name == "native"
+        assert transports.for_platform("tpu").records_as_outputs
+        assert transports.for_platform("tpu").summarize_every_step
+        assert not transports.for_platform("cpu").records_as_outputs
     with transports.forcing("jax"):
-        assert transports.for_context(Ctx("cpu")).NAME == "jax"
-        assert not transports.for_context(Ctx("cpu")).NATIVE_KERNELS
+        assert transports.for_context(Ctx("cpu")).name == "jax"
+        assert not transports.for_context(Ctx("cpu")).native_kernels
     with transports.forcing("native"), pytest.raises(NotImplementedError,
                                                      match="HOSTFEED_TRANSPORT=native"):
         transports.for_context(Ctx("tpu")).prepare(Ctx("tpu"), None)
+
+
+def test_each_transport_is_an_instance_of_the_transport_type_named_by_the_setting():
+    import dataclasses
+
+    from hostfeed._src import settings
+    from hostfeed._src.transports import native, portable, tpu
+
+    instances = (native.TRANSPORT, portable.TRANSPORT, tpu.TRANSPORT)
+    assert all(isinstance(t, transports.Transport) for t in instances)
+    assert [t.name for t in instances] == ["native", "jax", "tpu"]
+    # The setting names every transport, and only those.
+    assert set(settings.TRANSPORTS) == set(transports.BY_NAME) == {"native", "jax", "tpu"}
+    assert [transports.BY_NAME[t.name] for t in instances] == list(instances)
+    # Policies are typed fields, read as attributes and fixed.
+    assert [t.summarize_every_step for t in instances] == [False, False, True]
+    assert [t.records_as_outputs for t in instances] == [False, False, True]
+    assert [t.native_kernels for t in instances] == [True, False, False]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tpu.TRANSPORT.records_as_outputs = False
+    with transports.forcing(None):
+        assert transports.platforms_where(lambda t: t.summarize_every_step) == ("tpu",)
+        assert transports.platforms_where(lambda t: t.native_kernels) == ("cpu", "cuda", "rocm")
+
+
+def test_the_tpu_transport_can_be_forced_by_name_and_refuses_other_platforms_clearly():
+    class Ctx:
+        def __init__(self, *platforms):
+            self.platforms = platforms
+
+    from hostfeed._src import settings
+
+    assert settings.check_transport(" TPU", "HOSTFEED_TRANSPORT") == "tpu"
+    with transports.forcing("tpu"):
+        assert transports.forced() == "tpu"
+        assert transports.for_context(Ctx("tpu")).name == "tpu"
+        assert transports.for_context(Ctx("tpu", "cpu")).name == "tpu"
+        assert transports.for_platform("cpu") is transports.BY_NAME["tpu"]
+        with pytest.raises(NotImplementedError, match=r"TPUs only.*targets cpu.*"
+                                                      r"HOSTFEED_TRANSPORT=tpu"):
+            jax.jit(lambda x: hcb.id_tap(lambda a, t: None, x)).trace(1.0).lower(
+                lowering_platforms=("cpu",))
+    r = run_python("""
+        import hostfeed
+        from hostfeed._src import transports
+        print(transports.forced(), transports.for_platform("tpu").name)
+    """, env={"HOSTFEED_TRANSPORT": "tpu"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split("\n")[-2] == "tpu tpu"
 
 
 def test_slow_tap_functions_do_not_hold_up_the_computation(transport):
@@ -178,10 +227,10 @@ def test_hostfeed_transport_is_read_at_import_and_checked():
 
 
 def test_failure_text_is_padded_like_the_native_handler():
-    assert bytes(portable.padded("h\u00e9llo", 8)) == "h\u00e9llo".encode() + b"\0\0"
-    cut = bytes(portable.padded("\u00e9" * 10, 9))  # cut before a character's 2nd byte
+    assert bytes(common.padded("h\u00e9llo", 8)) == "h\u00e9llo".encode() + b"\0\0"
+    cut = bytes(common.padded("\u00e9" * 10, 9))  # cut before a character's 2nd byte
     assert cut == "\u00e9".encode() + b" [...]\0"
-    assert np.asarray(portable.padded("", 4)).tolist() == [0, 0, 0, 0]
+    assert np.asarray(common.padded("", 4)).tolist() == [0, 0, 0, 0]
 
 
 @pytest.mark.several_devices

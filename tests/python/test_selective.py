@@ -239,7 +239,7 @@ def test_summaries_on_one_cpu_are_one_pass_in_the_core_and_match_numpy(store):
     reductions, with the same rows."""
     from hostfeed._src import transports
 
-    core = transports.for_platform("cpu").NATIVE_KERNELS
+    core = transports.for_platform("cpu").native_kernels
     x = data((4, 20000))
     x[1] += 1e4
     x[2, [5, 4099, 8200]] = [np.nan, np.inf, -np.inf]
@@ -507,13 +507,17 @@ def test_summaries_at_selected_steps_computed_at_every_step_record_the_same(
     """Where a summary at selected steps is computed at every step (a TPU, whose compiler
     fails on the summary inside the cond), the rows, steps and returned values are the
     same as where it is computed at the selected steps only."""
+    import dataclasses
+
     from hostfeed._src import transports
 
     x = jnp.asarray(data((3, 5)))
+    chosen = transports.for_platform
 
     def run(path, every_step):
         # The policy of the transport of JAX's default backend (a TPU's says True).
-        monkeypatch.setattr(transports.for_platform(), "SUMMARIZE_EVERY_STEP", every_step)
+        monkeypatch.setattr(transports, "for_platform", lambda platform=None: dataclasses.replace(
+            chosen(platform), summarize_every_step=every_step))
         with hostfeed.Recorder(path, mode="w") as rec:
             @jax.jit
             def step(v, s):
@@ -555,7 +559,7 @@ def test_where_a_summary_at_selected_steps_is_computed_is_chosen_for_the_lowerin
         return [n for e in eqns if e.primitive.name == "cond"
                 for b in e.params["branches"] for n in names(b.jaxpr.eqns)]
 
-    on = transports.platforms_with("SUMMARIZE_EVERY_STEP")
+    on = transports.platforms_where(lambda t: t.summarize_every_step)
     assert "cpu" not in on
     x = jnp.asarray(data((3, 5)))
     with hostfeed.Recorder(store, mode="w") as rec:

@@ -107,6 +107,20 @@ def _redirect_uses_after(call_op: Any, operands: Sequence[Any],
                 user.operands[use.operand_number] = out
 
 
+def _call(ctx: Any, transport: transports.Transport, args: Sequence[Any],
+          avals_in: Sequence[Any], avals_out: Sequence[Any], per_device: bool, *,
+          consumer_id: int, flags: int, timeout_ms: int, name: str) -> tuple[Any, list]:
+    """``transport.call``, refused on the receiver thread where the device runs one
+    computation at a time (a TPU): one that waits for the receiver, compiled by a host
+    function the receiver runs, would wait for itself."""
+    if transport.one_computation_at_a_time:
+        lifecycle.check_not_in_callback(
+            "a computation with synchronous taps" if flags & _receiver.FLAG_SYNC_TAP
+            else "a computation containing hcb.call")
+    return transport.call(ctx, args, avals_in, avals_out, per_device, consumer_id=consumer_id,
+                          flags=flags, timeout_ms=timeout_ms, name=name)
+
+
 def _outside_call_lowering(ctx: Any, transport: transports.Transport, *args: Any,
                            callback: CallbackSpec,
                                nr_tapped_args: int, transforms: tuple, **params: Any) -> list:
@@ -135,10 +149,10 @@ def _outside_call_lowering(ctx: Any, transport: transports.Transport, *args: Any
     if params.get("sync") and not record:
         # A synchronous tap: a call without results, which the device waits for (with no
         # time limit: the tap function may take as long as it takes).
-        call_op, _ = transport.call(ctx, args[:nr_tapped_args], ctx.avals_in[:nr_tapped_args],
-                                    [], context is Where.PER_DEVICE, consumer_id=cid,
-                                    flags=flags | _receiver.FLAG_SYNC_TAP, timeout_ms=0,
-                                    name=callback.name)
+        call_op, _ = _call(ctx, transport, args[:nr_tapped_args], ctx.avals_in[:nr_tapped_args],
+                           [], context is Where.PER_DEVICE, consumer_id=cid,
+                           flags=flags | _receiver.FLAG_SYNC_TAP, timeout_ms=0,
+                           name=callback.name)
     else:
         call_op = transport.tap(ctx, args[:nr_tapped_args], ctx.avals_in[:nr_tapped_args],
                                 context is Where.PER_DEVICE, consumer_id=cid, flags=flags)
@@ -188,9 +202,9 @@ def _host_call_lowering(ctx: Any, transport: transports.Transport, *args: Any,
     lifecycle.ensure_started()
     flags = ((_receiver.FLAG_STATUS_OUTPUT if with_status else 0)
              | (_receiver.FLAG_SHARD if shard_parts is not None else 0))
-    return transport.call(ctx, args, ctx.avals_in, ctx.avals_out, context is Where.PER_DEVICE,
-                          consumer_id=cid, flags=flags, timeout_ms=_call_timeout_ms(),
-                          name=callback.name)[1]
+    return _call(ctx, transport, args, ctx.avals_in, ctx.avals_out, context is Where.PER_DEVICE,
+                 consumer_id=cid, flags=flags, timeout_ms=_call_timeout_ms(),
+                 name=callback.name)[1]
 
 
 def _call_check_lowering(ctx: Any, transport: transports.Transport, status: Any,
@@ -226,7 +240,7 @@ def _on(platform: str | None, rule: Any) -> Any:
         transport.prepare(ctx, platform)
         platforms = "/".join(transports.platforms(ctx))
         compat.note_lowered(ctx, f"{_OPERATIONS.get(rule, rule.__name__)} "
-                                 f"({transport.NAME} transport on {platforms})")
+                                 f"({transport.name} transport on {platforms})")
         return rule(ctx, transport, *args, **params)
     return lower
 

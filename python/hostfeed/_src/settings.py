@@ -41,8 +41,10 @@ FAST_DISPATCH_ENV = "HOSTFEED_FAST_DISPATCH"
 CALL_THREAD_ENV = "HOSTFEED_CALL_THREAD"
 RECORD_PARTS_ENV = "HOSTFEED_RECORD_PARTS"
 
-#: The transports ``HOSTFEED_TRANSPORT`` can force (see :mod:`hostfeed._src.transports`).
-TRANSPORTS = ("native", "jax")
+#: The transports ``HOSTFEED_TRANSPORT`` can force, by their names (see
+#: :mod:`hostfeed._src.transports`): ``jax`` is JAX's host-callback lowering, over a TPU's
+#: own host transfers (``tpu``) where every platform lowered for is a TPU.
+TRANSPORTS = ("native", "jax", "tpu")
 
 AD_TAPS_MODES = ("transforms", "primals")
 
@@ -360,12 +362,14 @@ def check_transport(name: Any, source: str) -> str:
     return _one_of(name, TRANSPORTS, source,
                    "is not a hostfeed transport; use 'native' (hostfeed's handlers: CPU, CUDA "
                    "and ROCm), 'jax' (JAX's host-callback lowering, every platform JAX's "
-                   "callbacks run on) or leave it unset (chosen per platform)")
+                   "callbacks run on; a TPU's own host transfers on TPUs), 'tpu' (a TPU's "
+                   "own host transfers, TPUs only) or leave it unset (chosen per platform)")
 
 
 def transport() -> str | None:
     """The transport forced for every platform by ``HOSTFEED_TRANSPORT`` (``native``: hostfeed's
-    own handlers; ``jax``: JAX's host-callback lowering), or None (unset: chosen per
+    own handlers; ``jax``: JAX's host-callback lowering, over a TPU's own host transfers on
+    TPUs; ``tpu``: a TPU's own host transfers, TPUs only), or None (unset: chosen per
     platform). Read once, when hostfeed is imported.
 
     Example:

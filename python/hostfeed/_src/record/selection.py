@@ -118,7 +118,7 @@ def _summary_at_selected(take: Callable[..., Any], record: Callable[..., Any], n
                          result: Any, sel: tuple) -> Any:
     """A summary of ``value`` recorded at the steps ``chosen`` selects (decided on the
     device); returns ``value``, or ``result`` through the record if given. Where the
-    transport of the platform lowered for says so (``SUMMARIZE_EVERY_STEP``: a TPU's), the
+    transport of the platform lowered for says so (``summarize_every_step``: a TPU's), the
     summary is computed at every step and the ``cond`` only sends it; elsewhere it is
     computed in the ``cond``, at the selected steps only. Traced where JAX's default
     backend computes it in the cond (a CPU, a GPU), JAX takes the choice when it lowers
@@ -135,8 +135,8 @@ def _summary_at_selected(take: Callable[..., Any], record: Callable[..., Any], n
         return jax.lax.cond(c, lambda v, s, c, r: take(v, _marked(s, c, sel), r),
                             lambda v, s, c, r: r, v, s, c, r)
 
-    on = transports.platforms_with("SUMMARIZE_EVERY_STEP")
-    if transports.for_platform().SUMMARIZE_EVERY_STEP:
+    on = transports.platforms_where(lambda t: t.summarize_every_step)
+    if transports.for_platform().summarize_every_step:
         # JAX's default backend computes it at every step (a TPU): that way, with no
         # platform's cond around it, as the TPU's compiler was checked to take it; on
         # another platform it records the same rows.

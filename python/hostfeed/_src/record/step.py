@@ -166,13 +166,13 @@ class RecordedStep:
     def takes_outputs(self) -> bool:
         """Whether the records leave as outputs: as ``outputs=`` says, else as the
         transport of the platform the step runs on prefers (its first call's arguments'
-        platform, or JAX's default backend's; ``RECORDS_AS_OUTPUTS``: a TPU's records
+        platform, or JAX's default backend's; ``records_as_outputs``: a TPU's records
         would be host transfers inside the computation, which cost far more than a copy of
         an output; on a CPU or a GPU hostfeed's own handlers copy a record inside the
         computation for less than a copy of an output costs). The choice shapes the whole
         computation (its outputs), so it is taken at the first call, not when lowering."""
         if self.outputs is None:
-            self.outputs = transports.for_platform(self._platform or None).RECORDS_AS_OUTPUTS
+            self.outputs = transports.for_platform(self._platform or None).records_as_outputs
         return self.outputs
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:

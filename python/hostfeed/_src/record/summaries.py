@@ -23,7 +23,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching, mlir
 
-from ... import _receiver
 from .. import compat, transports
 
 __all__ = ["Histogram", "STATS", "summarize"]
@@ -306,9 +305,8 @@ def _finite_stats(v: jax.Array, axes: tuple[int, ...]) -> jax.Array:
 # (GPU, ``jit`` over values sharded on several devices, where XLA partitions the
 # reductions) to the JAX operations of :func:`_stats` or :meth:`Histogram.__call__`, as
 # they do where JAX's lowering is asked for (``HOSTFEED_TRANSPORT=jax``: a transport
-# without ``NATIVE_KERNELS``).
-for _name, _capsule in _receiver.summary_registrations().items():
-    jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
+# without ``native_kernels``). The native transport registers the kernels and their rule
+# (``transports.register_kernel``).
 
 
 def _per_device(ctx: Any) -> bool:
@@ -334,16 +332,11 @@ def _summary_primitive(name: str, columns: Callable[..., int], dtype: Any,
         v.shape[:v.ndim - reduced] + (columns(**params),), np.dtype(dtype)))
     portable = mlir.lower_fun(of_trailing, multiple_results=False)
 
-    def cpu(ctx: Any, v: Any, **params: Any) -> Any:
-        if not _per_device(ctx) or not transports.for_context(ctx).NATIVE_KERNELS:
-            return portable(ctx, v, **params)
-        extra = constants(**{k: p for k, p in params.items() if k != "reduced"})
-        ctx = ctx.replace(avals_in=[*ctx.avals_in,
-                                    *(jax.core.ShapedArray(c.shape, c.dtype) for c in extra)])
-        return jax.ffi.ffi_lowering(name)(ctx, v, *map(mlir.ir_constant, extra))
-
     mlir.register_lowering(prim, portable)
-    mlir.register_lowering(prim, cpu, platform="cpu")
+    transports.register_kernel(
+        prim, name, portable, where=_per_device,
+        constants=lambda **params: constants(**{k: p for k, p in params.items()
+                                                 if k != "reduced"}))
 
     def jvp(primals: Any, tangents: Any, **params: Any) -> Any:
         # A summary is of stop_gradient(x): no tangent flows.

@@ -1,36 +1,42 @@
 """How hostfeed's primitives reach the host: a transport, chosen once per lowering context.
 
-* :mod:`.native`: hostfeed's XLA FFI custom calls with handlers in Rust (CPU, and the GPU
-  platforms of its table, where their handlers register);
-* :mod:`.tpu`: a TPU's own host transfers, one send per tap (where JAX's lowering is
-  taken and every platform lowered for is a TPU);
-* :mod:`.portable`: JAX's own host-callback lowering (what ``io_callback`` uses), for every
-  other platform, or everywhere when ``HOSTFEED_TRANSPORT=jax``.
+Each transport is an instance of :class:`Transport` (:mod:`.base`), defined as
+``TRANSPORT`` by its module:
 
-Each is a whole transport (:class:`Transport`): ``prepare`` before a rule lowers, the
-four operations ``tap``, ``call``, ``check`` (fail the computation on a failed call's
-status) and ``failure`` (a failed call's message), ``end_scope`` at the end of a token
-scope, and the policies the Recorder builds records by. The lowering rules
-(``hostfeed._src.lowering``) decide where a callback runs and ask :func:`for_context`
-which transport emits it; the Recorder asks :func:`platforms_with` (a choice JAX takes
-when it lowers for a platform) or, where the choice shapes a whole step,
-:func:`for_platform`. Adding a transport is one module with these functions and a line in
-:func:`for_context`.
+* ``native`` (:mod:`.native`): hostfeed's XLA FFI custom calls with handlers in Rust (CPU,
+  and the GPU platforms of its table, where their handlers register); it also registers
+  the core's compute kernels (:func:`register_kernel`);
+* ``tpu`` (:mod:`.tpu`): a TPU's own host transfers, one send per tap;
+* ``jax`` (:mod:`.portable`): JAX's own host-callback lowering (what ``io_callback``
+  uses), for every other platform.
+
+A :class:`Transport` holds ``prepare`` (before a rule lowers), the four operations ``tap``,
+``call``, ``check`` (fail the computation on a failed call's status) and ``failure`` (a
+failed call's message), ``end_scope`` (at the end of a token scope), and the policies the
+Recorder builds records by, as typed fields. :func:`row` is the one platform → transport
+table; :func:`choose` takes one transport for the platforms a context lowers for (as JAX's
+``mlir.lower_per_platform`` takes a rule from a platform → rule table). The lowering rules
+(``hostfeed._src.lowering``) ask :func:`for_context` which transport emits a callback;
+the Recorder asks :func:`platforms_where` (a choice JAX takes when it lowers for a
+platform) or, where the choice shapes a whole step, :func:`for_platform`. What the
+transports over JAX's host callbacks share is in :mod:`.common`.
 
 The transport forced for every platform is a JAX configuration state, ``hostfeed_transport``
-(``"auto"``, ``"native"`` or ``"jax"``; its default from ``HOSTFEED_TRANSPORT``), so it is
-part of JAX's tracing and compilation cache keys like the other modes.
+(``"auto"``, ``"native"``, ``"jax"`` or ``"tpu"``; its default from ``HOSTFEED_TRANSPORT``),
+so it is part of JAX's tracing and compilation cache keys like the other modes.
 """
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
-from typing import Any, Optional, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
 
 import jax
+import numpy as np
 
 from .. import compat, settings
-from . import native, portable, tpu
+from . import common, native, portable, tpu
+from .base import Transport
 
 #: Platforms listed by :func:`transports` besides those of this process's backends.
 KNOWN_PLATFORMS = (*native.PLATFORMS, *sorted(tpu.PLATFORMS))
@@ -40,40 +46,9 @@ KNOWN_PLATFORMS = (*native.PLATFORMS, *sorted(tpu.PLATFORMS))
 RULE_PLATFORMS = native.PLATFORMS
 
 
-class Transport(Protocol):
-    """What a transport offers the lowering rules (the modules :mod:`.native`,
-    :mod:`.tpu` and :mod:`.portable`)."""
-
-    #: Its name in a compile failure's note.
-    NAME: str
-    #: Whether a summary recorded at selected steps is computed at every step, outside the
-    #: ``cond`` that sends it (where a compiler fails on a summary in such a ``cond``).
-    SUMMARIZE_EVERY_STEP: bool
-    #: Whether a recorded step's records leave as outputs by default (where a transfer
-    #: inside the computation costs more than a copy of an output).
-    RECORDS_AS_OUTPUTS: bool
-    #: Whether hostfeed's own compute kernels (the summaries' custom calls) are used.
-    NATIVE_KERNELS: bool
-
-    def prepare(self, ctx: Any, rule_platform: Optional[str]) -> None:
-        """Before a rule registered for ``rule_platform`` (None: the default rule) lowers
-        in ``ctx``; raises where this transport cannot serve."""
-
-    def end_scope(self, ctx: Any, token: Any) -> None:
-        """At the end of a token scope, after its callbacks (``token``: hostfeed's token
-        after the last of them)."""
-
-    def tap(self, ctx: Any, args: Sequence[Any], avals_in: Sequence[Any], per_device: bool, *,
-            consumer_id: int, flags: int) -> Any: ...
-
-    def call(self, ctx: Any, args: Sequence[Any], avals_in: Sequence[Any],
-             avals_out: Sequence[Any], per_device: bool, *, consumer_id: int, flags: int,
-             timeout_ms: int, name: str) -> tuple[Any, list]: ...
-
-    def check(self, ctx: Any, args: Sequence[Any], avals_in: Sequence[Any],
-              per_device: bool) -> None: ...
-
-    def failure(self, ctx: Any, status: Any, per_device: bool) -> list: ...
+#: The transports by name (the values of ``HOSTFEED_TRANSPORT`` that force them).
+BY_NAME: dict[str, Transport] = {t.name: t for t in (native.TRANSPORT, portable.TRANSPORT,
+                                                     tpu.TRANSPORT)}
 
 
 _default = settings.transport() or "auto"
@@ -83,8 +58,8 @@ with settings.parsed_here(settings.TRANSPORT_ENV):
         enum_values=["auto", *settings.TRANSPORTS],
         default=_default,
         help="The transport of hostfeed's callbacks on every platform: 'auto' (native on "
-             "CPU and GPUs with handlers, JAX's host-callback lowering elsewhere), "
-             "'native' or 'jax'.",
+             "CPU and GPUs with handlers, a TPU's host transfers on TPUs, JAX's "
+             "host-callback lowering elsewhere), 'native', 'jax' or 'tpu'.",
         include_in_jit_key=True,
         include_in_trace_context=True,
     )
@@ -95,7 +70,7 @@ def forced() -> Optional[str]:
     None: chosen per platform.
 
     Example:
-        >>> forced() in (None, "native", "jax")
+        >>> forced() in (None, "native", "jax", "tpu")
         True
     """
     value = forced_state.value
@@ -103,8 +78,9 @@ def forced() -> Optional[str]:
 
 
 def forcing(transport: Optional[str]) -> contextlib.AbstractContextManager:
-    """Computations traced in the block use ``transport`` (``"native"``, ``"jax"``, or None:
-    chosen per platform) as if ``HOSTFEED_TRANSPORT`` said so (this thread only).
+    """Computations traced in the block use ``transport`` (``"native"``, ``"jax"``,
+    ``"tpu"``, or None: chosen per platform) as if ``HOSTFEED_TRANSPORT`` said so (this
+    thread only).
 
     Example:
         >>> with forcing("jax"):
@@ -117,10 +93,10 @@ def forcing(transport: Optional[str]) -> contextlib.AbstractContextManager:
 
 
 def transport_for(platform: str) -> str:
-    """``"native"`` or ``"jax"``: the transport hostfeed's callbacks use in computations
-    lowered for ``platform``: native on CPU and the GPU platforms of the native table
-    (where their handlers register on a backend), JAX's lowering elsewhere, unless one is
-    forced.
+    """``"native"`` or ``"jax"``: whether hostfeed's handlers or JAX's host callbacks (on a
+    TPU, over its own host transfers: the ``tpu`` transport) serve computations lowered
+    for ``platform``: native on CPU and the GPU platforms of the native table (where their
+    handlers register on a backend), JAX's elsewhere; the forced one where one is.
 
     Example:
         >>> transport_for("tpu") == ("native" if forced() == "native" else "jax")
@@ -163,28 +139,54 @@ def transports() -> dict[str, str]:
 
 def platforms(ctx: Any) -> Sequence[str]:
     """The platforms the rule context ``ctx`` lowers for."""
-    return ctx.platforms or ctx.module_context.platforms
+    return common.platforms(ctx)
 
 
-def _of(lowered_for: Sequence[str]) -> Transport:
-    if any(transport_for(p) == "jax" for p in lowered_for):
-        if lowered_for and all(p in tpu.PLATFORMS for p in lowered_for):
-            return tpu  # type: ignore[return-value]
-        return portable  # type: ignore[return-value]
-    return native  # type: ignore[return-value]
+def row(platform: str) -> Transport:
+    """The platform → transport table: the transport of computations lowered for
+    ``platform`` alone. Where none is forced: native where hostfeed's handlers serve it,
+    a TPU's host transfers on a TPU, JAX's host-callback lowering elsewhere;
+    ``HOSTFEED_TRANSPORT=jax`` keeps the last two.
+
+    Example:
+        >>> with forcing(None):
+        ...     row("cpu").name, row("tpu").name, row("metal").name
+        ('native', 'tpu', 'jax')
+    """
+    chosen = forced()
+    if chosen is not None and chosen != "jax":
+        return BY_NAME[chosen]
+    if chosen is None and native.unavailable(platform) is None:
+        return native.TRANSPORT
+    return tpu.TRANSPORT if platform in tpu.PLATFORMS else portable.TRANSPORT
+
+
+def choose(lowered_for: Sequence[str]) -> Transport:
+    """The one transport of a computation lowered for the platforms ``lowered_for``: their
+    common :func:`row`, or JAX's host-callback lowering where their rows differ (it serves
+    every platform with JAX's host callbacks).
+
+    Example:
+        >>> with forcing(None):
+        ...     choose(["tpu"]).name, choose(["tpu", "cpu"]).name
+        ('tpu', 'jax')
+    """
+    chosen = {t.name: t for t in map(row, lowered_for)}
+    if len(chosen) == 1:
+        return next(iter(chosen.values()))
+    return portable.TRANSPORT if chosen else native.TRANSPORT
 
 
 def for_context(ctx: Any) -> Transport:
-    """The transport that emits hostfeed's operations in lowering context ``ctx``: JAX's
-    lowering when any platform lowered for takes it (over a TPU's host transfers when all
-    of them are TPUs), else the native one.
+    """The transport that emits hostfeed's operations in lowering context ``ctx``
+    (:func:`choose` for the platforms it lowers for).
 
     Example:
         >>> class Ctx: platforms = ("tpu",)
-        >>> for_context(Ctx()).NAME == ("native" if forced() == "native" else "host-transfer")
+        >>> for_context(Ctx()).name == ("native" if forced() == "native" else "tpu")
         True
     """
-    return _of(platforms(ctx))
+    return choose(platforms(ctx))
 
 
 def for_platform(platform: Optional[str] = None) -> Transport:
@@ -192,19 +194,36 @@ def for_platform(platform: Optional[str] = None) -> Transport:
     backend), for decisions taken while tracing, before the platform lowered for is known.
 
     Example:
-        >>> for_platform("tpu").RECORDS_AS_OUTPUTS == (forced() != "native")
+        >>> for_platform("tpu").records_as_outputs == (forced() != "native")
         True
     """
-    return _of([canonical(platform or jax.default_backend())])
+    return choose([canonical(platform or jax.default_backend())])
 
 
-def platforms_with(policy: str) -> tuple[str, ...]:
-    """The known platforms whose transport holds ``policy`` (the name of one of a
-    :class:`Transport`'s boolean policies), for a choice that JAX then takes when it lowers
-    for a platform (:func:`jax.lax.platform_dependent`), not while tracing.
+def platforms_where(policy: Callable[[Transport], bool]) -> tuple[str, ...]:
+    """The known platforms whose transport ``policy`` holds for, for a choice that JAX then
+    takes when it lowers for a platform (:func:`jax.lax.platform_dependent`), not while
+    tracing.
 
     Example:
-        >>> "cpu" in platforms_with("SUMMARIZE_EVERY_STEP")
+        >>> "cpu" in platforms_where(lambda t: t.summarize_every_step)
         False
     """
-    return tuple(p for p in KNOWN_PLATFORMS if getattr(for_platform(p), policy))
+    return tuple(p for p in KNOWN_PLATFORMS if policy(for_platform(p)))
+
+
+def register_kernel(prim: Any, target: str, fallback: Callable[..., Any],
+                    constants: Callable[..., Sequence[np.ndarray]],
+                    where: Callable[[Any], bool]) -> None:
+    """Lowers ``prim`` (of one operand) to the native transport's compute kernel ``target``
+    on the platforms it has kernels for (:data:`native.KERNEL_PLATFORMS`), where the
+    context's transport uses them and ``where(ctx)`` holds, with the operands
+    ``constants(**params)`` after the value; to ``fallback`` (a lowering rule) elsewhere.
+    """
+    def rule(ctx: Any, v: Any, **params: Any) -> Any:
+        if not where(ctx) or not for_context(ctx).native_kernels:
+            return fallback(ctx, v, **params)
+        return native.kernel(ctx, target, v, constants(**params))
+
+    for platform in native.KERNEL_PLATFORMS:
+        compat.mlir.register_lowering(prim, rule, platform=platform)

@@ -27,8 +27,7 @@ import numpy as np
 from ... import _receiver
 from .. import compat
 from ..primitives import host_callback_effect
-
-NAME = "native"
+from .base import Transport
 
 TAP_TARGET = "hostfeed_tap"
 CALL_TARGET = "hostfeed_call"
@@ -37,6 +36,14 @@ FAILURE_TARGET = "hostfeed_failure"
 
 for _name, _capsule in _receiver.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
+
+#: The platforms with the core's compute kernels (the summaries' custom calls, registered
+#: here at import): XLA:CPU has no single-pass way to take several reductions.
+KERNEL_PLATFORMS = ("cpu",)
+
+for _name, _capsule in _receiver.summary_registrations().items():
+    for _platform in KERNEL_PLATFORMS:
+        jax.ffi.register_ffi_target(_name, _capsule, platform=_platform)
 
 
 class GpuPlatform:
@@ -170,14 +177,6 @@ def unavailable(name: str) -> Optional[str]:
 
 # ---- the transport (:class:`hostfeed._src.transports.Transport`) ---------------------------
 
-#: The Recorder's policies here: a summary at selected steps is computed in the ``cond``
-#: that sends it, records leave through the handlers inside the computation (a copy there
-#: costs less than a copy of an output), and summaries use hostfeed's own kernels on CPU.
-SUMMARIZE_EVERY_STEP = False
-RECORDS_AS_OUTPUTS = False
-NATIVE_KERNELS = True
-
-
 def prepare(ctx: Any, rule_platform: Optional[str]) -> None:
     """Before the rule registered for ``rule_platform`` (None: the rule of every platform
     without native handlers) lowers: refuses clearly where the handlers cannot serve."""
@@ -253,3 +252,21 @@ def failure(ctx: Any, status: Any, per_device: bool) -> list:
     if per_device and not compat.use_shardy.value:
         compat.set_sharding(ctx.module_context, op, compat.manual_op_sharding())
     return list(op.results)
+
+
+def kernel(ctx: Any, target: str, value: Any, constants: Sequence[np.ndarray]) -> Any:
+    """The core's compute kernel ``target`` (an FFI target of :data:`KERNEL_PLATFORMS`)
+    on ``value``, with ``constants`` as further operands; returns its results."""
+    ctx = ctx.replace(avals_in=[*ctx.avals_in,
+                                *(jax.core.ShapedArray(c.shape, c.dtype) for c in constants)])
+    return jax.ffi.ffi_lowering(target)(ctx, value, *map(compat.mlir.ir_constant, constants))
+
+
+#: hostfeed's handlers. Its policies: a summary at selected steps is computed in the
+#: ``cond`` that sends it, records leave through the handlers inside the computation (a
+#: copy there costs less than a copy of an output), and summaries use the core's kernels
+#: (on :data:`KERNEL_PLATFORMS`).
+TRANSPORT = Transport(
+    name="native", summarize_every_step=False, records_as_outputs=False, native_kernels=True,
+    one_computation_at_a_time=False, prepare=prepare, end_scope=end_scope, tap=tap, call=call,
+    check=check, failure=failure)

@@ -21,9 +21,9 @@ same fixed time whatever its size up to tens of KiB (``docs/platforms.md``), so:
 * a computation ends with a fence (:func:`end_scope`), so that it finishes only once the
   host ran its callbacks.
 
-Its policies for what the Recorder builds around a record (:data:`SUMMARIZE_EVERY_STEP`,
-:data:`RECORDS_AS_OUTPUTS`) are the TPU's too. What it shares with the portable transport
-(:mod:`.portable`): the device keys, the functions that push a message or wait for a
+Its policies for what the Recorder builds around a record (``summarize_every_step``,
+``records_as_outputs`` of :data:`TRANSPORT`) are the TPU's too. What it shares with the
+portable transport is in :mod:`.common`: the device keys, the function that waits for a
 call's reply, the status checks. The JAX functions it emits the transfers with are in
 :mod:`hostfeed._src.compat.transfers`.
 """
@@ -39,24 +39,12 @@ import numpy as np
 from jax import lax
 
 from ... import _receiver
-from .. import compat, lifecycle
+from .. import compat
 from ..primitives import host_callback_effect
-from . import portable
-
-NAME = "host-transfer"
-
-#: Whether a summary recorded at selected steps is computed at every step, outside the
-#: ``cond`` that sends it: a TPU's compiler failed on a summary computed in a ``cond`` with
-#: a host transfer after it (in the same branch, or in a second ``cond``), and compiled a
-#: summary at every step, and a ``cond`` that only sends a value.
-SUMMARIZE_EVERY_STEP = True
-
-#: Whether a recorded step's records leave the computation as outputs by default: host
-#: transfers inside the computation cost far more than a copy of an output does.
-RECORDS_AS_OUTPUTS = True
-
-#: Whether hostfeed's own compute kernels (the summaries' custom calls) are used.
-NATIVE_KERNELS = False
+from .base import Transport
+from .common import (call_host_function, check, check_platform, codes, device_keys, failure,
+                     key, note_devices, platforms)
+from .common import sharding as _sharding
 
 #: Platforms whose computations this transport lowers for (the others take JAX's own
 #: host-callback lowering).
@@ -326,10 +314,6 @@ def _send(ctx: Any, token: Any, args: Sequence[Any], plan: Plan, sharding: Any
     return token, channels, transfer_avals
 
 
-def _sharding(ctx: Any, avals_out: Sequence[Any]) -> Any:
-    return compat.callback_op_sharding(ctx.module_context.axis_context, None, avals_out)
-
-
 def _finish(ctx: Any, token: Any) -> None:
     ctx.set_tokens_out(
         ctx.tokens_in.update_tokens(compat.mlir.TokenSet({host_callback_effect: token})))
@@ -418,9 +402,16 @@ def end_scope(ctx: Any, token: Any) -> None:
 
 def prepare(ctx: Any, rule_platform: Optional[str]) -> None:
     """Before a rule lowers: the module keeps its device assignment (as the portable
-    transport's)."""
+    transport's); refuses clearly where a platform lowered for is not a TPU (only a forced
+    ``HOSTFEED_TRANSPORT=tpu`` gets there)."""
     del rule_platform
-    portable.note_devices(ctx)
+    other = [p for p in platforms(ctx) if p not in PLATFORMS]
+    if other:
+        raise NotImplementedError(
+            f"hostfeed's TPU transport (its host transfers) runs on TPUs only; this "
+            f"computation targets {', '.join(other)} and HOSTFEED_TRANSPORT=tpu forbids the "
+            f"others. Unset HOSTFEED_TRANSPORT (or set it to 'jax'), or run it on a TPU.")
+    note_devices(ctx)
 
 
 def tap(ctx: Any, args: Sequence[Any], avals_in: Sequence[Any], per_device: bool, *,
@@ -428,13 +419,13 @@ def tap(ctx: Any, args: Sequence[Any], avals_in: Sequence[Any], per_device: bool
     """``hostfeed_tap`` as one send; returns None: later uses of the operand need not wait
     for the transfer (and MHLO's add-dependency does not legalize to what a TPU compiles)."""
     del per_device
-    portable.check_platform(ctx)
+    check_platform(ctx)
     cid, flags = int(consumer_id), int(flags)
-    codes, keys = portable.codes(avals_in), portable.device_keys(ctx)
+    dtype_codes, keys = codes(avals_in), device_keys(ctx)
     push = _receiver.push_host
 
     def host(arrays: list[np.ndarray], pid: int) -> None:
-        push(cid, arrays, codes, portable.key(keys, pid), flags)
+        push(cid, arrays, dtype_codes, key(keys, pid), flags)
 
     _tap(ctx, args, avals_in, with_pid=len(keys) > 1, host=host)
     return None
@@ -445,20 +436,24 @@ def call(ctx: Any, args: Sequence[Any], avals_in: Sequence[Any], avals_out: Sequ
          name: str) -> tuple[Any, list]:
     """``hostfeed_call`` as one send and one receive; returns (None, its results)."""
     del per_device
-    portable.check_platform(ctx)
-    keys = portable.device_keys(ctx)
-    if _receiver.in_callback_thread():
-        # A TPU runs one computation at a time: one that waits for the receiver, compiled
-        # by a host function the receiver runs, would wait for itself.
-        lifecycle.check_not_in_callback(
-            "a computation with synchronous taps" if flags & _receiver.FLAG_SYNC_TAP
-            else "a computation containing hcb.call")
-    host = portable.call_host_function(int(consumer_id), int(flags), int(timeout_ms),
-                                       str(name), portable.codes(avals_in), keys)
+    check_platform(ctx)
+    keys = device_keys(ctx)
+    # (A TPU runs one computation at a time: the lowering refuses a call compiled by a host
+    # function the receiver runs, which would wait for itself: one_computation_at_a_time.)
+    host = call_host_function(int(consumer_id), int(flags), int(timeout_ms), str(name),
+                              codes(avals_in), keys)
     return None, _call(ctx, args, avals_in, avals_out, with_pid=len(keys) > 1, host=host)
 
 
-#: A failed call's status check and message: JAX's host callbacks, as on the portable
-#: transport (they run once per failure, not per step).
-check = portable.check
-failure = portable.failure
+#: A TPU's own host transfers. Its policies: a summary recorded at selected steps is computed
+#: at every step, outside the ``cond`` that sends it (a TPU's compiler failed on a summary
+#: computed in a ``cond`` with a host transfer after it, in the same branch or in a second
+#: ``cond``, and compiled a summary at every step and a ``cond`` that only sends a value); a
+#: recorded step's records leave as outputs by default (host transfers inside the
+#: computation cost far more than a copy of an output does); no hostfeed kernel; one
+#: computation at a time. A failed call's status check and message are JAX's host
+#: callbacks, as on the portable transport (they run once per failure, not per step).
+TRANSPORT = Transport(
+    name="tpu", summarize_every_step=True, records_as_outputs=True, native_kernels=False,
+    one_computation_at_a_time=True, prepare=prepare, end_scope=end_scope, tap=tap, call=call,
+    check=check, failure=failure)

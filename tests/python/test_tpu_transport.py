@@ -1,6 +1,6 @@
-"""The host-transfer transport (what a TPU's taps and calls take) on CPU: its sends and
-receives emulated with JAX's CPU host callbacks, one mailbox per channel, so that the
-plan, the packing on the device, the host side and the fence run here as a TPU runs them
+"""The TPU transport (``tpu``: a TPU's taps and calls over its host transfers) on CPU: its
+sends and receives emulated with JAX's CPU host callbacks, one mailbox per channel, so that
+the plan, the packing on the device, the host side and the fence run here as a TPU runs them
 (the transfers themselves run on the TPU machine: .ci/accelerators/tpu_check.sh)."""
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from conftest import ON_TPU
 
 pytestmark = [
     pytest.mark.skipif(ON_TPU, reason="emulates a TPU's transfers on CPU"),
-    pytest.mark.native_transport("forces the host-transfer emulation on CPU itself"),
+    pytest.mark.native_transport("forces the TPU transport, emulated on CPU, itself"),
 ]
 
 
@@ -80,7 +80,7 @@ def _aval_of(value: Any) -> Any:
 
 @pytest.fixture
 def emulated(monkeypatch):
-    """Computations lowered in the test take the host-transfer transport on CPU."""
+    """Computations lowered in the test take the TPU transport on CPU."""
     t = Transfers()
     monkeypatch.setattr(compat, "send_to_host", t.send)
     monkeypatch.setattr(compat, "receive_from_host", t.receive)
