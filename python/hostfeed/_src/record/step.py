@@ -31,9 +31,8 @@ import jax
 import numpy as np
 
 from .. import compat, transports
-from .roles import STEP, lane_dims, roles
+from .layout import declare
 from .selection import selected
-from ..spec import unpack_transforms
 from . import hoist
 
 logger = logging.getLogger("hostfeed")
@@ -220,12 +219,9 @@ def _declare(nodes: Sequence[hoist.Node], arrays: Sequence[Any], depth: int = 0
         if rec.closed:
             raise ValueError(f"hostfeed: a step records {target.name!r} to a closed "
                              f"recorder ({rec.path})")
-        names = [t[0] for t in unpack_transforms(node.transforms)]
-        rs = roles(node.callback.kind, names, len(avals))
-        nb = lane_dims(names)
-        for r, aval in zip(rs, avals):
-            if r is not None and r != STEP:
-                rec.catalogue.declare(target.name + r, aval.dtype, aval.shape[depth + nb:])
+        # (An instance's operands: without the leading dimensions of its loops.)
+        declare(rec.catalogue, target.name, node.callback.kind, node.transforms,
+                [jax.ShapeDtypeStruct(a.shape[depth:], a.dtype) for a in avals])
     return at, tuple(recorders.values())
 
 
