@@ -14,8 +14,8 @@ import numpy as np
 
 from .. import consumers, settings
 from ..consumers import ConsumerKind
-from ..placement import (Where, check_device_index, lower_global_tap, lower_parted_record,
-                         lower_per_device_parted_record)
+from ..placement import Where, check_device_index, lower_global_tap
+from .parted import lower_parted_record, lower_per_device_parted_record
 from .layout import declare
 from .roles import KIND, KIND_WITH_STEP, transforms_json
 from .target import Target
