@@ -22,7 +22,6 @@ operand is what, :func:`lane_dims` how many leading dimensions are lanes.
 """
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
@@ -35,7 +34,7 @@ import numpy as np
 
 from ... import _receiver
 from .. import compat, errors, keys, lifecycle, settings
-from ..primitives import get_ad_taps, outside_call_p, outside_call_params
+from ..primitives import outside_call_p, outside_call_params
 from . import (coordination, inputs as record_inputs, late, selection as _selection,
                step as _step, stores, unflushed as _unflushed)
 from .catalogue import Catalogue
@@ -217,6 +216,8 @@ class Recorder:
         # Errors of rows recorded through Python (eager records), not raised yet.
         self._unseen: list[BaseException] = []
         self._steps: Optional[_step.Pipeline] = None
+        # ``record``: the plain record, wrapped to take every=, start=, stop=, reduce=.
+        self._selective = _selection.selective(self._record, self._native.describe_summary)
         self._pid = os.getpid()
         with open_lock:
             _open.add(self)
@@ -289,14 +290,9 @@ class Recorder:
             would convert it.
         """
         ad_taps = record_inputs.ad_taps_of(cotangents, name)
-        if every is not None or start is not None or stop is not None or reduce is not None \
-                or axis is not None:
-            record_inputs.check_fits(value, name)
-            return _selection.record_selected(
-                functools.partial(self._record, ad_taps=ad_taps), self._native.describe_summary,
-                name, value, step, result, every, start, stop, reduce, axis,
-                through=(ad_taps or get_ad_taps()) != "primals")
-        return self._record(name, value, step=step, result=result, ad_taps=ad_taps)
+        return self._selective(name, value, step=step, result=result, every=every,
+                               start=start, stop=stop, reduce=reduce, axis=axis,
+                               ad_taps=ad_taps)
 
     def _record(self, name: str, value: Any, *, step: Any = None, result: Any = None,
                 ad_taps: Optional[str] = None) -> Any:
