@@ -215,7 +215,8 @@ class Recorder:
         self.catalogue = Catalogue(self._native, coord, self._keep_error)
         # Errors of rows recorded through Python (eager records), not raised yet.
         self._unseen: list[BaseException] = []
-        self._steps: Optional[_step.Pipeline] = None
+        #: What this recorder's steps (:meth:`step`) hand their records to.
+        self.pipeline = _step.Pipeline(self.catalogue)
         # ``record``: the plain record, wrapped to take every=, start=, stop=, reduce=.
         self._selective = _selection.selective(self._record, self._native.describe_summary)
         self._pid = os.getpid()
@@ -391,28 +392,13 @@ class Recorder:
             outputs = bool(outputs)
         return _step.RecordedStep(self, fn, int(in_flight), jit_kwargs, outputs)
 
-    def _pipeline(self) -> _step.Pipeline:
-        """The pipeline of this recorder's steps (made on first use)."""
-        p = self._steps
-        if p is None:
-            with self._lock:
-                if self._steps is None:
-                    self._steps = _step.Pipeline(self)
-                p = self._steps
-        return p
-
-    def _drain_steps(self) -> None:
-        """Waits until every row of the steps called so far is appended."""
-        if self._steps is not None:
-            self._steps.drain()
-
     def _drain_all_steps(self) -> None:
         """Waits until every row of the steps called so far is appended: this recorder's
         and every open recorder's (a step of another recorder may record to this one)."""
         with open_lock:
             recorders = [self, *(r for r in _open if r is not self)]
         for rec in recorders:
-            rec._drain_steps()
+            rec.pipeline.drain()
 
     def flush(self, timeout: Optional[float] = None) -> None:
         """Waits until every row recorded by the computations dispatched so far is written
@@ -564,7 +550,7 @@ def _flush_open() -> Optional[BaseException]:
     first: Optional[BaseException] = None
     for rec in recorders:  # all first: a step of one recorder may record to another
         try:
-            rec._drain_steps()
+            rec.pipeline.drain()
         except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
             first = first or exc
     for rec in recorders:
@@ -587,7 +573,7 @@ def _close_open() -> None:
         _open.clear()
     for rec in recorders:  # all first: a step of one recorder may record to another
         try:
-            rec._drain_steps()
+            rec.pipeline.drain()
         except Exception as exc:  # noqa: BLE001 - logged; the recorders still close
             logger.error("hostfeed: closing %r at exit: %s", rec, exc)
     for rec in recorders:
