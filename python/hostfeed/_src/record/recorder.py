@@ -8,17 +8,18 @@ time, record number, transforms) sits in sibling arrays (``h.step``, ...).
 
 How a record travels: ``record`` binds ``outside_call_p`` with a :class:`CallbackSpec`
 of kind ``"record"`` (so every transformation rule, ordering and placement of taps
-applies); at lowering, :func:`consumer_id` declares the arrays (a clash raises at the call
-site) and binds the consumer id to a Rust *sink*. Two paths go through Python instead,
-calling :class:`Target` (which appends a copy): global-view records of sharded ``jit``
-(the shards are joined by ``runtime.Joiner`` first), and inline mode
+applies); at lowering, :func:`.lowering.consumer_lease` declares the arrays (a clash
+raises at the call site) and binds the consumer id to a Rust *sink*. Two paths go through
+Python instead, calling :class:`Target` (which appends a copy): global-view records of
+sharded ``jit`` (the shards are joined by ``runtime.Joiner`` first), and inline mode
 (``JAX_HOST_CALLBACK_INLINE``, or an eager record inside a host callback).
 
 Operands of a record: the value, then the step if given. Transformations change them as
 for taps: ``jvp`` appends the tangents (recorded as ``name.tangent``), the backward pass of
 ``grad`` sends cotangents (recorded as ``name.cotangent``), ``vmap`` batches them (the
 batching rule puts the lanes first, and each lane is one row). :func:`roles` says which
-operand is what, :func:`lane_dims` how many leading dimensions are lanes.
+operand is what, :func:`lane_dims` how many leading dimensions are lanes; a record's
+:class:`~.layout.Layout` holds both, with the arrays declared.
 """
 from __future__ import annotations
 
