@@ -5,7 +5,7 @@ is bound to), a record written through Python (``target.py``) and a recorded ste
 (``step.py``: the declarations at the call) all ask :func:`declare` for it."""
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
 import numpy as np
@@ -53,17 +53,18 @@ class Layout(NamedTuple):
         return [int(flat[min(k, flat.size - 1)]) if flat.size else -1
                 for k in range(self.lanes)]
 
-    def rows(self, operands: Sequence[np.ndarray]) -> Iterator[tuple[int, np.ndarray, int]]:
+    def rows(self, operands: Sequence[np.ndarray]) -> list[tuple[int, np.ndarray, int]]:
         """``(array id, row bytes, step)`` of every row of one message's host ``operands``,
         lane by lane, in operand order within a lane. A row is a view of its operand (not
         a copy) where the operand is contiguous."""
+        lanes = self.lanes
+        if not lanes:
+            return []
         steps = self.steps(operands)
-        values = [(array_id, np.ascontiguousarray(operands[i]).reshape(
-            self.lanes, *operands[i].shape[self.lane_dims:])) for i, array_id in self.arrays]
-        for k in range(self.lanes):
-            for array_id, value in values:
-                yield array_id, value[k].reshape(-1).view(np.uint8), steps[k]
-
+        values = [(array_id, np.ascontiguousarray(operands[i]).reshape(lanes, -1))
+                  for i, array_id in self.arrays]
+        return [(array_id, value[k].view(np.uint8), steps[k])
+                for k in range(lanes) for array_id, value in values]
 
 def declare(catalogue: Catalogue, name: str, kind: str, transforms: Sequence[Sequence[Any]],
             operands: Sequence[Any], *, claim: bool = False) -> Layout:
