@@ -119,7 +119,7 @@ class Region(NamedTuple):
     group: int
 
 
-def _manual_region(ac: Any, avals: Sequence[Any]) -> Region:
+def manual_region(ac: Any, avals: Sequence[Any]) -> Region:
     """The region for the global-view schemes.
 
     Uses the mesh the computation is traced under, or else the mesh the operands are
@@ -147,7 +147,7 @@ def _manual_region(ac: Any, avals: Sequence[Any]) -> Region:
         "automatic mesh axes were found")
 
 
-def _resharded(x: Any, spec: P, region_mesh: Any) -> Any:
+def resharded(x: Any, spec: P, region_mesh: Any) -> Any:
     """`x` resharded to `spec` when its type carries an explicit sharding (explicit mesh
     axes), or no mesh at all while the region's mesh has explicit axes (a constant or a
     value broadcast from one, such as the step of a record under ``vmap``, which shard_map
@@ -211,7 +211,7 @@ def _in_region(region: Region, body: Callable, spec: P, n_in: int, n_out: int,
     with jax.sharding.use_abstract_mesh(region.mesh):
         return jax.shard_map(body, mesh=region.mesh, in_specs=(spec,) * n_in,
                              out_specs=(spec,) * n_out, axis_names=frozenset(region.axes),
-                             check_vma=False)(*(_resharded(o, spec, region.mesh) for o in ops))
+                             check_vma=False)(*(resharded(o, spec, region.mesh) for o in ops))
 
 
 def _lower_gathered(ctx: Any, region: Region, args: Sequence[Any], avals_in: Sequence[Any],
@@ -247,7 +247,7 @@ def _splits_evenly(avals: Sequence[Any], group: int) -> bool:
     return group >= 2 and all(len(a.shape) >= 1 and a.shape[0] % group == 0 for a in avals)
 
 
-def _part_meta(axes: tuple, manual: tuple) -> Any:
+def part_meta(axes: tuple, manual: tuple) -> Any:
     """`[group, part]` of this device: its group of manual shards and its place in it."""
     part = lax.axis_index(axes)
     grp = lax.axis_index(manual) if manual else 0
@@ -340,7 +340,7 @@ def lower_global_tap(ctx: Any, ac: Any, tapped: Sequence[Any], bind_params: dict
     replicating the operands everywhere.
     """
     avals = ctx.avals_in[:len(tapped)]
-    region = _manual_region(ac, avals)
+    region = manual_region(ac, avals)
     device_index = bind_params["device_index"]
     check_device_index(device_index, region.group, "collect the tapped operand")
     processes = _region_processes(ctx, ac, region)
@@ -353,7 +353,7 @@ def lower_global_tap(ctx: Any, ac: Any, tapped: Sequence[Any], bind_params: dict
 
         def body(*shards: Any) -> tuple[()]:
             if rounds.local:
-                outside_call_p.bind(_part_meta(region.axes, manual), *shards, **params)
+                outside_call_p.bind(part_meta(region.axes, manual), *shards, **params)
                 return ()
             idx = lax.axis_index(region.axes)
             ops = (_meta_rows(rounds, idx, manual), *_gather_slots(rounds, region.axes, shards))
@@ -379,60 +379,6 @@ def lower_global_tap(ctx: Any, ac: Any, tapped: Sequence[Any], bind_params: dict
     _lower_gathered(ctx, region, tapped, avals, run, [], device_index)
 
 
-def lower_parted_record(ctx: Any, ac: Any, tapped: Sequence[Any], bind_params: dict) -> bool:
-    """A record of a global value, part by part: each device of the region
-    sends its own slice of the value along dimension 0 (plus ``[group, part]`` and the
-    step, replicated), and a Rust sink writes it as that part's chunks of one array whose
-    rows have the value's global shape. Nothing is joined on any host, so each process
-    writes what its own devices hold and no recorded byte moves between processes (nor
-    between devices, when the value is laid out along dimension 0 already; a replicated
-    value is sliced where it is). Returns False (nothing lowered) when the value does not
-    split evenly along dimension 0 over the region's devices.
-    """
-    avals = ctx.avals_in[:len(tapped)]
-    if where(ctx)[0] is not Where.GLOBAL:
-        return False
-    region = _manual_region(ac, avals)
-    value = avals[0]
-    if region.group < 2 or len(value.shape) < 1 or value.shape[0] % region.group:
-        return False
-    params = dict(bind_params, nr_tapped_args=len(tapped) + 1,
-                  shard_parts=ShardParts(region.group, 0, None, parted=True))
-    specs = (P(region.axes),) + (P(),) * (len(tapped) - 1)
-
-    def body(*ops: Any) -> tuple[()]:
-        outside_call_p.bind(_part_meta(region.axes, ()), *ops, **params)
-        return ()
-
-    def fn(*ops: Any) -> tuple[()]:
-        with jax.sharding.use_abstract_mesh(region.mesh):
-            jax.shard_map(body, mesh=region.mesh, in_specs=specs, out_specs=(),
-                          axis_names=frozenset(region.axes), check_vma=False)(
-                *(_resharded(o, s, region.mesh) for o, s in zip(ops, specs)))
-        return ()
-
-    compat.lower_fun(ctx, fn, avals, [], tapped)
-    return True
-
-
-def lower_per_device_parted_record(ctx: Any, ac: Any, tapped: Sequence[Any],
-                                   bind_params: dict) -> None:
-    """A per-device record (fully manual shard_map) of a recorder shared by many
-    processes: each device's value is one part (its position in the mesh) of one array
-    ``[rows, devices, *shape]``, written by the device's own process."""
-    axes = tuple(ac.mesh.axis_names)
-    n = int(np.prod([ac.mesh.shape[a] for a in axes]))
-    params = dict(bind_params, nr_tapped_args=len(tapped) + 1,
-                  shard_parts=ShardParts(n, 0, None, parted=True, per_device=True))
-    avals = ctx.avals_in[:len(tapped)]
-
-    def fn(*ops: Any) -> tuple[()]:
-        outside_call_p.bind(_part_meta(axes, ()), *ops, **params)
-        return ()
-
-    compat.lower_fun(ctx, fn, avals, [], tapped)
-
-
 def lower_global_call(ctx: Any, ac: Any, args: Sequence[Any], params: dict) -> list:
     """A global-view call: shard by shard when the operands and results split evenly along
     dimension 0 over the devices, else gathered onto device ``device_index`` with the
@@ -443,7 +389,7 @@ def lower_global_call(ctx: Any, ac: Any, args: Sequence[Any], params: dict) -> l
     or result bytes move between devices; only the int32 status is combined, as for every
     multi-device call.
     """
-    region = _manual_region(ac, ctx.avals_in)
+    region = manual_region(ac, ctx.avals_in)
     device_index = params["device_index"]
     check_device_index(device_index, region.group, "make the call")
     whole = tuple(params["result_avals"])
@@ -460,7 +406,7 @@ def lower_global_call(ctx: Any, ac: Any, args: Sequence[Any], params: dict) -> l
 
         def body(*shards: Any) -> tuple[Any, ...]:
             if rounds.local:
-                status, *outs = host_call_p.bind(_part_meta(region.axes, manual), *shards,
+                status, *outs = host_call_p.bind(part_meta(region.axes, manual), *shards,
                                                  **inner)
                 check_everywhere(status, region.axes)
                 return tuple(outs)

@@ -4,11 +4,13 @@ is ``crates/hostfeed-core/src/record/``, reached through ``hostfeed._receiver``)
 - :mod:`.recorder`: :class:`~.recorder.Recorder` itself (open, record, step, flush, close);
 - :mod:`.inputs`: the checks of what ``record`` is given;
 - :mod:`.roles`: what each operand of a record is after transformations, and the kinds
-  and metadata names of records;
+  and metadata names of records; :mod:`.layout`: one record's layout (its roles, lanes
+  and declared arrays), worked out in one place;
 - :mod:`.target`: :class:`~.target.Target`, one name of one recorder: what a record's
   callback is, and what the lowering asks of it;
 - :mod:`.lowering`: the recorder's side of lowering (``hostfeed._src.lowering`` asks it
-  whether a tap is a record, and for the consumer that takes its messages);
+  whether a tap is a record, and for the consumer that takes its messages), and
+  :mod:`.parted`: the lowering of a record written part by part;
 - :mod:`.selection` and :mod:`.summaries`: records at selected steps, and summaries
   computed on the device instead of the value;
 - :mod:`.hoist` and :mod:`.step`: ``Recorder.step(fn)``, records taken out of a

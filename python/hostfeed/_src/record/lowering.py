@@ -14,9 +14,10 @@ import numpy as np
 
 from .. import consumers, settings
 from ..consumers import ConsumerKind
-from ..placement import (Where, check_device_index, lower_global_tap, lower_parted_record,
-                         lower_per_device_parted_record)
-from .roles import KIND, KIND_WITH_STEP, STEP, lane_dims, roles, transforms_json
+from ..placement import Where, check_device_index, lower_global_tap
+from .parted import lower_parted_record, lower_per_device_parted_record
+from .layout import declare
+from .roles import KIND, KIND_WITH_STEP, transforms_json
 from .target import Target
 from ..runtime import make_tap_invoker
 from ..spec import CallbackSpec
@@ -30,33 +31,10 @@ def is_record(spec: CallbackSpec) -> bool:
     return spec.kind in (KIND, KIND_WITH_STEP)
 
 
-def _declare_operands(spec: CallbackSpec, transforms: tuple, avals: Sequence[Any]
-                      ) -> tuple[list[Optional[int]], Optional[int], int]:
-    """Declares the arrays a record's operands go to: (array id or None per operand, the
-    step operand's index, lanes per message)."""
-    target: Target = spec.func
-    names = [t[0] for t in transforms]
-    rs = roles(spec.kind, names, len(avals))
-    nb = lane_dims(names)
-    lanes = int(np.prod(avals[0].shape[:nb], dtype=np.int64)) if nb else 1
-    ids: list[Optional[int]] = []
-    step = None
-    for i, (r, aval) in enumerate(zip(rs, avals)):
-        if r == STEP:
-            step = i if step is None else step
-            ids.append(None)
-        elif r is None:
-            ids.append(None)
-        else:
-            ids.append(target.recorder.catalogue.declare(target.name + r, aval.dtype,
-                                                         aval.shape[nb:]))
-    return ids, step, lanes
-
-
 def declare_global(spec: CallbackSpec, transforms: tuple, avals: Sequence[Any]) -> None:
     """Declares the arrays of a global-view record (recorded through Python after its
     shards are joined) at lowering, so that a clash raises at the call site."""
-    _declare_operands(spec, transforms, avals)
+    declare(spec.func.recorder.catalogue, spec.func.name, spec.kind, transforms, avals)
 
 
 #: While a global-view record is lowered by the gathering scheme: whether the device that
@@ -127,13 +105,9 @@ def consumer_lease(spec: CallbackSpec, transforms: tuple,
         raise ValueError(f"hostfeed: a computation records {target.name!r} to a closed "
                          f"recorder ({target.recorder.path})")
     gathered_here = _gathered.get()
-    if gathered_here if gathered_here is not None else (alone or target.recorder.catalogue.shared):
-        # Claimed first: a declaration must not touch an array another process writes.
-        names = [target.name + r for r in roles(spec.kind, [t[0] for t in transforms],
-                                                len(avals)) if r is not None and r != STEP]
-        for n in names:
-            target.recorder.catalogue.claim(n)
-    ids, step, lanes = _declare_operands(spec, transforms, avals)
+    layout = declare(target.recorder.catalogue, target.name, spec.kind, transforms, avals,
+                     claim=gathered_here if gathered_here is not None
+                     else (alone or target.recorder.catalogue.shared))
     key = (spec, transforms, tuple((tuple(a.shape), np.dtype(a.dtype).name) for a in avals),
            KIND)
 
@@ -143,9 +117,10 @@ def consumer_lease(spec: CallbackSpec, transforms: tuple,
         return consumers.Consumer(make_tap_invoker(spec, transforms), spec.name, ConsumerKind.TAP)
 
     lease = consumers.register(key, make)
-    if lanes == 0:  # vmap over an empty batch: nothing to record, nothing is sent
+    if layout.lanes == 0:  # vmap over an empty batch: nothing to record, nothing is sent
         return lease
-    target.recorder.catalogue.bind(lease.cid, ids, step, transforms_json(transforms), lanes)
+    target.recorder.catalogue.bind(lease.cid, layout.ids, layout.step,
+                                   transforms_json(transforms), layout.lanes)
     return lease
 
 

@@ -8,21 +8,21 @@ time, record number, transforms) sits in sibling arrays (``h.step``, ...).
 
 How a record travels: ``record`` binds ``outside_call_p`` with a :class:`CallbackSpec`
 of kind ``"record"`` (so every transformation rule, ordering and placement of taps
-applies); at lowering, :func:`consumer_id` declares the arrays (a clash raises at the call
-site) and binds the consumer id to a Rust *sink*. Two paths go through Python instead,
-calling :class:`Target` (which appends a copy): global-view records of sharded ``jit``
-(the shards are joined by ``runtime.Joiner`` first), and inline mode
+applies); at lowering, :func:`.lowering.consumer_lease` declares the arrays (a clash
+raises at the call site) and binds the consumer id to a Rust *sink*. Two paths go through
+Python instead, calling :class:`Target` (which appends a copy): global-view records of
+sharded ``jit`` (the shards are joined by ``runtime.Joiner`` first), and inline mode
 (``JAX_HOST_CALLBACK_INLINE``, or an eager record inside a host callback).
 
 Operands of a record: the value, then the step if given. Transformations change them as
 for taps: ``jvp`` appends the tangents (recorded as ``name.tangent``), the backward pass of
 ``grad`` sends cotangents (recorded as ``name.cotangent``), ``vmap`` batches them (the
 batching rule puts the lanes first, and each lane is one row). :func:`roles` says which
-operand is what, :func:`lane_dims` how many leading dimensions are lanes.
+operand is what, :func:`lane_dims` how many leading dimensions are lanes; a record's
+:class:`~.layout.Layout` holds both, with the arrays declared.
 """
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
@@ -35,7 +35,7 @@ import numpy as np
 
 from ... import _receiver
 from .. import compat, errors, keys, lifecycle, settings
-from ..primitives import get_ad_taps, outside_call_p, outside_call_params
+from ..primitives import outside_call_p, outside_call_params
 from . import (coordination, inputs as record_inputs, late, selection as _selection,
                step as _step, stores, unflushed as _unflushed)
 from .catalogue import Catalogue
@@ -216,7 +216,10 @@ class Recorder:
         self.catalogue = Catalogue(self._native, coord, self._keep_error)
         # Errors of rows recorded through Python (eager records), not raised yet.
         self._unseen: list[BaseException] = []
-        self._steps: Optional[_step.Pipeline] = None
+        #: What this recorder's steps (:meth:`step`) hand their records to.
+        self.pipeline = _step.Pipeline(self.catalogue)
+        # ``record``: the plain record, wrapped to take every=, start=, stop=, reduce=.
+        self._selective = _selection.selective(self._record, self._native.describe_summary)
         self._pid = os.getpid()
         with open_lock:
             _open.add(self)
@@ -289,14 +292,9 @@ class Recorder:
             would convert it.
         """
         ad_taps = record_inputs.ad_taps_of(cotangents, name)
-        if every is not None or start is not None or stop is not None or reduce is not None \
-                or axis is not None:
-            record_inputs.check_fits(value, name)
-            return _selection.record_selected(
-                functools.partial(self._record, ad_taps=ad_taps), self._native.describe_summary,
-                name, value, step, result, every, start, stop, reduce, axis,
-                through=(ad_taps or get_ad_taps()) != "primals")
-        return self._record(name, value, step=step, result=result, ad_taps=ad_taps)
+        return self._selective(name, value, step=step, result=result, every=every,
+                               start=start, stop=stop, reduce=reduce, axis=axis,
+                               ad_taps=ad_taps)
 
     def _record(self, name: str, value: Any, *, step: Any = None, result: Any = None,
                 ad_taps: Optional[str] = None) -> Any:
@@ -395,28 +393,13 @@ class Recorder:
             outputs = bool(outputs)
         return _step.RecordedStep(self, fn, int(in_flight), jit_kwargs, outputs)
 
-    def _pipeline(self) -> _step.Pipeline:
-        """The pipeline of this recorder's steps (made on first use)."""
-        p = self._steps
-        if p is None:
-            with self._lock:
-                if self._steps is None:
-                    self._steps = _step.Pipeline(self)
-                p = self._steps
-        return p
-
-    def _drain_steps(self) -> None:
-        """Waits until every row of the steps called so far is appended."""
-        if self._steps is not None:
-            self._steps.drain()
-
     def _drain_all_steps(self) -> None:
         """Waits until every row of the steps called so far is appended: this recorder's
         and every open recorder's (a step of another recorder may record to this one)."""
         with open_lock:
             recorders = [self, *(r for r in _open if r is not self)]
         for rec in recorders:
-            rec._drain_steps()
+            rec.pipeline.drain()
 
     def flush(self, timeout: Optional[float] = None) -> None:
         """Waits until every row recorded by the computations dispatched so far is written
@@ -568,7 +551,7 @@ def _flush_open() -> Optional[BaseException]:
     first: Optional[BaseException] = None
     for rec in recorders:  # all first: a step of one recorder may record to another
         try:
-            rec._drain_steps()
+            rec.pipeline.drain()
         except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
             first = first or exc
     for rec in recorders:
@@ -591,7 +574,7 @@ def _close_open() -> None:
         _open.clear()
     for rec in recorders:  # all first: a step of one recorder may record to another
         try:
-            rec._drain_steps()
+            rec.pipeline.drain()
         except Exception as exc:  # noqa: BLE001 - logged; the recorders still close
             logger.error("hostfeed: closing %r at exit: %s", rec, exc)
     for rec in recorders:

@@ -1,12 +1,13 @@
 """Selective recording: ``every=``, ``start=`` and ``stop=`` of ``Recorder.record``, decided
 on the device (a ``cond`` on the step) or, for a concrete step, at the call; and
-:func:`record_selected`, which records a value or its summary
-(:func:`hostfeed._src.record.summaries.summarize`) at the selected steps only."""
+:func:`selective`, which wraps a recorder's plain record into one that records a value or
+its summary (:func:`hostfeed._src.record.summaries.summarize`) at the selected steps only."""
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -14,10 +15,58 @@ import numpy as np
 from jax.interpreters import ad, batching, mlir
 
 from .. import compat, transports
+from ..primitives import get_ad_taps
+from .inputs import check_fits
 from .summaries import check_int, summarize
 
-__all__ = ["record_selected", "selection", "selected", "selected_step_p",
-]
+__all__ = ["Record", "SelectiveRecord", "selective", "selection", "selected",
+           "selected_step_p"]
+
+
+class Record(Protocol):
+    """A recorder's plain record: one row of ``value`` (no selection, no summary)."""
+
+    def __call__(self, name: str, value: Any, *, step: Any = None, result: Any = None,
+                 ad_taps: Optional[str] = None) -> Any: ...
+
+
+class SelectiveRecord(Protocol):
+    """A plain :class:`Record` that also takes ``every=``, ``start=``, ``stop=``,
+    ``reduce=`` and ``axis=`` (see :func:`selective`)."""
+
+    def __call__(self, name: str, value: Any, *, step: Any = None, result: Any = None,
+                 every: Any = None, start: Any = None, stop: Any = None, reduce: Any = None,
+                 axis: Any = None, ad_taps: Optional[str] = None) -> Any: ...
+
+
+def selective(record: Record, describe: Callable[[str, str], None]) -> SelectiveRecord:
+    """``record`` wrapped to record at the selected steps only (``every=``, ``start=``,
+    ``stop=``) and, with ``reduce=`` (over ``axis=``), a summary of the value instead of it
+    (``describe(name, json)`` is told what the summary is). Without any of them, the
+    wrapper is ``record`` itself.
+
+    Example:
+        >>> rows = []
+        >>> def record(name, value, *, step=None, result=None, ad_taps=None):
+        ...     rows.append((name, value, step))
+        ...     return value
+        >>> recorded = selective(record, lambda name, desc: None)
+        >>> [recorded("h", k * 10, step=k, every=2) for k in range(4)]
+        [0, 10, 20, 30]
+        >>> rows
+        [('h', 0, 0), ('h', 20, 2)]
+    """
+    def recorded(name: str, value: Any, *, step: Any = None, result: Any = None,
+                 every: Any = None, start: Any = None, stop: Any = None, reduce: Any = None,
+                 axis: Any = None, ad_taps: Optional[str] = None) -> Any:
+        if every is None and start is None and stop is None and reduce is None \
+                and axis is None:
+            return record(name, value, step=step, result=result, ad_taps=ad_taps)
+        check_fits(value, name)
+        return _record_selected(functools.partial(record, ad_taps=ad_taps), describe, name,
+                                value, step, result, every, start, stop, reduce, axis,
+                                through=(ad_taps or get_ad_taps()) != "primals")
+    return recorded
 
 
 def selection(step: Any, every: Any, start: Any, stop: Any, name: str) -> Any:
@@ -149,9 +198,9 @@ def _summary_at_selected(take: Callable[..., Any], record: Callable[..., Any], n
     return value if result is None else got
 
 
-def record_selected(record: Callable[..., Any], describe: Callable[[str, str], None],
-                    name: str, value: Any, step: Any, result: Any, every: Any, start: Any,
-                    stop: Any, reduce: Any, axis: Any, through: bool = True) -> Any:
+def _record_selected(record: Callable[..., Any], describe: Callable[[str, str], None],
+                     name: str, value: Any, step: Any, result: Any, every: Any, start: Any,
+                     stop: Any, reduce: Any, axis: Any, through: bool = True) -> Any:
     """``record(name, row, step=, result=)`` of ``value`` (or of its summary), at the
     selected steps only; returns ``value``, or ``result`` if given. ``through``: whether
     a raw value decided on the device passes through the record (for its cotangent to

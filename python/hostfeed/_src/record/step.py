@@ -25,16 +25,18 @@ import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import jax
 import numpy as np
 
 from .. import compat, transports
-from .roles import STEP, lane_dims, roles
+from .layout import declare
 from .selection import selected
-from ..spec import unpack_transforms
 from . import hoist
+
+if TYPE_CHECKING:
+    from .catalogue import Catalogue
 
 logger = logging.getLogger("hostfeed")
 
@@ -121,7 +123,7 @@ class RecordedStep:
         choices = self._choices(args, kwargs) if self._host_conds else None
         result, collected = self._jitted(*args, _choices=choices, **kwargs)
         if collected.nodes:
-            pipeline = self.recorder._pipeline()
+            pipeline = self.recorder.pipeline
             plan = pipeline.plan(collected.nodes)
             chosen = self._chosen(plan, args, kwargs) if plan.host else {}
             pipeline.submit(collected, self.in_flight, chosen)
@@ -220,12 +222,9 @@ def _declare(nodes: Sequence[hoist.Node], arrays: Sequence[Any], depth: int = 0
         if rec.closed:
             raise ValueError(f"hostfeed: a step records {target.name!r} to a closed "
                              f"recorder ({rec.path})")
-        names = [t[0] for t in unpack_transforms(node.transforms)]
-        rs = roles(node.callback.kind, names, len(avals))
-        nb = lane_dims(names)
-        for r, aval in zip(rs, avals):
-            if r is not None and r != STEP:
-                rec.catalogue.declare(target.name + r, aval.dtype, aval.shape[depth + nb:])
+        # (An instance's operands: without the leading dimensions of its loops.)
+        declare(rec.catalogue, target.name, node.callback.kind, node.transforms,
+                [jax.ShapeDtypeStruct(a.shape[depth:], a.dtype) for a in avals])
     return at, tuple(recorders.values())
 
 
@@ -245,11 +244,12 @@ class _Plan:
 
 
 class Pipeline:
-    """A recorder's pipeline: the steps submitted and not yet appended, in order, and the
-    thread that appends them."""
+    """A recorder's pipeline (its ``pipeline``): the steps submitted and not yet appended,
+    in order, and the thread that appends them; a failure goes to the recorder's
+    ``catalogue``."""
 
-    def __init__(self, recorder: Any):
-        self.recorder = recorder
+    def __init__(self, catalogue: Catalogue):
+        self.catalogue = catalogue
         self.cv = threading.Condition()
         self.pending: collections.deque[tuple[hoist.Collected, dict]] = collections.deque()
         self.busy = False
@@ -303,6 +303,11 @@ class Pipeline:
                 # without sleeping while it is busy.)
                 self.cv.notify_all()
 
+    @property
+    def idle(self) -> bool:
+        """Whether every step submitted so far is appended (read without waiting)."""
+        return not (self.pending or self.busy)
+
     def drain(self) -> None:
         """Waits until every step submitted so far is appended."""
         with self.cv:
@@ -334,7 +339,7 @@ class Pipeline:
             except BaseException as exc:  # noqa: BLE001 - kept for the recorder's flush
                 logger.error("hostfeed: recording a step's outputs failed (raised by the "
                              "recorder's next flush, close or barrier_wait): %s", exc)
-                self.recorder.catalogue.failed(exc)
+                self.catalogue.failed(exc)
             finally:
                 del collected
                 with self.cv:

@@ -11,8 +11,8 @@ import numpy as np
 
 from ... import _receiver
 from .. import settings
-from .roles import STEP, lane_dims, roles
-from ..spec import unpack_transforms
+from .layout import declare
+from .roles import transforms_json
 
 if TYPE_CHECKING:
     from .recorder import Recorder
@@ -68,60 +68,23 @@ class Target:
 
     def _writer(self, transforms: tuple, operands: Sequence[np.ndarray]
                 ) -> Callable[[Sequence[np.ndarray], int], None]:
-        unpacked = unpack_transforms(transforms)
-        names = [t[0] for t in unpacked]
-        rs = roles(self.kind, names, len(operands))
-        nb = lane_dims(names)
-        lanes = int(np.prod(operands[0].shape[:nb], dtype=np.int64)) if nb else 1
-        packed = json.dumps(unpacked, default=list)
-        step_at = next((i for i, r in enumerate(rs) if r == STEP), None)
-        arrays = []
-        for i, (r, o) in enumerate(zip(rs, operands)):
-            if r is not None and r != STEP:
-                array_id = self.recorder.catalogue.declare(self.name + r, o.dtype, o.shape[nb:])
-                self.recorder.catalogue.claim(self.name + r)
-                arrays.append((i, array_id, o.shape[nb:]))
+        layout = declare(self.recorder.catalogue, self.name, self.kind, transforms, operands,
+                         claim=True)
+        packed = transforms_json(transforms)
         append = self.recorder.catalogue.append
 
         def write(ops: Sequence[np.ndarray], ordinal: int) -> None:
-            if step_at is None:
-                steps = [-1] * lanes
-            else:
-                flat = ops[step_at].reshape(-1)
-                steps = [int(flat[min(k, flat.size - 1)]) if flat.size else -1
-                         for k in range(lanes)]
-            for k in range(lanes):
-                for i, array_id, shape in arrays:
-                    row = np.ascontiguousarray(ops[i]).reshape(lanes, *shape)[k]
-                    # Lent, not copied: the writers read the host copy of the output
-                    # itself (read-only, alive while the row waits).
-                    append(array_id, row.reshape(-1).view(np.uint8), steps[k], ordinal,
-                           packed, True, True)
+            for array_id, row, step in layout.rows(ops):
+                # Lent, not copied: the writers read the host copy of the output itself
+                # (read-only, alive while the row waits).
+                append(array_id, row, step, ordinal, packed, True, True)
         return write
 
     def _append(self, arg: Any, transforms: Sequence, device: Any, wait: bool = False) -> None:
         leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(arg)]
-        names = [t[0] for t in transforms]
-        rs = roles(self.kind, names, len(leaves))
-        nb = lane_dims(names)
-        lanes = int(np.prod(leaves[0].shape[:nb], dtype=np.int64)) if nb else 1
-        packed = json.dumps(transforms, default=list)
-        steps = [-1] * lanes
-        for r, leaf in zip(rs, leaves):
-            if r == STEP:
-                flat = leaf.reshape(-1)
-                steps = [int(flat[min(k, flat.size - 1)]) if flat.size else -1
-                         for k in range(lanes)]
-        ordinal = -1 if device is None else int(getattr(device, "id", -1))
         catalogue = self.recorder.catalogue
-        values = []
-        for r, leaf in zip(rs, leaves):
-            if r is not None and r != STEP:
-                value = np.ascontiguousarray(leaf).reshape(lanes, *leaf.shape[nb:])
-                array_id = catalogue.declare(self.name + r, value.dtype, value.shape[1:])
-                catalogue.claim(self.name + r)
-                values.append((array_id, value))
-        for k in range(lanes):
-            for array_id, value in values:
-                catalogue.append(array_id, value[k].reshape(-1).view(np.uint8), steps[k],
-                              ordinal, packed, wait)
+        layout = declare(catalogue, self.name, self.kind, transforms, leaves, claim=True)
+        packed = json.dumps(transforms, default=list)
+        ordinal = -1 if device is None else int(getattr(device, "id", -1))
+        for array_id, row, step in layout.rows(leaves):
+            catalogue.append(array_id, row, step, ordinal, packed, wait)

@@ -53,8 +53,7 @@ def _unflushed(rec: Recorder) -> bool:
     """Whether rows may have been sent to ``rec`` since it was opened or flushed. The
     computations dispatched so far are waited for first (not the receiver), so that every
     message they send is counted."""
-    steps = rec._steps
-    if steps is not None and (steps.pending or steps.busy):
+    if not rec.pipeline.idle:
         return True
     lifecycle.wait_for_dispatched(host_callback_effect)
     return _flushed.get(rec) != _mark(rec)
