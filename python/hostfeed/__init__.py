@@ -59,7 +59,7 @@ from ._src.readback.reading import read_recording  # noqa: E402
 from ._src.readback.opened import RecordedArray, Recording, follow, open_recording  # noqa: E402
 from ._src.readback.tensorboard import to_tensorboard  # noqa: E402
 from ._src.record.recorder import Recorder  # noqa: E402
-from ._src.record.summaries import STATS, Histogram  # noqa: E402
+from ._src.reductions import STATS, Histogram  # noqa: E402
 from ._src.capture import Capturing, capture  # noqa: E402
 from ._src.record.unflushed import UnflushedReadWarning  # noqa: E402
 from ._receiver import (CallbackContextError, ReceiverError, ReceiverTimeoutError,  # noqa: E402

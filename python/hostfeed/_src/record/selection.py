@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching, mlir
 
-from .. import compat, transports
+from .. import compat, reductions, transports
 from .summaries import check_int, summarize
 
 __all__ = ["record_selected", "selection", "selected", "selected_step_p",
@@ -161,7 +161,7 @@ def record_selected(record: Callable[..., Any], describe: Callable[[str, str], N
     chosen = selection(step, every, start, stop, name) if selecting else True
     if reduce is None and axis is not None:
         raise ValueError(f"hostfeed: Recorder.record({name!r}): axis= says what reduce= "
-                         f"reduces over; pass reduce='stats' or a hostfeed.Histogram")
+                         f"reduces over; pass reduce={reductions.accepted()}")
     out = value if result is None else result
     if chosen is False:
         return out
