@@ -9,14 +9,16 @@ from typing import Any, Optional
 from .base import Reduction
 from .histogram import Histogram
 from .stats import STATS, Stats
+from .topk import TopK
 
-__all__ = ["Reduction", "REDUCTIONS", "Histogram", "Stats", "STATS", "resolve",
+__all__ = ["Reduction", "REDUCTIONS", "Histogram", "Stats", "STATS", "TopK", "resolve",
            "of_kind", "accepted"]
 
 #: Every reduction, by the kind stored in an array's attributes.
 REDUCTIONS: dict[str, type[Reduction]] = {cls.kind: cls for cls in (
     Stats,
     Histogram,
+    TopK,
 )}
 
 
