@@ -213,3 +213,12 @@ def test_show_draws_the_k_values_per_step(store, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "acts/out.topk" in r.stdout and "topk" in r.stdout
+
+
+@pytest.mark.parametrize("name", ["reductions", "reductions.base", "reductions.stats",
+                                  "reductions.histogram", "reductions.topk"])
+def test_the_reductions_docstring_examples_run(name):
+    import doctest
+    import importlib
+    module = importlib.import_module(f"hostfeed._src.{name}")
+    assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0
