@@ -50,10 +50,12 @@ class Reduction(abc.ABC):
     suffix: ClassVar[str]
     #: The string that also names it as ``reduce=`` (``"stats"``), if one does.
     alias: ClassVar[Optional[str]] = None
-    #: The core's XLA FFI target that computes it on a CPU device in one pass, where the
-    #: transport uses native kernels (``NATIVE_KERNELS``) and the reduced axes are the
-    #: trailing ones; ``None``: the JAX operations of :meth:`compute` everywhere. The
-    #: primitive of a reduction with a kernel is named after it.
+    #: The core's XLA FFI target that computes it in one pass on the platforms the native
+    #: transport has kernels for (it registers them: ``transports.register_kernel``),
+    #: where the context's transport uses them (``native_kernels``) on one device's values
+    #: and the reduced axes are the trailing ones; ``None``: the JAX operations of
+    #: :meth:`compute` everywhere. The primitive of a reduction with a kernel is named
+    #: after it.
     native_kernel: ClassVar[Optional[str]] = None
     #: How ``show`` draws the rows (one of :data:`PLOTS`).
     plot: ClassVar[str] = "lines"
