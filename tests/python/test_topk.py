@@ -207,12 +207,17 @@ def test_show_draws_the_k_values_per_step(store, tmp_path):
     assert p.steps.tolist() == [0, 1, 2, 3]
     assert _title(p).startswith("acts/out.topk  (top 3, 4 rows)")
     assert panels["acts/out.stats"].plot == "stats"
-    png = tmp_path / "grid.png"
-    r = subprocess.run([sys.executable, "-m", "hostfeed", "show", store, "-o", str(png)],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
+    # What `python -m hostfeed show STORE -o grid.png` runs (in this process: no second
+    # start of JAX).
+    import io
+    from contextlib import redirect_stdout
+
+    from hostfeed.__main__ import main
+    png, out = tmp_path / "grid.png", io.StringIO()
+    with redirect_stdout(out):
+        assert main(["show", store, "-o", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "acts/out.topk" in r.stdout and "topk" in r.stdout
+    assert "acts/out.topk" in out.getvalue() and "topk" in out.getvalue()
 
 
 @pytest.mark.parametrize("name", ["reductions", "reductions.base", "reductions.stats",
