@@ -2,7 +2,7 @@
 position and their flat row-major indices into the reduced axes, equal to numpy's
 stable-argsort answer (ties to the lowest index, NaN below every number), under jit,
 eagerly, vmap, with ``every=``, sharded over several devices in a subprocess (explicit and
-auto sharding), read back and drawn by ``python -m hostfeed show``."""
+auto sharding), read back, drawn by ``python -m hostfeed show`` and exported to TensorBoard."""
 from __future__ import annotations
 
 import json
@@ -227,3 +227,20 @@ def test_the_reductions_docstring_examples_run(name):
     import importlib
     module = importlib.import_module(f"hostfeed._src.{name}")
     assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0
+
+
+def test_tensorboard_gets_each_ranks_largest_value_as_a_scalar(store, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    xs = [ties((4, 6), seed=s) for s in range(3)]
+    with hostfeed.Recorder(store) as rec:
+        for s, x in enumerate(xs):
+            rec.record("t", x, step=s, reduce=hostfeed.TopK(2), axis=0)
+    assert hostfeed.to_tensorboard(store, str(tmp_path / "logs")) == {"t": 3}
+    events = EventAccumulator(str(tmp_path / "logs"))
+    events.Reload()
+    assert sorted(events.Tags()["scalars"]) == ["t/top1", "t/top2"]
+    for rank in (0, 1):
+        got = [(e.step, e.value) for e in events.Scalars(f"t/top{rank + 1}")]
+        assert got == [(s, float(topk_of(x, (0,), 2)[0][:, rank].max()))
+                       for s, x in enumerate(xs)]
