@@ -138,7 +138,7 @@ recorder_checks(CHECKS, X)
 if RESULTS["Recorder: reduce='stats', every=2"][0] != "ok":
     @check("diagnosis: reduce='stats', every=2, without the cond inside the statistics")
     def _() -> Any:
-        from hostfeed._src.record import summaries
+        from hostfeed._src.reductions import stats as summaries
 
         def stats(v: Any, axes: tuple[int, ...]) -> Any:
             return summaries._finite_stats(v, axes)

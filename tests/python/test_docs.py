@@ -47,6 +47,8 @@ EXPECTED = {
     ("recording.md", 3): ["32 (32, 8, 4) [3.0, 0.0]", "4 (64, 4)", "True"],
     ("recording.md", 4): ["[0, 1, 2, 3, 4, 5, 6, 7]", "[3.0, 1.92, 1.23, 0.79]",
                           "(8,) [3.0, 1.92]"],
+    ("recording-reference.md", 0): ["[[7.0, 7.0], [9.0, 5.0]] [[1, 2], [3, 0]]",
+                                    "(array([0, 1]), array([1, 0]))"],
     ("quickstart.md", 1): ["(30, 8, 4) [0 1 2]", "[ 0 10 20]"],
     # The captures' examples train (the loss goes down) and record finite values.
     ("capture.md", 0): ["['blocks.0.mlp/output', 'blocks.0.mlp/output.cotangent']",

@@ -6,7 +6,8 @@ recorded too); and :class:`Capturing`, a Flax model whose calls capture.
 Names: ``[prefix/]MODULE/output`` for an output that is one array, ``MODULE/output.K`` for
 each array of a tuple, list or dict output (``K`` its index or key, nested ones joined by
 ``.``); ``MODULE/input.I`` for the ``I``-th positional argument and ``MODULE/input.KW`` for
-a keyword argument. A summary adds ``.stats`` or ``.hist`` to the last part.
+a keyword argument. A summary adds its suffix to the last part (``.stats``, ``.hist``,
+...: :attr:`~hostfeed._src.reductions.Reduction.suffix`).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import jax
 import numpy as np
 
 from .. import compat
-from ..record.summaries import Histogram
+from .. import reductions
 from .selection import key_name
 
 __all__ = ["CaptureSpec", "Capturing", "summary_suffix"]
@@ -31,17 +32,17 @@ def summary_suffix(reduce: Any) -> str:
     """The suffix a summary adds to a captured array's name.
 
     Example:
-        >>> summary_suffix(None), summary_suffix("stats"), summary_suffix(Histogram(4))
-        ('', '.stats', '.hist')
+        >>> from hostfeed import Histogram
+        >>> [summary_suffix(r) for r in (None, "stats", Histogram(4))]
+        ['', '.stats', '.hist']
     """
     if reduce is None:
         return ""
-    if isinstance(reduce, str) and reduce == "stats":
-        return ".stats"
-    if isinstance(reduce, Histogram):
-        return ".hist"
-    raise ValueError(f"hostfeed.capture: reduce must be None, 'stats' or a "
-                     f"hostfeed.Histogram(...), got {reduce!r}")
+    try:
+        return reductions.resolve(reduce, "").suffix
+    except ValueError:
+        raise ValueError(f"hostfeed.capture: reduce must be None, {reductions.accepted()}, "
+                         f"got {reduce!r}") from None
 
 
 def _is_container(v: Any) -> bool:

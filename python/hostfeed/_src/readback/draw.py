@@ -4,7 +4,9 @@
 A panel of statistics is two plots over the steps: the values (mean with a band of one
 standard deviation, min and max) and the scale (absmax and l2, on a log axis where they
 span decades; the values on a symmetric log axis where they do). A histogram is a heat map
-of steps by bins (``log10(1 + count)``), its y axis labelled with the bins' edges. Steps
+of steps by bins (``log10(1 + count)``), its y axis labelled with the bins' edges; the
+rows of another reduction drawn as lines (:attr:`~hostfeed._src.reductions.Reduction.plot`
+says which: one line per column of what it gives per step). Steps
 with a NaN or an infinity are marked (a red ``x`` above the values, the first such step in
 the panel's title); lines get markers where there are few points.
 
@@ -24,6 +26,7 @@ from typing import Any, Optional
 import numpy as np
 
 from . import series
+from ..reductions import of_kind
 from .grid import Panel, layout
 
 __all__ = ["draw_png", "write_html", "figure"]
@@ -272,7 +275,7 @@ def _stats_panel(cv: _Canvas, p: Panel, x0: float, y0: float, w: float, h: float
 
 def _histogram_panel(cv: _Canvas, p: Panel, x0: float, y0: float, w: float, h: float
                      ) -> None:
-    counts = p.counts
+    counts = p.values
     assert counts is not None
     x = p.steps.astype(np.float64)
     if len(x) > MAX_POINTS:  # bins of steps, their counts summed
@@ -301,8 +304,35 @@ def _histogram_panel(cv: _Canvas, p: Panel, x0: float, y0: float, w: float, h: f
     plot.xticks(labels=True)
 
 
+def _lines_panel(cv: _Canvas, p: Panel, x0: float, y0: float, w: float, h: float) -> None:
+    """One line per column of the reduction's :meth:`plot_rows`, the
+    first darkest."""
+    import matplotlib
+    values = p.values
+    assert values is not None
+    r = of_kind(p.kind)
+    x = p.steps.astype(np.float64)
+    few = len(x) <= FEW_POINTS
+    ys = [_thin(x, values[:, j], "max") for j in range(values.shape[1])]
+    plot = _Plot(cv, (x0, y0, w, h), (float(np.min(x)), float(np.max(x))),
+                 _Scale([y for _, y in ys] or [np.zeros(1)], positive=False))
+    cmap = matplotlib.colormaps["viridis"]
+    n = len(ys)
+    labels = r.plot_labels(p.reduce, n) if r is not None else [str(j) for j in range(n)]
+    for j, (xm, y) in enumerate(ys):
+        color = matplotlib.colors.to_hex(cmap(0.85 * j / max(n - 1, 1)))
+        plot.line(xm, y, color, markers=few)
+        if j in (0, n - 1):
+            cv.text(x0 + w - 0.04, y0 + h - 0.1 - (0.12 if j else 0.0), labels[j],
+                    color=color, ha="right", va="top", fontsize=6)
+    plot.yticks("value")
+    plot.xticks(labels=True)
+
+
 def _title(p: Panel) -> str:
-    what = {"stats": "stats", "histogram": "histogram", "raw": "raw, per row"}[p.kind]
+    r = of_kind(p.kind)
+    what = (r.plot_title(p.reduce) if r is not None and r.plot != "stats"
+            else {"stats": "stats", "raw": "raw, per row"}[p.kind])
     if p.kind == "raw" and p.stats is not None and (p.stats[:, C["count"]] == 1).all():
         what = "scalar"
     text = f"{p.name}  ({what}, {len(p.steps)} rows)"
@@ -344,8 +374,10 @@ def figure(panels: list[Panel], title: Optional[str], legend: bool) -> Any:
             pw, ph = PANEL_W - PAD_LEFT - PAD_RIGHT, PANEL_H - PAD_TOP - PAD_BOTTOM
             if len(p.steps) == 0:
                 cv.text(x0 + pw / 2, y0 + ph / 2, "no rows yet", ha="center", va="center")
-            elif p.kind == "histogram":
+            elif p.plot == "heatmap":
                 _histogram_panel(cv, p, x0, y0, pw, ph)
+            elif p.plot == "lines":
+                _lines_panel(cv, p, x0, y0, pw, ph)
             else:
                 _stats_panel(cv, p, x0, y0, pw, ph)
     return cv.finish()
@@ -354,7 +386,7 @@ def figure(panels: list[Panel], title: Optional[str], legend: bool) -> Any:
 def draw_png(panels: list[Panel], title: str, out: Any) -> None:
     """The grid of every panel, under ``title``, into ``out`` (a path or a binary file);
     a grid of a few panels at twice the resolution."""
-    fig = figure(panels, title, legend=any(p.kind != "histogram" for p in panels))
+    fig = figure(panels, title, legend=any(p.plot == "stats" for p in panels))
     fig.savefig(out, format="png", dpi=DPI * 2 if len(panels) <= 8 else DPI)
 
 

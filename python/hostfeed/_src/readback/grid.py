@@ -1,7 +1,8 @@
 """A whole recording at a glance, the data side (``python -m hostfeed show STORE
 [PATTERN ...]``; :mod:`.draw` draws it): each chosen array read into a :class:`Panel`
 (statistics per row, read from a ``reduce="stats"`` array or computed on the host from raw
-rows; a histogram's counts per row), the title, and the grid's layout: one row per module
+rows; what another reduction's ``plot_rows`` gives: a histogram's counts, ...),
+the title, and the grid's layout: one row per module
 (the arrays' groups, in natural order: ``blocks.2`` before ``blocks.10``), one column per
 kind of array a module holds (``output``, its ``output.cotangent`` beside it, ...).
 """
@@ -15,6 +16,7 @@ from typing import Optional
 import numpy as np
 
 from . import series
+from ..reductions import of_kind
 from .opened import READERS, Recording
 
 __all__ = ["Panel", "load", "header", "layout"]
@@ -26,12 +28,22 @@ C = series.COLUMN
 class Panel:
     """One array's data, ready to draw."""
     name: str
-    kind: str                       # "stats", "histogram" or "raw"
+    kind: str                       # a reduction's kind ("stats", "histogram", ...) or "raw"
     steps: np.ndarray               # [n] the recorded step of each row (row index if none)
-    stats: Optional[np.ndarray]     # [n, 9] STATS per row (stats and raw arrays)
-    counts: Optional[np.ndarray]    # [n, bins + 2] (histograms)
+    stats: Optional[np.ndarray]     # [n, 9] STATS per row (plot "stats": stats, raw arrays)
+    values: Optional[np.ndarray]    # [n, columns]: the reduction's plot_rows (other plots)
     reduce: dict                    # the array's hostfeed.reduce attributes
     times: tuple[int, int]          # time_ns of its first and last rows (0, 0 without rows)
+
+    @property
+    def counts(self) -> Optional[np.ndarray]:
+        """A histogram's counts per row (``[n, bins + 2]``, summed over the kept axes)."""
+        return self.values if self.plot == "heatmap" else None
+
+    @property
+    def plot(self) -> str:
+        """How it is drawn: ``"stats"``, ``"heatmap"`` or ``"lines"``."""
+        return series.plot_of(self.kind)
 
     @property
     def module(self) -> str:
@@ -55,11 +67,13 @@ def _panel(rec: Recording, name: str) -> Panel:
     n = len(arr)
     kind = series.kind_of(arr.attrs)
     reduce = dict(arr.attrs.get("reduce", {}))
+    r = of_kind(kind)
+    stats = series.plot_of(kind) == "stats"
     if n == 0:
-        width = len(series.COLUMN) if kind != "histogram" else int(arr.shape[-1])
+        width = len(series.COLUMN) if stats else int(arr.shape[-1])
         empty = np.zeros((0, width))
-        return Panel(name, kind, np.zeros(0, np.int64), None if kind == "histogram" else empty,
-                     empty if kind == "histogram" else None, reduce, (0, 0))
+        return Panel(name, kind, np.zeros(0, np.int64), empty if stats else None,
+                     None if stats else empty, reduce, (0, 0))
     steps = arr.steps
     steps = np.where(steps >= 0, steps, np.arange(n))
     t = arr.meta("time_ns")
@@ -67,13 +81,13 @@ def _panel(rec: Recording, name: str) -> Panel:
     row_bytes = int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.dtype.itemsize
     for lo, hi in series.blocks(n, row_bytes):  # raw rows can be large: a block at a time
         rows = arr._read(lo, hi)
-        if kind == "histogram":
-            parts.append(rows.reshape(hi - lo, -1, rows.shape[-1]).sum(1).astype(np.float64))
-        else:
+        if stats or r is None:
             parts.append(series.stats_rows(kind, rows))
+        else:
+            parts.append(r.plot_rows(rows, reduce))
     data = np.concatenate(parts)
-    return Panel(name, kind, steps, None if kind == "histogram" else data,
-                 data if kind == "histogram" else None, reduce, (int(t[0]), int(t[-1])))
+    return Panel(name, kind, steps, data if stats else None, None if stats else data,
+                 reduce, (int(t[0]), int(t[-1])))
 
 
 def load(rec: Recording, names: list[str]) -> list[Panel]:

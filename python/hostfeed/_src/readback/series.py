@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from ..record.summaries import STATS
+from ..reductions import STATS, of_kind
 from ..record.roles import COTANGENT_SUFFIX
 
 __all__ = ["blocks", "select", "natural_key", "module_of", "host_stats", "combine_stats",
-           "stats_rows", "kind_of", "raw_histogram", "COLUMN"]
+           "stats_rows", "kind_of", "plot_of", "raw_histogram", "COLUMN"]
 
 #: Each statistic's column in a row of :data:`STATS`.
 COLUMN = {c: i for i, c in enumerate(STATS)}
@@ -130,9 +130,18 @@ def blocks(n: int, row_bytes: int, most: int = 4096) -> list[tuple[int, int]]:
 
 
 def kind_of(attrs: dict) -> str:
-    """``"stats"``, ``"histogram"`` or ``"raw"``: what an array's rows hold."""
+    """What an array's rows hold: the kind of its reduction (``"stats"``,
+    ``"histogram"``, ...: one in :data:`~hostfeed._src.reductions.REDUCTIONS`) or
+    ``"raw"``."""
     kind = attrs.get("reduce", {}).get("kind")
-    return kind if kind in ("stats", "histogram") else "raw"
+    return kind if of_kind(kind) is not None else "raw"
+
+
+def plot_of(kind: str) -> str:
+    """How ``show`` draws rows of ``kind``: ``"stats"`` (raw rows too), ``"heatmap"`` or
+    ``"lines"`` (:attr:`~hostfeed._src.reductions.Reduction.plot`)."""
+    r = of_kind(kind)
+    return "stats" if r is None else r.plot
 
 
 def host_stats(rows: np.ndarray) -> np.ndarray:

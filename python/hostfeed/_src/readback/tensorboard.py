@@ -20,7 +20,7 @@ from typing import Any, Optional, TextIO
 import numpy as np
 
 from ..record import stores
-from ..record.summaries import STATS
+from ..reductions import STATS, of_kind
 from . import series
 from .opened import _writer_open, _zarr, open_recording
 from .reading import _recorded_names
@@ -137,9 +137,11 @@ class _Exporter:
         """Writes rows ``rows`` of ``name`` (recorded at ``steps``, ``times`` in ns)."""
         n = rows.shape[0]
         Value = self.Summary.Value
-        stats = series.stats_rows(kind, rows) if kind != "histogram" and n else None
-        counts = (rows.reshape(n, -1, rows.shape[-1]).sum(1) if kind == "histogram"
-                  else None)
+        r, plot = of_kind(kind), series.plot_of(kind)
+        stats = series.stats_rows(kind, rows) if plot == "stats" and n else None
+        counts = r.plot_rows(rows, reduce) if r is not None and plot == "heatmap" else None
+        lines = r.plot_rows(rows, reduce) if r is not None and plot == "lines" else None
+        labels = r.plot_labels(reduce, lines.shape[1]) if r and lines is not None else []
         edges = reduce.get("edges", [])
         log = "log" in str(reduce.get("scale", ""))
         single = kind == "raw" and rows[0].size == 1  # a raw scalar: itself, no summary
@@ -150,6 +152,9 @@ class _Exporter:
             elif stats is not None:
                 values += [Value(tag=f"{name}/{c}", simple_value=float(stats[i, j]))
                            for j, c in enumerate(STATS)]
+            elif lines is not None:
+                values += [Value(tag=f"{name}/{c}", simple_value=float(lines[i, j]))
+                           for j, c in enumerate(labels)]
             if counts is not None:
                 values.append(Value(tag=name, histo=self._histo(
                     *histogram_buckets(counts[i], edges, log))))
@@ -328,6 +333,8 @@ def to_tensorboard(path: Any, logdir: str, patterns: Sequence[str] = (), *,
     - a ``reduce=Histogram(...)`` array: a histogram ``NAME`` with hostfeed's bin edges,
       the below and above counts as buckets at its ends (:func:`histogram_buckets`; kept
       axes summed);
+    - an array of another reduction drawn as lines (its ``plot``): a scalar per column
+      of its ``plot_rows`` (``NAME/LABEL``, its ``plot_labels``);
     - a raw array: the same scalars, computed on the host over each row (mean to l2 over
       the finite values), and a histogram ``NAME`` of each row's finite values
       (30 equal buckets from its min to its max); rows of one value (a loss) are the

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching, mlir
 
-from .. import compat, transports
+from .. import compat, reductions, transports
 from ..primitives import get_ad_taps
 from .inputs import check_fits
 from .summaries import check_int, summarize
@@ -210,7 +210,7 @@ def _record_selected(record: Callable[..., Any], describe: Callable[[str, str], 
     chosen = selection(step, every, start, stop, name) if selecting else True
     if reduce is None and axis is not None:
         raise ValueError(f"hostfeed: Recorder.record({name!r}): axis= says what reduce= "
-                         f"reduces over; pass reduce='stats' or a hostfeed.Histogram")
+                         f"reduces over; pass reduce={reductions.accepted()}")
     out = value if result is None else result
     if chosen is False:
         return out

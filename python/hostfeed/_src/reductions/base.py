@@ -1,0 +1,177 @@
+"""The :class:`Reduction` interface: what a summary recorded with
+``Recorder.record(..., reduce=...)`` is. A reduction says what it is called (its ``kind``,
+stored in the array's attributes, and the suffix :func:`hostfeed.capture` adds to a name),
+what a row holds (its shape after the kept axes, its dtype, its columns' description), how
+JAX computes it, which native kernel of the core computes it where the transport uses them,
+how its rows read back and how ``python -m hostfeed show`` draws them.
+
+The implementations and their registry are in :mod:`hostfeed._src.reductions`; recording,
+capture, resume and ``show`` know a reduction only through this interface.
+"""
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Callable
+from typing import Any, ClassVar, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["Reduction", "ordered_keys", "keys", "per_shard_sum"]
+
+#: The styles ``show`` draws a reduction's rows in (:attr:`Reduction.plot`): ``"stats"``
+#: (the rows' statistics, as ``reduce="stats"`` and raw arrays), ``"heatmap"`` (steps by
+#: columns, ``log10(1 + value)``, as a histogram) and ``"lines"`` (one line per column).
+PLOTS = ("stats", "heatmap", "lines")
+
+
+class Reduction(abc.ABC):
+    """A summary computed on the device instead of the value (``reduce=``): over the axes
+    reduced (``axis=``, all by default) each kept position gets a row of
+    :meth:`row_shape` values of :attr:`dtype`.
+
+    A subclass sets the class attributes and implements :meth:`compute` and
+    :meth:`describe`; it is hashable (it is a parameter of JAX primitives) and added to
+    the registry in ``reductions/__init__.py``.
+
+    Example:
+        >>> from hostfeed._src.reductions import Histogram, resolve
+        >>> r = resolve(Histogram(4, (0.0, 1.0)), "x")
+        >>> r.kind, r.suffix, r.row_shape(), r.dtype
+        ('histogram', '.hist', (6,), dtype('int32'))
+    """
+
+    #: The kind stored in the array's attributes (``hostfeed.reduce.kind``); the
+    #: registry's key, how ``show`` and resume find the reduction of an array.
+    kind: ClassVar[str]
+    #: What :func:`hostfeed.capture` appends to the name of an array it summarizes.
+    suffix: ClassVar[str]
+    #: The string that also names it as ``reduce=`` (``"stats"``), if one does.
+    alias: ClassVar[Optional[str]] = None
+    #: The core's XLA FFI target that computes it in one pass on the platforms the native
+    #: transport has kernels for (it registers them: ``transports.register_kernel``),
+    #: where the context's transport uses them (``native_kernels``) on one device's values
+    #: and the reduced axes are the trailing ones; ``None``: the JAX operations of
+    #: :meth:`compute` everywhere. The primitive of a reduction with a kernel is named
+    #: after it.
+    native_kernel: ClassVar[Optional[str]] = None
+    #: How ``show`` draws the rows (one of :data:`PLOTS`).
+    plot: ClassVar[str] = "lines"
+
+    @property
+    @abc.abstractmethod
+    def dtype(self) -> np.dtype:
+        """The dtype of the values of a row."""
+
+    @abc.abstractmethod
+    def row_shape(self) -> tuple[int, ...]:
+        """The shape of the row of each kept position (the stored row's trailing axes)."""
+
+    @abc.abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """The JSON object stored as ``hostfeed.reduce`` in the array's attributes:
+        ``kind`` and what a reader needs (the columns' names, a histogram's edges). The
+        recorder adds ``axis``; a name keeps one description."""
+
+    @abc.abstractmethod
+    def compute(self, v: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+        """The reduction of ``v`` (float32) over ``axes`` (sorted) in JAX operations: the
+        kept axes in order, then :meth:`row_shape`."""
+
+    def check(self, shape: tuple[int, ...], axes: tuple[int, ...], name: str) -> None:
+        """Refuses, at trace time, a value of ``shape`` reduced over ``axes`` that this
+        reduction cannot summarize (a clear error naming the record ``name``)."""
+        return None
+
+    def kernel_operands(self) -> list[np.ndarray]:
+        """The constant operands :attr:`native_kernel` takes after the value."""
+        return []
+
+    def sharded(self, v: jax.Array, axes: tuple[int, ...],
+                fn: Callable[[jax.Array, tuple[int, ...]], jax.Array]) -> jax.Array:
+        """The reduction of ``v``, sharded in its type (explicit sharding): by default the
+        JAX operations, which XLA partitions (each device reduces its slice). ``fn`` is
+        how an unsharded slice is reduced (the native kernel where it applies)."""
+        return self.compute(v, axes)
+
+    @classmethod
+    def plot_rows(cls, rows: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
+        """What ``show`` draws of ``rows`` (``[n, kept..., *row_shape]`` as stored, with
+        the array's ``hostfeed.reduce`` attributes): one row per recorded row,
+        ``[n, columns]`` (float64). Not asked of ``plot = "stats"`` (the statistics are
+        combined over the kept positions by ``show`` itself)."""
+        n = rows.shape[0]
+        return np.asarray(rows, np.float64).reshape(n, -1)
+
+    @classmethod
+    def plot_labels(cls, attrs: dict[str, Any], columns: int) -> list[str]:
+        """The names of :meth:`plot_rows`' columns (a legend, TensorBoard's tags)."""
+        return [str(i) for i in range(columns)]
+
+    @classmethod
+    def plot_title(cls, attrs: dict[str, Any]) -> str:
+        """What a panel of ``show`` says it draws."""
+        return cls.kind
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Reduction) and type(other) is type(self)
+                and self.describe() == other.describe())
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, repr(sorted(self.describe().items()))))
+
+
+def ordered_keys(x: np.ndarray) -> np.ndarray:
+    """float32 values as int32 keys in the same order (``-0.0`` as ``0.0``; NaNs aside): a
+    float comparison that no flush of subnormals to zero changes.
+
+    Example:
+        >>> ordered_keys(np.float32([-2.0, -1e-45, -0.0, 0.0, 1e-45, 2.0])).tolist()
+        [-1073741825, -2, 0, 0, 1, 1073741824]
+    """
+    bits = np.asarray(x, np.float32).view(np.int32)
+    keys = np.where(bits < 0, bits ^ np.int32(0x7FFFFFFF), bits)
+    return np.where(keys == -1, 0, keys).astype(np.int32)
+
+
+def keys(v: jax.Array) -> jax.Array:
+    """:func:`ordered_keys` of a float32 JAX value."""
+    bits = jax.lax.bitcast_convert_type(v, jnp.int32)
+    key = jnp.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return jnp.where(key == -1, 0, key)  # -0.0 is 0.0
+
+
+def reduced_names(v: jax.Array, axes: tuple[int, ...]) -> tuple[tuple[Any, ...], list[str]]:
+    """The partition spec of ``v`` (sharded in its type), one entry per axis, and the mesh
+    axes the axes ``axes`` are sharded over."""
+    spec = tuple(jax.typeof(v).sharding.spec)
+    spec = spec + (None,) * (v.ndim - len(spec))
+    names = [n for d in axes for n in ((spec[d],) if isinstance(spec[d], str) else
+                                         (spec[d] or ()))]
+    return spec, names
+
+
+def per_shard_sum(fn: Callable[[jax.Array, tuple[int, ...]], jax.Array], v: jax.Array,
+                  axes: tuple[int, ...], trailing: int = 1) -> jax.Array:
+    """``fn(v, axes)``, a sum over ``axes``, of a value sharded in its type: computed on
+    each device's slice and summed over the devices (``psum``) in a ``shard_map`` (JAX
+    refuses a scatter with sharded indices there); its result has ``trailing`` axes after
+    the kept ones."""
+    from jax.sharding import PartitionSpec as P
+    mesh = jax.typeof(v).sharding.mesh
+    spec, names = reduced_names(v, axes)
+    kept = [spec[d] for d in range(v.ndim) if d not in axes]
+
+    def local(part: jax.Array) -> jax.Array:
+        out = fn(part, axes)
+        return jax.lax.psum(out, tuple(names)) if names else out
+
+    return jax.shard_map(local, mesh=mesh, in_specs=P(*spec),
+                         out_specs=P(*kept, *(None,) * trailing))(v)
+
+
+def size(shape: tuple[int, ...], axes: tuple[int, ...]) -> int:
+    """The number of values a row reduces."""
+    return math.prod(shape[d] for d in axes)
