@@ -21,6 +21,9 @@ TRANSPORT_AGNOSTIC), the one list of what runs where.
     nox -s full                         # tests, portable and rust with every test in every
                                         # session, soaks at full length (CI: SCOPES)
 
+The sessions of jax 0.10.2 and 0.12.0.1 end with the capture tests again under the oldest
+Flax and Equinox releases pyproject allows (OLDEST_CAPTURE).
+
 Each environment installs one hostfeed wheel. Set ``HOSTFEED_WHEEL`` to a wheel built
 beforehand (CI builds the abi3 wheel once: ``maturin build --release --out dist``);
 otherwise the session builds one from this checkout (``pip install .``). Extra arguments
@@ -148,6 +151,18 @@ def _install(session: nox.Session, jax: str) -> None:
     session.install(f"{_wheel()}[test]", f"jax=={jax}", f"jaxlib=={jax}", *_pins(jax))
 
 
+# The oldest Flax and Equinox releases pyproject allows (its lower bounds), on the JAX of the
+# session: after the suite (with the newest), capture tests again with them. Python 3.11
+# with JAX 0.10 has Flax 0.12.7: the capture of the three libraries (test_capture.py, about
+# 70 CPU-seconds); JAX 0.11+ (Python 3.12+) has Flax 0.12.10: the idioms, nn.jit, remat and
+# the scans (test_capture_idioms.py, about 35). Both files pass with both (checked by hand);
+# CI runs a file each, about a minute in all.
+OLDEST_CAPTURE = {"0.10.2": (["flax==0.12.7", "equinox==0.13.1"],
+                             "tests/python/test_capture.py"),
+                  "0.12.0.1": (["flax==0.12.10", "equinox==0.13.1"],
+                               "tests/python/test_capture_idioms.py")}
+
+
 def _test(session: nox.Session, jax: str) -> None:
     _install(session, jax)
     out = session.run("python", "-c", "import jax, jaxlib, sys; "
@@ -167,6 +182,10 @@ def _test(session: nox.Session, jax: str) -> None:
                 env=env)
     session.run("python", "-m", "mypy.stubtest", "hostfeed._receiver", env=env)
     session.run("python", "-m", "mypy", "python/hostfeed", env=env)
+    if jax in OLDEST_CAPTURE and not session.posargs:  # last: the steps above had the newest
+        oldest, tests = OLDEST_CAPTURE[jax]
+        session.install(*oldest, f"jax=={jax}", f"jaxlib=={jax}", *_pins(jax))
+        session.run("python", "-m", "pytest", "--durations=5", *_scope(jax), tests, env=env)
 
 
 @nox.session(python=False)

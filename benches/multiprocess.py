@@ -32,9 +32,12 @@ REPEATS = int(os.environ.get("HOSTFEED_BENCH_REPEATS", 20))
 TIMEOUT = 600.0
 
 
-def worker(process_id: int, n_proc: int, port: int) -> None:
-    local = N_DEV // n_proc
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={local}"
+def start_jax(process_id: int, n_proc: int, port: int, n_dev: int):
+    """Starts JAX in worker ``process_id`` of ``n_proc``: ``n_dev // n_proc`` CPU devices
+    here and, with several processes, ``jax.distributed`` on loopback (coordinator on
+    ``port``, gloo collectives). Call it before anything imports JAX; returns ``jax``.
+    Shared with shared_store.py."""
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n_dev // n_proc}"
     os.environ["JAX_PLATFORMS"] = "cpu"
     import jax
 
@@ -42,6 +45,11 @@ def worker(process_id: int, n_proc: int, port: int) -> None:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=n_proc,
                                    process_id=process_id, initialization_timeout=60)
+    return jax
+
+
+def worker(process_id: int, n_proc: int, port: int) -> None:
+    jax = start_jax(process_id, n_proc, port, N_DEV)
     import jax.numpy as jnp
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P

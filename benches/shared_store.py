@@ -35,16 +35,9 @@ between_processes = _mp.between_processes
 
 
 def worker(process_id: int, n_proc: int, port: int, mode: str, path: str) -> None:
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={N_DEV // n_proc}"
-    os.environ["JAX_PLATFORMS"] = "cpu"
     # Parts, or the value gathered in one process first (read when hostfeed is imported).
     os.environ["HOSTFEED_RECORD_PARTS"] = "1" if mode == "parts" else "0"
-    import jax
-
-    if n_proc > 1:
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=n_proc,
-                                   process_id=process_id, initialization_timeout=60)
+    jax = _mp.start_jax(process_id, n_proc, port, N_DEV)
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
 

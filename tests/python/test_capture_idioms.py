@@ -486,6 +486,44 @@ def test_a_selected_nnx_module_that_is_never_called_is_an_error_not_an_empty_sto
     assert hostfeed.open_recording(tmp_path / "run.zarr").names == ["used/output"]
 
 
+def test_a_selected_equinox_module_that_is_never_called_is_an_error_as_for_nnx(tmp_path):
+    """As for NNX (above): a capture whose selected submodules the model never called
+    (one it skips, or the original model called in place of the captured one) says so
+    after the call, naming them, instead of leaving an empty store."""
+    pytest.importorskip("equinox")
+    import equinox as eqx
+
+    class Model(eqx.Module):
+        used: eqx.nn.Linear
+        spare: eqx.nn.Linear
+
+        def __init__(self, key):
+            k1, k2 = jax.random.split(key)
+            self.used, self.spare = eqx.nn.Linear(D, D, key=k1), eqx.nn.Linear(D, D, key=k2)
+
+        def __call__(self, x):
+            return self.used(x)
+
+    model, x = Model(jax.random.key(0)), jnp.ones(D)
+    never = (r"hostfeed\.capture: the Equinox model ran, but none of the submodules "
+             r"selected \(spare\) was called, so nothing was recorded: .*Call that model in "
+             r"place of the original")
+    with hostfeed.Recorder(tmp_path / "run.zarr") as rec:
+        with pytest.raises(ValueError, match=never):
+            eqx.filter_jit(lambda m: m(x))(hostfeed.capture(model, rec, "spare"))
+        captured = hostfeed.capture(model, rec, ["spare", "used"])  # one of them called: fine
+        run = eqx.filter_jit(lambda m: m(x))
+        np.testing.assert_array_equal(run(captured), run(model))
+        # The wrapper reads the model's attributes, and a capture again adds to it.
+        assert captured.used.weight is model.used.weight
+        again = hostfeed.capture(captured, rec, "used", reduce="stats")
+        run(again)
+        with pytest.raises(ValueError, match=never):  # the earlier capture still checked
+            hostfeed.capture(hostfeed.capture(model, rec, "spare"), rec, "used")(x)
+    assert hostfeed.open_recording(tmp_path / "run.zarr").names == [
+        "used/output", "used/output.stats"]
+
+
 def test_near_misses_say_what_the_object_is_and_what_to_pass(tmp_path):
     pytest.importorskip("flax")
     from flax import linen as nn

@@ -20,7 +20,8 @@ MODULES = ["hostfeed", "hostfeed.host_callback", "hostfeed.lowering", "hostfeed.
            "hostfeed.bench", "hostfeed.bench._timing", "hostfeed.bench._markdown",
            "hostfeed.bench._report", "hostfeed.bench._readme",
            *(f"hostfeed._src.{m}" for m in (
-               "compat", "settings", "dtypes", "devices", "errors", "consumers", "dispatcher",
+               "compat", "compat.versions", "settings", "dtypes", "devices", "errors",
+               "consumers", "dispatcher",
                "lifecycle", "keys", "printing", "spec", "primitives", "eager", "runtime",
                "placement", "fast_dispatch", "record.recorder", "record.lowering", "record.late",
                "readback.reading", "readback.series", "readback.tensorboard",

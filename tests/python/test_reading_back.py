@@ -184,6 +184,17 @@ def test_follow_ends_at_once_on_a_closed_store_and_times_out_on_a_missing_one(st
         list(hostfeed.follow(str(tmp_path / "never.zarr"), "x", poll=0.01, timeout=0.2))
 
 
+def test_follow_of_a_directory_that_is_no_recording_is_an_error_at_once(tmp_path):
+    """follow() shares to_tensorboard(follow=True)'s loop: a directory with files of its
+    own, no store and no writer is said at once, not waited on until the timeout."""
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "notes.txt").write_text("")
+    with pytest.raises(ValueError, match=r"hostfeed\.follow\(.*'x'\): the path is not a "
+                                         r"recording \(a directory with files but no "
+                                         r"zarr\.json\), and no recorder is writing it"):
+        list(hostfeed.follow(tmp_path / "plain", "x", poll=0.01, timeout=5))
+
+
 def test_show_prints_the_table_and_draws_an_array(store, tmp_path):
     pytest.importorskip("matplotlib")
     with hostfeed.Recorder(store, mode="a") as rec:

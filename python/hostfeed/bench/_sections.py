@@ -5,7 +5,8 @@ Each section returns a JSON-ready dict (the schema is documented in
 process. The JAX callbacks run the host function on the device's thread, which waits for
 it, so for them the per-callback device-side cost is the interval between two host
 function starts in a loop of back-to-back callbacks; for hostfeed the receiver records
-each tap's device-side cost and hand-over latency itself (``hostfeed.receiver_histograms``).
+each tap's device-side cost and hand-over latency itself (``hostfeed.receiver_stats()``'s
+``device_us`` and ``handover_us``).
 """
 from __future__ import annotations
 

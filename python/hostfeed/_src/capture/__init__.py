@@ -124,8 +124,9 @@ def capture(model: Any, recorder: Any, select: Select, *, step: Any = None,
 
     Use the result in place of the model, inside the function you jit (the step is
     usually traced there): for Equinox, a copy of the model with the selected submodules
-    wrapped; for Flax, a :class:`Capturing` whose calls and methods are the model's
-    (``captured(x)``, ``captured.apply(variables, x)``), also a context manager
+    wrapped, in a module whose call, attributes and methods are the model's; for Flax,
+    a :class:`Capturing` whose calls and methods are the model's (``captured(x)``,
+    ``captured.apply(variables, x)``), also a context manager
     (``with hostfeed.capture(model, rec, ...): model(x)``).
 
     Args:
@@ -151,7 +152,8 @@ def capture(model: Any, recorder: Any, select: Select, *, step: Any = None,
 
     Raises:
       ValueError: a pattern (or the predicate) selects nothing: the message lists the
-        submodules there are (for Linen, those called, when the capture ends); every=,
+        submodules there are (for Linen, those called, when the capture ends); after a
+        call of an NNX or Equinox model, none of the selected submodules was called; every=,
         start= or stop= without step; a reduce= a record does not take.
       TypeError: ``model`` is not a module of those libraries (the message says what it
         is, and what to pass where that is known: a wrapper's ``.module``), or ``select``

@@ -1,7 +1,10 @@
 """Capturing an Equinox model's submodules. Equinox modules are pytrees, so a capture is a
 copy of the model in which each selected submodule is wrapped in :class:`Captured`, a
 module that records around the call of the one it holds. Names are the submodules' pytree
-paths (``blocks.3.mlp`` for ``model.blocks[3].mlp``).
+paths (``blocks.3.mlp`` for ``model.blocks[3].mlp``). The copy itself is wrapped in
+:class:`CapturedModel`, whose call is the model's and then checks, as a Flax capture does
+after each call, that the capture's selected submodules were called (else it recorded
+nothing, and says why).
 
 The wrapper holds the capture in static fields, the step included (a Python int as it is,
 an array or a tracer in a box hashed by identity): the wrapper adds no leaf to the model,
@@ -22,7 +25,7 @@ import jax
 from .calls import CaptureSpec
 from .selection import Selector, name_of
 
-__all__ = ["capture", "Captured", "SEP"]
+__all__ = ["capture", "Captured", "CapturedModel", "SEP"]
 
 #: The pytree path separator in hostfeed's names (``blocks.3.mlp``).
 SEP = "."
@@ -53,6 +56,31 @@ def boxed(step: Any) -> Any:
     return step if isinstance(step, StepBox) else StepBox(step)
 
 
+class Calls:
+    """Which of one capture's selected submodules were called (when traced): hashed by
+    identity, in the wrappers' static fields."""
+
+    __slots__ = ("chosen", "called")
+
+    def __init__(self, chosen: list[str]):
+        self.chosen = chosen
+        self.called: set[str] = set()
+
+    def check(self) -> None:
+        """Raises, after a call of the captured model, if no selected submodule was ever
+        called (nothing recorded), as a Flax NNX capture does."""
+        if self.called:
+            return
+        names = ", ".join(self.chosen[:20])
+        more = f" and {len(self.chosen) - 20} more" if len(self.chosen) > 20 else ""
+        raise ValueError(
+            f"hostfeed.capture: the Equinox model ran, but none of the submodules selected "
+            f"({names}{more}) was called, so nothing was recorded: a capture records the "
+            f"calls (__call__) of the selected submodules of the model it returns. Call "
+            f"that model in place of the original, and select the submodules its call "
+            f"calls (not ones it skips, or whose arrays or other methods it uses).")
+
+
 class Captured(eqx.Module):
     """An Equinox submodule ``module`` whose calls record (``spec``) under ``name``."""
 
@@ -60,8 +88,11 @@ class Captured(eqx.Module):
     step: Any = eqx.field(static=True)  # None, an int or a StepBox (see boxed)
     name: str = eqx.field(static=True)
     spec: CaptureSpec = eqx.field(static=True)
+    calls: Any = eqx.field(static=True, default=None)  # the capture's Calls
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.calls is not None:
+            self.calls.called.add(self.name)
         step = self.step.value if isinstance(self.step, StepBox) else self.step
         return self.spec.call(self.name, step, self.module, args, kwargs)
 
@@ -70,6 +101,27 @@ class Captured(eqx.Module):
         if item.startswith("__") or item in ("module", "step", "name", "spec"):
             raise AttributeError(item)
         return getattr(self.module, item)
+
+
+class CapturedModel(eqx.Module):
+    """What ``hostfeed.capture`` returns for an Equinox model: the copy of the model with
+    the selected submodules wrapped (``hostfeed_model``), whose every attribute and method
+    it reads. Its call is the model's, after which each capture's :meth:`Calls.check`
+    runs. (Its fields' names are unlike a model's own, which it passes on.)"""
+
+    hostfeed_model: Any
+    hostfeed_calls: tuple = eqx.field(static=True)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.hostfeed_model(*args, **kwargs)
+        for calls in self.hostfeed_calls:
+            calls.check()
+        return out
+
+    def __getattr__(self, item: str) -> Any:
+        if item.startswith(("__", "hostfeed_")):
+            raise AttributeError(item)
+        return getattr(self.hostfeed_model, item)
 
 
 def _is_sub(root: Any) -> Callable[[Any], bool]:
@@ -86,7 +138,8 @@ def _walk(node: Any, path: tuple, visit: Callable[[tuple, Any], Any]) -> Any:
     tuples, dicts and fields) is rebuilt, then passed to ``visit(path, module)``, whose
     result takes its place. A :class:`Captured` is transparent (its module keeps its path)."""
     if isinstance(node, Captured):
-        return Captured(_walk(node.module, path, visit), node.step, node.name, node.spec)
+        return Captured(_walk(node.module, path, visit), node.step, node.name, node.spec,
+                        node.calls)
     flat, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=_is_sub(node))
     leaves = []
     for keys, leaf in flat:
@@ -111,13 +164,18 @@ def named_modules(model: Any) -> list[tuple[str, Any]]:
     return found
 
 
-def capture(model: Any, spec: CaptureSpec, selector: Selector, step: Any) -> Any:
-    """A copy of ``model`` (an ``eqx.Module``) whose selected submodules record."""
+def capture(model: Any, spec: CaptureSpec, selector: Selector, step: Any) -> CapturedModel:
+    """A copy of ``model`` (an ``eqx.Module``, or a :class:`CapturedModel` to capture
+    again) whose selected submodules record."""
+    earlier: tuple = ()
+    if isinstance(model, CapturedModel):
+        model, earlier = model.hostfeed_model, model.hostfeed_calls
     names = named_modules(model)
-    chosen = {n for n, _ in selector.choose(names)}
+    chosen = list(dict.fromkeys(n for n, _ in selector.choose(names)))
+    calls, selected = Calls(chosen), set(chosen)
 
     def visit(path: tuple, m: Any) -> Any:
         name = name_of(path, SEP)
-        return Captured(m, boxed(step), name, spec) if name in chosen else m
-    return _walk(model, (), visit)
+        return Captured(m, boxed(step), name, spec, calls) if name in selected else m
+    return CapturedModel(_walk(model, (), visit), (*earlier, calls))
 

@@ -1,8 +1,9 @@
 """Everything hostfeed needs from JAX that differs between the JAX releases it supports.
 
 hostfeed supports jax/jaxlib 0.10.0 through 0.12.x. Every difference between those
-releases lives in this module, keyed on the JAX version (or on the feature itself), with
-a comment naming the release that changed it; every other hostfeed module imports JAX's
+releases lives in this package: ``versions.py`` has the one table of which release changed
+what (``CHANGES``), and the gates here follow it (``since(name)``, or a look at the
+feature itself that the table names); every other hostfeed module imports JAX's
 internals from here. Public homes (``jax.extend.core``, ``jax.interpreters.*``,
 ``jax.ffi``) are used where they exist in the whole range; ``jax._src`` only for what has
 none.
@@ -16,32 +17,12 @@ from typing import Any
 
 import jax
 
+from .versions import JAX_VERSION, _version_tuple, since  # noqa: F401 - JAX_VERSION: API
+
 #: The oldest (major, minor) JAX that hostfeed supports; older is refused at import.
 MINIMUM = (0, 10)
 #: The newest (major, minor) JAX that hostfeed is tested with; newer imports with a warning.
 NEWEST_TESTED = (0, 12)
-
-
-def _version_tuple(text: str) -> tuple[int, ...]:
-    """The leading numeric release parts of a version string.
-
-    Example:
-        >>> _version_tuple("0.12.0.1"), _version_tuple("0.13.0.dev20270101")
-        ((0, 12, 0, 1), (0, 13, 0))
-    """
-    parts = []
-    for piece in text.split("."):
-        digits = ""
-        for ch in piece:
-            if not ch.isdigit():
-                break
-            digits += ch
-        if not digits:
-            break
-        parts.append(int(digits))
-        if digits != piece:
-            break
-    return tuple(parts)
 
 
 def _tested_range() -> str:
@@ -80,9 +61,6 @@ def check_jax_version(version: str = jax.__version__) -> None:
 
 
 check_jax_version()
-
-#: The installed JAX as a tuple, e.g. ``(0, 12, 0, 1)``; version gates below compare it.
-JAX_VERSION = _version_tuple(jax.__version__)
 
 # ----------------------------------------------------------------------------------------
 # Public homes, the same in every supported release.
@@ -170,7 +148,7 @@ from jax._src.lib import xla_client as _xc  # noqa: E402
 
 runtime_tokens = _dispatch.runtime_tokens  # the effect tokens JAX chains between computations
 apply_primitive = _dispatch.apply_primitive
-# jax 0.11 added `jax.ffi.abstract_token`; jax 0.10 has it only in jax._src.core.
+# versions.CHANGES["public_abstract_token"]: jax.ffi's from 0.11, jax._src.core's before.
 abstract_token = getattr(_public_ffi, "abstract_token", None) or _core.abstract_token
 enum_state = _config.enum_state
 bool_state = _config.bool_state
@@ -205,9 +183,7 @@ def is_tracer(x: object) -> bool:
 # ----------------------------------------------------------------------------------------
 # Differences between supported releases, each gated on the release that made it.
 
-# jax 0.10.1 added the ModuleContext as the first argument of mlir.set_sharding;
-# jax 0.10.0 has set_sharding(op, sharding).
-_SET_SHARDING_TAKES_CTX = JAX_VERSION >= (0, 10, 1)
+_SET_SHARDING_TAKES_CTX = since("set_sharding_takes_ctx")
 _set_sharding: Any = _mlir_src.set_sharding  # typed for one signature only
 
 
@@ -219,10 +195,7 @@ def set_sharding(ctx: Any, op: Any, sharding: Any) -> None:
         _set_sharding(op, sharding)
 
 
-# jax 0.10.0 and 0.10.1: the body of a shard_map nested in a manual region gets a lowering
-# context naming only the nested shard_map's own manual axes; the outer ones are the
-# manual axes of the context's abstract mesh. jax 0.10.2 names both.
-_NESTED_SHARD_MAP_CONTEXT_OMITS_OUTER_AXES = JAX_VERSION < (0, 10, 2)
+_NESTED_SHARD_MAP_CONTEXT_OMITS_OUTER_AXES = not since("nested_shard_map_names_outer_axes")
 
 
 def manual_axes(axis_context: Any) -> tuple[str, ...]:
@@ -237,15 +210,13 @@ def manual_axes(axis_context: Any) -> tuple[str, ...]:
 
 
 # Callbacks in a partially manual shard_map under the Shardy partitioner: hostfeed nests a
-# token-carrying manual region in the partially manual one. XLA in jaxlib 0.10.0 through
-# 0.11.1 aborts the process compiling that (a CHECK failure in shape.h); jaxlib 0.11.2
-# compiles and runs it, so hostfeed refuses it with a clear error only before 0.11.2.
-SHARDY_COMPILES_NESTED_MANUAL_TOKENS = JAX_VERSION >= (0, 11, 2)
+# token-carrying manual region in the partially manual one, which it refuses with a clear
+# error where XLA would abort compiling it.
+SHARDY_COMPILES_NESTED_MANUAL_TOKENS = since("shardy_compiles_nested_manual_tokens")
 
-# jax 0.12 passes DCE rules a second argument, `live_ins` (for each input Ref, whether its
-# contents are read after the equation: rule(used_outs, live_ins, eqn)); jax 0.10 and 0.11
-# call rule(used_outs, eqn). hostfeed's primitives take no Refs, so its rules ignore it.
-_DCE_RULES_TAKE_LIVE_INS = JAX_VERSION >= (0, 12)
+# `live_ins` (from 0.12): for each input Ref, whether its contents are read after the
+# equation. hostfeed's primitives take no Refs, so its rules ignore it.
+_DCE_RULES_TAKE_LIVE_INS = since("dce_rules_take_live_ins")
 _dce_rules: dict[Any, Any] = _public_pe.dce_rules  # typed for one calling convention only
 DCERule = Callable[[list, Any], tuple]
 
@@ -276,9 +247,7 @@ batch_jaxpr_axes = _batching.batch_jaxpr_axes
 
 
 # ---- Typed PRNG keys (keys.py) -----------------------------------------------------------
-# jax 0.10.1 added `dtype=` to jax.random.wrap_key_data; jax 0.10.0 takes the key
-# implementation (`impl=`) only, which a key dtype carries as `_impl`.
-_WRAP_KEY_DATA_TAKES_DTYPE = JAX_VERSION >= (0, 10, 1)
+_WRAP_KEY_DATA_TAKES_DTYPE = since("wrap_key_data_takes_dtype")
 _wrap_key_data: Any = jax.random.wrap_key_data  # typed for one signature only
 
 
@@ -363,7 +332,8 @@ emit_python_callback = _callback.emit_python_callback
 callback_op_sharding = _callback._callback_op_sharding
 #: Platforms whose computations JAX's host callbacks (and so the portable transport) run on.
 PYTHON_CALLBACK_PLATFORMS = frozenset(
-    {"cpu", "cuda", "rocm", "tpu"} | ({"oneapi"} if JAX_VERSION >= (0, 11) else set()))
+    {"cpu", "cuda", "rocm", "tpu"} | ({"oneapi"} if since("python_callbacks_on_oneapi")
+                                      else set()))
 
 
 # The TPU's host transfers and the notes on compile failures (split off by concern).
@@ -493,7 +463,7 @@ def install_token_result_hook(effect_type: type, record: Callable[[Any], None]) 
 # in jax 0.10, a Jaxpr (constants inlined) in 0.11 and 0.12. A rewrite can hand it a jaxpr
 # with the same inputs and outputs but fewer effects: hostfeed's taps nested in a
 # token-creating scope.
-_LOWERING_ARGS_HAVE_OUT_AVALS = JAX_VERSION >= (0, 11)
+_LOWERING_ARGS_HAVE_OUT_AVALS = since("lowering_to_hlo_takes_out_avals")
 LoweringRewrite = Callable[[Any, int, Any], Any]
 _lowering_rewrites: list[LoweringRewrite] = []
 
@@ -552,8 +522,7 @@ def install_effects_barrier_hook(wait: Callable[[], None]) -> Callable[[], None]
     return lambda: orig(tokens)
 
 
-# jax 0.12 removed ClosedJaxpr (its jaxprs hold their constants as literals); 0.10 and 0.11
-# lower ClosedJaxprs and keep them in equation parameters.
+# versions.CHANGES["no_closed_jaxpr"]: ClosedJaxprs in jax 0.10 and 0.11, gone in 0.12.
 _ClosedJaxpr: Any = getattr(_core, "ClosedJaxpr", None)
 
 

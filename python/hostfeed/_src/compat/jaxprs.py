@@ -79,7 +79,7 @@ def call_body(eqn: Any) -> tuple[Any, list] | None:
 
 def scan_groups(params: dict, operands: Sequence[Any]) -> tuple[list, list, list]:
     """A scan equation's operands as (constants, carry, xs)."""
-    if "ft_in" in params:  # jax 0.11+
+    if "ft_in" in params:  # jax 0.11+ (versions.CHANGES["scan_packs_operand_groups"])
         consts, carry, xs = params["ft_in"].update(list(operands)).unpack()
         return list(consts), list(carry), list(xs)
     nc, nk = params["num_consts"], params["num_carry"]

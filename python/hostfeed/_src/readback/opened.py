@@ -12,15 +12,16 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import math
+import os
 import time
-from typing import Any, Optional, Union
-from collections.abc import Iterator, Mapping
+from typing import Any, Optional, TypeVar, Union
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
 from .. import settings
 from ..record import stores
-from .reading import _recorded_names
+from .reading import _recorded_names, zarr_module
 from ..record.unflushed import warn_if_unflushed
 from ..record.roles import ROW_METADATA
 
@@ -31,17 +32,6 @@ CACHED_CHUNKS = 4
 #: Threads reading the next window's chunks in iter_batches (a disk serves several reads
 #: at once faster than one).
 READERS = 4
-
-
-def _zarr() -> Any:
-    try:
-        import zarr
-    except ImportError as exc:
-        raise ImportError("hostfeed.open_recording needs zarr-python: pip install "
-                          "'zarr>=3.1'") from exc
-    from ... import zarr_dtypes
-    zarr_dtypes.register()
-    return zarr
 
 
 class RecordedArray:
@@ -169,7 +159,7 @@ class Recording:
     """A recording opened for reading (see :func:`open_recording`)."""
 
     def __init__(self, path: Any, storage_options: Optional[Mapping[str, Any]]):
-        zarr = _zarr()
+        zarr = zarr_module("hostfeed.open_recording")
         self.where = stores.location(path, storage_options, who="open_recording")
         self.path = self.where.where
         self._root: Any = zarr.open_group(stores.zarr_store(self.where), mode="r")
@@ -323,39 +313,89 @@ def follow(path: Any, name: str, *, poll: float = 0.5, timeout: Optional[float] 
     rows (``[k, *shape]``) once, polling the array's ``zarr.json`` every ``poll`` seconds,
     and ends when the writer closes the store (after yielding its last rows). Waits for the
     store and the array to appear. ``timeout``: at most that many seconds in all, then
-    ``TimeoutError``.
+    ``TimeoutError``. A store that cannot be read twice in a row, a directory that is no
+    recording, or a store deleted while it is followed is an error at once.
 
     Example:
         >>> for rows in hostfeed.follow("run.zarr", "loss"):        # doctest: +SKIP
         ...     plot(rows)
     """
-    zarr = _zarr()
     where = stores.location(path, storage_options, who="follow")
-    deadline = None if timeout is None else time.monotonic() + timeout
     done = 0
+
+    def take(root: Any) -> Optional[list[np.ndarray]]:
+        nonlocal done
+        try:
+            arr = root[name]
+        except KeyError:  # not there yet
+            return None
+        n = int(arr.shape[0])
+        if n <= done:
+            return []
+        rows = stores.read_rows(arr, slice(done, n), name, where.where)
+        done = n
+        return [rows]
+
+    yield from follow_store(where, take, who=f"hostfeed.follow({where.where!r}, {name!r})",
+                            poll=poll, timeout=timeout, progress=lambda: f"{done} rows seen")
+
+
+_T = TypeVar("_T")
+
+
+def follow_store(where: stores.Location, take: Callable[[Any], Optional[list[_T]]], *,
+                 who: str, poll: float, timeout: Optional[float],
+                 progress: Callable[[], str]) -> Iterator[_T]:
+    """The loop of :func:`follow` and ``to_tensorboard(follow=True)``: looks at the store
+    every ``poll`` seconds and yields what ``take(root)`` finds new in its root group (a
+    list, empty when nothing is; ``None`` while what is followed is not there yet), until
+    the writer has closed the store and a last look found nothing new.
+
+    Raises ``TimeoutError`` after ``timeout`` seconds in all, and at once: ``ValueError``
+    where the store cannot be read twice in a row with the same error (a recorder replaces
+    each ``zarr.json`` whole, so that is damage, not a write in progress) or where a local
+    directory holds files but no store and no recorder is writing it; ``FileNotFoundError``
+    where the store is deleted while it is followed. ``who`` begins the messages,
+    ``progress()`` says how far it got (``"5 rows seen"``)."""
+    zarr = zarr_module(who)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    seen = False  # the store was there once
     settled = False  # the last read came after a look that found nobody writing
     unreadable: Optional[str] = None  # the error of the last read, if it failed
     while True:
         writing = _writer_open(where)  # before reading: rows committed by then are seen
+        found: Optional[list[_T]] = None
         try:
-            root = zarr.open_group(stores.zarr_store(where), mode="r")
-            arr = root[name]
-            n = int(arr.shape[0])
+            try:
+                root = zarr.open_group(stores.zarr_store(where), mode="r")
+            except FileNotFoundError:
+                root = None
+            if root is not None:
+                found = take(root)
             unreadable = None
-        except (FileNotFoundError, KeyError):  # not there yet
-            arr, n, unreadable = None, done, None
-        except (ValueError, OSError) as exc:
-            # Metadata that cannot be read twice in a row is damaged, not being written
-            # (a recorder replaces each zarr.json whole): said now, not at the timeout.
+        except (ValueError, OSError, KeyError) as exc:
+            root = None
+            if isinstance(exc, (FileNotFoundError, PermissionError)) and seen and \
+                    not where.url and not os.path.exists(where.where):
+                raise FileNotFoundError(f"{who}: the store was deleted while it was "
+                                        f"followed ({progress()}; {exc})") from exc
             if unreadable is not None and str(exc) == unreadable:
-                raise ValueError(f"hostfeed.follow({where.where!r}, {name!r}): the store "
-                                 f"cannot be read ({type(exc).__name__}: {exc})") from exc
-            arr, n, unreadable = None, done, str(exc)
-        if arr is not None and n > done:
-            yield stores.read_rows(arr, slice(done, n), name, where.where)
-            done = n
+                raise ValueError(f"{who}: the store cannot be read ({type(exc).__name__}: "
+                                 f"{exc})") from exc
+            unreadable = str(exc)
+        if root is None and unreadable is None:
+            if seen:
+                raise FileNotFoundError(f"{who}: the store was deleted while it was "
+                                        f"followed ({progress()})")
+            if not writing and _not_a_store(where):
+                raise ValueError(f"{who}: the path is not a recording (a directory with "
+                                 f"files but no zarr.json), and no recorder is writing it")
+        seen = seen or root is not None
+        if found:
+            yield from found
+            settled = False
             continue
-        if not writing and arr is not None:
+        if not writing and found is not None:
             # Nobody held the store before the read. Ended, unless a writer opened it
             # between that look and the read (a run starting: its array there, its rows to
             # come): then it holds the store now, and is followed. Else one more read after
@@ -370,6 +410,15 @@ def follow(path: Any, name: str, *, poll: float = 0.5, timeout: Optional[float] 
             return
         settled = False
         if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(f"hostfeed.follow({where.where!r}, {name!r}): no writer closed "
-                               f"the store within {timeout} s ({done} rows seen)")
+            raise TimeoutError(f"{who}: no writer closed the store within {timeout} s "
+                               f"({progress()})")
         time.sleep(poll)
+
+
+def _not_a_store(where: stores.Location) -> bool:
+    """Whether a local path is a directory with files of its own but no store's root: no
+    recorder's store, not one about to be (a recorder's lock comes first, then zarr.json)."""
+    if where.url or not os.path.isdir(where.where):
+        return False
+    names = set(os.listdir(where.where)) - {stores.LOCK_NAME}
+    return bool(names) and "zarr.json" not in names

@@ -16,6 +16,20 @@ from ..record.roles import ROW_METADATA
 _LOCK_WARNING = rf"Object at {stores.LOCK_NAME.replace('.', '[.]')} is not recognized"
 
 
+def zarr_module(who: str) -> Any:
+    """zarr-python, with hostfeed's data types registered (bfloat16, the float8 types); an
+    ``ImportError`` that says what to install where it is missing. ``who``: the public
+    function that needs it, for the message (``"hostfeed.read_recording"``)."""
+    try:
+        import zarr
+    except ImportError as exc:
+        raise ImportError(f"{who} needs zarr-python: pip install 'zarr>=3.1' (or read the "
+                          f"store with any Zarr v3 reader)") from exc
+    from ... import zarr_dtypes
+    zarr_dtypes.register()
+    return zarr
+
+
 def _recorded_names(group: Any, prefix: str = "") -> list[str]:
     """The recorded arrays under ``group`` (full names; per-row metadata left out). The
     lock file of a store a recorder holds is not a Zarr node: zarr-python's warning about
@@ -61,13 +75,7 @@ def read_recording(path: Any, name: str, *, storage_options: Optional[Mapping[st
         >>> rows.tolist(), meta["step"].tolist()
         ([0.0, 0.5, 1.0], [0, 1, 2])
     """
-    try:
-        import zarr
-    except ImportError as exc:
-        raise ImportError("hostfeed.read_recording needs zarr-python: pip install "
-                          "'zarr>=3.1' (or read the store with any Zarr v3 reader)") from exc
-    from ... import zarr_dtypes
-    zarr_dtypes.register()
+    zarr = zarr_module("hostfeed.read_recording")
     where = stores.location(path, storage_options, who="read_recording")
     root: Any = zarr.open_group(stores.zarr_store(where), mode="r")
     try:

@@ -22,7 +22,7 @@ import numpy as np
 from ..record import stores
 from ..reductions import STATS, of_kind
 from . import series
-from .opened import _writer_open, _zarr, open_recording
+from .opened import follow_store, open_recording
 from .reading import _recorded_names
 
 __all__ = ["to_tensorboard", "histogram_buckets"]
@@ -214,84 +214,26 @@ def _export_all(exp: _Exporter, path: Any, patterns: Sequence[str],
         exp.rows.setdefault(name, 0)
 
 
-def _look(zarr: Any, where: Any) -> Optional[Any]:
-    """The store's root group, or None where there is none (yet)."""
-    try:
-        return zarr.open_group(stores.zarr_store(where), mode="r")
-    except FileNotFoundError:
-        return None
-
-
-def _not_a_store(where: Any) -> bool:
-    """Whether a local path is a directory with files of its own but no store's root: no
-    recorder's store, not one about to be (a recorder's lock comes first, then zarr.json)."""
-    if where.url or not os.path.isdir(where.where):
-        return False
-    names = set(os.listdir(where.where)) - {stores.LOCK_NAME}
-    return bool(names) and "zarr.json" not in names
-
-
 def _follow(exp: _Exporter, path: Any, patterns: Sequence[str], poll: float,
             timeout: Optional[float], storage_options: Optional[Mapping[str, Any]]) -> None:
     """Exports the rows of a store a recorder writes, as they are committed, until it
-    closes the store (as :func:`hostfeed.follow` decides it)."""
-    zarr = _zarr()
+    closes the store (:func:`hostfeed.follow`'s loop: ``opened.follow_store``)."""
     where = stores.location(path, storage_options, who="to_tensorboard")
-    deadline = None if timeout is None else time.monotonic() + timeout
-    seen = False  # the store was there once
-    settled = False
-    unreadable: Optional[str] = None
-    while True:
-        writing = _writer_open(where)
-        new = 0
-        try:
-            root = _look(zarr, where)
-            if root is None and not seen and not writing and _not_a_store(where):
-                raise ValueError(f"hostfeed.to_tensorboard: {where.where} is not a recording "
-                                 f"(a directory with files but no zarr.json), and no "
-                                 f"recorder is writing it")
-            if root is None and seen:
-                raise FileNotFoundError(f"hostfeed.to_tensorboard: the store {where.where} "
-                                        f"was deleted while it was followed "
-                                        f"({sum(exp.rows.values())} rows exported)")
-            names = [] if root is None else _recorded_names(root)
-            chosen = [n for n in sorted(names, key=series.natural_key)
-                      if not patterns or any(series.matches(p, n) for p in patterns)]
-            for name in chosen:
-                new += _follow_array(exp, root, name, where.where)
-            seen = seen or root is not None
-            unreadable = None
-        except (ValueError, OSError, KeyError) as exc:
-            if isinstance(exc, (FileNotFoundError, PermissionError)) and seen and \
-                    not os.path.exists(where.where) and not where.url:
-                raise FileNotFoundError(f"hostfeed.to_tensorboard: the store {where.where} was "
-                                        f"deleted while it was followed ({exc})") from exc
-            if "deleted while" in str(exc) or "is not a recording" in str(exc):
-                raise
-            if unreadable is not None and str(exc) == unreadable:
-                raise ValueError(f"hostfeed.to_tensorboard({where.where!r}): the store cannot "
-                                 f"be read ({type(exc).__name__}: {exc})") from exc
-            unreadable = str(exc)
-        if new:
-            exp.writer.flush()
-            settled = False
-            continue
-        if not writing and seen and unreadable is None:
-            if _writer_open(where):
-                settled = False
-                continue
-            if not settled:
-                settled = True
-                continue
-            if patterns and root is not None:
-                series.select(_recorded_names(root), patterns, where.where)  # said, if idle
-            return
-        settled = False
-        if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(f"hostfeed.to_tensorboard({where.where!r}): no writer closed "
-                               f"the store within {timeout} s "
-                               f"({sum(exp.rows.values())} rows exported)")
-        time.sleep(poll)
+    last: dict[str, Any] = {}  # the root group of the last look
+
+    def take(root: Any) -> list[int]:
+        last["root"] = root
+        chosen = [n for n in sorted(_recorded_names(root), key=series.natural_key)
+                  if not patterns or any(series.matches(p, n) for p in patterns)]
+        new = sum(_follow_array(exp, root, name, where.where) for name in chosen)
+        return [new] if new else []
+
+    for _ in follow_store(where, take, who=f"hostfeed.to_tensorboard({where.where!r})",
+                          poll=poll, timeout=timeout,
+                          progress=lambda: f"{sum(exp.rows.values())} rows exported"):
+        exp.writer.flush()
+    if patterns and "root" in last:
+        series.select(_recorded_names(last["root"]), patterns, where.where)  # said, if idle
 
 
 def _follow_array(exp: _Exporter, root: Any, name: str, where: str) -> int:
