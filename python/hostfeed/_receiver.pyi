@@ -4,7 +4,7 @@ Imported by hostfeed's internal modules (``hostfeed._src``), each for the part i
 """
 from os import PathLike
 from typing import Any, ClassVar, Final, final
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -13,8 +13,8 @@ __all__ = [
     "FLAG_EAGER", "FLAG_SYNC_TAP", "PORTABLE_KEY_BASE", "PORTABLE_ID_BITS", "push_eager",
     "push_host", "call_host", "failure_text",
     "DTYPE_CODES", "ReceiverError", "ReceiverTimeoutError", "CallbackContextError",
-    "RecordingError", "MessageData", "Message", "BatchIter", "Reply", "DirectCall",
-    "ConsumerKind", "Consumer",
+    "RecordingError", "MessageData", "Message", "DispatcherState", "BatchIter", "Reply",
+    "DirectCall", "ConsumerKind", "Consumer",
     "Recorder", "after_fork_in_child",
     "write_tracing",
     "start", "stop",
@@ -137,23 +137,36 @@ class Consumer:
         """A call's ``DirectCall``, or None."""
 
 @final
+class DispatcherState:
+    """What the receiver holds of the Python dispatcher (handed to ``start``):
+    ``dispatch(batch)`` run with each ``BatchIter``; the dicts it reads, mutated in place
+    and never rebound (``held`` and ``orphans``: while either is non-empty, taps and calls
+    run in Python; ``consumers``: consumer id -> ``Consumer``); ``tap_failed(exception,
+    consumer)`` and ``call_failed(exception_or_None, consumer, run_id, device, reply)``
+    for the taps and calls it runs itself."""
+
+    def __new__(cls, dispatch: Callable[[BatchIter], object], *, held: dict[int, Any],
+                orphans: dict[int, Any], consumers: dict[int, Consumer],
+                tap_failed: Callable[[BaseException, Consumer], object],
+                call_failed: Callable[[BaseException | None, Consumer, int, int, Reply],
+                                      object]) -> DispatcherState: ...
+
+@final
 class BatchIter:
     """A batch of messages for the dispatcher: an iterator of ``Message``s (those for
     recorders are routed on the way, in Rust)."""
 
     def __iter__(self) -> Iterator[Message]: ...
     def __next__(self) -> Message: ...
-    def run_taps(self, consumers: dict[int, Consumer],
-                 failed: Callable[[BaseException, Consumer], object],
-                 call_failed: Callable[[BaseException | None, Consumer, int, int, Reply], object]
-                 | None = None) -> int:
+    def run_taps(self) -> int:
         """Runs the plain taps at the head of the batch (``consumer.invoke(arrays,
-        device)`` for each ``ConsumerKind.TAP`` consumer, exceptions to ``failed(exception,
-        consumer)``) and, with ``call_failed``, the plain calls of ``ConsumerKind.CALL``
-        consumers (with their ``DirectCall``, or ``consumer.invoke(arrays, device,
-        reply)``, true when it failed; failed, unwaited or raising calls to
-        ``call_failed(exception_or_None, consumer, run_id, device, reply)``); stops at the
-        first other message. Returns how many ran."""
+        device)`` for each ``ConsumerKind.TAP`` consumer of the dispatcher state's
+        ``consumers``, exceptions to its ``tap_failed(exception, consumer)``) and the plain
+        calls of ``ConsumerKind.CALL`` consumers (with their ``DirectCall``, or
+        ``consumer.invoke(arrays, device, reply)``, true when it failed; failed, unwaited
+        or raising calls to its ``call_failed(exception_or_None, consumer, run_id, device,
+        reply)``); none while the state's ``held`` or ``orphans`` is non-empty; stops at
+        the first other message. Returns how many ran."""
 
 @final
 class Reply:
@@ -293,11 +306,14 @@ def write_tracing() -> bool:
     recorder is open)."""
 
 def start(
-    dispatcher: Callable[[Iterable[Message]], Any],
+    dispatcher: DispatcherState,
     dtypes: dict[int, np.dtype],
+    trace_me: Any,
     max_queue_bytes: int | None = None,
 ) -> bool:
-    """Configures and starts the receiver; returns whether a consumer thread was started."""
+    """Configures and starts the receiver: ``dispatcher.dispatch(batch)`` runs each batch;
+    ``trace_me`` is ``jax.profiler``'s ``TraceMe`` (the recorders' writes and inline calls
+    ask ``trace_me.is_enabled()``); returns whether a consumer thread was started."""
 
 def stop(stall_timeout: float | None) -> bool:
     """Drains the queue, then stops and joins the consumer thread (GIL released). If a

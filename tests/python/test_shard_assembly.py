@@ -525,3 +525,16 @@ def test_barrier_waiting_for_a_held_tap_sweeps_a_set_whose_part_failed(caplog):
     assert events == [("tap", 5)]
     assert "dropped an incomplete global-view host callback" in caplog.text
     assert dispatcher.dispatcher.held == {} and dispatcher.dispatcher.charged == 0
+
+
+def test_the_receiver_is_handed_the_dispatchers_state_not_its_attribute_names():
+    # What the receiver reads of the dispatcher is one typed object made once (its dicts,
+    # never rebound, and the callables that take failures), not attributes read by name.
+    d = dispatcher.Dispatcher()
+    assert isinstance(d.state(), _receiver.DispatcherState)
+    with pytest.raises(TypeError, match="call_failed must be callable"):
+        _receiver.DispatcherState(d, held={}, orphans={}, consumers={}, tap_failed=print,
+                                  call_failed=None)
+    with pytest.raises(TypeError):
+        _receiver.DispatcherState(d, held=[], orphans={}, consumers={}, tap_failed=print,
+                                  call_failed=print)

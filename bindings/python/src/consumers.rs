@@ -129,7 +129,7 @@ impl Consumer {
 
 /// Runs a plain `call` message (it has a reply slot) of `consumer`: with its
 /// [`DirectCall`] when it has one, else with its `invoke`. The results are sent to the
-/// reply, or the failure goes to `call_failed` (the dispatcher's `_call_failed`). Used by
+/// reply, or the failure goes to `call_failed` (the `DispatcherState`'s). Used by
 /// `BatchIter::run_taps` on the consumer thread and by a call run on its device's thread.
 pub(crate) fn run_call(
     py: Python<'_>,

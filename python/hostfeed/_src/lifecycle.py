@@ -53,7 +53,7 @@ def ensure_started(max_queue_bytes: int | None = None) -> None:
             if pool is not None:
                 _receiver.set_buffer_pool_bytes(pool)
             _receiver.set_inline_calls(settings.call_thread() == "device")
-        _receiver.start(dispatcher, XLA_DTYPES, max_queue_bytes)
+        _receiver.start(dispatcher.state(), XLA_DTYPES, compat.TraceMe, max_queue_bytes)
         if threading.current_thread() is threading.main_thread():
             _receiver.install_interrupt_watch()  # Ctrl-C/SIGTERM fail a waiting hcb.call
         _life.configured = True

@@ -26,6 +26,7 @@ use pyo3::prelude::*;
 
 pub(crate) use self::consumer::EAGER_PUSHED;
 pub(crate) use self::ffi_targets::handler_capsules;
+pub(crate) use self::lifecycle::trace_me;
 pub(crate) use self::passthrough::{dict_of, duration};
 
 /// Adds the receiver's functions and constants to `m`.
