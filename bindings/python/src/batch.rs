@@ -27,7 +27,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// `start`: the callable run with each batch, the dispatcher's dicts the receiver reads
 /// (mutated in place, never rebound) and the callables that take failures. Frozen: the
 /// receiver reads its fields without a lookup by name.
-#[pyclass(frozen, module = "hostfeed._receiver")]
+#[pyclass(frozen, module = "hostfeed._receiver.batch")]
 pub struct DispatcherState {
     /// `dispatch(batch)`, run with each batch (a [`BatchIter`]) on the consumer thread.
     pub(crate) dispatch: Py<PyAny>,
@@ -82,7 +82,7 @@ impl DispatcherState {
 
 /// One batch of messages, handed to the Python dispatcher as an iterator. Messages are
 /// taken from the receiver one at a time, as the dispatcher gets to them.
-#[pyclass(module = "hostfeed._receiver")]
+#[pyclass(module = "hostfeed._receiver.batch")]
 pub struct BatchIter {
     batch: Option<RoutedBatch>,
     dtypes: Arc<Dtypes>,

@@ -1,4 +1,4 @@
-//! The Python binding of the recorder (the core's `record/recorder.rs`): `hostfeed._receiver.Recorder`,
+//! The Python binding of the recorder (the core's `record/recorder.rs`): `hostfeed._receiver.record.Recorder`,
 //! which `hostfeed._src.record.recorder` wraps. Argument conversion, and the release of the GIL
 //! around every file system operation and wait (waits are sliced so that Ctrl-C works).
 //! While `jax.profiler` traces, writer threads attach to Python around each chunk write to
@@ -152,7 +152,7 @@ fn install_tracer() {
 }
 
 /// A Zarr v3 store that recorded values are written to by Rust threads.
-#[pyclass(frozen, module = "hostfeed._receiver", name = "Recorder")]
+#[pyclass(frozen, module = "hostfeed._receiver.record", name = "Recorder")]
 pub struct PyRecorder {
     inner: Arc<Recorder>,
 }

@@ -12,7 +12,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import _receiver
-from .._receiver import FLAG_EAGER, BatchIter, DispatcherState, Message
+from .._receiver.messages import FLAG_EAGER, Message
+from .._receiver.batch import BatchIter, DispatcherState
 from . import compat
 from .consumers import ConsumerKind, registry
 from .errors import record_exception
@@ -146,7 +147,7 @@ class Dispatcher:
             self._offer(consumers, msg)
 
     def state(self) -> DispatcherState:
-        """What the receiver holds of this dispatcher (handed to ``_receiver.start``): the
+        """What the receiver holds of this dispatcher (handed to ``_receiver.host.start``): the
         dispatcher itself, the dicts it reads (never rebound), and where failures of the
         taps and calls it runs go."""
         return DispatcherState(self, held=self.held, orphans=self.orphans,
@@ -179,7 +180,7 @@ class Dispatcher:
             run(msg)
         finally:
             if self.charge:
-                _receiver.let_go(msg.seq, 0)
+                _receiver.host.let_go(msg.seq, 0)
 
     def _offer(self, consumers: dict, msg: Message) -> None:
         if msg.consumer_id == 0:  # control message: every execution has finished
@@ -296,17 +297,17 @@ class Dispatcher:
         if not self.charge:
             return 0
         n = 64 + sum(a.nbytes for a in msg.arrays)  # its arrays and, roughly, the rest
-        if self.charged + n > _receiver.max_queue_bytes() // 2:
+        if self.charged + n > _receiver.host.max_queue_bytes() // 2:
             if not self.over_cap_warned:
                 self.over_cap_warned = True
                 logger.warning(
                     "hostfeed: the messages held back behind incomplete joined callbacks "
                     "passed half the queue bound (%d bytes); further ones are kept without "
                     "counting against it until those callbacks complete",
-                    _receiver.max_queue_bytes())
+                    _receiver.host.max_queue_bytes())
             n = 0
         self.charged += n
-        _receiver.hold_back(msg.seq, n)
+        _receiver.host.hold_back(msg.seq, n)
         return n
 
     def _let_go(self, n: int) -> None:
@@ -314,7 +315,7 @@ class Dispatcher:
         :meth:`_run_held`)."""
         if n:
             self.charged -= n
-            _receiver.let_go(None, n)
+            _receiver.host.let_go(None, n)
             if not self.charged:
                 self.over_cap_warned = False
 

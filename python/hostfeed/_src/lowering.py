@@ -131,13 +131,13 @@ def _outside_call_lowering(ctx: Any, transport: transports.Transport, *args: Any
             check_device_index(params["device_index"], 1, "run this computation")
         cid = _consumer_id(ctx, _tap_lease(callback, transforms, shard_parts))
     lifecycle.ensure_started()
-    flags = _receiver.FLAG_SHARD if shard_parts is not None else 0
+    flags = _receiver.messages.FLAG_SHARD if shard_parts is not None else 0
     if params.get("sync") and not record:
         # A synchronous tap: a call without results, which the device waits for (with no
         # time limit: the tap function may take as long as it takes).
         call_op, _ = transport.call(ctx, args[:nr_tapped_args], ctx.avals_in[:nr_tapped_args],
                                     [], context is Where.PER_DEVICE, consumer_id=cid,
-                                    flags=flags | _receiver.FLAG_SYNC_TAP, timeout_ms=0,
+                                    flags=flags | _receiver.messages.FLAG_SYNC_TAP, timeout_ms=0,
                                     name=callback.name)
     else:
         call_op = transport.tap(ctx, args[:nr_tapped_args], ctx.avals_in[:nr_tapped_args],
@@ -186,8 +186,8 @@ def _host_call_lowering(ctx: Any, transport: transports.Transport, *args: Any,
     if context is not Where.SINGLE:
         consumers.note_several_devices(cid)
     lifecycle.ensure_started()
-    flags = ((_receiver.FLAG_STATUS_OUTPUT if with_status else 0)
-             | (_receiver.FLAG_SHARD if shard_parts is not None else 0))
+    flags = ((_receiver.messages.FLAG_STATUS_OUTPUT if with_status else 0)
+             | (_receiver.messages.FLAG_SHARD if shard_parts is not None else 0))
     return transport.call(ctx, args, ctx.avals_in, ctx.avals_out, context is Where.PER_DEVICE,
                           consumer_id=cid, flags=flags, timeout_ms=_call_timeout_ms(),
                           name=callback.name)[1]

@@ -307,7 +307,7 @@ def _finite_stats(v: jax.Array, axes: tuple[int, ...]) -> jax.Array:
 # reductions) to the JAX operations of :func:`_stats` or :meth:`Histogram.__call__`, as
 # they do where JAX's lowering is asked for (``HOSTFEED_TRANSPORT=jax``: a transport
 # without ``NATIVE_KERNELS``).
-for _name, _capsule in _receiver.summary_registrations().items():
+for _name, _capsule in _receiver.host.summary_registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
 
 

@@ -431,7 +431,7 @@ def tap(ctx: Any, args: Sequence[Any], avals_in: Sequence[Any], per_device: bool
     portable.check_platform(ctx)
     cid, flags = int(consumer_id), int(flags)
     codes, keys = portable.codes(avals_in), portable.device_keys(ctx)
-    push = _receiver.push_host
+    push = _receiver.portable.push_host
 
     def host(arrays: list[np.ndarray], pid: int) -> None:
         push(cid, arrays, codes, portable.key(keys, pid), flags)
@@ -447,11 +447,11 @@ def call(ctx: Any, args: Sequence[Any], avals_in: Sequence[Any], avals_out: Sequ
     del per_device
     portable.check_platform(ctx)
     keys = portable.device_keys(ctx)
-    if _receiver.in_callback_thread():
+    if _receiver.host.in_callback_thread():
         # A TPU runs one computation at a time: one that waits for the receiver, compiled
         # by a host function the receiver runs, would wait for itself.
         lifecycle.check_not_in_callback(
-            "a computation with synchronous taps" if flags & _receiver.FLAG_SYNC_TAP
+            "a computation with synchronous taps" if flags & _receiver.messages.FLAG_SYNC_TAP
             else "a computation containing hcb.call")
     host = portable.call_host_function(int(consumer_id), int(flags), int(timeout_ms),
                                        str(name), portable.codes(avals_in), keys)
