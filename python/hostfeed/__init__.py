@@ -62,8 +62,8 @@ from ._src.record.recorder import Recorder  # noqa: E402
 from ._src.reductions import STATS, Histogram, TopK  # noqa: E402
 from ._src.capture import Capturing, capture  # noqa: E402
 from ._src.record.unflushed import UnflushedReadWarning  # noqa: E402
-from ._receiver import (CallbackContextError, ReceiverError, ReceiverTimeoutError,  # noqa: E402
-                        RecordingError)
+from ._receiver.error import (CallbackContextError, ReceiverError,  # noqa: E402
+                              ReceiverTimeoutError, RecordingError)
 
 # The public classes print, and are documented, as hostfeed's, where they are imported
 # from (the native exceptions are defined as hostfeed.* in Rust; these live in _src).

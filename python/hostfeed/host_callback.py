@@ -528,8 +528,8 @@ def call(callback_func: Callable, arg: Any, *, result_shape: Any = None,
     """
     call_with_device = settings.flag(call_with_device, "call: call_with_device")
     _check_call_func(callback_func, call_with_device)
-    if _receiver.in_callback_thread():
-        raise _receiver.CallbackContextError(
+    if _receiver.host.in_callback_thread():
+        raise _receiver.error.CallbackContextError(
             "hostfeed: hcb.call was used inside a host callback; its reply would have to "
             "come from the callback thread, which is busy running this callback. Compute "
             "the value directly on the host instead.")

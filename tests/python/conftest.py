@@ -446,9 +446,9 @@ def calls_on_receiver_thread():
     abandoned by a stop, or go on after Ctrl-C failed its call."""
     from hostfeed import _receiver
 
-    before = _receiver.set_inline_calls(False)
+    before = _receiver.host.set_inline_calls(False)
     yield
-    _receiver.set_inline_calls(before)
+    _receiver.host.set_inline_calls(before)
 
 
 def flax_scan_refuses_effects() -> bool:

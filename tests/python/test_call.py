@@ -316,13 +316,13 @@ def test_stop_fails_a_call_whose_callback_never_returns(monkeypatch, calls_on_re
     assert re.search(r"stuck made no progress for \d+\.\d s \(HOSTFEED_STOP_TIMEOUT\)",
                      str(outcome["error"]))
     # The abandoned message is accounted for: nothing is left pending.
-    stats = _receiver.stats()
+    stats = _receiver.host.stats()
     assert stats["messages_processed"] == stats["messages_enqueued"]
     release.set()
     # The receiver restarts for new work.
     assert float(jax.jit(lambda x: hcb.call(lambda a: a + 1, x, result_shape=x))(1.0)) == 2.0
-    wait_until(lambda: (_receiver.stats()["messages_processed"]
-                        == _receiver.stats()["messages_enqueued"]))
+    wait_until(lambda: (_receiver.host.stats()["messages_processed"]
+                        == _receiver.host.stats()["messages_enqueued"]))
 
 
 def test_timeout_fails_a_slow_call_naming_the_callback(monkeypatch):

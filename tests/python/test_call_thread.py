@@ -313,4 +313,4 @@ def test_the_call_thread_setting_is_read_at_import():
     assert r.stdout.split() == ["receiver"], r.stderr
     r = run_python("import hostfeed", env={"HOSTFEED_CALL_THREAD": "main"})
     assert r.returncode != 0 and "HOSTFEED_CALL_THREAD='main'" in r.stderr
-    assert _receiver.set_inline_calls(True) is True  # the suite's own default
+    assert _receiver.host.set_inline_calls(True) is True  # the suite's own default

@@ -304,7 +304,7 @@ def test_cuda_pool_stats_answer_without_a_gpu(gpu):
 
 def test_the_copy_floor_benchmark_is_not_in_the_shipped_module(gpu):
     # The floor lives in benches/ (ctypes), not in hostfeed._receiver.
-    assert not hasattr(hostfeed._receiver, f"{gpu}_copy_floor")
+    assert not hasattr(hostfeed._receiver.gpu, f"{gpu}_copy_floor")
 
 
 def _pinned_host_operand():

@@ -107,7 +107,7 @@ def test_eager_taps_wait_for_space_with_the_gil_released():
         got.append(int(a[0]))
 
     with queue_bound(bound):
-        _receiver.reset_peak()
+        _receiver.host.reset_peak()
         blocked = hostfeed.receiver_stats()["producer_blocked_count"]
 
         def producer():
@@ -141,7 +141,7 @@ def test_eager_tap_with_device_and_transforms_under_vmap():
 def test_eager_tap_after_stop_restarts_the_receiver():
     got = []
     hcb.stop_outfeed_receiver()
-    assert not _receiver.is_running()
+    assert not _receiver.host.is_running()
     hcb.id_tap(lambda a, tr: got.append(int(a)), jnp.int32(3))
     hcb.barrier_wait()
-    assert got == [3] and _receiver.is_running()
+    assert got == [3] and _receiver.host.is_running()

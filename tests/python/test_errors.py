@@ -75,7 +75,7 @@ def test_stop_inside_callback_is_refused():
     jax.jit(lambda x: hcb.id_tap(lambda a, tr: hcb.stop_outfeed_receiver(), x))(1.0)
     with pytest.raises(hcb.CallbackException, match="stop_outfeed_receiver was called from inside"):
         hcb.barrier_wait()
-    assert _receiver.is_running()
+    assert _receiver.host.is_running()
 
 
 def test_barrier_timeout_names_pending_messages():
@@ -121,7 +121,7 @@ def test_taps_from_inside_a_callback_do_not_deadlock_on_a_full_queue():
 def test_a_message_the_dispatcher_cannot_handle_is_recorded_and_the_receiver_goes_on():
     # An eager item without `invoke` or `name`: the dispatcher records the failure for the
     # next barrier_wait and keeps working.
-    _receiver.push_eager(object(), (), 0)
+    _receiver.host.push_eager(object(), (), 0)
     with pytest.raises(hcb.CallbackException) as e:
         hcb.barrier_wait()
     assert isinstance(e.value.__cause__, AttributeError)
@@ -196,7 +196,7 @@ def test_public_exceptions_belong_to_hostfeed():
                 hostfeed.CallbackException):
         assert exc.__module__ == "hostfeed", exc
         assert getattr(hostfeed, exc.__name__) is exc
-    assert hostfeed.CallbackContextError is hostfeed._receiver.CallbackContextError
+    assert hostfeed.CallbackContextError is hostfeed._receiver.error.CallbackContextError
 
 
 def test_id_tap_and_id_print_are_typed_to_return_the_argument_or_result():

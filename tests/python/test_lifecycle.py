@@ -21,13 +21,13 @@ def test_stop_drains_then_restart_works_for_new_and_compiled_code():
     for i in range(50):
         f(i)
     hcb.stop_outfeed_receiver()
-    assert not _receiver.is_running()
+    assert not _receiver.host.is_running()
     assert got == [("f", i) for i in range(50)]  # stop drained everything
     # Already-compiled code restarts the receiver by itself ...
     f(50)
     hcb.barrier_wait()
     assert got[-1] == ("f", 50)
-    assert _receiver.is_running()
+    assert _receiver.host.is_running()
     # ... and so does new code, after another stop.
     hcb.stop_outfeed_receiver()
     g = jax.jit(lambda x: hcb.id_tap(lambda a, tr: got.append(("g", int(a))), x))

@@ -108,16 +108,16 @@ def test_writes_between_flushes_are_traced_once_the_trace_is_seen(tmp_path):
     f = jax.jit(lambda x: rec.record("profiled/h", x))
     f(jnp.zeros(4, jnp.float32)).block_until_ready()
     rec.flush()
-    assert not _receiver.write_tracing()
+    assert not _receiver.record.write_tracing()
     jax.profiler.start_trace(str(tmp_path / "log"), create_perfetto_trace=True)
     try:
-        wait_until(_receiver.write_tracing, timeout=10)
+        wait_until(_receiver.record.write_tracing, timeout=10)
         for i in range(1, 4):
             f(jnp.full(4, i, jnp.float32)).block_until_ready()
         wait_until(lambda: rec.stats()["chunks_written"] == 4)
     finally:
         jax.profiler.stop_trace()
-    wait_until(lambda: not _receiver.write_tracing(), timeout=10)
+    wait_until(lambda: not _receiver.record.write_tracing(), timeout=10)
     rec.close()
     events = _trace_events(tmp_path / "log")
     # Two writers: chunks may be written in any order.

@@ -27,7 +27,7 @@ def small_bound(request):
 def test_bound_holds_with_a_slow_callback_and_nothing_is_lost(small_bound, n, elems):
     bound = small_bound
     msg_bytes = elems * 4 + 1024  # data plus what a message holds besides (< 1 KiB)
-    _receiver.reset_peak()
+    _receiver.host.reset_peak()
     release = threading.Event()
     got = []
 

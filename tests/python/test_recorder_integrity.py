@@ -312,10 +312,10 @@ def test_a_forked_child_starts_with_a_fresh_stopped_receiver_and_no_recorder(tmp
         rec = hostfeed.Recorder({path!r})
         rec.record("a", np.ones(2, np.float32))
         rec.flush()
-        assert hostfeed._receiver.is_running()
+        assert hostfeed._receiver.host.is_running()
         pid = os.fork()
         if pid == 0:
-            report = [not hostfeed._receiver.is_running(), rec.closed]
+            report = [not hostfeed._receiver.host.is_running(), rec.closed]
             hcb.barrier_wait()             # nothing to wait for
             hcb.stop_outfeed_receiver()    # nothing to stop
             try:

@@ -421,7 +421,7 @@ def test_the_queue_bound_holds_until_rows_are_written(store):
     bound = 4 << 20
     row = 1 << 20  # 1 MiB rows
     with queue_bound(bound):
-        hostfeed._receiver.reset_peak()
+        hostfeed._receiver.host.reset_peak()
         with hostfeed.Recorder(store, chunk_bytes=2 * row) as rec:
             f = jax.jit(lambda x: rec.record("x", x))
             for i in range(40):
@@ -439,7 +439,7 @@ def test_an_open_recorder_keeps_a_burst_of_large_rows_warm(store):
     # Rows stay with the recorder until written, so their buffers return to the pool
     # together; an open recorder raises the pool's limit to the queue bound (what it
     # may hold), so that the next burst reuses them instead of faulting in fresh memory.
-    default = hostfeed._receiver.DEFAULT_BUFFER_POOL_BYTES
+    default = hostfeed._receiver.host.DEFAULT_BUFFER_POOL_BYTES
     row = 4 << 20
     with queue_bound(512 << 20):
         assert hostfeed.receiver_stats()["buffer_pool_bytes"] == default

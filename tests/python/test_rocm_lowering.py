@@ -101,9 +101,9 @@ def test_the_runtime_is_found_by_a_versioned_name_with_every_function_hostfeed_c
 
 
 def test_registrations_name_the_cpu_targets_for_rocm():
-    rocm = _receiver.GPU_PLATFORMS["rocm"]
+    rocm = _receiver.gpu.GPU_PLATFORMS["rocm"]
     assert (rocm.name, rocm.xla_platform) == ("rocm", "ROCM")
-    assert sorted(rocm.registrations()) == sorted(_receiver.registrations())
+    assert sorted(rocm.registrations()) == sorted(_receiver.host.registrations())
     # The GPU check and its bench reach either platform's functions by name.
     assert native.platform("rocm").driver is rocm
     assert native.platform("rocm").status() == lowering.rocm_status()

@@ -152,7 +152,7 @@ def dispatch(made, messages):
     saved = consumers.registry.consumers
     consumers.registry.consumers = {i + 1: c for i, c in enumerate(made)}  # 0: control
     try:
-        d([_receiver.Message(cid + 1, dev, 0, tuple(arrays), None, run)
+        d([_receiver.messages.Message(cid + 1, dev, 0, tuple(arrays), None, run)
            for cid, dev, run, *arrays in messages])
     finally:
         consumers.registry.consumers = saved
@@ -194,12 +194,13 @@ class Dispatch:
             consumers.registry.consumers = saved
 
     def send(self, *messages, reply=None):
-        self.run([_receiver.Message(cid + 1, dev, 0, tuple(arrays), reply, run)
+        self.run([_receiver.messages.Message(cid + 1, dev, 0, tuple(arrays), reply, run)
                   for cid, dev, run, *arrays in messages])
 
     def marker(self, action):
         marker = consumers.Consumer(lambda a, o: action(), "marker", ConsumerKind.TAP)
-        self.run([_receiver.Message(-1, -1, _receiver.FLAG_EAGER, (), consumer=marker)])
+        self.run([_receiver.messages.Message(-1, -1, _receiver.messages.FLAG_EAGER, (),
+                                             consumer=marker)])
 
 
 def test_a_held_device_going_on_to_other_executions_waits_for_its_joined_tap():
@@ -222,20 +223,20 @@ def test_held_back_messages_count_against_the_bound_until_they_run():
     lifecycle.ensure_started()
     log = Log()
     d = Dispatch([log.joined("joined"), log.tap("tap")], charge=True)
-    base = _receiver.stats()["queued_bytes"]
+    base = _receiver.host.stats()["queued_bytes"]
     d.send((0, 0, 1, *part(0, 0, np.array([0]))),
            *[(1, 0, 2, np.zeros(1000, np.uint8)) for _ in range(3)])
-    assert _receiver.stats()["queued_bytes"] - base == 3 * (1000 + 64)
-    saved = _receiver.max_queue_bytes()
-    _receiver.set_max_queue_bytes(8600)  # half of it: room for one more, not three
+    assert _receiver.host.stats()["queued_bytes"] - base == 3 * (1000 + 64)
+    saved = _receiver.host.max_queue_bytes()
+    _receiver.host.set_max_queue_bytes(8600)  # half of it: room for one more, not three
     try:
         d.send(*[(1, 0, 3, np.zeros(1000, np.uint8)) for _ in range(3)])
-        assert _receiver.stats()["queued_bytes"] - base == 4 * (1000 + 64)
+        assert _receiver.host.stats()["queued_bytes"] - base == 4 * (1000 + 64)
     finally:
-        _receiver.set_max_queue_bytes(saved)
+        _receiver.host.set_max_queue_bytes(saved)
     d.send((0, 1, 1, *part(0, 1, np.array([1]))))
     assert log.events == [("joined", "joined", [[0, 1]])] + [("tap", 0)] * 6
-    assert _receiver.stats()["queued_bytes"] == base and d.d.charged == 0
+    assert _receiver.host.stats()["queued_bytes"] == base and d.d.charged == 0
 
 
 def test_a_sweep_drops_only_sets_held_before_its_mark():
@@ -479,14 +480,15 @@ def test_barrier_waits_for_a_tap_held_back_behind_a_joined_tap_of_a_later_execut
     joined_lease = consumers.register(("held-behind-a-later-execution", "joined"), lambda: (
         consumers.Consumer(make_joined_tap(joined, ShardParts(2, 0), "held-joined"),
                            "held-joined", ConsumerKind.JOINED)))
-    i32 = _receiver.DTYPE_CODES["int32"]
+    i32 = _receiver.host.DTYPE_CODES["int32"]
 
     def send_part(device, value):
-        _receiver.push_host(joined_lease.cid, list(part(0, device, np.array([value], np.int32))),
-                            [i32, i32], device, _receiver.FLAG_SHARD)
+        _receiver.portable.push_host(joined_lease.cid,
+                                     list(part(0, device, np.array([value], np.int32))),
+                                     [i32, i32], device, _receiver.messages.FLAG_SHARD)
 
     send_part(0, 10)  # device 0's part; device 1 has not reached its part yet
-    _receiver.push_host(tap_lease.cid, [np.array(5, np.int32)], [i32], 0)  # held behind it
+    _receiver.portable.push_host(tap_lease.cid, [np.array(5, np.int32)], [i32], 0)  # held behind it
     with pytest.raises(TimeoutError):  # before: returned at once, the tap not run
         hcb.barrier_wait(timeout=0.2)
     assert events == []
@@ -512,16 +514,29 @@ def test_barrier_waiting_for_a_held_tap_sweeps_a_set_whose_part_failed(caplog):
         consumers.Consumer(make_joined_tap(lambda arrays, ordinal: events.append("joined"),
                                            ShardParts(2, 0), "held-joined"),
                            "held-joined", ConsumerKind.JOINED)))
-    i32 = _receiver.DTYPE_CODES["int32"]
-    _receiver.push_host(joined_lease.cid, list(part(0, 0, np.array([10], np.int32))),
-                        [i32, i32], 0, _receiver.FLAG_SHARD)
-    _receiver.push_host(tap_lease.cid, [np.array(5, np.int32)], [i32], 0)
+    i32 = _receiver.host.DTYPE_CODES["int32"]
+    _receiver.portable.push_host(joined_lease.cid, list(part(0, 0, np.array([10], np.int32))),
+                                 [i32, i32], 0, _receiver.messages.FLAG_SHARD)
+    _receiver.portable.push_host(tap_lease.cid, [np.array(5, np.int32)], [i32], 0)
     unknown = next(c for c in range(1 << 40, (1 << 40) + 100)
                    if c not in consumers.registry.consumers)
-    _receiver.push_host(unknown, list(part(0, 1, np.array([11], np.int32))), [i32, i32], 1,
-                        _receiver.FLAG_SHARD)
+    _receiver.portable.push_host(unknown, list(part(0, 1, np.array([11], np.int32))),
+                                 [i32, i32], 1, _receiver.messages.FLAG_SHARD)
     with pytest.raises(hcb.CallbackException, match="no host callback is registered"):
         hcb.barrier_wait(timeout=60)
     assert events == [("tap", 5)]
     assert "dropped an incomplete global-view host callback" in caplog.text
     assert dispatcher.dispatcher.held == {} and dispatcher.dispatcher.charged == 0
+
+
+def test_the_receiver_is_handed_the_dispatchers_state_not_its_attribute_names():
+    # What the receiver reads of the dispatcher is one typed object made once (its dicts,
+    # never rebound, and the callables that take failures), not attributes read by name.
+    d = dispatcher.Dispatcher()
+    assert isinstance(d.state(), _receiver.batch.DispatcherState)
+    with pytest.raises(TypeError, match="call_failed must be callable"):
+        _receiver.batch.DispatcherState(d, held={}, orphans={}, consumers={}, tap_failed=print,
+                                        call_failed=None)
+    with pytest.raises(TypeError):
+        _receiver.batch.DispatcherState(d, held=[], orphans={}, consumers={}, tap_failed=print,
+                                        call_failed=print)

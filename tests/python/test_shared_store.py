@@ -236,13 +236,13 @@ def test_another_run_on_an_open_shared_store_is_refused(tmp_path):
     a plain recorder or as a member of another run, naming who holds it."""
     from hostfeed import _receiver
     path = str(tmp_path / "run.zarr")
-    held = _receiver.Recorder(path, mode="w", shared="run-a", leader=True)
+    held = _receiver.record.Recorder(path, mode="w", shared="run-a", leader=True)
     script = (
         "import sys, hostfeed\n"
         "from hostfeed import _receiver\n"
         "for kw in ({}, {'shared': 'run-b', 'leader': False}):\n"
         "    try:\n"
-        "        _receiver.Recorder(sys.argv[1], mode='w', **kw)\n"
+        "        _receiver.record.Recorder(sys.argv[1], mode='w', **kw)\n"
         "    except hostfeed.RecordingError as exc:\n"
         "        print('REFUSED', exc.errno, exc)\n")
     try:

@@ -31,7 +31,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// How a consumer's messages run. Each kind is one Python object, its class attribute
 /// (`ConsumerKind.TAP`, ...: the class has no constructor, and the binding makes none), so
 /// Python compares kinds with `is`.
-#[pyclass(frozen, eq, hash, module = "hostfeed._receiver")]
+#[pyclass(frozen, eq, hash, module = "hostfeed._receiver.consumers")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ConsumerKind {
     /// A tap: `invoke(arrays, device)`; a synchronous tap's message also has a reply,
@@ -62,7 +62,7 @@ impl ConsumerKind {
 
 /// A registered consumer (or an eager tap's): how the receiver runs the user's callable
 /// for one message. Frozen; the fields Python reads are slot reads.
-#[pyclass(frozen, module = "hostfeed._receiver")]
+#[pyclass(frozen, module = "hostfeed._receiver.consumers")]
 pub struct Consumer {
     /// What runs a message (see [`ConsumerKind`]).
     #[pyo3(get)]
@@ -129,7 +129,7 @@ impl Consumer {
 
 /// Runs a plain `call` message (it has a reply slot) of `consumer`: with its
 /// [`DirectCall`] when it has one, else with its `invoke`. The results are sent to the
-/// reply, or the failure goes to `call_failed` (the dispatcher's `_call_failed`). Used by
+/// reply, or the failure goes to `call_failed` (the `DispatcherState`'s). Used by
 /// `BatchIter::run_taps` on the consumer thread and by a call run on its device's thread.
 pub(crate) fn run_call(
     py: Python<'_>,
@@ -186,7 +186,7 @@ pub(crate) fn run_call(
 /// C-contiguous numpy array, is copied straight into the call's results; an exception
 /// and any other results go to the Python parts that `invoke` uses too, so that errors
 /// and records are the same.
-#[pyclass(frozen, module = "hostfeed._receiver")]
+#[pyclass(frozen, module = "hostfeed._receiver.consumers")]
 pub struct DirectCall {
     func: Py<PyAny>,
     /// The argument's tree (`None`: the argument is the one array).

@@ -24,7 +24,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// A GPU platform hostfeed has handlers for (the values of `GPU_PLATFORMS`): its names, its
 /// handlers' registrations, its driver's state and its pinned pool's counters. Nothing here
 /// needs the platform's driver to import.
-#[pyclass(frozen, module = "hostfeed._receiver")]
+#[pyclass(frozen, module = "hostfeed._receiver.gpu")]
 pub struct GpuPlatform {
     platform: &'static hostfeed_core::GpuPlatform,
 }

@@ -5,11 +5,14 @@
 //! through one conversion (`error::CoreError`). The module map is `ARCHITECTURE.md`
 //! ("Where things live") at the repository root.
 //!
-//! Each module adds its own items to the one Python module (`register`); there are no
-//! Python submodules. The modules in layer order, ground floor first: `error`, `interrupts`,
-//! `messages`, `consumers`, `batch`, `host`, then `portable`, `record` and `gpu` (each
-//! imports only modules before it). `glibc` stands apart: a C library function the wheel's
-//! glibc floor lacks.
+//! Each module adds its own items to a Python submodule of the same name (`register`):
+//! `hostfeed._receiver.host.start`, `hostfeed._receiver.record.Recorder`, ...; the top
+//! module holds only the submodules, each also in `sys.modules` so that
+//! `import hostfeed._receiver.host` works. The modules in layer order, ground floor first:
+//! `error`, `interrupts`, `messages`, `consumers`, `batch`, `host`, then `portable`,
+//! `record` and `gpu` (each imports only modules before it). `glibc` stands apart: a C
+//! library function the wheel's glibc floor lacks. The stubs are
+//! `python/hostfeed/_receiver/*.pyi`, one a submodule, checked by `mypy.stubtest`.
 
 mod batch;
 mod consumers;
@@ -24,15 +27,34 @@ mod record;
 
 use pyo3::prelude::*;
 
+/// The module's name, which every class's `module` names with its submodule's.
+const MODULE: &str = "hostfeed._receiver";
+
 #[pymodule]
 fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    error::register(m)?;
-    messages::register(m)?;
-    consumers::register(m)?;
-    batch::register(m)?;
-    host::register(m)?;
-    portable::register(m)?;
-    record::register(m)?;
-    gpu::register(m)?;
+    submodule(m, "error", error::register)?;
+    submodule(m, "messages", messages::register)?;
+    submodule(m, "consumers", consumers::register)?;
+    submodule(m, "batch", batch::register)?;
+    submodule(m, "host", host::register)?;
+    submodule(m, "portable", portable::register)?;
+    submodule(m, "record", record::register)?;
+    submodule(m, "gpu", gpu::register)?;
+    Ok(())
+}
+
+/// Adds submodule `name` of `m`, filled by `register`, as `m.name` and in `sys.modules`
+/// (what `import hostfeed._receiver.name` looks up: an extension module is no package).
+fn submodule(
+    m: &Bound<'_, PyModule>,
+    name: &str,
+    register: fn(&Bound<'_, PyModule>) -> PyResult<()>,
+) -> PyResult<()> {
+    let py = m.py();
+    let full = format!("{MODULE}.{name}");
+    let sub = PyModule::new(py, &full)?;
+    register(&sub)?;
+    m.add_submodule(&sub)?;
+    py.import("sys")?.getattr("modules")?.set_item(full, sub)?;
     Ok(())
 }

@@ -39,7 +39,7 @@ pub struct Dtypes {
 }
 
 /// Owner of a message's bytes on the Python side; numpy arrays use it as their base.
-#[pyclass(frozen, module = "hostfeed._receiver")]
+#[pyclass(frozen, module = "hostfeed._receiver.messages")]
 pub struct MessageData {
     buf: HostBuffer,
 }
@@ -47,7 +47,7 @@ pub struct MessageData {
 /// One message as the Python dispatcher reads it, by name. Frozen, and every field a
 /// Python object made once: reading a field is a slot read, as cheap as indexing a tuple.
 /// (Python code builds them too: the dispatcher's unit tests.)
-#[pyclass(frozen, name = "Message", module = "hostfeed._receiver")]
+#[pyclass(frozen, name = "Message", module = "hostfeed._receiver.messages")]
 pub struct PyMessage {
     /// The consumer's id (0: a control message; -1: an eager tap, which carries its
     /// consumer in `consumer`).
@@ -310,7 +310,7 @@ pub(crate) fn send_results(slot: &ReplySlot, arrays: &[Bound<'_, PyUntypedArray>
 }
 
 /// The consumer's handle on a waiting `call`: send the results or an error, once.
-#[pyclass(frozen, module = "hostfeed._receiver")]
+#[pyclass(frozen, module = "hostfeed._receiver.messages")]
 pub struct Reply {
     slot: Arc<ReplySlot>,
 }

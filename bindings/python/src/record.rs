@@ -1,4 +1,4 @@
-//! The Python binding of the recorder (the core's `record/recorder.rs`): `hostfeed._receiver.Recorder`,
+//! The Python binding of the recorder (the core's `record/recorder.rs`): `hostfeed._receiver.record.Recorder`,
 //! which `hostfeed._src.record.recorder` wraps. Argument conversion, and the release of the GIL
 //! around every file system operation and wait (waits are sliced so that Ctrl-C works).
 //! While `jax.profiler` traces, writer threads attach to Python around each chunk write to
@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::PyDict;
 
 use crate::error::IntoPy;
@@ -63,20 +62,20 @@ const TRACE_POLL: Duration = Duration::from_millis(200);
 static POLLER_RUNNING: AtomicBool = AtomicBool::new(false);
 /// A trace event could not be made once (said once, then not again).
 static TRACE_FAILED: AtomicBool = AtomicBool::new(false);
-/// `hostfeed._src.compat.TraceMe` (jax's `TraceMe`, which `jax.profiler.TraceAnnotation` is).
-static TRACE_ME: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-
+/// jax's `TraceMe` (which `jax.profiler.TraceAnnotation` is), as the receiver's `start`
+/// was given it (a recorder opens only once the receiver started).
 fn trace_me(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
-    TRACE_ME
-        .get_or_try_init(py, || {
-            Ok::<_, PyErr>(py.import("hostfeed._src.compat")?.getattr("TraceMe")?.unbind())
-        })
-        .map(|c| c.bind(py))
+    crate::host::trace_me(py).ok_or_else(|| {
+        crate::error::ReceiverError::new_err(
+            "the receiver was never started: no TraceMe to trace writes with",
+        )
+    })
 }
 
 /// Whether `jax.profiler` traces now (false if that cannot be asked).
 fn profiler_tracing(py: Python<'_>) -> bool {
-    trace_me(py).and_then(|c| c.call_method0("is_enabled")).and_then(|b| b.extract::<bool>()).unwrap_or(false)
+    let Some(c) = crate::host::trace_me(py) else { return false };
+    c.call_method0("is_enabled").and_then(|b| b.extract::<bool>()).unwrap_or(false)
 }
 
 /// Refreshes the core's flag; starts the poller if a recorder is open and none runs.
@@ -153,7 +152,7 @@ fn install_tracer() {
 }
 
 /// A Zarr v3 store that recorded values are written to by Rust threads.
-#[pyclass(frozen, module = "hostfeed._receiver", name = "Recorder")]
+#[pyclass(frozen, module = "hostfeed._receiver.record", name = "Recorder")]
 pub struct PyRecorder {
     inner: Arc<Recorder>,
 }

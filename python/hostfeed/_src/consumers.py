@@ -16,15 +16,15 @@ from typing import Any
 from .. import _receiver
 
 
-#: A registered consumer (``_receiver.Consumer``): ``Consumer(invoke, name, kind,
+#: A registered consumer (``_receiver.consumers.Consumer``): ``Consumer(invoke, name, kind,
 #: direct=None)``, how the receiver runs the user's callable for one message. ``kind`` is a
 #: :class:`ConsumerKind`: ``TAP`` (``invoke(arrays, ordinal)``), ``CALL`` (``invoke(arrays,
 #: ordinal, reply)``, which must answer ``reply``; ``direct``, a ``DirectCall``, runs the
 #: function without ``invoke``'s Python frames) or ``JOINED`` (a
 #: :class:`hostfeed._src.runtime.Joiner`: one part of a global-view tap or call sent shard
 #: by shard). The receiver reads these fields itself.
-Consumer = _receiver.Consumer
-ConsumerKind = _receiver.ConsumerKind
+Consumer = _receiver.consumers.Consumer
+ConsumerKind = _receiver.consumers.ConsumerKind
 
 
 class Lease:
@@ -150,7 +150,7 @@ def register(key: Any, make: Callable[[], Consumer]) -> Lease:
             registry.consumers[cid] = consumer
             registry.ids[key] = cid
             registry.keys[cid] = key
-            _receiver.set_consumer_name(cid, consumer.name)
+            _receiver.host.set_consumer_name(cid, consumer.name)
         registry.leases[cid] = registry.leases.get(cid, 0) + 1
     lease = Lease(cid)
     weakref.finalize(lease, _lease_died, cid)

@@ -53,8 +53,8 @@ def device_for_ordinal(ordinal: int) -> jax.Device:
 #: ``PORTABLE_KEY_BASE - (slot << PORTABLE_ID_BITS | id)``, where ``id`` is the device's JAX
 #: id (what a recorded row's ``device`` holds, decoded in Rust) and ``slot`` its platform's
 #: place among the portable platforms seen.
-PORTABLE_KEY_BASE = _receiver.PORTABLE_KEY_BASE
-PORTABLE_ID_BITS = _receiver.PORTABLE_ID_BITS
+PORTABLE_KEY_BASE = _receiver.messages.PORTABLE_KEY_BASE
+PORTABLE_ID_BITS = _receiver.messages.PORTABLE_ID_BITS
 _portable_devices: dict[int, jax.Device] = {}
 _portable_slots: dict[str, int] = {}
 _portable_lock = threading.Lock()

@@ -12,7 +12,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import _receiver
-from .._receiver import FLAG_EAGER, Message
+from .._receiver.messages import FLAG_EAGER, Message
+from .._receiver.batch import BatchIter, DispatcherState
 from . import compat
 from .consumers import ConsumerKind, registry
 from .errors import record_exception
@@ -114,18 +115,18 @@ class Dispatcher:
         self.over_cap_warned = False
         # device ordinal -> messages an abandoned consumer left to be run, in order
         self.orphans: dict[int, collections.deque] = {}
-        # What a call run on its device's thread looks at (the receiver reads them once).
-        self.consumers = registry.consumers
-        self.tracing = compat.host_tracing
         self.owner = 0  # thread id of the consumer running the dispatcher
         self.epoch = 0  # the newest barrier mark run
         # runs a failed call ended on some device (bounded: the newest 1024), each with
         # the epoch in which it failed
         self.failed_runs: collections.OrderedDict[int, int] = collections.OrderedDict()
 
-    def __call__(self, batch: Iterable[Message]) -> None:
+    def __call__(self, batch: BatchIter | Iterable[Message]) -> None:
+        """Runs ``batch``: the receiver's ``BatchIter``, whose runs of plain taps and calls
+        run in Rust (``BatchIter.run_taps``, with the :meth:`state` the receiver holds)
+        and every other message here; or (the unit tests') any iterable of messages, each
+        run here."""
         consumers = registry.consumers
-        get = consumers.get
         self.owner = threading.get_ident()
         if self.orphans:
             for ordinal in list(self.orphans):
@@ -133,31 +134,25 @@ class Dispatcher:
         if compat.host_tracing():  # jax.profiler is tracing: one event per callback
             self._traced(consumers, batch)
             return
-        held, orphans = self.held, self.orphans  # (mutated in place, never rebound)
-        run_taps = getattr(batch, "run_taps", None)
-        if run_taps is not None:
-            # The receiver's batch: the plain taps and calls at its head run in Rust,
-            # whenever no device is held; whatever stops them (another kind of message)
-            # runs here.
-            while True:
-                if not held and not orphans:
-                    run_taps(consumers, _tap_failed, self._call_failed)
-                msg = next(batch, None)  # type: ignore[call-overload]
-                if msg is None:
-                    return
-                self._offer(consumers, msg)
-        for msg in batch:
-            # The common case first, with nothing else to look at: a plain tap (no flags) of
-            # a registered consumer, while no device is held.
-            if not msg.flags and not held and not orphans:
-                consumer = get(msg.consumer_id)
-                if consumer is not None and consumer.kind is TAP:
-                    try:
-                        consumer.invoke(msg.arrays, msg.device)
-                    except BaseException as exc:  # noqa: BLE001 - recorded for barrier_wait
-                        record_exception(exc, f"host callback {consumer.name}")
-                    continue
+        run_taps = batch.run_taps if isinstance(batch, BatchIter) else None
+        messages = iter(batch)
+        while True:
+            # The plain taps and calls at the batch's head run in Rust whenever no device is
+            # held (run_taps checks); whatever stops them (another kind of message) runs here.
+            if run_taps is not None:
+                run_taps()
+            msg = next(messages, None)
+            if msg is None:
+                return
             self._offer(consumers, msg)
+
+    def state(self) -> DispatcherState:
+        """What the receiver holds of this dispatcher (handed to ``_receiver.host.start``): the
+        dispatcher itself, the dicts it reads (never rebound), and where failures of the
+        taps and calls it runs go."""
+        return DispatcherState(self, held=self.held, orphans=self.orphans,
+                               consumers=registry.consumers, tap_failed=_tap_failed,
+                               call_failed=self._call_failed)
 
     def _traced(self, consumers: dict, batch: Iterable[Message]) -> None:
         """The batch while ``jax.profiler`` traces: each message runs inside a trace event
@@ -185,7 +180,7 @@ class Dispatcher:
             run(msg)
         finally:
             if self.charge:
-                _receiver.let_go(msg.seq, 0)
+                _receiver.host.let_go(msg.seq, 0)
 
     def _offer(self, consumers: dict, msg: Message) -> None:
         if msg.consumer_id == 0:  # control message: every execution has finished
@@ -302,17 +297,17 @@ class Dispatcher:
         if not self.charge:
             return 0
         n = 64 + sum(a.nbytes for a in msg.arrays)  # its arrays and, roughly, the rest
-        if self.charged + n > _receiver.max_queue_bytes() // 2:
+        if self.charged + n > _receiver.host.max_queue_bytes() // 2:
             if not self.over_cap_warned:
                 self.over_cap_warned = True
                 logger.warning(
                     "hostfeed: the messages held back behind incomplete joined callbacks "
                     "passed half the queue bound (%d bytes); further ones are kept without "
                     "counting against it until those callbacks complete",
-                    _receiver.max_queue_bytes())
+                    _receiver.host.max_queue_bytes())
             n = 0
         self.charged += n
-        _receiver.hold_back(msg.seq, n)
+        _receiver.host.hold_back(msg.seq, n)
         return n
 
     def _let_go(self, n: int) -> None:
@@ -320,15 +315,15 @@ class Dispatcher:
         :meth:`_run_held`)."""
         if n:
             self.charged -= n
-            _receiver.let_go(None, n)
+            _receiver.host.let_go(None, n)
             if not self.charged:
                 self.over_cap_warned = False
 
     def _call_failed(self, exc: BaseException | None, consumer: Any, run: int, ordinal: int,
                      reply: Any) -> None:
-        """A call that ``BatchIter.run_taps`` ran failed (its reply already says why), or
-        was not run (nobody waits for it), or its ``invoke`` raised ``exc``: as in
-        :meth:`_deliver`."""
+        """A call that the receiver ran (``BatchIter.run_taps``, or inline on its device's
+        thread) failed (its reply already says why), or was not run (nobody waits for it),
+        or its ``invoke`` raised ``exc``: as in :meth:`_deliver`."""
         if exc is not None:
             record_exception(exc, f"host callback {consumer.name}")
             reply.fail(f"hostfeed: host callback {consumer.name} failed: "

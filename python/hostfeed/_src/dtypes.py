@@ -21,11 +21,11 @@ def _numpy_dtype(name: str) -> np.dtype | None:
 # XLA_FFI_DataType code -> numpy dtype, for every dtype hostfeed transfers (the codes come
 # from the Rust side; dtypes this numpy/ml_dtypes lacks are left out).
 XLA_DTYPES: dict[int, np.dtype] = {
-    code: dt for name, code in _receiver.DTYPE_CODES.items()
+    code: dt for name, code in _receiver.host.DTYPE_CODES.items()
     if (dt := _numpy_dtype(name)) is not None}
 
 #: numpy dtype name -> XLA_FFI_DataType code.
-DTYPE_CODES: dict[str, int] = dict(_receiver.DTYPE_CODES)
+DTYPE_CODES: dict[str, int] = dict(_receiver.host.DTYPE_CODES)
 
 #: numpy dtypes that taps can carry.
 SUPPORTED_DTYPES: frozenset[np.dtype] = frozenset(XLA_DTYPES.values())

@@ -33,7 +33,7 @@ def _outside_call_impl(*args: Any, **params: Any) -> Any:
     transforms = params["transforms"]
     # Eager taps from inside a host callback also run inline: going through the device
     # would have the callback thread wait for a queue that only it can drain.
-    if settings.inline() or _receiver.in_callback_thread():
+    if settings.inline() or _receiver.host.in_callback_thread():
         # Legacy JAX_HOST_CALLBACK_INLINE: run the callback here, in the caller's thread,
         # so its exceptions propagate with the caller's stack.
         tapped = args[:nr_tapped_args]

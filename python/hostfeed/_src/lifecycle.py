@@ -17,7 +17,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .. import _receiver
-from .._receiver import CallbackContextError, ReceiverError
+from .._receiver.error import CallbackContextError, ReceiverError
 from . import compat, errors, settings
 from .consumers import Consumer, ConsumerKind, count_dead_leases, registry, release_unleased
 from .dispatcher import dispatcher
@@ -43,7 +43,7 @@ def ensure_started(max_queue_bytes: int | None = None) -> None:
     The bound is ``max_queue_bytes`` if given, else ``JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE``
     on first start, else 256e6 bytes.
     """
-    if max_queue_bytes is None and _life.configured and _receiver.is_running():
+    if max_queue_bytes is None and _life.configured and _receiver.host.is_running():
         return
     with _life.lock:
         if not _life.configured:
@@ -51,11 +51,11 @@ def ensure_started(max_queue_bytes: int | None = None) -> None:
                 max_queue_bytes = settings.max_queue_bytes()
             pool = settings.buffer_pool_bytes()
             if pool is not None:
-                _receiver.set_buffer_pool_bytes(pool)
-            _receiver.set_inline_calls(settings.call_thread() == "device")
-        _receiver.start(dispatcher, XLA_DTYPES, max_queue_bytes)
+                _receiver.host.set_buffer_pool_bytes(pool)
+            _receiver.host.set_inline_calls(settings.call_thread() == "device")
+        _receiver.host.start(dispatcher.state(), XLA_DTYPES, compat.TraceMe, max_queue_bytes)
         if threading.current_thread() is threading.main_thread():
-            _receiver.install_interrupt_watch()  # Ctrl-C/SIGTERM fail a waiting hcb.call
+            _receiver.host.install_interrupt_watch()  # Ctrl-C/SIGTERM fail a waiting hcb.call
         _life.configured = True
         if not _life.atexit_registered:
             atexit.register(_at_exit)
@@ -69,7 +69,7 @@ def push_eager(invoke: Callable[..., None], name: str, arrays: tuple[np.ndarray,
     message and is dropped once it has run."""
     if not _life.configured:
         ensure_started()
-    _receiver.push_eager(Consumer(invoke, name, ConsumerKind.TAP), arrays, nbytes)
+    _receiver.host.push_eager(Consumer(invoke, name, ConsumerKind.TAP), arrays, nbytes)
 
 
 def wait_processed() -> None:
@@ -91,7 +91,7 @@ def wait_for_dispatched(effect: Any) -> None:
         # A failure is reported by the computation and by barrier_wait.
         with contextlib.suppress(Exception):
             token.block_until_ready()
-    if _dispatch_waits.due and not _receiver.in_callback_thread():
+    if _dispatch_waits.due and not _receiver.host.in_callback_thread():
         # Not on the consumer thread: a computation still running there may be waiting for
         # it (a call, a full queue); what it sends comes after the running callback anyway.
         with contextlib.suppress(Exception):
@@ -110,33 +110,33 @@ def stop_timeout() -> float | None:
 
 def stats() -> dict[str, Any]:
     """The receiver's counters (see ``hostfeed.receiver_stats``)."""
-    return dict(_receiver.stats())
+    return dict(_receiver.host.stats())
 
 
 def set_max_queue_bytes(bound: int) -> None:
     """Sets the queue's byte bound; blocked devices re-check at once."""
-    _receiver.set_max_queue_bytes(bound)
+    _receiver.host.set_max_queue_bytes(bound)
 
 
 def reset_peak() -> None:
     """Resets ``peak_queued_bytes`` to the bytes queued now."""
-    _receiver.reset_peak()
+    _receiver.host.reset_peak()
 
 
 def histograms() -> dict[str, list[tuple[int, int]]]:
     """The timing histograms, ``{"device_ns": [(upper_ns, count), ...], "handover_ns":
     [...]}``: each tap's device-side cost and each message's hand-over latency."""
-    return dict(_receiver.histograms())
+    return dict(_receiver.host.histograms())
 
 
 def reset_histograms() -> None:
     """Empties the timing histograms."""
-    _receiver.reset_histograms()
+    _receiver.host.reset_histograms()
 
 
 def set_timing(enabled: bool) -> bool:
     """Turns the timing histograms on or off; returns the previous setting."""
-    return _receiver.set_timing(enabled)
+    return _receiver.host.set_timing(enabled)
 
 
 def _wait_dispatched() -> tuple[Optional[BaseException], bool]:
@@ -221,7 +221,7 @@ def _dispatch_waits_for_jax() -> None:
     every computation that taps (which the user's code sees as having an effect). Not on
     the consumer thread (a computation may be waiting for it); a wait's failure is left to
     the computations' callers and ``barrier_wait``."""
-    if _dispatch_waits.due and not _receiver.in_callback_thread():
+    if _dispatch_waits.due and not _receiver.host.in_callback_thread():
         with contextlib.suppress(Exception):
             _run_dispatch_waits()
 
@@ -262,7 +262,7 @@ def _after_fork_in_child() -> None:
     The child starts with a fresh, stopped receiver (its queue empty, nothing for a barrier
     to wait for; the next host callback starts a consumer) and no open recorder, and exits
     at once. JAX itself is not fork-safe: the child should not compute with it."""
-    _receiver.after_fork_in_child()
+    _receiver.record.after_fork_in_child()
     errors.clear()
     # Computations of the parent: their tokens mean nothing here (waiting would hang).
     compat.runtime_tokens.clear()
@@ -279,7 +279,7 @@ if hasattr(os, "register_at_fork"):
 def check_not_in_callback(what: str) -> None:
     """Raises CallbackContextError on the consumer thread, where ``what`` would wait for
     the thread itself."""
-    if _receiver.in_callback_thread():
+    if _receiver.host.in_callback_thread():
         raise CallbackContextError(
             f"hostfeed: {what} was called from inside a host callback; it waits for the "
             f"callback thread itself and would deadlock. Call it from the main program instead")
@@ -303,8 +303,8 @@ def _push_marker(name: str, action: Callable[[], None]) -> bool:
     thread; False if the receiver has shut down (interpreter exit: nothing is held any
     more, the exit swept every set)."""
     try:
-        _receiver.push_eager(Consumer(lambda arrays, ordinal: action(), name, ConsumerKind.TAP),
-                             (), 0)
+        _receiver.host.push_eager(
+            Consumer(lambda arrays, ordinal: action(), name, ConsumerKind.TAP), (), 0)
     except ReceiverError:
         return False
     return True
@@ -369,7 +369,7 @@ def _queue_barrier(timeout: Optional[float]) -> Optional[BaseException]:
     failed = None
     while True:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        if _receiver.barrier(left, HELD_PATIENCE):
+        if _receiver.host.barrier(left, HELD_PATIENCE):
             return failed
         # A batch for the consumer: messages an abandoned consumer left run first.
         _push_marker("barrier nudge", lambda: None)
@@ -475,17 +475,17 @@ def stop() -> None:
     consumer thread (it restarts by itself on the next message)."""
     if _life.configured:
         stall = stop_timeout()
-        if not _receiver.in_callback_thread():
+        if not _receiver.host.in_callback_thread():
             # A computation may be waiting for a call whose host function never returns:
             # where a device runs its computations in order (TPUs, GPUs), even the marker
             # that the wait dispatches waits behind it. The watchdog abandons such a host
             # function after the stop timeout (failing its call), as at exit.
-            _receiver.start_exit_watch(stall)
+            _receiver.host.start_exit_watch(stall)
             try:
                 _wait_and_sweep()  # a failed computation was already reported to its caller
             finally:
-                _receiver.stop_exit_watch()
-        _receiver.stop(stall)
+                _receiver.host.stop_exit_watch()
+        _receiver.host.stop(stall)
 
 
 def _at_exit() -> None:
@@ -503,12 +503,12 @@ def _at_exit() -> None:
         logger.error("hostfeed: at exit: %s; using %s s", exc, settings.DEFAULT_STOP_TIMEOUT)
         stall = settings.DEFAULT_STOP_TIMEOUT
     steps: list[tuple[str, Callable[[], Any]]] = [
-        ("starting the exit watchdog", lambda: _receiver.start_exit_watch(stall)),
+        ("starting the exit watchdog", lambda: _receiver.host.start_exit_watch(stall)),
         ("waiting for the dispatched computations", _effects_barrier),
         # Everything has finished: a joined set still incomplete never will be.
-        ("releasing devices held by incomplete joined callbacks", _receiver.push_control),
-        ("stopping the exit watchdog", _receiver.stop_exit_watch),
-        ("draining the receiver", lambda: _receiver.finalize(stall)),
+        ("releasing devices held by incomplete joined callbacks", _receiver.host.push_control),
+        ("stopping the exit watchdog", _receiver.host.stop_exit_watch),
+        ("draining the receiver", lambda: _receiver.host.finalize(stall)),
     ]
     steps += [(f"exit hook {getattr(h, '__qualname__', h)}", h) for h in _exit_hooks]
     for what, step in steps:

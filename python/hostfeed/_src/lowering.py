@@ -115,7 +115,7 @@ def _call(ctx: Any, transport: transports.Transport, args: Sequence[Any],
     function the receiver runs, would wait for itself."""
     if transport.one_computation_at_a_time:
         lifecycle.check_not_in_callback(
-            "a computation with synchronous taps" if flags & _receiver.FLAG_SYNC_TAP
+            "a computation with synchronous taps" if flags & _receiver.messages.FLAG_SYNC_TAP
             else "a computation containing hcb.call")
     return transport.call(ctx, args, avals_in, avals_out, per_device, consumer_id=consumer_id,
                           flags=flags, timeout_ms=timeout_ms, name=name)
@@ -145,13 +145,13 @@ def _outside_call_lowering(ctx: Any, transport: transports.Transport, *args: Any
             check_device_index(params["device_index"], 1, "run this computation")
         cid = _consumer_id(ctx, _tap_lease(callback, transforms, shard_parts))
     lifecycle.ensure_started()
-    flags = _receiver.FLAG_SHARD if shard_parts is not None else 0
+    flags = _receiver.messages.FLAG_SHARD if shard_parts is not None else 0
     if params.get("sync") and not record:
         # A synchronous tap: a call without results, which the device waits for (with no
         # time limit: the tap function may take as long as it takes).
         call_op, _ = _call(ctx, transport, args[:nr_tapped_args], ctx.avals_in[:nr_tapped_args],
                            [], context is Where.PER_DEVICE, consumer_id=cid,
-                           flags=flags | _receiver.FLAG_SYNC_TAP, timeout_ms=0,
+                           flags=flags | _receiver.messages.FLAG_SYNC_TAP, timeout_ms=0,
                            name=callback.name)
     else:
         call_op = transport.tap(ctx, args[:nr_tapped_args], ctx.avals_in[:nr_tapped_args],
@@ -200,8 +200,8 @@ def _host_call_lowering(ctx: Any, transport: transports.Transport, *args: Any,
     if context is not Where.SINGLE:
         consumers.note_several_devices(cid)
     lifecycle.ensure_started()
-    flags = ((_receiver.FLAG_STATUS_OUTPUT if with_status else 0)
-             | (_receiver.FLAG_SHARD if shard_parts is not None else 0))
+    flags = ((_receiver.messages.FLAG_STATUS_OUTPUT if with_status else 0)
+             | (_receiver.messages.FLAG_SHARD if shard_parts is not None else 0))
     return _call(ctx, transport, args, ctx.avals_in, ctx.avals_out, context is Where.PER_DEVICE,
                  consumer_id=cid, flags=flags, timeout_ms=_call_timeout_ms(),
                  name=callback.name)[1]

@@ -256,7 +256,7 @@ def make_call_invoker(spec: CallbackSpec, result_treedef: Any,
 def make_direct_call(spec: CallbackSpec, result_treedef: Any,
                      result_avals: tuple) -> Any:
     """What the receiver needs to run a ``call``'s host function without a Python frame of
-    hostfeed's around it (``_receiver.DirectCall``), or ``None`` where it cannot (a
+    hostfeed's around it (``_receiver.consumers.DirectCall``), or ``None`` where it cannot (a
     function that takes the device): the function; the argument's tree, unless it is
     the one array; the one result's shape and dtype when there is one result (checked
     there, copied straight into the call's results); and the parts that handle an
@@ -269,8 +269,8 @@ def make_direct_call(spec: CallbackSpec, result_treedef: Any,
     single = result_treedef.num_leaves == 1 and result_treedef.num_nodes == 1
     shape = tuple(result_avals[0].shape) if single else None
     dtype = np.dtype(result_avals[0].dtype) if single else None
-    return _receiver.DirectCall(spec.func, None if leaf else treedef, shape, dtype,
-                                parts.raised, parts.results)
+    return _receiver.consumers.DirectCall(spec.func, None if leaf else treedef, shape, dtype,
+                                          parts.raised, parts.results)
 
 
 # ----------------------------------------------------------------------------------------

@@ -464,11 +464,11 @@ RECEIVER_CALL = "hostfeed call, receiver thread"
 def on_receiver_thread(go: Callable[[], object]) -> Callable[[], None]:
     """``go`` with every ``call`` kept on the receiver thread while it runs."""
     def run() -> None:
-        before = _receiver.set_inline_calls(False)
+        before = _receiver.host.set_inline_calls(False)
         try:
             go()
         finally:
-            _receiver.set_inline_calls(before)
+            _receiver.host.set_inline_calls(before)
     return run
 
 

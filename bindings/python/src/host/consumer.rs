@@ -1,7 +1,7 @@
-//! The consumer thread's Python side: [`PyConsumer`] runs the Python dispatcher on each
-//! batch (attached, detached while it waits for one) and a `call` on its device's thread
-//! when nothing else is pending; what the dispatcher raised, kept for the next barrier;
-//! the notes the core left, logged.
+//! The consumer thread's Python side: [`PyConsumer`] runs the Python dispatcher (its
+//! [`DispatcherState`]) on each batch (attached, detached while it waits for one) and a
+//! `call` on its device's thread when nothing else is pending; what the dispatcher
+//! raised, kept for the next barrier; the notes the core left, logged.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,9 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 
-use crate::batch::BatchIter;
+use crate::batch::{BatchIter, DispatcherState};
 use crate::consumers::{run_call, Consumer, ConsumerKind};
 use crate::error::ReceiverError;
 use crate::messages::Dtypes;
@@ -76,44 +75,19 @@ pub(crate) fn take_dispatch_error() -> Option<PyErr> {
 /// is cheap, attaching from scratch creates a thread state each time), detached while it
 /// waits for messages.
 pub(crate) struct PyConsumer {
-    dispatcher: Py<PyAny>,
+    /// The dispatcher, as Python handed it over at `start`.
+    state: Py<DispatcherState>,
     dtypes: Arc<Dtypes>,
-    /// What an inline call needs from the dispatcher, looked up at the first one.
-    inline: std::sync::OnceLock<Option<InlineContext>>,
-}
-
-impl PyConsumer {
-    /// The consumer that calls `dispatcher(batch)` with each batch.
-    pub(crate) fn new(dispatcher: Py<PyAny>, dtypes: Dtypes) -> Self {
-        PyConsumer { dispatcher, dtypes: Arc::new(dtypes), inline: std::sync::OnceLock::new() }
-    }
-}
-
-/// The dispatcher's state an inline call looks at (dicts mutated in place, never
-/// rebound) and what it calls.
-struct InlineContext {
-    /// Devices held for a joined callback: their messages wait in the dispatcher.
-    held: Py<PyDict>,
-    /// Messages an abandoned consumer left to run first.
-    orphans: Py<PyDict>,
-    /// The consumer registry.
-    consumers: Py<PyDict>,
-    /// `Dispatcher._call_failed`.
-    call_failed: Py<PyAny>,
-    /// Whether `jax.profiler` traces (then every callback is traced by the dispatcher).
+    /// `TraceMe.is_enabled`: whether `jax.profiler` traces (then every callback is traced
+    /// by the dispatcher, none runs inline).
     tracing: Py<PyAny>,
 }
 
-impl InlineContext {
-    fn new(dispatcher: &Bound<'_, PyAny>) -> Option<Self> {
-        let dict = |name: &str| dispatcher.getattr(name).ok()?.cast_into::<PyDict>().ok().map(Bound::unbind);
-        Some(InlineContext {
-            held: dict("held")?,
-            orphans: dict("orphans")?,
-            consumers: dict("consumers")?,
-            call_failed: dispatcher.getattr("_call_failed").ok()?.unbind(),
-            tracing: dispatcher.getattr("tracing").ok()?.unbind(),
-        })
+impl PyConsumer {
+    /// The consumer that calls the dispatcher of `state` with each batch; `tracing()` says
+    /// whether `jax.profiler` traces.
+    pub(crate) fn new(state: Py<DispatcherState>, dtypes: Dtypes, tracing: Py<PyAny>) -> Self {
+        PyConsumer { state, dtypes: Arc::new(dtypes), tracing }
     }
 }
 
@@ -162,15 +136,13 @@ impl Consume for PyConsumer {
             return Err(msg);
         }
         Python::attach(|py| {
-            let ctx = self.inline.get_or_init(|| InlineContext::new(self.dispatcher.bind(py)));
-            let Some(ctx) = ctx.as_ref() else { return Err(msg) };
-            if !ctx.held.bind(py).is_empty()
-                || !ctx.orphans.bind(py).is_empty()
-                || ctx.tracing.bind(py).call0().and_then(|t| t.is_truthy()).unwrap_or(true)
+            let state = self.state.get();
+            if !state.nothing_held(py)
+                || self.tracing.bind(py).call0().and_then(|t| t.is_truthy()).unwrap_or(true)
             {
                 return Err(msg);
             }
-            let Ok(Some(consumer)) = ctx.consumers.bind(py).get_item(msg.consumer_id) else {
+            let Ok(Some(consumer)) = state.consumers.bind(py).get_item(msg.consumer_id) else {
                 return Err(msg);
             };
             let Ok(consumer) = consumer.cast_into::<Consumer>() else { return Err(msg) };
@@ -182,7 +154,7 @@ impl Consume for PyConsumer {
                 return Err(msg);
             }
             let outcome = catch_unwind(AssertUnwindSafe(|| {
-                run_call(py, &self.dtypes, msg, &consumer, ctx.call_failed.bind(py))
+                run_call(py, &self.dtypes, msg, &consumer, state.call_failed.bind(py))
             }));
             match outcome {
                 Ok(Ok(())) => {}
@@ -214,7 +186,8 @@ impl Consume for PyConsumer {
                 }
                 batch
             }) {
-                let iter = match Bound::new(py, BatchIter::new(batch, Arc::clone(&self.dtypes))) {
+                let iter = BatchIter::new(batch, Arc::clone(&self.dtypes), self.state.clone_ref(py));
+                let iter = match Bound::new(py, iter) {
                     Ok(it) => it,
                     Err(e) => {
                         record_dispatch_error(py, e);
@@ -223,8 +196,9 @@ impl Consume for PyConsumer {
                 };
                 loop {
                     let before = iter.borrow().remaining();
-                    let outcome =
-                        catch_unwind(AssertUnwindSafe(|| self.dispatcher.call1(py, (iter.clone(),))));
+                    let outcome = catch_unwind(AssertUnwindSafe(|| {
+                        self.state.get().dispatch.call1(py, (iter.clone(),))
+                    }));
                     match outcome {
                         Ok(Ok(_)) => {}
                         Ok(Err(e)) => record_dispatch_error(py, e),

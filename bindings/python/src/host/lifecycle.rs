@@ -10,10 +10,12 @@ use std::time::{Duration, Instant};
 use numpy::PyArrayDescr;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple};
 
 use super::consumer::{report_notes, take_dispatch_error, PyConsumer, BARRIER_DETACHED, EAGER_PUSHED};
 use super::passthrough::{duration, set_max_queue_bytes};
+use crate::batch::DispatcherState;
 use crate::error::{IntoPy, ReceiverError};
 use crate::messages::{Dtypes, EagerTap};
 use hostfeed_core::lock;
@@ -58,21 +60,36 @@ fn wait_gpu_deliveries(py: Python<'_>, limit: Duration) {
     py.detach(|| hostfeed_core::GPU_DELIVERY.wait_delivered(parcels, limit));
 }
 
+/// `jax.profiler`'s `TraceMe`, as the first `start` handed it over (the recorder's writes
+/// and the dispatcher's inline calls ask it whether a trace is collected).
+static TRACE_ME: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// `TraceMe` as `start` was given it; None before the first start.
+pub(crate) fn trace_me(py: Python<'_>) -> Option<&Bound<'_, PyAny>> {
+    TRACE_ME.get(py).map(|c| c.bind(py))
+}
+
 /// Configures and starts the receiver.
 ///
-/// `dispatcher(batch)` is called on the consumer thread with a `BatchIter`, an iterator of
-/// `Message`s; `dtypes` maps XLA dtype codes to numpy dtypes. Returns whether a consumer thread was started.
+/// `dispatcher.dispatch(batch)` is called on the consumer thread with a `BatchIter`, an
+/// iterator of `Message`s; `dtypes` maps XLA dtype codes to numpy dtypes; `trace_me` is
+/// `jax.profiler`'s `TraceMe` class (`TraceMe(name, **metadata)` a context manager,
+/// `TraceMe.is_enabled()` whether a trace is collected). Returns whether a consumer thread
+/// was started.
 #[pyfunction]
-#[pyo3(signature = (dispatcher, dtypes, max_queue_bytes=None))]
+#[pyo3(signature = (dispatcher, dtypes, trace_me, max_queue_bytes=None))]
 pub fn start(
     py: Python<'_>,
-    dispatcher: Bound<'_, PyAny>,
+    dispatcher: Py<DispatcherState>,
     dtypes: &Bound<'_, PyDict>,
+    trace_me: &Bound<'_, PyAny>,
     max_queue_bytes: Option<u64>,
 ) -> PyResult<bool> {
-    if !dispatcher.is_callable() {
-        return Err(PyTypeError::new_err("dispatcher must be callable"));
+    let tracing = trace_me.getattr("is_enabled")?;
+    if !tracing.is_callable() {
+        return Err(PyTypeError::new_err("trace_me.is_enabled must be callable"));
     }
+    let _ = TRACE_ME.get_or_init(py, || trace_me.clone().unbind());
     let mut descrs: Vec<Option<Py<PyArrayDescr>>> = Vec::new();
     for (k, v) in dtypes.iter() {
         let code: usize = k.extract()?;
@@ -87,7 +104,7 @@ pub fn start(
     if let Some(bound) = max_queue_bytes {
         set_max_queue_bytes(bound)?;
     }
-    let consumer = Arc::new(PyConsumer::new(dispatcher.unbind(), Dtypes { descrs }));
+    let consumer = Arc::new(PyConsumer::new(dispatcher, Dtypes { descrs }, tracing.unbind()));
     let r = hub();
     // Detached: the control lock may be held by a `stop` waiting for the consumer, which
     // needs the GIL.

@@ -14,7 +14,7 @@
 //! is honoured between slices.
 //!
 //! The doc comments of the `#[pyfunction]`s are their Python docstrings; the exceptions
-//! they raise are described in words there and typed in `_receiver.pyi`.
+//! they raise are described in words there and typed in `python/hostfeed/_receiver/host.pyi`.
 #![allow(clippy::missing_errors_doc, clippy::must_use_candidate)]
 
 mod consumer;
@@ -26,6 +26,7 @@ use pyo3::prelude::*;
 
 pub(crate) use self::consumer::EAGER_PUSHED;
 pub(crate) use self::ffi_targets::handler_capsules;
+pub(crate) use self::lifecycle::trace_me;
 pub(crate) use self::passthrough::{dict_of, duration};
 
 /// Adds the receiver's functions and constants to `m`.

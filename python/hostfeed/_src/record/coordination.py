@@ -47,8 +47,8 @@ logger = logging.getLogger("hostfeed")
 _opens = itertools.count()
 
 
-def _err(message: str) -> _receiver.RecordingError:
-    return _receiver.RecordingError(message)
+def _err(message: str) -> _receiver.error.RecordingError:
+    return _receiver.error.RecordingError(message)
 
 
 class Coordinator:
@@ -239,7 +239,7 @@ class Coordinator:
             return
         try:
             self._barrier("reached close()", "flushed")
-        except _receiver.RecordingError:
+        except _receiver.error.RecordingError:
             if self.leader:
                 self.commit(native)
             raise

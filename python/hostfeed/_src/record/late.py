@@ -16,8 +16,8 @@ __all__ = ["raised", "report_at_exit", "message"]
 def raised() -> Optional[BaseException]:
     """The error that counts the rows which reached a closed recorder since the last one
     was returned, or None (the native side answers without a lock when there are none)."""
-    taken = _receiver.take_late_drops()
-    return _receiver.RecordingError(message(taken)) if taken else None
+    taken = _receiver.record.take_late_drops()
+    return _receiver.error.RecordingError(message(taken)) if taken else None
 
 
 def report_at_exit() -> None:

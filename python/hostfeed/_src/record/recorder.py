@@ -48,7 +48,7 @@ logger = logging.getLogger("hostfeed")
 
 __all__ = ["Recorder", "RecordingError", "ROW_METADATA"]
 
-RecordingError = _receiver.RecordingError
+RecordingError = _receiver.error.RecordingError
 
 # Recorders not closed yet: barrier_wait flushes them, interpreter exit closes them (after
 # the receiver has drained). Strong references, so that an open recorder dropped by the
@@ -195,19 +195,19 @@ class Recorder:
         if where.url:
             options.update(url=True, storage_options=where.options, lease=lease)
         if not coord.shared:
-            self._native = _receiver.Recorder(fspath, **options)
+            self._native = _receiver.record.Recorder(fspath, **options)
         elif coord.leader:
             group = coord.new_group()
             try:
-                self._native = _receiver.Recorder(fspath, **options, shared=group,
-                                                       leader=True)
+                self._native = _receiver.record.Recorder(fspath, **options, shared=group,
+                                                         leader=True)
             except Exception as exc:
                 coord.announce(None, str(exc))
                 raise
             coord.announce(group)
         else:
-            self._native = _receiver.Recorder(fspath, **options, shared=coord.join(),
-                                                   leader=False)
+            self._native = _receiver.record.Recorder(fspath, **options, shared=coord.join(),
+                                                     leader=False)
         self._coord = coord
         coord.start(self._native, commit_interval)
         self._lock = threading.Lock()
@@ -416,7 +416,7 @@ class Recorder:
         self._drain_all_steps()
         failed_run = lifecycle.drain_dispatched(timeout)
         if not self._native.flush(timeout):
-            raise _receiver.ReceiverTimeoutError(
+            raise _receiver.error.ReceiverTimeoutError(
                 f"hostfeed: Recorder.flush timed out after {timeout} s with rows of "
                 f"{self.path} still being written")
         self._coord.commit(self._native)
@@ -466,7 +466,7 @@ class Recorder:
             return
         try:  # leaving on an exception: that one propagates, a recording error is logged
             self.close()
-        except _receiver.RecordingError as exc:
+        except _receiver.error.RecordingError as exc:
             logger.error("hostfeed: closing %r while an exception propagates: %s",
                                   self, exc)
 

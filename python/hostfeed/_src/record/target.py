@@ -45,7 +45,7 @@ class Target:
         try:
             self._append(arg, transforms, device)
         except Exception as exc:  # kept for the recorder's flush/close
-            if settings.inline() and not _receiver.in_callback_thread():
+            if settings.inline() and not _receiver.host.in_callback_thread():
                 raise  # inline mode: the caller's own thread, which sees it at once
             if self.recorder.closed and isinstance(exc, ValueError):
                 return  # dropped and counted: the next barrier_wait raises it

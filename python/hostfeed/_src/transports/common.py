@@ -89,8 +89,8 @@ def call_host_function(cid: int, flags: int, timeout_ms: int, name: str, codes: 
                        keys: tuple[int, ...]) -> Callable:
     """The host side of a call over host transfers: the results are written into the
     arrays the transport receives from (a failure's ticket into the status, with one)."""
-    call_host = _receiver.call_host
-    with_status = bool(flags & _receiver.FLAG_STATUS_OUTPUT)
+    call_host = _receiver.portable.call_host
+    with_status = bool(flags & _receiver.messages.FLAG_STATUS_OUTPUT)
 
     def host(arrays: list[np.ndarray], pid: int, outputs: list[np.ndarray]) -> None:
         status = call_host(cid, arrays, codes, outputs[int(with_status):], key(keys, pid),
@@ -112,8 +112,8 @@ def _check_function() -> Callable:
     def check(status: Any, *rest: Any) -> tuple:
         ticket = int(status)
         if ticket != 0:
-            text = _text(rest[:-1]) or _receiver.failure_text(ticket)
-            raise _receiver.ReceiverError(text)
+            text = _text(rest[:-1]) or _receiver.portable.failure_text(ticket)
+            raise _receiver.error.ReceiverError(text)
         return ()
     return check
 
@@ -191,7 +191,7 @@ def failure(ctx: Any, status: Any, per_device: bool) -> list:
 
     def failure(status: Any) -> tuple:
         ticket = int(status)
-        return (padded(_receiver.failure_text(ticket) if ticket else "", n),)
+        return (padded(_receiver.portable.failure_text(ticket) if ticket else "", n),)
 
     results, _, _ = compat.emit_python_callback(
         ctx, failure, None, [status], list(ctx.avals_in), [out_aval], has_side_effect=False,

@@ -8,7 +8,7 @@ The custom calls have the same names on every platform: XLA keeps one handler pe
 GPU platform (a row of :data:`GPU_PLATFORMS`) at the first lowering for it.
 
 Adding a GPU platform: its driver folder in the Rust core and a row in the core's
-``gpu::PLATFORMS`` table (which the binding exposes as ``_receiver.GPU_PLATFORMS``), then
+``gpu::PLATFORMS`` table (which the binding exposes as ``_receiver.gpu.GPU_PLATFORMS``), then
 a row here (its JAX plugins).
 """
 from __future__ import annotations
@@ -34,14 +34,14 @@ CALL_TARGET = "hostfeed_call"
 CHECK_TARGET = "hostfeed_check"
 FAILURE_TARGET = "hostfeed_failure"
 
-for _name, _capsule in _receiver.registrations().items():
+for _name, _capsule in _receiver.host.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
 
 #: The platforms with the core's compute kernels (the summaries' custom calls, registered
 #: here at import): XLA:CPU has no single-pass way to take several reductions.
 KERNEL_PLATFORMS = ("cpu",)
 
-for _name, _capsule in _receiver.summary_registrations().items():
+for _name, _capsule in _receiver.host.summary_registrations().items():
     for _platform in KERNEL_PLATFORMS:
         jax.ffi.register_ffi_target(_name, _capsule, platform=_platform)
 
@@ -66,9 +66,9 @@ class GpuPlatform:
 
     @property
     def driver(self) -> Any:
-        """The platform's native side (``_receiver.GpuPlatform``): ``registrations()``,
+        """The platform's native side (``_receiver.gpu.GpuPlatform``): ``registrations()``,
         ``driver_error()``, ``driver_version()``, ``driver_path()``, ``pool_stats()``."""
-        return _receiver.GPU_PLATFORMS[self.name]
+        return _receiver.gpu.GPU_PLATFORMS[self.name]
 
     def installed_plugins(self) -> list[str]:
         """The JAX plugins of this platform installed, found without importing or

@@ -47,7 +47,7 @@ def _contiguous(a: Any) -> np.ndarray:
 
 
 def _tap_function(cid: int, flags: int, codes: list[int], keys: tuple[int, ...]) -> Callable:
-    push = _receiver.push_host
+    push = _receiver.portable.push_host
 
     def tap(*args: Any) -> tuple:
         # One copy, in Rust, into the message (the arrays may view buffers that live only
@@ -59,8 +59,8 @@ def _tap_function(cid: int, flags: int, codes: list[int], keys: tuple[int, ...])
 
 def _call_function(cid: int, flags: int, timeout_ms: int, name: str, codes: list[int],
                    avals_out: Sequence[Any], keys: tuple[int, ...]) -> Callable:
-    call_host = _receiver.call_host
-    with_status = bool(flags & _receiver.FLAG_STATUS_OUTPUT)
+    call_host = _receiver.portable.call_host
+    with_status = bool(flags & _receiver.messages.FLAG_STATUS_OUTPUT)
     results = [(tuple(a.shape), np.dtype(a.dtype)) for a in avals_out[int(with_status):]]
 
     def call(*args: Any) -> tuple:

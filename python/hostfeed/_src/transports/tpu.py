@@ -422,7 +422,7 @@ def tap(ctx: Any, args: Sequence[Any], avals_in: Sequence[Any], per_device: bool
     check_platform(ctx)
     cid, flags = int(consumer_id), int(flags)
     dtype_codes, keys = codes(avals_in), device_keys(ctx)
-    push = _receiver.push_host
+    push = _receiver.portable.push_host
 
     def host(arrays: list[np.ndarray], pid: int) -> None:
         push(cid, arrays, dtype_codes, key(keys, pid), flags)
