@@ -17,10 +17,11 @@ not counted) and compared.
 
 The ratios depend on the flushes: a flush puts the object holding an array's last rows
 again (an object store cannot append to an object), so what it sends grows with the rows
-since that object began. In an object store an object holds at most 2,048 rows (a shard of
-eight 256-row chunks for small rows; the per-row metadata in compressed 4,096-row
-chunks), so a flush every few thousand rows of an array costs under 2x; a flush every few
-hundred costs several times the rows.
+since that object began. In an object store an object holds at most 256 rows (a shard of
+eight 32-row chunks for small rows; the per-row metadata in 1,024-row chunks, shuffled and
+compressed), so a flush every 1,000 rows of an array costs under 2x (each flush's
+requests, about 450 bytes of headers each, and the rows put again, weigh less the more
+rows there are between flushes).
 
 Run: python benches/object_bytes.py [ROWS] (default 100000). Environment:
 HOSTFEED_BENCH_FLUSH_EVERY (comma-separated rows between flushes, default

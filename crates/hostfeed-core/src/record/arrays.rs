@@ -15,13 +15,19 @@ use crate::record::zarr::{ArraySpec, Codec, DType, ROW_METADATA};
 /// commit writes only the new rows).
 pub(crate) const META_CHUNK_ROWS: u64 = 1 << 16;
 /// Rows per chunk of a per-row metadata array in an object store, where a commit puts the
-/// whole chunk holding the new rows again: 32 KiB of 8-byte values, compressed
-/// ([`META_CODEC_OBJECTS`]).
-pub(crate) const META_CHUNK_ROWS_OBJECTS: u64 = 1 << 12;
-/// The codec of the per-row metadata arrays in an object store: record numbers, steps and
-/// times compress about 8x (30 bytes a row to about 4), devices and transforms to
-/// nothing, so that the metadata of small rows does not outweigh them.
-pub(crate) const META_CODEC_OBJECTS: Codec = Codec::Zstd(3);
+/// whole chunk holding the new rows again: 8 KiB of 8-byte values, compressed
+/// ([`META_CODEC_OBJECTS`]), so that a commit puts again at most 1,023 rows of each.
+pub(crate) const META_CHUNK_ROWS_OBJECTS: u64 = 1 << 10;
+/// The codec of the per-row metadata arrays in an object store: Blosc, bytes shuffled then
+/// zstd (at 3), so that record numbers and steps compress to a few bits a row and times
+/// to under 2 bytes (zstd alone: a byte, and 2), and the metadata of small rows does not
+/// outweigh them (devices and transforms, zeros, are not put at all).
+pub(crate) const META_CODEC_OBJECTS: Codec = Codec::Blosc(2);
+/// In an object store, the per-row metadata arrays' `zarr.json` announce rows to the next
+/// multiple of this many (zeros past the data array's rows, which readers take), so that a
+/// commit rewrites those five documents once every this many rows, not at every flush;
+/// closing announces the rows exactly.
+pub(crate) const META_ANNOUNCE_ROWS_OBJECTS: u64 = 1 << 15;
 
 /// Per-row metadata.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -94,7 +100,22 @@ pub(crate) struct ArrayState {
     /// That error's errno and text (repeated by the errors about the dropped rows).
     pub(crate) failure: Option<(Option<i32>, String)>,
     pub(crate) dropped: u64,
+    /// Rows the per-row metadata arrays' `zarr.json` announce (`None`: not known, an
+    /// array resumed); in an object store, past `committed`, to the end of
+    /// [`META_ANNOUNCE_ROWS_OBJECTS`] ([`crate::record::commit`]).
+    pub(crate) meta_announced: Option<u64>,
+    /// Whether the store holds no metadata chunk objects but those this recorder put (an
+    /// array it created): a chunk of zeros is then not put (see [`MetaTail`]).
+    pub(crate) meta_fresh: bool,
+    /// In an object store, each metadata array's chunk put last ([`ROW_METADATA`] order).
+    pub(crate) meta_tails: Vec<MetaTail>,
 }
+
+/// The chunk of a per-row metadata array that an object store was handed last: its index
+/// and the bytes put (as stored, compressed), or `None` where a chunk of zeros (the fill
+/// value) was not put; the next commit that adds rows to it starts from these instead of
+/// reading it back.
+pub(crate) type MetaTail = Option<(u64, Option<Vec<u8>>)>;
 
 impl ArrayState {
     /// An array with no rows.
@@ -113,6 +134,9 @@ impl ArrayState {
             failed: false,
             failure: None,
             dropped: 0,
+            meta_announced: Some(0),
+            meta_fresh: true,
+            meta_tails: vec![None; ROW_METADATA.len()],
         }
     }
 }
@@ -128,6 +152,8 @@ impl ArrayState {
             frontier: rows,
             committed: rows,
             meta_first: rows,
+            meta_announced: None,
+            meta_fresh: false,
             ..ArrayState::new()
         }
     }

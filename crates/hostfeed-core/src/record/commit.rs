@@ -4,14 +4,14 @@
 //! which only its committer writes.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
 use crate::error::RecordError;
 use crate::host::sync::lock;
-use crate::record::arrays::{meta_specs, ArrayHandle, ArrayState};
+use crate::record::arrays::{meta_specs, ArrayHandle, ArrayState, MetaTail, META_ANNOUNCE_ROWS_OBJECTS};
 use crate::record::catalogue::Catalogue;
 use crate::record::common::{as_u64, as_usize};
 use crate::record::failures::Failures;
@@ -24,12 +24,14 @@ pub(crate) struct Committer {
     interval: Duration,
     /// Metadata commits (`zarr.json` replaced).
     commits: AtomicU64,
+    /// Whether the metadata arrays' rows are announced exactly ([`Committer::announce_exactly`]).
+    exact: AtomicBool,
 }
 
 impl Committer {
     /// A committer that commits every `interval` (and at every flush).
     pub(crate) fn new(interval: Duration) -> Self {
-        Committer { interval, commits: AtomicU64::new(0) }
+        Committer { interval, commits: AtomicU64::new(0), exact: AtomicBool::new(false) }
     }
 
     /// Commits so far.
@@ -49,15 +51,24 @@ impl Committer {
     ) {
         let mut st = lock(&a.state);
         let rows = st.frontier;
-        if rows == st.committed || st.failed || (!force && st.last_commit.elapsed() < self.interval) {
+        // Closing: metadata arrays announced past the rows are announced exactly.
+        let exact = self.exact.load(Ordering::Relaxed);
+        let settle = exact && st.meta_announced != Some(rows) && a.spec.part.is_none();
+        if (rows == st.committed && !settle) || st.failed || (!force && st.last_commit.elapsed() < self.interval) {
             return;
         }
-        match commit_locked(store, catalogue, a, &mut st, rows) {
+        match commit_locked(store, catalogue, a, &mut st, rows, exact) {
             Ok(()) => {
                 self.commits.fetch_add(1, Ordering::Relaxed);
             }
             Err(e) => failures.record(a, &mut st, e),
         }
+    }
+
+    /// From now on, commits announce the rows of the per-row metadata arrays exactly (an
+    /// object store's announce them ahead while recording): called as the recorder closes.
+    pub(crate) fn announce_exactly(&self) {
+        self.exact.store(true, Ordering::Relaxed);
     }
 
     /// [`Committer::commit`] of every array of `catalogue`.
@@ -93,18 +104,31 @@ impl Committer {
 
 /// Announces rows `..rows` of `a` (under its lock, `st`): writes their per-row metadata,
 /// then the documents (`zarr.json`) of the metadata arrays, then the data array's.
+///
+/// In an object store, where every document and chunk is an object put whole (and each
+/// put is a request), the metadata arrays announce rows ahead, to the next multiple of
+/// [`META_ANNOUNCE_ROWS_OBJECTS`] (rows past the data array's read as zeros, and every
+/// reader takes the data array's rows), so that their five documents are put again once
+/// every that many rows rather than at every commit; `exact` (closing) announces `rows`.
 fn commit_locked(
     store: &dyn Store,
     catalogue: &Catalogue,
     a: &ArrayHandle,
     st: &mut ArrayState,
     rows: u64,
+    exact: bool,
 ) -> Result<(), RecordError> {
     let from = st.committed;
     let lo = as_usize(from - st.meta_first);
     let hi = as_usize(rows - st.meta_first);
     let meta = &st.meta[lo..hi];
-    for (suffix, spec) in meta_specs(&a.leaf, a.meta_chunk_rows, a.meta_codec) {
+    let announce = match st.meta_announced {
+        _ if exact || store.in_place().is_some() => rows,
+        Some(ahead) if ahead >= rows => ahead,
+        _ => rows.next_multiple_of(META_ANNOUNCE_ROWS_OBJECTS),
+    };
+    let fresh = st.meta_fresh;
+    for (i, (suffix, spec)) in meta_specs(&a.leaf, a.meta_chunk_rows, a.meta_codec).enumerate() {
         let values: Vec<u8> = match suffix {
             "seq" => meta.iter().flat_map(|m| m.seq.to_le_bytes()).collect(),
             "step" => meta.iter().flat_map(|m| m.step.to_le_bytes()).collect(),
@@ -113,19 +137,25 @@ fn commit_locked(
             _ => meta.iter().flat_map(|m| m.transforms.to_le_bytes()).collect(),
         };
         let mdir = a.group_dir.join(format!("{}.{suffix}", a.leaf));
+        let tail = &mut st.meta_tails[i];
         match a.spec.part {
             // A parted array: part 0 writes the rows' metadata; `zarr.json` is written
             // by the store's committer once every part has its rows (`parts.rs`).
             Some(p) if p.index != 0 => {}
-            Some(_) => write_rows_in_place(store, &spec, &mdir, from, &values)?,
+            Some(_) => write_rows_in_place(store, &spec, &mdir, from, &values, tail, fresh)?,
             None => {
-                write_rows_in_place(store, &spec, &mdir, from, &values)?;
-                zarr::write_json(store, &mdir, &spec.metadata(rows, &json!({})))?;
+                write_rows_in_place(store, &spec, &mdir, from, &values, tail, fresh)?;
+                if st.meta_announced != Some(announce) {
+                    zarr::write_json(store, &mdir, &spec.metadata(announce, &json!({})))?;
+                }
             }
         }
     }
     if a.spec.part.is_none() {
-        zarr::write_json(store, &a.dir, &a.spec.metadata(rows, &catalogue.attributes(a)))?;
+        st.meta_announced = Some(announce);
+        if rows > from {
+            zarr::write_json(store, &a.dir, &a.spec.metadata(rows, &catalogue.attributes(a)))?;
+        }
     }
     st.committed = rows;
     st.last_commit = Instant::now();
@@ -156,13 +186,16 @@ pub(crate) fn write_parted_metadata(
 
 /// Writes the rows `from..` of a metadata array whose bytes are `values`: in place (each
 /// chunk object at full size, its rows written at their offsets) where the store can and
-/// the chunks are uncompressed, else each chunk put whole (compressed as `spec` says).
+/// the chunks are uncompressed, else each chunk put whole (compressed as `spec` says;
+/// `tail`, `fresh`: see [`put_rows_whole`]).
 fn write_rows_in_place(
     store: &dyn Store,
     spec: &ArraySpec,
     dir: &Path,
     from: u64,
     values: &[u8],
+    tail: &mut MetaTail,
+    fresh: bool,
 ) -> Result<(), RecordError> {
     let in_place = store.in_place().filter(|_| spec.codec == Codec::Raw);
     let rb = spec.row_bytes();
@@ -179,7 +212,7 @@ fn write_rows_in_place(
         let new = &values[off..off + n];
         match in_place {
             Some(in_place) => in_place.write_at(&path, at, &[new], as_u64(spec.chunk_bytes()))?,
-            None => put_rows_whole(store, spec, &path, as_usize(at), new)?,
+            None => put_rows_whole(store, spec, &path, k, as_usize(at), new, tail, fresh)?,
         }
         off += n;
         row = end;
@@ -198,32 +231,53 @@ pub(crate) fn read_meta_chunk(store: &dyn Store, spec: &ArraySpec, path: &Path) 
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io_error("read back", path, &e)),
     };
-    let chunk = match spec.codec {
-        Codec::Raw => stored,
+    decode_meta_chunk(spec, path, stored).map(Some)
+}
+
+/// The bytes of metadata chunk `path` from its `stored` bytes, decoded.
+fn decode_meta_chunk(spec: &ArraySpec, path: &Path, stored: Vec<u8>) -> Result<Vec<u8>, RecordError> {
+    let undecodable = |e: String| RecordError::Io {
+        errno: Some(libc::EIO),
+        message: format!("cannot decompress {}: {e}", path.display()),
+    };
+    match spec.codec {
+        Codec::Raw => Ok(stored),
+        Codec::Blosc(_) => zarr::blosc_decode(&stored).map_err(undecodable),
         Codec::Zstd(_) => {
             // One byte more than a chunk, so that a longer frame is seen.
             zstd::bulk::decompress(&stored, spec.chunk_bytes() + 1).map_err(|e| RecordError::Io {
                 errno: Some(libc::EIO),
                 message: format!("cannot decompress {}: {e}", path.display()),
-            })?
+            })
         }
-    };
-    Ok(Some(chunk))
+    }
 }
 
-/// Puts the chunk at `path` again whole with `new` at byte `at`: its earlier rows read back
-/// (a chunk begun at an earlier commit), zeros (the fill value) where none were written;
-/// compressed as `spec` says.
+/// Puts chunk `k`, at `path`, again whole with `new` at byte `at`: its earlier rows (a
+/// chunk begun at an earlier commit) from `tail` where it is the chunk put last, else read
+/// back, zeros (the fill value) where none were written; compressed as `spec` says.
+/// Where the store holds no chunk of this array that this recorder did not put (`fresh`),
+/// a chunk of zeros (devices and transforms, mostly) is not put: it reads as the fill value.
+/// `tail` becomes this chunk.
+#[allow(clippy::too_many_arguments)]
 fn put_rows_whole(
     store: &dyn Store,
     spec: &ArraySpec,
     path: &Path,
+    k: u64,
     at: usize,
     new: &[u8],
+    tail: &mut MetaTail,
+    fresh: bool,
 ) -> Result<(), RecordError> {
     // Rows from the chunk's start: nothing earlier to read back (a request saved per
     // chunk begun, and the later bytes are zeros or past the announced rows).
-    let earlier = if at == 0 { None } else { read_meta_chunk(store, spec, path)? };
+    let earlier = match tail.take() {
+        _ if at == 0 => None,
+        Some((t, None)) if t == k => None,
+        Some((t, Some(stored))) if t == k => Some(decode_meta_chunk(spec, path, stored)?),
+        _ => read_meta_chunk(store, spec, path)?,
+    };
     let mut chunk = earlier.unwrap_or_else(|| vec![0u8; spec.chunk_bytes()]);
     if chunk.len() != spec.chunk_bytes() {
         return Err(RecordError::Io {
@@ -237,14 +291,24 @@ fn put_rows_whole(
         });
     }
     chunk[at..at + new.len()].copy_from_slice(new);
-    match spec.codec {
-        Codec::Raw => store.put(path, &chunk, Put::Replace),
-        Codec::Zstd(level) => {
-            let packed = zstd::bulk::compress(&chunk, level).map_err(|e| RecordError::Io {
+    if fresh && chunk.iter().all(|&b| b == 0) {
+        *tail = Some((k, None));
+        return Ok(());
+    }
+    let stored = match spec.codec {
+        Codec::Raw => chunk,
+        Codec::Zstd(level) => zstd::bulk::compress(&chunk, level).map_err(|e| RecordError::Io {
+            errno: Some(libc::EIO),
+            message: format!("cannot compress {}: {e}", path.display()),
+        })?,
+        Codec::Blosc(clevel) => {
+            zarr::blosc_encode(&chunk, spec.dtype.itemsize, clevel).map_err(|e| RecordError::Io {
                 errno: Some(libc::EIO),
                 message: format!("cannot compress {}: {e}", path.display()),
-            })?;
-            store.put(path, &packed, Put::Replace)
+            })?
         }
-    }
+    };
+    store.put(path, &stored, Put::Replace)?;
+    *tail = Some((k, Some(stored)));
+    Ok(())
 }

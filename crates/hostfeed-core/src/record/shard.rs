@@ -66,8 +66,12 @@ pub(crate) fn encode_inner(rows: &[u8], inner_bytes: usize, codec: Codec) -> Res
             enc.write_all(&vec![0u8; inner_bytes.saturating_sub(rows.len())]).map_err(|e| e.to_string())?;
             enc.finish().map_err(|e| e.to_string())
         }
+        Codec::Blosc(_) => Err(BLOSC_DATA.into()),
     }
 }
+
+/// What a data array laid out with Blosc, the per-row metadata's codec, meets.
+pub(crate) const BLOSC_DATA: &str = "hostfeed internal error: Blosc is the per-row metadata's codec, not a data array's";
 
 fn finish_index(entries: &[(u64, u64)], inner_chunks: u64) -> Vec<u8> {
     let mut out = Vec::with_capacity(index_bytes(inner_chunks));
@@ -152,6 +156,7 @@ pub(crate) fn read_rows(
                 out.resize(start + inner_bytes, 0);
                 dec.read_exact(&mut out[start..]).map_err(|e| e.to_string())?;
             }
+            Codec::Blosc(_) => return Err(BLOSC_DATA.into()),
         }
     }
     if out.len() < want {

@@ -91,6 +91,9 @@ pub(crate) struct Writers {
     shard_index: Mutex<HashMap<(ArrayId, u64), u64>>,
     /// Shards being streamed to their objects (object stores), by array and shard.
     uploads: Mutex<HashMap<(ArrayId, u64), ShardUpload>>,
+    /// The rows of small partial chunks (shards) put whole or streamed, by array and chunk:
+    /// the next write of the chunk starts from them instead of reading the object back.
+    tails: Mutex<HashMap<(ArrayId, u64), Vec<u8>>>,
     /// Bytes of chunk data written.
     bytes_written: AtomicU64,
     /// Chunk files written.
@@ -200,7 +203,7 @@ impl Writers {
                     if streamed {
                         self.write_streamed(store, &job)
                     } else {
-                        write_chunk(store, &job, &self.shard_index)
+                        write_chunk(store, &job, &self.shard_index, &self.tails)
                             .map(|()| Some((job.first_row, job.end_row())))
                     }
                 }))
@@ -276,6 +279,15 @@ impl Writers {
         let path = spec.chunk_path(&a.dir, job.chunk);
         let shard_start = job.chunk * spec.chunk_rows;
         let taken = lock(&self.uploads).remove(&job.key());
+        let in_shard = job.first_row - shard_start;
+        let want = as_usize(in_shard) * rb;
+        // A small shard's rows so far, kept for its next upload (see `tails`).
+        let mut kept = match &taken {
+            None if job.rows.is_empty() => None,
+            _ if as_usize(spec.chunk_rows) * rb > TAIL_BYTES => None,
+            _ if in_shard == 0 => Some(Vec::new()),
+            _ => lock(&self.tails).remove(&job.key()).filter(|k| k.len() == want),
+        };
         let mut up = match taken {
             Some(up) => up,
             // A flush's job without rows, for a shard whose object is complete already.
@@ -284,13 +296,14 @@ impl Writers {
                 let object = store.stream(&path).unwrap_or_else(|| {
                     Err(RecordError::Invalid("hostfeed internal error: a store that cannot stream".into()))
                 })?;
-                let in_shard = job.first_row - shard_start;
-                let tail = if in_shard > 0 {
-                    let stored = store.get(&path).map_err(|e| io_error("reopen", &path, &e))?;
-                    shard::read_rows(&stored, as_usize(in_shard) * rb, inner_bytes, inner_chunks, spec.codec)
-                        .map_err(|why| shard::unreadable(&path, &why))?
-                } else {
-                    Vec::new()
+                let tail = match &kept {
+                    Some(rows) => rows.clone(),
+                    None if in_shard > 0 => {
+                        let stored = store.get(&path).map_err(|e| io_error("reopen", &path, &e))?;
+                        shard::read_rows(&stored, want, inner_bytes, inner_chunks, spec.codec)
+                            .map_err(|why| shard::unreadable(&path, &why))?
+                    }
+                    None => Vec::new(),
                 };
                 ShardUpload::new(object, tail, job.first_row)
             }
@@ -298,13 +311,20 @@ impl Writers {
         up.tail.reserve(job.rows.len() * rb);
         for r in &job.rows {
             up.tail.extend_from_slice(r.bytes());
+            if let Some(k) = &mut kept {
+                k.extend_from_slice(r.bytes());
+            }
         }
         while up.tail.len() >= inner_bytes {
             let rest = up.tail.split_off(inner_bytes);
             let piece = std::mem::replace(&mut up.tail, rest);
             up.add(piece, inner_bytes, spec.codec, &path)?;
         }
-        if job.end_row() - shard_start < spec.chunk_rows && !job.partial {
+        let full = job.end_row() - shard_start >= spec.chunk_rows;
+        if let Some(k) = kept.filter(|_| !full) {
+            lock(&self.tails).insert(job.key(), k);
+        }
+        if !full && !job.partial {
             lock(&self.uploads).insert(job.key(), up);
             return Ok(None);
         }
@@ -343,6 +363,7 @@ fn write_chunk(
     store: &dyn Store,
     job: &Job,
     shard_index: &Mutex<HashMap<(ArrayId, u64), u64>>,
+    tails: &Mutex<HashMap<(ArrayId, u64), Vec<u8>>>,
 ) -> Result<(), RecordError> {
     let spec = &job.array.spec;
     let path = spec.chunk_path(&job.array.dir, job.chunk);
@@ -372,11 +393,39 @@ fn write_chunk(
         }
         return Ok(());
     }
-    let out = encode_whole(store, job, &path)?;
+    let earlier = lock(tails).remove(&job.key());
+    let (out, tail) = encode_whole(store, job, &path, earlier)?;
     // A chunk that may hold announced rows is replaced whole, atomically; a fresh
     // chunk lies past the announced shape, so a torn write of it is invisible.
     let replace = job.partial || job.disk_prefix > 0 || store.exists(&path);
-    store.put(&path, &out, if replace { Put::Replace } else { Put::Fresh })
+    store.put(&path, &out, if replace { Put::Replace } else { Put::Fresh })?;
+    if let Some(tail) = tail {
+        lock(tails).insert(job.key(), tail);
+    }
+    Ok(())
+}
+
+/// The most bytes of rows of a partial chunk (shard) kept for its next write
+/// ([`encode_whole`]): the objects of small rows, which a flush every few hundred rows
+/// puts again, each time a request to read them back saved.
+const TAIL_BYTES: usize = 16 << 10;
+
+/// The rows at the start of `job`'s chunk put earlier (`job.disk_prefix` of them, at
+/// `path`), as raw bytes: `earlier`, the rows kept from that write, where it holds as
+/// many; else read back and decoded (`decode`: from the object's bytes).
+fn earlier_rows(
+    store: &dyn Store,
+    job: &Job,
+    path: &Path,
+    earlier: Option<Vec<u8>>,
+    decode: impl FnOnce(Vec<u8>, usize) -> Result<Vec<u8>, RecordError>,
+) -> Result<Vec<u8>, RecordError> {
+    let want = as_usize(job.disk_prefix) * job.array.spec.row_bytes();
+    match earlier {
+        Some(rows) if rows.len() == want => Ok(rows),
+        _ if want == 0 => Ok(Vec::new()),
+        _ => decode(store.get(path).map_err(|e| io_error("reopen", path, &e))?, want),
+    }
 }
 
 /// A chunk's bytes being made whole: as they are, or zstd-compressed.
@@ -404,30 +453,38 @@ impl Encoding {
     }
 }
 
-/// The whole chunk of `job` as stored: the rows of this chunk written earlier (read back
-/// from the store), the job's rows, and for a chunk not complete yet, zeros to its full
-/// size (the fill value, past the announced shape).
-fn encode_whole(store: &dyn Store, job: &Job, path: &Path) -> Result<Vec<u8>, RecordError> {
+/// The whole chunk of `job` as stored: the rows of this chunk written earlier (`earlier`,
+/// kept from that write, or read back from the store), the job's rows, and for a chunk
+/// not complete yet, zeros to its full size (the fill value, past the announced shape).
+/// Also, for a partial chunk of at most [`TAIL_BYTES`] of rows put whole (an object
+/// store), its rows, to be kept for its next write.
+fn encode_whole(
+    store: &dyn Store,
+    job: &Job,
+    path: &Path,
+    earlier: Option<Vec<u8>>,
+) -> Result<(Vec<u8>, Option<Vec<u8>>), RecordError> {
     let spec = &job.array.spec;
     let rb = spec.row_bytes();
+    let keep = |rows: &[u8]| {
+        (job.partial && store.in_place().is_none() && rows.len() <= TAIL_BYTES).then(|| rows.to_vec())
+    };
     if let Some(inner) = spec.inner_rows {
         let (inner_bytes, inner_chunks) = (as_usize(inner) * rb, spec.chunk_rows / inner);
-        let mut rows = if job.disk_prefix > 0 {
-            // Rows of this shard put earlier in a partial shard.
-            let stored = store.get(path).map_err(|e| io_error("reopen", path, &e))?;
-            shard::read_rows(&stored, as_usize(job.disk_prefix) * rb, inner_bytes, inner_chunks, spec.codec)
-                .map_err(|why| shard::unreadable(path, &why))?
-        } else {
-            Vec::new()
-        };
+        // Rows of this shard put earlier in a partial shard.
+        let mut rows = earlier_rows(store, job, path, earlier, |stored, want| {
+            shard::read_rows(&stored, want, inner_bytes, inner_chunks, spec.codec)
+                .map_err(|why| shard::unreadable(path, &why))
+        })?;
         rows.reserve(job.rows.len() * rb);
         for r in &job.rows {
             rows.extend_from_slice(r.bytes());
         }
-        return shard::encode(&rows, inner_bytes, inner_chunks, spec.codec).map_err(|why| RecordError::Io {
+        let out = shard::encode(&rows, inner_bytes, inner_chunks, spec.codec).map_err(|why| RecordError::Io {
             errno: Some(libc::EIO),
             message: format!("cannot compress {}: {why}", path.display()),
-        });
+        })?;
+        return Ok((out, keep(&rows)));
     }
     let chunk_bytes = spec.chunk_bytes();
     let fail = |op: &str, e: std::io::Error| io_error(op, path, &e);
@@ -437,32 +494,31 @@ fn encode_whole(store: &dyn Store, job: &Job, path: &Path) -> Result<Vec<u8>, Re
             zstd::stream::Encoder::new(Vec::with_capacity(chunk_bytes / 2), level)
                 .map_err(|e| fail("start compressing", e))?,
         ),
+        Codec::Blosc(_) => return Err(RecordError::Invalid(shard::BLOSC_DATA.into())),
     };
-    let mut written = 0usize;
-    if job.disk_prefix > 0 {
-        // Rows of this chunk put earlier as a padded partial chunk.
-        let want = as_usize(job.disk_prefix) * rb;
-        let stored = store.get(path).map_err(|e| fail("reopen", e))?;
-        match spec.codec {
-            Codec::Raw => {
-                let prefix = stored.get(..want).ok_or_else(|| {
-                    fail("read back", std::io::Error::from(std::io::ErrorKind::UnexpectedEof))
-                })?;
-                enc.write_all(prefix).map_err(|e| fail("copy", e))?;
-            }
-            Codec::Zstd(_) => {
-                let mut dec =
-                    zstd::stream::Decoder::with_buffer(&stored[..]).map_err(|e| fail("decompress", e))?;
-                let mut prefix = vec![0u8; want];
-                dec.read_exact(&mut prefix).map_err(|e| fail("read back", e))?;
-                enc.write_all(&prefix).map_err(|e| fail("compress", e))?;
-            }
+    // Rows of this chunk put earlier as a padded partial chunk.
+    let mut rows = earlier_rows(store, job, path, earlier, |stored, want| match spec.codec {
+        Codec::Raw => stored
+            .get(..want)
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| fail("read back", std::io::Error::from(std::io::ErrorKind::UnexpectedEof))),
+        Codec::Zstd(_) => {
+            let mut dec = zstd::stream::Decoder::with_buffer(&stored[..]).map_err(|e| fail("decompress", e))?;
+            let mut prefix = vec![0u8; want];
+            dec.read_exact(&mut prefix).map_err(|e| fail("read back", e))?;
+            Ok(prefix)
         }
-        written += want;
-    }
+        Codec::Blosc(_) => Err(RecordError::Invalid(shard::BLOSC_DATA.into())),
+    })?;
+    enc.write_all(&rows).map_err(|e| fail("copy", e))?;
+    let mut written = rows.len();
     debug_assert_eq!(as_u64(written), (job.first_row - job.chunk * spec.chunk_rows) * as_u64(rb));
+    let small = written + job.rows.len() * rb <= TAIL_BYTES;
     for r in &job.rows {
         enc.write_all(r.bytes()).map_err(|e| fail("compress", e))?;
+        if small {
+            rows.extend_from_slice(r.bytes());
+        }
         written += rb;
     }
     if written < chunk_bytes {
@@ -473,5 +529,6 @@ fn encode_whole(store: &dyn Store, job: &Job, path: &Path) -> Result<Vec<u8>, Re
             written += n;
         }
     }
-    enc.finish().map_err(|e| fail("finish compressing", e))
+    let tail = if small { keep(&rows) } else { None };
+    Ok((enc.finish().map_err(|e| fail("finish compressing", e))?, tail))
 }

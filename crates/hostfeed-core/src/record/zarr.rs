@@ -107,6 +107,10 @@ pub enum Codec {
     Raw,
     /// zstd at this level.
     Zstd(i32),
+    /// Blosc at this `clevel` (zstd inside, at c-blosc's level for it, `2 * clevel - 1`),
+    /// each value's bytes shuffled (byte 0 of every value, then byte 1...): the per-row
+    /// metadata's codec in an object store ([`blosc_encode`]); never a data array's.
+    Blosc(i32),
 }
 
 /// What fixes an array's layout.
@@ -184,8 +188,15 @@ impl ArraySpec {
             json!({"name": "bytes", "configuration": {"endian": endian}})
         };
         let mut codecs = vec![bytes];
-        if let Codec::Zstd(level) = self.codec {
-            codecs.push(json!({"name": "zstd", "configuration": {"level": level, "checksum": false}}));
+        match self.codec {
+            Codec::Raw => {}
+            Codec::Zstd(level) => {
+                codecs.push(json!({"name": "zstd", "configuration": {"level": level, "checksum": false}}));
+            }
+            Codec::Blosc(clevel) => codecs.push(json!({"name": "blosc", "configuration": {
+                "cname": "zstd", "clevel": clevel, "shuffle": "shuffle", "typesize": self.dtype.itemsize,
+                "blocksize": 0,
+            }})),
         }
         if let Some(inner) = self.inner_rows {
             codecs = vec![json!({"name": "sharding_indexed", "configuration": {
@@ -250,9 +261,110 @@ pub(crate) fn group_metadata(attributes: &Value) -> Value {
 /// # Errors
 /// I/O errors, with the path.
 pub(crate) fn write_json(store: &dyn Store, dir: &Path, doc: &Value) -> Result<(), RecordError> {
-    let text = serde_json::to_vec_pretty(doc)
+    // Indented on a file system, for whoever reads it; compact in an object store, where an
+    // array's document is put again at every commit.
+    let text = if store.in_place().is_some() { serde_json::to_vec_pretty(doc) } else { serde_json::to_vec(doc) }
         .map_err(|e| RecordError::Invalid(format!("cannot encode metadata for {}: {e}", dir.display())))?;
     store.put(&dir.join("zarr.json"), &text, Put::Document)
+}
+
+/// Blosc's header flags: bytes shuffled, stored as they are (too little to gain), one
+/// stream a block (not one per byte of a value), and the compressor (zstd) in bits 5-7.
+const BLOSC_SHUFFLE: u8 = 0x01;
+const BLOSC_MEMCPYED: u8 = 0x02;
+const BLOSC_DONT_SPLIT: u8 = 0x10;
+const BLOSC_ZSTD: u8 = 4 << 5;
+
+/// `data`, values of `typesize` bytes, as a Blosc frame (the format c-blosc 1 writes and
+/// every Zarr reader's Blosc reads: a 16-byte header, one block's start, then its one
+/// stream): the bytes shuffled, then zstd at c-blosc's level for `clevel`; stored as they
+/// are where that does not gain. Record numbers, steps and times are values that differ
+/// in their low bytes only: shuffled, their high bytes make long runs, and they compress
+/// several times better than zstd alone does.
+///
+/// # Errors
+/// A compression failure or a chunk of 2 GiB or more, as text.
+pub(crate) fn blosc_encode(data: &[u8], typesize: usize, clevel: i32) -> Result<Vec<u8>, String> {
+    let n = data.len();
+    let nbytes = i32::try_from(n).map_err(|_| format!("a chunk of {n} bytes is too large for Blosc"))?;
+    let t = typesize.clamp(1, 255);
+    let per = n / t;
+    let mut shuffled = vec![0u8; n];
+    for (i, value) in data[..per * t].chunks_exact(t).enumerate() {
+        for (j, &b) in value.iter().enumerate() {
+            shuffled[j * per + i] = b;
+        }
+    }
+    shuffled[per * t..].copy_from_slice(&data[per * t..]);
+    let packed = zstd::bulk::compress(&shuffled, 2 * clevel.clamp(1, 9) - 1).map_err(|e| e.to_string())?;
+    let header = |flags: u8, cbytes: usize| {
+        let mut h = vec![2, 1, flags | BLOSC_DONT_SPLIT | BLOSC_ZSTD, u8::try_from(t).unwrap_or(u8::MAX)];
+        h.extend_from_slice(&nbytes.to_le_bytes());
+        h.extend_from_slice(&nbytes.to_le_bytes()); // one block
+        h.extend_from_slice(&i32::try_from(cbytes).unwrap_or(i32::MAX).to_le_bytes());
+        h
+    };
+    // Header, the block's start, the stream's length and the stream.
+    let cbytes = 16 + 4 + 4 + packed.len();
+    if packed.len() >= n || cbytes >= 16 + n {
+        let mut out = header(BLOSC_MEMCPYED, 16 + n);
+        out.extend_from_slice(data);
+        return Ok(out);
+    }
+    let mut out = header(BLOSC_SHUFFLE, cbytes);
+    out.extend_from_slice(&20i32.to_le_bytes());
+    out.extend_from_slice(&i32::try_from(packed.len()).unwrap_or(i32::MAX).to_le_bytes());
+    out.extend_from_slice(&packed);
+    Ok(out)
+}
+
+/// The bytes of a Blosc frame of [`blosc_encode`]'s kind (zstd, one stream a block).
+///
+/// # Errors
+/// A frame of another kind, or damaged, as text.
+pub(crate) fn blosc_decode(frame: &[u8]) -> Result<Vec<u8>, String> {
+    let word = |at: usize| -> Result<usize, String> {
+        frame
+            .get(at..at + 4)
+            .and_then(|b| usize::try_from(i32::from_le_bytes(b.try_into().unwrap_or([0; 4]))).ok())
+            .ok_or_else(|| format!("a Blosc frame of {} bytes is cut short", frame.len()))
+    };
+    let (flags, t) = match frame {
+        [_, _, flags, t, ..] => (*flags, usize::from(*t).max(1)),
+        _ => return Err("a Blosc frame shorter than its header".into()),
+    };
+    let (n, blocksize) = (word(4)?, word(8)?.max(1));
+    if flags & BLOSC_MEMCPYED != 0 {
+        return frame.get(16..16 + n).map(<[u8]>::to_vec).ok_or_else(|| "a Blosc frame is cut short".into());
+    }
+    if flags & 0xe0 != BLOSC_ZSTD || flags & BLOSC_DONT_SPLIT == 0 || flags & 0x04 != 0 {
+        return Err(format!("a Blosc frame of a kind hostfeed does not write (flags {flags:#04x})"));
+    }
+    let mut out = Vec::with_capacity(n);
+    for b in 0..n.div_ceil(blocksize) {
+        let len = blocksize.min(n - b * blocksize);
+        let start = word(16 + 4 * b)?;
+        let csize = word(start)?;
+        let stream = frame.get(start + 4..start + 4 + csize).ok_or("a Blosc frame is cut short")?;
+        let block = if csize == len { stream.to_vec() } else { zstd::bulk::decompress(stream, len).map_err(|e| e.to_string())? };
+        if block.len() != len {
+            return Err(format!("a Blosc block holds {} bytes, not {len}", block.len()));
+        }
+        if flags & BLOSC_SHUFFLE == 0 {
+            out.extend_from_slice(&block);
+            continue;
+        }
+        let per = len / t;
+        let at = out.len();
+        out.resize(at + per * t, 0);
+        for (j, plane) in block[..per * t].chunks_exact(per.max(1)).enumerate().take(t) {
+            for (i, &v) in plane.iter().enumerate() {
+                out[at + i * t + j] = v;
+            }
+        }
+        out.extend_from_slice(&block[per * t..]);
+    }
+    Ok(out)
 }
 
 /// Suffixes of the per-row metadata arrays stored next to each data array (`h.step`...).
@@ -307,6 +419,33 @@ pub(crate) fn split_name(name: &str) -> Result<Vec<&str>, RecordError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Blosc frames read back: shuffled and compressed (record numbers, a few bytes for a
+    /// thousand), stored as they are (bytes that do not compress), zeros of 2-byte values.
+    #[test]
+    fn blosc_frames_read_back() {
+        let seq: Vec<u8> = (5000i64..6024).flat_map(i64::to_le_bytes).collect();
+        let frame = blosc_encode(&seq, 8, 2).unwrap();
+        let zstd_alone = zstd::bulk::compress(&seq, 3).unwrap().len();
+        assert!(frame.len() * 2 < zstd_alone, "1,024 record numbers in {} bytes, not {zstd_alone}", frame.len());
+        assert_eq!(frame[2], 0x01 | 0x10 | 0x80, "shuffled, one stream, zstd");
+        assert_eq!(blosc_decode(&frame).unwrap(), seq);
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let noise: Vec<u8> = (0..999)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x.to_le_bytes()[3]
+            })
+            .collect();
+        let frame = blosc_encode(&noise, 8, 2).unwrap();
+        assert_eq!((frame.len(), frame[2] & 0x02), (16 + 999, 0x02), "stored as it is");
+        assert_eq!(blosc_decode(&frame).unwrap(), noise);
+        let zeros = vec![0u8; 2048];
+        assert_eq!(blosc_decode(&blosc_encode(&zeros, 2, 2).unwrap()).unwrap(), zeros);
+        assert!(blosc_decode(&frame[..10]).is_err());
+    }
 
     #[test]
     fn dtype_names_match_zarr_extensions_and_tensorstore() {

@@ -12,6 +12,7 @@ use serde_json::json;
 
 use super::Recorder;
 use crate::error::RecordError;
+use crate::host::sync::lock;
 use crate::record::arrays::{meta_specs, ArrayHandle, ArrayState};
 use crate::record::common::{as_u64, as_usize, ArrayId};
 use crate::record::store::io_error;
@@ -26,9 +27,10 @@ const KEY_ROOM: usize = 11 + 3 + 20 + 40;
 /// Where objects are put whole (an object store), the most rows of an object (a chunk or
 /// a shard): a flush puts the object holding an array's last rows again whole, so what it
 /// sends grows with the rows since that object began (at most this many), not with the
-/// chunk size. 2,048 rows of 16 bytes are a 32 KiB object, beside their metadata's
-/// (compressed, 4,096 rows a chunk).
-const OBJECT_ROWS: u64 = 2048;
+/// chunk size. 256 rows of 16 bytes are a 4 KiB object: a flush every 1,000 rows puts
+/// about an eighth of its rows again, beside their metadata (compressed, 1,024 rows a
+/// chunk).
+const OBJECT_ROWS: u64 = 256;
 /// There, the fewest chunks a shard of [`OBJECT_ROWS`] rows is cut into: a partial shard
 /// is padded to the end of its last chunk only.
 const OBJECT_INNER_CHUNKS: u64 = 8;
@@ -202,7 +204,10 @@ impl Recorder {
             }
         }
         store.create_dir(&handle.dir).map_err(|e| io_error("create", &handle.dir, &e).context(&context))?;
-        if !keep(&handle.dir) {
+        if keep(&handle.dir) {
+            // Another process's array: its metadata chunks may be in the store already.
+            lock(&handle.state).meta_fresh = false;
+        } else {
             let attrs = self.catalogue.attributes(&handle);
             zarr::write_json(store, &handle.dir, &handle.spec.metadata(0, &attrs))
                 .map_err(|e| e.context(&context))?;

@@ -107,6 +107,8 @@ impl Recorder {
         }
         let targets = self.flush_begin();
         while !self.flush_wait(&targets, Duration::from_secs(3600)) {}
+        // The last commit announces the metadata arrays' rows exactly.
+        self.committer.announce_exactly();
         let result = self.flush_end();
         self.stop_threads();
         lock(&self.pool_reservation).take();

@@ -87,12 +87,15 @@ fn spec_of(f: &Found) -> Result<Result<(ArraySpec, u64), String>, RecordError> {
     Ok(Ok((spec, shape[0])))
 }
 
-/// The codec of a `codecs` list hostfeed wrote (`bytes`, then `zstd` or nothing).
+/// The codec of a `codecs` list hostfeed wrote (`bytes`, then `zstd`, `blosc` or nothing).
 fn codec_of(codecs: &Value) -> Codec {
-    let zstd = codecs.as_array().into_iter().flatten().find(|c| c["name"] == json!("zstd"));
-    zstd.map_or(Codec::Raw, |c| {
-        Codec::Zstd(c["configuration"]["level"].as_i64().and_then(|l| i32::try_from(l).ok()).unwrap_or(1))
-    })
+    let level = |c: &Value, key: &str| c["configuration"][key].as_i64().and_then(|l| i32::try_from(l).ok()).unwrap_or(1);
+    let found = |name: &str| codecs.as_array().into_iter().flatten().find(|c| c["name"] == json!(name));
+    match (found("zstd"), found("blosc")) {
+        (Some(c), _) => Codec::Zstd(level(c, "level")),
+        (None, Some(c)) => Codec::Blosc(level(c, "clevel")),
+        (None, None) => Codec::Raw,
+    }
 }
 
 impl Recorder {
@@ -209,11 +212,11 @@ impl Recorder {
         Ok(())
     }
 
-    /// Value `row` of the 8-byte metadata array at `dir`, laid out as `spec`.
+    /// Value `row` of the 8-byte metadata array at `dir`, laid out as `spec` (a chunk not in
+    /// the store reads as zeros, the fill value: an object store's chunk of zeros is not put).
     fn meta_value(&self, dir: &Path, spec: &ArraySpec, row: u64) -> Result<i64, RecordError> {
         let path = dir.join("c").join((row / spec.chunk_rows).to_string());
-        let bytes = read_meta_chunk(&*self.store, spec, &path)?
-            .ok_or_else(|| io_error("read", &path, &io::Error::from(io::ErrorKind::NotFound)))?;
+        let bytes = read_meta_chunk(&*self.store, spec, &path)?.unwrap_or_else(|| vec![0; spec.chunk_bytes()]);
         let at = as_usize(row % spec.chunk_rows) * 8;
         bytes
             .get(at..at + 8)
@@ -228,8 +231,7 @@ impl Recorder {
         let mut k = 0;
         while k * chunk_rows < rows {
             let path = dir.join("c").join(k.to_string());
-            let bytes = read_meta_chunk(&*self.store, spec, &path)?
-                .ok_or_else(|| io_error("read", &path, &io::Error::from(io::ErrorKind::NotFound)))?;
+            let bytes = read_meta_chunk(&*self.store, spec, &path)?.unwrap_or_else(|| vec![0; spec.chunk_bytes()]);
             let n = as_usize((rows - k * chunk_rows).min(chunk_rows));
             let values = bytes.get(..n * 8).ok_or_else(|| corrupt(dir, "a metadata chunk is too short"))?;
             if let Some(i) = values.chunks(8).position(|b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])) > step) {

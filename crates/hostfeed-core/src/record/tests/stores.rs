@@ -30,6 +30,9 @@ fn an_object_store_holds_every_flushed_row() {
             if r == 6 || r == 7 {
                 assert!(rec.flush(Duration::from_secs(30)).unwrap());
                 assert_eq!(doc("g/x/zarr.json")["shape"], json!([r + 1, 2]));
+                // The metadata arrays announce rows ahead (their documents put once every
+                // 32,768 rows, not at every commit); readers take the data array's rows.
+                assert_eq!(doc("g/x.step/zarr.json")["shape"], json!([32768]));
             }
         }
         rec.close().unwrap();
@@ -41,19 +44,25 @@ fn an_object_store_holds_every_flushed_row() {
             let stored = store.get(&root.join(format!("g/x/c/{k}/0"))).unwrap();
             let chunk = match codec {
                 Codec::Raw => stored,
-                Codec::Zstd(_) => zstd::decode_all(&stored[..]).unwrap(),
+                Codec::Zstd(_) | Codec::Blosc(_) => zstd::decode_all(&stored[..]).unwrap(),
             };
             assert_eq!(chunk.len(), 40, "chunks are full size");
             got.extend_from_slice(&chunk);
         }
         got.truncate(13 * 8);
         assert_eq!(got, (0..13).flat_map(int_row).collect::<Vec<u8>>(), "{codec:?}");
-        assert_eq!(doc("g/x.step/zarr.json")["chunk_grid"]["configuration"]["chunk_shape"], json!([4096]));
-        assert_eq!(doc("g/x.step/zarr.json")["codecs"][1]["name"], json!("zstd"), "compressed metadata");
+        assert_eq!(doc("g/x.step/zarr.json")["chunk_grid"]["configuration"]["chunk_shape"], json!([1024]));
+        assert_eq!(doc("g/x.step/zarr.json")["codecs"][1]["name"], json!("blosc"), "compressed metadata");
+        for suffix in crate::record::zarr::ROW_METADATA {
+            assert_eq!(doc(&format!("g/x.{suffix}/zarr.json"))["shape"], json!([13]), "closed: exact rows");
+        }
         let packed = store.get(&root.join("g/x.step/c/0")).unwrap();
-        assert!(packed.len() < 200, "13 steps of a 32 KiB chunk compress to {} bytes", packed.len());
-        let steps = zstd::decode_all(&packed[..]).unwrap();
-        assert_eq!(steps.len(), 4096 * 8);
+        assert!(packed.len() < 200, "13 steps of an 8 KiB chunk compress to {} bytes", packed.len());
+        let steps = crate::record::zarr::blosc_decode(&packed).unwrap();
+        assert_eq!(steps.len(), 1024 * 8);
+        // A chunk of zeros (every row's transforms) is not put: it reads as the fill value.
+        assert!(!store.exists(&root.join("g/x.transforms/c/0")));
+        assert!(store.exists(&root.join("g/x.device/c/0")), "device 3");
         let step_values: Vec<i64> =
             steps.chunks(8).take(13).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
         assert_eq!(step_values, (0..13).collect::<Vec<i64>>());
@@ -127,7 +136,7 @@ fn append_and_resume_record_each_step_once() {
         let doc = |p: &str| place.doc(p);
         let values = |p: &str, rows: usize| -> Vec<i64> {
             // An object store's metadata chunks are compressed.
-            let stored = if objects { zstd::decode_all(&place.get(p)[..]).unwrap() } else { place.get(p) };
+            let stored = if objects { crate::record::zarr::blosc_decode(&place.get(p)).unwrap() } else { place.get(p) };
             stored.chunks(8).take(rows).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
         };
         let run = |rec: &Recorder, steps: std::ops::Range<u32>, flush_at: u32| {
@@ -322,10 +331,11 @@ fn an_object_is_updated_at_most_once_an_interval() {
     rec.close().unwrap();
 }
 
-/// Small rows in an object store make small objects: a shard holds at most 2,048 rows in
-/// chunks of 256, and the per-row metadata is compressed, so that 16-byte rows flushed
-/// every 2,500 rows are stored in less than twice their bytes (not a chunk's padding, nor
-/// 30 bytes of metadata a row), and read back whole.
+/// Small rows in an object store make small objects: a shard holds at most 256 rows in
+/// chunks of 32, the per-row metadata is compressed in chunks of 1,024 rows, and a
+/// chunk of zeros is not put, so that 16-byte rows flushed every 1,000 rows are stored in
+/// less than twice their bytes (not a chunk's padding, nor 30 bytes of metadata a row),
+/// and read back whole.
 #[test]
 fn small_rows_flushed_often_are_stored_in_proportion_in_an_object_store() {
     use crate::record::objects::Objects;
@@ -347,26 +357,33 @@ fn small_rows_flushed_often_are_stored_in_proportion_in_an_object_store() {
     let rec = Recorder::create_in_objects(Arc::clone(&objects), Mode::Create, opts, budget.clone(), &Access::Exclusive)
         .unwrap();
     let id = rec.declare("x", xla::S32, &[4]).unwrap(); // 16-byte rows
-    let doc: Value = serde_json::from_slice(&store.get(&root.join("x/zarr.json")).unwrap()).unwrap();
-    assert_eq!(doc["chunk_grid"]["configuration"]["chunk_shape"], json!([2048, 4]));
-    assert_eq!(doc["codecs"][0]["configuration"]["chunk_shape"], json!([256, 4]));
+    let doc = |p: &str| -> Value { serde_json::from_slice(&store.get(&root.join(p)).unwrap()).unwrap() };
+    assert_eq!(doc("x/zarr.json")["chunk_grid"]["configuration"]["chunk_shape"], json!([256, 4]));
+    assert_eq!(doc("x/zarr.json")["codecs"][0]["configuration"]["chunk_shape"], json!([32, 4]));
     let row = |r: u32| -> Vec<u8> { [r, r + 1, r + 2, r + 3].iter().flat_map(|v| v.to_le_bytes()).collect() };
     let rows = 10_000u32;
     for r in 0..rows {
         rec.append(id, &row(r), r.into(), 0, 0).unwrap();
-        if r % 2500 == 2499 {
+        if r % 1000 == 999 {
             assert!(rec.flush(Duration::from_secs(30)).unwrap());
+            assert_eq!(doc("x/zarr.json")["shape"], json!([r + 1, 4]));
+            let ahead = doc("x.seq/zarr.json")["shape"][0].as_u64().unwrap();
+            assert!(ahead >= u64::from(r + 1) && ahead % 32768 == 0, "{ahead} metadata rows announced");
         }
     }
     rec.close().unwrap();
+    assert_eq!(doc("x.seq/zarr.json")["shape"], json!([rows]));
     let recorded = rows as usize * 16;
     let stored = stored_bytes(store, &root);
     assert!(stored < 2 * recorded, "{stored} bytes stored for {recorded} recorded");
+    for zeros in ["device", "transforms"] {
+        assert!(store.list(&root.join(format!("x.{zeros}/c"))).map_or(true, |l| l.is_empty()), "{zeros}");
+    }
     let mut got = Vec::new();
-    for k in 0..5 {
+    for k in 0..rows.div_ceil(256) as usize {
         let shard_bytes = store.get(&root.join(format!("x/c/{k}/0"))).unwrap();
-        let want = (rows as usize - 2048 * k).min(2048) * 16;
-        got.extend(shard::read_rows(&shard_bytes, want, 256 * 16, 8, Codec::Raw).unwrap());
+        let want = (rows as usize - 256 * k).min(256) * 16;
+        got.extend(shard::read_rows(&shard_bytes, want, 32 * 16, 8, Codec::Raw).unwrap());
     }
     assert_eq!(got, (0..rows).flat_map(row).collect::<Vec<u8>>());
 }
