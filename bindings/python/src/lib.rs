@@ -7,7 +7,7 @@
 //!
 //! Each module adds its own items to the one Python module (`register`); there are no
 //! Python submodules. The modules in layer order, ground floor first: `error`, `interrupts`,
-//! `messages`, `consumers`, `batch`, `host`, then `portable`, `record` and `gpu` (each
+//! `messages`, `consumers`, `batch`, `host`, then `portable`, `record`, `storage` and `gpu` (each
 //! imports only modules before it). `glibc` stands apart: a C library function the wheel's
 //! glibc floor lacks.
 
@@ -21,6 +21,7 @@ mod interrupts;
 mod messages;
 mod portable;
 mod record;
+mod storage;
 
 use pyo3::prelude::*;
 
@@ -33,6 +34,7 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     host::register(m)?;
     portable::register(m)?;
     record::register(m)?;
+    storage::register(m)?;
     gpu::register(m)?;
     Ok(())
 }
