@@ -249,7 +249,7 @@ impl PyRecorder {
         let opened = py.detach(|| {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 let storage = Storage::open(&path, url, &options)?;
-                Recorder::open(storage, mode, opts, budget, run)
+                Recorder::open(&storage, mode, opts, budget, run)
             }))
         });
         let inner = match opened {

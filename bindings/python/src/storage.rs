@@ -88,8 +88,8 @@ impl PyStorage {
     }
 
     /// Stores `data` as the whole object `key`, replacing any object there.
-    fn put(&self, py: Python<'_>, key: &str, data: Vec<u8>) -> PyResult<()> {
-        py.detach(|| self.inner.put(key, &data)).py()
+    fn put(&self, py: Python<'_>, key: &str, data: &[u8]) -> PyResult<()> {
+        py.detach(|| self.inner.put(key, data)).py()
     }
 
     /// The bytes of object `key`.

@@ -109,8 +109,8 @@ pub struct StorageLock {
 
 impl Storage {
     /// The back-end, for a recorder to open.
-    pub(crate) fn into_backend(self) -> Box<dyn Backend> {
-        self.backend
+    pub(crate) fn backend(&self) -> &dyn Backend {
+        &*self.backend
     }
 
     /// Opens the store at `place` (a local path when `url` is false, else a URL of a scheme

@@ -176,8 +176,8 @@ impl Recorder {
         opts: Options,
         budget: Arc<dyn Budget>,
     ) -> Result<Arc<Recorder>, RecordError> {
-        let backend = Box::new(FileSystem { root: root.to_path_buf() });
-        Self::open_backend(backend, mode, opts, budget, &Access::Exclusive)
+        let backend = FileSystem { root: root.to_path_buf() };
+        Self::open_backend(&backend, mode, opts, budget, &Access::Exclusive)
     }
 
     /// Creates a store in `storage` (a path, or an object store by URL: its back-end) and
@@ -190,7 +190,7 @@ impl Recorder {
     /// held by another recorder whose lease has not ended ([`RecordError::Io`]); a shared
     /// store held by someone outside the run, or asked to append.
     pub fn open(
-        storage: Storage,
+        storage: &Storage,
         mode: Mode,
         opts: Options,
         budget: Arc<dyn Budget>,
@@ -201,7 +201,7 @@ impl Recorder {
             Some((group, true)) => Access::SharedLeader { group: group.to_string() },
             Some((group, false)) => Access::SharedMember { group: group.to_string() },
         };
-        Self::open_backend(storage.into_backend(), mode, opts, budget, &access)
+        Self::open_backend(storage.backend(), mode, opts, budget, &access)
     }
 
     /// [`Recorder::open`] in an object store already opened (`cargo test`'s in-memory
@@ -214,14 +214,14 @@ impl Recorder {
         budget: Arc<dyn Budget>,
         access: &Access,
     ) -> Result<Arc<Recorder>, RecordError> {
-        Self::open_backend(Box::new(ObjectBackend { objects }), mode, opts, budget, access)
+        Self::open_backend(&ObjectBackend { objects }, mode, opts, budget, access)
     }
 
     /// Opens a store through its back-end: the root prepared under the back-end's lock
     /// (`access`), the root group written (unless appended to, or joined), the threads
     /// started, the arrays adopted when appending.
     fn open_backend(
-        backend: Box<dyn Backend>,
+        backend: &dyn Backend,
         mode: Mode,
         opts: Options,
         budget: Arc<dyn Budget>,

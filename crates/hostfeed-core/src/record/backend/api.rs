@@ -74,5 +74,8 @@ pub(crate) struct Kind {
     pub(crate) schemes: &'static [&'static str],
     /// Opens the store at `place` (a path, or a URL of one of `schemes`) with the storage
     /// options given (config keys of the back-end, as pairs). Makes no request.
-    pub(crate) open: fn(place: &Path, options: &[(String, String)]) -> Result<Box<dyn Backend>, RecordError>,
+    pub(crate) open: Open,
 }
+
+/// How a back-end opens the store at `place` with the storage options given ([`Kind::open`]).
+pub(crate) type Open = fn(place: &Path, options: &[(String, String)]) -> Result<Box<dyn Backend>, RecordError>;
