@@ -62,6 +62,7 @@ ALL = "*"
 #: `host` session, with the newest JAX (noxfile.py).
 HOST_SIDE: dict[str, object] = {
     "test_object_store.py": ALL,
+    "test_store_conformance.py": ALL,  # the storage back-ends, no JAX
     "test_append.py": ALL,
     "test_reading_back.py": ALL,
     "test_look_at_a_run.py": ALL,  # show and the TensorBoard export: stores written eagerly

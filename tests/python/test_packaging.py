@@ -44,7 +44,8 @@ def test_the_extension_module_has_one_submodule_per_room_of_the_binding():
     import sys
 
     import hostfeed._receiver as receiver
-    rooms = ["error", "messages", "consumers", "batch", "host", "portable", "record", "gpu"]
+    rooms = ["error", "messages", "consumers", "batch", "host", "portable", "record", "storage",
+             "gpu"]
     assert sorted(n for n in vars(receiver) if not n.startswith("__")) == sorted(rooms)
     stubs = ROOT / "python" / "hostfeed" / "_receiver"
     assert sorted(p.stem for p in stubs.glob("*.pyi")) == sorted(rooms + ["__init__"])

@@ -10,7 +10,7 @@
 //! module holds only the submodules, each also in `sys.modules` so that
 //! `import hostfeed._receiver.host` works. The modules in layer order, ground floor first:
 //! `error`, `interrupts`, `messages`, `consumers`, `batch`, `host`, then `portable`,
-//! `record` and `gpu` (each imports only modules before it). `glibc` stands apart: a C
+//! `record`, `storage` and `gpu` (each imports only modules before it). `glibc` stands apart: a C
 //! library function the wheel's glibc floor lacks. The stubs are
 //! `python/hostfeed/_receiver/*.pyi`, one a submodule, checked by `mypy.stubtest`.
 
@@ -24,6 +24,7 @@ mod interrupts;
 mod messages;
 mod portable;
 mod record;
+mod storage;
 
 use pyo3::prelude::*;
 
@@ -39,6 +40,7 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     submodule(m, "host", host::register)?;
     submodule(m, "portable", portable::register)?;
     submodule(m, "record", record::register)?;
+    submodule(m, "storage", storage::register)?;
     submodule(m, "gpu", gpu::register)?;
     Ok(())
 }

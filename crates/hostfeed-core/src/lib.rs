@@ -78,8 +78,9 @@ cfg_not_loom! {
     // ---- record: the recorder and its sinks --------------------------------------------
     pub use record::arrays::ArrayHandle;
     pub use record::common::{Budget, Mode, Options};
-    pub use record::objects::is_object_url;
-    pub use record::recorder::{take_late_drops, LateDrop, Location, Recorder, RecorderStats};
+    pub use record::backend::{is_object_url, store_schemes, Storage, StorageLock};
+    pub use record::storelock::LOCK_FILE;
+    pub use record::recorder::{take_late_drops, LateDrop, Recorder, RecorderStats};
     pub use record::sinks::{sinks, RoutedBatch, Sink, Sinks};
     pub use record::trace::{
         install_write_tracer, open_recorders, set_write_tracing, write_tracing, WriteTracer,

@@ -11,6 +11,8 @@ from . import batch as batch
 from . import host as host
 from . import portable as portable
 from . import record as record
+from . import storage as storage
 from . import gpu as gpu
 
-__all__ = ["error", "messages", "consumers", "batch", "host", "portable", "record", "gpu"]
+__all__ = ["error", "messages", "consumers", "batch", "host", "portable", "record", "storage",
+           "gpu"]

@@ -14,6 +14,8 @@
 //! - [`objects`]: object stores (S3, GCS, Azure) as a [`Store`](store::Store), and their
 //!   lock (a conditionally created object with a lease);
 //! - [`common`]: what every file shares (an array's id, the byte budget, the options);
+//! - [`backend`]: the storage back-ends, each owning its store, its lock and its URL
+//!   schemes (the file system, the in-memory store, object stores), and their registry;
 //! - [`arrays`]: an array's state, its metadata arrays' layout and the writers' jobs;
 //! - [`catalogue`]: the arrays a recorder knows (names, handles, parted arrays, the
 //!   transforms table, summaries);
@@ -26,6 +28,7 @@
 //! - [`sinks`]: the table that routes messages to recorders from the consumer thread.
 
 pub(crate) mod arrays;
+pub(crate) mod backend;
 pub(crate) mod catalogue;
 pub(crate) mod commit;
 pub(crate) mod common;

@@ -153,21 +153,6 @@ impl std::fmt::Debug for Objects {
     }
 }
 
-/// Whether `url` names an object store hostfeed can write (`s3://`, `gs://`, `az://` and
-/// their aliases, `memory://`).
-#[must_use]
-pub fn is_object_url(url: &str) -> bool {
-    url::Url::parse(url).ok().and_then(|u| ObjectStoreScheme::parse(&u).ok()).is_some_and(|(s, _)| {
-        matches!(
-            s,
-            ObjectStoreScheme::AmazonS3
-                | ObjectStoreScheme::GoogleCloudStorage
-                | ObjectStoreScheme::MicrosoftAzure
-                | ObjectStoreScheme::Memory
-        )
-    })
-}
-
 fn invalid(message: String) -> RecordError {
     RecordError::Invalid(message)
 }
@@ -330,12 +315,6 @@ impl Objects {
                 }
                 b.with_retry(retry).build().map(|s| Arc::new(s) as _)
             }
-            ObjectStoreScheme::Memory => {
-                if let Some((k, _)) = provider.first() {
-                    return Err(unknown_option(k, "memory://"));
-                }
-                Ok(Arc::new(object_store::memory::InMemory::new()) as _)
-            }
             other => {
                 return Err(invalid(format!(
                     "{url:?}: hostfeed records to s3://, gs://, az:// (abfs://, azure://) and local \
@@ -350,6 +329,18 @@ impl Objects {
             Duration::ZERO
         };
         Self::with_store(inner, trimmed, prefix.as_ref(), secrets, update_every, hold_limit)
+    }
+
+    /// The store of `url` (its root) over the client `inner` (the in-memory back-end's
+    /// bucket, `backend/memory.rs`). Makes no request.
+    ///
+    /// # Errors
+    /// `url` is not a URL; the client's threads cannot start.
+    pub(crate) fn over(inner: Arc<dyn ObjectStore>, url: &str) -> Result<Arc<Objects>, RecordError> {
+        let trimmed = url.trim_end_matches('/');
+        let parsed = url::Url::parse(trimmed).map_err(|e| invalid(format!("{url:?} is not a URL: {e}")))?;
+        let prefix = parsed.path().trim_start_matches('/').trim_end_matches('/').to_string();
+        Self::with_store(inner, trimmed, &prefix, Vec::new(), Duration::ZERO, DEFAULT_SINGLE_PUT_BYTES)
     }
 
     /// An in-memory store standing for `url` (its root): the store of `cargo test`.
@@ -673,6 +664,15 @@ impl Store for Objects {
                 Ok(bytes)
             }
             Ok(None) => Err(io::Error::new(io::ErrorKind::NotFound, self.no_object(path))),
+            Err(e) => Err(self.io(&e)),
+        }
+    }
+
+    fn get_range(&self, path: &Path, range: std::ops::Range<u64>) -> io::Result<Vec<u8>> {
+        let key = self.key(path)?;
+        match self.run(self.inner.get_range(&key, range)) {
+            Ok(bytes) => Ok(bytes.to_vec()),
+            Err(object_store::Error::NotFound { .. }) => Err(io::Error::new(io::ErrorKind::NotFound, self.no_object(path))),
             Err(e) => Err(self.io(&e)),
         }
     }

@@ -65,7 +65,8 @@
 //! `recorder/declare.rs` (declaring arrays), `recorder/route.rs` (rows to chunks to
 //! jobs), `recorder/rows.rs` (rows given by Python), `recorder/flush.rs` (flush, close,
 //! the ticker's work), `recorder/parts.rs` (parted arrays), `recorder/resume.rs`
-//! (appending to a store) and `recorder/root.rs` (preparing the store's root). Above it,
+//! (appending to a store). Its store and the store's lock come from the store's back-end
+//! (`backend.rs`: the root prepared under the lock). Above it,
 //! `sinks.rs` routes messages to it.
 
 use std::path::{Path, PathBuf};
@@ -80,9 +81,16 @@ use crate::record::catalogue::Catalogue;
 use crate::record::commit::Committer;
 use crate::record::common::{ArrayId, Budget, Mode, Options};
 use crate::record::failures::Failures;
-use crate::record::objects::{ObjectLock, Objects};
-use crate::record::store::{FsStore, Store};
-use crate::record::storelock::{Access, StoreLock};
+use crate::record::backend::api::{Backend, Held};
+use crate::record::backend::fs::FileSystem;
+use crate::record::backend::root::{is_recording, root_attributes};
+#[cfg(test)]
+use crate::record::backend::ObjectBackend;
+use crate::record::backend::Storage;
+#[cfg(test)]
+use crate::record::objects::Objects;
+use crate::record::store::Store;
+use crate::record::storelock::Access;
 use crate::record::trace;
 use crate::record::writer::Writers;
 use crate::record::zarr::{self, Codec};
@@ -91,12 +99,10 @@ mod declare;
 mod flush;
 mod parts;
 mod resume;
-mod root;
 mod route;
 mod rows;
 pub(crate) use route::forget_late_drops;
 pub use route::{take_late_drops, LateDrop};
-use root::{is_recording, prepare_objects, prepare_root, refuse_shared_append, root_attributes};
 
 /// Bumped in a child process created by `fork`
 /// ([`after_fork_in_child`](crate::record::sinks::after_fork_in_child)): recorders opened
@@ -118,33 +124,6 @@ pub struct RecorderStats {
     pub commits: u64,
     /// Rows discarded because the recorder was closed or had failed.
     pub rows_dropped: u64,
-}
-
-/// The lock a recorder holds on its store.
-#[derive(Debug)]
-enum HeldLock {
-    /// A file system's `flock` (`storelock.rs`), released when dropped.
-    File(#[expect(dead_code, reason = "held for its Drop")] StoreLock),
-    /// An object store's lock object with its lease (`objects.rs`), renewed by the ticker.
-    Object(ObjectLock),
-    /// A member of a shared object store's run: its leader holds (and renews) the lock.
-    Joined,
-}
-
-/// Where a recorder's store lives.
-#[derive(Debug, Clone)]
-pub enum Location {
-    /// A directory of the local (or a shared) file system.
-    Path(PathBuf),
-    /// An object store by URL (`s3://bucket/prefix/run.zarr`, `gs://…`, `az://…`), with the
-    /// `object_store` crate's config keys for its provider (over the provider's environment
-    /// variables).
-    Url {
-        /// The store's URL.
-        url: String,
-        /// Config keys and values.
-        options: Vec<(String, String)>,
-    },
 }
 
 /// See the module documentation.
@@ -174,8 +153,8 @@ pub struct Recorder {
     /// The store is shared by the processes of one run: a declaration never replaces
     /// an array's `zarr.json` (another process may have announced rows in it).
     shared: bool,
-    /// The lock on the store, released at close.
-    store_lock: Mutex<Option<HeldLock>>,
+    /// The lock on the store (its back-end's), released at close.
+    store_lock: Mutex<Option<Box<dyn Held>>>,
     /// [`FORK_GENERATION`] when the recorder was opened.
     fork_generation: u64,
     closed: AtomicBool,
@@ -186,7 +165,8 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// Creates a store at `root` and starts the writer and ticker threads.
+    /// Creates a store at `root` (a directory of the file system) and starts the writer
+    /// and ticker threads.
     ///
     /// # Errors
     /// [`RecordError::Io`] when the directory cannot be created or written, or exists.
@@ -196,21 +176,21 @@ impl Recorder {
         opts: Options,
         budget: Arc<dyn Budget>,
     ) -> Result<Arc<Recorder>, RecordError> {
-        Self::create_with(root, mode, opts, budget, &Access::Exclusive)
+        let backend = FileSystem { root: root.to_path_buf() };
+        Self::open_backend(&backend, mode, opts, budget, &Access::Exclusive)
     }
 
-    /// Creates a store at `location` (a path, or an object store by URL) and starts the
-    /// writer and ticker threads. `run`: the store is shared by the processes of one
-    /// `jax.distributed` run, named by its first element; the leader (second element:
+    /// Creates a store in `storage` (a path, or an object store by URL: its back-end) and
+    /// starts the writer and ticker threads. `run`: the store is shared by the processes of
+    /// one `jax.distributed` run, named by its first element; the leader (second element:
     /// process 0) prepares the store and takes its lock naming the run, the others join it.
     ///
     /// # Errors
-    /// As [`Recorder::create`]; for a URL also an unknown scheme or option
-    /// ([`RecordError::Invalid`]), and an unreachable bucket or a store held by another
-    /// recorder whose lease has not ended ([`RecordError::Io`]); a shared store held by
-    /// someone outside the run, or asked to append.
+    /// As [`Recorder::create`]; for an object store also an unreachable bucket or a store
+    /// held by another recorder whose lease has not ended ([`RecordError::Io`]); a shared
+    /// store held by someone outside the run, or asked to append.
     pub fn open(
-        location: &Location,
+        storage: &Storage,
         mode: Mode,
         opts: Options,
         budget: Arc<dyn Budget>,
@@ -221,20 +201,12 @@ impl Recorder {
             Some((group, true)) => Access::SharedLeader { group: group.to_string() },
             Some((group, false)) => Access::SharedMember { group: group.to_string() },
         };
-        match location {
-            Location::Path(root) => Self::create_with(root, mode, opts, budget, &access),
-            Location::Url { url, options } => {
-                if run.is_some() {
-                    refuse_shared_append(mode)?;
-                }
-                let objects = Objects::open(url, options)?;
-                Self::create_in_objects(objects, mode, opts, budget, &access)
-            }
-        }
+        Self::open_backend(storage.backend(), mode, opts, budget, &access)
     }
 
     /// [`Recorder::open`] in an object store already opened (`cargo test`'s in-memory
     /// store).
+    #[cfg(test)]
     pub(crate) fn create_in_objects(
         objects: Arc<Objects>,
         mode: Mode,
@@ -242,21 +214,14 @@ impl Recorder {
         budget: Arc<dyn Budget>,
         access: &Access,
     ) -> Result<Arc<Recorder>, RecordError> {
-        let root = objects.root().to_path_buf();
-        let held = prepare_objects(&objects, mode, opts.lease, access)?;
-        let store: Box<dyn Store> = Box::new(objects);
-        let member = matches!(access, Access::SharedMember { .. });
-        let appending = matches!(mode, Mode::Append { .. }) && is_recording(&*store, &root);
-        if !appending && !member {
-            zarr::write_json(&*store, &root, &zarr::group_metadata(&root_attributes()))?;
-        }
-        let shared = !matches!(access, Access::Exclusive);
-        let rec = Self::start(root, store, held, shared, opts, budget)?;
-        rec.adopt_or_close(mode)
+        Self::open_backend(&ObjectBackend { objects }, mode, opts, budget, access)
     }
 
-    fn create_with(
-        root: &Path,
+    /// Opens a store through its back-end: the root prepared under the back-end's lock
+    /// (`access`), the root group written (unless appended to, or joined), the threads
+    /// started, the arrays adopted when appending.
+    fn open_backend(
+        backend: &dyn Backend,
         mode: Mode,
         opts: Options,
         budget: Arc<dyn Budget>,
@@ -264,16 +229,17 @@ impl Recorder {
     ) -> Result<Arc<Recorder>, RecordError> {
         let member = matches!(access, Access::SharedMember { .. });
         let shared = !matches!(access, Access::Exclusive);
-        let store: Box<dyn Store> = Box::new(FsStore { durable: opts.durable });
         if shared {
             refuse_shared_append(mode)?;
         }
-        let held = prepare_root(&*store, root, mode, access)?;
-        let appending = matches!(mode, Mode::Append { .. }) && is_recording(&*store, root);
+        let root = backend.root().to_path_buf();
+        let store = backend.store(opts.durable);
+        let held = backend.prepare(mode, opts.lease, access)?;
+        let appending = matches!(mode, Mode::Append { .. }) && is_recording(&*store, &root);
         if !member && !appending {
-            zarr::write_json(&*store, root, &zarr::group_metadata(&root_attributes()))?;
+            zarr::write_json(&*store, &root, &zarr::group_metadata(&root_attributes()))?;
         }
-        let rec = Self::start(root.to_path_buf(), store, HeldLock::File(held), shared, opts, budget)?;
+        let rec = Self::start(root, store, held, shared, opts, budget)?;
         rec.adopt_or_close(mode)
     }
 
@@ -293,7 +259,7 @@ impl Recorder {
     fn start(
         root: PathBuf,
         store: Box<dyn Store>,
-        held: HeldLock,
+        held: Box<dyn Held>,
         shared: bool,
         opts: Options,
         budget: Arc<dyn Budget>,
@@ -397,4 +363,16 @@ impl Recorder {
     pub(crate) fn parted_handles(&self, name: &str) -> Result<Vec<Arc<ArrayHandle>>, RecordError> {
         self.catalogue.parts(name)
     }
+}
+
+/// `mode="a"` is for one process: a shared store's run records to a new store.
+fn refuse_shared_append(mode: Mode) -> Result<(), RecordError> {
+    if matches!(mode, Mode::Append { .. }) {
+        return Err(RecordError::Invalid(
+            "mode=\"a\" cannot yet be used by the processes of a jax.distributed run (one \
+             process appends; or record the resumed run to a new path)"
+                .into(),
+        ));
+    }
+    Ok(())
 }

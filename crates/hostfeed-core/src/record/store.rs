@@ -14,9 +14,10 @@
 //! file system then writes a fresh object in place and replaces one that readers may hold
 //! by renaming a temporary file over it, where an object store's put is atomic anyway.
 //!
-//! The lock on an open store is not part of the seam: on a file system it is an `flock` on
-//! a file in the store (`storelock.rs`); in an object store, a conditionally created lock
-//! object with a lease (`objects.rs`).
+//! The lock on an open store is not part of this seam but of the back-end that owns the
+//! store (`backend.rs`): on a file system an `flock` on a file in the store
+//! (`storelock.rs`); in an object store, a conditionally created lock object with a lease
+//! (`objects/lock.rs`).
 //!
 //! Operations of one step return the OS's [`io::Error`] for the caller to word; [`Store::put`]
 //! and [`InPlace::write_at`], of several steps, return the [`RecordError`] that names the
@@ -66,6 +67,12 @@ pub(crate) trait Store: Send + Sync {
     /// # Errors
     /// The OS's (no such object, among others).
     fn get(&self, path: &Path) -> io::Result<Vec<u8>>;
+
+    /// Bytes `range` of the object at `path` (a partial read: only those bytes are read).
+    ///
+    /// # Errors
+    /// The OS's (no such object, a range past its end, among others).
+    fn get_range(&self, path: &Path, range: std::ops::Range<u64>) -> io::Result<Vec<u8>>;
 
     /// The paths directly below `dir` (objects and directories), in no particular order;
     /// entries that cannot be read are left out.
@@ -134,6 +141,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn get(&self, path: &Path) -> io::Result<Vec<u8>> {
         (**self).get(path)
     }
+    fn get_range(&self, path: &Path, range: std::ops::Range<u64>) -> io::Result<Vec<u8>> {
+        (**self).get_range(path, range)
+    }
     fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
         (**self).list(dir)
     }
@@ -185,6 +195,15 @@ impl Store for FsStore {
 
     fn get(&self, path: &Path) -> io::Result<Vec<u8>> {
         fs::read(path)
+    }
+
+    fn get_range(&self, path: &Path, range: std::ops::Range<u64>) -> io::Result<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let len = usize::try_from(range.end.saturating_sub(range.start))
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let mut buf = vec![0u8; len];
+        File::open(path)?.read_exact_at(&mut buf, range.start)?;
+        Ok(buf)
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {

@@ -38,7 +38,7 @@ use crate::error::RecordError;
 use crate::record::store::io_error;
 
 /// Name of the lock file inside a store.
-pub(crate) const LOCK_FILE: &str = ".hostfeed.lock";
+pub const LOCK_FILE: &str = ".hostfeed.lock";
 
 /// How a store is held.
 #[derive(Debug, Clone, PartialEq, Eq)]

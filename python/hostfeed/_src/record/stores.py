@@ -5,24 +5,25 @@ A URL of any other scheme is refused at the call rather than taken for a local f
 name."""
 from __future__ import annotations
 
-import fcntl
-import json
 import math
 import os
 import re
-import time
 import urllib.parse
 import urllib.request
 from typing import Any, NamedTuple, Optional
 from collections.abc import Mapping
+
+from ... import _receiver
 
 _URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 # A scheme followed by ":" but not "//" ("s3:/bucket", "gs:bucket"); Windows drive letters
 # ("C:/data") have one letter and are no scheme hostfeed knows.
 _NEAR_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):/?")
 
-#: The URL schemes of object stores (S3, Google Cloud Storage, Azure Blob Storage).
-OBJECT_SCHEMES = ("s3", "s3a", "gs", "az", "adl", "azure", "abfs", "abfss")
+#: The URL schemes of the stores that URLs name (S3, Google Cloud Storage, Azure Blob
+#: Storage, and ``memory://``, a store in the recording process's memory): the storage
+#: back-ends' own list (the core's ``record/backend.rs``).
+OBJECT_SCHEMES: tuple[str, ...] = tuple(_receiver.storage.STORE_SCHEMES)
 
 
 class Location(NamedTuple):
@@ -123,6 +124,10 @@ def zarr_store(where: Location) -> Any:
     from the provider's environment variables and the storage options."""
     if not where.url:
         return where.where
+    if where.where.lower().startswith("memory://"):
+        raise ValueError(f"hostfeed: {where.where!r} lives in the memory of the process that "
+                         f"recorded it and cannot be read back with zarr-python; record to a "
+                         f"path or an object store to read the recording back")
     try:
         import obstore.store
         from zarr.storage import ObjectStore
@@ -172,43 +177,17 @@ def read_rows(array: Any, selection: Any, name: str, where: str) -> Any:
 
 
 #: The file (in an object store, the object) of an open store's lock, in its root.
-LOCK_NAME = ".hostfeed.lock"
+LOCK_NAME: str = _receiver.storage.LOCK_FILE
 
 
 def writer_open(where: Location) -> bool:
-    """Whether a recorder holds the store (its lock taken: a file's ``flock``, an object
-    store's live lock object)."""
-    if where.url:
-        return _object_lock_live(where)
-    try:
-        fd = os.open(os.path.join(where.where, LOCK_NAME), os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        held = False
-    except BlockingIOError:
-        held = True
-    finally:
-        os.close(fd)
-    return held
+    """Whether a recorder holds the store now (its lock taken: a file's ``flock``, an
+    object store's lock object with a live lease), as its storage back-end says (the
+    binding's ``store_held``); a store whose lock cannot be read is not held.
 
-
-def _object_lock_live(where: Location) -> bool:
-    import asyncio
-    try:
-        raw = asyncio.run(_get(zarr_store(where), LOCK_NAME))
-    except Exception:  # noqa: BLE001 - no lock object: nobody writes
-        raw = None
-    if raw is None:
-        return False
-    try:
-        return int(json.loads(raw)["lease_until_ns"]) > time.time_ns()
-    except (ValueError, KeyError):
-        return True
-
-
-async def _get(store: Any, key: str) -> Optional[bytes]:
-    from zarr.core.buffer import default_buffer_prototype
-    got = await store.get(key, prototype=default_buffer_prototype())
-    return None if got is None else got.to_bytes()
+    Example:
+        >>> writer_open(location("/tmp/no-such-recording.zarr"))
+        False
+    """
+    return bool(_receiver.storage.store_held(where.where, url=where.url,
+                                     storage_options=where.options))

@@ -116,6 +116,20 @@ impl ObjectLock {
         }
     }
 
+    /// Whether a live recorder holds the store at `root`, read only: a lock object whose
+    /// lease has not ended (one that is not a holder record counts as held: someone wrote
+    /// it); `false` where there is none, or it cannot be read.
+    pub(crate) fn is_live(objects: &Objects, root: &Path) -> bool {
+        let Ok((key, _)) = Self::location(objects, root) else { return false };
+        match objects.get_versioned(&key) {
+            Ok(Some((bytes, _))) => serde_json::from_slice::<Value>(&bytes)
+                .ok()
+                .and_then(|h| h["lease_until_ns"].as_i64())
+                .is_none_or(|until| until > now_ns()),
+            Ok(None) | Err(_) => false,
+        }
+    }
+
     /// Takes the lock of the store at `root` for `lease`; a lock whose lease has ended is
     /// taken over (conditionally: of two openers, one wins).
     ///

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{HeldLock, Recorder, RecorderStats};
+use super::{Recorder, RecorderStats};
 use crate::error::RecordError;
 use crate::host::sync::lock;
 use crate::record::arrays::ArrayHandle;
@@ -138,11 +138,11 @@ impl Recorder {
         self.committer.commit_all(&*self.store, &self.catalogue, &self.failures, false);
     }
 
-    /// Renews an object store lock's lease when due; a failure is reported by the next flush.
+    /// Renews the store lock's lease when due (an object store's); a failure is reported by the next flush.
     fn renew_lease(&self) {
         let renewed = match &*lock(&self.store_lock) {
-            Some(HeldLock::Object(l)) => l.renew_if_due(),
-            _ => Ok(()),
+            Some(held) => held.renew_if_due(),
+            None => Ok(()),
         };
         if let Err(e) = renewed {
             self.failures.push(e);

@@ -1,28 +1,26 @@
-//! Where a recording lives: its root made ready for a mode (created, checked to be empty
-//! or a recording, an earlier recording removed) under the store's lock, taken first.
+//! What every back-end's [`prepare`](super::api::Backend::prepare) shares: whether a root
+//! holds a hostfeed recording, whether a mode may use a root as it is, an earlier
+//! recording removed, and the error for a local root that cannot be created.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::HeldLock;
 use crate::error::RecordError;
 use crate::record::common::Mode;
-use crate::record::objects::{ObjectLock, Objects};
 use crate::record::store::{io_error, Store};
-use crate::record::storelock::{Access, StoreLock, LOCK_FILE};
+use crate::record::storelock::LOCK_FILE;
 
 /// What the root's attributes say a hostfeed recording is.
-pub(super) const ROOT_FORMAT: &str = "hostfeed-recording";
+pub(crate) const ROOT_FORMAT: &str = "hostfeed-recording";
 
-pub(super) fn root_attributes() -> Value {
+pub(crate) fn root_attributes() -> Value {
     json!({"hostfeed": {"format": ROOT_FORMAT, "version": 1}})
 }
 
 /// Whether `root` holds a hostfeed recording (its `zarr.json` says so).
-pub(super) fn is_recording(store: &dyn Store, root: &Path) -> bool {
+pub(crate) fn is_recording(store: &dyn Store, root: &Path) -> bool {
     store
         .get(&root.join("zarr.json"))
         .ok()
@@ -37,7 +35,7 @@ fn entries(store: &dyn Store, root: &Path) -> Option<Vec<PathBuf>> {
 }
 
 /// Whether `mode` may use `root` (an existing path) as it is.
-pub(super) fn check_existing(store: &dyn Store, root: &Path, mode: Mode) -> Result<(), RecordError> {
+pub(crate) fn check_existing(store: &dyn Store, root: &Path, mode: Mode) -> Result<(), RecordError> {
     if entries(store, root).is_some_and(|e| e.is_empty()) {
         return Ok(());
     }
@@ -64,7 +62,7 @@ pub(super) fn check_existing(store: &dyn Store, root: &Path, mode: Mode) -> Resu
 
 /// Removes an earlier recording at `root` entry by entry (the directory, and the lock in
 /// it, stay), unless `mode` appends to it.
-pub(super) fn clear_root(store: &dyn Store, root: &Path, mode: Mode) -> Result<(), RecordError> {
+pub(crate) fn clear_root(store: &dyn Store, root: &Path, mode: Mode) -> Result<(), RecordError> {
     if matches!(mode, Mode::Append { .. }) {
         return Ok(());
     }
@@ -74,73 +72,10 @@ pub(super) fn clear_root(store: &dyn Store, root: &Path, mode: Mode) -> Result<(
     Ok(())
 }
 
-/// `mode="a"` is for one process: a shared store's run records to a new store.
-pub(super) fn refuse_shared_append(mode: Mode) -> Result<(), RecordError> {
-    if matches!(mode, Mode::Append { .. }) {
-        return Err(RecordError::Invalid(
-            "mode=\"a\" cannot yet be used by the processes of a jax.distributed run (one \
-             process appends; or record the resumed run to a new path)"
-                .into(),
-        ));
-    }
-    Ok(())
-}
-
-/// Makes `root` an empty directory held by the returned lock. A store another recorder
-/// holds is refused first (naming the holder), before anything is created or removed.
-pub(super) fn prepare_root(
-    store: &dyn Store,
-    root: &Path,
-    mode: Mode,
-    access: &Access,
-) -> Result<StoreLock, RecordError> {
-    if matches!(access, Access::SharedMember { .. }) {
-        // A member of a shared store's run: its leader prepared the directory.
-        return StoreLock::acquire(root, access);
-    }
-    StoreLock::check_free(root)?;
-    if store.exists(root) {
-        check_existing(store, root, mode)?;
-    }
-    store.create_dir(root).map_err(|e| create_error(root, &e))?;
-    let held = StoreLock::acquire(root, access)?;
-    // Again under the lock: another process may have written meanwhile.
-    check_existing(store, root, mode)?;
-    // An earlier recording is replaced entry by entry: the directory (and the lock file
-    // in it) stays, so the lock keeps guarding the path.
-    clear_root(store, root, mode)?;
-    Ok(held)
-}
-
-/// [`prepare_root`] for a store in an object store: the bucket is reached first (a missing
-/// bucket or wrong credentials fail here, before anything is written), a live holder is
-/// refused, then the lock object is created and an earlier recording removed.
-pub(super) fn prepare_objects(
-    objects: &Arc<Objects>,
-    mode: Mode,
-    lease: std::time::Duration,
-    access: &Access,
-) -> Result<HeldLock, RecordError> {
-    let root = objects.root().to_path_buf();
-    let store: &dyn Store = &**objects;
-    objects.check_reachable()?;
-    if let Access::SharedMember { group } = access {
-        // A member of a shared store's run: its leader prepared the store.
-        ObjectLock::join(objects, &root, group)?;
-        return Ok(HeldLock::Joined);
-    }
-    ObjectLock::check_free(objects, &root)?;
-    check_existing(store, &root, mode)?;
-    let held = ObjectLock::acquire(objects, &root, lease, access)?;
-    check_existing(store, &root, mode)?;
-    clear_root(store, &root, mode)?;
-    Ok(HeldLock::Object(held))
-}
-
 /// The error for a local recording's root that cannot be created, naming what stands in
 /// the way: the nearest folder above it that exists (the one that is read-only or will
 /// not take a folder), or a file where a folder should be.
-fn create_error(root: &Path, e: &std::io::Error) -> RecordError {
+pub(crate) fn create_error(root: &Path, e: &std::io::Error) -> RecordError {
     let err = io_error("create", root, e);
     let Some(why) = blocking_ancestor(root, e) else { return err };
     match err {
