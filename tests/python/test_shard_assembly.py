@@ -367,6 +367,58 @@ def test_a_crossing_of_three_devices_is_resolved():
     assert d.d.held == {}
 
 
+def test_calls_held_behind_crossed_executions_run_out_of_order():
+    # Issue 65.2's soak hang (portable transport, 1 run in about 200): devices 0 and 1 ran
+    # executions x and y (dispatched by two threads) in opposite orders, and each then ran
+    # a single-device computation that calls. Held back behind its device's joined tap,
+    # each call blocked its device, so neither device sent its part of the other's set
+    # (on CPU its later executions wait behind the call): a circle that no held-back part
+    # shows, and every thread waited for ever. One call now runs out of its order.
+    log = Log()
+
+    def call(arrays, ordinal, reply):
+        log.events.append(("call", ordinal))
+        return not reply.send([])
+
+    d = Dispatch([log.joined("x"), log.joined("y"),
+                  consumers.Consumer(call, "c", ConsumerKind.CALL)])
+    r0, r1 = FakeCallReply(), FakeCallReply()
+    d.send((0, 0, 1, *part(0, 0, np.array([10]))))  # device 0: its part of x
+    d.send((2, 0, 3, np.array([0])), reply=r0)  # then a call: held, device 0 waits
+    d.send((1, 1, 2, *part(0, 1, np.array([21]))))  # device 1: its part of y
+    assert log.events == [] and r0.pending  # device 1 may still send its part of x
+    d.send((2, 1, 4, np.array([1])), reply=r1)  # device 1's call, held: a circle
+    assert log.events == [("call", 0)] and not r0.pending and r1.pending
+    # Device 0 goes on: its part of y (held behind x) completes y out of its order, which
+    # lets device 1's call run, and device 1's part of x completes x.
+    d.send((1, 0, 2, *part(0, 0, np.array([20]))))
+    assert log.events == [("call", 0), ("y", "joined", [[20, 21]]), ("call", 1)]
+    d.send((0, 1, 1, *part(0, 1, np.array([11]))))
+    assert log.events[3:] == [("x", "joined", [[10, 11]])]
+    assert d.d.held == {} and not r1.pending
+
+
+def test_calls_held_in_order_behind_one_execution_wait_for_it():
+    # Devices 0 and 1 each wait for a call held behind their parts of the same set x:
+    # no circle (each has sent its part of x), so the calls wait for x, in order.
+    log = Log()
+
+    def call(arrays, ordinal, reply):
+        log.events.append(("call", ordinal))
+        return not reply.send([])
+
+    d = Dispatch([log.joined("x", n_parts=3), consumers.Consumer(call, "c", ConsumerKind.CALL)])
+    r0, r1 = FakeCallReply(), FakeCallReply()
+    d.send((0, 0, 1, *part(0, 0, np.array([10]))))
+    d.send((1, 0, 3, np.array([0])), reply=r0)
+    d.send((0, 1, 1, *part(0, 1, np.array([11]))))
+    d.send((1, 1, 4, np.array([1])), reply=r1)
+    assert log.events == [] and r0.pending and r1.pending
+    d.send((0, 2, 1, *part(0, 2, np.array([12]))))  # device 2's part, later
+    assert log.events == [("x", "joined", [[10, 11, 12]]), ("call", 0), ("call", 1)]
+    assert d.d.held == {}
+
+
 def test_a_device_that_waits_in_order_is_no_crossing():
     # Device 0 sent parts of x and then y, device 1 has sent neither yet: y waits behind
     # x on device 0, in its order.

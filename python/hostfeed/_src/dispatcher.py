@@ -71,7 +71,11 @@ class Dispatcher:
     dispatched by different threads): then each holds back the part the other waits for.
     Such a crossing (a circle of held devices, each holding back a part of the set the
     next waits for) is found as soon as it forms, and one of those parts runs out of its
-    device's order, with a warning, rather than wait for ever.
+    device's order, with a warning, rather than wait for ever. A held device that holds
+    back a ``call`` (or a synchronous tap) waits for it and sends nothing more, so it keeps
+    back too the parts of the sets it has not sent a part of (on CPU its later executions
+    wait behind the call): in a circle of such devices, one device's messages up to that
+    call run out of its order.
 
     A set is dropped only when its execution is known to have failed, never because
     time passed or because a barrier ran meanwhile:
@@ -201,6 +205,8 @@ class Dispatcher:
                 key = self._joined_key(consumers, msg)
                 if key is not None:
                     h.parts[key] += 1
+                    self._resolve_crossings(consumers)
+                elif msg.reply is not None:  # its device now waits for it: maybe a circle
                     self._resolve_crossings(consumers)
                 return
         self._deliver_and_release(consumers, msg)
@@ -390,16 +396,29 @@ class Dispatcher:
             del self.failed_runs[UNKNOWN_RUN]
 
     def _resolve_crossings(self, consumers: dict) -> None:
-        """Runs parts out of their device's order while held devices wait for each other
-        in a circle (each holds back a part of the set the next one waits for): found by
-        following, from each held device, the device that holds back a part of its set."""
+        """Runs messages out of their device's order while held devices wait for each
+        other in a circle, found by following, from each held device, the devices that
+        keep the part its set waits for:
+
+        - a held device that holds back a part of that set (two devices ran two
+          multi-device executions in opposite orders): that part runs out of its order;
+        - a held device that has not sent its part of that set and holds back a message
+          it waits for (a ``call``, or a synchronous tap, of a computation it ran after its
+          own part): it sends nothing more until that message has run, so the part cannot
+          come while the message waits for the set. Its held messages up to that one run
+          before its own set completes (on CPU its later executions, the other part's
+          among them, wait behind the call).
+        """
         while True:
-            edge = self._find_crossing()
+            edge = self._find_crossing(consumers)
             if edge is None:
                 return
             waiter, holder = edge
             key = self.held[waiter].key
             h = self.held[holder]
+            if key not in h.parts:  # the holder waits for a message it holds back
+                self._run_through_blocker(consumers, holder, h)
+                continue
             for i, entry in enumerate(h.waiting):
                 waiting_msg, _ = entry
                 if self._joined_key(consumers, waiting_msg) == key:
@@ -417,9 +436,42 @@ class Dispatcher:
                            holder, getattr(c, "name", msg.consumer_id))
             self._run_held(entry, lambda msg: self._deliver_and_release(consumers, msg))
 
-    def _find_crossing(self) -> tuple[int, int] | None:
+    def _blocker(self, consumers: dict, h: _Held) -> int | None:
+        """The position among ``h.waiting`` of the first message its device waits for (its
+        reply pending): a ``call`` or a synchronous tap, which can run out of order; None
+        if there is none, or if it is a part of a global-view call (which needs its set)."""
+        for i, (msg, _) in enumerate(h.waiting):
+            reply = msg.reply
+            if reply is not None and reply.pending:
+                return None if self._joined_key(consumers, msg) is not None else i
+        return None
+
+    def _run_through_blocker(self, consumers: dict, ordinal: int, h: _Held) -> None:
+        """Runs the messages device ``ordinal`` holds back, in its order, up to and
+        including the first one it waits for (:meth:`_blocker`), before its own joined set
+        completes: the device goes on and sends the parts the other held devices wait for.
+        The device stays held on its set."""
+        stop = self._blocker(consumers, h)
+        assert stop is not None  # (what made it a holder)
+        blocker = h.waiting[stop][0]
+        c = consumers.get(blocker.consumer_id)
+        logger.warning("hostfeed: device %s waits for its host callback %s, held back behind "
+                       "a multi-device execution whose other devices wait in turn for it; "
+                       "it runs before that execution's global-view callback, out of its "
+                       "order", ordinal, getattr(c, "name", blocker.consumer_id))
+        for _ in range(stop + 1):
+            entry = h.waiting.popleft()
+            key = self._joined_key(consumers, entry[0])
+            if key is not None:
+                h.parts[key] -= 1
+                if not h.parts[key]:
+                    del h.parts[key]
+            self._run_held(entry, lambda msg: self._deliver_and_release(consumers, msg))
+
+    def _find_crossing(self, consumers: dict) -> tuple[int, int] | None:
         """An edge (waiter, holder) of a circle of held devices, where ``holder`` holds
-        back a part of the set ``waiter`` is held on; None if there is no circle."""
+        back a part of the set ``waiter`` is held on, or has sent no part of that set and
+        holds back a message it waits for (:meth:`_blocker`); None if there is no circle."""
         held = self.held
         if len(held) < 2:
             return None
@@ -427,10 +479,17 @@ class Dispatcher:
         for ordinal, h in held.items():
             for key in h.parts:
                 holders.setdefault(key, []).append(ordinal)
-        if not holders:
+        blocked = [o for o, h in held.items() if self._blocker(consumers, h) is not None]
+        if not holders and len(blocked) < 2:
             return None
-        # Each held device's successors: the held devices holding back a part of its set.
-        succ = {o: [x for x in holders.get(h.key, ()) if x != o] for o, h in held.items()}
+        # Each held device's successors: the held devices that keep a part of its set.
+        succ: dict[int, list[int]] = {}
+        for o, h in held.items():
+            keep = [x for x in holders.get(h.key, ()) if x != o]
+            if blocked:
+                sent = h.joiner.senders(h.run, o)
+                keep += [x for x in blocked if x != o and x not in sent and x not in keep]
+            succ[o] = keep
         state: dict[int, int] = {}  # 1: on the path, 2: done
         for start, first in succ.items():
             if start in state:
