@@ -87,6 +87,53 @@ def judge(helper: str, stdout: str, stderr: str) -> str:
     return f"{', '.join(bad)}: {json.dumps(res)[:600]}" if bad else ""
 
 
+#: Run in a hung helper through gdb (PyRun_SimpleString): writes the dispatcher's state
+#: (held devices, what each holds back, the joiners' incomplete sets) as JSON to {path}.
+STATE = """
+import json
+try:
+    from hostfeed._src.dispatcher import dispatcher as d
+    from hostfeed._src.consumers import registry
+    def desc(m):
+        c = registry.consumers.get(m.consumer_id)
+        return [m.consumer_id, m.device, m.run_id, str(getattr(c, 'kind', None)),
+                getattr(c, 'name', None), None if m.reply is None else bool(m.reply.pending)]
+    state = {{
+        'held': {{str(o): {{'run': h.run, 'set': getattr(h.joiner, 'name', None),
+                          'senders': sorted(h.joiner.senders(h.run, o)),
+                          'waiting': [desc(m) for m, _ in h.waiting]}}
+                 for o, h in d.held.items()}},
+        'orphans': {{str(o): [desc(m) for m, _ in w] for o, w in d.orphans.items()}},
+        'incomplete': {{c.name: {{str(r): [sorted(p.ordinal for p in parts.values())
+                                          for parts in sets.values()]
+                                 for r, sets in c.invoke._runs.items()}}
+                       for c in list(registry.consumers.values())
+                       if str(c.kind).endswith('JOINED')}}}}
+except Exception as e:
+    state = {{'error': repr(e)}}
+open({path!r}, 'w').write(json.dumps(state, default=str))
+"""
+
+
+def gdb_state(pid: int, path: pathlib.Path) -> str:
+    """The dispatcher's state in the hung process ``pid`` (:data:`STATE`), or why not."""
+    snippet = path.with_suffix(".py")
+    snippet.write_text(STATE.format(path=str(path)))
+    run = f"exec(open({str(snippet)!r}).read())".replace('"', '\\"')
+    try:
+        r = subprocess.run(["gdb", "-p", str(pid), "-batch", "-nx",
+                        "-ex", "call (int)PyGILState_Ensure()",
+                        "-ex", f'call (int)PyRun_SimpleString("{run}")',
+                        "-ex", "call (void)PyGILState_Release($1)"],
+                       capture_output=True, text=True, timeout=60)
+    except (subprocess.TimeoutExpired, OSError) as e:
+        return f"(no state: {e})"
+    if path.exists():
+        return path.read_text()
+    return "(no state written)\n" + "\n".join(r.stdout.splitlines()[-5:]
+                                               + r.stderr.splitlines()[-5:])
+
+
 def gdb_stacks(pid: int) -> str:
     if shutil.which("gdb") is None:
         return "(no gdb)"
@@ -101,7 +148,8 @@ def gdb_stacks(pid: int) -> str:
         return "(gdb timed out)"
 
 
-def one_run(name: str, seconds: float, hang_after: float) -> tuple[str, str, str]:
+def one_run(name: str, seconds: float, hang_after: float,
+            state_path: pathlib.Path) -> tuple[str, str, str]:
     """('pass' | 'fail' | 'hang', reason, log) for one run of scenario ``name``."""
     helper, extra_env, args = SCENARIOS[name]
     env = dict(os.environ, JAX_PLATFORMS="cpu", HOSTFEED_FAST_DISPATCH="1", **extra_env)
@@ -115,6 +163,8 @@ def one_run(name: str, seconds: float, hang_after: float) -> tuple[str, str, str
         out, err = p.communicate(timeout=hang_after)
     except subprocess.TimeoutExpired:
         native = gdb_stacks(p.pid)
+        if shutil.which("gdb") is not None:
+            native += "\n--- dispatcher state ---\n" + gdb_state(p.pid, state_path)
         os.kill(p.pid, signal.SIGUSR1)
         try:
             out, err = p.communicate(timeout=10)
@@ -146,7 +196,8 @@ def main() -> None:
     while time.monotonic() < end and (not a.runs or i < a.runs):
         name = names[i % len(names)]
         t0 = time.monotonic()
-        verdict, reason, log = one_run(name, a.seconds, a.hang_after)
+        verdict, reason, log = one_run(name, a.seconds, a.hang_after,
+                                       logs / f"{i:04d}-{name}-state.json")
         counts[name]["runs"] += 1
         counts[name][verdict] += 1
         line = (f"{time.strftime('%H:%M:%S')} run {i} {name}: {verdict} after "

@@ -16,6 +16,7 @@ from .._receiver import FLAG_EAGER, Message
 from . import compat
 from .consumers import ConsumerKind, registry
 from .errors import record_exception
+from .stall_watch import PATIENCE, StallWatch
 
 logger = logging.getLogger("hostfeed")
 
@@ -108,7 +109,7 @@ class Dispatcher:
     (``orphans``), which runs them first, in order.
     """
 
-    def __init__(self, charge: bool = False) -> None:
+    def __init__(self, charge: bool = False, watch: bool = False) -> None:
         # device ordinal -> the joined set it waits for, and its messages held back
         self.held: dict[int, _Held] = {}
         # Whether held-back messages are charged against the receiver's bound (the
@@ -126,6 +127,8 @@ class Dispatcher:
         # runs a failed call ended on some device (bounded: the newest 1024), each with
         # the epoch in which it failed
         self.failed_runs: collections.OrderedDict[int, int] = collections.OrderedDict()
+        # The receiver's: runs a held call out of order when everything stalls behind it.
+        self.stall = StallWatch(lambda: bool(self.held), self._unstall) if watch else None
 
     def __call__(self, batch: Iterable[Message]) -> None:
         consumers = registry.consumers
@@ -208,6 +211,8 @@ class Dispatcher:
                     self._resolve_crossings(consumers)
                 elif msg.reply is not None:  # its device now waits for it: maybe a circle
                     self._resolve_crossings(consumers)
+                    if self.stall is not None:
+                        self.stall.note()
                 return
         self._deliver_and_release(consumers, msg)
 
@@ -417,7 +422,8 @@ class Dispatcher:
             key = self.held[waiter].key
             h = self.held[holder]
             if key not in h.parts:  # the holder waits for a message it holds back
-                self._run_through_blocker(consumers, holder, h)
+                self._run_through_blocker(consumers, holder, h,
+                                          "whose other devices wait in turn for it")
                 continue
             for i, entry in enumerate(h.waiting):
                 waiting_msg, _ = entry
@@ -446,7 +452,7 @@ class Dispatcher:
                 return None if self._joined_key(consumers, msg) is not None else i
         return None
 
-    def _run_through_blocker(self, consumers: dict, ordinal: int, h: _Held) -> None:
+    def _run_through_blocker(self, consumers: dict, ordinal: int, h: _Held, why: str) -> None:
         """Runs the messages device ``ordinal`` holds back, in its order, up to and
         including the first one it waits for (:meth:`_blocker`), before its own joined set
         completes: the device goes on and sends the parts the other held devices wait for.
@@ -456,9 +462,9 @@ class Dispatcher:
         blocker = h.waiting[stop][0]
         c = consumers.get(blocker.consumer_id)
         logger.warning("hostfeed: device %s waits for its host callback %s, held back behind "
-                       "a multi-device execution whose other devices wait in turn for it; "
-                       "it runs before that execution's global-view callback, out of its "
-                       "order", ordinal, getattr(c, "name", blocker.consumer_id))
+                       "a multi-device execution %s; it runs before that execution's "
+                       "global-view callback, out of its order", ordinal,
+                       getattr(c, "name", blocker.consumer_id), why)
         for _ in range(stop + 1):
             entry = h.waiting.popleft()
             key = self._joined_key(consumers, entry[0])
@@ -467,6 +473,22 @@ class Dispatcher:
                 if not h.parts[key]:
                     del h.parts[key]
             self._run_held(entry, lambda msg: self._deliver_and_release(consumers, msg))
+
+    def _unstall(self, expected: int) -> None:
+        """(A check of the stall watch, in queue order.) If no message reached the receiver
+        since the watch pushed it (``expected``: the count of messages enqueued with it),
+        runs the held messages of the longest held device that waits for one of them
+        (:meth:`_blocker`) up to that one: everything stalled behind it."""
+        if _receiver.stats()["messages_enqueued"] != expected:
+            return
+        consumers = registry.consumers
+        for ordinal, h in list(self.held.items()):
+            if self._blocker(consumers, h) is not None:
+                self._run_through_blocker(
+                    consumers, ordinal, h,
+                    f"whose other parts had not come while nothing reached the host for "
+                    f"{PATIENCE:g} s")
+                return
 
     def _find_crossing(self, consumers: dict) -> tuple[int, int] | None:
         """An edge (waiter, holder) of a circle of held devices, where ``holder`` holds
@@ -518,7 +540,7 @@ class Dispatcher:
 
 
 #: The dispatcher of the receiver's consumer thread (held messages charged to the bound).
-dispatcher = Dispatcher(charge=True)
+dispatcher = Dispatcher(charge=True, watch=True)
 
 
 def run_sync_tap(invoke: Callable[..., None], name: str, arrays: Sequence[np.ndarray],
