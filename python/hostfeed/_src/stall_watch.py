@@ -43,20 +43,19 @@ class StallWatch:
         self.unstall = unstall
         self.patience = patience
         self.wake = threading.Event()
-        self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
 
     def note(self) -> None:
-        """(The consumer thread.) A message that its device waits for was held back."""
+        """(The consumer thread.) A message that its device waits for was held back.
+        No lock (the consumer thread calls it; two threads started by an abandoned
+        consumer and its successor would only check twice), so none to reset after a fork,
+        where the thread is gone and starts again."""
         self.wake.set()
         t = self.thread
         if t is None or not t.is_alive():
-            with self.lock:
-                t = self.thread
-                if t is None or not t.is_alive():  # (also after a fork: no thread there)
-                    self.thread = threading.Thread(target=self._run, daemon=True,
-                                                   name="hostfeed-stall-watch")
-                    self.thread.start()
+            self.thread = threading.Thread(target=self._run, daemon=True,
+                                           name="hostfeed-stall-watch")
+            self.thread.start()
 
     def _run(self) -> None:
         pause = threading.Event()  # never set: a timed wait
