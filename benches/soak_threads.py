@@ -23,9 +23,11 @@ after it started: gdb's ``thread apply all bt`` and ``py-bt`` are tried, then it
 threads' Python stacks are dumped (faulthandler, on SIGUSR1), and it is killed. The logs
 of every run that did not pass go to ``--logs`` (default soak-logs/ under the current
 folder). Prints a line per run (with the reason and log of one that did not pass) and, at
-the end, one JSON line of counts per scenario. Not run by CI (the short forms of these
-scenarios are tests in tests/python/test_joined_concurrency.py; the hang it found, issue
-65.2's, is test_shard_assembly's test_calls_held_behind_crossed_executions_...).
+the end, one JSON line of counts per scenario (with the runs in which the dispatcher ran a
+callback out of its device's order, which it warns about). Not run by CI (the short forms
+of these scenarios are tests in tests/python/test_joined_concurrency.py; the hangs it
+found, issue 65.2's, are test_shard_assembly's test_calls_held_behind_crossed_executions_*
+and test_a_call_held_while_nothing_comes_*).
 
 On this project's shared 2-core machine: ``nice -n 15``, one soak at a time, e.g.
 ``nice -n 15 python benches/soak_threads.py --minutes 40 --scenario portable --scenario
@@ -175,7 +177,7 @@ def one_run(name: str, seconds: float, hang_after: float,
     if p.returncode != 0:
         return "fail", f"exit {p.returncode}: {err.strip().splitlines()[-1:]}", err + out
     reason = judge(helper, out, err)
-    return ("fail" if reason else "pass"), reason, err + out
+    return ("fail" if reason else "pass"), reason, err + out  # (err: the warnings too)
 
 
 def main() -> None:
@@ -190,7 +192,8 @@ def main() -> None:
     names = a.scenario or ["portable", "native", "snapshot"]
     logs = pathlib.Path(a.logs)
     logs.mkdir(parents=True, exist_ok=True)
-    counts = {n: {"runs": 0, "pass": 0, "fail": 0, "hang": 0} for n in names}
+    counts = {n: {"runs": 0, "pass": 0, "fail": 0, "hang": 0, "out_of_order": 0}
+              for n in names}
     end = time.monotonic() + 60 * a.minutes
     i = 0
     while time.monotonic() < end and (not a.runs or i < a.runs):
@@ -200,6 +203,8 @@ def main() -> None:
                                        logs / f"{i:04d}-{name}-state.json")
         counts[name]["runs"] += 1
         counts[name][verdict] += 1
+        # Runs where the dispatcher ran something out of its device's order (a warning).
+        counts[name]["out_of_order"] += "out of its order" in log
         line = (f"{time.strftime('%H:%M:%S')} run {i} {name}: {verdict} after "
                 f"{time.monotonic() - t0:.1f} s")
         if verdict != "pass":
