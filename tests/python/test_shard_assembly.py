@@ -2,12 +2,14 @@
 that keeps each device's messages in order around them (unit level, no device)."""
 from __future__ import annotations
 
+import threading
+
 import jax
 import numpy as np
 import pytest
 
 from hostfeed import _receiver
-from hostfeed._src import consumers, dispatcher, errors, lifecycle
+from hostfeed._src import consumers, dispatcher, errors, lifecycle, stall_watch
 from hostfeed._src.placement import rounds_for
 from hostfeed._src.consumers import ConsumerKind
 from hostfeed._src.runtime import make_joined_call, make_joined_tap
@@ -366,6 +368,100 @@ def test_a_crossing_of_three_devices_is_resolved():
     assert sorted(log.events) == [("a", "joined", [[0, 2]]), ("b", "joined", [[1, 5]]),
                                   ("c", "joined", [[4, 3]])]
     assert d.d.held == {}
+
+
+def test_calls_held_behind_crossed_executions_run_out_of_order():
+    # Issue 65.2's soak hang (portable transport, 1 run in about 200): devices 0 and 1 ran
+    # executions x and y (dispatched by two threads) in opposite orders, and each then ran
+    # a single-device computation that calls. Held back behind its device's joined tap,
+    # each call blocked its device, so neither device sent its part of the other's set
+    # (on CPU its later executions wait behind the call): a circle that no held-back part
+    # shows, and every thread waited for ever. One call now runs out of its order.
+    log = Log()
+
+    def call(arrays, ordinal, reply):
+        log.events.append(("call", ordinal))
+        return not reply.send([])
+
+    d = Dispatch([log.joined("x"), log.joined("y"),
+                  consumers.Consumer(call, "c", ConsumerKind.CALL)])
+    r0, r1 = FakeCallReply(), FakeCallReply()
+    d.send((0, 0, 1, *part(0, 0, np.array([10]))))  # device 0: its part of x
+    d.send((2, 0, 3, np.array([0])), reply=r0)  # then a call: held, device 0 waits
+    d.send((1, 1, 2, *part(0, 1, np.array([21]))))  # device 1: its part of y
+    assert log.events == [] and r0.pending  # device 1 may still send its part of x
+    d.send((2, 1, 4, np.array([1])), reply=r1)  # device 1's call, held: a circle
+    assert log.events == [("call", 0)] and not r0.pending and r1.pending
+    # Device 0 goes on: its part of y (held behind x) completes y out of its order, which
+    # lets device 1's call run, and device 1's part of x completes x.
+    d.send((1, 0, 2, *part(0, 0, np.array([20]))))
+    assert log.events == [("call", 0), ("y", "joined", [[20, 21]]), ("call", 1)]
+    d.send((0, 1, 1, *part(0, 1, np.array([11]))))
+    assert log.events[3:] == [("x", "joined", [[10, 11]])]
+    assert d.d.held == {} and not r1.pending
+
+
+def test_calls_held_in_order_behind_one_execution_wait_for_it():
+    # Devices 0 and 1 each wait for a call held behind their parts of the same set x:
+    # no circle (each has sent its part of x), so the calls wait for x, in order.
+    log = Log()
+
+    def call(arrays, ordinal, reply):
+        log.events.append(("call", ordinal))
+        return not reply.send([])
+
+    d = Dispatch([log.joined("x", n_parts=3), consumers.Consumer(call, "c", ConsumerKind.CALL)])
+    r0, r1 = FakeCallReply(), FakeCallReply()
+    d.send((0, 0, 1, *part(0, 0, np.array([10]))))
+    d.send((1, 0, 3, np.array([0])), reply=r0)
+    d.send((0, 1, 1, *part(0, 1, np.array([11]))))
+    d.send((1, 1, 4, np.array([1])), reply=r1)
+    assert log.events == [] and r0.pending and r1.pending
+    d.send((0, 2, 1, *part(0, 2, np.array([12]))))  # device 2's part, later
+    assert log.events == [("x", "joined", [[10, 11, 12]]), ("call", 0), ("call", 1)]
+    assert d.d.held == {}
+
+
+def test_a_call_held_while_nothing_comes_runs_out_of_order_at_the_stall_check():
+    # Issue 65.2's soak, its second hang: the part a held device waits for may never be
+    # launched, with no circle the dispatcher can see (on CPU a device's later executions
+    # wait behind its call and fill its in-flight semaphore, and then the launches of
+    # multi-device executions on every device wait for it). Nothing reaches the receiver
+    # any more; the stall watch's check then runs the call out of its order.
+    log = Log()
+
+    def call(arrays, ordinal, reply):
+        log.events.append(("call", ordinal))
+        return not reply.send([])
+
+    d = Dispatch([log.joined("x", n_parts=3), consumers.Consumer(call, "c", ConsumerKind.CALL)])
+    r0 = FakeCallReply()
+    d.send((0, 0, 1, *part(0, 0, np.array([10]))))
+    d.send((1, 0, 3, np.array([0])), reply=r0)  # held behind x: device 0 waits
+    n = _receiver.stats()["messages_enqueued"]
+    d.marker(lambda: d.d._unstall(n + 1))  # a message came since the check: nothing runs
+    assert log.events == [] and r0.pending
+    d.marker(lambda: d.d._unstall(n))
+    assert log.events == [("call", 0)] and not r0.pending
+    assert list(d.d.held) == [0]  # still held on x, which completes in its own time
+    d.send((0, 1, 1, *part(0, 1, np.array([11]))), (0, 2, 1, *part(0, 2, np.array([12]))))
+    assert log.events[1:] == [("x", "joined", [[10, 11, 12]])] and d.d.held == {}
+
+
+def test_the_stall_watch_checks_on_the_consumer_thread_once_nothing_comes():
+    lifecycle.ensure_started()
+    held, seen, ran = [True], [], threading.Event()
+
+    def unstall(n):
+        seen.append((n, _receiver.in_callback_thread(), _receiver.stats()["messages_enqueued"]))
+        held[0] = False
+        ran.set()
+
+    watch = stall_watch.StallWatch(lambda: held[0], unstall, patience=0.05)
+    watch.note()
+    assert ran.wait(60)
+    n, on_consumer_thread, enqueued = seen[0]
+    assert on_consumer_thread and n == enqueued  # nothing but the check came meanwhile
 
 
 def test_a_device_that_waits_in_order_is_no_crossing():

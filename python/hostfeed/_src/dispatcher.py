@@ -17,6 +17,7 @@ from .._receiver.batch import BatchIter, DispatcherState
 from . import compat
 from .consumers import ConsumerKind, registry
 from .errors import record_exception
+from .stall_watch import PATIENCE, StallWatch
 
 logger = logging.getLogger("hostfeed")
 
@@ -72,7 +73,11 @@ class Dispatcher:
     dispatched by different threads): then each holds back the part the other waits for.
     Such a crossing (a circle of held devices, each holding back a part of the set the
     next waits for) is found as soon as it forms, and one of those parts runs out of its
-    device's order, with a warning, rather than wait for ever.
+    device's order, with a warning, rather than wait for ever. A held device that holds
+    back a ``call`` (or a synchronous tap) waits for it and sends nothing more, so it keeps
+    back too the parts of the sets it has not sent a part of (on CPU its later executions
+    wait behind the call): in a circle of such devices, one device's messages up to that
+    call run out of its order.
 
     A set is dropped only when its execution is known to have failed, never because
     time passed or because a barrier ran meanwhile:
@@ -105,7 +110,7 @@ class Dispatcher:
     (``orphans``), which runs them first, in order.
     """
 
-    def __init__(self, charge: bool = False) -> None:
+    def __init__(self, charge: bool = False, watch: bool = False) -> None:
         # device ordinal -> the joined set it waits for, and its messages held back
         self.held: dict[int, _Held] = {}
         # Whether held-back messages are charged against the receiver's bound (the
@@ -120,6 +125,8 @@ class Dispatcher:
         # runs a failed call ended on some device (bounded: the newest 1024), each with
         # the epoch in which it failed
         self.failed_runs: collections.OrderedDict[int, int] = collections.OrderedDict()
+        # The receiver's: runs a held call out of order when everything stalls behind it.
+        self.stall = StallWatch(lambda: bool(self.held), self._unstall) if watch else None
 
     def __call__(self, batch: BatchIter | Iterable[Message]) -> None:
         """Runs ``batch``: the receiver's ``BatchIter``, whose runs of plain taps and calls
@@ -197,6 +204,10 @@ class Dispatcher:
                 if key is not None:
                     h.parts[key] += 1
                     self._resolve_crossings(consumers)
+                elif msg.reply is not None:  # its device now waits for it: maybe a circle
+                    self._resolve_crossings(consumers)
+                    if self.stall is not None:
+                        self.stall.note()
                 return
         self._deliver_and_release(consumers, msg)
 
@@ -385,16 +396,30 @@ class Dispatcher:
             del self.failed_runs[UNKNOWN_RUN]
 
     def _resolve_crossings(self, consumers: dict) -> None:
-        """Runs parts out of their device's order while held devices wait for each other
-        in a circle (each holds back a part of the set the next one waits for): found by
-        following, from each held device, the device that holds back a part of its set."""
+        """Runs messages out of their device's order while held devices wait for each
+        other in a circle, found by following, from each held device, the devices that
+        keep the part its set waits for:
+
+        - a held device that holds back a part of that set (two devices ran two
+          multi-device executions in opposite orders): that part runs out of its order;
+        - a held device that has not sent its part of that set and holds back a message
+          it waits for (a ``call``, or a synchronous tap, of a computation it ran after its
+          own part): it sends nothing more until that message has run, so the part cannot
+          come while the message waits for the set. Its held messages up to that one run
+          before its own set completes (on CPU its later executions, the other part's
+          among them, wait behind the call).
+        """
         while True:
-            edge = self._find_crossing()
+            edge = self._find_crossing(consumers)
             if edge is None:
                 return
             waiter, holder = edge
             key = self.held[waiter].key
             h = self.held[holder]
+            if key not in h.parts:  # the holder waits for a message it holds back
+                self._run_through_blocker(consumers, holder, h,
+                                          "whose other devices wait in turn for it")
+                continue
             for i, entry in enumerate(h.waiting):
                 waiting_msg, _ = entry
                 if self._joined_key(consumers, waiting_msg) == key:
@@ -412,9 +437,58 @@ class Dispatcher:
                            holder, getattr(c, "name", msg.consumer_id))
             self._run_held(entry, lambda msg: self._deliver_and_release(consumers, msg))
 
-    def _find_crossing(self) -> tuple[int, int] | None:
+    def _blocker(self, consumers: dict, h: _Held) -> int | None:
+        """The position among ``h.waiting`` of the first message its device waits for (its
+        reply pending): a ``call`` or a synchronous tap, which can run out of order; None
+        if there is none, or if it is a part of a global-view call (which needs its set)."""
+        for i, (msg, _) in enumerate(h.waiting):
+            reply = msg.reply
+            if reply is not None and reply.pending:
+                return None if self._joined_key(consumers, msg) is not None else i
+        return None
+
+    def _run_through_blocker(self, consumers: dict, ordinal: int, h: _Held, why: str) -> None:
+        """Runs the messages device ``ordinal`` holds back, in its order, up to and
+        including the first one it waits for (:meth:`_blocker`), before its own joined set
+        completes: the device goes on and sends the parts the other held devices wait for.
+        The device stays held on its set."""
+        stop = self._blocker(consumers, h)
+        assert stop is not None  # (what made it a holder)
+        blocker = h.waiting[stop][0]
+        c = consumers.get(blocker.consumer_id)
+        logger.warning("hostfeed: device %s waits for its host callback %s, held back behind "
+                       "a multi-device execution %s; it runs before that execution's "
+                       "global-view callback, out of its order", ordinal,
+                       getattr(c, "name", blocker.consumer_id), why)
+        for _ in range(stop + 1):
+            entry = h.waiting.popleft()
+            key = self._joined_key(consumers, entry[0])
+            if key is not None:
+                h.parts[key] -= 1
+                if not h.parts[key]:
+                    del h.parts[key]
+            self._run_held(entry, lambda msg: self._deliver_and_release(consumers, msg))
+
+    def _unstall(self, expected: int) -> None:
+        """(A check of the stall watch, in queue order.) If no message reached the receiver
+        since the watch pushed it (``expected``: the count of messages enqueued with it),
+        runs the held messages of the longest held device that waits for one of them
+        (:meth:`_blocker`) up to that one: everything stalled behind it."""
+        if _receiver.stats()["messages_enqueued"] != expected:
+            return
+        consumers = registry.consumers
+        for ordinal, h in list(self.held.items()):
+            if self._blocker(consumers, h) is not None:
+                self._run_through_blocker(
+                    consumers, ordinal, h,
+                    f"whose other parts had not come while nothing reached the host for "
+                    f"{PATIENCE:g} s")
+                return
+
+    def _find_crossing(self, consumers: dict) -> tuple[int, int] | None:
         """An edge (waiter, holder) of a circle of held devices, where ``holder`` holds
-        back a part of the set ``waiter`` is held on; None if there is no circle."""
+        back a part of the set ``waiter`` is held on, or has sent no part of that set and
+        holds back a message it waits for (:meth:`_blocker`); None if there is no circle."""
         held = self.held
         if len(held) < 2:
             return None
@@ -422,10 +496,17 @@ class Dispatcher:
         for ordinal, h in held.items():
             for key in h.parts:
                 holders.setdefault(key, []).append(ordinal)
-        if not holders:
+        blocked = [o for o, h in held.items() if self._blocker(consumers, h) is not None]
+        if not holders and len(blocked) < 2:
             return None
-        # Each held device's successors: the held devices holding back a part of its set.
-        succ = {o: [x for x in holders.get(h.key, ()) if x != o] for o, h in held.items()}
+        # Each held device's successors: the held devices that keep a part of its set.
+        succ: dict[int, list[int]] = {}
+        for o, h in held.items():
+            keep = [x for x in holders.get(h.key, ()) if x != o]
+            if blocked:
+                sent = h.joiner.senders(h.run, o)
+                keep += [x for x in blocked if x != o and x not in sent and x not in keep]
+            succ[o] = keep
         state: dict[int, int] = {}  # 1: on the path, 2: done
         for start, first in succ.items():
             if start in state:
@@ -454,7 +535,7 @@ class Dispatcher:
 
 
 #: The dispatcher of the receiver's consumer thread (held messages charged to the bound).
-dispatcher = Dispatcher(charge=True)
+dispatcher = Dispatcher(charge=True, watch=True)
 
 
 def run_sync_tap(invoke: Callable[..., None], name: str, arrays: Sequence[np.ndarray],

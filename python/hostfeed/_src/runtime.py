@@ -389,6 +389,15 @@ class Joiner:
         self._counts = {k: v for k, v in self._counts.items() if v[0] != run}
         return tuple(dict.fromkeys(ordinals))
 
+    def senders(self, run: int, ordinal: int) -> frozenset[int]:
+        """The devices that sent a part of the oldest incomplete set of ``run`` that device
+        ``ordinal`` sent a part of (empty if there is none)."""
+        for parts in self._runs.get(run, {}).values():
+            ordinals = frozenset(p.ordinal for p in parts.values())
+            if ordinal in ordinals:
+                return ordinals
+        return frozenset()
+
     def incomplete_runs(self) -> list[int]:
         """Runs with parts waiting for other devices."""
         return list(self._runs)
