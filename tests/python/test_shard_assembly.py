@@ -438,7 +438,7 @@ def test_a_call_held_while_nothing_comes_runs_out_of_order_at_the_stall_check():
     r0 = FakeCallReply()
     d.send((0, 0, 1, *part(0, 0, np.array([10]))))
     d.send((1, 0, 3, np.array([0])), reply=r0)  # held behind x: device 0 waits
-    n = _receiver.stats()["messages_enqueued"]
+    n = _receiver.host.stats()["messages_enqueued"]
     d.marker(lambda: d.d._unstall(n + 1))  # a message came since the check: nothing runs
     assert log.events == [] and r0.pending
     d.marker(lambda: d.d._unstall(n))
@@ -453,7 +453,8 @@ def test_the_stall_watch_checks_on_the_consumer_thread_once_nothing_comes():
     held, seen, ran = [True], [], threading.Event()
 
     def unstall(n):
-        seen.append((n, _receiver.in_callback_thread(), _receiver.stats()["messages_enqueued"]))
+        seen.append((n, _receiver.host.in_callback_thread(),
+                     _receiver.host.stats()["messages_enqueued"]))
         held[0] = False
         ran.set()
 

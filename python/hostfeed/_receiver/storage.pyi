@@ -2,7 +2,7 @@
 opened at a root (``storage.rs``).
 """
 
-from typing import Final
+from typing import Final, final
 
 __all__ = [
     "STORE_SCHEMES", "LOCK_FILE", "is_object_url", "store_held", "StorageLock", "Storage",
@@ -21,17 +21,19 @@ def store_held(path: str, *, url: bool = False,
                storage_options: list[tuple[str, str]] | None = None) -> bool:
     """Whether a recorder holds the store now (read only; unreadable: False)."""
 
+@final
 class StorageLock:
     """A lock that ``Storage.lock`` took."""
 
     def release(self) -> None:
         """Releases the lock (again: nothing)."""
 
+@final
 class Storage:
     """A store's back-end opened at a root: objects by key below it, and its lock."""
 
-    def __init__(self, path: str, *, url: bool = False,
-                 storage_options: list[tuple[str, str]] | None = None) -> None: ...
+    def __new__(cls, path: str, *, url: bool = False,
+                storage_options: list[tuple[str, str]] | None = None) -> Storage: ...
     @property
     def root(self) -> str:
         """The store's root (a path, or the URL)."""

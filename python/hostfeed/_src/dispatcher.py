@@ -474,7 +474,7 @@ class Dispatcher:
         since the watch pushed it (``expected``: the count of messages enqueued with it),
         runs the held messages of the longest held device that waits for one of them
         (:meth:`_blocker`) up to that one: everything stalled behind it."""
-        if _receiver.stats()["messages_enqueued"] != expected:
+        if _receiver.host.stats()["messages_enqueued"] != expected:
             return
         consumers = registry.consumers
         for ordinal, h in list(self.held.items()):

@@ -64,13 +64,13 @@ class StallWatch:
             self.wake.clear()
             while self.held():
                 try:
-                    seen = _receiver.stats()["messages_enqueued"]
+                    seen = _receiver.host.stats()["messages_enqueued"]
                     pause.wait(self.patience)
-                    if (not self.held() or not _receiver.is_running()
-                            or _receiver.stats()["messages_enqueued"] != seen):
+                    if (not self.held() or not _receiver.host.is_running()
+                            or _receiver.host.stats()["messages_enqueued"] != seen):
                         continue
                     check = Consumer(lambda arrays, ordinal, n=seen + 1: self.unstall(n),
                                      "stall check", ConsumerKind.TAP)
-                    _receiver.push_eager(check, (), 0)
+                    _receiver.host.push_eager(check, (), 0)
                 except Exception:  # noqa: BLE001 - the receiver shut down (exit)
                     return
