@@ -34,31 +34,15 @@ import jax.numpy as jnp
 
 import hostfeed
 from conftest import wait_until
-from helpers.s3_server import ACCESS_KEY_ID, SECRET_ACCESS_KEY, CountingProxy, S3Process, \
-    S3Server, restore, setenv
+from helpers.s3_server import ACCESS_KEY_ID, SECRET_ACCESS_KEY, CountingProxy, S3Server, serving
 
 pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module", params=["moto", "s3s-fs"])
 def s3(request):
-    if request.param == "moto":
-        server = S3Server()
-    elif S3Process.s3s_fs() is None:
-        why = ("s3s-fs not found (cargo install s3s-fs --version 0.14.1 --features binary, "
-               "or set S3S_FS)")
-        if os.environ.get("HOSTFEED_REQUIRE_S3S") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
-    else:
-        server = S3Process("s3s-fs")
-    server.start()
-    old = setenv(server.env())
-    try:
+    with serving(request.param) as server:
         yield server
-    finally:
-        restore(old)
-        server.close()
 
 
 @pytest.fixture

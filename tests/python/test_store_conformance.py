@@ -20,7 +20,7 @@ import pytest
 import hostfeed
 from hostfeed import _receiver
 from hostfeed._src.record import stores
-from helpers.s3_server import S3Process, S3Server, restore, setenv
+from helpers.s3_server import serving
 
 _fresh = itertools.count()
 
@@ -35,24 +35,8 @@ def base(request, tmp_path_factory):
     if kind == "memory":
         yield f"memory://conformance-{os.getpid()}", True
         return
-    if kind == "moto":
-        pytest.importorskip("moto.server", reason="needs moto[server]: pip install 'moto[server]'")
-        server: S3Server | S3Process = S3Server()
-    elif S3Process.s3s_fs() is None:
-        why = ("s3s-fs not found (cargo install s3s-fs --version 0.14.1 --features binary, "
-               "or set S3S_FS)")
-        if os.environ.get("HOSTFEED_REQUIRE_S3S") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
-    else:
-        server = S3Process("s3s-fs")
-    server.start()
-    old = setenv(server.env())
-    try:
+    with serving(kind) as server:
         yield f"s3://{server.new_bucket()}", True
-    finally:
-        restore(old)
-        server.close()
 
 
 @pytest.fixture

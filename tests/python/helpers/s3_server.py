@@ -250,3 +250,31 @@ class CountingProxy:
     def close(self) -> None:
         self._closed = True
         self._listener.close()
+
+
+@contextlib.contextmanager
+def serving(kind: str) -> Any:
+    """A started S3 server of ``kind`` (``"moto"``: in this process; ``"s3s-fs"``), its
+    environment (endpoint, credentials) set while the block runs; yields the server. A
+    missing s3s-fs skips the test, or fails it where ``HOSTFEED_REQUIRE_S3S=1`` (CI)."""
+    import pytest
+
+    server: S3Server | S3Process
+    if kind == "moto":
+        pytest.importorskip("moto.server", reason="needs moto[server]: pip install 'moto[server]'")
+        server = S3Server()
+    elif S3Process.s3s_fs() is None:
+        why = ("s3s-fs not found (cargo install s3s-fs --version 0.14.1 --features binary, "
+               "or set S3S_FS)")
+        if os.environ.get("HOSTFEED_REQUIRE_S3S") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+    else:
+        server = S3Process(kind)
+    server.start()
+    old = setenv(server.env())
+    try:
+        yield server
+    finally:
+        restore(old)
+        server.close()

@@ -23,7 +23,7 @@ import equinox as eqx
 import jax
 
 from .calls import CaptureSpec
-from .selection import Selector, name_of
+from .selection import Selector, listed, name_of
 
 __all__ = ["capture", "Captured", "CapturedModel", "SEP"]
 
@@ -71,11 +71,9 @@ class Calls:
         called (nothing recorded), as a Flax NNX capture does."""
         if self.called:
             return
-        names = ", ".join(self.chosen[:20])
-        more = f" and {len(self.chosen) - 20} more" if len(self.chosen) > 20 else ""
         raise ValueError(
             f"hostfeed.capture: the Equinox model ran, but none of the submodules selected "
-            f"({names}{more}) was called, so nothing was recorded: a capture records the "
+            f"({listed(self.chosen)}) was called, so nothing was recorded: a capture records the "
             f"calls (__call__) of the selected submodules of the model it returns. Call "
             f"that model in place of the original, and select the submodules its call "
             f"calls (not ones it skips, or whose arrays or other methods it uses).")

@@ -27,7 +27,7 @@ from typing import Any
 from flax import nnx
 
 from .calls import CaptureSpec, Capturing, Hooks
-from .selection import Selector, name_of
+from .selection import Selector, listed, name_of
 
 __all__ = ["capture", "SEP"]
 
@@ -171,14 +171,12 @@ class NnxHooks(Hooks):
 
     def after_call(self) -> None:
         if not self.called:
-            names = ", ".join(n for n, _ in self.chosen[:20])
-            more = f" and {len(self.chosen) - 20} more" if len(self.chosen) > 20 else ""
             raise ValueError(
                 f"hostfeed.capture: the model ran, but none of the submodules selected "
-                f"({names}{more}) was called while the capture was on, so nothing was "
-                f"recorded: the model does not call them, or calls a copy that does not carry "
-                f"the capture's mark (one merged from a graph split before the capture "
-                f"began). Select the submodules the model calls.")
+                f"({listed([n for n, _ in self.chosen])}) was called while the capture was "
+                f"on, so nothing was recorded: the model does not call them, or calls a copy "
+                f"that does not carry the capture's mark (one merged from a graph split "
+                f"before the capture began). Select the submodules the model calls.")
 
 
 def named_modules(model: Any) -> list[tuple[str, Any]]:

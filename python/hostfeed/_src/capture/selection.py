@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Union
 
-__all__ = ["Selector", "Select", "name_of", "key_name"]
+__all__ = ["Selector", "Select", "name_of", "key_name", "listed"]
 
 #: What ``hostfeed.capture(model, rec, select)`` takes as ``select``.
 Select = Union[str, Sequence[str], Callable[[str, Any], bool]]
@@ -46,6 +46,17 @@ def name_of(path: Iterable[Any], sep: str) -> str:
         'blocks.3.mlp'
     """
     return sep.join(key_name(k) for k in path)
+
+
+def listed(names: Sequence[str], most: int = 20) -> str:
+    """``names`` for an error message: the first ``most``, and how many more.
+
+    Example:
+        >>> listed(["a", "b", "c"], most=2)
+        'a, b and 1 more'
+    """
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
 
 
 def _match_parts(pattern: Sequence[str], name: Sequence[str]) -> bool:
