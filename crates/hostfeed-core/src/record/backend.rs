@@ -1,15 +1,15 @@
-//! Storage back-ends: where a recording lives. A [`Backend`](api::Backend) is one kind of
+//! Storage back-ends: where a recording lives. A [`Backend`] is one kind of
 //! storage opened at a recording's root; it owns the store the recorder writes through
 //! (`store.rs`'s [`Store`]), the store's lock (`storelock.rs` on a file system, the lock
 //! object of `objects/lock.rs` in an object store) and, in its registry row
-//! ([`Kind`](api::Kind)), the URL schemes that name it. [`KINDS`] is the registry; the
+//! ([`Kind`]), the URL schemes that name it. [`KINDS`] is the registry; the
 //! recorder, the binding and Python (`is_object_url`, the schemes, whether a store is
 //! held) ask it, and nothing else knows a scheme or a lock protocol.
 //!
 //! Its files: `api.rs` (the traits and the registry row), `root.rs` (the checks every
 //! back-end's `prepare` shares), and one file per back-end: `fs.rs` (the file system),
 //! `memory.rs` (the in-memory store), `cloud.rs` (S3, GCS, Azure). Adding a back-end: a
-//! file implementing [`Backend`](api::Backend) with its `KIND`, and a line in [`KINDS`].
+//! file implementing [`Backend`] with its `KIND`, and a line in [`KINDS`].
 //!
 //! [`Storage`] is the public face of a back-end opened at a root: what the binding's
 //! `Storage` class and the store conformance suite (`tests/python/test_store_conformance.py`)
@@ -118,7 +118,7 @@ impl Storage {
     /// request.
     ///
     /// # Errors
-    /// As [`open`].
+    /// As the back-end's `open` (its `Kind`): an unknown scheme, bad options, an unusable place.
     pub fn open(place: &Path, url: bool, options: &[(String, String)]) -> Result<Storage, RecordError> {
         let backend = open(place, url, options)?;
         let store = backend.store(false);

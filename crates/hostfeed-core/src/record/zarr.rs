@@ -109,7 +109,7 @@ pub enum Codec {
     Zstd(i32),
     /// Blosc at this `clevel` (zstd inside, at c-blosc's level for it, `2 * clevel - 1`),
     /// each value's bytes shuffled (byte 0 of every value, then byte 1...): the per-row
-    /// metadata's codec in an object store ([`blosc_encode`]); never a data array's.
+    /// metadata's codec in an object store (`blosc_encode`); never a data array's.
     Blosc(i32),
 }
 
