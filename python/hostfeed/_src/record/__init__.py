@@ -20,6 +20,8 @@ is ``crates/hostfeed-core/src/record/``, reached through ``hostfeed._receiver``)
 - :mod:`.unflushed`: the warning for a read of rows a writer may not have written yet;
 - :mod:`.late`: rows that reached a closed recorder, raised by the next ``barrier_wait``
   or reported at exit.
+- :mod:`.view`: what ``target`` and ``unflushed`` read of a recorder (a protocol, so
+  that they do not import :mod:`.recorder`).
 
 Reading a recording back is :mod:`hostfeed._src.readback`'s.
 """

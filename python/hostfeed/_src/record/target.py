@@ -15,7 +15,7 @@ from .layout import declare
 from .roles import transforms_json
 
 if TYPE_CHECKING:
-    from .recorder import Recorder
+    from .view import RecorderView
 
 logger = logging.getLogger("hostfeed")
 
@@ -29,7 +29,7 @@ class Target:
 
     __slots__ = ("kind", "name", "recorder", "_writers")
 
-    def __init__(self, recorder: Recorder, name: str, kind: str):
+    def __init__(self, recorder: RecorderView, name: str, kind: str):
         self.recorder = recorder
         self.name = name
         self.kind = kind

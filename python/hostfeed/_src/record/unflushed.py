@@ -14,7 +14,7 @@ from . import stores
 from ..primitives import host_callback_effect
 
 if TYPE_CHECKING:
-    from .recorder import Recorder
+    from .view import RecorderView
 
 __all__ = ["UnflushedReadWarning", "mark_flushed", "warn_if_unflushed"]
 
@@ -28,19 +28,19 @@ class UnflushedReadWarning(UserWarning):
 
 # Per recorder of this process: (messages the receiver had taken in, rows the recorder
 # had received) when it was opened or last flushed; anything since may be unwritten.
-_flushed: weakref.WeakKeyDictionary[Recorder, tuple[int, int]] = weakref.WeakKeyDictionary()
+_flushed: weakref.WeakKeyDictionary[RecorderView, tuple[int, int]] = weakref.WeakKeyDictionary()
 
 
-def _mark(rec: Recorder) -> tuple[int, int]:
+def _mark(rec: RecorderView) -> tuple[int, int]:
     return (int(lifecycle.stats()["messages_enqueued"]), int(rec.stats()["rows"]))
 
 
-def mark_flushed(rec: Recorder) -> None:
+def mark_flushed(rec: RecorderView) -> None:
     """Notes that every row ``rec`` was sent so far is written (it was opened or flushed)."""
     _flushed[rec] = _mark(rec)
 
 
-def _own_recorder(where: stores.Location) -> Optional[Recorder]:
+def _own_recorder(where: stores.Location) -> Optional[RecorderView]:
     """The open recorder of this process that writes the store ``where``, if any."""
     key = where.where if where.url else os.path.realpath(where.where)
     for rec in list(_flushed.keys()):
@@ -49,7 +49,7 @@ def _own_recorder(where: stores.Location) -> Optional[Recorder]:
     return None
 
 
-def _unflushed(rec: Recorder) -> bool:
+def _unflushed(rec: RecorderView) -> bool:
     """Whether rows may have been sent to ``rec`` since it was opened or flushed. The
     computations dispatched so far are waited for first (not the receiver), so that every
     message they send is counted."""
