@@ -581,7 +581,8 @@ def test_a_record_under_checkpoint_writes_once_a_step_under_grad_and_vmap(policy
     def grads(rec, cotangents):
         def loss(w, x, s):
             def f(w, x):
-                # At full float32 precision: a TPU's default matmul passes bfloat16.
+                # At full float32 precision: a TPU's default matmul passes bfloat16 (its tanh
+                # still differs from numpy's by 2e-5 relative: rtol 1e-4 below).
                 h = jnp.tanh(jnp.matmul(x, w.T, precision="highest"))
                 if rec is not None:
                     h = rec.record("h", h, step=s, cotangents=cotangents)
@@ -602,6 +603,6 @@ def test_a_record_under_checkpoint_writes_once_a_step_under_grad_and_vmap(policy
     rows, meta = hostfeed.read_recording(path, "h")
     assert meta["step"].tolist() == [s for _ in range(2) for s in range(S) for _ in xs]
     want = np.tanh(np.asarray(xs) @ np.asarray(w).T)
-    np.testing.assert_allclose(rows, np.concatenate([want] * 2 * S), rtol=1e-5)
+    np.testing.assert_allclose(rows, np.concatenate([want] * 2 * S), rtol=1e-4)
     _, meta = hostfeed.read_recording(path, "h.cotangent")
     assert meta["step"].tolist() == [s for s in range(S) for _ in xs]
