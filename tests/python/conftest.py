@@ -406,6 +406,15 @@ def skip_if_the_tpu_alters(dtype) -> None:
         pytest.skip(f"a TPU does not carry {name} bit for bit (TPU_INEXACT_DTYPES)")
 
 
+def skip_gspmd_where_gone(shardy: bool) -> None:
+    """Skips a test's GSPMD variant where Shardy always partitions (jax 0.12.1+: the
+    ``jax_use_shardy_partitioner`` flag is ignored, so the variant would run Shardy again)."""
+    from hostfeed._src import compat
+
+    if not shardy and compat.since("shardy_always"):
+        pytest.skip(f"jax {compat.JAX_VERSION}: Shardy always partitions, GSPMD is gone")
+
+
 def cpu_device_or_skip():
     """JAX's first CPU device; skips the test where JAX has no CPU backend (a TPU machine
     run with ``JAX_PLATFORMS=tpu``): JAX's own ``io_callback`` and ``pure_callback`` place

@@ -11,7 +11,7 @@ import pytest
 
 from hostfeed._src import compat as _compat
 
-from conftest import run_python
+from conftest import run_python, skip_gspmd_where_gone
 
 pytestmark = pytest.mark.several_devices
 
@@ -23,6 +23,7 @@ _cache: dict = {}
 @pytest.fixture(params=COMBOS, ids=lambda c: f"{c[0]}dev-{'shardy' if c[1] else 'gspmd'}")
 def run(request):
     n, shardy = request.param
+    skip_gspmd_where_gone(shardy)
     if request.param not in _cache:
         r = subprocess.run([sys.executable, HELPER, str(n), "1" if shardy else "0"],
                            capture_output=True, text=True, timeout=600,

@@ -20,6 +20,8 @@ import time
 import numpy as np
 import pytest
 
+from conftest import skip_gspmd_where_gone
+
 pytestmark = pytest.mark.several_devices
 
 HELPER = os.path.join(os.path.dirname(__file__), "helpers", "multiprocess_cases.py")
@@ -137,6 +139,7 @@ class Procs:
 @pytest.fixture(params=CONFIGS,
                 ids=lambda c: f"{c[0]}proc-{c[1]}dev-{'shardy' if c[2] else 'gspmd'}")
 def procs(request):
+    skip_gspmd_where_gone(request.param[2])
     if request.param not in _cache:
         _cache[request.param] = run_group(*request.param)
     return Procs(request.param[0], _cache[request.param])

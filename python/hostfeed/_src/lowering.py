@@ -9,7 +9,6 @@ custom calls, or JAX's own host-callback lowering.
 from __future__ import annotations
 
 import functools
-import weakref
 from typing import Any
 from collections.abc import Sequence
 
@@ -69,42 +68,80 @@ def _call_consumer_id(ctx: Any, spec: CallbackSpec, result_treedef: Any, result_
     return _consumer_id(ctx, consumers.register(key, make))
 
 
-# Taps whose later uses of their operands still read the operands themselves, per module
-# being lowered: (custom call, operands, outputs that depend on the tap).
-_undepended: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Later uses of a tapped operand read the tap's output instead (`_depend_later_uses`).
+#
+# The invariant: no MLIR operation is kept past the lowering rule that meets it. What the
+# rule needs of earlier taps it finds in the blocks that enclose the insertion point, up
+# to the function being lowered: those are being built right now, so every operation in
+# them is alive and belongs to this lowering context. JAX may lower a branch, a loop
+# body or a whole sub-jaxpr into a function of its own (jax 0.12.1 lowers `cond` as a
+# detached function that is later inlined by cloning, `mlir._emit_lowering_rule_as_fun`);
+# an operation kept from one rule to the next could then be one of a function already
+# cloned and dropped, and touching it is a use after free (a SIGSEGV while lowering). So
+# nothing here is module-wide or thread-wide: each tap's rule looks around itself.
+_ADD_DEPENDENCY = "mhlo.add_dependency"
+#: Where the walk up from a tap stops: the function being lowered.
+_FUNCTION = "func.func"
 
 
-def _depend_later_uses(ctx: Any, call_op: Any, operands: Sequence[Any],
-                       outputs: Sequence[Any]) -> None:
-    """Makes the ops lowered after earlier taps of this module, which read a tapped operand
-    itself (a tap whose result the program ignores, as ``id_print`` is mostly used), read
-    the tap's output instead: the same value, ordered after the tap. XLA CPU's fusion
-    otherwise duplicates the chain of elementwise ops that produced the operand into each
-    later op and into each later tap's operand (N ignored taps along a chain compiled O(N^2)
-    ops, and compiled that much slower). Uses lowered after the
-    module's last tap keep the operand (one duplicated chain at most)."""
-    pending = _undepended.setdefault(ctx.module_context.module, [])
-    for entry in pending:
-        _redirect_uses_after(*entry)
-    pending.append((call_op, list(operands), list(outputs)))
+def _depend_later_uses() -> None:
+    """Makes the ops lowered after earlier taps of the blocks that enclose the insertion
+    point (up to the function being lowered), which read a tapped operand itself (a tap
+    whose result the program ignores, as ``id_print`` is mostly used), read the tap's
+    output instead: the same value, ordered after the tap (``mhlo.add_dependency``, the
+    one operation of that name hostfeed emits and JAX never does; redirecting a use to it
+    is right whoever made it). XLA CPU's fusion otherwise duplicates the chain of
+    elementwise ops that produced the operand into each later op and into each later tap's
+    operand (N ignored taps along a chain compiled O(N^2) ops, and compiled that much
+    slower). Uses lowered after a block's last tap keep the operand (one duplicated chain
+    at most); so do the uses inside a region lowered before the tap of an enclosing
+    block, once that region's own taps are done (a region's ops are not fused with the
+    enclosing computation's). Called by each tap's rule after it emitted its
+    dependencies: found, not remembered."""
+    block = compat.mlir.ir.InsertionPoint.current.block
+    while block is not None:
+        for view in block.operations:
+            if view.operation.name == _ADD_DEPENDENCY:
+                _redirect_uses_after(view.operation)
+        owner = block.owner
+        if owner is None:
+            return
+        owner = owner.operation
+        if owner.name == _FUNCTION:
+            return
+        block = owner.block
 
 
-def _redirect_uses_after(call_op: Any, operands: Sequence[Any],
-                         outputs: Sequence[Any]) -> None:
-    call = call_op.operation
-    block = call.block
-    own = {call, *[o.owner.operation for o in outputs]}
-    for value, out in zip(operands, outputs):
-        for use in list(value.uses):
-            user = use.owner.operation
-            if user in own:
-                continue
-            anchor: Any = user  # the user, or the op of this block that contains it
-            while anchor is not None and anchor.block != block:
-                anchor = anchor.parent
-                anchor = None if anchor is None else anchor.operation
-            if anchor is not None and anchor not in own and call.is_before_in_block(anchor):
-                user.operands[use.operand_number] = out
+def _in_block(op: Any, block: Any) -> Any:
+    """``op``, or the op of ``block`` that contains it; None when ``block`` does not
+    contain it (the walk stops at the function: a function being lowered on its own, as
+    JAX 0.12.1 lowers a ``cond``, is in no block, and asking for its block crashes)."""
+    while op.name != _FUNCTION:
+        parent = op.parent
+        if parent is None:
+            return None
+        if op.block == block:
+            return op
+        op = parent.operation
+    return None
+
+
+def _redirect_uses_after(dependency: Any) -> None:
+    """Redirects the uses of ``dependency``'s operand by ops after it in its block (or
+    nested in such an op) to ``dependency``'s result, but for the tap itself and the tap's
+    other dependencies (those on the same token)."""
+    value, token = dependency.operands[0], dependency.operands[1]
+    block = dependency.block
+    tap = token.owner
+    own_tap = None if isinstance(tap, compat.mlir.ir.Block) else tap.operation
+    out = dependency.results[0]
+    for use in list(value.uses):
+        user = use.owner.operation
+        if user == own_tap or (user.name == _ADD_DEPENDENCY and user.operands[1] == token):
+            continue
+        anchor = _in_block(user, block)
+        if anchor is not None and anchor != own_tap and dependency.is_before_in_block(anchor):
+            user.operands[use.operand_number] = out
 
 
 def _call(ctx: Any, transport: transports.Transport, args: Sequence[Any],
@@ -173,8 +210,7 @@ def _outside_call_lowering(ctx: Any, transport: transports.Transport, *args: Any
     token = ctx.tokens_out.get(host_callback_effect)
     outs = [a if compat.in_host_memory(aval) else compat.add_dependency(a, token)
             for a, aval in zip(args, ctx.avals_in)]
-    depended = [i for i, (a, o) in enumerate(zip(args, outs)) if o is not a]
-    _depend_later_uses(ctx, call_op, [args[i] for i in depended], [outs[i] for i in depended])
+    _depend_later_uses()
     return outs
 
 
@@ -250,8 +286,8 @@ for _prim, _rule in ((outside_call_p, _outside_call_lowering),
                      (call_check_p, _call_check_lowering),
                      (failure_message_p, _failure_message_lowering)):
     # Lowered in place, not as a cached function inlined later: a tap's rule then sees the
-    # values of the function it is in (`_depend_later_uses`); caching gained nothing, as
-    # every tap's parameters differ.
+    # blocks it is emitted into (`_depend_later_uses`); caching gained nothing, as every
+    # tap's parameters differ.
     for _platform in transports.RULE_PLATFORMS:
         compat.register_lowering(_prim, _on(_platform, _rule), platform=_platform,
                                  cacheable=False)

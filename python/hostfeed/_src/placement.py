@@ -87,7 +87,7 @@ def where(ctx: Any) -> tuple[Where, Any]:
         manual = frozenset(compat.manual_axes(ac))
         if manual == frozenset(ac.mesh.axis_names):
             return Where.PER_DEVICE, ac
-        if compat.use_shardy.value and not compat.SHARDY_COMPILES_NESTED_MANUAL_TOKENS:
+        if compat.shardy_partitioner() and not compat.SHARDY_COMPILES_NESTED_MANUAL_TOKENS:
             auto = sorted(set(ac.mesh.axis_names) - manual)
             raise NotImplementedError(
                 f"hostfeed: host callbacks inside a partially manual shard_map (manual axes "

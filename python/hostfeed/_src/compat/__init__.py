@@ -154,7 +154,6 @@ enum_state = _config.enum_state
 bool_state = _config.bool_state
 no_effects = _core.no_effects
 int_state = _config.int_state
-use_shardy = _config.use_shardy_partitioner
 ensure_enum = _pe_src.ensure_enum
 RecomputeType = _pe_src.RecomputeType
 
@@ -193,6 +192,15 @@ def set_sharding(ctx: Any, op: Any, sharding: Any) -> None:
         _set_sharding(ctx, op, sharding)
     else:
         _set_sharding(op, sharding)
+
+
+_SHARDY_ALWAYS = since("shardy_always")
+
+
+def shardy_partitioner() -> bool:
+    """Whether Shardy partitions the computations being lowered (always from jax 0.12.1,
+    where ``jax_use_shardy_partitioner`` is ignored; before, as that flag says)."""
+    return _SHARDY_ALWAYS or bool(_config.use_shardy_partitioner.value)
 
 
 _NESTED_SHARD_MAP_CONTEXT_OMITS_OUTER_AXES = not since("nested_shard_map_names_outer_axes")

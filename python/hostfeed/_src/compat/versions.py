@@ -97,6 +97,17 @@ CHANGES: dict[str, Change] = {
     "dce_rules_take_live_ins": Change(
         (0, 12), "DCE rules are called rule(used_outs, live_ins, eqn); 0.10 and 0.11 call "
         "rule(used_outs, eqn) (compat.register_dce_rule)"),
+    "lowering_inlines_cloned_functions": Change(
+        (0, 12, 1), "a cacheable primitive's lowering (lax.cond's among them) is emitted as a "
+        "function of its own, outside any module, then inlined into the caller by cloning "
+        "(core.Inline.JAX_LATE in mlir._emit_lowering_rule_as_fun); 0.12.0.1 and before "
+        "emit it in the module or in place. Operations a rule meets may belong to such a "
+        "function and be dropped once cloned, so hostfeed keeps none past the rule "
+        "(lowering._depend_later_uses; no gate: the same code runs on every release)"),
+    "shardy_always": Change(
+        (0, 12, 1), "Shardy always partitions: jax_use_shardy_partitioner is deprecated and "
+        "ignored, and mlir.set_sharding takes Shardy shardings only; 0.12.0.1 and before "
+        "also run GSPMD when the flag is off (compat.shardy_partitioner)"),
     "no_closed_jaxpr": Change(
         (0, 12), "core.ClosedJaxpr is gone, jaxprs hold their constants as literals; 0.10 "
         "and 0.11 keep ClosedJaxprs in equation parameters (compat.open_jaxpr, "

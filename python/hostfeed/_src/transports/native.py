@@ -215,7 +215,7 @@ def _custom_call(ctx: Any, target: str, args: Sequence[Any], avals_in: Sequence[
         avals_out=[compat.abstract_token, *avals_out])
     op = compat.build_ffi_lowering_function(target, has_side_effect=True)(
         sub_ctx, token, *args, **attrs)
-    if per_device and not compat.use_shardy.value:
+    if per_device and not compat.shardy_partitioner():
         compat.set_sharding(ctx.module_context, op, compat.manual_op_sharding())
     ctx.set_tokens_out(ctx.tokens_in.update_tokens(
         compat.mlir.TokenSet({host_callback_effect: op.results[0]})))
@@ -249,7 +249,7 @@ def failure(ctx: Any, status: Any, per_device: bool) -> list:
     """The text of the failed call ``status`` names, as ``uint8[n]``. No token: ordered
     after the call by its data dependency on the call's status."""
     op = compat.build_ffi_lowering_function(FAILURE_TARGET, has_side_effect=False)(ctx, status)
-    if per_device and not compat.use_shardy.value:
+    if per_device and not compat.shardy_partitioner():
         compat.set_sharding(ctx.module_context, op, compat.manual_op_sharding())
     return list(op.results)
 
