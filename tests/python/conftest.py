@@ -439,6 +439,19 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 30.0,
         event.wait(interval)
 
 
+def describe_exit(returncode: int) -> str:
+    """How a child process ended, naming the signal that killed it (a crash is reported
+    as the failure it is: "killed by SIGSEGV", not a bare -11)."""
+    import signal
+
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
 def run_python(code: str, env: dict[str, str] | None = None,
                timeout: float = 180) -> subprocess.CompletedProcess:
     """Runs ``code`` in a fresh interpreter (for exit-time and environment behaviour)."""
