@@ -62,6 +62,34 @@ def tap_in_both_branches_of_cond():
 
 
 @case
+def ignored_taps_in_both_branches_of_two_conds():
+    """id_print-style taps with their results unused in both branches of a cond, then the
+    same branches again in a second cond (jax 0.12.1 reuses their lowered function)."""
+    got = []
+
+    def on_true(y):
+        hcb.id_tap(logger("t", got), y)
+        return y * 2
+
+    def on_false(y):
+        hcb.id_tap(logger("f", got), y)
+        return y - 1
+
+    @jax.jit
+    def f(x):
+        z = lax.cond(x.sum() > 0, on_true, on_false, x)
+        hcb.id_tap(logger("z", got), z)
+        return lax.cond(z.sum() > 0, on_true, on_false, z)
+
+    assert f(jnp.ones(2)).tolist() == [4.0, 4.0]
+    assert f(-jnp.ones(2)).tolist() == [-3.0, -3.0]
+    hcb.barrier_wait()
+    assert [g[:2] for g in got] == [("t", [1.0, 1.0]), ("z", [2.0, 2.0]), ("t", [2.0, 2.0]),
+                                     ("f", [-1.0, -1.0]), ("z", [-2.0, -2.0]),
+                                     ("f", [-2.0, -2.0])], got
+
+
+@case
 def ignored_taps_before_in_and_after_a_cond():
     """id_print-style taps whose results are unused, around and inside a cond's branches:
     later uses of the tapped values are redirected to the taps' outputs (the lowering's
