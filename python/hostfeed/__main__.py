@@ -122,7 +122,7 @@ def demo(steps: int = 100, out: Optional[TextIO] = None, store: Any = None) -> i
         print(f"the recording is kept in {store}", file=out)
         print(f"look at it: python -m hostfeed show {store} (every array over its steps, "
               f"into a PNG), or python -m hostfeed tensorboard {store} LOGDIR (for "
-              f"TensorBoard: pip install 'hostfeed[tensorboard]')", file=out)
+              f"TensorBoard: pip install tensorboard)", file=out)
     else:  # said before it goes, so that no path is printed that will not exist
         print("the recording was in a temporary store, deleted at the end of the demo "
               "(--store PATH keeps it)", file=out)

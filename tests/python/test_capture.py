@@ -321,7 +321,7 @@ NEEDS = {"nnx": "flax", "linen": "flax", "equinox": "equinox"}
 
 @pytest.fixture(params=sorted(RUNS))
 def library(request):
-    pytest.importorskip(NEEDS[request.param], reason=f"needs hostfeed[{NEEDS[request.param]}]")
+    pytest.importorskip(NEEDS[request.param], reason=f"needs {NEEDS[request.param]} (pip install '.[{NEEDS[request.param]}]')")
     return request.param
 
 

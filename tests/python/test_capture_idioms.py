@@ -331,7 +331,7 @@ NEEDS = {"linen": "flax", "nnx": "flax", "equinox": "equinox"}
 
 
 def _setup(library, idiom):
-    pytest.importorskip(NEEDS[library], reason=f"needs hostfeed[{NEEDS[library]}]")
+    pytest.importorskip(NEEDS[library], reason=f"needs {NEEDS[library]} (pip install '.[{NEEDS[library]}]')")
     models, run, select = IDIOMS[(library, idiom)]
     model = models()[idiom]
     return (model() if library == "linen" else model), run, select

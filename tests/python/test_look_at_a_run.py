@@ -243,17 +243,25 @@ def test_tensorboard_scalars_and_histograms_equal_the_stores_rows(run, tmp_path)
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
     assert all(tb._masked_crc()(b) == masked_crc32c(b) for b in (b"", b"hostfeed" * 99))
     stats, meta = hostfeed.read_recording(run, "blocks.10/h.stats")
-    for j, col in enumerate(hostfeed.STATS):
+    # The NaN and infinity counts change at step 5 (0 before and after it): written from
+    # there on, the steps before it as a flat line from its first to its last row. The
+    # count never changes: no tag.
+    assert not [t for t in ea.Tags()["scalars"] if t.endswith("/count")]
+    rows = {col: [0, 4, *range(5, STEPS)] if col in ("nan_count", "inf_count")
+            else list(range(STEPS)) for col in hostfeed.STATS if col != "count"}
+    for col, kept in rows.items():
+        j = hostfeed.STATS.index(col)
         got = ea.Scalars(f"blocks.10/h.stats/{col}")
-        assert [e.step for e in got] == meta["step"].tolist(), col
-        np.testing.assert_array_equal([e.value for e in got], stats[:, j], err_msg=col)
-        assert [e.wall_time for e in got] == pytest.approx(meta["time_ns"] / 1e9, abs=1e-6)
+        assert [e.step for e in got] == meta["step"][kept].tolist(), col
+        np.testing.assert_array_equal([e.value for e in got], stats[kept, j], err_msg=col)
+        assert [e.wall_time for e in got] == pytest.approx(meta["time_ns"][kept] / 1e9,
+                                                           abs=1e-6)
         # per-channel statistics (axis=1 kept): one row of statistics each, pooled
         pooled = [e.value for e in ea.Scalars(f"blocks.2/h.stats/{col}")]
-        np.testing.assert_allclose(pooled, stats[:, j], rtol=2e-6, err_msg=col)
+        np.testing.assert_allclose(pooled, stats[kept, j], rtol=2e-6, err_msg=col)
         # the raw array: numpy's statistics of each row
         raw = [e.value for e in ea.Scalars(f"blocks.2/h/{col}")]
-        want = [_stats_reference(_value(s))[j] for s in range(STEPS)]
+        want = [_stats_reference(_value(s))[j] for s in kept]
         np.testing.assert_allclose(raw, np.float32(want), rtol=2e-6, err_msg=col)
     for name, log in (("blocks.2/h.hist", False), ("blocks.2/h.loghist", True)):
         rows, hmeta = hostfeed.read_recording(run, name)
@@ -277,6 +285,35 @@ def test_tensorboard_scalars_and_histograms_equal_the_stores_rows(run, tmp_path)
     assert [e.value for e in ea.Scalars("loss")] == \
         np.float32([1 / (s + 1) for s in range(STEPS)]).tolist()
     assert "loss" not in ea.Tags()["histograms"] and "loss/mean" not in ea.Tags()["scalars"]
+
+
+def test_tensorboard_writes_count_nan_and_inf_tags_only_where_they_change(tmp_path,
+                                                                         monkeypatch):
+    """Five layers' statistics and a loss: six scalars an array and the loss, no flat line
+    of counts; the one NaN, at step 7, read in a later block than the steps before it (a
+    block at a time, as a followed store's rows come): its count from step 7 on, the steps
+    before it as the flat line from the first to the last."""
+    pytest.importorskip("tensorboard")
+    from hostfeed._src.readback import tensorboard as tb
+    monkeypatch.setattr(tb, "BLOCK_ROWS", 4)
+    path = str(tmp_path / "run.zarr")
+    with hostfeed.Recorder(path, mode="w") as rec:
+        for s in range(10):
+            for layer in range(5):
+                v = np.linspace(-1, 1, 8, dtype=np.float32) * (layer + 1) / (s + 1)
+                if (layer, s) == (4, 7):
+                    v[2] = np.nan
+                rec.record(f"blocks.{layer}/output.stats", v, step=s, reduce="stats")
+            rec.record("loss", np.float32(1 / (s + 1)), step=s)
+    hostfeed.to_tensorboard(path, str(tmp_path / "logs"))
+    ea = _accumulator(tmp_path / "logs")
+    plain = ("mean", "std", "min", "max", "absmax", "l2")
+    assert sorted(ea.Tags()["scalars"]) == sorted(
+        ["loss", "blocks.4/output.stats/nan_count",
+         *(f"blocks.{layer}/output.stats/{c}" for layer in range(5) for c in plain)])
+    assert [(e.step, e.value) for e in ea.Scalars("blocks.4/output.stats/nan_count")] == [
+        (0, 0.0), (6, 0.0), (7, 1.0), (8, 0.0), (9, 0.0)]
+    assert [e.step for e in ea.Scalars("blocks.4/output.stats/mean")] == list(range(10))
 
 
 def test_tensorboard_follows_a_live_store_until_its_recorder_closes(tmp_path, monkeypatch):

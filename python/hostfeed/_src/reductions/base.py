@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Optional
 
 import jax
@@ -59,6 +59,12 @@ class Reduction(abc.ABC):
     native_kernel: ClassVar[Optional[str]] = None
     #: How ``show`` draws the rows (one of :data:`PLOTS`).
     plot: ClassVar[str] = "lines"
+    #: The columns (by their label: :data:`~hostfeed.STATS`' names for ``plot = "stats"``,
+    #: :meth:`plot_labels` otherwise) that the TensorBoard export writes only from the
+    #: first row where they leave their quiet value (``None``: the first row's), with
+    #: the quiet stretch before it as its first and last rows: a count that never changes,
+    #: a NaN count that stays 0, is no tag of its own.
+    quiet: ClassVar[Mapping[str, Optional[float]]] = {}
 
     @property
     @abc.abstractmethod

@@ -4,6 +4,7 @@ transport uses native kernels)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, ClassVar, Optional
 
 import jax
@@ -33,6 +34,10 @@ class Stats(Reduction):
     alias: ClassVar[Optional[str]] = "stats"
     native_kernel: ClassVar[Optional[str]] = "hostfeed_stats"
     plot: ClassVar[str] = "stats"
+    #: The count does not change for an array of one shape, and the NaN and infinity
+    #: counts are mostly 0: flat lines, unless they change.
+    quiet: ClassVar[Mapping[str, Optional[float]]] = {"count": None, "nan_count": 0.0,
+                                                       "inf_count": 0.0}
 
     @property
     def dtype(self) -> np.dtype:
