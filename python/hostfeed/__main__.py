@@ -184,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return show.main(args.store, args.patterns, args.output)
         except (KeyError, ValueError, FileNotFoundError, ImportError) as exc:
-            print(f"python -m hostfeed show: {str(exc).strip(chr(34))}", file=sys.stderr)
+            said = str(exc).strip(chr(34)).removeprefix("hostfeed.open_recording: ")
+            print(f"python -m hostfeed show: {said.removeprefix('hostfeed: ')}",
+                  file=sys.stderr)
             return 2
     if args.command == "tensorboard":
         from ._src.readback import tensorboard

@@ -370,11 +370,7 @@ def to_tensorboard(path: Any, logdir: str, patterns: Sequence[str] = (), *,
         raise ValueError(f"hostfeed.to_tensorboard: poll must be > 0 seconds, got {poll!r}")
     logdir = os.fspath(logdir)
     if not follow:  # the store checked before anything is written
-        try:
-            open_recording(path, storage_options=storage_options)
-        except FileNotFoundError as exc:
-            raise FileNotFoundError(f"hostfeed.to_tensorboard: no recording at {path!s} "
-                                    f"({exc})") from exc
+        open_recording(path, storage_options=storage_options)
     exp = _Exporter(logdir)
     try:
         if follow:
