@@ -6,9 +6,13 @@
 - ``show-48-layers.png``: 48 layers' statistics and histograms over 300 steps and the loss
   (``benches/show.py``'s store, fewer steps);
 - ``run1.png`` and ``capture-nnx.png``: the runs of the first examples of recording.md and
-  capture.md, as those pages draw them.
+  capture.md, as those pages draw them;
+- ``tensorboard.png``: TensorBoard's Time Series tab showing a run of 100 steps exported by
+  ``hostfeed.to_tensorboard`` (the tensorboard package's server on 127.0.0.1, a
+  screenshot by headless Chromium).
 
-    python docs/show_pictures.py [--only NAME ...]    # needs zarr, matplotlib, flax
+    python docs/show_pictures.py [--only NAME ...]    # needs zarr, matplotlib, flax,
+                                                      # tensorboard, chromium
 
 Each picture is drawn as ``show`` draws it, then stored with 256 colours (a third of the
 bytes; the same picture to the eye).
@@ -25,7 +29,7 @@ import tempfile
 
 DOCS = pathlib.Path(__file__).resolve().parent
 ROOT = DOCS.parent
-PICTURES = ("show-5-layers", "show-48-layers", "run1", "capture-nnx")
+PICTURES = ("show-5-layers", "show-48-layers", "run1", "capture-nnx", "tensorboard")
 
 
 def five_layers(path: str) -> None:
@@ -99,12 +103,68 @@ def draw(store: str, out: pathlib.Path) -> None:
           f"{out.stat().st_size / 1024:.0f} KiB")
 
 
+def tensorboard(folder: str, out: pathlib.Path) -> None:
+    """A run of 100 steps (statistics, a histogram, the loss) exported for TensorBoard and
+    shown by its server, screenshot by headless Chromium."""
+    import json
+    import socket
+    import time
+    import urllib.request
+
+    import numpy as np
+    import hostfeed
+
+    store, logdir = os.path.join(folder, "run.zarr"), os.path.join(folder, "logs", "run")
+    rng = np.random.default_rng(0)
+    with hostfeed.Recorder(store, mode="w") as rec:
+        for s in range(100):
+            h = np.tanh(rng.normal(size=(64, 32)) * (1 + s / 50)).astype(np.float32)
+            rec.record("layer1/h.stats", h, step=s, reduce="stats")
+            rec.record("layer1/h.hist", h, step=s, reduce=hostfeed.Histogram(20, (-1.0, 1.0)))
+            rec.record("loss", np.float32(1 / (1 + s / 10)), step=s)
+    hostfeed.to_tensorboard(store, logdir)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", "--logdir", os.path.dirname(logdir),
+         "--host", "127.0.0.1", "--port", str(port), "--load_fast", "false"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # until the server serves the run's scalars
+            try:
+                with opener.open(f"{url}/data/plugin/scalars/tags", timeout=5) as r:
+                    if json.loads(r.read()).get("run"):
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError("TensorBoard served nothing in 120 s")
+            time.sleep(0.5)
+        with tempfile.TemporaryDirectory() as profile:
+            subprocess.run(["chromium", "--headless=new", "--no-sandbox", "--disable-gpu",
+                            "--hide-scrollbars", f"--user-data-dir={profile}",
+                            "--window-size=1400,1000", "--virtual-time-budget=15000",
+                            f"--screenshot={out}", f"{url}/#timeseries"],
+                           check=True, capture_output=True, timeout=180)
+    finally:
+        server.kill()
+        server.wait()
+    print(f"{out.relative_to(ROOT)}: {out.stat().st_size / 1024:.0f} KiB")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="+", choices=PICTURES, default=PICTURES)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="hostfeed-pictures-") as tmp:
         for name in args.only:
+            if name == "tensorboard":
+                tensorboard(tmp, DOCS / "tensorboard.png")
+                continue
             if name == "show-5-layers":
                 store = os.path.join(tmp, "five.zarr")
                 five_layers(store)
