@@ -223,7 +223,9 @@ def _comment_doc(module: Any, attr: str) -> str:
 
 
 def entry(spec: str, members: tuple[str, ...]) -> list[str]:
-    """One public name's section: heading, signature, docstring, then its members'."""
+    """One public name's section: heading, signature, docstring, then its members'. The
+    signatures are ``py`` blocks, not ``python``: the suite runs every ``python`` block of
+    the docs, and a signature is no program."""
     module_name, attr = spec.split(":")
     module = importlib.import_module(module_name)
     obj = getattr(module, attr)
@@ -236,11 +238,11 @@ def entry(spec: str, members: tuple[str, ...]) -> list[str]:
     if isinstance(obj, tuple):
         source = importlib.import_module(
             "hostfeed._src.reductions.stats" if attr == "STATS" else module_name)
-        return out + [inline(_comment_doc(source, attr)), "", "```python",
+        return out + [inline(_comment_doc(source, attr)), "", "```py",
                       f"{full} = {obj!r}", "```", ""]
     exception = isinstance(obj, type) and issubclass(obj, BaseException)
     if not exception and attr not in NOT_MADE:
-        out += ["```python", signature(full, obj), "```", ""]
+        out += ["```py", signature(full, obj), "```", ""]
     if exception:
         bases = ", ".join(f"`{b.__name__}`" for b in obj.__bases__)
         out += [f"An exception (a subclass of {bases}).", ""]
@@ -253,7 +255,7 @@ def entry(spec: str, members: tuple[str, ...]) -> list[str]:
         if kind:
             out += ["A property.", ""]
         else:
-            out += ["```python", signature(f"{attr}.{m}", target), "```", ""]
+            out += ["```py", signature(f"{attr}.{m}", target), "```", ""]
         out.append(docstring(inspect.getdoc(target) or ""))
     return out
 
