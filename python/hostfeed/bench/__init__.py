@@ -154,7 +154,7 @@ def _progress(total: int, out: TextIO | None = None
         start, seen = time.perf_counter(), []
 
         def section(step: str) -> None:
-            name = step.split(":")[0]
+            name = step.split(":", maxsplit=1)[0]
             if not seen or seen[-1] != name:
                 seen.append(name)
                 print(f"bench: {name} ({time.perf_counter() - start:.0f} s in)", file=out,
