@@ -151,11 +151,11 @@ def _progress(total: int, out: TextIO | None = None
     out = sys.stderr if out is None else out
     tty = hasattr(out, "isatty") and out.isatty()
     if not tty:
-        start, seen = time.perf_counter(), []
+        start, seen = time.perf_counter(), [""]  # the sections said, the last at the end
 
         def section(step: str) -> None:
             name = step.split(":", maxsplit=1)[0]
-            if not seen or seen[-1] != name:
+            if seen[-1] != name:
                 seen.append(name)
                 print(f"bench: {name} ({time.perf_counter() - start:.0f} s in)", file=out,
                       flush=True)
