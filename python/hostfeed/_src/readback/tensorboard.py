@@ -392,7 +392,8 @@ def main(path: str, logdir: str, patterns: Sequence[str], follow: bool, poll: fl
                   f"stops)", file=out, flush=True)
         rows = to_tensorboard(path, logdir, list(patterns), follow=follow, poll=poll)
     except (KeyError, ValueError, OSError, ImportError, TimeoutError) as exc:
-        print(f"python -m hostfeed tensorboard: {str(exc).strip(chr(34))}", file=sys.stderr)
+        said = str(exc).strip(chr(34)).removeprefix("hostfeed.open_recording: ")
+        print(f"python -m hostfeed tensorboard: {said}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # the events written so far are in the file, closed
         print(f"python -m hostfeed tensorboard: stopped; the rows exported so far are in "
