@@ -214,7 +214,7 @@ def _title(cv: Canvas, p: Panel, x: float, top: float, w: float) -> None:
     """The panel's name, what it shows and its rows on one line (the name shortened from
     the left where the line would not fit), and its NaN or infinity steps in red."""
     tail = f"  ({_what(p)}, {len(p.steps)} rows)"
-    fits = int((w - 0.2) / (FONT["title"] * 0.6 / 72))  # characters of the title's font
+    fits = int((w - 0.2) / (FONT["title"] * 0.56 / 72))  # characters of the title's font
     name = p.name if len(p.name) + len(tail) <= fits else \
         "…" + p.name[-max(8, fits - len(tail) - 1):]
     cv.text(x + 0.08, top - 0.06, name + tail, "title", va="top", ha="left")
