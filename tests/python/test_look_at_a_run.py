@@ -95,6 +95,24 @@ def test_the_grid_puts_a_modules_arrays_side_by_side_and_wraps_without_empty_cel
         ["wide/a4"]]
 
 
+def test_a_grid_too_tall_for_one_png_takes_more_columns_and_past_that_is_refused():
+    """Agg draws at most 2^16 pixels a side: 400 modules of 2 arrays take more than four
+    columns; 1000 of 3 would need more than sixteen and are refused, saying what to do."""
+    from hostfeed._src.readback import draw
+    from hostfeed._src.readback.grid import Panel
+
+    def panels(modules, each):
+        return [Panel(f"m.{i}/a{j}", "stats", np.arange(3), np.zeros((3, 9), np.float32),
+                      None, {}, (0, 0)) for i in range(modules) for j in range(each)]
+
+    rows = draw._grid(panels(400, 2))
+    assert max(len(r) for r in rows) > 4 and len(rows) * draw.PANEL_H < draw.MAX_HEIGHT
+    assert sorted(p.name for r in rows for p in r) == sorted(p.name for p in panels(400, 2))
+    with pytest.raises(ValueError, match=r"3000 arrays are too many for one picture .*: "
+                                         r"choose some with patterns .* or write an HTML"):
+        draw._grid(panels(1000, 3))
+
+
 def test_show_reads_each_array_as_its_statistics_and_marks_nan_steps(run):
     from hostfeed._src.readback import grid, series
     rec = hostfeed.open_recording(run)

@@ -296,17 +296,14 @@ LEGEND_LINE = 0.27
 
 def _grid(panels: list[Panel]) -> list[list[Panel]]:
     """:func:`.grid.layout` with more columns where the rows would not fit in one PNG."""
-    columns = COLUMNS
-    while True:
+    for columns in (COLUMNS, 6, 8, 12, 16):
         rows = layout(panels, columns)
         if len(rows) * PANEL_H <= MAX_HEIGHT - 1:
             return rows
-        if columns >= 16:
-            raise ValueError(f"hostfeed: {len(panels)} arrays are too many for one picture "
-                             f"({len(rows)} rows of {columns}): choose some with patterns "
-                             f"(blocks.1*), or write an HTML page (-o FILE.html), a "
-                             f"picture per module")
-        columns += 1
+    raise ValueError(f"hostfeed: {len(panels)} arrays are too many for one picture "
+                     f"({len(rows)} rows of {columns}): choose some with patterns "
+                     f"(blocks.1*), or write an HTML page (-o FILE.html), a picture per "
+                     f"module")
 
 
 def figure(panels: list[Panel], title: Optional[str], legend: bool) -> Any:
