@@ -141,6 +141,7 @@ HOST_SIDE: dict[str, object] = {
         "test_the_whole_report_fits_100_columns_and_every_ratio_is_a_time_ratio",
         "test_a_table_wider_than_the_terminal_is_cut_into_tables_that_repeat_the_first_column",
         "test_bench_help_says_in_one_line_what_it_measures",
+        "test_progress_is_a_line_a_section_off_a_terminal_and_a_line_a_step_on_one",
         "test_unknown_section_is_refused",
         "test_importing_hostfeed_loads_no_benchmark_code"}),
     # Version strings and settings; not the import under a faked version (the real JAX's

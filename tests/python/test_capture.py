@@ -321,7 +321,8 @@ NEEDS = {"nnx": "flax", "linen": "flax", "equinox": "equinox"}
 
 @pytest.fixture(params=sorted(RUNS))
 def library(request):
-    pytest.importorskip(NEEDS[request.param], reason=f"needs hostfeed[{NEEDS[request.param]}]")
+    need = NEEDS[request.param]
+    pytest.importorskip(need, reason=f"needs {need} (pip install '.[{need}]')")
     return request.param
 
 

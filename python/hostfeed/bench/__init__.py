@@ -108,8 +108,9 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 import jax
 
@@ -141,8 +142,25 @@ DESCRIPTION = ("Times hostfeed's taps, calls, barriers and compiles side by side
                "own callbacks in one run, and prints time ratios (below 1.00x: faster).")
 
 
-def _progress(total: int) -> tuple[Callable[[str], None], Callable[[], None]]:
-    """A progress reporter (a tqdm bar when tqdm is installed, else lines on stderr)."""
+def _progress(total: int, out: TextIO | None = None
+              ) -> tuple[Callable[[str], None], Callable[[], None]]:
+    """A progress reporter on ``out`` (``sys.stderr`` as it is at the call): on a terminal a
+    tqdm bar when tqdm is installed, else a line a step; elsewhere (output redirected to a
+    file or a pipe, a CI log) a line a section, as it starts, so that a log stays short.
+    A step is named ``"section: detail"``."""
+    out = sys.stderr if out is None else out
+    tty = hasattr(out, "isatty") and out.isatty()
+    if not tty:
+        start, seen = time.perf_counter(), [""]  # the sections said, the last at the end
+
+        def section(step: str) -> None:
+            name = step.split(":", maxsplit=1)[0]
+            if seen[-1] != name:
+                seen.append(name)
+                print(f"bench: {name} ({time.perf_counter() - start:.0f} s in)", file=out,
+                      flush=True)
+
+        return section, lambda: None
     try:
         from tqdm import tqdm
     except ImportError:
@@ -150,10 +168,10 @@ def _progress(total: int) -> tuple[Callable[[str], None], Callable[[], None]]:
 
         def line(step: str) -> None:
             count[0] += 1
-            print(f"[{count[0]}] {step}", file=sys.stderr, flush=True)
+            print(f"[{count[0]}/{total}] {step}", file=out, flush=True)
 
         return line, lambda: None
-    bar = tqdm(total=total, unit="step", file=sys.stderr, leave=False)
+    bar = tqdm(total=total, unit="step", file=out, leave=False)
 
     def step(name: str) -> None:
         bar.set_description(name)

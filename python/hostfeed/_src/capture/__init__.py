@@ -8,8 +8,8 @@ name, without editing the model (Flax NNX, Flax Linen, Equinox).
   Flax model whose calls capture;
 - :mod:`.nnx`, :mod:`.linen`, :mod:`.equinox`: each library's hook (a patched ``__call__``
   while capturing, ``nn.intercept_methods``, a wrapper module in the pytree), imported
-  only for a model of that library: Flax and Equinox are optional (``hostfeed[flax]``,
-  ``hostfeed[equinox]``).
+  only for a model of that library: Flax and Equinox are optional (``pip install flax``,
+  ``pip install equinox``; in hostfeed's checkout ``pip install '.[flax]'``).
 """
 from __future__ import annotations
 
@@ -159,7 +159,7 @@ def capture(model: Any, recorder: Any, select: Select, *, step: Any = None,
         is, and what to pass where that is known: a wrapper's ``.module``), or ``select``
         is not a pattern, a list of them or a callable.
       ImportError: the library of ``model`` cannot be imported (the message names the
-        extra to install: ``hostfeed[flax]``, ``hostfeed[equinox]``).
+        package to install: ``pip install flax`` or ``pip install equinox``).
 
     Example:
         >>> def loss_fn(model, x, y, step):                    # doctest: +SKIP

@@ -2,9 +2,9 @@
 [PATTERN ...]``; :mod:`.draw` draws it): each chosen array read into a :class:`Panel`
 (statistics per row, read from a ``reduce="stats"`` array or computed on the host from raw
 rows; what another reduction's ``plot_rows`` gives: a histogram's counts, ...),
-the title, and the grid's layout: one row per module
-(the arrays' groups, in natural order: ``blocks.2`` before ``blocks.10``), one column per
-kind of array a module holds (``output``, its ``output.cotangent`` beside it, ...).
+the title, and the grid's layout (:func:`layout`): rows of panels, each module's arrays
+side by side (``output``, its ``output.cotangent`` beside it, ...), the modules in
+natural order (``blocks.2`` before ``blocks.10``), wrapping.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from . import series
 from ..reductions import of_kind
 from .opened import READERS, Recording
 
-__all__ = ["Panel", "load", "header", "layout"]
+__all__ = ["Panel", "load", "header", "layout", "COLUMNS"]
 
 C = series.COLUMN
 
@@ -100,7 +100,7 @@ def load(rec: Recording, names: list[str]) -> list[Panel]:
 def header(path: str, panels: list[Panel]) -> str:
     """The title: the store, its arrays, steps and when its rows were written (UTC)."""
     filled = [p for p in panels if len(p.steps)]
-    text = f"{path}: {len(panels)} arrays"
+    text = f"{path}: {len(panels)} array{'' if len(panels) == 1 else 's'}"
     if filled:
         lo = min(int(p.steps.min()) for p in filled)
         hi = max(int(p.steps.max()) for p in filled)
@@ -118,21 +118,32 @@ def header(path: str, panels: list[Panel]) -> str:
     return text
 
 
-def layout(panels: list[Panel]) -> tuple[list[tuple[str, list[tuple[int, Panel]]]], int]:
-    """The grid: one row per module in natural order, each cell ``(column, panel)``; the
-    columns are the kinds of array the modules hold (``output``, ``output.cotangent``,
-    ...) in natural order (a cotangent right after its array), the same in every row. The
-    arrays at the top of the store (no module) fill the first row from the left. Returns
-    the rows and the number of columns."""
-    top = [p for p in panels if not p.module]
-    inner = [p for p in panels if p.module]
-    leaves = sorted({p.leaf for p in inner}, key=series.natural_key)
-    column = {leaf: c for c, leaf in enumerate(leaves)}
-    rows: list[tuple[str, list[tuple[int, Panel]]]] = []
-    if top:
-        rows.append(("", list(enumerate(sorted(top, key=lambda p: series.natural_key(p.name))))))
-    for module in sorted({p.module for p in inner}, key=series.natural_key):
-        cells = sorted((column[p.leaf], p) for p in inner if p.module == module)
-        rows.append((module, [(c, p) for c, p in cells]))
-    width = max([len(leaves), len(top)])
-    return rows, width
+#: At most this many panels side by side (more where the rows would not fit in one PNG).
+COLUMNS = 4
+
+
+def layout(panels: list[Panel], columns: int = COLUMNS) -> list[list[Panel]]:
+    """The grid, row by row: the arrays at the top of the store first (a row of them,
+    wrapping after ``columns``), then the modules in natural order (``blocks.2`` before
+    ``blocks.10``), each module's arrays side by side in natural order (a cotangent right
+    after its array). As many whole modules share a row as fit in ``columns``; a module of
+    more arrays wraps onto rows of its own. A row's panels share the figure's width, so no
+    cell is empty."""
+    top = sorted((p for p in panels if not p.module), key=lambda p: series.natural_key(p.name))
+    rows = [top[i:i + columns] for i in range(0, len(top), columns)]
+    modules: dict[str, list[Panel]] = {}
+    for p in sorted((p for p in panels if p.module), key=lambda p: series.natural_key(p.name)):
+        modules.setdefault(p.module, []).append(p)
+    row: list[Panel] = []
+    for module in sorted(modules, key=series.natural_key):
+        group = modules[module]
+        if row and len(row) + len(group) > columns:
+            rows.append(row)
+            row = []
+        if len(group) > columns:
+            rows += [group[i:i + columns] for i in range(0, len(group), columns)]
+        else:
+            row += group
+    if row:
+        rows.append(row)
+    return rows

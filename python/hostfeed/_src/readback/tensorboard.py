@@ -4,8 +4,9 @@ TensorBoard's histograms with hostfeed's bin edges, raw arrays as both; each eve
 row's recorded step and time. ``follow=True`` tails a store a recorder is still writing and
 appends the rows as they are committed, until the recorder closes it.
 
-The events are the ``tensorboard`` package's protobufs (``pip install
-'hostfeed[tensorboard]'``; no TensorFlow), written by :class:`_EventFile`.
+The events are the ``tensorboard`` package's protobufs (``pip install tensorboard``, or
+``pip install '.[tensorboard]'`` in hostfeed's checkout; no TensorFlow), written by
+:class:`_EventFile`.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import Any, Optional, TextIO
 import numpy as np
 
 from ..record import stores
-from ..reductions import STATS, of_kind
+from ..reductions import STATS, Stats, of_kind
 from . import series
 from .opened import follow_store, open_recording
 from .reading import _recorded_names
@@ -38,7 +39,8 @@ def _tb() -> tuple[Any, Any, Any]:
         from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
     except ImportError as exc:
         raise ImportError("hostfeed.to_tensorboard needs the tensorboard package: pip install "
-                          "'hostfeed[tensorboard]' (or 'tensorboard')") from exc
+                          "tensorboard (or, in hostfeed's checkout, pip install "
+                          "'.[tensorboard]')") from exc
     return Event, Summary, HistogramProto
 
 
@@ -116,6 +118,20 @@ def histogram_buckets(counts: np.ndarray, edges: Sequence[float], log: bool
     return lefts[first], limits[last], limits, [float(c) for c in counts]
 
 
+class _Quiet:
+    """A column written only once it leaves its quiet value (:attr:`Reduction.quiet`):
+    the value (``None`` until the first row gives it), the first and last ``(step,
+    time_ns)`` of the quiet stretch, and whether the column has left it."""
+
+    __slots__ = ("value", "first", "last", "loud")
+
+    def __init__(self, value: Optional[float]):
+        self.value = value
+        self.first: Optional[tuple[int, int]] = None
+        self.last: Optional[tuple[int, int]] = None
+        self.loud = False
+
+
 class _Exporter:
     """Turns blocks of rows into events and writes them."""
 
@@ -125,12 +141,38 @@ class _Exporter:
         self.writer = _EventFile(logdir, self.Event)
         self.rows: dict[str, int] = {}
         self.events = 0
+        self.quiet: dict[tuple[str, str], _Quiet] = {}  # (name, column): its quiet stretch
 
     def _histo(self, lo: float, hi: float, limits: list[float], counts: list[float],
                total: float = 0.0, squares: float = 0.0) -> Any:
         return self.Histogram(
             min=lo, max=hi, num=float(sum(counts)), sum=total, sum_squares=squares,
             bucket_limit=limits, bucket=counts)
+
+    def _event(self, step: int, time_ns: int, values: list[Any]) -> None:
+        self.writer.add(self.Event(wall_time=int(time_ns) / 1e9, step=int(step),
+                                   summary=self.Summary(value=values)))
+        self.events += 1
+
+    def _scalar(self, name: str, column: str, quiet: Optional[_Quiet], value: float,
+                step: int, time_ns: int) -> Optional[Any]:
+        """The scalar ``NAME/column`` of one row, or ``None`` where the column is quiet;
+        a column that leaves its quiet value first gets its quiet stretch written (two
+        events, at its first and last rows: TensorBoard draws the same line)."""
+        tag = f"{name}/{column}"
+        if quiet is None or quiet.loud:
+            return self.Summary.Value(tag=tag, simple_value=value)
+        if quiet.value is None:
+            quiet.value = value
+        if value == quiet.value:
+            quiet.first = quiet.first or (step, time_ns)
+            quiet.last = (step, time_ns)
+            return None
+        quiet.loud = True
+        for at in dict.fromkeys(x for x in (quiet.first, quiet.last) if x is not None):
+            self._event(at[0], at[1], [self.Summary.Value(tag=tag,
+                                                          simple_value=quiet.value)])
+        return self.Summary.Value(tag=tag, simple_value=value)
 
     def write(self, name: str, kind: str, reduce: dict, rows: np.ndarray, steps: np.ndarray,
               times: np.ndarray) -> None:
@@ -141,20 +183,28 @@ class _Exporter:
         stats = series.stats_rows(kind, rows) if plot == "stats" and n else None
         counts = r.plot_rows(rows, reduce) if r is not None and plot == "heatmap" else None
         lines = r.plot_rows(rows, reduce) if r is not None and plot == "lines" else None
-        labels = r.plot_labels(reduce, lines.shape[1]) if r and lines is not None else []
+        columns: Sequence[str] = ()
+        scalars = None
+        if stats is not None:
+            columns, scalars = STATS, stats
+        elif r is not None and lines is not None:
+            columns, scalars = r.plot_labels(reduce, lines.shape[1]), lines
+        quiet_values = (r or Stats).quiet
+        quiet = [None if c not in quiet_values else
+                 self.quiet.setdefault((name, c), _Quiet(quiet_values[c])) for c in columns]
         edges = reduce.get("edges", [])
         log = "log" in str(reduce.get("scale", ""))
         single = kind == "raw" and rows[0].size == 1  # a raw scalar: itself, no summary
         for i in range(n):
+            step, time_ns = int(steps[i]), int(times[i])
             values = []
             if single:
                 values.append(Value(tag=name, simple_value=float(rows[i].ravel()[0])))
-            elif stats is not None:
-                values += [Value(tag=f"{name}/{c}", simple_value=float(stats[i, j]))
-                           for j, c in enumerate(STATS)]
-            elif lines is not None:
-                values += [Value(tag=f"{name}/{c}", simple_value=float(lines[i, j]))
-                           for j, c in enumerate(labels)]
+            elif scalars is not None:
+                for j, c in enumerate(columns):
+                    v = self._scalar(name, c, quiet[j], float(scalars[i, j]), step, time_ns)
+                    if v is not None:
+                        values.append(v)
             if counts is not None:
                 values.append(Value(tag=name, histo=self._histo(
                     *histogram_buckets(counts[i], edges, log))))
@@ -166,9 +216,7 @@ class _Exporter:
                     values.append(Value(tag=name, histo=self._histo(
                         float(e[0]), float(e[-1]), [float(x) for x in e[1:]],
                         [float(x) for x in k], float(v.sum()), float((v * v).sum()))))
-            self.writer.add(self.Event(wall_time=int(times[i]) / 1e9, step=int(steps[i]),
-                                             summary=self.Summary(value=values)))
-            self.events += 1
+            self._event(step, time_ns, values)
         self.rows[name] = self.rows.get(name, 0) + n
 
     def close(self) -> None:
@@ -268,10 +316,12 @@ def to_tensorboard(path: Any, logdir: str, patterns: Sequence[str] = (), *,
     Each row becomes an event at its recorded step (its index where it was recorded
     without one) and its recorded time:
 
-    - a ``reduce="stats"`` array ``NAME``: scalars ``NAME/count``, ``NAME/mean``,
-      ``NAME/std``, ``NAME/min``, ``NAME/max``, ``NAME/absmax``, ``NAME/l2``,
-      ``NAME/nan_count``, ``NAME/inf_count`` (kept axes combined into one row of
-      statistics: counts summed, means and spreads pooled);
+    - a ``reduce="stats"`` array ``NAME``: scalars ``NAME/mean``, ``NAME/std``,
+      ``NAME/min``, ``NAME/max``, ``NAME/absmax``, ``NAME/l2`` (kept axes combined into
+      one row of statistics: counts summed, means and spreads pooled), and
+      ``NAME/nan_count``, ``NAME/inf_count`` and ``NAME/count`` only where they change
+      (a NaN count once a row has a NaN, from then on; the rows before it as a flat line
+      from the first to the last): no flat line of zeros per array;
     - a ``reduce=Histogram(...)`` array: a histogram ``NAME`` with hostfeed's bin edges,
       the below and above counts as buckets at its ends (:func:`histogram_buckets`; kept
       axes summed);
@@ -320,11 +370,7 @@ def to_tensorboard(path: Any, logdir: str, patterns: Sequence[str] = (), *,
         raise ValueError(f"hostfeed.to_tensorboard: poll must be > 0 seconds, got {poll!r}")
     logdir = os.fspath(logdir)
     if not follow:  # the store checked before anything is written
-        try:
-            open_recording(path, storage_options=storage_options)
-        except FileNotFoundError as exc:
-            raise FileNotFoundError(f"hostfeed.to_tensorboard: no recording at {path!s} "
-                                    f"({exc})") from exc
+        open_recording(path, storage_options=storage_options)
     exp = _Exporter(logdir)
     try:
         if follow:
@@ -346,7 +392,8 @@ def main(path: str, logdir: str, patterns: Sequence[str], follow: bool, poll: fl
                   f"stops)", file=out, flush=True)
         rows = to_tensorboard(path, logdir, list(patterns), follow=follow, poll=poll)
     except (KeyError, ValueError, OSError, ImportError, TimeoutError) as exc:
-        print(f"python -m hostfeed tensorboard: {str(exc).strip(chr(34))}", file=sys.stderr)
+        said = str(exc).strip(chr(34)).removeprefix("hostfeed.open_recording: ")
+        print(f"python -m hostfeed tensorboard: {said}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # the events written so far are in the file, closed
         print(f"python -m hostfeed tensorboard: stopped; the rows exported so far are in "

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .base import Reduction
+from .base import Pane, Reduction
 from .histogram import Histogram
 from .stats import STATS, Stats
 from .topk import TopK
 
-__all__ = ["Reduction", "REDUCTIONS", "Histogram", "Stats", "STATS", "TopK", "resolve",
+__all__ = ["Reduction", "Pane", "REDUCTIONS", "Histogram", "Stats", "STATS", "TopK", "resolve",
            "of_kind", "accepted"]
 
 #: Every reduction, by the kind stored in an array's attributes.

@@ -12,19 +12,36 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Callable
+from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Reduction", "ordered_keys", "keys", "per_shard_sum"]
+__all__ = ["Reduction", "Pane", "ordered_keys", "keys", "per_shard_sum"]
 
 #: The styles ``show`` draws a reduction's rows in (:attr:`Reduction.plot`): ``"stats"``
-#: (the rows' statistics, as ``reduce="stats"`` and raw arrays), ``"heatmap"`` (steps by
-#: columns, ``log10(1 + value)``, as a histogram) and ``"lines"`` (one line per column).
+#: (the rows' statistics, as ``reduce="stats"`` and raw arrays: the plots its
+#: :attr:`Reduction.panes` say), ``"heatmap"`` (steps by columns, ``log10(1 + value)``,
+#: as a histogram, with a colour bar) and ``"lines"`` (one line per column).
 PLOTS = ("stats", "heatmap", "lines")
+
+
+@dataclass(frozen=True)
+class Pane:
+    """One plot of a panel of statistics as ``show`` draws it, stacked with the others of
+    :attr:`Reduction.panes`, each on its own y axis: ``label`` beside it, the columns in
+    ``lines`` (by name) as lines over the steps, those in ``dashed`` dashed, a band of
+    ``band[0]`` plus and minus ``band[1]``; ``positive``: magnitudes (a log axis where they
+    span decades); ``height``: its share of the panel's height."""
+    label: str
+    lines: tuple[str, ...]
+    dashed: tuple[str, ...] = ()
+    band: Optional[tuple[str, str]] = None
+    positive: bool = False
+    height: float = 1.0
 
 
 class Reduction(abc.ABC):
@@ -59,6 +76,14 @@ class Reduction(abc.ABC):
     native_kernel: ClassVar[Optional[str]] = None
     #: How ``show`` draws the rows (one of :data:`PLOTS`).
     plot: ClassVar[str] = "lines"
+    #: For ``plot = "stats"``: the plots of a panel, top to bottom (:class:`Pane`).
+    panes: ClassVar[tuple[Pane, ...]] = ()
+    #: The columns (by their label: :data:`~hostfeed.STATS`' names for ``plot = "stats"``,
+    #: :meth:`plot_labels` otherwise) that the TensorBoard export writes only from the
+    #: first row where they leave their quiet value (``None``: the first row's), with
+    #: the quiet stretch before it as its first and last rows: a count that never changes,
+    #: a NaN count that stays 0, is no tag of its own.
+    quiet: ClassVar[Mapping[str, Optional[float]]] = {}
 
     @property
     @abc.abstractmethod

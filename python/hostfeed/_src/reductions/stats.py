@@ -4,13 +4,14 @@ transport uses native kernels)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, ClassVar, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .base import Reduction, keys as _keys
+from .base import Pane, Reduction, keys as _keys
 
 __all__ = ["Stats", "STATS"]
 
@@ -33,6 +34,18 @@ class Stats(Reduction):
     alias: ClassVar[Optional[str]] = "stats"
     native_kernel: ClassVar[Optional[str]] = "hostfeed_stats"
     plot: ClassVar[str] = "stats"
+    #: The values (mean with a band of one standard deviation, min and max), then the
+    #: scale: absmax and l2 apart (an l2 grows with the value's size, an absmax does not).
+    panes: ClassVar[tuple[Pane, ...]] = (
+        Pane("value", ("mean", "min", "max"), dashed=("min", "max"), band=("mean", "std"),
+             height=2.0),
+        Pane("absmax", ("absmax",), positive=True),
+        Pane("l2", ("l2",), positive=True),
+    )
+    #: The count does not change for an array of one shape, and the NaN and infinity
+    #: counts are mostly 0: flat lines, unless they change.
+    quiet: ClassVar[Mapping[str, Optional[float]]] = {"count": None, "nan_count": 0.0,
+                                                       "inf_count": 0.0}
 
     @property
     def dtype(self) -> np.dtype:
