@@ -307,7 +307,10 @@ def rust(session: nox.Session) -> None:
     """The core's tests (`cargo test -p hostfeed-core`) in the `ci` profile (Cargo.toml:
     release's optimisation with the debug profile's assertions and overflow checks), with
     the FFI layout checked against every jaxlib header the test sessions installed
-    (required here: it fails rather than skips), then the loom models of the hand-made
+    (required here: it fails rather than skips), and the store conformance suite over every
+    back-end: the file system, `memory://`, the object store in memory and on an S3 server
+    (s3s-fs, started by the test: its binary `$S3S_FS` or on PATH; skipped without one
+    unless `HOSTFEED_REQUIRE_S3S=1`, which CI sets); then the loom models of the hand-made
     synchronisation (bounded; their own target directory, since `--cfg loom` rebuilds
     everything)."""
     dirs = os.environ.get("HOSTFEED_XLA_FFI_INCLUDE", "").split(os.pathsep)

@@ -124,16 +124,16 @@ def start_receiver(*, max_queue_byte_size: Optional[int] = None) -> None:
 
 
 def transports() -> dict[str, str]:
-    """Which transport hostfeed's callbacks use in computations for each platform:
-    ``"native"`` (hostfeed's own handlers: CPU, CUDA, ROCm) or ``"jax"`` (the portable
-    transport, JAX's host-callback lowering: TPU and other platforms, a GPU whose handlers
-    could not register; everywhere when
-    ``HOSTFEED_TRANSPORT=jax``). Lists CPU, CUDA, ROCm, TPU and the platforms of this
-    process's backends.
+    """Which transport hostfeed's callbacks use in computations for each platform, by name:
+    ``"native"`` (hostfeed's own handlers: CPU, CUDA, ROCm), ``"tpu"`` (a TPU's own host
+    transfers) or ``"jax"`` (the portable transport, JAX's host-callback lowering: other
+    platforms, a GPU whose handlers could not register; everywhere but on TPUs when
+    ``HOSTFEED_TRANSPORT=jax``). The transport a computation for that platform alone is
+    lowered with. Lists CPU, CUDA, ROCm, TPU and the platforms of this process's backends.
 
     Example:
         >>> import hostfeed
-        >>> hostfeed.transports()["tpu"] in ("native", "jax")
+        >>> hostfeed.transports()["tpu"] in ("native", "tpu")
         True
     """
     return _transports.transports()

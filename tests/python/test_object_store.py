@@ -262,7 +262,7 @@ def test_a_missing_bucket_fails_at_open_naming_the_store(s3):
 def test_bad_options_and_urls_are_clear_errors(s3, bucket):
     with pytest.raises(ValueError, match='unknown storage option "aws_bogus"'):
         hostfeed.Recorder(f"s3://{bucket}/r.zarr", storage_options={"aws_bogus": 1})
-    with pytest.raises(ValueError, match="storage_options apply to object store URLs"):
+    with pytest.raises(ValueError, match="storage_options apply to the stores that URLs name"):
         hostfeed.Recorder("/tmp/x.zarr", storage_options={"aws_region": "x"})
     with pytest.raises(ValueError, match="ftp:// stores are not supported"):
         hostfeed.Recorder("ftp://host/r.zarr")

@@ -20,7 +20,7 @@ use crate::error::IntoPy;
 use crate::host::{dict_of, duration};
 use hostfeed_core::Codec;
 use hostfeed_core::HostBuffer;
-use hostfeed_core::{hub, is_object_url, sinks, Budget, Mode, Options, Recorder, Sink, Storage};
+use hostfeed_core::{hub, sinks, Budget, Mode, Options, Recorder, Sink, Storage};
 use hostfeed_core::{install_write_tracer, open_recorders, set_write_tracing, WriteTracer};
 
 /// Adds the recorder class and the recorder's functions to `m`.
@@ -233,14 +233,8 @@ impl PyRecorder {
         )?;
         let opts = Options { codec, chunk_bytes, writers, durable, commit_interval, sep, shard_bytes, lease };
         let budget: Arc<dyn Budget> = Arc::new(hub());
-        if url {
-            let url = path.to_str().ok_or_else(|| PyValueError::new_err("a store URL must be text"))?;
-            if !is_object_url(url) {
-                return Err(PyValueError::new_err(format!(
-                    "{url:?} is not the URL of an object store hostfeed writes (s3://, gs://, az://)"
-                )));
-            }
-        }
+        // A URL no back-end serves is refused by the registry (`Storage::open`), its message
+        // listing every back-end's schemes.
         let options = storage_options.unwrap_or_default();
         let run = shared.as_deref().map(|run| (run, leader));
         // No argument may reach the caller as a Rust panic (a `BaseException`): one in a

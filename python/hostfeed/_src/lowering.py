@@ -265,10 +265,11 @@ _OPERATIONS = {_outside_call_lowering: "taps (id_tap, id_print, Recorder.record)
 
 def _on(platform: str | None, rule: Any) -> Any:
     """``rule`` for ``platform`` (None: every platform without native handlers), called
-    with the transport of the context, once that transport has prepared the context (or
-    refused it: on a GPU platform whose handlers could not register on an existing
-    backend, only a forced native transport reaches the native rule, and it refuses
-    clearly)."""
+    with the transport kept for the context (``transports.for_context``: chosen at the
+    first rule of the computation, read by every later one), once that transport has
+    prepared the context (or refused it: on a GPU platform whose handlers could not
+    register on an existing backend, only a forced native transport reaches the native
+    rule, and it refuses clearly)."""
 
     @functools.wraps(rule)
     def lower(ctx: Any, *args: Any, **params: Any) -> list:

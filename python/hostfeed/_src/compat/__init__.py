@@ -565,6 +565,25 @@ def lower_jaxpr_inline(ctx: Any, jaxpr: Any, tokens: Any, *args: Any) -> tuple:
         outer_traceback=None)
 
 
+def lowering_memo(ctx: Any) -> dict:
+    """A dict that lives exactly as long as the lowering of the module that rule context
+    ``ctx`` lowers into, for what one rule keeps for the next (no MLIR object may go into
+    it: JAX may lower a region as a function of its own and drop it). jax 0.10-0.12: the
+    module context's ``cached_primitive_lowerings``, one dict per module lowered, which the
+    module contexts JAX derives for manual regions and per-platform branches share, and
+    which JAX only reads and writes by its own keys (hostfeed's keys are of its own types).
+    A context without one (a stand-in, or a JAX that drops it): a new dict each time, so
+    that nothing is kept, not kept wrongly.
+
+    Example:
+        >>> class Ctx: pass
+        >>> lowering_memo(Ctx()) is lowering_memo(Ctx())
+        False
+    """
+    memo = getattr(getattr(ctx, "module_context", None), "cached_primitive_lowerings", None)
+    return memo if isinstance(memo, dict) else {}
+
+
 # ---- Host callbacks on the profiler's timeline (the dispatcher) --------------------
 # jax 0.10-0.12: `jax.profiler.TraceAnnotation` is this TraceMe; its static `is_enabled()`
 # (about 16 ns) says whether a trace is being collected (jax.profiler.start_trace, or a
