@@ -206,7 +206,7 @@ def chained_every_records_under_jit_grad():
     rows, meta = hostfeed.read_recording(path, "h")
     assert meta["step"].tolist() == [0, 0, 0, 2, 2, 2], meta["step"]
     h, expect = np.ones(4, np.float32), []
-    for j in range(3):
+    for _ in range(3):
         h = np.tanh(h * 0.5)
         expect.append(h)
     np.testing.assert_allclose(rows, np.stack(expect * 2), rtol=1e-6)
