@@ -103,10 +103,10 @@ def _depend_later_uses() -> None:
         for view in block.operations:
             if view.operation.name == _ADD_DEPENDENCY:
                 _redirect_uses_after(view.operation)
-        owner = block.owner
-        if owner is None:
+        view = block.owner
+        if view is None:
             return
-        owner = owner.operation
+        owner = view.operation
         if owner.name == _FUNCTION:
             return
         block = owner.block
