@@ -13,6 +13,7 @@ name, without editing the model (Flax NNX, Flax Linen, Equinox).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from types import ModuleType
 from typing import Any, Optional
@@ -22,8 +23,9 @@ import numpy as np
 from .. import settings
 from .calls import CaptureSpec, Capturing, summary_suffix
 from .selection import Select, Selector
+from .watch import CaptureWarning, enroll, watch
 
-__all__ = ["capture", "Capturing"]
+__all__ = ["capture", "Capturing", "CaptureWarning"]
 
 # library -> (hostfeed module, what it is called in messages, the extra that installs it,
 # the distribution)
@@ -37,12 +39,12 @@ _LIBRARIES = {
 def _library(model: Any) -> Optional[str]:
     """Which library ``model`` is a module of, from its classes' modules (nothing imported)."""
     model = model.model if isinstance(model, Capturing) else model
-    for cls in type(model).__mro__:
-        where = getattr(cls, "__module__", "") or ""
+    wheres = [getattr(cls, "__module__", "") or "" for cls in type(model).__mro__]
+    if any(w.startswith("flax.linen") for w in wheres):
+        return "linen"  # Linen first: a Linen wrapper of an NNX module (nnx.bridge.ToLinen)
+    for where in wheres:
         if where.startswith("flax.nnx"):
             return "nnx"
-        if where.startswith("flax.linen"):
-            return "linen"
         if where.startswith("equinox"):
             return "equinox"
     return None
@@ -174,12 +176,27 @@ def capture(model: Any, recorder: Any, select: Select, *, step: Any = None,
     spec = _spec(recorder, step, every, start, stop, reduce, axis, inputs, outputs, prefix,
                  cotangents)
     selector = Selector(select, impl.SEP, _LIBRARIES[library][1])
+    inner = model.model if isinstance(model, Capturing) else model
+    inner = getattr(inner, "hostfeed_model", inner)  # an Equinox CapturedModel's
+    patterns = ("a predicate" if selector.predicate is not None
+                else ", ".join(repr(p) for p in selector.patterns))
+    options = "".join(f", {k}={v!r}" for k, v in (
+        ("reduce", reduce), ("axis", axis), ("every", every), ("start", start),
+        ("stop", stop), ("inputs", inputs), ("outputs", outputs), ("prefix", prefix))
+        if v is not None and not (k == "inputs" and v is False)
+        and not (k == "outputs" and v is True))
+    spec = dataclasses.replace(spec, watch=watch(
+        recorder, f"hostfeed.capture({type(inner).__name__}, {patterns}{options})",
+        selecting=every is not None or start is not None or stop is not None))
     if library == "equinox":
-        return impl.capture(model, spec, selector, step)
-    earlier: tuple = ()
-    if isinstance(model, Capturing):
-        model, earlier = model.model, model._hooks
-    return impl.capture(model, spec, selector, step, earlier)
+        captured = impl.capture(model, spec, selector, step)
+    else:
+        earlier: tuple = ()
+        if isinstance(model, Capturing):
+            model, earlier = model.model, model._hooks
+        captured = impl.capture(model, spec, selector, step, earlier)
+    enroll(spec.watch)
+    return captured
 
 
 def _spec(recorder: Any, step: Any, every: Any, start: Any, stop: Any, reduce: Any,

@@ -37,16 +37,20 @@ def natural_key(name: str) -> tuple:
     """A sort key: by module (the name up to its last ``/``, compared part by part, ``.``
     and ``/`` separating parts, so a module comes before its submodules), then by the
     array's own name; numbers by value (``blocks.2`` before ``blocks.10``); a cotangent
-    right after the array it is the cotangent of.
+    right after the array it is the cotangent of (its summary, ``out.cotangent.stats``,
+    right after the value's, ``out.stats``).
 
     Example:
         >>> sorted(["blocks.10/out", "blocks.2.mlp/out", "blocks.2/out.cotangent",
         ...         "blocks.2/out", "b"], key=natural_key)
         ['b', 'blocks.2/out', 'blocks.2/out.cotangent', 'blocks.2.mlp/out', 'blocks.10/out']
+        >>> sorted(["m/out.cotangent.stats", "m/out.stats", "m/out.hist"], key=natural_key)
+        ['m/out.hist', 'm/out.stats', 'm/out.cotangent.stats']
     """
     module, _, leaf = name.rpartition("/")
-    cot = leaf.endswith(COTANGENT_SUFFIX)
-    base = leaf[:-len(COTANGENT_SUFFIX)] if cot else leaf
+    head, *rest = leaf.split(".")
+    cot = COTANGENT_SUFFIX[1:] in rest
+    base = ".".join([head, *(p for p in rest if p != COTANGENT_SUFFIX[1:])])
     parts = tuple(_tokens(p) for p in re.split(r"[/.]", module)) if module else ()
     return (parts, _tokens(base), cot)
 
