@@ -232,20 +232,24 @@ def test_a_linen_wrapper_of_an_nnx_model_captures_its_submodules_by_their_nnx_na
             return nn.Dense(D)(nnx.bridge.ToLinen(Net, name="inner")(x))
 
     outer = Outer()
-    variables = wrapped.init(jax.random.key(0), x)
-    outer_variables = outer.init(jax.random.key(0), x)
+    variables = jax.jit(wrapped.init)(jax.random.key(0), x)  # jitted: an NNX model's
+    outer_variables = jax.jit(outer.init)(jax.random.key(0), x)  # eager init compiles a lot
     path = tmp_path / "run.zarr"
+    def seen_by(fn):  # fn's result and the MLP outputs it computed, jitted
+        def run(*args):
+            seen.clear()
+            return fn(*args), list(seen)
+        return jax.jit(run)
+
     with hostfeed.Recorder(path) as rec:
-        seen.clear()
-        y = hostfeed.capture(wrapped, rec, "blocks.*.down", step=1).apply(variables, x)
-        at_root = list(seen)
-        seen.clear()
-        hostfeed.capture(outer, rec, "inner/blocks.1").apply(outer_variables, x)
-        nested = list(seen)
+        y, at_root = seen_by(lambda v, x: hostfeed.capture(
+            wrapped, rec, "blocks.*.down", step=1).apply(v, x))(variables, x)
+        _, nested = seen_by(lambda v, x: hostfeed.capture(
+            outer, rec, "inner/blocks.1").apply(v, x))(outer_variables, x)
         with pytest.raises(ValueError, match=r"'no_such_module' selects no submodule.*its "
                                              r"submodules are: blocks\.0, blocks\.0\.down"):
-            hostfeed.capture(wrapped, rec, "no_such_module").apply(variables, x)
-    np.testing.assert_array_equal(y, wrapped.apply(variables, x))  # the model's results
+            jax.jit(hostfeed.capture(wrapped, rec, "no_such_module").apply)(variables, x)
+    np.testing.assert_array_equal(y, jax.jit(wrapped.apply)(variables, x))  # unchanged
     assert sorted(hostfeed.open_recording(path).names) == [
         "blocks.0.down/output", "blocks.1.down/output", "inner/blocks.1/output"]
     for i in range(L):

@@ -217,3 +217,27 @@ def test_show_and_tensorboard_draw_a_cotangents_summary_beside_the_values(tmp_pa
     counts, _ = hostfeed.read_recording(path, "blocks/out.cotangent.hist")
     assert [e.histogram_value.bucket for e in ea.Histograms("blocks/out.cotangent.hist")] == \
         counts.astype(float).tolist()
+
+
+def test_through_a_recorded_step_the_cotangents_summaries_are_those_of_jit(tmp_path):
+    eps = jnp.zeros((L, B, D))
+    got = {}
+    for way in ("step", "jit"):
+        path = tmp_path / f"{way}.zarr"
+        with hostfeed.Recorder(path) as rec:
+            def f(W, s):
+                grads, _ = jax.grad(lambda W, e: stack(rec, "remat", s, every=2,
+                                                       recorded={"s": "stats"})(W, e, xs()),
+                                    argnums=(0, 1), has_aux=True)(W, eps)
+                return W - 0.1 * grads[0]
+            step = rec.step(f, outputs=True) if way == "step" else jax.jit(f)
+            W = weights()
+            for s in range(3):
+                W = step(W, jnp.int32(s))
+            jax.block_until_ready(W)
+        got[way] = {n: hostfeed.read_recording(path, n) for n in arrays(path)}
+    assert sorted(got["step"]) == sorted(got["jit"]) == ["s", "s.cotangent"]
+    for name, (rows, meta) in got["jit"].items():
+        np.testing.assert_array_equal(got["step"][name][0], rows, err_msg=name)
+        assert meta["step"].tolist() == [0, 0, 2, 2]
+        assert got["step"][name][1]["step"].tolist() == [0, 0, 2, 2]

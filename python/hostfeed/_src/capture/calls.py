@@ -153,7 +153,7 @@ def _axis_names(node: Any, leaf: Any) -> Optional[list[Optional[str]]]:
     and, per dimension, an axis with a ``name`` or a name), None for anything else."""
     axes = getattr(node, "axes", None)
     if getattr(node, "array", None) is not leaf or not isinstance(axes, (tuple, list)) \
-            or len(axes) != np.ndim(leaf):
+            or len(axes) != getattr(leaf, "ndim", -1):
         return None
     names = [a if isinstance(a, str) else getattr(a, "name", None) for a in axes]
     return names if all(isinstance(n, str) for n in names) else None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import types
 import warnings
 from typing import Any, Optional
 
@@ -171,7 +172,8 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 def _user_level() -> int:
     """The ``stacklevel`` of the first caller outside hostfeed (whose barrier_wait or
     close it was), for the warning to point at."""
-    frame, level = sys._getframe(1), 1
+    frame: Optional[types.FrameType] = sys._getframe(1)
+    level = 1
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
         frame, level = frame.f_back, level + 1
     return level
