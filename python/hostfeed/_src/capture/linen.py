@@ -11,6 +11,11 @@ A module that shares another's scope (``nn.share_scope``: a wrapper and what it 
 parent and a child whose parameters live in the parent's) is named as it would be without
 sharing, its parent's name and its own (``layer_0/mlp/gating``), not by the scope's path,
 which is the other module's name too.
+
+A Linen module that wraps an NNX module (``nnx.bridge.ToLinen`` and copies of it: an
+``nnx_class`` field) makes its NNX module anew in each call: its call is given, as its
+``nnx_method``, a method that selects the NNX module's submodules by their NNX names
+(after the wrapper's own path) and records them as an NNX capture does.
 """
 from __future__ import annotations
 
