@@ -197,8 +197,8 @@ def capture(model: Any, recorder: Any, select: Select, *, step: Any = None,
                 else ", ".join(repr(p) for p in selector.patterns))
     options = "".join(f", {k}={v!r}" for k, v in (
         ("reduce", reduce), ("axis", axis), ("every", every), ("start", start),
-        ("stop", stop), ("inputs", inputs), ("outputs", outputs), ("prefix", prefix),
-        ("cotangents", cotangents))
+        ("stop", stop), ("inputs", spec.inputs), ("outputs", spec.outputs),
+        ("prefix", prefix), ("cotangents", spec.cotangents))
         if v is not None and not (k == "inputs" and v is False)
         and not (k == "outputs" and v is True))
     spec = dataclasses.replace(spec, watch=watch(
