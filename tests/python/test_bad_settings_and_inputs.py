@@ -407,7 +407,7 @@ def _capture(flag):
         eqx = pytest.importorskip("equinox")
         model = eqx.nn.Sequential([eqx.nn.Linear(2, 2, key=jax.random.key(0))])
         with hostfeed.Recorder(tmp_path / "c.zarr", mode="w") as rec:
-            hostfeed.capture(model, rec, "layers.0", **{flag: v})
+            hostfeed.capture(model, rec, "layers.0", **{flag: v})(jax.numpy.ones(2))
     return call
 
 

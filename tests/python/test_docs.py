@@ -60,6 +60,11 @@ EXPECTED = {
     ("capture.md", 4): ["(12, 8, 12, 16) [0, 0, 0, 0, 10, 10, 10, 10]", "True True"],
     ("capture.md", 5): ["(96, 12, 16) [0, 0, 0, 0, 10, 10, 10, 10, 20, 20, 20, 20]",
                         "True True"],
+    # A stack's summaries and their cotangents', a row per layer and step, under grad.
+    ("capture.md", 6): ["['blocks.down/output.cotangent.hist', 'blocks.down/output.cotangent."
+                        "stats', 'blocks.down/output.cotangent.topk']",
+                        "80 True [0, 0, 0, 0, 1, 1, 1, 1]",
+                        "(8, 16) [0, 0, 0, 0, 10, 10, 10, 10]"],
     ("troubleshooting.md", 0): ["[1.0]"],
     ("troubleshooting.md", 1): ["ValueError negative: -1.0"],
 }

@@ -282,6 +282,12 @@ impl PyRecorder {
         self.inner.describe_summary(name, summary).py()
     }
 
+    /// Names the axes of array `name`'s rows (a JSON array of strings or nulls), written
+    /// as `hostfeed.axes` in its attributes; raises `ValueError` for anything else.
+    fn describe_axes(&self, name: &str, axes: &str) -> PyResult<()> {
+        self.inner.describe_axes(name, axes).py()
+    }
+
     /// Checks record name `name` for rows of `ndim` dimensions (every part, lengths, the
     /// paths it makes) without creating anything; raises `ValueError` saying what is wrong.
     fn check_name(&self, name: &str, ndim: usize) -> PyResult<()> {
@@ -479,6 +485,12 @@ impl PyRecorder {
         let inner = &self.inner;
         py.detach(|| inner.close()).py()?;
         flushed.map(|_| ())
+    }
+
+    /// Rows array `name` received (those it held when resumed included), or `None` if no
+    /// array has that name.
+    fn rows_received(&self, name: &str) -> Option<u64> {
+        self.inner.rows_received(name)
     }
 
     /// Counters: rows received, bytes and chunks written, spills, commits, rows dropped.

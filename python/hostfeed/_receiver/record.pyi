@@ -54,6 +54,10 @@ class Recorder:
         """Says what the rows of array ``name`` summarize (a JSON object), written as
         ``hostfeed.reduce`` in its attributes; ValueError if it summarized otherwise."""
 
+    def describe_axes(self, name: str, axes: str) -> None:
+        """Names the axes of array ``name``'s rows (a JSON array of strings or nulls),
+        written as ``hostfeed.axes`` in its attributes; ValueError for anything else."""
+
     def check_name(self, name: str, ndim: int) -> None:
         """Raises ValueError if ``name`` cannot name an array with rows of ``ndim``
         dimensions (creates nothing)."""
@@ -101,6 +105,10 @@ class Recorder:
 
     def close(self) -> None:
         """Flushes, then stops the writer threads."""
+
+    def rows_received(self, name: str) -> int | None:
+        """Rows array ``name`` received (those it held when resumed included), or None if
+        no array has that name."""
 
     def stats(self) -> dict[str, int]:
         """Counters of the recorder."""

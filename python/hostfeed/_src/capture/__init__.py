@@ -6,6 +6,8 @@ name, without editing the model (Flax NNX, Flax Linen, Equinox).
 - :mod:`.calls`: what is recorded around one call (``Recorder.record`` of each array input
   and output, under ``MODULE/output``, ``MODULE/input.0``, ...), and ``Capturing``, the
   Flax model whose calls capture;
+- :mod:`.watch`: each capture watched until it records a row; a ``CaptureWarning`` at the
+  next ``barrier_wait`` or its recorder's ``close`` says why one recorded nothing;
 - :mod:`.nnx`, :mod:`.linen`, :mod:`.equinox`: each library's hook (a patched ``__call__``
   while capturing, ``nn.intercept_methods``, a wrapper module in the pytree), imported
   only for a model of that library: Flax and Equinox are optional (``pip install flax``,
@@ -13,6 +15,7 @@ name, without editing the model (Flax NNX, Flax Linen, Equinox).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from types import ModuleType
 from typing import Any, Optional
@@ -22,8 +25,9 @@ import numpy as np
 from .. import settings
 from .calls import CaptureSpec, Capturing, summary_suffix
 from .selection import Select, Selector
+from .watch import CaptureWarning, enroll, watch
 
-__all__ = ["capture", "Capturing"]
+__all__ = ["capture", "Capturing", "CaptureWarning"]
 
 # library -> (hostfeed module, what it is called in messages, the extra that installs it,
 # the distribution)
@@ -37,12 +41,12 @@ _LIBRARIES = {
 def _library(model: Any) -> Optional[str]:
     """Which library ``model`` is a module of, from its classes' modules (nothing imported)."""
     model = model.model if isinstance(model, Capturing) else model
-    for cls in type(model).__mro__:
-        where = getattr(cls, "__module__", "") or ""
+    wheres = [getattr(cls, "__module__", "") or "" for cls in type(model).__mro__]
+    if any(w.startswith("flax.linen") for w in wheres):
+        return "linen"  # Linen first: a Linen wrapper of an NNX module (nnx.bridge.ToLinen)
+    for where in wheres:
         if where.startswith("flax.nnx"):
             return "nnx"
-        if where.startswith("flax.linen"):
-            return "linen"
         if where.startswith("equinox"):
             return "equinox"
     return None
@@ -117,10 +121,14 @@ def capture(model: Any, recorder: Any, select: Select, *, step: Any = None,
     tuple, list or dict) and, with ``inputs=True``, ``input.0``, ... (positional
     arguments) and ``input.NAME`` (keyword arguments); ``reduce`` adds ``.stats`` or
     ``.hist``. Under ``grad`` the cotangents go to ``OUTPUT.cotangent`` as with every
-    record. The model's results are unchanged; its gradients are too, but for rounding
-    where cotangents are recorded (their records in the backward pass change how XLA
-    fuses the operations around them, as hand-placed records do): ``cotangents=False``
-    leaves them out, and the gradients bit for bit as without hostfeed.
+    record (a summary's, summarised the same way, to ``OUTPUT.cotangent.stats``, ...).
+    Arrays are found in any pytree a submodule returns or takes (named by their path: a
+    dataclass's fields); a node holding one array (a named array) is recorded as that
+    array, under its own name. The model's results are unchanged; its gradients are too,
+    but for rounding where cotangents are recorded (their records in the backward pass
+    change how XLA fuses the operations around them, as hand-placed records do):
+    ``cotangents=False`` leaves them out, and the gradients bit for bit as without
+    hostfeed.
 
     Use the result in place of the model, inside the function you jit (the step is
     usually traced there): for Equinox, a copy of the model with the selected submodules
@@ -153,13 +161,21 @@ def capture(model: Any, recorder: Any, select: Select, *, step: Any = None,
     Raises:
       ValueError: a pattern (or the predicate) selects nothing: the message lists the
         submodules there are (for Linen, those called, when the capture ends); after a
-        call of an NNX or Equinox model, none of the selected submodules was called; every=,
-        start= or stop= without step; a reduce= a record does not take.
+        call of what capture returned (NNX, Equinox), none of the selected submodules was
+        called; a selected submodule returned no array; a Linen wrapper of an NNX module
+        the capture cannot reach into; every=, start= or stop= without step; a reduce= a
+        record does not take.
       TypeError: ``model`` is not a module of those libraries (the message says what it
         is, and what to pass where that is known: a wrapper's ``.module``), or ``select``
         is not a pattern, a list of them or a callable.
       ImportError: the library of ``model`` cannot be imported (the message names the
         package to install: ``pip install flax`` or ``pip install equinox``).
+
+    Warns:
+      CaptureWarning: at the next ``barrier_wait`` (or the recorder's ``close``, or exit),
+        if the capture recorded no row: never used (the original model called in place of
+        what capture returned), no record taken, records traced but never compiled into
+        a computation that ran, or (at ``close``) no step selected by ``every=``.
 
     Example:
         >>> def loss_fn(model, x, y, step):                    # doctest: +SKIP
@@ -174,12 +190,29 @@ def capture(model: Any, recorder: Any, select: Select, *, step: Any = None,
     spec = _spec(recorder, step, every, start, stop, reduce, axis, inputs, outputs, prefix,
                  cotangents)
     selector = Selector(select, impl.SEP, _LIBRARIES[library][1])
+    inner = model.model if isinstance(model, Capturing) else model
+    inner = getattr(inner, "hostfeed_model", inner)  # an Equinox CapturedModel's
+    patterns = (f"a predicate ({getattr(select, '__name__', 'callable')})"
+                if selector.predicate is not None
+                else ", ".join(repr(p) for p in selector.patterns))
+    options = "".join(f", {k}={v!r}" for k, v in (
+        ("reduce", reduce), ("axis", axis), ("every", every), ("start", start),
+        ("stop", stop), ("inputs", spec.inputs), ("outputs", spec.outputs),
+        ("prefix", prefix), ("cotangents", spec.cotangents))
+        if v is not None and not (k == "inputs" and v is False)
+        and not (k == "outputs" and v is True))
+    spec = dataclasses.replace(spec, watch=watch(
+        recorder, f"hostfeed.capture({type(inner).__name__}, {patterns}{options})",
+        selecting=every is not None or start is not None or stop is not None))
     if library == "equinox":
-        return impl.capture(model, spec, selector, step)
-    earlier: tuple = ()
-    if isinstance(model, Capturing):
-        model, earlier = model.model, model._hooks
-    return impl.capture(model, spec, selector, step, earlier)
+        captured = impl.capture(model, spec, selector, step)
+    else:
+        earlier: tuple = ()
+        if isinstance(model, Capturing):
+            model, earlier = model.model, model._hooks
+        captured = impl.capture(model, spec, selector, step, earlier)
+    enroll(spec.watch)
+    return captured
 
 
 def _spec(recorder: Any, step: Any, every: Any, start: Any, stop: Any, reduce: Any,

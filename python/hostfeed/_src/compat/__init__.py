@@ -164,7 +164,18 @@ EFFECT_SETS = (
     _effects.shardable_ordered_effects,
     _effects.remat_allowed_effects,
     _effects.custom_derivatives_allowed_effects,
+    # Partial evaluation (JaxprTrace) keeps a staged equation whose outputs are unused only
+    # if its effect is here: a record's (a summary, a selected step) are often unused.
+    _effects.partial_eval_kept_effects,
 )
+# What a partial-evaluation rule appends to `trace.effect_handles` to keep such a staged
+# equation (JAX's cond rule does not), and the outputs of a ClosedJaxpr that partial
+# evaluation with `unknowns` leaves unknown (both the same in 0.10.2-0.12).
+EffectHandle = _pe_src.EffectHandle
+
+
+def partial_eval_out_unknowns(jaxpr: Any, unknowns: Sequence[bool]) -> list[bool]:
+    return list(_pe_src.partial_eval_jaxpr_nounits_fwd(jaxpr, unknowns, False)[2])
 
 
 def manual_op_sharding() -> _xc.OpSharding:

@@ -250,6 +250,11 @@ def read_recording(path: Any, name: str, *, storage_options: Optional[Mapping[st
         data = node(root, name, where.where, who)
     except KeyError:
         names = recorded_names(root, where, who)
+        if not names:
+            raise KeyError(f"hostfeed.read_recording: the store {where.where} holds no array, "
+                           f"so no {name!r}: nothing was recorded to it (no record ran, or "
+                           f"each selected none of the steps run; a hostfeed.capture that "
+                           f"recorded nothing says why with a CaptureWarning)") from None
         near = difflib.get_close_matches(name, names, n=len(names), cutoff=0.0)[:20]
         raise KeyError(f"hostfeed.read_recording: the store {where.where} has no array "
                        f"{name!r}; it has {near or 'none'} (nearest first)") from None

@@ -23,6 +23,7 @@ operand is what, :func:`lane_dims` how many leading dimensions are lanes; a reco
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -291,6 +292,7 @@ class Recorder:
             ``jax_enable_x64`` is off); one that fits is recorded converted, as ``jit``
             would convert it.
         """
+        record_inputs.check_name(name)
         ad_taps = record_inputs.ad_taps_of(cotangents, name)
         return self._selective(name, value, step=step, result=result, every=every,
                                start=start, stop=stop, reduce=reduce, axis=axis,
@@ -305,7 +307,6 @@ class Recorder:
                     f"opened by the parent of this forked process; open a new one here")
             raise ValueError(f"hostfeed: Recorder.record({name!r}) on a closed recorder "
                              f"({self.path})")
-        _check_name(name)
         treedef: Any
         leaves, treedef = jax.tree_util.tree_flatten(value)
         if treedef.num_leaves != 1 or treedef.num_nodes != 1:
@@ -442,6 +443,9 @@ class Recorder:
                 _open.discard(self)
             self._close_native()
         self._raise_unseen()
+        failed = _run_close_hooks(self)
+        if failed is not None:
+            raise failed
 
     def _close_native(self) -> None:
         """Writes every row, agrees with the other processes (a shared store), closes."""
@@ -466,7 +470,7 @@ class Recorder:
             return
         try:  # leaving on an exception: that one propagates, a recording error is logged
             self.close()
-        except _receiver.error.RecordingError as exc:
+        except Exception as exc:  # noqa: BLE001 - logged: the exception in flight wins
             logger.error("hostfeed: closing %r while an exception propagates: %s",
                                   self, exc)
 
@@ -490,6 +494,10 @@ class Recorder:
         exc = self._take_unseen()
         if exc is not None:
             raise exc
+
+    def _describe_axes(self, name: str, axes: list) -> None:
+        """Names the axes of array ``name``'s rows (``hostfeed.axes`` in its attributes)."""
+        self._native.describe_axes(name, json.dumps(axes))
 
     def _target(self, name: str, kind: str) -> Target:
         with self._lock:
@@ -527,17 +535,6 @@ def _writers(writers: Optional[int], url: bool) -> int:
     return int(writers)
 
 
-def _check_name(name: str) -> None:
-    if not isinstance(name, str):
-        raise TypeError(f"hostfeed: a record name must be a str, got {type(name).__name__}")
-    leaf = name.rsplit("/", 1)[-1]
-    for suffix in (TANGENT_SUFFIX, COTANGENT_SUFFIX) + tuple("." + s for s in ROW_METADATA):
-        if leaf.endswith(suffix):
-            raise ValueError(
-                f"hostfeed: invalid record name {name!r}: the suffix {suffix!r} is reserved "
-                f"(per-row metadata, tangents and cotangents are stored under such names)")
-
-
 # ---- barrier and exit --------------------------------------------------------------------
 
 
@@ -567,6 +564,22 @@ def _flush_open() -> Optional[BaseException]:
     return first
 
 
+_close_hooks: list[Callable[[Recorder], Optional[BaseException]]] = []
+
+
+def add_close_hook(hook: Callable[[Recorder], Optional[BaseException]]) -> None:
+    """Runs ``hook(recorder)`` once ``recorder`` is closed (by ``close``, or at exit); an
+    exception it returns is raised by ``close`` (logged at exit)."""
+    _close_hooks.append(hook)
+
+
+def _run_close_hooks(rec: Recorder) -> Optional[BaseException]:
+    first: Optional[BaseException] = None
+    for hook in _close_hooks:
+        first = first or hook(rec)
+    return first
+
+
 def _close_open() -> None:
     """At exit, after the receiver drained: closes every open recorder."""
     with open_lock:
@@ -582,6 +595,9 @@ def _close_open() -> None:
             rec._close_native()
         except Exception as exc:  # noqa: BLE001 - logged; the other recorders still close
             logger.error("hostfeed: closing %r at exit: %s", rec, exc)
+        failed = _run_close_hooks(rec)
+        if failed is not None:
+            logger.error("hostfeed: closing %r at exit: %s", rec, failed)
     late.report_at_exit()
 
 

@@ -225,6 +225,16 @@ impl Recorder {
         self.catalogue.describe_summary(name, summary)
     }
 
+    /// Names the axes of array `name`'s rows (a JSON array of strings, or nulls for axes
+    /// without a name), written as `hostfeed.axes` in its attributes from its next
+    /// `zarr.json` on.
+    ///
+    /// # Errors
+    /// Text that is not such an array.
+    pub fn describe_axes(&self, name: &str, axes: &str) -> Result<(), RecordError> {
+        self.catalogue.describe_axes(name, axes)
+    }
+
     /// The index of a transforms description (JSON) in the recorder's table.
     pub fn transforms_index(&self, description: &str) -> i16 {
         self.catalogue.transforms_index(description)

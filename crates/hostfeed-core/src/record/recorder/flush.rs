@@ -149,6 +149,13 @@ impl Recorder {
         }
     }
 
+    /// Rows array `name` received (those it held when resumed included); `None` if no
+    /// array has that name.
+    #[must_use]
+    pub fn rows_received(&self, name: &str) -> Option<u64> {
+        self.catalogue.rows_received_by(name)
+    }
+
     /// Counters.
     #[must_use]
     pub fn stats(&self) -> RecorderStats {

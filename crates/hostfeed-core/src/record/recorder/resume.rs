@@ -154,6 +154,10 @@ impl Recorder {
             if let Some(summary) = f.doc["attributes"]["hostfeed"].get("reduce").filter(|v| v.is_object()) {
                 self.catalogue.adopt_summary(f.name.clone(), summary.clone());
             }
+            if let Some(axes) = f.doc["attributes"]["hostfeed"].get("axes") {
+                // An array of axis names, as written: kept, or dropped if it is not one.
+                let _ = self.catalogue.describe_axes(&f.name, &axes.to_string());
+            }
             self.catalogue.adopt(|id| ArrayHandle {
                 id,
                 name: f.name,
