@@ -197,10 +197,10 @@ def test_show_and_tensorboard_draw_a_cotangents_summary_beside_the_values(tmp_pa
     names = series.select(hostfeed.open_recording(path).names, [], str(path))
     assert names == ["blocks/out.hist", "blocks/out.cotangent.hist", "blocks/out.stats",
                      "blocks/out.cotangent.stats"]
-    rows, width = grid.layout(grid.load(hostfeed.open_recording(path), names))
-    assert width == 4 and [p.name for _, p in rows[0][1]] == names
+    rows = grid.layout(grid.load(hostfeed.open_recording(path), names))
+    assert len(rows) == 1 and [p.name for p in rows[0]] == names  # one module, one row
     ct_stats, meta = hostfeed.read_recording(path, "blocks/out.cotangent.stats")
-    panel = {p.name: p for _, p in rows[0][1]}["blocks/out.cotangent.stats"]
+    panel = {p.name: p for p in rows[0]}["blocks/out.cotangent.stats"]
     np.testing.assert_array_equal(panel.stats, ct_stats)
 
     pytest.importorskip("tensorboard")
