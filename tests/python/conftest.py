@@ -66,6 +66,7 @@ HOST_SIDE: dict[str, object] = {
     "test_append.py": ALL,
     "test_reading_back.py": ALL,
     "test_look_at_a_run.py": ALL,  # show and the TensorBoard export: stores written eagerly
+    "test_live_view.py": ALL,  # the recorder's live cycles, read by follow and TensorBoard
     "test_sharding.py": ALL,  # Zarr's sharded layout (not JAX's), read by three readers
     "test_docs.py": ALL,
     "test_packaging.py": ALL,
