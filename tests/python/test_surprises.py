@@ -5,7 +5,11 @@ name recorded twice in one step keeps both rows, numpy values that do not fit JA
 are refused, ``Histogram``'s default range, the demo's store, and what exit reports."""
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import jax
@@ -244,7 +248,12 @@ def test_exit_reports_a_tap_failure_no_barrier_raised_with_its_traceback():
             pass
         jax.jit(lambda x: hcb.id_tap(bad_tap, x))(1.0).block_until_ready()
     """)
-    assert r.returncode == 0, r.stderr
+    # As an uncaught exception in the main thread would: status 1, the report on stderr.
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.endswith(
+        "hostfeed: for it, the program exits with status 1 where it would exit with 0, as "
+        "for an uncaught exception (HOSTFEED_CALLBACK_ERROR_EXIT=0 keeps status 0, as the "
+        "legacy module did)\n"), r.stderr[-2000:]
     exit_report = r.stderr[r.stderr.index("Traceback (most recent call last)"):]
     # The tap function's frame, then its exception (Python 3.13 prints the source line
     # between them, 3.11 cannot read it from -c code).
@@ -254,3 +263,33 @@ def test_exit_reports_a_tap_failure_no_barrier_raised_with_its_traceback():
             "that no barrier_wait() raised. Last one was: RuntimeError: tap went wrong") \
         in exit_report
     assert "call went wrong" not in exit_report and "atexit" not in r.stderr
+
+
+_UNRAISED_TAP_ERROR = """
+    import sys, jax, jax.numpy as jnp
+    from hostfeed import host_callback as hcb
+    def bad_tap(a, tr):
+        raise RuntimeError("tap went wrong")
+    jax.jit(lambda x: hcb.id_tap(bad_tap, x))(1.0).block_until_ready()
+    print("finished", flush=True)
+    open(sys.argv[1], "w").write("written")  # left for the interpreter to close
+    sys.exit(int(sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("setting,own,status", [("0", 0, 0), ("", 3, 3), ("5", 0, 5)],
+                         ids=["legacy-0", "own-status-kept", "chosen-status"])
+def test_the_exit_status_for_an_unraised_callback_error_follows_the_setting(
+        tmp_path, setting, own, status):
+    """HOSTFEED_CALLBACK_ERROR_EXIT=0 keeps the legacy status 0 (the error still printed);
+    a program that exits with a non-zero status of its own keeps it; another value is the
+    status. The status changes only after Python finalized: a file left open is written."""
+    out = tmp_path / "out.txt"
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(_UNRAISED_TAP_ERROR), str(out),
+                        str(own)], capture_output=True, text=True, timeout=180,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu",
+                                HOSTFEED_CALLBACK_ERROR_EXIT=setting))
+    assert r.returncode == status, r.stderr[-2000:]
+    assert r.stdout == "finished\n" and out.read_text() == "written"
+    assert "no barrier_wait() raised. Last one was: RuntimeError: tap went wrong" in r.stderr
+    assert ("where it would exit with 0" in r.stderr) == (setting != "0"), r.stderr[-2000:]
