@@ -2,7 +2,8 @@
 is documented and tested: legacy prints in order with the program's own lines on request,
 a record's cotangent chosen per call, reading a store a recorder still writes says so, a
 name recorded twice in one step keeps both rows, numpy values that do not fit JAX's dtype
-are refused, ``Histogram``'s default range, the demo's store, and what exit reports."""
+are refused, ``Histogram``'s default range, the demo's store, what exit reports (and the
+exit status), and a Python int step that compiles the function at every step."""
 from __future__ import annotations
 
 import os
@@ -293,3 +294,59 @@ def test_the_exit_status_for_an_unraised_callback_error_follows_the_setting(
     assert r.stdout == "finished\n" and out.read_text() == "written"
     assert "no barrier_wait() raised. Last one was: RuntimeError: tap went wrong" in r.stderr
     assert ("where it would exit with 0" in r.stderr) == (setting != "0"), r.stderr[-2000:]
+
+
+# ---- 7. a Python int step that compiles the function again at every step ------------------
+
+
+def _static_argnums(rec):
+    def train_step(x, step):
+        return rec.record("loss", x * 2, step=step)
+    return jax.jit(train_step, static_argnums=1), "train_step"
+
+
+def _filter_jit(rec):
+    eqx = pytest.importorskip("equinox")
+
+    @eqx.filter_jit
+    def train_step(x, step):  # filter_jit: a Python int argument is static
+        return rec.record("loss", x * 2, step=step)
+    return train_step, "train_step"
+
+
+@pytest.mark.parametrize("make", [_static_argnums, _filter_jit],
+                         ids=["static_argnums", "eqx.filter_jit"])
+def test_a_function_traced_again_for_each_python_int_step_warns_once(store, make):
+    with hostfeed.Recorder(store) as rec:
+        step_fn, name = make(rec)
+        for s in range(3):  # three traces: no word yet
+            step_fn(jnp.float32(s), s)
+        with pytest.warns(UserWarning) as caught:
+            for s in range(3, 8):  # the fourth different step warns, once
+                step_fn(jnp.float32(s), s)
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    text = str(caught[0].message)
+    assert (f"the function {name} was traced 4 times for hostfeed.Recorder({store!r})"
+            f".record('loss', step=...)") in text
+    assert "with a Python int step each time (0, 1, 2, 3)" in text
+    assert "Pass jnp.int32(step) instead" in text
+    assert caught[0].filename == __file__  # the line that records
+    np.testing.assert_array_equal(hostfeed.read_recording(store, "loss")[1]["step"],
+                                  np.arange(8))
+
+
+def test_traced_steps_unrolled_loops_and_recorded_steps_do_not_warn(store):
+    """A step passed as a traced value, a Python loop unrolled in one trace (several
+    concrete steps, one trace; traced again here for another static argument, with the
+    same steps), and ``rec.step`` with host int steps (compiled once or twice, not per
+    step) are no retrace per step: no warning (pytest turns one into an error)."""
+    with hostfeed.Recorder(store) as rec:
+        traced = jax.jit(lambda x, s: rec.record("a", x, step=s))
+        unrolled = jax.jit(lambda x, k: [rec.record("b", x * k, step=s) for s in range(5)][-1],
+                           static_argnums=1)
+        stepped = rec.step(lambda x, s: rec.record("c", x, step=s, every=2))
+        for s in range(6):
+            traced(jnp.float32(s), s)
+            unrolled(jnp.float32(1), s)
+            stepped(jnp.float32(s), s)
+    assert len(hostfeed.read_recording(store, "b")[0]) == 30

@@ -36,7 +36,7 @@ import numpy as np
 from ... import _receiver
 from .. import compat, errors, keys, lifecycle, settings
 from ..primitives import outside_call_p, outside_call_params
-from . import (coordination, inputs as record_inputs, late, selection as _selection,
+from . import (coordination, inputs as record_inputs, late, retrace, selection as _selection,
                step as _step, stores, unflushed as _unflushed)
 from .catalogue import Catalogue
 from .target import Target
@@ -297,6 +297,7 @@ class Recorder:
             would convert it.
         """
         ad_taps = record_inputs.ad_taps_of(cotangents, name)
+        retrace.note(self, name, value, step)  # a Python int step retracing the function?
         return self._selective(name, value, step=step, result=result, every=every,
                                start=start, stop=stop, reduce=reduce, axis=axis,
                                ad_taps=ad_taps)
