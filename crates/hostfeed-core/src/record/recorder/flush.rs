@@ -154,9 +154,9 @@ impl Recorder {
 
     /// A live cycle when one is due ([`Committer::cycle_due`]): the rows every array has
     /// received and not announced go to the writers, partial chunks included; then, at
-    /// this tick and the next ones, each array whose rows are written is announced. The
-    /// writes of a local disk are waited for up to a tick, so that their rows are announced
-    /// at once.
+    /// this tick and the next ones, each array whose rows are written is announced. On a
+    /// file system the ticker writes them itself if the writers have not (within a tick),
+    /// and waits for them up to a tick, so that their rows are announced at once.
     ///
     /// [`Committer::cycle_due`]: crate::record::commit::Committer::cycle_due
     fn live_cycle(&self) {
@@ -166,7 +166,13 @@ impl Recorder {
             let targets = self.begin_writes(arrays, |st| st.received > st.committed && !st.failed);
             if !targets.is_empty() {
                 self.committer.expect(targets);
-                self.writers.wait_for(&self.committer.waiting(), TICK);
+                let waiting = self.committer.waiting();
+                if self.store.in_place().is_some() {
+                    // A file system's writes take milliseconds: the ticker writes what it can
+                    // itself, at its own priority, the writers' being lowered.
+                    self.writers.help(&*self.store, &self.failures, &waiting, TICK);
+                }
+                self.writers.wait_for(&waiting, TICK);
             }
         }
         let written = self.committer.take_written();
