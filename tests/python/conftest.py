@@ -66,6 +66,7 @@ HOST_SIDE: dict[str, object] = {
     "test_append.py": ALL,
     "test_reading_back.py": ALL,
     "test_look_at_a_run.py": ALL,  # show and the TensorBoard export: stores written eagerly
+    "test_live_view.py": ALL,  # the recorder's live cycles, read by follow and TensorBoard
     "test_sharding.py": ALL,  # Zarr's sharded layout (not JAX's), read by three readers
     "test_docs.py": ALL,
     "test_packaging.py": ALL,
@@ -128,7 +129,9 @@ HOST_SIDE: dict[str, object] = {
         "test_demo_refuses_no_steps_with_its_own_usage",
         "test_readme_check_doctests",
         "test_readme_blocks_need_only_what_the_readme_installed_before_them"}),
-    "test_surprises.py": frozenset({"test_demo_with_a_temporary_store_says_it_is_deleted"}),
+    "test_surprises.py": frozenset({
+        "test_demo_with_a_temporary_store_says_it_is_deleted",
+        "test_the_exit_status_for_an_unraised_callback_error_follows_the_setting"}),
     # The report and the plots from the committed runs; not the quick run, which calls
     # JAX's own callbacks (jax.experimental.buffer_callback among them) on each release,
     # nor the receiver's timing of taps.

@@ -37,6 +37,7 @@ BAD = [
     ("HOSTFEED_FAST_DISPATCH", "2"),
     ("HOSTFEED_CALL_THREAD", "main"),
     ("HOSTFEED_RECORD_PARTS", "halves"),
+    ("HOSTFEED_CALLBACK_ERROR_EXIT", "-1"),
 ]
 
 

@@ -12,7 +12,8 @@ from .batch import DispatcherState
 __all__ = [
     "DEFAULT_MAX_QUEUE_BYTES", "DEFAULT_BUFFER_POOL_BYTES", "DEFAULT_STOP_TIMEOUT",
     "DTYPE_CODES", "start", "stop", "finalize", "start_exit_watch", "stop_exit_watch",
-    "push_eager", "push_control", "barrier", "is_running", "in_callback_thread",
+    "push_eager", "push_control", "barrier", "is_running", "exit_status_if_clean",
+    "in_callback_thread",
     "max_queue_bytes", "set_max_queue_bytes", "stats", "hold_back", "let_go", "reset_peak",
     "histograms", "reset_histograms", "set_buffer_pool_bytes", "set_timing",
     "set_inline_calls", "set_consumer_name", "install_interrupt_watch", "registrations",
@@ -72,6 +73,10 @@ def barrier(timeout: float | None = None, patience: float | None = None) -> bool
 
 def is_running() -> bool:
     """Whether the consumer thread is running."""
+
+def exit_status_if_clean(status: int) -> bool:
+    """Makes the process exit with ``status`` (1..255) where it would exit with 0, at the C
+    library's exit after Python has finalized; whether this platform can (glibc Linux)."""
 
 def in_callback_thread() -> bool:
     """Whether the caller runs on the consumer thread (inside a host callback)."""

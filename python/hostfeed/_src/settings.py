@@ -12,6 +12,7 @@
 | ``HOSTFEED_TRANSPORT`` | :func:`transport` |
 | ``HOSTFEED_FAST_DISPATCH`` | :func:`fast_dispatch` |
 | ``HOSTFEED_CALL_THREAD`` | :func:`call_thread` |
+| ``HOSTFEED_CALLBACK_ERROR_EXIT`` | :func:`callback_error_exit` |
 
 Every parser raises ``ValueError`` naming the variable and its value when the value is not
 usable, so a typo fails where the setting is read instead of being ignored; and
@@ -40,6 +41,7 @@ TRANSPORT_ENV = "HOSTFEED_TRANSPORT"
 FAST_DISPATCH_ENV = "HOSTFEED_FAST_DISPATCH"
 CALL_THREAD_ENV = "HOSTFEED_CALL_THREAD"
 RECORD_PARTS_ENV = "HOSTFEED_RECORD_PARTS"
+CALLBACK_ERROR_EXIT_ENV = "HOSTFEED_CALLBACK_ERROR_EXIT"
 
 #: The transports ``HOSTFEED_TRANSPORT`` can force, by their names (see
 #: :mod:`hostfeed._src.transports`): ``jax`` is JAX's host-callback lowering, over a TPU's
@@ -381,6 +383,29 @@ def transport() -> str | None:
     return None if text is None else check_transport(text, TRANSPORT_ENV)
 
 
+def callback_error_exit() -> int:
+    """The exit status of a program that would exit with 0 while a host callback's exception
+    was never raised by a ``barrier_wait`` (interpreter exit prints it), from
+    ``HOSTFEED_CALLBACK_ERROR_EXIT``: ``1`` (default, as an uncaught exception), ``0`` (the
+    legacy module's: the status stays 0), or another status up to 255. Read at exit.
+
+    Example:
+        >>> os.environ.pop(CALLBACK_ERROR_EXIT_ENV, None) and None
+        >>> callback_error_exit()
+        1
+    """
+    text = _env(CALLBACK_ERROR_EXIT_ENV)
+    if text is None:
+        return 1
+    status = int(text) if text.isdigit() else -1
+    if not 0 <= status <= 255:
+        raise ValueError(f"{CALLBACK_ERROR_EXIT_ENV}={text!r} is not an exit status; use 1 "
+                         f"(the default: exit with status 1, as an uncaught exception does), "
+                         f"0 (keep status 0, as the legacy module did) or another status "
+                         f"up to 255")
+    return status
+
+
 #: Every variable hostfeed reads, with its parser.
 PARSERS = {
     MAX_QUEUE_ENV: max_queue_bytes,
@@ -394,6 +419,7 @@ PARSERS = {
     FAST_DISPATCH_ENV: fast_dispatch,
     CALL_THREAD_ENV: call_thread,
     RECORD_PARTS_ENV: record_parts,
+    CALLBACK_ERROR_EXIT_ENV: callback_error_exit,
 }
 
 

@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use crate::ffi::c_api::dtype as xla;
 use crate::host::buffer::HostBuffer;
@@ -91,7 +90,6 @@ pub(crate) struct ArrayState {
     pub(crate) frontier: u64,
     /// Rows announced in `zarr.json`.
     pub(crate) committed: u64,
-    pub(crate) last_commit: Instant,
     /// Metadata of rows `meta_first..received`.
     pub(crate) meta: Vec<RowMeta>,
     pub(crate) meta_first: u64,
@@ -128,7 +126,6 @@ impl ArrayState {
             done: BTreeMap::new(),
             frontier: 0,
             committed: 0,
-            last_commit: Instant::now(),
             meta: Vec::new(),
             meta_first: 0,
             failed: false,

@@ -35,9 +35,13 @@
 //!   fewer rows than it.
 //!
 //! Completed row ranges advance each array's contiguous *frontier*; a *commit* announces
-//! the frontier. Commits happen at every flush ([`Recorder::flush_end`]) and, from the ticker thread,
-//! every `commit_interval`. Nothing is fsynced unless `durable` is set (the page cache
-//! survives a killed process; `durable` also survives an OS crash).
+//! the frontier. Commits happen at every flush ([`Recorder::flush_end`]) and at every *live
+//! cycle* of the ticker thread, `commit_interval` apart: a cycle hands the rows each array
+//! received and has not announced to the writers, a partial chunk included (appended in
+//! place, or put again whole), and announces them once written, so every row is readable
+//! within `commit_interval` of its arrival with no flush. Nothing is fsynced unless
+//! `durable` is set (the page cache survives a killed process; `durable` also survives an
+//! OS crash).
 //!
 //! ## Layout of a store
 //!

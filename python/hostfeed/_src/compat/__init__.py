@@ -190,6 +190,17 @@ def is_tracer(x: object) -> bool:
     return isinstance(x, _core.Tracer)
 
 
+def outer_trace(x: Any) -> tuple[Any, str]:
+    """The outermost trace tracer ``x`` belongs to (a top-level ``jit``'s, through the
+    ``vmap``/``grad``/nested ``jit`` traces inside it: each has a ``parent_trace``), and
+    the function it traces (``"train_step at run.py:12"``, or '' when unknown)."""
+    trace: Any = getattr(x, "_trace", None)
+    while not isinstance(getattr(trace, "parent_trace", None), (type(None), _core.EvalTrace)):
+        trace = trace.parent_trace
+    info = getattr(getattr(trace, "frame", None), "debug_info", None)
+    return trace, str(getattr(info, "func_src_info", "") or "")
+
+
 # ----------------------------------------------------------------------------------------
 # Differences between supported releases, each gated on the release that made it.
 

@@ -192,8 +192,10 @@ class Coordinator:
                     self._committed[name] = agreed
 
     def start(self, native: Any, interval: float) -> None:
-        """Commits every ``interval`` seconds on a daemon thread (until :meth:`stop`)."""
-        if interval <= 0 or interval == float("inf"):
+        """For a shared store, commits every ``interval`` seconds on a daemon thread (until
+        :meth:`stop`); a store of one process has its parted arrays announced by the
+        recorder's own live cycles."""
+        if not self.shared or interval <= 0 or interval == float("inf"):
             return
 
         def run() -> None:

@@ -37,7 +37,7 @@ import numpy as np
 from ... import _receiver
 from .. import compat, errors, keys, lifecycle, settings
 from ..primitives import outside_call_p, outside_call_params
-from . import (coordination, inputs as record_inputs, late, selection as _selection,
+from . import (coordination, inputs as record_inputs, late, retrace, selection as _selection,
                step as _step, stores, unflushed as _unflushed)
 from .catalogue import Catalogue
 from .target import Target
@@ -80,7 +80,8 @@ class Recorder:
     leaving a ``with`` block, interpreter exit) returns once every row recorded by the
     computations dispatched so far is written and announced in the store's metadata. A
     killed process leaves a store that opens and holds every row flushed before the kill
-    (and those announced by the periodic commit, every ``commit_interval`` seconds).
+    (and those announced by the live cycles: every row within ``commit_interval`` seconds,
+    which is also when readers such as :func:`follow` see it).
 
     The bytes of a row stay charged against the receiver's queue bound
     (``JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE``) until they are written, so a slow disk
@@ -106,17 +107,20 @@ class Recorder:
       shard_bytes: shard the arrays (Zarr's ``sharding_indexed``): each object (file) holds
         this many bytes of rows, in chunks of ``chunk_bytes``, with an index at its end; 0:
         a chunk is an object. Default (None): 256 MiB shards in an object store, none on a
-        file system. In an object store an object (shard or chunk) holds at most 2,048 rows
-        and a shard's chunks at most 256, so that a flush, which puts the object holding the
-        last rows again, costs bytes in proportion to the rows. A compressed shard on a file
-        system is put whole, its rows waiting in memory, so it is at most a quarter of the
-        queue bound there.
+        file system. In an object store an object (shard or chunk) holds at most 256 rows (16
+        of 1 KiB or more while ``commit_interval`` is finite) and a shard's chunks an eighth
+        of that, so that a flush or a live cycle, which puts the object holding the last rows
+        again, costs bytes in proportion to the rows. A compressed shard on a file system is
+        put whole, its rows waiting in memory, so it is at most a quarter of the queue bound.
       writers: writer threads (they write different chunks at the same time). Default
         (None): 2 on a file system; 4 in an object store, where a writer mostly waits for
         the network (each puts a shard in one request, up to ``single_put_bytes`` held).
       durable: fsync every chunk and metadata write, so rows also survive an OS crash or
         power loss (default False: a killed process loses nothing flushed either way).
-      commit_interval: seconds between announcements of written rows besides flushes.
+      commit_interval: every row is readable within this many seconds of reaching the
+        recorder, with no flush (a partial chunk written, then announced): default (None) 1
+        on a file system, 30 in an object store (bytes sent stay under twice the rows');
+        ``inf``: at flushes only.
       separator: chunk key separator, ``"/"`` (nested directories) or ``"."`` (flat).
       coordination_timeout: under ``jax.distributed`` (every process opens the same
         path and together they write one store; see README, "Many processes"), the
@@ -160,7 +164,7 @@ class Recorder:
     def __init__(self, path: Any, *, mode: str = "w-", compression: Optional[str] = None,
                  compression_level: int = 1, chunk_bytes: int = 16 << 20,
                  writers: Optional[int] = None,
-                 durable: bool = False, commit_interval: float = 1.0,
+                 durable: bool = False, commit_interval: Optional[float] = None,
                  separator: str = "/", coordination_timeout: float = 60.0,
                  storage_options: Optional[Mapping[str, Any]] = None, lease: float = 60.0,
                  resume_after_step: Optional[int] = None, shard_bytes: Optional[int] = None):
@@ -181,6 +185,7 @@ class Recorder:
         durable = settings.flag(durable, "hostfeed.Recorder: durable")
         where = stores.location(path, storage_options)
         fspath = where.where
+        commit_interval = stores.commit_interval(commit_interval, where)
         coord = coordination.Coordinator(fspath, coordination_timeout)
         options: dict[str, Any] = dict(mode=mode, compression=compression, level=compression_level,
                        chunk_bytes=chunk_bytes, writers=_writers(writers, where.url),
@@ -294,6 +299,7 @@ class Recorder:
         """
         record_inputs.check_name(name)
         ad_taps = record_inputs.ad_taps_of(cotangents, name)
+        retrace.note(self, name, value, step)  # a Python int step retracing the function?
         return self._selective(name, value, step=step, result=result, every=every,
                                start=start, stop=stop, reduce=reduce, axis=axis,
                                ad_taps=ad_taps)

@@ -198,3 +198,34 @@ def writer_open(where: Location) -> bool:
     """
     return bool(_receiver.storage.store_held(where.where, url=where.url,
                                      storage_options=where.options))
+
+
+#: Seconds within which a recorder announces every row it receives, on a file system:
+#: the partial chunk written in place (only its new rows), then ``zarr.json`` replaced.
+FILE_COMMIT_INTERVAL = 1.0
+#: The same in an object store, which cannot append to an object: each announcement puts
+#: the object holding an array's last rows again whole, with its per-row metadata and its
+#: ``zarr.json``. Chosen so that rows of 1 KiB and more recorded at one row a second cost
+#: under twice their bytes sent (``benches/object_bytes.py``); also TensorBoard's own
+#: reload interval.
+OBJECT_COMMIT_INTERVAL = 30.0
+
+
+def commit_interval(value: Optional[float], where: Location) -> float:
+    """A Recorder's ``commit_interval``: as given (seconds; ``None``: the store's default,
+    :data:`FILE_COMMIT_INTERVAL` or :data:`OBJECT_COMMIT_INTERVAL`; ``inf``: announce at
+    flushes only).
+
+    Example:
+        >>> commit_interval(None, location("/tmp/run.zarr")), commit_interval(5, location("/tmp/r"))
+        (1.0, 5.0)
+    """
+    if value is None:
+        return OBJECT_COMMIT_INTERVAL if where.url else FILE_COMMIT_INTERVAL
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
+            or value < 0:
+        raise ValueError(f"hostfeed.Recorder: commit_interval must be a number of seconds "
+                         f"(>= 0; inf: announce rows at flushes only; None: "
+                         f"{FILE_COMMIT_INTERVAL:g} on a file system, "
+                         f"{OBJECT_COMMIT_INTERVAL:g} in an object store), got {value!r}")
+    return float(value)
