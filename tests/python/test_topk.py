@@ -195,7 +195,7 @@ def test_show_draws_the_k_values_per_step(store, tmp_path):
             rec.record("acts/out.topk", x, step=s, reduce=hostfeed.TopK(3), axis=0)
             rec.record("acts/out.stats", x, step=s, reduce="stats")
     from hostfeed._src.readback import grid, series
-    from hostfeed._src.readback.draw import _title
+    from hostfeed._src.readback.draw import _what
     recording = hostfeed.open_recording(store)
     panels = {p.name: p for p in grid.load(recording, series.select(recording.names, [],
                                                                       store))}
@@ -205,7 +205,7 @@ def test_show_draws_the_k_values_per_step(store, tmp_path):
     want = np.stack([topk_of(x, (0,), 3)[0].max(0) for x in xs])
     np.testing.assert_array_equal(p.values, want)
     assert p.steps.tolist() == [0, 1, 2, 3]
-    assert _title(p).startswith("acts/out.topk  (top 3, 4 rows)")
+    assert _what(p) == "top 3"  # the panel's title: "acts/out.topk  (top 3, 4 rows)"
     assert panels["acts/out.stats"].plot == "stats"
     # What `python -m hostfeed show STORE -o grid.png` runs (in this process: no second
     # start of JAX).

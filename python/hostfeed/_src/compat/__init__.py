@@ -144,7 +144,6 @@ from jax._src import dispatch as _dispatch  # noqa: E402
 from jax._src import effects as _effects  # noqa: E402
 from jax._src.interpreters import mlir as _mlir_src  # noqa: E402
 from jax._src.interpreters import partial_eval as _pe_src  # noqa: E402
-from jax._src.lib import xla_client as _xc  # noqa: E402
 
 runtime_tokens = _dispatch.runtime_tokens  # the effect tokens JAX chains between computations
 apply_primitive = _dispatch.apply_primitive
@@ -178,13 +177,6 @@ def partial_eval_out_unknowns(jaxpr: Any, unknowns: Sequence[bool]) -> list[bool
     return list(_pe_src.partial_eval_jaxpr_nounits_fwd(jaxpr, unknowns, False)[2])
 
 
-def manual_op_sharding() -> _xc.OpSharding:
-    """A GSPMD ``OpSharding`` of type MANUAL (ops inside a fully manual region)."""
-    proto = _xc.OpSharding()
-    proto.type = _xc.OpSharding.Type.MANUAL
-    return proto
-
-
 def is_tracer(x: object) -> bool:
     """Whether ``x`` is a JAX tracer (abstract value under a transformation)."""
     return isinstance(x, _core.Tracer)
@@ -204,45 +196,11 @@ def outer_trace(x: Any) -> tuple[Any, str]:
 # ----------------------------------------------------------------------------------------
 # Differences between supported releases, each gated on the release that made it.
 
-_SET_SHARDING_TAKES_CTX = since("set_sharding_takes_ctx")
-_set_sharding: Any = _mlir_src.set_sharding  # typed for one signature only
-
-
-def set_sharding(ctx: Any, op: Any, sharding: Any) -> None:
-    """Sets ``sharding`` (a GSPMD ``OpSharding``) on the MLIR operation ``op``."""
-    if _SET_SHARDING_TAKES_CTX:
-        _set_sharding(ctx, op, sharding)
-    else:
-        _set_sharding(op, sharding)
-
-
-_SHARDY_ALWAYS = since("shardy_always")
-
-
-def shardy_partitioner() -> bool:
-    """Whether Shardy partitions the computations being lowered (always from jax 0.12.1,
-    where ``jax_use_shardy_partitioner`` is ignored; before, as that flag says)."""
-    return _SHARDY_ALWAYS or bool(_config.use_shardy_partitioner.value)
-
-
-_NESTED_SHARD_MAP_CONTEXT_OMITS_OUTER_AXES = not since("nested_shard_map_names_outer_axes")
-
-
-def manual_axes(axis_context: Any) -> tuple[str, ...]:
-    """The mesh axes that are manual where a lowering rule runs, in mesh order (none
-    outside a manual region)."""
-    axes = set(getattr(axis_context, "manual_axes", ()))
-    mesh = getattr(axis_context, "mesh", None)
-    if _NESTED_SHARD_MAP_CONTEXT_OMITS_OUTER_AXES:
-        axes |= set(getattr(mesh, "manual_axes", ()))
-    order = list(getattr(mesh, "axis_names", ()))
-    return tuple(sorted(axes, key=lambda a: (order.index(a) if a in order else len(order), a)))
-
-
-# Callbacks in a partially manual shard_map under the Shardy partitioner: hostfeed nests a
-# token-carrying manual region in the partially manual one, which it refuses with a clear
-# error where XLA would abort compiling it.
-SHARDY_COMPILES_NESTED_MANUAL_TOKENS = since("shardy_compiles_nested_manual_tokens")
+# Partitioners and shardings: compat/sharding.py.
+from .sharding import (  # noqa: E402,F401
+    _NESTED_SHARD_MAP_CONTEXT_OMITS_OUTER_AXES, _SET_SHARDING_TAKES_CTX, _SHARDY_ALWAYS,
+    SHARDY_COMPILES_NESTED_MANUAL_TOKENS, manual_axes, manual_op_sharding, set_sharding,
+    shardy_partitioner)
 
 # `live_ins` (from 0.12): for each input Ref, whether its contents are read after the
 # equation. hostfeed's primitives take no Refs, so its rules ignore it.

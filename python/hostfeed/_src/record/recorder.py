@@ -188,10 +188,10 @@ class Recorder:
         commit_interval = stores.commit_interval(commit_interval, where)
         coord = coordination.Coordinator(fspath, coordination_timeout)
         options: dict[str, Any] = dict(mode=mode, compression=compression, level=compression_level,
-                       chunk_bytes=chunk_bytes, writers=_writers(writers, where.url),
+                       chunk_bytes=chunk_bytes, writers=stores.writers(writers, where.url),
                        durable=durable,
                        commit_interval=commit_interval, separator=separator,
-                       shard_bytes=_shard_bytes(shard_bytes, where.url))
+                       shard_bytes=stores.shard_bytes(shard_bytes, where.url))
         if resume_after_step is not None:
             if isinstance(resume_after_step, bool) or not isinstance(
                     resume_after_step, (int, np.integer)):
@@ -511,34 +511,6 @@ class Recorder:
             if t is None:
                 t = self._targets[(name, kind)] = Target(self, name, kind)
             return t
-
-
-#: Shards of an object store's arrays unless ``shard_bytes`` says otherwise.
-DEFAULT_OBJECT_SHARD_BYTES = 256 << 20
-#: Writer threads of a recorder in an object store, unless told otherwise.
-OBJECT_STORE_WRITERS = 4
-
-
-def _shard_bytes(shard_bytes: Optional[int], url: bool) -> Optional[int]:
-    """What the native recorder takes: shard size, or None for a chunk per object."""
-    if shard_bytes is None:
-        return DEFAULT_OBJECT_SHARD_BYTES if url else None
-    if isinstance(shard_bytes, bool) or not isinstance(shard_bytes, (int, np.integer)) \
-            or shard_bytes < 0:
-        raise ValueError(f"hostfeed.Recorder: shard_bytes must be a number of bytes (0: no "
-                         f"shards), got {shard_bytes!r}")
-    return int(shard_bytes) or None
-
-
-def _writers(writers: Optional[int], url: bool) -> int:
-    """Writer threads: as given, else 4 for an object store (they wait on the network) and
-    2 for a file system."""
-    if writers is None:
-        return OBJECT_STORE_WRITERS if url else 2
-    if isinstance(writers, bool) or not isinstance(writers, (int, np.integer)) or writers < 1:
-        raise ValueError(f"hostfeed.Recorder: writers must be a positive number of threads, "
-                         f"got {writers!r}")
-    return int(writers)
 
 
 # ---- barrier and exit --------------------------------------------------------------------
