@@ -42,7 +42,7 @@ EXPECTED = {
     ("migrating.md", 3): ["what: x,x^2", "( 3 9 )"],
     ("behaviour.md", 0): ["[1]", "what: two", "2"],
     ("recording.md", 0): ["(100, 64, 32) float32 [0 1 2]", "(100, 64, 32) (100,)"],
-    ("recording.md", 2): ["(10, 9) ('count', 'mean', 'std')", "[0, 5] [0, 24, 8, 8, 24, 0]",
+    ("recording.md", 2): ["(10, 12) ('count', 'mean', 'std')", "[0, 5] [0, 24, 8, 8, 24, 0]",
                           "[8, 9]"],
     ("recording.md", 3): ["32 (32, 8, 4) [3.0, 0.0]", "4 (64, 4)", "True"],
     ("recording.md", 4): ["[0, 1, 2, 3, 4, 5, 6, 7]", "[3.0, 1.92, 1.23, 0.79]",
@@ -53,7 +53,7 @@ EXPECTED = {
     # The captures' examples train (the loss goes down) and record finite values.
     ("capture.md", 0): ["['blocks.0.mlp/output', 'blocks.0.mlp/output.cotangent']",
                         "(3, 8, 12, 16) [0, 10, 20]", "True True"],
-    ("capture.md", 1): ["(30, 9) ('mean', 'std')", "True True"],
+    ("capture.md", 1): ["(30, 12) ('mean', 'std')", "True True"],
     ("capture.md", 2): ["(24, 12, 16) [0, 10, 20]", "True True"],
     ("capture.md", 3): ["(12, 8, 12, 16) [0, 0, 0, 0, 10, 10, 10, 10]", "True True"],
     ("capture.md", 4): ["(12, 8, 12, 16) [0, 0, 0, 0, 10, 10, 10, 10]", "True True"],

@@ -24,7 +24,7 @@ MODULES = ["hostfeed", "hostfeed.host_callback", "hostfeed.lowering", "hostfeed.
                "consumers", "dispatcher",
                "lifecycle", "keys", "printing", "spec", "primitives", "eager", "runtime",
                "placement", "fast_dispatch", "record.recorder", "record.lowering", "record.late",
-               "readback.reading", "readback.series", "readback.tensorboard",
+               "readback.reading", "readback.series", "readback.tensorboard", "reductions.stats",
                "record.stores", "record.coordination", "rules", "lowering", "latency",
                "transports", "transports.native", "transports.portable",
                "transports.tpu", "transports.common", "transports.base"))]

@@ -72,11 +72,12 @@ def test_patterns_choose_arrays_as_capture_matches_names_in_natural_order():
 
 
 def test_the_grid_has_a_row_per_module_and_cotangents_beside_their_arrays():
+    from hostfeed._src.readback import series
     from hostfeed._src.readback.grid import Panel, layout
 
     def panel(name):
-        return Panel(name, "stats", np.arange(3), np.zeros((3, 9), np.float32), None, {},
-                     (0, 0))
+        return Panel(name, "stats", np.arange(3), np.zeros((3, len(series.COLUMN)),
+                                                            np.float32), None, {}, (0, 0))
 
     names = ["blocks.10/out", "blocks.2/out.cotangent", "blocks.2/out", "blocks.10/hist",
              "blocks.10/out.cotangent", "loss", "grad_norm"]
@@ -100,8 +101,10 @@ def test_show_reads_each_array_as_its_statistics_and_marks_nan_steps(run):
         p = panels[name]
         assert p.steps.tolist() == list(range(STEPS)), name
         assert p.bad_steps.tolist() == [5], name
-        np.testing.assert_allclose(p.stats, whole, rtol=2e-6, err_msg=name)
-    assert per_channel.shape == (STEPS, 3, 9)  # axis=1 reduced, the 3 rows kept
+        n = len(hostfeed.STATS)  # and no cast's counts: NaN
+        np.testing.assert_allclose(p.stats[:, :n], whole, rtol=2e-6, err_msg=name)
+        assert np.isnan(p.stats[:, n:]).all(), name
+    assert per_channel.shape == (STEPS, 3, len(hostfeed.STATS))  # axis=1 reduced, 3 rows kept
     hist, hmeta = hostfeed.read_recording(run, "blocks.2/h.hist")
     assert panels["blocks.2/h.hist"].steps.tolist() == hmeta["step"].tolist() == [0, 2, 4, 6,
                                                                                    8, 10]
@@ -225,10 +228,9 @@ def _accumulator(logdir):
 
 
 def _stats_reference(v: np.ndarray) -> list[float]:
-    """numpy's statistics of one raw row: count, mean .. l2 of the finite values, NaNs, infs."""
-    f = v[np.isfinite(v)].astype(np.float64)
-    return [v.size, f.mean(), f.std(), f.min(), f.max(), np.abs(f).max(),
-            np.sqrt((f * f).sum()), np.isnan(v).sum(), np.isinf(v).sum()]
+    """numpy's statistics of one raw row (hostfeed.STATS)."""
+    from helpers.stats_reference import stats_of
+    return stats_of(v)
 
 
 def test_tensorboard_scalars_and_histograms_equal_the_stores_rows(run, tmp_path):

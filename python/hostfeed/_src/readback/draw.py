@@ -2,8 +2,10 @@
 :mod:`.grid` as one PNG, or as one self-contained HTML page.
 
 A panel of statistics is two plots over the steps: the values (mean with a band of one
-standard deviation, min and max) and the scale (absmax and l2, on a log axis where they
-span decades; the values on a symmetric log axis where they do). A histogram is a heat map
+standard deviation, min and max) and the scale (absmax, l2 and the least non-zero magnitude,
+on a log axis where they span decades, with the largest dynamic range in bits; the values on
+a symmetric log axis where they do); and, where the rows hold them, a third: the fractions
+of zeros and of a cast's underflows and overflows, in percent. A histogram is a heat map
 of steps by bins (``log10(1 + count)``), its y axis labelled with the bins' edges; the
 rows of another reduction drawn as lines (:attr:`~hostfeed._src.reductions.Reduction.plot`
 says which: one line per column of what it gives per step). Steps
@@ -27,6 +29,7 @@ import numpy as np
 
 from . import series
 from ..reductions import of_kind
+from ..reductions.stats import derived
 from .grid import Panel, layout
 
 __all__ = ["draw_png", "write_html", "figure"]
@@ -42,9 +45,15 @@ PANEL_W, PANEL_H, DPI = 3.6, 2.6, 80
 PAD_TOP, PAD_LEFT, PAD_RIGHT, PAD_BOTTOM = 0.42, 0.62, 0.2, 0.4
 C = series.COLUMN
 COLORS = {"mean": "#1f77b4", "min": "#ff7f0e", "max": "#2ca02c", "absmax": "#d62728",
-          "l2": "#9467bd", "bad": "red", "frame": "#555555"}
+          "l2": "#9467bd", "absmin": "#8c564b", "zero_fraction": "#7f7f7f",
+          "underflow_fraction": "#17becf", "overflow_fraction": "#e377c2", "bad": "red",
+          "frame": "#555555"}
 LEGEND = (("mean", "mean (band: ± std)"), ("min", "min"), ("max", "max"),
-          ("absmax", "absmax"), ("l2", "l2"))
+          ("absmax", "absmax"), ("l2", "l2"), ("absmin", "absmin≠0"),
+          ("zero_fraction", "zeros %"), ("underflow_fraction", "underflow %"),
+          ("overflow_fraction", "overflow %"))
+#: The fractions a panel of statistics draws in percent (:func:`derived`'s).
+FRACTIONS = ("zero_fraction", "underflow_fraction", "overflow_fraction")
 
 
 def _thin(x: np.ndarray, y: np.ndarray, how: str = "mean") -> tuple[np.ndarray, np.ndarray]:
@@ -256,7 +265,10 @@ def _stats_panel(cv: _Canvas, p: Panel, x0: float, y0: float, w: float, h: float
         plot.xticks(labels=True)
         _bad_marks(cv, plot, p.bad_steps)
         return
-    vh, sh = h * 0.58, h * 0.36
+    fractions = {k: _thin(x, 100 * v, "max")[1] for k, v in derived(s).items()
+                 if k in FRACTIONS and np.isfinite(v).any()}
+    fh = h * 0.2 if fractions else 0.0  # the fractions' plot, at the bottom
+    vh, sh = (h * 0.44, h * 0.26) if fractions else (h * 0.58, h * 0.36)
     top = _Plot(cv, (x0, y0 + h - vh, w, vh), steps,
                 _Scale([lo, hi, mean - std, mean + std], positive=False))
     top.band(xm, mean - std, mean + std)
@@ -266,11 +278,24 @@ def _stats_panel(cv: _Canvas, p: Panel, x0: float, y0: float, w: float, h: float
     top.yticks("value")
     top.xticks(labels=False)
     _bad_marks(cv, top, p.bad_steps)
-    bottom = _Plot(cv, (x0, y0, w, sh), steps, _Scale([absmax, l2], positive=True))
+    _, absmin = _thin(x, s[:, C["absmin_nonzero"]], "min")
+    sy = y0 + (fh + 0.06 if fractions else 0.0)
+    bottom = _Plot(cv, (x0, sy, w, sh), steps, _Scale([absmax, l2, absmin], positive=True))
     bottom.line(xm, absmax, COLORS["absmax"], markers=few)
     bottom.line(xm, l2, COLORS["l2"], markers=few)
-    bottom.yticks("absmax, l2")
-    bottom.xticks(labels=True)
+    bottom.line(xm, absmin, COLORS["absmin"], 0.8, "dotted", markers=few)
+    bottom.yticks("|x|" if np.isfinite(absmin).any() else "absmax, l2")
+    bottom.xticks(labels=not fractions)
+    bits = derived(s)["dynamic_range_bits"]
+    if np.isfinite(bits).any():
+        cv.text(x0 + w - 0.04, sy + sh - 0.04, f"range up to {np.nanmax(bits):.1f} bits",
+                ha="right", va="top", fontsize=5.5, color=COLORS["absmin"])
+    if fractions:
+        low = _Plot(cv, (x0, y0, w, fh), steps, _Scale(list(fractions.values()), positive=True))
+        for k, y in fractions.items():
+            low.line(xm, y, COLORS[k], 0.8, markers=few)
+        low.yticks("%")
+        low.xticks(labels=True)
 
 
 def _histogram_panel(cv: _Canvas, p: Panel, x0: float, y0: float, w: float, h: float
@@ -331,8 +356,7 @@ def _lines_panel(cv: _Canvas, p: Panel, x0: float, y0: float, w: float, h: float
 
 def _title(p: Panel) -> str:
     r = of_kind(p.kind)
-    what = (r.plot_title(p.reduce) if r is not None and r.plot != "stats"
-            else {"stats": "stats", "raw": "raw, per row"}[p.kind])
+    what = r.plot_title(p.reduce) if r is not None else "raw, per row"
     if p.kind == "raw" and p.stats is not None and (p.stats[:, C["count"]] == 1).all():
         what = "scalar"
     text = f"{p.name}  ({what}, {len(p.steps)} rows)"
@@ -346,25 +370,29 @@ def figure(panels: list[Panel], title: Optional[str], legend: bool) -> Any:
     """The grid of ``panels`` as one matplotlib figure."""
     rows, ncols = layout(panels)
     w = 0.2 + PANEL_W * max(ncols, 1)
-    wrap = w < 8.8  # the legend's note under its lines
-    head = (0.45 if title else 0.05) + ((0.5 if wrap else 0.3) if legend else 0.0)
+    # The legend's entries and its note, on as many lines as the width needs.
+    note = "a step with a NaN or an infinity;  histograms: log10(1 + count)"
+    entries, x, lines = [], 0.15, 1
+    for key, label in (*LEGEND, ("bad", note)):
+        width = (0.3 if key == "bad" else 0.5) + 0.055 * len(label)
+        if x > 0.15 and x + width > w:
+            x, lines = 0.15, lines + 1
+        entries.append((key, label, x, lines - 1))
+        x += width
+    head = (0.45 if title else 0.05) + (0.1 + 0.2 * lines if legend else 0.0)
     h = head + PANEL_H * len(rows) + 0.05
     cv = _Canvas(w, h)
     if title:
         cv.text(0.1, h - 0.12, title, fontsize=10, va="top", ha="left")
-    if legend:
-        y, x = h - (0.45 if title else 0.05) - 0.15, 0.15
-        for key, label in LEGEND:
-            dashed = key in ("min", "max")
-            cv.lines[(COLORS[key], 1.2, "dashed" if dashed else "solid")].append(
-                np.array([[x, y], [x + 0.3, y]]))
-            cv.text(x + 0.35, y, label, va="center", fontsize=7)
-            x += 0.5 + 0.055 * len(label)
-        if wrap:
-            x, y = 0.15, y - 0.2
-        cv.marks[(COLORS["bad"], "x", 14)].append(np.array([[x + 0.1, y]]))
-        cv.text(x + 0.2, y, "a step with a NaN or an infinity;  histograms: "
-                "log10(1 + count)", va="center", fontsize=7)
+    for key, label, x, line in entries if legend else []:
+        y = h - (0.45 if title else 0.05) - 0.15 - 0.2 * line
+        if key == "bad":
+            cv.marks[(COLORS["bad"], "x", 14)].append(np.array([[x + 0.1, y]]))
+            cv.text(x + 0.2, y, label, va="center", fontsize=7)
+            continue
+        style = {"min": "dashed", "max": "dashed", "absmin": "dotted"}.get(key, "solid")
+        cv.lines[(COLORS[key], 1.2, style)].append(np.array([[x, y], [x + 0.3, y]]))
+        cv.text(x + 0.35, y, label, va="center", fontsize=7)
     for r, (_, cells) in enumerate(rows):
         for c, p in cells:
             left = 0.2 + c * PANEL_W

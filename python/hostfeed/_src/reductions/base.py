@@ -77,8 +77,14 @@ class Reduction(abc.ABC):
 
     @abc.abstractmethod
     def compute(self, v: jax.Array, axes: tuple[int, ...]) -> jax.Array:
-        """The reduction of ``v`` (float32) over ``axes`` (sorted) in JAX operations: the
-        kept axes in order, then :meth:`row_shape`."""
+        """The reduction of ``v`` (float32, or what :meth:`value_dtype` says) over
+        ``axes`` (sorted) in JAX operations: the kept axes in order, then
+        :meth:`row_shape`."""
+
+    def value_dtype(self, dtype: np.dtype) -> np.dtype:
+        """The dtype :meth:`compute` takes a value of ``dtype`` in: float32 (the
+        default); a reduction that summarizes float64 values as they are says so."""
+        return np.dtype(np.float32)
 
     def check(self, shape: tuple[int, ...], axes: tuple[int, ...], name: str) -> None:
         """Refuses, at trace time, a value of ``shape`` reduced over ``axes`` that this
@@ -137,9 +143,10 @@ def ordered_keys(x: np.ndarray) -> np.ndarray:
 
 
 def keys(v: jax.Array) -> jax.Array:
-    """:func:`ordered_keys` of a float32 JAX value."""
-    bits = jax.lax.bitcast_convert_type(v, jnp.int32)
-    key = jnp.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    """:func:`ordered_keys` of a float32 JAX value (int32), or of a float64 one (int64)."""
+    ints = jnp.int64 if v.dtype == jnp.float64 else jnp.int32
+    bits = jax.lax.bitcast_convert_type(v, ints)
+    key = jnp.where(bits < 0, bits ^ int(np.iinfo(ints).max), bits)
     return jnp.where(key == -1, 0, key)  # -0.0 is 0.0
 
 
