@@ -49,6 +49,7 @@ EXPECTED = {
                           "(8,) [3.0, 1.92]"],
     ("recording-reference.md", 0): ["[[7.0, 7.0], [9.0, 5.0]] [[1, 2], [3, 0]]",
                                     "(array([0, 1]), array([1, 0]))"],
+    ("recording-reference.md", 1): ["2.0 1.0 1.0 21.97"],
     ("quickstart.md", 1): ["(30, 8, 4) [0 1 2]", "[ 0 10 20]"],
     # The captures' examples train (the loss goes down) and record finite values.
     ("capture.md", 0): ["['blocks.0.mlp/output', 'blocks.0.mlp/output.cotangent']",

@@ -104,8 +104,8 @@ class Stats(Reduction):
     range is ``log2(absmax / absmin_nonzero)``). Where no value is finite, mean to absmax
     are NaN (l2 and l1 0); where none is finite and non-zero, ``absmin_nonzero`` is NaN.
 
-    With ``dtype`` (one of :data:`CASTS`: ``jnp.float8_e4m3fn``, ``jnp.float8_e5m2``,
-    ``jnp.bfloat16``, ``jnp.float16``), two counts follow (:data:`CAST_STATS`):
+    With ``dtype`` (``jnp.float8_e4m3fn``, ``jnp.float8_e5m2``, ``jnp.bfloat16`` or
+    ``jnp.float16``, or its name), two counts follow (:data:`CAST_STATS`):
     ``underflow``, the finite non-zero values that round to zero in ``dtype``, and
     ``overflow``, the finite values whose magnitude, rounded to ``dtype``, is beyond its
     largest finite value (they become an infinity, or NaN in ``float8_e4m3fn``): what
@@ -116,7 +116,7 @@ class Stats(Reduction):
       dtype: the narrower float dtype to count under- and overflows against, or ``None``.
 
     Raises:
-      ValueError: a ``dtype`` that is not one of :data:`CASTS`.
+      ValueError: a ``dtype`` other than these four, at the call.
 
     Example:
         >>> import jax.numpy as jnp
