@@ -321,9 +321,14 @@ def _stats(v: jax.Array, axes: tuple[int, ...], cast: Optional[tuple[int, int]]
     def row(cols: list[jax.Array]) -> jax.Array:
         return jnp.stack([jnp.squeeze(c, axes).astype(jnp.float32) for c in cols + tail],
                          axis=-1)
-    ok = jnp.all(jnp.isfinite(total))
-    return jax.lax.cond(ok, lambda v: row(fast),
-                        lambda v: row(_finite_stats(v, axes, fmt)), v)
+    return _choose(jnp.all(jnp.isfinite(total)), lambda v: row(fast),
+                   lambda v: row(_finite_stats(v, axes, fmt)), v)
+
+
+def _choose(finite: jax.Array, fast: Any, careful: Any, v: jax.Array) -> jax.Array:
+    """``fast(v)`` where every value is finite, else ``careful(v)``, decided on the device
+    (apart, so that a diagnosis can take the careful way alone)."""
+    return jax.lax.cond(finite, fast, careful, v)
 
 
 def _finite_stats(v: jax.Array, axes: tuple[int, ...], fmt: _Format) -> list[jax.Array]:
