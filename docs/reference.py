@@ -47,13 +47,14 @@ SECTIONS: list[tuple[str, str, list[tuple[str, tuple[str, ...]]]]] = [
       ("hostfeed.host_callback:get_ad_taps", ())]),
     ("Recording", "The Recorder, its summaries, reading a recording back and looking at it.",
      [("hostfeed:Recorder", ("record", "step", "flush", "close", "stats", "path", "closed")),
-      ("hostfeed:Histogram", ("edges",)), ("hostfeed:TopK", ("split",)), ("hostfeed:STATS", ()),
+      ("hostfeed:Stats", ()), ("hostfeed:Histogram", ("edges",)), ("hostfeed:TopK", ("split",)),
+      ("hostfeed:STATS", ()), ("hostfeed:CAST_STATS", ()),
       ("hostfeed:read_recording", ()), ("hostfeed:open_recording", ()),
       ("hostfeed:Recording", ("table", "iter_batches")),
       ("hostfeed:RecordedArray", ("refresh", "meta", "steps", "attrs")),
       ("hostfeed:follow", ()), ("hostfeed:to_tensorboard", ()),
       ("hostfeed:UnflushedReadWarning", ()), ("hostfeed:RecordingError", ()),
-      ("hostfeed:capture", ()), ("hostfeed:Capturing", ()),
+      ("hostfeed:capture", ()), ("hostfeed:Capturing", ()), ("hostfeed:CaptureWarning", ()),
       ("hostfeed:register_zarr_dtypes", ())]),
     ("The receiver and the package", "",
      [("hostfeed:install", ()), ("hostfeed:start_receiver", ()),
@@ -237,7 +238,7 @@ def entry(spec: str, members: tuple[str, ...]) -> list[str]:
         return out + ["The same class as `CallbackException`, under its legacy name.", ""]
     if isinstance(obj, tuple):
         source = importlib.import_module(
-            "hostfeed._src.reductions.stats" if attr == "STATS" else module_name)
+            "hostfeed._src.reductions.stats" if attr in ("STATS", "CAST_STATS") else module_name)
         return out + [inline(_comment_doc(source, attr)), "", "```py",
                       f"{full} = {obj!r}", "```", ""]
     exception = isinstance(obj, type) and issubclass(obj, BaseException)

@@ -59,7 +59,7 @@ from ._src.readback.reading import read_recording  # noqa: E402
 from ._src.readback.opened import RecordedArray, Recording, follow, open_recording  # noqa: E402
 from ._src.readback.tensorboard import to_tensorboard  # noqa: E402
 from ._src.record.recorder import Recorder  # noqa: E402
-from ._src.reductions import STATS, Histogram, TopK  # noqa: E402
+from ._src.reductions import CAST_STATS, STATS, Histogram, Stats, TopK  # noqa: E402
 from ._src.capture import CaptureWarning, Capturing, capture  # noqa: E402
 from ._src.record.unflushed import UnflushedReadWarning  # noqa: E402
 from ._receiver.error import (CallbackContextError, ReceiverError,  # noqa: E402
@@ -67,7 +67,7 @@ from ._receiver.error import (CallbackContextError, ReceiverError,  # noqa: E402
 
 # The public classes print, and are documented, as hostfeed's, where they are imported
 # from (the native exceptions are defined as hostfeed.* in Rust; these live in _src).
-for _public in (CallbackException, Recorder, Histogram, TopK, Capturing, Recording,
+for _public in (CallbackException, Recorder, Histogram, TopK, Stats, Capturing, Recording,
                 RecordedArray, UnflushedReadWarning, CaptureWarning):
     _public.__module__ = "hostfeed"
 del _public
@@ -76,9 +76,9 @@ __all__ = [
     "host_callback", "install", "id_tap", "id_print", "barrier_wait",
     "stop_outfeed_receiver", "CallbackException", "TapFunctionException",
     "start_receiver", "receiver_stats", "Recorder", "RecordingError", "read_recording",
-    "Histogram", "TopK", "STATS", "capture", "Capturing", "CaptureWarning", "open_recording",
-    "follow",
-    "Recording", "RecordedArray", "to_tensorboard", "UnflushedReadWarning",
+    "Histogram", "TopK", "Stats", "STATS", "CAST_STATS", "capture", "Capturing",
+    "CaptureWarning", "open_recording", "follow", "Recording", "RecordedArray",
+    "to_tensorboard", "UnflushedReadWarning",
     "register_zarr_dtypes", "CallbackContextError", "ReceiverError", "ReceiverTimeoutError",
     "transports", "gpu_status",
     "__version__",

@@ -26,6 +26,7 @@ MODULES = ["hostfeed", "hostfeed.host_callback", "hostfeed.lowering", "hostfeed.
                "placement", "fast_dispatch", "record.recorder", "record.lowering", "record.late",
                "record.cotangents", "record.inputs",
                "readback.reading", "readback.series", "readback.tensorboard", "readback.canvas",
+               "reductions.stats",
                "record.stores", "record.coordination", "rules", "lowering", "latency",
                "transports", "transports.native", "transports.portable",
                "transports.tpu", "transports.common", "transports.base"))]

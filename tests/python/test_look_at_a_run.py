@@ -76,11 +76,12 @@ def test_the_grid_puts_a_modules_arrays_side_by_side_and_wraps_without_empty_cel
     """The arrays at the top first; then the modules in natural order, each one's arrays
     side by side (a cotangent after its array), as many whole modules a row as fit in 4
     columns, a module of more arrays wrapping onto rows of its own."""
+    from hostfeed._src.readback import series
     from hostfeed._src.readback.grid import Panel, layout
 
     def panel(name):
-        return Panel(name, "stats", np.arange(3), np.zeros((3, 9), np.float32), None, {},
-                     (0, 0))
+        return Panel(name, "stats", np.arange(3), np.zeros((3, len(series.COLUMN)),
+                                                            np.float32), None, {}, (0, 0))
 
     names = ["blocks.10/out", "blocks.2/out.cotangent", "blocks.2/out", "blocks.10/hist",
              "blocks.10/out.cotangent", "loss", "grad_norm", "blocks.3/out.cotangent.stats",
@@ -124,8 +125,10 @@ def test_show_reads_each_array_as_its_statistics_and_marks_nan_steps(run):
         p = panels[name]
         assert p.steps.tolist() == list(range(STEPS)), name
         assert p.bad_steps.tolist() == [5], name
-        np.testing.assert_allclose(p.stats, whole, rtol=2e-6, err_msg=name)
-    assert per_channel.shape == (STEPS, 3, 9)  # axis=1 reduced, the 3 rows kept
+        n = len(hostfeed.STATS)  # and no cast's counts: NaN
+        np.testing.assert_allclose(p.stats[:, :n], whole, rtol=2e-6, err_msg=name)
+        assert np.isnan(p.stats[:, n:]).all(), name
+    assert per_channel.shape == (STEPS, 3, len(hostfeed.STATS))  # axis=1 reduced, 3 rows kept
     hist, hmeta = hostfeed.read_recording(run, "blocks.2/h.hist")
     assert panels["blocks.2/h.hist"].steps.tolist() == hmeta["step"].tolist() == [0, 2, 4, 6,
                                                                                    8, 10]
@@ -250,7 +253,7 @@ def test_the_png_is_a_dense_grid_read_at_full_size(run, tmp_path, capsys):
     axes = [t.get_text() for t in texts if t.get_rotation() == 90]  # the y axes' labels
     stats = [p for p in panels if p.plot == "stats" and not draw._scalar(p)]
     assert axes.count("value") == len(stats) + 2  # the loss and "fall": their values
-    assert axes.count("absmax") == axes.count("l2") == len(stats) == 3
+    assert axes.count("|x|") == axes.count("l2") == len(stats) == 3  # absmax, absmin≠0
     heatmaps = [p for p in panels if p.plot == "heatmap"]
     assert len(fig.axes[0].images) == 2 * len(heatmaps) == 4  # each with its colour bar
     assert said.count("count") == len(heatmaps)
@@ -309,10 +312,9 @@ def _accumulator(logdir):
 
 
 def _stats_reference(v: np.ndarray) -> list[float]:
-    """numpy's statistics of one raw row: count, mean .. l2 of the finite values, NaNs, infs."""
-    f = v[np.isfinite(v)].astype(np.float64)
-    return [v.size, f.mean(), f.std(), f.min(), f.max(), np.abs(f).max(),
-            np.sqrt((f * f).sum()), np.isnan(v).sum(), np.isinf(v).sum()]
+    """numpy's statistics of one raw row (hostfeed.STATS)."""
+    from helpers.stats_reference import stats_of
+    return stats_of(v)
 
 
 def test_tensorboard_scalars_and_histograms_equal_the_stores_rows(run, tmp_path):
@@ -391,7 +393,9 @@ def test_tensorboard_writes_count_nan_and_inf_tags_only_where_they_change(tmp_pa
             rec.record("loss", np.float32(1 / (s + 1)), step=s)
     hostfeed.to_tensorboard(path, str(tmp_path / "logs"))
     ea = _accumulator(tmp_path / "logs")
-    plain = ("mean", "std", "min", "max", "absmax", "l2")
+    # (zeros: none in these rows, so quiet too; the dynamic range comes with absmin≠0)
+    plain = ("mean", "std", "min", "max", "absmax", "l2", "l1", "absmin_nonzero",
+             "dynamic_range_bits")
     assert sorted(ea.Tags()["scalars"]) == sorted(
         ["loss", "blocks.4/output.stats/nan_count",
          *(f"blocks.{layer}/output.stats/{c}" for layer in range(5) for c in plain)])

@@ -6,8 +6,11 @@ says (raw arrays as statistics):
 
 - ``"stats"``: the plots of the reduction's ``panes``, stacked, each on its own y axis
   (``reduce="stats"``: the values, mean with a band of one standard deviation, min and max;
-  then absmax; then l2), a log axis for magnitudes that span decades, a symmetric log axis
-  for values that do; a raw array of one value a row (a loss) is that value;
+  then ``|x|``, absmax and the least non-zero magnitude, with the largest dynamic range in
+  bits; then l2; then, where one is not 0, the fractions of zeros and of a cast's
+  underflows and overflows in percent), a log axis for magnitudes that span decades, a
+  symmetric log axis for values that do; a line a row lacks (an older store's) is left
+  out; a raw array of one value a row (a loss) is that value;
 - ``"heatmap"``: steps by columns, ``log10(1 + count)``, with a colour bar in counts and
   the y axis labelled with a histogram's bin edges;
 - ``"lines"``: one line per column of its ``plot_rows``, the first darkest.
@@ -27,7 +30,8 @@ from collections.abc import Callable
 import numpy as np
 
 from . import series
-from ..reductions import Stats, of_kind
+from ..reductions import Pane, Stats, of_kind
+from ..reductions.stats import derived
 from .canvas import DPI, FONT, LABEL_X, Canvas, Plot, Scale, thin, tick_labels
 from .grid import COLUMNS, Panel, layout
 
@@ -48,7 +52,11 @@ MARGIN = 0.12
 MAX_HEIGHT = 640.0
 #: The colours of the statistics' lines; a column not named here takes one of EXTRA.
 COLORS = {"mean": "#1f77b4", "min": "#ff7f0e", "max": "#2ca02c", "absmax": "#d62728",
-          "l2": "#9467bd", "bad": "#e00000"}
+          "l2": "#9467bd", "absmin_nonzero": "#8c564b", "zero_fraction": "#7f7f7f",
+          "underflow_fraction": "#17becf", "overflow_fraction": "#e377c2", "bad": "#e00000"}
+#: What the legend calls a line where its column's name would not say it.
+LABELS = {"absmin_nonzero": "absmin≠0", "zero_fraction": "zeros %",
+          "underflow_fraction": "underflow %", "overflow_fraction": "overflow %"}
 EXTRA = ("#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
 
 
@@ -100,14 +108,15 @@ def _stats_panel(cv: Canvas, p: Panel, box: tuple[float, float, float, float]) -
         plot.xticks(labels=True)
         _bad_marks(cv, plot, p.bad_steps)
         return
-    panes = (of_kind(p.kind) or Stats).panes
+    values = _values(p)
+    panes = _drawn(p, values)
     total = sum(pane.height for pane in panes)
     room = h - GAP * (len(panes) - 1)
     top = y0 + h
     for i, pane in enumerate(panes):
         ph = room * pane.height / total
         wanted = [*pane.lines, *(pane.band or ())]
-        data = {c: thin(x, s[:, cols[c]], _how(c)) for c in dict.fromkeys(wanted)}
+        data = {c: thin(x, values[c], _how(c)) for c in dict.fromkeys(wanted)}
         xm = data[wanted[0]][0]
         if pane.band:
             mid, spread = data[pane.band[0]][1], data[pane.band[1]][1]
@@ -126,7 +135,38 @@ def _stats_panel(cv: Canvas, p: Panel, box: tuple[float, float, float, float]) -
         plot.xticks(labels=i == len(panes) - 1)
         if i == 0:
             _bad_marks(cv, plot, p.bad_steps)
+        bits = values.get("dynamic_range_bits")
+        if "absmin_nonzero" in pane.lines and bits is not None and np.isfinite(bits).any():
+            cv.text(x0 + w - 0.05, top - 0.05, f"range up to {np.nanmax(bits):.1f} bits",
+                    "tick", color=_color("absmin_nonzero"), ha="right", va="top")
         top -= ph + GAP
+
+
+def _values(p: Panel) -> dict[str, np.ndarray]:
+    """A panel of statistics' lines by name: its columns, and what they give
+    (``reductions.stats.derived``: the dynamic range in bits, fractions in percent)."""
+    s = p.stats
+    assert s is not None
+    out = {c: s[:, j] for c, j in series.COLUMN.items()}
+    for k, v in derived(s).items():
+        out[k] = 100 * v if k.endswith("_fraction") else v
+    return out
+
+
+def _drawn(p: Panel, values: dict[str, np.ndarray]) -> list[Pane]:
+    """The panes of ``p``'s reduction that have something to draw, each with the lines
+    its rows hold (a column an older store lacks is NaN throughout); an ``optional`` pane
+    only where one of its lines is not 0."""
+    out = []
+    for pane in (of_kind(p.kind) or Stats).panes:
+        lines = tuple(c for c in pane.lines if c in values and np.isfinite(values[c]).any())
+        if not lines or (pane.band and pane.band[0] not in lines):
+            continue
+        if pane.optional and not any(np.nan_to_num(values[c]).any() for c in lines):
+            continue
+        out.append(Pane(pane.label, lines, tuple(c for c in pane.dashed if c in lines),
+                        pane.band, pane.positive, pane.height, pane.optional))
+    return out
 
 
 def _heatmap_panel(cv: Canvas, p: Panel, box: tuple[float, float, float, float]) -> None:
@@ -244,9 +284,13 @@ def _legend_items(panels: list[Panel]) -> list[tuple[str, str, str]]:
     plots, the NaN mark, what the heat maps' colours are."""
     stats = [p for p in panels if p.plot == Stats.plot]
     items: list[tuple[str, str, str]] = []
-    for pane in dict.fromkeys(pane for p in stats for pane in (of_kind(p.kind) or Stats).panes):
-        for c in pane.lines:
-            items.append(("dashed" if c in pane.dashed else "solid", _color(c), c))
+    drawn = {c: c in pane.dashed for p in stats if p.stats is not None and len(p.steps)
+             and not _scalar(p) for pane in _drawn(p, _values(p)) for c in pane.lines}
+    every = [(c, pane) for p in stats for pane in (of_kind(p.kind) or Stats).panes
+             for c in pane.lines]
+    for c, pane in dict.fromkeys(every):
+        if c in drawn:
+            items.append(("dashed" if drawn[c] else "solid", _color(c), LABELS.get(c, c)))
             if pane.band and pane.band[0] == c:
                 items.append(("band", _color(c), f"{c} ± {pane.band[1]}"))
     if stats:
@@ -354,8 +398,8 @@ def write_html(panels: list[Panel], title: str, table: list[dict], out: str) -> 
     for row in layout(panels):
         for p in row:
             modules.setdefault(p.module, []).append(p)
-    key = "".join(f"<span class='k' style='background:{_color(c)}'></span>{html.escape(c)}"
-                  for pane in Stats.panes for c in pane.lines)
+    key = "".join(f"<span class='k' style='background:{_color(c)}'></span>"
+                  f"{html.escape(LABELS.get(c, c))}" for pane in Stats.panes for c in pane.lines)
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{html.escape(title)}</title>",

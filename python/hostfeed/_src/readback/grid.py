@@ -30,7 +30,7 @@ class Panel:
     name: str
     kind: str                       # a reduction's kind ("stats", "histogram", ...) or "raw"
     steps: np.ndarray               # [n] the recorded step of each row (row index if none)
-    stats: Optional[np.ndarray]     # [n, 9] STATS per row (plot "stats": stats, raw arrays)
+    stats: Optional[np.ndarray]     # [n, columns] series.COLUMN per row (plot "stats")
     values: Optional[np.ndarray]    # [n, columns]: the reduction's plot_rows (other plots)
     reduce: dict                    # the array's hostfeed.reduce attributes
     times: tuple[int, int]          # time_ns of its first and last rows (0, 0 without rows)
@@ -82,7 +82,7 @@ def _panel(rec: Recording, name: str) -> Panel:
     for lo, hi in series.blocks(n, row_bytes):  # raw rows can be large: a block at a time
         rows = arr._read(lo, hi)
         if stats or r is None:
-            parts.append(series.stats_rows(kind, rows))
+            parts.append(series.stats_rows(kind, rows, reduce))
         else:
             parts.append(r.plot_rows(rows, reduce))
     data = np.concatenate(parts)

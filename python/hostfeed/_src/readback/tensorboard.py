@@ -21,7 +21,8 @@ from typing import Any, Optional, TextIO
 import numpy as np
 
 from ..record import stores
-from ..reductions import STATS, Stats, of_kind
+from ..reductions import Stats, of_kind
+from ..reductions.stats import derived
 from . import series
 from .opened import follow_store, open_recording
 from .reading import _recorded_names
@@ -180,13 +181,17 @@ class _Exporter:
         n = rows.shape[0]
         Value = self.Summary.Value
         r, plot = of_kind(kind), series.plot_of(kind)
-        stats = series.stats_rows(kind, rows) if plot == "stats" and n else None
+        stats = series.stats_rows(kind, rows, reduce) if plot == "stats" and n else None
+        held = series.stats_columns(kind, reduce) if stats is not None else []
+        more = derived(stats, held) if stats is not None else {}
         counts = r.plot_rows(rows, reduce) if r is not None and plot == "heatmap" else None
         lines = r.plot_rows(rows, reduce) if r is not None and plot == "lines" else None
         columns: Sequence[str] = ()
         scalars = None
-        if stats is not None:
-            columns, scalars = STATS, stats
+        if stats is not None:  # the columns the rows hold (an older store's, fewer), then
+            columns = [*held, *more]  # what they give (the dynamic range, fractions)
+            scalars = np.column_stack([stats[:, [series.COLUMN[c] for c in held]],
+                                       *more.values()])
         elif r is not None and lines is not None:
             columns, scalars = r.plot_labels(reduce, lines.shape[1]), lines
         quiet_values = (r or Stats).quiet
@@ -316,19 +321,24 @@ def to_tensorboard(path: Any, logdir: str, patterns: Sequence[str] = (), *,
     Each row becomes an event at its recorded step (its index where it was recorded
     without one) and its recorded time:
 
-    - a ``reduce="stats"`` array ``NAME``: scalars ``NAME/mean``, ``NAME/std``,
-      ``NAME/min``, ``NAME/max``, ``NAME/absmax``, ``NAME/l2`` (kept axes combined into
-      one row of statistics: counts summed, means and spreads pooled), and
-      ``NAME/nan_count``, ``NAME/inf_count`` and ``NAME/count`` only where they change
-      (a NaN count once a row has a NaN, from then on; the rows before it as a flat line
-      from the first to the last): no flat line of zeros per array;
+    - a ``reduce="stats"`` (or ``hostfeed.Stats(dtype=...)``) array ``NAME``: a scalar
+      ``NAME/COLUMN`` for each of its columns (``NAME/count``, ``NAME/mean``, ... of
+      ``hostfeed.STATS``, then ``NAME/underflow`` and ``NAME/overflow`` with a dtype; an
+      older store's rows, the columns they hold) and what they give:
+      ``NAME/dynamic_range_bits`` (``log2(absmax / absmin_nonzero)``),
+      ``NAME/zero_fraction``, ``NAME/underflow_fraction``, ``NAME/overflow_fraction``
+      (of the count); kept axes combined into one row of statistics (counts summed, means
+      and spreads pooled);
+      the count, NaN, infinity, zero, underflow and overflow columns and fractions
+      only where they change (the rows before the first change as a flat line from the
+      first to the last): no flat line of zeros per array;
     - a ``reduce=Histogram(...)`` array: a histogram ``NAME`` with hostfeed's bin edges,
       the below and above counts as buckets at its ends (:func:`histogram_buckets`; kept
       axes summed);
     - an array of another reduction drawn as lines (its ``plot``): a scalar per column
       of its ``plot_rows`` (``NAME/LABEL``, its ``plot_labels``);
-    - a raw array: the same scalars, computed on the host over each row (mean to l2 over
-      the finite values), and a histogram ``NAME`` of each row's finite values
+    - a raw array: the same scalars (but a cast's), computed on the host over each row
+      (mean to l1 over the finite values), and a histogram ``NAME`` of each row's finite values
       (30 equal buckets from its min to its max); rows of one value (a loss) are the
       scalar ``NAME`` itself.
 

@@ -266,10 +266,12 @@ class Recorder:
             ``stop`` (each optional; ``step`` required). Decided on the device: a step that
             records nothing costs a compare (see Recording, "Selective recording").
           reduce: ``"stats"`` records a row of statistics of ``value`` instead of it
-            (``hostfeed.STATS``: count, mean, std, min, max, absmax, l2, nan and inf counts;
-            float32), ``hostfeed.Histogram(...)`` a row of bin counts; computed on the device.
+            (``hostfeed.STATS``: count, mean, std, min, max, absmax, l2, nan and inf counts,
+            l1, zeros, absmin_nonzero; float32), ``hostfeed.Stats(dtype=...)`` those and a
+            narrower float's underflow and overflow counts, ``hostfeed.Histogram(...)`` a
+            row of bin counts, ``hostfeed.TopK(k)`` the k largest; computed on the device.
           axis: the axes ``reduce`` reduces over (default: all); the others stay, e.g.
-            ``axis=(0, 1)`` of ``[batch, seq, d]`` gives per-channel stats ``[d, 9]``.
+            ``axis=(0, 1)`` of ``[batch, seq, d]`` gives per-channel stats ``[d, 12]``.
           cotangents: under ``grad`` (``vjp``), whether the backward pass also records the
             cotangent as ``name.cotangent``, a row the size of ``value`` (and under
             ``jvp`` the tangent as ``name.tangent``); False records the primal only. None

@@ -8,11 +8,11 @@ from typing import Any, Optional
 
 from .base import Pane, Reduction
 from .histogram import Histogram
-from .stats import STATS, Stats
+from .stats import CAST_STATS, STATS, Stats
 from .topk import TopK
 
-__all__ = ["Reduction", "Pane", "REDUCTIONS", "Histogram", "Stats", "STATS", "TopK", "resolve",
-           "of_kind", "accepted"]
+__all__ = ["Reduction", "Pane", "REDUCTIONS", "Histogram", "Stats", "STATS", "CAST_STATS",
+           "TopK", "resolve", "of_kind", "accepted"]
 
 #: Every reduction, by the kind stored in an array's attributes.
 REDUCTIONS: dict[str, type[Reduction]] = {cls.kind: cls for cls in (
@@ -31,6 +31,7 @@ def accepted() -> str:
     """
     names = [repr(cls.alias) for cls in REDUCTIONS.values() if cls.alias]
     kinds = [f"hostfeed.{cls.__name__}(...)" for cls in REDUCTIONS.values() if not cls.alias]
+    kinds += [f"hostfeed.{cls.__name__}(...)" for cls in REDUCTIONS.values() if cls.alias]
     return f"{' or '.join(names)} or a {', '.join(kinds)}"
 
 

@@ -35,13 +35,17 @@ class Pane:
     :attr:`Reduction.panes`, each on its own y axis: ``label`` beside it, the columns in
     ``lines`` (by name) as lines over the steps, those in ``dashed`` dashed, a band of
     ``band[0]`` plus and minus ``band[1]``; ``positive``: magnitudes (a log axis where they
-    span decades); ``height``: its share of the panel's height."""
+    span decades); ``height``: its share of the panel's height; ``optional``: drawn only
+    where one of its lines is not 0 (a pane of rare events). A line may also name what
+    statistics give (``reductions.stats.derived``: fractions drawn in percent); a line whose values
+    a row lacks (an older store's) is left out, and a pane left with none."""
     label: str
     lines: tuple[str, ...]
     dashed: tuple[str, ...] = ()
     band: Optional[tuple[str, str]] = None
     positive: bool = False
     height: float = 1.0
+    optional: bool = False
 
 
 class Reduction(abc.ABC):
@@ -102,8 +106,14 @@ class Reduction(abc.ABC):
 
     @abc.abstractmethod
     def compute(self, v: jax.Array, axes: tuple[int, ...]) -> jax.Array:
-        """The reduction of ``v`` (float32) over ``axes`` (sorted) in JAX operations: the
-        kept axes in order, then :meth:`row_shape`."""
+        """The reduction of ``v`` (float32, or what :meth:`value_dtype` says) over
+        ``axes`` (sorted) in JAX operations: the kept axes in order, then
+        :meth:`row_shape`."""
+
+    def value_dtype(self, dtype: np.dtype) -> np.dtype:
+        """The dtype :meth:`compute` takes a value of ``dtype`` in: float32 (the
+        default); a reduction that summarizes float64 values as they are says so."""
+        return np.dtype(np.float32)
 
     def check(self, shape: tuple[int, ...], axes: tuple[int, ...], name: str) -> None:
         """Refuses, at trace time, a value of ``shape`` reduced over ``axes`` that this
@@ -162,9 +172,10 @@ def ordered_keys(x: np.ndarray) -> np.ndarray:
 
 
 def keys(v: jax.Array) -> jax.Array:
-    """:func:`ordered_keys` of a float32 JAX value."""
-    bits = jax.lax.bitcast_convert_type(v, jnp.int32)
-    key = jnp.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    """:func:`ordered_keys` of a float32 JAX value (int32), or of a float64 one (int64)."""
+    ints = jnp.int64 if v.dtype == jnp.float64 else jnp.int32
+    bits = jax.lax.bitcast_convert_type(v, ints)
+    key = jnp.where(bits < 0, bits ^ int(np.iinfo(ints).max), bits)
     return jnp.where(key == -1, 0, key)  # -0.0 is 0.0
 
 
