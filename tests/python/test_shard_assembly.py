@@ -2,6 +2,7 @@
 that keeps each device's messages in order around them (unit level, no device)."""
 from __future__ import annotations
 
+import sys
 import threading
 
 import jax
@@ -422,12 +423,12 @@ def test_calls_held_in_order_behind_one_execution_wait_for_it():
     assert d.d.held == {}
 
 
-def test_a_call_held_while_nothing_comes_runs_out_of_order_at_the_stall_check():
+def test_a_call_held_in_a_circle_through_the_runtime_runs_out_of_order_at_the_stall_check():
     # Issue 65.2's soak, its second hang: the part a held device waits for may never be
     # launched, with no circle the dispatcher can see (on CPU a device's later executions
     # wait behind its call and fill its in-flight semaphore, and then the launches of
-    # multi-device executions on every device wait for it). Nothing reaches the receiver
-    # any more; the stall watch's check then runs the call out of its order.
+    # multi-device executions on every device wait for it). The whole process then waits;
+    # the stall watch's check, pushed once it saw that, runs the call out of its order.
     log = Log()
 
     def call(arrays, ordinal, reply):
@@ -448,7 +449,63 @@ def test_a_call_held_while_nothing_comes_runs_out_of_order_at_the_stall_check():
     assert log.events[1:] == [("x", "joined", [[10, 11, 12]])] and d.d.held == {}
 
 
-def test_the_stall_watch_checks_on_the_consumer_thread_once_nothing_comes():
+def test_the_stall_check_leaves_a_device_that_is_not_a_cpu_waiting():
+    # A GPU (or a TPU, through the portable transport) that computes leaves the process
+    # idle too: no circle through the CPU runtime, so its call waits in its order.
+    log = Log()
+
+    def call(arrays, ordinal, reply):
+        log.events.append(("call", ordinal))
+        return not reply.send([])
+
+    d = Dispatch([log.joined("x"), consumers.Consumer(call, "c", ConsumerKind.CALL)])
+    r = FakeCallReply()
+    gpu = -2  # GPU 0's device key
+    d.send((0, gpu, 1, *part(0, 0, np.array([10]))))
+    d.send((1, gpu, 3, np.array([0])), reply=r)
+    n = _receiver.host.stats()["messages_enqueued"]
+    d.marker(lambda: d.d._unstall(n))
+    assert log.events == [] and r.pending
+    d.send((0, -3, 1, *part(0, 1, np.array([11]))))
+    assert log.events == [("x", "joined", [[10, 11]]), ("call", gpu)] and not r.pending
+
+
+def _samples(windows):
+    """A sampler of the stall watch (two samples a window) that plays ``windows``, one
+    entry per window (``"busy"``: the process used CPU time; ``"callback"``: a host
+    callback ran; ``"message"``: one reached the receiver), then idle windows; with the
+    samples taken so far."""
+    taken, state = [], {"cpu": 0.0, "enqueued": 0}
+
+    def sample():
+        window, second = divmod(len(taken), 2)
+        what = windows[window] if window < len(windows) else "idle"
+        taken.append(what)
+        if second and what == "busy":
+            state["cpu"] += 1.0
+        if second and what == "message":
+            state["enqueued"] += 1
+        return stall_watch.Activity(state["enqueued"], state["cpu"],
+                                    second and what == "callback")
+    return sample, taken
+
+
+@pytest.mark.parametrize("busy", ["busy", "callback", "message"])
+def test_the_stall_watch_checks_only_after_windows_in_which_the_process_did_nothing(busy):
+    # A device that computes (CPU time), waits in a host callback, or sends anything keeps
+    # the watch from checking, however long that lasts: the check comes after two windows
+    # in a row in which the whole process did nothing.
+    lifecycle.ensure_started()
+    ran = threading.Event()
+    sample, taken = _samples([busy, busy, "idle", busy, busy, busy])
+    watch = stall_watch.StallWatch(lambda: not ran.is_set(), lambda n: ran.set(),
+                                   window=0.001, quiet=2, sample=sample)
+    watch.note()
+    assert ran.wait(60)
+    assert len(taken) == 2 * (6 + 2)  # the six scripted windows, then two idle ones
+
+
+def test_the_stall_watch_checks_on_the_consumer_thread_once_the_process_did_nothing():
     lifecycle.ensure_started()
     held, seen, ran = [True], [], threading.Event()
 
@@ -458,11 +515,41 @@ def test_the_stall_watch_checks_on_the_consumer_thread_once_nothing_comes():
         held[0] = False
         ran.set()
 
-    watch = stall_watch.StallWatch(lambda: held[0], unstall, patience=0.05)
+    idle = stall_watch.Activity(0, 0.0, False)
+    watch = stall_watch.StallWatch(lambda: held[0], unstall, window=0.01,
+                                   sample=lambda: idle._replace(
+                                       enqueued=_receiver.host.stats()["messages_enqueued"]))
     watch.note()
     assert ran.wait(60)
     n, on_consumer_thread, enqueued = seen[0]
     assert on_consumer_thread and n == enqueued  # nothing but the check came meanwhile
+
+
+def test_a_thread_inside_a_jax_callback_is_seen_and_hostfeeds_own_waits_are_not():
+    entered, release = threading.Event(), threading.Event()
+
+    def host(v):
+        entered.set()
+        release.wait(60)
+        return v
+
+    f = jax.jit(lambda v: jax.pure_callback(host, jax.ShapeDtypeStruct((), np.float32), v))
+    worker = threading.Thread(target=lambda: f(np.float32(1)).block_until_ready())
+    worker.start()
+    assert entered.wait(60)
+    try:
+        assert stall_watch.in_jax_callback()
+        # The same stack with hostfeed's code innermost (a portable call waiting for its
+        # reply) is a wait for the receiver, not a callback at work.
+        frames = sys._current_frames()
+        own = {i: f for i, f in frames.items()
+               if i != threading.get_ident() and f.f_code.co_filename.startswith(
+                   stall_watch._OWN)}
+        assert not stall_watch.in_jax_callback(own)
+    finally:
+        release.set()
+        worker.join(60)
+    assert not stall_watch.in_jax_callback()
 
 
 def test_a_device_that_waits_in_order_is_no_crossing():

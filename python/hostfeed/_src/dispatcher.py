@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
+import jax
 import numpy as np
 
 from .. import _receiver
@@ -17,7 +18,7 @@ from .._receiver.batch import BatchIter, DispatcherState
 from . import compat
 from .consumers import ConsumerKind, registry
 from .errors import record_exception
-from .stall_watch import PATIENCE, StallWatch
+from .stall_watch import StallWatch
 
 logger = logging.getLogger("hostfeed")
 
@@ -77,7 +78,8 @@ class Dispatcher:
     back a ``call`` (or a synchronous tap) waits for it and sends nothing more, so it keeps
     back too the parts of the sets it has not sent a part of (on CPU its later executions
     wait behind the call): in a circle of such devices, one device's messages up to that
-    call run out of its order.
+    call run out of its order. A circle can also run through the runtime (:mod:`.stall_watch`
+    establishes it); a device that is only busy is in none, and its later messages wait.
 
     A set is dropped only when its execution is known to have failed, never because
     time passed or because a barrier ran meanwhile:
@@ -470,19 +472,23 @@ class Dispatcher:
             self._run_held(entry, lambda msg: self._deliver_and_release(consumers, msg))
 
     def _unstall(self, expected: int) -> None:
-        """(A check of the stall watch, in queue order.) If no message reached the receiver
-        since the watch pushed it (``expected``: the count of messages enqueued with it),
-        runs the held messages of the longest held device that waits for one of them
-        (:meth:`_blocker`) up to that one: everything stalled behind it."""
-        if _receiver.host.stats()["messages_enqueued"] != expected:
+        """(A check of the stall watch, in queue order, once it saw the whole process wait:
+        a circle through the runtime.) If still no message reached the receiver since the
+        watch pushed it (``expected``: the count of messages enqueued with it), runs the
+        held messages of the longest held CPU device that waits for one of them
+        (:meth:`_blocker`) up to that one: everything stalled behind it. Not on other
+        devices, nor with several processes: a device that waits for an accelerator or
+        for another process also leaves this process idle, and its part does come."""
+        if (_receiver.host.stats()["messages_enqueued"] != expected
+                or jax.process_count() > 1):
             return
         consumers = registry.consumers
         for ordinal, h in list(self.held.items()):
-            if self._blocker(consumers, h) is not None:
+            if ordinal >= 0 and self._blocker(consumers, h) is not None:
                 self._run_through_blocker(
                     consumers, ordinal, h,
-                    f"whose other parts had not come while nothing reached the host for "
-                    f"{PATIENCE:g} s")
+                    "whose other parts cannot come: every thread of the process waits, for "
+                    "calls held back behind joined callbacks (a circle through the runtime)")
                 return
 
     def _find_crossing(self, consumers: dict) -> tuple[int, int] | None:
