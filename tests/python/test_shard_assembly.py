@@ -402,6 +402,32 @@ def test_calls_held_behind_crossed_executions_run_out_of_order():
     assert d.d.held == {} and not r1.pending
 
 
+def test_synchronous_taps_held_behind_crossed_executions_let_their_devices_go_on_in_order():
+    # The same circle with synchronous taps instead of calls (the default tap mode): a tap
+    # needs no result, so the device goes on at once (its reply is sent) and the tap still
+    # runs in its device's order: nothing runs out of order.
+    log = Log()
+    d = Dispatch([log.joined("x"), log.joined("y"), log.tap("tap")])
+    r0, r1 = FakeCallReply(), FakeCallReply()
+    sync = _receiver.messages.FLAG_SYNC_TAP
+
+    def send_sync_tap(device, run, value, reply):
+        d.run([_receiver.messages.Message(3, device, sync, (np.array([value]),), reply, run)])
+
+    d.send((0, 0, 1, *part(0, 0, np.array([10]))))  # device 0: its part of x
+    send_sync_tap(0, 3, 0, r0)  # then a synchronous tap: held, device 0 waits
+    d.send((1, 1, 2, *part(0, 1, np.array([21]))))  # device 1: its part of y
+    send_sync_tap(1, 4, 1, r1)  # device 1's, held: a circle; device 1 goes on
+    assert log.events == [] and not r0.pending and r1.pending  # device 0 goes on
+    d.send((1, 0, 2, *part(0, 0, np.array([20]))))  # its part of y completes y
+    d.send((0, 1, 1, *part(0, 1, np.array([11]))))  # device 1's part of x
+    # (y completes before x on device 0: the executions crossed.) Each tap after the set
+    # its device sent a part of before it.
+    assert log.events == [("y", "joined", [[20, 21]]), ("tap", 1),
+                          ("x", "joined", [[10, 11]]), ("tap", 0)]
+    assert d.d.held == {} and not r1.pending
+
+
 def test_calls_held_in_order_behind_one_execution_wait_for_it():
     # Devices 0 and 1 each wait for a call held behind their parts of the same set x:
     # no circle (each has sent its part of x), so the calls wait for x, in order.
@@ -447,6 +473,37 @@ def test_a_call_held_in_a_circle_through_the_runtime_runs_out_of_order_at_the_st
     assert list(d.d.held) == [0]  # still held on x, which completes in its own time
     d.send((0, 1, 1, *part(0, 1, np.array([11]))), (0, 2, 1, *part(0, 2, np.array([12]))))
     assert log.events[1:] == [("x", "joined", [[10, 11, 12]])] and d.d.held == {}
+
+
+def test_a_synchronous_joined_tap_holds_only_its_source_device_until_it_ran():
+    # As the legacy module ran a global-view tap on one device: the device of the source
+    # part (0 here) waits until the tap ran; another device's part is answered on arrival
+    # (its later callbacks still wait for the tap).
+    got = []
+    j = joined_tap(got, n_parts=2, source=0)
+    r0, r1 = FakeCallReply(), FakeCallReply()
+    assert j.add(5, part(0, 1, np.array([1])), 1, r1) is None
+    assert r1.sent == [] and r0.pending
+    assert j.add(5, part(0, 0, np.array([0])), 0, r0) == (0, 1)
+    assert got == [([[0, 1]], 0)] and r0.sent == []
+
+
+def test_the_stall_check_lets_a_device_waiting_for_its_own_synchronous_joined_tap_go_on():
+    # The source device's part waits for the others, which a circle through the runtime
+    # keeps from coming (the thread the source's part holds is one they need): at the
+    # stall check the source goes on before the tap ran; the tap runs once the set is
+    # complete, before the device's later callbacks.
+    log = Log()
+    d = Dispatch([log.joined("x"), log.tap("tap")])
+    r0 = FakeCallReply()
+    d.send((0, 0, 1, *part(0, 0, np.array([10]))), reply=r0)
+    assert r0.pending and list(d.d.held) == [0]
+    n = _receiver.host.stats()["messages_enqueued"]
+    d.marker(lambda: d.d._unstall(n))
+    assert r0.sent == [] and log.events == []
+    d.send((1, 0, 2, np.array([3])))  # device 0 went on: its next tap waits for x
+    d.send((0, 1, 1, *part(0, 1, np.array([11]))))
+    assert log.events == [("x", "joined", [[10, 11]]), ("tap", 0)] and d.d.held == {}
 
 
 def test_the_stall_check_leaves_a_device_that_is_not_a_cpu_waiting():

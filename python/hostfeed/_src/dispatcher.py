@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from .. import _receiver
-from .._receiver.messages import FLAG_EAGER, Message
+from .._receiver.messages import FLAG_EAGER, FLAG_SYNC_TAP, Message
 from .._receiver.batch import BatchIter, DispatcherState
 from . import compat
 from .consumers import ConsumerKind, registry
@@ -270,6 +270,8 @@ class Dispatcher:
                         self.held[ordinal] = _Held(consumer.invoke, run, collections.deque(),
                                                    self.epoch, collections.Counter())
                         self._resolve_crossings(consumers)
+                    if reply is not None and reply.pending and self.stall is not None:
+                        self.stall.note()  # its device waits for the set: maybe a circle
                     return None
                 return (id(consumer.invoke), run), done
         except BaseException as exc:  # noqa: BLE001 - recorded and re-raised by barrier_wait
@@ -453,11 +455,21 @@ class Dispatcher:
         """Runs the messages device ``ordinal`` holds back, in its order, up to and
         including the first one it waits for (:meth:`_blocker`), before its own joined set
         completes: the device goes on and sends the parts the other held devices wait for.
-        The device stays held on its set."""
+        The device stays held on its set. Where that message is a synchronous tap, only
+        its reply is sent: the device goes on and nothing runs out of its order."""
         stop = self._blocker(consumers, h)
         assert stop is not None  # (what made it a holder)
         blocker = h.waiting[stop][0]
         c = consumers.get(blocker.consumer_id)
+        if blocker.flags & FLAG_SYNC_TAP and getattr(c, "kind", None) is TAP:
+            # A synchronous tap needs no result: its device goes on now, and the tap (with
+            # everything held back) still runs in the device's order.
+            blocker.reply.send([])
+            logger.warning("hostfeed: device %s goes on before its synchronous tap %s ran, "
+                           "held back behind a multi-device execution %s; the tap runs in "
+                           "the device's order once that execution's global-view callback "
+                           "has run", ordinal, getattr(c, "name", blocker.consumer_id), why)
+            return
         logger.warning("hostfeed: device %s waits for its host callback %s, held back behind "
                        "a multi-device execution %s; it runs before that execution's "
                        "global-view callback, out of its order", ordinal,
@@ -483,12 +495,25 @@ class Dispatcher:
                 or jax.process_count() > 1):
             return
         consumers = registry.consumers
-        for ordinal, h in list(self.held.items()):
-            if ordinal >= 0 and self._blocker(consumers, h) is not None:
+        cpu = [(o, h) for o, h in self.held.items() if o >= 0]
+        for ordinal, h in cpu:
+            if self._blocker(consumers, h) is not None:
                 self._run_through_blocker(
                     consumers, ordinal, h,
                     "whose other parts cannot come: every thread of the process waits, for "
                     "calls held back behind joined callbacks (a circle through the runtime)")
+                return
+        # No call held back: a device that waits for its own synchronous joined tap (its
+        # part is the tap's source) holds the thread the others' parts need. It goes on
+        # before the tap ran; the tap runs once its set is complete, in every device's
+        # order.
+        for ordinal, h in cpu:
+            if h.joiner.let_go(h.run, ordinal):
+                logger.warning("hostfeed: device %s goes on before its synchronous "
+                               "global-view tap %s ran: the other devices' parts cannot "
+                               "come while it waits (every thread of the process waits: a "
+                               "circle through the runtime); the tap runs once they come",
+                               ordinal, h.joiner.name)
                 return
 
     def _find_crossing(self, consumers: dict) -> tuple[int, int] | None:

@@ -167,6 +167,9 @@ def _outside_call_lowering(ctx: Any, transport: transports.Transport, *args: Any
     bind_params = dict(params, callback=callback, nr_tapped_args=nr_tapped_args,
                        transforms=transforms)
     record = record_lowering.is_record(callback)
+    sync = params.get("sync")
+    if sync is None:  # the legacy mode: as the legacy module did on these platforms
+        sync = legacy_sync(transports.platforms(ctx))
     if record:  # where a record goes is the recorder's business
         lease = record_lowering.lower(ctx, context, ac, tapped, bind_params,
                                       gathered_here=_runs_here(ac, params["device_index"]),
@@ -175,7 +178,7 @@ def _outside_call_lowering(ctx: Any, transport: transports.Transport, *args: Any
             return list(args)
         cid = _consumer_id(ctx, lease)
     elif context in (Where.GLOBAL, Where.PARTIAL_MANUAL) and shard_parts is None:
-        lower_global_tap(ctx, ac, tapped, bind_params)
+        lower_global_tap(ctx, ac, tapped, dict(bind_params, sync=sync))
         return list(args)
     else:
         if context is Where.SINGLE:
@@ -183,9 +186,6 @@ def _outside_call_lowering(ctx: Any, transport: transports.Transport, *args: Any
         cid = _consumer_id(ctx, _tap_lease(callback, transforms, shard_parts))
     lifecycle.ensure_started()
     flags = _receiver.messages.FLAG_SHARD if shard_parts is not None else 0
-    sync = params.get("sync")
-    if sync is None:  # the legacy mode: as the legacy module did on these platforms
-        sync = legacy_sync(transports.platforms(ctx))
     if sync and not record:
         # A synchronous tap: a call without results, which the device waits for (with no
         # time limit: the tap function may take as long as it takes).

@@ -145,8 +145,9 @@ class StallWatch:
                     before = self.sample()
                     pause.wait(self.window)
                     after = self.sample()
-                    if (not self.held() or not _receiver.host.is_running()
-                            or not self.idle(before, after)):
+                    # (Also while the receiver is stopped, as by a stop from another
+                    # thread: the check, like any message, starts a consumer.)
+                    if not self.held() or not self.idle(before, after):
                         quiet = 0
                         continue
                     quiet += 1
@@ -171,4 +172,4 @@ class StallWatch:
 
         _receiver.host.push_eager(Consumer(check, "stall check", ConsumerKind.TAP), (), 0)
         while not ran.is_set() and self.held() and _receiver.host.is_running():
-            pause.wait(self.window)
+            pause.wait(self.window)  # (a stopped receiver runs it when it starts again)
