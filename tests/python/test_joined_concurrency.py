@@ -75,9 +75,9 @@ def test_a_call_waits_for_a_joined_tap_however_long_another_device_is_busy():
     procs = {case: subprocess.Popen([sys.executable, BUSY, *map(str, case)], env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for case in BUSY_CASES}
-    for case, p in procs.items():
-        out, err = p.communicate(timeout=600)
-        assert p.returncode == 0, (case, err[-3000:])
+    ended = {case: (p.communicate(timeout=600), p.returncode) for case, p in procs.items()}
+    for case, ((out, err), returncode) in ended.items():
+        assert returncode == 0, (case, err[-3000:])
         assert "out of its order" not in err, (case, err[-3000:])
         res = json.loads(out.strip().splitlines()[-1])
         assert res["call_held"], (case, res)

@@ -102,7 +102,11 @@ def call_held() -> bool:
         return False
 
 
-y = step(x)
+# (From a thread: with some JAX releases the dispatch itself runs device 1's part, so it
+# returns only once device 1 is done.)
+stepped: list = []
+stepper = threading.Thread(target=lambda: stepped.append(step(x).block_until_ready()))
+stepper.start()
 device_0_held = wait_until(lambda: 0 in dispatcher.held or bool(order))
 out: list = []
 worker = threading.Thread(target=lambda: out.append(int(call_on_0(v0))))
@@ -119,6 +123,6 @@ def call_held_or_ran() -> bool:
 
 wait_until(call_held_or_ran)
 worker.join(seconds + 120)
-y.block_until_ready()
+stepper.join(seconds + 120)
 hcb.barrier_wait()
 print(json.dumps({"order": order, "out": out, "device_0_held": device_0_held, **seen}))
