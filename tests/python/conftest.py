@@ -331,16 +331,22 @@ def _one_process_holds_the_tpu(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _tap_mode_restored():
-    """The process's tap mode (``hcb.set_sync_taps``) as it was before the test: a test (or
-    a docstring example) that sets it does not change the mode of the tests after it."""
+    """The process's tap mode (``hcb.set_sync_taps``, and ``HOSTFEED_SYNC_TAPS`` for the
+    processes tests start) as it was before the test: a test (or a docstring example) that
+    sets it does not change the mode of the tests after it."""
     import jax
 
     from hostfeed._src.primitives import sync_taps_state
 
-    before = sync_taps_state.get_global()
+    before, env = sync_taps_state.get_global(), os.environ.get("HOSTFEED_SYNC_TAPS")
     yield
     if sync_taps_state.get_global() != before:
         jax.config.update("hostfeed_sync_taps", before)
+    if os.environ.get("HOSTFEED_SYNC_TAPS") != env:  # (what the processes it starts read)
+        if env is None:
+            os.environ.pop("HOSTFEED_SYNC_TAPS", None)
+        else:
+            os.environ["HOSTFEED_SYNC_TAPS"] = env
 
 
 @pytest.fixture

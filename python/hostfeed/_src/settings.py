@@ -262,12 +262,13 @@ def sync_taps() -> str:
     hcb.sync_taps():``.
 
     Example:
-        >>> os.environ.pop(SYNC_TAPS_ENV, None) and None
+        >>> before = os.environ.pop(SYNC_TAPS_ENV, None)
         >>> sync_taps()
         'legacy'
         >>> os.environ[SYNC_TAPS_ENV] = "0"; sync_taps()
         'async'
-        >>> del os.environ[SYNC_TAPS_ENV]
+        >>> os.environ.pop(SYNC_TAPS_ENV) and before is not None and os.environ.update(
+        ...     {SYNC_TAPS_ENV: before})
     """
     if _env(SYNC_TAPS_ENV) is None:
         return "legacy"
