@@ -486,6 +486,17 @@ def test_a_synchronous_joined_tap_holds_only_its_source_device_until_it_ran():
     assert r1.sent == [] and r0.pending
     assert j.add(5, part(0, 0, np.array([0])), 0, r0) == (0, 1)
     assert got == [([[0, 1]], 0)] and r0.sent == []
+    # In the dispatcher the tap belongs to the source device's order only: device 1 is not
+    # held (its next tap runs at once), device 0 is, until the tap ran.
+    log = Log()
+    d = Dispatch([log.joined("x"), log.tap("tap")])
+    r0, r1 = FakeCallReply(), FakeCallReply()
+    d.send((0, 1, 1, *part(0, 1, np.array([11]))), reply=r1)
+    d.send((1, 1, 2, np.array([1])))
+    d.send((0, 0, 1, *part(0, 0, np.array([10]))), reply=r0)
+    d.send((1, 0, 3, np.array([0])))
+    assert log.events == [("tap", 1), ("x", "joined", [[10, 11]]), ("tap", 0)]
+    assert d.d.held == {} and not r0.pending and not r1.pending
 
 
 def test_the_stall_check_lets_a_device_waiting_for_its_own_synchronous_joined_tap_go_on():

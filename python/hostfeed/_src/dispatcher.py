@@ -264,6 +264,12 @@ class Dispatcher:
                     return None
                 done = consumer.invoke.add(run, msg.arrays, ordinal, reply)
                 if done is None:
+                    if reply is not None and not reply.pending:
+                        # A synchronous tap's part other than its source's, answered as it
+                        # arrived: the tap belongs to its source device's order only (as
+                        # the legacy module ran such a tap on that device), so this device
+                        # goes on and is not held.
+                        return None
                     # (A device already held here is running a crossed part out of its
                     # order: it stays held where it was.)
                     if ordinal not in self.held:
@@ -468,7 +474,8 @@ class Dispatcher:
             logger.warning("hostfeed: device %s goes on before its synchronous tap %s ran, "
                            "held back behind a multi-device execution %s; the tap runs in "
                            "the device's order once that execution's global-view callback "
-                           "has run", ordinal, getattr(c, "name", blocker.consumer_id), why)
+                           "has run. Asynchronous taps (HOSTFEED_SYNC_TAPS=0) never wait so",
+                           ordinal, getattr(c, "name", blocker.consumer_id), why)
             return
         logger.warning("hostfeed: device %s waits for its host callback %s, held back behind "
                        "a multi-device execution %s; it runs before that execution's "
@@ -512,7 +519,8 @@ class Dispatcher:
                 logger.warning("hostfeed: device %s goes on before its synchronous "
                                "global-view tap %s ran: the other devices' parts cannot "
                                "come while it waits (every thread of the process waits: a "
-                               "circle through the runtime); the tap runs once they come",
+                               "circle through the runtime); the tap runs once they come. "
+                               "Asynchronous taps (HOSTFEED_SYNC_TAPS=0) never wait so",
                                ordinal, h.joiner.name)
                 return
 
