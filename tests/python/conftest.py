@@ -14,6 +14,12 @@ import time
 from collections.abc import Callable
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The suite tests asynchronous taps, what most of hostfeed's machinery (the queue, its
+# bound, batches, joined taps, barriers) is about, and what its tests were written
+# against: the tests of the default mode (the legacy module's: synchronous taps on CPUs and
+# GPUs) choose it themselves (test_legacy_semantics.py, test_sync.py, test_install.py, the
+# docstring examples and the docs' blocks). Inherited by the processes the tests start.
+os.environ.setdefault("HOSTFEED_SYNC_TAPS", "0")
 
 import pytest
 
@@ -332,6 +338,36 @@ def _one_process_holds_the_tpu(monkeypatch):
         real_init(self, args, *rest, **kwargs)
 
     monkeypatch.setattr(subprocess.Popen, "__init__", init)
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _tap_mode_restored():
+    """The process's tap mode (``hcb.set_sync_taps``, and ``HOSTFEED_SYNC_TAPS`` for the
+    processes tests start) as it was before the test: a test (or a docstring example) that
+    sets it does not change the mode of the tests after it."""
+    import jax
+
+    from hostfeed._src.primitives import sync_taps_state
+
+    before, env = sync_taps_state.get_global(), os.environ.get("HOSTFEED_SYNC_TAPS")
+    yield
+    if sync_taps_state.get_global() != before:
+        jax.config.update("hostfeed_sync_taps", before)
+    if os.environ.get("HOSTFEED_SYNC_TAPS") != env:  # (what the processes it starts read)
+        if env is None:
+            os.environ.pop("HOSTFEED_SYNC_TAPS", None)
+        else:
+            os.environ["HOSTFEED_SYNC_TAPS"] = env
+
+
+@pytest.fixture
+def default_tap_mode():
+    """The default tap mode (the legacy module's: synchronous taps on CPUs and GPUs) for
+    the test, whatever the suite's (asynchronous: ``HOSTFEED_SYNC_TAPS=0`` above)."""
+    import jax
+
+    jax.config.update("hostfeed_sync_taps", "legacy")  # (restored: _tap_mode_restored)
     yield
 
 

@@ -58,20 +58,20 @@ def test_empty_values_are_unset_and_words_ignore_case():
     r = run_python("""
         import hostfeed
         from hostfeed._src import primitives, settings
-        print(primitives.get_ad_taps(), primitives.get_sync_taps(), settings.stop_timeout(),
+        print(primitives.get_ad_taps(), primitives.sync_taps_mode(), settings.stop_timeout(),
               settings.transport(), settings.fast_dispatch())
         """, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split() == ["transforms", "False", "10.0", "None", "True"]
+    assert r.stdout.split() == ["transforms", "legacy", "10.0", "None", "True"]
     r = run_python("""
         import hostfeed
         from hostfeed._src import primitives, settings
-        print(primitives.get_ad_taps(), primitives.get_sync_taps(), settings.transport(),
+        print(primitives.get_ad_taps(), primitives.sync_taps_mode(), settings.transport(),
               settings.fast_dispatch())
         """, env={"HOSTFEED_AD_TAPS": " PRIMALS", "HOSTFEED_SYNC_TAPS": "Yes",
                   "HOSTFEED_TRANSPORT": "Native", "HOSTFEED_FAST_DISPATCH": "OFF"})
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split() == ["primals", "True", "native", "False"]
+    assert r.stdout.split() == ["primals", "sync", "native", "False"]
 
 
 EXIT_PROGRAM = """

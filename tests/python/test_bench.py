@@ -82,6 +82,7 @@ def test_quick_run_writes_every_section_in_the_schema(quick_run):
     assert set(loaded["methods"]) == set(calls) and loaded["busy_processes"] >= 1
     assert set(result["dispatch"]) == {"calls", *bench._sections.DISPATCH_METHODS,
                                        "hostfeed id_tap, compiled ahead of time",
+                                       "hostfeed id_tap, synchronous",
                                        "hostfeed id_tap, token chain",
                                        "hostfeed call, token chain",
                                        bench._sections.RECEIVER_CALL}

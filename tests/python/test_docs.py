@@ -78,7 +78,9 @@ def _python_blocks(page: pathlib.Path):
 
 @pytest.mark.parametrize("page", [p for p in PAGES if _python_blocks(p)],
                          ids=lambda p: p.name)
-def test_every_python_block_runs_in_order_and_prints_what_it_says(page, tmp_path):
+def test_every_python_block_runs_in_order_and_prints_what_it_says(page, tmp_path,
+                                                                 monkeypatch):
+    monkeypatch.delenv("HOSTFEED_SYNC_TAPS", raising=False)  # the default mode, as a reader's
     pytest.importorskip("zarr")
     pytest.importorskip("matplotlib")
     blocks = _python_blocks(page)

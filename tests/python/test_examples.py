@@ -38,6 +38,7 @@ NEEDS = {"hostfeed._src.readback.tensorboard": "tensorboard"}
 
 
 @pytest.mark.parametrize("name", MODULES)
+@pytest.mark.usefixtures("default_tap_mode")  # the mode the examples show
 def test_docstring_examples(name):
     if name in NEEDS and importlib.util.find_spec(NEEDS[name]) is None:
         pytest.skip(f"{name}'s examples need the {NEEDS[name]} package, not installed here")

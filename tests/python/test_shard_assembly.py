@@ -2,6 +2,7 @@
 that keeps each device's messages in order around them (unit level, no device)."""
 from __future__ import annotations
 
+import sys
 import threading
 
 import jax
@@ -401,6 +402,32 @@ def test_calls_held_behind_crossed_executions_run_out_of_order():
     assert d.d.held == {} and not r1.pending
 
 
+def test_synchronous_taps_held_behind_crossed_executions_let_their_devices_go_on_in_order():
+    # The same circle with synchronous taps instead of calls (the default tap mode): a tap
+    # needs no result, so the device goes on at once (its reply is sent) and the tap still
+    # runs in its device's order: nothing runs out of order.
+    log = Log()
+    d = Dispatch([log.joined("x"), log.joined("y"), log.tap("tap")])
+    r0, r1 = FakeCallReply(), FakeCallReply()
+    sync = _receiver.messages.FLAG_SYNC_TAP
+
+    def send_sync_tap(device, run, value, reply):
+        d.run([_receiver.messages.Message(3, device, sync, (np.array([value]),), reply, run)])
+
+    d.send((0, 0, 1, *part(0, 0, np.array([10]))))  # device 0: its part of x
+    send_sync_tap(0, 3, 0, r0)  # then a synchronous tap: held, device 0 waits
+    d.send((1, 1, 2, *part(0, 1, np.array([21]))))  # device 1: its part of y
+    send_sync_tap(1, 4, 1, r1)  # device 1's, held: a circle; device 1 goes on
+    assert log.events == [] and not r0.pending and r1.pending  # device 0 goes on
+    d.send((1, 0, 2, *part(0, 0, np.array([20]))))  # its part of y completes y
+    d.send((0, 1, 1, *part(0, 1, np.array([11]))))  # device 1's part of x
+    # (y completes before x on device 0: the executions crossed.) Each tap after the set
+    # its device sent a part of before it.
+    assert log.events == [("y", "joined", [[20, 21]]), ("tap", 1),
+                          ("x", "joined", [[10, 11]]), ("tap", 0)]
+    assert d.d.held == {} and not r1.pending
+
+
 def test_calls_held_in_order_behind_one_execution_wait_for_it():
     # Devices 0 and 1 each wait for a call held behind their parts of the same set x:
     # no circle (each has sent its part of x), so the calls wait for x, in order.
@@ -422,12 +449,12 @@ def test_calls_held_in_order_behind_one_execution_wait_for_it():
     assert d.d.held == {}
 
 
-def test_a_call_held_while_nothing_comes_runs_out_of_order_at_the_stall_check():
+def test_a_call_held_in_a_circle_through_the_runtime_runs_out_of_order_at_the_stall_check():
     # Issue 65.2's soak, its second hang: the part a held device waits for may never be
     # launched, with no circle the dispatcher can see (on CPU a device's later executions
     # wait behind its call and fill its in-flight semaphore, and then the launches of
-    # multi-device executions on every device wait for it). Nothing reaches the receiver
-    # any more; the stall watch's check then runs the call out of its order.
+    # multi-device executions on every device wait for it). The whole process then waits;
+    # the stall watch's check, pushed once it saw that, runs the call out of its order.
     log = Log()
 
     def call(arrays, ordinal, reply):
@@ -448,7 +475,105 @@ def test_a_call_held_while_nothing_comes_runs_out_of_order_at_the_stall_check():
     assert log.events[1:] == [("x", "joined", [[10, 11, 12]])] and d.d.held == {}
 
 
-def test_the_stall_watch_checks_on_the_consumer_thread_once_nothing_comes():
+def test_a_synchronous_joined_tap_holds_only_its_source_device_until_it_ran():
+    # As the legacy module ran a global-view tap on one device: the device of the source
+    # part (0 here) waits until the tap ran; another device's part is answered on arrival
+    # (its later callbacks still wait for the tap).
+    got = []
+    j = joined_tap(got, n_parts=2, source=0)
+    r0, r1 = FakeCallReply(), FakeCallReply()
+    assert j.add(5, part(0, 1, np.array([1])), 1, r1) is None
+    assert r1.sent == [] and r0.pending
+    assert j.add(5, part(0, 0, np.array([0])), 0, r0) == (0, 1)
+    assert got == [([[0, 1]], 0)] and r0.sent == []
+    # In the dispatcher the tap belongs to the source device's order only: device 1 is not
+    # held (its next tap runs at once), device 0 is, until the tap ran.
+    log = Log()
+    d = Dispatch([log.joined("x"), log.tap("tap")])
+    r0, r1 = FakeCallReply(), FakeCallReply()
+    d.send((0, 1, 1, *part(0, 1, np.array([11]))), reply=r1)
+    d.send((1, 1, 2, np.array([1])))
+    d.send((0, 0, 1, *part(0, 0, np.array([10]))), reply=r0)
+    d.send((1, 0, 3, np.array([0])))
+    assert log.events == [("tap", 1), ("x", "joined", [[10, 11]]), ("tap", 0)]
+    assert d.d.held == {} and not r0.pending and not r1.pending
+
+
+def test_the_stall_check_lets_a_device_waiting_for_its_own_synchronous_joined_tap_go_on():
+    # The source device's part waits for the others, which a circle through the runtime
+    # keeps from coming (the thread the source's part holds is one they need): at the
+    # stall check the source goes on before the tap ran; the tap runs once the set is
+    # complete, before the device's later callbacks.
+    log = Log()
+    d = Dispatch([log.joined("x"), log.tap("tap")])
+    r0 = FakeCallReply()
+    d.send((0, 0, 1, *part(0, 0, np.array([10]))), reply=r0)
+    assert r0.pending and list(d.d.held) == [0]
+    n = _receiver.host.stats()["messages_enqueued"]
+    d.marker(lambda: d.d._unstall(n))
+    assert r0.sent == [] and log.events == []
+    d.send((1, 0, 2, np.array([3])))  # device 0 went on: its next tap waits for x
+    d.send((0, 1, 1, *part(0, 1, np.array([11]))))
+    assert log.events == [("x", "joined", [[10, 11]]), ("tap", 0)] and d.d.held == {}
+
+
+def test_the_stall_check_leaves_a_device_that_is_not_a_cpu_waiting():
+    # A GPU (or a TPU, through the portable transport) that computes leaves the process
+    # idle too: no circle through the CPU runtime, so its call waits in its order.
+    log = Log()
+
+    def call(arrays, ordinal, reply):
+        log.events.append(("call", ordinal))
+        return not reply.send([])
+
+    d = Dispatch([log.joined("x"), consumers.Consumer(call, "c", ConsumerKind.CALL)])
+    r = FakeCallReply()
+    gpu = -2  # GPU 0's device key
+    d.send((0, gpu, 1, *part(0, 0, np.array([10]))))
+    d.send((1, gpu, 3, np.array([0])), reply=r)
+    n = _receiver.host.stats()["messages_enqueued"]
+    d.marker(lambda: d.d._unstall(n))
+    assert log.events == [] and r.pending
+    d.send((0, -3, 1, *part(0, 1, np.array([11]))))
+    assert log.events == [("x", "joined", [[10, 11]]), ("call", gpu)] and not r.pending
+
+
+def _samples(windows):
+    """A sampler of the stall watch (two samples a window) that plays ``windows``, one
+    entry per window (``"busy"``: the process used CPU time; ``"callback"``: a host
+    callback ran; ``"message"``: one reached the receiver), then idle windows; with the
+    samples taken so far."""
+    taken, state = [], {"cpu": 0.0, "enqueued": 0}
+
+    def sample():
+        window, second = divmod(len(taken), 2)
+        what = windows[window] if window < len(windows) else "idle"
+        taken.append(what)
+        if second and what == "busy":
+            state["cpu"] += 1.0
+        if second and what == "message":
+            state["enqueued"] += 1
+        return stall_watch.Activity(state["enqueued"], state["cpu"],
+                                    second and what == "callback")
+    return sample, taken
+
+
+@pytest.mark.parametrize("busy", ["busy", "callback", "message"])
+def test_the_stall_watch_checks_only_after_windows_in_which_the_process_did_nothing(busy):
+    # A device that computes (CPU time), waits in a host callback, or sends anything keeps
+    # the watch from checking, however long that lasts: the check comes after two windows
+    # in a row in which the whole process did nothing.
+    lifecycle.ensure_started()
+    ran = threading.Event()
+    sample, taken = _samples([busy, busy, "idle", busy, busy, busy])
+    watch = stall_watch.StallWatch(lambda: not ran.is_set(), lambda n: ran.set(),
+                                   window=0.001, quiet=2, sample=sample)
+    watch.note()
+    assert ran.wait(60)
+    assert len(taken) == 2 * (6 + 2)  # the six scripted windows, then two idle ones
+
+
+def test_the_stall_watch_checks_on_the_consumer_thread_once_the_process_did_nothing():
     lifecycle.ensure_started()
     held, seen, ran = [True], [], threading.Event()
 
@@ -458,11 +583,41 @@ def test_the_stall_watch_checks_on_the_consumer_thread_once_nothing_comes():
         held[0] = False
         ran.set()
 
-    watch = stall_watch.StallWatch(lambda: held[0], unstall, patience=0.05)
+    idle = stall_watch.Activity(0, 0.0, False)
+    watch = stall_watch.StallWatch(lambda: held[0], unstall, window=0.01,
+                                   sample=lambda: idle._replace(
+                                       enqueued=_receiver.host.stats()["messages_enqueued"]))
     watch.note()
     assert ran.wait(60)
     n, on_consumer_thread, enqueued = seen[0]
     assert on_consumer_thread and n == enqueued  # nothing but the check came meanwhile
+
+
+def test_a_thread_inside_a_jax_callback_is_seen_and_hostfeeds_own_waits_are_not():
+    entered, release = threading.Event(), threading.Event()
+
+    def host(v):
+        entered.set()
+        release.wait(60)
+        return v
+
+    f = jax.jit(lambda v: jax.pure_callback(host, jax.ShapeDtypeStruct((), np.float32), v))
+    worker = threading.Thread(target=lambda: f(np.float32(1)).block_until_ready())
+    worker.start()
+    assert entered.wait(60)
+    try:
+        assert stall_watch.in_jax_callback()
+        # The same stack with hostfeed's code innermost (a portable call waiting for its
+        # reply) is a wait for the receiver, not a callback at work.
+        frames = sys._current_frames()
+        own = {i: f for i, f in frames.items()
+               if i != threading.get_ident() and f.f_code.co_filename.startswith(
+                   stall_watch._OWN)}
+        assert not stall_watch.in_jax_callback(own)
+    finally:
+        release.set()
+        worker.join(60)
+    assert not stall_watch.in_jax_callback()
 
 
 def test_a_device_that_waits_in_order_is_no_crossing():

@@ -180,6 +180,46 @@ pub(crate) fn run_call(
     Ok(())
 }
 
+/// Runs a synchronous tap (a call without results whose host function is the tap
+/// function of `consumer`, a `Tap`) on the calling thread, then answers its reply slot
+/// with nothing: the device goes on once the tap function has run. A failing tap function
+/// is handed to `tap_failed` (recorded for `barrier_wait`, as for any tap) and the
+/// computation goes on; Ctrl-C or SIGTERM during it fails the slot as an interrupted wait
+/// does (nothing recorded).
+pub(crate) fn run_sync_tap(
+    py: Python<'_>,
+    dtypes: &Dtypes,
+    msg: Message,
+    consumer: &Bound<'_, Consumer>,
+    tap_failed: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let Message { device, arrays, dims, data, reply, .. } = msg;
+    let Some(slot) = reply else {
+        return Err(ReceiverError::new_err("hostfeed internal error: a synchronous tap without a reply"));
+    };
+    slot.mark_started();
+    if !slot.is_pending() {
+        return Ok(());
+    }
+    // (If building the arrays fails, the slot dropped on the way out fails the tap.)
+    let arrays = message_arrays(py, dtypes, &arrays, &dims, data)?;
+    let counts = crate::interrupts::begin_run();
+    let outcome = consumer.get().invoke(py).call1((arrays, device));
+    crate::interrupts::end_run();
+    match outcome {
+        Ok(_) => {}
+        Err(e) if crate::interrupts::interrupted(py, &e, counts) => {
+            slot.fail("hostfeed: interrupted".into());
+            return Ok(());
+        }
+        Err(e) => {
+            tap_failed.call1((e.into_value(py), consumer))?;
+        }
+    }
+    slot.reply_with(|_| Ok(()));
+    Ok(())
+}
+
 /// A `call`'s host function as the receiver runs it without hostfeed's Python frames
 /// around it (made by `runtime.make_direct_call`): the argument is the one array or the
 /// tree made of the arrays; one result of exactly the expected shape and dtype, a

@@ -9,15 +9,16 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
+import jax
 import numpy as np
 
 from .. import _receiver
-from .._receiver.messages import FLAG_EAGER, Message
+from .._receiver.messages import FLAG_EAGER, FLAG_SYNC_TAP, Message
 from .._receiver.batch import BatchIter, DispatcherState
 from . import compat
 from .consumers import ConsumerKind, registry
 from .errors import record_exception
-from .stall_watch import PATIENCE, StallWatch
+from .stall_watch import StallWatch
 
 logger = logging.getLogger("hostfeed")
 
@@ -77,7 +78,8 @@ class Dispatcher:
     back a ``call`` (or a synchronous tap) waits for it and sends nothing more, so it keeps
     back too the parts of the sets it has not sent a part of (on CPU its later executions
     wait behind the call): in a circle of such devices, one device's messages up to that
-    call run out of its order.
+    call run out of its order. A circle can also run through the runtime (:mod:`.stall_watch`
+    establishes it); a device that is only busy is in none, and its later messages wait.
 
     A set is dropped only when its execution is known to have failed, never because
     time passed or because a barrier ran meanwhile:
@@ -262,12 +264,20 @@ class Dispatcher:
                     return None
                 done = consumer.invoke.add(run, msg.arrays, ordinal, reply)
                 if done is None:
+                    if reply is not None and not reply.pending:
+                        # A synchronous tap's part other than its source's, answered as it
+                        # arrived: the tap belongs to its source device's order only (as
+                        # the legacy module ran such a tap on that device), so this device
+                        # goes on and is not held.
+                        return None
                     # (A device already held here is running a crossed part out of its
                     # order: it stays held where it was.)
                     if ordinal not in self.held:
                         self.held[ordinal] = _Held(consumer.invoke, run, collections.deque(),
                                                    self.epoch, collections.Counter())
                         self._resolve_crossings(consumers)
+                    if reply is not None and reply.pending and self.stall is not None:
+                        self.stall.note()  # its device waits for the set: maybe a circle
                     return None
                 return (id(consumer.invoke), run), done
         except BaseException as exc:  # noqa: BLE001 - recorded and re-raised by barrier_wait
@@ -451,11 +461,22 @@ class Dispatcher:
         """Runs the messages device ``ordinal`` holds back, in its order, up to and
         including the first one it waits for (:meth:`_blocker`), before its own joined set
         completes: the device goes on and sends the parts the other held devices wait for.
-        The device stays held on its set."""
+        The device stays held on its set. Where that message is a synchronous tap, only
+        its reply is sent: the device goes on and nothing runs out of its order."""
         stop = self._blocker(consumers, h)
         assert stop is not None  # (what made it a holder)
         blocker = h.waiting[stop][0]
         c = consumers.get(blocker.consumer_id)
+        if blocker.flags & FLAG_SYNC_TAP and getattr(c, "kind", None) is TAP:
+            # A synchronous tap needs no result: its device goes on now, and the tap (with
+            # everything held back) still runs in the device's order.
+            blocker.reply.send([])
+            logger.warning("hostfeed: device %s goes on before its synchronous tap %s ran, "
+                           "held back behind a multi-device execution %s; the tap runs in "
+                           "the device's order once that execution's global-view callback "
+                           "has run. Asynchronous taps (HOSTFEED_SYNC_TAPS=0) never wait so",
+                           ordinal, getattr(c, "name", blocker.consumer_id), why)
+            return
         logger.warning("hostfeed: device %s waits for its host callback %s, held back behind "
                        "a multi-device execution %s; it runs before that execution's "
                        "global-view callback, out of its order", ordinal,
@@ -470,19 +491,37 @@ class Dispatcher:
             self._run_held(entry, lambda msg: self._deliver_and_release(consumers, msg))
 
     def _unstall(self, expected: int) -> None:
-        """(A check of the stall watch, in queue order.) If no message reached the receiver
-        since the watch pushed it (``expected``: the count of messages enqueued with it),
-        runs the held messages of the longest held device that waits for one of them
-        (:meth:`_blocker`) up to that one: everything stalled behind it."""
-        if _receiver.host.stats()["messages_enqueued"] != expected:
+        """(A check of the stall watch, in queue order, once it saw the whole process wait:
+        a circle through the runtime.) If still no message reached the receiver since the
+        watch pushed it (``expected``: the count of messages enqueued with it), runs the
+        held messages of the longest held CPU device that waits for one of them
+        (:meth:`_blocker`) up to that one: everything stalled behind it. Not on other
+        devices, nor with several processes: a device that waits for an accelerator or
+        for another process also leaves this process idle, and its part does come."""
+        if (_receiver.host.stats()["messages_enqueued"] != expected
+                or jax.process_count() > 1):
             return
         consumers = registry.consumers
-        for ordinal, h in list(self.held.items()):
+        cpu = [(o, h) for o, h in self.held.items() if o >= 0]
+        for ordinal, h in cpu:
             if self._blocker(consumers, h) is not None:
                 self._run_through_blocker(
                     consumers, ordinal, h,
-                    f"whose other parts had not come while nothing reached the host for "
-                    f"{PATIENCE:g} s")
+                    "whose other parts cannot come: every thread of the process waits, for "
+                    "calls held back behind joined callbacks (a circle through the runtime)")
+                return
+        # No call held back: a device that waits for its own synchronous joined tap (its
+        # part is the tap's source) holds the thread the others' parts need. It goes on
+        # before the tap ran; the tap runs once its set is complete, in every device's
+        # order.
+        for ordinal, h in cpu:
+            if h.joiner.let_go(h.run, ordinal):
+                logger.warning("hostfeed: device %s goes on before its synchronous "
+                               "global-view tap %s ran: the other devices' parts cannot "
+                               "come while it waits (every thread of the process waits: a "
+                               "circle through the runtime); the tap runs once they come. "
+                               "Asynchronous taps (HOSTFEED_SYNC_TAPS=0) never wait so",
+                               ordinal, h.joiner.name)
                 return
 
     def _find_crossing(self, consumers: dict) -> tuple[int, int] | None:

@@ -20,7 +20,7 @@ from .record import lowering as record_lowering
 from .placement import (Where, check_device_index, lower_global_call, lower_global_tap,
                         lower_per_device_call, where)
 from .primitives import (call_check_p, failure_message_p, host_call_p, host_callback_effect,
-                         outside_call_p)
+                         legacy_sync, outside_call_p)
 from .consumers import ConsumerKind
 from .runtime import (make_call_invoker, make_direct_call, make_joined_call, make_joined_tap,
                       make_tap_invoker)
@@ -167,6 +167,9 @@ def _outside_call_lowering(ctx: Any, transport: transports.Transport, *args: Any
     bind_params = dict(params, callback=callback, nr_tapped_args=nr_tapped_args,
                        transforms=transforms)
     record = record_lowering.is_record(callback)
+    sync = params.get("sync")
+    if sync is None:  # the legacy mode: as the legacy module did on these platforms
+        sync = legacy_sync(transports.platforms(ctx))
     if record:  # where a record goes is the recorder's business
         lease = record_lowering.lower(ctx, context, ac, tapped, bind_params,
                                       gathered_here=_runs_here(ac, params["device_index"]),
@@ -175,7 +178,7 @@ def _outside_call_lowering(ctx: Any, transport: transports.Transport, *args: Any
             return list(args)
         cid = _consumer_id(ctx, lease)
     elif context in (Where.GLOBAL, Where.PARTIAL_MANUAL) and shard_parts is None:
-        lower_global_tap(ctx, ac, tapped, bind_params)
+        lower_global_tap(ctx, ac, tapped, dict(bind_params, sync=sync))
         return list(args)
     else:
         if context is Where.SINGLE:
@@ -183,7 +186,7 @@ def _outside_call_lowering(ctx: Any, transport: transports.Transport, *args: Any
         cid = _consumer_id(ctx, _tap_lease(callback, transforms, shard_parts))
     lifecycle.ensure_started()
     flags = _receiver.messages.FLAG_SHARD if shard_parts is not None else 0
-    if params.get("sync") and not record:
+    if sync and not record:
         # A synchronous tap: a call without results, which the device waits for (with no
         # time limit: the tap function may take as long as it takes).
         call_op, _ = _call(ctx, transport, args[:nr_tapped_args], ctx.avals_in[:nr_tapped_args],

@@ -249,17 +249,32 @@ def ad_taps() -> str:
     return "transforms" if text is None else check_ad_taps(text, AD_TAPS_ENV)
 
 
-def sync_taps() -> bool:
-    """The initial synchronous-tap mode, from ``HOSTFEED_SYNC_TAPS`` (``1``/``0``, default
-    ``0``: taps are asynchronous). Read once, when hostfeed is imported; switch later with
-    ``hcb.set_sync_taps`` or ``with hcb.sync_taps():``.
+#: The tap modes (``hcb.set_sync_taps``): ``legacy`` (the default), the legacy module's
+#: semantics: synchronous taps on CPUs and GPUs, asynchronous ones on TPUs; ``sync``:
+#: synchronous everywhere; ``async``: asynchronous everywhere.
+SYNC_TAPS_MODES = ("legacy", "sync", "async")
+
+
+def sync_taps() -> str:
+    """The initial tap mode, from ``HOSTFEED_SYNC_TAPS``: unset, ``legacy`` (each tap
+    function has run before the computation goes on, as the legacy module's taps on CPUs
+    and GPUs; asynchronous on TPUs, as there); ``1`` (``sync``: synchronous everywhere);
+    ``0`` (``async``: asynchronous everywhere, see ``hcb.barrier_wait``). Read once, when
+    hostfeed is imported; switch later with ``hcb.set_sync_taps`` or ``with
+    hcb.sync_taps():``.
 
     Example:
-        >>> os.environ.pop(SYNC_TAPS_ENV, None) and None
+        >>> before = os.environ.pop(SYNC_TAPS_ENV, None)
         >>> sync_taps()
-        False
+        'legacy'
+        >>> os.environ[SYNC_TAPS_ENV] = "0"; sync_taps()
+        'async'
+        >>> os.environ.pop(SYNC_TAPS_ENV) and before is not None and os.environ.update(
+        ...     {SYNC_TAPS_ENV: before})
     """
-    return _bool_from_env(SYNC_TAPS_ENV)
+    if _env(SYNC_TAPS_ENV) is None:
+        return "legacy"
+    return "sync" if _bool_from_env(SYNC_TAPS_ENV) else "async"
 
 
 def fast_dispatch() -> bool:

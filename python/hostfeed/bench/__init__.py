@@ -114,6 +114,7 @@ from typing import Any, TextIO
 
 import jax
 
+from .. import host_callback as hcb
 from .._src import settings
 from . import _report, _tpu
 from ._portable import portable_section
@@ -225,8 +226,12 @@ def run(sections: Sequence[str] | None = None, *, quick: bool = False,
     header["suite"] = suite
     result: dict[str, Any] = {"schema": SCHEMA, "header": header}
     cfg = Config(quick=quick, progress=progress or (lambda step: None))
-    for name in chosen:
-        result[name] = _tpu.run_section(name, cfg) if suite == "tpu" else table[name](cfg)
+    # hostfeed's taps as the sections measure them: asynchronous, unless a row says
+    # synchronous (the latency section's "hostfeed (sync)", the dispatch section's
+    # "hostfeed id_tap, synchronous": the default mode on CPUs and GPUs).
+    with hcb.sync_taps(False):
+        for name in chosen:
+            result[name] = _tpu.run_section(name, cfg) if suite == "tpu" else table[name](cfg)
     header["load_average_end"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     if suite == "tpu":
         result["targets"] = _tpu.targets(result)

@@ -11,7 +11,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 
 use crate::batch::{BatchIter, DispatcherState};
-use crate::consumers::{run_call, Consumer, ConsumerKind};
+use crate::consumers::{run_call, run_sync_tap, Consumer, ConsumerKind};
 use crate::error::ReceiverError;
 use crate::messages::Dtypes;
 use hostfeed_core::lock;
@@ -148,13 +148,24 @@ impl Consume for PyConsumer {
             let Ok(consumer) = consumer.cast_into::<Consumer>() else { return Err(msg) };
             // Only a call the receiver runs without Python frames of hostfeed's (a
             // `DirectCall`, not one that takes the device): an interruption then ends in
-            // hostfeed's own code.
+            // hostfeed's own code; or a synchronous tap, whose invoker records nothing of
+            // its own, so that an interruption anywhere in it only fails the tap's wait.
             let c = consumer.get();
-            if c.kind() != ConsumerKind::Call || c.direct_call(py).is_none() || !crate::interrupts::watch() {
+            let sync_tap = msg.flags & hostfeed_core::FLAG_SYNC_TAP != 0;
+            let runnable = if sync_tap {
+                c.kind() == ConsumerKind::Tap
+            } else {
+                c.kind() == ConsumerKind::Call && c.direct_call(py).is_some()
+            };
+            if !runnable || !crate::interrupts::watch() {
                 return Err(msg);
             }
             let outcome = catch_unwind(AssertUnwindSafe(|| {
-                run_call(py, &self.dtypes, msg, &consumer, state.call_failed.bind(py))
+                if sync_tap {
+                    run_sync_tap(py, &self.dtypes, msg, &consumer, state.tap_failed.bind(py))
+                } else {
+                    run_call(py, &self.dtypes, msg, &consumer, state.call_failed.bind(py))
+                }
             }));
             match outcome {
                 Ok(Ok(())) => {}

@@ -269,6 +269,23 @@ from jax._src import dtypes as _dtypes  # noqa: E402
 canonicalize_value = _dtypes.canonicalize_value  # what `Primitive.bind` applies to operands
 
 
+# ---- Eager loops and conditionals that tap (eager.py) -----------------------------------
+# jax 0.10-0.12: outside jit, `while_p`, `cond_p` and `scan_p` run through their `impl`
+# (`dispatch.apply_primitive`: compiled, dispatched, returned before they ran).
+def install_eager_control_flow_hook(after: Callable[[Any, dict, Any], Any]) -> None:
+    """Has eager ``lax.while_loop``, ``lax.cond`` and ``lax.scan`` (and what builds on
+    them) return ``after(primitive, params, outputs)``."""
+    from jax.extend.core import primitives as prims
+
+    for p in (prims.while_p, prims.cond_p, prims.scan_p):
+        impl = p.impl
+
+        def hooked(*args: Any, _p: Any = p, _impl: Any = impl, **params: Any) -> Any:
+            return after(_p, params, _impl(*args, **params))
+
+        p.def_impl(hooked)
+
+
 # ---- Tap outputs that depend on the tap (lowering) ---------------------------------------
 # jax 0.10-0.12: StableHLO has no add-dependency; MHLO's (registered in JAX's MLIR
 # context) converts to HLO's kAddDependency and accepts StableHLO's token type.
