@@ -24,6 +24,7 @@ MODULES = ["hostfeed", "hostfeed.host_callback", "hostfeed.lowering", "hostfeed.
                "consumers", "dispatcher",
                "lifecycle", "keys", "printing", "spec", "primitives", "eager", "runtime",
                "placement", "fast_dispatch", "record.recorder", "record.lowering", "record.late",
+               "record.window", "record.watch",
                "readback.reading", "readback.series", "readback.tensorboard",
                "record.stores", "record.coordination", "rules", "lowering", "latency",
                "transports", "transports.native", "transports.portable",

@@ -72,6 +72,7 @@ class CaptureSpec:
     outputs: bool = True
     prefix: str = ""
     cotangents: Optional[bool] = None
+    keep: str = "always"
 
     def array_name(self, module: str, role: str) -> str:
         """The stored name of one captured array (``role``: ``output``, ``input.0``, ...).
@@ -95,7 +96,9 @@ class CaptureSpec:
             out.append(self.recorder.record(
                 self.array_name(module, role + keys(path)), leaf, step=step,
                 every=self.every, start=self.start, stop=self.stop, reduce=self.reduce,
-                axis=self.axis, cotangents=self.cotangents) if _recordable(leaf) else leaf)
+                axis=self.axis, cotangents=self.cotangents,
+                **({"keep": self.keep} if self.keep != "always" else {}))
+                if _recordable(leaf) else leaf)
         return jax.tree_util.tree_unflatten(treedef, out)
 
     def call(self, module: str, step: Any, fn: Callable, args: Sequence[Any],

@@ -23,8 +23,8 @@ operand is what, :func:`lane_dims` how many leading dimensions are lanes; a reco
 """
 from __future__ import annotations
 
+import json
 import logging
-import math
 import os
 import threading
 from typing import Any, Optional
@@ -34,10 +34,11 @@ import jax
 import numpy as np
 
 from ... import _receiver
-from .. import compat, errors, keys, lifecycle, settings
+from .. import compat, keys, lifecycle, settings
 from ..primitives import outside_call_p, outside_call_params
-from . import (coordination, inputs as record_inputs, late, selection as _selection,
-               step as _step, stores, unflushed as _unflushed)
+from . import (coordination, inputs as record_inputs, selection as _selection,
+               step as _step, stores, triggers as _triggers, unflushed as _unflushed,
+               watch as _watch, window as _window)
 from .catalogue import Catalogue
 from .target import Target
 from ..spec import CallbackSpec
@@ -134,6 +135,17 @@ class Recorder:
       lease: an object store's lock is an object with a lease that the recorder renews
         while it is open; after a crash, the store opens again once ``lease`` seconds have
         passed (default 60).
+      window: keep the rows of the last ``window`` steps of the arrays recorded with
+        ``keep="window"`` in host memory (no disk I/O), and write them to the store when
+        a trigger fires (see docs, "Debugging a run"); at most ``window_bytes`` bytes
+        (default 1 GiB: each row's buffer and 128 bytes; older steps go first, and a step
+        larger than it is refused).
+      after: a trigger at step ``t`` writes steps ``t - window + 1 .. t + after``.
+      on_nonfinite: the first NaN or infinity in any recorded row (raw or summary,
+        windowed or not) fires a trigger naming the value, the array and the step.
+      on_trigger: None (default: each trigger is logged when noticed), ``"raise"`` (the
+        next ``rec.step`` call or ``barrier_wait`` raises :class:`hostfeed.Triggered` once
+        the window is written), or a function called with each trigger's description.
 
     Raises:
       RecordingError: (an ``OSError``) the path cannot be created, or exists, or another
@@ -162,18 +174,12 @@ class Recorder:
                  durable: bool = False, commit_interval: float = 1.0,
                  separator: str = "/", coordination_timeout: float = 60.0,
                  storage_options: Optional[Mapping[str, Any]] = None, lease: float = 60.0,
-                 resume_after_step: Optional[int] = None, shard_bytes: Optional[int] = None):
-        if isinstance(coordination_timeout, bool) or not isinstance(
-                coordination_timeout, (int, float)) or not math.isfinite(coordination_timeout) \
-                or coordination_timeout <= 0:
-            raise ValueError(f"hostfeed.Recorder: coordination_timeout must be a positive, "
-                             f"finite number of seconds, got {coordination_timeout!r}")
-        # Checked wherever the store is (it matters only in an object store), so that a
-        # wrong value is not found out only when the same code first writes to one.
-        if isinstance(lease, bool) or not isinstance(lease, (int, float)) \
-                or not math.isfinite(lease) or lease < 0.1:
-            raise ValueError(f"hostfeed.Recorder: lease must be a finite number of seconds, "
-                             f"at least 0.1; got {lease!r}")
+                 resume_after_step: Optional[int] = None, shard_bytes: Optional[int] = None,
+                 window: Optional[int] = None, window_bytes: Optional[int] = None,
+                 after: int = 0, on_nonfinite: bool = False,
+                 on_trigger: _window.OnTrigger = None):
+        record_inputs.check_seconds(coordination_timeout, lease)
+        flight = _window.config(window, window_bytes, after, on_nonfinite, on_trigger)
         # The receiver (and its exit handler, which closes recorders after draining) must
         # exist before any row can be recorded.
         lifecycle.ensure_started()
@@ -182,10 +188,10 @@ class Recorder:
         fspath = where.where
         coord = coordination.Coordinator(fspath, coordination_timeout)
         options: dict[str, Any] = dict(mode=mode, compression=compression, level=compression_level,
-                       chunk_bytes=chunk_bytes, writers=_writers(writers, where.url),
+                       chunk_bytes=chunk_bytes, writers=record_inputs.writers(writers, where.url),
                        durable=durable,
                        commit_interval=commit_interval, separator=separator,
-                       shard_bytes=_shard_bytes(shard_bytes, where.url))
+                       shard_bytes=record_inputs.shard_bytes(shard_bytes, where.url))
         if resume_after_step is not None:
             if isinstance(resume_after_step, bool) or not isinstance(
                     resume_after_step, (int, np.integer)):
@@ -209,17 +215,22 @@ class Recorder:
             self._native = _receiver.record.Recorder(fspath, **options, shared=coord.join(),
                                                      leader=False)
         self._coord = coord
+        self._flight = None if flight is None else _window.Flight(
+            self._native, flight, fspath, coord.process, coord.leader, resume_after_step)
+        if self._flight is not None and coord.shared:
+            self._flight.exchange = _triggers.Exchange(self._native, coord)
         coord.start(self._native, commit_interval)
         self._lock = threading.Lock()
         self._targets: dict[tuple[str, str], Target] = {}
+        self._watches: dict[str, _watch.WatchTap] = {}
         #: What the lowering, the records' targets and recorded steps ask of this recorder.
-        self.catalogue = Catalogue(self._native, coord, self._keep_error)
+        self.catalogue = Catalogue(self._native, coord, self._keep_error, self._flight)
         # Errors of rows recorded through Python (eager records), not raised yet.
         self._unseen: list[BaseException] = []
         #: What this recorder's steps (:meth:`step`) hand their records to.
         self.pipeline = _step.Pipeline(self.catalogue)
         # ``record``: the plain record, wrapped to take every=, start=, stop=, reduce=.
-        self._selective = _selection.selective(self._record, self._native.describe_summary)
+        self._selective = _selection.selective(self._record, self._describe_summary)
         self._pid = os.getpid()
         with open_lock:
             _open.add(self)
@@ -240,7 +251,7 @@ class Recorder:
     def record(self, name: str, value: Any, *, step: Any = None, result: Any = None,
                every: Optional[int] = None, start: Optional[int] = None,
                stop: Optional[int] = None, reduce: Any = None, axis: Any = None,
-               cotangents: Optional[bool] = None) -> Any:
+               cotangents: Optional[bool] = None, keep: str = "always") -> Any:
         """Identity on ``value`` that also appends it (or its summary) as one row of array
         ``name``.
 
@@ -269,6 +280,10 @@ class Recorder:
             ``jvp`` the tangent as ``name.tangent``); False records the primal only. None
             (default): the process's autodiff mode (``HOSTFEED_AD_TAPS``, default
             ``transforms``: recorded; ``primals``: not).
+          keep: ``"always"`` (default): every row goes to the store; ``"window"``: the rows
+            of the last steps wait in the recorder's window, in host memory, and go to the
+            store when a trigger fires (``Recorder(..., window=N)``; needs ``step``; not
+            with ``reduce=``: summaries always go to the store). One name, one ``keep``.
 
         Each call that runs appends a row: a name recorded twice in one step (train and
         eval passes) gets two rows with that ``step``, in run order (``name.seq``); give
@@ -292,6 +307,12 @@ class Recorder:
             would convert it.
         """
         ad_taps = record_inputs.ad_taps_of(cotangents, name)
+        windowed = _window.check_keep(keep, name, reduce,
+                                      None if self._flight is None else self._flight.config)
+        if windowed and step is None:
+            raise ValueError(f"hostfeed: Recorder.record({name!r}, keep=\"window\") keeps the "
+                             f"rows of the last steps: pass the step (step=...)")
+        self.catalogue.keep(name, windowed)
         return self._selective(name, value, step=step, result=result, every=every,
                                start=start, stop=stop, reduce=reduce, axis=axis,
                                ad_taps=ad_taps)
@@ -305,7 +326,7 @@ class Recorder:
                     f"opened by the parent of this forked process; open a new one here")
             raise ValueError(f"hostfeed: Recorder.record({name!r}) on a closed recorder "
                              f"({self.path})")
-        _check_name(name)
+        record_inputs.check_name(name)
         treedef: Any
         leaves, treedef = jax.tree_util.tree_flatten(value)
         if treedef.num_leaves != 1 or treedef.num_nodes != 1:
@@ -337,10 +358,74 @@ class Recorder:
                             else jax.numpy.asarray(r) for r in flat_results]
         outs = outside_call_p.bind(*operands, *flat_results,
                                    **outside_call_params(spec, len(operands)))
+        watching = self._watches.get(name)
+        if watching is not None:  # after the record: its row reaches the recorder first
+            _watch.watched(watching, outs[0], None if step is None else outs[1])
         if result_treedef is not None:
             return result_treedef.unflatten(
                 keys.rewrap_keys(outs[len(operands):], result_keys))
         return treedef.unflatten(keys.rewrap_keys(outs[:1], value_keys))
+
+    def watch(self, name: str, value: Any, *, step: Any, when: Callable[[Any], Any],
+              keep: str = "always", reduce: Any = None, axis: Any = None) -> Any:
+        """Records ``value`` like :meth:`record` and runs ``when`` on each row on the host:
+        a true answer fires a trigger at that step (the window is written; see
+        ``Recorder(window=, on_trigger=)``). Returns ``value``.
+
+        Args:
+          name, value, step, keep, reduce, axis: as for :meth:`record` (``when`` sees the
+            row recorded: with ``reduce=``, the summary's row).
+          when: a predicate of one row (a numpy array), e.g. :func:`hostfeed.spike`. It runs
+            on the receiver's thread after the rows recorded before the watch arrived (an
+            eager value: at the call); an exception it raises is raised by the next
+            ``barrier_wait``.
+
+        Raises:
+          TypeError: ``when`` is not a function of one value. And as :meth:`record`.
+
+        Example:
+            >>> loss = rec.watch("loss", loss, step=s, when=hostfeed.spike())  # doctest: +SKIP
+        """
+        when = _watch.check_predicate(when, name)
+        flight = self._flight_for(f"watch({name!r})")
+        tap = self._watches.get(name)
+        if tap is None or tap.when is not when:
+            tap = self._watches[name] = _watch.WatchTap(name, when, flight.fire_watch)
+        return self.record(name, value, step=step, keep=keep, reduce=reduce, axis=axis,
+                           cotangents=False)
+
+    def keep(self, reason: str = "rec.keep()") -> dict:
+        """Writes the window as it stands to the store (every step it holds): from an
+        ``except`` block, or a SIGTERM handler before preemption. Returns the trigger's
+        description (as :attr:`triggers` lists it). Rows already in flight reach the window
+        later and are written too when they are of those steps.
+
+        Raises:
+          ValueError: the recorder has no window nor triggers, or is closed.
+
+        Example:
+            >>> except Exception:                                   # doctest: +SKIP
+            ...     rec.keep("the step raised"); raise
+        """
+        return self._flight_for(f"keep({reason!r})").keep(_window.keep_reason(reason))
+
+    def _flight_for(self, call: str) -> _window.Flight:
+        if self._flight is None or self.closed:
+            raise ValueError(f"hostfeed: Recorder.{call}: {self!r} has no window nor triggers "
+                             f"(hostfeed.Recorder(path, window=N) or on_trigger=...)"
+                             if self._flight is None else f"hostfeed: Recorder.{call} on a "
+                             f"closed recorder ({self.path})")
+        return self._flight
+
+    @property
+    def triggers(self) -> list[dict]:
+        """Every trigger so far (an appended recording's first), as
+        ``hostfeed.open_recording(path).triggers`` lists them: ``step``, ``reason``,
+        ``name``, ``kind``, ``first_step``, ``last_step``, ``kept``, ``state``, ..."""
+        if self._flight is None:
+            return []
+        self._flight.notice()
+        return self._flight.triggers()
 
     def step(self, fn: Callable, *, in_flight: int = _step.DEFAULT_IN_FLIGHT,
              outputs: Optional[bool] = None, **jit_kwargs: Any) -> _step.RecordedStep:
@@ -421,6 +506,8 @@ class Recorder:
                 f"{self.path} still being written")
         self._coord.commit(self._native)
         _unflushed.mark_flushed(self)
+        if self._flight is not None and self._flight.fired():
+            self._flight.notice()
         self._raise_unseen()
         if failed_run is not None:
             raise failed_run
@@ -450,12 +537,15 @@ class Recorder:
             self._coord.close(self._native)
         finally:
             self._coord.stop()
+            if self._flight is not None:
+                self._flight.close()
             self._native.close()
 
     def stats(self) -> dict[str, int]:
         """Counters: rows received, bytes and chunks written, spills (partial chunks written
-        early to free the queue), commits, rows dropped."""
-        return dict(self._native.stats())
+        early to free the queue), commits, rows dropped; with a window, its bytes and steps
+        held (``window_bytes_held``, ``window_steps_held``)."""
+        return {**self._native.stats(), **(self._flight.held() if self._flight else {})}
 
     def __enter__(self) -> Recorder:
         return self
@@ -491,6 +581,10 @@ class Recorder:
         if exc is not None:
             raise exc
 
+    def _describe_summary(self, name: str, description: str) -> None:
+        self._native.describe_summary(name, description)
+        self.catalogue.counting(name, _window.counting_columns(json.loads(description)))
+
     def _target(self, name: str, kind: str) -> Target:
         with self._lock:
             t = self._targets.get((name, kind))
@@ -499,90 +593,7 @@ class Recorder:
             return t
 
 
-#: Shards of an object store's arrays unless ``shard_bytes`` says otherwise.
-DEFAULT_OBJECT_SHARD_BYTES = 256 << 20
-#: Writer threads of a recorder in an object store, unless told otherwise.
-OBJECT_STORE_WRITERS = 4
-
-
-def _shard_bytes(shard_bytes: Optional[int], url: bool) -> Optional[int]:
-    """What the native recorder takes: shard size, or None for a chunk per object."""
-    if shard_bytes is None:
-        return DEFAULT_OBJECT_SHARD_BYTES if url else None
-    if isinstance(shard_bytes, bool) or not isinstance(shard_bytes, (int, np.integer)) \
-            or shard_bytes < 0:
-        raise ValueError(f"hostfeed.Recorder: shard_bytes must be a number of bytes (0: no "
-                         f"shards), got {shard_bytes!r}")
-    return int(shard_bytes) or None
-
-
-def _writers(writers: Optional[int], url: bool) -> int:
-    """Writer threads: as given, else 4 for an object store (they wait on the network) and
-    2 for a file system."""
-    if writers is None:
-        return OBJECT_STORE_WRITERS if url else 2
-    if isinstance(writers, bool) or not isinstance(writers, (int, np.integer)) or writers < 1:
-        raise ValueError(f"hostfeed.Recorder: writers must be a positive number of threads, "
-                         f"got {writers!r}")
-    return int(writers)
-
-
-def _check_name(name: str) -> None:
-    if not isinstance(name, str):
-        raise TypeError(f"hostfeed: a record name must be a str, got {type(name).__name__}")
-    leaf = name.rsplit("/", 1)[-1]
-    for suffix in (TANGENT_SUFFIX, COTANGENT_SUFFIX) + tuple("." + s for s in ROW_METADATA):
-        if leaf.endswith(suffix):
-            raise ValueError(
-                f"hostfeed: invalid record name {name!r}: the suffix {suffix!r} is reserved "
-                f"(per-row metadata, tangents and cotangents are stored under such names)")
-
-
 # ---- barrier and exit --------------------------------------------------------------------
-
-
-def _flush_open() -> Optional[BaseException]:
-    """After a barrier: writes what every open recorder received; returns the first error
-    (rows that reached a closed recorder come last)."""
-    if not _open:  # no recorder open: nothing to write (checked without the lock)
-        return None if errors.pending() else late.raised()
-    with open_lock:
-        recorders = list(_open)
-    first: Optional[BaseException] = None
-    for rec in recorders:  # all first: a step of one recorder may record to another
-        try:
-            rec.pipeline.drain()
-        except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
-            first = first or exc
-    for rec in recorders:
-        try:
-            rec._native.flush(None)
-            rec._coord.commit(rec._native)
-            _unflushed.mark_flushed(rec)
-        except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
-            first = first or exc
-        first = first or rec._take_unseen()
-    if first is None and not errors.pending():  # else kept for a later barrier
-        return late.raised()
-    return first
-
-
-def _close_open() -> None:
-    """At exit, after the receiver drained: closes every open recorder."""
-    with open_lock:
-        recorders = list(_open)
-        _open.clear()
-    for rec in recorders:  # all first: a step of one recorder may record to another
-        try:
-            rec.pipeline.drain()
-        except Exception as exc:  # noqa: BLE001 - logged; the recorders still close
-            logger.error("hostfeed: closing %r at exit: %s", rec, exc)
-    for rec in recorders:
-        try:
-            rec._close_native()
-        except Exception as exc:  # noqa: BLE001 - logged; the other recorders still close
-            logger.error("hostfeed: closing %r at exit: %s", rec, exc)
-    late.report_at_exit()
 
 
 def _after_fork_in_child() -> None:
@@ -598,6 +609,6 @@ def _after_fork_in_child() -> None:
 # Equinox module or part of any pytree, and a new recorder retraces.
 jax.tree_util.register_pytree_node(Recorder, lambda rec: ((), rec), lambda rec, _: rec)
 
-lifecycle.add_barrier_hook(_flush_open)
-lifecycle.add_exit_hook(_close_open)
+# (The barrier and exit hooks, which flush and close the open recorders, are
+# ``barrier.py``'s.)
 lifecycle.add_fork_hook(_after_fork_in_child)

@@ -47,6 +47,12 @@ class Stats(Reduction):
     def compute(self, v: jax.Array, axes: tuple[int, ...]) -> jax.Array:
         return _stats(v, axes)
 
+    @classmethod
+    def nonfinite_columns(cls, attrs: dict[str, Any]) -> list[int]:
+        # By name: the columns stay whichever others a row has.
+        names = list(attrs.get("columns") or ())
+        return [names.index(c) for c in ("nan_count", "inf_count") if c in names]
+
     def __repr__(self) -> str:
         return '"stats"'
 

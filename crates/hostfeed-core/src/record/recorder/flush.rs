@@ -15,6 +15,9 @@ impl Recorder {
     /// Starts a flush: every row received so far goes to the writers. Returns the rows each
     /// array must have written for the flush to be complete.
     pub fn flush_begin(&self) -> Vec<(Arc<ArrayHandle>, u64)> {
+        if let Some(w) = self.window.get() {
+            w.flush_begins();
+        }
         let arrays = self.catalogue.all();
         let mut targets = Vec::with_capacity(arrays.len());
         for a in arrays {
@@ -74,8 +77,15 @@ impl Recorder {
     /// # Errors
     /// The first write error since the last flush.
     pub fn flush_end(&self) -> Result<(), RecordError> {
-        self.committer.commit_all(&*self.store, &self.catalogue, &self.failures, true);
-        self.failures.take(&self.catalogue)
+        self.commit_all(true);
+        let result = self.failures.take(&self.catalogue);
+        if let Some(w) = self.window.get() {
+            // The triggers closed when the flush began have every row written, unless a
+            // write failed: their entries say so in the document.
+            w.flush_ends(result.is_ok());
+            self.commit_all(true);
+        }
+        result
     }
 
     #[cfg(test)]
@@ -104,6 +114,9 @@ impl Recorder {
         }
         if self.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
+        }
+        if let Some(w) = self.window.get() {
+            w.closing();
         }
         let targets = self.flush_begin();
         while !self.flush_wait(&targets, Duration::from_secs(3600)) {}
@@ -135,7 +148,7 @@ impl Recorder {
             self.spill();
         }
         self.renew_lease();
-        self.committer.commit_all(&*self.store, &self.catalogue, &self.failures, false);
+        self.commit_all(false);
     }
 
     /// Renews the store lock's lease when due (an object store's); a failure is reported by the next flush.
