@@ -301,21 +301,6 @@ impl HostBuffer {
         Ok(HostBuffer { storage: Storage::Heap(raw), len })
     }
 
-    /// A heap buffer of exactly `len` bytes (not taken from the pool, which may hand out a
-    /// buffer up to twice as large): memory held for long, and counted (a recorder's
-    /// window). Small ones are inline, as for [`HostBuffer::with_capacity`].
-    ///
-    /// # Errors
-    /// [`Error::Internal`] when the memory cannot be allocated.
-    pub(crate) fn exact(len: usize) -> Result<Self, Error> {
-        if len > 0 && len <= INLINE_BYTES {
-            return Ok(HostBuffer { storage: Storage::Inline(InlineBytes([0; INLINE_BYTES])), len });
-        }
-        let raw = RawBuf::new(len)
-            .ok_or_else(|| Error::Internal(format!("cannot allocate {len} bytes of host memory for a kept row")))?;
-        Ok(HostBuffer { storage: Storage::Heap(raw), len })
-    }
-
     /// Whether the bytes are this buffer's own heap (or inline) memory: not a pinned block
     /// a pool lent, nor bytes someone else owns.
     #[must_use]

@@ -395,10 +395,10 @@ class Recorder:
                            cotangents=False)
 
     def keep(self, reason: str = "rec.keep()") -> dict:
-        """Writes the window as it stands to the store (every step it holds): from an
-        ``except`` block, or a SIGTERM handler before preemption. Returns the trigger's
-        description (as :attr:`triggers` lists it). Rows already in flight reach the window
-        later and are written too when they are of those steps.
+        """Writes the window as it stands to the store (every step it holds, once what the
+        computations dispatched so far recorded reached it): from an ``except`` block, or a
+        SIGTERM handler before preemption. Returns the trigger's description (as
+        :attr:`triggers` lists it).
 
         Raises:
           ValueError: the recorder has no window nor triggers, or is closed.
@@ -407,7 +407,11 @@ class Recorder:
             >>> except Exception:                                   # doctest: +SKIP
             ...     rec.keep("the step raised"); raise
         """
-        return self._flight_for(f"keep({reason!r})").keep(_window.keep_reason(reason))
+        flight, reason = self._flight_for(f"keep({reason!r})"), _window.keep_reason(reason)
+        if not _receiver.host.in_callback_thread():  # (a host function cannot wait)
+            self._drain_all_steps()
+            lifecycle.drain_dispatched()
+        return flight.keep(reason)
 
     def _flight_for(self, call: str) -> _window.Flight:
         if self._flight is None or self.closed:

@@ -10,10 +10,12 @@
 //! Python): a windowed row is kept in the [`Ring`](ring::Ring) under the window's lock,
 //! with no I/O. A row whose message buffer holds it alone (a record of one value, no
 //! lanes) is kept in that buffer, whose charge against the receiver queue's bound is
-//! released (the window has its own bound, `bytes`); any other row (lanes sharing a
-//! buffer, a GPU's pinned block, bytes lent by Python) is copied into a buffer of its own.
-//! A row counts its buffer's bytes plus [`ROW_OVERHEAD`]; a buffer kept whole is at most
-//! [`KEPT_SLACK`] bytes larger than its row (else the row is copied).
+//! released (the window has its own bound, `bytes`): no copy, and the device's copy into
+//! it was the tap's. Any other row (lanes sharing a buffer, a GPU's pinned block, bytes
+//! lent by Python) is copied into a buffer of its own. Buffers come from the host buffer
+//! pool (at most twice the bytes asked; an evicted row's goes back there, warm for the
+//! next message). A row counts its buffer's capacity plus [`ROW_OVERHEAD`]: the bound is
+//! on the memory held.
 //!
 //! ## Triggers
 //!
@@ -59,10 +61,6 @@ use self::triggers::{earlier_triggers, root_attributes, Trigger};
 /// What a row kept in the window counts besides its buffer (its row, payload and group
 /// entries).
 pub(crate) const ROW_OVERHEAD: usize = 128;
-/// A row's message buffer is kept whole when it is at most this much larger than the row
-/// (the step's operand, alignment); a larger one (a pooled buffer of twice the size, a
-/// message of several operands) is not kept for one row: the row is copied.
-pub(crate) const KEPT_SLACK: usize = 4096;
 
 /// How a recorder's window works.
 #[derive(Debug, Clone)]
@@ -565,16 +563,18 @@ fn find_nonfinite(check: &Check, bytes: &[u8]) -> Option<(usize, finite::NonFini
 }
 
 /// `row` as the window keeps it, and what it counts: in its own message buffer when that
-/// holds it alone and is not much larger (the buffer's charge against the queue's bound
-/// released), else copied into a buffer of its own.
+/// holds it alone (the buffer's charge against the queue's bound released), else copied
+/// into a buffer of its own (a pooled one).
 fn own(row: Row) -> Result<(Row, usize), RecordError> {
     let alone = Arc::strong_count(&row.payload) == 1;
     let cap = row.payload.buf.capacity();
-    if alone && row.payload.buf.is_plain_heap() && cap <= row.len + KEPT_SLACK {
+    if alone && row.payload.buf.is_plain_heap() {
         row.payload.uncharge();
         return Ok((row, cap + ROW_OVERHEAD));
     }
-    let mut buf = HostBuffer::exact(row.len)
+    // From the pool (warm memory: evicted rows' buffers return there), counted at its
+    // capacity.
+    let mut buf = HostBuffer::with_capacity(row.len)
         .map_err(|e| RecordError::Io { errno: Some(libc::ENOMEM), message: e.to_string() })?;
     if row.len > 0 {
         // SAFETY: `buf` was just allocated with room for `row.len` bytes and cannot overlap
