@@ -59,6 +59,8 @@ EXPECTED = {
     ("capture.md", 4): ["(12, 8, 12, 16) [0, 0, 0, 0, 10, 10, 10, 10]", "True True"],
     ("capture.md", 5): ["(96, 12, 16) [0, 0, 0, 0, 10, 10, 10, 10, 20, 20, 20, 20]",
                         "True True"],
+    ("debugging.md", 0): ["stopped: 200 blocks.0/output", "169 200",
+                          "nonfinite 200 169 202 {}"],
     ("troubleshooting.md", 0): ["[1.0]"],
     ("troubleshooting.md", 1): ["ValueError negative: -1.0"],
 }
