@@ -170,10 +170,17 @@ def test_bad_input_is_refused_at_the_call(tmp_path):
             plain.keep("why")
         with pytest.raises(ValueError, match="no window nor triggers"):
             plain.watch("loss", 1.0, step=0, when=bool)
+    with hostfeed.Recorder(tmp_path / "t.zarr", on_nonfinite=True) as triggers_only:
+        with pytest.raises(ValueError, match="has no window .* open it with window=N"):
+            triggers_only.keep("why")
+        with pytest.raises(ValueError, match="has no window; open it with"):
+            triggers_only.record("h", x, step=0, keep="window")
     with hostfeed.Recorder(tmp_path / "w.zarr", window=2) as rec:
+        with pytest.raises(ValueError, match="nothing was recorded with keep=\"window\""):
+            rec.keep("empty")
         with pytest.raises(ValueError, match="keep must be \"always\" .* got 'sometimes'"):
             rec.record("h", x, step=0, keep="sometimes")
-        with pytest.raises(ValueError, match="pass the step"):
+        with pytest.raises(ValueError, match="keeps the rows of the last steps: pass step="):
             rec.record("h", x, keep="window")
         with pytest.raises(ValueError, match="a summary .* always goes to the store"):
             rec.record("h", x, step=0, keep="window", reduce="stats")

@@ -307,12 +307,13 @@ class Recorder:
             would convert it.
         """
         ad_taps = record_inputs.ad_taps_of(cotangents, name)
-        windowed = _window.check_keep(keep, name, reduce,
-                                      None if self._flight is None else self._flight.config)
-        if windowed and step is None:
-            raise ValueError(f"hostfeed: Recorder.record({name!r}, keep=\"window\") keeps the "
-                             f"rows of the last steps: pass the step (step=...)")
-        self.catalogue.keep(name, windowed)
+        if keep != "always" or self._flight is not None:  # (nothing to note otherwise)
+            windowed = _window.check_keep(keep, name, reduce, self._flight and
+                                          self._flight.config)
+            if windowed and step is None:
+                raise ValueError(f"hostfeed: Recorder.record({name!r}, keep=\"window\") "
+                                 f"keeps the rows of the last steps: pass step=...")
+            self.catalogue.keep(name, windowed)
         return self._selective(name, value, step=step, result=result, every=every,
                                start=start, stop=stop, reduce=reduce, axis=axis,
                                ad_taps=ad_taps)

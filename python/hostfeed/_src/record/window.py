@@ -179,6 +179,8 @@ class Flight:
         native.configure_window(cfg.steps, cfg.bytes, cfg.after, cfg.nonfinite, process,
                                 writes_doc, resume_after_step)
         self.seen = 0
+        #: Whether an array was declared windowed (a window nothing goes to says so).
+        self.windowed = False
         self._pending: list[dict] = []
         self._errors: list[BaseException] = []
         #: The multi-process exchange (:mod:`.triggers`), if the store is shared.
@@ -192,6 +194,7 @@ class Flight:
                columns: Optional[tuple[int, list[int]]]) -> None:
         """Hands the core how array ``array_id``'s rows are handled."""
         self.native.window_array(array_id, windowed, columns)
+        self.windowed = self.windowed or windowed
 
     def fired(self) -> bool:
         """Whether a trigger fired that this recorder has not noticed yet (one atomic
@@ -205,6 +208,8 @@ class Flight:
         fresh = [json.loads(t) for t in self.native.take_triggers()]
         for t in fresh:
             steps = f"steps {t['first_step']}..{t['last_step']}"
+            if self.config.steps and not self.windowed:
+                steps += " (none: nothing is recorded with keep=\"window\")"
             if self.config.on_trigger is None:
                 logger.warning("hostfeed: a trigger fired at step %s: %s; %s of the window go "
                                "to %s", t["step"], t["reason"], steps, self.path)
@@ -254,7 +259,16 @@ class Flight:
         self._wake()
 
     def keep(self, reason: str) -> dict:
-        """Fires ``rec.keep``'s trigger; returns its description."""
+        """Fires ``rec.keep``'s trigger; returns its description. Refused where there is
+        no window to keep, or nothing was ever recorded into it."""
+        if self.config.steps == 0:
+            raise ValueError(f"hostfeed: Recorder.keep({reason!r}): {self.path} has no window "
+                             f"(it was opened for triggers only); open it with window=N")
+        if not self.windowed:
+            raise ValueError(f"hostfeed: Recorder.keep({reason!r}): nothing was recorded with "
+                             f"keep=\"window\" into {self.path}'s window; record the arrays "
+                             f"to keep with rec.record(..., keep=\"window\") (or "
+                             f"capture(..., keep=\"window\"))")
         fired = dict(json.loads(self.native.fire_trigger("keep", -1, reason, None)))
         self._wake()
         return fired
@@ -268,6 +282,9 @@ class Flight:
         closed recorder's loop is over), the exchange stops."""
         if self.exchange is not None:
             self.exchange.stop()
+        if self.config.steps and not self.windowed:
+            logger.warning("hostfeed: the window of %s (window=%d) kept nothing: no record "
+                           "used keep=\"window\"", self.path, self.config.steps)
         pending, self._pending = self._pending, []
         for t in pending + [t for t in self.notice() if self.raises]:
             logger.warning("hostfeed: a trigger fired at step %s: %s (not raised: %s was "
