@@ -58,11 +58,13 @@ class Exchange:
     def publish(self, description: str) -> None:
         """Sets the first free ``trigger/<n>`` key to ``description``."""
         n = self._next
-        while not self._stop.is_set():
+        while True:
             try:
                 self.client.key_value_set(f"{self.prefix}/{n}", description)
                 return
-            except Exception:  # noqa: BLE001 - taken: the next one
+            except Exception as exc:  # a key taken: the next one; anything else is raised
+                if "ALREADY_EXISTS" not in str(exc) and "already exists" not in str(exc):
+                    raise
                 n += 1
 
     def _publish_loop(self) -> None:
@@ -74,6 +76,7 @@ class Exchange:
                 if not self._stop.is_set():
                     logger.warning("hostfeed: publishing a trigger to the other processes: %s",
                                    exc)
+                    self._stop.wait(SLICE_MS / 1000)
 
     def wake(self) -> None:
         """A trigger fired from Python: published at once (not only by the thread)."""
@@ -99,7 +102,9 @@ class Exchange:
             n = self._next
             try:
                 description = self.client.blocking_key_value_get(f"{self.prefix}/{n}", SLICE_MS)
-            except Exception:  # noqa: BLE001 - not set yet (or the service went away)
+            except Exception as exc:  # noqa: BLE001 - not set yet, or the service went away
+                if "DEADLINE_EXCEEDED" not in str(exc):
+                    self._stop.wait(SLICE_MS / 1000)  # (no busy loop on a service gone)
                 continue
             try:
                 self._apply(n, description)
