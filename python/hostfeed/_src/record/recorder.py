@@ -308,8 +308,7 @@ class Recorder:
         """
         ad_taps = record_inputs.ad_taps_of(cotangents, name)
         if keep != "always" or self._flight is not None:  # (nothing to note otherwise)
-            windowed = _window.check_keep(keep, name, reduce, self._flight and
-                                          self._flight.config)
+            windowed = _window.check_keep(keep, name, reduce, _window.config_of(self._flight))
             if windowed and step is None:
                 raise ValueError(f"hostfeed: Recorder.record({name!r}, keep=\"window\") "
                                  f"keeps the rows of the last steps: pass step=...")

@@ -149,6 +149,11 @@ def check_keep(keep: Any, name: str, reduce: Any, config: Optional[WindowConfig]
     return True
 
 
+def config_of(flight: Optional[Flight]) -> Optional[WindowConfig]:
+    """A recorder's window, if it has one."""
+    return None if flight is None else flight.config
+
+
 def counting_columns(description: dict) -> Optional[tuple[int, list[int]]]:
     """For a summary's description (``hostfeed.reduce``): its row's width and the columns
     that count non-finite values of what it summarizes (a non-zero count fires the
