@@ -59,6 +59,9 @@ from ._src.readback.reading import read_recording  # noqa: E402
 from ._src.readback.opened import RecordedArray, Recording, follow, open_recording  # noqa: E402
 from ._src.readback.tensorboard import to_tensorboard  # noqa: E402
 from ._src.record.recorder import Recorder  # noqa: E402
+from ._src.record import barrier as _record_barrier  # noqa: E402,F401 - its hooks
+from ._src.record.window import Triggered  # noqa: E402
+from ._src.record.watch import Spike, spike  # noqa: E402
 from ._src.reductions import CAST_STATS, STATS, Histogram, Stats, TopK  # noqa: E402
 from ._src.capture import CaptureWarning, Capturing, capture  # noqa: E402
 from ._src.record.unflushed import UnflushedReadWarning  # noqa: E402
@@ -68,7 +71,7 @@ from ._receiver.error import (CallbackContextError, ReceiverError,  # noqa: E402
 # The public classes print, and are documented, as hostfeed's, where they are imported
 # from (the native exceptions are defined as hostfeed.* in Rust; these live in _src).
 for _public in (CallbackException, Recorder, Histogram, TopK, Stats, Capturing, Recording,
-                RecordedArray, UnflushedReadWarning, CaptureWarning):
+                RecordedArray, UnflushedReadWarning, CaptureWarning, Triggered, Spike):
     _public.__module__ = "hostfeed"
 del _public
 
@@ -80,7 +83,7 @@ __all__ = [
     "CaptureWarning", "open_recording", "follow", "Recording", "RecordedArray",
     "to_tensorboard", "UnflushedReadWarning",
     "register_zarr_dtypes", "CallbackContextError", "ReceiverError", "ReceiverTimeoutError",
-    "transports", "gpu_status",
+    "transports", "gpu_status", "Triggered", "spike", "Spike",
     "__version__",
 ]
 

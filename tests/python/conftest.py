@@ -111,6 +111,18 @@ HOST_SIDE: dict[str, object] = {
         "test_registered_dtypes_leave_zarr_python_working_for_other_arrays",
         "test_zarr_learns_the_ml_dtypes_whatever_the_import_order",
         "test_a_chosen_pool_limit_holds_whatever_starts_the_receiver"}),
+    # The window's rows and triggers from eager records, arguments refused at the call,
+    # show, a killed writer, memory, and four processes (two run on every release).
+    "test_flight_recorder.py": frozenset({
+        "test_a_watch_writes_the_window_and_the_steps_after_once",
+        "test_keep_writes_the_window_as_it_stands_and_appending_keeps_earlier_triggers",
+        "test_the_byte_bound_holds_older_steps_out_and_refuses_a_step_larger_than_it",
+        "test_on_trigger_is_called_with_each_trigger_and_its_error_raised_at_the_barrier",
+        "test_show_lists_the_triggers_and_the_first_non_finite_value",
+        "test_bad_input_is_refused_at_the_call",
+        "test_a_sigkill_while_the_window_is_written_leaves_whole_rows_or_reported_missing",
+        "test_memory_stays_within_window_bytes_over_10000_steps_of_1_mib_rows",
+        "test_a_trigger_in_one_of_four_processes_writes_every_window"}),
     # The object store and the lock; the processes' JAX side is the file system run's.
     "test_shared_store.py": frozenset({
         "test_processes_share_an_object_store",

@@ -67,6 +67,8 @@ EXPECTED = {
                         "stats', 'blocks.down/output.cotangent.topk']",
                         "80 True [0, 0, 0, 0, 1, 1, 1, 1]",
                         "(8, 16) [0, 0, 0, 0, 10, 10, 10, 10]"],
+    ("debugging.md", 0): ["stopped: 200 blocks.0/output", "169 200",
+                          "nonfinite 200 169 202 {}"],
     ("troubleshooting.md", 0): ["[1.0]"],
     ("troubleshooting.md", 1): ["ValueError negative: -1.0"],
 }

@@ -27,6 +27,7 @@ MODULES = ["hostfeed", "hostfeed.host_callback", "hostfeed.lowering", "hostfeed.
                "record.cotangents", "record.inputs",
                "readback.reading", "readback.series", "readback.tensorboard", "readback.canvas",
                "reductions.stats",
+               "record.window", "record.watch",
                "record.stores", "record.coordination", "rules", "lowering", "latency",
                "transports", "transports.native", "transports.portable",
                "transports.tpu", "transports.common", "transports.base"))]

@@ -20,7 +20,7 @@ use crate::error::IntoPy;
 use crate::host::{dict_of, duration};
 use hostfeed_core::Codec;
 use hostfeed_core::HostBuffer;
-use hostfeed_core::{hub, sinks, Budget, Mode, Options, Recorder, Sink, Storage};
+use hostfeed_core::{hub, sinks, Budget, Mode, Options, Recorder, Sink, Storage, WindowOptions};
 use hostfeed_core::{install_write_tracer, open_recorders, set_write_tracing, WriteTracer};
 
 /// Adds the recorder class and the recorder's functions to `m`.
@@ -507,6 +507,101 @@ impl PyRecorder {
                 ("rows_dropped", s.rows_dropped),
             ],
         )
+    }
+
+    // ---- The flight recorder (the core's `record/window`) ----------------------------------
+
+    /// Gives the recorder a window of `steps` steps (0: none; triggers only) and at most
+    /// `window_bytes` bytes, writing `after` more steps when a trigger fires; `nonfinite`:
+    /// the first non-finite value of a recorded row fires one. `process` names this
+    /// process's triggers; `writes_doc`: this process writes the store's list of triggers.
+    #[pyo3(signature = (steps, window_bytes, after, nonfinite, process=0, writes_doc=true,
+                        resume_after_step=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn configure_window(
+        &self,
+        py: Python<'_>,
+        steps: usize,
+        window_bytes: usize,
+        after: u64,
+        nonfinite: bool,
+        process: u32,
+        writes_doc: bool,
+        resume_after_step: Option<i64>,
+    ) -> PyResult<()> {
+        let opts = WindowOptions { steps, bytes: window_bytes, after, nonfinite, process, writes_doc };
+        py.detach(|| self.inner.configure_window(opts, resume_after_step)).py()
+    }
+
+    /// Says whether array `array_id`'s rows are kept in the window (`windowed`), and for a
+    /// summary, which of its `width` columns count non-finite values (`columns`: `(width,
+    /// [column, ...])`; None: every value of a row is searched).
+    #[pyo3(signature = (array_id, windowed, columns=None))]
+    fn window_array(
+        &self,
+        array_id: usize,
+        windowed: bool,
+        columns: Option<(usize, Vec<usize>)>,
+    ) -> PyResult<()> {
+        self.inner.window_array(array_id, windowed, columns).py()
+    }
+
+    /// Fires a trigger of `kind` (`"watch"`, `"keep"`) at `step` (GIL released: the
+    /// window's rows go to the writers); returns its description (JSON).
+    #[pyo3(signature = (kind, step, reason, name=None))]
+    fn fire_trigger(
+        &self,
+        py: Python<'_>,
+        kind: &str,
+        step: i64,
+        reason: &str,
+        name: Option<&str>,
+    ) -> PyResult<String> {
+        py.detach(|| self.inner.fire_trigger(kind, step, reason, name)).py()
+    }
+
+    /// Applies another process's trigger (its description, JSON); whether it was new.
+    fn apply_remote_trigger(&self, py: Python<'_>, description: &str) -> PyResult<bool> {
+        py.detach(|| self.inner.apply_remote_trigger(description)).py()
+    }
+
+    /// Triggers fired or applied so far.
+    #[getter]
+    fn trigger_count(&self) -> u64 {
+        self.inner.trigger_count()
+    }
+
+    /// The descriptions (JSON) of the triggers not taken by this call before.
+    fn take_triggers(&self) -> Vec<String> {
+        self.inner.take_triggers()
+    }
+
+    /// The descriptions (JSON) of this process's triggers not taken by this call before,
+    /// waiting up to `timeout` seconds for one (GIL released).
+    fn take_unpublished_triggers(&self, py: Python<'_>, timeout: f64) -> PyResult<Vec<String>> {
+        let timeout = duration("timeout", Some(timeout))?.unwrap_or(WAIT_SLICE).min(WAIT_SLICE * 10);
+        Ok(py.detach(|| self.inner.take_unpublished_triggers(timeout)))
+    }
+
+    /// What this process kept for each trigger: `(uid, JSON)`.
+    fn trigger_parts(&self) -> Vec<(String, String)> {
+        self.inner.trigger_parts()
+    }
+
+    /// Merges what process `process` kept for trigger `uid` (JSON), for the store's list.
+    fn merge_trigger_part(&self, uid: &str, process: u32, part: &str) -> PyResult<()> {
+        self.inner.merge_trigger_part(uid, process, part).py()
+    }
+
+    /// Every trigger's description (a JSON list): an appended recording's, then this one's.
+    fn triggers(&self) -> String {
+        self.inner.triggers()
+    }
+
+    /// The window's `(bytes, steps)` held now, or None without a window.
+    fn window_held(&self) -> Option<(usize, usize)> {
+        let held = self.inner.window_held();
+        Some((usize::try_from(held["bytes"].as_u64()?).ok()?, usize::try_from(held["steps"].as_u64()?).ok()?))
     }
 }
 

@@ -113,6 +113,47 @@ class Recorder:
     def stats(self) -> dict[str, int]:
         """Counters of the recorder."""
 
+    def configure_window(self, steps: int, window_bytes: int, after: int, nonfinite: bool,
+                         process: int = 0, writes_doc: bool = True,
+                         resume_after_step: int | None = None) -> None:
+        """Gives the recorder a window of ``steps`` steps (0: triggers only) and at most
+        ``window_bytes`` bytes; ``after`` more steps are written at a trigger;
+        ``nonfinite``: the first non-finite value of a recorded row fires one."""
+
+    def window_array(self, array_id: int, windowed: bool,
+                     columns: tuple[int, list[int]] | None = None) -> None:
+        """Whether ``array_id``'s rows are windowed; a summary's ``(width, columns)`` that
+        count non-finite values."""
+
+    def fire_trigger(self, kind: str, step: int, reason: str,
+                     name: str | None = None) -> str:
+        """Fires a trigger (``"watch"``, ``"keep"``); its description (JSON)."""
+
+    def apply_remote_trigger(self, description: str) -> bool:
+        """Applies another process's trigger; whether it was new."""
+
+    @property
+    def trigger_count(self) -> int:
+        """Triggers fired or applied so far."""
+
+    def take_triggers(self) -> list[str]:
+        """The descriptions (JSON) of the triggers not taken before."""
+
+    def take_unpublished_triggers(self, timeout: float) -> list[str]:
+        """This process's triggers not taken before (JSON), waiting up to ``timeout``."""
+
+    def trigger_parts(self) -> list[tuple[str, str]]:
+        """What this process kept for each trigger: ``(uid, JSON)``."""
+
+    def merge_trigger_part(self, uid: str, process: int, part: str) -> None:
+        """Merges what process ``process`` kept for trigger ``uid``."""
+
+    def triggers(self) -> str:
+        """Every trigger's description, a JSON list."""
+
+    def window_held(self) -> tuple[int, int] | None:
+        """The window's ``(bytes, steps)`` held, or None without a window."""
+
 def after_fork_in_child() -> None:
     """In a forked child: a fresh, stopped receiver; recorders opened before count as
     closed."""

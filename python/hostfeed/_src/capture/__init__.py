@@ -109,7 +109,7 @@ def capture(model: Any, recorder: Any, select: Select, *, step: Any = None,
             every: Optional[int] = None, start: Optional[int] = None,
             stop: Optional[int] = None, reduce: Any = None, axis: Any = None,
             inputs: bool = False, outputs: bool = True, prefix: Optional[str] = None,
-            cotangents: Optional[bool] = None) -> Any:
+            cotangents: Optional[bool] = None, keep: str = "always") -> Any:
     """Records the outputs (and/or inputs) of a model's submodules chosen by name, with
     ``recorder.record``, without editing the model: a Flax NNX or Linen model, or an
     Equinox model.
@@ -154,6 +154,9 @@ def capture(model: Any, recorder: Any, select: Select, *, step: Any = None,
       cotangents: whether ``grad`` records the cotangents of the captured arrays (as
         :meth:`hostfeed.Recorder.record`'s ``cotangents``; None: the process's
         ``HOSTFEED_AD_TAPS``, which records them by default).
+      keep: ``"always"`` (default) or ``"window"``: every captured array's rows wait in
+        the recorder's window (``Recorder(..., window=N)``) and go to the store when a
+        trigger fires (needs ``step``; not with ``reduce``). See docs, "Debugging a run".
 
     Returns:
       The model with the capture on (see above).
@@ -188,7 +191,7 @@ def capture(model: Any, recorder: Any, select: Select, *, step: Any = None,
         raise _not_a_model(model)
     impl = _load(library)
     spec = _spec(recorder, step, every, start, stop, reduce, axis, inputs, outputs, prefix,
-                 cotangents)
+                 cotangents, keep)
     selector = Selector(select, impl.SEP, _LIBRARIES[library][1])
     inner = model.model if isinstance(model, Capturing) else model
     inner = getattr(inner, "hostfeed_model", inner)  # an Equinox CapturedModel's
@@ -217,8 +220,15 @@ def capture(model: Any, recorder: Any, select: Select, *, step: Any = None,
 
 def _spec(recorder: Any, step: Any, every: Any, start: Any, stop: Any, reduce: Any,
           axis: Any, inputs: Any, outputs: Any, prefix: Any,
-          cotangents: Any = None) -> CaptureSpec:
+          cotangents: Any = None, keep: Any = "always") -> CaptureSpec:
     """The checked arguments of :func:`capture` (errors at the call, not at trace time)."""
+    if keep not in ("always", "window"):
+        raise ValueError(f"hostfeed.capture: keep must be \"always\" or \"window\", got "
+                         f"{keep!r}")
+    if keep == "window" and (step is None or reduce is not None):
+        raise ValueError("hostfeed.capture: keep=\"window\" keeps the raw rows of the last "
+                         "steps: pass step=..., and no reduce= (summaries always go to the "
+                         "store)")
     if not callable(getattr(recorder, "record", None)):
         raise TypeError(f"hostfeed.capture: recorder must be a hostfeed.Recorder, got "
                         f"{type(recorder).__name__}")
@@ -246,4 +256,4 @@ def _spec(recorder: Any, step: Any, every: Any, start: Any, stop: Any, reduce: A
     return CaptureSpec(recorder, every=every, start=start, stop=stop, reduce=reduce,
                        axis=tuple(axis) if isinstance(axis, list) else axis, inputs=inputs,
                        outputs=outputs, prefix=(prefix or "").strip("/"),
-                       cotangents=cotangents)
+                       cotangents=cotangents, keep=keep)

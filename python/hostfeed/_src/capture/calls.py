@@ -73,6 +73,7 @@ class CaptureSpec:
     outputs: bool = True
     prefix: str = ""
     cotangents: Optional[bool] = None
+    keep: str = "always"
     #: The capture's :class:`~.watch.Watch` (what it recorded, for the warning when it
     #: recorded nothing), if watched.
     watch: Any = None
@@ -106,7 +107,8 @@ class CaptureSpec:
                 self.watch.took(name)
             out[i] = self.recorder.record(
                 name, flat[i], step=step, every=self.every, start=self.start, stop=self.stop,
-                reduce=self.reduce, axis=self.axis, cotangents=self.cotangents)
+                reduce=self.reduce, axis=self.axis, cotangents=self.cotangents,
+                **({"keep": self.keep} if self.keep != "always" else {}))
         return jax.tree_util.tree_unflatten(treedef, out)
 
     def call(self, module: str, step: Any, fn: Callable, args: Sequence[Any],

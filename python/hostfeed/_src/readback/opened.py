@@ -24,6 +24,7 @@ from ..record import stores
 from .reading import diagnose, node, open_root, recorded_names, zarr_module
 from ..record.unflushed import warn_if_unflushed
 from ..record.roles import ROW_METADATA
+from . import triggers as _triggers
 
 __all__ = ["Recording", "RecordedArray", "open_recording", "follow"]
 
@@ -193,6 +194,19 @@ class Recording:
                             steps=(int(np.min(steps)), int(np.max(steps))) if steps.size else None,
                             reduce=a.attrs.get("reduce", {}).get("kind")))
         return out
+
+    @property
+    def triggers(self) -> list[dict]:
+        """The triggers the recorders of this store fired (``Recorder(window=...,
+        on_nonfinite=..., on_trigger=...)``, ``watch``, ``keep``; an appended run's after
+        the earlier ones'), in order: dicts with ``step``, ``reason``, ``name`` (the array
+        or watched value that fired it; None for ``keep``), ``kind`` (``nonfinite``,
+        ``watch``, ``keep``), ``process``, ``time_ns``, ``first_step``..``last_step`` (the
+        steps its window covers), ``kept`` ({array: [steps written]}), ``state``
+        (``"written"``; ``"writing"`` where the process ended before the window was
+        whole) and ``missing`` ({array: [steps it kept that the array does not hold]}:
+        empty but for a window a killed process cut short)."""
+        return _triggers.listed(self)
 
     def iter_batches(self, name: str, batch_size: int, *, shuffle: bool = True,
                      seed: int = 0, flatten_axes: int = 0, window: int = 8,

@@ -1,5 +1,6 @@
 """``python -m hostfeed show STORE [PATTERN ...] [-o FILE.png|FILE.html]``: a recording's
-table (names, rows, steps, dtype, bytes), then a picture of it (:mod:`.grid`): every array
+table (names, rows, steps, dtype, bytes), its triggers (and where a non-finite value first
+appeared), then a picture of it (:mod:`.grid`): every array
 (or those the glob patterns choose, as ``capture`` matches names), one row per module, into
 a PNG or a self-contained HTML file. An exact array's name draws that array alone (into
 ``NAME.png`` by default, ``/`` as ``_``)."""
@@ -11,7 +12,7 @@ import time
 from typing import Any, Optional, TextIO
 from collections.abc import Sequence
 
-from . import draw, grid, series
+from . import draw, grid, series, triggers
 from .opened import Recording, open_recording
 
 
@@ -61,6 +62,8 @@ def main(path: Any, patterns: Sequence[str], output: Optional[str],
         raise ValueError(f"-o {output!r}: draws into a .png or an .html file")
     rec = open_recording(path)
     info = {r["name"]: r for r in table(rec, out)}
+    for line in triggers.lines(rec):
+        print(line, file=out)
     if len(patterns) == 1 and patterns[0] in rec.names:
         names = list(patterns)  # an exact name: that array alone, whatever else it prefixes
     else:

@@ -2,6 +2,11 @@
 is ``crates/hostfeed-core/src/record/``, reached through ``hostfeed._receiver``).
 
 - :mod:`.recorder`: :class:`~.recorder.Recorder` itself (open, record, step, flush, close);
+  :mod:`.barrier`: what ``barrier_wait`` and exit do with the open recorders;
+- :mod:`.window`, :mod:`.watch` and :mod:`.triggers`: the flight recorder (the window of
+  the last steps, kept by the Rust core, and the triggers that write it: ``keep=``,
+  ``on_trigger``, ``Recorder.watch`` and ``hostfeed.spike``, the triggers passed between
+  the processes of a distributed run);
 - :mod:`.inputs`: the checks of what ``record`` is given;
 - :mod:`.roles`: what each operand of a record is after transformations, and the kinds
   and metadata names of records; :mod:`.layout`: one record's layout (its roles, lanes

@@ -36,6 +36,7 @@ import os
 import threading
 import uuid
 from typing import Any, Optional
+from collections.abc import Callable
 
 import jax
 
@@ -76,6 +77,7 @@ class Coordinator:
         self._claims: set[str] = set()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._hooks: list[Callable[[], None]] = []
 
     # ---- opening ---------------------------------------------------------------------
 
@@ -169,9 +171,15 @@ class Coordinator:
             out[(name, int(part))] = int(value)
         return out
 
+    def add_commit_hook(self, hook: Callable[[], None]) -> None:
+        """Runs ``hook`` first at every commit (a shared store's triggers, ``triggers.py``)."""
+        self._hooks.append(hook)
+
     def commit(self, native: Any) -> None:
         """Publishes this process's committed rows of every parted array; the leader then
-        announces the rows every part has committed."""
+        announces the rows every part has committed. The commit hooks run first."""
+        for hook in self._hooks:
+            hook()
         with self._lock:
             names = list(native.parted_names())
             local = {name: list(native.parted_rows(name)) for name in names}

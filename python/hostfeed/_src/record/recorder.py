@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import threading
 from typing import Any, Optional
@@ -35,10 +34,12 @@ import jax
 import numpy as np
 
 from ... import _receiver
-from .. import compat, errors, keys, lifecycle, settings
+from .. import compat, keys, lifecycle, settings
 from ..primitives import outside_call_p, outside_call_params
-from . import (coordination, inputs as record_inputs, late, retrace, selection as _selection,
-               step as _step, stores, unflushed as _unflushed)
+from . import (coordination, flight_methods as _flight_methods, inputs as record_inputs,
+               retrace, selection as _selection, step as _step, stores,
+               triggers as _triggers, unflushed as _unflushed, watch as _watch,
+               window as _window)
 from .catalogue import Catalogue
 from .target import Target
 from ..spec import CallbackSpec
@@ -58,7 +59,7 @@ _open: set[Recorder] = set()
 open_lock = threading.Lock()
 
 
-class Recorder:
+class Recorder(_flight_methods.FlightMethods):
     """Records values from inside JAX computations to a Zarr v3 store, written by Rust
     threads at disk speed, with no Python per record.
 
@@ -139,6 +140,17 @@ class Recorder:
       lease: an object store's lock is an object with a lease that the recorder renews
         while it is open; after a crash, the store opens again once ``lease`` seconds have
         passed (default 60).
+      window: keep the rows of the last ``window`` steps of the arrays recorded with
+        ``keep="window"`` in host memory (no disk I/O), and write them to the store when
+        a trigger fires (see docs, "Debugging a run"); at most ``window_bytes`` bytes
+        (default 1 GiB: each row's buffer and 128 bytes; older steps go first, and a step
+        larger than it is refused).
+      after: a trigger at step ``t`` writes steps ``t - window + 1 .. t + after``.
+      on_nonfinite: the first NaN or infinity in any recorded row (raw or summary,
+        windowed or not) fires a trigger naming the value, the array and the step.
+      on_trigger: None (default: each trigger is logged when noticed), ``"raise"`` (the
+        next ``rec.step`` call or ``barrier_wait`` raises :class:`hostfeed.Triggered` once
+        the window is written), or a function called with each trigger's description.
 
     Raises:
       RecordingError: (an ``OSError``) the path cannot be created, or exists, or another
@@ -167,18 +179,12 @@ class Recorder:
                  durable: bool = False, commit_interval: Optional[float] = None,
                  separator: str = "/", coordination_timeout: float = 60.0,
                  storage_options: Optional[Mapping[str, Any]] = None, lease: float = 60.0,
-                 resume_after_step: Optional[int] = None, shard_bytes: Optional[int] = None):
-        if isinstance(coordination_timeout, bool) or not isinstance(
-                coordination_timeout, (int, float)) or not math.isfinite(coordination_timeout) \
-                or coordination_timeout <= 0:
-            raise ValueError(f"hostfeed.Recorder: coordination_timeout must be a positive, "
-                             f"finite number of seconds, got {coordination_timeout!r}")
-        # Checked wherever the store is (it matters only in an object store), so that a
-        # wrong value is not found out only when the same code first writes to one.
-        if isinstance(lease, bool) or not isinstance(lease, (int, float)) \
-                or not math.isfinite(lease) or lease < 0.1:
-            raise ValueError(f"hostfeed.Recorder: lease must be a finite number of seconds, "
-                             f"at least 0.1; got {lease!r}")
+                 resume_after_step: Optional[int] = None, shard_bytes: Optional[int] = None,
+                 window: Optional[int] = None, window_bytes: Optional[int] = None,
+                 after: int = 0, on_nonfinite: bool = False,
+                 on_trigger: _window.OnTrigger = None):
+        record_inputs.check_seconds(coordination_timeout, lease)
+        flight = _window.config(window, window_bytes, after, on_nonfinite, on_trigger)
         # The receiver (and its exit handler, which closes recorders after draining) must
         # exist before any row can be recorded.
         lifecycle.ensure_started()
@@ -188,10 +194,10 @@ class Recorder:
         commit_interval = stores.commit_interval(commit_interval, where)
         coord = coordination.Coordinator(fspath, coordination_timeout)
         options: dict[str, Any] = dict(mode=mode, compression=compression, level=compression_level,
-                       chunk_bytes=chunk_bytes, writers=stores.writers(writers, where.url),
+                       chunk_bytes=chunk_bytes, writers=record_inputs.writers(writers, where.url),
                        durable=durable,
                        commit_interval=commit_interval, separator=separator,
-                       shard_bytes=stores.shard_bytes(shard_bytes, where.url))
+                       shard_bytes=record_inputs.shard_bytes(shard_bytes, where.url))
         if resume_after_step is not None:
             if isinstance(resume_after_step, bool) or not isinstance(
                     resume_after_step, (int, np.integer)):
@@ -215,17 +221,22 @@ class Recorder:
             self._native = _receiver.record.Recorder(fspath, **options, shared=coord.join(),
                                                      leader=False)
         self._coord = coord
+        self._flight = None if flight is None else _window.Flight(
+            self._native, flight, fspath, coord.process, coord.leader, resume_after_step)
+        if self._flight is not None and coord.shared:
+            self._flight.exchange = _triggers.Exchange(self._native, coord)
         coord.start(self._native, commit_interval)
         self._lock = threading.Lock()
         self._targets: dict[tuple[str, str], Target] = {}
+        self._watches: dict[str, _watch.WatchTap] = {}
         #: What the lowering, the records' targets and recorded steps ask of this recorder.
-        self.catalogue = Catalogue(self._native, coord, self._keep_error)
+        self.catalogue = Catalogue(self._native, coord, self._keep_error, self._flight)
         # Errors of rows recorded through Python (eager records), not raised yet.
         self._unseen: list[BaseException] = []
         #: What this recorder's steps (:meth:`step`) hand their records to.
         self.pipeline = _step.Pipeline(self.catalogue)
         # ``record``: the plain record, wrapped to take every=, start=, stop=, reduce=.
-        self._selective = _selection.selective(self._record, self._native.describe_summary)
+        self._selective = _selection.selective(self._record, self._describe_summary)
         self._pid = os.getpid()
         with open_lock:
             _open.add(self)
@@ -246,7 +257,7 @@ class Recorder:
     def record(self, name: str, value: Any, *, step: Any = None, result: Any = None,
                every: Optional[int] = None, start: Optional[int] = None,
                stop: Optional[int] = None, reduce: Any = None, axis: Any = None,
-               cotangents: Optional[bool] = None) -> Any:
+               cotangents: Optional[bool] = None, keep: str = "always") -> Any:
         """Identity on ``value`` that also appends it (or its summary) as one row of array
         ``name``.
 
@@ -277,6 +288,10 @@ class Recorder:
             ``jvp`` the tangent as ``name.tangent``); False records the primal only. None
             (default): the process's autodiff mode (``HOSTFEED_AD_TAPS``, default
             ``transforms``: recorded; ``primals``: not).
+          keep: ``"always"`` (default): every row goes to the store; ``"window"``: the rows
+            of the last steps wait in the recorder's window, in host memory, and go to the
+            store when a trigger fires (``Recorder(..., window=N)``; needs ``step``; not
+            with ``reduce=``: summaries always go to the store). One name, one ``keep``.
 
         Each call that runs appends a row: a name recorded twice in one step (train and
         eval passes) gets two rows with that ``step``, in run order (``name.seq``); give
@@ -302,6 +317,12 @@ class Recorder:
         record_inputs.check_name(name)
         ad_taps = record_inputs.ad_taps_of(cotangents, name)
         retrace.note(self, name, value, step)  # a Python int step retracing the function?
+        if keep != "always" or self._flight is not None:  # (nothing to note otherwise)
+            windowed = _window.check_keep(keep, name, reduce, _window.config_of(self._flight))
+            if windowed and step is None:
+                raise ValueError(f"hostfeed: Recorder.record({name!r}, keep=\"window\") "
+                                 f"keeps the rows of the last steps: pass step=...")
+            self.catalogue.keep(name, windowed)
         return self._selective(name, value, step=step, result=result, every=every,
                                start=start, stop=stop, reduce=reduce, axis=axis,
                                ad_taps=ad_taps)
@@ -346,6 +367,9 @@ class Recorder:
                             else jax.numpy.asarray(r) for r in flat_results]
         outs = outside_call_p.bind(*operands, *flat_results,
                                    **outside_call_params(spec, len(operands)))
+        watching = self._watches.get(name)
+        if watching is not None:  # after the record: its row reaches the recorder first
+            _watch.watched(watching, outs[0], None if step is None else outs[1])
         if result_treedef is not None:
             return result_treedef.unflatten(
                 keys.rewrap_keys(outs[len(operands):], result_keys))
@@ -430,6 +454,8 @@ class Recorder:
                 f"{self.path} still being written")
         self._coord.commit(self._native)
         _unflushed.mark_flushed(self)
+        if self._flight is not None and self._flight.fired():
+            self._flight.notice()
         self._raise_unseen()
         if failed_run is not None:
             raise failed_run
@@ -451,7 +477,7 @@ class Recorder:
                 _open.discard(self)
             self._close_native()
         self._raise_unseen()
-        failed = _run_close_hooks(self)
+        failed = run_close_hooks(self)
         if failed is not None:
             raise failed
 
@@ -462,12 +488,15 @@ class Recorder:
             self._coord.close(self._native)
         finally:
             self._coord.stop()
+            if self._flight is not None:
+                self._flight.close()
             self._native.close()
 
     def stats(self) -> dict[str, int]:
         """Counters: rows received, bytes and chunks written, spills (partial chunks written
-        early to free the queue), commits, rows dropped."""
-        return dict(self._native.stats())
+        early to free the queue), commits, rows dropped; with a window, its bytes and steps
+        held (``window_bytes_held``, ``window_steps_held``)."""
+        return {**self._native.stats(), **(self._flight.held() if self._flight else {})}
 
     def __enter__(self) -> Recorder:
         return self
@@ -507,6 +536,10 @@ class Recorder:
         """Names the axes of array ``name``'s rows (``hostfeed.axes`` in its attributes)."""
         self._native.describe_axes(name, json.dumps(axes))
 
+    def _describe_summary(self, name: str, description: str) -> None:
+        self._native.describe_summary(name, description)
+        self.catalogue.counting(name, _window.counting_columns(json.loads(description)))
+
     def _target(self, name: str, kind: str) -> Target:
         with self._lock:
             t = self._targets.get((name, kind))
@@ -518,32 +551,6 @@ class Recorder:
 # ---- barrier and exit --------------------------------------------------------------------
 
 
-def _flush_open() -> Optional[BaseException]:
-    """After a barrier: writes what every open recorder received; returns the first error
-    (rows that reached a closed recorder come last)."""
-    if not _open:  # no recorder open: nothing to write (checked without the lock)
-        return None if errors.pending() else late.raised()
-    with open_lock:
-        recorders = list(_open)
-    first: Optional[BaseException] = None
-    for rec in recorders:  # all first: a step of one recorder may record to another
-        try:
-            rec.pipeline.drain()
-        except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
-            first = first or exc
-    for rec in recorders:
-        try:
-            rec._native.flush(None)
-            rec._coord.commit(rec._native)
-            _unflushed.mark_flushed(rec)
-        except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
-            first = first or exc
-        first = first or rec._take_unseen()
-    if first is None and not errors.pending():  # else kept for a later barrier
-        return late.raised()
-    return first
-
-
 _close_hooks: list[Callable[[Recorder], Optional[BaseException]]] = []
 
 
@@ -553,40 +560,12 @@ def add_close_hook(hook: Callable[[Recorder], Optional[BaseException]]) -> None:
     _close_hooks.append(hook)
 
 
-def _run_close_hooks(rec: Recorder) -> Optional[BaseException]:
+def run_close_hooks(rec: Recorder) -> Optional[BaseException]:
+    """The close hooks run for ``rec``; the first exception one returned."""
     first: Optional[BaseException] = None
     for hook in _close_hooks:
         first = first or hook(rec)
     return first
-
-
-def _close_open() -> None:
-    """At exit, after the receiver drained: closes every open recorder."""
-    with open_lock:
-        recorders = list(_open)
-        _open.clear()
-    for rec in recorders:  # all first: a step of one recorder may record to another
-        try:
-            rec.pipeline.drain()
-        except Exception as exc:  # noqa: BLE001 - logged; the recorders still close
-            logger.error("hostfeed: closing %r at exit: %s", rec, exc)
-    for rec in recorders:
-        try:
-            rec._close_native()
-        except Exception as exc:  # noqa: BLE001 - logged; the other recorders still close
-            logger.error("hostfeed: closing %r at exit: %s", rec, exc)
-        failed = _run_close_hooks(rec)
-        if failed is not None:
-            logger.error("hostfeed: closing %r at exit: %s", rec, failed)
-    late.report_at_exit()
-
-
-def _after_fork_in_child() -> None:
-    """A forked child starts with no open recorder: the parent's are closed here (the
-    native side already counts them as closed, without touching their stores)."""
-    global open_lock  # noqa: PLW0603 - a thread of the parent may have held it at the fork
-    open_lock = threading.Lock()
-    _open.clear()
 
 
 # A Recorder is static: a pytree with no leaves, itself the node's data (compared and
@@ -594,6 +573,5 @@ def _after_fork_in_child() -> None:
 # Equinox module or part of any pytree, and a new recorder retraces.
 jax.tree_util.register_pytree_node(Recorder, lambda rec: ((), rec), lambda rec, _: rec)
 
-lifecycle.add_barrier_hook(_flush_open)
-lifecycle.add_exit_hook(_close_open)
-lifecycle.add_fork_hook(_after_fork_in_child)
+# (The barrier, exit and fork hooks, which flush, close and forget the open recorders,
+# are ``barrier.py``'s.)

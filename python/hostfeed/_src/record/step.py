@@ -116,6 +116,9 @@ class RecordedStep:
             # dispatch to hang the records on, so they stay in that computation.
             return self.fn(*args, **kwargs)
         self._check_open()
+        flight = self.recorder._flight
+        if flight is not None and flight.raises:  # on_trigger="raise": stop at a trigger
+            flight.before_step(self.recorder)
         if not self._platform:
             self._platform = _platform_of(args, kwargs)
         if not self.takes_outputs():

@@ -12,8 +12,6 @@ import os
 import re
 import urllib.parse
 import urllib.request
-
-import numpy as np
 from typing import Any, NamedTuple, Optional
 from collections.abc import Mapping
 
@@ -231,31 +229,3 @@ def commit_interval(value: Optional[float], where: Location) -> float:
                          f"{FILE_COMMIT_INTERVAL:g} on a file system, "
                          f"{OBJECT_COMMIT_INTERVAL:g} in an object store), got {value!r}")
     return float(value)
-
-
-#: Shards of an object store's arrays unless ``shard_bytes`` says otherwise.
-DEFAULT_OBJECT_SHARD_BYTES = 256 << 20
-#: Writer threads of a recorder in an object store, unless told otherwise.
-OBJECT_STORE_WRITERS = 4
-
-
-def shard_bytes(shard_bytes: Optional[int], url: bool) -> Optional[int]:
-    """What the native recorder takes: shard size, or None for a chunk per object."""
-    if shard_bytes is None:
-        return DEFAULT_OBJECT_SHARD_BYTES if url else None
-    if isinstance(shard_bytes, bool) or not isinstance(shard_bytes, (int, np.integer)) \
-            or shard_bytes < 0:
-        raise ValueError(f"hostfeed.Recorder: shard_bytes must be a number of bytes (0: no "
-                         f"shards), got {shard_bytes!r}")
-    return int(shard_bytes) or None
-
-
-def writers(writers: Optional[int], url: bool) -> int:
-    """Writer threads: as given, else 4 for an object store (they wait on the network) and
-    2 for a file system."""
-    if writers is None:
-        return OBJECT_STORE_WRITERS if url else 2
-    if isinstance(writers, bool) or not isinstance(writers, (int, np.integer)) or writers < 1:
-        raise ValueError(f"hostfeed.Recorder: writers must be a positive number of threads, "
-                         f"got {writers!r}")
-    return int(writers)

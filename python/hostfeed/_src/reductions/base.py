@@ -146,6 +146,14 @@ class Reduction(abc.ABC):
         return [str(i) for i in range(columns)]
 
     @classmethod
+    def nonfinite_columns(cls, attrs: dict[str, Any]) -> list[int]:
+        """The columns of a row (its last axis, as ``attrs``, the array's
+        ``hostfeed.reduce``, describes it) that count the non-finite values summarized: a
+        non-zero count fires a recorder's non-finite trigger. None listed (the default): every
+        value of the row is searched for a non-finite one instead."""
+        return []
+
+    @classmethod
     def plot_title(cls, attrs: dict[str, Any]) -> str:
         """What a panel of ``show`` says it draws."""
         return cls.kind

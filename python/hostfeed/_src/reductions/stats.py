@@ -189,6 +189,12 @@ class Stats(Reduction):
         dtype = attrs.get("dtype")
         return f"stats vs {dtype}" if dtype else "stats"
 
+    @classmethod
+    def nonfinite_columns(cls, attrs: dict[str, Any]) -> list[int]:
+        # By name: the columns stay whichever others a row has.
+        names = list(attrs.get("columns") or ())
+        return [names.index(c) for c in ("nan_count", "inf_count") if c in names]
+
     def __repr__(self) -> str:
         return '"stats"' if self.cast is None else f"hostfeed.Stats(dtype={self.cast.name})"
 

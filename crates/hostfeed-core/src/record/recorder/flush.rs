@@ -16,6 +16,9 @@ impl Recorder {
     /// Starts a flush: every row received so far goes to the writers. Returns the rows each
     /// array must have written for the flush to be complete.
     pub fn flush_begin(&self) -> Vec<(Arc<ArrayHandle>, u64)> {
+        if let Some(w) = self.window.get() {
+            w.flush_begins();
+        }
         self.begin_writes(self.catalogue.all(), |_| true)
     }
 
@@ -88,8 +91,15 @@ impl Recorder {
     /// # Errors
     /// The first write error since the last flush.
     pub fn flush_end(&self) -> Result<(), RecordError> {
-        self.committer.commit_all(&*self.store, &self.catalogue, &self.failures);
-        self.failures.take(&self.catalogue)
+        self.commit_all();
+        let result = self.failures.take(&self.catalogue);
+        if let Some(w) = self.window.get() {
+            // The triggers closed when the flush began have every row written, unless a
+            // write failed: their entries say so in the document.
+            w.flush_ends(result.is_ok());
+            self.commit_all();
+        }
+        result
     }
 
     #[cfg(test)]
@@ -118,6 +128,9 @@ impl Recorder {
         }
         if self.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
+        }
+        if let Some(w) = self.window.get() {
+            w.closing();
         }
         let targets = self.flush_begin();
         while !self.flush_wait(&targets, Duration::from_secs(3600)) {}
@@ -176,9 +189,13 @@ impl Recorder {
             }
         }
         let written = self.committer.take_written();
-        for a in &written {
-            self.committer.commit(&*self.store, &self.catalogue, &self.failures, a);
-        }
+        // With a window, the triggers' document first, under its lock (`with_triggers`):
+        // no row routed for a trigger is announced before the trigger is listed.
+        self.with_triggers(|| {
+            for a in &written {
+                self.committer.commit(&*self.store, &self.catalogue, &self.failures, a);
+            }
+        });
         if !written.is_empty() && !self.shared {
             self.announce_parted();
         }
