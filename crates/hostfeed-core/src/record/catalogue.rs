@@ -113,7 +113,17 @@ impl Catalogue {
     /// Rows received by array `name` (those it held when resumed included), the most of
     /// its parts' for a parted array; `None` if no array has that name.
     pub(crate) fn rows_received_by(&self, name: &str) -> Option<u64> {
-        read_lock(&self.arrays).iter().filter(|a| a.name == name).map(|a| lock(&a.state).received).max()
+        self.rows_received_and(name, |_| 0)
+    }
+
+    /// [`rows_received_by`](Self::rows_received_by), each array (part) counting `more`
+    /// of its id besides (rows a window took in its place).
+    pub(crate) fn rows_received_and(&self, name: &str, more: impl Fn(ArrayId) -> u64) -> Option<u64> {
+        read_lock(&self.arrays)
+            .iter()
+            .filter(|a| a.name == name)
+            .map(|a| lock(&a.state).received + more(a.id))
+            .max()
     }
 
     /// Declares array `name` with rows of `row_shape` and `dtype`: checks the name against

@@ -226,11 +226,14 @@ impl Recorder {
         }
     }
 
-    /// Rows array `name` received (those it held when resumed included); `None` if no
-    /// array has that name.
+    /// Rows array `name` received (those it held when resumed included; a windowed
+    /// array's, those its window took); `None` if no array has that name.
     #[must_use]
     pub fn rows_received(&self, name: &str) -> Option<u64> {
-        self.catalogue.rows_received_by(name)
+        match self.window.get() {
+            Some(w) => self.catalogue.rows_received_and(name, |id| w.rows_taken(id)),
+            None => self.catalogue.rows_received_by(name),
+        }
     }
 
     /// Counters.

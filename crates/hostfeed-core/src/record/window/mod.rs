@@ -126,6 +126,8 @@ struct State {
     dirty: bool,
     /// Triggers closed when the current flush began (marked written when it ends).
     flushing: Vec<usize>,
+    /// Windowed rows taken so far, by array id (kept or routed; for `rows_kept`).
+    taken: Vec<u64>,
 }
 
 /// What the store's root document starts from.
@@ -233,6 +235,13 @@ impl Window {
         Ok(())
     }
 
+    /// The windowed rows of array `id` the window took so far (kept, routed to the store
+    /// for a trigger, or since left for newer steps): what it received, for those who ask
+    /// whether a windowed array received rows (a capture's watch).
+    pub(crate) fn rows_taken(&self, id: ArrayId) -> u64 {
+        lock(&self.state).taken.get(id).copied().unwrap_or(0)
+    }
+
     fn traits(&self, id: ArrayId) -> Traits {
         read_lock(&self.traits).get(id).cloned().unwrap_or_default()
     }
@@ -260,6 +269,10 @@ impl Window {
         // Made the window's own before its lock is taken (a copy, for some rows).
         let (row, cost) = own(row)?;
         let mut st = lock(&self.state);
+        if st.taken.len() <= a.id {
+            st.taken.resize(a.id + 1, 0);
+        }
+        st.taken[a.id] += 1;
         if st.newest.is_none_or(|n| step > n) {
             st.newest = Some(step);
             let mut closed_any = false;
