@@ -7,7 +7,7 @@
 //!
 //! Rows reach the window where every row reaches its recorder (`Recorder::route_row`, on
 //! the consumer thread for rows routed from messages, on the caller's for rows given by
-//! Python): a windowed row is kept in the [`Ring`](ring::Ring) under the window's lock,
+//! Python): a windowed row is kept in the [`Ring`] under the window's lock,
 //! with no I/O. A row whose message buffer holds it alone (a record of one value, no
 //! lanes) is kept in that buffer, whose charge against the receiver queue's bound is
 //! released (the window has its own bound, `bytes`): no copy, and the device's copy into
