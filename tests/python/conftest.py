@@ -385,10 +385,10 @@ def default_tap_mode():
 
 @pytest.fixture(autouse=True)
 def _receiver_clean_after_test():
-    from hostfeed._src.record import recorder as recording
+    from hostfeed._src.record import lifetime as recording
 
     with recording.open_lock:
-        before = set(recording._open)
+        before = set(recording.open_recorders)
     yield
     try:
         # Raises (and so fails the test's teardown) if a callback exception went unreported.
@@ -399,7 +399,7 @@ def _receiver_clean_after_test():
         # its lease on a store this test's server may no longer serve), and every later
         # test's barrier would report its errors.
         with recording.open_lock:
-            left = [rec for rec in recording._open if rec not in before]
+            left = [rec for rec in recording.open_recorders if rec not in before]
         for rec in left:
             with contextlib.suppress(Exception):
                 rec.close()
