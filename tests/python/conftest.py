@@ -73,6 +73,7 @@ HOST_SIDE: dict[str, object] = {
     "test_reading_back.py": ALL,
     "test_look_at_a_run.py": ALL,  # show and the TensorBoard export: stores written eagerly
     "test_live_view.py": ALL,  # the recorder's live cycles, read by follow and TensorBoard
+    "test_a_reduction_of_ones_own.py": ALL,  # the reductions' seam, read back: stores eager
     # The casts' thresholds (ml_dtypes), refusals at the call, reading, drawing and exporting
     # statistics (stores written eagerly); not the rows' values on each path (JAX-facing).
     "test_stats.py": frozenset({
