@@ -135,6 +135,7 @@ HOST_SIDE: dict[str, object] = {
         "test_a_bad_value_fails_the_import_naming_the_variable",
         "test_empty_values_are_unset_and_words_ignore_case",
         "test_recorder_refuses_a_coordination_timeout_that_is_not_positive",
+        "test_recorder_arguments_are_refused_at_the_call_before_anything_is_written",
         "test_bench_checks_its_output_paths_before_the_run",
         "test_a_misspelt_keyword_is_named",
         "test_read_recording_names_the_store_and_the_nearest_names",
