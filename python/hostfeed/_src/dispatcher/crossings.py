@@ -15,36 +15,37 @@ messages wait.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any
 
 import jax
 
 from ... import _receiver
-from ..._receiver.messages import FLAG_SYNC_TAP
+from ..._receiver.messages import FLAG_SYNC_TAP, Message
 from ..consumers import ConsumerKind
-from .holding import Held, joined_key
-
-if TYPE_CHECKING:
-    from .delivery import Dispatcher
+from .holding import Held, Holding, joined_key
 
 __all__ = ["Crossings"]
 
 logger = logging.getLogger("hostfeed")
 
 
-def _held(d: Dispatcher, ordinal: int) -> Held:
-    """What holds device ``ordinal`` (held: a circle is made of held devices)."""
-    h = d.held.get(ordinal)
-    assert h is not None
-    return h  # type: ignore[no-any-return]
-
-
 class Crossings:
-    """Finds circles of held devices and runs a message out of its order to break each
-    (see the module's documentation)."""
+    """Finds circles of the devices ``holding`` holds and runs a message out of its order
+    to break each (see the module's documentation), through ``deliver`` (which runs a
+    message and releases the set it completes); ``consumers``: the consumer table."""
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
-        self.d = dispatcher
+    def __init__(self, holding: Holding, consumers: Any,
+                 deliver: Callable[[Message], None]) -> None:
+        self.holding = holding
+        self.consumers = consumers
+        self.deliver = deliver
+
+    def _held(self, ordinal: int) -> Held:
+        """What holds device ``ordinal`` (held: a circle is made of held devices)."""
+        h = self.holding.held.get(ordinal)
+        assert h is not None
+        return h  # type: ignore[no-any-return]
 
     def resolve(self) -> None:
         """Runs messages out of their device's order while held devices wait for each
@@ -60,19 +61,18 @@ class Crossings:
           before its own set completes (on CPU its later executions, the other part's
           among them, wait behind the call).
         """
-        d = self.d
         while True:
             edge = self._find()
             if edge is None:
                 return
             waiter, holder = edge
-            key = _held(d, waiter).key
-            h = _held(d, holder)
+            key = self._held(waiter).key
+            h = self._held(holder)
             if key not in h.parts:  # the holder waits for a message it holds back
                 self._run_through_blocker(holder, h, "whose other devices wait in turn for it")
                 continue
             for i, entry in enumerate(h.waiting):
-                if joined_key(d.consumers, entry[0]) == key:
+                if joined_key(self.consumers, entry[0]) == key:
                     del h.waiting[i]
                     break
             else:  # the count said it was there
@@ -81,11 +81,11 @@ class Crossings:
             if not h.parts[key]:
                 del h.parts[key]
             msg = entry[0]
-            c = d.consumers.get(msg.consumer_id)
+            c = self.consumers.get(msg.consumer_id)
             logger.warning("hostfeed: device %s ran two multi-device executions in another "
                            "order than its peers; its part of %s runs out of its order",
                            holder, getattr(c, "name", msg.consumer_id))
-            d.holding.run_held(entry, d.deliver_and_release)
+            self.holding.run_held(entry, self.deliver)
 
     def blocker(self, h: Held) -> int | None:
         """The position among ``h.waiting`` of the first message its device waits for (its
@@ -94,7 +94,7 @@ class Crossings:
         for i, (msg, _) in enumerate(h.waiting):
             reply = msg.reply
             if reply is not None and reply.pending:
-                return None if joined_key(self.d.consumers, msg) is not None else i
+                return None if joined_key(self.consumers, msg) is not None else i
         return None
 
     def _run_through_blocker(self, ordinal: int, h: Held, why: str) -> None:
@@ -103,11 +103,10 @@ class Crossings:
         completes: the device goes on and sends the parts the other held devices wait for.
         The device stays held on its set. Where that message is a synchronous tap, only
         its reply is sent: the device goes on and nothing runs out of its order."""
-        d = self.d
         stop = self.blocker(h)
         assert stop is not None  # (what made it a holder)
         blocker = h.waiting[stop][0]
-        c = d.consumers.get(blocker.consumer_id)
+        c = self.consumers.get(blocker.consumer_id)
         if blocker.flags & FLAG_SYNC_TAP and getattr(c, "kind", None) is ConsumerKind.TAP:
             # A synchronous tap needs no result: its device goes on now, and the tap (with
             # everything held back) still runs in the device's order.
@@ -124,12 +123,12 @@ class Crossings:
                        getattr(c, "name", blocker.consumer_id), why)
         for _ in range(stop + 1):
             entry = h.waiting.popleft()
-            key = joined_key(d.consumers, entry[0])
+            key = joined_key(self.consumers, entry[0])
             if key is not None:
                 h.parts[key] -= 1
                 if not h.parts[key]:
                     del h.parts[key]
-            d.holding.run_held(entry, d.deliver_and_release)
+            self.holding.run_held(entry, self.deliver)
 
     def unstall(self, expected: int) -> None:
         """(A check of the stall watch, in queue order, once it saw the whole process wait:
@@ -142,7 +141,7 @@ class Crossings:
         if (_receiver.host.stats()["messages_enqueued"] != expected
                 or jax.process_count() > 1):
             return
-        cpu = [(o, h) for o, h in self.d.held.items() if o >= 0]
+        cpu = [(o, h) for o, h in self.holding.held.items() if o >= 0]
         for ordinal, h in cpu:
             if self.blocker(h) is not None:
                 self._run_through_blocker(
@@ -168,7 +167,7 @@ class Crossings:
         """An edge (waiter, holder) of a circle of held devices, where ``holder`` holds
         back a part of the set ``waiter`` is held on, or has sent no part of that set and
         holds back a message it waits for (:meth:`blocker`); None if there is no circle."""
-        held = self.d.held.items()
+        held = self.holding.held.items()
         if len(held) < 2:
             return None
         holders: dict[tuple[int, int], list[int]] = {}

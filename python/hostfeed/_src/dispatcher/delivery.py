@@ -19,7 +19,7 @@ from ..errors import record_exception
 from ..stall_watch import StallWatch
 from .crossings import Crossings
 from .failures import UNKNOWN_RUN, Failures
-from .holding import Holding
+from .holding import Holding, joined_key
 
 __all__ = ["Dispatcher", "UNKNOWN_RUN", "run_sync_tap"]
 
@@ -45,10 +45,9 @@ class Dispatcher:
         #: The devices held and the orphans, shared with the receiver (``Holds``).
         self.held = Holds()
         self.consumers = registry.consumers if consumers is None else consumers
-        self.owner = 0  # thread id of the consumer running the dispatcher
-        self.holding = Holding(self, charge)
-        self.crossings = Crossings(self)
-        self.failures = Failures(self)
+        self.holding = Holding(self.held, self.offer, charge)
+        self.crossings = Crossings(self.holding, self.consumers, self.deliver_and_release)
+        self.failures = Failures(self.holding)
         # The receiver's: runs a held call out of order when everything stalls behind it.
         self.stall = (StallWatch(lambda: bool(self.held), self.crossings.unstall) if watch
                       else None)
@@ -57,7 +56,7 @@ class Dispatcher:
         """Runs ``msg`` (after the messages an abandoned consumer left, if any); while
         ``jax.profiler`` traces, inside a trace event named after its callback (``hostfeed
         tap: NAME``, ``hostfeed call: NAME``), so a trace shows when each callback ran."""
-        self.owner = threading.get_ident()
+        self.holding.owner = threading.get_ident()
         for ordinal in self.held.orphaned():
             self.holding.run_orphans(ordinal)
         if compat.host_tracing():
@@ -117,7 +116,13 @@ class Dispatcher:
                 self.holding.run_orphans(msg.device)
             h = held.get(msg.device)
             if h is not None:
-                self.holding.hold_back(h, msg)
+                key = joined_key(self.consumers, msg)
+                self.holding.hold_back(h, msg, key)
+                if key is not None or msg.reply is not None:
+                    # A joined part, or a message its device waits for: maybe a circle.
+                    self.crossings.resolve()
+                    if key is None and self.stall is not None:
+                        self.stall.note()
                 return
         self.deliver_and_release(msg)
 

@@ -29,13 +29,11 @@ from __future__ import annotations
 
 import collections
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..consumers import registry
 from ..errors import record_exception
-
-if TYPE_CHECKING:
-    from .delivery import Dispatcher
+from .holding import Holding
 
 __all__ = ["Failures"]
 
@@ -47,10 +45,11 @@ UNKNOWN_RUN = 0
 
 class Failures:
     """The runs that failed (bounded: the newest 1024, each with the barrier epoch in
-    which it failed) and the newest barrier mark run (``epoch``)."""
+    which it failed) and the newest barrier mark run (``epoch``); the sets they leave
+    incomplete are dropped and their devices released by ``holding``."""
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
-        self.d = dispatcher
+    def __init__(self, holding: Holding) -> None:
+        self.holding = holding
         self.epoch = 0
         self.failed_runs: collections.OrderedDict[int, int] = collections.OrderedDict()
 
@@ -81,7 +80,7 @@ class Failures:
         """Execution ``run`` failed on some device: drops its incomplete sets (that device
         sends no more parts) and does not wait for its later ones."""
         self._forget_run(run)
-        for _, h in self.d.held.items():
+        for _, h in self.holding.held.items():
             if h.run == run:
                 self.abandon(h.joiner, run, why)
 
@@ -104,7 +103,7 @@ class Failures:
         for everything dispatched before its mark; or at exit, ``None``): drops the sets
         held since before mark ``epoch`` (``None``: every set), whose executions finished
         without sending every part."""
-        held = self.d.held
+        held = self.holding.held
         while True:
             stale = [(o, h) for o, h in held.items() if epoch is None or h.epoch < epoch]
             if not stale:
@@ -114,7 +113,7 @@ class Failures:
                 self._forget_run(h.run)
             self.abandon(h.joiner, h.run, "its execution finished without sending it")
             if held.get(ordinal) is h:  # its part was not among the set's (never so)
-                self.d.holding.release(None, [ordinal])
+                self.holding.release(None, [ordinal])
         # The executions that failed before the mark have sent every part by now.
         at = self.failed_runs.get(UNKNOWN_RUN)
         if at is not None and (epoch is None or at < epoch):
@@ -127,4 +126,4 @@ class Failures:
                                       f"arrived ({why}); the call was failed")
         logger.warning("hostfeed: dropped an incomplete global-view host callback of "
                        "execution %s (%s)", run, why)
-        self.d.holding.release((id(joiner), run), dropped)
+        self.holding.release((id(joiner), run), dropped)

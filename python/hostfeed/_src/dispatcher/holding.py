@@ -8,14 +8,12 @@ import collections
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from ... import _receiver
+from ..._receiver.batch import Holds
 from ..._receiver.messages import FLAG_EAGER, Message
 from ..consumers import ConsumerKind
-
-if TYPE_CHECKING:
-    from .delivery import Dispatcher
 
 __all__ = ["Held", "Holding", "joined_key"]
 
@@ -50,59 +48,56 @@ class Held(NamedTuple):
 
 
 class Holding:
-    """Holds devices on their joined sets and releases them in order (see the package's
-    documentation); ``charge``: whether held-back messages are charged against the
-    receiver's bound, and ``charged`` how many bytes are."""
+    """Holds devices on their joined sets (in ``held``, the ``Holds`` the receiver shares)
+    and releases them in order, each released message offered again (``offer``: it may
+    be held again). ``charge``: whether held-back messages are charged against the
+    receiver's bound, and ``charged`` how many bytes are; ``owner``: the thread id of the
+    consumer running the dispatcher (one that no longer owns it leaves what it was
+    releasing to the owner)."""
 
-    def __init__(self, dispatcher: Dispatcher, charge: bool) -> None:
-        self.d = dispatcher
+    def __init__(self, held: Holds, offer: Callable[[Message], None], charge: bool) -> None:
+        self.held = held
+        self.offer = offer
         self.charge = charge
         self.charged = 0
         self.over_cap_warned = False
+        self.owner = 0
 
     def hold(self, ordinal: int, joiner: Any, run: int, epoch: int) -> None:
         """Holds device ``ordinal`` on the set of ``joiner`` and ``run``."""
-        self.d.held.hold(ordinal, Held(joiner, run, collections.deque(), epoch,
-                                       collections.Counter()))
+        self.held.hold(ordinal, Held(joiner, run, collections.deque(), epoch,
+                                     collections.Counter()))
 
-    def hold_back(self, h: Held, msg: Message) -> None:
-        """Holds ``msg`` back behind its device's set ``h``; a joined part, or a message
-        its device waits for, may close a circle of held devices."""
-        d = self.d
+    def hold_back(self, h: Held, msg: Message, key: tuple[int, int] | None) -> None:
+        """Holds ``msg`` back behind its device's set ``h`` (``key``: the joined set it
+        is a part of, if it is one)."""
         h.waiting.append((msg, self._charge(msg)))
-        key = joined_key(d.consumers, msg)
         if key is not None:
             h.parts[key] += 1
-            d.crossings.resolve()
-        elif msg.reply is not None:  # its device now waits for it: maybe a circle
-            d.crossings.resolve()
-            if d.stall is not None:
-                d.stall.note()
 
     def release(self, key: tuple[int, int] | None, ordinals: Sequence[int]) -> None:
         """Runs the messages held back for those of ``ordinals`` held on set ``key``
         (joiner, run; None: whatever holds them), in each device's order (a device that
         sends another incomplete part on the way is held again). A device held on another
         set sent its part of this one out of its order (a crossing) and stays held."""
-        d = self.d
         me = threading.get_ident()
         for ordinal in ordinals:
-            h = d.held.get(ordinal)
+            h = self.held.get(ordinal)
             if h is None or (key is not None and h.key != key):
                 continue
-            d.held.release(ordinal)
+            self.held.release(ordinal)
             waiting = h.waiting
             while waiting:
-                if d.owner != me:  # abandoned meanwhile: leave the rest to the owner
+                if self.owner != me:  # abandoned meanwhile: leave the rest to the owner
                     while waiting:  # (still held back: barriers wait until they ran)
-                        d.held.leave(ordinal, waiting.popleft())
+                        self.held.leave(ordinal, waiting.popleft())
                     break
-                self.run_held(waiting.popleft(), d.offer)
+                self.run_held(waiting.popleft(), self.offer)
 
     def run_orphans(self, ordinal: int) -> None:
         """Runs the messages an abandoned consumer left for device ``ordinal``."""
-        for entry in self.d.held.take_orphans(ordinal):
-            self.run_held(entry, self.d.offer)
+        for entry in self.held.take_orphans(ordinal):
+            self.run_held(entry, self.offer)
 
     def run_held(self, entry: tuple[Message, int], run: Callable[[Message], None]) -> None:
         """Runs a message that was held back (``run(msg)``: offered again, which may hold
