@@ -115,7 +115,7 @@ try:
                           'senders': sorted(h.joiner.senders(h.run, o)),
                           'waiting': [desc(m) for m, _ in h.waiting]}}
                  for o, h in d.held.items()}},
-        'orphans': {{str(o): [desc(m) for m, _ in w] for o, w in d.orphans.items()}},
+        'orphans': d.held.orphaned(),
         'incomplete': {{c.name: {{str(r): [sorted(p.ordinal for p in parts.values())
                                           for parts in sets.values()]
                                  for r, sets in c.invoke._runs.items()}}

@@ -73,6 +73,7 @@ HOST_SIDE: dict[str, object] = {
     "test_reading_back.py": ALL,
     "test_look_at_a_run.py": ALL,  # show and the TensorBoard export: stores written eagerly
     "test_live_view.py": ALL,  # the recorder's live cycles, read by follow and TensorBoard
+    "test_a_reduction_of_ones_own.py": ALL,  # the reductions' seam, read back: stores eager
     # The casts' thresholds (ml_dtypes), refusals at the call, reading, drawing and exporting
     # statistics (stores written eagerly); not the rows' values on each path (JAX-facing).
     "test_stats.py": frozenset({
@@ -134,6 +135,7 @@ HOST_SIDE: dict[str, object] = {
         "test_a_bad_value_fails_the_import_naming_the_variable",
         "test_empty_values_are_unset_and_words_ignore_case",
         "test_recorder_refuses_a_coordination_timeout_that_is_not_positive",
+        "test_recorder_arguments_are_refused_at_the_call_before_anything_is_written",
         "test_bench_checks_its_output_paths_before_the_run",
         "test_a_misspelt_keyword_is_named",
         "test_read_recording_names_the_store_and_the_nearest_names",
@@ -385,10 +387,10 @@ def default_tap_mode():
 
 @pytest.fixture(autouse=True)
 def _receiver_clean_after_test():
-    from hostfeed._src.record import recorder as recording
+    from hostfeed._src.record import lifetime as recording
 
     with recording.open_lock:
-        before = set(recording._open)
+        before = set(recording.open_recorders)
     yield
     try:
         # Raises (and so fails the test's teardown) if a callback exception went unreported.
@@ -399,7 +401,7 @@ def _receiver_clean_after_test():
         # its lease on a store this test's server may no longer serve), and every later
         # test's barrier would report its errors.
         with recording.open_lock:
-            left = [rec for rec in recording._open if rec not in before]
+            left = [rec for rec in recording.open_recorders if rec not in before]
         for rec in left:
             with contextlib.suppress(Exception):
                 rec.close()

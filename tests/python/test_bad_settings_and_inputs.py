@@ -171,6 +171,46 @@ def test_recorder_refuses_a_coordination_timeout_that_is_not_positive(tmp_path, 
     assert not (tmp_path / "r.zarr").exists()
 
 
+#: Each argument of hostfeed.Recorder refused at the call, with what its message names.
+BAD_RECORDER_ARGUMENTS = [
+    (dict(mode="r"), ValueError, r"mode must be \"w-\" .* got 'r'"),
+    (dict(mode=1), ValueError, r"mode must be .* got 1"),
+    (dict(compression="gzip"), ValueError, r"compression must be None or \"zstd\", got 'gzip'"),
+    (dict(compression="zstd", compression_level=30), ValueError,
+     r"compression_level must be an int from -7 to 22 .* got 30"),
+    (dict(compression="zstd", compression_level=1.5), ValueError,
+     r"compression_level must be an int .* got 1.5"),
+    (dict(chunk_bytes=0), ValueError, r"chunk_bytes must be a positive number of bytes, got 0"),
+    (dict(chunk_bytes=-1), ValueError, r"chunk_bytes must be a positive .* got -1"),
+    (dict(chunk_bytes=1.5), ValueError, r"chunk_bytes must be a positive .* got 1.5"),
+    (dict(writers=0), ValueError, r"writers must be a positive number of threads, got 0"),
+    (dict(writers=True), ValueError, r"writers must be a positive .* got True"),
+    (dict(separator=":"), ValueError, r"separator must be \"/\" .* or \"\.\" .* got ':'"),
+    (dict(commit_interval=-1), ValueError, r"commit_interval must be a number of seconds"),
+    (dict(commit_interval=float("nan")), ValueError, r"commit_interval must be a number"),
+    (dict(commit_interval=1e12), ValueError, r"commit_interval must be at most 1e\+09"),
+    (dict(shard_bytes=-1), ValueError, r"shard_bytes must be a number of bytes .* got -1"),
+    (dict(lease=0.01), ValueError, r"lease must be a finite number of seconds, at least 0.1"),
+    (dict(resume_after_step=3), ValueError, r"resume_after_step goes with mode=\"a\""),
+    (dict(mode="a", resume_after_step="3"), TypeError,
+     r"resume_after_step must be an int \(a step\), got '3'"),
+    (dict(coordination_timeout=0), ValueError, r"coordination_timeout must be a positive"),
+    (dict(window=0), ValueError, r"window"),
+]
+
+
+@pytest.mark.parametrize("kwargs,error,message", BAD_RECORDER_ARGUMENTS,
+                         ids=[",".join(k) + f"-{i}" for i, (k, _, _) in
+                              enumerate(BAD_RECORDER_ARGUMENTS)])
+def test_recorder_arguments_are_refused_at_the_call_before_anything_is_written(
+        tmp_path, kwargs, error, message):
+    # Checked once, in Python (the binding takes what was checked): each message starts
+    # with hostfeed.Recorder and names the argument and what it takes.
+    with pytest.raises(error, match=r"^hostfeed\.Recorder: .*" + message):
+        hostfeed.Recorder(tmp_path / "r.zarr", **kwargs)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("flag", ["--json", "--plot"])
 def test_bench_checks_its_output_paths_before_the_run(tmp_path, flag):
     missing = tmp_path / "nowhere" / "out.file"

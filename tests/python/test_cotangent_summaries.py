@@ -202,8 +202,8 @@ def test_show_and_tensorboard_draw_a_cotangents_summary_beside_the_values(tmp_pa
     ct_stats, meta = hostfeed.read_recording(path, "blocks/out.cotangent.stats")
     panel = {p.name: p for p in rows[0]}["blocks/out.cotangent.stats"]
     n = ct_stats.shape[1]  # the panel's further columns (a cast's counts): NaN here
-    np.testing.assert_array_equal(panel.stats[:, :n], ct_stats)
-    assert np.isnan(panel.stats[:, n:]).all()
+    np.testing.assert_array_equal(panel.values[:, :n], ct_stats)
+    assert np.isnan(panel.values[:, n:]).all()
 
     pytest.importorskip("tensorboard")
     ea_mod = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")

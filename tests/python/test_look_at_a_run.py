@@ -76,12 +76,13 @@ def test_the_grid_puts_a_modules_arrays_side_by_side_and_wraps_without_empty_cel
     """The arrays at the top first; then the modules in natural order, each one's arrays
     side by side (a cotangent after its array), as many whole modules a row as fit in 4
     columns, a module of more arrays wrapping onto rows of its own."""
-    from hostfeed._src.readback import series
     from hostfeed._src.readback.grid import Panel, layout
+    from hostfeed._src.reductions import Stats
+    from hostfeed._src.reductions.stats import COLUMNS
 
     def panel(name):
-        return Panel(name, "stats", np.arange(3), np.zeros((3, len(series.COLUMN)),
-                                                            np.float32), None, {}, (0, 0))
+        return Panel(name, Stats, np.arange(3), np.zeros((3, len(COLUMNS)), np.float32), {},
+                     (0, 0))
 
     names = ["blocks.10/out", "blocks.2/out.cotangent", "blocks.2/out", "blocks.10/hist",
              "blocks.10/out.cotangent", "loss", "grad_norm", "blocks.3/out.cotangent.stats",
@@ -101,10 +102,11 @@ def test_a_grid_too_tall_for_one_png_takes_more_columns_and_past_that_is_refused
     columns; 1000 of 3 would need more than sixteen and are refused, saying what to do."""
     from hostfeed._src.readback import draw
     from hostfeed._src.readback.grid import Panel
+    from hostfeed._src.reductions import Stats
 
     def panels(modules, each):
-        return [Panel(f"m.{i}/a{j}", "stats", np.arange(3), np.zeros((3, 9), np.float32),
-                      None, {}, (0, 0)) for i in range(modules) for j in range(each)]
+        return [Panel(f"m.{i}/a{j}", Stats, np.arange(3), np.zeros((3, 9), np.float32), {},
+                      (0, 0)) for i in range(modules) for j in range(each)]
 
     rows = draw._grid(panels(400, 2))
     assert max(len(r) for r in rows) > 4 and len(rows) * draw.PANEL_H < draw.MAX_HEIGHT
@@ -126,13 +128,13 @@ def test_show_reads_each_array_as_its_statistics_and_marks_nan_steps(run):
         assert p.steps.tolist() == list(range(STEPS)), name
         assert p.bad_steps.tolist() == [5], name
         n = len(hostfeed.STATS)  # and no cast's counts: NaN
-        np.testing.assert_allclose(p.stats[:, :n], whole, rtol=2e-6, err_msg=name)
-        assert np.isnan(p.stats[:, n:]).all(), name
+        np.testing.assert_allclose(p.values[:, :n], whole, rtol=2e-6, err_msg=name)
+        assert np.isnan(p.values[:, n:]).all(), name
     assert per_channel.shape == (STEPS, 3, len(hostfeed.STATS))  # axis=1 reduced, 3 rows kept
     hist, hmeta = hostfeed.read_recording(run, "blocks.2/h.hist")
     assert panels["blocks.2/h.hist"].steps.tolist() == hmeta["step"].tolist() == [0, 2, 4, 6,
                                                                                    8, 10]
-    np.testing.assert_array_equal(panels["blocks.2/h.hist"].counts, hist)
+    np.testing.assert_array_equal(panels["blocks.2/h.hist"].values, hist)
     title = grid.header(rec.path, list(panels.values()))
     assert re.fullmatch(rf"{re.escape(rec.path)}: 6 arrays, steps 0\.\.11, written "
                         r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d to [\d:\- ]+ UTC", title), title
@@ -152,8 +154,8 @@ def test_show_reads_large_rows_a_block_at_a_time_and_draws_arrays_without_rows(
     blocked = grid.load(rec, ["blocks.2/h", "blocks.2/h.loghist"])
     # raw rows of 96 bytes: 4 reads of 3; histogram rows of 32 bytes: 9, then 3
     assert sorted(reads) == [3, 3, 3, 3, 3, 9]
-    np.testing.assert_array_equal(blocked[0].stats, whole[0].stats)
-    np.testing.assert_array_equal(blocked[1].counts, whole[1].counts)
+    np.testing.assert_array_equal(blocked[0].values, whole[0].values)
+    np.testing.assert_array_equal(blocked[1].values, whole[1].values)
     # An array without rows (its rows dropped on resuming): drawn as such, exported as
     # nothing.
     empty = str(tmp_path / "empty.zarr")

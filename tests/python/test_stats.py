@@ -278,15 +278,15 @@ def _old_store(path):
 
 
 def test_a_store_with_the_earlier_nine_columns_reads_draws_and_exports(tmp_path):
-    from hostfeed._src.readback import draw, grid, series
+    from hostfeed._src.readback import draw, grid
     path = str(tmp_path / "old.zarr")
     values = _old_store(path)
     rows, _ = hostfeed.read_recording(path, "old")
     assert rows.shape == (4, 3, 9)
     (panel,) = grid.load(hostfeed.open_recording(path), ["old"])
     want = np.float32([stats_of(v) for v in values])
-    np.testing.assert_allclose(panel.stats[:, :9], want[:, :9], rtol=1e-5, atol=1e-6)
-    assert np.isnan(panel.stats[:, 9:]).all()  # not recorded: NaN, never a made-up 0
+    np.testing.assert_allclose(panel.values[:, :9], want[:, :9], rtol=1e-5, atol=1e-6)
+    assert np.isnan(panel.values[:, 9:]).all()  # not recorded: NaN, never a made-up 0
     fig = draw.figure([panel], None, legend=False)
     texts = [t.get_text() for t in fig.axes[0].texts]
     assert any("old  (stats, 4 rows)" in t for t in texts)
@@ -307,8 +307,7 @@ def test_a_store_with_the_earlier_nine_columns_reads_draws_and_exports(tmp_path)
             ValueError, match=r"holds .*inf_count.*, not .*absmin_nonzero.*a name keeps one "
                               r"kind of summary"):
         rec.record("old", values[0], step=4, reduce="stats", axis=1)
-    assert series.stats_columns("stats", {"columns": list(hostfeed.STATS[:9])})[-1] == \
-        "inf_count"
+    assert hostfeed.Stats.held({"columns": list(hostfeed.STATS[:9])})[-1] == "inf_count"
 
 
 def test_show_and_tensorboard_draw_the_new_columns(tmp_path):

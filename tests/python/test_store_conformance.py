@@ -24,6 +24,7 @@ import pytest
 import hostfeed
 from hostfeed import _receiver
 from hostfeed._src.record import stores
+from hostfeed._src.record.options import options
 from helpers.s3_server import serving
 
 _fresh = itertools.count()
@@ -141,7 +142,8 @@ def test_every_message_that_lists_store_schemes_lists_them_all(tmp_path):
         hostfeed.Recorder("ftp://host/r.zarr")
     assert listed in str(e.value)
     for refused in (lambda: _receiver.storage.Storage("ftp://host/r.zarr", url=True),
-                    lambda: _receiver.record.Recorder("ftp://host/r.zarr", url=True)):
+                    lambda: _receiver.record.Recorder("ftp://host/r.zarr", **dict(
+                        options("/tmp/unused.zarr").native(), url=True))):
         with pytest.raises(ValueError) as e:
             refused()
         assert listed in str(e.value), e.value

@@ -1,6 +1,6 @@
 """The structure's rules (.ci/structure_check.py, run by CI): no import circle among the
-Python modules or the Rust files, no overlong Python module or Rust file; and the check finds
-them."""
+Python modules or the Rust files, no overlong Python module, Python class or Rust file; and
+the check finds them."""
 from __future__ import annotations
 
 import importlib.util
@@ -69,3 +69,19 @@ def test_an_overlong_module_or_rust_file_is_found(tmp_path, monkeypatch, capsys)
     assert f"hostfeed/long.py has {check.MAX_PYTHON_LINES + 1} lines" in err
     assert f"crate/src/long.rs has {check.MAX_RUST_LINES + 1} lines" in err
     assert "short.rs" not in err
+
+
+def test_an_overlong_class_is_found_at_any_depth(tmp_path, monkeypatch, capsys):
+    pkg = tmp_path / "hostfeed"
+    body = "    x = 1\n" * check.MAX_CLASS_LINES
+    _write(pkg, {"__init__.py": "",
+                 "short.py": "class Fits:\n" + "    x = 1\n" * (check.MAX_CLASS_LINES - 1),
+                 "long.py": "def make():\n    class Inner:\n" + "    " + body.replace(
+                     "\n", "\n    ").rstrip() + "\n"})
+    monkeypatch.setattr(check, "ROOT", tmp_path)
+    monkeypatch.setattr(check, "PACKAGE", pkg)
+    monkeypatch.setattr(check, "CRATES", [])
+    assert check.main([]) == 1
+    err = capsys.readouterr().err
+    assert f"hostfeed/long.py: class make.Inner has {check.MAX_CLASS_LINES + 1} lines" in err
+    assert "Fits" not in err

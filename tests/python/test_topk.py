@@ -213,7 +213,7 @@ def test_show_draws_the_k_values_per_step(store, tmp_path):
     panels = {p.name: p for p in grid.load(recording, series.select(recording.names, [],
                                                                       store))}
     p = panels["acts/out.topk"]
-    assert (p.kind, p.plot, p.stats) == ("topk", "lines", None)
+    assert (p.kind, p.plot, p.reader) == ("topk", "lines", hostfeed.TopK)
     # Each rank's largest value over the kept positions (the 6 columns), per step.
     want = np.stack([topk_of(x, (0,), 3)[0].max(0) for x in xs])
     np.testing.assert_array_equal(p.values, want)

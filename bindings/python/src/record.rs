@@ -16,7 +16,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::error::IntoPy;
+use crate::error::{IntoPy, ReceiverError};
 use crate::host::{dict_of, duration};
 use hostfeed_core::Codec;
 use hostfeed_core::HostBuffer;
@@ -151,6 +151,11 @@ fn install_tracer() {
     install_write_tracer(Box::new(PyWriteTracer));
 }
 
+/// An option Python's checks should have refused (`record/options.py`): a bug, said so.
+fn internal(what: String) -> PyErr {
+    ReceiverError::new_err(format!("hostfeed internal error: the recorder was given {what}"))
+}
+
 /// A Zarr v3 store that recorded values are written to by Rust threads.
 #[pyclass(frozen, module = "hostfeed._receiver.record", name = "Recorder")]
 pub struct PyRecorder {
@@ -159,89 +164,61 @@ pub struct PyRecorder {
 
 #[pymethods]
 impl PyRecorder {
-    /// Creates the store at `path` and starts its writer threads.
+    /// Creates the store at `path` and starts its writer threads. The options are
+    /// `hostfeed.Recorder`'s, checked by Python (`record/options.py`) and taken as they
+    /// are: `mode` is `"create"`, `"overwrite"` or `"append"`, `zstd_level` None for
+    /// uncompressed chunks, `commit_interval` None for commits at flushes only.
     #[new]
-    #[pyo3(signature = (path, *, mode="w-", compression=None, level=1, chunk_bytes=16 << 20, writers=2,
-                        durable=false, commit_interval=1.0, separator="/", shared=None, leader=true,
-                        url=false, storage_options=None, lease=60.0, resume_after_step=None,
-                        shard_bytes=None))]
+    #[pyo3(signature = (path, *, mode, zstd_level, chunk_bytes, writers, durable, commit_interval,
+                        separator, url, storage_options, lease, resume_after_step, shard_bytes,
+                        shared=None, leader=true))]
     #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)]
     fn new(
         py: Python<'_>,
         path: PathBuf,
         mode: &str,
-        compression: Option<&str>,
-        level: i32,
+        zstd_level: Option<i32>,
         chunk_bytes: usize,
         writers: usize,
         durable: bool,
-        commit_interval: f64,
-        separator: &str,
-        shared: Option<String>,
-        leader: bool,
+        commit_interval: Option<f64>,
+        separator: char,
         url: bool,
-        storage_options: Option<Vec<(String, String)>>,
+        storage_options: Vec<(String, String)>,
         lease: f64,
         resume_after_step: Option<i64>,
         shard_bytes: Option<usize>,
+        shared: Option<String>,
+        leader: bool,
     ) -> PyResult<Self> {
         let mode = match mode {
-            "w-" | "x" => Mode::Create,
-            "w" => Mode::Overwrite,
-            "a" => Mode::Append { resume_after_step },
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "mode must be \"w-\" (create; fail if the path exists), \"w\" (replace an \
-                     earlier recording) or \"a\" (append to one), got {other:?}"
-                )))
-            }
+            "create" => Mode::Create,
+            "overwrite" => Mode::Overwrite,
+            "append" => Mode::Append { resume_after_step },
+            other => return Err(internal(format!("an unknown mode {other:?}"))),
         };
-        if resume_after_step.is_some() && !matches!(mode, Mode::Append { .. }) {
-            return Err(PyValueError::new_err(
-                "resume_after_step goes with mode=\"a\" (it drops rows of the recording appended to)",
-            ));
-        }
-        let codec = match compression {
-            None | Some("none" | "raw") => Codec::Raw,
-            Some("zstd") if (-7..=22).contains(&level) => Codec::Zstd(level),
-            Some("zstd") => {
-                return Err(PyValueError::new_err(format!("zstd level must be in -7..=22, got {level}")))
-            }
-            Some(other) => {
-                return Err(PyValueError::new_err(format!(
-                    "compression must be None or \"zstd\", got {other:?}"
-                )))
-            }
+        let seconds = |what: &str, t: f64| {
+            Duration::try_from_secs_f64(t).map_err(|e| internal(format!("{what} of {t} s: {e}")))
         };
-        let sep = match separator {
-            "/" => '/',
-            "." => '.',
-            other => {
-                return Err(PyValueError::new_err(format!("separator must be \"/\" or \".\", got {other:?}")))
-            }
+        let opts = Options {
+            codec: zstd_level.map_or(Codec::Raw, Codec::Zstd),
+            chunk_bytes,
+            writers,
+            durable,
+            commit_interval: commit_interval.map_or(Ok(Duration::MAX), |t| seconds("commit_interval", t))?,
+            sep: separator,
+            shard_bytes,
+            lease: seconds("lease", lease)?,
         };
-        if writers == 0 || chunk_bytes == 0 || shard_bytes == Some(0) {
-            return Err(PyValueError::new_err("writers, chunk_bytes and shard_bytes must be positive"));
-        }
-        let commit_interval = duration("commit_interval", Some(commit_interval))?.unwrap_or(Duration::MAX);
-        let lease = duration("lease", Some(lease))?.filter(|l| *l >= Duration::from_millis(100)).ok_or_else(
-            || {
-                PyValueError::new_err(format!(
-                    "lease must be a finite number of seconds, at least 0.1; got {lease}"
-                ))
-            },
-        )?;
-        let opts = Options { codec, chunk_bytes, writers, durable, commit_interval, sep, shard_bytes, lease };
         let budget: Arc<dyn Budget> = Arc::new(hub());
         // A URL no back-end serves is refused by the registry (`Storage::open`), its message
         // listing every back-end's schemes.
-        let options = storage_options.unwrap_or_default();
         let run = shared.as_deref().map(|run| (run, leader));
         // No argument may reach the caller as a Rust panic (a `BaseException`): one in a
         // storage client, on input that hostfeed's checks did not foresee, is a ValueError.
         let opened = py.detach(|| {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let storage = Storage::open(&path, url, &options)?;
+                let storage = Storage::open(&path, url, &storage_options)?;
                 Recorder::open(&storage, mode, opts, budget, run)
             }))
         });

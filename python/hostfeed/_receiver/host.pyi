@@ -38,7 +38,8 @@ def start(
     trace_me: Any,
     max_queue_bytes: int | None = None,
 ) -> bool:
-    """Configures and starts the receiver: ``dispatcher.dispatch(batch)`` runs each batch;
+    """Configures and starts the receiver: the consumer thread runs each batch's plain
+    taps and calls itself and ``dispatcher.dispatch(message)`` with every other message;
     ``trace_me`` is ``jax.profiler``'s ``TraceMe`` (the recorders' writes and inline calls
     ask ``trace_me.is_enabled()``); returns whether a consumer thread was started."""
 

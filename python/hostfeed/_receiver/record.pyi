@@ -19,28 +19,30 @@ class Recorder:
         cls,
         path: str | PathLike[str],
         *,
-        mode: str = "w-",
-        compression: str | None = None,
-        level: int = 1,
-        chunk_bytes: int = ...,
-        writers: int = 2,
-        durable: bool = False,
-        commit_interval: float = 1.0,
-        separator: str = "/",
+        mode: str,
+        zstd_level: int | None,
+        chunk_bytes: int,
+        writers: int,
+        durable: bool,
+        commit_interval: float | None,
+        separator: str,
+        url: bool,
+        storage_options: list[tuple[str, str]],
+        lease: float,
+        resume_after_step: int | None,
+        shard_bytes: int | None,
         shared: str | None = None,
         leader: bool = True,
-        url: bool = False,
-        storage_options: list[tuple[str, str]] | None = None,
-        lease: float = 60.0,
-        resume_after_step: int | None = None,
-        shard_bytes: int | None = None,
     ) -> Recorder:
-        """Creates the store at ``path`` and starts its writer threads. ``shared``: the
-        run id of a store shared by the processes of a jax.distributed run (the leader
-        prepares it; members join). ``url``: ``path`` is the URL of an object store
-        (``s3://``, ``gs://``, ``az://``), opened with ``storage_options`` (the
-        object_store crate's config keys) over the provider's environment variables; its
-        lock's ``lease`` (seconds) is renewed while the recorder is open."""
+        """Creates the store at ``path`` and starts its writer threads, with
+        ``hostfeed.Recorder``'s options as Python checked them (``Options.native()``:
+        ``mode`` ``"create"``, ``"overwrite"`` or ``"append"``; ``zstd_level`` None for
+        uncompressed chunks; ``commit_interval`` None for commits at flushes only).
+        ``shared``: the run id of a store shared by the processes of a jax.distributed
+        run (the leader prepares it; members join). ``url``: ``path`` is the URL of an
+        object store (``s3://``, ``gs://``, ``az://``), opened with ``storage_options``
+        (the object_store crate's config keys) over the provider's environment
+        variables; its lock's ``lease`` (seconds) is renewed while the recorder is open."""
 
     @property
     def path(self) -> str:

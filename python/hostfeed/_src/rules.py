@@ -14,7 +14,7 @@ from jax.interpreters import ad, batching, mlir
 from . import compat
 from .primitives import (HostCallbackEffect, get_ad_taps, host_call_p, outside_call_p,
                          recorded_before_p)
-from .spec import RECORD_KINDS, CallbackKind, CallbackSpec
+from .spec import CallbackKind, CallbackSpec, is_record
 
 # ----------------------------------------------------------------------------------------
 # host_call_p (`hcb.call`)
@@ -176,7 +176,7 @@ def _outside_call_partial_eval_custom(
     params = eqn.params
     n_out = len(eqn.outvars)
     res = [v for v, unk, inst in zip(eqn.invars, unks_in, inst_in) if not unk and not inst]
-    record = params["callback"].kind in RECORD_KINDS
+    record = is_record(params["callback"])
     if not any(unks_in):
         if record:
             # A record writes what the forward pass computed, once: the recomputation has
@@ -277,7 +277,7 @@ def _outside_call_batching(args: Sequence[Any], dims: Sequence[int | None],
     # The tap sees the batched values; `transforms` records where each tapped operand's
     # batch dimension is (None for an operand that is not batched).
     n = params["nr_tapped_args"]
-    if params["callback"].kind in RECORD_KINDS:
+    if is_record(params["callback"]):
         return _record_batching(args, dims, **params)
     batch_dims = tuple(dims[:n])
     outs = outside_call_p.bind(

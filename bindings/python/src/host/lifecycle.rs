@@ -72,8 +72,8 @@ pub(crate) fn trace_me(py: Python<'_>) -> Option<&Bound<'_, PyAny>> {
 
 /// Configures and starts the receiver.
 ///
-/// `dispatcher.dispatch(batch)` is called on the consumer thread with a `BatchIter`, an
-/// iterator of `Message`s; `dtypes` maps XLA dtype codes to numpy dtypes; `trace_me` is
+/// The consumer thread runs each batch's plain taps and calls itself and calls
+/// `dispatcher.dispatch(message)` with every other `Message`, in queue order; `dtypes` maps XLA dtype codes to numpy dtypes; `trace_me` is
 /// `jax.profiler`'s `TraceMe` class (`TraceMe(name, **metadata)` a context manager,
 /// `TraceMe.is_enabled()` whether a trace is collected). Returns whether a consumer thread
 /// was started.

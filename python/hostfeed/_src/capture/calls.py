@@ -99,7 +99,7 @@ class CaptureSpec:
             if not _recordable(flat[i]):
                 continue
             name = self.array_name(module, role + keys(path))
-            describe = getattr(self.recorder, "_describe_axes", None)
+            describe = getattr(getattr(self.recorder, "catalogue", None), "describe_axes", None)
             if axes is not None and self.reduce is None and describe is not None:
                 for array in (name, name + COTANGENT_SUFFIX):
                     describe(array, axes)

@@ -22,7 +22,7 @@ import warnings
 from typing import Any, Optional
 
 from .. import lifecycle
-from ..record import recorder as _recorder
+from ..record import lifetime as _lifetime, recorder as _recorder
 from .selection import listed
 
 __all__ = ["CaptureWarning", "Watch", "enroll", "watch"]
@@ -198,4 +198,4 @@ def _at_close(recorder: Any) -> Optional[BaseException]:
 
 
 lifecycle.add_barrier_hook(_at_barrier)
-_recorder.add_close_hook(_at_close)
+_lifetime.add_close_hook(_at_close)

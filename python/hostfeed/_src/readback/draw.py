@@ -24,14 +24,13 @@ from __future__ import annotations
 import base64
 import html
 import io
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 from collections.abc import Callable
 
 import numpy as np
 
 from . import series
-from ..reductions import Pane, Stats, of_kind
-from ..reductions.stats import derived
+from ..reductions import Pane, Stats
 from .canvas import DPI, FONT, LABEL_X, Canvas, Plot, Scale, thin, tick_labels
 from .grid import COLUMNS, Panel, layout
 
@@ -86,21 +85,19 @@ def _most_ticks(h: float) -> int:
 
 
 def _scalar(p: Panel) -> bool:
-    """A raw array of one value a row (a loss): drawn as that value."""
-    return p.kind == "raw" and p.stats is not None and bool(
-        (p.stats[:, series.COLUMN["count"]] == 1).all())
+    """Rows of one value each (a raw array of a loss): drawn as that value."""
+    return bool(len(p.steps)) and p.reader.scalar(p.values)
 
 
 def _stats_panel(cv: Canvas, p: Panel, box: tuple[float, float, float, float]) -> None:
-    s = p.stats
-    assert s is not None
+    """The plots of the reader's ``panes``, stacked (or the value, rows of one value)."""
     x0, y0, w, h = box
     x = p.steps.astype(np.float64)
     steps = (float(np.min(x)), float(np.max(x)))
     few = len(x) <= FEW_POINTS
-    cols = series.COLUMN
+    values = p.reader.named(p.values)
     if _scalar(p):
-        xm, value = thin(x, s[:, cols["mean"]])
+        xm, value = thin(x, values["mean"])
         positive = bool((value[np.isfinite(value)] > 0).all())  # a loss: log where it spans
         plot = Plot(cv, box, steps, Scale([value], positive=positive))
         plot.line(xm, value, COLORS["mean"], markers=few)
@@ -108,7 +105,6 @@ def _stats_panel(cv: Canvas, p: Panel, box: tuple[float, float, float, float]) -
         plot.xticks(labels=True)
         _bad_marks(cv, plot, p.bad_steps)
         return
-    values = _values(p)
     panes = _drawn(p, values)
     total = sum(pane.height for pane in panes)
     room = h - GAP * (len(panes) - 1)
@@ -142,23 +138,12 @@ def _stats_panel(cv: Canvas, p: Panel, box: tuple[float, float, float, float]) -
         top -= ph + GAP
 
 
-def _values(p: Panel) -> dict[str, np.ndarray]:
-    """A panel of statistics' lines by name: its columns, and what they give
-    (``reductions.stats.derived``: the dynamic range in bits, fractions in percent)."""
-    s = p.stats
-    assert s is not None
-    out = {c: s[:, j] for c, j in series.COLUMN.items()}
-    for k, v in derived(s).items():
-        out[k] = 100 * v if k.endswith("_fraction") else v
-    return out
-
-
 def _drawn(p: Panel, values: dict[str, np.ndarray]) -> list[Pane]:
     """The panes of ``p``'s reduction that have something to draw, each with the lines
     its rows hold (a column an older store lacks is NaN throughout); an ``optional`` pane
     only where one of its lines is not 0."""
     out = []
-    for pane in (of_kind(p.kind) or Stats).panes:
+    for pane in p.reader.panes:
         lines = tuple(c for c in pane.lines if c in values and np.isfinite(values[c]).any())
         if not lines or (pane.band and pane.band[0] not in lines):
             continue
@@ -171,9 +156,9 @@ def _drawn(p: Panel, values: dict[str, np.ndarray]) -> list[Pane]:
 
 def _heatmap_panel(cv: Canvas, p: Panel, box: tuple[float, float, float, float]) -> None:
     """Steps by columns (a histogram's bins), ``log10(1 + count)``, with a colour bar on
-    the right labelled in counts."""
+    the right labelled in counts; the y axis labelled with the reader's
+    ``heatmap_edges``, where it has them."""
     counts = p.values
-    assert counts is not None
     x0, y0, w, h = box
     x = p.steps.astype(np.float64)
     if len(x) > 1500:  # bins of steps, their counts summed
@@ -187,8 +172,9 @@ def _heatmap_panel(cv: Canvas, p: Panel, box: tuple[float, float, float, float])
     image = np.log10(1 + np.asarray(counts, np.float64).T)
     vmax = max(float(image.max()), 1e-9)
     cv.image(image, box, vmax)
-    edges = np.asarray(p.reduce.get("edges", []), np.float64)
-    log = "log" in str(p.reduce.get("scale", ""))
+    edges_and_log = p.reader.heatmap_edges(p.reduce)
+    edges = np.asarray(edges_and_log[0] if edges_and_log else [], np.float64)
+    log = bool(edges_and_log and edges_and_log[1])
     if edges.size:  # edge i is the bottom of row i + 1 (row 0: the values below)
         at = np.unique(np.linspace(0, len(edges) - 1, min(len(edges), _most_ticks(h) + 1))
                        .astype(int))
@@ -217,9 +203,7 @@ def _lines_panel(cv: Canvas, p: Panel, box: tuple[float, float, float, float]) -
     """One line per column of the reduction's :meth:`plot_rows`, the first darkest."""
     import matplotlib
     values = p.values
-    assert values is not None
     x0, y0, w, h = box
-    r = of_kind(p.kind)
     x = p.steps.astype(np.float64)
     few = len(x) <= FEW_POINTS
     ys = [thin(x, values[:, j], "max") for j in range(values.shape[1])]
@@ -227,7 +211,7 @@ def _lines_panel(cv: Canvas, p: Panel, box: tuple[float, float, float, float]) -
                 Scale([y for _, y in ys] or [np.zeros(1)], positive=False))
     cmap = matplotlib.colormaps["viridis"]
     n = len(ys)
-    labels = r.plot_labels(p.reduce, n) if r is not None else [str(j) for j in range(n)]
+    labels = p.reader.plot_labels(p.reduce, n)
     for j, (xm, y) in enumerate(ys):
         color = matplotlib.colors.to_hex(cmap(0.85 * j / max(n - 1, 1)))
         plot.line(xm, y, color, markers=few)
@@ -238,16 +222,29 @@ def _lines_panel(cv: Canvas, p: Panel, box: tuple[float, float, float, float]) -
     plot.xticks(labels=True)
 
 
-#: How each :attr:`Reduction.plot` is drawn into a panel's box.
-PAINTERS: dict[str, Callable[[Canvas, Panel, tuple[float, float, float, float]], None]] = {
-    "stats": _stats_panel, "heatmap": _heatmap_panel, "lines": _lines_panel}
+class Painter(NamedTuple):
+    """How one style of :attr:`Readback.plot` is drawn: ``paint`` into a panel's box, the
+    room it takes on the box's right (``pad``: a colour bar's), and what the legend says
+    of it where a panel is drawn so (None: nothing)."""
+    paint: Callable[[Canvas, Panel, tuple[float, float, float, float]], None]
+    pad: float = PAD_RIGHT
+    legend: Optional[str] = None
+
+
+#: How each :attr:`Readback.plot` is drawn.
+PAINTERS: dict[str, Painter] = {
+    "stats": Painter(_stats_panel),
+    "heatmap": Painter(_heatmap_panel, PAD_BAR,
+                       "heat maps: log10(1 + count), the colour bar in counts"),
+    "lines": Painter(_lines_panel)}
+
+
+def _painter(p: Panel) -> Painter:
+    return PAINTERS.get(p.plot, PAINTERS["lines"])
 
 
 def _what(p: Panel) -> str:
-    r = of_kind(p.kind)
-    if r is None:
-        return "scalar" if _scalar(p) else "raw, per row"
-    return r.plot_title(p.reduce)
+    return "scalar" if _scalar(p) else p.reader.plot_title(p.reduce)
 
 
 def _title(cv: Canvas, p: Panel, x: float, top: float, w: float) -> None:
@@ -282,12 +279,11 @@ def _wrap(text: str, width: float, points: float) -> list[str]:
 def _legend_items(panels: list[Panel]) -> list[tuple[str, str, str]]:
     """What the legend shows, as ``(style, colour, text)``: the lines of the statistics'
     plots, the NaN mark, what the heat maps' colours are."""
-    stats = [p for p in panels if p.plot == Stats.plot]
+    stats = [p for p in panels if p.reader.panes]
     items: list[tuple[str, str, str]] = []
-    drawn = {c: c in pane.dashed for p in stats if p.stats is not None and len(p.steps)
-             and not _scalar(p) for pane in _drawn(p, _values(p)) for c in pane.lines}
-    every = [(c, pane) for p in stats for pane in (of_kind(p.kind) or Stats).panes
-             for c in pane.lines]
+    drawn = {c: c in pane.dashed for p in stats if len(p.steps) and not _scalar(p)
+             for pane in _drawn(p, p.reader.named(p.values)) for c in pane.lines}
+    every = [(c, pane) for p in stats for pane in p.reader.panes for c in pane.lines]
     for c, pane in dict.fromkeys(every):
         if c in drawn:
             items.append(("dashed" if drawn[c] else "solid", _color(c), LABELS.get(c, c)))
@@ -295,8 +291,9 @@ def _legend_items(panels: list[Panel]) -> list[tuple[str, str, str]]:
                 items.append(("band", _color(c), f"{c} ± {pane.band[1]}"))
     if stats:
         items.append(("x", COLORS["bad"], "a step with a NaN or an infinity"))
-    if any(p.plot == "heatmap" for p in panels):
-        items.append(("text", "", "heat maps: log10(1 + count), the colour bar in counts"))
+    for text in dict.fromkeys(_painter(p).legend for p in panels):
+        if text is not None:
+            items.append(("text", "", text))
     return items
 
 
@@ -372,14 +369,14 @@ def figure(panels: list[Panel], title: Optional[str], legend: bool) -> Any:
             left = MARGIN + c * cell_w
             cv.cells[p.name] = (left, top - PANEL_H, cell_w, PANEL_H)
             _title(cv, p, left, top, cell_w)
-            right = PAD_BAR if p.plot == "heatmap" else PAD_RIGHT
+            painter = _painter(p)
             box = (left + PAD_LEFT, top - PANEL_H + PAD_BOTTOM,
-                   cell_w - PAD_LEFT - right, PANEL_H - PAD_TOP - PAD_BOTTOM)
+                   cell_w - PAD_LEFT - painter.pad, PANEL_H - PAD_TOP - PAD_BOTTOM)
             if len(p.steps) == 0:
                 cv.text(box[0] + box[2] / 2, box[1] + box[3] / 2, "no rows yet", "title",
                         ha="center", va="center")
             else:
-                PAINTERS.get(p.plot, _lines_panel)(cv, p, box)
+                painter.paint(cv, p, box)
     return cv.finish()
 
 

@@ -1,49 +1,47 @@
 """A whole recording at a glance, the data side (``python -m hostfeed show STORE
 [PATTERN ...]``; :mod:`.draw` draws it): each chosen array read into a :class:`Panel`
-(statistics per row, read from a ``reduce="stats"`` array or computed on the host from raw
-rows; what another reduction's ``plot_rows`` gives: a histogram's counts, ...),
-the title, and the grid's layout (:func:`layout`): rows of panels, each module's arrays
-side by side (``output``, its ``output.cotangent`` beside it, ...), the modules in
-natural order (``blocks.2`` before ``blocks.10``), wrapping.
+(what its reduction's read side draws of its rows: statistics per row for a
+``reduce="stats"`` array, or computed on the host from raw rows; a histogram's counts;
+another reduction's ``plot_rows``), the title, and the grid's layout (:func:`layout`):
+rows of panels, each module's arrays side by side (``output``, its ``output.cotangent``
+beside it, ...), the modules in natural order (``blocks.2`` before ``blocks.10``),
+wrapping.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import datetime
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
 from . import series
-from ..reductions import of_kind
+from ..reductions import Readback, readback
 from .opened import READERS, Recording
 
 __all__ = ["Panel", "load", "header", "layout", "COLUMNS"]
-
-C = series.COLUMN
 
 
 @dataclass
 class Panel:
     """One array's data, ready to draw."""
     name: str
-    kind: str                       # a reduction's kind ("stats", "histogram", ...) or "raw"
+    reader: type[Readback]          # how its rows read back (its reduction, or raw rows)
     steps: np.ndarray               # [n] the recorded step of each row (row index if none)
-    stats: Optional[np.ndarray]     # [n, columns] series.COLUMN per row (plot "stats")
-    values: Optional[np.ndarray]    # [n, columns]: the reduction's plot_rows (other plots)
+    values: np.ndarray              # [n, columns]: the reader's plot_rows
     reduce: dict                    # the array's hostfeed.reduce attributes
     times: tuple[int, int]          # time_ns of its first and last rows (0, 0 without rows)
 
     @property
-    def counts(self) -> Optional[np.ndarray]:
-        """A histogram's counts per row (``[n, bins + 2]``, summed over the kept axes)."""
-        return self.values if self.plot == "heatmap" else None
+    def kind(self) -> str:
+        """Its reduction's kind (``"stats"``, ``"histogram"``, ...) or ``"raw"``."""
+        return self.reader.kind
 
     @property
     def plot(self) -> str:
-        """How it is drawn: ``"stats"``, ``"heatmap"`` or ``"lines"``."""
-        return series.plot_of(self.kind)
+        """How it is drawn (the reader's ``plot``: ``"stats"``, ``"heatmap"`` or
+        ``"lines"``)."""
+        return self.reader.plot
 
     @property
     def module(self) -> str:
@@ -55,39 +53,27 @@ class Panel:
 
     @property
     def bad_steps(self) -> np.ndarray:
-        """The steps with a NaN or an infinity (stats and raw arrays)."""
-        if self.stats is None:
-            return np.zeros(0, np.int64)
-        bad = self.stats[:, C["nan_count"]] + self.stats[:, C["inf_count"]] > 0
-        return self.steps[bad]
+        """The steps with a NaN or an infinity (where the reader can tell)."""
+        bad = self.reader.nonfinite_rows(self.values, self.reduce) if len(self.steps) \
+            else None
+        return np.zeros(0, np.int64) if bad is None else self.steps[bad]
 
 
 def _panel(rec: Recording, name: str) -> Panel:
     arr = rec[name]
     n = len(arr)
-    kind = series.kind_of(arr.attrs)
+    reader = readback(arr.attrs)
     reduce = dict(arr.attrs.get("reduce", {}))
-    r = of_kind(kind)
-    stats = series.plot_of(kind) == "stats"
     if n == 0:
-        width = len(series.COLUMN) if stats else int(arr.shape[-1])
-        empty = np.zeros((0, width))
-        return Panel(name, kind, np.zeros(0, np.int64), empty if stats else None,
-                     None if stats else empty, reduce, (0, 0))
+        return Panel(name, reader, np.zeros(0, np.int64), np.zeros((0, 0)), reduce, (0, 0))
     steps = arr.steps
     steps = np.where(steps >= 0, steps, np.arange(n))
     t = arr.meta("time_ns")
-    parts = []
     row_bytes = int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.dtype.itemsize
-    for lo, hi in series.blocks(n, row_bytes):  # raw rows can be large: a block at a time
-        rows = arr._read(lo, hi)
-        if stats or r is None:
-            parts.append(series.stats_rows(kind, rows, reduce))
-        else:
-            parts.append(r.plot_rows(rows, reduce))
-    data = np.concatenate(parts)
-    return Panel(name, kind, steps, data if stats else None, None if stats else data,
-                 reduce, (int(t[0]), int(t[-1])))
+    # Raw rows can be large: a block at a time.
+    data = np.concatenate([reader.plot_rows(arr._read(lo, hi), reduce)
+                           for lo, hi in series.blocks(n, row_bytes)])
+    return Panel(name, reader, steps, data, reduce, (int(t[0]), int(t[-1])))
 
 
 def load(rec: Recording, names: list[str]) -> list[Panel]:

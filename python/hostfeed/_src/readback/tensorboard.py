@@ -1,8 +1,10 @@
 """A recording as TensorBoard event files (:func:`to_tensorboard`, ``python -m hostfeed
-tensorboard STORE LOGDIR [PATTERN ...] [--follow]``): statistics as scalars, histograms as
-TensorBoard's histograms with hostfeed's bin edges, raw arrays as both; each event at its
-row's recorded step and time. ``follow=True`` tails a store a recorder is still writing and
-appends the rows as they are committed, until the recorder closes it.
+tensorboard STORE LOGDIR [PATTERN ...] [--follow]``): each array as its reduction's read
+side says (``Readback.board``: statistics as scalars, histograms as TensorBoard's
+histograms with hostfeed's bin edges, raw arrays as both, another reduction's columns as
+scalars); each event at its row's recorded step and time. ``follow=True`` tails a store a
+recorder is still writing and appends the rows as they are committed, until the recorder
+closes it.
 
 The events are the ``tensorboard`` package's protobufs (``pip install tensorboard``, or
 ``pip install '.[tensorboard]'`` in hostfeed's checkout; no TensorFlow), written by
@@ -21,13 +23,12 @@ from typing import Any, Optional, TextIO
 import numpy as np
 
 from ..record import stores
-from ..reductions import Stats, of_kind
-from ..reductions.stats import derived
+from ..reductions import Readback, readback
 from . import series
 from .opened import follow_store, open_recording
 from .reading import _recorded_names
 
-__all__ = ["to_tensorboard", "histogram_buckets"]
+__all__ = ["to_tensorboard"]
 
 #: Rows read (and written) at a time: bounds the memory an export holds.
 BLOCK_ROWS = 4096
@@ -90,35 +91,6 @@ class _EventFile:
         self._file.close()
 
 
-def histogram_buckets(counts: np.ndarray, edges: Sequence[float], log: bool
-                      ) -> tuple[float, float, list[float], list[float]]:
-    """A ``reduce=Histogram(...)`` row as TensorBoard's buckets: ``(min, max,
-    bucket_limit, bucket)``. The bins keep hostfeed's edges; the values below the first
-    edge are a bucket that ends there and starts one bin's width lower (at 0 for a
-    ``"log"`` histogram of ``|x|``), those above the last edge one that starts there and
-    ends one bin's width higher (at twice the edge for ``"log"``). TensorBoard's bucket
-    ``i`` runs from ``bucket_limit[i - 1]`` to ``bucket_limit[i]``, and its dashboard draws
-    the buckets from the first to the last that is not empty, the first starting at
-    ``min`` and the last ending at ``max``: they are those buckets' outer edges.
-
-    Example:
-        >>> histogram_buckets(np.array([1, 2, 3, 4]), [0.0, 1.0, 2.0], log=False)
-        (-1.0, 3.0, [0.0, 1.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0])
-        >>> histogram_buckets(np.array([0, 2, 0, 0]), [0.0, 1.0, 2.0], log=False)[:2]
-        (0.0, 1.0)
-    """
-    e = [float(x) for x in edges]
-    if log:
-        lo, hi = 0.0, 2 * e[-1]
-    else:
-        lo, hi = e[0] - (e[1] - e[0]), e[-1] + (e[-1] - e[-2])
-    limits = e + [hi]
-    lefts = [lo] + e
-    full = np.nonzero(np.asarray(counts))[0]
-    first, last = (int(full[0]), int(full[-1])) if full.size else (0, len(limits) - 1)
-    return lefts[first], limits[last], limits, [float(c) for c in counts]
-
-
 class _Quiet:
     """A column written only once it leaves its quiet value (:attr:`Reduction.quiet`):
     the value (``None`` until the first row gives it), the first and last ``(step,
@@ -175,54 +147,32 @@ class _Exporter:
                                                           simple_value=quiet.value)])
         return self.Summary.Value(tag=tag, simple_value=value)
 
-    def write(self, name: str, kind: str, reduce: dict, rows: np.ndarray, steps: np.ndarray,
-              times: np.ndarray) -> None:
-        """Writes rows ``rows`` of ``name`` (recorded at ``steps``, ``times`` in ns)."""
+    def write(self, name: str, reader: type[Readback], reduce: dict, rows: np.ndarray,
+              steps: np.ndarray, times: np.ndarray) -> None:
+        """Writes rows ``rows`` of ``name`` (recorded at ``steps``, ``times`` in ns) as
+        their reduction's read side says (``reader.board``: scalars, histograms, or the
+        value itself), each column of ``reader.quiet`` only where it changes."""
         n = rows.shape[0]
+        self.rows[name] = self.rows.get(name, 0) + n
+        if not n:
+            return
+        board = reader.board(rows, reduce)
         Value = self.Summary.Value
-        r, plot = of_kind(kind), series.plot_of(kind)
-        stats = series.stats_rows(kind, rows, reduce) if plot == "stats" and n else None
-        held = series.stats_columns(kind, reduce) if stats is not None else []
-        more = derived(stats, held) if stats is not None else {}
-        counts = r.plot_rows(rows, reduce) if r is not None and plot == "heatmap" else None
-        lines = r.plot_rows(rows, reduce) if r is not None and plot == "lines" else None
-        columns: Sequence[str] = ()
-        scalars = None
-        if stats is not None:  # the columns the rows hold (an older store's, fewer), then
-            columns = [*held, *more]  # what they give (the dynamic range, fractions)
-            scalars = np.column_stack([stats[:, [series.COLUMN[c] for c in held]],
-                                       *more.values()])
-        elif r is not None and lines is not None:
-            columns, scalars = r.plot_labels(reduce, lines.shape[1]), lines
-        quiet_values = (r or Stats).quiet
-        quiet = [None if c not in quiet_values else
-                 self.quiet.setdefault((name, c), _Quiet(quiet_values[c])) for c in columns]
-        edges = reduce.get("edges", [])
-        log = "log" in str(reduce.get("scale", ""))
-        single = kind == "raw" and rows[0].size == 1  # a raw scalar: itself, no summary
+        quiet = {c: self.quiet.setdefault((name, c), _Quiet(reader.quiet[c]))
+                 for c in board.scalars if c in reader.quiet}
         for i in range(n):
             step, time_ns = int(steps[i]), int(times[i])
             values = []
-            if single:
-                values.append(Value(tag=name, simple_value=float(rows[i].ravel()[0])))
-            elif scalars is not None:
-                for j, c in enumerate(columns):
-                    v = self._scalar(name, c, quiet[j], float(scalars[i, j]), step, time_ns)
-                    if v is not None:
-                        values.append(v)
-            if counts is not None:
-                values.append(Value(tag=name, histo=self._histo(
-                    *histogram_buckets(counts[i], edges, log))))
-            elif kind == "raw" and not single:
-                e, k = series.raw_histogram(rows[i])
-                if k.size:
-                    v = np.asarray(rows[i], np.float64).ravel()
-                    v = v[np.isfinite(v)]
-                    values.append(Value(tag=name, histo=self._histo(
-                        float(e[0]), float(e[-1]), [float(x) for x in e[1:]],
-                        [float(x) for x in k], float(v.sum()), float((v * v).sum()))))
+            if board.value is not None:
+                values.append(Value(tag=name, simple_value=float(board.value[i])))
+            for c, column in board.scalars.items():
+                v = self._scalar(name, c, quiet.get(c), float(column[i]), step, time_ns)
+                if v is not None:
+                    values.append(v)
+            histo = board.histograms[i] if board.histograms is not None else None
+            if histo is not None:
+                values.append(Value(tag=name, histo=self._histo(*histo)))
             self._event(step, time_ns, values)
-        self.rows[name] = self.rows.get(name, 0) + n
 
     def close(self) -> None:
         self.writer.close()
@@ -257,11 +207,11 @@ def _export_all(exp: _Exporter, path: Any, patterns: Sequence[str],
     rec = open_recording(path, storage_options=storage_options)
     for name in series.select(rec.names, patterns, rec.path):
         arr = rec[name]
-        kind = series.kind_of(arr.attrs)
+        reader = readback(arr.attrs)
         reduce = dict(arr.attrs.get("reduce", {}))
         row_bytes = int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.dtype.itemsize
         for lo, hi in series.blocks(len(arr), row_bytes, BLOCK_ROWS):
-            exp.write(name, kind, reduce, arr._read(lo, hi),
+            exp.write(name, reader, reduce, arr._read(lo, hi),
                       _steps(arr.meta("step", slice(lo, hi)), lo),
                       arr.meta("time_ns", slice(lo, hi)))
         exp.rows.setdefault(name, 0)
@@ -307,7 +257,7 @@ def _follow_array(exp: _Exporter, root: Any, name: str, where: str) -> int:
     times = stores.read_rows(group[f"{leaf}.time_ns"], slice(done, hi), f"{name}.time_ns",
                              where)
     attrs = dict(arr.attrs.get("hostfeed", {}))
-    exp.write(name, series.kind_of(attrs), dict(attrs.get("reduce", {})), rows,
+    exp.write(name, readback(attrs), dict(attrs.get("reduce", {})), rows,
               _steps(steps, done), times)
     return hi - done
 
@@ -333,10 +283,9 @@ def to_tensorboard(path: Any, logdir: str, patterns: Sequence[str] = (), *,
       only where they change (the rows before the first change as a flat line from the
       first to the last): no flat line of zeros per array;
     - a ``reduce=Histogram(...)`` array: a histogram ``NAME`` with hostfeed's bin edges,
-      the below and above counts as buckets at its ends (:func:`histogram_buckets`; kept
-      axes summed);
-    - an array of another reduction drawn as lines (its ``plot``): a scalar per column
-      of its ``plot_rows`` (``NAME/LABEL``, its ``plot_labels``);
+      the below and above counts as buckets at its ends (kept axes summed);
+    - an array of another reduction: what its read side writes (``board``), by default a
+      scalar per column of its ``plot_rows`` (``NAME/LABEL``, its ``plot_labels``);
     - a raw array: the same scalars (but a cast's), computed on the host over each row
       (mean to l1 over the finite values), and a histogram ``NAME`` of each row's finite values
       (30 equal buckets from its min to its max); rows of one value (a loss) are the

@@ -9,7 +9,7 @@ import threading
 from typing import Optional
 
 from .. import errors, lifecycle
-from . import late, recorder as _recorder, unflushed as _unflushed
+from . import late, lifetime as _lifetime, unflushed as _unflushed
 
 logger = logging.getLogger("hostfeed")
 
@@ -19,10 +19,10 @@ __all__ = ["flush_open", "close_open", "after_fork_in_child"]
 def flush_open() -> Optional[BaseException]:
     """After a barrier: writes what every open recorder received; returns the first error
     (rows that reached a closed recorder come last)."""
-    if not _recorder._open:  # no recorder open: nothing to write (checked without the lock)
+    if not _lifetime.open_recorders:  # none open: nothing to write (checked without the lock)
         return None if errors.pending() else late.raised()
-    with _recorder.open_lock:
-        recorders = list(_recorder._open)
+    with _lifetime.open_lock:
+        recorders = list(_lifetime.open_recorders)
     first: Optional[BaseException] = None
     for rec in recorders:  # all first: a step of one recorder may record to another
         try:
@@ -46,9 +46,9 @@ def flush_open() -> Optional[BaseException]:
 
 def close_open() -> None:
     """At exit, after the receiver drained: closes every open recorder."""
-    with _recorder.open_lock:
-        recorders = list(_recorder._open)
-        _recorder._open.clear()
+    with _lifetime.open_lock:
+        recorders = list(_lifetime.open_recorders)
+        _lifetime.open_recorders.clear()
     for rec in recorders:  # all first: a step of one recorder may record to another
         try:
             rec.pipeline.drain()
@@ -59,7 +59,7 @@ def close_open() -> None:
             rec._close_native()
         except Exception as exc:  # noqa: BLE001 - logged; the other recorders still close
             logger.error("hostfeed: closing %r at exit: %s", rec, exc)
-        failed = _recorder.run_close_hooks(rec)
+        failed = _lifetime.run_close_hooks(rec)
         if failed is not None:
             logger.error("hostfeed: closing %r at exit: %s", rec, failed)
     late.report_at_exit()
@@ -69,8 +69,8 @@ def after_fork_in_child() -> None:
     """A forked child starts with no open recorder: the parent's are closed here (the
     native side already counts them as closed, without touching their stores)."""
     # A thread of the parent may have held the lock at the fork.
-    _recorder.open_lock = threading.Lock()
-    _recorder._open.clear()
+    _lifetime.open_lock = threading.Lock()
+    _lifetime.open_recorders.clear()
 
 
 lifecycle.add_barrier_hook(flush_open)

@@ -1,9 +1,10 @@
 """What the lowering, a record's :class:`~.target.Target` and a recorded step ask of a
 recorder: :class:`Catalogue`, the arrays it declared and the Rust sinks they are bound
-to. Nothing outside :class:`~.recorder.Recorder` reaches into its attributes; they talk to
-its ``catalogue``."""
+to. A record's spec carries its recorder's catalogue (``spec.RecordSpec``); nothing
+outside :class:`~.recorder.Recorder` reaches into its attributes."""
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
@@ -12,6 +13,7 @@ import numpy as np
 
 from ..dtypes import DTYPE_CODES
 from .roles import COTANGENT_SUFFIX, TANGENT_SUFFIX
+from .window import counting_columns
 
 __all__ = ["Catalogue"]
 
@@ -41,11 +43,13 @@ class Catalogue:
     summaries that count non-finite values, handed to the core as each array is
     declared."""
 
-    __slots__ = ("_native", "_coord", "_keep_error", "_lock", "_declared", "flight",
+    __slots__ = ("path", "_native", "_coord", "_keep_error", "_lock", "_declared", "flight",
                  "_windowed", "_counting")
 
     def __init__(self, native: Any, coord: Any, keep_error: Callable[[BaseException], None],
                  flight: Any = None):
+        #: The store's path or URL (what names its recorder in messages).
+        self.path = str(native.path)
         self._native = native
         self._coord = coord
         self._keep_error = keep_error
@@ -56,6 +60,29 @@ class Catalogue:
         self._windowed: dict[str, bool] = {}
         # Summary array name -> (row width, the columns that count non-finite values).
         self._counting: dict[str, Optional[tuple[int, list[int]]]] = {}
+
+    def __repr__(self) -> str:
+        return f"hostfeed.Recorder({self.path!r}{', closed' if self.closed else ''})"
+
+    @property
+    def closed(self) -> bool:
+        """Whether the recorder was closed."""
+        return bool(self._native.closed)
+
+    def check_name(self, name: str, ndim: int) -> None:
+        """Raises ``ValueError`` for a record name the store refuses (for rows of ``ndim``
+        dimensions: every part, lengths, the paths it makes)."""
+        self._native.check_name(name, ndim)
+
+    def describe_summary(self, name: str, description: str) -> None:
+        """Says what the rows of array ``name`` summarize (``hostfeed.reduce``, JSON), and
+        notes the columns that count non-finite values (the window's trigger)."""
+        self._native.describe_summary(name, description)
+        self.counting(name, counting_columns(json.loads(description)))
+
+    def describe_axes(self, name: str, axes: list) -> None:
+        """Names the axes of array ``name``'s rows (``hostfeed.axes`` in its attributes)."""
+        self._native.describe_axes(name, json.dumps(axes))
 
     def keep(self, name: str, windowed: bool) -> None:
         """Notes whether record ``name`` is kept in the window; raises ``ValueError`` when

@@ -2,7 +2,6 @@
 integer scalar step, and what to do instead with a pytree."""
 from __future__ import annotations
 
-import math
 from typing import Any, Optional
 
 import jax
@@ -115,34 +114,6 @@ def as_step(step: Any, name: str) -> Any:
     return s
 
 
-#: Shards of an object store's arrays unless ``shard_bytes`` says otherwise.
-DEFAULT_OBJECT_SHARD_BYTES = 256 << 20
-#: Writer threads of a recorder in an object store, unless told otherwise.
-OBJECT_STORE_WRITERS = 4
-
-
-def shard_bytes(shard_bytes: Optional[int], url: bool) -> Optional[int]:
-    """What the native recorder takes: shard size, or None for a chunk per object."""
-    if shard_bytes is None:
-        return DEFAULT_OBJECT_SHARD_BYTES if url else None
-    if isinstance(shard_bytes, bool) or not isinstance(shard_bytes, (int, np.integer)) \
-            or shard_bytes < 0:
-        raise ValueError(f"hostfeed.Recorder: shard_bytes must be a number of bytes (0: no "
-                         f"shards), got {shard_bytes!r}")
-    return int(shard_bytes) or None
-
-
-def writers(writers: Optional[int], url: bool) -> int:
-    """Writer threads: as given, else 4 for an object store (they wait on the network) and
-    2 for a file system."""
-    if writers is None:
-        return OBJECT_STORE_WRITERS if url else 2
-    if isinstance(writers, bool) or not isinstance(writers, (int, np.integer)) or writers < 1:
-        raise ValueError(f"hostfeed.Recorder: writers must be a positive number of threads, "
-                         f"got {writers!r}")
-    return int(writers)
-
-
 def check_name(name: str) -> None:
     """Refuses a name a record may not be given: a reserved suffix (per-row metadata,
     tangents, cotangents) on its last part."""
@@ -154,18 +125,3 @@ def check_name(name: str) -> None:
             raise ValueError(
                 f"hostfeed: invalid record name {name!r}: the suffix {suffix!r} is reserved "
                 f"(per-row metadata, tangents and cotangents are stored under such names)")
-
-
-def check_seconds(coordination_timeout: Any, lease: Any) -> None:
-    """``Recorder(coordination_timeout=, lease=)``, checked."""
-    if isinstance(coordination_timeout, bool) or not isinstance(
-            coordination_timeout, (int, float)) or not math.isfinite(coordination_timeout) \
-            or coordination_timeout <= 0:
-        raise ValueError(f"hostfeed.Recorder: coordination_timeout must be a positive, "
-                         f"finite number of seconds, got {coordination_timeout!r}")
-    # Checked wherever the store is (it matters only in an object store), so that a
-    # wrong value is not found out only when the same code first writes to one.
-    if isinstance(lease, bool) or not isinstance(lease, (int, float)) \
-            or not math.isfinite(lease) or lease < 0.1:
-        raise ValueError(f"hostfeed.Recorder: lease must be a finite number of seconds, "
-                         f"at least 0.1; got {lease!r}")

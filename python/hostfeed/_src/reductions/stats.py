@@ -1,9 +1,11 @@
 """``reduce="stats"`` and ``reduce=hostfeed.Stats(dtype=...)``: the :data:`STATS` of a value
 (and, with a narrower float dtype, how many of its values a cast to it would underflow and
 overflow), computed on the device: by the JAX operations, or by the core's one-pass kernel
-``hostfeed_stats`` on a CPU device where the transport uses native kernels. And what a
-reader needs of a stored row: its columns by name (:func:`as_columns`; older stores hold
-fewer) and the quantities ``show`` and the TensorBoard export draw (:func:`derived`)."""
+``hostfeed_stats`` on a CPU device where the transport uses native kernels. And the read
+side of statistics: a stored row's columns by name (:func:`as_columns`; older stores hold
+fewer), rows with kept axes combined (:func:`combine_stats`), the quantities ``show`` and
+the TensorBoard export draw (:func:`derived`), and raw rows read back as the statistics
+computed on the host (:class:`Raw`, :func:`host_stats`)."""
 from __future__ import annotations
 
 import functools
@@ -16,10 +18,11 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from .base import Pane, Reduction, keys as _keys
+from .base import Board, Histo, Pane, Readback, Reduction, keys as _keys
 
-__all__ = ["Stats", "STATS", "CAST_STATS", "COLUMNS", "CASTS", "DERIVED", "as_columns",
-           "derived", "stored_columns", "thresholds"]
+__all__ = ["Stats", "Raw", "STATS", "CAST_STATS", "COLUMNS", "COLUMN", "CASTS", "DERIVED",
+           "as_columns", "combine_stats", "derived", "host_stats", "raw_histogram",
+           "stored_columns", "thresholds"]
 
 #: The statistics of ``reduce="stats"`` (``hostfeed.Stats()``), in the order of a row's
 #: last axis.
@@ -30,6 +33,10 @@ CAST_STATS = ("underflow", "overflow")
 #: Every column a statistics row may hold, in the order a reader gets them
 #: (:func:`as_columns`).
 COLUMNS = STATS + CAST_STATS
+#: Each statistic's position in a row of statistics as read (:data:`COLUMNS`).
+COLUMN = {c: i for i, c in enumerate(COLUMNS)}
+#: How many buckets a raw row's histogram has (TensorBoard's own default).
+RAW_BUCKETS = 30
 #: The columns of the rows hostfeed wrote before ``l1``, ``zeros`` and ``absmin_nonzero``.
 _FIRST = STATS[:9]
 #: The dtypes ``Stats(dtype=...)`` counts under- and overflows of.
@@ -197,6 +204,97 @@ class Stats(Reduction):
 
     def __repr__(self) -> str:
         return '"stats"' if self.cast is None else f"hostfeed.Stats(dtype={self.cast.name})"
+
+    # The read side: rows of statistics, their kept axes combined, as COLUMNS orders them.
+
+    @classmethod
+    def plot_rows(cls, rows: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
+        """One row of statistics per recorded row (as :data:`COLUMNS` orders them; NaN
+        where the array holds none), its kept axes combined (:func:`combine_stats`)."""
+        return combine_stats(as_columns(rows, attrs))
+
+    @classmethod
+    def held(cls, attrs: dict[str, Any]) -> list[str]:
+        """The statistics the array's rows hold (of :data:`COLUMNS`)."""
+        return [c for c in stored_columns(attrs) if c in COLUMN]
+
+    @classmethod
+    def named(cls, values: np.ndarray) -> dict[str, np.ndarray]:
+        """Each column of :meth:`plot_rows`' ``values`` by name, and what they give
+        (:func:`derived`; fractions in percent)."""
+        out = {c: values[:, j] for c, j in COLUMN.items()}
+        for k, v in derived(values).items():
+            out[k] = 100 * v if k.endswith("_fraction") else v
+        return out
+
+    @classmethod
+    def nonfinite_rows(cls, values: np.ndarray, attrs: dict[str, Any]) -> Optional[np.ndarray]:
+        return np.asarray(values[:, COLUMN["nan_count"]] + values[:, COLUMN["inf_count"]] > 0)
+
+    @classmethod
+    def board(cls, rows: np.ndarray, attrs: dict[str, Any]) -> Board:
+        """A scalar per statistic the rows hold (``NAME/count``, ``NAME/mean``, ...) and
+        per quantity they give (``NAME/dynamic_range_bits``, the fractions), kept axes
+        combined."""
+        return _board(cls.plot_rows(rows, attrs), cls.held(attrs))
+
+
+class Raw(Readback):
+    """How raw rows (no reduction) read back: as the :data:`STATS` of each row, computed
+    on the host (:func:`host_stats`), drawn as ``reduce="stats"`` is; a row of one value
+    (a loss) as that value. The TensorBoard export writes those statistics and each row's
+    histogram (:func:`raw_histogram`), or the value itself."""
+
+    kind: ClassVar[str] = "raw"
+    plot: ClassVar[str] = "stats"
+    panes: ClassVar[tuple[Pane, ...]] = Stats.panes
+    quiet: ClassVar[Mapping[str, Optional[float]]] = Stats.quiet
+
+    @classmethod
+    def plot_rows(cls, rows: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
+        return host_stats(rows)
+
+    @classmethod
+    def plot_title(cls, attrs: dict[str, Any]) -> str:
+        return "raw, per row"
+
+    @classmethod
+    def named(cls, values: np.ndarray) -> dict[str, np.ndarray]:
+        return Stats.named(values)
+
+    @classmethod
+    def scalar(cls, values: np.ndarray) -> bool:
+        return bool((values[:, COLUMN["count"]] == 1).all())
+
+    @classmethod
+    def nonfinite_rows(cls, values: np.ndarray, attrs: dict[str, Any]) -> Optional[np.ndarray]:
+        return Stats.nonfinite_rows(values, attrs)
+
+    @classmethod
+    def board(cls, rows: np.ndarray, attrs: dict[str, Any]) -> Board:
+        n = rows.shape[0]
+        if n and rows[0].size == 1:  # a raw scalar: itself, no summary
+            return Board(value=np.asarray(rows, np.float64).reshape(n))
+        histograms: list[Optional[Histo]] = []
+        for i in range(n):
+            e, k = raw_histogram(rows[i])
+            if not k.size:
+                histograms.append(None)
+                continue
+            v = np.asarray(rows[i], np.float64).ravel()
+            v = v[np.isfinite(v)]
+            histograms.append((float(e[0]), float(e[-1]), [float(x) for x in e[1:]],
+                               [float(x) for x in k], float(v.sum()), float((v * v).sum())))
+        board = _board(cls.plot_rows(rows, attrs), list(STATS)) if n else Board()
+        return Board(board.scalars, histograms)
+
+
+def _board(stats: np.ndarray, held: Sequence[str]) -> Board:
+    """The TensorBoard scalars of statistics rows (:data:`COLUMNS`' order): the columns
+    ``held`` (an older store's rows hold fewer), then what they give (:func:`derived`)."""
+    scalars = {c: stats[:, COLUMN[c]] for c in held}
+    scalars.update(derived(stats, held))
+    return Board(scalars=scalars)
 
 
 def stored_columns(attrs: dict[str, Any]) -> list[str]:
@@ -376,3 +474,122 @@ def _finite_stats(v: jax.Array, axes: tuple[int, ...], fmt: _Format) -> list[jax
     count = jnp.full(n.shape, math.prod(v.shape[a] for a in axes), v.dtype)
     cols = [mean_s * unscale, jnp.sqrt(var_s) * unscale, lo, hi, absmax]
     return [count] + [jnp.where(none, nan, c) for c in cols] + [l2, nans, infs, l1]
+
+
+def host_stats(rows: np.ndarray) -> np.ndarray:
+    """The statistics of each row of ``rows`` (``[n, ...]``, as :data:`COLUMN` orders
+    them), computed as ``reduce="stats"`` computes :data:`STATS`: count of every value,
+    mean to l2 and l1 over the finite values (float64, then float32; NaN where no value is
+    finite), NaN, infinity and zero counts, the least non-zero finite magnitude; no cast's
+    counts (NaN).
+
+    Example:
+        >>> host_stats(np.array([[3.0, -4.0, np.nan, 0.0]]))[0, :12].tolist()
+        [4.0, -0.3333333432674408, 2.8674416542053223, -4.0, 3.0, 4.0, 5.0, 1.0, 0.0, 7.0, 1.0, 3.0]
+    """
+    n = rows.shape[0]
+    v = np.asarray(rows).reshape(n, -1)
+    if v.dtype.kind == "c":
+        v = np.abs(v)
+    v = v.astype(np.float64)
+    finite = np.isfinite(v)
+    k = finite.sum(1)
+    z = np.where(finite, v, 0.0)
+    safe = np.maximum(k, 1)
+    mean = z.sum(1) / safe
+    var = np.where(finite, (z - mean[:, None]) ** 2, 0.0).sum(1) / safe
+    with np.errstate(invalid="ignore"):
+        lo = np.where(finite, v, np.inf).min(1, initial=np.inf)
+        hi = np.where(finite, v, -np.inf).max(1, initial=-np.inf)
+    out = np.full((n, len(COLUMNS)), np.nan)
+    out[:, COLUMN["count"]] = v.shape[1]
+    out[:, COLUMN["mean"]] = mean
+    out[:, COLUMN["std"]] = np.sqrt(var)
+    out[:, COLUMN["min"]] = lo
+    out[:, COLUMN["max"]] = hi
+    out[:, COLUMN["absmax"]] = np.maximum(np.abs(lo), np.abs(hi))
+    out[:, COLUMN["l2"]] = np.sqrt((z * z).sum(1))
+    out[:, COLUMN["nan_count"]] = np.isnan(v).sum(1)
+    out[:, COLUMN["inf_count"]] = np.isinf(v).sum(1)
+    out[:, COLUMN["l1"]] = np.abs(z).sum(1)
+    out[:, COLUMN["zeros"]] = (v == 0).sum(1)
+    with np.errstate(invalid="ignore"):
+        least = np.where(finite & (v != 0), np.abs(v), np.inf).min(1, initial=np.inf)
+    out[:, COLUMN["absmin_nonzero"]] = np.where(np.isinf(least), np.nan, least)
+    none = k == 0
+    for c in ("mean", "std", "min", "max", "absmax"):
+        out[none, COLUMN[c]] = np.nan
+    return out.astype(np.float32)
+
+
+def combine_stats(v: np.ndarray) -> np.ndarray:
+    """Rows of statistics with kept axes (``[n, ..., len(COLUMN)]``, ``reduce="stats"``
+    with ``axis=``, as :data:`COLUMN` orders them) as one row of statistics each: counts
+    (and l1) summed, the means and spreads pooled by their finite counts, min, max, absmax
+    and the least non-zero magnitude over the parts, l2 as the norm of the parts' l2 (a
+    column the array does not hold stays NaN). Rows without kept axes come back as they
+    are.
+
+    Example:
+        >>> parts = np.stack([host_stats(np.array([[1.0, 3.0]])),
+        ...                   host_stats(np.array([[5.0, 7.0]]))], axis=1)
+        >>> whole = host_stats(np.array([[1.0, 3, 5, 7]]))
+        >>> np.array_equal(combine_stats(parts), whole, equal_nan=True)
+        True
+    """
+    n = v.shape[0]
+    if v.ndim == 2:
+        return v
+    p = v.reshape(n, -1, len(COLUMNS)).astype(np.float64)
+    c = {name: p[..., i] for name, i in COLUMN.items()}
+    k = c["count"] - c["nan_count"] - c["inf_count"]  # the finite values of each part
+    k = np.where(np.isnan(c["mean"]), 0.0, k)
+    total = k.sum(1)
+    safe = np.maximum(total, 1)
+    mean_p = np.where(k > 0, c["mean"], 0.0)
+    mean = (k * mean_p).sum(1) / safe
+    var = (k * (np.where(k > 0, c["std"], 0.0) ** 2 + (mean_p - mean[:, None]) ** 2)).sum(1) / safe
+    out = np.empty((n, len(COLUMNS)), np.float64)
+    out[:, COLUMN["count"]] = c["count"].sum(1)
+    out[:, COLUMN["mean"]] = mean
+    out[:, COLUMN["std"]] = np.sqrt(var)
+    with np.errstate(invalid="ignore"):
+        out[:, COLUMN["min"]] = np.nanmin(np.where(k > 0, c["min"], np.inf), 1)
+        out[:, COLUMN["max"]] = np.nanmax(np.where(k > 0, c["max"], -np.inf), 1)
+        out[:, COLUMN["absmax"]] = np.nanmax(np.where(k > 0, c["absmax"], -np.inf), 1)
+    out[:, COLUMN["l2"]] = np.sqrt((c["l2"] ** 2).sum(1))
+    out[:, COLUMN["nan_count"]] = c["nan_count"].sum(1)
+    out[:, COLUMN["inf_count"]] = c["inf_count"].sum(1)
+    for name in ("l1", "zeros", "underflow", "overflow"):  # NaN: not held
+        out[:, COLUMN[name]] = c[name].sum(1)
+    least = np.where(np.isnan(c["absmin_nonzero"]), np.inf, c["absmin_nonzero"]).min(1)
+    out[:, COLUMN["absmin_nonzero"]] = np.where(np.isinf(least), np.nan, least)
+    for name in ("mean", "std", "min", "max", "absmax"):
+        out[total == 0, COLUMN[name]] = np.nan
+    return out.astype(np.float32)
+
+
+def raw_histogram(row: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The histogram of one raw row's finite values as TensorBoard draws a tensor's:
+    :data:`RAW_BUCKETS` equal buckets from its minimum to its maximum (one bucket from
+    ``v - 0.5`` to ``v + 0.5`` when every value is ``v``; none when no value is finite).
+    Returns ``(edges, counts)``, ``len(edges) == len(counts) + 1``.
+
+    Example:
+        >>> edges, counts = raw_histogram(np.array([0.0, 1.0, 1.0, np.nan]))
+        >>> len(edges), counts.tolist()[0], counts.tolist()[-1], int(counts.sum())
+        (31, 1, 2, 3)
+    """
+    v = np.asarray(row)
+    if v.dtype.kind == "c":
+        v = np.abs(v)
+    v = v.astype(np.float64).ravel()
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return np.zeros(1), np.zeros(0, np.int64)
+    lo, hi = float(np.min(v)), float(np.max(v))
+    if lo == hi:
+        return np.array([lo - 0.5, hi + 0.5]), np.array([v.size], np.int64)
+    edges = np.linspace(lo, hi, RAW_BUCKETS + 1)
+    counts, _ = np.histogram(v, bins=edges)
+    return edges, counts.astype(np.int64)
