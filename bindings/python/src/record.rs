@@ -152,7 +152,7 @@ fn install_tracer() {
 }
 
 /// An option Python's checks should have refused (`record/options.py`): a bug, said so.
-fn internal(what: String) -> PyErr {
+fn internal(what: &str) -> PyErr {
     ReceiverError::new_err(format!("hostfeed internal error: the recorder was given {what}"))
 }
 
@@ -195,10 +195,10 @@ impl PyRecorder {
             "create" => Mode::Create,
             "overwrite" => Mode::Overwrite,
             "append" => Mode::Append { resume_after_step },
-            other => return Err(internal(format!("an unknown mode {other:?}"))),
+            other => return Err(internal(&format!("an unknown mode {other:?}"))),
         };
         let seconds = |what: &str, t: f64| {
-            Duration::try_from_secs_f64(t).map_err(|e| internal(format!("{what} of {t} s: {e}")))
+            Duration::try_from_secs_f64(t).map_err(|e| internal(&format!("{what} of {t} s: {e}")))
         };
         let opts = Options {
             codec: zstd_level.map_or(Codec::Raw, Codec::Zstd),
