@@ -117,6 +117,31 @@ def _kernel_or_ops(r: Reduction) -> Callable[[jax.Array, tuple[int, ...]], jax.A
     return reduce
 
 
+def _float64_bits(name: str) -> Any:
+    """The identity on a float64 value whose bits a reduction reads, lowered as nothing
+    but on a TPU, where it refuses: a TPU emulates 64-bit floats and has no bits to give
+    (XLA's TPU compiler would abort the process on the statistics' bitcasts)."""
+    def refuse(ctx: Any, v: Any, *, record: str) -> Any:
+        raise ValueError(
+            f"hostfeed: Recorder.record({record!r}): this reduce= reads the bits of its "
+            f"values, and a TPU emulates float64 (jax_enable_x64) without them: record "
+            f"x.astype(jnp.float32), or lower this computation for another platform")
+    prim = compat.Primitive(name)
+    prim.def_impl(lambda v, **params: compat.apply_primitive(prim, v, **params))
+    prim.def_abstract_eval(lambda v, **params: v)
+    mlir.register_lowering(prim, lambda ctx, v, **params: [v])
+    mlir.register_lowering(prim, refuse, platform="tpu")
+    ad.primitive_jvps[prim] = lambda primals, tangents, **params: (
+        prim.bind(primals[0], **params), tangents[0])
+    ad.primitive_transposes[prim] = lambda ct, v, **params: [ct]
+    batching.primitive_batchers[prim] = lambda args, dims, **params: (
+        prim.bind(args[0], **params), dims[0])
+    return prim
+
+
+float64_bits_p = _float64_bits("hostfeed_float64_bits")
+
+
 # Created here, as they were registered before: the primitives of the built-in kernels.
 stats_p = _primitive(resolve("stats", ""))
 histogram_p = _primitive(Histogram(1, (0.0, 1.0)))
@@ -171,6 +196,8 @@ def summarize(value: Any, reduce: Any, axis: Any, name: str) -> tuple[jax.Array,
     # compute it again (a gelu's tanh, once per statistic).
     x = jax.lax.optimization_barrier(x)
     v = x.astype(r.value_dtype(np.dtype(x.dtype)))
+    if r.reads_float_bits and v.dtype == np.float64:
+        v = float64_bits_p.bind(v, record=name)
     fn = _kernel_or_ops(r)
     if _sharded_in_type(v):
         return r.sharded(v, axes, fn), desc

@@ -174,6 +174,10 @@ class Reduction(Readback, abc.ABC):
     #: :meth:`compute` everywhere. The primitive of a reduction with a kernel is named
     #: after it.
     native_kernel: ClassVar[Optional[str]] = None
+    #: Whether :meth:`compute` reads the bits of its float values (bitcasts them to
+    #: integers), which a TPU cannot do for the 64-bit floats it emulates: such a
+    #: reduction of float64 values is refused where it would run on a TPU.
+    reads_float_bits: ClassVar[bool] = False
 
     @property
     @abc.abstractmethod

@@ -137,6 +137,7 @@ class Stats(Reduction):
     suffix: ClassVar[str] = ".stats"
     alias: ClassVar[Optional[str]] = "stats"
     native_kernel: ClassVar[Optional[str]] = "hostfeed_stats"
+    reads_float_bits: ClassVar[bool] = True
     plot: ClassVar[str] = "stats"
     #: The values (mean with a band of one standard deviation, min and max), then the
     #: scale: absmax and l2 apart (an l2 grows with the value's size, an absmax does not).
