@@ -11,6 +11,7 @@ use crate::error::Error;
 use crate::ffi::c_api::{self as ffi, dtype};
 use crate::ffi::frame::{self, Decoded, Frame};
 use crate::host::call::{call_on_device_thread, waiting_computation};
+use crate::host::cpu_share;
 use crate::host::hub::{self, in_consumer_thread, Hub};
 use crate::host::message::{self, Message, FLAG_STATUS_OUTPUT};
 
@@ -35,7 +36,12 @@ fn tap(frame: &Frame<'_>, hub: &'static Hub, start: u64) -> Result<(), Error> {
     // The same timestamp starts the message's hand-over.
     msg.queued_at = hub.timing.now();
     hub.timing.record_device(start, msg.queued_at);
-    hub.push(msg)
+    hub.push(msg)?;
+    // On the consumer's CPU, let it run the tap functions while the bytes are warm.
+    if !in_consumer_thread() {
+        cpu_share::after_push(hub.queue.pending_bytes());
+    }
+    Ok(())
 }
 
 /// The body of the call handler: enqueue the request, wait for the consumer's reply (no
