@@ -18,6 +18,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DEFAULT_STOP_TIMEOUT", hostfeed_core::DEFAULT_STOP_TIMEOUT.as_secs_f64())?;
     m.add("DEFAULT_BUFFER_POOL_BYTES", hostfeed_core::DEFAULT_POOL_BYTES)?;
     m.add("DEFAULT_CPU_SHARE_STEP_BYTES", hostfeed_core::CPU_SHARE_STEP_BYTES)?;
+    m.add("DEFAULT_CPU_SHARE_STREAM_BYTES", hostfeed_core::CPU_SHARE_STREAM_BYTES)?;
     m.add("DTYPE_CODES", dtype_codes(py)?)?;
     m.add_function(wrap_pyfunction!(in_callback_thread, m)?)?;
     m.add_function(wrap_pyfunction!(max_queue_bytes, m)?)?;
@@ -31,6 +32,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_timing, m)?)?;
     m.add_function(wrap_pyfunction!(set_inline_calls, m)?)?;
     m.add_function(wrap_pyfunction!(set_cpu_share_step_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(set_cpu_share_stream_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(set_buffer_pool_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(set_consumer_name, m)?)?;
     m.add_function(wrap_pyfunction!(install_interrupt_watch, m)?)?;
@@ -131,6 +133,15 @@ pub fn set_inline_calls(enabled: bool) -> bool {
 #[pyfunction]
 pub fn set_cpu_share_step_bytes(bytes: usize) -> usize {
     hostfeed_core::set_cpu_share_step_bytes(bytes)
+}
+
+/// Sets the size from which a device's thread that runs apart from the receiver thread copies
+/// a tap's operand with non-temporal stores, which do not fetch the buffer's lines from
+/// the receiver's core first (`DEFAULT_CPU_SHARE_STREAM_BYTES` by default; 0: never).
+/// Returns the previous threshold.
+#[pyfunction]
+pub fn set_cpu_share_stream_bytes(bytes: usize) -> usize {
+    hostfeed_core::set_cpu_share_stream_bytes(bytes)
 }
 
 /// Sets the most bytes of host buffers kept for reuse when idle.

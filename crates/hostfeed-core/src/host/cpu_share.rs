@@ -10,6 +10,14 @@
 //! two threads take turns either way; the only question is whether the bytes are still in
 //! the cache when the consumer's turn comes.
 //!
+//! When the two run on separate cores, a large tap is copied with non-temporal stores
+//! ([`streams`]; the copy in `host/message.rs`): the pool hands a device's thread the
+//! buffers the consumer read last, whose lines sit in the consumer's core's cache, and
+//! ordinary stores would fetch every line from there before overwriting it (between the
+//! cores of a virtual machine, which may sit on different dies, that took a 4 MiB copy
+//! several times as long as the same copy on one core). On one core, the copy goes
+//! through the cache, where the consumer finds it.
+//!
 //! So after a push that leaves at least [`STEP_BYTES`] queued for the consumer (bytes it
 //! has not yet moved into a batch), a device's thread that finds the consumer last ran on
 //! its own CPU yields that CPU ([`after_push`]): the consumer runs the tap functions while
@@ -18,7 +26,8 @@
 //! threads on separate cores (an idle machine) never yield, and the consumer keeps running
 //! beside the device. A yield with nothing else to run on the CPU returns at once.
 //!
-//! The bench compares both ways side by side ([`set_step_bytes`]: 0 never yields).
+//! The bench compares each choice with its absence side by side ([`set_step_bytes`],
+//! [`set_stream_bytes`]: 0 never yields, never streams).
 //!
 //! No Python here.
 
@@ -32,6 +41,11 @@ pub const STEP_BYTES: usize = 2 << 20;
 static CONSUMER_CPU: AtomicI32 = AtomicI32::new(-1);
 /// The threshold in use ([`STEP_BYTES`] unless [`set_step_bytes`] changed it; 0: never).
 static STEP: AtomicUsize = AtomicUsize::new(STEP_BYTES);
+/// Operands from this size on are copied with non-temporal stores when the consumer runs
+/// on another CPU: the size of an L2 cache, past which a copy's lines would leave it anyway.
+pub const STREAM_BYTES: usize = 1 << 20;
+/// The threshold in use ([`STREAM_BYTES`] unless [`set_stream_bytes`] changed it; 0: never).
+static STREAM: AtomicUsize = AtomicUsize::new(STREAM_BYTES);
 
 /// The CPU the calling thread runs on, or -1 where the system does not say.
 fn current_cpu() -> i32 {
@@ -55,6 +69,23 @@ pub(crate) fn note_consumer_cpu() {
 /// the consumer, last seen on `consumer_cpu` (-1: unknown), at threshold `step` (0: never).
 fn should_yield(queued: usize, step: usize, cpu: i32, consumer_cpu: i32) -> bool {
     step > 0 && queued >= step && cpu >= 0 && cpu == consumer_cpu
+}
+
+/// Whether a device's thread copies an operand of `nbytes` with non-temporal stores: a large
+/// one, while the consumer runs on another CPU (by its last record; see the module
+/// documentation).
+pub(crate) fn streams(nbytes: usize) -> bool {
+    let step = STREAM.load(Ordering::Relaxed);
+    if step == 0 || nbytes < step {
+        return false; // the common case, without asking for the CPU
+    }
+    apart(current_cpu(), CONSUMER_CPU.load(Ordering::Relaxed))
+}
+
+/// Whether a device's thread on `cpu` runs apart from the consumer, last seen on
+/// `consumer_cpu` (both known, and different).
+fn apart(cpu: i32, consumer_cpu: i32) -> bool {
+    cpu >= 0 && consumer_cpu >= 0 && cpu != consumer_cpu
 }
 
 /// Called by a device's thread after a push that left `queued` bytes waiting for the
@@ -82,6 +113,12 @@ pub(crate) fn after_push(queued: usize) -> bool {
     }
 }
 
+/// Sets the size from which a device thread apart from the consumer copies an operand with
+/// non-temporal stores (0: never); returns the previous threshold. For the bench.
+pub fn set_stream_bytes(bytes: usize) -> usize {
+    STREAM.swap(bytes, Ordering::Relaxed)
+}
+
 /// Sets the bytes queued from which a device thread on the consumer's CPU yields after a push
 /// (0: never); returns the previous threshold. For the bench, which measures large taps both
 /// ways side by side.
@@ -103,6 +140,14 @@ mod tests {
         assert!(!should_yield(STEP_BYTES, STEP_BYTES, -1, -1), "the system gives no CPU");
         assert!(!should_yield(64 << 20, 0, 3, 3), "turned off");
         assert!(should_yield(1, 1, 3, 3) && !should_yield(1 << 20, 2 << 20, 3, 3), "a threshold set");
+    }
+
+    #[test]
+    fn a_device_thread_streams_only_apart_from_the_consumer() {
+        assert!(apart(0, 1) && apart(3, 0));
+        assert!(!apart(1, 1), "the same CPU: through the cache, where the consumer reads it");
+        assert!(!apart(1, -1) && !apart(-1, 1), "a CPU not known");
+        assert!(!streams(STREAM_BYTES - 1), "small operands never stream");
     }
 
     #[test]
