@@ -17,12 +17,17 @@ TRANSPORT_AGNOSTIC), the one list of what runs where.
     nox -s docs                         # build the docs site (-W), check its front page
     nox -s portable                     # the tests that lower a callback, with the
                                         # portable transport forced
-    nox -s releases                     # also 0.10.0, 0.10.1, 0.11.0, 0.11.1, 0.12.0 (not in CI)
+    nox -s releases                     # also 0.10.0, 0.10.1, 0.11.0, 0.11.1, 0.12.0, 0.12.0.1
+                                        # (not in CI)
     nox -s full                         # tests, portable and rust with every test in every
                                         # session, soaks at full length (CI: SCOPES)
 
-The sessions of jax 0.10.2 and 0.12.0.1 end with the capture tests again under the oldest
-Flax and Equinox releases pyproject allows (OLDEST_CAPTURE).
+The third environment installs the newest jax and jaxlib that PyPI serves at the time of
+the run (no pin: JAX as its users install it), prints the version it got, and fails when
+that release is newer than the range hostfeed declares (compat.NEWEST_TESTED, README,
+pyproject): a new JAX is then tested and declared, or the range is said to stop short of
+it, never silently. The sessions of jax 0.10.2 and the newest end with the capture tests
+again under the oldest Flax and Equinox releases pyproject allows (OLDEST_CAPTURE).
 
 Each environment installs one hostfeed wheel. Set ``HOSTFEED_WHEEL`` to a wheel built
 beforehand (CI builds the abi3 wheel once: ``maturin build --release --out dist``);
@@ -42,9 +47,13 @@ ROOT = pathlib.Path(__file__).parent
 # for the FFI layout check in the `rust` session.
 FFI_INCLUDES = ROOT / ".nox" / "_ffi_include"
 
-# (Python, jax/jaxlib) pairs: the oldest and newest supported JAX minor releases and the one
-# on the GPU machines; each on a Python its wheels exist for (jax 0.11+ needs Python 3.12+).
-MATRIX = [("3.11", "0.10.2"), ("3.12", "0.11.2"), ("3.13", "0.12.0.1")]
+#: The third environment's jax: the newest release PyPI serves when the session installs.
+NEWEST_JAX = "newest"
+# (Python, jax/jaxlib) pairs: the oldest supported JAX minor release, the one on the GPU
+# machines, and the newest on PyPI; each on a Python its wheels exist for (jax 0.11+ needs
+# Python 3.12+). 0.12.0.1, pinned here until jax 0.12.1 came out, is in RELEASES: the newest
+# covers 0.12, and a fourth suite would take CI past its 30 minutes.
+MATRIX = [("3.11", "0.10.2"), ("3.12", "0.11.2"), ("3.13", NEWEST_JAX)]
 # Which tests each session runs (pytest --scope, tests/python/conftest.py): the tests whose
 # result may depend on the JAX release in every `tests` session, the newest JAX's running
 # the soak-like tests at full length (the others run their short variant:
@@ -52,7 +61,7 @@ MATRIX = [("3.11", "0.10.2"), ("3.12", "0.11.2"), ("3.13", "0.12.0.1")]
 # settings, docs, the bench's report: conftest.HOST_SIDE) once, in the `host` session, with
 # the newest JAX. The portable session runs the tests whose result may also depend on the
 # transport (--scope=transport). `nox -s full` runs everything everywhere, at full length.
-SCOPES = {"0.10.2": "jax", "0.11.2": "jax", "0.12.0.1": "jax"}
+SCOPES = {"0.10.2": "jax", "0.11.2": "jax", NEWEST_JAX: "jax"}
 #: The pair of the `host` session and of the long soaks: the newest.
 NEWEST = MATRIX[-1]
 _FULL = os.environ.get("HOSTFEED_NOX_FULL") == "1"
@@ -95,7 +104,7 @@ def _wheel() -> str:
 # neighbour's (see _compat.py and crates/hostfeed-core/src/ffi/c_api.rs): not in CI;
 # `nox -s releases`.
 RELEASES = [("3.11", "0.10.0"), ("3.11", "0.10.1"), ("3.12", "0.11.0"), ("3.12", "0.11.1"),
-            ("3.13", "0.12.0")]
+            ("3.13", "0.12.0"), ("3.13", "0.12.0.1")]
 
 
 @nox.session
@@ -147,8 +156,15 @@ def _pins(jax: str) -> list[str]:
     return [] if jax == NEWEST[1] else [OLDER_ML_DTYPES]
 
 
+def _jax_requirements(jax: str) -> list[str]:
+    """What installs ``jax`` (a release, or NEWEST_JAX: the newest PyPI serves now)."""
+    if jax == NEWEST_JAX:
+        return ["--upgrade", "jax", "jaxlib"]
+    return [f"jax=={jax}", f"jaxlib=={jax}"]
+
+
 def _install(session: nox.Session, jax: str) -> None:
-    session.install(f"{_wheel()}[test]", f"jax=={jax}", f"jaxlib=={jax}", *_pins(jax))
+    session.install(f"{_wheel()}[test]", *_jax_requirements(jax), *_pins(jax))
 
 
 # The oldest Flax and Equinox releases pyproject allows (its lower bounds), on the JAX of the
@@ -159,7 +175,7 @@ def _install(session: nox.Session, jax: str) -> None:
 # CI runs a file each, about a minute in all.
 OLDEST_CAPTURE = {"0.10.2": (["flax==0.12.7", "equinox==0.13.1"],
                              "tests/python/test_capture.py"),
-                  "0.12.0.1": (["flax==0.12.10", "equinox==0.13.1"],
+                  NEWEST_JAX: (["flax==0.12.10", "equinox==0.13.1"],
                                "tests/python/test_capture_idioms.py")}
 
 
@@ -172,7 +188,9 @@ def _test(session: nox.Session, jax: str) -> None:
     if out is None:  # nox --install-only: nothing runs
         return
     versions, include = str(out).strip().splitlines()[-2:]
-    session.log(versions)
+    session.log(versions + (" (the newest on PyPI now)" if jax == NEWEST_JAX else ""))
+    if jax == NEWEST_JAX:
+        _check_declared_range(session)
     FFI_INCLUDES.mkdir(parents=True, exist_ok=True)
     (FFI_INCLUDES / f"py{session.python}-jax{jax}").write_text(include.strip())
     env = {"JAX_PLATFORMS": "cpu"}
@@ -184,8 +202,25 @@ def _test(session: nox.Session, jax: str) -> None:
     session.run("python", "-m", "mypy", "python/hostfeed", env=env)
     if jax in OLDEST_CAPTURE and not session.posargs:  # last: the steps above had the newest
         oldest, tests = OLDEST_CAPTURE[jax]
-        session.install(*oldest, f"jax=={jax}", f"jaxlib=={jax}", *_pins(jax))
+        session.install(*oldest, *_jax_requirements(jax), *_pins(jax))
         session.run("python", "-m", "pytest", "--durations=5", *_scope(jax), tests, env=env)
+
+
+def _check_declared_range(session: nox.Session) -> None:
+    """Fails the session when the installed (newest) JAX is newer than the range hostfeed
+    declares: README, pyproject and compat.NEWEST_TESTED must then be brought to it, once
+    the suite passes on it, or say that hostfeed stops short of it."""
+    out = session.run("python", "-c", "import jax; from hostfeed._src import compat; "
+                      "v = compat.JAX_VERSION[:2]; print(jax.__version__, "
+                      "'ok' if v <= compat.NEWEST_TESTED else 'newer', "
+                      "compat._tested_range())", silent=True)
+    version, verdict, declared = str(out).strip().splitlines()[-1].split(" ", 2)
+    if verdict != "ok":
+        session.error(f"jax {version}, the newest on PyPI, is newer than the range hostfeed "
+                      f"declares ({declared}): run the suite on it, then update "
+                      "compat.NEWEST_TESTED, pyproject.toml and README.md (or say there that "
+                      "hostfeed stops short of it)")
+    session.log(f"jax {version} lies in the declared range ({declared})")
 
 
 @nox.session(python=False)
@@ -205,7 +240,7 @@ def docs(session: nox.Session) -> None:
     navigation read back from a screenshot); needs `chromium` and `tesseract` on PATH.
     The pages' code blocks and figures are checked by the suite (tests/python/test_docs.py)."""
     python, jax = MATRIX[-1]
-    session.install(_wheel(), f"jax=={jax}", f"jaxlib=={jax}", "-r", "docs/requirements.txt")
+    session.install(_wheel(), *_jax_requirements(jax), "-r", "docs/requirements.txt")
     out = ROOT / ".nox" / "_docs_site"
     session.run("python", "docs/check_site.py", "--out", str(out), env={"JAX_PLATFORMS": "cpu"})
 
@@ -272,7 +307,10 @@ def rust(session: nox.Session) -> None:
     """The core's tests (`cargo test -p hostfeed-core`) in the `ci` profile (Cargo.toml:
     release's optimisation with the debug profile's assertions and overflow checks), with
     the FFI layout checked against every jaxlib header the test sessions installed
-    (required here: it fails rather than skips), then the loom models of the hand-made
+    (required here: it fails rather than skips), and the store conformance suite over every
+    back-end: the file system, `memory://`, the object store in memory and on an S3 server
+    (s3s-fs, started by the test: its binary `$S3S_FS` or on PATH; skipped without one
+    unless `HOSTFEED_REQUIRE_S3S=1`, which CI sets); then the loom models of the hand-made
     synchronisation (bounded; their own target directory, since `--cfg loom` rebuilds
     everything)."""
     dirs = os.environ.get("HOSTFEED_XLA_FFI_INCLUDE", "").split(os.pathsep)

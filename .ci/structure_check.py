@@ -1,6 +1,8 @@
 """The structure's rules: no import circle among the Python modules of ``python/hostfeed``
-nor among the Rust files of each crate (read from their ``import``/``use`` lines), and no
-Python module over :data:`MAX_PYTHON_LINES` lines, no Rust file over :data:`MAX_RUST_LINES`.
+nor among the Rust files of each crate (read from their ``import``/``use`` lines), no
+Python module over :data:`MAX_PYTHON_LINES` lines, no Python class over
+:data:`MAX_CLASS_LINES` (its ``class`` line to its last, docstrings included), and no Rust
+file over :data:`MAX_RUST_LINES`.
 
     python .ci/structure_check.py          # exit 1, naming each circle or long module
     python .ci/structure_check.py --graph  # also print every module's imports
@@ -28,6 +30,9 @@ PACKAGE = ROOT / "python" / "hostfeed"
 CRATES = [ROOT / "crates" / "hostfeed-core" / "src", ROOT / "bindings" / "python" / "src"]
 #: The longest a Python module may be: a longer one holds more than one concern.
 MAX_PYTHON_LINES = 620
+#: The longest a Python class may be: a longer one holds more than one concern (split it
+#: into parts it composes, or bases that each hold one).
+MAX_CLASS_LINES = 250
 #: The longest a Rust file may be (tests included: a file's tests go to a `tests.rs` of its
 #: own when they outgrow it).
 MAX_RUST_LINES = 800
@@ -85,6 +90,33 @@ def python_graph() -> dict[str, set[str]]:
                 if target and target != name and not name.startswith(target + "."):
                     graph[name].add(target)
     return graph
+
+
+def long_classes(path: pathlib.Path) -> list[tuple[str, int]]:
+    """The classes of ``path`` (at any depth) over :data:`MAX_CLASS_LINES` lines: (qualified
+    name, lines).
+
+    Example:
+        >>> import tempfile
+        >>> f = pathlib.Path(tempfile.mkdtemp()) / "m.py"
+        >>> _ = f.write_text("class A:\n" + "    x = 1\n" * MAX_CLASS_LINES)
+        >>> long_classes(f)
+        [('A', 251)]
+    """
+    out: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                name = prefix + child.name
+                lines = (child.end_lineno or child.lineno) - child.lineno + 1
+                if lines > MAX_CLASS_LINES:
+                    out.append((name, lines))
+                visit(child, name + ".")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(child, prefix + child.name + ".")
+    visit(ast.parse(path.read_text(), str(path)), "")
+    return out
 
 
 # ---- Rust --------------------------------------------------------------------------------
@@ -215,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
             found += 1
             print(f"{path.relative_to(ROOT)} has {lines} lines (at most {MAX_PYTHON_LINES}): "
                   "split it by concern", file=sys.stderr)
+        for name, lines in long_classes(path):
+            found += 1
+            print(f"{path.relative_to(ROOT)}: class {name} has {lines} lines (at most "
+                  f"{MAX_CLASS_LINES}): split it by concern", file=sys.stderr)
     for src in CRATES:
         for path in sorted(src.rglob("*.rs")):
             lines = len(path.read_text().splitlines())
@@ -224,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
                       "split it by concern", file=sys.stderr)
     if not found:
         print(f"no import circle ({sum(len(g) for g in graphs.values())} modules), no Python "
-              f"module over {MAX_PYTHON_LINES} lines, no Rust file over {MAX_RUST_LINES}")
+              f"module over {MAX_PYTHON_LINES} lines nor class over {MAX_CLASS_LINES}, no "
+              f"Rust file over {MAX_RUST_LINES}")
     return 1 if found else 0
 
 

@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             dist = LIBRARIES[library][0]
             if importlib.util.find_spec(dist) is None:
                 print(f"\n{library}: skipped ({dist} is not installed: "
-                      f"pip install 'hostfeed[{dist}]')")
+                      f"pip install {dist}, or pip install '.[{dist}]' in hostfeed's checkout)")
                 continue
             worst = max(worst, report(library, bench(library, args.rounds, args.steps, base)))
     finally:

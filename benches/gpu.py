@@ -60,6 +60,8 @@ from hostfeed.bench._training import record as record_section
 
 from _cuda_floor import StreamCopies, copy_floor  # benches/: the script's own directory
 
+hcb.set_sync_taps(False)  # asynchronous taps, as measured here (the default is synchronous)
+
 DRY_RUN = os.environ.get("GPU_CHECK_PLATFORM") == "cpu"
 #: Which GPU: cuda or rocm (.ci/accelerators/rocm_check.sh sets GPU_CHECK_KIND=rocm).
 KIND = os.environ.get("GPU_CHECK_KIND", "cuda")

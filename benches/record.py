@@ -81,6 +81,7 @@ from jax import lax
 import hostfeed
 from hostfeed import host_callback as hcb
 
+hcb.set_sync_taps(False)  # the tap rows: asynchronous taps (the default is synchronous)
 REPEATS = int(os.environ.get("HOSTFEED_BENCH_REPEATS", 5))
 LARGE_MB = int(os.environ.get("HOSTFEED_BENCH_LARGE_MB", 1024))
 SMALL_ROWS = int(os.environ.get("HOSTFEED_BENCH_SMALL_ROWS", 10_000))

@@ -15,7 +15,10 @@ Scenarios (each picked in turn, round robin):
 - ``snapshot``: tests/python/helpers/barrier_snapshot.py on 4 devices with two sharded
   threads (issue 65.3: a barrier from another thread must not return before a tap
   dispatched before it ran);
-- ``snapshot-portable``: the same with ``HOSTFEED_TRANSPORT=jax``.
+- ``snapshot-portable``: the same with ``HOSTFEED_TRANSPORT=jax``;
+- ``native-sync``, ``portable-sync``: the ``native`` and ``portable`` mixes with the
+  default tap mode (synchronous taps on CPU); the others run asynchronous taps
+  (``HOSTFEED_SYNC_TAPS=0``), as issue 65's did.
 
 A run passes when its helper exits 0 and its figures hold (every tap seen once, in order,
 no barrier early); it hangs when it has not ended ``--hang-after`` seconds (default 90)
@@ -24,10 +27,11 @@ threads' Python stacks are dumped (faulthandler, on SIGUSR1), and it is killed. 
 of every run that did not pass go to ``--logs`` (default soak-logs/ under the current
 folder). Prints a line per run (with the reason and log of one that did not pass) and, at
 the end, one JSON line of counts per scenario (with the runs in which the dispatcher ran a
-callback out of its device's order, which it warns about). Not run by CI (the short forms
-of these scenarios are tests in tests/python/test_joined_concurrency.py; the hangs it
-found, issue 65.2's, are test_shard_assembly's test_calls_held_behind_crossed_executions_*
-and test_a_call_held_while_nothing_comes_*).
+callback out of its device's order, and those in which it let a device go on before its
+synchronous global-view tap ran, which it warns about). Not run by CI (the short forms of
+these scenarios are tests in tests/python/test_joined_concurrency.py; the hangs it found,
+issue 65.2's, are test_shard_assembly's test_calls_held_behind_crossed_executions_* and
+test_a_call_held_in_a_circle_through_the_runtime_*).
 
 On this project's shared 2-core machine: ``nice -n 15``, one soak at a time, e.g.
 ``nice -n 15 python benches/soak_threads.py --minutes 40 --scenario portable --scenario
@@ -49,12 +53,18 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 HELPERS = ROOT / "tests" / "python" / "helpers"
 MIX = ["--sharded-threads", "2", "--sharded-taps-only", "--single-threads", "3",
        "--barrier-threads", "1", "--stop-threads", "1"]
+ASYNC = {"HOSTFEED_SYNC_TAPS": "0"}
 SCENARIOS = {
-    "portable": ("joined_concurrency.py", {"HOSTFEED_TRANSPORT": "jax"}, MIX),
-    "native": ("joined_concurrency.py", {}, MIX),
-    "snapshot": ("barrier_snapshot.py", {}, ["--sharded-threads", "2"]),
-    "snapshot-portable": ("barrier_snapshot.py", {"HOSTFEED_TRANSPORT": "jax"},
+    "portable": ("joined_concurrency.py", {"HOSTFEED_TRANSPORT": "jax", **ASYNC}, MIX),
+    "native": ("joined_concurrency.py", ASYNC, MIX),
+    "snapshot": ("barrier_snapshot.py", ASYNC, ["--sharded-threads", "2"]),
+    "snapshot-portable": ("barrier_snapshot.py", {"HOSTFEED_TRANSPORT": "jax", **ASYNC},
                           ["--sharded-threads", "2"]),
+    # The default tap mode (synchronous on CPU): joined taps and single-device taps that
+    # the devices wait for, with the same calls, barriers and stops.
+    "native-sync": ("joined_concurrency.py", {"HOSTFEED_SYNC_TAPS": ""}, MIX),
+    "portable-sync": ("joined_concurrency.py",
+                      {"HOSTFEED_TRANSPORT": "jax", "HOSTFEED_SYNC_TAPS": ""}, MIX),
 }
 #: Runs the helper with faulthandler set to dump every thread's stack on SIGUSR1 (sent on
 #: a hang only: a dump while threads run can crash the process).
@@ -105,7 +115,7 @@ try:
                           'senders': sorted(h.joiner.senders(h.run, o)),
                           'waiting': [desc(m) for m, _ in h.waiting]}}
                  for o, h in d.held.items()}},
-        'orphans': {{str(o): [desc(m) for m, _ in w] for o, w in d.orphans.items()}},
+        'orphans': d.held.orphaned(),
         'incomplete': {{c.name: {{str(r): [sorted(p.ordinal for p in parts.values())
                                           for parts in sets.values()]
                                  for r, sets in c.invoke._runs.items()}}
@@ -192,8 +202,8 @@ def main() -> None:
     names = a.scenario or ["portable", "native", "snapshot"]
     logs = pathlib.Path(a.logs)
     logs.mkdir(parents=True, exist_ok=True)
-    counts = {n: {"runs": 0, "pass": 0, "fail": 0, "hang": 0, "out_of_order": 0}
-              for n in names}
+    counts = {n: {"runs": 0, "pass": 0, "fail": 0, "hang": 0, "out_of_order": 0,
+                  "went_on_early": 0} for n in names}
     end = time.monotonic() + 60 * a.minutes
     i = 0
     while time.monotonic() < end and (not a.runs or i < a.runs):
@@ -203,8 +213,10 @@ def main() -> None:
                                        logs / f"{i:04d}-{name}-state.json")
         counts[name]["runs"] += 1
         counts[name][verdict] += 1
-        # Runs where the dispatcher ran something out of its device's order (a warning).
+        # Runs where the dispatcher ran something out of its device's order (a warning),
+        # or let a device go on before its synchronous global-view tap ran (another).
         counts[name]["out_of_order"] += "out of its order" in log
+        counts[name]["went_on_early"] += "goes on before its synchronous" in log
         line = (f"{time.strftime('%H:%M:%S')} run {i} {name}: {verdict} after "
                 f"{time.monotonic() - t0:.1f} s")
         if verdict != "pass":

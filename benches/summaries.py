@@ -12,7 +12,9 @@ turn; the raw records (whose writes go on after a step and would slow the next c
 round by round, against the step without recording of those rounds. Each case's added
 cost per step is that median plus its median close over the round's steps. The record is
 also timed alone, of the activation already computed, the cases called in turn and each
-call's added time taken against the call without recording just before it.
+call's added time taken against the call without recording just before it (and
+``hostfeed.Stats(dtype=jnp.float8_e4m3fn)``: the statistics with a cast's underflows and
+overflows).
 
 Reading back: 1 GiB of rows float32[512, 1024] recorded into DIR, then read whole by
 zarr-python (``arr[:]``), by ``open_recording(...).iter_batches`` (batches of 4096 tokens,
@@ -234,8 +236,11 @@ def alone(base: str, step: float, calls: int = 200) -> None:
     d = tempfile.mkdtemp(prefix="hfsum-", dir=base)
     try:
         rec = hostfeed.Recorder(os.path.join(d, "r.zarr"))
+        e4m3 = hostfeed.Stats(dtype=jnp.float8_e4m3fn)
         fs = {"nothing": jax.jit(lambda h, s: h),
               "stats": jax.jit(lambda h, s: (rec.record("s", h, step=s, reduce="stats"), h)[1]),
+              "stats vs e4m3fn": jax.jit(lambda h, s: (rec.record(
+                  "c", h, step=s, reduce=e4m3), h)[1]),
               "histogram": jax.jit(lambda h, s: (rec.record(
                   "g", h, step=s, reduce=hostfeed.Histogram(64, "log")), h)[1])}
         times: dict[str, list[float]] = {k: [] for k in fs}
@@ -265,7 +270,7 @@ def alone(base: str, step: float, calls: int = 200) -> None:
     finally:
         shutil.rmtree(d, ignore_errors=True)
     added = {k: statistics.median([a - b for a, b in zip(times[k], times["nothing"])])
-             for k in ("stats", "histogram")}
+             for k in fs if k != "nothing"}
     raw = statistics.median(raw_rounds)
     print(f"\nthe record alone, of h = float32{list(SHAPE)} already computed: added ms per "
           f"record (median of {calls} calls, each against the call without recording just "

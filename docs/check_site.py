@@ -22,15 +22,16 @@ DOCS = pathlib.Path(__file__).resolve().parent
 
 
 def nav_titles() -> list[str]:
-    """The first heading of each page the front page's toctrees list, in order."""
+    """The first heading of each page the front page's navigation lists, in order
+    (docs/navigation.py)."""
+    sys.path.insert(0, str(DOCS))
+    import navigation
     index = (DOCS / "index.md").read_text()
     titles = []
-    for block in re.findall(r"```\{toctree\}\n(.*?)```", index, re.S):
-        for line in block.splitlines():
-            name = line.strip()
-            if name and not name.startswith(":"):
-                heading = (DOCS / f"{name}.md").read_text().splitlines()[0]
-                titles.append(heading.lstrip("# ").replace("`", ""))
+    for _, _, pages in navigation.toctrees(index):
+        for name in pages:
+            heading = (DOCS / f"{name}.md").read_text().splitlines()[0]
+            titles.append(heading.lstrip("# ").replace("`", ""))
     return titles
 
 

@@ -6,7 +6,14 @@ generated from the docstrings of the installed package).
 """
 from __future__ import annotations
 
+import os
+import sys
+from typing import Any
+
 import hostfeed
+
+sys.path.insert(0, os.path.dirname(__file__))
+import navigation  # docs/navigation.py, beside this file
 
 project = "hostfeed"
 author = "the hostfeed authors"
@@ -38,3 +45,14 @@ intersphinx_mapping: dict[str, tuple[str, str | None]] = {}
 html_theme = "furo"
 html_title = f"hostfeed {release}"
 html_static_path: list[str] = []
+
+
+def _navigation(app: Any, docname: str, source: list[str]) -> None:
+    """The front page's lists of links, each also a hidden toctree (docs/navigation.py)."""
+    if docname == root_doc:
+        source[0] = navigation.expand(source[0])
+
+
+def setup(app: Any) -> dict[str, Any]:
+    app.connect("source-read", _navigation)
+    return {"parallel_read_safe": True}

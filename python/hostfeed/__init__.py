@@ -59,16 +59,19 @@ from ._src.readback.reading import read_recording  # noqa: E402
 from ._src.readback.opened import RecordedArray, Recording, follow, open_recording  # noqa: E402
 from ._src.readback.tensorboard import to_tensorboard  # noqa: E402
 from ._src.record.recorder import Recorder  # noqa: E402
-from ._src.reductions import STATS, Histogram, TopK  # noqa: E402
-from ._src.capture import Capturing, capture  # noqa: E402
+from ._src.record import barrier as _record_barrier  # noqa: E402,F401 - its hooks
+from ._src.record.window import Triggered  # noqa: E402
+from ._src.record.watch import Spike, spike  # noqa: E402
+from ._src.reductions import CAST_STATS, STATS, Histogram, Stats, TopK  # noqa: E402
+from ._src.capture import CaptureWarning, Capturing, capture  # noqa: E402
 from ._src.record.unflushed import UnflushedReadWarning  # noqa: E402
 from ._receiver.error import (CallbackContextError, ReceiverError,  # noqa: E402
                               ReceiverTimeoutError, RecordingError)
 
 # The public classes print, and are documented, as hostfeed's, where they are imported
 # from (the native exceptions are defined as hostfeed.* in Rust; these live in _src).
-for _public in (CallbackException, Recorder, Histogram, TopK, Capturing, Recording,
-                RecordedArray, UnflushedReadWarning):
+for _public in (CallbackException, Recorder, Histogram, TopK, Stats, Capturing, Recording,
+                RecordedArray, UnflushedReadWarning, CaptureWarning, Triggered, Spike):
     _public.__module__ = "hostfeed"
 del _public
 
@@ -76,10 +79,11 @@ __all__ = [
     "host_callback", "install", "id_tap", "id_print", "barrier_wait",
     "stop_outfeed_receiver", "CallbackException", "TapFunctionException",
     "start_receiver", "receiver_stats", "Recorder", "RecordingError", "read_recording",
-    "Histogram", "TopK", "STATS", "capture", "Capturing", "open_recording", "follow",
-    "Recording", "RecordedArray", "to_tensorboard", "UnflushedReadWarning",
+    "Histogram", "TopK", "Stats", "STATS", "CAST_STATS", "capture", "Capturing",
+    "CaptureWarning", "open_recording", "follow", "Recording", "RecordedArray",
+    "to_tensorboard", "UnflushedReadWarning",
     "register_zarr_dtypes", "CallbackContextError", "ReceiverError", "ReceiverTimeoutError",
-    "transports", "gpu_status",
+    "transports", "gpu_status", "Triggered", "spike", "Spike",
     "__version__",
 ]
 
@@ -124,16 +128,16 @@ def start_receiver(*, max_queue_byte_size: Optional[int] = None) -> None:
 
 
 def transports() -> dict[str, str]:
-    """Which transport hostfeed's callbacks use in computations for each platform:
-    ``"native"`` (hostfeed's own handlers: CPU, CUDA, ROCm) or ``"jax"`` (the portable
-    transport, JAX's host-callback lowering: TPU and other platforms, a GPU whose handlers
-    could not register; everywhere when
-    ``HOSTFEED_TRANSPORT=jax``). Lists CPU, CUDA, ROCm, TPU and the platforms of this
-    process's backends.
+    """Which transport hostfeed's callbacks use in computations for each platform, by name:
+    ``"native"`` (hostfeed's own handlers: CPU, CUDA, ROCm), ``"tpu"`` (a TPU's own host
+    transfers) or ``"jax"`` (the portable transport, JAX's host-callback lowering: other
+    platforms, a GPU whose handlers could not register; everywhere but on TPUs when
+    ``HOSTFEED_TRANSPORT=jax``). The transport a computation for that platform alone is
+    lowered with. Lists CPU, CUDA, ROCm, TPU and the platforms of this process's backends.
 
     Example:
         >>> import hostfeed
-        >>> hostfeed.transports()["tpu"] in ("native", "jax")
+        >>> hostfeed.transports()["tpu"] in ("native", "tpu")
         True
     """
     return _transports.transports()

@@ -122,7 +122,7 @@ def demo(steps: int = 100, out: Optional[TextIO] = None, store: Any = None) -> i
         print(f"the recording is kept in {store}", file=out)
         print(f"look at it: python -m hostfeed show {store} (every array over its steps, "
               f"into a PNG), or python -m hostfeed tensorboard {store} LOGDIR (for "
-              f"TensorBoard: pip install 'hostfeed[tensorboard]')", file=out)
+              f"TensorBoard: pip install tensorboard)", file=out)
     else:  # said before it goes, so that no path is printed that will not exist
         print("the recording was in a temporary store, deleted at the end of the demo "
               "(--store PATH keeps it)", file=out)
@@ -145,38 +145,69 @@ def demo(steps: int = 100, out: Optional[TextIO] = None, store: Any = None) -> i
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hostfeed",
-                                     description="hostfeed: JAX host callbacks in Rust")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="train a tiny model with taps on its activations")
-    p.add_argument("--steps", type=int, default=100, help="training steps (default 100)")
+def parser() -> argparse.ArgumentParser:
+    """The parser of ``python -m hostfeed`` and its commands (docs/cli.md is generated from
+    it: ``python docs/reference.py --write``)."""
+    top = argparse.ArgumentParser(prog="python -m hostfeed",
+                                  description="hostfeed's commands: a demo, the benchmark, "
+                                  "and looking at a recording")
+    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser("demo", help="train a tiny model with taps on its activations",
+                       description="Trains a 2-layer MLP for a few seconds: each step taps its "
+                       "loss (the host draws a progress line) and records the hidden layer's "
+                       "statistics and the gradient norm, read back at the end; then says what "
+                       "the taps cost the device")
+    p.add_argument("--steps", type=int, default=100, metavar="N",
+                   help="training steps (default 100)")
     p.add_argument("--store", metavar="PATH",
-                   help="keep the recording in this Zarr store (default: a temporary one)")
+                   help="keep the recording in this Zarr store (default: a temporary one, "
+                   "deleted at the end)")
+    p.set_defaults(parser=p)
     b = sub.add_parser("bench", help="latency and throughput against JAX's own callbacks",
-                       description=bench.DESCRIPTION)
+                       description=bench.DESCRIPTION.rstrip("."))
     bench.add_arguments(b)
+    b.set_defaults(parser=b)
     s = sub.add_parser("show", help="a recording's table, and a picture of its arrays over "
-                       "their steps (PNG or HTML)")
-    s.add_argument("store", help="the recording: a directory or an object store's URL")
+                       "their steps (PNG or HTML)",
+                       description="Prints a recording's table (names, rows, steps, dtype, row "
+                       "shape, bytes, summary), then draws the arrays over their steps: a grid "
+                       "of panels, each module's arrays side by side, into a PNG or one "
+                       "self-contained HTML page")
+    s.add_argument("store", metavar="STORE",
+                   help="the recording: a directory or an object store's URL")
     s.add_argument("patterns", nargs="*", metavar="PATTERN",
                    help="the arrays to draw: an array's name, or glob patterns split on '/' "
                    "and '.' as capture matches names ('blocks.*', '**.cotangent'); "
                    "default: every array")
     s.add_argument("-o", "--output", "--png", dest="output", metavar="FILE",
                    help="where to draw: FILE.png, or FILE.html (one self-contained page); "
-                   "default: NAME.png for one array's name, else the store's name .png")
+                   "default: NAME.png for one array's name, else the store's name .png, in "
+                   "the current directory (the command prints the path)")
+    s.set_defaults(parser=s)
     t = sub.add_parser("tensorboard", help="write a recording as TensorBoard event files "
-                       "(scalars and histograms), or follow a run that is writing it")
-    t.add_argument("store", help="the recording: a directory or an object store's URL")
-    t.add_argument("logdir", help="the directory of the event files (TensorBoard's run)")
+                       "(scalars and histograms), or follow a run that is writing it",
+                       description="Writes a recording as TensorBoard event files: statistics "
+                       "as scalars, histograms as histograms, each row at its recorded step "
+                       "and time; with --follow, a run while it records, until its recorder "
+                       "closes the store")
+    t.add_argument("store", metavar="STORE",
+                   help="the recording: a directory or an object store's URL")
+    t.add_argument("logdir", metavar="LOGDIR",
+                   help="the directory of the event files (TensorBoard's run; made if "
+                   "missing, refused if it holds event files)")
     t.add_argument("patterns", nargs="*", metavar="PATTERN",
                    help="the arrays to export (as show takes them); default: every array")
     t.add_argument("--follow", action="store_true",
                    help="follow a store a recorder is still writing, until it closes")
-    t.add_argument("--poll", type=float, default=0.5,
+    t.add_argument("--poll", type=float, default=0.5, metavar="SECONDS",
                    help="with --follow: seconds between looks at the store (default 0.5)")
-    args = parser.parse_args(argv)
+    t.set_defaults(parser=t)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hostfeed``; returns the exit status."""
+    args = parser().parse_args(argv)
     if args.command == "bench":
         return bench.run_command(args)
     if args.command == "show":
@@ -184,14 +215,16 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return show.main(args.store, args.patterns, args.output)
         except (KeyError, ValueError, FileNotFoundError, ImportError) as exc:
-            print(f"python -m hostfeed show: {str(exc).strip(chr(34))}", file=sys.stderr)
+            said = str(exc).strip(chr(34)).removeprefix("hostfeed.open_recording: ")
+            print(f"python -m hostfeed show: {said.removeprefix('hostfeed: ')}",
+                  file=sys.stderr)
             return 2
     if args.command == "tensorboard":
         from ._src.readback import tensorboard
         return tensorboard.main(args.store, args.logdir, args.patterns, args.follow, args.poll)
     if args.command == "demo":
         if args.steps < 1:
-            p.error(f"--steps must be at least 1, got {args.steps}")
+            args.parser.error(f"--steps must be at least 1, got {args.steps}")
         return demo(args.steps, store=args.store)
     return 2  # pragma: no cover - argparse enforces the choices
 

@@ -6,14 +6,17 @@ arrays. ``id_print`` is ``id_tap`` with a printing function. Taps work eagerly a
 ``jax.jit``, nested jit, ``lax.cond``, ``lax.while_loop`` (body and predicate),
 ``lax.scan`` and ``lax.fori_loop``, and run in program order.
 
-How it works: the device side only copies the tapped arrays into a byte-bounded queue in
-Rust; a consumer thread then calls your Python functions, in order. So taps are
-asynchronous: use :func:`barrier_wait` to wait until every tap of the computations
-dispatched so far has been processed, or make taps synchronous (``id_tap(..., sync=True)``,
-:func:`sync_taps`, :func:`set_sync_taps`) when code relies on a tap having run once the
-computation's results are ready. Exceptions raised by tap functions are logged with
-their traceback, the receiver keeps going, and the next :func:`barrier_wait` raises
-:class:`CallbackException` carrying the last one.
+By default taps run as the legacy module ran them: on CPUs and GPUs a tap's function has
+run before the computation goes on past it, so code that reads what its tap functions
+wrote once the results are ready (or right after an eager call) finds it complete; on
+TPUs taps are asynchronous, as there. Asynchronous taps (``HOSTFEED_SYNC_TAPS=0``,
+:func:`set_sync_taps`, :func:`sync_taps`, ``id_tap(..., sync=False)``) only copy the
+tapped arrays into a byte-bounded queue in Rust, and a receiver thread then calls your
+Python functions, in order, while the computation goes on: use :func:`barrier_wait` to
+wait until every tap of the computations dispatched so far has been processed.
+Exceptions raised by tap functions are logged with their traceback, the receiver keeps
+going, and the next :func:`barrier_wait` raises :class:`CallbackException` carrying the
+last one.
 
 :func:`call` sends values to the host and returns the host function's results to the
 computation, which waits for them; a failing host function fails the computation with an
@@ -40,8 +43,8 @@ Environment variables (the legacy names):
 * ``JAX_HOST_CALLBACK_INLINE=1``: outside of ``jit`` and control flow, run tap functions
   inline in the calling thread (so their exceptions propagate with your stack).
 * ``HOSTFEED_AD_TAPS`` (``transforms`` or ``primals``): what taps see under autodiff.
-* ``HOSTFEED_SYNC_TAPS=1``: taps are synchronous (see :func:`set_sync_taps`): each tap
-  function has run before the computation goes on, as with the legacy CPU default.
+* ``HOSTFEED_SYNC_TAPS``: ``0``: taps are asynchronous; ``1``: synchronous everywhere;
+  unset: the legacy module's way (synchronous on CPUs and GPUs); see :func:`set_sync_taps`.
 * ``HOSTFEED_CALL_TIMEOUT``: seconds a :func:`call` waits for its host function.
 * ``HOSTFEED_STOP_TIMEOUT``: seconds without progress after which stopping the receiver
   fails the calls waiting on a stuck callback (default 10).
@@ -56,8 +59,7 @@ Example:
     ...     return y + 1
     >>> f(jnp.arange(3.)).tolist()
     [1.0, 3.0, 5.0]
-    >>> hcb.barrier_wait()
-    >>> seen
+    >>> seen                    # (by default the tap has run once the result is ready)
     [[0.0, 2.0, 4.0]]
 """
 from __future__ import annotations
@@ -77,7 +79,7 @@ from ._src import compat, dtypes, keys, lifecycle, placement, settings
 from ._src.errors import CallbackException
 from ._src.eager import outside_call
 from ._src.primitives import (get_ad_taps, get_sync_taps, host_call_p, outside_call_params,
-                              set_ad_taps as _set_ad_taps, sync_taps_state)
+                              set_ad_taps as _set_ad_taps, sync_taps_state, tap_sync_param)
 from ._src.printing import Printer
 from ._src.spec import CallbackKind, CallbackSpec
 
@@ -121,34 +123,51 @@ def set_ad_taps(mode: str) -> None:
     _set_ad_taps(mode)
 
 
-def set_sync_taps(sync: bool) -> None:
-    """Makes taps traced from now on synchronous (``True``) or asynchronous (``False``,
-    the default).
+def set_sync_taps(sync: Optional[bool]) -> None:
+    """Makes taps traced from now on synchronous (``True``), asynchronous (``False``), or
+    run as the legacy module ran them (``None``: the default).
 
     A synchronous tap's function has run before the computation goes on past the tap, so
     once a result of the computation is ready (``block_until_ready()``, ``print``, a
     conversion to numpy), every synchronous tap before it has run; no ``barrier_wait`` is
-    needed. This is what the legacy module's CPU default did. It costs a round trip to the
-    host per tap (like ``hcb.call``), and the device waits for the tap function. The
-    initial mode comes from ``HOSTFEED_SYNC_TAPS`` (read at import); ``id_tap(...,
-    sync=True)`` chooses per tap and ``with hcb.sync_taps():`` for a block. The mode is
-    part of JAX's cache keys, so switching retraces. Exceptions of tap functions are still
-    recorded for the next :func:`barrier_wait`; the computation goes on.
+    needed; an eager tap has run when ``id_tap`` returns, and an eager loop or conditional
+    that taps (``lax.while_loop`` outside ``jit``) returns once its taps have run. This is
+    what the legacy module did on CPUs and GPUs, and what the default mode does there (on
+    a TPU, whose legacy taps were asynchronous, the default leaves them asynchronous). On
+    a CPU the tap function runs on the device's thread, as a JAX callback does, and costs
+    the computation about what the fastest of them costs; a tap with nothing else pending
+    never waits for the receiver's thread.
+
+    An asynchronous tap only copies its operands into hostfeed's queue (well under a
+    microsecond for a small tap) and its function runs later on the receiver's thread,
+    while the computation goes on: use :func:`barrier_wait` before reading what the tap
+    functions wrote. The initial mode comes from ``HOSTFEED_SYNC_TAPS`` (read at import:
+    ``1``: synchronous, ``0``: asynchronous, unset: the default); ``id_tap(...,
+    sync=True)`` chooses per tap and ``with hcb.sync_taps(...):`` for a block. The mode is
+    part of JAX's cache keys, so switching retraces. Exceptions of tap functions are
+    recorded for the next :func:`barrier_wait` in every mode; the computation goes on.
 
     Example:
         >>> from hostfeed import host_callback as hcb
-        >>> hcb.set_sync_taps(True); hcb.get_sync_taps()
-        True
-        >>> hcb.set_sync_taps(False)
+        >>> hcb.set_sync_taps(False); hcb.get_sync_taps()
+        False
+        >>> hcb.set_sync_taps(None)
     """
+    jax.config.update("hostfeed_sync_taps", _mode_of(sync, "set_sync_taps(sync)"))
+
+
+def _mode_of(sync: Any, what: str) -> str:
+    if sync is None:
+        return "legacy"
     if not isinstance(sync, (bool, np.bool_)):
-        raise TypeError(f"set_sync_taps(sync): expected True or False, got {sync!r}")
-    jax.config.update("hostfeed_sync_taps", bool(sync))
+        raise TypeError(f"{what}: expected True, False or None (the default), got {sync!r}")
+    return "sync" if sync else "async"
 
 
 @contextlib.contextmanager
-def sync_taps(sync: bool = True) -> Iterator[None]:
-    """Within the block, taps traced (and jitted functions called) are synchronous; see
+def sync_taps(sync: Optional[bool] = True) -> Iterator[None]:
+    """Within the block, taps traced (and jitted functions called) are synchronous
+    (``True``), asynchronous (``False``) or as by default (``None``); see
     :func:`set_sync_taps`. Applies to the calling thread.
 
     Example:
@@ -156,14 +175,13 @@ def sync_taps(sync: bool = True) -> Iterator[None]:
         >>> from hostfeed import host_callback as hcb
         >>> seen = []
         >>> f = jax.jit(lambda x: hcb.id_tap(lambda v, tr: seen.append(int(v)), x) + 1)
-        >>> with hcb.sync_taps():
+        >>> with hcb.sync_taps(False):
         ...     y = f(jnp.int32(1)).block_until_ready()
-        ...     print(seen)                         # ran before the result was ready
+        ...     hcb.barrier_wait()                  # asynchronous: wait for the taps
+        >>> seen
         [1]
     """
-    if not isinstance(sync, (bool, np.bool_)):
-        raise TypeError(f"sync_taps(sync): expected True or False, got {sync!r}")
-    with sync_taps_state(bool(sync)):
+    with sync_taps_state(_mode_of(sync, "sync_taps(sync)")):
         yield
 
 
@@ -315,7 +333,7 @@ def id_tap(tap_func: Callable, arg: Any, *, result: Any = None, tap_with_device:
         processes, the tap function runs in that device's process only.
       sync: ``True``: the computation waits until ``tap_func`` has run (a synchronous tap,
         see :func:`set_sync_taps`); ``False``: asynchronous; ``None`` (default): the mode
-        in effect (:func:`get_sync_taps`).
+        in effect (by default the legacy module's: synchronous but on TPUs).
       **kwargs: refused with the legacy module's explanation (use ``functools.partial``).
 
     Returns:
@@ -356,9 +374,11 @@ def _misspelt(kwargs: dict, known: Sequence[str]) -> str:
     return f"{'; '.join(hints)}. " if hints else ""
 
 
-def _sync_arg(sync: Any, api: str) -> bool:
+def _sync_arg(sync: Any, api: str) -> bool | None:
+    """``sync=`` of a tap as its primitive's parameter (None: the legacy mode's choice,
+    made where it runs)."""
     if sync is None:
-        return get_sync_taps()
+        return tap_sync_param()
     if not isinstance(sync, (bool, np.bool_)):
         raise TypeError(f"{api}: sync must be True, False or None (the mode in effect), got "
                         f"{sync!r}")

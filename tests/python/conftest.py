@@ -14,6 +14,12 @@ import time
 from collections.abc import Callable
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The suite tests asynchronous taps, what most of hostfeed's machinery (the queue, its
+# bound, batches, joined taps, barriers) is about, and what its tests were written
+# against: the tests of the default mode (the legacy module's: synchronous taps on CPUs and
+# GPUs) choose it themselves (test_legacy_semantics.py, test_sync.py, test_install.py, the
+# docstring examples and the docs' blocks). Inherited by the processes the tests start.
+os.environ.setdefault("HOSTFEED_SYNC_TAPS", "0")
 
 import pytest
 
@@ -66,6 +72,16 @@ HOST_SIDE: dict[str, object] = {
     "test_append.py": ALL,
     "test_reading_back.py": ALL,
     "test_look_at_a_run.py": ALL,  # show and the TensorBoard export: stores written eagerly
+    "test_live_view.py": ALL,  # the recorder's live cycles, read by follow and TensorBoard
+    "test_a_reduction_of_ones_own.py": ALL,  # the reductions' seam, read back: stores eager
+    # The casts' thresholds (ml_dtypes), refusals at the call, reading, drawing and exporting
+    # statistics (stores written eagerly); not the rows' values on each path (JAX-facing).
+    "test_stats.py": frozenset({
+        "test_cast_thresholds_are_where_ml_dtypes_casts_change",
+        "test_an_unknown_cast_dtype_is_refused_at_the_call",
+        "test_stats_takes_each_cast_dtype_spelt_any_way_and_stats_is_stats",
+        "test_a_store_with_the_earlier_nine_columns_reads_draws_and_exports",
+        "test_show_and_tensorboard_draw_the_new_columns"}),
     "test_sharding.py": ALL,  # Zarr's sharded layout (not JAX's), read by three readers
     "test_docs.py": ALL,
     "test_packaging.py": ALL,
@@ -96,6 +112,18 @@ HOST_SIDE: dict[str, object] = {
         "test_registered_dtypes_leave_zarr_python_working_for_other_arrays",
         "test_zarr_learns_the_ml_dtypes_whatever_the_import_order",
         "test_a_chosen_pool_limit_holds_whatever_starts_the_receiver"}),
+    # The window's rows and triggers from eager records, arguments refused at the call,
+    # show, a killed writer, memory, and four processes (two run on every release).
+    "test_flight_recorder.py": frozenset({
+        "test_a_watch_writes_the_window_and_the_steps_after_once",
+        "test_keep_writes_the_window_as_it_stands_and_appending_keeps_earlier_triggers",
+        "test_the_byte_bound_holds_older_steps_out_and_refuses_a_step_larger_than_it",
+        "test_on_trigger_is_called_with_each_trigger_and_its_error_raised_at_the_barrier",
+        "test_show_lists_the_triggers_and_the_first_non_finite_value",
+        "test_bad_input_is_refused_at_the_call",
+        "test_a_sigkill_while_the_window_is_written_leaves_whole_rows_or_reported_missing",
+        "test_memory_stays_within_window_bytes_over_10000_steps_of_1_mib_rows",
+        "test_a_trigger_in_one_of_four_processes_writes_every_window"}),
     # The object store and the lock; the processes' JAX side is the file system run's.
     "test_shared_store.py": frozenset({
         "test_processes_share_an_object_store",
@@ -107,6 +135,7 @@ HOST_SIDE: dict[str, object] = {
         "test_a_bad_value_fails_the_import_naming_the_variable",
         "test_empty_values_are_unset_and_words_ignore_case",
         "test_recorder_refuses_a_coordination_timeout_that_is_not_positive",
+        "test_recorder_arguments_are_refused_at_the_call_before_anything_is_written",
         "test_bench_checks_its_output_paths_before_the_run",
         "test_a_misspelt_keyword_is_named",
         "test_read_recording_names_the_store_and_the_nearest_names",
@@ -128,7 +157,9 @@ HOST_SIDE: dict[str, object] = {
         "test_demo_refuses_no_steps_with_its_own_usage",
         "test_readme_check_doctests",
         "test_readme_blocks_need_only_what_the_readme_installed_before_them"}),
-    "test_surprises.py": frozenset({"test_demo_with_a_temporary_store_says_it_is_deleted"}),
+    "test_surprises.py": frozenset({
+        "test_demo_with_a_temporary_store_says_it_is_deleted",
+        "test_the_exit_status_for_an_unraised_callback_error_follows_the_setting"}),
     # The report and the plots from the committed runs; not the quick run, which calls
     # JAX's own callbacks (jax.experimental.buffer_callback among them) on each release,
     # nor the receiver's timing of taps.
@@ -142,6 +173,7 @@ HOST_SIDE: dict[str, object] = {
         "test_the_whole_report_fits_100_columns_and_every_ratio_is_a_time_ratio",
         "test_a_table_wider_than_the_terminal_is_cut_into_tables_that_repeat_the_first_column",
         "test_bench_help_says_in_one_line_what_it_measures",
+        "test_progress_is_a_line_a_section_off_a_terminal_and_a_line_a_step_on_one",
         "test_unknown_section_is_refused",
         "test_n_64mb_is_a_whole_number_of_at_least_one",
         "test_a_run_is_set_beside_the_committed_runs_of_its_processor_alone",
@@ -327,11 +359,41 @@ def _one_process_holds_the_tpu(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def _tap_mode_restored():
+    """The process's tap mode (``hcb.set_sync_taps``, and ``HOSTFEED_SYNC_TAPS`` for the
+    processes tests start) as it was before the test: a test (or a docstring example) that
+    sets it does not change the mode of the tests after it."""
+    import jax
+
+    from hostfeed._src.primitives import sync_taps_state
+
+    before, env = sync_taps_state.get_global(), os.environ.get("HOSTFEED_SYNC_TAPS")
+    yield
+    if sync_taps_state.get_global() != before:
+        jax.config.update("hostfeed_sync_taps", before)
+    if os.environ.get("HOSTFEED_SYNC_TAPS") != env:  # (what the processes it starts read)
+        if env is None:
+            os.environ.pop("HOSTFEED_SYNC_TAPS", None)
+        else:
+            os.environ["HOSTFEED_SYNC_TAPS"] = env
+
+
+@pytest.fixture
+def default_tap_mode():
+    """The default tap mode (the legacy module's: synchronous taps on CPUs and GPUs) for
+    the test, whatever the suite's (asynchronous: ``HOSTFEED_SYNC_TAPS=0`` above)."""
+    import jax
+
+    jax.config.update("hostfeed_sync_taps", "legacy")  # (restored: _tap_mode_restored)
+    yield
+
+
+@pytest.fixture(autouse=True)
 def _receiver_clean_after_test():
-    from hostfeed._src.record import recorder as recording
+    from hostfeed._src.record import lifetime as recording
 
     with recording.open_lock:
-        before = set(recording._open)
+        before = set(recording.open_recorders)
     yield
     try:
         # Raises (and so fails the test's teardown) if a callback exception went unreported.
@@ -342,7 +404,7 @@ def _receiver_clean_after_test():
         # its lease on a store this test's server may no longer serve), and every later
         # test's barrier would report its errors.
         with recording.open_lock:
-            left = [rec for rec in recording._open if rec not in before]
+            left = [rec for rec in recording.open_recorders if rec not in before]
         for rec in left:
             with contextlib.suppress(Exception):
                 rec.close()
@@ -440,6 +502,19 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 30.0,
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout} s")
         event.wait(interval)
+
+
+def describe_exit(returncode: int) -> str:
+    """How a child process ended, naming the signal that killed it (a crash is reported
+    as the failure it is: "killed by SIGSEGV", not a bare -11)."""
+    import signal
+
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with status {returncode}"
 
 
 def run_python(code: str, env: dict[str, str] | None = None,

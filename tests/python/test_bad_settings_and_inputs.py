@@ -37,6 +37,7 @@ BAD = [
     ("HOSTFEED_FAST_DISPATCH", "2"),
     ("HOSTFEED_CALL_THREAD", "main"),
     ("HOSTFEED_RECORD_PARTS", "halves"),
+    ("HOSTFEED_CALLBACK_ERROR_EXIT", "-1"),
 ]
 
 
@@ -57,20 +58,20 @@ def test_empty_values_are_unset_and_words_ignore_case():
     r = run_python("""
         import hostfeed
         from hostfeed._src import primitives, settings
-        print(primitives.get_ad_taps(), primitives.get_sync_taps(), settings.stop_timeout(),
+        print(primitives.get_ad_taps(), primitives.sync_taps_mode(), settings.stop_timeout(),
               settings.transport(), settings.fast_dispatch())
         """, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split() == ["transforms", "False", "10.0", "None", "True"]
+    assert r.stdout.split() == ["transforms", "legacy", "10.0", "None", "True"]
     r = run_python("""
         import hostfeed
         from hostfeed._src import primitives, settings
-        print(primitives.get_ad_taps(), primitives.get_sync_taps(), settings.transport(),
+        print(primitives.get_ad_taps(), primitives.sync_taps_mode(), settings.transport(),
               settings.fast_dispatch())
         """, env={"HOSTFEED_AD_TAPS": " PRIMALS", "HOSTFEED_SYNC_TAPS": "Yes",
                   "HOSTFEED_TRANSPORT": "Native", "HOSTFEED_FAST_DISPATCH": "OFF"})
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split() == ["primals", "True", "native", "False"]
+    assert r.stdout.split() == ["primals", "sync", "native", "False"]
 
 
 EXIT_PROGRAM = """
@@ -168,6 +169,46 @@ def test_recorder_refuses_a_coordination_timeout_that_is_not_positive(tmp_path, 
     with pytest.raises(ValueError, match="coordination_timeout must be a positive"):
         hostfeed.Recorder(tmp_path / "r.zarr", coordination_timeout=timeout)
     assert not (tmp_path / "r.zarr").exists()
+
+
+#: Each argument of hostfeed.Recorder refused at the call, with what its message names.
+BAD_RECORDER_ARGUMENTS = [
+    (dict(mode="r"), ValueError, r"mode must be \"w-\" .* got 'r'"),
+    (dict(mode=1), ValueError, r"mode must be .* got 1"),
+    (dict(compression="gzip"), ValueError, r"compression must be None or \"zstd\", got 'gzip'"),
+    (dict(compression="zstd", compression_level=30), ValueError,
+     r"compression_level must be an int from -7 to 22 .* got 30"),
+    (dict(compression="zstd", compression_level=1.5), ValueError,
+     r"compression_level must be an int .* got 1.5"),
+    (dict(chunk_bytes=0), ValueError, r"chunk_bytes must be a positive number of bytes, got 0"),
+    (dict(chunk_bytes=-1), ValueError, r"chunk_bytes must be a positive .* got -1"),
+    (dict(chunk_bytes=1.5), ValueError, r"chunk_bytes must be a positive .* got 1.5"),
+    (dict(writers=0), ValueError, r"writers must be a positive number of threads, got 0"),
+    (dict(writers=True), ValueError, r"writers must be a positive .* got True"),
+    (dict(separator=":"), ValueError, r"separator must be \"/\" .* or \"\.\" .* got ':'"),
+    (dict(commit_interval=-1), ValueError, r"commit_interval must be a number of seconds"),
+    (dict(commit_interval=float("nan")), ValueError, r"commit_interval must be a number"),
+    (dict(commit_interval=1e12), ValueError, r"commit_interval must be at most 1e\+09"),
+    (dict(shard_bytes=-1), ValueError, r"shard_bytes must be a number of bytes .* got -1"),
+    (dict(lease=0.01), ValueError, r"lease must be a finite number of seconds, at least 0.1"),
+    (dict(resume_after_step=3), ValueError, r"resume_after_step goes with mode=\"a\""),
+    (dict(mode="a", resume_after_step="3"), TypeError,
+     r"resume_after_step must be an int \(a step\), got '3'"),
+    (dict(coordination_timeout=0), ValueError, r"coordination_timeout must be a positive"),
+    (dict(window=0), ValueError, r"window"),
+]
+
+
+@pytest.mark.parametrize("kwargs,error,message", BAD_RECORDER_ARGUMENTS,
+                         ids=[",".join(k) + f"-{i}" for i, (k, _, _) in
+                              enumerate(BAD_RECORDER_ARGUMENTS)])
+def test_recorder_arguments_are_refused_at_the_call_before_anything_is_written(
+        tmp_path, kwargs, error, message):
+    # Checked once, in Python (the binding takes what was checked): each message starts
+    # with hostfeed.Recorder and names the argument and what it takes.
+    with pytest.raises(error, match=r"^hostfeed\.Recorder: .*" + message):
+        hostfeed.Recorder(tmp_path / "r.zarr", **kwargs)
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("flag", ["--json", "--plot"])
@@ -369,7 +410,8 @@ def test_follow_on_a_damaged_store_raises_at_once(tmp_path):
     with hostfeed.Recorder(path) as rec:
         rec.record("h", np.ones(2, np.float32))
     (path / "zarr.json").write_text("{")
-    with pytest.raises(ValueError, match="the store cannot be read"):
+    with pytest.raises(ValueError, match=r"run\.zarr is damaged: .*run\.zarr/zarr\.json is no "
+                                         r"Zarr metadata"):
         list(hostfeed.follow(path, "h", timeout=600, poll=0.01))  # not the timeout
 
 
@@ -406,7 +448,7 @@ def _capture(flag):
         eqx = pytest.importorskip("equinox")
         model = eqx.nn.Sequential([eqx.nn.Linear(2, 2, key=jax.random.key(0))])
         with hostfeed.Recorder(tmp_path / "c.zarr", mode="w") as rec:
-            hostfeed.capture(model, rec, "layers.0", **{flag: v})
+            hostfeed.capture(model, rec, "layers.0", **{flag: v})(jax.numpy.ones(2))
     return call
 
 

@@ -52,11 +52,11 @@ def quick_run(tmp_path_factory):
                        capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
     assert r.returncode == 0, r.stderr[-3000:]
-    return r.stdout, json.loads(json_path.read_text()), png_path
+    return r.stdout, json.loads(json_path.read_text()), png_path, r.stderr
 
 
 def test_quick_run_writes_every_section_in_the_schema(quick_run):
-    _, result, _ = quick_run
+    _, result, _, _ = quick_run
     assert result["schema"] == bench.SCHEMA == "hostfeed-bench/1"
     assert set(result) == {"schema", "header", *bench.SECTIONS}
     h = result["header"]
@@ -98,6 +98,7 @@ def test_quick_run_writes_every_section_in_the_schema(quick_run):
     assert set(loaded["methods"]) == set(calls) and loaded["busy_processes"] >= 1
     assert set(result["dispatch"]) == {"calls", *bench._sections.DISPATCH_METHODS,
                                        "hostfeed id_tap, compiled ahead of time",
+                                       "hostfeed id_tap, synchronous",
                                        "hostfeed id_tap, token chain",
                                        "hostfeed call, token chain",
                                        bench._sections.RECEIVER_CALL}
@@ -136,7 +137,7 @@ def test_quick_run_writes_every_section_in_the_schema(quick_run):
 
 
 def test_portable_section_has_its_rows_beside_native_and_io_callback(quick_run):
-    stdout, result, _ = quick_run
+    stdout, result, _, _ = quick_run
     r = result["portable"]
     rows = {"hostfeed (native)", "hostfeed (portable)", "io_callback(ordered)"}
     assert set(r["taps"]) == rows and set(r["calls"]) == rows
@@ -148,7 +149,7 @@ def test_portable_section_has_its_rows_beside_native_and_io_callback(quick_run):
 
 
 def test_every_figure_is_finite_and_the_measured_ones_positive(quick_run):
-    _, result, _ = quick_run
+    _, result, _, _ = quick_run
     for path, value in numbers(result):
         assert math.isfinite(value), path
         assert value >= 0 or path.endswith(("cost_us_per_tap", "growth")), path
@@ -161,7 +162,7 @@ def test_every_figure_is_finite_and_the_measured_ones_positive(quick_run):
 
 
 def test_terminal_report_has_ratios_and_the_plot_is_a_png(quick_run):
-    stdout, _, png = quick_run
+    stdout, _, png, _ = quick_run
     assert "per-tap latency" in stdout and "payload sweep" in stdout
     assert "hostfeed / 2 buffers" in stdout
     # Next to the ratios of the interleaved sections, their range over the rounds.
@@ -297,6 +298,42 @@ def test_a_table_wider_than_the_terminal_is_cut_into_tables_that_repeat_the_firs
     assert len(heads) > 1 and len(lines) == 2 * len(heads)
     cells = [c for ln in lines if ln.strip().startswith("hostfeed") for c in ln.split()[1:]]
     assert cells == [f"{i}.00" for i in range(20)]  # every cell once, in order
+
+
+def test_a_redirected_run_says_a_line_a_section_and_no_progress_bar(quick_run):
+    """Its stderr a pipe (a log, a file): no progress bar redrawn with carriage returns,
+    one line as each section starts."""
+    *_, stderr = quick_run
+    assert "\r" not in stderr
+    said = [line for line in stderr.splitlines() if line.startswith("bench: ")]
+    assert len(said) == len(bench.SECTIONS), stderr  # "bench: back-pressure (8 s in)"
+    assert said[0].startswith("bench: latency (") and said[-1].startswith("bench: portable (")
+    assert len(stderr.splitlines()) == len(said), stderr
+
+
+def test_progress_is_a_line_a_section_off_a_terminal_and_a_line_a_step_on_one(
+        monkeypatch):
+    import io
+    steps = ["latency: hostfeed", "latency: floors", "call: hostfeed", "call: io_callback",
+             "dispatch"]
+    log = io.StringIO()
+    step, close = bench._progress(len(steps), log)
+    for s in steps:
+        step(s)
+    close()
+    assert [line.split(" (")[0] for line in log.getvalue().splitlines()] == [
+        "bench: latency", "bench: call", "bench: dispatch"]
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # without tqdm: a line a step
+    term = Terminal()
+    step, close = bench._progress(len(steps), term)
+    for s in steps:
+        step(s)
+    assert term.getvalue().splitlines() == [f"[{i + 1}/5] {s}" for i, s in enumerate(steps)]
 
 
 def test_bench_help_says_in_one_line_what_it_measures():

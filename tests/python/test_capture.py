@@ -74,6 +74,19 @@ def names_in(path):
     return sorted(hostfeed.open_recording(path).names)
 
 
+def assert_stats_of(row, values, what):
+    """``row`` (of ``reduce="stats"``) holds numpy's statistics of ``values``, column by
+    column as ``hostfeed.STATS`` names them (columns this test does not know are left)."""
+    v = np.asarray(values, np.float64)
+    want = {"count": v.size, "mean": v.mean(), "std": v.std(), "min": v.min(),
+            "max": v.max(), "absmax": np.abs(v).max(), "l2": np.sqrt((v ** 2).sum()),
+            "nan_count": 0, "inf_count": 0}
+    columns = [c for c in hostfeed.STATS if c in want]
+    assert len(columns) >= 7, hostfeed.STATS
+    np.testing.assert_allclose([row[hostfeed.STATS.index(c)] for c in columns],
+                               [want[c] for c in columns], rtol=2e-6, atol=1e-7, err_msg=what)
+
+
 def assert_bits_equal(a, b, what):
     a, b = np.asarray(a), np.asarray(b)
     assert a.shape == b.shape and a.dtype == b.dtype, (what, a.shape, b.shape)
@@ -321,7 +334,8 @@ NEEDS = {"nnx": "flax", "linen": "flax", "equinox": "equinox"}
 
 @pytest.fixture(params=sorted(RUNS))
 def library(request):
-    pytest.importorskip(NEEDS[request.param], reason=f"needs hostfeed[{NEEDS[request.param]}]")
+    need = NEEDS[request.param]
+    pytest.importorskip(need, reason=f"needs {need} (pip install '.[{need}]')")
     return request.param
 
 
@@ -383,8 +397,9 @@ def test_selected_mlp_outputs_stats_histograms_and_cotangents_equal_the_uncaptur
                                        err_msg=f"step {s}")
 
     lanes = B if library == "equinox" else 1
-    assert names_in(path) == sorted(f"{m}/output{c}" for m in modules
-                                    for c in ("", ".cotangent", ".stats", ".hist"))
+    assert names_in(path) == sorted(
+        f"{m}/output{c}" for m in modules for c in (
+            "", ".cotangent", ".stats", ".hist", ".cotangent.stats", ".cotangent.hist"))
     for i, module in enumerate(modules):
         outputs = {s: want[2][i] for s, (_, want) in enumerate(steps)}
         cotangents = {s: want[3][i] for s, (_, want) in enumerate(steps)}
@@ -397,24 +412,22 @@ def test_selected_mlp_outputs_stats_histograms_and_cotangents_equal_the_uncaptur
         assert_bits_equal(_rows_per_step(rows, library),
                           np.stack([cotangents[s] for s in RECORDED]), module + " cotangent")
 
-        stats, got_steps = read(path, f"{module}/output.stats")
-        assert got_steps == [s for s in RECORDED for _ in range(lanes)]
-        for row, s in zip(_rows_per_step(stats, library), RECORDED):
-            for lane_row, lane in zip(row if lanes > 1 else [row],
-                                      outputs[s] if lanes > 1 else [outputs[s]]):
-                v = lane.astype(np.float64)
-                np.testing.assert_allclose(
-                    lane_row[:7], [v.size, v.mean(), v.std(), v.min(), v.max(),
-                                   np.abs(v).max(), np.sqrt((v ** 2).sum())],
-                    rtol=2e-6, atol=1e-7, err_msg=f"{module} stats at step {s}")
-        counts, got_steps = read(path, f"{module}/output.hist")
-        assert got_steps == [s for s in HIST_STEPS for _ in range(lanes)]
-        for row, s in zip(_rows_per_step(counts, library), HIST_STEPS):
-            for lane_row, v in zip(row if lanes > 1 else [row],
-                                   outputs[s] if lanes > 1 else [outputs[s]]):
-                inside, _ = np.histogram(v, bins=hist.edges())
-                assert lane_row.tolist() == [int((v < HIST[1][0]).sum()), *inside.tolist(),
-                                             int((v > HIST[1][1]).sum())], (module, s)
+        # Summaries of the outputs and, at the same steps, of their cotangents: numpy's.
+        for part, values in (("", outputs), (".cotangent", cotangents)):
+            stats, got_steps = read(path, f"{module}/output{part}.stats")
+            assert got_steps == [s for s in RECORDED for _ in range(lanes)]
+            for row, s in zip(_rows_per_step(stats, library), RECORDED):
+                for lane_row, lane in zip(row if lanes > 1 else [row],
+                                          values[s] if lanes > 1 else [values[s]]):
+                    assert_stats_of(lane_row, lane, f"{module}{part} stats at step {s}")
+            counts, got_steps = read(path, f"{module}/output{part}.hist")
+            assert got_steps == [s for s in HIST_STEPS for _ in range(lanes)]
+            for row, s in zip(_rows_per_step(counts, library), HIST_STEPS):
+                for lane_row, v in zip(row if lanes > 1 else [row],
+                                       values[s] if lanes > 1 else [values[s]]):
+                    inside, _ = np.histogram(v, bins=hist.edges())
+                    assert lane_row.tolist() == [int((v < HIST[1][0]).sum()), *inside.tolist(),
+                                                 int((v > HIST[1][1]).sum())], (module, part, s)
 
 
 def test_gradients_are_those_of_the_same_step_with_hand_placed_records(tmp_path):

@@ -331,7 +331,8 @@ NEEDS = {"linen": "flax", "nnx": "flax", "equinox": "equinox"}
 
 
 def _setup(library, idiom):
-    pytest.importorskip(NEEDS[library], reason=f"needs hostfeed[{NEEDS[library]}]")
+    need = NEEDS[library]
+    pytest.importorskip(need, reason=f"needs {need} (pip install '.[{need}]')")
     models, run, select = IDIOMS[(library, idiom)]
     model = models()[idiom]
     return (model() if library == "linen" else model), run, select

@@ -19,6 +19,9 @@ def test_each_change_lies_in_the_supported_range_and_a_gate_reads_it(name):
     change = versions.CHANGES[name]
     assert (*compat.MINIMUM, 0) < change.since, f"{name}: the oldest release has it"
     assert change.since[:2] <= compat.NEWEST_TESTED, change
+    if not change.gated:
+        assert change.probe is not None, f"{name}: a change without a gate needs a probe"
+        return
     assert "(compat." in change.what, f"{name}: say which gate follows it"
     readers = [p.name for p in COMPAT.glob("*.py") if p.name != "versions.py" and
                (f'since("{name}")' in p.read_text() or f'CHANGES["{name}"]' in p.read_text())]
@@ -44,5 +47,6 @@ def test_the_gates_follow_the_table():
         "shardy_compiles_nested_manual_tokens": compat.SHARDY_COMPILES_NESTED_MANUAL_TOKENS,
         "dce_rules_take_live_ins": compat._DCE_RULES_TAKE_LIVE_INS,
         "no_closed_jaxpr": compat._ClosedJaxpr is None,
+        "shardy_always": compat._SHARDY_ALWAYS,
     }
     assert gates == {name: versions.since(name) for name in gates}, versions.JAX_VERSION

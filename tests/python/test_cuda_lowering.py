@@ -158,10 +158,11 @@ def test_lowering_for_cpu_and_cuda_at_once_uses_the_same_custom_call_on_both():
 
 
 def test_other_platforms_take_the_portable_transport_without_refusal():
-    # TPUs use JAX's host-callback lowering: hostfeed does not refuse them. Here, without
-    # their backend, JAX itself cannot lower a host callback for them (exactly as for
-    # io_callback), which shows that the portable lowering was reached.
-    assert hostfeed.transports()["tpu"] == "jax" or hostfeed._src.transports.forced() == "native"
+    # TPUs take their own host transfers through JAX's host-callback machinery (the `tpu`
+    # transport): hostfeed does not refuse them. Here, without their backend, JAX itself
+    # cannot lower a host callback for them (exactly as for io_callback), which shows
+    # that JAX's lowering was reached.
+    assert hostfeed.transports()["tpu"] == "tpu" or hostfeed._src.transports.forced() == "native"
     for platform in ("tpu",):
         with pytest.raises(ValueError, match=f"lowering platform {platform}"):
             jax.jit(lambda x: hcb.id_tap(noop, x)).trace(1.0).lower(
@@ -372,5 +373,5 @@ def test_platforms_are_named_as_jax_lowers_for_them_not_as_a_gpu_device_reads(mo
 
     monkeypatch.setattr(jax, "devices", devices)
     table = hostfeed.transports()
-    assert "gpu" not in table and table["cuda"] == transports.transport_for("cuda"), table
+    assert "gpu" not in table and table["cuda"] == transports.row("cuda").name, table
     assert transports.for_platform("gpu") is transports.for_platform("cuda")

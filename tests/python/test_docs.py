@@ -42,23 +42,33 @@ EXPECTED = {
     ("migrating.md", 3): ["what: x,x^2", "( 3 9 )"],
     ("behaviour.md", 0): ["[1]", "what: two", "2"],
     ("recording.md", 0): ["(100, 64, 32) float32 [0 1 2]", "(100, 64, 32) (100,)"],
-    ("recording.md", 2): ["(10, 9) ('count', 'mean', 'std')", "[0, 5] [0, 24, 8, 8, 24, 0]",
+    ("recording.md", 2): ["(10, 12) ('count', 'mean', 'std')", "[0, 5] [0, 24, 8, 8, 24, 0]",
                           "[8, 9]"],
     ("recording.md", 3): ["32 (32, 8, 4) [3.0, 0.0]", "4 (64, 4)", "True"],
-    ("recording.md", 4): ["[0, 1, 2, 3, 4, 5, 6, 7]", "[3.0, 1.92, 1.23, 0.79]",
+    ("recording.md", 4): ["[1.0, 0.5, 0.3333333432674408]"],
+    ("recording.md", 5): ["[0, 1, 2, 3, 4, 5, 6, 7]", "[3.0, 1.92, 1.23, 0.79]",
                           "(8,) [3.0, 1.92]"],
     ("recording-reference.md", 0): ["[[7.0, 7.0], [9.0, 5.0]] [[1, 2], [3, 0]]",
                                     "(array([0, 1]), array([1, 0]))"],
+    ("recording-reference.md", 1): ["2.0 1.0 1.0 21.97"],
     ("quickstart.md", 1): ["(30, 8, 4) [0 1 2]", "[ 0 10 20]"],
+    ("looking.md", 0): ["[1.0, 0.5, 0.33, 0.25, 0.2]"],
     # The captures' examples train (the loss goes down) and record finite values.
     ("capture.md", 0): ["['blocks.0.mlp/output', 'blocks.0.mlp/output.cotangent']",
                         "(3, 8, 12, 16) [0, 10, 20]", "True True"],
-    ("capture.md", 1): ["(30, 9) ('mean', 'std')", "True True"],
+    ("capture.md", 1): ["(30, 12) ('mean', 'std')", "True True"],
     ("capture.md", 2): ["(24, 12, 16) [0, 10, 20]", "True True"],
     ("capture.md", 3): ["(12, 8, 12, 16) [0, 0, 0, 0, 10, 10, 10, 10]", "True True"],
     ("capture.md", 4): ["(12, 8, 12, 16) [0, 0, 0, 0, 10, 10, 10, 10]", "True True"],
     ("capture.md", 5): ["(96, 12, 16) [0, 0, 0, 0, 10, 10, 10, 10, 20, 20, 20, 20]",
                         "True True"],
+    # A stack's summaries and their cotangents', a row per layer and step, under grad.
+    ("capture.md", 6): ["['blocks.down/output.cotangent.hist', 'blocks.down/output.cotangent."
+                        "stats', 'blocks.down/output.cotangent.topk']",
+                        "80 True [0, 0, 0, 0, 1, 1, 1, 1]",
+                        "(8, 16) [0, 0, 0, 0, 10, 10, 10, 10]"],
+    ("debugging.md", 0): ["stopped: 200 blocks.0/output", "169 200",
+                          "nonfinite 200 169 202 {}"],
     ("troubleshooting.md", 0): ["[1.0]"],
     ("troubleshooting.md", 1): ["ValueError negative: -1.0"],
 }
@@ -70,7 +80,9 @@ def _python_blocks(page: pathlib.Path):
 
 @pytest.mark.parametrize("page", [p for p in PAGES if _python_blocks(p)],
                          ids=lambda p: p.name)
-def test_every_python_block_runs_in_order_and_prints_what_it_says(page, tmp_path):
+def test_every_python_block_runs_in_order_and_prints_what_it_says(page, tmp_path,
+                                                                 monkeypatch):
+    monkeypatch.delenv("HOSTFEED_SYNC_TAPS", raising=False)  # the default mode, as a reader's
     pytest.importorskip("zarr")
     pytest.importorskip("matplotlib")
     blocks = _python_blocks(page)
@@ -198,26 +210,85 @@ def test_pages_the_readme_links_to_use_no_sphinx_role():
         assert not re.search(r"\{(doc|class|func|ref|meth)\}`", text), page
 
 
-def test_a_sphinx_directive_has_plain_links_beside_it_for_a_code_host():
-    """On a code host a directive block shows as raw text: each page that has one also
-    links, in Markdown, what it names (a toctree's pages, an included file) or, for the
-    generated API reference, the plain list of the API."""
-    import re
+def test_no_page_shows_a_sphinx_directive_on_a_code_host():
+    """On a code host a directive block (a toctree, an included file, autodoc) shows as raw
+    text: no page has one. The front page's navigation is its lists of links
+    (docs/navigation.py makes them toctrees on the site), the API reference is generated
+    Markdown (docs/reference.py), the bench's whole report a generated block."""
     for page in PAGES:
         text = page.read_text()
-        for kind, body in re.findall(r"^```\{([\w-]+)\}(.*?)^```", text, re.S | re.M):
-            if kind == "toctree":
-                names = [ln.strip() for ln in body.splitlines()
-                         if ln.strip() and not ln.strip().startswith(":")]
-                wanted = [f"]({name}.md)" for name in names]
-            elif kind == "literalinclude":
-                wanted = [f"]({body.split()[0]})"]
-            elif kind == "eval-rst":
-                wanted = ["](api.md)"]
-            else:
-                wanted = []
-            missing = [w for w in wanted if w not in text]
-            assert not missing, (page.name, kind, missing)
+        found = re.findall(r"^(?:```|:::)\{[\w-]+\}.*$", text, re.M)
+        assert not found and "{eval-rst}" not in text, (page.name, found)
+
+
+def test_the_front_pages_links_are_the_sites_whole_navigation():
+    """Every page but the front page is linked from one of its marked lists, once; the
+    site's hidden toctrees are those lists (a page left out would fail the site's build,
+    which CI runs with warnings as errors)."""
+    navigation = _load(ROOT / "docs" / "navigation.py", "navigation")
+    import doctest
+    assert doctest.testmod(navigation).failed == 0
+    index = (ROOT / "docs" / "index.md").read_text()
+    listed = [name for _, _, pages in navigation.toctrees(index) for name in pages]
+    assert [caption for caption, _, _ in navigation.toctrees(index)] == ["User guide",
+                                                                          "Reference"]
+    everything = sorted(p.stem for p in (ROOT / "docs").glob("*.md") if p.stem != "index")
+    assert sorted(listed) == everything and len(set(listed)) == len(listed)
+    assert "```{toctree}" in navigation.expand(index)
+
+
+def test_the_reference_pages_are_what_the_package_says(capsys):
+    """docs/reference.md (the docstrings) and docs/cli.md (the commands' parsers) are
+    generated, plain Markdown: stale after a docstring or an option changed until
+    `python docs/reference.py --write` is run."""
+    reference = _load(ROOT / "docs" / "reference.py", "reference")
+    assert reference.main(["--check"]) == 0, capsys.readouterr().err
+    import hostfeed
+    from hostfeed import host_callback as hcb
+    text = (ROOT / "docs" / "reference.md").read_text()
+    for name in hostfeed.__all__:
+        where = "hostfeed.host_callback" if name == "host_callback" else None
+        assert f"### `hostfeed.{name}`" in text or f"## `{where}`" in text or (
+            f"### `hostfeed.host_callback.{name}`" in text and name in hcb.__all__), name
+    for name in hcb.__all__:
+        assert f"### `hostfeed.host_callback.{name}`" in text, name
+    assert "```{" not in text and ":func:`" not in text and "``" not in text.replace("```", "")
+    # Every option of every command, spelled as --help spells it.
+    from hostfeed.__main__ import parser
+    import argparse
+    cli = (ROOT / "docs" / "cli.md").read_text()
+    commands = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in commands.choices.items():
+        assert f"## `python -m hostfeed {name}`" in cli, name
+        for action in sub._actions:
+            for option in action.option_strings:
+                assert f"`{option}" in cli, (name, option)
+    # A stale page is caught.
+    stale = ROOT / "docs" / "cli.md"
+    original = stale.read_text()
+    try:
+        stale.write_text(original.replace("--follow", "--tail"))
+        assert reference.main(["--check"]) == 1
+        assert "docs/cli.md is not what the package says" in capsys.readouterr().err
+    finally:
+        stale.write_text(original)
+
+
+def test_install_hints_name_commands_that_work_without_a_package_index(monkeypatch):
+    """hostfeed is on no package index: no hint anywhere says `pip install
+    'hostfeed[...]'`. A hint names the package itself (`pip install tensorboard`) or the
+    checkout's extra (`pip install '.[tensorboard]'`)."""
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+             *sorted((ROOT / "docs").glob("*.py")), *sorted((ROOT / "python").rglob("*.py")),
+             *sorted((ROOT / "benches").glob("*.py"))]
+    found = [(f.relative_to(ROOT), n) for f in files
+             for n, line in enumerate(f.read_text().splitlines(), 1) if "hostfeed[" in line]
+    assert not found, found
+    from hostfeed._src.readback import tensorboard
+    monkeypatch.setitem(sys.modules, "tensorboard.compat.proto.event_pb2", None)  # missing
+    with pytest.raises(ImportError, match=r"pip install tensorboard \(or, in hostfeed's "
+                                          r"checkout, pip install '\.\[tensorboard\]'\)"):
+        tensorboard._tb()
 
 
 def test_the_recording_guide_is_short_and_starts_with_its_recipes():

@@ -27,7 +27,10 @@ MODULES = ["hostfeed", "hostfeed.host_callback", "hostfeed.lowering", "hostfeed.
                "lifecycle", "keys", "printing", "spec", "primitives", "eager", "runtime",
                "placement", "fast_dispatch", "measuring", "record.recorder", "record.lowering",
                "record.late",
-               "readback.reading", "readback.series", "readback.tensorboard",
+               "record.cotangents", "record.inputs", "record.options",
+               "readback.reading", "readback.series", "readback.tensorboard", "readback.canvas",
+               "reductions", "reductions.stats", "reductions.histogram",
+               "record.window", "record.watch",
                "record.stores", "record.coordination", "rules", "lowering", "latency",
                "transports", "transports.native", "transports.portable",
                "transports.tpu", "transports.common", "transports.base"))]
@@ -39,6 +42,7 @@ NEEDS = {"hostfeed._src.readback.tensorboard": "tensorboard"}
 
 
 @pytest.mark.parametrize("name", MODULES)
+@pytest.mark.usefixtures("default_tap_mode")  # the mode the examples show
 def test_docstring_examples(name):
     if name in NEEDS and importlib.util.find_spec(NEEDS[name]) is None:
         pytest.skip(f"{name}'s examples need the {NEEDS[name]} package, not installed here")

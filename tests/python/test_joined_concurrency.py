@@ -10,7 +10,9 @@ The soaks (``HOSTFEED_SOAK=1``) run the same mix, with records, from 4 threads o
 devices for 5 minutes, and the mix with barriers and stops from other threads run after
 run (issue 65.2). A barrier from another thread waits for every tap dispatched before
 it, also one held behind a joined tap of an execution dispatched after it
-(helpers/barrier_snapshot.py; its soak too).
+(helpers/barrier_snapshot.py; its soak too). A call made on a device after its part of a
+joined tap waits for it however long another device is busy before its own part
+(helpers/busy_device.py).
 """
 from __future__ import annotations
 
@@ -53,6 +55,34 @@ def test_joined_taps_mixed_with_single_device_work_from_threads(devices, fast):
     res = run_helper(devices, fast, "--rounds", "300", "--single-threads", "2")
     check(res)
     assert res["sharded_sent"] == 300 and res["single_sent"] == 2 * 5 * 300
+
+
+BUSY = os.path.join(os.path.dirname(__file__), "helpers", "busy_device.py")
+#: (how device 1 is busy, for how many seconds, the tap mode): from 1 s to 10 s, waiting in a
+#: host callback (no CPU) and computing (a whole core), in both tap modes. 1 s is under the
+#: 2 s after which a call used to run out of order; each is over the stall watch's windows.
+BUSY_CASES = [("sleep", 1, "async"), ("sleep", 4, "sync"), ("sleep", 10, "async"),
+              ("loop", 3, "sync")]
+
+
+def test_a_call_waits_for_a_joined_tap_however_long_another_device_is_busy():
+    # Device 1 is busy before it sends its part of a joined tap; device 0 has sent its
+    # part, then makes a call: the call is held (seen so) and runs after the joined tap,
+    # with no warning, whether device 1 waits in a callback or computes, for 1 to 10 s.
+    # The cases run at once, each in a process of its own with two CPU devices: the test
+    # takes about as long as the longest case.
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    procs = {case: subprocess.Popen([sys.executable, BUSY, *map(str, case)], env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for case in BUSY_CASES}
+    ended = {case: (p.communicate(timeout=600), p.returncode) for case, p in procs.items()}
+    for case, ((out, err), returncode) in ended.items():
+        assert returncode == 0, (case, err[-3000:])
+        assert "out of its order" not in err, (case, err[-3000:])
+        res = json.loads(out.strip().splitlines()[-1])
+        assert res["call_held"], (case, res)
+        assert res["order"] == [["joined", [0, 1]], ["call", 7]] and res["out"] == [7], (case,
+                                                                                        res)
 
 
 #: The mix of issue 65.2: two threads dispatching sharded taps, three tapping and calling on

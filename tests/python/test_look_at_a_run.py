@@ -8,6 +8,7 @@ bad input a clear error, never a hang."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import shutil
@@ -71,22 +72,48 @@ def test_patterns_choose_arrays_as_capture_matches_names_in_natural_order():
         series.select(names, ["blocks.2", "blocks.3"], "s")
 
 
-def test_the_grid_has_a_row_per_module_and_cotangents_beside_their_arrays():
+def test_the_grid_puts_a_modules_arrays_side_by_side_and_wraps_without_empty_cells():
+    """The arrays at the top first; then the modules in natural order, each one's arrays
+    side by side (a cotangent after its array), as many whole modules a row as fit in 4
+    columns, a module of more arrays wrapping onto rows of its own."""
     from hostfeed._src.readback.grid import Panel, layout
+    from hostfeed._src.reductions import Stats
+    from hostfeed._src.reductions.stats import COLUMNS
 
     def panel(name):
-        return Panel(name, "stats", np.arange(3), np.zeros((3, 9), np.float32), None, {},
+        return Panel(name, Stats, np.arange(3), np.zeros((3, len(COLUMNS)), np.float32), {},
                      (0, 0))
 
     names = ["blocks.10/out", "blocks.2/out.cotangent", "blocks.2/out", "blocks.10/hist",
-             "blocks.10/out.cotangent", "loss", "grad_norm"]
-    rows, width = layout([panel(n) for n in names])
-    assert width == 3
-    assert [(m, [(c, p.name) for c, p in cells]) for m, cells in rows] == [
-        ("", [(0, "grad_norm"), (1, "loss")]),
-        ("blocks.2", [(1, "blocks.2/out"), (2, "blocks.2/out.cotangent")]),
-        ("blocks.10", [(0, "blocks.10/hist"), (1, "blocks.10/out"),
-                       (2, "blocks.10/out.cotangent")])]
+             "blocks.10/out.cotangent", "loss", "grad_norm", "blocks.3/out.cotangent.stats",
+             "blocks.3/out.stats", *(f"wide/a{i}" for i in range(5))]
+    rows = layout([panel(n) for n in names])
+    assert [[p.name for p in row] for row in rows] == [
+        ["grad_norm", "loss"],
+        ["blocks.2/out", "blocks.2/out.cotangent", "blocks.3/out.stats",
+         "blocks.3/out.cotangent.stats"],
+        ["blocks.10/hist", "blocks.10/out", "blocks.10/out.cotangent"],
+        ["wide/a0", "wide/a1", "wide/a2", "wide/a3"],
+        ["wide/a4"]]
+
+
+def test_a_grid_too_tall_for_one_png_takes_more_columns_and_past_that_is_refused():
+    """Agg draws at most 2^16 pixels a side: 400 modules of 2 arrays take more than four
+    columns; 1000 of 3 would need more than sixteen and are refused, saying what to do."""
+    from hostfeed._src.readback import draw
+    from hostfeed._src.readback.grid import Panel
+    from hostfeed._src.reductions import Stats
+
+    def panels(modules, each):
+        return [Panel(f"m.{i}/a{j}", Stats, np.arange(3), np.zeros((3, 9), np.float32), {},
+                      (0, 0)) for i in range(modules) for j in range(each)]
+
+    rows = draw._grid(panels(400, 2))
+    assert max(len(r) for r in rows) > 4 and len(rows) * draw.PANEL_H < draw.MAX_HEIGHT
+    assert sorted(p.name for r in rows for p in r) == sorted(p.name for p in panels(400, 2))
+    with pytest.raises(ValueError, match=r"3000 arrays are too many for one picture .*: "
+                                         r"choose some with patterns .* or write an HTML"):
+        draw._grid(panels(1000, 3))
 
 
 def test_show_reads_each_array_as_its_statistics_and_marks_nan_steps(run):
@@ -100,12 +127,14 @@ def test_show_reads_each_array_as_its_statistics_and_marks_nan_steps(run):
         p = panels[name]
         assert p.steps.tolist() == list(range(STEPS)), name
         assert p.bad_steps.tolist() == [5], name
-        np.testing.assert_allclose(p.stats, whole, rtol=2e-6, err_msg=name)
-    assert per_channel.shape == (STEPS, 3, 9)  # axis=1 reduced, the 3 rows kept
+        n = len(hostfeed.STATS)  # and no cast's counts: NaN
+        np.testing.assert_allclose(p.values[:, :n], whole, rtol=2e-6, err_msg=name)
+        assert np.isnan(p.values[:, n:]).all(), name
+    assert per_channel.shape == (STEPS, 3, len(hostfeed.STATS))  # axis=1 reduced, 3 rows kept
     hist, hmeta = hostfeed.read_recording(run, "blocks.2/h.hist")
     assert panels["blocks.2/h.hist"].steps.tolist() == hmeta["step"].tolist() == [0, 2, 4, 6,
                                                                                    8, 10]
-    np.testing.assert_array_equal(panels["blocks.2/h.hist"].counts, hist)
+    np.testing.assert_array_equal(panels["blocks.2/h.hist"].values, hist)
     title = grid.header(rec.path, list(panels.values()))
     assert re.fullmatch(rf"{re.escape(rec.path)}: 6 arrays, steps 0\.\.11, written "
                         r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d to [\d:\- ]+ UTC", title), title
@@ -125,8 +154,8 @@ def test_show_reads_large_rows_a_block_at_a_time_and_draws_arrays_without_rows(
     blocked = grid.load(rec, ["blocks.2/h", "blocks.2/h.loghist"])
     # raw rows of 96 bytes: 4 reads of 3; histogram rows of 32 bytes: 9, then 3
     assert sorted(reads) == [3, 3, 3, 3, 3, 9]
-    np.testing.assert_array_equal(blocked[0].stats, whole[0].stats)
-    np.testing.assert_array_equal(blocked[1].counts, whole[1].counts)
+    np.testing.assert_array_equal(blocked[0].values, whole[0].values)
+    np.testing.assert_array_equal(blocked[1].values, whole[1].values)
     # An array without rows (its rows dropped on resuming): drawn as such, exported as
     # nothing.
     empty = str(tmp_path / "empty.zarr")
@@ -153,9 +182,13 @@ def test_show_draws_the_whole_run_into_a_png_and_a_self_contained_html(run, tmp_
                                                                        capsys, monkeypatch):
     pytest.importorskip("matplotlib")
     monkeypatch.chdir(tmp_path)
-    code, out, err = _show(capsys, run)  # every array, into run.png here
+    code, out, err = _show(capsys, run)  # every array, into run.png here, saying so
     assert code == 0, err
-    assert out.splitlines()[-1].startswith("drew 6 arrays over 66 rows into run.png")
+    said = out.splitlines()[-2:]
+    assert said[0].startswith(f"drew 6 arrays over 66 rows into {tmp_path / 'run.png'} (")
+    assert said[1].startswith("(the default without -o: the store's name")
+    code, out, err = _show(capsys, run)
+    assert "; the file that was there replaced)" in out.splitlines()[-2]
     from PIL import Image
     with Image.open(tmp_path / "run.png") as im:
         w, h = im.size
@@ -175,6 +208,62 @@ def test_show_draws_the_whole_run_into_a_png_and_a_self_contained_html(run, tmp_
     assert code == 2 and "no array 'blocks.3' in" in err
     code, _, err = _show(capsys, run, "-o", str(tmp_path / "run.pdf"))
     assert code == 2 and "draws into a .png or an .html file" in err
+
+
+def test_the_png_is_a_dense_grid_read_at_full_size(run, tmp_path, capsys):
+    """The PNG read back: its size is the grid's, a panel per array, every cell drawn
+    across its width and height (rows of 1, 2 and 4 panels: no empty cell), absmax and l2 each
+    on its own axis, a colour bar beside each heat map, text of 11 pixels or more, tick
+    labels without offsets or float noise (a loss falling to 1e-20)."""
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+    from hostfeed._src.readback import canvas, draw, grid, series
+    with hostfeed.Recorder(run, mode="a") as rec:
+        for s in range(STEPS):
+            rec.record("fall", np.float32(0.009 * np.exp(-s)), step=s)
+    png = tmp_path / "run.png"
+    code, out, err = _show(capsys, run, "-o", str(png))
+    assert code == 0, err
+    rec = hostfeed.open_recording(run)
+    panels = grid.load(rec, series.select(rec.names, [], run))
+    fig = draw.figure(panels, grid.header(rec.path, panels), legend=True)
+    with Image.open(png) as im:
+        assert im.size == (round(fig.get_figwidth() * canvas.DPI),
+                           round(fig.get_figheight() * canvas.DPI))
+        pixels = np.asarray(im.convert("RGB"), dtype=np.int16)
+    cells = fig.hostfeed_cells
+    assert sorted(cells) == sorted(rec.names)  # a panel per array
+    rows = {}
+    for x, y, w, _ in cells.values():
+        rows.setdefault(round(y, 6), []).append((x, w))
+    assert sorted(len(r) for r in rows.values()) == [1, 2, 4], rows  # blocks.10; fall, loss
+    width = max(x + w for r in rows.values() for x, w in r) - min(x for r in rows.values()
+                                                                for x, _ in r)
+    for r in rows.values():  # each row's cells side by side across the whole width
+        r.sort()
+        assert sum(w for _, w in r) == pytest.approx(width)
+        assert all(a[0] + a[1] == pytest.approx(b[0]) for a, b in itertools.pairwise(r))
+    height = pixels.shape[0]
+    for name, (x, y, w, h) in cells.items():
+        left, top = round(x * canvas.DPI), height - round((y + h) * canvas.DPI)
+        cell = pixels[top:top + round(h * canvas.DPI), left:left + round(w * canvas.DPI)]
+        inked = (cell < 200).any(axis=2)  # frames, lines, text, heat maps
+        assert inked.any(axis=0).mean() > 0.75 and inked.any(axis=1).mean() > 0.6, name
+    texts = [t for t in fig.axes[0].texts if t.get_text()]
+    assert min(t.get_fontsize() for t in texts) * canvas.DPI / 72 >= 11
+    said = [t.get_text() for t in texts]
+    axes = [t.get_text() for t in texts if t.get_rotation() == 90]  # the y axes' labels
+    stats = [p for p in panels if p.plot == "stats" and not draw._scalar(p)]
+    assert axes.count("value") == len(stats) + 2  # the loss and "fall": their values
+    assert axes.count("|x|") == axes.count("l2") == len(stats) == 3  # absmax, absmin≠0
+    heatmaps = [p for p in panels if p.plot == "heatmap"]
+    assert len(fig.axes[0].images) == 2 * len(heatmaps) == 4  # each with its colour bar
+    assert said.count("count") == len(heatmaps)
+    numbers = [s for s in said if re.fullmatch(r"-?[\d.]+(e-?\d+)?", s)]
+    assert "0" in numbers and len(numbers) > 40
+    for s in numbers:
+        assert re.fullmatch(r"0|-?\d+(\.\d+)?|-?\d(\.\d+)?e-?[1-9]\d*", s), s
+        assert not re.search(r"e-?(1[0-9]|[2-9]\d)", s), s  # no 1e-13 for a zero
 
 
 def _browser_tools() -> None:
@@ -225,10 +314,9 @@ def _accumulator(logdir):
 
 
 def _stats_reference(v: np.ndarray) -> list[float]:
-    """numpy's statistics of one raw row: count, mean .. l2 of the finite values, NaNs, infs."""
-    f = v[np.isfinite(v)].astype(np.float64)
-    return [v.size, f.mean(), f.std(), f.min(), f.max(), np.abs(f).max(),
-            np.sqrt((f * f).sum()), np.isnan(v).sum(), np.isinf(v).sum()]
+    """numpy's statistics of one raw row (hostfeed.STATS)."""
+    from helpers.stats_reference import stats_of
+    return stats_of(v)
 
 
 def test_tensorboard_scalars_and_histograms_equal_the_stores_rows(run, tmp_path):
@@ -243,17 +331,25 @@ def test_tensorboard_scalars_and_histograms_equal_the_stores_rows(run, tmp_path)
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
     assert all(tb._masked_crc()(b) == masked_crc32c(b) for b in (b"", b"hostfeed" * 99))
     stats, meta = hostfeed.read_recording(run, "blocks.10/h.stats")
-    for j, col in enumerate(hostfeed.STATS):
+    # The NaN and infinity counts change at step 5 (0 before and after it): written from
+    # there on, the steps before it as a flat line from its first to its last row. The
+    # count never changes: no tag.
+    assert not [t for t in ea.Tags()["scalars"] if t.endswith("/count")]
+    rows = {col: [0, 4, *range(5, STEPS)] if col in ("nan_count", "inf_count")
+            else list(range(STEPS)) for col in hostfeed.STATS if col != "count"}
+    for col, kept in rows.items():
+        j = hostfeed.STATS.index(col)
         got = ea.Scalars(f"blocks.10/h.stats/{col}")
-        assert [e.step for e in got] == meta["step"].tolist(), col
-        np.testing.assert_array_equal([e.value for e in got], stats[:, j], err_msg=col)
-        assert [e.wall_time for e in got] == pytest.approx(meta["time_ns"] / 1e9, abs=1e-6)
+        assert [e.step for e in got] == meta["step"][kept].tolist(), col
+        np.testing.assert_array_equal([e.value for e in got], stats[kept, j], err_msg=col)
+        assert [e.wall_time for e in got] == pytest.approx(meta["time_ns"][kept] / 1e9,
+                                                           abs=1e-6)
         # per-channel statistics (axis=1 kept): one row of statistics each, pooled
         pooled = [e.value for e in ea.Scalars(f"blocks.2/h.stats/{col}")]
-        np.testing.assert_allclose(pooled, stats[:, j], rtol=2e-6, err_msg=col)
+        np.testing.assert_allclose(pooled, stats[kept, j], rtol=2e-6, err_msg=col)
         # the raw array: numpy's statistics of each row
         raw = [e.value for e in ea.Scalars(f"blocks.2/h/{col}")]
-        want = [_stats_reference(_value(s))[j] for s in range(STEPS)]
+        want = [_stats_reference(_value(s))[j] for s in kept]
         np.testing.assert_allclose(raw, np.float32(want), rtol=2e-6, err_msg=col)
     for name, log in (("blocks.2/h.hist", False), ("blocks.2/h.loghist", True)):
         rows, hmeta = hostfeed.read_recording(run, name)
@@ -277,6 +373,37 @@ def test_tensorboard_scalars_and_histograms_equal_the_stores_rows(run, tmp_path)
     assert [e.value for e in ea.Scalars("loss")] == \
         np.float32([1 / (s + 1) for s in range(STEPS)]).tolist()
     assert "loss" not in ea.Tags()["histograms"] and "loss/mean" not in ea.Tags()["scalars"]
+
+
+def test_tensorboard_writes_count_nan_and_inf_tags_only_where_they_change(tmp_path,
+                                                                         monkeypatch):
+    """Five layers' statistics and a loss: six scalars an array and the loss, no flat line
+    of counts; the one NaN, at step 7, read in a later block than the steps before it (a
+    block at a time, as a followed store's rows come): its count from step 7 on, the steps
+    before it as the flat line from the first to the last."""
+    pytest.importorskip("tensorboard")
+    from hostfeed._src.readback import tensorboard as tb
+    monkeypatch.setattr(tb, "BLOCK_ROWS", 4)
+    path = str(tmp_path / "run.zarr")
+    with hostfeed.Recorder(path, mode="w") as rec:
+        for s in range(10):
+            for layer in range(5):
+                v = np.linspace(-1, 1, 8, dtype=np.float32) * (layer + 1) / (s + 1)
+                if (layer, s) == (4, 7):
+                    v[2] = np.nan
+                rec.record(f"blocks.{layer}/output.stats", v, step=s, reduce="stats")
+            rec.record("loss", np.float32(1 / (s + 1)), step=s)
+    hostfeed.to_tensorboard(path, str(tmp_path / "logs"))
+    ea = _accumulator(tmp_path / "logs")
+    # (zeros: none in these rows, so quiet too; the dynamic range comes with absmin≠0)
+    plain = ("mean", "std", "min", "max", "absmax", "l2", "l1", "absmin_nonzero",
+             "dynamic_range_bits")
+    assert sorted(ea.Tags()["scalars"]) == sorted(
+        ["loss", "blocks.4/output.stats/nan_count",
+         *(f"blocks.{layer}/output.stats/{c}" for layer in range(5) for c in plain)])
+    assert [(e.step, e.value) for e in ea.Scalars("blocks.4/output.stats/nan_count")] == [
+        (0, 0.0), (6, 0.0), (7, 1.0), (8, 0.0), (9, 0.0)]
+    assert [e.step for e in ea.Scalars("blocks.4/output.stats/mean")] == list(range(10))
 
 
 def test_tensorboard_follows_a_live_store_until_its_recorder_closes(tmp_path, monkeypatch):

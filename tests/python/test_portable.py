@@ -201,26 +201,76 @@ def test_tap_with_device_names_the_executing_device(forced_jax):
     assert got == [dev]
 
 
-def test_transports_say_which_platform_uses_which():
-    t = hostfeed.transports()
-    assert set(t) >= {"cpu", "cuda", "rocm", "tpu"}
-    assert set(t.values()) <= {"native", "jax"}
-    if transports.forced() is None:
-        assert t["cpu"] == "native" and t["tpu"] == "jax"
-        # ROCm lowers natively, as CUDA does (its handlers register, or no ROCm backend
-        # is here to need them).
-        assert t["rocm"] == "native" and t["cuda"] == "native"
-    else:
-        assert set(t.values()) == {transports.forced()}
+def test_transports_name_each_platforms_row_under_every_forced_transport():
+    # hostfeed.transports() is the platform -> transport table itself, by name, not a
+    # second table beside it: under every value HOSTFEED_TRANSPORT can take.
+    for forced in (None, "native", "jax", "tpu"):
+        with transports.forcing(forced):
+            t = hostfeed.transports()
+            assert set(t) >= {"cpu", "cuda", "rocm", "tpu"}
+            assert t == {p: transports.row(p).name for p in t}, (forced, t)
+    with transports.forcing(None):
+        t = hostfeed.transports()
+        # ROCm lowers natively, as CUDA does (its handlers register, or no ROCm backend is
+        # here to need them); a TPU over its own host transfers.
+        assert [t[p] for p in ("cpu", "cuda", "rocm", "tpu")] == ["native"] * 3 + ["tpu"]
+    with transports.forcing("jax"):  # the portable transport, but a TPU keeps its own
+        t = hostfeed.transports()
+        assert [t[p] for p in ("cpu", "cuda", "rocm", "tpu")] == ["jax"] * 3 + ["tpu"]
+
+
+def test_one_lowering_chooses_its_transport_once_and_every_rule_reads_it(monkeypatch, tmp_path):
+    # The taps', the call's and the summary kernel's rules and the token scope's end ask
+    # for the transport; it is chosen once per lowering (per set of platforms lowered
+    # for), kept there, and chosen again for the next lowering.
+    chosen, asked = [], []
+    choose, for_context = transports.choose, transports.for_context
+
+    def counted_choose(lowered_for):
+        chosen.append(tuple(lowered_for))
+        return choose(lowered_for)
+
+    def noted_for_context(ctx):
+        asked.append(for_context(ctx))
+        return asked[-1]
+
+    monkeypatch.setattr(transports, "choose", counted_choose)
+    monkeypatch.setattr(transports, "for_context", noted_for_context)
+    rec = hostfeed.Recorder(tmp_path / "run.zarr")
+
+    def f(x):
+        x = hcb.id_tap(lambda a, t: None, x)
+        y = hcb.call(lambda a: a, x, result_shape=x)
+        rec.record("s", y, reduce="stats")
+        return hcb.id_tap(lambda a, t: None, y + 1)
+
+    try:
+        with transports.forcing(None):
+            jax.jit(f).trace(jnp.arange(4.0)).lower()
+            assert chosen == [("cpu",)] and len(asked) >= 5, (chosen, asked)
+            assert {t.name for t in asked} == {"native"}
+            jax.jit(f).trace(jnp.arange(3.0)).lower()  # another lowering chooses anew
+            assert chosen == [("cpu",)] * 2
+            # Lowered for two platforms at once: each branch chooses for its own platform
+            # (the scope around both for the pair), once.
+            chosen.clear()
+            jax.jit(lambda v: hcb.id_tap(lambda a, t: None, v) + 1).trace(1.0).lower(
+                lowering_platforms=("cpu", "cuda"))
+            assert sorted(chosen) == [("cpu",), ("cpu", "cuda"), ("cuda",)], chosen
+    finally:
+        rec.close()
 
 
 def test_hostfeed_transport_is_read_at_import_and_checked():
     r = run_python("""
         import hostfeed
-        print(sorted(set(hostfeed.transports().values())))
+        from hostfeed._src import transports
+        t = hostfeed.transports()
+        assert t == {p: transports.row(p).name for p in t}, t
+        print(sorted(set(t.values())))
     """, env={"HOSTFEED_TRANSPORT": "jax"})
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split("\n")[-2] == "['jax']"
+    assert r.stdout.split("\n")[-2] == "['jax', 'tpu']"
     r = run_python("import hostfeed", env={"HOSTFEED_TRANSPORT": "outfeed"})
     assert r.returncode != 0
     assert "HOSTFEED_TRANSPORT='outfeed' is not a hostfeed transport" in r.stderr
@@ -284,7 +334,7 @@ def test_failed_single_device_calls_leave_later_sharded_calls_alone():
               "HOSTFEED_TRANSPORT": "jax"})
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["transports"] == ["jax"]
+    assert out["transports"] == ["jax", "tpu"]  # a TPU keeps its own host transfers
     good, bad = [[2.0, 4.0], "clean"], ["JaxRuntimeError", "CallbackException"]
     assert out["singles"] == [good, bad, good, bad, good, bad, good], out
     doubled = [2.0 * i for i in range(8)]

@@ -5,6 +5,7 @@ of a concurrent writer exactly once, and ``python -m hostfeed show``."""
 from __future__ import annotations
 
 import math
+import re
 import os
 import subprocess
 import sys
@@ -217,3 +218,62 @@ def test_show_prints_the_table_and_draws_an_array(store, tmp_path):
                        capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
     assert r.returncode == 2 and "no array 'nope'" in r.stderr
+
+
+def test_what_is_no_recording_is_said_with_the_path_and_what_is_there(store, tmp_path):
+    """read_recording, open_recording and show on a folder that is no recording, on an
+    array's folder and on a recording whose zarr.json is truncated: hostfeed's own message
+    naming the path and what is wrong; from the command, status 2 and nothing at exit
+    (zarr-python's reads left running after one failed print asyncio's complaints)."""
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "notes.txt").write_text("")
+    (tmp_path / "empty").mkdir()
+    damaged = {}
+    for where in ("zarr.json", "act/h/zarr.json"):
+        copy = tmp_path / f"damaged-{where.count('/')}.zarr"
+        subprocess.run(["cp", "-r", store, str(copy)], check=True)
+        (copy / where).write_bytes((copy / where).read_bytes()[:60])
+        damaged[where] = copy
+    cases = [
+        (tmp_path / "plain", FileNotFoundError,
+         r"no recording at .*plain: a directory of 1 entry \(notes\.txt\) without a zarr\.json"),
+        (tmp_path / "empty", FileNotFoundError,
+         r"no recording at .*empty: an empty directory without a zarr\.json"),
+        (tmp_path / "nothing.zarr", FileNotFoundError, r"no recording at .*nothing\.zarr: "
+                                                       r"nothing is there"),
+        (os.path.join(store, "act", "h"), ValueError,
+         r".*run\.zarr/act/h is the array 'act/h' of the recording .*run\.zarr, not a "
+         r"recording: open .*run\.zarr and read 'act/h' in it"),
+        (os.path.join(store, "loss", "zarr.json"), ValueError,
+         r".*run\.zarr/loss/zarr\.json is a file, not a recording"),
+        (damaged["zarr.json"], ValueError,
+         r"the recording .*damaged-0\.zarr is damaged: .*damaged-0\.zarr/zarr\.json is no "
+         r"Zarr metadata \(JSONDecodeError: "),
+        (damaged["act/h/zarr.json"], ValueError,
+         r"the recording .*damaged-2\.zarr is damaged: .*damaged-2\.zarr/act/h/zarr\.json is "
+         r"no Zarr metadata \(JSONDecodeError: "),
+    ]
+    for path, error, message in cases:
+        with pytest.raises(error, match=r"hostfeed\.open_recording: " + message):
+            hostfeed.open_recording(path)
+        if "damaged-2" not in str(path):  # read_recording reads only the array it names
+            with pytest.raises(error, match=r"hostfeed\.read_recording: " + message):
+                hostfeed.read_recording(path, "loss")
+    with pytest.raises(ValueError, match=r"hostfeed\.read_recording: 'act/h' in the recording "
+                                         r".*damaged-2\.zarr cannot be read: its metadata is "
+                                         r"damaged \(JSONDecodeError"):
+        hostfeed.read_recording(damaged["act/h/zarr.json"], "act/h")
+    # The command: every case in one process, whose exit must print nothing more.
+    script = textwrap.dedent(f"""
+        import sys
+        from hostfeed.__main__ import main
+        for path in {[str(p) for p, _, _ in cases]!r}:
+            print(main(["show", path, "-o", {str(tmp_path / "x.png")!r}]))
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert r.stdout.split() == ["2"] * len(cases), r.stdout
+    said = r.stderr.splitlines()
+    assert len(said) == len(cases), r.stderr
+    for line, (_, _, message) in zip(said, cases):
+        assert re.match(r"python -m hostfeed show: " + message, line), (line, message)

@@ -443,8 +443,9 @@ def test_an_open_recorder_keeps_a_burst_of_large_rows_warm(store):
     row = 4 << 20
     with queue_bound(512 << 20):
         assert hostfeed.receiver_stats()["buffer_pool_bytes"] == default
-        # Chunks of 32 rows: the 24 rows stay pending, all held at once, until the flush.
-        with hostfeed.Recorder(store, chunk_bytes=32 * row) as rec:
+        # Chunks of 32 rows: the 24 rows stay pending, all held at once, until the flush
+        # (no live cycle writes them before).
+        with hostfeed.Recorder(store, chunk_bytes=32 * row, commit_interval=float("inf")) as rec:
             assert hostfeed.receiver_stats()["buffer_pool_bytes"] == 512 << 20
             f = jax.jit(lambda x: lax.fori_loop(0, 24, lambda i, x: rec.record("x", x + i), x))
             f(jnp.zeros(row // 4, jnp.float32))
@@ -462,10 +463,12 @@ def test_an_open_recorder_keeps_a_burst_of_large_rows_warm(store):
                     "queue; not yet understood (docs/platforms.md)")
 def test_rows_pending_in_partial_chunks_never_deadlock_a_large_tap(store):
     # Rows waiting in partial chunks hold under half the bound; a tap needing more than
-    # the other half must still get through (the recorder writes them early).
+    # the other half must still get through (the recorder writes them early: a spill, here
+    # where no live cycle writes them first).
     bound = 1 << 20
     seen = []
-    with queue_bound(bound), hostfeed.Recorder(store, chunk_bytes=bound) as rec:
+    with queue_bound(bound), hostfeed.Recorder(store, chunk_bytes=bound,
+                                               commit_interval=float("inf")) as rec:
         for i in range(3):  # 300 KB of rows pending in three partial chunks
             jax.jit(lambda x, i=i: rec.record(f"a{i}", x))(jnp.ones(25_000, jnp.float32))
         big = jax.jit(lambda x: hcb.id_tap(lambda v, t: seen.append(v.nbytes), x))

@@ -61,7 +61,7 @@ def test_rocm_lowers_natively_by_default_and_jax_when_forced():
     if hostfeed._src.transports.forced() is None:
         assert hostfeed.transports()["rocm"] == "native"
     with hostfeed._src.transports.forcing("jax"):
-        assert hostfeed._src.transports.transport_for("rocm") == "jax"
+        assert hostfeed._src.transports.row("rocm").name == "jax"
         # The portable lowering was reached: JAX cannot lower its host callback for a
         # platform without its backend.
         with pytest.raises(ValueError, match="lowering platform rocm"):

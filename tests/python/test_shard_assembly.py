@@ -2,6 +2,7 @@
 that keeps each device's messages in order around them (unit level, no device)."""
 from __future__ import annotations
 
+import sys
 import threading
 
 import jax
@@ -150,14 +151,9 @@ class Log:
 
 def dispatch(made, messages):
     """Runs `messages` (consumer index, device, run, *arrays) through a fresh dispatcher."""
-    d = dispatcher.Dispatcher()
-    saved = consumers.registry.consumers
-    consumers.registry.consumers = {i + 1: c for i, c in enumerate(made)}  # 0: control
-    try:
-        d([_receiver.messages.Message(cid + 1, dev, 0, tuple(arrays), None, run)
-           for cid, dev, run, *arrays in messages])
-    finally:
-        consumers.registry.consumers = saved
+    d = dispatcher.Dispatcher(consumers={i + 1: c for i, c in enumerate(made)})  # 0: control
+    for cid, dev, run, *arrays in messages:
+        d(_receiver.messages.Message(cid + 1, dev, 0, tuple(arrays), None, run))
     return d
 
 
@@ -176,7 +172,7 @@ def test_a_device_waits_for_its_joined_tap_before_its_later_taps():
     assert log.events == [
         ("before", "joined", [[0, 1]]), ("inside", 0), ("inside", 1),
         ("after", "joined", [[20, 21]]), ("inside", 1)]
-    assert d.held == {}
+    assert not d.held
 
 
 class Dispatch:
@@ -184,16 +180,12 @@ class Dispatch:
     message); `send` runs messages (consumer index, device, run, *arrays)."""
 
     def __init__(self, consumers, charge=False):
-        self.d = dispatcher.Dispatcher(charge=charge)
         self.consumers = {i + 1: c for i, c in enumerate(consumers)}
+        self.d = dispatcher.Dispatcher(charge=charge, consumers=self.consumers)
 
     def run(self, batch):
-        saved = consumers.registry.consumers
-        consumers.registry.consumers = self.consumers
-        try:
-            self.d(batch)
-        finally:
-            consumers.registry.consumers = saved
+        for msg in batch:
+            self.d(msg)
 
     def send(self, *messages, reply=None):
         self.run([_receiver.messages.Message(cid + 1, dev, 0, tuple(arrays), reply, run)
@@ -217,7 +209,7 @@ def test_a_held_device_going_on_to_other_executions_waits_for_its_joined_tap():
     assert log.events == [("tap", 1)]
     d.send((0, 1, 1, *part(0, 1, np.array([1]))))  # device 1's part arrives late
     assert log.events == [("tap", 1), ("joined", "joined", [[0, 1]]), ("tap", 0), ("tap", 0)]
-    assert d.d.held == {}
+    assert not d.d.held
 
 
 def test_held_back_messages_count_against_the_bound_until_they_run():
@@ -254,7 +246,7 @@ def test_a_sweep_drops_only_sets_held_before_its_mark():
     assert list(d.d.held) == [1]  # set b is newer than the mark: still waited for
     d.send((1, 0, 5, *part(0, 0, np.array([4]))))
     assert log.events == [("tap", 0), ("b", "joined", [[4, 5]]), ("tap", 1)]
-    assert d.d.held == {}
+    assert not d.d.held
 
 
 class FakeCallReply:
@@ -283,10 +275,10 @@ def test_a_failed_call_drops_its_executions_joined_sets_and_later_parts():
            (1, 0, 2, np.array([1])))  # held behind it
     d.send((2, 1, 1, np.array([0])), reply=FakeCallReply())  # run 1's call fails on device 1
     assert log.events == [("tap", 0)]
-    assert d.d.held == {}
+    assert not d.d.held
     late = FakeCallReply()  # a later part of run 1 (another device) is not waited for
     d.send((0, 2, 1, *part(0, 0, np.array([9]))), reply=late)
-    assert d.d.held == {} and "never came" in late.failed
+    assert not d.d.held and "never came" in late.failed
     errors.take_last_exception()
 
 
@@ -322,7 +314,7 @@ def test_a_failure_without_an_execution_id_lasts_until_the_next_sweep():
     assert d.d.awaits_sweep
     late = FakeCallReply()  # a part of that execution, from another device
     d.send((0, 0, run, *part(0, 0, np.array([9]))), reply=late)
-    assert d.d.held == {} and "never came" in late.failed
+    assert not d.d.held and "never came" in late.failed
     d.marker(lambda: d.d.mark(1))  # the barrier that follows, after waiting ...
     d.marker(lambda: d.d.sweep(1))
     assert not d.d.awaits_sweep
@@ -351,7 +343,7 @@ def test_crossed_parts_run_out_of_order_as_soon_as_the_crossing_forms():
     assert sorted(log.events[:2]) == [("x", "joined", [[10, 11]]),
                                       ("y", "joined", [[20, 21]])]
     assert log.events[2:] == [("tap", 0)]  # device 0's tap after x, its place
-    assert d.d.held == {}
+    assert not d.d.held
 
 
 def test_a_crossing_of_three_devices_is_resolved():
@@ -367,7 +359,7 @@ def test_a_crossing_of_three_devices_is_resolved():
     d.send((1, 2, 2, *part(0, 1, np.array([5]))))  # held back behind c: a circle of three
     assert sorted(log.events) == [("a", "joined", [[0, 2]]), ("b", "joined", [[1, 5]]),
                                   ("c", "joined", [[4, 3]])]
-    assert d.d.held == {}
+    assert not d.d.held
 
 
 def test_calls_held_behind_crossed_executions_run_out_of_order():
@@ -398,7 +390,33 @@ def test_calls_held_behind_crossed_executions_run_out_of_order():
     assert log.events == [("call", 0), ("y", "joined", [[20, 21]]), ("call", 1)]
     d.send((0, 1, 1, *part(0, 1, np.array([11]))))
     assert log.events[3:] == [("x", "joined", [[10, 11]])]
-    assert d.d.held == {} and not r1.pending
+    assert not d.d.held and not r1.pending
+
+
+def test_synchronous_taps_held_behind_crossed_executions_let_their_devices_go_on_in_order():
+    # The same circle with synchronous taps instead of calls (the default tap mode): a tap
+    # needs no result, so the device goes on at once (its reply is sent) and the tap still
+    # runs in its device's order: nothing runs out of order.
+    log = Log()
+    d = Dispatch([log.joined("x"), log.joined("y"), log.tap("tap")])
+    r0, r1 = FakeCallReply(), FakeCallReply()
+    sync = _receiver.messages.FLAG_SYNC_TAP
+
+    def send_sync_tap(device, run, value, reply):
+        d.run([_receiver.messages.Message(3, device, sync, (np.array([value]),), reply, run)])
+
+    d.send((0, 0, 1, *part(0, 0, np.array([10]))))  # device 0: its part of x
+    send_sync_tap(0, 3, 0, r0)  # then a synchronous tap: held, device 0 waits
+    d.send((1, 1, 2, *part(0, 1, np.array([21]))))  # device 1: its part of y
+    send_sync_tap(1, 4, 1, r1)  # device 1's, held: a circle; device 1 goes on
+    assert log.events == [] and not r0.pending and r1.pending  # device 0 goes on
+    d.send((1, 0, 2, *part(0, 0, np.array([20]))))  # its part of y completes y
+    d.send((0, 1, 1, *part(0, 1, np.array([11]))))  # device 1's part of x
+    # (y completes before x on device 0: the executions crossed.) Each tap after the set
+    # its device sent a part of before it.
+    assert log.events == [("y", "joined", [[20, 21]]), ("tap", 1),
+                          ("x", "joined", [[10, 11]]), ("tap", 0)]
+    assert not d.d.held and not r1.pending
 
 
 def test_calls_held_in_order_behind_one_execution_wait_for_it():
@@ -419,15 +437,15 @@ def test_calls_held_in_order_behind_one_execution_wait_for_it():
     assert log.events == [] and r0.pending and r1.pending
     d.send((0, 2, 1, *part(0, 2, np.array([12]))))  # device 2's part, later
     assert log.events == [("x", "joined", [[10, 11, 12]]), ("call", 0), ("call", 1)]
-    assert d.d.held == {}
+    assert not d.d.held
 
 
-def test_a_call_held_while_nothing_comes_runs_out_of_order_at_the_stall_check():
+def test_a_call_held_in_a_circle_through_the_runtime_runs_out_of_order_at_the_stall_check():
     # Issue 65.2's soak, its second hang: the part a held device waits for may never be
     # launched, with no circle the dispatcher can see (on CPU a device's later executions
     # wait behind its call and fill its in-flight semaphore, and then the launches of
-    # multi-device executions on every device wait for it). Nothing reaches the receiver
-    # any more; the stall watch's check then runs the call out of its order.
+    # multi-device executions on every device wait for it). The whole process then waits;
+    # the stall watch's check, pushed once it saw that, runs the call out of its order.
     log = Log()
 
     def call(arrays, ordinal, reply):
@@ -445,10 +463,108 @@ def test_a_call_held_while_nothing_comes_runs_out_of_order_at_the_stall_check():
     assert log.events == [("call", 0)] and not r0.pending
     assert list(d.d.held) == [0]  # still held on x, which completes in its own time
     d.send((0, 1, 1, *part(0, 1, np.array([11]))), (0, 2, 1, *part(0, 2, np.array([12]))))
-    assert log.events[1:] == [("x", "joined", [[10, 11, 12]])] and d.d.held == {}
+    assert log.events[1:] == [("x", "joined", [[10, 11, 12]])] and not d.d.held
 
 
-def test_the_stall_watch_checks_on_the_consumer_thread_once_nothing_comes():
+def test_a_synchronous_joined_tap_holds_only_its_source_device_until_it_ran():
+    # As the legacy module ran a global-view tap on one device: the device of the source
+    # part (0 here) waits until the tap ran; another device's part is answered on arrival
+    # (its later callbacks still wait for the tap).
+    got = []
+    j = joined_tap(got, n_parts=2, source=0)
+    r0, r1 = FakeCallReply(), FakeCallReply()
+    assert j.add(5, part(0, 1, np.array([1])), 1, r1) is None
+    assert r1.sent == [] and r0.pending
+    assert j.add(5, part(0, 0, np.array([0])), 0, r0) == (0, 1)
+    assert got == [([[0, 1]], 0)] and r0.sent == []
+    # In the dispatcher the tap belongs to the source device's order only: device 1 is not
+    # held (its next tap runs at once), device 0 is, until the tap ran.
+    log = Log()
+    d = Dispatch([log.joined("x"), log.tap("tap")])
+    r0, r1 = FakeCallReply(), FakeCallReply()
+    d.send((0, 1, 1, *part(0, 1, np.array([11]))), reply=r1)
+    d.send((1, 1, 2, np.array([1])))
+    d.send((0, 0, 1, *part(0, 0, np.array([10]))), reply=r0)
+    d.send((1, 0, 3, np.array([0])))
+    assert log.events == [("tap", 1), ("x", "joined", [[10, 11]]), ("tap", 0)]
+    assert not d.d.held and not r0.pending and not r1.pending
+
+
+def test_the_stall_check_lets_a_device_waiting_for_its_own_synchronous_joined_tap_go_on():
+    # The source device's part waits for the others, which a circle through the runtime
+    # keeps from coming (the thread the source's part holds is one they need): at the
+    # stall check the source goes on before the tap ran; the tap runs once the set is
+    # complete, before the device's later callbacks.
+    log = Log()
+    d = Dispatch([log.joined("x"), log.tap("tap")])
+    r0 = FakeCallReply()
+    d.send((0, 0, 1, *part(0, 0, np.array([10]))), reply=r0)
+    assert r0.pending and list(d.d.held) == [0]
+    n = _receiver.host.stats()["messages_enqueued"]
+    d.marker(lambda: d.d._unstall(n))
+    assert r0.sent == [] and log.events == []
+    d.send((1, 0, 2, np.array([3])))  # device 0 went on: its next tap waits for x
+    d.send((0, 1, 1, *part(0, 1, np.array([11]))))
+    assert log.events == [("x", "joined", [[10, 11]]), ("tap", 0)] and not d.d.held
+
+
+def test_the_stall_check_leaves_a_device_that_is_not_a_cpu_waiting():
+    # A GPU (or a TPU, through the portable transport) that computes leaves the process
+    # idle too: no circle through the CPU runtime, so its call waits in its order.
+    log = Log()
+
+    def call(arrays, ordinal, reply):
+        log.events.append(("call", ordinal))
+        return not reply.send([])
+
+    d = Dispatch([log.joined("x"), consumers.Consumer(call, "c", ConsumerKind.CALL)])
+    r = FakeCallReply()
+    gpu = -2  # GPU 0's device key
+    d.send((0, gpu, 1, *part(0, 0, np.array([10]))))
+    d.send((1, gpu, 3, np.array([0])), reply=r)
+    n = _receiver.host.stats()["messages_enqueued"]
+    d.marker(lambda: d.d._unstall(n))
+    assert log.events == [] and r.pending
+    d.send((0, -3, 1, *part(0, 1, np.array([11]))))
+    assert log.events == [("x", "joined", [[10, 11]]), ("call", gpu)] and not r.pending
+
+
+def _samples(windows):
+    """A sampler of the stall watch (two samples a window) that plays ``windows``, one
+    entry per window (``"busy"``: the process used CPU time; ``"callback"``: a host
+    callback ran; ``"message"``: one reached the receiver), then idle windows; with the
+    samples taken so far."""
+    taken, state = [], {"cpu": 0.0, "enqueued": 0}
+
+    def sample():
+        window, second = divmod(len(taken), 2)
+        what = windows[window] if window < len(windows) else "idle"
+        taken.append(what)
+        if second and what == "busy":
+            state["cpu"] += 1.0
+        if second and what == "message":
+            state["enqueued"] += 1
+        return stall_watch.Activity(state["enqueued"], state["cpu"],
+                                    second and what == "callback")
+    return sample, taken
+
+
+@pytest.mark.parametrize("busy", ["busy", "callback", "message"])
+def test_the_stall_watch_checks_only_after_windows_in_which_the_process_did_nothing(busy):
+    # A device that computes (CPU time), waits in a host callback, or sends anything keeps
+    # the watch from checking, however long that lasts: the check comes after two windows
+    # in a row in which the whole process did nothing.
+    lifecycle.ensure_started()
+    ran = threading.Event()
+    sample, taken = _samples([busy, busy, "idle", busy, busy, busy])
+    watch = stall_watch.StallWatch(lambda: not ran.is_set(), lambda n: ran.set(),
+                                   window=0.001, quiet=2, sample=sample)
+    watch.note()
+    assert ran.wait(60)
+    assert len(taken) == 2 * (6 + 2)  # the six scripted windows, then two idle ones
+
+
+def test_the_stall_watch_checks_on_the_consumer_thread_once_the_process_did_nothing():
     lifecycle.ensure_started()
     held, seen, ran = [True], [], threading.Event()
 
@@ -458,11 +574,41 @@ def test_the_stall_watch_checks_on_the_consumer_thread_once_nothing_comes():
         held[0] = False
         ran.set()
 
-    watch = stall_watch.StallWatch(lambda: held[0], unstall, patience=0.05)
+    idle = stall_watch.Activity(0, 0.0, False)
+    watch = stall_watch.StallWatch(lambda: held[0], unstall, window=0.01,
+                                   sample=lambda: idle._replace(
+                                       enqueued=_receiver.host.stats()["messages_enqueued"]))
     watch.note()
     assert ran.wait(60)
     n, on_consumer_thread, enqueued = seen[0]
     assert on_consumer_thread and n == enqueued  # nothing but the check came meanwhile
+
+
+def test_a_thread_inside_a_jax_callback_is_seen_and_hostfeeds_own_waits_are_not():
+    entered, release = threading.Event(), threading.Event()
+
+    def host(v):
+        entered.set()
+        release.wait(60)
+        return v
+
+    f = jax.jit(lambda v: jax.pure_callback(host, jax.ShapeDtypeStruct((), np.float32), v))
+    worker = threading.Thread(target=lambda: f(np.float32(1)).block_until_ready())
+    worker.start()
+    assert entered.wait(60)
+    try:
+        assert stall_watch.in_jax_callback()
+        # The same stack with hostfeed's code innermost (a portable call waiting for its
+        # reply) is a wait for the receiver, not a callback at work.
+        frames = sys._current_frames()
+        own = {i: f for i, f in frames.items()
+               if i != threading.get_ident() and f.f_code.co_filename.startswith(
+                   stall_watch._OWN)}
+        assert not stall_watch.in_jax_callback(own)
+    finally:
+        release.set()
+        worker.join(60)
+    assert not stall_watch.in_jax_callback()
 
 
 def test_a_device_that_waits_in_order_is_no_crossing():
@@ -478,7 +624,7 @@ def test_a_device_that_waits_in_order_is_no_crossing():
            (1, 1, 2, *part(0, 1, np.array([21]))))
     assert log.events == [("tap", 1), ("x", "joined", [[10, 11]]),
                           ("y", "joined", [[20, 21]])]
-    assert d.d.held == {}
+    assert not d.d.held
 
 
 def test_a_late_part_of_a_swept_set_holds_no_device():
@@ -491,7 +637,7 @@ def test_a_late_part_of_a_swept_set_holds_no_device():
     d.marker(lambda: d.d.sweep(1))
     d.send((0, 1, 1, *part(0, 1, np.array([11]))), (1, 1, 2, np.array([3])))
     assert log.events == [("tap", 1)]
-    assert d.d.held == {}
+    assert not d.d.held
 
 
 # ----------------------------------------------------------------------------------------
@@ -592,7 +738,7 @@ def test_barrier_waits_for_a_tap_held_back_behind_a_joined_tap_of_a_later_execut
     send_part(1, 11)  # device 1's part completes the joined tap: the tap runs after it
     hcb.barrier_wait()
     assert events == [("joined", [[10, 11]]), ("tap", 5)]
-    assert dispatcher.dispatcher.held == {} and dispatcher.dispatcher.charged == 0
+    assert not dispatcher.dispatcher.held and dispatcher.dispatcher.charged == 0
 
 
 def test_barrier_waiting_for_a_held_tap_sweeps_a_set_whose_part_failed(caplog):
@@ -623,17 +769,41 @@ def test_barrier_waiting_for_a_held_tap_sweeps_a_set_whose_part_failed(caplog):
         hcb.barrier_wait(timeout=60)
     assert events == [("tap", 5)]
     assert "dropped an incomplete global-view host callback" in caplog.text
-    assert dispatcher.dispatcher.held == {} and dispatcher.dispatcher.charged == 0
+    assert not dispatcher.dispatcher.held and dispatcher.dispatcher.charged == 0
 
 
 def test_the_receiver_is_handed_the_dispatchers_state_not_its_attribute_names():
-    # What the receiver reads of the dispatcher is one typed object made once (its dicts,
-    # never rebound, and the callables that take failures), not attributes read by name.
+    # What the receiver reads of the dispatcher is one typed object made once: the
+    # dispatcher's Holds and the consumer table (both languages go through their methods,
+    # no container is lent) and the callables that take failures.
     d = dispatcher.Dispatcher()
-    assert isinstance(d.state(), _receiver.batch.DispatcherState)
+    state = d.state()
+    assert isinstance(state, _receiver.batch.DispatcherState)
+    assert state.holds is d.held and state.consumers is consumers.registry.consumers
+    table = _receiver.consumers.ConsumerTable()
     with pytest.raises(TypeError, match="call_failed must be callable"):
-        _receiver.batch.DispatcherState(d, held={}, orphans={}, consumers={}, tap_failed=print,
+        _receiver.batch.DispatcherState(d, holds=d.held, consumers=table, tap_failed=print,
                                         call_failed=None)
-    with pytest.raises(TypeError):
-        _receiver.batch.DispatcherState(d, held=[], orphans={}, consumers={}, tap_failed=print,
+    with pytest.raises(TypeError):  # a dict is no Holds
+        _receiver.batch.DispatcherState(d, holds={}, consumers=table, tap_failed=print,
                                         call_failed=print)
+
+
+def test_holds_keep_devices_in_the_order_held_and_orphans_apart():
+    # The state both languages share: a device is held once, released once; what an
+    # abandoned consumer leaves runs first, in order; emptiness is what the receiver asks.
+    holds = _receiver.batch.Holds()
+    assert holds.is_empty() and not holds and list(holds) == []
+    holds.hold(3, "a")
+    holds.hold(1, "b")
+    with pytest.raises(ValueError, match="device 3 is held already"):
+        holds.hold(3, "c")
+    assert list(holds) == [3, 1] and holds.items() == [(3, "a"), (1, "b")]
+    assert 1 in holds and 2 not in holds and holds.get(1) == "b" and holds.get(2) is None
+    assert holds.release(3) == "a" and holds.release(3) is None and len(holds) == 1
+    assert holds.release(1) == "b" and holds.is_empty()
+    holds.leave(0, "m1")
+    holds.leave(0, "m2")
+    assert not holds.is_empty() and not holds and holds.orphaned() == [0]
+    assert holds.take_orphans(0) == ["m1", "m2"] and holds.take_orphans(0) == []
+    assert holds.is_empty()

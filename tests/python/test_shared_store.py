@@ -235,14 +235,18 @@ def test_another_run_on_an_open_shared_store_is_refused(tmp_path):
     """The lock of a store shared by one run's processes refuses an unrelated process, as
     a plain recorder or as a member of another run, naming who holds it."""
     from hostfeed import _receiver
+    from hostfeed._src.record.options import options
     path = str(tmp_path / "run.zarr")
-    held = _receiver.record.Recorder(path, mode="w", shared="run-a", leader=True)
+    held = _receiver.record.Recorder(path, **options(path, mode="w").native(), shared="run-a",
+                                     leader=True)
     script = (
         "import sys, hostfeed\n"
         "from hostfeed import _receiver\n"
+        "from hostfeed._src.record.options import options\n"
         "for kw in ({}, {'shared': 'run-b', 'leader': False}):\n"
         "    try:\n"
-        "        _receiver.record.Recorder(sys.argv[1], mode='w', **kw)\n"
+        "        _receiver.record.Recorder(sys.argv[1], **options(sys.argv[1], mode='w')"
+        ".native(), **kw)\n"
         "    except hostfeed.RecordingError as exc:\n"
         "        print('REFUSED', exc.errno, exc)\n")
     try:

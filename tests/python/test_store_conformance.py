@@ -8,7 +8,11 @@ binary unless ``HOSTFEED_REQUIRE_S3S=1``, as in CI).
 Each case: write, read, list, overwrite, delete, a partial (byte-range) read, and the
 store's lock: taken, a second taker refused naming the holder (and seen as held by
 ``stores.writer_open``, what ``follow`` asks), taken again once released; the same through
-two ``hostfeed.Recorder``s, the second refused until the first is closed."""
+two ``hostfeed.Recorder``s, the second refused until the first is closed. What only the
+core's store offers the recorder (fresh puts, documents, writes in place, streamed objects,
+``exists``, ``create_dir``, a root prepared for each mode) is the Rust suite's
+(``crates/hostfeed-core/src/record/backend/conformance.rs``, over the same back-ends); this
+one checks the same back-ends through the binding."""
 from __future__ import annotations
 
 import errno
@@ -20,6 +24,7 @@ import pytest
 import hostfeed
 from hostfeed import _receiver
 from hostfeed._src.record import stores
+from hostfeed._src.record.options import options
 from helpers.s3_server import serving
 
 _fresh = itertools.count()
@@ -123,3 +128,23 @@ def test_a_second_recorder_is_refused_until_the_first_closes(root):
     rec.close()
     assert not stores.writer_open(stores.location(where))
     hostfeed.Recorder(where, mode="w").close()
+
+
+def test_every_message_that_lists_store_schemes_lists_them_all(tmp_path):
+    # The lists come from the back-ends' registry (the binding's STORE_SCHEMES), memory://
+    # among them, in Python's checks and in the binding's alike.
+    listed = ", ".join(f"{s}://" for s in _receiver.storage.STORE_SCHEMES)
+    assert "memory://" in listed and "s3://" in listed
+    with pytest.raises(ValueError) as e:
+        hostfeed.Recorder(tmp_path / "x.zarr", storage_options={"aws_region": "x"})
+    assert listed in str(e.value)
+    with pytest.raises(ValueError) as e:
+        hostfeed.Recorder("ftp://host/r.zarr")
+    assert listed in str(e.value)
+    for refused in (lambda: _receiver.storage.Storage("ftp://host/r.zarr", url=True),
+                    lambda: _receiver.record.Recorder("ftp://host/r.zarr", **dict(
+                        options("/tmp/unused.zarr").native(), url=True))):
+        with pytest.raises(ValueError) as e:
+            refused()
+        assert listed in str(e.value), e.value
+    assert list(tmp_path.iterdir()) == []

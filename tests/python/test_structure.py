@@ -1,6 +1,6 @@
 """The structure's rules (.ci/structure_check.py, run by CI): no import circle among the
-Python modules or the Rust files, no overlong Python module or Rust file; and the check finds
-them."""
+Python modules or the Rust files, no overlong Python module, Python class or Rust file; and
+the check finds them."""
 from __future__ import annotations
 
 import importlib.util
@@ -82,3 +82,19 @@ def test_the_bench_uses_the_public_api_and_the_measuring_hooks_alone():
                for target in targets if not target.startswith("hostfeed.bench")}
     assert reached <= allowed, sorted(reached - allowed)
     assert "hostfeed._src.measuring" in reached
+
+
+def test_an_overlong_class_is_found_at_any_depth(tmp_path, monkeypatch, capsys):
+    pkg = tmp_path / "hostfeed"
+    body = "    x = 1\n" * check.MAX_CLASS_LINES
+    _write(pkg, {"__init__.py": "",
+                 "short.py": "class Fits:\n" + "    x = 1\n" * (check.MAX_CLASS_LINES - 1),
+                 "long.py": "def make():\n    class Inner:\n" + "    " + body.replace(
+                     "\n", "\n    ").rstrip() + "\n"})
+    monkeypatch.setattr(check, "ROOT", tmp_path)
+    monkeypatch.setattr(check, "PACKAGE", pkg)
+    monkeypatch.setattr(check, "CRATES", [])
+    assert check.main([]) == 1
+    err = capsys.readouterr().err
+    assert f"hostfeed/long.py: class make.Inner has {check.MAX_CLASS_LINES + 1} lines" in err
+    assert "Fits" not in err

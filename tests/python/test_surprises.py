@@ -2,10 +2,15 @@
 is documented and tested: legacy prints in order with the program's own lines on request,
 a record's cotangent chosen per call, reading a store a recorder still writes says so, a
 name recorded twice in one step keeps both rows, numpy values that do not fit JAX's dtype
-are refused, ``Histogram``'s default range, the demo's store, and what exit reports."""
+are refused, ``Histogram``'s default range, the demo's store, what exit reports (and the
+exit status), and a Python int step that compiles the function at every step."""
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import jax
@@ -244,7 +249,12 @@ def test_exit_reports_a_tap_failure_no_barrier_raised_with_its_traceback():
             pass
         jax.jit(lambda x: hcb.id_tap(bad_tap, x))(1.0).block_until_ready()
     """)
-    assert r.returncode == 0, r.stderr
+    # As an uncaught exception in the main thread would: status 1, the report on stderr.
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.endswith(
+        "hostfeed: for it, the program exits with status 1 where it would exit with 0, as "
+        "for an uncaught exception (HOSTFEED_CALLBACK_ERROR_EXIT=0 keeps status 0, as the "
+        "legacy module did)\n"), r.stderr[-2000:]
     exit_report = r.stderr[r.stderr.index("Traceback (most recent call last)"):]
     # The tap function's frame, then its exception (Python 3.13 prints the source line
     # between them, 3.11 cannot read it from -c code).
@@ -254,3 +264,89 @@ def test_exit_reports_a_tap_failure_no_barrier_raised_with_its_traceback():
             "that no barrier_wait() raised. Last one was: RuntimeError: tap went wrong") \
         in exit_report
     assert "call went wrong" not in exit_report and "atexit" not in r.stderr
+
+
+_UNRAISED_TAP_ERROR = """
+    import sys, jax, jax.numpy as jnp
+    from hostfeed import host_callback as hcb
+    def bad_tap(a, tr):
+        raise RuntimeError("tap went wrong")
+    jax.jit(lambda x: hcb.id_tap(bad_tap, x))(1.0).block_until_ready()
+    print("finished", flush=True)
+    open(sys.argv[1], "w").write("written")  # left for the interpreter to close
+    sys.exit(int(sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("setting,own,status", [("0", 0, 0), ("", 3, 3), ("5", 0, 5)],
+                         ids=["legacy-0", "own-status-kept", "chosen-status"])
+def test_the_exit_status_for_an_unraised_callback_error_follows_the_setting(
+        tmp_path, setting, own, status):
+    """HOSTFEED_CALLBACK_ERROR_EXIT=0 keeps the legacy status 0 (the error still printed);
+    a program that exits with a non-zero status of its own keeps it; another value is the
+    status. The status changes only after Python finalized: a file left open is written."""
+    out = tmp_path / "out.txt"
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(_UNRAISED_TAP_ERROR), str(out),
+                        str(own)], capture_output=True, text=True, timeout=180,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu",
+                                HOSTFEED_CALLBACK_ERROR_EXIT=setting))
+    assert r.returncode == status, r.stderr[-2000:]
+    assert r.stdout == "finished\n" and out.read_text() == "written"
+    assert "no barrier_wait() raised. Last one was: RuntimeError: tap went wrong" in r.stderr
+    assert ("where it would exit with 0" in r.stderr) == (setting != "0"), r.stderr[-2000:]
+
+
+# ---- 7. a Python int step that compiles the function again at every step ------------------
+
+
+def _static_argnums(rec):
+    def train_step(x, step):
+        return rec.record("loss", x * 2, step=step)
+    return jax.jit(train_step, static_argnums=1), "train_step"
+
+
+def _filter_jit(rec):
+    eqx = pytest.importorskip("equinox")
+
+    @eqx.filter_jit
+    def train_step(x, step):  # filter_jit: a Python int argument is static
+        return rec.record("loss", x * 2, step=step)
+    return train_step, "train_step"
+
+
+@pytest.mark.parametrize("make", [_static_argnums, _filter_jit],
+                         ids=["static_argnums", "eqx.filter_jit"])
+def test_a_function_traced_again_for_each_python_int_step_warns_once(store, make):
+    with hostfeed.Recorder(store) as rec:
+        step_fn, name = make(rec)
+        for s in range(3):  # three traces: no word yet
+            step_fn(jnp.float32(s), s)
+        with pytest.warns(UserWarning) as caught:
+            for s in range(3, 8):  # the fourth different step warns, once
+                step_fn(jnp.float32(s), s)
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    text = str(caught[0].message)
+    assert (f"the function {name} was traced 4 times for hostfeed.Recorder({store!r})"
+            f".record('loss', step=...)") in text
+    assert "with a Python int step each time (0, 1, 2, 3)" in text
+    assert "Pass jnp.int32(step) instead" in text
+    assert caught[0].filename == __file__  # the line that records
+    np.testing.assert_array_equal(hostfeed.read_recording(store, "loss")[1]["step"],
+                                  np.arange(8))
+
+
+def test_traced_steps_unrolled_loops_and_recorded_steps_do_not_warn(store):
+    """A step passed as a traced value, a Python loop unrolled in one trace (several
+    concrete steps, one trace; traced again here for another static argument, with the
+    same steps), and ``rec.step`` with host int steps (compiled once or twice, not per
+    step) are no retrace per step: no warning (pytest turns one into an error)."""
+    with hostfeed.Recorder(store) as rec:
+        traced = jax.jit(lambda x, s: rec.record("a", x, step=s))
+        unrolled = jax.jit(lambda x, k: [rec.record("b", x * k, step=s) for s in range(5)][-1],
+                           static_argnums=1)
+        stepped = rec.step(lambda x, s: rec.record("c", x, step=s, every=2))
+        for s in range(6):
+            traced(jnp.float32(s), s)
+            unrolled(jnp.float32(1), s)
+            stepped(jnp.float32(s), s)
+    assert len(hostfeed.read_recording(store, "b")[0]) == 30

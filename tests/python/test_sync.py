@@ -1,6 +1,7 @@
-"""Synchronous taps (``HOSTFEED_SYNC_TAPS``, ``set_sync_taps``, ``sync_taps()``,
-``id_tap(..., sync=True)``): the tap function has run once the computation's results are
-ready, as with the legacy module's CPU default."""
+"""Synchronous taps (the default on CPUs and GPUs, ``HOSTFEED_SYNC_TAPS``,
+``set_sync_taps``, ``sync_taps()``, ``id_tap(..., sync=True)``): the tap function has run
+once the computation's results are ready, as with the legacy module's CPU default; and the
+switch to asynchronous taps."""
 from __future__ import annotations
 
 import io
@@ -15,6 +16,9 @@ from conftest import run_python
 from hostfeed import host_callback as hcb
 
 N_CALLS = 200
+
+#: The default mode (synchronous on CPUs), whatever the suite's.
+pytestmark = pytest.mark.usefixtures("default_tap_mode")
 
 
 def _busy_tap(seen: list):
@@ -42,28 +46,31 @@ def test_sync_taps_context_manager_retraces_and_applies_to_the_block():
     seen: list[int] = []
     tap = _busy_tap(seen)
     f = jax.jit(lambda x: hcb.id_tap(tap, x) + 1)
-    f(jnp.int32(-1))
-    hcb.barrier_wait()
-    seen.clear()
-    assert not hcb.get_sync_taps()
-    with hcb.sync_taps():
-        assert hcb.get_sync_taps()
-        for i in range(50):
-            f(jnp.int32(i)).block_until_ready()
-            assert seen[-1] == i  # the cached asynchronous trace was not reused
-    assert not hcb.get_sync_taps()
+    with hcb.sync_taps(False):
+        f(jnp.int32(-1))
+        hcb.barrier_wait()
+        seen.clear()
+        assert not hcb.get_sync_taps()
+        with hcb.sync_taps():
+            assert hcb.get_sync_taps()
+            for i in range(50):
+                f(jnp.int32(i)).block_until_ready()
+                assert seen[-1] == i  # the cached asynchronous trace was not reused
+        assert not hcb.get_sync_taps()
+    assert hcb.get_sync_taps()  # the default again (CPU: synchronous)
 
 
 def test_set_sync_taps_makes_id_print_synchronous():
     s = io.StringIO()
     f = jax.jit(lambda x: hcb.id_print(x, what="x", output_stream=s))
+    hcb.set_sync_taps(False)
     hcb.set_sync_taps(True)
     try:
         for i in range(20):
             f(jnp.int32(i)).block_until_ready()
             assert s.getvalue().splitlines()[-2:] == ["what: x", str(i)]
     finally:
-        hcb.set_sync_taps(False)
+        hcb.set_sync_taps(None)
     assert "sync" not in s.getvalue()  # the keyword is id_tap's, not printed
 
 
@@ -128,23 +135,33 @@ def test_sync_tap_failure_is_reported_by_barrier_wait_and_the_computation_goes_o
 def test_sync_argument_and_mode_are_checked():
     with pytest.raises(TypeError, match="sync must be True, False or None"):
         hcb.id_tap(lambda x, tr: None, 1, sync="yes")
-    with pytest.raises(TypeError, match="expected True or False"):
+    with pytest.raises(TypeError, match=r"expected True, False or None \(the default\)"):
         hcb.set_sync_taps(1)
+    with pytest.raises(TypeError, match="sync_taps"), hcb.sync_taps("on"):
+        pass
 
 
-def test_sync_taps_from_the_environment():
+def test_asynchronous_taps_from_the_environment():
+    # HOSTFEED_SYNC_TAPS=0: the tap function runs on the receiver's thread after the
+    # computation went on (it waits here until the computation's result is ready).
     r = run_python("""
+        import threading
         import jax, jax.numpy as jnp
         from hostfeed import host_callback as hcb
+        returned = threading.Event()
         seen = []
-        f = jax.jit(lambda x: hcb.id_tap(lambda v, tr: seen.append(int(v)), x))
-        for i in range(30):
+        def tap(v, tr):
+            seen.append((int(v), returned.wait(60)))
+        f = jax.jit(lambda x: hcb.id_tap(tap, x) + 1)
+        for i in range(3):
+            returned.clear()
             f(jnp.int32(i)).block_until_ready()
-            assert seen[-1] == i, (i, seen)
-        print(hcb.get_sync_taps())
-    """, env={"HOSTFEED_SYNC_TAPS": "1"})
+            returned.set()
+            hcb.barrier_wait()
+        print(hcb.get_sync_taps(), seen)
+    """, env={"HOSTFEED_SYNC_TAPS": "0"})
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "True"
+    assert r.stdout.strip() == "False [(0, True), (1, True), (2, True)]"
     r = run_python("import hostfeed", env={"HOSTFEED_SYNC_TAPS": "maybe"})
     assert r.returncode != 0
     assert "HOSTFEED_SYNC_TAPS='maybe' is not a boolean" in r.stderr

@@ -5,6 +5,7 @@ eagerly, vmap, with ``every=``, sharded over several devices in a subprocess (ex
 auto sharding), read back, drawn by ``python -m hostfeed show`` and exported to TensorBoard."""
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -36,6 +37,14 @@ def topk_of(x, axis, k):
     return np.take_along_axis(flat, idx, -1), idx
 
 
+def signed_zeros(rng, shape):
+    """Small integers: a rare 3, zeros (0.0 and -0.0, as many of each) and negative ones,
+    so that the k largest hold zeros of both signs, tied."""
+    x = (-np.abs(rng.integers(-3, 4, size=shape))).astype(np.float32)
+    x = np.where(rng.random(shape) < 0.002, np.float32(3.0), x)
+    return np.where((x == 0) & (rng.random(shape) < 0.5), np.float32(-0.0), x)
+
+
 def ties(shape, seed=0):
     """Small integers: many equal values, so the order of ties is tested everywhere."""
     return np.random.default_rng(seed).integers(-3, 4, size=shape).astype(np.float32)
@@ -46,6 +55,8 @@ def check(rows, x, axis, k):
     want_v, want_i = topk_of(x, axis, k)
     np.testing.assert_array_equal(index, want_i)
     np.testing.assert_array_equal(values, want_v)
+    # bit for bit: -0.0 is kept as -0.0 (assert_array_equal takes it for 0.0)
+    np.testing.assert_array_equal(values.view(np.uint32), want_v.view(np.uint32))
 
 
 @pytest.mark.parametrize("axis", [None, 0, 1, (0, 1), (0, 2), (1, 2), -1])
@@ -143,13 +154,15 @@ def test_a_topk_survives_appending_and_capture_names_it(store):
 def test_sharded_topk_reduces_where_the_shards_are(tmp_path, mode):
     """Over 4 devices, sharded on a reduced axis and on a kept one: each device takes its
     slice's k largest, only candidates move (no all-gather of the value), the rows match
-    numpy on the whole value, ties to the lowest index across the devices."""
-    code = textwrap.dedent(f"""
+    numpy on the whole value bit for bit (-0.0 stays -0.0), ties to the lowest index across
+    the devices."""
+    code = textwrap.dedent("""
         import json, re, sys, numpy as np, jax, hostfeed
         from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    """) + textwrap.dedent(inspect.getsource(signed_zeros)) + textwrap.dedent(f"""
         mesh = (jax.make_mesh((2, 2), ("x", "y")) if sys.argv[1] == "explicit"
                 else Mesh(np.array(jax.devices()).reshape(2, 2), ("x", "y")))
-        x = np.random.default_rng(3).integers(-3, 4, size=(8, 16, 6)).astype(np.float32)
+        x = signed_zeros(np.random.default_rng(3), (8, 16, 6))
         xs = jax.device_put(x, NamedSharding(mesh, P("x", "y")))
         path = {str(tmp_path)!r} + "/" + sys.argv[1] + ".zarr"
         with hostfeed.Recorder(path) as rec:
@@ -175,7 +188,7 @@ def test_sharded_topk_reduces_where_the_shards_are(tmp_path, mode):
                                              XLA_FLAGS="--xla_force_host_platform_device_count=4"))
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.split("RESULT ", 1)[1])
-    x = np.random.default_rng(3).integers(-3, 4, size=(8, 16, 6)).astype(np.float32)
+    x = signed_zeros(np.random.default_rng(3), (8, 16, 6))
     assert out["steps"] == [0, 2]
     if mode == "explicit":  # the value (768 numbers) never moves: candidates only
         assert all(n < x.size for n in out["gathered"]), out["gathered"]
@@ -195,17 +208,17 @@ def test_show_draws_the_k_values_per_step(store, tmp_path):
             rec.record("acts/out.topk", x, step=s, reduce=hostfeed.TopK(3), axis=0)
             rec.record("acts/out.stats", x, step=s, reduce="stats")
     from hostfeed._src.readback import grid, series
-    from hostfeed._src.readback.draw import _title
+    from hostfeed._src.readback.draw import _what
     recording = hostfeed.open_recording(store)
     panels = {p.name: p for p in grid.load(recording, series.select(recording.names, [],
                                                                       store))}
     p = panels["acts/out.topk"]
-    assert (p.kind, p.plot, p.stats) == ("topk", "lines", None)
+    assert (p.kind, p.plot, p.reader) == ("topk", "lines", hostfeed.TopK)
     # Each rank's largest value over the kept positions (the 6 columns), per step.
     want = np.stack([topk_of(x, (0,), 3)[0].max(0) for x in xs])
     np.testing.assert_array_equal(p.values, want)
     assert p.steps.tolist() == [0, 1, 2, 3]
-    assert _title(p).startswith("acts/out.topk  (top 3, 4 rows)")
+    assert _what(p) == "top 3"  # the panel's title: "acts/out.topk  (top 3, 4 rows)"
     assert panels["acts/out.stats"].plot == "stats"
     # What `python -m hostfeed show STORE -o grid.png` runs (in this process: no second
     # start of JAX).

@@ -2,29 +2,32 @@
 //! consumer id names (Python makes one per registered callback, and one per eager tap),
 //! its [`ConsumerKind`] says how a message for it runs, and a `call`'s consumer may carry
 //! a [`DirectCall`], its host function run without hostfeed's Python frames. The receiver
-//! reads these fields directly.
+//! reads these fields directly, and looks consumers up in the [`ConsumerTable`] Python's
+//! registry fills.
 //!
 //! Only the consumer thread (or a device's thread running a call inline), attached to
 //! Python, runs what is here; nothing here waits.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use numpy::npyffi;
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyKeyError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
 
 use crate::error::ReceiverError;
 use crate::messages::{as_result_arrays, message_arrays, send_results, Dtypes, Reply};
-use hostfeed_core::{Message, ReplySlot};
+use hostfeed_core::{lock, Message, ReplySlot};
 
 /// Adds the consumer classes to `m`.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ConsumerKind>()?;
     m.add_class::<Consumer>()?;
     m.add_class::<DirectCall>()?;
+    m.add_class::<ConsumerTable>()?;
     Ok(())
 }
 
@@ -127,10 +130,69 @@ impl Consumer {
     }
 }
 
+/// The consumers by id, as Python's registry fills it and the receiver looks them up: a
+/// mapping of `int` to [`Consumer`] that both languages use through its methods.
+#[pyclass(frozen, mapping, module = "hostfeed._receiver.consumers")]
+pub struct ConsumerTable {
+    map: Mutex<HashMap<i64, Py<Consumer>>>,
+}
+
+#[pymethods]
+impl ConsumerTable {
+    #[new]
+    fn new() -> Self {
+        ConsumerTable { map: Mutex::new(HashMap::new()) }
+    }
+
+    /// The consumer of `cid`, or None.
+    fn get(&self, py: Python<'_>, cid: i64) -> Option<Py<Consumer>> {
+        lock(&self.map).get(&cid).map(|c| c.clone_ref(py))
+    }
+
+    /// Removes the consumer of `cid` and returns it (`KeyError` if there is none).
+    fn pop(&self, cid: i64) -> PyResult<Py<Consumer>> {
+        lock(&self.map).remove(&cid).ok_or_else(|| PyKeyError::new_err(cid))
+    }
+
+    /// The consumers (in no particular order).
+    fn values(&self, py: Python<'_>) -> Vec<Py<Consumer>> {
+        lock(&self.map).values().map(|c| c.clone_ref(py)).collect()
+    }
+
+    fn __getitem__(&self, py: Python<'_>, cid: i64) -> PyResult<Py<Consumer>> {
+        self.get(py, cid).ok_or_else(|| PyKeyError::new_err(cid))
+    }
+
+    fn __setitem__(&self, cid: i64, consumer: Py<Consumer>) {
+        // (A consumer replaced is dropped once the lock is released.)
+        let replaced = lock(&self.map).insert(cid, consumer);
+        drop(replaced);
+    }
+
+    fn __contains__(&self, cid: i64) -> bool {
+        lock(&self.map).contains_key(&cid)
+    }
+
+    fn __len__(&self) -> usize {
+        lock(&self.map).len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("ConsumerTable({} consumers)", lock(&self.map).len())
+    }
+}
+
+impl ConsumerTable {
+    /// The consumer of `cid`, bound, or None.
+    pub(crate) fn lookup<'py>(&self, py: Python<'py>, cid: i64) -> Option<Bound<'py, Consumer>> {
+        lock(&self.map).get(&cid).map(|c| c.bind(py).clone())
+    }
+}
+
 /// Runs a plain `call` message (it has a reply slot) of `consumer`: with its
 /// [`DirectCall`] when it has one, else with its `invoke`. The results are sent to the
 /// reply, or the failure goes to `call_failed` (the `DispatcherState`'s). Used by
-/// `BatchIter::run_taps` on the consumer thread and by a call run on its device's thread.
+/// `batch::run_plain` on the consumer thread and by a call run on its device's thread.
 pub(crate) fn run_call(
     py: Python<'_>,
     dtypes: &Dtypes,
@@ -177,6 +239,46 @@ pub(crate) fn run_call(
             call_failed.call1((e.into_value(py), consumer, run_id, device, reply))?;
         }
     }
+    Ok(())
+}
+
+/// Runs a synchronous tap (a call without results whose host function is the tap
+/// function of `consumer`, a `Tap`) on the calling thread, then answers its reply slot
+/// with nothing: the device goes on once the tap function has run. A failing tap function
+/// is handed to `tap_failed` (recorded for `barrier_wait`, as for any tap) and the
+/// computation goes on; Ctrl-C or SIGTERM during it fails the slot as an interrupted wait
+/// does (nothing recorded).
+pub(crate) fn run_sync_tap(
+    py: Python<'_>,
+    dtypes: &Dtypes,
+    msg: Message,
+    consumer: &Bound<'_, Consumer>,
+    tap_failed: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let Message { device, arrays, dims, data, reply, .. } = msg;
+    let Some(slot) = reply else {
+        return Err(ReceiverError::new_err("hostfeed internal error: a synchronous tap without a reply"));
+    };
+    slot.mark_started();
+    if !slot.is_pending() {
+        return Ok(());
+    }
+    // (If building the arrays fails, the slot dropped on the way out fails the tap.)
+    let arrays = message_arrays(py, dtypes, &arrays, &dims, data)?;
+    let counts = crate::interrupts::begin_run();
+    let outcome = consumer.get().invoke(py).call1((arrays, device));
+    crate::interrupts::end_run();
+    match outcome {
+        Ok(_) => {}
+        Err(e) if crate::interrupts::interrupted(py, &e, counts) => {
+            slot.fail("hostfeed: interrupted".into());
+            return Ok(());
+        }
+        Err(e) => {
+            tap_failed.call1((e.into_value(py), consumer))?;
+        }
+    }
+    slot.reply_with(|_| Ok(()));
     Ok(())
 }
 

@@ -16,11 +16,11 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::error::IntoPy;
+use crate::error::{IntoPy, ReceiverError};
 use crate::host::{dict_of, duration};
 use hostfeed_core::Codec;
 use hostfeed_core::HostBuffer;
-use hostfeed_core::{hub, is_object_url, sinks, Budget, Mode, Options, Recorder, Sink, Storage};
+use hostfeed_core::{hub, sinks, Budget, Mode, Options, Recorder, Sink, Storage, WindowOptions};
 use hostfeed_core::{install_write_tracer, open_recorders, set_write_tracing, WriteTracer};
 
 /// Adds the recorder class and the recorder's functions to `m`.
@@ -151,6 +151,11 @@ fn install_tracer() {
     install_write_tracer(Box::new(PyWriteTracer));
 }
 
+/// An option Python's checks should have refused (`record/options.py`): a bug, said so.
+fn internal(what: String) -> PyErr {
+    ReceiverError::new_err(format!("hostfeed internal error: the recorder was given {what}"))
+}
+
 /// A Zarr v3 store that recorded values are written to by Rust threads.
 #[pyclass(frozen, module = "hostfeed._receiver.record", name = "Recorder")]
 pub struct PyRecorder {
@@ -159,95 +164,61 @@ pub struct PyRecorder {
 
 #[pymethods]
 impl PyRecorder {
-    /// Creates the store at `path` and starts its writer threads.
+    /// Creates the store at `path` and starts its writer threads. The options are
+    /// `hostfeed.Recorder`'s, checked by Python (`record/options.py`) and taken as they
+    /// are: `mode` is `"create"`, `"overwrite"` or `"append"`, `zstd_level` None for
+    /// uncompressed chunks, `commit_interval` None for commits at flushes only.
     #[new]
-    #[pyo3(signature = (path, *, mode="w-", compression=None, level=1, chunk_bytes=16 << 20, writers=2,
-                        durable=false, commit_interval=1.0, separator="/", shared=None, leader=true,
-                        url=false, storage_options=None, lease=60.0, resume_after_step=None,
-                        shard_bytes=None))]
+    #[pyo3(signature = (path, *, mode, zstd_level, chunk_bytes, writers, durable, commit_interval,
+                        separator, url, storage_options, lease, resume_after_step, shard_bytes,
+                        shared=None, leader=true))]
     #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)]
     fn new(
         py: Python<'_>,
         path: PathBuf,
         mode: &str,
-        compression: Option<&str>,
-        level: i32,
+        zstd_level: Option<i32>,
         chunk_bytes: usize,
         writers: usize,
         durable: bool,
-        commit_interval: f64,
-        separator: &str,
-        shared: Option<String>,
-        leader: bool,
+        commit_interval: Option<f64>,
+        separator: char,
         url: bool,
-        storage_options: Option<Vec<(String, String)>>,
+        storage_options: Vec<(String, String)>,
         lease: f64,
         resume_after_step: Option<i64>,
         shard_bytes: Option<usize>,
+        shared: Option<String>,
+        leader: bool,
     ) -> PyResult<Self> {
         let mode = match mode {
-            "w-" | "x" => Mode::Create,
-            "w" => Mode::Overwrite,
-            "a" => Mode::Append { resume_after_step },
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "mode must be \"w-\" (create; fail if the path exists), \"w\" (replace an \
-                     earlier recording) or \"a\" (append to one), got {other:?}"
-                )))
-            }
+            "create" => Mode::Create,
+            "overwrite" => Mode::Overwrite,
+            "append" => Mode::Append { resume_after_step },
+            other => return Err(internal(format!("an unknown mode {other:?}"))),
         };
-        if resume_after_step.is_some() && !matches!(mode, Mode::Append { .. }) {
-            return Err(PyValueError::new_err(
-                "resume_after_step goes with mode=\"a\" (it drops rows of the recording appended to)",
-            ));
-        }
-        let codec = match compression {
-            None | Some("none" | "raw") => Codec::Raw,
-            Some("zstd") if (-7..=22).contains(&level) => Codec::Zstd(level),
-            Some("zstd") => {
-                return Err(PyValueError::new_err(format!("zstd level must be in -7..=22, got {level}")))
-            }
-            Some(other) => {
-                return Err(PyValueError::new_err(format!(
-                    "compression must be None or \"zstd\", got {other:?}"
-                )))
-            }
+        let seconds = |what: &str, t: f64| {
+            Duration::try_from_secs_f64(t).map_err(|e| internal(format!("{what} of {t} s: {e}")))
         };
-        let sep = match separator {
-            "/" => '/',
-            "." => '.',
-            other => {
-                return Err(PyValueError::new_err(format!("separator must be \"/\" or \".\", got {other:?}")))
-            }
+        let opts = Options {
+            codec: zstd_level.map_or(Codec::Raw, Codec::Zstd),
+            chunk_bytes,
+            writers,
+            durable,
+            commit_interval: commit_interval.map_or(Ok(Duration::MAX), |t| seconds("commit_interval", t))?,
+            sep: separator,
+            shard_bytes,
+            lease: seconds("lease", lease)?,
         };
-        if writers == 0 || chunk_bytes == 0 || shard_bytes == Some(0) {
-            return Err(PyValueError::new_err("writers, chunk_bytes and shard_bytes must be positive"));
-        }
-        let commit_interval = duration("commit_interval", Some(commit_interval))?.unwrap_or(Duration::MAX);
-        let lease = duration("lease", Some(lease))?.filter(|l| *l >= Duration::from_millis(100)).ok_or_else(
-            || {
-                PyValueError::new_err(format!(
-                    "lease must be a finite number of seconds, at least 0.1; got {lease}"
-                ))
-            },
-        )?;
-        let opts = Options { codec, chunk_bytes, writers, durable, commit_interval, sep, shard_bytes, lease };
         let budget: Arc<dyn Budget> = Arc::new(hub());
-        if url {
-            let url = path.to_str().ok_or_else(|| PyValueError::new_err("a store URL must be text"))?;
-            if !is_object_url(url) {
-                return Err(PyValueError::new_err(format!(
-                    "{url:?} is not the URL of an object store hostfeed writes (s3://, gs://, az://)"
-                )));
-            }
-        }
-        let options = storage_options.unwrap_or_default();
+        // A URL no back-end serves is refused by the registry (`Storage::open`), its message
+        // listing every back-end's schemes.
         let run = shared.as_deref().map(|run| (run, leader));
         // No argument may reach the caller as a Rust panic (a `BaseException`): one in a
         // storage client, on input that hostfeed's checks did not foresee, is a ValueError.
         let opened = py.detach(|| {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let storage = Storage::open(&path, url, &options)?;
+                let storage = Storage::open(&path, url, &storage_options)?;
                 Recorder::open(&storage, mode, opts, budget, run)
             }))
         });
@@ -286,6 +257,12 @@ impl PyRecorder {
     /// Says what the rows of array `name` summarize (JSON object), for its attributes.
     fn describe_summary(&self, name: &str, summary: &str) -> PyResult<()> {
         self.inner.describe_summary(name, summary).py()
+    }
+
+    /// Names the axes of array `name`'s rows (a JSON array of strings or nulls), written
+    /// as `hostfeed.axes` in its attributes; raises `ValueError` for anything else.
+    fn describe_axes(&self, name: &str, axes: &str) -> PyResult<()> {
+        self.inner.describe_axes(name, axes).py()
     }
 
     /// Checks record name `name` for rows of `ndim` dimensions (every part, lengths, the
@@ -487,6 +464,12 @@ impl PyRecorder {
         flushed.map(|_| ())
     }
 
+    /// Rows array `name` received (those it held when resumed included), or `None` if no
+    /// array has that name.
+    fn rows_received(&self, name: &str) -> Option<u64> {
+        self.inner.rows_received(name)
+    }
+
     /// Counters: rows received, bytes and chunks written, spills, commits, rows dropped.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.inner.stats();
@@ -501,6 +484,101 @@ impl PyRecorder {
                 ("rows_dropped", s.rows_dropped),
             ],
         )
+    }
+
+    // ---- The flight recorder (the core's `record/window`) ----------------------------------
+
+    /// Gives the recorder a window of `steps` steps (0: none; triggers only) and at most
+    /// `window_bytes` bytes, writing `after` more steps when a trigger fires; `nonfinite`:
+    /// the first non-finite value of a recorded row fires one. `process` names this
+    /// process's triggers; `writes_doc`: this process writes the store's list of triggers.
+    #[pyo3(signature = (steps, window_bytes, after, nonfinite, process=0, writes_doc=true,
+                        resume_after_step=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn configure_window(
+        &self,
+        py: Python<'_>,
+        steps: usize,
+        window_bytes: usize,
+        after: u64,
+        nonfinite: bool,
+        process: u32,
+        writes_doc: bool,
+        resume_after_step: Option<i64>,
+    ) -> PyResult<()> {
+        let opts = WindowOptions { steps, bytes: window_bytes, after, nonfinite, process, writes_doc };
+        py.detach(|| self.inner.configure_window(opts, resume_after_step)).py()
+    }
+
+    /// Says whether array `array_id`'s rows are kept in the window (`windowed`), and for a
+    /// summary, which of its `width` columns count non-finite values (`columns`: `(width,
+    /// [column, ...])`; None: every value of a row is searched).
+    #[pyo3(signature = (array_id, windowed, columns=None))]
+    fn window_array(
+        &self,
+        array_id: usize,
+        windowed: bool,
+        columns: Option<(usize, Vec<usize>)>,
+    ) -> PyResult<()> {
+        self.inner.window_array(array_id, windowed, columns).py()
+    }
+
+    /// Fires a trigger of `kind` (`"watch"`, `"keep"`) at `step` (GIL released: the
+    /// window's rows go to the writers); returns its description (JSON).
+    #[pyo3(signature = (kind, step, reason, name=None))]
+    fn fire_trigger(
+        &self,
+        py: Python<'_>,
+        kind: &str,
+        step: i64,
+        reason: &str,
+        name: Option<&str>,
+    ) -> PyResult<String> {
+        py.detach(|| self.inner.fire_trigger(kind, step, reason, name)).py()
+    }
+
+    /// Applies another process's trigger (its description, JSON); whether it was new.
+    fn apply_remote_trigger(&self, py: Python<'_>, description: &str) -> PyResult<bool> {
+        py.detach(|| self.inner.apply_remote_trigger(description)).py()
+    }
+
+    /// Triggers fired or applied so far.
+    #[getter]
+    fn trigger_count(&self) -> u64 {
+        self.inner.trigger_count()
+    }
+
+    /// The descriptions (JSON) of the triggers not taken by this call before.
+    fn take_triggers(&self) -> Vec<String> {
+        self.inner.take_triggers()
+    }
+
+    /// The descriptions (JSON) of this process's triggers not taken by this call before,
+    /// waiting up to `timeout` seconds for one (GIL released).
+    fn take_unpublished_triggers(&self, py: Python<'_>, timeout: f64) -> PyResult<Vec<String>> {
+        let timeout = duration("timeout", Some(timeout))?.unwrap_or(WAIT_SLICE).min(WAIT_SLICE * 10);
+        Ok(py.detach(|| self.inner.take_unpublished_triggers(timeout)))
+    }
+
+    /// What this process kept for each trigger: `(uid, JSON)`.
+    fn trigger_parts(&self) -> Vec<(String, String)> {
+        self.inner.trigger_parts()
+    }
+
+    /// Merges what process `process` kept for trigger `uid` (JSON), for the store's list.
+    fn merge_trigger_part(&self, uid: &str, process: u32, part: &str) -> PyResult<()> {
+        self.inner.merge_trigger_part(uid, process, part).py()
+    }
+
+    /// Every trigger's description (a JSON list): an appended recording's, then this one's.
+    fn triggers(&self) -> String {
+        self.inner.triggers()
+    }
+
+    /// The window's `(bytes, steps)` held now, or None without a window.
+    fn window_held(&self) -> Option<(usize, usize)> {
+        let held = self.inner.window_held();
+        Some((usize::try_from(held["bytes"].as_u64()?).ok()?, usize::try_from(held["steps"].as_u64()?).ok()?))
     }
 }
 

@@ -86,6 +86,7 @@ cfg_not_loom! {
     pub use record::storelock::LOCK_FILE;
     pub use record::recorder::{take_late_drops, LateDrop, Recorder, RecorderStats};
     pub use record::sinks::{sinks, RoutedBatch, Sink, Sinks};
+    pub use record::window::WindowOptions;
     pub use record::trace::{
         install_write_tracer, open_recorders, set_write_tracing, write_tracing, WriteTracer,
     };

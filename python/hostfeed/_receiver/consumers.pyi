@@ -1,5 +1,6 @@
 """``hostfeed._receiver.consumers``: the contract with Python's consumers (``consumers.rs``):
-``Consumer``, its ``ConsumerKind``, a call's ``DirectCall``.
+``Consumer``, its ``ConsumerKind``, a call's ``DirectCall``, and the ``ConsumerTable`` the
+registry fills and the receiver looks consumers up in.
 """
 from typing import Any, ClassVar, final
 from collections.abc import Callable
@@ -7,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 
 __all__ = [
-    "ConsumerKind", "Consumer", "DirectCall",
+    "ConsumerKind", "Consumer", "DirectCall", "ConsumerTable",
 ]
 
 @final
@@ -57,3 +58,20 @@ class DirectCall:
                 shape: tuple[int, ...] | None, dtype: np.dtype | None,
                 raised: Callable[[BaseException], str],
                 results: Callable[[Any], tuple[list | None, str | None]]) -> DirectCall: ...
+
+@final
+class ConsumerTable:
+    """The consumers by id: a mapping of ``int`` to ``Consumer`` that the registry fills
+    and the receiver reads."""
+
+    def __new__(cls) -> ConsumerTable: ...
+    def get(self, cid: int) -> Consumer | None:
+        """The consumer of ``cid``, or None."""
+    def values(self) -> list[Consumer]:
+        """The consumers (in no particular order)."""
+    def pop(self, cid: int) -> Consumer:
+        """Removes the consumer of ``cid`` and returns it (``KeyError`` if there is none)."""
+    def __getitem__(self, cid: int, /) -> Consumer: ...
+    def __setitem__(self, cid: int, consumer: Consumer, /) -> None: ...
+    def __contains__(self, cid: int, /) -> bool: ...
+    def __len__(self) -> int: ...

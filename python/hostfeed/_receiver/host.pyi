@@ -13,7 +13,8 @@ __all__ = [
     "DEFAULT_MAX_QUEUE_BYTES", "DEFAULT_BUFFER_POOL_BYTES", "DEFAULT_CPU_SHARE_STEP_BYTES",
     "DEFAULT_CPU_SHARE_STREAM_BYTES", "DEFAULT_STOP_TIMEOUT",
     "DTYPE_CODES", "start", "stop", "finalize", "start_exit_watch", "stop_exit_watch",
-    "push_eager", "push_control", "barrier", "is_running", "in_callback_thread",
+    "push_eager", "push_control", "barrier", "is_running", "exit_status_if_clean",
+    "in_callback_thread",
     "max_queue_bytes", "set_max_queue_bytes", "stats", "hold_back", "let_go", "reset_peak",
     "histograms", "reset_histograms", "set_buffer_pool_bytes", "set_timing",
     "set_inline_calls", "set_cpu_share_step_bytes", "set_cpu_share_stream_bytes",
@@ -47,7 +48,8 @@ def start(
     trace_me: Any,
     max_queue_bytes: int | None = None,
 ) -> bool:
-    """Configures and starts the receiver: ``dispatcher.dispatch(batch)`` runs each batch;
+    """Configures and starts the receiver: the consumer thread runs each batch's plain
+    taps and calls itself and ``dispatcher.dispatch(message)`` with every other message;
     ``trace_me`` is ``jax.profiler``'s ``TraceMe`` (the recorders' writes and inline calls
     ask ``trace_me.is_enabled()``); returns whether a consumer thread was started."""
 
@@ -82,6 +84,10 @@ def barrier(timeout: float | None = None, patience: float | None = None) -> bool
 
 def is_running() -> bool:
     """Whether the consumer thread is running."""
+
+def exit_status_if_clean(status: int) -> bool:
+    """Makes the process exit with ``status`` (1..255) where it would exit with 0, at the C
+    library's exit after Python has finalized; whether this platform can (glibc Linux)."""
 
 def in_callback_thread() -> bool:
     """Whether the caller runs on the consumer thread (inside a host callback)."""

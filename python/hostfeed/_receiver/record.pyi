@@ -19,28 +19,30 @@ class Recorder:
         cls,
         path: str | PathLike[str],
         *,
-        mode: str = "w-",
-        compression: str | None = None,
-        level: int = 1,
-        chunk_bytes: int = ...,
-        writers: int = 2,
-        durable: bool = False,
-        commit_interval: float = 1.0,
-        separator: str = "/",
+        mode: str,
+        zstd_level: int | None,
+        chunk_bytes: int,
+        writers: int,
+        durable: bool,
+        commit_interval: float | None,
+        separator: str,
+        url: bool,
+        storage_options: list[tuple[str, str]],
+        lease: float,
+        resume_after_step: int | None,
+        shard_bytes: int | None,
         shared: str | None = None,
         leader: bool = True,
-        url: bool = False,
-        storage_options: list[tuple[str, str]] | None = None,
-        lease: float = 60.0,
-        resume_after_step: int | None = None,
-        shard_bytes: int | None = None,
     ) -> Recorder:
-        """Creates the store at ``path`` and starts its writer threads. ``shared``: the
-        run id of a store shared by the processes of a jax.distributed run (the leader
-        prepares it; members join). ``url``: ``path`` is the URL of an object store
-        (``s3://``, ``gs://``, ``az://``), opened with ``storage_options`` (the
-        object_store crate's config keys) over the provider's environment variables; its
-        lock's ``lease`` (seconds) is renewed while the recorder is open."""
+        """Creates the store at ``path`` and starts its writer threads, with
+        ``hostfeed.Recorder``'s options as Python checked them (``Options.native()``:
+        ``mode`` ``"create"``, ``"overwrite"`` or ``"append"``; ``zstd_level`` None for
+        uncompressed chunks; ``commit_interval`` None for commits at flushes only).
+        ``shared``: the run id of a store shared by the processes of a jax.distributed
+        run (the leader prepares it; members join). ``url``: ``path`` is the URL of an
+        object store (``s3://``, ``gs://``, ``az://``), opened with ``storage_options``
+        (the object_store crate's config keys) over the provider's environment
+        variables; its lock's ``lease`` (seconds) is renewed while the recorder is open."""
 
     @property
     def path(self) -> str:
@@ -53,6 +55,10 @@ class Recorder:
     def describe_summary(self, name: str, summary: str) -> None:
         """Says what the rows of array ``name`` summarize (a JSON object), written as
         ``hostfeed.reduce`` in its attributes; ValueError if it summarized otherwise."""
+
+    def describe_axes(self, name: str, axes: str) -> None:
+        """Names the axes of array ``name``'s rows (a JSON array of strings or nulls),
+        written as ``hostfeed.axes`` in its attributes; ValueError for anything else."""
 
     def check_name(self, name: str, ndim: int) -> None:
         """Raises ValueError if ``name`` cannot name an array with rows of ``ndim``
@@ -102,8 +108,53 @@ class Recorder:
     def close(self) -> None:
         """Flushes, then stops the writer threads."""
 
+    def rows_received(self, name: str) -> int | None:
+        """Rows array ``name`` received (those it held when resumed included), or None if
+        no array has that name."""
+
     def stats(self) -> dict[str, int]:
         """Counters of the recorder."""
+
+    def configure_window(self, steps: int, window_bytes: int, after: int, nonfinite: bool,
+                         process: int = 0, writes_doc: bool = True,
+                         resume_after_step: int | None = None) -> None:
+        """Gives the recorder a window of ``steps`` steps (0: triggers only) and at most
+        ``window_bytes`` bytes; ``after`` more steps are written at a trigger;
+        ``nonfinite``: the first non-finite value of a recorded row fires one."""
+
+    def window_array(self, array_id: int, windowed: bool,
+                     columns: tuple[int, list[int]] | None = None) -> None:
+        """Whether ``array_id``'s rows are windowed; a summary's ``(width, columns)`` that
+        count non-finite values."""
+
+    def fire_trigger(self, kind: str, step: int, reason: str,
+                     name: str | None = None) -> str:
+        """Fires a trigger (``"watch"``, ``"keep"``); its description (JSON)."""
+
+    def apply_remote_trigger(self, description: str) -> bool:
+        """Applies another process's trigger; whether it was new."""
+
+    @property
+    def trigger_count(self) -> int:
+        """Triggers fired or applied so far."""
+
+    def take_triggers(self) -> list[str]:
+        """The descriptions (JSON) of the triggers not taken before."""
+
+    def take_unpublished_triggers(self, timeout: float) -> list[str]:
+        """This process's triggers not taken before (JSON), waiting up to ``timeout``."""
+
+    def trigger_parts(self) -> list[tuple[str, str]]:
+        """What this process kept for each trigger: ``(uid, JSON)``."""
+
+    def merge_trigger_part(self, uid: str, process: int, part: str) -> None:
+        """Merges what process ``process`` kept for trigger ``uid``."""
+
+    def triggers(self) -> str:
+        """Every trigger's description, a JSON list."""
+
+    def window_held(self) -> tuple[int, int] | None:
+        """The window's ``(bytes, steps)`` held, or None without a window."""
 
 def after_fork_in_child() -> None:
     """In a forked child: a fresh, stopped receiver; recorders opened before count as

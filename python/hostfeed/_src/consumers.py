@@ -47,8 +47,9 @@ class Registry:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        # Consumer id -> consumer (id 0 is reserved for control messages).
-        self.consumers: dict[int, Consumer] = {}
+        # Consumer id -> consumer (id 0 is reserved for control messages): a table the
+        # receiver looks consumers up in itself.
+        self.consumers = _receiver.consumers.ConsumerTable()
         self.ids: dict[Any, int] = {}
         self.keys: dict[int, Any] = {}
         self.leases: dict[int, int] = {}
@@ -109,10 +110,10 @@ def _describe(obj: Any, depth: int = 0) -> str:
         text = f"method({_describe(obj.__func__, depth + 1)};{type(obj.__self__).__qualname__})"
     elif isinstance(obj, (types.FunctionType, types.BuiltinFunctionType)):
         text = f"{getattr(obj, '__module__', None)}.{obj.__qualname__}"
-    elif isinstance(getattr(type(obj), "__slots__", None), tuple) and type(obj).__slots__:
-        # e.g. spec.CallbackSpec: its fields, described the same way
+    elif _slots(type(obj)):
+        # e.g. spec.CallbackSpec: its fields (a subclass's too), described the same way
         fields = ",".join(f"{n}={_describe(getattr(obj, n, None), depth + 1)}"
-                          for n in type(obj).__slots__ if not n.startswith("_"))
+                          for n in _slots(type(obj)) if not n.startswith("_"))
         text = f"{type(obj).__qualname__}({fields})"
     else:  # pytree definitions, abstract values, callable objects
         try:
@@ -120,6 +121,16 @@ def _describe(obj: Any, depth: int = 0) -> str:
         except Exception:  # noqa: BLE001 - a failing repr only makes the id less stable
             text = type(obj).__qualname__
     return text
+
+
+def _slots(cls: type) -> tuple[str, ...]:
+    """The ``__slots__`` of ``cls`` and of its bases, the bases' first."""
+    out: list[str] = []
+    for c in reversed(cls.__mro__):
+        slots = c.__dict__.get("__slots__", ())
+        if isinstance(slots, tuple):
+            out += [n for n in slots if n not in out]
+    return tuple(out)
 
 
 def _id_candidate(description: str, attempt: int) -> int:

@@ -1,7 +1,9 @@
 """What hostfeed's primitives do outside a computation (their ``impl`` rules, registered
 here): an eager tap goes straight into the receiver's queue and runs on the consumer
-thread, in order; an eager ``call`` compiles like any primitive. In the legacy inline mode
-(``JAX_HOST_CALLBACK_INLINE``) both run in the caller's thread instead.
+thread, in order (a synchronous one returns once it ran); an eager ``call`` compiles like
+any primitive. In the legacy inline mode (``JAX_HOST_CALLBACK_INLINE``) both run in the
+caller's thread instead. An eager loop or conditional whose body taps synchronously
+returns once it ran.
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import numpy as np
 
 from .. import _receiver
 from . import compat, lifecycle, settings
-from .primitives import host_call_p, host_callback_effect, outside_call_p
+from .primitives import (HostCallbackEffect, host_call_p, host_callback_effect, legacy_sync,
+                         outside_call_p, tap_sync_param)
 from .runtime import check_call_results
 from .spec import CallbackSpec, unpack_transforms
 
@@ -44,10 +47,50 @@ def _outside_call_impl(*args: Any, **params: Any) -> Any:
         else:
             callback.func(arg, unpacked)
         return list(args)
-    return _tap_eager(callback, transforms, args, nr_tapped_args, params.get("sync", False))
+    return _tap_eager(callback, transforms, args, nr_tapped_args,
+                      _eager_sync(params.get("sync", False)))
 
 
 outside_call_p.def_impl(_outside_call_impl)
+
+
+class _Legacy:
+    """Whether an eager tap of the legacy mode is synchronous (decided once: by JAX's
+    default backend, as the legacy module's eager taps ran there)."""
+
+    sync: bool | None = None
+
+
+def _eager_sync(sync: bool | None) -> bool:
+    if sync is not None:
+        return sync
+    if _Legacy.sync is None:
+        _Legacy.sync = legacy_sync([jax.default_backend()])
+    return _Legacy.sync
+
+
+def _taps_in(params: dict) -> bool:
+    """Whether the jaxprs among an equation's parameters have hostfeed's effect."""
+    for v in params.values():
+        for j in (v if isinstance(v, tuple) else (v,)):
+            effects = getattr(j, "effects", None)
+            if effects and any(isinstance(e, HostCallbackEffect) for e in effects):
+                return True
+    return False
+
+
+def _after_eager_control_flow(primitive: Any, params: dict, outs: Any) -> Any:
+    """An eager ``while_loop``, ``cond`` or ``scan`` (outside ``jit``) whose body taps
+    returns, where taps are synchronous, once it ran (so once its taps have run), as with
+    the legacy module on JAX's synchronous CPU dispatch: code that reads what the taps
+    wrote right after the call finds it complete."""
+    del primitive
+    if _eager_sync(tap_sync_param()) and _taps_in(params):
+        jax.block_until_ready(outs)
+    return outs
+
+
+compat.install_eager_control_flow_hook(_after_eager_control_flow)
 
 _Array = jax.Array
 

@@ -115,8 +115,9 @@ def _scope_dce(used_outputs: list, eqn: Any) -> tuple:
 compat.register_dce_rule(token_scope_p, _scope_dce)
 
 
-# At the end of a token scope, after its last callback, the transport's ``end_scope`` (a
-# TPU's fence: its callbacks may run after the computation finished, see
+# At the end of a token scope, after its last callback, the ``end_scope`` of the transport
+# kept for the lowering context, the one its callbacks' rules were lowered with (a TPU's
+# fence: its callbacks may run after the computation finished, see
 # ``transports.tpu.end_scope``).
 def _scope_lowering(ctx: Any, *args: Any, jaxpr: Any, outer_effects: Any) -> Any:
     del outer_effects

@@ -534,4 +534,26 @@ def _report_unsurfaced() -> None:
                                f"traceback is above)")
     report.__cause__ = last[0]
     sys.stderr.write("".join(traceback.format_exception(report)))
+    sys.stderr.write(_exit_status_note())
     sys.stderr.flush()
+
+
+def _exit_status_note() -> str:
+    """Makes a program that would exit with status 0 exit with the status
+    ``HOSTFEED_CALLBACK_ERROR_EXIT`` says (1 by default) for an exception no barrier
+    raised, as an uncaught exception would (a non-zero status of its own is kept); says
+    so in a line for the report."""
+    env = settings.CALLBACK_ERROR_EXIT_ENV
+    try:
+        status = settings.callback_error_exit()
+    except ValueError as exc:  # validated at import; changed since
+        logger.error("hostfeed: at exit: %s; using 1", exc)
+        status = 1
+    if status == 0:
+        return ""
+    if not _receiver.host.exit_status_if_clean(status):
+        return (f"hostfeed: the exit status cannot be changed on this platform for it "
+                f"(no glibc on_exit); {env} is ignored\n")
+    return (f"hostfeed: for it, the program exits with status {status} where it would exit "
+            f"with 0, as for an uncaught exception ({env}=0 keeps status 0, as the legacy "
+            f"module did)\n")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from typing import Any
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 
@@ -20,11 +20,11 @@ from .record import lowering as record_lowering
 from .placement import (Where, check_device_index, lower_global_call, lower_global_tap,
                         lower_per_device_call, where)
 from .primitives import (call_check_p, failure_message_p, host_call_p, host_callback_effect,
-                         outside_call_p)
+                         legacy_sync, outside_call_p)
 from .consumers import ConsumerKind
 from .runtime import (make_call_invoker, make_direct_call, make_joined_call, make_joined_tap,
                       make_tap_invoker)
-from .spec import CallbackSpec, ShardParts
+from .spec import CallbackSpec, RecordSpec, ShardParts
 
 def _runs_here(ac: Any, device_index: int) -> bool:
     """Whether device ``device_index`` of a global-view computation is this process's
@@ -103,10 +103,10 @@ def _depend_later_uses() -> None:
         for view in block.operations:
             if view.operation.name == _ADD_DEPENDENCY:
                 _redirect_uses_after(view.operation)
-        owner = block.owner
-        if owner is None:
+        view = block.owner
+        if view is None:
             return
-        owner = owner.operation
+        owner = view.operation
         if owner.name == _FUNCTION:
             return
         block = owner.block
@@ -159,40 +159,66 @@ def _call(ctx: Any, transport: transports.Transport, args: Sequence[Any],
 
 
 def _outside_call_lowering(ctx: Any, transport: transports.Transport, *args: Any,
-                           callback: CallbackSpec,
-                               nr_tapped_args: int, transforms: tuple, **params: Any) -> list:
+                           callback: CallbackSpec, **params: Any) -> list:
+    # A tap or a record, told apart once, by the type of the spec that was bound.
+    return _TAP_RULES[type(callback)](ctx, transport, args, callback, params)
+
+
+def _lower_tap(ctx: Any, transport: transports.Transport, args: Sequence[Any],
+               callback: CallbackSpec, params: dict) -> list:
+    """A tap (``id_tap``, ``id_print``, a watch): where it runs, its consumer, emitted as
+    the transport says (a synchronous one as a call without results)."""
     context, ac = where(ctx)
+    n, transforms = params["nr_tapped_args"], params["transforms"]
     shard_parts = params.get("shard_parts")
-    tapped = args[:nr_tapped_args]
-    bind_params = dict(params, callback=callback, nr_tapped_args=nr_tapped_args,
-                       transforms=transforms)
-    record = record_lowering.is_record(callback)
-    if record:  # where a record goes is the recorder's business
-        lease = record_lowering.lower(ctx, context, ac, tapped, bind_params,
-                                      gathered_here=_runs_here(ac, params["device_index"]),
-                                      joined=_tap_lease)
-        if lease is None:  # lowered already: written part by part, or gathered first
-            return list(args)
-        cid = _consumer_id(ctx, lease)
-    elif context in (Where.GLOBAL, Where.PARTIAL_MANUAL) and shard_parts is None:
-        lower_global_tap(ctx, ac, tapped, bind_params)
+    sync = params.get("sync")
+    if sync is None:  # the legacy mode: as the legacy module did on these platforms
+        sync = legacy_sync(transports.platforms(ctx))
+    if context in (Where.GLOBAL, Where.PARTIAL_MANUAL) and shard_parts is None:
+        lower_global_tap(ctx, ac, args[:n], dict(params, callback=callback, sync=sync))
         return list(args)
-    else:
-        if context is Where.SINGLE:
-            check_device_index(params["device_index"], 1, "run this computation")
-        cid = _consumer_id(ctx, _tap_lease(callback, transforms, shard_parts))
+    if context is Where.SINGLE:
+        check_device_index(params["device_index"], 1, "run this computation")
+    cid = _consumer_id(ctx, _tap_lease(callback, transforms, shard_parts))
+    return _emit(ctx, transport, args, n, context, cid, shard_parts, sync, callback.name)
+
+
+def _lower_record(ctx: Any, transport: transports.Transport, args: Sequence[Any],
+                  callback: RecordSpec, params: dict) -> list:
+    """A record (``Recorder.record``): where it goes is the recorder's lowering's
+    (:func:`hostfeed._src.record.lowering.lower`); emitted as an asynchronous tap."""
+    context, ac = where(ctx)
+    n = params["nr_tapped_args"]
+    lease = record_lowering.lower(ctx, context, ac, args[:n], dict(params, callback=callback),
+                                  gathered_here=_runs_here(ac, params["device_index"]),
+                                  joined=_tap_lease)
+    if lease is None:  # lowered already: written part by part, or gathered first
+        return list(args)
+    return _emit(ctx, transport, args, n, context, _consumer_id(ctx, lease),
+                 params.get("shard_parts"), False, callback.name)
+
+
+#: The rule of each type of spec ``outside_call_p`` binds.
+_TAP_RULES: dict[type, Callable[..., list]] = {CallbackSpec: _lower_tap,
+                                                RecordSpec: _lower_record}
+
+
+def _emit(ctx: Any, transport: transports.Transport, args: Sequence[Any], n: int,
+          context: Where, cid: int, shard_parts: ShardParts | None, sync: bool,
+          name: str) -> list:
+    """Emits a tap of the first ``n`` of ``args`` for consumer ``cid`` (a synchronous one:
+    a call without results, which the device waits for, with no time limit: the tap
+    function may take as long as it takes), and returns the operands, ordered after it."""
     lifecycle.ensure_started()
     flags = _receiver.messages.FLAG_SHARD if shard_parts is not None else 0
-    if params.get("sync") and not record:
-        # A synchronous tap: a call without results, which the device waits for (with no
-        # time limit: the tap function may take as long as it takes).
-        call_op, _ = _call(ctx, transport, args[:nr_tapped_args], ctx.avals_in[:nr_tapped_args],
-                           [], context is Where.PER_DEVICE, consumer_id=cid,
+    if sync:
+        call_op, _ = _call(ctx, transport, args[:n], ctx.avals_in[:n], [],
+                           context is Where.PER_DEVICE, consumer_id=cid,
                            flags=flags | _receiver.messages.FLAG_SYNC_TAP, timeout_ms=0,
-                           name=callback.name)
+                           name=name)
     else:
-        call_op = transport.tap(ctx, args[:nr_tapped_args], ctx.avals_in[:nr_tapped_args],
-                                context is Where.PER_DEVICE, consumer_id=cid, flags=flags)
+        call_op = transport.tap(ctx, args[:n], ctx.avals_in[:n], context is Where.PER_DEVICE,
+                                consumer_id=cid, flags=flags)
     # Identity on every operand, but the outputs depend on the tap's token: code that uses
     # them runs after the tap. Without this dependency the tap is a side consumer of its
     # operand, and XLA CPU's instruction fusion duplicates the whole elementwise chain
@@ -265,10 +291,11 @@ _OPERATIONS = {_outside_call_lowering: "taps (id_tap, id_print, Recorder.record)
 
 def _on(platform: str | None, rule: Any) -> Any:
     """``rule`` for ``platform`` (None: every platform without native handlers), called
-    with the transport of the context, once that transport has prepared the context (or
-    refused it: on a GPU platform whose handlers could not register on an existing
-    backend, only a forced native transport reaches the native rule, and it refuses
-    clearly)."""
+    with the transport kept for the context (``transports.for_context``: chosen at the
+    first rule of the computation, read by every later one), once that transport has
+    prepared the context (or refused it: on a GPU platform whose handlers could not
+    register on an existing backend, only a forced native transport reaches the native
+    rule, and it refuses clearly)."""
 
     @functools.wraps(rule)
     def lower(ctx: Any, *args: Any, **params: Any) -> list:

@@ -23,7 +23,8 @@ from .spec import CallbackSpec
 __all__ = [
     "HostCallbackEffect", "host_callback_effect", "outside_call_p",
     "outside_call_params", "host_call_p", "call_check_p", "failure_message_p",
-    "get_ad_taps", "set_ad_taps", "get_sync_taps", "sync_taps_state", "recorded_before_p",
+    "get_ad_taps", "set_ad_taps", "get_sync_taps", "sync_taps_state", "sync_taps_mode",
+    "tap_sync_param", "legacy_sync", "recorded_before_p",
 ]
 
 
@@ -70,29 +71,69 @@ def set_ad_taps(mode: str) -> None:
     jax.config.update("hostfeed_ad_taps", settings.check_ad_taps(mode, "set_ad_taps(mode)"))
 
 
-# Whether taps traced from now on are synchronous (their tap function has run before the
-# computation goes on, so before its results are ready). A JAX configuration state for the
-# same reason as the autodiff mode: a jitted function traced in one mode is traced again in
-# the other, never reused.
+# How taps traced from now on (without ``sync=``) run: ``legacy`` (the default: their tap
+# function has run before the computation goes on, so before its results are ready, where
+# the legacy module's did: on CPUs and GPUs; asynchronous on TPUs), ``sync`` or ``async``
+# everywhere. A JAX configuration state for the same reason as the autodiff mode: a
+# jitted function traced in one mode is traced again in another, never reused.
 _default_sync_taps = settings.sync_taps()
 with settings.parsed_here(settings.SYNC_TAPS_ENV):
-    sync_taps_state = compat.bool_state(
+    sync_taps_state = compat.enum_state(
         name="hostfeed_sync_taps",
+        enum_values=list(settings.SYNC_TAPS_MODES),
         default=_default_sync_taps,
-        help="Whether hostfeed taps complete before the computation's results are ready.",
+        help="How hostfeed taps run: 'legacy' (synchronous on CPUs and GPUs, asynchronous "
+             "on TPUs), 'sync' or 'async'.",
         include_in_jit_key=True,
         include_in_trace_context=True,
     )
 
 
+def sync_taps_mode() -> str:
+    """The tap mode for functions traced from now on: ``'legacy'``, ``'sync'`` or
+    ``'async'`` (see :data:`hostfeed._src.settings.SYNC_TAPS_MODES`).
+
+    Example:
+        >>> sync_taps_mode() in ("legacy", "sync", "async")
+        True
+    """
+    return sync_taps_state.value
+
+
+def tap_sync_param() -> bool | None:
+    """The ``sync`` parameter of a tap traced now without ``sync=``: True, False, or None
+    (the legacy mode: decided where it runs, by :func:`legacy_sync`).
+
+    Example:
+        >>> tap_sync_param() in (True, False, None)
+        True
+    """
+    mode = sync_taps_state.value
+    return None if mode == "legacy" else mode == "sync"
+
+
+def legacy_sync(platforms: Any) -> bool:
+    """Whether a tap of the legacy mode is synchronous on ``platforms`` (the platforms a
+    computation is lowered for): as the legacy module's taps, everywhere but on a TPU,
+    whose taps (outfeed) were asynchronous.
+
+    Example:
+        >>> legacy_sync(["cpu"]), legacy_sync(["tpu"])
+        (True, False)
+    """
+    return not any(p == "tpu" for p in platforms)
+
+
 def get_sync_taps() -> bool:
-    """Whether taps traced from now on (without ``sync=``) are synchronous.
+    """Whether taps traced from now on (without ``sync=``) are synchronous on this
+    process's default backend (in the legacy mode: unless it is a TPU).
 
     Example:
         >>> isinstance(get_sync_taps(), bool)
         True
     """
-    return bool(sync_taps_state.value)
+    sync = tap_sync_param()
+    return legacy_sync([jax.default_backend()]) if sync is None else sync
 
 
 outside_call_p = compat.Primitive("outside_call")
@@ -101,7 +142,7 @@ outside_call_p.multiple_results = True
 
 def outside_call_params(callback: CallbackSpec, nr_tapped_args: int, transforms: tuple = (),
                         device_index: int = 0, forward_tapped: bool = False,
-                        shard_parts: tuple | None = None, sync: bool = False) -> dict:
+                        shard_parts: tuple | None = None, sync: bool | None = False) -> dict:
     """The parameters of ``outside_call_p``.
 
     ``callback``: what to call on the host; ``nr_tapped_args``: how many leading operands are
@@ -112,7 +153,8 @@ def outside_call_params(callback: CallbackSpec, nr_tapped_args: int, transforms:
     ``shard_parts``: set only by the global-view lowering, a
     :class:`hostfeed._src.spec.ShardParts` when each device sends its shard and the host
     joins them; ``sync``: the computation waits until the tap function has run (a
-    synchronous tap, lowered as a call without results).
+    synchronous tap, lowered as a call without results); None: the legacy mode's choice,
+    made where the tap runs (:func:`legacy_sync`).
     """
     return dict(callback=callback, nr_tapped_args=nr_tapped_args, transforms=transforms,
                 device_index=device_index, forward_tapped=forward_tapped,

@@ -8,13 +8,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.extend.core import jaxpr_as_fun
-from jax.extend.core.primitives import while_p
+from jax.extend.core.primitives import cond_p, while_p
 from jax.interpreters import ad, batching, mlir
 
 from . import compat
 from .primitives import (HostCallbackEffect, get_ad_taps, host_call_p, outside_call_p,
                          recorded_before_p)
-from .spec import RECORD_KINDS, CallbackKind, CallbackSpec
+from .spec import CallbackKind, CallbackSpec, is_record
 
 # ----------------------------------------------------------------------------------------
 # host_call_p (`hcb.call`)
@@ -176,7 +176,7 @@ def _outside_call_partial_eval_custom(
     params = eqn.params
     n_out = len(eqn.outvars)
     res = [v for v, unk, inst in zip(eqn.invars, unks_in, inst_in) if not unk and not inst]
-    record = params["callback"].kind in RECORD_KINDS
+    record = is_record(params["callback"])
     if not any(unks_in):
         if record:
             # A record writes what the forward pass computed, once: the recomputation has
@@ -277,7 +277,7 @@ def _outside_call_batching(args: Sequence[Any], dims: Sequence[int | None],
     # The tap sees the batched values; `transforms` records where each tapped operand's
     # batch dimension is (None for an operand that is not batched).
     n = params["nr_tapped_args"]
-    if params["callback"].kind in RECORD_KINDS:
+    if is_record(params["callback"]):
         return _record_batching(args, dims, **params)
     batch_dims = tuple(dims[:n])
     outs = outside_call_p.bind(
@@ -398,3 +398,51 @@ _jax_while_batching = getattr(batching.fancy_primitive_batchers[while_p],
                               "_hostfeed_wrapped", batching.fancy_primitive_batchers[while_p])
 _while_batching._hostfeed_wrapped = _jax_while_batching  # type: ignore[attr-defined]
 batching.fancy_primitive_batchers[while_p] = _while_batching
+
+
+# ----------------------------------------------------------------------------------------
+# cond_p, when a branch records and partial evaluation splits it
+#
+# Partial evaluation (a JaxprTrace) builds the unknown side of a function from the
+# equations its outputs depend on, plus those it holds an effect handle for (effects in
+# `partial_eval_kept_effects`, which hostfeed's effect joins). JAX's rule for `cond`
+# (0.10 to 0.12, `_cond_partial_eval`) stages the unknown half of a cond whose index is
+# known without such a handle, so that half is dropped when none of its outputs is used:
+# a record of a selected step (`every=` with `cotangents=False`) or a summary is such a
+# cond. It happens under `grad` of a `scan`: the scan's known body is partially evaluated
+# again with the carry unknown (`_scan_known_hoisting`), and the records, which depend on
+# the carry, vanished with the unknown half. This rule calls JAX's and keeps that half
+# when it holds a hostfeed effect: through one of its unknown outputs, or, when it would
+# have none, through an output added for the purpose (an unknown operand passed on).
+
+def _cond_partial_eval(trace: Any, *tracers: Any, branches: Sequence[Any],
+                       **params: Any) -> Any:
+    ops_uk = [not t.pval.is_known() for t in tracers[1:]]
+    if (not tracers[0].pval.is_known() or not any(ops_uk)
+            or not any(_has_hostfeed_effect(b) for b in branches)):
+        return _jax_cond_partial_eval(trace, *tracers, branches=branches, **params)
+    out_uks = [any(uks) for uks in zip(*(compat.partial_eval_out_unknowns(b, ops_uk)
+                                         for b in branches))]
+    extra = not any(out_uks)
+    if extra:
+        k = ops_uk.index(True)
+        branches = tuple(_with_operand_out(b, k) for b in branches)
+    outs = _jax_cond_partial_eval(trace, *tracers, branches=branches, **params)
+    staged = outs[-1] if extra else next(t for t, uk in zip(outs, out_uks) if uk)
+    recipe = staged.recipe
+    if any(isinstance(e, HostCallbackEffect) for e in getattr(recipe, "effects", ())):
+        trace.effect_handles.append(compat.EffectHandle(list(recipe.in_tracers), recipe))
+    return outs[:-1] if extra else outs
+
+
+def _with_operand_out(branch: Any, k: int) -> Any:
+    """``branch`` (a ClosedJaxpr, or a Jaxpr from 0.12) with its ``k``-th operand as one
+    more output."""
+    jaxpr, rebuild = compat.open_jaxpr(branch)
+    return rebuild(jaxpr.replace(outvars=[*jaxpr.outvars, jaxpr.invars[k]]))
+
+
+_jax_cond_partial_eval = getattr(compat.custom_partial_eval_rules[cond_p],
+                                 "_hostfeed_wrapped", compat.custom_partial_eval_rules[cond_p])
+_cond_partial_eval._hostfeed_wrapped = _jax_cond_partial_eval  # type: ignore[attr-defined]
+compat.custom_partial_eval_rules[cond_p] = _cond_partial_eval

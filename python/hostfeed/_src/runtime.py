@@ -334,10 +334,13 @@ class Joiner:
     """
 
     def __init__(self, n_parts: int, complete: Callable[[list[_Part]], None],
-                 name: str = "global-view host callback"):
+                 name: str = "global-view host callback", waits: int | None = None):
         self.n_parts = n_parts
         self.name = name
         self._complete = complete
+        # The part whose device alone waits for its set (a synchronous tap's: the message
+        # of any other part is answered as it arrives), or None: every device waits.
+        self._waits = waits
         self._counts: dict[tuple[int, int], tuple[int, int]] = {}  # (group, part) -> (run, n)
         self._runs: dict[int, dict[tuple[int, int], dict[int, _Part]]] = {}
 
@@ -347,6 +350,10 @@ class Joiner:
         set is incomplete, else runs the set and returns the device ordinals that took
         part."""
         group, new = _unpack(arrays, ordinal, reply)
+        if (reply is not None and self._waits is not None
+                and all(p.part != self._waits for p in new)):
+            reply.send([])  # the device goes on; its later callbacks wait for the set
+            new = [p._replace(reply=None) for p in new]
         pending = self._runs.setdefault(run, {})
         parts: dict[int, _Part] = {}
         key = (group, 0)
@@ -389,6 +396,23 @@ class Joiner:
         self._counts = {k: v for k, v in self._counts.items() if v[0] != run}
         return tuple(dict.fromkeys(ordinals))
 
+    def let_go(self, run: int, ordinal: int) -> bool:
+        """Answers the waiting reply of device ``ordinal``'s part of the oldest incomplete
+        set of ``run`` (a synchronous tap's device goes on before the tap ran; the tap
+        still runs once the set is complete); whether there was one. Never a ``call``'s
+        part: its device needs the results."""
+        if self._waits is None:
+            return False
+        for parts in self._runs.get(run, {}).values():
+            for p in list(parts.values()):
+                if p.ordinal == ordinal and p.reply is not None and p.reply.pending:
+                    p.reply.send([])
+                    for j, q in parts.items():  # (the message's other slots share it)
+                        if q.reply is p.reply:
+                            parts[j] = q._replace(reply=None)
+                    return True
+        return False
+
     def senders(self, run: int, ordinal: int) -> frozenset[int]:
         """The devices that sent a part of the oldest incomplete set of ``run`` that device
         ``ordinal`` sent a part of (empty if there is none)."""
@@ -407,7 +431,10 @@ def make_joined_tap(invoke: Callable[..., None], shard_parts: ShardParts,
                     name: str) -> Joiner:
     """A :class:`Joiner` that calls the tap ``invoke`` once per complete set, with the
     joined operands, as if device part ``source`` had sent them. The parts of a
-    synchronous tap carry replies: the devices go on once the tap has run."""
+    synchronous tap carry replies: the device of part ``source`` (the one the tap runs
+    for, as the legacy module ran a global-view tap on one device) goes on once the tap
+    has run, every other one as soon as its part has arrived (its later callbacks still
+    wait for the tap): one thread of the runtime waits per set, not one per device."""
     source = shard_parts.source
 
     def complete(parts: list[_Part]) -> None:
@@ -417,7 +444,7 @@ def make_joined_tap(invoke: Callable[..., None], shard_parts: ShardParts,
         else:
             invoke(_join(parts), parts[source].ordinal)
 
-    return Joiner(shard_parts.n_parts, complete, name)
+    return Joiner(shard_parts.n_parts, complete, name, waits=source)
 
 
 def make_joined_call(spec: CallbackSpec, result_treedef: Any,

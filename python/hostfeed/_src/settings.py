@@ -12,6 +12,7 @@
 | ``HOSTFEED_TRANSPORT`` | :func:`transport` |
 | ``HOSTFEED_FAST_DISPATCH`` | :func:`fast_dispatch` |
 | ``HOSTFEED_CALL_THREAD`` | :func:`call_thread` |
+| ``HOSTFEED_CALLBACK_ERROR_EXIT`` | :func:`callback_error_exit` |
 
 Every parser raises ``ValueError`` naming the variable and its value when the value is not
 usable, so a typo fails where the setting is read instead of being ignored; and
@@ -40,6 +41,7 @@ TRANSPORT_ENV = "HOSTFEED_TRANSPORT"
 FAST_DISPATCH_ENV = "HOSTFEED_FAST_DISPATCH"
 CALL_THREAD_ENV = "HOSTFEED_CALL_THREAD"
 RECORD_PARTS_ENV = "HOSTFEED_RECORD_PARTS"
+CALLBACK_ERROR_EXIT_ENV = "HOSTFEED_CALLBACK_ERROR_EXIT"
 
 #: The transports ``HOSTFEED_TRANSPORT`` can force, by their names (see
 #: :mod:`hostfeed._src.transports`): ``jax`` is JAX's host-callback lowering, over a TPU's
@@ -247,17 +249,32 @@ def ad_taps() -> str:
     return "transforms" if text is None else check_ad_taps(text, AD_TAPS_ENV)
 
 
-def sync_taps() -> bool:
-    """The initial synchronous-tap mode, from ``HOSTFEED_SYNC_TAPS`` (``1``/``0``, default
-    ``0``: taps are asynchronous). Read once, when hostfeed is imported; switch later with
-    ``hcb.set_sync_taps`` or ``with hcb.sync_taps():``.
+#: The tap modes (``hcb.set_sync_taps``): ``legacy`` (the default), the legacy module's
+#: semantics: synchronous taps on CPUs and GPUs, asynchronous ones on TPUs; ``sync``:
+#: synchronous everywhere; ``async``: asynchronous everywhere.
+SYNC_TAPS_MODES = ("legacy", "sync", "async")
+
+
+def sync_taps() -> str:
+    """The initial tap mode, from ``HOSTFEED_SYNC_TAPS``: unset, ``legacy`` (each tap
+    function has run before the computation goes on, as the legacy module's taps on CPUs
+    and GPUs; asynchronous on TPUs, as there); ``1`` (``sync``: synchronous everywhere);
+    ``0`` (``async``: asynchronous everywhere, see ``hcb.barrier_wait``). Read once, when
+    hostfeed is imported; switch later with ``hcb.set_sync_taps`` or ``with
+    hcb.sync_taps():``.
 
     Example:
-        >>> os.environ.pop(SYNC_TAPS_ENV, None) and None
+        >>> before = os.environ.pop(SYNC_TAPS_ENV, None)
         >>> sync_taps()
-        False
+        'legacy'
+        >>> os.environ[SYNC_TAPS_ENV] = "0"; sync_taps()
+        'async'
+        >>> os.environ.pop(SYNC_TAPS_ENV) and before is not None and os.environ.update(
+        ...     {SYNC_TAPS_ENV: before})
     """
-    return _bool_from_env(SYNC_TAPS_ENV)
+    if _env(SYNC_TAPS_ENV) is None:
+        return "legacy"
+    return "sync" if _bool_from_env(SYNC_TAPS_ENV) else "async"
 
 
 def fast_dispatch() -> bool:
@@ -381,6 +398,29 @@ def transport() -> str | None:
     return None if text is None else check_transport(text, TRANSPORT_ENV)
 
 
+def callback_error_exit() -> int:
+    """The exit status of a program that would exit with 0 while a host callback's exception
+    was never raised by a ``barrier_wait`` (interpreter exit prints it), from
+    ``HOSTFEED_CALLBACK_ERROR_EXIT``: ``1`` (default, as an uncaught exception), ``0`` (the
+    legacy module's: the status stays 0), or another status up to 255. Read at exit.
+
+    Example:
+        >>> os.environ.pop(CALLBACK_ERROR_EXIT_ENV, None) and None
+        >>> callback_error_exit()
+        1
+    """
+    text = _env(CALLBACK_ERROR_EXIT_ENV)
+    if text is None:
+        return 1
+    status = int(text) if text.isdigit() else -1
+    if not 0 <= status <= 255:
+        raise ValueError(f"{CALLBACK_ERROR_EXIT_ENV}={text!r} is not an exit status; use 1 "
+                         f"(the default: exit with status 1, as an uncaught exception does), "
+                         f"0 (keep status 0, as the legacy module did) or another status "
+                         f"up to 255")
+    return status
+
+
 #: Every variable hostfeed reads, with its parser.
 PARSERS = {
     MAX_QUEUE_ENV: max_queue_bytes,
@@ -394,6 +434,7 @@ PARSERS = {
     FAST_DISPATCH_ENV: fast_dispatch,
     CALL_THREAD_ENV: call_thread,
     RECORD_PARTS_ENV: record_parts,
+    CALLBACK_ERROR_EXIT_ENV: callback_error_exit,
 }
 
 

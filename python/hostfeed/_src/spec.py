@@ -1,8 +1,13 @@
 """What a host callback is, at trace time: :class:`CallbackSpec` (the user's function, the
-pytree of its argument, its :class:`CallbackKind`), :class:`ShardParts` (how a global-view
-callback is split), and the transformation records a binding carries. These are
-parameters of hostfeed's primitives; nothing here runs on the host or starts the
+pytree of its argument, its :class:`CallbackKind`), :class:`RecordSpec` (a record: the
+spec of a callback whose host side is a recorder's array), :class:`ShardParts` (how a
+global-view callback is split), and the transformation records a binding carries. These
+are parameters of hostfeed's primitives; nothing here runs on the host or starts the
 receiver, so declaring a primitive loads no dispatcher.
+
+Whether a callback is a record is decided once, when it is bound, by the type of its
+spec (:func:`is_record`): the lowering picks its rule by that type, and no plain tap's
+lowering asks.
 """
 from __future__ import annotations
 
@@ -10,7 +15,8 @@ import enum
 import os
 from typing import Any, NamedTuple, Optional
 
-__all__ = ["CallbackKind", "CallbackSpec", "ShardParts", "unpack_transforms"]
+__all__ = ["CallbackKind", "CallbackSpec", "RecordSpec", "ShardParts", "is_record",
+           "unpack_transforms"]
 
 
 class CallbackKind(enum.StrEnum):
@@ -25,10 +31,6 @@ class CallbackKind(enum.StrEnum):
     RECORD = "record"
     #: A record whose last operand is the step (``rec.record(name, x, step=s)``).
     RECORD_WITH_STEP = "record+step"
-
-
-#: The kinds of a recorder's callbacks.
-RECORD_KINDS = (CallbackKind.RECORD, CallbackKind.RECORD_WITH_STEP)
 
 
 class CallbackSpec:
@@ -91,6 +93,81 @@ class CallbackSpec:
     def with_tree(self, treedef: Any) -> CallbackSpec:
         """The same callback with another argument tree."""
         return CallbackSpec(self.func, treedef, self.with_device, self.kind, self.ad_taps)
+
+
+class RecordSpec(CallbackSpec):
+    """A record (``Recorder.record(name, ...)``): the spec carries what its lowering needs
+    of the recorder, ``catalogue`` (its :class:`~hostfeed._src.record.catalogue.Catalogue`:
+    the arrays declared, the Rust sinks they are bound to) and ``array`` (the record's
+    name: its array in the store), so that the lowering reaches the recorder through
+    nothing else. ``func`` is the record's host function (a ``Target``), called only on
+    the paths that record through Python (a global-view record joined on the host, the
+    inline mode); the lowering never calls it. ``claim``: whether this process writes the
+    arrays, where the lowering decided it (a gathered global-view record: the process of
+    the device that records it); None: as the placement says.
+
+    Example:
+        >>> import jax
+        >>> spec = RecordSpec(None, "h", print, jax.tree_util.tree_structure((0, 0)), True)
+        >>> spec, spec.name, spec.with_step, is_record(spec)
+        (record+step:h, "Recorder.record('h')", True, True)
+    """
+
+    __slots__ = ("catalogue", "array", "claim")
+
+    def __init__(self, catalogue: Any, array: str, func: Any, arg_treedef: Any,
+                 with_step: bool, ad_taps: Optional[str] = None,
+                 claim: Optional[bool] = None):
+        super().__init__(func, arg_treedef, True,
+                         CallbackKind.RECORD_WITH_STEP if with_step else CallbackKind.RECORD,
+                         ad_taps)
+        self.catalogue = catalogue
+        self.array = array
+        self.claim = claim
+
+    def _key(self) -> tuple:
+        return (id(self.catalogue), self.array, self.arg_treedef, self.kind, self.ad_taps,
+                self.claim)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is RecordSpec and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"{self.kind}:{self.array}"
+
+    @property
+    def name(self) -> str:
+        """How messages name the record: ``Recorder.record('NAME')``."""
+        return f"Recorder.record({self.array!r})"
+
+    @property
+    def with_step(self) -> bool:
+        """Whether its last operand is the step."""
+        return self.kind is CallbackKind.RECORD_WITH_STEP
+
+    def with_tree(self, treedef: Any) -> RecordSpec:
+        """The same record with another argument tree."""
+        return RecordSpec(self.catalogue, self.array, self.func, treedef, self.with_step,
+                          self.ad_taps, self.claim)
+
+    def claimed(self, here: bool) -> RecordSpec:
+        """The same record, its arrays written by this process or not (``here``)."""
+        return RecordSpec(self.catalogue, self.array, self.func, self.arg_treedef,
+                          self.with_step, self.ad_taps, here)
+
+
+def is_record(spec: CallbackSpec) -> bool:
+    """Whether a callback is a record: the one test, by the type of its spec.
+
+    Example:
+        >>> import jax
+        >>> is_record(CallbackSpec(print, jax.tree_util.tree_structure(0), False, "tap"))
+        False
+    """
+    return type(spec) is RecordSpec
 
 
 class ShardParts(NamedTuple):

@@ -128,11 +128,13 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 import jax
 
+from .. import host_callback as hcb
 from .._src import measuring
 from . import _report, _tpu
 from ._portable import portable_section
@@ -163,8 +165,25 @@ DESCRIPTION = ("Times hostfeed's taps, calls, barriers and compiles side by side
                "own callbacks in one run, and prints time ratios (below 1.00x: faster).")
 
 
-def _progress(total: int) -> tuple[Callable[[str], None], Callable[[], None]]:
-    """A progress reporter (a tqdm bar when tqdm is installed, else lines on stderr)."""
+def _progress(total: int, out: TextIO | None = None
+              ) -> tuple[Callable[[str], None], Callable[[], None]]:
+    """A progress reporter on ``out`` (``sys.stderr`` as it is at the call): on a terminal a
+    tqdm bar when tqdm is installed, else a line a step; elsewhere (output redirected to a
+    file or a pipe, a CI log) a line a section, as it starts, so that a log stays short.
+    A step is named ``"section: detail"``."""
+    out = sys.stderr if out is None else out
+    tty = hasattr(out, "isatty") and out.isatty()
+    if not tty:
+        start, seen = time.perf_counter(), [""]  # the sections said, the last at the end
+
+        def section(step: str) -> None:
+            name = step.split(":", maxsplit=1)[0]
+            if seen[-1] != name:
+                seen.append(name)
+                print(f"bench: {name} ({time.perf_counter() - start:.0f} s in)", file=out,
+                      flush=True)
+
+        return section, lambda: None
     try:
         from tqdm import tqdm
     except ImportError:
@@ -172,10 +191,10 @@ def _progress(total: int) -> tuple[Callable[[str], None], Callable[[], None]]:
 
         def line(step: str) -> None:
             count[0] += 1
-            print(f"[{count[0]}] {step}", file=sys.stderr, flush=True)
+            print(f"[{count[0]}/{total}] {step}", file=out, flush=True)
 
         return line, lambda: None
-    bar = tqdm(total=total, unit="step", file=sys.stderr, leave=False)
+    bar = tqdm(total=total, unit="step", file=out, leave=False)
 
     def step(name: str) -> None:
         bar.set_description(name)
@@ -236,8 +255,12 @@ def run(sections: Sequence[str] | None = None, *, quick: bool = False,
                                or n_64mb < 1):
         raise ValueError(f"n_64mb must be a whole number of 64 MiB, at least 1; got {n_64mb!r}")
     cfg = Config(quick=quick, progress=progress or (lambda step: None), n_64mb=n_64mb)
-    for name in chosen:
-        result[name] = _tpu.run_section(name, cfg) if suite == "tpu" else table[name](cfg)
+    # hostfeed's taps as the sections measure them: asynchronous, unless a row says
+    # synchronous (the latency section's "hostfeed (sync)", the dispatch section's
+    # "hostfeed id_tap, synchronous": the default mode on CPUs and GPUs).
+    with hcb.sync_taps(False):
+        for name in chosen:
+            result[name] = _tpu.run_section(name, cfg) if suite == "tpu" else table[name](cfg)
     header["load_average_end"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     if suite == "tpu":
         result["targets"] = _tpu.targets(result)

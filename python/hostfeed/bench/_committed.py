@@ -24,7 +24,8 @@ ROWS: list[tuple[str, str, float, float, float]] = [
      'us', 2.431, 1.823, 2.431),
     ('the same in a burst of taps (behind those queued before it)',
      'us', 3932.16, 3932.16, 4325.38),
-    ('synchronous tap (`sync=True`): each tap p50 (what the computation spends on a tap)',
+    ('synchronous tap (the default on CPUs and GPUs): each tap p50 (what the computation spends '
+     'on a tap)',
      'x', 1.1593, 1.12347, 1.22183),
     ('4 MiB taps in a loop until every function ran (per byte)',
      'x', 48.195, 21.7668, 48.195),

@@ -304,7 +304,8 @@ SUMMARY: list[Row] = [
         _handover("hostfeed (spaced taps)"), "latency: hostfeed (spaced taps), hand-over p50"),
     Row("the same in a burst of taps (behind those queued before it)", _handover("hostfeed"),
         "latency: hostfeed, hand-over p50"),
-    Row("synchronous tap (`sync=True`): each tap p50 (what the computation spends on a tap)",
+    Row("synchronous tap (the default on CPUs and GPUs): each tap p50 (what the computation "
+        "spends on a tap)",
         _sync_tap, "latency: hostfeed (sync), each tap p50 / best JAX"),
     Row("4 MiB taps in a loop until every function ran (per byte)", _large_taps(False),
         "sweep: 4194304, hostfeed / best JAX"),

@@ -543,6 +543,7 @@ def _dispatch_fn(method: str) -> Any:
     bodies: dict[str, Callable[[Any], Any]] = {
         "no callback": lambda v: v + 1,
         "hostfeed id_tap": lambda v: hcb.id_tap(noop, v) + 1,
+        "hostfeed id_tap, synchronous": lambda v: hcb.id_tap(noop, v, sync=True) + 1,
         "hostfeed call": lambda v: hcb.call(ident, v, result_shape=spec) + 1,
         "buffer_callback": lambda v: buffer_tap(noop)(v) + 1,
         "pure_callback": lambda v: jax.pure_callback(ident, spec, v) + 1,
@@ -563,6 +564,8 @@ def dispatch(cfg: Config) -> dict:
     fns: dict[str, Callable[[Any], Any]] = {m: _dispatch_fn(m) for m in DISPATCH_METHODS}
     fns["hostfeed id_tap, compiled ahead of time"] = (
         _dispatch_fn("hostfeed id_tap").lower(x).compile())
+    # (The default mode on CPUs and GPUs.)
+    fns["hostfeed id_tap, synchronous"] = _dispatch_fn("hostfeed id_tap, synchronous")
     with measuring.token_chain_lowering():  # as with HOSTFEED_FAST_DISPATCH=0
         for m in ("hostfeed id_tap", "hostfeed call"):
             f = _dispatch_fn(m)

@@ -1,7 +1,8 @@
-//! The consumer thread's Python side: [`PyConsumer`] runs the Python dispatcher (its
-//! [`DispatcherState`]) on each batch (attached, detached while it waits for one) and a
-//! `call` on its device's thread when nothing else is pending; what the dispatcher
-//! raised, kept for the next barrier; the notes the core left, logged.
+//! The consumer thread's Python side: [`PyConsumer`] runs each batch (attached, detached
+//! while it waits for one): its plain taps and calls itself, every other message through
+//! the Python dispatcher (its [`DispatcherState`]), and a `call` on its device's thread
+//! when nothing else is pending; what the dispatcher raised, kept for the next barrier;
+//! the notes the core left, logged.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,10 +11,10 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 
-use crate::batch::{BatchIter, DispatcherState};
-use crate::consumers::{run_call, Consumer, ConsumerKind};
+use crate::batch::{run_plain, DispatcherState};
+use crate::consumers::{run_call, run_sync_tap, ConsumerKind};
 use crate::error::ReceiverError;
-use crate::messages::Dtypes;
+use crate::messages::{Dtypes, PyMessage};
 use hostfeed_core::lock;
 use hostfeed_core::Message;
 use hostfeed_core::{hub, sinks, Consume, RoutedBatch, Worker};
@@ -89,6 +90,46 @@ impl PyConsumer {
     pub(crate) fn new(state: Py<DispatcherState>, dtypes: Dtypes, tracing: Py<PyAny>) -> Self {
         PyConsumer { state, dtypes: Arc::new(dtypes), tracing }
     }
+
+    /// Whether `jax.profiler` traces (an error: not known).
+    fn tracing(&self, py: Python<'_>) -> PyResult<bool> {
+        self.tracing.bind(py).call0()?.is_truthy()
+    }
+
+    /// Runs `batch` in queue order: its plain taps and calls here (`run_plain`) while no
+    /// device is held and `jax.profiler` does not trace (then the dispatcher runs each
+    /// message inside a trace event), every other message through the dispatcher, one
+    /// message per call. What either raises (they should not) is kept for the next
+    /// barrier, and the batch goes on.
+    fn dispatch(&self, py: Python<'_>, batch: &RoutedBatch) {
+        let state = self.state.get();
+        let tracing = self.tracing(py).unwrap_or(false);
+        loop {
+            if !tracing && state.nothing_held() {
+                match catch_unwind(AssertUnwindSafe(|| run_plain(py, batch, state, &self.dtypes))) {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => record_dispatch_error(py, e),
+                    Err(_) => record_dispatch_error(
+                        py,
+                        ReceiverError::new_err("hostfeed internal error: a panic while running taps"),
+                    ),
+                }
+            }
+            let Some(msg) = batch.take() else { return };
+            let outcome = catch_unwind(AssertUnwindSafe(|| {
+                let msg = PyMessage::from_message(py, &self.dtypes, msg)?;
+                state.dispatch.call1(py, (msg,))
+            }));
+            match outcome {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => record_dispatch_error(py, e),
+                Err(_) => record_dispatch_error(
+                    py,
+                    ReceiverError::new_err("hostfeed internal error: a panic while dispatching"),
+                ),
+            }
+        }
+    }
 }
 
 thread_local! {
@@ -137,24 +178,32 @@ impl Consume for PyConsumer {
         }
         Python::attach(|py| {
             let state = self.state.get();
-            if !state.nothing_held(py)
-                || self.tracing.bind(py).call0().and_then(|t| t.is_truthy()).unwrap_or(true)
-            {
+            if !state.nothing_held() || self.tracing(py).unwrap_or(true) {
                 return Err(msg);
             }
-            let Ok(Some(consumer)) = state.consumers.bind(py).get_item(msg.consumer_id) else {
+            let Some(consumer) = state.consumers.get().lookup(py, msg.consumer_id) else {
                 return Err(msg);
             };
-            let Ok(consumer) = consumer.cast_into::<Consumer>() else { return Err(msg) };
             // Only a call the receiver runs without Python frames of hostfeed's (a
             // `DirectCall`, not one that takes the device): an interruption then ends in
-            // hostfeed's own code.
+            // hostfeed's own code; or a synchronous tap, whose invoker records nothing of
+            // its own, so that an interruption anywhere in it only fails the tap's wait.
             let c = consumer.get();
-            if c.kind() != ConsumerKind::Call || c.direct_call(py).is_none() || !crate::interrupts::watch() {
+            let sync_tap = msg.flags & hostfeed_core::FLAG_SYNC_TAP != 0;
+            let runnable = if sync_tap {
+                c.kind() == ConsumerKind::Tap
+            } else {
+                c.kind() == ConsumerKind::Call && c.direct_call(py).is_some()
+            };
+            if !runnable || !crate::interrupts::watch() {
                 return Err(msg);
             }
             let outcome = catch_unwind(AssertUnwindSafe(|| {
-                run_call(py, &self.dtypes, msg, &consumer, state.call_failed.bind(py))
+                if sync_tap {
+                    run_sync_tap(py, &self.dtypes, msg, &consumer, state.tap_failed.bind(py))
+                } else {
+                    run_call(py, &self.dtypes, msg, &consumer, state.call_failed.bind(py))
+                }
             }));
             match outcome {
                 Ok(Ok(())) => {}
@@ -186,34 +235,8 @@ impl Consume for PyConsumer {
                 }
                 batch
             }) {
-                let iter = BatchIter::new(batch, Arc::clone(&self.dtypes), self.state.clone_ref(py));
-                let iter = match Bound::new(py, iter) {
-                    Ok(it) => it,
-                    Err(e) => {
-                        record_dispatch_error(py, e);
-                        continue;
-                    }
-                };
-                loop {
-                    let before = iter.borrow().remaining();
-                    let outcome = catch_unwind(AssertUnwindSafe(|| {
-                        self.state.get().dispatch.call1(py, (iter.clone(),))
-                    }));
-                    match outcome {
-                        Ok(Ok(_)) => {}
-                        Ok(Err(e)) => record_dispatch_error(py, e),
-                        Err(_) => record_dispatch_error(
-                            py,
-                            ReceiverError::new_err("hostfeed internal error: a panic while dispatching"),
-                        ),
-                    }
-                    // A dispatcher that failed part-way is given the rest of the batch.
-                    let after = iter.borrow().remaining();
-                    if after == 0 || after == before {
-                        break;
-                    }
-                }
-                done = iter.borrow_mut().finish();
+                self.dispatch(py, &batch);
+                done = Some(batch);
                 report_notes(py);
             }
             drop(done);

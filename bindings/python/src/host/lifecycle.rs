@@ -3,7 +3,7 @@
 //! control messages). Every wait here releases the GIL, in slices of at most
 //! [`WAIT_SLICE`] so that Ctrl-C is honoured between them.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -34,6 +34,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(push_eager, m)?)?;
     m.add_function(wrap_pyfunction!(barrier, m)?)?;
     m.add_function(wrap_pyfunction!(is_running, m)?)?;
+    m.add_function(wrap_pyfunction!(exit_status_if_clean, m)?)?;
     Ok(())
 }
 
@@ -71,8 +72,8 @@ pub(crate) fn trace_me(py: Python<'_>) -> Option<&Bound<'_, PyAny>> {
 
 /// Configures and starts the receiver.
 ///
-/// `dispatcher.dispatch(batch)` is called on the consumer thread with a `BatchIter`, an
-/// iterator of `Message`s; `dtypes` maps XLA dtype codes to numpy dtypes; `trace_me` is
+/// The consumer thread runs each batch's plain taps and calls itself and calls
+/// `dispatcher.dispatch(message)` with every other `Message`, in queue order; `dtypes` maps XLA dtype codes to numpy dtypes; `trace_me` is
 /// `jax.profiler`'s `TraceMe` class (`TraceMe(name, **metadata)` a context manager,
 /// `TraceMe.is_enabled()` whether a trace is collected). Returns whether a consumer thread
 /// was started.
@@ -318,4 +319,66 @@ pub fn push_control(py: Python<'_>) -> PyResult<()> {
 #[pyfunction]
 pub fn is_running(py: Python<'_>) -> bool {
     py.detach(|| hub().is_running())
+}
+
+/// The status [`exit_status_if_clean`] asked for (0: none).
+static EXIT_STATUS: AtomicI32 = AtomicI32::new(0);
+
+/// Makes the process exit with `status` (1..=255) where it would exit with status 0: a
+/// program that ends while a host callback's exception was never raised (interpreter exit
+/// reports it). Done at the C library's exit, after Python has finalized (every `atexit`
+/// function run, every file flushed), by a glibc `on_exit` function, which sees the status
+/// the program ends with: a non-zero one (an uncaught exception's 1, `sys.exit(3)`) is
+/// kept. Returns whether this platform can (glibc Linux; elsewhere the status stays).
+#[pyfunction]
+pub fn exit_status_if_clean(status: i32) -> PyResult<bool> {
+    if !(1..=255).contains(&status) {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "an exit status is 1..=255, got {status}"
+        )));
+    }
+    EXIT_STATUS.store(status, Ordering::SeqCst);
+    Ok(on_exit::install())
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+mod on_exit {
+    use std::ffi::{c_int, c_void};
+    use std::sync::atomic::Ordering;
+    use std::sync::OnceLock;
+
+    extern "C" {
+        /// glibc's `on_exit(3)`: `function(status, arg)` runs at `exit(status)`.
+        fn on_exit(function: extern "C" fn(c_int, *mut c_void), arg: *mut c_void) -> c_int;
+    }
+
+    /// At `exit(status)`: a clean status becomes the one asked for.
+    extern "C" fn at_exit(status: c_int, _arg: *mut c_void) {
+        let wanted = super::EXIT_STATUS.load(Ordering::SeqCst);
+        if status == 0 && wanted != 0 {
+            // SAFETY: `fflush(NULL)` flushes every C stream (what `exit` would do after the
+            // exit functions); `_exit` then ends the process with `wanted`, skipping only
+            // the exit functions registered before this one (Python has finalized).
+            unsafe {
+                libc::fflush(std::ptr::null_mut());
+                libc::_exit(wanted);
+            }
+        }
+    }
+
+    /// Registers [`at_exit`] once; whether it is registered.
+    pub(super) fn install() -> bool {
+        static DONE: OnceLock<bool> = OnceLock::new();
+        // SAFETY: `at_exit` is a plain `extern "C"` function that lives as long as the
+        // process, and its argument is unused (null).
+        *DONE.get_or_init(|| unsafe { on_exit(at_exit, std::ptr::null_mut()) } == 0)
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+mod on_exit {
+    /// No `on_exit` here: the exit status cannot be changed after Python's finalization.
+    pub(super) fn install() -> bool {
+        false
+    }
 }

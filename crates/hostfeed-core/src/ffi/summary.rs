@@ -4,11 +4,14 @@
 //! a variadic reduce is not vectorized).
 //!
 //! A row of values is taken in blocks small enough to stay in the L1 cache. Each block is
-//! read twice: once for its sum, minimum and maximum, then, from the cache, for the sum of
-//! squared deviations from its own mean (two passes, so the variance does not suffer the
-//! cancellation of a sum of squares). The blocks' partial results combine in `f64` (Chan et
-//! al.'s formula for the variance). A block whose sum is not finite (a NaN, an infinity, or
-//! an overflow) is taken again with every non-finite value masked out and counted. The
+//! read twice: once for its sum, minimum, maximum, sum of magnitudes, zeros and least
+//! non-zero magnitude (and, for `hostfeed.Stats(dtype=...)`, the values a cast to that
+//! dtype underflows or overflows: integer comparisons of the magnitudes' bits), then, from
+//! the cache, for the sum of squared deviations from its own mean (two passes, so the
+//! variance does not suffer the cancellation of a sum of squares). The blocks' partial
+//! results combine in `f64` (Chan et al.'s formula for the variance). A block whose sum is
+//! not finite (a NaN, an infinity, or an overflow) is taken again with every non-finite
+//! value masked out and counted. The
 //! loops keep one accumulator per SIMD lane, so they vectorize; on x86-64 a copy compiled
 //! for AVX-512 or AVX2 is chosen at run time where the CPU has it.
 //!
@@ -27,9 +30,31 @@
 const BLOCK: usize = 4096;
 /// Accumulators per statistic: one per lane of two 256-bit vectors.
 const LANES: usize = 16;
+/// The columns of a statistics row (`hostfeed.STATS`): count, mean, std, min, max, absmax,
+/// l2, NaN count, infinity count, l1, zeros, the least non-zero magnitude.
+pub(crate) const STATS: usize = 12;
+/// The columns of a row with a narrower dtype's counts (`hostfeed.Stats(dtype=...)`):
+/// [`STATS`]' and underflow, overflow.
+pub(crate) const CAST_STATS: usize = 14;
+/// The bits of an `f32` magnitude that is infinite (above them: NaN).
+const INF: u32 = 0x7f80_0000;
+
+/// What a cast to a narrower float dtype does to an `f32`, by the bits of its magnitude
+/// (ordered as the magnitudes are): a non-zero magnitude whose bits are at most `under`
+/// rounds to zero (underflows); a finite one whose bits are at least `over` becomes
+/// infinite or NaN (overflows). Python takes both from `ml_dtypes`' casts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Cast {
+    /// The greatest magnitude (bits) that rounds to zero.
+    pub(crate) under: u32,
+    /// The least magnitude (bits) that rounds beyond the dtype's largest finite value.
+    pub(crate) over: u32,
+}
 
 /// The partial statistics of some values: the finite ones' count, mean, sum of squared
-/// deviations from that mean, minimum and maximum; how many were NaN or infinite.
+/// deviations from that mean, minimum, maximum and sum of magnitudes; how many were NaN,
+/// infinite, zero (either sign), or under- and overflowed a [`Cast`]; the least non-zero
+/// finite magnitude's bits, less one (`u32::MAX`: none).
 #[derive(Clone, Copy, Debug)]
 struct Partial {
     n: f64,
@@ -37,12 +62,30 @@ struct Partial {
     m2: f64,
     lo: f32,
     hi: f32,
+    l1: f64,
     nan: u64,
     inf: u64,
+    zeros: u64,
+    under: u64,
+    over: u64,
+    amin: u32,
 }
 
 impl Partial {
-    const EMPTY: Partial = Partial { n: 0.0, mean: 0.0, m2: 0.0, lo: f32::INFINITY, hi: f32::NEG_INFINITY, nan: 0, inf: 0 };
+    const EMPTY: Partial = Partial {
+        n: 0.0,
+        mean: 0.0,
+        m2: 0.0,
+        lo: f32::INFINITY,
+        hi: f32::NEG_INFINITY,
+        l1: 0.0,
+        nan: 0,
+        inf: 0,
+        zeros: 0,
+        under: 0,
+        over: 0,
+        amin: u32::MAX,
+    };
 
     /// Both parts' values together (the pairwise update of Chan, Golub and `LeVeque`).
     fn merge(self, o: Partial) -> Partial {
@@ -61,16 +104,22 @@ impl Partial {
             m2,
             lo: if o.lo < self.lo { o.lo } else { self.lo },
             hi: if o.hi > self.hi { o.hi } else { self.hi },
+            l1: self.l1 + o.l1,
             nan: self.nan + o.nan,
             inf: self.inf + o.inf,
+            zeros: self.zeros + o.zeros,
+            under: self.under + o.under,
+            over: self.over + o.over,
+            amin: self.amin.min(o.amin),
         }
     }
 
     /// The statistics row: count (all values), then mean, std, min, max, absmax over the
     /// finite values (NaN when there is none), l2 over the finite values, NaN and
-    /// infinity counts.
+    /// infinity counts, l1 over the finite values, zeros, the least non-zero finite
+    /// magnitude (NaN when there is none); underflows and overflows.
     #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
-    fn row(self, count: usize) -> [f32; 9] {
+    fn row(self, count: usize) -> [f32; CAST_STATS] {
         let none = self.n == 0.0;
         let pick = |v: f64| if none { f32::NAN } else { v as f32 };
         let var = if none { 0.0 } else { (self.m2 / self.n).max(0.0) };
@@ -85,6 +134,11 @@ impl Partial {
             l2 as f32,
             self.nan as f32,
             self.inf as f32,
+            self.l1 as f32,
+            self.zeros as f32,
+            if self.amin == u32::MAX { f32::NAN } else { f32::from_bits(self.amin + 1) },
+            self.under as f32,
+            self.over as f32,
         ]
     }
 }
@@ -116,29 +170,89 @@ fn lanes_max(v: &[f32; LANES]) -> f32 {
     m
 }
 
-/// Sum, minimum and maximum of a block, every value taken as it is (a NaN or an infinity
-/// makes the sum non-finite, which the caller checks).
+/// What [`plain_pass`] finds in a block.
+struct Plain {
+    sum: f32,
+    lo: f32,
+    hi: f32,
+    l1: f64,
+    zeros: u64,
+    amin: u32,
+    under: u64,
+    over: u64,
+}
+
+/// The accumulators of [`plain_pass`], one per lane.
+struct PlainLanes {
+    sum: [f32; LANES],
+    lo: [f32; LANES],
+    hi: [f32; LANES],
+    l1: [f32; LANES],
+    zeros: [u32; LANES],
+    amin: [u32; LANES],
+    under: [u32; LANES],
+    over: [u32; LANES],
+}
+
+impl PlainLanes {
+    /// Takes `v` into lane `i`. The magnitude's bits less one, wrapping, order the
+    /// non-zero magnitudes and put zero last: their minimum is the least non-zero one's,
+    /// and `0 < a <= under` is `a - 1 < under`. Without `CAST`, nothing is under- or
+    /// overflowed (no code).
+    #[inline(always)]
+    fn take<const CAST: bool>(&mut self, i: usize, v: f32, cast: Cast) {
+        let a = v.to_bits() & 0x7fff_ffff;
+        let m = a.wrapping_sub(1);
+        self.sum[i] += v;
+        self.lo[i] = if v < self.lo[i] { v } else { self.lo[i] };
+        self.hi[i] = if v > self.hi[i] { v } else { self.hi[i] };
+        self.l1[i] += f32::from_bits(a);
+        self.zeros[i] += u32::from(a == 0);
+        self.amin[i] = self.amin[i].min(m);
+        if CAST {
+            self.under[i] += u32::from(m < cast.under);
+            self.over[i] += u32::from(a >= cast.over);
+        }
+    }
+}
+
+/// Sum, minimum, maximum and sum of magnitudes of a block, every value taken as it is (a
+/// NaN or an infinity makes the sum non-finite, which the caller checks: then the rest is
+/// taken again by [`careful`]); its zeros, least non-zero magnitude and, with `CAST`,
+/// its under- and overflows.
 #[inline(always)]
-fn plain_pass(x: &[f32]) -> (f32, f32, f32) {
-    let mut sum = [0.0f32; LANES];
-    let mut lo = [f32::INFINITY; LANES];
-    let mut hi = [f32::NEG_INFINITY; LANES];
+fn plain_pass<const CAST: bool>(x: &[f32], cast: Cast) -> Plain {
+    let mut acc = PlainLanes {
+        sum: [0.0; LANES],
+        lo: [f32::INFINITY; LANES],
+        hi: [f32::NEG_INFINITY; LANES],
+        l1: [0.0; LANES],
+        zeros: [0; LANES],
+        amin: [u32::MAX; LANES],
+        under: [0; LANES],
+        over: [0; LANES],
+    };
     let chunks = x.chunks_exact(LANES);
     let rest = chunks.remainder();
     for c in chunks {
-        for i in 0..LANES {
-            let v = c[i];
-            sum[i] += v;
-            lo[i] = if v < lo[i] { v } else { lo[i] };
-            hi[i] = if v > hi[i] { v } else { hi[i] };
+        for (i, &v) in c.iter().enumerate() {
+            acc.take::<CAST>(i, v, cast);
         }
     }
     for (i, &v) in rest.iter().enumerate() {
-        sum[i] += v;
-        lo[i] = if v < lo[i] { v } else { lo[i] };
-        hi[i] = if v > hi[i] { v } else { hi[i] };
+        acc.take::<CAST>(i, v, cast);
     }
-    (lanes_sum(&sum), lanes_min(&lo), lanes_max(&hi))
+    let count = |v: &[u32; LANES]| v.iter().map(|&c| u64::from(c)).sum::<u64>();
+    Plain {
+        sum: lanes_sum(&acc.sum),
+        lo: lanes_min(&acc.lo),
+        hi: lanes_max(&acc.hi),
+        l1: acc.l1.iter().map(|&s| f64::from(s)).sum(),
+        zeros: count(&acc.zeros),
+        amin: acc.amin.iter().copied().fold(u32::MAX, u32::min),
+        under: count(&acc.under),
+        over: count(&acc.over),
+    }
 }
 
 /// The sum of the deviations of `scale * v` from `mean` and of their squares (`scale` a
@@ -180,7 +294,7 @@ fn scale_for(amax: f32) -> f32 {
 /// Whether `v` is neither NaN nor infinite, from its bits (vectorizes as an integer test).
 #[inline(always)]
 fn finite(v: f32) -> bool {
-    v.to_bits() & 0x7f80_0000 != 0x7f80_0000
+    v.to_bits() & INF != INF
 }
 
 /// Minimum and maximum of the finite values of a block; NaN and infinity counts.
@@ -195,7 +309,7 @@ fn masked_pass(x: &[f32]) -> (f32, f32, u64, u64) {
         lo[i] = if ok && v < lo[i] { v } else { lo[i] };
         hi[i] = if ok && v > hi[i] { v } else { hi[i] };
         bad[i] += u32::from(!ok);
-        nan[i] += u32::from(v.to_bits() & 0x7fff_ffff > 0x7f80_0000);
+        nan[i] += u32::from(v.to_bits() & 0x7fff_ffff > INF);
     };
     let chunks = x.chunks_exact(LANES);
     let rest = chunks.remainder();
@@ -215,50 +329,75 @@ fn masked_pass(x: &[f32]) -> (f32, f32, u64, u64) {
 /// The partial statistics of one block (at most [`BLOCK`] values).
 #[inline(always)]
 #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
-fn block(x: &[f32]) -> Partial {
-    let (sum, lo, hi) = plain_pass(x);
-    if sum.is_finite() && !x.is_empty() {
+fn block<const CAST: bool>(x: &[f32], cast: Cast) -> Partial {
+    let plain = plain_pass::<CAST>(x, cast);
+    if plain.sum.is_finite() && !x.is_empty() {
         let nf = x.len() as f64;
         // Tiny values are scaled up first: their squared deviations would underflow.
-        let scale = scale_for(hi.max(-lo));
-        let m = (f64::from(sum) * f64::from(scale) / nf) as f32;
+        let scale = scale_for(plain.hi.max(-plain.lo));
+        let m = (f64::from(plain.sum) * f64::from(scale) / nf) as f32;
         let (s, q) = deviations(x, m, scale);
         if q.is_finite() {
             // The deviations are from `m`, the rounded mean: their own mean `s / n`
             // corrects it.
             let (s, q, factor) = (f64::from(s), f64::from(q), f64::from(scale));
             let mean = (f64::from(m) + s / nf) / factor;
-            return Partial { n: nf, mean, m2: (q - s * s / nf).max(0.0) / (factor * factor), lo, hi, nan: 0, inf: 0 };
+            return Partial {
+                n: nf,
+                mean,
+                m2: (q - s * s / nf).max(0.0) / (factor * factor),
+                lo: plain.lo,
+                hi: plain.hi,
+                l1: plain.l1,
+                nan: 0,
+                inf: 0,
+                zeros: plain.zeros,
+                under: plain.under,
+                over: plain.over,
+                amin: plain.amin,
+            };
         }
     }
-    careful(x)
+    careful::<CAST>(x, cast)
 }
 
 /// [`block`] for a block holding a NaN or an infinity, or whose sums overflow `f32`: the
 /// finite values in `f64` (rare: taken one by one).
 #[cold]
 #[allow(clippy::cast_precision_loss)]
-fn careful(x: &[f32]) -> Partial {
+fn careful<const CAST: bool>(x: &[f32], cast: Cast) -> Partial {
     let (lo, hi, nan, inf) = masked_pass(x);
+    let mut part = Partial { nan, inf, ..Partial::EMPTY };
+    for &v in x {
+        let a = v.to_bits() & 0x7fff_ffff;
+        let m = a.wrapping_sub(1);
+        part.zeros += u64::from(a == 0);
+        if a < INF {
+            part.l1 += f64::from(f32::from_bits(a));
+            part.amin = part.amin.min(m);
+            part.over += u64::from(CAST && a >= cast.over);
+        }
+        part.under += u64::from(CAST && m < cast.under);
+    }
     let fin = || x.iter().filter(|v| finite(**v)).map(|&v| f64::from(v));
     let n = fin().count() as f64;
     if n == 0.0 {
-        return Partial { nan, inf, ..Partial::EMPTY };
+        return part;
     }
     let mean = fin().sum::<f64>() / n;
     let m2 = fin().map(|v| (v - mean) * (v - mean)).sum::<f64>();
-    Partial { n, mean, m2, lo, hi, nan, inf }
+    Partial { n, mean, m2, lo, hi, ..part }
 }
 
 /// The statistics row of `x`. Plain loops, so that everything inlines into the caller
 /// (iterator adapters would be compiled apart, without the caller's target features).
 #[inline(always)]
-fn row_generic(x: &[f32]) -> [f32; 9] {
+fn row_generic<const CAST: bool>(x: &[f32], cast: Cast) -> [f32; CAST_STATS] {
     let mut acc = Partial::EMPTY;
     let mut start = 0;
     while start < x.len() {
         let end = x.len().min(start + BLOCK);
-        acc = acc.merge(block(&x[start..end]));
+        acc = acc.merge(block::<CAST>(&x[start..end], cast));
         start = end;
     }
     acc.row(x.len())
@@ -268,52 +407,64 @@ fn row_generic(x: &[f32]) -> [f32; 9] {
 #[target_feature(enable = "avx512f")]
 /// # Safety
 /// The CPU must have AVX-512F.
-unsafe fn row_avx512(x: &[f32]) -> [f32; 9] {
-    row_generic(x)
+unsafe fn row_avx512<const CAST: bool>(x: &[f32], cast: Cast) -> [f32; CAST_STATS] {
+    row_generic::<CAST>(x, cast)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 /// # Safety
 /// The CPU must have AVX2 and FMA.
-unsafe fn row_avx2(x: &[f32]) -> [f32; 9] {
-    row_generic(x)
+unsafe fn row_avx2<const CAST: bool>(x: &[f32], cast: Cast) -> [f32; CAST_STATS] {
+    row_generic::<CAST>(x, cast)
 }
 
-/// The statistics row of `x`: count, mean, std, min, max, absmax, l2, NaN count,
-/// infinity count (the columns of `hostfeed._src.record.summaries.STATS`). Mean, std, min, max and absmax are over
-/// the finite values (NaN when there is none), l2 too; count is every value.
-#[must_use]
-pub(crate) fn stats_row(x: &[f32]) -> [f32; 9] {
+/// The statistics row of `x` with `CAST`'s counts (zero without).
+#[inline(always)]
+fn row_dispatch<const CAST: bool>(x: &[f32], cast: Cast) -> [f32; CAST_STATS] {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU has AVX-512F (checked just above).
-            return unsafe { row_avx512(x) };
+            return unsafe { row_avx512::<CAST>(x, cast) };
         }
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
             // SAFETY: the CPU has AVX2 and FMA (checked just above).
-            return unsafe { row_avx2(x) };
+            return unsafe { row_avx2::<CAST>(x, cast) };
         }
     }
-    row_generic(x)
+    row_generic::<CAST>(x, cast)
+}
+
+/// The statistics row of `x`: count, mean, std, min, max, absmax, l2, NaN count, infinity
+/// count, l1, zeros, the least non-zero magnitude (the columns of `hostfeed.STATS`), then,
+/// with a `cast`, the values it underflows and overflows (0 without). Mean, std, min, max,
+/// absmax, l2, l1 and the least non-zero magnitude are over the finite values (NaN when
+/// there is none, l2 and l1 0); count is every value.
+#[must_use]
+pub(crate) fn stats_row(x: &[f32], cast: Option<Cast>) -> [f32; CAST_STATS] {
+    match cast {
+        Some(cast) => row_dispatch::<true>(x, cast),
+        None => row_dispatch::<false>(x, Cast { under: 0, over: INF }),
+    }
 }
 
 /// The statistics of each row of `x` (`rows` rows of equal length, one after another) into
-/// `out` (9 values a row).
+/// `out`: [`STATS`] values a row without a `cast`, [`CAST_STATS`] with one.
 ///
 /// # Panics
-/// If `x` does not split into `out.len() / 9` rows.
-pub(crate) fn stats_rows(x: &[f32], out: &mut [f32]) {
+/// If `x` does not split into that many rows.
+pub(crate) fn stats_rows(x: &[f32], out: &mut [f32], cast: Option<Cast>) {
     let _ieee = KeepSubnormals::new();
-    let rows = out.len() / 9;
-    assert!(out.len() % 9 == 0 && (rows == 0 && x.is_empty() || rows > 0 && x.len() % rows == 0));
+    let width = if cast.is_some() { CAST_STATS } else { STATS };
+    let rows = out.len() / width;
+    assert!(out.len() % width == 0 && (rows == 0 && x.is_empty() || rows > 0 && x.len() % rows == 0));
     if rows == 0 {
         return;
     }
     let per = x.len() / rows;
-    for (r, o) in out.chunks_exact_mut(9).enumerate() {
-        o.copy_from_slice(&stats_row(&x[r * per..(r + 1) * per]));
+    for (r, o) in out.chunks_exact_mut(width).enumerate() {
+        o.copy_from_slice(&stats_row(&x[r * per..(r + 1) * per], cast)[..width]);
     }
 }
 

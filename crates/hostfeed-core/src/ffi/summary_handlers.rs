@@ -1,5 +1,5 @@
 //! The CPU's summary handlers, `hostfeed_stats` and `hostfeed_histogram`: a record's
-//! `reduce="stats"` or `reduce=Histogram(...)` computed on the device's thread in one pass
+//! `reduce="stats"` (or `hostfeed.Stats(dtype=...)`) or `reduce=Histogram(...)` computed on the device's thread in one pass
 //! ([`summary`]), in place into the custom call's result: no message, no host. CPU only
 //! (a GPU lowers summaries to JAX reductions), so their table is apart from the transport
 //! handlers every platform registers under the same names.
@@ -13,17 +13,47 @@ use crate::host::hub::Hub;
 use crate::host::message::Operand;
 
 /// The body of the statistics handler: one `f32` operand whose rows are its leading
-/// dimensions' elements (the lowering puts the reduced axes last), one `f32` result of 9
-/// values a row (`summary::stats_row`). Computed here, on the execution thread.
+/// dimensions' elements (the lowering puts the reduced axes last), one `f32` result of
+/// [`summary::STATS`] values a row, or of [`summary::CAST_STATS`] with a second operand:
+/// the bits of the `f32` magnitudes a narrower dtype underflows and overflows at, two
+/// `s32` (`summary::Cast`). Computed here, on the execution thread.
 fn stats(frame: &Frame<'_>, _hub: &'static Hub, _start: u64) -> Result<(), Error> {
-    let (Some(x), Some(out)) = (frame.operands().next(), frame.outputs().next()) else {
-        return Err(Error::InvalidArgument("hostfeed_stats takes one operand and one result".into()));
+    let mut ops = frame.operands();
+    let (Some(x), cast, Some(out)) = (ops.next(), ops.next(), frame.outputs().next()) else {
+        return Err(Error::InvalidArgument("hostfeed_stats takes one or two operands and one result".into()));
     };
     if x.dtype != dtype::F32 || out.dtype() != dtype::F32 {
         return Err(Error::InvalidArgument("hostfeed_stats computes float32 statistics of float32".into()));
     }
-    if let Some((x, out)) = rows::<f32>("hostfeed_stats", &x, &out, 9)? {
-        summary::stats_rows(x, out);
+    let width = out.dims().last().and_then(|&w| usize::try_from(w).ok()).unwrap_or(0);
+    let cast = match (width, cast) {
+        (summary::STATS, None) => None,
+        (summary::CAST_STATS, Some(c))
+            if c.dtype == dtype::S32 && elements(c.dims)? == 2 && c.data.align_offset(4) == 0 =>
+        {
+            // SAFETY: on CPU the operand is an XLA host buffer of two int32 values (dims,
+            // dtype and alignment checked just above), alive for this call.
+            #[allow(clippy::cast_ptr_alignment)]
+            let t = unsafe { std::slice::from_raw_parts(c.data.cast::<i32>(), 2) };
+            let (Ok(under), Ok(over)) = (u32::try_from(t[0]), u32::try_from(t[1])) else {
+                return Err(Error::InvalidArgument(format!("hostfeed_stats: bad cast thresholds {t:?}")));
+            };
+            if under >= 0x7f80_0000 || over > 0x7f80_0000 {
+                return Err(Error::InvalidArgument(format!("hostfeed_stats: bad cast thresholds {t:?}")));
+            }
+            Some(summary::Cast { under, over })
+        }
+        _ => {
+            return Err(Error::InvalidArgument(format!(
+                "hostfeed_stats: a row of {} statistics takes the value alone, one of {} the value and \
+                 two int32 cast thresholds; got rows of {width}",
+                summary::STATS,
+                summary::CAST_STATS
+            )))
+        }
+    };
+    if let Some((x, out)) = rows::<f32>("hostfeed_stats", &x, &out, width)? {
+        summary::stats_rows(x, out, cast);
     }
     Ok(())
 }

@@ -301,6 +301,13 @@ impl HostBuffer {
         Ok(HostBuffer { storage: Storage::Heap(raw), len })
     }
 
+    /// Whether the bytes are this buffer's own heap (or inline) memory: not a pinned block
+    /// a pool lent, nor bytes someone else owns.
+    #[must_use]
+    pub(crate) fn is_plain_heap(&self) -> bool {
+        matches!(self.storage, Storage::Heap(_) | Storage::Inline(_))
+    }
+
     /// The `len` bytes at `ptr`, owned by `keeper`: no copy.
     ///
     /// # Safety

@@ -81,7 +81,9 @@ pub(crate) fn call_on_device_thread(
     mut msg: Message,
     outs: Vec<OutBuf>,
 ) -> Result<(), Error> {
-    let plain = msg.flags & !FLAG_STATUS_OUTPUT == 0 && msg.host.is_none();
+    // A plain call, or a synchronous tap (a call without results whose host function is a
+    // tap function's).
+    let plain = msg.flags & !(FLAG_STATUS_OUTPUT | FLAG_SYNC_TAP) == 0 && msg.host.is_none();
     if timeout_ms > 0 || !plain || !INLINE_CALLS.load(Ordering::Relaxed) || stall_reason(hub).is_some() {
         return await_reply(hub, name, timeout_ms, msg, outs);
     }
@@ -163,7 +165,7 @@ pub(crate) fn waiting_computation(flags: i64) -> &'static str {
 mod tests {
     use super::*;
     use crate::host::hub::{Consume, Worker};
-    use crate::host::message::gather;
+    use crate::host::message::{gather, FLAG_SHARD};
     use crate::host::sync::lock;
     use std::sync::{mpsc, Condvar, Mutex};
 
@@ -196,6 +198,53 @@ mod tests {
     fn request(consumer_id: i64) -> Message {
         // SAFETY: no operands are read.
         unsafe { gather(consumer_id, 0, 0, std::iter::empty()) }.unwrap()
+    }
+
+    /// Answers every request, noting where it ran: `("inline", id)` on the device's
+    /// thread, `("queue", id)` on the consumer's.
+    struct Where {
+        log: Mutex<Vec<(&'static str, i64)>>,
+    }
+
+    impl Consume for Where {
+        fn run(&self, worker: &Worker) {
+            while let Some(batch) = worker.next_batch() {
+                while let Some(m) = batch.take() {
+                    lock(&self.log).push(("queue", m.consumer_id));
+                    if let Some(slot) = &m.reply {
+                        slot.reply_with(|_| Ok(()));
+                    }
+                }
+            }
+        }
+
+        fn run_inline(&self, msg: Message) -> Result<(), Message> {
+            lock(&self.log).push(("inline", msg.consumer_id));
+            if let Some(slot) = &msg.reply {
+                slot.reply_with(|_| Ok(()));
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_synchronous_tap_with_nothing_pending_runs_on_the_devices_thread() {
+        let r: &'static Hub = Box::leak(Box::new(Hub::new(1 << 20)));
+        let c = Arc::new(Where { log: Mutex::new(Vec::new()) });
+        r.configure(c.clone());
+        r.push(request(1)).unwrap();
+        assert!(r.wait_processed(r.queue.enqueued(), Duration::from_secs(30)).unwrap());
+        let sync_tap = |id: i64, flags: i64| {
+            // SAFETY: no operands are read.
+            unsafe { gather(id, FLAG_SYNC_TAP | flags, 0, std::iter::empty()) }.unwrap()
+        };
+        // A synchronous tap (a call without results): on the device's thread, as a call.
+        call_on_device_thread(r, b"tap", 0, sync_tap(2, 0), Vec::new()).unwrap();
+        // A joined one's part waits for its set: the consumer's; so does one with a limit.
+        call_on_device_thread(r, b"part", 0, sync_tap(3, FLAG_SHARD), Vec::new()).unwrap();
+        call_on_device_thread(r, b"timed", 30_000, sync_tap(4, 0), Vec::new()).unwrap();
+        assert_eq!(*lock(&c.log), vec![("queue", 1), ("inline", 2), ("queue", 3), ("queue", 4)]);
+        r.stop(Some(Duration::from_secs(30))).unwrap();
     }
 
     #[test]

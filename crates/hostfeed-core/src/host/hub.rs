@@ -260,11 +260,12 @@ impl Hub {
         }
     }
 
-    /// Runs a plain `call` request on the calling thread (the device's, which waits for the
-    /// reply anyway) when nothing else is pending: no message is queued or being processed
-    /// (so the device's earlier taps have all run) and the consumer thread holds no batch
-    /// (one host function at a time: the consumer waits for this run before it takes the
-    /// next). The reply slot is answered when this returns `Ok`.
+    /// Runs a plain `call` request (or a synchronous tap) on the calling thread (the
+    /// device's, which waits for the reply anyway) when nothing else is pending: no message
+    /// is queued or being processed (so the device's earlier taps have all run), the
+    /// consumer thread holds no batch and no other device's thread runs one (one host
+    /// function at a time: the consumer waits for this run before it takes the next). The
+    /// reply slot is answered when this returns `Ok`.
     ///
     /// # Errors
     /// The message, untouched, when it must go through the queue instead.
@@ -282,7 +283,10 @@ impl Hub {
         if !idle() && !spin_until(INLINE_IDLE_SPIN, idle) {
             return Err(msg);
         }
-        self.inline.store(generation + 1, Ordering::SeqCst);
+        // One host function at a time: not while another device's thread runs one here.
+        if self.inline.compare_exchange(0, generation + 1, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+            return Err(msg);
+        }
         let idle = idle();
         let outcome = if idle {
             let now = self.timing.raw_now();
@@ -681,6 +685,8 @@ impl Hub {
         }
         self.queue.reset_after_fork();
         self.mark_idle();
+        // (An inline run of the parent's: its thread is not here.)
+        self.inline.store(0, Ordering::SeqCst);
     }
 
     /// Processes what is queued (restarting the consumer once after abandoning a stuck

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use crate::ffi::c_api::dtype as xla;
 use crate::host::buffer::HostBuffer;
@@ -46,13 +46,36 @@ pub(crate) struct RowMeta {
 /// Bytes kept for rows until they are written; releases its charge when dropped.
 pub(crate) struct Payload {
     pub(crate) buf: HostBuffer,
-    pub(crate) charged: usize,
+    /// Bytes charged against the budget (released early by [`Payload::uncharge`]: rows a
+    /// recorder's window keeps count against the window's bound instead).
+    pub(crate) charged: AtomicUsize,
     pub(crate) budget: Arc<dyn Budget>,
+}
+
+impl Payload {
+    /// Bytes `buf` kept for rows, charged `charged` bytes against `budget`.
+    pub(crate) fn new(buf: HostBuffer, charged: usize, budget: Arc<dyn Budget>) -> Self {
+        Payload { buf, charged: AtomicUsize::new(charged), budget }
+    }
+
+    /// Bytes `buf` kept for rows with no charge (a copy a window made), for the budget of
+    /// `like`.
+    pub(crate) fn uncharged(buf: HostBuffer, like: &Payload) -> Self {
+        Payload::new(buf, 0, Arc::clone(&like.budget))
+    }
+
+    /// Releases the charge now (the bytes are counted elsewhere from now on).
+    pub(crate) fn uncharge(&self) {
+        let charged = self.charged.swap(0, Ordering::AcqRel);
+        if charged > 0 {
+            self.budget.release(charged);
+        }
+    }
 }
 
 impl Drop for Payload {
     fn drop(&mut self) {
-        self.budget.release(self.charged);
+        self.uncharge();
     }
 }
 
@@ -91,7 +114,6 @@ pub(crate) struct ArrayState {
     pub(crate) frontier: u64,
     /// Rows announced in `zarr.json`.
     pub(crate) committed: u64,
-    pub(crate) last_commit: Instant,
     /// Metadata of rows `meta_first..received`.
     pub(crate) meta: Vec<RowMeta>,
     pub(crate) meta_first: u64,
@@ -128,7 +150,6 @@ impl ArrayState {
             done: BTreeMap::new(),
             frontier: 0,
             committed: 0,
-            last_commit: Instant::now(),
             meta: Vec::new(),
             meta_first: 0,
             failed: false,

@@ -28,6 +28,8 @@ use crate::record::storelock::Access;
 
 pub(crate) mod api;
 mod cloud;
+#[cfg(test)]
+mod conformance;
 pub(crate) mod fs;
 mod memory;
 pub(crate) mod root;

@@ -70,6 +70,9 @@ pub(crate) struct Catalogue {
     /// What the rows of an array summarize (`hostfeed.reduce` in its attributes: the
     /// statistics' names, a histogram's edges), by array name.
     summaries: Mutex<HashMap<String, Value>>,
+    /// The names of the axes of an array's rows (`hostfeed.axes` in its attributes: a
+    /// named array's, as `hostfeed.capture` records it), by array name.
+    axes: Mutex<HashMap<String, Value>>,
 }
 
 impl Catalogue {
@@ -82,6 +85,7 @@ impl Catalogue {
             parted: Mutex::new(HashMap::new()),
             transforms: Mutex::new(vec!["[]".to_string()]),
             summaries: Mutex::new(HashMap::new()),
+            axes: Mutex::new(HashMap::new()),
         }
     }
 
@@ -104,6 +108,22 @@ impl Catalogue {
     /// Rows received, over all arrays.
     pub(crate) fn rows_received(&self) -> u64 {
         read_lock(&self.arrays).iter().map(|a| lock(&a.state).received).sum()
+    }
+
+    /// Rows received by array `name` (those it held when resumed included), the most of
+    /// its parts' for a parted array; `None` if no array has that name.
+    pub(crate) fn rows_received_by(&self, name: &str) -> Option<u64> {
+        self.rows_received_and(name, |_| 0)
+    }
+
+    /// [`rows_received_by`](Self::rows_received_by), each array (part) counting `more`
+    /// of its id besides (rows a window took in its place).
+    pub(crate) fn rows_received_and(&self, name: &str, more: impl Fn(ArrayId) -> u64) -> Option<u64> {
+        read_lock(&self.arrays)
+            .iter()
+            .filter(|a| a.name == name)
+            .map(|a| lock(&a.state).received + more(a.id))
+            .max()
     }
 
     /// Declares array `name` with rows of `row_shape` and `dtype`: checks the name against
@@ -283,6 +303,9 @@ impl Catalogue {
         if let Some(summary) = lock(&self.summaries).get(&a.name) {
             hostfeed["reduce"] = summary.clone();
         }
+        if let Some(axes) = lock(&self.axes).get(&a.name) {
+            hostfeed["axes"] = axes.clone();
+        }
         json!({"coordinates": coords.join(" "), "hostfeed": hostfeed})
     }
 
@@ -306,6 +329,21 @@ impl Catalogue {
                 Ok(())
             }
         }
+    }
+
+    /// Names the axes of array `name`'s rows, as
+    /// [`Recorder::describe_axes`](crate::record::recorder::Recorder::describe_axes) (or
+    /// as the attributes of a store appended to say); a later description replaces it.
+    ///
+    /// # Errors
+    /// Text that is not a JSON array of strings and nulls.
+    pub(crate) fn describe_axes(&self, name: &str, axes: &str) -> Result<(), RecordError> {
+        let value: Value = serde_json::from_str(axes)
+            .ok()
+            .filter(|v: &Value| v.as_array().is_some_and(|a| a.iter().all(|x| x.is_string() || x.is_null())))
+            .ok_or_else(|| RecordError::Invalid(format!("axis names must be a JSON array of strings, got {axes:?}")))?;
+        lock(&self.axes).insert(name.to_string(), value);
+        Ok(())
     }
 
     /// The index of a transforms description (JSON) in the table.

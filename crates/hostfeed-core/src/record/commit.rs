@@ -1,10 +1,12 @@
 //! Commits: announcing the rows written so far in `zarr.json` (an array's per-row metadata
-//! first, so that its metadata arrays never hold fewer rows than it), at every flush and,
-//! from the ticker thread, every `commit_interval`; and the documents of a parted array,
-//! which only its committer writes.
+//! first, so that its metadata arrays never hold fewer rows than it), at every flush and
+//! at every *live cycle* of the ticker thread (see [`Committer::cycle_due`]); and the
+//! documents of a parted array, which only its committer writes.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -12,6 +14,7 @@ use serde_json::json;
 use crate::error::RecordError;
 use crate::host::sync::lock;
 use crate::record::arrays::{meta_specs, ArrayHandle, ArrayState, MetaTail, META_ANNOUNCE_ROWS_OBJECTS};
+use crate::record::common::ArrayId;
 use crate::record::catalogue::Catalogue;
 use crate::record::common::{as_u64, as_usize};
 use crate::record::failures::Failures;
@@ -20,18 +23,92 @@ use crate::record::zarr::{self, ArraySpec, Codec};
 
 /// See the module documentation.
 pub(crate) struct Committer {
-    /// Announce written rows at least this often (besides every flush).
+    /// Every row is announced within this long of reaching the recorder (besides every
+    /// flush): the `commit_interval`.
     interval: Duration,
     /// Metadata commits (`zarr.json` replaced).
     commits: AtomicU64,
     /// Whether the metadata arrays' rows are announced exactly ([`Committer::announce_exactly`]).
     exact: AtomicBool,
+    /// The live cycles: when the last began, and the rows each array is to announce once
+    /// written.
+    live: Mutex<Live>,
+    /// Rows announced of each parted array, by name (never fewer than before).
+    parted: Mutex<HashMap<String, u64>>,
 }
 
+/// The live cycles' state ([`Committer::cycle_due`]).
+struct Live {
+    /// When the last cycle began.
+    last: Instant,
+    /// Arrays whose rows up to a target are being written for a cycle: announced once
+    /// written.
+    waiting: Vec<(Arc<ArrayHandle>, u64)>,
+}
+
+/// What the ticker leaves for the writes of a cycle before its interval ends: the
+/// writes and the commit on a local disk take milliseconds, and the ticker looks every
+/// [`TICK`](crate::record::writer::TICK).
+const CYCLE_LEAD: Duration = Duration::from_millis(100);
+
 impl Committer {
-    /// A committer that commits every `interval` (and at every flush).
+    /// A committer whose every row is announced within `interval` of its arrival (and at
+    /// every flush).
     pub(crate) fn new(interval: Duration) -> Self {
-        Committer { interval, commits: AtomicU64::new(0), exact: AtomicBool::new(false) }
+        Committer {
+            interval,
+            commits: AtomicU64::new(0),
+            exact: AtomicBool::new(false),
+            live: Mutex::new(Live { last: Instant::now(), waiting: Vec::new() }),
+            parted: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether a live cycle is due; if so, it begins now. A cycle hands every array's rows
+    /// received and not yet announced to the writers, a partial chunk (shard) included,
+    /// and announces them once written ([`Committer::expect`],
+    /// [`Committer::take_written`]): so every row is readable within `commit_interval` of
+    /// reaching the recorder, however large its chunk, with no flush. Cycles begin
+    /// `commit_interval` apart, less [`CYCLE_LEAD`] (the time the writes and the commit
+    /// take on a local disk), so an array's partial chunk is written at most once a
+    /// cycle: in place on a file system (only its new rows), put again whole where objects
+    /// are (compressed chunks, object stores).
+    pub(crate) fn cycle_due(&self) -> bool {
+        let period = self.interval.saturating_sub(CYCLE_LEAD.min(self.interval / 10));
+        let mut live = lock(&self.live);
+        if live.last.elapsed() < period {
+            return false;
+        }
+        live.last = Instant::now();
+        true
+    }
+
+    /// The arrays a cycle leaves out: those still writing the rows of an earlier one.
+    pub(crate) fn in_flight(&self) -> Vec<ArrayId> {
+        lock(&self.live).waiting.iter().map(|(a, _)| a.id).collect()
+    }
+
+    /// Notes that each array of `targets` is to announce its rows up to its target once
+    /// they are written.
+    pub(crate) fn expect(&self, targets: Vec<(Arc<ArrayHandle>, u64)>) {
+        lock(&self.live).waiting.extend(targets);
+    }
+
+    /// The arrays whose cycle's rows are written (or whose writes failed), no longer
+    /// waited for.
+    pub(crate) fn take_written(&self) -> Vec<Arc<ArrayHandle>> {
+        let mut live = lock(&self.live);
+        let (done, left): (Vec<_>, Vec<_>) = std::mem::take(&mut live.waiting).into_iter().partition(|(a, target)| {
+            let st = lock(&a.state);
+            st.frontier >= *target || st.failed
+        });
+        live.waiting = left;
+        done.into_iter().map(|(a, _)| a).collect()
+    }
+
+    /// The targets of the cycles not written yet.
+    pub(crate) fn waiting(&self) -> Vec<(Arc<ArrayHandle>, u64)> {
+        lock(&self.live).waiting.clone()
     }
 
     /// Commits so far.
@@ -39,22 +116,15 @@ impl Committer {
         self.commits.load(Ordering::Relaxed)
     }
 
-    /// Announces the rows written so far in `zarr.json` (per-row metadata first), if due
-    /// (`force`: a flush's, always); a failure fails the array.
-    pub(crate) fn commit(
-        &self,
-        store: &dyn Store,
-        catalogue: &Catalogue,
-        failures: &Failures,
-        a: &ArrayHandle,
-        force: bool,
-    ) {
+    /// Announces the rows written so far in `zarr.json` (per-row metadata first); a
+    /// failure fails the array.
+    pub(crate) fn commit(&self, store: &dyn Store, catalogue: &Catalogue, failures: &Failures, a: &ArrayHandle) {
         let mut st = lock(&a.state);
         let rows = st.frontier;
         // Closing: metadata arrays announced past the rows are announced exactly.
         let exact = self.exact.load(Ordering::Relaxed);
         let settle = exact && st.meta_announced != Some(rows) && a.spec.part.is_none();
-        if (rows == st.committed && !settle) || st.failed || (!force && st.last_commit.elapsed() < self.interval) {
+        if (rows == st.committed && !settle) || st.failed {
             return;
         }
         match commit_locked(store, catalogue, a, &mut st, rows, exact) {
@@ -72,20 +142,16 @@ impl Committer {
     }
 
     /// [`Committer::commit`] of every array of `catalogue`.
-    pub(crate) fn commit_all(
-        &self,
-        store: &dyn Store,
-        catalogue: &Catalogue,
-        failures: &Failures,
-        force: bool,
-    ) {
+    pub(crate) fn commit_all(&self, store: &dyn Store, catalogue: &Catalogue, failures: &Failures) {
         for a in &catalogue.all() {
-            self.commit(store, catalogue, failures, a, force);
+            self.commit(store, catalogue, failures, a);
         }
     }
 
     /// Announces `rows` rows of the parted array whose first part is `a` (see
-    /// [`write_parted_metadata`]).
+    /// [`write_parted_metadata`]), unless as many are announced already: the ticker's
+    /// live cycles and the program's flushes both announce, one at a time, and never
+    /// fewer rows than before.
     ///
     /// # Errors
     /// I/O errors.
@@ -96,7 +162,12 @@ impl Committer {
         a: &ArrayHandle,
         rows: u64,
     ) -> Result<(), RecordError> {
+        let mut announced = lock(&self.parted);
+        if announced.get(&a.name).is_some_and(|&n| n >= rows) {
+            return Ok(());
+        }
         write_parted_metadata(store, catalogue, a, rows).map_err(|e| e.context(&a.context()))?;
+        announced.insert(a.name.clone(), rows);
         self.commits.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -158,7 +229,6 @@ fn commit_locked(
         }
     }
     st.committed = rows;
-    st.last_commit = Instant::now();
     // Forget metadata that is on disk.
     st.meta.drain(..hi);
     st.meta_first = rows;

@@ -67,7 +67,9 @@ pub struct Options {
     pub writers: usize,
     /// fsync chunk files and metadata (survive an OS crash, not just a killed process).
     pub durable: bool,
-    /// Announce written rows at least this often (besides every flush).
+    /// Every row received is announced within this long (besides every flush), its
+    /// partial chunk written by a live cycle if need be; `Duration::MAX`: at flushes only.
+    /// While it is finite, an object put whole (object stores) holds few large rows.
     pub commit_interval: Duration,
     /// Chunk key separator: `/` (nested directories) or `.` (flat file names).
     pub sep: char,

@@ -21,6 +21,8 @@
 //!   transforms table, summaries);
 //! - [`failures`]: the errors a recorder's next flush reports;
 //! - [`commit`]: announcing written rows in `zarr.json`;
+//! - [`window`]: the flight recorder's window (rows of the last steps kept in memory) and
+//!   its triggers (which write them, listed in the store's root attributes);
 //! - `writer`: the writer and ticker threads, the encoding of chunks;
 //! - [`recorder`]: the recorder itself, composing those parts (its documentation tells how a
 //!   record travels; its own files: declaring arrays, routing rows, flush and close, parted
@@ -42,5 +44,6 @@ pub(crate) mod storelock;
 #[cfg(test)]
 mod tests;
 pub(crate) mod trace;
+pub(crate) mod window;
 mod writer;
 pub(crate) mod zarr;

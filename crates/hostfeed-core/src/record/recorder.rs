@@ -35,9 +35,13 @@
 //!   fewer rows than it.
 //!
 //! Completed row ranges advance each array's contiguous *frontier*; a *commit* announces
-//! the frontier. Commits happen at every flush ([`Recorder::flush_end`]) and, from the ticker thread,
-//! every `commit_interval`. Nothing is fsynced unless `durable` is set (the page cache
-//! survives a killed process; `durable` also survives an OS crash).
+//! the frontier. Commits happen at every flush ([`Recorder::flush_end`]) and at every *live
+//! cycle* of the ticker thread, `commit_interval` apart: a cycle hands the rows each array
+//! received and has not announced to the writers, a partial chunk included (appended in
+//! place, or put again whole), and announces them once written, so every row is readable
+//! within `commit_interval` of its arrival with no flush. Nothing is fsynced unless
+//! `durable` is set (the page cache survives a killed process; `durable` also survives an
+//! OS crash).
 //!
 //! ## Layout of a store
 //!
@@ -65,13 +69,14 @@
 //! `recorder/declare.rs` (declaring arrays), `recorder/route.rs` (rows to chunks to
 //! jobs), `recorder/rows.rs` (rows given by Python), `recorder/flush.rs` (flush, close,
 //! the ticker's work), `recorder/parts.rs` (parted arrays), `recorder/resume.rs`
-//! (appending to a store). Its store and the store's lock come from the store's back-end
+//! (appending to a store), `recorder/flight.rs` (its [`Window`]: rows kept in memory and
+//! the triggers that write them). Its store and the store's lock come from the store's back-end
 //! (`backend.rs`: the root prepared under the lock). Above it,
 //! `sinks.rs` routes messages to it.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::RecordError;
 use crate::host::buffer::PoolReservation;
@@ -92,10 +97,12 @@ use crate::record::objects::Objects;
 use crate::record::store::Store;
 use crate::record::storelock::Access;
 use crate::record::trace;
+use crate::record::window::Window;
 use crate::record::writer::Writers;
 use crate::record::zarr::{self, Codec};
 
 mod declare;
+mod flight;
 mod flush;
 mod parts;
 mod resume;
@@ -162,6 +169,9 @@ pub struct Recorder {
     /// budget: queued rows, and pending ones up to half of it before it spills); released
     /// at close.
     pool_reservation: Mutex<Option<PoolReservation>>,
+    /// The flight recorder: rows kept in memory, triggers that write them (`record/window`;
+    /// `recorder/flight.rs`), once configured.
+    window: OnceLock<Window>,
 }
 
 impl Recorder {
@@ -283,6 +293,7 @@ impl Recorder {
             fork_generation: FORK_GENERATION.load(Ordering::SeqCst),
             closed: AtomicBool::new(false),
             pool_reservation: Mutex::new(None),
+            window: OnceLock::new(),
         });
         let mut started = Ok(());
         for i in 0..=writers {

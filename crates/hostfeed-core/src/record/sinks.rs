@@ -147,12 +147,18 @@ impl Sink {
             rec.report(RecordError::Invalid(format!("hostfeed internal error: {p}")));
             return;
         }
+        // The last row takes the payload itself: a message of one row is its row's alone
+        // (a recorder's window keeps such a buffer instead of copying the row).
+        let mut payload = Some(payload);
+        let last = (self.lanes * rows.len()).saturating_sub(1);
         for lane in 0..self.lanes {
             let step = steps.get(lane).or(steps.first()).copied().unwrap_or(-1);
             let meta = rec.meta(step, device, self.transforms);
-            for (a, offset) in &rows {
+            for (k, (a, offset)) in rows.iter().enumerate() {
                 let len = a.spec.row_bytes();
-                let row = Row { payload: Arc::clone(&payload), offset: offset + lane * len, len, meta };
+                let held = if lane * rows.len() + k == last { payload.take() } else { payload.clone() };
+                let Some(held) = held else { continue };
+                let row = Row { payload: held, offset: offset + lane * len, len, meta };
                 rec.route_row(a, row);
             }
         }

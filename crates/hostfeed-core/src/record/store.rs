@@ -81,7 +81,8 @@ pub(crate) trait Store: Send + Sync {
     /// `dir` cannot be listed.
     fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>>;
 
-    /// Removes the object at `path`, or everything below it.
+    /// Removes the object at `path`, or everything below it; nothing there is no error
+    /// (removing twice succeeds, as in an object store).
     ///
     /// # Errors
     /// The OS's.
@@ -211,10 +212,10 @@ impl Store for FsStore {
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
-        if path.is_dir() && !path.is_symlink() {
-            fs::remove_dir_all(path)
-        } else {
-            fs::remove_file(path)
+        let removed = if path.is_dir() && !path.is_symlink() { fs::remove_dir_all(path) } else { fs::remove_file(path) };
+        match removed {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            other => other,
         }
     }
 

@@ -192,6 +192,30 @@ impl StoreLock {
         }
     }
 
+    /// Whether a recorder holds the store at `root` now, read only: its lock taken
+    /// exclusively, or shared by the recorders of a run (the lock file names the run, and
+    /// someone besides this look holds it). Takes nothing a recorder could wait for beyond
+    /// an instant (a look is what `lock_exclusive` gives [`READER_GRACE`] to); a store
+    /// without a lock file, or whose file names no run and is free, is not held.
+    pub(crate) fn is_held(root: &Path) -> bool {
+        let path = root.join(LOCK_FILE);
+        let Ok(file) = OpenOptions::new().read(true).open(&path) else { return false };
+        match flock(&file, libc::LOCK_SH | libc::LOCK_NB) {
+            Err(e) => e.raw_os_error() == Some(libc::EWOULDBLOCK),
+            Ok(()) if read_holder(&path).is_some_and(|h| h.group.is_some()) => {
+                // A run holds it shared, or held it and crashed (the file stays): alone, this
+                // look may turn its shared lock exclusive.
+                let alone = flock(&file, libc::LOCK_EX | libc::LOCK_NB).is_ok();
+                let _ = flock(&file, libc::LOCK_UN);
+                !alone
+            }
+            Ok(()) => {
+                let _ = flock(&file, libc::LOCK_UN);
+                false
+            }
+        }
+    }
+
     /// Takes the lock of the store at `root` (an existing directory) for `access`.
     ///
     /// # Errors

@@ -133,6 +133,34 @@ fn rows_survive_flushes_in_the_middle_of_a_chunk() {
 }
 
 #[test]
+fn rows_are_counted_per_array_and_axis_names_kept_in_its_attributes_across_an_append() {
+    let root = temp_root("rows_axes");
+    let rec = create_new(&root).unwrap();
+    rec.describe_axes("g/a", r#"["batch", "embed"]"#).unwrap();
+    assert!(rec.describe_axes("g/a", r#"{"batch": 2}"#).is_err(), "not an array of names");
+    assert!(rec.describe_axes("g/a", r#"["batch", 2]"#).is_err(), "not an array of names");
+    let a = rec.declare("g/a", xla::S32, &[2]).unwrap();
+    let b = rec.declare("g/b", xla::S32, &[2]).unwrap();
+    assert_eq!((rec.rows_received("g/a"), rec.rows_received("nope")), (Some(0), None));
+    for r in 0..3u32 {
+        rec.append(a, &int_row(r), r.into(), 0, 0).unwrap();
+    }
+    rec.append(b, &int_row(9), 0, 0, 0).unwrap();
+    assert_eq!((rec.rows_received("g/a"), rec.rows_received("g/b")), (Some(3), Some(1)));
+    rec.close().unwrap();
+    assert_eq!(json_at(&root.join("g/a"))["attributes"]["hostfeed"]["axes"], json!(["batch", "embed"]));
+    assert!(json_at(&root.join("g/b"))["attributes"]["hostfeed"].get("axes").is_none());
+    let append = Mode::Append { resume_after_step: None };
+    let rec = Recorder::create(&root, append, Options::default(), Arc::new(Counter::default())).unwrap();
+    assert_eq!(rec.rows_received("g/a"), Some(3), "a resumed array counts the rows it holds");
+    let b = rec.declare("g/b", xla::S32, &[2]).unwrap();
+    rec.append(b, &int_row(10), 1, 0, 0).unwrap();
+    rec.close().unwrap();
+    assert_eq!(json_at(&root.join("g/a"))["attributes"]["hostfeed"]["axes"], json!(["batch", "embed"]));
+    let _ = fs::remove_dir_all(&root);
+}
+
+#[test]
 fn rows_that_reach_a_closed_recorder_are_counted_for_the_program() {
     let root = temp_root("late");
     let rec = create_new(&root).unwrap();
@@ -449,7 +477,9 @@ fn part_message(part: i32, values: &[i32], step: i32, device: i32) -> Message {
 fn parted_arrays_write_each_part_in_its_own_chunks_and_announce_what_all_parts_have() {
     let root = temp_root("parted");
     let budget = Arc::new(Counter::default());
-    let opts = Options { chunk_bytes: 16, ..Options::default() }; // 8-byte slices, 2 rows a chunk
+    // 8-byte slices, 2 rows a chunk; announced only as the test says (a store of one process
+    // has its live cycles announce what every part has).
+    let opts = Options { chunk_bytes: 16, commit_interval: Duration::MAX, ..Options::default() };
     let rec = Recorder::create(&root, Mode::Create, opts, budget.clone()).unwrap();
     let ids = rec.declare_parted("g/h", xla::S32, &[1, 2], 2, true).unwrap();
     assert_eq!(ids.len(), 2);

@@ -193,61 +193,91 @@ impl Writers {
                     g = self.work.wait(g);
                 }
             };
-            let a = Arc::clone(&job.array);
-            let key = job.key();
-            let bytes = job.rows.len() * a.spec.row_bytes();
-            let streamed = a.spec.inner_rows.is_some() && store.streams();
-            // A panic must not lose the job's bookkeeping (a flush would wait for it forever).
-            let result = trace::traced_write(&a.name, job.chunk, bytes, || {
-                catch_unwind(AssertUnwindSafe(|| {
-                    if streamed {
-                        self.write_streamed(store, &job)
-                    } else {
-                        write_chunk(store, &job, &self.shard_index, &self.tails)
-                            .map(|()| Some((job.first_row, job.end_row())))
+            self.run(store, failures, job);
+        }
+    }
+
+    /// Writes jobs on the calling thread (the ticker's, at its own priority: the writers'
+    /// is lowered) until every array of `targets` has written its target rows or failed,
+    /// no job it may take is left, or `timeout` has passed: a live cycle's small writes on
+    /// a busy machine, where lowered writer threads may wait long for the CPU.
+    pub(crate) fn help(
+        &self,
+        store: &dyn Store,
+        failures: &Failures,
+        targets: &[(Arc<ArrayHandle>, u64)],
+        timeout: Duration,
+    ) {
+        let deadline = Instant::now() + timeout;
+        let done = || {
+            targets.iter().all(|(a, target)| {
+                let st = lock(&a.state);
+                st.frontier >= *target || st.failed
+            })
+        };
+        while Instant::now() < deadline && !done() {
+            let Some(job) = lock(&self.state).next_job() else { return };
+            self.run(store, failures, job);
+        }
+    }
+
+    /// Writes `job` (one taken with [`PoolState::next_job`]) and does its bookkeeping: the
+    /// array's frontier, or its failure; the job finished, the waiters woken.
+    fn run(&self, store: &dyn Store, failures: &Failures, job: Job) {
+        let a = Arc::clone(&job.array);
+        let key = job.key();
+        let bytes = job.rows.len() * a.spec.row_bytes();
+        let streamed = a.spec.inner_rows.is_some() && store.streams();
+        // A panic must not lose the job's bookkeeping (a flush would wait for it forever).
+        let result = trace::traced_write(&a.name, job.chunk, bytes, || {
+            catch_unwind(AssertUnwindSafe(|| {
+                if streamed {
+                    self.write_streamed(store, &job)
+                } else {
+                    write_chunk(store, &job, &self.shard_index, &self.tails)
+                        .map(|()| Some((job.first_row, job.end_row())))
+                }
+            }))
+            .unwrap_or_else(|_| {
+                lock(&self.uploads).remove(&key);
+                Err(RecordError::Invalid("hostfeed internal error: a panic while writing a chunk".into()))
+            })
+        });
+        // The rows are on disk (or failed): their bytes no longer count.
+        drop(job);
+        {
+            let mut st = lock(&a.state);
+            match result {
+                Ok(durable) => {
+                    self.bytes_written.fetch_add(as_u64(bytes), Ordering::Relaxed);
+                    self.chunks_written.fetch_add(1, Ordering::Relaxed);
+                    // Rows of a streamed shard are durable once its object is complete.
+                    if let Some((first, end)) = durable {
+                        st.done.insert(first, end);
                     }
-                }))
-                .unwrap_or_else(|_| {
-                    lock(&self.uploads).remove(&key);
-                    Err(RecordError::Invalid("hostfeed internal error: a panic while writing a chunk".into()))
-                })
-            });
-            // The rows are on disk (or failed): their bytes no longer count.
-            drop(job);
-            {
-                let mut st = lock(&a.state);
-                match result {
-                    Ok(durable) => {
-                        self.bytes_written.fetch_add(as_u64(bytes), Ordering::Relaxed);
-                        self.chunks_written.fetch_add(1, Ordering::Relaxed);
-                        // Rows of a streamed shard are durable once its object is complete.
-                        if let Some((first, end)) = durable {
-                            st.done.insert(first, end);
-                        }
-                        loop {
-                            let f = st.frontier;
-                            match st.done.remove(&f) {
-                                Some(end) => st.frontier = end,
-                                None => break,
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        if !st.failed {
-                            failures.record(&a, &mut st, e);
+                    loop {
+                        let f = st.frontier;
+                        match st.done.remove(&f) {
+                            Some(end) => st.frontier = end,
+                            None => break,
                         }
                     }
                 }
+                Err(e) => {
+                    if !st.failed {
+                        failures.record(&a, &mut st, e);
+                    }
+                }
             }
-            let mut g = lock(&self.state);
-            g.finish(key);
-            let more = !g.jobs.is_empty();
-            drop(g);
-            self.finished.notify_all();
-            if more {
-                // A job of the chunk just finished may be next.
-                self.work.notify_one();
-            }
+        }
+        let mut g = lock(&self.state);
+        g.finish(key);
+        let more = !g.jobs.is_empty();
+        drop(g);
+        self.finished.notify_all();
+        if more {
+            // A job of the chunk just finished may be next.
+            self.work.notify_one();
         }
     }
 

@@ -6,13 +6,16 @@ name, without editing the model (Flax NNX, Flax Linen, Equinox).
 - :mod:`.calls`: what is recorded around one call (``Recorder.record`` of each array input
   and output, under ``MODULE/output``, ``MODULE/input.0``, ...), and ``Capturing``, the
   Flax model whose calls capture;
+- :mod:`.watch`: each capture watched until it records a row; a ``CaptureWarning`` at the
+  next ``barrier_wait`` or its recorder's ``close`` says why one recorded nothing;
 - :mod:`.nnx`, :mod:`.linen`, :mod:`.equinox`: each library's hook (a patched ``__call__``
   while capturing, ``nn.intercept_methods``, a wrapper module in the pytree), imported
-  only for a model of that library: Flax and Equinox are optional (``hostfeed[flax]``,
-  ``hostfeed[equinox]``).
+  only for a model of that library: Flax and Equinox are optional (``pip install flax``,
+  ``pip install equinox``; in hostfeed's checkout ``pip install '.[flax]'``).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from types import ModuleType
 from typing import Any, Optional
@@ -22,8 +25,9 @@ import numpy as np
 from .. import settings
 from .calls import CaptureSpec, Capturing, summary_suffix
 from .selection import Select, Selector
+from .watch import CaptureWarning, enroll, watch
 
-__all__ = ["capture", "Capturing"]
+__all__ = ["capture", "Capturing", "CaptureWarning"]
 
 # library -> (hostfeed module, what it is called in messages, the extra that installs it,
 # the distribution)
@@ -37,12 +41,12 @@ _LIBRARIES = {
 def _library(model: Any) -> Optional[str]:
     """Which library ``model`` is a module of, from its classes' modules (nothing imported)."""
     model = model.model if isinstance(model, Capturing) else model
-    for cls in type(model).__mro__:
-        where = getattr(cls, "__module__", "") or ""
+    wheres = [getattr(cls, "__module__", "") or "" for cls in type(model).__mro__]
+    if any(w.startswith("flax.linen") for w in wheres):
+        return "linen"  # Linen first: a Linen wrapper of an NNX module (nnx.bridge.ToLinen)
+    for where in wheres:
         if where.startswith("flax.nnx"):
             return "nnx"
-        if where.startswith("flax.linen"):
-            return "linen"
         if where.startswith("equinox"):
             return "equinox"
     return None
@@ -105,7 +109,7 @@ def capture(model: Any, recorder: Any, select: Select, *, step: Any = None,
             every: Optional[int] = None, start: Optional[int] = None,
             stop: Optional[int] = None, reduce: Any = None, axis: Any = None,
             inputs: bool = False, outputs: bool = True, prefix: Optional[str] = None,
-            cotangents: Optional[bool] = None) -> Any:
+            cotangents: Optional[bool] = None, keep: str = "always") -> Any:
     """Records the outputs (and/or inputs) of a model's submodules chosen by name, with
     ``recorder.record``, without editing the model: a Flax NNX or Linen model, or an
     Equinox model.
@@ -117,10 +121,14 @@ def capture(model: Any, recorder: Any, select: Select, *, step: Any = None,
     tuple, list or dict) and, with ``inputs=True``, ``input.0``, ... (positional
     arguments) and ``input.NAME`` (keyword arguments); ``reduce`` adds ``.stats`` or
     ``.hist``. Under ``grad`` the cotangents go to ``OUTPUT.cotangent`` as with every
-    record. The model's results are unchanged; its gradients are too, but for rounding
-    where cotangents are recorded (their records in the backward pass change how XLA
-    fuses the operations around them, as hand-placed records do): ``cotangents=False``
-    leaves them out, and the gradients bit for bit as without hostfeed.
+    record (a summary's, summarised the same way, to ``OUTPUT.cotangent.stats``, ...).
+    Arrays are found in any pytree a submodule returns or takes (named by their path: a
+    dataclass's fields); a node holding one array (a named array) is recorded as that
+    array, under its own name. The model's results are unchanged; its gradients are too,
+    but for rounding where cotangents are recorded (their records in the backward pass
+    change how XLA fuses the operations around them, as hand-placed records do):
+    ``cotangents=False`` leaves them out, and the gradients bit for bit as without
+    hostfeed.
 
     Use the result in place of the model, inside the function you jit (the step is
     usually traced there): for Equinox, a copy of the model with the selected submodules
@@ -146,6 +154,9 @@ def capture(model: Any, recorder: Any, select: Select, *, step: Any = None,
       cotangents: whether ``grad`` records the cotangents of the captured arrays (as
         :meth:`hostfeed.Recorder.record`'s ``cotangents``; None: the process's
         ``HOSTFEED_AD_TAPS``, which records them by default).
+      keep: ``"always"`` (default) or ``"window"``: every captured array's rows wait in
+        the recorder's window (``Recorder(..., window=N)``) and go to the store when a
+        trigger fires (needs ``step``; not with ``reduce``). See docs, "Debugging a run".
 
     Returns:
       The model with the capture on (see above).
@@ -153,13 +164,21 @@ def capture(model: Any, recorder: Any, select: Select, *, step: Any = None,
     Raises:
       ValueError: a pattern (or the predicate) selects nothing: the message lists the
         submodules there are (for Linen, those called, when the capture ends); after a
-        call of an NNX or Equinox model, none of the selected submodules was called; every=,
-        start= or stop= without step; a reduce= a record does not take.
+        call of what capture returned (NNX, Equinox), none of the selected submodules was
+        called; a selected submodule returned no array; a Linen wrapper of an NNX module
+        the capture cannot reach into; every=, start= or stop= without step; a reduce= a
+        record does not take.
       TypeError: ``model`` is not a module of those libraries (the message says what it
         is, and what to pass where that is known: a wrapper's ``.module``), or ``select``
         is not a pattern, a list of them or a callable.
       ImportError: the library of ``model`` cannot be imported (the message names the
-        extra to install: ``hostfeed[flax]``, ``hostfeed[equinox]``).
+        package to install: ``pip install flax`` or ``pip install equinox``).
+
+    Warns:
+      CaptureWarning: at the next ``barrier_wait`` (or the recorder's ``close``, or exit),
+        if the capture recorded no row: never used (the original model called in place of
+        what capture returned), no record taken, records traced but never compiled into
+        a computation that ran, or (at ``close``) no step selected by ``every=``.
 
     Example:
         >>> def loss_fn(model, x, y, step):                    # doctest: +SKIP
@@ -172,20 +191,44 @@ def capture(model: Any, recorder: Any, select: Select, *, step: Any = None,
         raise _not_a_model(model)
     impl = _load(library)
     spec = _spec(recorder, step, every, start, stop, reduce, axis, inputs, outputs, prefix,
-                 cotangents)
+                 cotangents, keep)
     selector = Selector(select, impl.SEP, _LIBRARIES[library][1])
+    inner = model.model if isinstance(model, Capturing) else model
+    inner = getattr(inner, "hostfeed_model", inner)  # an Equinox CapturedModel's
+    patterns = (f"a predicate ({getattr(select, '__name__', 'callable')})"
+                if selector.predicate is not None
+                else ", ".join(repr(p) for p in selector.patterns))
+    options = "".join(f", {k}={v!r}" for k, v in (
+        ("reduce", reduce), ("axis", axis), ("every", every), ("start", start),
+        ("stop", stop), ("inputs", spec.inputs), ("outputs", spec.outputs),
+        ("prefix", prefix), ("cotangents", spec.cotangents))
+        if v is not None and not (k == "inputs" and v is False)
+        and not (k == "outputs" and v is True))
+    spec = dataclasses.replace(spec, watch=watch(
+        recorder, f"hostfeed.capture({type(inner).__name__}, {patterns}{options})",
+        selecting=every is not None or start is not None or stop is not None))
     if library == "equinox":
-        return impl.capture(model, spec, selector, step)
-    earlier: tuple = ()
-    if isinstance(model, Capturing):
-        model, earlier = model.model, model._hooks
-    return impl.capture(model, spec, selector, step, earlier)
+        captured = impl.capture(model, spec, selector, step)
+    else:
+        earlier: tuple = ()
+        if isinstance(model, Capturing):
+            model, earlier = model.model, model._hooks
+        captured = impl.capture(model, spec, selector, step, earlier)
+    enroll(spec.watch)
+    return captured
 
 
 def _spec(recorder: Any, step: Any, every: Any, start: Any, stop: Any, reduce: Any,
           axis: Any, inputs: Any, outputs: Any, prefix: Any,
-          cotangents: Any = None) -> CaptureSpec:
+          cotangents: Any = None, keep: Any = "always") -> CaptureSpec:
     """The checked arguments of :func:`capture` (errors at the call, not at trace time)."""
+    if keep not in ("always", "window"):
+        raise ValueError(f"hostfeed.capture: keep must be \"always\" or \"window\", got "
+                         f"{keep!r}")
+    if keep == "window" and (step is None or reduce is not None):
+        raise ValueError("hostfeed.capture: keep=\"window\" keeps the raw rows of the last "
+                         "steps: pass step=..., and no reduce= (summaries always go to the "
+                         "store)")
     if not callable(getattr(recorder, "record", None)):
         raise TypeError(f"hostfeed.capture: recorder must be a hostfeed.Recorder, got "
                         f"{type(recorder).__name__}")
@@ -213,4 +256,4 @@ def _spec(recorder: Any, step: Any, every: Any, start: Any, stop: Any, reduce: A
     return CaptureSpec(recorder, every=every, start=start, stop=stop, reduce=reduce,
                        axis=tuple(axis) if isinstance(axis, list) else axis, inputs=inputs,
                        outputs=outputs, prefix=(prefix or "").strip("/"),
-                       cotangents=cotangents)
+                       cotangents=cotangents, keep=keep)

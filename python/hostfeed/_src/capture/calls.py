@@ -23,6 +23,7 @@ import numpy as np
 
 from .. import compat
 from .. import reductions
+from ..record.roles import COTANGENT_SUFFIX
 from .selection import key_name
 
 __all__ = ["CaptureSpec", "Capturing", "summary_suffix"]
@@ -72,6 +73,10 @@ class CaptureSpec:
     outputs: bool = True
     prefix: str = ""
     cotangents: Optional[bool] = None
+    keep: str = "always"
+    #: The capture's :class:`~.watch.Watch` (what it recorded, for the warning when it
+    #: recorded nothing), if watched.
+    watch: Any = None
 
     def array_name(self, module: str, role: str) -> str:
         """The stored name of one captured array (``role``: ``output``, ``input.0``, ...).
@@ -85,29 +90,103 @@ class CaptureSpec:
 
     def record_tree(self, module: str, role: str, tree: Any, step: Any,
                     keys: Callable[[tuple], str]) -> Any:
-        """Records every array leaf of ``tree`` (descending into tuples, lists and dicts
-        only) under ``role`` + its key path (``keys``); returns the tree with each recorded
-        leaf replaced by its record's result (the same value)."""
-        flat, treedef = jax.tree_util.tree_flatten_with_path(
-            tree, is_leaf=lambda v: not _is_container(v))
-        out = []
-        for path, leaf in flat:
-            out.append(self.recorder.record(
-                self.array_name(module, role + keys(path)), leaf, step=step,
-                every=self.every, start=self.start, stop=self.stop, reduce=self.reduce,
-                axis=self.axis, cotangents=self.cotangents) if _recordable(leaf) else leaf)
+        """Records every array leaf of ``tree`` (any pytree: see :func:`named_leaves`)
+        under ``role`` + its key path (``keys``); returns the tree with each recorded leaf
+        replaced by its record's result (the same value)."""
+        flat, treedef = jax.tree_util.tree_flatten(tree)
+        out = list(flat)
+        for i, (path, axes) in enumerate(named_leaves(tree)):
+            if not _recordable(flat[i]):
+                continue
+            name = self.array_name(module, role + keys(path))
+            describe = getattr(getattr(self.recorder, "catalogue", None), "describe_axes", None)
+            if axes is not None and self.reduce is None and describe is not None:
+                for array in (name, name + COTANGENT_SUFFIX):
+                    describe(array, axes)
+            if self.watch is not None:
+                self.watch.took(name)
+            out[i] = self.recorder.record(
+                name, flat[i], step=step, every=self.every, start=self.start, stop=self.stop,
+                reduce=self.reduce, axis=self.axis, cotangents=self.cotangents,
+                **({"keep": self.keep} if self.keep != "always" else {}))
         return jax.tree_util.tree_unflatten(treedef, out)
 
     def call(self, module: str, step: Any, fn: Callable, args: Sequence[Any],
              kwargs: dict[str, Any]) -> Any:
-        """``fn(*args, **kwargs)`` with its inputs and/or outputs recorded."""
+        """``fn(*args, **kwargs)`` with its inputs and/or outputs recorded; an output with
+        no array to record is an error (it would record nothing)."""
+        if self.watch is not None:
+            self.watch.called(module)
         if self.inputs:
             args, kwargs = self.record_tree(module, "input", (tuple(args), dict(kwargs)), step,
                                             _input_keys)
         out = fn(*args, **kwargs)
         if self.outputs:
+            if not self.inputs and not any(_recordable(v) for v in jax.tree_util.tree_leaves(out)):
+                if self.watch is not None:
+                    self.watch.settle()  # said: no warning too
+                raise ValueError(
+                    f"hostfeed.capture: the output of {module!r} ({_describe(out)}) holds no "
+                    f"array, so there is nothing to record: select a submodule that returns "
+                    f"arrays (in any pytree: tuples, dicts, dataclasses, named arrays), or "
+                    f"record its inputs (inputs=True)")
             out = self.record_tree(module, "output", out, step, _output_keys)
         return out
+
+
+def _describe(out: Any) -> str:
+    leaves = jax.tree_util.tree_leaves(out)
+    if not leaves:
+        return f"a {type(out).__name__} with no leaf" if out is not None else "None"
+    kinds = sorted({type(v).__name__ for v in leaves})
+    return f"a {type(out).__name__} of {', '.join(kinds)}"
+
+
+def _children(node: Any) -> Optional[list[tuple[Any, Any]]]:
+    """``node``'s children with their keys, one level down its pytree; None for a leaf."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda v: v is not node)
+    if len(flat) == 1 and flat[0][0] == () and flat[0][1] is node:
+        return None
+    return [(path[0], child) for path, child in flat]
+
+
+def _axis_names(node: Any, leaf: Any) -> Optional[list[Optional[str]]]:
+    """The axis names of a named array (Haliax's ``NamedArray`` and the like: an ``array``
+    and, per dimension, an axis with a ``name`` or a name), None for anything else."""
+    axes = getattr(node, "axes", None)
+    if getattr(node, "array", None) is not leaf or not isinstance(axes, (tuple, list)) \
+            or len(axes) != getattr(leaf, "ndim", -1):
+        return None
+    names = [a if isinstance(a, str) else getattr(a, "name", None) for a in axes]
+    return names if all(isinstance(n, str) for n in names) else None
+
+
+def named_leaves(tree: Any) -> list[tuple[tuple[str, ...], Optional[list]]]:
+    """For each leaf of ``tree``, in ``jax.tree_util.tree_leaves`` order: its name parts
+    (each key of its path: a tuple's index, a dict's key, a dataclass's field, ...) and,
+    for the array of a named array, its axis names. A node other than a tuple, list or dict
+    that holds one array (a named array, a box) gives that array its own name, as if it
+    were the array.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> named_leaves({"h": (jnp.ones(2), 3)})
+        [(('h', '0'), None), (('h', '1'), None)]
+    """
+    def walk(node: Any, parts: tuple[str, ...]) -> list[tuple[tuple[str, ...], Any, Any]]:
+        children = _children(node)
+        if children is None:
+            return [(parts, node, None)]
+        out = []
+        for key, child in children:
+            out += walk(child, parts + (key_name(key),))
+        if not _is_container(node):
+            arrays = [i for i, (_, leaf, _) in enumerate(out) if _recordable(leaf)]
+            if len(arrays) == 1:
+                i = arrays[0]
+                out[i] = (parts, out[i][1], out[i][2] or _axis_names(node, out[i][1]))
+        return out
+    return [(parts, axes) for parts, _, axes in walk(tree, ())]
 
 
 def _output_keys(path: tuple) -> str:
@@ -125,6 +204,7 @@ class Hooks:
     interceptor. Per thread: ``_stack()`` is this thread's stack of what ``enter`` set."""
 
     _local: threading.local
+    spec: CaptureSpec
 
     def _stack(self) -> list:
         local = self.__dict__.setdefault("_local", threading.local())
@@ -193,6 +273,9 @@ class Capturing:
     def __enter__(self) -> Any:
         depth = getattr(self._local, "depth", 0)
         if depth == 0:
+            for h in self._hooks:
+                if h.spec.watch is not None:
+                    h.spec.watch.used()
             scope = _scope_state(_scope_inside(_scope_state.value, self._number))
             scope.__enter__()
             entered: list[Hooks] = []
@@ -210,6 +293,10 @@ class Capturing:
         return self._model
 
     def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        if exc_type is not None:
+            for h in self._hooks:  # the exception says what went wrong: no warning too
+                if h.spec.watch is not None:
+                    h.spec.watch.settle()
         self._local.depth -= 1
         if self._local.depth:
             return

@@ -60,17 +60,29 @@ class Calls:
     """Which of one capture's selected submodules were called (when traced): hashed by
     identity, in the wrappers' static fields."""
 
-    __slots__ = ("chosen", "called")
+    __slots__ = ("chosen", "called", "watch")
 
-    def __init__(self, chosen: list[str]):
+    def __init__(self, chosen: list[str], watch: Any = None):
         self.chosen = chosen
         self.called: set[str] = set()
+        self.watch = watch
+
+    def used(self) -> None:
+        """The captured model was called."""
+        if self.watch is not None:
+            self.watch.used()
+
+    def settle(self) -> None:
+        """An error about the capture was raised: no warning too."""
+        if self.watch is not None:
+            self.watch.settle()
 
     def check(self) -> None:
         """Raises, after a call of the captured model, if no selected submodule was ever
         called (nothing recorded), as a Flax NNX capture does."""
         if self.called:
             return
+        self.settle()
         raise ValueError(
             f"hostfeed.capture: the Equinox model ran, but none of the submodules selected "
             f"({listed(self.chosen)}) was called, so nothing was recorded: a capture records the "
@@ -111,7 +123,14 @@ class CapturedModel(eqx.Module):
     hostfeed_calls: tuple = eqx.field(static=True)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        out = self.hostfeed_model(*args, **kwargs)
+        for calls in self.hostfeed_calls:
+            calls.used()
+        try:
+            out = self.hostfeed_model(*args, **kwargs)
+        except BaseException:
+            for calls in self.hostfeed_calls:  # the exception says what went wrong
+                calls.settle()
+            raise
         for calls in self.hostfeed_calls:
             calls.check()
         return out
@@ -170,7 +189,7 @@ def capture(model: Any, spec: CaptureSpec, selector: Selector, step: Any) -> Cap
         model, earlier = model.hostfeed_model, model.hostfeed_calls
     names = named_modules(model)
     chosen = list(dict.fromkeys(n for n, _ in selector.choose(names)))
-    calls, selected = Calls(chosen), set(chosen)
+    calls, selected = Calls(chosen, spec.watch), set(chosen)
 
     def visit(path: tuple, m: Any) -> Any:
         name = name_of(path, SEP)

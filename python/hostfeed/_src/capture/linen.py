@@ -11,9 +11,15 @@ A module that shares another's scope (``nn.share_scope``: a wrapper and what it 
 parent and a child whose parameters live in the parent's) is named as it would be without
 sharing, its parent's name and its own (``layer_0/mlp/gating``), not by the scope's path,
 which is the other module's name too.
+
+A Linen module that wraps an NNX module (``nnx.bridge.ToLinen`` and copies of it: an
+``nnx_class`` field) makes its NNX module anew in each call: its call is given, as its
+``nnx_method``, a method that selects the NNX module's submodules by their NNX names
+(after the wrapper's own path) and records them as an NNX capture does.
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,8 +48,66 @@ class LinenHooks(Hooks):
 
     def _intercept(self, next_fun: Any, args: Any, kwargs: Any, context: Any) -> Any:
         module = context.module
-        if context.method_name != "__call__" or not module.path:
+        if context.method_name != "__call__":
             return next_fun(*args, **kwargs)
+        if _wrapped_nnx(module) is not None:
+            return self._nnx_wrapper(module, next_fun, args, kwargs)
+        if not module.path:
+            return next_fun(*args, **kwargs)
+        return self._call(module, next_fun, args, kwargs)
+
+    def _nnx_wrapper(self, module: Any, next_fun: Any, args: Any, kwargs: Any) -> Any:
+        """A call of a Linen module that wraps an NNX module (``nnx.bridge.ToLinen`` or a
+        copy of it), which makes the NNX module anew in each call: the wrapper's call is
+        given, as its ``nnx_method``, a method that captures the NNX module's submodules
+        by their NNX names (after the wrapper's own path) around the method it runs."""
+        cls = type(module)
+        if "nnx_method" not in inspect.signature(cls.__call__).parameters:
+            where = f"at {name_of(module.path, SEP)!r}" if module.path else "the model"
+            raise ValueError(
+                f"hostfeed.capture: {cls.__name__} ({where}) is a Linen module that wraps "
+                f"the NNX module {module.nnx_class.__name__} and "
+                f"makes it inside its call, where a capture of the Linen model cannot select "
+                f"its submodules: capture the NNX model itself (hostfeed.capture(nnx_model, "
+                f"rec, ...)), or use flax.nnx.bridge.ToLinen, whose nnx_method the capture "
+                f"uses")
+        prefix = own_path(module) if module.path else ()
+        method = kwargs.pop("nnx_method", None)
+
+        def capturing(nnx_module: Any, *a: Any, **kw: Any) -> Any:
+            return self._in_nnx(nnx_module, prefix, method, a, kw)
+
+        def call(*a: Any, **kw: Any) -> Any:
+            return next_fun(*a, nnx_method=capturing, **kw)
+        if not prefix:
+            return call(*args, **kwargs)
+        return self._call(module, call, args, kwargs)
+
+    def _in_nnx(self, model: Any, prefix: tuple, method: Any, args: Any, kwargs: Any) -> Any:
+        """``method`` (None, a name or a function) of NNX ``model`` run with the submodules
+        this capture selects among its own recorded."""
+        from . import nnx as nnx_capture
+        chosen = []
+        for nnx_name, sub in nnx_capture.named_modules(model):
+            name = f"{name_of(prefix, SEP)}{SEP}{nnx_name}" if prefix else nnx_name
+            self.seen[name] = None
+            if self.selector.matches_parts(name, sub, [*prefix, *nnx_name.split(".")]):
+                chosen.append((name, sub))
+        fn = (getattr(type(model), method or "__call__") if method is None
+              or isinstance(method, str) else method)
+        if not chosen:
+            return fn(model, *args, **kwargs)
+        hooks = nnx_capture.NnxHooks(chosen, self.spec, self.step)
+        hooks.enter()
+        try:
+            out = fn(model, *args, **kwargs)
+        finally:
+            hooks.exit(True)
+        hooks.after_call()
+        return out
+
+    def _call(self, module: Any, next_fun: Any, args: Any, kwargs: Any) -> Any:
+        """A submodule's call, recorded if it is selected."""
         name = name_of(own_path(module), SEP)
         self.seen[name] = None
         if not self.selector.matches(name, module):
@@ -69,7 +133,23 @@ class LinenHooks(Hooks):
         stack = self._stack()
         stack.pop().__exit__(None, None, None)
         if ok and not stack and self.seen:
-            self.selector.check(list(self.seen))
+            try:
+                self.selector.check(list(self.seen))
+            except ValueError:
+                if self.spec.watch is not None:
+                    self.spec.watch.settle()  # said: no warning too
+                raise
+
+
+def _wrapped_nnx(module: Any) -> Any:
+    """The NNX module class a Linen module wraps (``nnx.bridge.ToLinen`` and copies of it:
+    an ``nnx_class`` field holding an NNX module class), or None."""
+    if "nnx_class" not in getattr(type(module), "__dataclass_fields__", {}):
+        return None
+    cls = getattr(module, "nnx_class", None)
+    if not isinstance(cls, type):
+        return None
+    return cls if any(k.__module__.startswith("flax.nnx") for k in cls.__mro__) else None
 
 
 def own_path(module: Any) -> tuple[str, ...]:

@@ -171,6 +171,8 @@ class NnxHooks(Hooks):
 
     def after_call(self) -> None:
         if not self.called:
+            if self.spec.watch is not None:
+                self.spec.watch.settle()  # said: no warning too
             raise ValueError(
                 f"hostfeed.capture: the model ran, but none of the submodules selected "
                 f"({listed([n for n, _ in self.chosen])}) was called while the capture was "

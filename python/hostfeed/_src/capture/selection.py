@@ -103,6 +103,7 @@ class Selector:
                     f"hostfeed.capture: the pattern {p!r} has an empty part; the names of "
                     f"{what} are {sep!r}-separated (e.g. {_example(sep)!r})")
         self._split = [p.split(sep) for p in self.patterns]
+        self._fine = [re.split(r"[/.]", p) for p in self.patterns]
         self.used: set[int] = set()
         self.chose_any = False
 
@@ -116,6 +117,20 @@ class Selector:
         chosen = False
         for i, pattern in enumerate(self._split):
             if _match_parts(pattern, parts):
+                self.used.add(i)
+                chosen = True
+        self.chose_any = self.chose_any or chosen
+        return chosen
+
+    def matches_parts(self, name: str, module: Any, parts: Sequence[str]) -> bool:
+        """Whether the submodule ``name`` (``module``) is selected, its name given as
+        ``parts`` and each pattern split on both ``/`` and ``.``: an NNX submodule of a
+        Linen wrapper, named by the wrapper's Linen path and its NNX name."""
+        if self.predicate is not None:
+            return self.matches(name, module)
+        chosen = False
+        for i, pattern in enumerate(self._fine):
+            if _match_parts(pattern, list(parts)):
                 self.used.add(i)
                 chosen = True
         self.chose_any = self.chose_any or chosen

@@ -144,7 +144,6 @@ from jax._src import dispatch as _dispatch  # noqa: E402
 from jax._src import effects as _effects  # noqa: E402
 from jax._src.interpreters import mlir as _mlir_src  # noqa: E402
 from jax._src.interpreters import partial_eval as _pe_src  # noqa: E402
-from jax._src.lib import xla_client as _xc  # noqa: E402
 
 runtime_tokens = _dispatch.runtime_tokens  # the effect tokens JAX chains between computations
 apply_primitive = _dispatch.apply_primitive
@@ -164,14 +163,18 @@ EFFECT_SETS = (
     _effects.shardable_ordered_effects,
     _effects.remat_allowed_effects,
     _effects.custom_derivatives_allowed_effects,
+    # Partial evaluation (JaxprTrace) keeps a staged equation whose outputs are unused only
+    # if its effect is here: a record's (a summary, a selected step) are often unused.
+    _effects.partial_eval_kept_effects,
 )
+# What a partial-evaluation rule appends to `trace.effect_handles` to keep such a staged
+# equation (JAX's cond rule does not), and the outputs of a ClosedJaxpr that partial
+# evaluation with `unknowns` leaves unknown (both the same in 0.10.2-0.12).
+EffectHandle = _pe_src.EffectHandle
 
 
-def manual_op_sharding() -> _xc.OpSharding:
-    """A GSPMD ``OpSharding`` of type MANUAL (ops inside a fully manual region)."""
-    proto = _xc.OpSharding()
-    proto.type = _xc.OpSharding.Type.MANUAL
-    return proto
+def partial_eval_out_unknowns(jaxpr: Any, unknowns: Sequence[bool]) -> list[bool]:
+    return list(_pe_src.partial_eval_jaxpr_nounits_fwd(jaxpr, unknowns, False)[2])
 
 
 def is_tracer(x: object) -> bool:
@@ -179,48 +182,25 @@ def is_tracer(x: object) -> bool:
     return isinstance(x, _core.Tracer)
 
 
+def outer_trace(x: Any) -> tuple[Any, str]:
+    """The outermost trace tracer ``x`` belongs to (a top-level ``jit``'s, through the
+    ``vmap``/``grad``/nested ``jit`` traces inside it: each has a ``parent_trace``), and
+    the function it traces (``"train_step at run.py:12"``, or '' when unknown)."""
+    trace: Any = getattr(x, "_trace", None)
+    while not isinstance(getattr(trace, "parent_trace", None), (type(None), _core.EvalTrace)):
+        trace = trace.parent_trace
+    info = getattr(getattr(trace, "frame", None), "debug_info", None)
+    return trace, str(getattr(info, "func_src_info", "") or "")
+
+
 # ----------------------------------------------------------------------------------------
 # Differences between supported releases, each gated on the release that made it.
 
-_SET_SHARDING_TAKES_CTX = since("set_sharding_takes_ctx")
-_set_sharding: Any = _mlir_src.set_sharding  # typed for one signature only
-
-
-def set_sharding(ctx: Any, op: Any, sharding: Any) -> None:
-    """Sets ``sharding`` (a GSPMD ``OpSharding``) on the MLIR operation ``op``."""
-    if _SET_SHARDING_TAKES_CTX:
-        _set_sharding(ctx, op, sharding)
-    else:
-        _set_sharding(op, sharding)
-
-
-_SHARDY_ALWAYS = since("shardy_always")
-
-
-def shardy_partitioner() -> bool:
-    """Whether Shardy partitions the computations being lowered (always from jax 0.12.1,
-    where ``jax_use_shardy_partitioner`` is ignored; before, as that flag says)."""
-    return _SHARDY_ALWAYS or bool(_config.use_shardy_partitioner.value)
-
-
-_NESTED_SHARD_MAP_CONTEXT_OMITS_OUTER_AXES = not since("nested_shard_map_names_outer_axes")
-
-
-def manual_axes(axis_context: Any) -> tuple[str, ...]:
-    """The mesh axes that are manual where a lowering rule runs, in mesh order (none
-    outside a manual region)."""
-    axes = set(getattr(axis_context, "manual_axes", ()))
-    mesh = getattr(axis_context, "mesh", None)
-    if _NESTED_SHARD_MAP_CONTEXT_OMITS_OUTER_AXES:
-        axes |= set(getattr(mesh, "manual_axes", ()))
-    order = list(getattr(mesh, "axis_names", ()))
-    return tuple(sorted(axes, key=lambda a: (order.index(a) if a in order else len(order), a)))
-
-
-# Callbacks in a partially manual shard_map under the Shardy partitioner: hostfeed nests a
-# token-carrying manual region in the partially manual one, which it refuses with a clear
-# error where XLA would abort compiling it.
-SHARDY_COMPILES_NESTED_MANUAL_TOKENS = since("shardy_compiles_nested_manual_tokens")
+# Partitioners and shardings: compat/sharding.py.
+from .sharding import (  # noqa: E402,F401
+    _NESTED_SHARD_MAP_CONTEXT_OMITS_OUTER_AXES, _SET_SHARDING_TAKES_CTX, _SHARDY_ALWAYS,
+    SHARDY_COMPILES_NESTED_MANUAL_TOKENS, manual_axes, manual_op_sharding, set_sharding,
+    shardy_partitioner)
 
 # `live_ins` (from 0.12): for each input Ref, whether its contents are read after the
 # equation. hostfeed's primitives take no Refs, so its rules ignore it.
@@ -287,6 +267,23 @@ def eval_trace_active() -> bool:
 from jax._src import dtypes as _dtypes  # noqa: E402
 
 canonicalize_value = _dtypes.canonicalize_value  # what `Primitive.bind` applies to operands
+
+
+# ---- Eager loops and conditionals that tap (eager.py) -----------------------------------
+# jax 0.10-0.12: outside jit, `while_p`, `cond_p` and `scan_p` run through their `impl`
+# (`dispatch.apply_primitive`: compiled, dispatched, returned before they ran).
+def install_eager_control_flow_hook(after: Callable[[Any, dict, Any], Any]) -> None:
+    """Has eager ``lax.while_loop``, ``lax.cond`` and ``lax.scan`` (and what builds on
+    them) return ``after(primitive, params, outputs)``."""
+    from jax.extend.core import primitives as prims
+
+    for p in (prims.while_p, prims.cond_p, prims.scan_p):
+        impl = p.impl
+
+        def hooked(*args: Any, _p: Any = p, _impl: Any = impl, **params: Any) -> Any:
+            return after(_p, params, _impl(*args, **params))
+
+        p.def_impl(hooked)
 
 
 # ---- Tap outputs that depend on the tap (lowering) ---------------------------------------
@@ -563,6 +560,25 @@ def lower_jaxpr_inline(ctx: Any, jaxpr: Any, tokens: Any, *args: Any) -> tuple:
         ctx.module_context, jaxpr, ctx.name_stack, tokens, [], *args,
         dim_var_values=ctx.dim_var_values, const_lowering=ctx.const_lowering,
         outer_traceback=None)
+
+
+def lowering_memo(ctx: Any) -> dict:
+    """A dict that lives exactly as long as the lowering of the module that rule context
+    ``ctx`` lowers into, for what one rule keeps for the next (no MLIR object may go into
+    it: JAX may lower a region as a function of its own and drop it). jax 0.10-0.12: the
+    module context's ``cached_primitive_lowerings``, one dict per module lowered, which the
+    module contexts JAX derives for manual regions and per-platform branches share, and
+    which JAX only reads and writes by its own keys (hostfeed's keys are of its own types).
+    A context without one (a stand-in, or a JAX that drops it): a new dict each time, so
+    that nothing is kept, not kept wrongly.
+
+    Example:
+        >>> class Ctx: pass
+        >>> lowering_memo(Ctx()) is lowering_memo(Ctx())
+        False
+    """
+    memo = getattr(getattr(ctx, "module_context", None), "cached_primitive_lowerings", None)
+    return memo if isinstance(memo, dict) else {}
 
 
 # ---- Host callbacks on the profiler's timeline (the dispatcher) --------------------

@@ -51,6 +51,10 @@ class Change(NamedTuple):
     #: Where the gate looks at JAX rather than its version: that look (True: the new
     #: behaviour), which the tests check against ``since``.
     probe: Optional[Callable[[], bool]] = None
+    #: False for a change recorded without a gate: hostfeed's code is the same on both
+    #: sides of it (its ``what`` says where that code is), and its ``probe`` checks the
+    #: table.
+    gated: bool = True
 
 
 def _has(module: str, name: str) -> Callable[[], bool]:
@@ -63,6 +67,11 @@ def _has(module: str, name: str) -> Callable[[], bool]:
 def _scan_has_ft_in() -> bool:
     scan = jax.make_jaxpr(lambda x: jax.lax.scan(lambda c, _: (c, None), x, None, length=1))
     return "ft_in" in scan(0.0).eqns[0].params
+
+
+def _inlines_late() -> bool:
+    from jax._src import core
+    return hasattr(getattr(core, "Inline", None), "JAX_LATE")
 
 
 #: Every difference between the supported JAX releases that hostfeed tells apart, by name.
@@ -103,7 +112,8 @@ CHANGES: dict[str, Change] = {
         "(core.Inline.JAX_LATE in mlir._emit_lowering_rule_as_fun); 0.12.0.1 and before "
         "emit it in the module or in place. Operations a rule meets may belong to such a "
         "function and be dropped once cloned, so hostfeed keeps none past the rule "
-        "(lowering._depend_later_uses; no gate: the same code runs on every release)"),
+        "(lowering._depend_later_uses; no gate: the same code runs on every release)",
+        _inlines_late, gated=False),
     "shardy_always": Change(
         (0, 12, 1), "Shardy always partitions: jax_use_shardy_partitioner is deprecated and "
         "ignored, and mlir.set_sharding takes Shardy shardings only; 0.12.0.1 and before "

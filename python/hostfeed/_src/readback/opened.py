@@ -21,9 +21,10 @@ import numpy as np
 
 from .. import settings
 from ..record import stores
-from .reading import _recorded_names, zarr_module
+from .reading import diagnose, node, open_root, recorded_names, zarr_module
 from ..record.unflushed import warn_if_unflushed
 from ..record.roles import ROW_METADATA
+from . import triggers as _triggers
 
 __all__ = ["Recording", "RecordedArray", "open_recording", "follow"]
 
@@ -55,7 +56,7 @@ class RecordedArray:
     def refresh(self) -> int:
         """Reads the array's metadata again (rows a writer committed since); returns the
         number of rows."""
-        self._array = self._group[self.name]
+        self._array = node(self._group, self.name, self._where, "hostfeed.RecordedArray")
         self.shape: tuple[int, ...] = tuple(self._array.shape)
         self.dtype = np.dtype(self._array.dtype)
         self.chunk_rows = int(self._array.chunks[0]) or 1
@@ -159,11 +160,11 @@ class Recording:
     """A recording opened for reading (see :func:`open_recording`)."""
 
     def __init__(self, path: Any, storage_options: Optional[Mapping[str, Any]]):
-        zarr = zarr_module("hostfeed.open_recording")
+        who = "hostfeed.open_recording"
         self.where = stores.location(path, storage_options, who="open_recording")
         self.path = self.where.where
-        self._root: Any = zarr.open_group(stores.zarr_store(self.where), mode="r")
-        self.names: list[str] = sorted(_recorded_names(self._root))
+        self._root: Any = open_root(self.where, who)
+        self.names: list[str] = sorted(recorded_names(self._root, self.where, who))
         warn_if_unflushed(self.where, "hostfeed.open_recording", stacklevel=4)
 
     def __getitem__(self, name: str) -> RecordedArray:
@@ -193,6 +194,19 @@ class Recording:
                             steps=(int(np.min(steps)), int(np.max(steps))) if steps.size else None,
                             reduce=a.attrs.get("reduce", {}).get("kind")))
         return out
+
+    @property
+    def triggers(self) -> list[dict]:
+        """The triggers the recorders of this store fired (``Recorder(window=...,
+        on_nonfinite=..., on_trigger=...)``, ``watch``, ``keep``; an appended run's after
+        the earlier ones'), in order: dicts with ``step``, ``reason``, ``name`` (the array
+        or watched value that fired it; None for ``keep``), ``kind`` (``nonfinite``,
+        ``watch``, ``keep``), ``process``, ``time_ns``, ``first_step``..``last_step`` (the
+        steps its window covers), ``kept`` ({array: [steps written]}), ``state``
+        (``"written"``; ``"writing"`` where the process ended before the window was
+        whole) and ``missing`` ({array: [steps it kept that the array does not hold]}:
+        empty but for a window a killed process cut short)."""
+        return _triggers.listed(self)
 
     def iter_batches(self, name: str, batch_size: int, *, shuffle: bool = True,
                      seed: int = 0, flatten_axes: int = 0, window: int = 8,
@@ -380,6 +394,10 @@ def follow_store(where: stores.Location, take: Callable[[Any], Optional[list[_T]
                 raise FileNotFoundError(f"{who}: the store was deleted while it was "
                                         f"followed ({progress()}; {exc})") from exc
             if unreadable is not None and str(exc) == unreadable:
+                if not where.url:  # what is wrong there, said as open_recording says it
+                    why = diagnose(where.where, who)
+                    if why is not None:
+                        raise why from exc
                 raise ValueError(f"{who}: the store cannot be read ({type(exc).__name__}: "
                                  f"{exc})") from exc
             unreadable = str(exc)

@@ -1,7 +1,8 @@
-"""What a recorded array says over its steps, as ``show`` draws it and the TensorBoard export
-writes it: the arrays chosen by glob patterns (as ``capture`` matches names), in natural
-order; each array's :data:`~hostfeed.STATS` per row (read from a ``reduce="stats"`` array,
-its kept axes combined, or computed on the host from raw rows); a raw row's histogram.
+"""Which recorded arrays ``show`` draws and the TensorBoard export writes, and in what
+order: the arrays chosen by glob patterns (as ``capture`` matches names), in natural order
+(a module's arrays together, numbers by value), read in blocks of bounded bytes. What an
+array's rows say is its reduction's read side (``hostfeed._src.reductions``:
+``readback``).
 """
 from __future__ import annotations
 
@@ -9,20 +10,11 @@ import difflib
 import fnmatch
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
 
-import numpy as np
-
-from ..reductions import STATS, of_kind
 from ..record.roles import COTANGENT_SUFFIX
 
-__all__ = ["blocks", "select", "natural_key", "module_of", "host_stats", "combine_stats",
-           "stats_rows", "kind_of", "plot_of", "raw_histogram", "COLUMN"]
+__all__ = ["blocks", "select", "natural_key", "module_of", "matches"]
 
-#: Each statistic's column in a row of :data:`STATS`.
-COLUMN = {c: i for i, c in enumerate(STATS)}
-#: How many buckets a raw row's histogram has (TensorBoard's own default).
-RAW_BUCKETS = 30
 #: The most bytes of rows read at a time (raw rows can be large: read in blocks).
 BLOCK_BYTES = 64 << 20
 #: How many names an error lists.
@@ -37,16 +29,20 @@ def natural_key(name: str) -> tuple:
     """A sort key: by module (the name up to its last ``/``, compared part by part, ``.``
     and ``/`` separating parts, so a module comes before its submodules), then by the
     array's own name; numbers by value (``blocks.2`` before ``blocks.10``); a cotangent
-    right after the array it is the cotangent of.
+    right after the array it is the cotangent of (a summary's too: ``out.cotangent.stats``
+    after ``out.stats``).
 
     Example:
         >>> sorted(["blocks.10/out", "blocks.2.mlp/out", "blocks.2/out.cotangent",
         ...         "blocks.2/out", "b"], key=natural_key)
         ['b', 'blocks.2/out', 'blocks.2/out.cotangent', 'blocks.2.mlp/out', 'blocks.10/out']
+        >>> sorted(["m/out.cotangent.stats", "m/out.stats", "m/out.hist"], key=natural_key)
+        ['m/out.hist', 'm/out.stats', 'm/out.cotangent.stats']
     """
     module, _, leaf = name.rpartition("/")
-    cot = leaf.endswith(COTANGENT_SUFFIX)
-    base = leaf[:-len(COTANGENT_SUFFIX)] if cot else leaf
+    pieces = leaf.split(".")
+    cot = COTANGENT_SUFFIX[1:] in pieces[1:]  # NAME.cotangent, or NAME.cotangent.stats
+    base = ".".join(p for i, p in enumerate(pieces) if i == 0 or p != COTANGENT_SUFFIX[1:])
     parts = tuple(_tokens(p) for p in re.split(r"[/.]", module)) if module else ()
     return (parts, _tokens(base), cot)
 
@@ -127,132 +123,3 @@ def blocks(n: int, row_bytes: int, most: int = 4096) -> list[tuple[int, int]]:
     """
     k = max(1, min(most, BLOCK_BYTES // max(row_bytes, 1)))
     return [(lo, min(lo + k, n)) for lo in range(0, n, k)]
-
-
-def kind_of(attrs: dict) -> str:
-    """What an array's rows hold: the kind of its reduction (``"stats"``,
-    ``"histogram"``, ...: one in :data:`~hostfeed._src.reductions.REDUCTIONS`) or
-    ``"raw"``."""
-    kind = attrs.get("reduce", {}).get("kind")
-    return kind if of_kind(kind) is not None else "raw"
-
-
-def plot_of(kind: str) -> str:
-    """How ``show`` draws rows of ``kind``: ``"stats"`` (raw rows too), ``"heatmap"`` or
-    ``"lines"`` (:attr:`~hostfeed._src.reductions.Reduction.plot`)."""
-    r = of_kind(kind)
-    return "stats" if r is None else r.plot
-
-
-def host_stats(rows: np.ndarray) -> np.ndarray:
-    """The :data:`STATS` of each row of ``rows`` (``[n, ...]``), computed as
-    ``reduce="stats"`` computes them: count of every value, mean to l2 over the finite
-    values (float64, then float32; NaN where no value is finite), NaN and infinity counts.
-
-    Example:
-        >>> host_stats(np.array([[3.0, -4.0, np.nan]]))[0].tolist()
-        [3.0, -0.5, 3.5, -4.0, 3.0, 4.0, 5.0, 1.0, 0.0]
-    """
-    n = rows.shape[0]
-    v = np.asarray(rows).reshape(n, -1)
-    if v.dtype.kind == "c":
-        v = np.abs(v)
-    v = v.astype(np.float64)
-    finite = np.isfinite(v)
-    k = finite.sum(1)
-    z = np.where(finite, v, 0.0)
-    safe = np.maximum(k, 1)
-    mean = z.sum(1) / safe
-    var = np.where(finite, (z - mean[:, None]) ** 2, 0.0).sum(1) / safe
-    with np.errstate(invalid="ignore"):
-        lo = np.where(finite, v, np.inf).min(1, initial=np.inf)
-        hi = np.where(finite, v, -np.inf).max(1, initial=-np.inf)
-    out = np.empty((n, len(STATS)), np.float64)
-    out[:, COLUMN["count"]] = v.shape[1]
-    out[:, COLUMN["mean"]] = mean
-    out[:, COLUMN["std"]] = np.sqrt(var)
-    out[:, COLUMN["min"]] = lo
-    out[:, COLUMN["max"]] = hi
-    out[:, COLUMN["absmax"]] = np.maximum(np.abs(lo), np.abs(hi))
-    out[:, COLUMN["l2"]] = np.sqrt((z * z).sum(1))
-    out[:, COLUMN["nan_count"]] = np.isnan(v).sum(1)
-    out[:, COLUMN["inf_count"]] = np.isinf(v).sum(1)
-    none = k == 0
-    for c in ("mean", "std", "min", "max", "absmax"):
-        out[none, COLUMN[c]] = np.nan
-    return out.astype(np.float32)
-
-
-def combine_stats(v: np.ndarray) -> np.ndarray:
-    """Rows of :data:`STATS` with kept axes (``[n, ..., 9]``, ``reduce="stats"`` with
-    ``axis=``) as one row of statistics each (``[n, 9]``): counts summed, the means and
-    spreads pooled by their finite counts, min, max, absmax over the parts, l2 as the norm
-    of the parts' l2. Rows without kept axes come back as they are.
-
-    Example:
-        >>> parts = np.stack([host_stats(np.array([[1.0, 3.0]])),
-        ...                   host_stats(np.array([[5.0, 7.0]]))], axis=1)
-        >>> combine_stats(parts)[0].tolist() == host_stats(np.array([[1.0, 3, 5, 7]]))[0].tolist()
-        True
-    """
-    n = v.shape[0]
-    if v.ndim == 2:
-        return v
-    p = v.reshape(n, -1, len(STATS)).astype(np.float64)
-    c = {name: p[..., i] for name, i in COLUMN.items()}
-    k = c["count"] - c["nan_count"] - c["inf_count"]  # the finite values of each part
-    k = np.where(np.isnan(c["mean"]), 0.0, k)
-    total = k.sum(1)
-    safe = np.maximum(total, 1)
-    mean_p = np.where(k > 0, c["mean"], 0.0)
-    mean = (k * mean_p).sum(1) / safe
-    var = (k * (np.where(k > 0, c["std"], 0.0) ** 2 + (mean_p - mean[:, None]) ** 2)).sum(1) / safe
-    out = np.empty((n, len(STATS)), np.float64)
-    out[:, COLUMN["count"]] = c["count"].sum(1)
-    out[:, COLUMN["mean"]] = mean
-    out[:, COLUMN["std"]] = np.sqrt(var)
-    with np.errstate(invalid="ignore"):
-        out[:, COLUMN["min"]] = np.nanmin(np.where(k > 0, c["min"], np.inf), 1)
-        out[:, COLUMN["max"]] = np.nanmax(np.where(k > 0, c["max"], -np.inf), 1)
-        out[:, COLUMN["absmax"]] = np.nanmax(np.where(k > 0, c["absmax"], -np.inf), 1)
-    out[:, COLUMN["l2"]] = np.sqrt((c["l2"] ** 2).sum(1))
-    out[:, COLUMN["nan_count"]] = c["nan_count"].sum(1)
-    out[:, COLUMN["inf_count"]] = c["inf_count"].sum(1)
-    for name in ("mean", "std", "min", "max", "absmax"):
-        out[total == 0, COLUMN[name]] = np.nan
-    return out.astype(np.float32)
-
-
-def stats_rows(kind: str, rows: np.ndarray) -> np.ndarray:
-    """One row of :data:`STATS` per recorded row of a ``"stats"`` or ``"raw"`` array."""
-    if kind == "stats":
-        return combine_stats(np.asarray(rows, np.float32))
-    if kind == "raw":
-        return host_stats(rows)
-    raise ValueError(f"hostfeed: no statistics of {kind} rows")
-
-
-def raw_histogram(row: Any) -> tuple[np.ndarray, np.ndarray]:
-    """The histogram of one raw row's finite values as TensorBoard draws a tensor's:
-    :data:`RAW_BUCKETS` equal buckets from its minimum to its maximum (one bucket from
-    ``v - 0.5`` to ``v + 0.5`` when every value is ``v``; none when no value is finite).
-    Returns ``(edges, counts)``, ``len(edges) == len(counts) + 1``.
-
-    Example:
-        >>> edges, counts = raw_histogram(np.array([0.0, 1.0, 1.0, np.nan]))
-        >>> len(edges), counts.tolist()[0], counts.tolist()[-1], int(counts.sum())
-        (31, 1, 2, 3)
-    """
-    v = np.asarray(row)
-    if v.dtype.kind == "c":
-        v = np.abs(v)
-    v = v.astype(np.float64).ravel()
-    v = v[np.isfinite(v)]
-    if v.size == 0:
-        return np.zeros(1), np.zeros(0, np.int64)
-    lo, hi = float(np.min(v)), float(np.max(v))
-    if lo == hi:
-        return np.array([lo - 0.5, hi + 0.5]), np.array([v.size], np.int64)
-    edges = np.linspace(lo, hi, RAW_BUCKETS + 1)
-    counts, _ = np.histogram(v, bins=edges)
-    return edges, counts.astype(np.int64)

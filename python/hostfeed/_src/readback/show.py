@@ -1,5 +1,6 @@
 """``python -m hostfeed show STORE [PATTERN ...] [-o FILE.png|FILE.html]``: a recording's
-table (names, rows, steps, dtype, bytes), then a picture of it (:mod:`.grid`): every array
+table (names, rows, steps, dtype, bytes), its triggers (and where a non-finite value first
+appeared), then a picture of it (:mod:`.grid`): every array
 (or those the glob patterns choose, as ``capture`` matches names), one row per module, into
 a PNG or a self-contained HTML file. An exact array's name draws that array alone (into
 ``NAME.png`` by default, ``/`` as ``_``)."""
@@ -11,7 +12,7 @@ import time
 from typing import Any, Optional, TextIO
 from collections.abc import Sequence
 
-from . import draw, grid, series
+from . import draw, grid, series, triggers
 from .opened import Recording, open_recording
 
 
@@ -30,7 +31,7 @@ def table(path: Any, out: Optional[TextIO] = None) -> list[dict[str, Any]]:
     rec = path if isinstance(path, Recording) else open_recording(path)
     rows = rec.table()
     width = max([len(r["name"]) for r in rows] + [4])
-    print(f"{rec.path}: {len(rows)} arrays", file=out)
+    print(f"{rec.path}: {len(rows)} array{'' if len(rows) == 1 else 's'}", file=out)
     print(f"  {'name':<{width}}  {'rows':>8}  {'steps':>13}  {'dtype':<9} {'row shape':<16}"
           f"{'bytes':>11}  summary", file=out)
     for r in rows:
@@ -61,6 +62,8 @@ def main(path: Any, patterns: Sequence[str], output: Optional[str],
         raise ValueError(f"-o {output!r}: draws into a .png or an .html file")
     rec = open_recording(path)
     info = {r["name"]: r for r in table(rec, out)}
+    for line in triggers.lines(rec):
+        print(line, file=out)
     if len(patterns) == 1 and patterns[0] in rec.names:
         names = list(patterns)  # an exact name: that array alone, whatever else it prefixes
     else:
@@ -71,7 +74,9 @@ def main(path: Any, patterns: Sequence[str], output: Optional[str],
     if len(names) == 1 and len(rec[names[0]]) == 0:
         print(f"{names[0]}: no rows yet", file=out)
         return 1
+    chosen = output is not None
     output = output or default_output(path, patterns if names == list(patterns) else ())
+    replaced = os.path.exists(output)
     start = time.perf_counter()
     panels = grid.load(rec, names)
     title = grid.header(rec.path, panels)
@@ -81,6 +86,10 @@ def main(path: Any, patterns: Sequence[str], output: Optional[str],
         draw.draw_png(panels, title, output)
     rows = sum(len(p.steps) for p in panels)
     what = names[0] if len(names) == 1 else f"{len(names)} arrays"
-    print(f"drew {what} over {rows} rows into {output} ({time.perf_counter() - start:.1f} s)",
-          file=out)
+    took = time.perf_counter() - start
+    print(f"drew {what} over {rows} rows into {os.path.abspath(output)} ({took:.1f} s"
+          f"{'; the file that was there replaced' if replaced else ''})", file=out)
+    if not chosen:
+        print("(the default without -o: the store's name, or the array's, in the current "
+              "directory; -o FILE.png or -o FILE.html draws elsewhere)", file=out)
     return 0

@@ -1,11 +1,14 @@
 """A recording as TensorBoard event files (:func:`to_tensorboard`, ``python -m hostfeed
-tensorboard STORE LOGDIR [PATTERN ...] [--follow]``): statistics as scalars, histograms as
-TensorBoard's histograms with hostfeed's bin edges, raw arrays as both; each event at its
-row's recorded step and time. ``follow=True`` tails a store a recorder is still writing and
-appends the rows as they are committed, until the recorder closes it.
+tensorboard STORE LOGDIR [PATTERN ...] [--follow]``): each array as its reduction's read
+side says (``Readback.board``: statistics as scalars, histograms as TensorBoard's
+histograms with hostfeed's bin edges, raw arrays as both, another reduction's columns as
+scalars); each event at its row's recorded step and time. ``follow=True`` tails a store a
+recorder is still writing and appends the rows as they are committed, until the recorder
+closes it.
 
-The events are the ``tensorboard`` package's protobufs (``pip install
-'hostfeed[tensorboard]'``; no TensorFlow), written by :class:`_EventFile`.
+The events are the ``tensorboard`` package's protobufs (``pip install tensorboard``, or
+``pip install '.[tensorboard]'`` in hostfeed's checkout; no TensorFlow), written by
+:class:`_EventFile`.
 """
 from __future__ import annotations
 
@@ -20,12 +23,12 @@ from typing import Any, Optional, TextIO
 import numpy as np
 
 from ..record import stores
-from ..reductions import STATS, of_kind
+from ..reductions import Readback, readback
 from . import series
 from .opened import follow_store, open_recording
 from .reading import _recorded_names
 
-__all__ = ["to_tensorboard", "histogram_buckets"]
+__all__ = ["to_tensorboard"]
 
 #: Rows read (and written) at a time: bounds the memory an export holds.
 BLOCK_ROWS = 4096
@@ -38,7 +41,8 @@ def _tb() -> tuple[Any, Any, Any]:
         from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
     except ImportError as exc:
         raise ImportError("hostfeed.to_tensorboard needs the tensorboard package: pip install "
-                          "'hostfeed[tensorboard]' (or 'tensorboard')") from exc
+                          "tensorboard (or, in hostfeed's checkout, pip install "
+                          "'.[tensorboard]')") from exc
     return Event, Summary, HistogramProto
 
 
@@ -87,33 +91,18 @@ class _EventFile:
         self._file.close()
 
 
-def histogram_buckets(counts: np.ndarray, edges: Sequence[float], log: bool
-                      ) -> tuple[float, float, list[float], list[float]]:
-    """A ``reduce=Histogram(...)`` row as TensorBoard's buckets: ``(min, max,
-    bucket_limit, bucket)``. The bins keep hostfeed's edges; the values below the first
-    edge are a bucket that ends there and starts one bin's width lower (at 0 for a
-    ``"log"`` histogram of ``|x|``), those above the last edge one that starts there and
-    ends one bin's width higher (at twice the edge for ``"log"``). TensorBoard's bucket
-    ``i`` runs from ``bucket_limit[i - 1]`` to ``bucket_limit[i]``, and its dashboard draws
-    the buckets from the first to the last that is not empty, the first starting at
-    ``min`` and the last ending at ``max``: they are those buckets' outer edges.
+class _Quiet:
+    """A column written only once it leaves its quiet value (:attr:`Reduction.quiet`):
+    the value (``None`` until the first row gives it), the first and last ``(step,
+    time_ns)`` of the quiet stretch, and whether the column has left it."""
 
-    Example:
-        >>> histogram_buckets(np.array([1, 2, 3, 4]), [0.0, 1.0, 2.0], log=False)
-        (-1.0, 3.0, [0.0, 1.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0])
-        >>> histogram_buckets(np.array([0, 2, 0, 0]), [0.0, 1.0, 2.0], log=False)[:2]
-        (0.0, 1.0)
-    """
-    e = [float(x) for x in edges]
-    if log:
-        lo, hi = 0.0, 2 * e[-1]
-    else:
-        lo, hi = e[0] - (e[1] - e[0]), e[-1] + (e[-1] - e[-2])
-    limits = e + [hi]
-    lefts = [lo] + e
-    full = np.nonzero(np.asarray(counts))[0]
-    first, last = (int(full[0]), int(full[-1])) if full.size else (0, len(limits) - 1)
-    return lefts[first], limits[last], limits, [float(c) for c in counts]
+    __slots__ = ("value", "first", "last", "loud")
+
+    def __init__(self, value: Optional[float]):
+        self.value = value
+        self.first: Optional[tuple[int, int]] = None
+        self.last: Optional[tuple[int, int]] = None
+        self.loud = False
 
 
 class _Exporter:
@@ -125,6 +114,7 @@ class _Exporter:
         self.writer = _EventFile(logdir, self.Event)
         self.rows: dict[str, int] = {}
         self.events = 0
+        self.quiet: dict[tuple[str, str], _Quiet] = {}  # (name, column): its quiet stretch
 
     def _histo(self, lo: float, hi: float, limits: list[float], counts: list[float],
                total: float = 0.0, squares: float = 0.0) -> Any:
@@ -132,44 +122,57 @@ class _Exporter:
             min=lo, max=hi, num=float(sum(counts)), sum=total, sum_squares=squares,
             bucket_limit=limits, bucket=counts)
 
-    def write(self, name: str, kind: str, reduce: dict, rows: np.ndarray, steps: np.ndarray,
-              times: np.ndarray) -> None:
-        """Writes rows ``rows`` of ``name`` (recorded at ``steps``, ``times`` in ns)."""
+    def _event(self, step: int, time_ns: int, values: list[Any]) -> None:
+        self.writer.add(self.Event(wall_time=int(time_ns) / 1e9, step=int(step),
+                                   summary=self.Summary(value=values)))
+        self.events += 1
+
+    def _scalar(self, name: str, column: str, quiet: Optional[_Quiet], value: float,
+                step: int, time_ns: int) -> Optional[Any]:
+        """The scalar ``NAME/column`` of one row, or ``None`` where the column is quiet;
+        a column that leaves its quiet value first gets its quiet stretch written (two
+        events, at its first and last rows: TensorBoard draws the same line)."""
+        tag = f"{name}/{column}"
+        if quiet is None or quiet.loud:
+            return self.Summary.Value(tag=tag, simple_value=value)
+        if quiet.value is None:
+            quiet.value = value
+        if value == quiet.value:
+            quiet.first = quiet.first or (step, time_ns)
+            quiet.last = (step, time_ns)
+            return None
+        quiet.loud = True
+        for at in dict.fromkeys(x for x in (quiet.first, quiet.last) if x is not None):
+            self._event(at[0], at[1], [self.Summary.Value(tag=tag,
+                                                          simple_value=quiet.value)])
+        return self.Summary.Value(tag=tag, simple_value=value)
+
+    def write(self, name: str, reader: type[Readback], reduce: dict, rows: np.ndarray,
+              steps: np.ndarray, times: np.ndarray) -> None:
+        """Writes rows ``rows`` of ``name`` (recorded at ``steps``, ``times`` in ns) as
+        their reduction's read side says (``reader.board``: scalars, histograms, or the
+        value itself), each column of ``reader.quiet`` only where it changes."""
         n = rows.shape[0]
-        Value = self.Summary.Value
-        r, plot = of_kind(kind), series.plot_of(kind)
-        stats = series.stats_rows(kind, rows) if plot == "stats" and n else None
-        counts = r.plot_rows(rows, reduce) if r is not None and plot == "heatmap" else None
-        lines = r.plot_rows(rows, reduce) if r is not None and plot == "lines" else None
-        labels = r.plot_labels(reduce, lines.shape[1]) if r and lines is not None else []
-        edges = reduce.get("edges", [])
-        log = "log" in str(reduce.get("scale", ""))
-        single = kind == "raw" and rows[0].size == 1  # a raw scalar: itself, no summary
-        for i in range(n):
-            values = []
-            if single:
-                values.append(Value(tag=name, simple_value=float(rows[i].ravel()[0])))
-            elif stats is not None:
-                values += [Value(tag=f"{name}/{c}", simple_value=float(stats[i, j]))
-                           for j, c in enumerate(STATS)]
-            elif lines is not None:
-                values += [Value(tag=f"{name}/{c}", simple_value=float(lines[i, j]))
-                           for j, c in enumerate(labels)]
-            if counts is not None:
-                values.append(Value(tag=name, histo=self._histo(
-                    *histogram_buckets(counts[i], edges, log))))
-            elif kind == "raw" and not single:
-                e, k = series.raw_histogram(rows[i])
-                if k.size:
-                    v = np.asarray(rows[i], np.float64).ravel()
-                    v = v[np.isfinite(v)]
-                    values.append(Value(tag=name, histo=self._histo(
-                        float(e[0]), float(e[-1]), [float(x) for x in e[1:]],
-                        [float(x) for x in k], float(v.sum()), float((v * v).sum()))))
-            self.writer.add(self.Event(wall_time=int(times[i]) / 1e9, step=int(steps[i]),
-                                             summary=self.Summary(value=values)))
-            self.events += 1
         self.rows[name] = self.rows.get(name, 0) + n
+        if not n:
+            return
+        board = reader.board(rows, reduce)
+        Value = self.Summary.Value
+        quiet = {c: self.quiet.setdefault((name, c), _Quiet(reader.quiet[c]))
+                 for c in board.scalars if c in reader.quiet}
+        for i in range(n):
+            step, time_ns = int(steps[i]), int(times[i])
+            values = []
+            if board.value is not None:
+                values.append(Value(tag=name, simple_value=float(board.value[i])))
+            for c, column in board.scalars.items():
+                v = self._scalar(name, c, quiet.get(c), float(column[i]), step, time_ns)
+                if v is not None:
+                    values.append(v)
+            histo = board.histograms[i] if board.histograms is not None else None
+            if histo is not None:
+                values.append(Value(tag=name, histo=self._histo(*histo)))
+            self._event(step, time_ns, values)
 
     def close(self) -> None:
         self.writer.close()
@@ -204,11 +207,11 @@ def _export_all(exp: _Exporter, path: Any, patterns: Sequence[str],
     rec = open_recording(path, storage_options=storage_options)
     for name in series.select(rec.names, patterns, rec.path):
         arr = rec[name]
-        kind = series.kind_of(arr.attrs)
+        reader = readback(arr.attrs)
         reduce = dict(arr.attrs.get("reduce", {}))
         row_bytes = int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.dtype.itemsize
         for lo, hi in series.blocks(len(arr), row_bytes, BLOCK_ROWS):
-            exp.write(name, kind, reduce, arr._read(lo, hi),
+            exp.write(name, reader, reduce, arr._read(lo, hi),
                       _steps(arr.meta("step", slice(lo, hi)), lo),
                       arr.meta("time_ns", slice(lo, hi)))
         exp.rows.setdefault(name, 0)
@@ -254,7 +257,7 @@ def _follow_array(exp: _Exporter, root: Any, name: str, where: str) -> int:
     times = stores.read_rows(group[f"{leaf}.time_ns"], slice(done, hi), f"{name}.time_ns",
                              where)
     attrs = dict(arr.attrs.get("hostfeed", {}))
-    exp.write(name, series.kind_of(attrs), dict(attrs.get("reduce", {})), rows,
+    exp.write(name, readback(attrs), dict(attrs.get("reduce", {})), rows,
               _steps(steps, done), times)
     return hi - done
 
@@ -268,17 +271,23 @@ def to_tensorboard(path: Any, logdir: str, patterns: Sequence[str] = (), *,
     Each row becomes an event at its recorded step (its index where it was recorded
     without one) and its recorded time:
 
-    - a ``reduce="stats"`` array ``NAME``: scalars ``NAME/count``, ``NAME/mean``,
-      ``NAME/std``, ``NAME/min``, ``NAME/max``, ``NAME/absmax``, ``NAME/l2``,
-      ``NAME/nan_count``, ``NAME/inf_count`` (kept axes combined into one row of
-      statistics: counts summed, means and spreads pooled);
+    - a ``reduce="stats"`` (or ``hostfeed.Stats(dtype=...)``) array ``NAME``: a scalar
+      ``NAME/COLUMN`` for each of its columns (``NAME/count``, ``NAME/mean``, ... of
+      ``hostfeed.STATS``, then ``NAME/underflow`` and ``NAME/overflow`` with a dtype; an
+      older store's rows, the columns they hold) and what they give:
+      ``NAME/dynamic_range_bits`` (``log2(absmax / absmin_nonzero)``),
+      ``NAME/zero_fraction``, ``NAME/underflow_fraction``, ``NAME/overflow_fraction``
+      (of the count); kept axes combined into one row of statistics (counts summed, means
+      and spreads pooled);
+      the count, NaN, infinity, zero, underflow and overflow columns and fractions
+      only where they change (the rows before the first change as a flat line from the
+      first to the last): no flat line of zeros per array;
     - a ``reduce=Histogram(...)`` array: a histogram ``NAME`` with hostfeed's bin edges,
-      the below and above counts as buckets at its ends (:func:`histogram_buckets`; kept
-      axes summed);
-    - an array of another reduction drawn as lines (its ``plot``): a scalar per column
-      of its ``plot_rows`` (``NAME/LABEL``, its ``plot_labels``);
-    - a raw array: the same scalars, computed on the host over each row (mean to l2 over
-      the finite values), and a histogram ``NAME`` of each row's finite values
+      the below and above counts as buckets at its ends (kept axes summed);
+    - an array of another reduction: what its read side writes (``board``), by default a
+      scalar per column of its ``plot_rows`` (``NAME/LABEL``, its ``plot_labels``);
+    - a raw array: the same scalars (but a cast's), computed on the host over each row
+      (mean to l1 over the finite values), and a histogram ``NAME`` of each row's finite values
       (30 equal buckets from its min to its max); rows of one value (a loss) are the
       scalar ``NAME`` itself.
 
@@ -320,11 +329,7 @@ def to_tensorboard(path: Any, logdir: str, patterns: Sequence[str] = (), *,
         raise ValueError(f"hostfeed.to_tensorboard: poll must be > 0 seconds, got {poll!r}")
     logdir = os.fspath(logdir)
     if not follow:  # the store checked before anything is written
-        try:
-            open_recording(path, storage_options=storage_options)
-        except FileNotFoundError as exc:
-            raise FileNotFoundError(f"hostfeed.to_tensorboard: no recording at {path!s} "
-                                    f"({exc})") from exc
+        open_recording(path, storage_options=storage_options)
     exp = _Exporter(logdir)
     try:
         if follow:
@@ -346,7 +351,8 @@ def main(path: str, logdir: str, patterns: Sequence[str], follow: bool, poll: fl
                   f"stops)", file=out, flush=True)
         rows = to_tensorboard(path, logdir, list(patterns), follow=follow, poll=poll)
     except (KeyError, ValueError, OSError, ImportError, TimeoutError) as exc:
-        print(f"python -m hostfeed tensorboard: {str(exc).strip(chr(34))}", file=sys.stderr)
+        said = str(exc).strip(chr(34)).removeprefix("hostfeed.open_recording: ")
+        print(f"python -m hostfeed tensorboard: {said}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # the events written so far are in the file, closed
         print(f"python -m hostfeed tensorboard: stopped; the rows exported so far are in "

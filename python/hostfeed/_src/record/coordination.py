@@ -36,6 +36,7 @@ import os
 import threading
 import uuid
 from typing import Any, Optional
+from collections.abc import Callable
 
 import jax
 
@@ -76,6 +77,7 @@ class Coordinator:
         self._claims: set[str] = set()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._hooks: list[Callable[[], None]] = []
 
     # ---- opening ---------------------------------------------------------------------
 
@@ -169,9 +171,15 @@ class Coordinator:
             out[(name, int(part))] = int(value)
         return out
 
+    def add_commit_hook(self, hook: Callable[[], None]) -> None:
+        """Runs ``hook`` first at every commit (a shared store's triggers, ``triggers.py``)."""
+        self._hooks.append(hook)
+
     def commit(self, native: Any) -> None:
         """Publishes this process's committed rows of every parted array; the leader then
-        announces the rows every part has committed."""
+        announces the rows every part has committed. The commit hooks run first."""
+        for hook in self._hooks:
+            hook()
         with self._lock:
             names = list(native.parted_names())
             local = {name: list(native.parted_rows(name)) for name in names}
@@ -192,8 +200,10 @@ class Coordinator:
                     self._committed[name] = agreed
 
     def start(self, native: Any, interval: float) -> None:
-        """Commits every ``interval`` seconds on a daemon thread (until :meth:`stop`)."""
-        if interval <= 0 or interval == float("inf"):
+        """For a shared store, commits every ``interval`` seconds on a daemon thread (until
+        :meth:`stop`); a store of one process has its parted arrays announced by the
+        recorder's own live cycles."""
+        if not self.shared or interval <= 0 or interval == float("inf"):
             return
 
         def run() -> None:

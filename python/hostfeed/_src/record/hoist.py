@@ -38,13 +38,13 @@ from jax import lax
 
 from .. import compat
 from ..primitives import outside_call_p
-from .roles import KIND, KIND_WITH_STEP
+from ..spec import is_record
 
 __all__ = ["Site", "Loop", "Collected", "evaluate", "holds_records", "order"]
 
 
 class Site(NamedTuple):
-    """One record equation: its callback (a recorder's target), its transforms, how many
+    """One record equation: its callback (a ``RecordSpec``), its transforms, how many
     operands it sends, and whether each instance carries a flag (inside a cond: it may not
     have run). Its arrays: the flag (bool, if flagged), then the operands. ``selection``:
     for a record of ``every=``/``start=``/``stop=`` at the computation's top whose step is
@@ -86,13 +86,13 @@ jax.tree_util.register_pytree_node(
     Collected, lambda c: (c.arrays, c.nodes), lambda nodes, arrays: Collected(nodes, arrays))
 
 
-def is_record(eqn: Any) -> bool:
+def collectable(eqn: Any) -> bool:
     """Whether ``eqn`` is a recorder's record that can be collected (not a synchronous one,
     not one the global-view lowering already split into parts)."""
     if eqn.primitive is not outside_call_p:
         return False
     params = eqn.params
-    return (params["callback"].kind in (KIND, KIND_WITH_STEP) and not params.get("sync")
+    return (is_record(params["callback"]) and not params.get("sync")
             and params.get("shard_parts") is None)
 
 
@@ -104,7 +104,7 @@ def holds_records(jaxpr: Any) -> bool:
     hit = _holds.get(id(jaxpr))
     if hit is not None and hit[0] is jaxpr:
         return hit[1]
-    found = any(is_record(e) or any(holds_records(j) for j in compat.jaxprs.sub_jaxprs(e.params))
+    found = any(collectable(e) or any(holds_records(j) for j in compat.jaxprs.sub_jaxprs(e.params))
                 for e in jaxpr.eqns)
     if len(_holds) > 4096:
         _holds.clear()
@@ -175,7 +175,7 @@ def _eval(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], c: _Collector)
 
 
 def _eval_eqn(eqn: Any, invals: list, c: _Collector) -> list:
-    if is_record(eqn):
+    if collectable(eqn):
         c.site(eqn, invals[:eqn.params["nr_tapped_args"]])
         return invals  # the identity on every operand
     subs = compat.jaxprs.sub_jaxprs(eqn.params)

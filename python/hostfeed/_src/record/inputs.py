@@ -8,6 +8,7 @@ import jax
 import numpy as np
 
 from .. import compat, dtypes
+from .roles import COTANGENT_SUFFIX, ROW_METADATA, TANGENT_SUFFIX
 
 
 def describe_pytree(value: Any, n_leaves: int, name: str) -> str:
@@ -111,3 +112,16 @@ def as_step(step: Any, name: str) -> Any:
         raise TypeError(f"hostfeed: Recorder.record({name!r}, step=...) needs an integer "
                         f"scalar, got {s.dtype}{list(s.shape)}")
     return s
+
+
+def check_name(name: str) -> None:
+    """Refuses a name a record may not be given: a reserved suffix (per-row metadata,
+    tangents, cotangents) on its last part."""
+    if not isinstance(name, str):
+        raise TypeError(f"hostfeed: a record name must be a str, got {type(name).__name__}")
+    leaf = name.rsplit("/", 1)[-1]
+    for suffix in (TANGENT_SUFFIX, COTANGENT_SUFFIX) + tuple("." + s for s in ROW_METADATA):
+        if leaf.endswith(suffix):
+            raise ValueError(
+                f"hostfeed: invalid record name {name!r}: the suffix {suffix!r} is reserved "
+                f"(per-row metadata, tangents and cotangents are stored under such names)")

@@ -6,13 +6,20 @@ recorder's writer threads without calling Python (``crates/hostfeed-core/src/rec
 Each name is one Zarr array ``[rows, *x.shape]``; per-row metadata (step, device, arrival
 time, record number, transforms) sits in sibling arrays (``h.step``, ...).
 
-How a record travels: ``record`` binds ``outside_call_p`` with a :class:`CallbackSpec`
-of kind ``"record"`` (so every transformation rule, ordering and placement of taps
-applies); at lowering, :func:`.lowering.consumer_lease` declares the arrays (a clash
-raises at the call site) and binds the consumer id to a Rust *sink*. Two paths go through
-Python instead, calling :class:`Target` (which appends a copy): global-view records of
-sharded ``jit`` (the shards are joined by ``runtime.Joiner`` first), and inline mode
-(``JAX_HOST_CALLBACK_INLINE``, or an eager record inside a host callback).
+How a record travels: ``record`` (:mod:`.recording`) checks what it is given, selection
+(:mod:`.selection`) picks the steps and the summary, and the plain record (:mod:`.plain`)
+binds ``outside_call_p`` with a :class:`~hostfeed._src.spec.RecordSpec` carrying the
+recorder's catalogue and the record's name (so every transformation rule, ordering and
+placement of taps applies); at lowering, the record's rule (:mod:`.lowering`) declares the
+arrays (a clash raises at the call site) and binds the consumer id to a Rust *sink*. Two
+paths go through Python instead, calling the spec's :class:`~.target.Target` (which
+appends a copy): global-view records of sharded ``jit`` (the shards are joined by
+``runtime.Joiner`` first), and inline mode (``JAX_HOST_CALLBACK_INLINE``, or an eager
+record inside a host callback).
+
+The class is built in layers, one concern each: :mod:`.options` (the arguments, checked
+once), :mod:`.lifetime` (open, flush, close), :mod:`.recording` (record, watch, step, the
+window's keep and triggers), and :class:`Recorder` here (what the user constructs).
 
 Operands of a record: the value, then the step if given. Transformations change them as
 for taps: ``jvp`` appends the tangents (recorded as ``name.tangent``), the backward pass of
@@ -23,41 +30,21 @@ operand is what, :func:`lane_dims` how many leading dimensions are lanes; a reco
 """
 from __future__ import annotations
 
-import logging
-import math
-import os
-import threading
 from typing import Any, Optional
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import jax
-import numpy as np
 
-from ... import _receiver
-from .. import compat, errors, keys, lifecycle, settings
-from ..primitives import outside_call_p, outside_call_params
-from . import (coordination, inputs as record_inputs, late, selection as _selection,
-               step as _step, stores, unflushed as _unflushed)
-from .catalogue import Catalogue
-from .target import Target
-from ..spec import CallbackSpec
-from .roles import (COTANGENT_SUFFIX, KIND, KIND_WITH_STEP, ROW_METADATA, STEP,  # noqa: F401
-                           TANGENT_SUFFIX, lane_dims, roles, transforms_json)
-
-logger = logging.getLogger("hostfeed")
+from . import window as _window
+from .lifetime import RecordingError
+from .options import options
+from .recording import RecordPath
+from .roles import ROW_METADATA
 
 __all__ = ["Recorder", "RecordingError", "ROW_METADATA"]
 
-RecordingError = _receiver.error.RecordingError
 
-# Recorders not closed yet: barrier_wait flushes them, interpreter exit closes them (after
-# the receiver has drained). Strong references, so that an open recorder dropped by the
-# program still gets its rows written.
-_open: set[Recorder] = set()
-open_lock = threading.Lock()
-
-
-class Recorder:
+class Recorder(RecordPath):
     """Records values from inside JAX computations to a Zarr v3 store, written by Rust
     threads at disk speed, with no Python per record.
 
@@ -79,7 +66,8 @@ class Recorder:
     leaving a ``with`` block, interpreter exit) returns once every row recorded by the
     computations dispatched so far is written and announced in the store's metadata. A
     killed process leaves a store that opens and holds every row flushed before the kill
-    (and those announced by the periodic commit, every ``commit_interval`` seconds).
+    (and those announced by the live cycles: every row within ``commit_interval`` seconds,
+    which is also when readers such as :func:`follow` see it).
 
     The bytes of a row stay charged against the receiver's queue bound
     (``JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE``) until they are written, so a slow disk
@@ -105,17 +93,20 @@ class Recorder:
       shard_bytes: shard the arrays (Zarr's ``sharding_indexed``): each object (file) holds
         this many bytes of rows, in chunks of ``chunk_bytes``, with an index at its end; 0:
         a chunk is an object. Default (None): 256 MiB shards in an object store, none on a
-        file system. In an object store an object (shard or chunk) holds at most 2,048 rows
-        and a shard's chunks at most 256, so that a flush, which puts the object holding the
-        last rows again, costs bytes in proportion to the rows. A compressed shard on a file
-        system is put whole, its rows waiting in memory, so it is at most a quarter of the
-        queue bound there.
+        file system. In an object store an object (shard or chunk) holds at most 256 rows (16
+        of 1 KiB or more while ``commit_interval`` is finite) and a shard's chunks an eighth
+        of that, so that a flush or a live cycle, which puts the object holding the last rows
+        again, costs bytes in proportion to the rows. A compressed shard on a file system is
+        put whole, its rows waiting in memory, so it is at most a quarter of the queue bound.
       writers: writer threads (they write different chunks at the same time). Default
         (None): 2 on a file system; 4 in an object store, where a writer mostly waits for
         the network (each puts a shard in one request, up to ``single_put_bytes`` held).
       durable: fsync every chunk and metadata write, so rows also survive an OS crash or
         power loss (default False: a killed process loses nothing flushed either way).
-      commit_interval: seconds between announcements of written rows besides flushes.
+      commit_interval: every row is readable within this many seconds of reaching the
+        recorder, with no flush (a partial chunk written, then announced): default (None) 1
+        on a file system, 30 in an object store (bytes sent stay under twice the rows');
+        ``inf``: at flushes only.
       separator: chunk key separator, ``"/"`` (nested directories) or ``"."`` (flat).
       coordination_timeout: under ``jax.distributed`` (every process opens the same
         path and together they write one store; see README, "Many processes"), the
@@ -134,6 +125,17 @@ class Recorder:
       lease: an object store's lock is an object with a lease that the recorder renews
         while it is open; after a crash, the store opens again once ``lease`` seconds have
         passed (default 60).
+      window: keep the rows of the last ``window`` steps of the arrays recorded with
+        ``keep="window"`` in host memory (no disk I/O), and write them to the store when
+        a trigger fires (see docs, "Debugging a run"); at most ``window_bytes`` bytes
+        (default 1 GiB: each row's buffer and 128 bytes; older steps go first, and a step
+        larger than it is refused).
+      after: a trigger at step ``t`` writes steps ``t - window + 1 .. t + after``.
+      on_nonfinite: the first NaN or infinity in any recorded row (raw or summary,
+        windowed or not) fires a trigger naming the value, the array and the step.
+      on_trigger: None (default: each trigger is logged when noticed), ``"raise"`` (the
+        next ``rec.step`` call or ``barrier_wait`` raises :class:`hostfeed.Triggered` once
+        the window is written), or a function called with each trigger's description.
 
     Raises:
       RecordingError: (an ``OSError``) the path cannot be created, or exists, or another
@@ -156,441 +158,25 @@ class Recorder:
         ((3, 4), [0, 1, 2])
     """
 
+
     def __init__(self, path: Any, *, mode: str = "w-", compression: Optional[str] = None,
                  compression_level: int = 1, chunk_bytes: int = 16 << 20,
                  writers: Optional[int] = None,
-                 durable: bool = False, commit_interval: float = 1.0,
+                 durable: bool = False, commit_interval: Optional[float] = None,
                  separator: str = "/", coordination_timeout: float = 60.0,
                  storage_options: Optional[Mapping[str, Any]] = None, lease: float = 60.0,
-                 resume_after_step: Optional[int] = None, shard_bytes: Optional[int] = None):
-        if isinstance(coordination_timeout, bool) or not isinstance(
-                coordination_timeout, (int, float)) or not math.isfinite(coordination_timeout) \
-                or coordination_timeout <= 0:
-            raise ValueError(f"hostfeed.Recorder: coordination_timeout must be a positive, "
-                             f"finite number of seconds, got {coordination_timeout!r}")
-        # Checked wherever the store is (it matters only in an object store), so that a
-        # wrong value is not found out only when the same code first writes to one.
-        if isinstance(lease, bool) or not isinstance(lease, (int, float)) \
-                or not math.isfinite(lease) or lease < 0.1:
-            raise ValueError(f"hostfeed.Recorder: lease must be a finite number of seconds, "
-                             f"at least 0.1; got {lease!r}")
-        # The receiver (and its exit handler, which closes recorders after draining) must
-        # exist before any row can be recorded.
-        lifecycle.ensure_started()
-        durable = settings.flag(durable, "hostfeed.Recorder: durable")
-        where = stores.location(path, storage_options)
-        fspath = where.where
-        coord = coordination.Coordinator(fspath, coordination_timeout)
-        options: dict[str, Any] = dict(mode=mode, compression=compression, level=compression_level,
-                       chunk_bytes=chunk_bytes, writers=_writers(writers, where.url),
-                       durable=durable,
-                       commit_interval=commit_interval, separator=separator,
-                       shard_bytes=_shard_bytes(shard_bytes, where.url))
-        if resume_after_step is not None:
-            if isinstance(resume_after_step, bool) or not isinstance(
-                    resume_after_step, (int, np.integer)):
-                raise TypeError(f"hostfeed.Recorder: resume_after_step must be an int (a step), "
-                                f"got {resume_after_step!r}")
-            options["resume_after_step"] = int(resume_after_step)
-        if where.url:
-            options.update(url=True, storage_options=where.options, lease=lease)
-        if not coord.shared:
-            self._native = _receiver.record.Recorder(fspath, **options)
-        elif coord.leader:
-            group = coord.new_group()
-            try:
-                self._native = _receiver.record.Recorder(fspath, **options, shared=group,
-                                                         leader=True)
-            except Exception as exc:
-                coord.announce(None, str(exc))
-                raise
-            coord.announce(group)
-        else:
-            self._native = _receiver.record.Recorder(fspath, **options, shared=coord.join(),
-                                                     leader=False)
-        self._coord = coord
-        coord.start(self._native, commit_interval)
-        self._lock = threading.Lock()
-        self._targets: dict[tuple[str, str], Target] = {}
-        #: What the lowering, the records' targets and recorded steps ask of this recorder.
-        self.catalogue = Catalogue(self._native, coord, self._keep_error)
-        # Errors of rows recorded through Python (eager records), not raised yet.
-        self._unseen: list[BaseException] = []
-        #: What this recorder's steps (:meth:`step`) hand their records to.
-        self.pipeline = _step.Pipeline(self.catalogue)
-        # ``record``: the plain record, wrapped to take every=, start=, stop=, reduce=.
-        self._selective = _selection.selective(self._record, self._native.describe_summary)
-        self._pid = os.getpid()
-        with open_lock:
-            _open.add(self)
-        _unflushed.mark_flushed(self)
-
-    # ---- public API ---------------------------------------------------------------------
-
-    @property
-    def path(self) -> str:
-        """The store's directory."""
-        return str(self._native.path)
-
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        return bool(self._native.closed)
-
-    def record(self, name: str, value: Any, *, step: Any = None, result: Any = None,
-               every: Optional[int] = None, start: Optional[int] = None,
-               stop: Optional[int] = None, reduce: Any = None, axis: Any = None,
-               cotangents: Optional[bool] = None) -> Any:
-        """Identity on ``value`` that also appends it (or its summary) as one row of array
-        ``name``.
-
-        Args:
-          name: the array's name in the store; ``/`` separates groups (``"layer1/h"``).
-            Parts use letters, digits, ``_``, ``-`` and ``.`` (not first), at most 200
-            bytes each (1024 in all); a part that is ``zarr.json`` or ends in a per-row
-            metadata suffix (``.step``, ...), and names ending in ``.tangent``/
-            ``.cotangent``, are refused.
-          value: a JAX array, numpy array or scalar of any dtype hostfeed transfers (not a
-            pytree: record each leaf under its own name).
-          step: optional integer scalar (traced or not) stored with the row in
-            ``name.step``, to line rows up with training steps.
-          result: if given, the return value instead of ``value`` (as for ``id_tap``); the
-            row is recorded either way.
-          every, start, stop: record only at steps ``start, start + every, ...`` before
-            ``stop`` (each optional; ``step`` required). Decided on the device: a step that
-            records nothing costs a compare (see Recording, "Selective recording").
-          reduce: ``"stats"`` records a row of statistics of ``value`` instead of it
-            (``hostfeed.STATS``: count, mean, std, min, max, absmax, l2, nan and inf counts;
-            float32), ``hostfeed.Histogram(...)`` a row of bin counts; computed on the device.
-          axis: the axes ``reduce`` reduces over (default: all); the others stay, e.g.
-            ``axis=(0, 1)`` of ``[batch, seq, d]`` gives per-channel stats ``[d, 9]``.
-          cotangents: under ``grad`` (``vjp``), whether the backward pass also records the
-            cotangent as ``name.cotangent``, a row the size of ``value`` (and under
-            ``jvp`` the tangent as ``name.tangent``); False records the primal only. None
-            (default): the process's autodiff mode (``HOSTFEED_AD_TAPS``, default
-            ``transforms``: recorded; ``primals``: not).
-
-        Each call that runs appends a row: a name recorded twice in one step (train and
-        eval passes) gets two rows with that ``step``, in run order (``name.seq``); give
-        each its own name (``"train/h"``, ``"eval/h"``) to tell them apart.
-
-        Returns:
-          ``value``, or ``result`` if given.
-
-        Example:
-            >>> rec.record("h/stats", h, step=step, every=100, reduce="stats")  # doctest: +SKIP
-            >>> rec.record("h", h, step=step, cotangents=False)  # doctest: +SKIP
-
-        Raises:
-          ValueError: an invalid name (every part is checked), the recorder is closed, or
-            (eagerly, or when the computation is compiled, at the call site) the name was
-            recorded before with another shape or dtype.
-          TypeError: a pytree, or a dtype that cannot be recorded (sub-byte types).
-          OverflowError: a numpy value that does not fit the dtype JAX converts it to
-            (``int64`` values beyond int32's range, ``float64`` beyond float32's, while
-            ``jax_enable_x64`` is off); one that fits is recorded converted, as ``jit``
-            would convert it.
-        """
-        ad_taps = record_inputs.ad_taps_of(cotangents, name)
-        return self._selective(name, value, step=step, result=result, every=every,
-                               start=start, stop=stop, reduce=reduce, axis=axis,
-                               ad_taps=ad_taps)
-
-    def _record(self, name: str, value: Any, *, step: Any = None, result: Any = None,
-                ad_taps: Optional[str] = None) -> Any:
-        if self.closed:
-            if os.getpid() != self._pid:
-                raise ValueError(
-                    f"hostfeed: Recorder.record({name!r}): this recorder ({self.path}) was "
-                    f"opened by the parent of this forked process; open a new one here")
-            raise ValueError(f"hostfeed: Recorder.record({name!r}) on a closed recorder "
-                             f"({self.path})")
-        _check_name(name)
-        treedef: Any
-        leaves, treedef = jax.tree_util.tree_flatten(value)
-        if treedef.num_leaves != 1 or treedef.num_nodes != 1:
-            raise TypeError(f"hostfeed: Recorder.record({name!r}) records one array, got "
-                            f"{record_inputs.describe_pytree(value, treedef.num_leaves, name)}")
-        leaves, value_keys = keys.unwrap_keys(leaves, "Recorder.record", "value")
-        operands = [record_inputs.as_value(leaves[0], name)]
-        self._native.check_name(name, np.ndim(operands[0]))
-        if not compat.is_tracer(operands[0]):
-            # An eager record: its row is appended later, on the consumer thread; a shape or
-            # dtype clash is raised here, at the call, as under jit (and, for a shared
-            # store, an array another process writes).
-            self.catalogue.claim(name)
-            self.catalogue.declare(name, jax.dtypes.canonicalize_dtype(operands[0].dtype),
-                          np.shape(operands[0]))
-        if step is not None:
-            operands.append(record_inputs.as_step(step, name))
-        kind = KIND if step is None else KIND_WITH_STEP
-        spec = CallbackSpec(self._target(name, kind),
-                            jax.tree_util.tree_structure(tuple(operands)), True, kind, ad_taps)
-        flat_results: list = []
-        result_keys: Any = None
-        result_treedef: Any = None
-        if result is not None:
-            flat_results, result_treedef = jax.tree_util.tree_flatten(result)
-            flat_results, result_keys = keys.unwrap_keys(flat_results, "Recorder.record",
-                                                         "result")
-            flat_results = [r if compat.is_tracer(r) or isinstance(r, jax.Array)
-                            else jax.numpy.asarray(r) for r in flat_results]
-        outs = outside_call_p.bind(*operands, *flat_results,
-                                   **outside_call_params(spec, len(operands)))
-        if result_treedef is not None:
-            return result_treedef.unflatten(
-                keys.rewrap_keys(outs[len(operands):], result_keys))
-        return treedef.unflatten(keys.rewrap_keys(outs[:1], value_keys))
-
-    def step(self, fn: Callable, *, in_flight: int = _step.DEFAULT_IN_FLIGHT,
-             outputs: Optional[bool] = None, **jit_kwargs: Any) -> _step.RecordedStep:
-        """``fn`` compiled with ``jax.jit``, its records leaving the computation as outputs:
-        the fastest way to record from a step that is called again and again (a training
-        step), on an accelerator above all.
-
-        The ``record()`` calls that ``fn`` makes (at its top, in nested ``jit``, ``scan``
-        and ``fori_loop`` bodies, in ``cond`` branches and ``every=``/``start=``/``stop=``,
-        under ``grad`` and ``vmap``) become extra outputs of the computation instead of
-        host callbacks inside it. Each call starts their copies to the host at once and
-        returns ``fn``'s outputs; a thread appends the rows while the next steps run, in
-        call order. ``every=`` moves no bytes for a step it skips; ``reduce=`` moves only
-        the summary. A ``record`` inside a ``while_loop`` (or ``shard_map``, ``pmap``)
-        stays in the computation, as without ``step``. By default the records leave as
-        outputs where the step runs on a TPU; on a CPU or a GPU, where hostfeed's own
-        handlers copy a record inside the computation for less, they stay inside (the
-        step is then ``jax.jit(fn)``).
-
-        Args:
-          fn: the step function; it may record with this or other recorders.
-          in_flight: at most this many calls' records wait on the device: the next call
-            waits until the oldest is copied (device memory for records stays within
-            ``in_flight`` times one step's recorded bytes).
-          outputs: True: the records always leave as outputs; False: never (they are
-            host callbacks inside the computation); None: as outputs on a TPU.
-          **jit_kwargs: passed to ``jax.jit`` (``static_argnums``, ``donate_argnums``...).
-
-        Returns:
-          A callable like ``jax.jit(fn)``. Calling it after this recorder's ``close()`` (or,
-          where the records leave as outputs, another recorder's it records to) raises
-          ``ValueError`` before the step runs: its rows would be dropped.
-
-        Example:
-            >>> train_step = rec.step(train_step)              # doctest: +SKIP
-            >>> for i, batch in enumerate(data):               # doctest: +SKIP
-            ...     params = train_step(params, batch, i)
-        """
-        if not callable(fn):
-            raise TypeError(f"hostfeed: Recorder.step(fn) needs a callable, got "
-                            f"{type(fn).__name__}")
-        if isinstance(in_flight, bool) or not isinstance(in_flight, (int, np.integer)) \
-                or in_flight < 1:
-            raise ValueError(f"hostfeed: Recorder.step: in_flight must be a positive number "
-                             f"of steps, got {in_flight!r}")
-        if outputs is not None:
-            if not isinstance(outputs, (bool, np.bool_)):
-                raise TypeError(f"hostfeed: Recorder.step: outputs must be True, False or "
-                                f"None, got {outputs!r}")
-            outputs = bool(outputs)
-        return _step.RecordedStep(self, fn, int(in_flight), jit_kwargs, outputs)
-
-    def _drain_all_steps(self) -> None:
-        """Waits until every row of the steps called so far is appended: this recorder's
-        and every open recorder's (a step of another recorder may record to this one)."""
-        with open_lock:
-            recorders = [self, *(r for r in _open if r is not self)]
-        for rec in recorders:
-            rec.pipeline.drain()
-
-    def flush(self, timeout: Optional[float] = None) -> None:
-        """Waits until every row recorded by the computations dispatched so far is written
-        and announced in the store's metadata.
-
-        Raises:
-          RecordingError: a write failed since the last flush (disk full, ...), naming
-            every array concerned; later flushes raise it again for the rows dropped since.
-          ValueError: (or what else it was) a row recorded eagerly could not be appended,
-            and no flush, close or ``barrier_wait`` has raised that yet.
-          TimeoutError: not done within ``timeout`` seconds (what was written is announced).
-        """
-        lifecycle.check_not_in_callback("Recorder.flush")
-        self._drain_all_steps()
-        failed_run = lifecycle.drain_dispatched(timeout)
-        if not self._native.flush(timeout):
-            raise _receiver.error.ReceiverTimeoutError(
-                f"hostfeed: Recorder.flush timed out after {timeout} s with rows of "
-                f"{self.path} still being written")
-        self._coord.commit(self._native)
-        _unflushed.mark_flushed(self)
-        self._raise_unseen()
-        if failed_run is not None:
-            raise failed_run
-
-    def close(self) -> None:
-        """Flushes, then stops the writer threads. Recording afterwards raises, and so
-        does calling a step of this recorder (:meth:`step`); rows that code compiled
-        before sends later are dropped, and the next ``barrier_wait()`` raises a
-        ``RecordingError`` that counts them per array (if none does, the report at
-        interpreter exit says so). Closing twice does nothing."""
-        if self.closed:
-            return
-        lifecycle.check_not_in_callback("Recorder.close")
-        try:
-            self._drain_all_steps()
-            lifecycle.drain_dispatched()
-        finally:
-            with open_lock:
-                _open.discard(self)
-            self._close_native()
-        self._raise_unseen()
-
-    def _close_native(self) -> None:
-        """Writes every row, agrees with the other processes (a shared store), closes."""
-        try:
-            self._native.flush(None)
-            self._coord.close(self._native)
-        finally:
-            self._coord.stop()
-            self._native.close()
-
-    def stats(self) -> dict[str, int]:
-        """Counters: rows received, bytes and chunks written, spills (partial chunks written
-        early to free the queue), commits, rows dropped."""
-        return dict(self._native.stats())
-
-    def __enter__(self) -> Recorder:
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        if exc_info[0] is None:
-            self.close()
-            return
-        try:  # leaving on an exception: that one propagates, a recording error is logged
-            self.close()
-        except _receiver.error.RecordingError as exc:
-            logger.error("hostfeed: closing %r while an exception propagates: %s",
-                                  self, exc)
-
-    def __repr__(self) -> str:
-        return f"hostfeed.Recorder({self.path!r}{', closed' if self.closed else ''})"
-
-    # ---- internals ----------------------------------------------------------------------
-
-    def _keep_error(self, exc: BaseException) -> None:
-        with self._lock:
-            self._unseen.append(exc)
-
-    def _take_unseen(self) -> Optional[BaseException]:
-        """The first error of this recorder's Python-side appends nobody has raised yet
-        (the others are logged already); forgets them all."""
-        with self._lock:
-            unseen, self._unseen = self._unseen, []
-        return unseen[0] if unseen else None
-
-    def _raise_unseen(self) -> None:
-        exc = self._take_unseen()
-        if exc is not None:
-            raise exc
-
-    def _target(self, name: str, kind: str) -> Target:
-        with self._lock:
-            t = self._targets.get((name, kind))
-            if t is None:
-                t = self._targets[(name, kind)] = Target(self, name, kind)
-            return t
-
-
-#: Shards of an object store's arrays unless ``shard_bytes`` says otherwise.
-DEFAULT_OBJECT_SHARD_BYTES = 256 << 20
-#: Writer threads of a recorder in an object store, unless told otherwise.
-OBJECT_STORE_WRITERS = 4
-
-
-def _shard_bytes(shard_bytes: Optional[int], url: bool) -> Optional[int]:
-    """What the native recorder takes: shard size, or None for a chunk per object."""
-    if shard_bytes is None:
-        return DEFAULT_OBJECT_SHARD_BYTES if url else None
-    if isinstance(shard_bytes, bool) or not isinstance(shard_bytes, (int, np.integer)) \
-            or shard_bytes < 0:
-        raise ValueError(f"hostfeed.Recorder: shard_bytes must be a number of bytes (0: no "
-                         f"shards), got {shard_bytes!r}")
-    return int(shard_bytes) or None
-
-
-def _writers(writers: Optional[int], url: bool) -> int:
-    """Writer threads: as given, else 4 for an object store (they wait on the network) and
-    2 for a file system."""
-    if writers is None:
-        return OBJECT_STORE_WRITERS if url else 2
-    if isinstance(writers, bool) or not isinstance(writers, (int, np.integer)) or writers < 1:
-        raise ValueError(f"hostfeed.Recorder: writers must be a positive number of threads, "
-                         f"got {writers!r}")
-    return int(writers)
-
-
-def _check_name(name: str) -> None:
-    if not isinstance(name, str):
-        raise TypeError(f"hostfeed: a record name must be a str, got {type(name).__name__}")
-    leaf = name.rsplit("/", 1)[-1]
-    for suffix in (TANGENT_SUFFIX, COTANGENT_SUFFIX) + tuple("." + s for s in ROW_METADATA):
-        if leaf.endswith(suffix):
-            raise ValueError(
-                f"hostfeed: invalid record name {name!r}: the suffix {suffix!r} is reserved "
-                f"(per-row metadata, tangents and cotangents are stored under such names)")
-
-
-# ---- barrier and exit --------------------------------------------------------------------
-
-
-def _flush_open() -> Optional[BaseException]:
-    """After a barrier: writes what every open recorder received; returns the first error
-    (rows that reached a closed recorder come last)."""
-    if not _open:  # no recorder open: nothing to write (checked without the lock)
-        return None if errors.pending() else late.raised()
-    with open_lock:
-        recorders = list(_open)
-    first: Optional[BaseException] = None
-    for rec in recorders:  # all first: a step of one recorder may record to another
-        try:
-            rec.pipeline.drain()
-        except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
-            first = first or exc
-    for rec in recorders:
-        try:
-            rec._native.flush(None)
-            rec._coord.commit(rec._native)
-            _unflushed.mark_flushed(rec)
-        except Exception as exc:  # noqa: BLE001 - returned to barrier_wait
-            first = first or exc
-        first = first or rec._take_unseen()
-    if first is None and not errors.pending():  # else kept for a later barrier
-        return late.raised()
-    return first
-
-
-def _close_open() -> None:
-    """At exit, after the receiver drained: closes every open recorder."""
-    with open_lock:
-        recorders = list(_open)
-        _open.clear()
-    for rec in recorders:  # all first: a step of one recorder may record to another
-        try:
-            rec.pipeline.drain()
-        except Exception as exc:  # noqa: BLE001 - logged; the recorders still close
-            logger.error("hostfeed: closing %r at exit: %s", rec, exc)
-    for rec in recorders:
-        try:
-            rec._close_native()
-        except Exception as exc:  # noqa: BLE001 - logged; the other recorders still close
-            logger.error("hostfeed: closing %r at exit: %s", rec, exc)
-    late.report_at_exit()
-
-
-def _after_fork_in_child() -> None:
-    """A forked child starts with no open recorder: the parent's are closed here (the
-    native side already counts them as closed, without touching their stores)."""
-    global open_lock  # noqa: PLW0603 - a thread of the parent may have held it at the fork
-    open_lock = threading.Lock()
-    _open.clear()
+                 resume_after_step: Optional[int] = None, shard_bytes: Optional[int] = None,
+                 window: Optional[int] = None, window_bytes: Optional[int] = None,
+                 after: int = 0, on_nonfinite: bool = False,
+                 on_trigger: _window.OnTrigger = None):
+        super().__init__(options(
+            path, mode=mode, compression=compression, compression_level=compression_level,
+            chunk_bytes=chunk_bytes, writers=writers, durable=durable,
+            commit_interval=commit_interval, separator=separator,
+            coordination_timeout=coordination_timeout, storage_options=storage_options,
+            lease=lease, resume_after_step=resume_after_step, shard_bytes=shard_bytes,
+            window=window, window_bytes=window_bytes, after=after, on_nonfinite=on_nonfinite,
+            on_trigger=on_trigger))
 
 
 # A Recorder is static: a pytree with no leaves, itself the node's data (compared and
@@ -598,6 +184,5 @@ def _after_fork_in_child() -> None:
 # Equinox module or part of any pytree, and a new recorder retraces.
 jax.tree_util.register_pytree_node(Recorder, lambda rec: ((), rec), lambda rec, _: rec)
 
-lifecycle.add_barrier_hook(_flush_open)
-lifecycle.add_exit_hook(_close_open)
-lifecycle.add_fork_hook(_after_fork_in_child)
+# (The barrier, exit and fork hooks, which flush, close and forget the open recorders,
+# are ``barrier.py``'s; the open recorders and the close hooks, ``lifetime.py``'s.)

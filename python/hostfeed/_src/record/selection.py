@@ -15,6 +15,7 @@ import numpy as np
 from jax.interpreters import ad, batching, mlir
 
 from .. import compat, reductions, transports
+from . import cotangents
 from ..primitives import get_ad_taps
 from .inputs import check_fits
 from .summaries import check_int, summarize
@@ -63,10 +64,30 @@ def selective(record: Record, describe: Callable[[str, str], None]) -> Selective
                 and axis is None:
             return record(name, value, step=step, result=result, ad_taps=ad_taps)
         check_fits(value, name)
+        through = (ad_taps or get_ad_taps()) != "primals"
+        backward = None
+        if reduce is not None and through and result is None:
+            backward = _cotangent_plan(record, describe, name, every, start, stop, reduce,
+                                       axis)
         return _record_selected(functools.partial(record, ad_taps=ad_taps), describe, name,
                                 value, step, result, every, start, stop, reduce, axis,
-                                through=(ad_taps or get_ad_taps()) != "primals")
+                                through=through, backward=backward)
     return recorded
+
+
+def _cotangent_plan(record: Record, describe: Callable[[str, str], None], name: str,
+                    every: Any, start: Any, stop: Any, reduce: Any,
+                    axis: Any) -> cotangents.Plan:
+    """How the backward pass records the summary of a summarised value's cotangent: the
+    same reduction at the same steps, under :func:`cotangents.cotangent_name` (no
+    cotangent of that record in turn)."""
+    ct_name = cotangents.cotangent_name(name, reduce)
+    plain = functools.partial(record, ad_taps="primals")
+
+    def take(ct: Any, step: Any) -> None:
+        _record_selected(plain, describe, ct_name, ct, step, None, every, start, stop,
+                         reduce, axis, through=False)
+    return cotangents.Plan(take, ct_name)
 
 
 def selection(step: Any, every: Any, start: Any, stop: Any, name: str) -> Any:
@@ -200,12 +221,14 @@ def _summary_at_selected(take: Callable[..., Any], record: Callable[..., Any], n
 
 def _record_selected(record: Callable[..., Any], describe: Callable[[str, str], None],
                      name: str, value: Any, step: Any, result: Any, every: Any, start: Any,
-                     stop: Any, reduce: Any, axis: Any, through: bool = True) -> Any:
+                     stop: Any, reduce: Any, axis: Any, through: bool = True,
+                     backward: Optional[cotangents.Plan] = None) -> Any:
     """``record(name, row, step=, result=)`` of ``value`` (or of its summary), at the
     selected steps only; returns ``value``, or ``result`` if given. ``through``: whether
     a raw value decided on the device passes through the record (for its cotangent to
     be recorded under ``grad``); if not, the record is only a side effect, which leaves
-    XLA's fusion of the value's producers and users as without it."""
+    XLA's fusion of the value's producers and users as without it. ``backward``: how the
+    summary of the cotangent of ``value`` is recorded (at the same steps), if it is."""
     selecting = every is not None or start is not None or stop is not None
     chosen = selection(step, every, start, stop, name) if selecting else True
     if reduce is None and axis is not None:
@@ -214,6 +237,8 @@ def _record_selected(record: Callable[..., Any], describe: Callable[[str, str], 
     out = value if result is None else result
     if chosen is False:
         return out
+    if backward is not None:
+        value = cotangents.through(value, step, backward)
 
     def summary(v: Any) -> Any:
         # A summary is a diagnostic: no gradient flows into it (nor is its cotangent,

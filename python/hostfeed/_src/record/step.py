@@ -116,6 +116,9 @@ class RecordedStep:
             # dispatch to hang the records on, so they stay in that computation.
             return self.fn(*args, **kwargs)
         self._check_open()
+        flight = self.recorder._flight
+        if flight is not None and flight.raises:  # on_trigger="raise": stop at a trigger
+            flight.before_step(self.recorder)
         if not self._platform:
             self._platform = _platform_of(args, kwargs)
         if not self.takes_outputs():
@@ -205,27 +208,27 @@ def _declare(nodes: Sequence[hoist.Node], arrays: Sequence[Any], depth: int = 0
     closed recorder, is an error here, at the call; returns how many arrays it went
     through, and the recorders recorded to."""
     at = 0
-    recorders: dict[int, Any] = {}
+    catalogues: dict[int, Any] = {}
     for node in nodes:
         if isinstance(node, hoist.Loop):
             n, inner = _declare(node.children, arrays[at:], depth + 1)
             at += n
-            recorders.update((id(r), r) for r in inner)
+            catalogues.update((id(c), c) for c in inner)
             continue
         at += int(node.flagged)
         avals = [jax.typeof(a) if hasattr(jax, "typeof") else a.aval
                  for a in arrays[at:at + node.operands]]
         at += node.operands
-        target = node.callback.func
-        rec = target.recorder
-        recorders[id(rec)] = rec
-        if rec.closed:
-            raise ValueError(f"hostfeed: a step records {target.name!r} to a closed "
-                             f"recorder ({rec.path})")
+        spec = node.callback
+        catalogue = spec.catalogue
+        catalogues[id(catalogue)] = catalogue
+        if catalogue.closed:
+            raise ValueError(f"hostfeed: a step records {spec.array!r} to a closed "
+                             f"recorder ({catalogue.path})")
         # (An instance's operands: without the leading dimensions of its loops.)
-        declare(rec.catalogue, target.name, node.callback.kind, node.transforms,
+        declare(catalogue, spec.array, spec.kind, node.transforms,
                 [jax.ShapeDtypeStruct(a.shape[depth:], a.dtype) for a in avals])
-    return at, tuple(recorders.values())
+    return at, tuple(catalogues.values())
 
 
 class _Plan:
@@ -365,12 +368,12 @@ class Pipeline:
                     continue
                 j += 1
             values = [get(j + k)[index] for k in range(site.operands)]
-            target = site.callback.func
+            spec = site.callback
             try:
-                target.append_rows(values, site.transforms,
-                                   _device_of(arrays[j] if site.operands else None))
+                spec.func.append_rows(values, site.transforms,
+                                      _device_of(arrays[j] if site.operands else None))
             except ValueError:
-                if not target.recorder.closed:
+                if not spec.catalogue.closed:
                     raise
                 # Closed meanwhile (by another thread): the rows are dropped and counted,
                 # and the next barrier_wait raises it; the other records still go.

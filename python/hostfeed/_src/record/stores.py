@@ -1,8 +1,10 @@
 """Where a recording lives: a local or shared file system (a path, ``str``, ``bytes`` or
-``os.PathLike``, or a ``file://`` URL on this host), or an object store by URL (``s3://``,
-``gs://``, ``az://`` and the aliases the ``object_store`` crate knows), written from Rust.
-A URL of any other scheme is refused at the call rather than taken for a local folder
-name."""
+``os.PathLike``, or a ``file://`` URL on this host), or a store that a URL names (an object
+store: ``s3://``, ``gs://``, ``az://`` and the aliases the ``object_store`` crate knows; or
+``memory://``, in this process's memory), written from Rust. The schemes are the storage
+back-ends' own list (the binding's ``STORE_SCHEMES``): every message that lists them takes
+it from there. A URL of any other scheme is refused at the call rather than taken for a
+local folder name."""
 from __future__ import annotations
 
 import math
@@ -24,6 +26,11 @@ _NEAR_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):/?")
 #: Storage, and ``memory://``, a store in the recording process's memory): the storage
 #: back-ends' own list (the core's ``record/backend.rs``).
 OBJECT_SCHEMES: tuple[str, ...] = tuple(_receiver.storage.STORE_SCHEMES)
+
+
+def _schemes() -> str:
+    """The URL schemes of the stores, as messages list them (``memory://, s3://, ...``)."""
+    return ", ".join(f"{s}://" for s in OBJECT_SCHEMES)
 
 
 class Location(NamedTuple):
@@ -89,8 +96,8 @@ def location(path: Any, storage_options: Optional[Mapping[str, Any]] = None, *,
     if url is not None and url.group(1).lower() in OBJECT_SCHEMES:
         return Location(text, True, _options(storage_options, text, who))
     if storage_options:
-        raise ValueError(f"hostfeed: {who}({text!r}): storage_options apply to object store "
-                         f"URLs (s3://, gs://, az://), not to a local path")
+        raise ValueError(f"hostfeed: {who}({text!r}): storage_options apply to the stores "
+                         f"that URLs name ({_schemes()}), not to a local path")
     if url is None:
         return Location(text, False, [])
     scheme = url.group(1).lower()
@@ -99,9 +106,9 @@ def location(path: Any, storage_options: Optional[Mapping[str, Any]] = None, *,
         return Location(urllib.request.url2pathname(parsed.path), False, [])
     raise ValueError(
         f"hostfeed: {who}({text!r}): {scheme}:// stores are not supported; hostfeed writes to "
-        f"a local or shared file system (a path, or a file:// URL on this host) and to object "
-        f"stores ({', '.join(s + '://' for s in OBJECT_SCHEMES)}). For a local folder whose "
-        f"name looks like a URL, write './{text}'.")
+        f"a local or shared file system (a path, or a file:// URL on this host) and to the "
+        f"stores that URLs name ({_schemes()}). For a local folder whose name looks like a "
+        f"URL, write './{text}'.")
 
 
 def local_path(path: Any) -> str:
@@ -191,3 +198,34 @@ def writer_open(where: Location) -> bool:
     """
     return bool(_receiver.storage.store_held(where.where, url=where.url,
                                      storage_options=where.options))
+
+
+#: Seconds within which a recorder announces every row it receives, on a file system:
+#: the partial chunk written in place (only its new rows), then ``zarr.json`` replaced.
+FILE_COMMIT_INTERVAL = 1.0
+#: The same in an object store, which cannot append to an object: each announcement puts
+#: the object holding an array's last rows again whole, with its per-row metadata and its
+#: ``zarr.json``. Chosen so that rows of 1 KiB and more recorded at one row a second cost
+#: under twice their bytes sent (``benches/object_bytes.py``); also TensorBoard's own
+#: reload interval.
+OBJECT_COMMIT_INTERVAL = 30.0
+
+
+def commit_interval(value: Optional[float], where: Location) -> float:
+    """A Recorder's ``commit_interval``: as given (seconds; ``None``: the store's default,
+    :data:`FILE_COMMIT_INTERVAL` or :data:`OBJECT_COMMIT_INTERVAL`; ``inf``: announce at
+    flushes only).
+
+    Example:
+        >>> commit_interval(None, location("/tmp/run.zarr")), commit_interval(5, location("/tmp/r"))
+        (1.0, 5.0)
+    """
+    if value is None:
+        return OBJECT_COMMIT_INTERVAL if where.url else FILE_COMMIT_INTERVAL
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
+            or value < 0:
+        raise ValueError(f"hostfeed.Recorder: commit_interval must be a number of seconds "
+                         f"(>= 0; inf: announce rows at flushes only; None: "
+                         f"{FILE_COMMIT_INTERVAL:g} on a file system, "
+                         f"{OBJECT_COMMIT_INTERVAL:g} in an object store), got {value!r}")
+    return float(value)

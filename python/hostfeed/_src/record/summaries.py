@@ -109,9 +109,9 @@ def _trailing(axes: tuple[int, ...], ndim: int) -> bool:
 
 def _kernel_or_ops(r: Reduction) -> Callable[[jax.Array, tuple[int, ...]], jax.Array]:
     """``r.compute(v, axes)``, through the primitive of ``r``'s native kernel where it has
-    one and ``axes`` are trailing."""
+    one, ``axes`` are trailing and ``v`` is float32 (the kernels' dtype)."""
     def reduce(v: jax.Array, axes: tuple[int, ...]) -> jax.Array:
-        if r.native_kernel is not None and _trailing(axes, v.ndim):
+        if r.native_kernel is not None and _trailing(axes, v.ndim) and v.dtype == jnp.float32:
             return _primitive(r).bind(v, reduced=len(axes), reduction=r)
         return r.compute(v, axes)
     return reduce
@@ -170,7 +170,7 @@ def summarize(value: Any, reduce: Any, axis: Any, name: str) -> tuple[jax.Array,
     # The reductions read the value as it is in memory: fused into its producer, each would
     # compute it again (a gelu's tanh, once per statistic).
     x = jax.lax.optimization_barrier(x)
-    v = x.astype(jnp.float32)
+    v = x.astype(r.value_dtype(np.dtype(x.dtype)))
     fn = _kernel_or_ops(r)
     if _sharded_in_type(v):
         return r.sharded(v, axes, fn), desc

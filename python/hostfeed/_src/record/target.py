@@ -1,4 +1,5 @@
-"""What a record's callback is: :class:`Target`, one name of one recorder."""
+"""What a record's host function is: :class:`Target`, one name of one recorder's
+catalogue, called on the paths that record through Python."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ from .layout import declare
 from .roles import transforms_json
 
 if TYPE_CHECKING:
-    from .view import RecorderView
+    from .catalogue import Catalogue
 
 logger = logging.getLogger("hostfeed")
 
@@ -23,14 +24,15 @@ __all__ = ["Target"]
 
 
 class Target:
-    """The ``func`` of a record's :class:`CallbackSpec`: one name of one recorder, with or
-    without a step (``kind``). Called only on the paths that go through Python (see the
-    module documentation), as a tap function with ``(arg, transforms, device=...)``."""
+    """The ``func`` of a record's :class:`~hostfeed._src.spec.RecordSpec`: one name of one
+    recorder's ``catalogue``, with or without a step (``kind``). Called only on the paths
+    that go through Python (a global-view record joined on the host, the inline mode, a
+    recorded step's rows), as a tap function with ``(arg, transforms, device=...)``."""
 
-    __slots__ = ("kind", "name", "recorder", "_writers")
+    __slots__ = ("kind", "name", "catalogue", "_writers")
 
-    def __init__(self, recorder: RecorderView, name: str, kind: str):
-        self.recorder = recorder
+    def __init__(self, catalogue: Catalogue, name: str, kind: str):
+        self.catalogue = catalogue
         self.name = name
         self.kind = kind
         # (transforms, operands' shapes and dtypes) -> what appends an instance's rows
@@ -47,11 +49,11 @@ class Target:
         except Exception as exc:  # kept for the recorder's flush/close
             if settings.inline() and not _receiver.host.in_callback_thread():
                 raise  # inline mode: the caller's own thread, which sees it at once
-            if self.recorder.closed and isinstance(exc, ValueError):
+            if self.catalogue.closed and isinstance(exc, ValueError):
                 return  # dropped and counted: the next barrier_wait raises it
             logger.error("hostfeed: %r failed (raised by the recorder's next flush, "
                                   "close or barrier_wait): %s", self, exc)
-            self.recorder.catalogue.failed(exc)
+            self.catalogue.failed(exc)
 
     def append_rows(self, operands: Sequence[np.ndarray], transforms: tuple,
                     device: Any) -> None:
@@ -68,10 +70,10 @@ class Target:
 
     def _writer(self, transforms: tuple, operands: Sequence[np.ndarray]
                 ) -> Callable[[Sequence[np.ndarray], int], None]:
-        layout = declare(self.recorder.catalogue, self.name, self.kind, transforms, operands,
+        layout = declare(self.catalogue, self.name, self.kind, transforms, operands,
                          claim=True)
         packed = transforms_json(transforms)
-        append = self.recorder.catalogue.append
+        append = self.catalogue.append
 
         def write(ops: Sequence[np.ndarray], ordinal: int) -> None:
             for array_id, row, step in layout.rows(ops):
@@ -82,7 +84,7 @@ class Target:
 
     def _append(self, arg: Any, transforms: Sequence, device: Any, wait: bool = False) -> None:
         leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(arg)]
-        catalogue = self.recorder.catalogue
+        catalogue = self.catalogue
         layout = declare(catalogue, self.name, self.kind, transforms, leaves, claim=True)
         packed = json.dumps(transforms, default=list)
         ordinal = -1 if device is None else int(getattr(device, "id", -1))

@@ -73,7 +73,8 @@ def warn_if_unflushed(where: stores.Location, who: str, rows: Optional[int] = No
     got = "" if rows is None else f" ({rows} rows read)"
     warnings.warn(
         f"{who}: {holder} still has {where.where} open ({stores.LOCK_NAME} is held): rows "
-        f"recorded since its last flush may not be written yet, and are then missing from "
-        f"what was read{got}. Call rec.flush() (or hcb.barrier_wait(), or rec.close()) in "
-        f"the writer before reading, or use hostfeed.follow() to read rows as they are "
-        f"committed", UnflushedReadWarning, stacklevel=stacklevel)
+        f"recorded since its last flush may not be written yet (a recorder announces each "
+        f"row within its commit_interval), and are then missing from what was read{got}. "
+        f"Call rec.flush() (or hcb.barrier_wait(), or rec.close()) in the writer before "
+        f"reading, or use hostfeed.follow() to read rows as they are committed",
+        UnflushedReadWarning, stacklevel=stacklevel)

@@ -1,10 +1,9 @@
-"""What the modules below the Recorder (``target``, ``unflushed``) read of one: a protocol,
-so that they need not import ``recorder``, which imports them."""
+"""What the unflushed-read warning (``unflushed``, below the Recorder) reads of a
+recorder: a protocol, so that it need not import the recorder's modules, which import
+it."""
 from __future__ import annotations
 
 from typing import Protocol
-
-from .catalogue import Catalogue
 
 __all__ = ["PipelineView", "RecorderView"]
 
@@ -17,16 +16,13 @@ class PipelineView(Protocol):
 
 
 class RecorderView(Protocol):
-    """A :class:`~hostfeed.Recorder` as its targets and the unflushed-read warning see it."""
+    """A :class:`~hostfeed.Recorder` as the unflushed-read warning sees it."""
 
     @property
     def path(self) -> str: ...
 
     @property
     def closed(self) -> bool: ...
-
-    @property
-    def catalogue(self) -> Catalogue: ...
 
     @property
     def pipeline(self) -> PipelineView: ...

@@ -4,16 +4,16 @@ CPU device where the transport uses native kernels)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Optional, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .base import Reduction, keys as _keys, ordered_keys, per_shard_sum
+from .base import Board, Reduction, keys as _keys, ordered_keys, per_shard_sum
 
-__all__ = ["Histogram"]
+__all__ = ["Histogram", "histogram_buckets"]
 
 
 class Histogram(Reduction):
@@ -161,6 +161,22 @@ class Histogram(Reduction):
         n = rows.shape[0]
         return np.asarray(rows).reshape(n, -1, rows.shape[-1]).sum(1).astype(np.float64)
 
+    @classmethod
+    def heatmap_edges(cls, attrs: dict[str, Any]) -> Optional[tuple[list[float], bool]]:
+        """The bin edges (stored as ``hostfeed.reduce.edges``), of ``|x|`` on a log scale
+        for a ``"log"`` histogram."""
+        edges = attrs.get("edges")
+        return (list(edges), "log" in str(attrs.get("scale", ""))) if edges else None
+
+    @classmethod
+    def board(cls, rows: np.ndarray, attrs: dict[str, Any]) -> Board:
+        """A TensorBoard histogram per row with hostfeed's bin edges
+        (:func:`histogram_buckets`; kept axes summed)."""
+        counts = cls.plot_rows(rows, attrs)
+        edges, log = cls.heatmap_edges(attrs) or ([], False)
+        return Board(histograms=[(*histogram_buckets(c, edges, log), 0.0, 0.0)
+                                 for c in counts])
+
     def compute(self, v: jax.Array, axes: tuple[int, ...]) -> jax.Array:
         """Counts of ``v`` (float32) over ``axes``: the other axes, then ``bins + 2``. Each
         element's bin is computed where it lies (elementwise, no gather) and counted by one
@@ -233,3 +249,31 @@ def _check_linear(bins: int, lo: float, hi: float, what: str) -> None:
                          f"so a bin must be at least {least:.3g} wide: use {fewer}a range at "
                          f"least {least * bins:.3g} wide")
 
+
+def histogram_buckets(counts: np.ndarray, edges: Sequence[float], log: bool
+                      ) -> tuple[float, float, list[float], list[float]]:
+    """A ``reduce=Histogram(...)`` row as TensorBoard's buckets: ``(min, max,
+    bucket_limit, bucket)``. The bins keep hostfeed's edges; the values below the first
+    edge are a bucket that ends there and starts one bin's width lower (at 0 for a
+    ``"log"`` histogram of ``|x|``), those above the last edge one that starts there and
+    ends one bin's width higher (at twice the edge for ``"log"``). TensorBoard's bucket
+    ``i`` runs from ``bucket_limit[i - 1]`` to ``bucket_limit[i]``, and its dashboard draws
+    the buckets from the first to the last that is not empty, the first starting at
+    ``min`` and the last ending at ``max``: they are those buckets' outer edges.
+
+    Example:
+        >>> histogram_buckets(np.array([1, 2, 3, 4]), [0.0, 1.0, 2.0], log=False)
+        (-1.0, 3.0, [0.0, 1.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0])
+        >>> histogram_buckets(np.array([0, 2, 0, 0]), [0.0, 1.0, 2.0], log=False)[:2]
+        (0.0, 1.0)
+    """
+    e = [float(x) for x in edges]
+    if log:
+        lo, hi = 0.0, 2 * e[-1]
+    else:
+        lo, hi = e[0] - (e[1] - e[0]), e[-1] + (e[-1] - e[-2])
+    limits = e + [hi]
+    lefts = [lo] + e
+    full = np.nonzero(np.asarray(counts))[0]
+    first, last = (int(full[0]), int(full[-1])) if full.size else (0, len(limits) - 1)
+    return lefts[first], limits[last], limits, [float(c) for c in counts]

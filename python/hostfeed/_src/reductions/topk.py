@@ -175,4 +175,9 @@ def _top(v: jax.Array, axes: tuple[int, ...], k: int) -> tuple[jax.Array, jax.Ar
     n = math.prod(v.shape[d] for d in axes)
     x = jnp.transpose(v, (*kept, *axes)).reshape(*(v.shape[d] for d in kept), n)
     _, index = jax.lax.top_k(_nan_low_keys(x), k)
-    return jnp.take_along_axis(x, index, axis=-1), index
+    # The values are taken as their bits (int32): where XLA partitions this gather over a
+    # sharded reduced axis (automatic sharding), each device takes what its slice holds,
+    # zero elsewhere, and the devices' takes are summed; a float sum would turn -0.0 into
+    # 0.0 (-0.0 + 0.0), an integer sum of the bits keeps every value exactly.
+    bits = jnp.take_along_axis(jax.lax.bitcast_convert_type(x, jnp.int32), index, axis=-1)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32), index

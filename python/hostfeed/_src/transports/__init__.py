@@ -1,4 +1,5 @@
-"""How hostfeed's primitives reach the host: a transport, chosen once per lowering context.
+"""How hostfeed's primitives reach the host: a transport, chosen once per lowering context
+and kept there.
 
 Each transport is an instance of :class:`Transport` (:mod:`.base`), defined as
 ``TRANSPORT`` by its module:
@@ -14,12 +15,19 @@ A :class:`Transport` holds ``prepare`` (before a rule lowers), the four operatio
 ``call``, ``check`` (fail the computation on a failed call's status) and ``failure`` (a
 failed call's message), ``end_scope`` (at the end of a token scope), and the policies the
 Recorder builds records by, as typed fields. :func:`row` is the one platform → transport
-table; :func:`choose` takes one transport for the platforms a context lowers for (as JAX's
-``mlir.lower_per_platform`` takes a rule from a platform → rule table). The lowering rules
-(``hostfeed._src.lowering``) ask :func:`for_context` which transport emits a callback;
-the Recorder asks :func:`platforms_where` (a choice JAX takes when it lowers for a
-platform) or, where the choice shapes a whole step, :func:`for_platform`. What the
-transports over JAX's host callbacks share is in :mod:`.common`.
+table, and :func:`choose` the one function that chooses: one transport for the platforms a
+computation lowers for (as JAX's ``mlir.lower_per_platform`` takes a rule from a platform
+→ rule table). Every decision goes through it:
+
+* while lowering, :func:`for_context`: the choice is made at the first ask in a lowering
+  context and kept in it (as crossbeam-channel keeps a channel's flavor), so the lowering
+  rules, the end of a token scope (``fast_dispatch``) and the summaries' kernel rule
+  (:func:`register_kernel`) of one computation all read the same transport;
+* while tracing, :func:`for_platform` (the platform a step runs on) and
+  :func:`platforms_where` (a choice JAX takes per platform when it lowers);
+* :func:`transports` (``hostfeed.transports()``): each platform's :func:`row`, by name.
+
+What the transports over JAX's host callbacks share is in :mod:`.common`.
 
 The transport forced for every platform is a JAX configuration state, ``hostfeed_transport``
 (``"auto"``, ``"native"``, ``"jax"`` or ``"tpu"``; its default from ``HOSTFEED_TRANSPORT``),
@@ -29,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import numpy as np
@@ -84,28 +92,12 @@ def forcing(transport: Optional[str]) -> contextlib.AbstractContextManager:
 
     Example:
         >>> with forcing("jax"):
-        ...     transport_for("cpu")
+        ...     row("cpu").name
         'jax'
     """
     if transport is not None:
         transport = settings.check_transport(transport, "forcing(transport)")
     return forced_state("auto" if transport is None else transport)
-
-
-def transport_for(platform: str) -> str:
-    """``"native"`` or ``"jax"``: whether hostfeed's handlers or JAX's host callbacks (on a
-    TPU, over its own host transfers: the ``tpu`` transport) serve computations lowered
-    for ``platform``: native on CPU and the GPU platforms of the native table (where their
-    handlers register on a backend), JAX's elsewhere; the forced one where one is.
-
-    Example:
-        >>> transport_for("tpu") == ("native" if forced() == "native" else "jax")
-        True
-    """
-    chosen = forced()
-    if chosen is not None:
-        return chosen
-    return "native" if native.unavailable(platform) is None else "jax"
 
 
 def canonical(platform: str) -> str:
@@ -121,20 +113,23 @@ def canonical(platform: str) -> str:
 
 
 def transports() -> dict[str, str]:
-    """The transport of each platform: CPU, CUDA, ROCm, TPU and those of this process's
-    JAX backends (named as computations lower for them: ``cuda``, not a device's
-    ``gpu``), as ``{platform: "native" | "jax"}``. (For a GPU platform this registers
+    """The transport of each platform, by name: CPU, CUDA, ROCm, TPU and those of this
+    process's JAX backends (named as computations lower for them: ``cuda``, not a device's
+    ``gpu``), each as :func:`choose` chooses for a computation lowered for it alone (its
+    :func:`row`): ``"native"``, ``"tpu"`` or ``"jax"``. (For a GPU platform this registers
     hostfeed's handlers if its backend exists, as the first lowering for it would.)
 
     Example:
-        >>> sorted(transports())[:2]
-        ['cpu', 'cuda']
+        >>> with forcing(None):
+        ...     table = transports()
+        >>> table["cpu"], table["tpu"]
+        ('native', 'tpu')
     """
     platforms = list(KNOWN_PLATFORMS)
     for backend in ("cpu", "gpu", "tpu", None):
         with contextlib.suppress(RuntimeError):
             platforms += [canonical(d.platform) for d in jax.devices(backend)[:1]]
-    return {p: transport_for(p) for p in dict.fromkeys(platforms)}
+    return {p: choose([p]).name for p in dict.fromkeys(platforms)}
 
 
 def platforms(ctx: Any) -> Sequence[str]:
@@ -177,16 +172,31 @@ def choose(lowered_for: Sequence[str]) -> Transport:
     return portable.TRANSPORT if chosen else native.TRANSPORT
 
 
+class _Kept(NamedTuple):
+    """The key of the transport kept in a lowering context for the platforms it lowers for
+    (a type of hostfeed's own: no key of JAX's equals it)."""
+    platforms: tuple[str, ...]
+
+
 def for_context(ctx: Any) -> Transport:
-    """The transport that emits hostfeed's operations in lowering context ``ctx``
-    (:func:`choose` for the platforms it lowers for).
+    """The transport that emits hostfeed's operations in lowering context ``ctx``: chosen by
+    :func:`choose` for the platforms ``ctx`` lowers for at the first ask in the module being
+    lowered, and kept in its lowering (``compat.lowering_memo``: the choice, never an MLIR
+    object, dies with the lowering), so that every rule of one computation, the end of its
+    token scope and its summaries' kernels read one transport. Each branch of a lowering
+    for several platforms at once asks for its own platforms, and keeps its own choice.
 
     Example:
         >>> class Ctx: platforms = ("tpu",)
         >>> for_context(Ctx()).name == ("native" if forced() == "native" else "tpu")
         True
     """
-    return choose(platforms(ctx))
+    lowered_for = _Kept(tuple(platforms(ctx)))
+    memo = compat.lowering_memo(ctx)
+    kept = memo.get(lowered_for)
+    if kept is None:
+        kept = memo[lowered_for] = choose(lowered_for.platforms)
+    return kept
 
 
 def for_platform(platform: Optional[str] = None) -> Transport:
@@ -217,8 +227,9 @@ def register_kernel(prim: Any, target: str, fallback: Callable[..., Any],
                     where: Callable[[Any], bool]) -> None:
     """Lowers ``prim`` (of one operand) to the native transport's compute kernel ``target``
     on the platforms it has kernels for (:data:`native.KERNEL_PLATFORMS`), where the
-    context's transport uses them and ``where(ctx)`` holds, with the operands
-    ``constants(**params)`` after the value; to ``fallback`` (a lowering rule) elsewhere.
+    transport kept for the context (:func:`for_context`) uses them and ``where(ctx)``
+    holds, with the operands ``constants(**params)`` after the value; to ``fallback`` (a
+    lowering rule) elsewhere.
     """
     def rule(ctx: Any, v: Any, **params: Any) -> Any:
         if not where(ctx) or not for_context(ctx).native_kernels:

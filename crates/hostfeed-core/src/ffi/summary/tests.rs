@@ -3,35 +3,54 @@
 
 #![allow(clippy::float_cmp)] // exact counts and exact copies
 
-use super::{histogram_rows, stats_row, stats_rows, Bins, BLOCK};
+use super::{histogram_rows, stats_row, stats_rows, Bins, Cast, BLOCK, CAST_STATS, STATS};
 
-/// The statistics in f64 the plain way (two passes), for comparison.
+/// The statistics in f64 the plain way (two passes), for comparison; the cast's counts
+/// from its thresholds (0 without).
 #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
-fn reference(x: &[f32]) -> [f64; 9] {
+fn reference(x: &[f32], cast: Option<Cast>) -> [f64; CAST_STATS] {
     let fin: Vec<f64> = x.iter().filter(|v| v.is_finite()).map(|&v| f64::from(v)).collect();
     let n = fin.len() as f64;
     let nan = x.iter().filter(|v| v.is_nan()).count() as f64;
     let inf = x.iter().filter(|v| v.is_infinite()).count() as f64;
     let l2 = fin.iter().map(|v| v * v).sum::<f64>().sqrt();
+    let l1 = fin.iter().map(|v| v.abs()).sum::<f64>();
+    let zeros = x.iter().filter(|&&v| v == 0.0).count() as f64;
+    let amin = fin.iter().map(|v| v.abs()).filter(|&v| v != 0.0).fold(f64::NAN, f64::min);
+    let (under, over) = cast.map_or((0.0, 0.0), |c| {
+        let under = fin.iter().filter(|&&v| v != 0.0 && (v.abs() as f32).to_bits() <= c.under);
+        let over = fin.iter().filter(|&&v| (v.abs() as f32).to_bits() >= c.over);
+        (under.count() as f64, over.count() as f64)
+    });
     if fin.is_empty() {
-        return [x.len() as f64, f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN, l2, nan, inf];
+        let nan_ = f64::NAN;
+        return [x.len() as f64, nan_, nan_, nan_, nan_, nan_, l2, nan, inf, l1, zeros, amin, under, over];
     }
     let mean = fin.iter().sum::<f64>() / n;
     let var = fin.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
     let lo = fin.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = fin.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    [x.len() as f64, mean, var.sqrt(), lo, hi, hi.max(-lo), l2, nan, inf]
+    [x.len() as f64, mean, var.sqrt(), lo, hi, hi.max(-lo), l2, nan, inf, l1, zeros, amin, under, over]
 }
 
 fn check(x: &[f32]) {
-    let got = stats_row(x);
-    let want = reference(x);
+    check_cast(x, None);
+}
+
+fn check_cast(x: &[f32], cast: Option<Cast>) {
+    let got = stats_row(x, cast);
+    let want = reference(x, cast);
     // Rounding is relative to the values' magnitude (a mean near zero of values near 5
     // is known to about 5 * 1e-7).
     let scale = if want[5].is_nan() { 1.0 } else { want[5] };
     for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+        #[allow(clippy::cast_possible_truncation)]
+        let w32 = w as f32;
         if w.is_nan() {
             assert!(g.is_nan(), "column {i}: {g} for NaN");
+        } else if matches!(i, 0 | 3..=5 | 7 | 8 | 10..) || w32.is_infinite() {
+            // counts, values themselves, and sums beyond f32's range: exact
+            assert_eq!(g.to_bits(), w32.to_bits(), "column {i}: {g} vs {w}");
         } else {
             let tol = 1e-5 * w.abs().max(scale).max(1e-3);
             assert!((f64::from(g) - w).abs() <= tol, "column {i}: {g} vs {w}");
@@ -57,7 +76,7 @@ fn a_large_mean_does_not_cancel_the_std() {
     // Sum of squares minus n·mean² would lose every digit of the spread here.
     let x = values(50_000, 10_000.0);
     check(&x);
-    let got = stats_row(&x);
+    let got = stats_row(&x, None);
     assert!(got[2] > 2.0 && got[2] < 3.5, "std {}", got[2]);
 }
 
@@ -69,27 +88,29 @@ fn non_finite_values_are_counted_and_left_out() {
     x[2 * BLOCK + 9] = f32::NEG_INFINITY;
     x[2 * BLOCK + 10] = -f32::NAN;
     check(&x);
-    let got = stats_row(&x);
+    let got = stats_row(&x, None);
     assert_eq!((got[7], got[8]), (2.0, 2.0));
     assert!(got[3].is_finite() && got[4].is_finite());
 }
 
 #[test]
 fn no_finite_value_gives_nan_statistics_and_zero_l2() {
-    let got = stats_row(&[f32::NAN, f32::INFINITY, f32::NAN]);
+    let got = stats_row(&[f32::NAN, f32::INFINITY, f32::NAN], None);
     assert_eq!(got[0], 3.0);
     assert!(got[1..6].iter().all(|v| v.is_nan()));
-    assert_eq!(&got[6..], &[0.0, 2.0, 1.0]);
-    let empty = stats_row(&[]);
+    assert_eq!(&got[6..11], &[0.0, 2.0, 1.0, 0.0, 0.0]);
+    assert!(got[11].is_nan());
+    let empty = stats_row(&[], None);
     assert_eq!(empty[0], 0.0);
-    assert!(empty[1].is_nan());
+    assert!(empty[1].is_nan() && empty[11].is_nan());
+    assert_eq!(&empty[6..11], &[0.0; 5]);
 }
 
 #[test]
 fn an_overflowing_sum_is_taken_again_over_the_finite_values() {
     let x = vec![1.0e37f32; 64]; // the sum overflows f32, l2 (8e37) does not
     check(&x);
-    assert_eq!(stats_row(&x)[8], 0.0);
+    assert_eq!(stats_row(&x, None)[8], 0.0);
 }
 
 /// Runs `f` with subnormals flushed, as XLA's CPU threads run custom calls.
@@ -119,11 +140,12 @@ fn subnormal_and_tiny_values_are_summarized_as_numpy_does_on_a_flushing_thread()
     #[allow(clippy::cast_precision_loss)]
     let tiny: Vec<f32> = values(5000, 0.0).iter().map(|v| v * 1e-25).collect();
     for x in [&subnormal[..], &tiny[..]] {
-        let want = reference(x);
-        let mut got = [0.0f32; 9];
-        flushing(|| stats_rows(x, &mut got));
-        // min, max, absmax exactly (the values themselves, bit for bit)
-        for c in 3..6 {
+        let want = reference(x, None);
+        let mut got = [0.0f32; STATS];
+        flushing(|| stats_rows(x, &mut got, None));
+        // min, max, absmax, the least non-zero magnitude exactly (the values themselves,
+        // bit for bit)
+        for c in [3, 4, 5, 11] {
             #[allow(clippy::cast_possible_truncation)]
             let w = want[c] as f32;
             assert_eq!(got[c].to_bits(), w.to_bits(), "column {c}: {got:?} vs {want:?}");
@@ -131,6 +153,7 @@ fn subnormal_and_tiny_values_are_summarized_as_numpy_does_on_a_flushing_thread()
         // mean, std and l2 to float32's rounding of the values' magnitude (the mean of
         // subnormals is itself subnormal: a few units of the least one)
         let scale = want[5];
+        assert!((f64::from(got[9]) - want[9]).abs() <= want[9] * 1e-6, "l1: {got:?} vs {want:?}");
         for c in [1, 2, 6] {
             let err = (f64::from(got[c]) - want[c]).abs();
             assert!(err <= scale * 1e-5 + 3e-45, "column {c}: {} vs {}", got[c], want[c]);
@@ -142,11 +165,61 @@ fn subnormal_and_tiny_values_are_summarized_as_numpy_does_on_a_flushing_thread()
 #[test]
 fn rows_are_taken_one_after_another() {
     let x = values(30, 0.0);
-    let mut out = [0.0f32; 27];
-    stats_rows(&x, &mut out);
+    let mut out = [0.0f32; 3 * STATS];
+    stats_rows(&x, &mut out, None);
     for r in 0..3 {
-        assert_eq!(&out[r * 9..r * 9 + 9], &stats_row(&x[r * 10..r * 10 + 10]));
+        assert_eq!(&out[r * STATS..(r + 1) * STATS], &stats_row(&x[r * 10..r * 10 + 10], None)[..STATS]);
     }
+    let mut wide = [0.0f32; 3 * CAST_STATS];
+    stats_rows(&x, &mut wide, Some(E4M3FN));
+    for r in 0..3 {
+        let want = stats_row(&x[r * 10..r * 10 + 10], Some(E4M3FN));
+        assert_eq!(&wide[r * CAST_STATS..(r + 1) * CAST_STATS], &want);
+    }
+}
+
+/// `float8_e4m3fn` from float32, as `ml_dtypes` casts: 2**-10 (half the least subnormal,
+/// 2**-9) rounds to zero (to even), anything above to 2**-9; 464 (halfway between 448,
+/// the largest finite value, and 480) rounds to 448 (even), anything above to NaN.
+const E4M3FN: Cast = Cast { under: 0x3a80_0000, over: 0x43e8_0001 };
+
+#[test]
+fn magnitudes_zeros_and_casts_are_counted_as_the_reference_counts_them() {
+    let near = |v: f32| [v.next_down(), v, v.next_up(), -v.next_down(), -v, -v.next_up()];
+    let mut x: Vec<f32> = [2f32.powi(-10), 2f32.powi(-9), 448.0, 464.0, 480.0].iter().flat_map(|&v| near(v)).collect();
+    x.extend([0.0, -0.0, 0.0, f32::from_bits(1), -f32::from_bits(7), 1e-40, f32::MAX, f32::MIN]);
+    assert_eq!(stats_row(&x, Some(E4M3FN))[12..], [7.0, 10.0]);
+    x.extend(values(3 * BLOCK, 2.0));
+    check(&x);
+    check_cast(&x, Some(E4M3FN));
+    // The same values in a block with a NaN and infinities (taken one by one).
+    x.extend([f32::NAN, f32::INFINITY, f32::NEG_INFINITY]);
+    check_cast(&x, Some(E4M3FN));
+    let got = stats_row(&x, Some(E4M3FN));
+    assert_eq!((got[7], got[8], got[11]), (1.0, 2.0, f32::from_bits(1)));
+    // Only zeros: no least non-zero magnitude; only non-finite values: no magnitude at all.
+    let zeros = stats_row(&[0.0, -0.0], Some(E4M3FN));
+    assert!(zeros[11].is_nan());
+    assert_eq!((zeros[9], zeros[10], zeros[12], zeros[13]), (0.0, 2.0, 0.0, 0.0));
+    let bad = stats_row(&[f32::NAN, f32::INFINITY], Some(E4M3FN));
+    assert!(bad[11].is_nan());
+    assert_eq!((bad[9], bad[10], bad[12], bad[13]), (0.0, 0.0, 0.0, 0.0));
+    // Without a cast nothing is counted under or over.
+    assert_eq!(stats_row(&x, None)[12..], [0.0, 0.0]);
+}
+
+#[test]
+fn magnitudes_of_subnormals_are_exact_on_a_flushing_thread() {
+    let x = [f32::from_bits(3), -f32::from_bits(1), 0.0, -0.0, 1e-39, 2e-45, f32::from_bits(0x3a80_0000)];
+    let mut got = [0.0f32; CAST_STATS];
+    flushing(|| stats_rows(&x, &mut got, Some(E4M3FN)));
+    let want = reference(&x, Some(E4M3FN));
+    assert_eq!(got[10], 2.0, "zeros: {got:?}");
+    assert_eq!(got[11], f32::from_bits(1), "least non-zero magnitude: {got:?}");
+    assert_eq!(got[12], 5.0, "underflows: {got:?}");
+    #[allow(clippy::cast_possible_truncation)]
+    let l1 = want[9] as f32;
+    assert_eq!(got[9], l1, "l1: {got:?}");
 }
 
 /// `numpy.linspace(lo, hi, bins + 1)`'s edges (float64), as numpy computes them.

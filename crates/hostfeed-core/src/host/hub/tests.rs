@@ -133,6 +133,22 @@ fn the_consumer_waits_for_an_inline_run_before_it_runs_anything() {
 }
 
 #[test]
+fn one_inline_run_at_a_time_another_devices_goes_through_the_queue() {
+    let (r, c) = logging_after_one();
+    let (run_side, (entered, go)) = hold();
+    *lock(&c.hold_inline) = Some(run_side);
+    let inline = std::thread::spawn(move || r.run_inline(message(2)).is_ok());
+    entered.recv().unwrap();
+    // Another device's thread, nothing queued: still given back while message 2 runs.
+    let back = r.run_inline(message(3)).expect_err("message 2 runs inline");
+    assert_eq!(back.consumer_id, 3);
+    r.push(back).unwrap();
+    go.send(()).unwrap();
+    assert!(inline.join().unwrap());
+    ends_as_queue_inline_queue(r, &c);
+}
+
+#[test]
 fn no_inline_run_without_a_consumer_or_after_finalize() {
     let r = leak(1 << 20);
     assert!(r.run_inline(message(1)).is_err(), "not configured");

@@ -1,7 +1,6 @@
 //! Object stores as a back-end: S3, Google Cloud Storage and Azure Blob Storage through the
 //! `object_store` crate ([`Objects`], `objects.rs`), locked with a conditionally created
-//! lock object that has a lease ([`ObjectLock`]). The in-memory store (`memory.rs`) is
-//! this back-end over an in-memory client.
+//! lock object that has a lease ([`ObjectLock`]).
 //!
 //! No Python here.
 
@@ -81,5 +80,48 @@ impl Backend for ObjectBackend {
 
     fn is_held(&self) -> bool {
         ObjectLock::is_live(&self.objects, self.objects.root())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::host::sync::lock;
+    use crate::record::backend::conformance::{self, Offers, S3sFs};
+
+    const OFFERS: Offers = Offers { in_place: false, streams: true };
+
+    /// The `object_store` crate's in-memory client: the object store's code without a server.
+    #[test]
+    fn an_object_store_in_memory_passes_the_store_conformance_suite() {
+        let stores: Mutex<HashMap<String, Arc<Objects>>> = Mutex::default();
+        conformance::run(
+            &|name| {
+                let objects = lock(&stores)
+                    .entry(name.to_string())
+                    .or_insert_with(|| Objects::in_memory_holding(&format!("memory:///{name}"), 64 << 10).unwrap())
+                    .clone();
+                Box::new(ObjectBackend { objects })
+            },
+            OFFERS,
+        );
+    }
+
+    /// An S3 server (s3s-fs) started here; shards held up to 64 KiB, so that larger streams
+    /// are multipart uploads. No retries: a server on this machine has no transient
+    /// failures, and s3s-fs answers a HEAD of a key with objects below it (a folder in its
+    /// files) with a 500 where S3 answers 404 (`exists` then lists, as it does after a 404),
+    /// which the client would retry for the whole `retry_timeout`.
+    #[test]
+    fn an_s3_server_passes_the_store_conformance_suite() {
+        use crate::record::objects::{MAX_RETRIES, SINGLE_PUT_BYTES};
+        let Some(server) = S3sFs::start("conformance") else { return };
+        let mut options = server.options();
+        options.push((SINGLE_PUT_BYTES.into(), (64 << 10).to_string()));
+        options.push((MAX_RETRIES.into(), "0".into()));
+        conformance::run(&|name| open(Path::new(&format!("s3://conformance/{name}")), &options).unwrap(), OFFERS);
     }
 }

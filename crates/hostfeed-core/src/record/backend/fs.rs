@@ -74,6 +74,20 @@ impl Backend for FileSystem {
     }
 
     fn is_held(&self) -> bool {
-        StoreLock::check_free(&self.root).is_err()
+        StoreLock::is_held(&self.root)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::backend::conformance::{self, Offers};
+
+    #[test]
+    fn the_file_system_passes_the_store_conformance_suite() {
+        let base = std::env::temp_dir().join(format!("hostfeed-conformance-fs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        conformance::run(&|name| open(&base.join(name), &[]).unwrap(), Offers { in_place: true, streams: false });
+        std::fs::remove_dir_all(&base).unwrap();
     }
 }

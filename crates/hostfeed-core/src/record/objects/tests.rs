@@ -75,6 +75,15 @@ fn a_shard_past_the_hold_limit_becomes_a_multipart_upload() {
     let o = Objects::in_memory_holding("memory:///r.zarr", 0).unwrap();
     streamed(&o, "x/c/0", &[piece(10, 1)]);
     assert_eq!((o.single_puts.load(Ordering::Relaxed), o.multipart_puts.load(Ordering::Relaxed)), (0, 1));
+    assert_eq!(o.multipart_aborts.load(Ordering::Relaxed), 0, "a finished upload is not aborted");
+    // A multipart upload dropped unfinished (its writer failed) is aborted: no object, no
+    // parts left on the server.
+    let gone = o.root().join("y/c/0");
+    let mut up = o.stream(&gone).unwrap().unwrap();
+    up.push(piece(PART + 10, 2)).unwrap(); // a part sent
+    drop(up);
+    assert_eq!(o.multipart_aborts.load(Ordering::Relaxed), 1);
+    assert!(!o.exists(&gone));
 }
 
 #[test]

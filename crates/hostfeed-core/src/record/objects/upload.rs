@@ -79,19 +79,25 @@ impl Upload {
         }
     }
 
+    /// Stops the parts in flight and aborts the multipart upload, if one was started (its
+    /// parts are then freed on the server rather than left to a lifecycle rule).
     fn abort(&mut self) {
         for h in self.in_flight.drain(..) {
             h.abort();
         }
-        if let Some(parts) = self.parts.as_mut() {
+        if let Some(mut parts) = self.parts.take() {
             let _ = self.objects.run(parts.abort());
+            self.objects.multipart_aborts.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
 
 impl Drop for Upload {
+    /// An upload dropped unfinished (its writer failed elsewhere) frees what it held and
+    /// aborts its multipart upload: no object appears, and no parts stay on the server.
     fn drop(&mut self) {
         self.objects.release_held(std::mem::take(&mut self.held_bytes));
+        self.abort();
     }
 }
 
@@ -137,7 +143,7 @@ impl Streamed for Upload {
             return Err(e);
         }
         self.objects.pace(&self.key);
-        let Some(parts) = self.parts.as_mut() else { unreachable!("a multipart upload was started") };
+        let Some(mut parts) = self.parts.take() else { unreachable!("a multipart upload was started") };
         let done = self.objects.run(parts.complete());
         self.objects.multipart_puts.fetch_add(1, Ordering::Relaxed);
         done.map(|_| ()).map_err(|e| self.objects.fail("complete", &self.path, &e))

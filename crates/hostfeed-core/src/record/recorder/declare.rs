@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use serde_json::json;
 
@@ -34,6 +35,14 @@ const OBJECT_ROWS: u64 = 256;
 /// There, the fewest chunks a shard of [`OBJECT_ROWS`] rows is cut into: a partial shard
 /// is padded to the end of its last chunk only.
 const OBJECT_INNER_CHUNKS: u64 = 8;
+/// While rows are announced live (a finite `commit_interval`), an object there holds at
+/// most this many bytes of rows, or [`LIVE_OBJECT_ROWS`] rows where that is more: each live
+/// cycle puts the object being filled again, so what a cycle sends grows with the rows of
+/// that object; 16 rows of 1 KiB and more, recorded at a row a second and announced every
+/// 30 s, are sent in under twice their bytes (`benches/object_bytes.py`).
+const LIVE_OBJECT_BYTES: usize = 16 << 10;
+/// See [`LIVE_OBJECT_BYTES`].
+const LIVE_OBJECT_ROWS: u64 = 16;
 
 /// Where a new array lives and how it is chunked ([`Recorder::lay_out`]).
 pub(super) struct Layout {
@@ -84,14 +93,20 @@ impl Recorder {
         let quarter = self.budget.bound() / 4;
         let target = self.opts.chunk_bytes.min(quarter).max(1);
         let mut chunk_rows = as_u64((target / row_bytes.max(1)).max(1));
-        // Where objects are put whole (an object store), a flush puts the object holding the
-        // last rows again, padded to its last chunk: an object holds at most
-        // `OBJECT_ROWS`, and a shard's chunks at most an eighth of that, so that small rows
-        // make small objects (as their metadata does) and a flush costs about the rows
+        // Where objects are put whole (an object store), a flush or a live cycle puts the
+        // object holding the last rows again, padded to its last chunk: an object holds at
+        // most `OBJECT_ROWS` (while rows are announced live, fewer of large rows:
+        // `LIVE_OBJECT_BYTES`), and a shard's chunks at most an eighth of that, so that small
+        // rows make small objects (as their metadata does) and a flush costs about the rows
         // since its object began, not a chunk size of padding.
         let whole_objects = self.store.in_place().is_none();
+        let object_rows = if self.opts.commit_interval == Duration::MAX {
+            OBJECT_ROWS
+        } else {
+            as_u64(LIVE_OBJECT_BYTES / row_bytes.max(1)).clamp(LIVE_OBJECT_ROWS, OBJECT_ROWS)
+        };
         if whole_objects {
-            chunk_rows = chunk_rows.min(OBJECT_ROWS);
+            chunk_rows = chunk_rows.min(object_rows);
         }
         let mut dim_names = vec![Some(format!("{leaf}.row"))];
         dim_names.extend((0..row_shape.len()).map(|i| Some(format!("{leaf}.d{i}"))));
@@ -99,7 +114,7 @@ impl Recorder {
             return Ok(Layout { group_dir, leaf, chunk_rows, inner_rows: None, dim_names });
         };
         if whole_objects {
-            chunk_rows = chunk_rows.min(OBJECT_ROWS / OBJECT_INNER_CHUNKS);
+            chunk_rows = chunk_rows.min(object_rows / OBJECT_INNER_CHUNKS).max(1);
         }
         // Rows of a shard written in place or streamed never wait in memory (beyond an inner
         // chunk); a shard put whole does.
@@ -107,7 +122,7 @@ impl Recorder {
         let cap = if in_place || self.store.streams() { usize::MAX } else { quarter.max(1) };
         let mut per_shard = (shard_bytes.min(cap) / (as_usize(chunk_rows) * row_bytes).max(1)).max(1);
         if whole_objects {
-            per_shard = per_shard.min(as_usize(OBJECT_ROWS / chunk_rows).max(1));
+            per_shard = per_shard.min(as_usize(object_rows / chunk_rows).max(1));
         }
         Ok(Layout {
             group_dir,
@@ -223,6 +238,16 @@ impl Recorder {
     /// Text that is not a JSON object; a name that already summarizes otherwise.
     pub fn describe_summary(&self, name: &str, summary: &str) -> Result<(), RecordError> {
         self.catalogue.describe_summary(name, summary)
+    }
+
+    /// Names the axes of array `name`'s rows (a JSON array of strings, or nulls for axes
+    /// without a name), written as `hostfeed.axes` in its attributes from its next
+    /// `zarr.json` on.
+    ///
+    /// # Errors
+    /// Text that is not such an array.
+    pub fn describe_axes(&self, name: &str, axes: &str) -> Result<(), RecordError> {
+        self.catalogue.describe_axes(name, axes)
     }
 
     /// The index of a transforms description (JSON) in the recorder's table.

@@ -1,5 +1,5 @@
 //! Flushing and closing a recorder: a flush's three steps (begin, wait, end), close, the
-//! ticker's periodic work, the counters.
+//! ticker's periodic work (the live cycles among it), the counters.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -8,17 +8,34 @@ use std::time::Duration;
 use super::{Recorder, RecorderStats};
 use crate::error::RecordError;
 use crate::host::sync::lock;
-use crate::record::arrays::ArrayHandle;
+use crate::record::arrays::{ArrayHandle, ArrayState};
 use crate::record::trace;
+use crate::record::writer::TICK;
 
 impl Recorder {
     /// Starts a flush: every row received so far goes to the writers. Returns the rows each
     /// array must have written for the flush to be complete.
     pub fn flush_begin(&self) -> Vec<(Arc<ArrayHandle>, u64)> {
-        let arrays = self.catalogue.all();
+        if let Some(w) = self.window.get() {
+            w.flush_begins();
+        }
+        self.begin_writes(self.catalogue.all(), |_| true)
+    }
+
+    /// Hands the rows received so far of each array of `arrays` that `pick` chooses (under
+    /// its lock) to the writers, a partial chunk included. Returns the rows each must have
+    /// written for them to be on disk.
+    fn begin_writes(
+        &self,
+        arrays: Vec<Arc<ArrayHandle>>,
+        pick: impl Fn(&ArrayState) -> bool,
+    ) -> Vec<(Arc<ArrayHandle>, u64)> {
         let mut targets = Vec::with_capacity(arrays.len());
         for a in arrays {
             let mut st = lock(&a.state);
+            if !pick(&st) {
+                continue;
+            }
             // A streamed shard's rows are durable once its object is complete: a job
             // without rows completes it when no row is pending.
             let streaming = a.spec.inner_rows.is_some() && self.store.streams() && st.frontier < st.received;
@@ -74,8 +91,15 @@ impl Recorder {
     /// # Errors
     /// The first write error since the last flush.
     pub fn flush_end(&self) -> Result<(), RecordError> {
-        self.committer.commit_all(&*self.store, &self.catalogue, &self.failures, true);
-        self.failures.take(&self.catalogue)
+        self.commit_all();
+        let result = self.failures.take(&self.catalogue);
+        if let Some(w) = self.window.get() {
+            // The triggers closed when the flush began have every row written, unless a
+            // write failed: their entries say so in the document.
+            w.flush_ends(result.is_ok());
+            self.commit_all();
+        }
+        result
     }
 
     #[cfg(test)]
@@ -105,6 +129,9 @@ impl Recorder {
         if self.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
+        if let Some(w) = self.window.get() {
+            w.closing();
+        }
         let targets = self.flush_begin();
         while !self.flush_wait(&targets, Duration::from_secs(3600)) {}
         // The last commit announces the metadata arrays' rows exactly.
@@ -124,8 +151,8 @@ impl Recorder {
         });
     }
 
-    /// The ticker's work, every [`TICK`](crate::record::writer::TICK): a spill for
-    /// producers stuck behind rows in partial chunks, the lease, the commits due.
+    /// The ticker's work, every [`TICK`]: a spill for producers stuck behind rows in
+    /// partial chunks, the lease, the live cycles.
     pub(super) fn tick(&self) {
         // Producers stuck behind rows in partial chunks that nothing else will write.
         if self.pending_bytes.load(Ordering::Relaxed) > 0
@@ -135,7 +162,57 @@ impl Recorder {
             self.spill();
         }
         self.renew_lease();
-        self.committer.commit_all(&*self.store, &self.catalogue, &self.failures, false);
+        self.live_cycle();
+    }
+
+    /// A live cycle when one is due ([`Committer::cycle_due`]): the rows every array has
+    /// received and not announced go to the writers, partial chunks included; then, at
+    /// this tick and the next ones, each array whose rows are written is announced. On a
+    /// file system the ticker writes them itself if the writers have not (within a tick),
+    /// and waits for them up to a tick, so that their rows are announced at once.
+    ///
+    /// [`Committer::cycle_due`]: crate::record::commit::Committer::cycle_due
+    fn live_cycle(&self) {
+        if self.committer.cycle_due() {
+            let busy = self.committer.in_flight();
+            let arrays = self.catalogue.all().into_iter().filter(|a| !busy.contains(&a.id)).collect();
+            let targets = self.begin_writes(arrays, |st| st.received > st.committed && !st.failed);
+            if !targets.is_empty() {
+                self.committer.expect(targets);
+                let waiting = self.committer.waiting();
+                if self.store.in_place().is_some() {
+                    // A file system's writes take milliseconds: the ticker writes what it can
+                    // itself, at its own priority, the writers' being lowered.
+                    self.writers.help(&*self.store, &self.failures, &waiting, TICK);
+                }
+                self.writers.wait_for(&waiting, TICK);
+            }
+        }
+        let written = self.committer.take_written();
+        // With a window, the triggers' document first, under its lock (`with_triggers`):
+        // no row routed for a trigger is announced before the trigger is listed.
+        self.with_triggers(|| {
+            for a in &written {
+                self.committer.commit(&*self.store, &self.catalogue, &self.failures, a);
+            }
+        });
+        if !written.is_empty() && !self.shared {
+            self.announce_parted();
+        }
+    }
+
+    /// Announces the rows every part of each parted array has committed (a store of one
+    /// process: a shared store's are announced by its leader, once the processes agree).
+    fn announce_parted(&self) {
+        for name in self.catalogue.parted_names() {
+            let Ok(parts) = self.parted_handles(&name) else { continue };
+            let rows = parts.iter().map(|a| lock(&a.state).committed).min().unwrap_or(0);
+            if rows > 0 {
+                if let Err(e) = self.committer.commit_parted(&*self.store, &self.catalogue, &parts[0], rows) {
+                    self.failures.push(e);
+                }
+            }
+        }
     }
 
     /// Renews the store lock's lease when due (an object store's); a failure is reported by the next flush.
@@ -146,6 +223,16 @@ impl Recorder {
         };
         if let Err(e) = renewed {
             self.failures.push(e);
+        }
+    }
+
+    /// Rows array `name` received (those it held when resumed included; a windowed
+    /// array's, those its window took); `None` if no array has that name.
+    #[must_use]
+    pub fn rows_received(&self, name: &str) -> Option<u64> {
+        match self.window.get() {
+            Some(w) => self.catalogue.rows_received_and(name, |id| w.rows_taken(id)),
+            None => self.catalogue.rows_received_by(name),
         }
     }
 

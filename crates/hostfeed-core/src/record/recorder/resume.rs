@@ -128,7 +128,7 @@ impl Recorder {
                 .and_then(|c| c.first().copied())
                 .filter(|&c| c > 0)
                 .ok_or_else(|| corrupt(&f.dir, "its per-row metadata array .step is missing"))?;
-            // Raw, or zstd (an object store's; raw in those written before issue 65).
+            // The codec its document names: raw, zstd or Blosc, whichever release wrote it.
             let meta_codec = step_doc.as_ref().map_or(Codec::Raw, |d| codec_of(&d["codecs"]));
             let meta_spec = |suffix: &str| {
                 meta_specs(&leaf, meta_chunk_rows, meta_codec).find(|(s, _)| *s == suffix).map(|(_, spec)| spec)
@@ -153,6 +153,10 @@ impl Recorder {
             }
             if let Some(summary) = f.doc["attributes"]["hostfeed"].get("reduce").filter(|v| v.is_object()) {
                 self.catalogue.adopt_summary(f.name.clone(), summary.clone());
+            }
+            if let Some(axes) = f.doc["attributes"]["hostfeed"].get("axes") {
+                // An array of axis names, as written: kept, or dropped if it is not one.
+                let _ = self.catalogue.describe_axes(&f.name, &axes.to_string());
             }
             self.catalogue.adopt(|id| ArrayHandle {
                 id,

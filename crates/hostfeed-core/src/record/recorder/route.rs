@@ -14,6 +14,7 @@ use crate::host::message::recorded_device;
 use crate::host::sync::lock;
 use crate::record::arrays::{ArrayHandle, ArrayState, Job, Payload, Row, RowMeta};
 use crate::record::common::as_u64;
+use crate::record::window::Admitted;
 use crate::record::zarr::Codec;
 
 /// Rows that reached a closed recorder and were dropped, not yet reported to the program:
@@ -67,7 +68,7 @@ impl Recorder {
     /// Keeps `buf`, whose `charged` bytes are charged against the byte bound, for rows
     /// until they are written; the charge is released when the last of them is dropped.
     pub(crate) fn hold(&self, buf: HostBuffer, charged: usize) -> Arc<Payload> {
-        Arc::new(Payload { buf, charged, budget: Arc::clone(&self.budget) })
+        Arc::new(Payload::new(buf, charged, Arc::clone(&self.budget)))
     }
 
     /// Counts a row of `a` that reached this recorder after it was closed, for
@@ -89,9 +90,26 @@ impl Recorder {
         RowMeta { seq, step, device: recorded_device(device), time_ns: now_ns(), transforms }
     }
 
-    /// Appends a row to its array's pending chunk; a full chunk goes to the writers.
-    /// Never does I/O, never waits (beyond short locks).
+    /// Appends a row to its array's pending chunk; a full chunk goes to the writers; with
+    /// a window, the row goes there first (`record/window`: kept in memory, or searched for
+    /// a non-finite value). Never does I/O, never waits (beyond short locks; a trigger
+    /// firing waits for a commit in progress, see [`Window::doc_lock`]).
+    ///
+    /// [`Window::doc_lock`]: crate::record::window::Window
     pub(crate) fn route_row(&self, a: &Arc<ArrayHandle>, row: Row) {
+        let Some(window) = self.window.get() else { return self.store_row(a, row) };
+        match window.admit(a, row, &|a, row| self.store_row(a, row)) {
+            Ok(Admitted::Kept) => {}
+            Ok(Admitted::Store(row)) => self.store_row(a, row),
+            Err(e) => {
+                self.budget.note(e.message().to_string());
+                self.failures.push(e);
+            }
+        }
+    }
+
+    /// [`Recorder::route_row`] for a row that goes to the store.
+    pub(crate) fn store_row(&self, a: &Arc<ArrayHandle>, row: Row) {
         let mut st = lock(&a.state);
         // Checked under the array's lock: `close` sets the flag, then spills every array
         // under its lock, so a row is either spilled by it or sees the flag.

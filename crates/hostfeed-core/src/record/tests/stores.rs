@@ -387,3 +387,83 @@ fn small_rows_flushed_often_are_stored_in_proportion_in_an_object_store() {
     }
     assert_eq!(got, (0..rows).flat_map(row).collect::<Vec<u8>>());
 }
+
+/// With no flush, every row is announced within the commit interval (the ticker's live
+/// cycles), a partial chunk included: on a file system uncompressed (appended in place),
+/// compressed (the partial chunk put again whole), sharded (rows and index in place); in
+/// an object store sharded (the partial shard put again), raw and compressed. A chunk made
+/// visible partial and filled later reads back exactly, and so does the whole store once
+/// closed.
+#[test]
+fn live_cycles_announce_every_row_without_a_flush() {
+    use crate::record::shard;
+    let cases = [
+        (false, Codec::Raw, None),
+        (false, Codec::Zstd(1), None),
+        (false, Codec::Raw, Some(120)),
+        (true, Codec::Raw, Some(120)),
+        (true, Codec::Zstd(1), Some(120)),
+    ];
+    for (objects, codec, shard_bytes) in cases {
+        let tag = format!("live_{objects}_{codec:?}_{}", shard_bytes.is_some());
+        let place = Place::new(&tag, objects);
+        let budget = Arc::new(Counter::default());
+        let every = Duration::from_millis(100);
+        // 8-byte rows: 5 a chunk; sharded, 15 a shard.
+        let opts = Options { codec, chunk_bytes: 40, shard_bytes, commit_interval: every, ..Options::default() };
+        let rec = place.open(Mode::Create, &opts, &budget).unwrap();
+        let id = rec.declare("x", xla::S32, &[2]).unwrap();
+        let read = |rows: usize| -> Vec<u8> {
+            let (per_object, inner) = if shard_bytes.is_some() { (15, 3) } else { (5, 1) };
+            let mut out = Vec::new();
+            for k in 0..rows.div_ceil(per_object) {
+                let stored = place.get(&format!("x/c/{k}/0"));
+                let want = (rows - per_object * k).min(per_object) * 8;
+                match (shard_bytes, codec) {
+                    (Some(_), _) => out.extend(shard::read_rows(&stored, want, 40, inner, codec).unwrap()),
+                    (None, Codec::Raw) => out.extend_from_slice(&stored[..want]),
+                    (None, _) => out.extend_from_slice(&zstd::decode_all(&stored[..]).unwrap()[..want]),
+                }
+            }
+            out
+        };
+        for r in 0..23u32 {
+            rec.append(id, &int_row(r), r.into(), 0, 0).unwrap();
+            // Mid chunk, at a chunk's end, mid shard, and again in a chunk shown partial.
+            if [1, 3, 4, 8, 16, 17, 22].contains(&r) {
+                let n = r as usize + 1;
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while place.doc("x/zarr.json")["shape"] != json!([n, 2]) {
+                    assert!(Instant::now() < deadline, "{tag}: row {r} was never announced");
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                assert_eq!(read(n), (0..=r).flat_map(int_row).collect::<Vec<u8>>(), "{tag} at {r}");
+            }
+        }
+        assert_eq!(rec.stats().spills, 0, "{tag}: written by the live cycles, not by spills");
+        rec.close().unwrap();
+        assert_eq!(read(23), (0..23).flat_map(int_row).collect::<Vec<u8>>(), "{tag}");
+        assert_eq!(budget.held.load(Ordering::SeqCst), 0, "{tag}");
+    }
+}
+
+/// In an object store, while rows are announced live, an object holds at most 16 KiB of
+/// rows or 16 rows where that is more (a live cycle puts the object being filled again);
+/// announced at flushes only (`commit_interval` unbounded), up to 256 rows as before.
+#[test]
+fn live_objects_hold_few_large_rows() {
+    for (interval, shard, inner) in [(Duration::from_secs(30), 16, 2), (Duration::MAX, 256, 32)] {
+        let place = Place::new(&format!("live_objects_{}", interval.as_secs()), true);
+        let budget = Arc::new(Counter::default());
+        let opts = Options { shard_bytes: Some(256 << 20), commit_interval: interval, ..Options::default() };
+        let rec = place.open(Mode::Create, &opts, &budget).unwrap();
+        rec.declare("kib", xla::F32, &[256]).unwrap(); // 1 KiB rows
+        rec.declare("small", xla::F32, &[4]).unwrap(); // 16-byte rows: 256 either way
+        let doc = place.doc("kib/zarr.json");
+        assert_eq!(doc["chunk_grid"]["configuration"]["chunk_shape"], json!([shard, 256]));
+        assert_eq!(doc["codecs"][0]["configuration"]["chunk_shape"], json!([inner, 256]));
+        let doc = place.doc("small/zarr.json");
+        assert_eq!(doc["chunk_grid"]["configuration"]["chunk_shape"], json!([256, 4]));
+        rec.close().unwrap();
+    }
+}
