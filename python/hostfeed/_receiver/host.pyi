@@ -32,8 +32,9 @@ DEFAULT_BUFFER_POOL_BYTES: Final[int]
 #: CPU yields it (``set_cpu_share_step_bytes``).
 DEFAULT_CPU_SHARE_STEP_BYTES: Final[int]
 
-#: Default size from which a device's thread apart from the receiver thread copies a tap's
-#: operand with non-temporal stores (``set_cpu_share_stream_bytes``).
+#: The size from which a device's thread apart from the receiver thread copies a tap's
+#: operand with non-temporal stores once turned on (``set_cpu_share_stream_bytes``; off by
+#: default).
 DEFAULT_CPU_SHARE_STREAM_BYTES: Final[int]
 
 #: Default seconds without progress after which stopping abandons a stuck callback.
@@ -141,8 +142,9 @@ def set_cpu_share_step_bytes(bytes: int) -> int:
 def set_cpu_share_stream_bytes(bytes: int) -> int:
     """Sets the size from which a device's thread that runs apart from the receiver thread
     copies a tap's operand with non-temporal stores, which do not fetch the buffer's lines
-    from the receiver's core first (``DEFAULT_CPU_SHARE_STREAM_BYTES`` by default; 0:
-    never). Returns the previous threshold."""
+    from the receiver's core first, but send the bytes to memory, where a tap function reads
+    them back (0, never, by default; ``DEFAULT_CPU_SHARE_STREAM_BYTES``: the size to turn it
+    on with). Returns the previous threshold."""
 
 def set_consumer_name(consumer_id: int, name: str) -> None:
     """Remembers the name of a consumer, for error messages about it."""

@@ -4,11 +4,11 @@ imports beside the public API (``hostfeed``, ``hostfeed.host_callback``).
 A benchmark needs what a user does not: to read and empty the receiver's timing
 histograms between rounds; to turn off, for a round, what the code does to be fast (the
 histograms themselves, a CPU ``call`` run on its device's thread, a device thread's yield
-to the receiver thread on a shared CPU and its streaming copies on another, fast
-dispatch's token handling), so that both ways
-run side by side; JAX's own costs with hostfeed's fast-dispatch markers set aside; XLA
-calling a handler that does nothing (a small tap's floor); the portable transport forced on
-CPU; and on a TPU, raw host transfers below hostfeed (:func:`raw_host_send`). Everything
+to the receiver thread on a shared CPU, fast dispatch's token handling; or the streaming
+copies that are off by default turned on), so that both ways run side by side; JAX's own
+costs with hostfeed's fast-dispatch markers set aside; XLA calling a handler that does
+nothing (a small tap's floor); the portable transport forced on CPU; and on a TPU, raw
+host transfers below hostfeed (:func:`raw_host_send`). Everything
 here is a thin name for an internal piece, so that the bench never reaches into the
 package's modules itself, and a change of those modules shows here, in one place.
 
@@ -93,10 +93,10 @@ def calls_on_receiver_thread() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def cpu_share(keep_in_step: bool = True, stream: bool = True) -> Iterator[None]:
+def cpu_share(keep_in_step: bool = True, stream: bool = False) -> Iterator[None]:
     """Within the block, after a large tap, a device's thread on the receiver thread's CPU
-    yields it (``keep_in_step``), and one on another CPU copies large taps with
-    non-temporal stores (``stream``), as hostfeed does by default; False turns either off.
+    yields it (``keep_in_step``: True, as hostfeed does by default), and one on another CPU
+    copies large taps with non-temporal stores (``stream``: False, as by default).
     """
     host = _receiver.host
     step = host.set_cpu_share_step_bytes(

@@ -18,8 +18,9 @@ Sections (all by default, in this order):
     4 MiB taps until every function ran, with a function that sums the array and one that
     does nothing, against the floor (a numpy copy passed to the same function); hostfeed
     also with the device's thread running on where it lets the receiver thread catch up on
-    a shared CPU (:mod:`hostfeed.bench._throughput`). ``--n-64mb N``: the bytes each
-    method moves per round, N times 64 MiB.
+    a shared CPU, and with streaming copies (off by default;
+    :mod:`hostfeed.bench._throughput`). ``--n-64mb N``: the bytes each method moves per
+    round, N times 64 MiB.
 ``call``
     round trip of ``float32[4] -> float32[4]`` host calls: ``hcb.call``, ``buffer_callback``,
     ``pure_callback``, ``io_callback`` (ordered and not), and the host function alone (the
@@ -88,8 +89,9 @@ is ``[[value, fraction], ...]``.
   asynchronously: alternately into two buffers)
 * ``throughput``: ``{"payload_bytes", "taps", "rounds", "functions": {function: {method:
   {"gb_per_s", "rounds_gb_per_s"}}}}`` (taps per round; GB/s of the median round, and
-  each round's; methods ``hostfeed``, ``hostfeed, device thread runs on``, ``numpy copy``,
-  ``numpy copy, 2 buffers``; functions ``sums the array``, ``does nothing``)
+  each round's; methods ``hostfeed``, ``hostfeed, device thread runs on``, ``hostfeed,
+  streaming copies``, ``numpy copy``, ``numpy copy, 2 buffers``; functions ``sums the
+  array``, ``does nothing``)
 * ``call``: ``{"calls", "methods": {name: {"p50_us", "rounds_p50_us", "round_trip_us":
   distribution, "round_trip_cdf_us": CDF, "per_call_us"}}, "loaded": {"calls",
   "busy_processes", "methods": ...}}`` (``p50_us``: the median round trip of the fastest

@@ -137,7 +137,8 @@ pub fn set_cpu_share_step_bytes(bytes: usize) -> usize {
 
 /// Sets the size from which a device's thread that runs apart from the receiver thread copies
 /// a tap's operand with non-temporal stores, which do not fetch the buffer's lines from
-/// the receiver's core first (`DEFAULT_CPU_SHARE_STREAM_BYTES` by default; 0: never).
+/// the receiver's core first, but send the bytes to memory, where a tap function reads them
+/// back (0, never, by default; `DEFAULT_CPU_SHARE_STREAM_BYTES` the size to turn it on with).
 /// Returns the previous threshold.
 #[pyfunction]
 pub fn set_cpu_share_stream_bytes(bytes: usize) -> usize {
