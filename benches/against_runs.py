@@ -5,13 +5,17 @@ outside the range widened by ``--slack`` (default 10%: the reference runs are fe
 ratio compares hostfeed with JAX measured in the same run, so two runs on a shared machine
 compare by their ratios, not their times.
 
-Run, after a change that should not move the figures (a restructuring):
+Run, after a change that should not move the figures (a restructuring), on a machine with
+the processor of the reference runs:
 
     python -m hostfeed bench --json /tmp/after.json
     python benches/against_runs.py /tmp/after.json \
         docs/bench.json docs/bench-repeats/2.json docs/bench-repeats/3.json
 
-Exits 1 when a row is outside its widened range, 0 otherwise.
+Exits 1 when a row is outside its widened range, 0 otherwise; 2 when a reference run is
+of another processor than the new one (the runs of each processor are kept apart:
+docs/bench.json and docs/bench-repeats/ for this project's machines, docs/bench-xeon/ for
+the Intel Xeon before).
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hostfeed.bench import _markdown
+from hostfeed.bench import _markdown, _processor
 
 Run = dict[str, Any]
 
@@ -95,6 +99,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path in args.references:
         with open(path) as f:
             references.append(json.load(f))
+    others = [p for p, r in zip(args.references, references, strict=True)
+              if not _processor.same(new["header"], r["header"])]
+    if others:
+        print(f"{', '.join(others)}: not of the new run's processor "
+              f"({_processor.name(new['header'])}); compare runs of one processor (ratios "
+              "measured on one say little about another)", file=sys.stderr)
+        return 2
     lines, outside = compare(new, references, args.slack)
     print("\n".join(lines))
     print(f"{outside} row(s) outside the reference range widened by {args.slack:.0%}")

@@ -168,12 +168,15 @@ HOST_SIDE: dict[str, object] = {
         "test_plot_draws_one_panel_per_section_with_data",
         "test_plot_of_a_result_with_nothing_to_draw_names_what_it_draws",
         "test_plot_of_sections_with_nothing_to_draw_is_refused_before_the_run",
-        "test_ratios_are_shown_with_their_range_over_the_rounds",
+        "test_ratios_are_the_median_of_the_rounds_ratios_with_the_interval_it_lies_in",
+        "test_a_figure_is_noisy_when_its_rounds_cannot_pin_the_median_within_15_percent",
         "test_the_whole_report_fits_100_columns_and_every_ratio_is_a_time_ratio",
         "test_a_table_wider_than_the_terminal_is_cut_into_tables_that_repeat_the_first_column",
         "test_bench_help_says_in_one_line_what_it_measures",
         "test_progress_is_a_line_a_section_off_a_terminal_and_a_line_a_step_on_one",
         "test_unknown_section_is_refused",
+        "test_n_64mb_is_a_whole_number_of_at_least_one",
+        "test_a_run_is_set_beside_the_committed_runs_of_its_processor_alone",
         "test_importing_hostfeed_loads_no_benchmark_code"}),
     # Version strings and settings; not the import under a faked version (the real JAX's
     # import is what it runs).

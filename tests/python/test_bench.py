@@ -19,7 +19,7 @@ import hostfeed
 from hostfeed import bench
 from hostfeed._src import lifecycle
 from hostfeed import host_callback as hcb
-from hostfeed.bench import _portable, _report, _text
+from hostfeed.bench import _portable, _report, _text, _timing
 
 from conftest import run_python
 
@@ -61,7 +61,8 @@ def test_quick_run_writes_every_section_in_the_schema(quick_run):
     assert set(result) == {"schema", "header", *bench.SECTIONS}
     h = result["header"]
     assert {"hostfeed", "jax", "jaxlib", "numpy", "python", "backend", "devices", "cpu",
-            "cores", "env", "quick"} <= set(h)
+            "processor", "cores", "env", "quick"} <= set(h)
+    assert h["processor"]["model"] == h["cpu"]
     assert h["quick"] is True and h["backend"] == "cpu" and h["jax"] == jax.__version__
     lat = result["latency"]["methods"]
     assert set(lat) == {"hostfeed", "hostfeed (sync)", "hostfeed (spaced taps)",
@@ -71,10 +72,25 @@ def test_quick_run_writes_every_section_in_the_schema(quick_run):
         assert m["device_us"]["count"] > 0 and m["device_cdf_us"][-1][1] == 1.0
     assert set(lat["hostfeed"]["handover_us"]) == DISTRIBUTION
     assert lat["io_callback"]["handover_us"] is None
+    for name in ("hostfeed", "hostfeed (spaced taps)"):  # each round's median hand-over
+        assert len(lat[name]["rounds_handover_p50_us"]) >= 5, name
     sweep = result["sweep"]
     assert {"hostfeed", "buffer_callback", *bench._sections.FLOORS} <= set(sweep["methods"])
     for name, points in sweep["methods"].items():
         assert [p["bytes"] for p in points] == sweep["sizes"], name
+    # 4 MiB taps, each function's methods in the same rounds (a quick run: 64 MiB a round).
+    t = result["throughput"]
+    assert (t["payload_bytes"], t["taps"]) == (4 << 20, 16) and t["rounds"] >= 5
+    assert set(t["functions"]) == {"sums the array", "does nothing"}
+    for methods in t["functions"].values():
+        assert list(methods) == list(bench._throughput.METHODS)
+        for m in methods.values():
+            assert len(m["rounds_gb_per_s"]) == t["rounds"] and m["gb_per_s"] > 0
+    # The figures that swing from run to run are kept round by round (for the medians of
+    # the rounds' ratios and the interval that says whether a figure is noisy).
+    assert len(result["eager"]["hostfeed"]["rounds_us"]) >= 9
+    assert len(result["compile"]["hostfeed"]["rounds_seconds"]) >= 3
+    assert len(result["dispatch"]["hostfeed id_tap"]["rounds_us"]) >= 9
     calls = result["call"]["methods"]
     assert set(calls) == {"hostfeed call", "host function alone",
                           bench._sections.RECEIVER_CALL, *bench._sections.CALL_METHODS}
@@ -103,6 +119,7 @@ def test_quick_run_writes_every_section_in_the_schema(quick_run):
     for name, m in lat.items():
         if name != "hostfeed (spaced taps)":
             assert len(m["rounds_device_us"]) == len(m["rounds_end_to_end_us"]) == rounds
+            assert len(m["rounds_device_p50_us"]) == rounds, name
             assert min(m["rounds_device_us"]) == m["device_side_per_tap_us"], name
             assert min(m["rounds_end_to_end_us"]) == m["end_to_end_per_tap_us"], name
     for name, points in sweep["methods"].items():
@@ -149,7 +166,7 @@ def test_terminal_report_has_ratios_and_the_plot_is_a_png(quick_run):
     assert "per-tap latency" in stdout and "payload sweep" in stdout
     assert "hostfeed / 2 buffers" in stdout
     # Next to the ratios of the interleaved sections, their range over the rounds.
-    assert "per tap / best JAX" in stdout and "range (each round's p50)" in stdout
+    assert "per tap / best JAX" in stdout and "interval (each round's p50)" in stdout
     assert re.search(r"\d+\.\d\d-\d+\.\d\dx", stdout)
     assert "call round trip" in stdout and "back-pressure" in stdout
     # Ratios to the best JAX callback measured in the same run.
@@ -217,18 +234,34 @@ def test_plot_of_sections_with_nothing_to_draw_is_refused_before_the_run(tmp_pat
     assert r.stdout == "" and not (tmp_path / "x.png").exists()
 
 
-def test_ratios_are_shown_with_their_range_over_the_rounds():
+def test_ratios_are_the_median_of_the_rounds_ratios_with_the_interval_it_lies_in():
     rows = {"no callback": {"us": 4.0, "rounds_us": [4.0, 5.0, 4.5]},
             "hostfeed call": {"us": 6.0, "rounds_us": [6.0, 10.0, 9.0]},
             "pure_callback": {"us": 30.0, "rounds_us": [30.0, 40.0, 36.0]}}
     text = "\n".join(_report._dispatch({"calls": 10, **rows}))
     line = next(ln for ln in text.splitlines() if ln.strip().startswith("hostfeed call"))
-    # 6/4, 10/5, 9/4.5 -> 1.50-2.00x; 6/30, 10/40, 9/36 -> 0.20-0.25x
-    assert line.split()[2:] == ["6.00", "1.50x", "1.50-2.00x", "0.20x", "0.20-0.25x"]
-    assert "fastest of 3 rounds" in text
+    # Each round's ratio: 6/4, 10/5, 9/4.5 -> 1.50, 2.00, 2.00 (median 2.00); 6/30, 10/40,
+    # 9/36 -> 0.20, 0.25, 0.25. Three rounds bracket the median only between their extremes,
+    # wider than 15% for the first: noisy ('~'). The time per call is the median round's.
+    assert line.split()[2:] == ["9.00", "2.00x", "1.50-2.00x", "~", "0.25x", "0.20-0.25x", "~"]
+    assert "the median of 3 rounds" in text and "'~'" in text
     old = {k: {"us": v["us"]} for k, v in rows.items()}  # a result from before the rounds
     assert next(ln for ln in _report._dispatch({"calls": 10, **old})
-                if ln.strip().startswith("hostfeed call")).split()[4] == "-"
+                if ln.strip().startswith("hostfeed call")).split()[2:] == [
+                    "6.00", "1.50x", "-", "0.20x", "-"]
+
+
+def test_a_figure_is_noisy_when_its_rounds_cannot_pin_the_median_within_15_percent():
+    steady = [1.0, 1.01, 0.99, 1.02, 0.98, 1.0, 1.01, 0.99, 1.0]
+    assert not _timing.paired(steady).noisy
+    # A round twice as slow (a hiccup of the machine) moves nothing...
+    assert not _timing.paired([1.0, 2.0, 1.0, 1.01, 1.0, 0.99, 1.0, 1.02, 1.0]).noisy
+    # ...but not when the rounds split in two.
+    assert _timing.paired([1.0, 2.0, 1.0, 2.0, 1.0, 2.0, 1.0, 2.0, 1.5]).noisy
+    # Too few rounds say nothing for sure: their whole range is the interval.
+    assert _timing.paired([1.0, 1.2]).spread() == "1.00-1.20x ~"
+    p = _timing.paired([2.0])
+    assert (p.median, p.low, p.high, p.rounds) == (2.0, 2.0, 2.0, 1)
 
 
 def test_the_whole_report_fits_100_columns_and_every_ratio_is_a_time_ratio():
@@ -309,6 +342,34 @@ def test_bench_help_says_in_one_line_what_it_measures():
     assert r.returncode == 0, r.stderr
     assert "side by side with JAX's own callbacks" in " ".join(r.stdout.split())
     assert bench.DESCRIPTION.endswith(".") and ". " not in bench.DESCRIPTION  # one sentence
+
+
+def test_n_64mb_is_a_whole_number_of_at_least_one():
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="n_64mb must be a whole number of 64 MiB"):
+            bench.run(["throughput"], n_64mb=bad)
+    with pytest.raises(SystemExit):
+        bench.main(["--only", "throughput", "--n-64mb", "0"])
+
+
+def test_a_run_is_set_beside_the_committed_runs_of_its_processor_alone():
+    from hostfeed.bench import _committed, _processor, _readme
+    run = json.loads(FULL_RUN.read_text())
+    head = " ".join(_readme.text(run)[0].split())
+    chosen = _readme.committed_set(run["header"])
+    assert chosen is _committed.SETS[0]  # the README's: this run's processor
+    assert "with the same processor" in head and chosen["machine"] in head
+    assert _processor.name(run["header"]) in chosen["machine"]
+    # A run on a processor no committed run is of: its figures alone, and why.
+    run["header"]["processor"] = {"model": "Some Other CPU", "family": 1, "model_number": 1}
+    run["header"]["cpu"] = "Some Other CPU"
+    lines = _readme.text(run)
+    head = " ".join(" ".join(lines[:6]).split())
+    assert "No committed run is of this processor (Some Other CPU (family 1, model 1))" in head
+    assert all(s["name"] in head for s in _committed.SETS)
+    # The Xeon's committed runs are compared with a Xeon run, not with this machine's.
+    xeon = json.loads((FULL_RUN.parent / "bench-xeon" / "bench.json").read_text())
+    assert _readme.committed_set(xeon["header"])["folder"] == "docs/bench-xeon/"
 
 
 def test_unknown_section_is_refused():
@@ -395,23 +456,28 @@ def test_the_report_ends_with_the_readme_rows_beside_the_committed_figures():
         method, column = rest.split(", ")
         assert section.split(",")[0] in run and method in body and column in body, row
         figure = summary.figure(run)
+        # '~' after a figure: noisy in its run (the README marks the cited run's).
+        assert now.endswith("~") == figure.noisy, row
+        shown = now.removesuffix(" ~").removesuffix(" !")
         if cells[3] == "-":  # no baseline: the row's own figure
             assert cited == cells[1].replace("µ", "u")
-            value, unit = now.rstrip(" !").split()
+            value, unit = shown.split()
             assert unit == "us" and float(value) == pytest.approx(figure.value, rel=0.01)
         else:
-            assert cited == cells[3] and over == cells[4].removesuffix(" **wide**")
-            assert now.rstrip(" !") == f"{figure.ratio:.2f}x"
+            assert cited == cells[3].removesuffix(" ~")
+            assert over == cells[4].removesuffix(" **wide**")
+            assert shown == f"{figure.ratio:.2f}x"
 
 
 def test_the_readme_rows_mark_a_figure_outside_the_committed_range_and_name_the_missing():
     run = only("call")
-    for m in run["call"]["methods"].values():
-        m["p50_us"] = m["p50_us"] * (3.0 if m is run["call"]["methods"]["hostfeed call"]
-                                     else 1.0)
+    slow = run["call"]["methods"]["hostfeed call"]  # three times slower in every round
+    slow["p50_us"] *= 3
+    slow["rounds_p50_us"] = [3 * v for v in slow["rounds_p50_us"]]
     _, entries = _readme_section(_report.text(run))
     rows = {row.split(" [")[0]: (now, cited) for now, cited, _, row in entries}
     now, cited = rows["`call` round trip, float32[4], p50"]
+    now = now.removesuffix(" ~")
     assert now.endswith(" !") and float(now[:-3]) == pytest.approx(3 * float(cited[:-1]),
                                                                    abs=0.02)
     assert rows["compile a function with 200 taps"][0] == "-"

@@ -136,18 +136,26 @@ def test_a_table_that_differs_from_the_runs_is_caught():
 
 
 def test_the_summary_says_its_runs_are_quiet_and_shows_runs_on_a_busy_machine():
+    from hostfeed.bench import _markdown
     runs = figures.runs()
     busy = json.loads(json.dumps(runs[0]))
     busy["header"].update(quick=True, load_average=5.1, load_average_end=6.25)
-    busy["call"]["methods"]["hostfeed call"]["p50_us"] *= 3  # 0.63x -> 1.89x
+    call = busy["call"]["methods"]["hostfeed call"]
+    call["p50_us"] *= 3  # three times slower in every round: three times the ratio
+    call["rounds_p50_us"] = [3 * v for v in call["rounds_p50_us"]]
     del busy["sweep"]
     table = figures.render("summary", runs, [busy])
-    assert "a quiet machine: load 0.51-1.45 when each run started" in table
+    assert f"a quiet machine: load {_markdown.loads(runs)} when each run started" in table
     rows = {ln.split(" | ")[0].strip("| "): ln.strip(" |").split(" | ")
             for ln in table.splitlines() if ln.startswith("| ")}
     assert rows[""][-1] == "quick run, load 5.10-6.25"
-    assert rows["`call` round trip, float32[4], p50"][-1] == "**1.89x**"  # outside: bold
-    assert rows["the same with one `call`"][-1] == "0.11x"
+    quiet = rows["`call` round trip, float32[4], p50"]
+    ratio = float(quiet[3].split("x")[0])
+    busy_ratio = rows["`call` round trip, float32[4], p50"][-1]
+    assert busy_ratio.startswith("**") and float(busy_ratio.strip("*x")) == pytest.approx(
+        3 * ratio, rel=0.02)  # outside the quiet runs' range: bold
+    same = rows["the same with one `call`"]  # unchanged from the cited run: as there
+    assert same[-1] == same[3].split()[0]
     assert rows["4 MiB taps in a loop until every function ran (per byte)"][-1] == "-"
     # The README shows the committed busy runs (docs/bench-loaded/) the same way.
     readme = (ROOT / "README.md").read_text()
@@ -156,7 +164,7 @@ def test_the_summary_says_its_runs_are_quiet_and_shows_runs_on_a_busy_machine():
 
 def test_the_rows_the_bench_prints_are_the_committed_runs(tmp_path, monkeypatch, capsys):
     stale = tmp_path / "_committed.py"
-    stale.write_text(figures.COMMITTED.read_text().replace("RUNS = 3", "RUNS = 2"))
+    stale.write_text(figures.COMMITTED.read_text().replace("'runs': 3,", "'runs': 2,", 1))
     monkeypatch.setattr(figures, "COMMITTED", stale)
     assert figures.main(["--check"]) == 1
     assert "_committed.py is not the README's rows of the committed runs" in \
@@ -298,3 +306,15 @@ def test_the_recording_guide_is_short_and_starts_with_its_recipes():
     for text in (guide, reference):
         assert not re.search(r"rec\s*=\s*hostfeed\.open_recording|`rec\.(names|table|"
                              r"iter_batches)|rec\[name\]", text)
+
+
+def test_each_set_of_committed_runs_holds_the_runs_of_one_processor():
+    sets = [(figures._where(folder), figures.runs(folder) + figures.loaded_runs(folder))
+            for folder in figures.SETS.values()]
+    assert figures.mixed(sets) == []
+    names = {figures.runs(folder)[0]["header"].get("cpu") for folder in figures.SETS.values()}
+    assert len(names) == len(figures.SETS)  # a processor per set
+    # A run of another processor slipped into a set is named.
+    (where, runs), (_, other) = sets[0], sets[1]
+    problems = figures.mixed([(where, [*runs, other[0]])])
+    assert len(problems) == 1 and problems[0].startswith(f"{where}: a run on ")

@@ -18,12 +18,15 @@ from conftest import run_python
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODULES = ["hostfeed", "hostfeed.host_callback", "hostfeed.lowering", "hostfeed.zarr_dtypes",
            "hostfeed.bench", "hostfeed.bench._timing", "hostfeed.bench._markdown",
+           "hostfeed.bench._markdown_tpu", "hostfeed.bench._processor",
+           "hostfeed.bench._throughput",
            "hostfeed.bench._report", "hostfeed.bench._readme",
            *(f"hostfeed._src.{m}" for m in (
                "compat", "compat.versions", "settings", "dtypes", "devices", "errors",
                "consumers", "dispatcher",
                "lifecycle", "keys", "printing", "spec", "primitives", "eager", "runtime",
-               "placement", "fast_dispatch", "record.recorder", "record.lowering", "record.late",
+               "placement", "fast_dispatch", "measuring", "record.recorder", "record.lowering",
+               "record.late",
                "record.cotangents", "record.inputs", "record.options",
                "readback.reading", "readback.series", "readback.tensorboard", "readback.canvas",
                "reductions", "reductions.stats", "reductions.histogram",

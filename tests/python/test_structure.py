@@ -71,6 +71,19 @@ def test_an_overlong_module_or_rust_file_is_found(tmp_path, monkeypatch, capsys)
     assert "short.rs" not in err
 
 
+def test_the_bench_uses_the_public_api_and_the_measuring_hooks_alone():
+    # Everything the bench needs beyond the public API goes through one documented module,
+    # so that a change of hostfeed's internals shows in one place.
+    # (``hostfeed._src`` itself is a package without code, the way to its modules.)
+    allowed = {"hostfeed", "hostfeed.host_callback", "hostfeed._src", "hostfeed._src.measuring"}
+    graph = check.python_graph()
+    reached = {target for module, targets in graph.items()
+               if module == "hostfeed.bench" or module.startswith("hostfeed.bench.")
+               for target in targets if not target.startswith("hostfeed.bench")}
+    assert reached <= allowed, sorted(reached - allowed)
+    assert "hostfeed._src.measuring" in reached
+
+
 def test_an_overlong_class_is_found_at_any_depth(tmp_path, monkeypatch, capsys):
     pkg = tmp_path / "hostfeed"
     body = "    x = 1\n" * check.MAX_CLASS_LINES

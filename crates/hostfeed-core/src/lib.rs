@@ -58,6 +58,10 @@ cfg_not_loom! {
         DEFAULT_MAX_QUEUE_BYTES, DEFAULT_STOP_TIMEOUT,
     };
     pub use host::call::set_inline_calls;
+    pub use host::cpu_share::{
+        set_step_bytes as set_cpu_share_step_bytes, set_stream_bytes as set_cpu_share_stream_bytes,
+        STEP_BYTES as CPU_SHARE_STEP_BYTES, STREAM_BYTES as CPU_SHARE_STREAM_BYTES,
+    };
     pub use host::interrupt::{
         counts as signal_counts, install as install_interrupt_handlers, on_initial_thread, open_wake_pipe,
         remove as remove_interrupt_handlers, signalled_since, wait_for_signal,

@@ -10,14 +10,16 @@ from .consumers import Consumer
 from .batch import DispatcherState
 
 __all__ = [
-    "DEFAULT_MAX_QUEUE_BYTES", "DEFAULT_BUFFER_POOL_BYTES", "DEFAULT_STOP_TIMEOUT",
+    "DEFAULT_MAX_QUEUE_BYTES", "DEFAULT_BUFFER_POOL_BYTES", "DEFAULT_CPU_SHARE_STEP_BYTES",
+    "DEFAULT_CPU_SHARE_STREAM_BYTES", "DEFAULT_STOP_TIMEOUT",
     "DTYPE_CODES", "start", "stop", "finalize", "start_exit_watch", "stop_exit_watch",
     "push_eager", "push_control", "barrier", "is_running", "exit_status_if_clean",
     "in_callback_thread",
     "max_queue_bytes", "set_max_queue_bytes", "stats", "hold_back", "let_go", "reset_peak",
     "histograms", "reset_histograms", "set_buffer_pool_bytes", "set_timing",
-    "set_inline_calls", "set_consumer_name", "install_interrupt_watch", "registrations",
-    "summary_registrations",
+    "set_inline_calls", "set_cpu_share_step_bytes", "set_cpu_share_stream_bytes",
+    "set_consumer_name",
+    "install_interrupt_watch", "registrations", "summary_registrations",
 ]
 
 #: Default byte bound of the queue (the legacy ``256e6``).
@@ -25,6 +27,15 @@ DEFAULT_MAX_QUEUE_BYTES: Final[int]
 
 #: Default most bytes of host buffers kept for reuse when idle.
 DEFAULT_BUFFER_POOL_BYTES: Final[int]
+
+#: Default bytes queued for the receiver thread from which a device's thread that shares its
+#: CPU yields it (``set_cpu_share_step_bytes``).
+DEFAULT_CPU_SHARE_STEP_BYTES: Final[int]
+
+#: The size from which a device's thread apart from the receiver thread copies a tap's
+#: operand with non-temporal stores once turned on (``set_cpu_share_stream_bytes``; off by
+#: default).
+DEFAULT_CPU_SHARE_STREAM_BYTES: Final[int]
 
 #: Default seconds without progress after which stopping abandons a stuck callback.
 DEFAULT_STOP_TIMEOUT: Final[float]
@@ -121,6 +132,19 @@ def set_inline_calls(enabled: bool) -> bool:
     """Lets a CPU ``call`` run its host function on the device's thread when nothing else is
     pending (True, the default), or keeps every call on the receiver thread (False);
     returns the previous setting."""
+
+def set_cpu_share_step_bytes(bytes: int) -> int:
+    """Sets the bytes queued for the receiver thread from which a device's thread that shares
+    its CPU with it yields that CPU after a tap, so that the tap functions run while their
+    bytes are in the cache (``DEFAULT_CPU_SHARE_STEP_BYTES`` by default; 0: never yield,
+    the device's thread runs on). Returns the previous threshold."""
+
+def set_cpu_share_stream_bytes(bytes: int) -> int:
+    """Sets the size from which a device's thread that runs apart from the receiver thread
+    copies a tap's operand with non-temporal stores, which do not fetch the buffer's lines
+    from the receiver's core first, but send the bytes to memory, where a tap function reads
+    them back (0, never, by default; ``DEFAULT_CPU_SHARE_STREAM_BYTES``: the size to turn it
+    on with). Returns the previous threshold."""
 
 def set_consumer_name(consumer_id: int, name: str) -> None:
     """Remembers the name of a consumer, for error messages about it."""

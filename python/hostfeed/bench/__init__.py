@@ -14,6 +14,13 @@ Sections (all by default, in this order):
     receiver.
 ``sweep``
     GB/s from 16 B to 64 MiB per tap, end to end, against a numpy copy of the same bytes.
+``throughput``
+    4 MiB taps until every function ran, with a function that sums the array and one that
+    does nothing, against the floor (a numpy copy passed to the same function); hostfeed
+    also with the device's thread running on where it lets the receiver thread catch up on
+    a shared CPU, and with streaming copies (off by default;
+    :mod:`hostfeed.bench._throughput`). ``--n-64mb N``: the bytes each method moves per
+    round, N times 64 MiB.
 ``call``
     round trip of ``float32[4] -> float32[4]`` host calls: ``hcb.call``, ``buffer_callback``,
     ``pure_callback``, ``io_callback`` (ordered and not), and the host function alone (the
@@ -44,18 +51,23 @@ transfers of ``paths`` record that the CPU has none).
 
 Every ratio in the report is a time ratio (a row's time over the named baseline's; below
 1.00x is faster), against the fastest JAX callback of that row unless named otherwise.
-The sections that compare (latency, sweep, call, dispatch, barrier, ...) run their cases in
-interleaved rounds, so that a slow stretch of the machine hits them alike; a figure is
-the fastest round's, and the report prints next to a ratio its range over the rounds.
-The report ends with the README's table: each of its rows (named as there), this run's
-figure beside the committed one and its range over the committed runs, and where in the
-report the figure comes from.
+The sections that compare (latency, sweep, throughput, call, dispatch, barrier, ...) run
+their cases in interleaved rounds, so that a slow stretch of the machine hits them alike
+(the order alternating between rounds where the figures swing most); a ratio is the
+median of the rounds' ratios, printed with the interval that median lies in (90%
+confidence) and marked ``~`` (noisy) where that interval is wider than 15%: two runs may
+then differ by more. The report ends with the README's table: each of its rows (named as
+there), this run's figure beside the committed one of the same processor and its range
+over those committed runs, and where in the report the figure comes from.
 ``--quick`` takes about a minute on 2 cores; the full run takes 3-5 minutes there
 (the compile section alone compiles 200-tap functions six ways, twice).
 
 JSON schema (``--json``), version ``hostfeed-bench/1``: an object with ``schema``,
 ``header`` (``hostfeed``, ``jax``, ``jaxlib``, ``numpy``, ``python``, ``platform``,
-``backend``, ``devices``, ``device_count``, ``cpu``, ``cores``, ``load_average`` (the
+``backend``, ``devices``, ``device_count``, ``cpu`` (the processor's model name),
+``processor`` (``model``, and where the system gives them ``vendor``, ``family``,
+``model_number``, ``stepping``, ``caches_kib``: absent from runs before it was recorded),
+``cores``, ``load_average`` (the
 1-minute load average when the run started; ``load_average_end`` when it ended: absent
 from runs before it was recorded), ``env``, ``quick``, ``started``) and one key per section
 run. A *distribution* is ``{"count", "mean", "p50", "p90", "p99", "p999", "max"}``; a *CDF*
@@ -64,14 +76,22 @@ is ``[[value, fraction], ...]``.
 * ``latency``: ``{"payload", "taps", "rounds", "methods": {name: {"device_us":
   distribution, "device_cdf_us": CDF, "handover_us": distribution or null,
   "handover_cdf_us": CDF (hostfeed only), "device_side_per_tap_us",
-  "end_to_end_per_tap_us", "rounds_device_us", "rounds_end_to_end_us"}}, "floors":
-  {"xla_custom_call", "numpy"}}`` (per tap: the fastest round's, and each round's;
+  "end_to_end_per_tap_us", "rounds_device_us", "rounds_end_to_end_us",
+  "rounds_device_p50_us", "rounds_handover_p50_us" (hostfeed, and hostfeed (spaced
+  taps) with the per-tap figures and distributions alone)}}, "floors":
+  {"xla_custom_call", "numpy"}}`` (per tap: the fastest round's, and each round's; each
+  round's median cost of a tap and hand-over;
   floors in µs per tap: XLA calling a handler that does nothing in the same loop;
   copying the bytes and calling the function in Python)
 * ``sweep``: ``{"sizes": [bytes, ...], "methods": {name: [{"bytes", "taps", "taps_per_s",
   "gb_per_s", "rounds_gb_per_s"}, ...]}}`` (the fastest round's, and each round's;
   ``numpy copy`` is the floor; ``numpy copy, 2 buffers`` the floor of a tap that copies
   asynchronously: alternately into two buffers)
+* ``throughput``: ``{"payload_bytes", "taps", "rounds", "functions": {function: {method:
+  {"gb_per_s", "rounds_gb_per_s"}}}}`` (taps per round; GB/s of the median round, and
+  each round's; methods ``hostfeed``, ``hostfeed, device thread runs on``, ``hostfeed,
+  streaming copies``, ``numpy copy``, ``numpy copy, 2 buffers``; functions ``sums the
+  array``, ``does nothing``)
 * ``call``: ``{"calls", "methods": {name: {"p50_us", "rounds_p50_us", "round_trip_us":
   distribution, "round_trip_cdf_us": CDF, "per_call_us"}}, "loaded": {"calls",
   "busy_processes", "methods": ...}}`` (``p50_us``: the median round trip of the fastest
@@ -81,10 +101,12 @@ is ``[[value, fraction], ...]``.
 * ``backpressure``: ``{"host_us_per_tap", "tap_bytes", "taps", "runs": [{"method",
   "bound_bytes", "device_s", "end_to_end_s", "blocked_s", "blocked_count",
   "peak_queued_bytes"}, ...]}`` (null where a method has no queue)
-* ``eager``: ``{"taps", "hostfeed": {"per_tap_us"}, "debug.callback": ..., "hostfeed, fresh
-  function": ..., "debug.callback, fresh function": ..., "rss_growth_mb",
-  "registered_consumers_growth"}``
-* ``compile``: ``{"taps", name: {"seconds"}, ...}``
+* ``eager``: ``{"taps", "hostfeed": {"per_tap_us", "rounds_us"}, "debug.callback": ...,
+  "buffer_callback": ..., "hostfeed, fresh function": ..., "debug.callback, fresh
+  function": ..., "rss_growth_mb", "registered_consumers_growth"}`` (per tap: the median
+  round's, and each round's)
+* ``compile``: ``{"taps", name: {"seconds", "rounds_seconds"}, ...}`` (the fastest round's,
+  and each round's)
 * ``barrier``: ``{"calls", "marked devices", "hostfeed barrier_wait": {"us"},
   "jax.effects_barrier": {"us"}, "hostfeed barrier_wait, no device to mark": {"us"}}``
   (``marked devices``: the fast-dispatch devices a barrier runs a marker on)
@@ -115,18 +137,20 @@ from typing import Any, TextIO
 import jax
 
 from .. import host_callback as hcb
-from .._src import settings
+from .._src import measuring
 from . import _report, _tpu
 from ._portable import portable_section
 from ._receiver_sections import backpressure, barrier, compile_time, eager
 from ._sections import Config, call, dispatch, latency, sweep, timing_cost
+from ._throughput import throughput
 
 from ._timing import (cdf_of_buckets, cdf_of_samples, interleaved, summary_of_buckets,
                       summary_of_samples, table, timeit)
 
 #: The sections, in the order they run and print.
 SECTIONS: dict[str, Callable[[Config], dict]] = {
-    "latency": latency, "sweep": sweep, "call": call, "dispatch": dispatch,
+    "latency": latency, "sweep": sweep, "throughput": throughput, "call": call,
+    "dispatch": dispatch,
     "backpressure": backpressure, "eager": eager, "compile": compile_time, "barrier": barrier,
     "timing": timing_cost, "portable": portable_section,
 }
@@ -204,17 +228,21 @@ def suite_for(suite: str = "auto") -> str:
 def _steps(sections: Sequence[str], quick: bool, suite: str) -> int:
     if suite == "tpu":
         return len(sections) + (3 if quick else 4)  # the sweep counts a step a size
-    per = {"latency": 9, "sweep": 4 if quick else 12, "call": 10, "dispatch": 1,
+    per = {"latency": 9, "sweep": 4 if quick else 12, "throughput": 2, "call": 10,
+           "dispatch": 1,
            "backpressure": 4, "eager": 1, "compile": 1, "barrier": 1, "timing": 1,
            "portable": 3}
     return sum(per[s] for s in sections)
 
 
 def run(sections: Sequence[str] | None = None, *, quick: bool = False,
-        progress: Callable[[str], None] | None = None, suite: str = "auto") -> dict[str, Any]:
+        progress: Callable[[str], None] | None = None, suite: str = "auto",
+        n_64mb: int | None = None) -> dict[str, Any]:
     """Runs the given sections (all of the suite by default) and returns the result (the
-    JSON schema above; on the ``tpu`` suite a section that fails holds its ``error``)."""
-    quick = settings.flag(quick, "hostfeed.bench.run: quick")
+    JSON schema above; on the ``tpu`` suite a section that fails holds its ``error``).
+    ``n_64mb``: the bytes each method of the throughput section moves per round, in 64 MiB
+    (None: 1 quick, 4 full)."""
+    quick = measuring.flag(quick, "hostfeed.bench.run: quick")
     suite = suite_for(suite)
     table = SUITES[suite]
     chosen = list(sections or table)
@@ -225,7 +253,10 @@ def run(sections: Sequence[str] | None = None, *, quick: bool = False,
     header = _report.header(quick)
     header["suite"] = suite
     result: dict[str, Any] = {"schema": SCHEMA, "header": header}
-    cfg = Config(quick=quick, progress=progress or (lambda step: None))
+    if n_64mb is not None and (isinstance(n_64mb, bool) or not isinstance(n_64mb, int)
+                               or n_64mb < 1):
+        raise ValueError(f"n_64mb must be a whole number of 64 MiB, at least 1; got {n_64mb!r}")
+    cfg = Config(quick=quick, progress=progress or (lambda step: None), n_64mb=n_64mb)
     # hostfeed's taps as the sections measure them: asynchronous, unless a row says
     # synchronous (the latency section's "hostfeed (sync)", the dispatch section's
     # "hostfeed id_tap, synchronous": the default mode on CPUs and GPUs).
@@ -258,9 +289,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", nargs="+", metavar="SECTION", choices=every,
                         help=f"sections to run (default: all of the suite): "
                              f"{', '.join(SECTIONS)}; on a TPU {', '.join(_tpu.SECTIONS)}")
+    parser.add_argument("--n-64mb", type=_positive, metavar="N", default=None,
+                        help="throughput section: bytes each method moves per round, N "
+                             "times 64 MiB (default: 1 with --quick, else 4)")
     parser.add_argument("--suite", choices=["auto", *SUITES], default="auto",
                         help="the sections of a CPU or GPU (cpu) or of a TPU (tpu); auto: "
                              "by JAX's default backend")
+
+
+def _positive(text: str) -> int:
+    """A whole number of at least 1 (an option's value)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of at least 1, not {text!r}")
+    return value
 
 
 def _unwritable(path: str) -> str | None:
@@ -303,7 +348,8 @@ def run_command(args: argparse.Namespace) -> int:
         return 2
     step, close = _progress(_steps(sections, args.quick, suite))
     try:
-        result = run(sections, quick=args.quick, progress=step, suite=suite)
+        result = run(sections, quick=args.quick, progress=step, suite=suite,
+                     n_64mb=args.n_64mb)
     finally:
         close()
     print(_report.text(result))

@@ -1,46 +1,103 @@
 """The README's bench table as committed, for ``python -m hostfeed bench`` to print beside
-a run's own figures. Generated from docs/bench.json and docs/bench-repeats/ by
+a run's own figures on the same processor. Generated from the committed runs (docs/bench.json,
+docs/bench-repeats/; another processor's under docs/bench-NAME/) by
 ``python docs/figures.py --write`` (``--check`` fails where it differs): do not edit."""
 from __future__ import annotations
 
-#: How many full runs, on what machine, at which load averages (when each started).
-RUNS = 3
-MACHINE = ('a 2-core Intel(R) Xeon(R) Processor machine, jax 0.10.2, Python 3.11.7, load 0.51, '
-           '2026-12-06')
-LOADS = '0.51-1.45'
-#: (the row, its unit: "x" a time ratio, "us" its own figure in µs; the cited run's
-#: figure, the lowest and the highest over the runs)
-ROWS: list[tuple[str, str, float, float, float]] = [
-    ('dispatch of a small jitted function with one `id_tap`, waited for (per call)',
-     'x', 0.238906, 0.179471, 0.238906),
-    ('the same with one `call`',
-     'x', 0.112656, 0.112656, 0.115624),
-    ("small tap (float32[4]) in a loop: computation per tap (the loop's time until it returns, "
-     'over its taps)',
-     'x', 0.15588, 0.15588, 0.23517),
-    ('the same loop: until every function ran, per tap (throughput, not latency)',
-     'x', 0.180816, 0.180816, 0.237681),
-    ("a tap's hand-over p50: queued until its function starts (taps spaced apart)",
-     'us', 2.431, 1.823, 2.431),
-    ('the same in a burst of taps (behind those queued before it)',
-     'us', 3932.16, 3932.16, 4325.38),
-    ('synchronous tap (the default on CPUs and GPUs): each tap p50 (what the computation spends '
-     'on a tap)',
-     'x', 1.1593, 1.12347, 1.22183),
-    ('4 MiB taps in a loop until every function ran (per byte)',
-     'x', 48.195, 21.7668, 48.195),
-    ('the same, against the copy it makes (why it loses to `buffer_callback` there)',
-     'x', 0.991627, 0.991627, 1.00927),
-    ('`call` round trip, float32[4], p50',
-     'x', 0.630646, 0.630646, 0.65318),
-    ('`call` round trip p50, every core busy',
-     'x', 0.638468, 0.638468, 0.665358),
-    ('eager `id_tap` until its function ran (per tap)',
-     'x', 1.00706, 0.894603, 1.00706),
-    ('compile a function with 200 taps',
-     'x', 1.17794, 0.994019, 1.17794),
-    ('idle `barrier_wait()` after computations that tapped',
-     'x', 8.14535, 8.14535, 10.3795),
-    ('the same, against its own floor (why it loses to `jax.effects_barrier`)',
-     'x', 0.981558, 0.981558, 1.50364),
+from typing import Any
+
+#: One set of committed full runs per processor, the README's first: the processor (as the
+#: runs' headers record it), its name, the folder of the runs, how many, the machine and
+#: the load averages when each started, and the rows: (the row, its unit: "x" a time ratio,
+#: "us" its own figure in µs; the cited run's figure, the lowest and the highest over the runs)
+SETS: list[dict[str, Any]] = [
+    {'processor': {'vendor': 'AuthenticAMD',
+                   'family': 26,
+                   'model_number': 2,
+                   'model': 'AMD EPYC',
+                   'stepping': 1,
+                   'caches_kib': {'L1d': 48, 'L1i': 32, 'L2': 1024, 'L3': 32768}},
+     'name': 'AMD EPYC (family 26, model 2)',
+     'folder': '',
+     'runs': 3,
+     'machine': ('a 2-core AMD EPYC (family 26, model 2) machine, jax 0.10.2, Python 3.11.7, '
+                 'load 1.27, 2026-12-07'),
+     'loads': '1.27-1.63',
+     'rows': [
+         ('dispatch of a small jitted function with one `id_tap`, waited for (per call)',
+          'x', 0.707549, 0.124256, 0.76124),
+         ('the same with one `call`',
+          'x', 0.161291, 0.158686, 0.166605),
+         ("small tap (float32[4]) in a loop: computation per tap (the loop's time until it "
+         'returns, over its taps)',
+          'x', 0.20703, 0.181265, 0.20703),
+         ('the same loop: until every function ran, per tap (throughput, not latency)',
+          'x', 0.207248, 0.188091, 0.207248),
+         ("a tap's hand-over p50: queued until its function starts (taps spaced apart)",
+          'us', 1.055, 0.263, 1.055),
+         ('the same in a burst of taps (behind those queued before it)',
+          'us', 335.871, 9.471, 835.583),
+         ('synchronous tap (the default on CPUs and GPUs): each tap p50 (what the computation '
+         'spends on a tap)',
+          'x', 0.797794, 0.797794, 0.811206),
+         ('4 MiB taps in a loop until every function ran (per byte)',
+          'x', 6.07402, 6.0256, 6.89403),
+         ('the same, against the copy it makes (why it loses to `buffer_callback` there)',
+          'x', 0.981397, 0.981397, 1.11447),
+         ('4 MiB taps whose function reads every byte (a sum), until every function ran',
+          'x', 2.47705, 0.896931, 2.47705),
+         ('`call` round trip, float32[4], p50',
+          'x', 0.746055, 0.743599, 0.759246),
+         ('`call` round trip p50, every core busy',
+          'x', 0.742764, 0.742764, 0.752763),
+         ('eager `id_tap` until its function ran (per tap)',
+          'x', 1.43825, 1.00645, 1.6552),
+         ('compile a function with 200 taps',
+          'x', 1.18039, 1.16369, 1.21716),
+         ('idle `barrier_wait()` after computations that tapped',
+          'x', 11.0163, 10.4768, 11.0163),
+         ('the same, against its own floor (why it loses to `jax.effects_barrier`)',
+          'x', 1.21248, 1.17829, 1.21248),
+     ]},
+    {'processor': {'model': 'Intel(R) Xeon(R) Processor'},
+     'name': 'Intel(R) Xeon(R) Processor',
+     'folder': 'docs/bench-xeon/',
+     'runs': 3,
+     'machine': ('a 2-core Intel(R) Xeon(R) Processor machine, jax 0.10.2, Python 3.11.7, load '
+                 '0.51, 2026-12-06'),
+     'loads': '0.51-1.45',
+     'rows': [
+         ('dispatch of a small jitted function with one `id_tap`, waited for (per call)',
+          'x', 0.238906, 0.179471, 0.238906),
+         ('the same with one `call`',
+          'x', 0.112656, 0.112656, 0.115624),
+         ("small tap (float32[4]) in a loop: computation per tap (the loop's time until it "
+         'returns, over its taps)',
+          'x', 0.15588, 0.15588, 0.23517),
+         ('the same loop: until every function ran, per tap (throughput, not latency)',
+          'x', 0.180816, 0.180816, 0.237681),
+         ("a tap's hand-over p50: queued until its function starts (taps spaced apart)",
+          'us', 2.431, 1.823, 2.431),
+         ('the same in a burst of taps (behind those queued before it)',
+          'us', 3932.16, 3932.16, 4325.38),
+         ('synchronous tap (the default on CPUs and GPUs): each tap p50 (what the computation '
+         'spends on a tap)',
+          'x', 1.1593, 1.12347, 1.22183),
+         ('4 MiB taps in a loop until every function ran (per byte)',
+          'x', 48.195, 21.7668, 48.195),
+         ('the same, against the copy it makes (why it loses to `buffer_callback` there)',
+          'x', 0.991627, 0.991627, 1.00927),
+         ('`call` round trip, float32[4], p50',
+          'x', 0.630646, 0.630646, 0.65318),
+         ('`call` round trip p50, every core busy',
+          'x', 0.638468, 0.638468, 0.665358),
+         ('eager `id_tap` until its function ran (per tap)',
+          'x', 1.00706, 0.894603, 1.00706),
+         ('compile a function with 200 taps',
+          'x', 1.17794, 0.994019, 1.17794),
+         ('idle `barrier_wait()` after computations that tapped',
+          'x', 8.14535, 8.14535, 10.3795),
+         ('the same, against its own floor (why it loses to `jax.effects_barrier`)',
+          'x', 0.981558, 0.981558, 1.50364),
+     ]},
 ]

@@ -9,8 +9,14 @@ from __future__ import annotations
 
 import datetime
 import math
+import pprint
+import statistics
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
+
+from . import _processor
+from ._markdown_tpu import TPU_RECORD_TABLES, TPU_TABLES, tpu_machine  # noqa: F401 (figures.py)
+from ._timing import paired
 
 Run = dict[str, Any]
 
@@ -21,15 +27,43 @@ JAX_CALLBACKS = ("buffer_callback", "pure_callback", "io_callback", "io_callback
 
 class Figure(NamedTuple):
     """One row: hostfeed's value, the baseline's value and name, hostfeed's time ratio
-    (NaN for a row without a baseline, whose range is then of ``value``, in µs)."""
+    (NaN for a row without a baseline, whose range is then of ``value``, in µs), and where
+    the run measured it round by round, the ratio (or the value) in each round: the
+    figure is then their median, and :func:`~hostfeed.bench._timing.paired` says how far
+    it can be trusted (a *noisy* figure: two runs may differ by more than 15%)."""
     hostfeed: str
     baseline: str
     ratio: float
     value: float = math.nan
+    rounds: tuple[float, ...] = ()
+
+    @property
+    def noisy(self) -> bool:
+        """Whether its rounds say two runs may differ by more than
+        :data:`~hostfeed.bench._timing.AGREEMENT` (False without rounds)."""
+        return bool(self.rounds) and paired(self.rounds).noisy
 
 
 def _us(v: float) -> str:
     return f"{v:.3g} µs" if v < 10 else f"{v:.0f} µs" if v >= 100 else f"{v:.1f} µs"
+
+
+def paired_rounds(run: Run) -> bool:
+    """Whether a run's figures are the medians of its rounds' ratios: every run since the
+    bench recorded the processor. A run from before (its header has no ``processor``) keeps
+    the figures it was published with: each method's fastest round.
+
+    Example:
+        >>> paired_rounds({"header": {"processor": {"model": "AMD EPYC"}}})
+        True
+        >>> paired_rounds({"header": {"cpu": "Intel(R) Xeon(R) Processor"}})
+        False
+    """
+    return "processor" in run["header"]
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values)
 
 
 def _best(values: dict[str, float]) -> tuple[str, float]:
@@ -38,10 +72,33 @@ def _best(values: dict[str, float]) -> tuple[str, float]:
     return name, values[name]
 
 
-def _against_best(values: dict[str, float], mine: str) -> Figure:
-    """Method ``mine`` of ``values`` against the fastest JAX callback among them."""
+def round_ratios(mine: Sequence[float], base: Sequence[float]) -> tuple[float, ...]:
+    """``mine``'s time over ``base``'s in each round (both measured in the same rounds).
+
+    Example:
+        >>> round_ratios([2.0, 3.0], [1.0, 2.0])
+        (2.0, 1.5)
+    """
+    return tuple(a / b for a, b in zip(mine, base) if b)
+
+
+def _against_best(values: dict[str, float], mine: str,
+                  rounds: dict[str, Sequence[float] | None] | None = None,
+                  show: Callable[[float], str] | None = None) -> Figure:
+    """Method ``mine`` against the fastest JAX callback. With ``rounds`` (each method's
+    figure in each interleaved round, for every method in ``values``), the fastest by its
+    median round, the ratio the median of the rounds' ratios; otherwise the single figures
+    of ``values``."""
+    show = show or _us
+    if rounds and all(rounds.get(k) for k in values):
+        given = {k: v for k, v in rounds.items() if k in values and v}
+        medians = {k: _median(v) for k, v in given.items()}
+        name, best = _best(medians)
+        ratios = round_ratios(given[mine], given[name])
+        return Figure(show(medians[mine]), f"{show(best)} (`{name}`)", _median(ratios),
+                      rounds=ratios)
     name, best = _best(values)
-    return Figure(_us(values[mine]), f"{_us(best)} (`{name}`)", values[mine] / best)
+    return Figure(show(values[mine]), f"{show(best)} (`{name}`)", values[mine] / best)
 
 
 def _dispatch(what: str) -> Callable[[Run], Figure | None]:
@@ -49,39 +106,61 @@ def _dispatch(what: str) -> Callable[[Run], Figure | None]:
         d = run.get("dispatch")
         if not d or what not in d:
             return None
-        us = {k: v["us"] for k, v in d.items() if isinstance(v, dict)}
-        name, best = _best(us)
-        return Figure(f"{_us(us[what])} (no callback: {_us(us['no callback'])})",
-                      f"{_us(best)} (`{name}`)", us[what] / best)
+        rows = {k: v for k, v in d.items() if isinstance(v, dict)}
+        us = {k: v["us"] for k, v in rows.items()}
+        rounds = {k: v["rounds_us"] for k, v in rows.items()
+                  if v.get("rounds_us") and paired_rounds(run)}
+        f = _against_best(us, what, rounds)
+        none = _median(rounds["no callback"]) if rounds else us["no callback"]
+        return f._replace(hostfeed=f"{f.hostfeed} (no callback: {_us(none)})")
     return figure
 
 
+def _tap_methods(run: Run) -> dict[str, Any] | None:
+    methods = run.get("latency", {}).get("methods")
+    return {k: m for k, m in methods.items() if k != "hostfeed (spaced taps)"} \
+        if methods else None
+
+
 def _small_tap(key: str) -> Callable[[Run], Figure | None]:
+    rounds_key = {"device_side_per_tap_us": "rounds_device_us",
+                  "end_to_end_per_tap_us": "rounds_end_to_end_us"}[key]
+
     def figure(run: Run) -> Figure | None:
-        methods = run.get("latency", {}).get("methods")
+        methods = _tap_methods(run)
         if not methods:
             return None
-        return _against_best({k: m[key] for k, m in methods.items()}, "hostfeed")
+        return _against_best({k: m[key] for k, m in methods.items()}, "hostfeed",
+                             {k: m.get(rounds_key) for k, m in methods.items()}
+                             if paired_rounds(run) else None)
     return figure
 
 
 def _handover(method: str) -> Callable[[Run], Figure | None]:
     def figure(run: Run) -> Figure | None:
         m = run.get("latency", {}).get("methods", {}).get(method)
-        p50 = ((m or {}).get("handover_us") or {}).get("p50")
+        rounds = tuple((m or {}).get("rounds_handover_p50_us") or ())
+        p50 = _median(rounds) if rounds else ((m or {}).get("handover_us") or {}).get("p50")
         if p50 is None:
             return None
         return Figure(_us(p50), "none: a JAX callback runs its function inside the "
-                      "computation (as `sync=True` does: the synchronous row)", math.nan, p50)
+                      "computation (as `sync=True` does: the synchronous row)", math.nan, p50,
+                      rounds)
     return figure
 
 
 def _sync_tap(run: Run) -> Figure | None:
-    methods = run.get("latency", {}).get("methods")
+    methods = _tap_methods(run)
     if not methods or "hostfeed (sync)" not in methods:
         return None
     return _against_best({k: m["device_us"]["p50"] for k, m in methods.items()},
-                         "hostfeed (sync)")
+                         "hostfeed (sync)",
+                         {k: m.get("rounds_device_p50_us") for k, m in methods.items()}
+                         if paired_rounds(run) else None)
+
+
+def _gb(v: float) -> str:
+    return f"{v:.1f} GB/s"
 
 
 def _large_taps(floor: bool) -> Callable[[Run], Figure | None]:
@@ -90,16 +169,38 @@ def _large_taps(floor: bool) -> Callable[[Run], Figure | None]:
         if not sweep or 4194304 not in sweep["sizes"]:
             return None
         i = sweep["sizes"].index(4194304)
-        gbps = {k: pts[i]["gb_per_s"] for k, pts in sweep["methods"].items()}
+        points = {k: pts[i] for k, pts in sweep["methods"].items()}
+        gbps = {k: p["gb_per_s"] for k, p in points.items()}
         if floor:
-            base = gbps["numpy copy, 2 buffers"]
+            base = "numpy copy, 2 buffers"
             what = "numpy copy into two buffers, alternately: the copy an asynchronous tap makes"
         else:
-            what, base = max(((k, gbps[k]) for k in JAX_CALLBACKS if gbps.get(k)),
-                             key=lambda kv: kv[1])
-            what = f"`{what}`"
-        return Figure(f"{gbps['hostfeed']:.1f} GB/s", f"{base:.1f} GB/s ({what})",
-                      base / gbps["hostfeed"])
+            base = max((k for k in JAX_CALLBACKS if gbps.get(k)), key=gbps.__getitem__)
+            what = f"`{base}`"
+        # A byte's time: the baseline's GB/s over hostfeed's, round by round.
+        ratios = round_ratios(points[base].get("rounds_gb_per_s") or [],
+                              points["hostfeed"].get("rounds_gb_per_s") or []
+                              ) if paired_rounds(run) else ()
+        if ratios:
+            mine = _median(points["hostfeed"]["rounds_gb_per_s"])
+            theirs = _median(points[base]["rounds_gb_per_s"])
+            return Figure(_gb(mine), f"{_gb(theirs)} ({what})", _median(ratios),
+                          rounds=ratios)
+        return Figure(_gb(gbps["hostfeed"]), f"{_gb(gbps[base])} ({what})",
+                      gbps[base] / gbps["hostfeed"])
+    return figure
+
+
+def _throughput(function: str, method: str = "hostfeed") -> Callable[[Run], Figure | None]:
+    def figure(run: Run) -> Figure | None:
+        t = (run.get("throughput") or {}).get("functions", {}).get(function)
+        if not t:
+            return None
+        floor = "numpy copy"
+        ratios = round_ratios(t[floor]["rounds_gb_per_s"], t[method]["rounds_gb_per_s"])
+        return Figure(_gb(_median(t[method]["rounds_gb_per_s"])),
+                      f"{_gb(_median(t[floor]['rounds_gb_per_s']))} (numpy copy passed to "
+                      f"the same function: the floor)", _median(ratios), rounds=ratios)
     return figure
 
 
@@ -120,7 +221,9 @@ def _round_trip(loaded: bool) -> Callable[[Run], Figure | None]:
         if not call or (loaded and "loaded" not in call):
             return None
         methods = (call["loaded"] if loaded else call)["methods"]
-        return _against_best({k: call_p50(m) for k, m in methods.items()}, "hostfeed call")
+        return _against_best({k: call_p50(m) for k, m in methods.items()}, "hostfeed call",
+                             {k: m.get("rounds_p50_us") for k, m in methods.items()}
+                             if paired_rounds(run) else None)
     return figure
 
 
@@ -128,38 +231,48 @@ def _eager(run: Run) -> Figure | None:
     e = run.get("eager")
     if not e:
         return None
-    return _against_best({k: v["per_tap_us"] for k, v in e.items() if isinstance(v, dict)},
-                         "hostfeed")
+    rows = {k: v for k, v in e.items() if isinstance(v, dict)}
+    return _against_best({k: v["per_tap_us"] for k, v in rows.items()}, "hostfeed",
+                         {k: v.get("rounds_us") for k, v in rows.items()}
+                         if paired_rounds(run) else None)
+
+
+def _s(v: float) -> str:
+    return f"{v:.2f} s"
 
 
 def _compile(run: Run) -> Figure | None:
     c = run.get("compile")
     if not c:
         return None
-    secs = {k: v["seconds"] for k, v in c.items() if isinstance(v, dict)}
-    name, base = _best(secs)
-    return Figure(f"{secs['hostfeed']:.2f} s", f"{base:.2f} s (`{name}`)",
-                  secs["hostfeed"] / base)
+    rows = {k: v for k, v in c.items() if isinstance(v, dict)}
+    return _against_best({k: v["seconds"] for k, v in rows.items()}, "hostfeed",
+                         {k: v.get("rounds_seconds") for k, v in rows.items()}
+                         if paired_rounds(run) else None, _s)
+
+
+def _barrier_pair(run: Run, base_name: str, label: str) -> Figure | None:
+    b = run.get("barrier")
+    base = next((v for k, v in (b or {}).items() if k.startswith(base_name)), None)
+    if base is None:
+        return None
+    mine = b["hostfeed barrier_wait"]  # type: ignore[index]
+    ratios = round_ratios(mine.get("rounds_us") or [], base.get("rounds_us") or []
+                          ) if paired_rounds(run) else ()
+    if ratios:
+        return Figure(_us(_median(mine["rounds_us"])),
+                      f"{_us(_median(base['rounds_us']))} ({label})", _median(ratios),
+                      rounds=ratios)
+    return Figure(_us(mine["us"]), f"{_us(base['us'])} ({label})", mine["us"] / base["us"])
 
 
 def _barrier(run: Run) -> Figure | None:
-    b = run.get("barrier")
-    if not b:
-        return None
-    mine = b["hostfeed barrier_wait"]["us"]
-    base = b["jax.effects_barrier"]["us"]
-    return Figure(_us(mine), f"{_us(base)} (`jax.effects_barrier`)", mine / base)
+    return _barrier_pair(run, "jax.effects_barrier", "`jax.effects_barrier`")
 
 
 def _barrier_floor(run: Run) -> Figure | None:
-    b = run.get("barrier")
-    trivial = next((v for k, v in (b or {}).items()
-                    if k.startswith("one dispatch of a trivial")), None)
-    if trivial is None:
-        return None
-    mine = b["hostfeed barrier_wait"]["us"]  # type: ignore[index]
-    return Figure(_us(mine), f"{_us(trivial['us'])} (one dispatch of a trivial jitted "
-                  "function: the marker's floor)", mine / trivial["us"])
+    return _barrier_pair(run, "one dispatch of a trivial", "one dispatch of a trivial jitted "
+                         "function: the marker's floor")
 
 
 class Row(NamedTuple):
@@ -198,6 +311,8 @@ SUMMARY: list[Row] = [
         "sweep: 4194304, hostfeed / best JAX"),
     Row("the same, against the copy it makes (why it loses to `buffer_callback` there)",
         _large_taps(True), "sweep: 4194304, hostfeed / 2 buffers"),
+    Row("4 MiB taps whose function reads every byte (a sum), until every function ran",
+        _throughput("sums the array"), "throughput: sums the array, / numpy copy"),
     Row("`call` round trip, float32[4], p50", _round_trip(False),
         "call: hostfeed call, p50 / best JAX"),
     Row("`call` round trip p50, every core busy", _round_trip(True),
@@ -233,8 +348,8 @@ def machine(run: Run) -> str:
     """
     h = run["header"]
     day = datetime.datetime.fromisoformat(h["started"]).date().isoformat()
-    return (f"a {h['cores']}-core {h['cpu']} machine, jax {h['jax']}, Python {h['python']}, "
-            f"load {h['load_average']:.2f}, {day}")
+    return (f"a {h['cores']}-core {_processor.name(h)} machine, jax {h['jax']}, "
+            f"Python {h['python']}, load {h['load_average']:.2f}, {day}")
 
 
 def verdict(ratios: Sequence[float]) -> str:
@@ -313,23 +428,39 @@ def _literal(text: str, indent: int, width: int = 96) -> str:
     return ("\n" + " " * indent).join(repr(c) for c in chunks)
 
 
-def committed_module(runs: Sequence[Run]) -> str:
-    """The source of ``hostfeed.bench._committed``: the README's rows as the committed
-    ``runs`` answer them (:func:`committed`), which the bench's report prints beside its
-    own figures (``docs/figures.py --write`` writes it, ``--check`` compares)."""
-    rows = "".join(f"    ({_literal(q, 5)},\n     {unit!r}, {c:.6g}, {lo:.6g}, {hi:.6g}),\n"
-                   for q, unit, c, lo, hi in committed(runs))
+def committed_module(sets: Sequence[tuple[str, Sequence[Run]]]) -> str:
+    """The source of ``hostfeed.bench._committed``: for each set of committed runs, one per
+    processor (``(folder, runs)``, the README's first), the README's rows as the runs
+    answer them (:func:`committed`), which the bench's report prints beside its own
+    figures for a run on the same processor (``docs/figures.py --write`` writes it,
+    ``--check`` compares)."""
+    entries = []
+    for folder, runs in sets:
+        rows = "".join(f"         ({_literal(q, 9)},\n          {unit!r}, {c:.6g}, {lo:.6g}, "
+                       f"{hi:.6g}),\n" for q, unit, c, lo, hi in committed(runs))
+        processor = _processor.of(runs[0]["header"])
+        shown = pprint.pformat(processor, width=80, sort_dicts=False).replace("\n", "\n" + " " * 18)
+        entries.append(
+            f"    {{'processor': {shown},\n"
+            f"     'name': {_processor.name(runs[0]['header'])!r},\n"
+            f"     'folder': {folder!r},\n"
+            f"     'runs': {len(runs)},\n"
+            f"     'machine': ({_literal(machine(runs[0]), 17)}),\n"
+            f"     'loads': {loads(runs)!r},\n"
+            f"     'rows': [\n{rows}     ]}},\n")
     return ('"""The README\'s bench table as committed, for ``python -m hostfeed bench`` to '
-            'print beside\na run\'s own figures. Generated from docs/bench.json and '
-            'docs/bench-repeats/ by\n``python docs/figures.py --write`` (``--check`` fails '
-            'where it differs): do not edit."""\n'
+            'print beside\na run\'s own figures on the same processor. Generated from the '
+            'committed runs (docs/bench.json,\ndocs/bench-repeats/; another processor\'s '
+            'under docs/bench-NAME/) by\n``python docs/figures.py --write`` (``--check`` '
+            'fails where it differs): do not edit."""\n'
             "from __future__ import annotations\n\n"
-            "#: How many full runs, on what machine, at which load averages (when each "
-            f"started).\nRUNS = {len(runs)}\nMACHINE = ({_literal(machine(runs[0]), 11)})\n"
-            f"LOADS = {loads(runs)!r}\n"
-            "#: (the row, its unit: \"x\" a time ratio, \"us\" its own figure in µs; the "
-            "cited run\'s\n#: figure, the lowest and the highest over the runs)\n"
-            f"ROWS: list[tuple[str, str, float, float, float]] = [\n{rows}]\n")
+            "from typing import Any\n\n"
+            "#: One set of committed full runs per processor, the README's first: the "
+            "processor (as the\n#: runs' headers record it), its name, the folder of the "
+            "runs, how many, the machine and\n#: the load averages when each started, and "
+            "the rows: (the row, its unit: \"x\" a time ratio,\n#: \"us\" its own figure "
+            "in µs; the cited run\'s figure, the lowest and the highest over the runs)\n"
+            f"SETS: list[dict[str, Any]] = [\n{''.join(entries)}]\n")
 
 
 #: How far outside the quiet runs' range a figure under load must lie to be marked.
@@ -350,23 +481,26 @@ def _marked(cell: str, value: float, quiet: Sequence[float]) -> str:
     return f"**{cell}**" if outside(value, quiet) else cell
 
 
-def loaded_note(loaded: Sequence[Run]) -> str:
-    """The sentence that says what the summary's columns of ``loaded`` runs are."""
+def loaded_note(loaded: Sequence[Run], where: str = "docs/") -> str:
+    """The sentence that says what the summary's columns of ``loaded`` runs are (kept in
+    ``where``, the set's folder)."""
     if not loaded:
         return ""
     columns = "columns" if len(loaded) > 1 else "column"
     return (f" The last {columns}: `python -m hostfeed bench --quick` on the same machine "
-            "while other processes kept it busy (`docs/bench-loaded/`; the load average when "
-            "the run started and when it ended), in bold where outside the quiet runs' range "
-            f"by more than {SLACK:.0%}; a quick run measures fewer taps, calls and rounds, "
-            "and no 4 MiB taps (-).")
+            f"while other processes kept it busy (`{where}bench-loaded/`; the load average "
+            "when the run started and when it ended), in bold where outside the quiet runs' "
+            f"range by more than {SLACK:.0%}; a quick run measures fewer taps, calls and "
+            "rounds, and no 4 MiB taps in its payload sweep (-: not measured).")
 
 
 def summary(runs: Sequence[Run], loaded: Sequence[Run] = ()) -> str:
     """The README's table: for each question, hostfeed's figure and the fastest JAX way's
     ("best JAX", as the bench's report names it) in the cited run (``runs[0]``), hostfeed's
-    time ratio in it, the ratio's range over every run (marked **wide** where its ends
-    differ by more than 1.5x), and whether hostfeed wins or loses in every run; then the
+    time ratio in it (the median of its rounds' ratios where it measured rounds; ``~``
+    after it where those say two runs may differ by more than 15%), the ratio's range over
+    every run (marked **wide** where its ends differ by more than 1.5x), and whether
+    hostfeed wins or loses in every run; then the
     ratio in each of the ``loaded`` runs (quick runs on a busy machine: a column each). A
     row without a baseline gives the range of its own figure (and its own figure under
     load)."""
@@ -388,7 +522,8 @@ def summary(runs: Sequence[Run], loaded: Sequence[Run] = ()) -> str:
                        for f in under_load]]
         else:
             ratios = [f.ratio for f in found]
-            cells = [first.hostfeed, first.baseline, _ratio(first.ratio), _range(ratios),
+            noisy = " ~" if first.noisy else ""
+            cells = [first.hostfeed, first.baseline, _ratio(first.ratio) + noisy, _range(ratios),
                      verdict(ratios),
                      *[_marked(_ratio(f.ratio), f.ratio, ratios) if f else "-"
                        for f in under_load]]
@@ -423,131 +558,7 @@ def portable(runs: Sequence[Run], loaded: Sequence[Run] = ()) -> str:
     return "\n".join(lines)
 
 
-def _ms(v: float) -> str:
-    return f"{v:.2f} ms" if v < 10 else f"{v:.1f} ms"
-
-
-def tpu_machine(run: Run) -> str:
-    """A TPU run's device and versions, in a phrase.
-
-    Example:
-        >>> tpu_machine({"header": {"devices": ["TPU_0"], "jax": "0.10.2",
-        ...              "python": "3.11.7", "started": "2026-12-05T13:00:48+00:00"}})
-        'TPU_0, jax 0.10.2, Python 3.11.7, 2026-12-05'
-    """
-    h = run["header"]
-    day = datetime.datetime.fromisoformat(h["started"]).date().isoformat()
-    return f"{', '.join(h['devices'])}, jax {h['jax']}, Python {h['python']}, {day}"
-
-
-def tpu(runs: Sequence[Run]) -> str:
-    """The TPU's targets (the cited TPU run, ``runs[0]``): hostfeed against JAX's callbacks
-    on the same chip, each ratio against the bound it must stay under."""
-    r = runs[0]
-    taps = r["taps"]["methods"]
-    tap = taps["hostfeed"]["device_side_per_tap_us"]
-    slow = r["slow_taps"]["device_ms"]
-    calls = r["call"]["methods"]
-    rec = r["record"]["ms"]
-    d = r["dispatch"]["methods"]
-    rows = [
-        ("a tap (float32[4]) in a loop, what the device spends per tap", _us(tap),
-         f"{_us(taps['io_callback']['device_side_per_tap_us'])} (`io_callback`)",
-         tap / taps["io_callback"]["device_side_per_tap_us"], "1.00x"),
-        ("the same", _us(tap),
-         f"{_us(taps['io_callback(ordered)']['device_side_per_tap_us'])} "
-         "(`io_callback(ordered)`)",
-         tap / taps["io_callback(ordered)"]["device_side_per_tap_us"], "0.50x"),
-        ("50 taps of a 10 ms function, device side", _ms(slow["hostfeed"]),
-         f"{_ms(slow['io_callback(ordered)'])} (`io_callback(ordered)`)",
-         slow["hostfeed"] / slow["io_callback(ordered)"], "0.10x"),
-        ("`call` round trip (float32[4]) in a loop", _us(calls["hcb.call"]["per_call_us"]),
-         f"{_us(calls['pure_callback']['per_call_us'])} (`pure_callback`)",
-         calls["hcb.call"]["per_call_us"] / calls["pure_callback"]["per_call_us"], "1.00x"),
-        ("recording a 4 MiB activation, per training step", _ms(rec["hostfeed Recorder"]),
-         f"{_ms(rec['returned + device_get'])} (returned and `device_get`; the step alone "
-         f"{_ms(rec['step'])})", rec["hostfeed Recorder"] / rec["returned + device_get"],
-         "1.00x"),
-        ("the same, the aim", _ms(rec["hostfeed Recorder"]),
-         f"{_ms(1.2 * (rec['step'] + rec['one device_get of 4 MiB']))} (1.2x the step and "
-         "one 4 MiB `device_get`)",
-         rec["hostfeed Recorder"] / (1.2 * (rec["step"] + rec["one device_get of 4 MiB"])),
-         "1.00x"),
-        ("dispatch of a small jitted function with one `id_tap`, waited for",
-         _us(d["hostfeed id_tap"]["us"]),
-         f"{_us(d['io_callback']['us'])} (`io_callback`; no callback: "
-         f"{_us(d['no callback']['us'])})", d["hostfeed id_tap"]["us"] / d["io_callback"]["us"],
-         ""),
-    ]
-    lines = ["| | hostfeed | compared with | ratio | at most |", "|---|---|---|---|---|"]
-    lines += [f"| {what} | {mine} | {base} | {_ratio(ratio)} | {bound} |"
-              for what, mine, base, ratio, bound in rows]
-    order = "kept" if r["taps"].get("order_kept") else "**not kept**"
-    lines.append(f"| taps from three places in a loop, three computations dispatched back "
-                 f"to back | order {order} | | | |")
-    return "\n".join(lines)
-
-
-def tpu_paths(runs: Sequence[Run]) -> str:
-    """The TPU's ways to the host measured raw (the cited TPU run's ``paths`` section)."""
-    p = runs[0]["paths"]
-    lines = ["| path | per loop step | GB/s |", "|---|---|---|"]
-
-    def row(what: str, v: dict, unit: str) -> str:
-        if "unavailable" in v:
-            return f"| {what} | n/a | |"
-        value = _us(v["us"]) if unit == "us" else _ms(v["ms"])
-        rate = f"{v['gb_per_s']:.2f} GB/s" if "gb_per_s" in v else ""
-        return f"| {what} | {value} | {rate} |"
-
-    lines += [row(f"float32[4]: {k}", v, "us") for k, v in p["small_us_per_step"].items()]
-    lines += [row(f"device work, a send, both: {k}", v, "us")
-              for k, v in p["overlap_us_per_step"].items()]
-    for size, rows in p["large"].items():
-        lines += [row(f"{size} operand as {k}", v, "us") for k, v in rows.items()]
-    lines += [row(f"4 MiB outside a computation: {k}", v, "ms")
-              for k, v in p["outside_a_computation"].items()]
-    return "\n".join(lines)
-
-
-def tpu_record(runs: Sequence[Run]) -> str:
-    """Logging a 4 MiB activation each training step on a TPU, every way (the record
-    section of the cited TPU record run, ``docs/tpu/record-*.json``)."""
-    ms = runs[0]["record"]["ms"]
-    step, copy = ms["step"], ms["returned + copy_to_host_async, overlapped"]
-    rows = [
-        ("the step alone", ms["step"], "", None, ""),
-        ("the activation returned, `copy_to_host_async`, overlapped with the next step",
-         copy, "", None, ""),
-        ("the activation returned, `device_get` every step", ms["returned + device_get"],
-         "", None, ""),
-        ("`io_callback` of it", ms["io_callback"], "", None, ""),
-        ("`rec.record` inside the computation", ms["hostfeed Recorder"],
-         "returned + `device_get`", ms["hostfeed Recorder"] / ms["returned + device_get"],
-         "1.00x"),
-        ("`rec.step`: the row leaves as an output, written to disk",
-         ms["rec.step, written to disk"], "returned + `copy_to_host_async`",
-         ms["rec.step, written to disk"] / copy, "1.00x"),
-        ("the same", ms["rec.step, written to disk"], "max(step, one 4 MiB `device_get`)",
-         ms["rec.step, written to disk"] / max(step, ms["one device_get of 4 MiB"]), "1.10x"),
-        ("`rec.step`, `every=10` (the step a host int)", ms["rec.step, every=10"],
-         "the step alone", ms["rec.step, every=10"] / step, "1.10x"),
-        ("`rec.step`, `reduce=\"stats\"` every step", ms["rec.step, reduce='stats'"],
-         "the step alone", ms["rec.step, reduce='stats'"] / step, "1.20x"),
-    ]
-    lines = ["| way | ms per step | compared with | ratio | at most |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {what} | {_ms(v)} | {base} | {_ratio(r) if r is not None else ''} | {b} |"
-              for what, v, base, r, b in rows]
-    return "\n".join(lines)
-
-
 #: The tables ``docs/figures.py`` generates, by the name their markers use (from the cited
 #: run and the repeats, and the quick runs on a busy machine).
 TABLES: dict[str, Callable[[Sequence[Run], Sequence[Run]], str]] = {"summary": summary,
                                                                      "portable": portable}
-#: The tables of TPU runs (``docs/tpu/bench-*.json``, the newest cited).
-TPU_TABLES: dict[str, Callable[[Sequence[Run]], str]] = {"tpu": tpu, "tpu_paths": tpu_paths,
-                                                         "tpu_record": tpu_record}
-#: TPU tables read from the record runs (``docs/tpu/record-*.json``), not the full ones.
-TPU_RECORD_TABLES = frozenset({"tpu_record"})

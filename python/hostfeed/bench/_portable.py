@@ -26,7 +26,7 @@ from jax import lax
 from jax.experimental import io_callback
 
 from .. import host_callback as hcb
-from .._src import transports
+from .._src import measuring
 from ._sections import run_taps
 from ._text import grid
 from ._timing import interleaved
@@ -40,7 +40,7 @@ def _lowered(transport: str | None, f: Callable, x: Any) -> Callable:
     """``f`` jitted and run once for ``x`` with ``transport`` forced (which compiles it;
     later calls reuse that executable)."""
     jitted = jax.jit(f)
-    with transports.forcing(transport):
+    with measuring.forcing_transport(transport):
         _run(jitted, x)()
     return jitted
 

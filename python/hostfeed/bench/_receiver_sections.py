@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import io_callback
 
-from .._src import consumers, fast_dispatch, lifecycle
+from .._src import measuring
 from .. import host_callback as hcb
 from ._timing import (interleaved)
 
@@ -38,22 +38,22 @@ def backpressure(cfg: Config) -> dict:
             pass
 
     runs = []
-    old_bound = lifecycle.stats()["max_queue_bytes"]
+    old_bound = measuring.stats()["max_queue_bytes"]
     try:
         for bound in (64 << 10, 1 << 20, 256_000_000):
             cfg.progress(f"back-pressure: bound {bound} B")
             f = loop(n, tap_step("hostfeed", slow))
             f(x).block_until_ready()
             hcb.barrier_wait()
-            lifecycle.set_max_queue_bytes(bound)
-            lifecycle.reset_peak()
-            before = lifecycle.stats()
+            measuring.set_max_queue_bytes(bound)
+            measuring.reset_peak()
+            before = measuring.stats()
             t0 = time.perf_counter()
             f(x).block_until_ready()
             device_s = time.perf_counter() - t0
             hcb.barrier_wait()
             total_s = time.perf_counter() - t0
-            after = lifecycle.stats()
+            after = measuring.stats()
             runs.append({
                 "method": "hostfeed", "bound_bytes": bound, "device_s": device_s,
                 "end_to_end_s": total_s,
@@ -63,7 +63,7 @@ def backpressure(cfg: Config) -> dict:
                 - before["producer_blocked_count"],
                 "peak_queued_bytes": after["peak_queued_bytes"]})
     finally:
-        lifecycle.set_max_queue_bytes(old_bound)
+        measuring.set_max_queue_bytes(old_bound)
     cfg.progress("back-pressure: io_callback(ordered)")
     f = loop(n, tap_step("io_callback(ordered)", slow))
     f(x).block_until_ready()
@@ -82,7 +82,8 @@ def backpressure(cfg: Config) -> dict:
 
 def eager(cfg: Config) -> dict:
     """An eager ``id_tap`` until its host function ran, vs ``jax.debug.callback``; and a
-    fresh tap function on every call (``id_print`` in a loop), with the memory it keeps."""
+    fresh tap function on every call (``id_print`` in a loop), with the memory it keeps. In
+    many short rounds, their order alternating: the figures are compared round by round."""
     n = cfg.n(100, 300)
     x = jnp.arange(4, dtype=jnp.float32)
     got: list[Any] = []
@@ -97,7 +98,7 @@ def eager(cfg: Config) -> dict:
     # JAX's own costs: jax.effects_barrier() also runs hostfeed's fast-dispatch markers
     # (it still waits for computations that tap); set aside for the JAX rows.
     def dbg_each() -> None:
-        with fast_dispatch.devices_set_aside():
+        with measuring.devices_set_aside():
             for _ in range(n):
                 jax.debug.callback(dbg_fn, x)
                 jax.effects_barrier()
@@ -116,22 +117,25 @@ def eager(cfg: Config) -> dict:
 
     def dbg_fresh() -> None:
         sink = io.StringIO()
-        with fast_dispatch.devices_set_aside():
+        with measuring.devices_set_aside():
             for i in range(n):
                 jax.debug.callback(lambda v, i=i: (sink.write(f"what: {i}\n{v}\n"), None)[1], x)
             jax.effects_barrier()
 
     cfg.progress("eager")
     gc.collect()
-    rss0, registered0 = _rss_bytes(), consumers.registered_consumers()
+    rss0, registered0 = _rss_bytes(), measuring.registered_consumers()
     res = interleaved({"hostfeed": hf_each, "debug.callback": dbg_each,
                        "buffer_callback": bc_each,
                        "hostfeed, fresh function": hf_fresh,
-                       "debug.callback, fresh function": dbg_fresh}, repeats=cfg.n(2, 5))
+                       "debug.callback, fresh function": dbg_fresh}, repeats=15,
+                      alternate=True)
     gc.collect()
-    return {"taps": n, **{k: {"per_tap_us": v["median"] / n * 1e6} for k, v in res.items()},
+    return {"taps": n, **{k: {"per_tap_us": v["median"] / n * 1e6,
+                              "rounds_us": [t / n * 1e6 for t in v["all"]]}
+                          for k, v in res.items()},
             "rss_growth_mb": max(0.0, (_rss_bytes() - rss0) / 2**20),
-            "registered_consumers_growth": consumers.registered_consumers() - registered0}
+            "registered_consumers_growth": measuring.registered_consumers() - registered0}
 
 
 def _rss_bytes() -> int:
@@ -175,14 +179,20 @@ def compile_time(cfg: Config) -> dict:
     cfg.progress("compile")
     kinds = ("hostfeed", "hostfeed, result ignored", "buffer_callback", "io_callback(ordered)",
              "io_callback", "no callbacks")
-    res = interleaved({k: case(k) for k in kinds}, repeats=cfg.n(1, 2), warmup=0)
-    return {"taps": n_taps, **{k: {"seconds": v["min"]} for k, v in res.items()}}
+    # JAX's io_callback compiles many times slower than the rest (XLA copies the chain
+    # that produced an ignored operand into it): once each, the rest in rounds.
+    slow = ("io_callback(ordered)", "io_callback")
+    res = interleaved({k: case(k) for k in kinds if k not in slow}, repeats=cfg.n(3, 5),
+                      warmup=0, alternate=True)
+    res.update(interleaved({k: case(k) for k in slow}, repeats=1, warmup=0))
+    return {"taps": n_taps, **{k: {"seconds": res[k]["min"], "rounds_seconds": res[k]["all"]}
+                               for k in kinds}}
 
 
 def barrier(cfg: Config) -> dict:
     """An idle ``barrier_wait()`` vs ``jax.effects_barrier()`` (JAX's own, without the
     fast-dispatch markers it also runs once hostfeed is imported)."""
-    n = cfg.n(5000, 50000)
+    n = cfg.n(1000, 10000)
     hcb.id_tap(lambda *a: None, jnp.float32(0))
     hcb.barrier_wait()
 
@@ -193,12 +203,12 @@ def barrier(cfg: Config) -> dict:
     def jx() -> None:
         # JAX's own cost: jax.effects_barrier() also runs hostfeed's markers (so that it
         # still waits for computations that tap); set aside here.
-        with fast_dispatch.devices_set_aside():
+        with measuring.devices_set_aside():
             for _ in range(n):
                 jax.effects_barrier()
 
     def hf_unmarked() -> None:
-        with fast_dispatch.devices_set_aside():
+        with measuring.devices_set_aside():
             hf()
 
     # The marker's own floor: one dispatch of the computation a marker runs (v + 1 on an
@@ -212,11 +222,11 @@ def barrier(cfg: Config) -> dict:
             trivial(operand).block_until_ready()
 
     cfg.progress("barrier")
-    marked = len(fast_dispatch.scoped_devices())
+    marked = len(measuring.scoped_devices())
     res = interleaved({"hostfeed barrier_wait": hf, "jax.effects_barrier": jx,
                        "hostfeed barrier_wait, no device to mark": hf_unmarked,
                        TRIVIAL_DISPATCH: td},
-                      repeats=cfg.n(3, 5))
+                      repeats=cfg.n(11, 9), alternate=True)
     return {"calls": n, "marked devices": marked,
             **{k: {"us": v["min"] / n * 1e6, "rounds_us": [t / n * 1e6 for t in v["all"]]}
                for k, v in res.items()}}

@@ -27,8 +27,7 @@ from jax import lax
 from jax.experimental import io_callback
 from jax.experimental.buffer_callback import buffer_callback
 
-from .._src import compat, fast_dispatch, lifecycle
-from .. import _receiver
+from .._src import measuring
 from .. import host_callback as hcb
 from ._timing import (cdf_of_buckets, cdf_of_samples, interleaved, summary_of_buckets,
                       summary_of_samples)
@@ -66,10 +65,13 @@ def buffer_call(host: Callable[[Any], Any], spec: Any) -> Callable[[Any], Any]:
 
 @dataclass
 class Config:
-    """How much to measure: ``quick`` (about a minute on 2 cores) or full."""
+    """How much to measure: ``quick`` (about a minute on 2 cores) or full; ``n_64mb``: the
+    bytes each method of the throughput section moves per round, in 64 MiB (None: its
+    default, 1 quick and 4 full)."""
 
     quick: bool = False
     progress: Callable[[str], None] = lambda step: None
+    n_64mb: int | None = None
 
     def n(self, quick: int, full: int) -> int:
         return quick if self.quick else full
@@ -132,10 +134,12 @@ def latency(cfg: Config) -> dict:
     """Per-tap device-side cost and hand-over latency of a float32[4] tap in a loop, in
     rounds that interleave the methods (each method's loop once a round), so that a slow
     stretch of the machine hits every method alike. The per-tap figures are the fastest
-    round's; ``rounds_device_us``/``rounds_end_to_end_us`` keep every round's (for the
-    ratios' ranges); the distributions pool every round's taps."""
+    round's; ``rounds_device_us``/``rounds_end_to_end_us`` keep every round's, and
+    ``rounds_device_p50_us`` (``rounds_handover_p50_us``) each round's median cost of a tap
+    (hand-over), for the medians of the rounds' ratios; the distributions pool every
+    round's taps. The rounds alternate their order."""
     n = cfg.n(2000, 20000)
-    rounds = cfg.n(2, 5)
+    rounds = cfg.n(6, 9)
     x = jnp.arange(4, dtype=jnp.float32)
     methods = ("hostfeed", "hostfeed (sync)", *TAP_METHODS)
     stamps: dict[str, list[int]] = {m: [] for m in methods}
@@ -143,18 +147,29 @@ def latency(cfg: Config) -> dict:
     gaps: dict[str, list[float]] = {m: [] for m in methods}
     buckets: dict[str, dict[int, int]] = {"device_ns": {}, "handover_ns": {}}
     timed: dict[str, list[tuple[float, float]]] = {m: [] for m in methods}
+    # Each round's median cost of a tap (and hostfeed's median hand-over): the figures
+    # that swing with the machine's mood (a wake-up, a shared core) are compared round by
+    # round, the rounds alternating their order.
+    p50s: dict[str, list[float]] = {m: [] for m in methods}
+    handover_p50s: list[float] = []
     for m, f in loops.items():  # compile and warm up
         cfg.progress(f"latency: {m}")
         run_taps(f, x)
-    for _ in range(rounds):
-        for m, f in loops.items():
+    for r in range(rounds):
+        for m in (methods[::-1] if r % 2 else methods):
+            f = loops[m]
             stamps[m].clear()
-            lifecycle.reset_histograms()
+            measuring.reset_histograms()
             timed[m].append(run_taps(f, x))
+            h = measuring.histograms()
             if m == "hostfeed":
-                _add_buckets(buckets, lifecycle.histograms())
+                _add_buckets(buckets, h)
+                p50s[m].append(summary_of_buckets(h["device_ns"], 1e-3)["p50"])
+                handover_p50s.append(summary_of_buckets(h["handover_ns"], 1e-3)["p50"])
             else:  # the device waits for each host function: the time between two is the cost
-                gaps[m] += _inter_arrival_us(stamps[m])
+                g = _inter_arrival_us(stamps[m])
+                gaps[m] += g
+                p50s[m].append(summary_of_samples(g)["p50"])
     out: dict[str, Any] = {"payload": "float32[4]", "taps": n, "rounds": rounds,
                            "methods": {}}
     for m in methods:
@@ -163,9 +178,11 @@ def latency(cfg: Config) -> dict:
             "device_side_per_tap_us": min(device_s) / n * 1e6,
             "end_to_end_per_tap_us": min(end_s) / n * 1e6,
             "rounds_device_us": [t / n * 1e6 for t in device_s],
-            "rounds_end_to_end_us": [t / n * 1e6 for t in end_s]}
+            "rounds_end_to_end_us": [t / n * 1e6 for t in end_s],
+            "rounds_device_p50_us": p50s[m]}
         if m == "hostfeed":
             entry.update(_histogram_entries({k: sorted(v.items()) for k, v in buckets.items()}))
+            entry["rounds_handover_p50_us"] = handover_p50s
         else:
             entry["device_us"] = summary_of_samples(gaps[m])
             entry["device_cdf_us"] = cdf_of_samples(gaps[m])
@@ -201,12 +218,10 @@ def _tap_floors(cfg: Config, n: int) -> dict[str, float]:
     status, threaded on the same effect token as a tap: XLA's own cost of calling a
     handler); ``numpy``, copying the tap's bytes and calling the same Python function in a
     Python loop."""
-    from .._src.primitives import call_check_p
-
     @jax.jit
     def custom_calls(x: Any) -> Any:
         def step(i: Any, c: Any) -> Any:
-            call_check_p.bind(c * 0)  # status 0: the handler returns at once
+            measuring.noop_custom_call(c)  # returns at once
             return c + 1
         return lax.fori_loop(0, n, step, x)
 
@@ -243,26 +258,27 @@ def _spaced_latency(cfg: Config) -> dict:
             return hcb.id_tap(lambda a, tr: None, x, result=c)
         return lax.fori_loop(0, n, body, jnp.float32(0))
 
-    entry = _timed_taps(f, jnp.arange(4, dtype=jnp.float32), n)
-    entry.update(_histogram_entries())
+    x = jnp.arange(4, dtype=jnp.float32)
+    run_taps(f, x)  # compile and warm up
+    buckets: dict[str, dict[int, int]] = {"device_ns": {}, "handover_ns": {}}
+    timed, p50s = [], []
+    for _ in range(cfg.n(7, 9)):  # rounds: each round's median hand-over, and all pooled
+        measuring.reset_histograms()
+        timed.append(run_taps(f, x))
+        h = measuring.histograms()
+        _add_buckets(buckets, h)
+        p50s.append(summary_of_buckets(h["handover_ns"], 1e-3)["p50"])
+    device_s, end_s = zip(*timed, strict=True)
+    entry = {"device_side_per_tap_us": min(device_s) / n * 1e6,
+             "end_to_end_per_tap_us": min(end_s) / n * 1e6, "rounds_handover_p50_us": p50s}
+    entry.update(_histogram_entries({k: sorted(v.items()) for k, v in buckets.items()}))
     return entry
-
-
-def _timed_taps(f: Callable, x: jax.Array, n: int) -> dict[str, Any]:
-    """Runs ``f(x)`` (n taps) once to compile and warm up, then once timed with hostfeed's
-    timing histograms emptied just before: per tap, until it returns (device side) and
-    until every callback ran (end to end)."""
-    run_taps(f, x)
-    lifecycle.reset_histograms()
-    device_s, end_s = run_taps(f, x)
-    return {"device_side_per_tap_us": device_s / n * 1e6,
-            "end_to_end_per_tap_us": end_s / n * 1e6}
 
 
 def _histogram_entries(h: dict[str, Any] | None = None) -> dict[str, Any]:
     """Summaries and CDFs, in µs, of hostfeed's timing histograms (``h``, by default the
     receiver's since the last reset)."""
-    h = h if h is not None else lifecycle.histograms()
+    h = h if h is not None else measuring.histograms()
     return {"device_us": summary_of_buckets(h["device_ns"], 1e-3),
             "device_cdf_us": cdf_of_buckets(h["device_ns"], 1e-3),
             "handover_us": summary_of_buckets(h["handover_ns"], 1e-3),
@@ -279,7 +295,7 @@ def timing_cost(cfg: Config) -> dict:
 
     def run(on: bool) -> Callable[[], None]:
         def go() -> None:
-            lifecycle.set_timing(on)
+            measuring.set_timing(on)
             f(x).block_until_ready()
             hcb.barrier_wait()
         return go
@@ -288,13 +304,13 @@ def timing_cost(cfg: Config) -> dict:
     try:
         res = interleaved({"on": run(True), "off": run(False)}, repeats=cfg.n(3, 7))
     finally:
-        lifecycle.set_timing(True)
+        measuring.set_timing(True)
     on, off = res["on"]["min"] / n * 1e6, res["off"]["min"] / n * 1e6
     # While jax.profiler does not trace, the consumer asks once per batch whether it does.
     checks = 100_000
     t0 = time.perf_counter()
     for _ in range(checks):
-        compat.host_tracing()
+        measuring.profiler_check()
     check_us = (time.perf_counter() - t0) / checks * 1e6
     return {"taps": n, "per_tap_us_timing_on": on, "per_tap_us_timing_off": off,
             "cost_us_per_tap": on - off, "profiler_check_us_per_batch": check_us}
@@ -416,7 +432,7 @@ def _call_runs(cfg: Config, n: int, tag: str) -> dict[str, Any]:
     ``rounds_p50_us``, each round's median (for the ratio's range); the round trips of
     every round pooled (for the tail); and the fastest round's time per call."""
     spec = jax.ShapeDtypeStruct((4,), jnp.float32)
-    rounds = cfg.n(2, 5)
+    rounds = cfg.n(5, 7)
     z = jnp.zeros(4, jnp.float32)
     stamps: dict[str, list[int]] = {}
     runs: dict[str, Callable[[], None]] = {}
@@ -442,8 +458,10 @@ def _call_runs(cfg: Config, n: int, tag: str) -> dict[str, Any]:
     gaps: dict[str, list[float]] = {m: [] for m in runs}
     p50s: dict[str, list[float]] = {m: [] for m in runs}
     per_call: dict[str, list[float]] = {m: [] for m in runs}
-    for _ in range(rounds):
-        for method, go in runs.items():
+    names = list(runs)
+    for r in range(rounds):
+        for method in (names[::-1] if r % 2 else names):
+            go = runs[method]
             stamps[method].clear()
             t0 = time.perf_counter()
             go()
@@ -464,11 +482,8 @@ RECEIVER_CALL = "hostfeed call, receiver thread"
 def on_receiver_thread(go: Callable[[], object]) -> Callable[[], None]:
     """``go`` with every ``call`` kept on the receiver thread while it runs."""
     def run() -> None:
-        before = _receiver.host.set_inline_calls(False)
-        try:
+        with measuring.calls_on_receiver_thread():
             go()
-        finally:
-            _receiver.host.set_inline_calls(before)
     return run
 
 
@@ -542,15 +557,16 @@ def _dispatch_fn(method: str) -> Any:
 def dispatch(cfg: Config) -> dict:
     """A small jitted function (``v + 1`` on float32[4]) with one callback, dispatched and
     waited for (``block_until_ready``) again and again: what calling it costs, per call.
-    Also the same hostfeed tap through an ahead-of-time compiled object."""
-    n = cfg.n(200, 1000)
+    Also the same hostfeed tap through an ahead-of-time compiled object. Many short rounds,
+    their order alternating: the figures are compared round by round."""
+    n = cfg.n(100, 500)
     x = jnp.arange(4, dtype=jnp.float32)
     fns: dict[str, Callable[[Any], Any]] = {m: _dispatch_fn(m) for m in DISPATCH_METHODS}
     fns["hostfeed id_tap, compiled ahead of time"] = (
         _dispatch_fn("hostfeed id_tap").lower(x).compile())
     # (The default mode on CPUs and GPUs.)
     fns["hostfeed id_tap, synchronous"] = _dispatch_fn("hostfeed id_tap, synchronous")
-    with fast_dispatch.token_chain_lowering():  # as with HOSTFEED_FAST_DISPATCH=0
+    with measuring.token_chain_lowering():  # as with HOSTFEED_FAST_DISPATCH=0
         for m in ("hostfeed id_tap", "hostfeed call"):
             f = _dispatch_fn(m)
             f(x).block_until_ready()  # lowered now, in this mode; its later calls reuse it
@@ -570,7 +586,7 @@ def dispatch(cfg: Config) -> dict:
     cfg.progress("dispatch")
     cases: dict[str, Callable[[], object]] = {k: case(f) for k, f in fns.items()}
     cases[RECEIVER_CALL] = on_receiver_thread(cases[RECEIVER_CALL])
-    res = interleaved(cases, repeats=cfg.n(3, 7))
+    res = interleaved(cases, repeats=15, alternate=True)
     hcb.barrier_wait()
     jax.effects_barrier()
     return {"calls": n, **{k: {"us": v["min"] / n * 1e6,

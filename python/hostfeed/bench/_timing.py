@@ -10,10 +10,10 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 #: The percentiles every distribution reports.
-from .._src.latency import PERCENTILES, summary_of_buckets  # noqa: F401  (re-exported)
+from .._src.measuring import PERCENTILES, summary_of_buckets  # noqa: F401  (re-exported)
 
 
 def rounds(cases: dict[str, Callable[[], float]], n: int) -> dict[str, list[float]]:
@@ -46,24 +46,95 @@ def timeit(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1) -> di
 
 
 def interleaved(cases: dict[str, Callable[[], object]], *, repeats: int = 5,
-                warmup: int = 1) -> dict[str, dict]:
-    """Times each case ``repeats`` times, interleaving the cases round-robin (seconds).
+                warmup: int = 1, alternate: bool = False) -> dict[str, dict]:
+    """Times each case ``repeats`` times, interleaving the cases round-robin (seconds);
+    with ``alternate``, every other round runs them in reverse order (ABC CBA ABC ...), so
+    that no case always runs first or right after the same other one.
 
     Example:
         >>> sorted(interleaved({"a": lambda: None, "b": lambda: None}, repeats=1))
         ['a', 'b']
+        >>> order = []
+        >>> _ = interleaved({k: (lambda k=k: order.append(k)) for k in "ab"}, repeats=2,
+        ...                 warmup=0, alternate=True)
+        >>> "".join(order)
+        'abba'
     """
     for fn in cases.values():
         for _ in range(warmup):
             fn()
     times: dict[str, list[float]] = {k: [] for k in cases}
-    for _ in range(repeats):
-        for name, fn in cases.items():
+    names = list(cases)
+    for r in range(repeats):
+        for name in (names[::-1] if alternate and r % 2 else names):
             t0 = time.perf_counter()
-            fn()
+            cases[name]()
             times[name].append(time.perf_counter() - t0)
     return {k: {"min": min(v), "median": statistics.median(v), "all": v}
             for k, v in times.items()}
+
+
+#: Two runs of a figure on a quiet machine should agree within this (relative). A figure
+#: measured round by round whose median lies in an interval wider than this is *noisy*:
+#: two runs may give figures further apart.
+AGREEMENT = 0.15
+#: The confidence of that interval.
+CONFIDENCE = 0.90
+
+
+def _median_rank(n: int) -> int:
+    """The largest ``k`` such that the ``k``-th smallest and ``k``-th largest of ``n``
+    values bracket their distribution's median with :data:`CONFIDENCE` (order statistics:
+    each value lies below the median with probability one half); 1 for few values."""
+    k, below = 1, 0.0  # below: P(fewer than k of n values lie below the median)
+    while True:
+        below += math.comb(n, k - 1) / 2 ** n
+        if 2 * k > n or 1 - 2 * (below + math.comb(n, k) / 2 ** n) < CONFIDENCE:
+            return k
+        k += 1
+
+
+class Paired(NamedTuple):
+    """A figure measured round by round (a ratio of two methods in the same round, or one
+    method's figure): its median over the rounds and the interval that holds the true
+    median with :data:`CONFIDENCE` (order statistics; the whole range for few rounds)."""
+
+    median: float
+    low: float
+    high: float
+    rounds: int
+
+    @property
+    def noise(self) -> float:
+        """The interval's width relative to the median."""
+        return (self.high - self.low) / self.median if self.median else math.inf
+
+    @property
+    def noisy(self) -> bool:
+        """Whether two runs may differ by more than :data:`AGREEMENT`."""
+        return self.noise > AGREEMENT
+
+    def spread(self, unit: str = "x") -> str:
+        """The interval as text, ``~`` after it when noisy (``0.91-1.07x ~``)."""
+        return f"{self.low:.2f}-{self.high:.2f}{unit}" + (" ~" if self.noisy else "")
+
+
+def paired(values: Sequence[float]) -> Paired:
+    """The median of ``values`` (one per round) and the interval it lies in.
+
+    Example:
+        >>> p = paired([1.0, 1.02, 0.98, 1.01, 0.99, 1.0, 1.03, 0.97, 1.0])
+        >>> p.median, p.low, p.high, p.noisy
+        (1.0, 0.98, 1.02, False)
+        >>> paired([1.0, 2.0, 1.5]).spread()
+        '1.00-2.00x ~'
+    """
+    v = sorted(values)
+    n = len(v)
+    if not n:
+        return Paired(math.nan, math.nan, math.nan, 0)
+    k = _median_rank(n)
+    return Paired(statistics.median(v), v[k - 1], v[n - k], n)
 
 
 def table(title: str, rows: list[tuple[str, float, str]], baseline: str,

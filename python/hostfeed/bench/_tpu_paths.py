@@ -23,48 +23,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.extend.core import Primitive
 
-from .._src import compat
-
-_EFFECT = compat.jax_ordered_io_effect()
-
-raw_send_p = Primitive("hostfeed_bench_raw_send")
-raw_send_p.multiple_results = True
-raw_send_p.def_effectful_abstract_eval(lambda *avals, **params: ([], {_EFFECT}))
-
-
-def _raw_send_lowering(ctx: Any, *args: Any, receive: bool, overlap: bool) -> list:
-    token = ctx.tokens_in.get(_EFFECT)
-    sharding = compat.callback_op_sharding(ctx.module_context.axis_context, None, [])
-    values, avals = list(args), list(ctx.avals_in)
-    channels, tokens = [], []
-    for value in values:
-        channel, after = compat.send_to_host(ctx, token, value, sharding)
-        channels.append(channel)
-        tokens.append(after)
-        if not overlap:
-            token = after
-    token = compat.after_all(tokens) if overlap and len(tokens) > 1 else tokens[-1]
-    recvs, results = [], []
-    if receive:
-        dummy = jax.core.ShapedArray((), np.float32)
-        channel, token, _ = compat.receive_from_host(ctx, token, dummy, sharding)
-        recvs, results = [channel], [dummy]
-
-    def host(*arrays: Any) -> tuple:
-        return (np.zeros((), np.float32),) if receive else ()
-
-    compat.add_host_transfer_callback(ctx, host, avals, results, channels, recvs)
-    ctx.set_tokens_out(ctx.tokens_in.update_tokens(compat.mlir.TokenSet({_EFFECT: token})))
-    return []
-
-
-compat.mlir.register_lowering(raw_send_p, _raw_send_lowering, cacheable=False)
+from .._src import measuring
 
 
 def _send(*values: Any, receive: bool = False, overlap: bool = False) -> None:
-    raw_send_p.bind(*values, receive=receive, overlap=overlap)
+    measuring.raw_host_send(*values, receive=receive, overlap=overlap)
 
 
 def _parts(v: Any, parts: int) -> list[Any]:

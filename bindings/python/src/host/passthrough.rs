@@ -17,6 +17,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DEFAULT_MAX_QUEUE_BYTES", hostfeed_core::DEFAULT_MAX_QUEUE_BYTES)?;
     m.add("DEFAULT_STOP_TIMEOUT", hostfeed_core::DEFAULT_STOP_TIMEOUT.as_secs_f64())?;
     m.add("DEFAULT_BUFFER_POOL_BYTES", hostfeed_core::DEFAULT_POOL_BYTES)?;
+    m.add("DEFAULT_CPU_SHARE_STEP_BYTES", hostfeed_core::CPU_SHARE_STEP_BYTES)?;
+    m.add("DEFAULT_CPU_SHARE_STREAM_BYTES", hostfeed_core::CPU_SHARE_STREAM_BYTES)?;
     m.add("DTYPE_CODES", dtype_codes(py)?)?;
     m.add_function(wrap_pyfunction!(in_callback_thread, m)?)?;
     m.add_function(wrap_pyfunction!(max_queue_bytes, m)?)?;
@@ -29,6 +31,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(reset_histograms, m)?)?;
     m.add_function(wrap_pyfunction!(set_timing, m)?)?;
     m.add_function(wrap_pyfunction!(set_inline_calls, m)?)?;
+    m.add_function(wrap_pyfunction!(set_cpu_share_step_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(set_cpu_share_stream_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(set_buffer_pool_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(set_consumer_name, m)?)?;
     m.add_function(wrap_pyfunction!(install_interrupt_watch, m)?)?;
@@ -120,6 +124,25 @@ pub fn set_timing(enabled: bool) -> bool {
 #[pyfunction]
 pub fn set_inline_calls(enabled: bool) -> bool {
     hostfeed_core::set_inline_calls(enabled)
+}
+
+/// Sets the bytes queued for the receiver thread from which a device's thread that shares
+/// its CPU with it yields that CPU after a tap, so that the tap functions run while their
+/// bytes are in the cache (`DEFAULT_CPU_SHARE_STEP_BYTES` by default; 0: never yield, the
+/// device's thread runs on). Returns the previous threshold.
+#[pyfunction]
+pub fn set_cpu_share_step_bytes(bytes: usize) -> usize {
+    hostfeed_core::set_cpu_share_step_bytes(bytes)
+}
+
+/// Sets the size from which a device's thread that runs apart from the receiver thread copies
+/// a tap's operand with non-temporal stores, which do not fetch the buffer's lines from
+/// the receiver's core first, but send the bytes to memory, where a tap function reads them
+/// back (0, never, by default; `DEFAULT_CPU_SHARE_STREAM_BYTES` the size to turn it on with).
+/// Returns the previous threshold.
+#[pyfunction]
+pub fn set_cpu_share_stream_bytes(bytes: usize) -> usize {
+    hostfeed_core::set_cpu_share_stream_bytes(bytes)
 }
 
 /// Sets the most bytes of host buffers kept for reuse when idle.

@@ -11,31 +11,40 @@ use crate::error::Error;
 use crate::ffi::c_api::{self as ffi, dtype};
 use crate::ffi::frame::{self, Decoded, Frame};
 use crate::host::call::{call_on_device_thread, waiting_computation};
+use crate::host::cpu_share;
 use crate::host::hub::{self, in_consumer_thread, Hub};
-use crate::host::message::{self, Message, FLAG_STATUS_OUTPUT};
+use crate::host::message::{self, CopyKind, Message, FLAG_STATUS_OUTPUT};
 
-/// Copies the frame's operands into a message for the consumer the lowering named.
-fn message(frame: &Frame<'_>) -> Result<Message, Error> {
+/// Copies the frame's operands into a message for the consumer the lowering named, as `kind`
+/// says.
+fn message(frame: &Frame<'_>, kind: CopyKind) -> Result<Message, Error> {
     let consumer_id = frame
         .attrs
         .consumer_id
         .ok_or_else(|| Error::InvalidArgument("custom call lacks the consumer_id attribute".into()))?;
     // SAFETY: every operand points at an XLA buffer of its dtype and dims, alive and
     // readable in host memory (CPU) for the duration of this call.
-    let mut msg = unsafe { message::gather(consumer_id, frame.attrs.flags, frame.device, frame.operands()) }?;
+    let mut msg =
+        unsafe { message::gather_as(kind, consumer_id, frame.attrs.flags, frame.device, frame.operands()) }?;
     msg.run_id = frame.run_id;
     Ok(msg)
 }
 
 /// The body of the tap handler: copy every operand and enqueue one message.
 fn tap(frame: &Frame<'_>, hub: &'static Hub, start: u64) -> Result<(), Error> {
-    let mut msg = message(frame)?;
+    // A tap's bytes are read by the consumer, maybe on another core.
+    let mut msg = message(frame, CopyKind::ForConsumer)?;
     // The device-side cost: from the handler's start until the message is ready to queue
     // (time spent waiting for space on a full queue is counted by `producer_blocked_ns`).
     // The same timestamp starts the message's hand-over.
     msg.queued_at = hub.timing.now();
     hub.timing.record_device(start, msg.queued_at);
-    hub.push(msg)
+    hub.push(msg)?;
+    // On the consumer's CPU, let it run the tap functions while the bytes are warm.
+    if !in_consumer_thread() {
+        cpu_share::after_push(hub.queue.pending_bytes());
+    }
+    Ok(())
 }
 
 /// The body of the call handler: enqueue the request, wait for the consumer's reply (no
@@ -45,7 +54,7 @@ fn call(frame: &Frame<'_>, hub: &'static Hub, _start: u64) -> Result<(), Error> 
         // The reply would have to come from this very thread.
         return Err(Error::InsideCallback(waiting_computation(frame.attrs.flags)));
     }
-    let msg = message(frame)?;
+    let msg = message(frame, CopyKind::Cached)?;
     let mut outs = frame.outputs();
     let status = if frame.attrs.flags & FLAG_STATUS_OUTPUT != 0 {
         let status = outs.next().filter(|b| b.dtype() == dtype::S32 && b.dims().is_empty());

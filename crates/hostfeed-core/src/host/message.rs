@@ -21,6 +21,7 @@ use smallvec::SmallVec;
 use crate::error::Error;
 use crate::ffi::c_api::dtype;
 use crate::host::buffer::{HostBuffer, ALIGN};
+use crate::host::cpu_share;
 use crate::host::reply::ReplySlot;
 
 /// `flags` bit: the call has an int32 status result (first after the token) and reports
@@ -267,6 +268,70 @@ pub(crate) fn layout<'a>(operands: impl Iterator<Item = Operand<'a>>) -> Result<
     Ok(Layout { arrays, dims, capacity: total })
 }
 
+/// Copies `n` bytes like [`copy_to_host`], but writes whole cache lines with non-temporal
+/// stores, which go to memory without first reading each line into this core's cache (and
+/// so without fetching it from another core that holds it). For a large operand that
+/// another core will read: the buffers the pool hands back were last read there, and
+/// ordinary stores would pull every line of them back across first. Ends with a store
+/// fence, so the bytes are visible to any thread that sees the message afterwards.
+///
+/// # Safety
+/// As [`copy_to_host`].
+#[allow(clippy::cast_ptr_alignment)] // its loads are unaligned, its stores aligned
+pub(crate) unsafe fn stream_to_host(dst: *mut u8, src: *const u8, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+        const LINE: usize = 64;
+        // Up to the first cache-line boundary of `dst`, and the tail, through the caches.
+        let head = dst.align_offset(LINE).min(n);
+        let body = (n - head) / LINE * LINE;
+        // SAFETY: `head <= n`: both ranges are valid for it (the caller's guarantee).
+        unsafe { copy_to_host(dst, src, head) };
+        let mut at = head;
+        while at < head + body {
+            // SAFETY: `at + LINE <= head + body <= n`, so the four 16-byte loads and stores
+            // lie within the ranges the caller guarantees; `dst + at` is 64-byte aligned (it
+            // starts at the boundary `head` reached and moves a line at a time), as
+            // `_mm_stream_si128` requires 16 (the unaligned loads require none); SSE2 is part
+            // of every x86-64 processor.
+            unsafe {
+                let from = src.add(at).cast::<__m128i>();
+                let to = dst.add(at).cast::<__m128i>();
+                let line = [
+                    _mm_loadu_si128(from),
+                    _mm_loadu_si128(from.add(1)),
+                    _mm_loadu_si128(from.add(2)),
+                    _mm_loadu_si128(from.add(3)),
+                ];
+                for (k, part) in line.into_iter().enumerate() {
+                    _mm_stream_si128(to.add(k), part);
+                }
+            }
+            at += LINE;
+        }
+        // SAFETY: a fence touches no memory; SSE is part of every x86-64 processor.
+        unsafe { _mm_sfence() };
+        // SAFETY: the tail `head + body..n` lies within both ranges.
+        unsafe { copy_to_host(dst.add(head + body), src.add(head + body), n - head - body) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        // SAFETY: the caller's guarantee, passed on.
+        unsafe { copy_to_host(dst, src, n) };
+    }
+}
+
+/// How [`gather_as`] copies an operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CopyKind {
+    /// Through the caches (`memcpy`).
+    Cached,
+    /// With non-temporal stores where `cpu_share::streams` says so (a large operand, the
+    /// consumer on another CPU), through the caches otherwise.
+    ForConsumer,
+}
+
 /// Builds a message from the operands, copying each one to host memory. The iterator is
 /// walked twice (sizes, then copies), so it must yield the same operands both times.
 ///
@@ -282,14 +347,39 @@ pub unsafe fn gather<'a>(
     device: i32,
     operands: impl Iterator<Item = Operand<'a>> + Clone,
 ) -> Result<Message, Error> {
+    // SAFETY: the caller's guarantee, passed on.
+    unsafe { gather_as(CopyKind::Cached, consumer_id, flags, device, operands) }
+}
+
+/// [`gather`], copying as `kind` says.
+///
+/// # Errors
+/// As [`gather`].
+///
+/// # Safety
+/// As [`gather`].
+pub(crate) unsafe fn gather_as<'a>(
+    kind: CopyKind,
+    consumer_id: i64,
+    flags: i64,
+    device: i32,
+    operands: impl Iterator<Item = Operand<'a>> + Clone,
+) -> Result<Message, Error> {
     let lay = layout(operands.clone())?;
     let mut data = HostBuffer::with_capacity(lay.capacity)?;
     let base = data.as_mut_ptr();
     for (op, meta) in operands.zip(&lay.arrays) {
+        let streamed = kind == CopyKind::ForConsumer && cpu_share::streams(meta.nbytes);
         // SAFETY: `meta.offset + meta.nbytes <= capacity`, the buffer's capacity, so the
         // destination is in bounds; the caller guarantees the source is readable for that
         // many bytes; a freshly allocated buffer cannot overlap device data.
-        unsafe { copy_to_host(base.add(meta.offset), op.data, meta.nbytes) };
+        unsafe {
+            if streamed {
+                stream_to_host(base.add(meta.offset), op.data, meta.nbytes);
+            } else {
+                copy_to_host(base.add(meta.offset), op.data, meta.nbytes);
+            }
+        }
     }
     // The padding after the last operand is not counted.
     data.set_len(lay.len());
@@ -332,6 +422,20 @@ mod tests {
             let c1 = m.data.as_ptr().add(32 + 8).cast::<f64>().read_unaligned();
             let a2 = m.data.as_ptr().add(8).cast::<f32>().read_unaligned();
             assert_eq!((c1.to_bits(), a2.to_bits()), ((-0.5f64).to_bits(), 3.0f32.to_bits()));
+        }
+    }
+
+    #[test]
+    fn a_streamed_copy_gives_the_same_bytes_at_any_alignment_and_length() {
+        let src: Vec<u8> = (0..9000u32).map(|i| i.wrapping_mul(2_654_435_761).to_le_bytes()[2]).collect();
+        let mut dst = vec![0u8; 9200];
+        for (skew, len) in [(0, 0), (0, 1), (3, 63), (0, 64), (5, 65), (17, 4096), (1, 8999), (64, 9000)] {
+            let s = skew.min(src.len() - len);
+            dst.fill(0xAA);
+            // SAFETY: `s + len <= src.len()` and `skew + len <= dst.len()`; two vectors.
+            unsafe { stream_to_host(dst.as_mut_ptr().add(skew), src.as_ptr().add(s), len) };
+            assert_eq!(&dst[skew..skew + len], &src[s..s + len], "skew {skew}, {len} bytes");
+            assert!(dst[..skew].iter().chain(&dst[skew + len..]).all(|&b| b == 0xAA), "wrote outside");
         }
     }
 

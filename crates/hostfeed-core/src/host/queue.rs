@@ -80,6 +80,8 @@ pub struct Reclaimed {
 #[allow(clippy::struct_excessive_bools)] // independent states, read together under one lock
 struct Inner<T> {
     items: VecDeque<(usize, T)>,
+    /// Bytes of `items`: pushed, not yet moved into a batch.
+    queued_bytes: usize,
     /// Bytes pushed and not yet completed (queued plus in flight), plus what is charged
     /// outside any message ([`Queue::charge`], [`Queue::hold_back`]).
     held_bytes: usize,
@@ -147,6 +149,9 @@ pub struct Queue<T> {
     bound: AtomicUsize,
     /// Mirror of `items.len()`, readable without the lock (for the consumer's spin).
     pending: CachePadded<AtomicUsize>,
+    /// Mirror of `Inner::queued_bytes`, readable without the lock (for a producer that
+    /// lets the consumer catch up, `host/cpu_share.rs`).
+    pending_bytes: AtomicUsize,
     /// How long an idle consumer polls `pending` before sleeping.
     spin: Duration,
     adaptive: Option<&'static AdaptiveSpin>,
@@ -175,6 +180,7 @@ impl<T> Queue<T> {
         Queue {
             inner: CachePadded(Mutex::new(Inner {
                 items: VecDeque::new(),
+                queued_bytes: 0,
                 held_bytes: 0,
                 held_back: 0,
                 enqueued: 0,
@@ -196,6 +202,7 @@ impl<T> Queue<T> {
             progressed: Waker::new(),
             bound: AtomicUsize::new(bound_bytes.max(1)),
             pending: CachePadded(AtomicUsize::new(0)),
+            pending_bytes: AtomicUsize::new(0),
             spin: Duration::ZERO,
             adaptive: None,
             nap: None,
@@ -321,7 +328,8 @@ impl<T> Queue<T> {
         self.enqueued.store(g.enqueued, Ordering::Release);
         g.held_bytes += bytes;
         g.items.push_back((bytes, item));
-        self.pending.store(g.items.len(), Ordering::Release);
+        g.queued_bytes += bytes;
+        self.publish_pending(&g);
         self.stats.record_push(bytes as u64, g.held_bytes as u64);
         let consumer_active = g.consumer_active;
         // A napping consumer finds a lazy message within one nap period by itself.
@@ -332,6 +340,19 @@ impl<T> Queue<T> {
             self.not_empty.notify_one();
         }
         Ok(Pushed { seq, consumer_active })
+    }
+
+    /// Stores the mirrors of what is queued (`pending`, `pending_bytes`), under the lock.
+    fn publish_pending(&self, g: &Inner<T>) {
+        self.pending.store(g.items.len(), Ordering::Release);
+        self.pending_bytes.store(g.queued_bytes, Ordering::Release);
+    }
+
+    /// Bytes pushed and not yet moved into a batch by the consumer (read without the lock:
+    /// a moment's value).
+    #[cfg_attr(loom, allow(dead_code))] // read by the CPU handlers, which loom does not build
+    pub(crate) fn pending_bytes(&self) -> usize {
+        self.pending_bytes.load(Ordering::Acquire)
     }
 
     /// Waits until at least one message is queued, then moves up to `max` of them into the
@@ -383,11 +404,14 @@ impl<T> Queue<T> {
                 // the producers wait for the lock); the queue keeps the batch's old,
                 // empty ring and its capacity.
                 std::mem::swap(&mut flight.items, &mut g.items);
+                g.queued_bytes = 0;
             } else {
                 let n = g.items.len().min(max);
+                let moved: usize = g.items.iter().take(n).map(|(b, _)| *b).sum();
+                g.queued_bytes -= moved;
                 flight.items.extend(g.items.drain(..n));
             }
-            self.pending.store(g.items.len(), Ordering::Release);
+            self.publish_pending(&g);
             flight.epoch += 1;
             flight.taken = 0;
             flight.taken_bytes = 0;
@@ -472,9 +496,10 @@ impl<T> Queue<T> {
         drop(flight);
         let requeued = rest.len();
         for item in rest.into_iter().rev() {
+            g.queued_bytes += item.0;
             g.items.push_front(item);
         }
-        self.pending.store(g.items.len(), Ordering::Release);
+        self.publish_pending(&g);
         self.complete_locked(&mut g, written_off, bytes);
         drop(g);
         self.after_complete();
@@ -631,6 +656,7 @@ impl<T> Queue<T> {
         }
         if let Some(mut g) = try_lock(&self.inner) {
             std::mem::forget(std::mem::take(&mut g.items));
+            g.queued_bytes = 0;
             g.processed = g.enqueued;
             g.held_bytes = 0;
             g.held_back = 0;
@@ -638,7 +664,7 @@ impl<T> Queue<T> {
             self.held_min.store(u64::MAX, Ordering::Release);
             g.drain_and_stop = false;
             g.consumer_active = false;
-            self.pending.store(0, Ordering::Release);
+            self.publish_pending(&g);
             self.processed.store(g.processed, Ordering::Release);
             self.stats.queued_bytes.store(0, Ordering::Relaxed);
         }
@@ -652,9 +678,10 @@ impl<T> Queue<T> {
         // Nothing runs any more: held messages never will, and no barrier waits for them.
         g.held.clear();
         self.held_min.store(u64::MAX, Ordering::Release);
-        self.pending.store(0, Ordering::Release);
         let (count, bytes) = (g.items.len() as u64, g.items.iter().map(|(b, _)| *b).sum());
         let left: Vec<T> = g.items.drain(..).map(|(_, t)| t).collect();
+        g.queued_bytes = 0;
+        self.publish_pending(&g);
         self.complete_locked(&mut g, count, bytes);
         drop(g);
         self.not_empty.notify_all();

@@ -5,6 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use super::{Hub, MAX_BATCH};
+use crate::host::cpu_share;
 use crate::host::message::Message;
 
 /// The consumer thread's access to the hub.
@@ -27,6 +28,7 @@ impl Worker {
         }
         let epoch = r.queue.begin_batch(MAX_BATCH)?;
         r.enter_batch(self.generation);
+        cpu_share::note_consumer_cpu();
         Some(Batch { hub: r, epoch, generation: self.generation })
     }
 }

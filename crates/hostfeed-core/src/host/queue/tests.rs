@@ -128,6 +128,29 @@ fn oversized_message_is_admitted_alone() {
 }
 
 #[test]
+fn pending_bytes_count_what_the_consumer_has_not_moved_into_a_batch() {
+    let q = Queue::new(1000);
+    q.clear_stop();
+    q.push('a', 10).unwrap();
+    q.push('b', 20).unwrap();
+    q.push('c', 40).unwrap();
+    assert_eq!(q.pending_bytes(), 70);
+    let epoch = q.begin_batch(2).unwrap(); // part of the queue: a and b
+    assert_eq!(q.pending_bytes(), 40);
+    assert_eq!(q.take(epoch), Some('a'));
+    // A stuck consumer's batch goes back to the head of the queue: b is pending again.
+    q.reclaim_batch();
+    assert_eq!(q.pending_bytes(), 60);
+    let epoch = q.begin_batch(10).unwrap(); // the whole queue
+    assert_eq!(q.pending_bytes(), 0);
+    q.push('d', 5).unwrap();
+    assert_eq!(q.pending_bytes(), 5);
+    q.end_batch(epoch);
+    assert_eq!(q.close(), vec!['d']);
+    assert_eq!(q.pending_bytes(), 0);
+}
+
+#[test]
 fn batches_respect_max() {
     let q = Queue::new(1000);
     for i in 0..5 {
