@@ -471,7 +471,11 @@ def test_memory_stays_within_window_bytes_over_10000_steps_of_1_mib_rows(tmp_pat
     # A fixed overhead (the compiled loop, the 16 MiB queue bound and buffer pool) besides
     # the window: without it, 10,000 rows would be 10 GB.
     assert res["after"] - res["base"] <= res["window_bytes"] + 64 * mib, res
-    assert res["after"] - res["at_2000"] <= 16 * mib, res
+    # Past step 2000 the window is full: what grows after it is no leak (a row a step would
+    # be 8 GB) but the heap's high-water mark, which a busier stretch raises by at most what
+    # the queue (16 MiB bound) and the buffer pool (16 MiB) hold at once (seen under CI's
+    # load: 26 MiB).
+    assert res["after"] - res["at_2000"] <= 32 * mib, res
 
 
 def _distributed(tmp_path, n: int, firing: int) -> None:
