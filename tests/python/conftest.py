@@ -453,6 +453,12 @@ def queue_bound(nbytes: int):
         hostfeed.start_receiver(max_queue_byte_size=old)
 
 
+@pytest.fixture
+def store(tmp_path):
+    """The path of a store not yet made, in the test's own folder."""
+    return str(tmp_path / "run.zarr")
+
+
 #: Dtypes a TPU's host transfers do not carry bit for bit (measured 2026-12-05, TPU v5e,
 #: jax 0.10.2): a TPU emulates 64-bit floats (a negative zero arrived as a positive one, and
 #: complex128[2, 3, 5] failed to compile), and rewrites the NaN encodings of these float8s;

@@ -20,6 +20,8 @@ import jax.numpy as jnp
 
 import hostfeed
 
+from helpers.reading import read
+
 pytest.importorskip("zarr", reason="reading back needs zarr-python")
 
 B, T, F, D, BLOCKS = 2, 4, 3, 8, 2  # batch, tokens, input features, width, blocks
@@ -63,11 +65,6 @@ class Taps:
 def data():
     kx, ky = jax.random.split(jax.random.key(1))
     return jax.random.normal(kx, (B, T, F)), jax.random.normal(ky, (B, T, 1))
-
-
-def read(path, name):
-    rows, meta = hostfeed.read_recording(path, name)
-    return rows, meta["step"].tolist()
 
 
 def names_in(path):

@@ -26,11 +26,6 @@ from conftest import ON_TPU, queue_bound, run_python, skip_if_the_tpu_alters
 zarr = pytest.importorskip("zarr")
 
 
-@pytest.fixture
-def store(tmp_path):
-    return str(tmp_path / "run.zarr")
-
-
 def read(path, name):
     return np.asarray(zarr.open_group(path, mode="r")[name][:])
 

@@ -19,17 +19,8 @@ import pytest
 import hostfeed
 
 from conftest import ON_TPU
+from helpers.reading import read
 from helpers.stats_reference import stats_of
-
-
-@pytest.fixture
-def store(tmp_path):
-    return str(tmp_path / "run.zarr")
-
-
-def read(path, name):
-    rows, meta = hostfeed.read_recording(path, name)
-    return rows, meta["step"].tolist()
 
 
 def hist_of(v, edges):

@@ -26,22 +26,13 @@ from hostfeed._src.record.summaries import summarize
 from hostfeed._src.reductions.stats import CASTS, COLUMNS, thresholds
 
 from conftest import ON_TPU
+from helpers.reading import read
 from helpers.stats_reference import stats_of
 
 pytest.importorskip("zarr", reason="needs zarr-python")
 
 #: Columns whose value is a count or one of the values itself: equal to numpy's, exactly.
 EXACT = [0, 3, 4, 5, 7, 8, 10, 11, 12, 13]
-
-
-@pytest.fixture
-def store(tmp_path):
-    return str(tmp_path / "run.zarr")
-
-
-def read(path, name):
-    rows, meta = hostfeed.read_recording(path, name)
-    return rows, meta["step"].tolist()
 
 
 def dt(name):

@@ -27,11 +27,6 @@ from conftest import run_python
 X64 = bool(jax.config.jax_enable_x64)
 
 
-@pytest.fixture
-def store(tmp_path):
-    return str(tmp_path / "run.zarr")
-
-
 def names_in(path):
     import zarr
     meta = tuple("." + m for m in ROW_METADATA)

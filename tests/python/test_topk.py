@@ -20,11 +20,6 @@ import pytest
 import hostfeed
 
 
-@pytest.fixture
-def store(tmp_path):
-    return str(tmp_path / "run.zarr")
-
-
 def topk_of(x, axis, k):
     """numpy's answer: for each kept position, the first k of a stable argsort of -x over
     the reduced axes flattened in row-major order (the kept axes first)."""
