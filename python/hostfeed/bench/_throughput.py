@@ -17,6 +17,17 @@ placement gave it.
 of 4 MiB per 64 MiB). Every method runs once per round, in interleaved rounds whose order
 alternates (ABC, then CBA), so that a slow stretch of the machine hits all of them; each
 ratio is the median over the rounds of that round's time ratio.
+
+The section measures the steady state. A process's first 4 MiB taps find the buffer pool
+empty: each buffer the device's thread copies into is fresh memory, whose pages the
+kernel faults in and zeroes at the first write (on this project's EPYC virtual machines,
+tens of times a warm buffer's copy). The pool keeps the buffers when their functions
+return, so the cost is paid once per buffer of the working set (as many as the device's
+thread runs ahead of the tap functions), but the working set grows over a few runs, and a
+round that grows it is that much slower. Before the rounds, hostfeed's methods therefore
+run until the pool stops growing (:data:`WARM_STABLE` runs in a row without a new
+buffer, at most :data:`WARM_MAX` runs); the output says how many runs that took and how
+many bytes the pool then held.
 """
 from __future__ import annotations
 
@@ -51,6 +62,10 @@ STREAMING = "hostfeed, streaming copies"
 FLOOR = "numpy copy"
 FLOOR_2 = "numpy copy, 2 buffers"
 METHODS = (HOSTFEED, NO_YIELD, STREAMING, FLOOR, FLOOR_2)
+#: Warm-up: runs in a row that leave the pool's idle bytes where they were, and the most
+#: runs of hostfeed's methods (each method once per run) before the rounds.
+WARM_STABLE = 2
+WARM_MAX = 12
 
 
 def throughput(cfg: Config) -> dict:
@@ -60,15 +75,40 @@ def throughput(cfg: Config) -> dict:
     rounds = cfg.n(7, 9)
     x = jnp.zeros(PAYLOAD // 4, jnp.float32)
     out: dict[str, Any] = {"payload_bytes": PAYLOAD, "taps": n, "rounds": rounds,
-                           "functions": {}}
+                           "functions": {}, "warm_up": {}}
     for name, func in FUNCTIONS.items():
         cfg.progress(f"throughput: {name}")
-        res = interleaved(_cases(n, x, func), repeats=rounds, alternate=True)
+        cases = _cases(n, x, func)
+        warm_runs, pool = warm_pool([cases[m] for m in (HOSTFEED, NO_YIELD, STREAMING)])
+        res = interleaved(cases, repeats=rounds, alternate=True)
         out["functions"][name] = {
             m: {"gb_per_s": n * PAYLOAD / r["median"] / 1e9,
                 "rounds_gb_per_s": [n * PAYLOAD / t / 1e9 for t in r["all"]]}
             for m, r in res.items()}
+        out["warm_up"][name] = {"runs": warm_runs, "pool_bytes": pool}
     return out
+
+
+def warm_pool(runs: list[Callable[[], object]], stable: int = WARM_STABLE,
+              most: int = WARM_MAX) -> tuple[int, int]:
+    """Runs every one of ``runs`` in turn until the buffer pool's idle bytes after a turn
+    are those of the turn before ``stable`` times in a row (or ``most`` turns ran);
+    returns the turns and the pool's idle bytes then.
+
+    Example:
+        >>> warm_pool([lambda: None], stable=2, most=5)[0]
+        2
+    """
+    idle = measuring.stats()["buffer_pool_idle_bytes"]
+    turns = same = 0
+    while turns < most and same < stable:
+        for run in runs:
+            run()
+        turns += 1
+        now = measuring.stats()["buffer_pool_idle_bytes"]
+        same = same + 1 if now <= idle else 0
+        idle = max(idle, now)
+    return turns, idle
 
 
 def _cases(n: int, x: jax.Array, func: Callable[[np.ndarray], object]
@@ -131,6 +171,9 @@ def render(r: dict) -> list[str]:
                 cells += [f"{s.median:.2f}x", s.spread()]
             rows.append(cells)
     mb = r["taps"] * r["payload_bytes"] >> 20
+    warm = [f"  before the rounds ({name}): hostfeed's methods ran {w['runs']} time(s) until "
+            f"the buffer pool stopped growing, then holding {w['pool_bytes'] >> 20} MiB"
+            for name, w in r.get("warm_up", {}).items()]
     return [f"throughput: {r['taps']} taps of {r['payload_bytes'] >> 20} MiB in a loop "
             f"({mb} MiB per method per round, {r['rounds']} interleaved rounds), GB/s until "
             f"every function ran (the median round); time ratios over the floor (a numpy "
@@ -138,4 +181,4 @@ def render(r: dict) -> list[str]:
             f"rounds' ratios, and the interval it lies in ('~': wider than "
             f"{AGREEMENT:.0%}, two runs may differ by more)",
             *grid(["tap function", "method", "GB/s", "/ numpy copy", "interval",
-                   "/ 2 buffers", "interval"], rows)]
+                   "/ 2 buffers", "interval"], rows), *warm]

@@ -9,10 +9,11 @@
 
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::error::Error;
+use crate::host::cpu_share;
 use crate::host::sync::lock;
 
 /// Alignment of every buffer (and of every operand inside a message).
@@ -51,6 +52,14 @@ pub fn pool_limit() -> usize {
         limit.max(POOL_RESERVED.load(Ordering::Relaxed))
     }
 }
+
+/// Bytes of large buffers alive (at least [`POOL_MIN_BYTES`]: idle in the pool or holding
+/// a message), which bounds how far a device thread grows the pool's rotation.
+static LARGE_LIVE: AtomicUsize = AtomicUsize::new(0);
+/// The most bytes of large buffers a device thread apart from the consumer keeps in
+/// rotation (see [`take_buf`]): twice the last-level cache of a server processor's core
+/// complex, so that a buffer comes round again after its lines left the consumer's caches.
+pub(crate) const ROTATION_BYTES: usize = 64 << 20;
 
 /// Bytes of idle buffers in the pool.
 #[must_use]
@@ -129,6 +138,9 @@ impl RawBuf {
         let layout = Self::layout(cap)?;
         // SAFETY: `layout` has a non-zero size.
         let ptr = NonNull::new(unsafe { alloc::alloc(layout) })?;
+        if cap >= POOL_MIN_BYTES {
+            LARGE_LIVE.fetch_add(cap, Ordering::Relaxed);
+        }
         if cap >= HUGE_PAGE {
             // SAFETY: `ptr..ptr+cap` is a live allocation we own; MADV_HUGEPAGE is only advice
             // and cannot invalidate memory. Failure (e.g. THP disabled) is harmless.
@@ -140,6 +152,9 @@ impl RawBuf {
 
 impl Drop for RawBuf {
     fn drop(&mut self) {
+        if self.cap >= POOL_MIN_BYTES {
+            LARGE_LIVE.fetch_sub(self.cap, Ordering::Relaxed);
+        }
         if let Some(layout) = Self::layout(self.cap).filter(|_| self.cap > 0) {
             // SAFETY: allocated in `RawBuf::new` with exactly this layout, freed once.
             unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
@@ -147,20 +162,117 @@ impl Drop for RawBuf {
     }
 }
 
-/// Recently freed large buffers, most recent last. A tap's buffer is allocated on the
-/// device thread and freed on the consumer thread; reusing the most recent one keeps large
-/// taps on warm, already-faulted memory.
+/// Recently freed large buffers, oldest first. A tap's buffer is allocated on the device
+/// thread and freed on the consumer thread; reusing one keeps large taps on memory already
+/// faulted in (fresh memory costs a page fault and the zeroing of every page at its first
+/// write).
 static POOL: Mutex<Vec<RawBuf>> = Mutex::new(Vec::new());
 
-fn take_buf(cap: usize) -> Option<RawBuf> {
+/// How a device's thread apart from the consumer picks a large buffer from the pool.
+///
+/// On the consumer's CPU (or where the CPUs are not known) a thread always takes the
+/// newest idle buffer that fits: its lines are likely still in this CPU's cache. Apart from
+/// the consumer, which buffer copies fastest depends on what the tap function did with it,
+/// which the pool cannot see. If the function read the array (as one that logs statistics
+/// or writes it does), the newest buffer's lines sit in the consumer's caches, and writing
+/// them from another core first takes each line from there: measured on this project's AMD
+/// EPYC machines, a 4 MiB copy into a buffer the other core had just read took 6x as long
+/// as into one read sixteen buffers earlier, and a device thread slower than its consumer
+/// then cycles the same two buffers and stays slow (the consumer always waits for it, so
+/// nothing builds up to rotate). If the function left the bytes alone, the newest buffer's
+/// lines are still in the device thread's own cache, the fastest place to write. So the
+/// device's threads measure both ways, copy by copy, and take the faster.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Reuse {
+    /// The newest idle buffer that fits (no fresh allocation while one fits).
+    Newest = 0,
+    /// The oldest idle buffer that fits, and a fresh one while the large buffers alive
+    /// leave room in a rotation of [`ROTATION_BYTES`] (within the pool's limit).
+    Rotate = 1,
+}
+
+/// Per [`Reuse`], the recent copy time in picoseconds per byte (a moving average; 0: not
+/// measured yet, which counts as fastest, so that each way is tried).
+static COPY_PS_PER_BYTE: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+/// Large buffers taken apart from the consumer; every [`EXPLORE`]th takes the way that
+/// measured slower, so that a change of the tap functions' habits shows.
+static APART_TAKES: AtomicU64 = AtomicU64::new(0);
+const EXPLORE: u64 = 64;
+
+/// The way a device thread apart from the consumer takes its next large buffer.
+fn choose() -> Reuse {
+    let n = APART_TAKES.fetch_add(1, Ordering::Relaxed);
+    let newest = COPY_PS_PER_BYTE[Reuse::Newest as usize].load(Ordering::Relaxed);
+    let rotate = COPY_PS_PER_BYTE[Reuse::Rotate as usize].load(Ordering::Relaxed);
+    faster(newest, rotate, n % EXPLORE == EXPLORE - 1)
+}
+
+/// The way to take given each way's measured cost (0: unmeasured), or the other way when
+/// `explore`.
+fn faster(newest: u64, rotate: u64, explore: bool) -> Reuse {
+    let best = if newest == 0 || (rotate != 0 && newest <= rotate) { Reuse::Newest } else { Reuse::Rotate };
+    match (best, explore) {
+        (b, false) => b,
+        (Reuse::Newest, true) => Reuse::Rotate,
+        (Reuse::Rotate, true) => Reuse::Newest,
+    }
+}
+
+/// A large buffer taken apart from the consumer, whose copy is to be timed
+/// ([`CopyTrial::done`]).
+#[derive(Debug)]
+#[must_use]
+pub(crate) struct CopyTrial {
+    way: Reuse,
+    started: std::time::Instant,
+}
+
+impl CopyTrial {
+    /// Records that `bytes` were copied into the buffer since it was taken.
+    pub(crate) fn done(self, bytes: usize) {
+        if bytes == 0 {
+            return;
+        }
+        let ns = u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let cost = ns.saturating_mul(1000) / bytes as u64;
+        let slot = &COPY_PS_PER_BYTE[self.way as usize];
+        let old = slot.load(Ordering::Relaxed);
+        // A moving average over about four copies (racing threads may each store theirs).
+        slot.store(if old == 0 { cost.max(1) } else { (old * 3 + cost) / 4 }.max(1), Ordering::Relaxed);
+    }
+}
+
+/// Which of the idle buffers `idle` (oldest first, `cap_of` their capacities) a new
+/// message of `cap` bytes takes the `way` says (`grow`: the rotation has room for a fresh
+/// buffer); `None`: a fresh allocation.
+fn pick<T>(idle: &[T], cap_of: impl Fn(&T) -> usize, cap: usize, way: Reuse, grow: bool) -> Option<usize> {
+    let fits = |b: &T| {
+        let c = cap_of(b);
+        c >= cap && c / 2 <= cap
+    };
+    match way {
+        Reuse::Newest => idle.iter().rposition(fits),
+        Reuse::Rotate if grow => None,
+        Reuse::Rotate => idle.iter().position(fits),
+    }
+}
+
+/// A buffer of at least `cap` bytes, from the pool if one fits; with `trial`, a device's
+/// copy: apart from the consumer the way is chosen (see [`Reuse`]) and, unless the buffer
+/// is fresh (its copy pays page faults, which say nothing of the way), returned to time.
+fn take_buf(cap: usize, trial: bool) -> Option<(RawBuf, Option<CopyTrial>)> {
     if cap >= POOL_MIN_BYTES {
+        let way = if trial && cpu_share::consumer_elsewhere() { Some(choose()) } else { None };
+        let room = LARGE_LIVE.load(Ordering::Relaxed) + cap <= pool_limit().min(ROTATION_BYTES);
         let mut pool = lock(&POOL);
-        let fits = |b: &RawBuf| b.cap >= cap && b.cap / 2 <= cap;
-        if let Some(i) = pool.iter().rposition(fits) {
-            return Some(pool.swap_remove(i));
+        if let Some(i) = pick(&pool, |b| b.cap, cap, way.unwrap_or(Reuse::Newest), room) {
+            let buf = pool.remove(i);
+            drop(pool);
+            let started = std::time::Instant::now();
+            return Some((buf, way.map(|way| CopyTrial { way, started })));
         }
     }
-    RawBuf::new(cap)
+    RawBuf::new(cap).map(|b| (b, None))
 }
 
 fn give_back(buf: RawBuf) {
@@ -295,10 +407,20 @@ impl HostBuffer {
         if len > 0 && len <= INLINE_BYTES {
             return Ok(HostBuffer { storage: Storage::Inline(InlineBytes([0; INLINE_BYTES])), len });
         }
-        let raw = take_buf(len).ok_or_else(|| {
+        Ok(Self::for_copy(len, false)?.0)
+    }
+
+    /// [`HostBuffer::with_capacity`] for a device thread's copy of a message (`trial`): a
+    /// large buffer then comes with the [`CopyTrial`] to time its copy by, where the thread
+    /// runs apart from the consumer (see [`Reuse`]).
+    pub(crate) fn for_copy(len: usize, trial: bool) -> Result<(Self, Option<CopyTrial>), Error> {
+        if len > 0 && len <= INLINE_BYTES {
+            return Ok((HostBuffer { storage: Storage::Inline(InlineBytes([0; INLINE_BYTES])), len }, None));
+        }
+        let (raw, trial) = take_buf(len, trial).ok_or_else(|| {
             Error::Internal(format!("cannot allocate {len} bytes of host memory for a tapped value"))
         })?;
-        Ok(HostBuffer { storage: Storage::Heap(raw), len })
+        Ok((HostBuffer { storage: Storage::Heap(raw), len }, trial))
     }
 
     /// Whether the bytes are this buffer's own heap (or inline) memory: not a pinned block
@@ -432,6 +554,32 @@ mod tests {
         assert!(matches!(larger.storage, Storage::Heap(_)));
         assert!(larger.heap_capacity() > INLINE_BYTES);
         assert!(matches!(HostBuffer::with_capacity(0).unwrap().storage, Storage::Heap(_)), "empty: no bytes");
+    }
+
+    #[test]
+    fn newest_takes_the_newest_buffer_and_rotate_the_oldest_once_the_rotation_is_full() {
+        let mb = 1 << 20;
+        // Oldest first: a 4 MiB buffer, one too large to fit 4 MiB (more than twice), two
+        // more 4 MiB ones, a 1 MiB one.
+        let idle = [4 * mb, 16 * mb, 4 * mb, 4 * mb, mb];
+        let id = |c: &usize| *c;
+        assert_eq!(pick(&idle, id, 4 * mb, Reuse::Newest, false), Some(3), "the newest that fits");
+        assert_eq!(pick(&idle, id, 4 * mb, Reuse::Newest, true), Some(3), "newest never grows");
+        assert_eq!(pick(&idle, id, 4 * mb, Reuse::Rotate, false), Some(0), "rotation full: the oldest");
+        assert_eq!(pick(&idle, id, 4 * mb, Reuse::Rotate, true), None, "room left: a fresh one");
+        assert_eq!(pick(&idle, id, 8 * mb, Reuse::Rotate, false), Some(1), "a larger buffer fits up to twice");
+        assert_eq!(pick(&idle, id, 64 * mb, Reuse::Rotate, false), None, "none fits");
+        assert_eq!(pick(&[] as &[usize], id, mb, Reuse::Newest, false), None);
+    }
+
+    #[test]
+    fn the_faster_way_is_taken_each_tried_first_and_the_other_explored() {
+        assert_eq!(faster(0, 0, false), Reuse::Newest, "nothing measured: newest first");
+        assert_eq!(faster(500, 0, false), Reuse::Rotate, "rotate not measured yet: tried");
+        assert_eq!(faster(500, 200, false), Reuse::Rotate);
+        assert_eq!(faster(200, 500, false), Reuse::Newest);
+        assert_eq!(faster(200, 500, true), Reuse::Rotate, "exploring: the slower");
+        assert_eq!(faster(500, 200, true), Reuse::Newest);
     }
 
     #[test]

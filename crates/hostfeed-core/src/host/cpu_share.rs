@@ -84,6 +84,13 @@ pub(crate) fn streams(nbytes: usize) -> bool {
     apart(current_cpu(), CONSUMER_CPU.load(Ordering::Relaxed))
 }
 
+/// Whether the calling thread runs on another CPU than the consumer last took a batch on
+/// (both known): the pool then hands it the buffer the consumer read longest ago
+/// (`host/buffer.rs`).
+pub(crate) fn consumer_elsewhere() -> bool {
+    apart(current_cpu(), CONSUMER_CPU.load(Ordering::Relaxed))
+}
+
 /// Whether a device's thread on `cpu` runs apart from the consumer, last seen on
 /// `consumer_cpu` (both known, and different).
 fn apart(cpu: i32, consumer_cpu: i32) -> bool {

@@ -366,7 +366,7 @@ pub(crate) unsafe fn gather_as<'a>(
     operands: impl Iterator<Item = Operand<'a>> + Clone,
 ) -> Result<Message, Error> {
     let lay = layout(operands.clone())?;
-    let mut data = HostBuffer::with_capacity(lay.capacity)?;
+    let (mut data, trial) = HostBuffer::for_copy(lay.capacity, kind == CopyKind::ForConsumer)?;
     let base = data.as_mut_ptr();
     for (op, meta) in operands.zip(&lay.arrays) {
         let streamed = kind == CopyKind::ForConsumer && cpu_share::streams(meta.nbytes);
@@ -380,6 +380,9 @@ pub(crate) unsafe fn gather_as<'a>(
                 copy_to_host(base.add(meta.offset), op.data, meta.nbytes);
             }
         }
+    }
+    if let Some(trial) = trial {
+        trial.done(lay.len());
     }
     // The padding after the last operand is not counted.
     data.set_len(lay.len());
