@@ -426,3 +426,39 @@ def test_a_batch_mixing_taps_calls_and_failures_runs_each_once_in_program_order(
     expected = [(tag, i) for i in range(6)
                 for tag in ("a", "b", "dev", "fails", "a", "call")]
     assert seen == expected
+
+
+def test_callbacks_that_describe_alike_get_the_ids_probing_from_zero_would_give(monkeypatch):
+    """Consumer ids depend on what a callback describes and on how many alike are
+    registered (JAX's persistent cache shares compiled code by them): registering many
+    lambdas of one line probes from the first attempt that may be free, not from zero
+    (quadratic in their number: 200 taps of one line spent a fifth of their lowering
+    there), and gets the same ids; a released id is taken again first, as probing from
+    zero would."""
+    from hostfeed._src import consumers
+
+    def key():
+        return (lambda a, tr: None, "tap", "test_taps describe alike")  # a fresh lambda
+
+    def fresh():
+        return consumers.Consumer(lambda arrays, ordinal: None, "alike",
+                                  consumers.ConsumerKind.TAP)
+
+    keys = [key() for _ in range(6)]
+    description = consumers._describe(keys[0])
+    assert all(consumers._describe(k) == description for k in keys)  # alike
+    candidate = consumers._id_candidate
+    tried = []
+    monkeypatch.setattr(consumers, "_id_candidate",
+                        lambda d, attempt: tried.append(attempt) or candidate(d, attempt))
+    leases = [consumers.register(k, fresh) for k in keys]
+    assert [lease.cid for lease in leases] == [candidate(description, i) for i in range(6)]
+    assert tried == list(range(6)), "one candidate tried per registration"
+    # The second one's last lease dies and the barrier releases it: the next alike
+    # callback takes its id again, then the next one the first id after the six.
+    freed = leases[1].cid
+    del leases[1]
+    hcb.barrier_wait()
+    assert freed not in consumers.registry.keys
+    assert consumers.register(key(), fresh).cid == freed
+    assert consumers.register(key(), fresh).cid == candidate(description, 6)

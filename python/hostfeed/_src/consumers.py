@@ -64,6 +64,12 @@ class Registry:
         # failure of one of those can end an execution that global-view callbacks take
         # part in (what the dispatcher needs to know where messages carry no execution id).
         self.several_devices: set[Consumer] = set()
+        # Per description of a key (see `_describe`), the lowest attempt that may be free
+        # (every lower one is taken), and each id's description and attempt: registering
+        # many callbacks that describe alike (lambdas of one line) probes from there, not
+        # from attempt 0 every time (quadratic in their number).
+        self.first_free: dict[str, int] = {}
+        self.attempt_of: dict[int, tuple[str, int]] = {}
 
 
 registry = Registry()
@@ -153,11 +159,13 @@ def register(key: Any, make: Callable[[], Consumer]) -> Lease:
             if consumer.kind is ConsumerKind.JOINED:
                 registry.joined = True
             description = _describe(key)
-            attempt = 0
+            attempt = registry.first_free.get(description, 0)
             cid = _id_candidate(description, attempt)
             while cid in registry.consumers:  # another callback with the same description
                 attempt += 1
                 cid = _id_candidate(description, attempt)
+            registry.first_free[description] = attempt + 1
+            registry.attempt_of[cid] = (description, attempt)
             registry.consumers[cid] = consumer
             registry.ids[key] = cid
             registry.keys[cid] = key
@@ -200,6 +208,9 @@ def release_unleased(candidates: list[int]) -> int:
                 registry.several_devices.discard(registry.consumers.pop(cid))
                 registry.ids.pop(registry.keys.pop(cid), None)
                 registry.leases.pop(cid, None)
+                description, attempt = registry.attempt_of.pop(cid)
+                registry.first_free[description] = min(attempt,
+                                                       registry.first_free[description])
                 released += 1
     return released
 

@@ -91,7 +91,9 @@ is ``[[value, fraction], ...]``.
   {"gb_per_s", "rounds_gb_per_s"}}}}`` (taps per round; GB/s of the median round, and
   each round's; methods ``hostfeed``, ``hostfeed, device thread runs on``, ``hostfeed,
   streaming copies``, ``numpy copy``, ``numpy copy, 2 buffers``; functions ``sums the
-  array``, ``does nothing``)
+  array``, ``does nothing``; ``"warm_up": {function: {"runs", "pool_bytes"}}``: the runs of
+  hostfeed's methods before the rounds, until the buffer pool stopped growing, and its
+  idle bytes then)
 * ``call``: ``{"calls", "methods": {name: {"p50_us", "rounds_p50_us", "round_trip_us":
   distribution, "round_trip_cdf_us": CDF, "per_call_us"}}, "loaded": {"calls",
   "busy_processes", "methods": ...}}`` (``p50_us``: the median round trip of the fastest
