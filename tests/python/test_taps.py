@@ -462,3 +462,28 @@ def test_callbacks_that_describe_alike_get_the_ids_probing_from_zero_would_give(
     assert freed not in consumers.registry.keys
     assert consumers.register(key(), fresh).cid == freed
     assert consumers.register(key(), fresh).cid == candidate(description, 6)
+
+
+@pytest.mark.skipif(ON_TPU, reason="a TPU's taps emit no add-dependency")
+def test_the_taps_of_a_computations_body_redirect_later_uses_in_one_walk(monkeypatch):
+    """Each tap of a jitted body once left the redirect of later uses to a walk of the
+    whole body (quadratic lowering in the taps of one block); the walk is now made once,
+    at the end of the computation's token scope, for every dependency in the body, and a
+    later use still reads the tap's output (the chain compiles each op once)."""
+    from hostfeed._src import lowering
+
+    walked = []
+    redirect = lowering._redirect_uses_after
+    monkeypatch.setattr(lowering, "_redirect_uses_after",
+                        lambda dep: walked.append(1) or redirect(dep))  # keep no op
+    n = 20
+
+    def f(y):
+        for i in range(n):
+            y = jnp.sin(y) * 1.5 + i
+            hcb.id_tap(lambda a, tr: None, y)  # the result ignored: later ops read y
+        return y
+
+    text = jax.jit(f).lower(jnp.arange(4.0)).compile().as_text()
+    assert len(walked) == n  # one redirect per dependency, not one per earlier tap per tap
+    assert text.count(" sine(") == n

@@ -40,7 +40,7 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from . import compat, lifecycle, settings, transports
+from . import compat, lifecycle, lowering, settings, transports
 from .primitives import HostCallbackEffect
 
 __all__ = ["token_scope_p", "enabled", "token_chain_lowering", "scoped_devices",
@@ -127,7 +127,8 @@ def _scope_lowering(ctx: Any, *args: Any, jaxpr: Any, outer_effects: Any) -> Any
             if isinstance(e, HostCallbackEffect)]
     tokens = compat.TokenSet({**dict(outer.items()),
                                **{e: compat.create_token() for e in ours}})
-    outs, tokens_out = compat.lower_jaxpr_inline(ctx, inner, tokens, *args)
+    with lowering.later_uses_at_scope_end():
+        outs, tokens_out = compat.lower_jaxpr_inline(ctx, inner, tokens, *args)
     if ours:  # what the transport does at the end of a scope (a TPU's fence)
         end_scope = transports.for_context(ctx).end_scope
         for e in ours:
