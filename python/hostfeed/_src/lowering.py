@@ -88,13 +88,23 @@ _ADD_DEPENDENCY = "mhlo.add_dependency"
 _FUNCTION = "func.func"
 
 
+class _Scope:
+    """A token scope being lowered: its block (where its computation is lowered inline)
+    and whether a tap of that block left its later uses to the scope's end."""
+
+    __slots__ = ("block", "walk")
+
+    def __init__(self, block: Any) -> None:
+        self.block = block
+        self.walk = False
+
+
 class _Scopes(threading.local):
-    """The token scopes being lowered on this thread, innermost last: each one's block
-    (where its computation is lowered inline) and whether a tap of that block left its
-    later uses to the scope's end (:func:`later_uses_at_scope_end`)."""
+    """The token scopes being lowered on this thread, innermost last
+    (:func:`later_uses_at_scope_end`)."""
 
     def __init__(self) -> None:
-        self.stack: list[list[Any]] = []
+        self.stack: list[_Scope] = []
 
 
 _scopes = _Scopes()
@@ -109,14 +119,14 @@ def later_uses_at_scope_end() -> Iterator[None]:
     walking). Taps in nested blocks still walk their own blocks, up to the scope's. The
     block is held only while the scope's rule runs, which encloses every rule it walks
     for: the invariant above holds."""
-    entry = [compat.mlir.ir.InsertionPoint.current.block, False]
-    _scopes.stack.append(entry)
+    scope = _Scope(compat.mlir.ir.InsertionPoint.current.block)
+    _scopes.stack.append(scope)
     try:
         yield
     finally:
         _scopes.stack.pop()
-    if entry[1]:
-        for view in entry[0].operations:
+    if scope.walk:
+        for view in scope.block.operations:
             if view.operation.name == _ADD_DEPENDENCY:
                 _redirect_uses_after(view.operation)
 
@@ -138,8 +148,8 @@ def _depend_later_uses() -> None:
     scope = _scopes.stack[-1] if _scopes.stack else None
     block = compat.mlir.ir.InsertionPoint.current.block
     while block is not None:
-        if scope is not None and block == scope[0]:
-            scope[1] = True  # the scope's end walks its block once, for every tap in it
+        if scope is not None and block == scope.block:
+            scope.walk = True  # the scope's end walks its block once, for every tap in it
             return
         for view in block.operations:
             if view.operation.name == _ADD_DEPENDENCY:
