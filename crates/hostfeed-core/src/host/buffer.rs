@@ -404,9 +404,6 @@ impl HostBuffer {
     /// # Errors
     /// [`Error::Internal`] when the memory cannot be allocated.
     pub fn with_capacity(len: usize) -> Result<Self, Error> {
-        if len > 0 && len <= INLINE_BYTES {
-            return Ok(HostBuffer { storage: Storage::Inline(InlineBytes([0; INLINE_BYTES])), len });
-        }
         Ok(Self::for_copy(len, false)?.0)
     }
 

@@ -81,7 +81,7 @@ pub(crate) fn streams(nbytes: usize) -> bool {
     if step == 0 || nbytes < step {
         return false; // the common case, without asking for the CPU
     }
-    apart(current_cpu(), CONSUMER_CPU.load(Ordering::Relaxed))
+    consumer_elsewhere()
 }
 
 /// Whether the calling thread runs on another CPU than the consumer last took a batch on
