@@ -115,8 +115,10 @@ is ``[[value, fraction], ...]``.
 * ``timing``: ``{"taps", "per_tap_us_timing_on", "per_tap_us_timing_off", "cost_us_per_tap",
   "profiler_check_us_per_batch"}``
 * ``portable``: ``{"payload", "taps_per_run", "calls_per_run", "taps": {name:
-  {"device_side_per_tap_us", "end_to_end_per_tap_us"}}, "calls": {name: {"per_call_us"}},
-  "slow_taps": {"taps", "host_ms_per_tap", "slow_device_s", "noop_device_s", "ratio"}}``
+  {"device_side_per_tap_us", "end_to_end_per_tap_us", "rounds_device_us"}}, "calls": {name:
+  {"per_call_us"}}, "slow_taps": {"taps", "host_ms_per_tap", "slow_device_s",
+  "noop_device_s", "ratio", "rounds_ratio"}}`` (medians of rounds; see
+  :mod:`hostfeed.bench._portable`)
 
 The helpers every benchmark under ``benches/`` shares (``interleaved``, ``timeit``,
 ``table``, distributions) live here too, so there is one benchmark implementation.

@@ -5,16 +5,20 @@ device-side cost, call round trip, and whether a slow tap function holds up the 
 
 Rows (``portable`` in the JSON):
 
-* ``taps``: ``{name: {"device_side_per_tap_us", "end_to_end_per_tap_us"}}`` for
+* ``taps``: ``{name: {"device_side_per_tap_us", "end_to_end_per_tap_us"}}`` (medians
+  of alternating rounds; ``"rounds_device_us"``, each round's) for
   ``hostfeed (native)``, ``hostfeed (portable)`` and ``io_callback(ordered)``, ``n`` taps
   of ``float32[4]`` in a loop;
 * ``calls``: ``{name: {"per_call_us"}}``, a ``float32[4] -> float32[4]`` call in a loop;
 * ``slow_taps``: the portable transport's device side (until the computation's results
-  are ready) of 100 taps whose function takes 10 ms, against 100 no-op taps:
-  ``{"taps", "host_ms_per_tap", "slow_device_s", "noop_device_s", "ratio"}``.
+  are ready) of 1000 taps whose function takes 0.2 ms, against 1000 no-op taps, in paired
+  rounds: ``{"taps", "host_ms_per_tap", "slow_device_s", "noop_device_s"`` (medians),
+  ``"ratio"`` (the median of ``"rounds_ratio"``, each round's ratio)``}`` (before
+  2026-12-08, 10 ms functions and the best of 5 rounds each, with no ``rounds_ratio``).
 """
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +33,7 @@ from .. import host_callback as hcb
 from .._src import measuring
 from ._sections import run_taps
 from ._text import grid
-from ._timing import interleaved
+from ._timing import interleaved, paired
 
 #: Rows of the section: (name, transport forced, or None for io_callback).
 ROWS = (("hostfeed (native)", "native"), ("hostfeed (portable)", "jax"),
@@ -90,10 +94,21 @@ def portable_section(cfg: Any) -> dict:
                            "calls": {}}
     cfg.progress("portable: taps")
     taps = {name: _lowered(t, _taps(n, t), x) for name, t in ROWS}
-    for name, f in taps.items():
-        best = min(_device_side(f, x) for _ in range(cfg.n(2, 5)))
-        out["taps"][name] = {"device_side_per_tap_us": best[0] / n * 1e6,
-                             "end_to_end_per_tap_us": best[1] / n * 1e6}
+    # Rounds of the three, their order alternating; each figure the median of its rounds
+    # (the best of two or five, as before 2026-12-08, put the same quick run's native taps
+    # 50% apart).
+    # The first round warms up (its taps took 100 times longer) and is not counted.
+    rounds: dict[str, list[tuple[float, float]]] = {name: [] for name in taps}
+    for r in range(cfg.n(9, 9) + 1):
+        for name in (list(taps)[::-1] if r % 2 else list(taps)):
+            one = _device_side(taps[name], x)
+            if r:
+                rounds[name].append(one)
+    for name, seen in rounds.items():
+        out["taps"][name] = {
+            "device_side_per_tap_us": statistics.median(d for d, _ in seen) / n * 1e6,
+            "end_to_end_per_tap_us": statistics.median(e for _, e in seen) / n * 1e6,
+            "rounds_device_us": [d / n * 1e6 for d, _ in seen]}
     cfg.progress("portable: calls")
     m = cfg.n(300, 3000)
     calls = {name: _lowered(t, _calls(m, t), x) for name, t in ROWS}
@@ -101,13 +116,17 @@ def portable_section(cfg: Any) -> dict:
     out["calls"] = {name: {"per_call_us": r["min"] / m * 1e6} for name, r in res.items()}
     out["calls_per_run"] = m
     cfg.progress("portable: slow taps")
-    out["slow_taps"] = _slow_taps()
+    out["slow_taps"] = _slow_taps(cfg)
     return out
 
 
-def _slow_taps(taps: int = 100, host_ms: float = 10.0) -> dict:
+def _slow_taps(cfg: Any, taps: int = 1000, host_ms: float = 0.2) -> dict:
     """Device side of ``taps`` taps with a ``host_ms`` tap function, against no-op taps,
-    on the portable transport."""
+    on the portable transport, in paired rounds (the two alternate; each round starts from
+    an idle receiver, which waits for the slow functions of the round before): the ratio is
+    the median of the rounds' ratios. The no-op taps' device side moves with where the
+    receiver is when they come (it runs beside them), so one round tells little; 100 taps
+    of 10 ms functions, best of 5 rounds each, gave ratios 20% apart from run to run."""
     def loop(func: Callable) -> Callable:
         return lambda x: lax.fori_loop(
             0, taps, lambda i, c: hcb.id_tap(func, x, result=c), jnp.int32(0))
@@ -115,12 +134,18 @@ def _slow_taps(taps: int = 100, host_ms: float = 10.0) -> dict:
     x = jnp.arange(4, dtype=jnp.float32)
     slow = _lowered("jax", loop(lambda a, tr: time.sleep(host_ms / 1e3)), x)
     noop = _lowered("jax", loop(lambda a, tr: None), x)
-    noop_s = slow_s = float("inf")
-    for _ in range(5):  # interleaved, best of each
-        noop_s = min(noop_s, _device_side(noop, x)[0])
-        slow_s = min(slow_s, _device_side(slow, x)[0])
-    return {"taps": taps, "host_ms_per_tap": host_ms, "slow_device_s": slow_s,
-            "noop_device_s": noop_s, "ratio": slow_s / noop_s}
+    noop_s: list[float] = []
+    slow_s: list[float] = []
+    for r in range(cfg.n(15, 21) + 1):  # the first pair warms up; not counted
+        pair = (noop, slow) if r % 2 else (slow, noop)
+        times = {id(f): _device_side(f, x)[0] for f in pair}
+        if r:
+            noop_s.append(times[id(noop)])
+            slow_s.append(times[id(slow)])
+    ratios = [s / n for s, n in zip(slow_s, noop_s)]
+    return {"taps": taps, "host_ms_per_tap": host_ms, "slow_device_s": statistics.median(slow_s),
+            "noop_device_s": statistics.median(noop_s), "ratio": statistics.median(ratios),
+            "rounds_ratio": ratios}
 
 
 def render(r: dict) -> list[str]:
@@ -139,6 +164,8 @@ def render(r: dict) -> list[str]:
             f"loop (us; ratios: time over io_callback(ordered)'s)",
             *grid(["method", "computation per tap", "until every function ran",
                     "/ io_callback(ordered)", "call", "/ io_callback(ordered)"], rows),
-            f"  slow taps (portable): {s['taps']} taps of a {s['host_ms_per_tap']:.0f} ms "
+            f"  slow taps (portable): {s['taps']} taps of a {s['host_ms_per_tap']:g} ms "
             f"function: device side {s['slow_device_s'] * 1e3:.2f} ms vs "
-            f"{s['noop_device_s'] * 1e3:.2f} ms for no-op taps ({s['ratio']:.2f}x)"]
+            f"{s['noop_device_s'] * 1e3:.2f} ms for no-op taps ({s['ratio']:.2f}x"
+            + (f", {paired(s['rounds_ratio']).spread()} over {len(s['rounds_ratio'])} rounds"
+               if s.get("rounds_ratio") else "") + ")"]

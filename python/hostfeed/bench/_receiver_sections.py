@@ -173,7 +173,14 @@ def compile_time(cfg: Config) -> dict:
             return y
 
         def go() -> None:
-            jax.jit(lambda y: f(y)).lower(x).compile()  # a fresh function every time
+            # No collection of the garbage of earlier rounds within a round (each round
+            # starts after one, `before=gc.collect` below): a collection's pause would
+            # land in whichever round it fell in.
+            gc.disable()
+            try:
+                jax.jit(lambda y: f(y)).lower(x).compile()  # a fresh function every time
+            finally:
+                gc.enable()
         return go
 
     cfg.progress("compile")
@@ -182,9 +189,9 @@ def compile_time(cfg: Config) -> dict:
     # JAX's io_callback compiles many times slower than the rest (XLA copies the chain
     # that produced an ignored operand into it): once each, the rest in rounds.
     slow = ("io_callback(ordered)", "io_callback")
-    res = interleaved({k: case(k) for k in kinds if k not in slow}, repeats=cfg.n(3, 5),
-                      warmup=0, alternate=True)
-    res.update(interleaved({k: case(k) for k in slow}, repeats=1, warmup=0))
+    res = interleaved({k: case(k) for k in kinds if k not in slow}, repeats=cfg.n(9, 7),
+                      warmup=0, alternate=True, before=gc.collect)
+    res.update(interleaved({k: case(k) for k in slow}, repeats=1, warmup=0, before=gc.collect))
     return {"taps": n_taps, **{k: {"seconds": res[k]["min"], "rounds_seconds": res[k]["all"]}
                                for k in kinds}}
 

@@ -46,10 +46,12 @@ def timeit(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1) -> di
 
 
 def interleaved(cases: dict[str, Callable[[], object]], *, repeats: int = 5,
-                warmup: int = 1, alternate: bool = False) -> dict[str, dict]:
+                warmup: int = 1, alternate: bool = False,
+                before: Callable[[], object] | None = None) -> dict[str, dict]:
     """Times each case ``repeats`` times, interleaving the cases round-robin (seconds);
     with ``alternate``, every other round runs them in reverse order (ABC CBA ABC ...), so
-    that no case always runs first or right after the same other one.
+    that no case always runs first or right after the same other one. ``before`` runs,
+    untimed, before each timed case (say, a garbage collection).
 
     Example:
         >>> sorted(interleaved({"a": lambda: None, "b": lambda: None}, repeats=1))
@@ -67,6 +69,8 @@ def interleaved(cases: dict[str, Callable[[], object]], *, repeats: int = 5,
     names = list(cases)
     for r in range(repeats):
         for name in (names[::-1] if alternate and r % 2 else names):
+            if before is not None:
+                before()
             t0 = time.perf_counter()
             cases[name]()
             times[name].append(time.perf_counter() - t0)

@@ -363,9 +363,14 @@ impl<T> Queue<T> {
         if !self.spin.is_zero() {
             spin_until(self.spin, || self.pending.load(Ordering::Acquire) != 0);
         }
-        if let Some(adaptive) = self.adaptive {
-            adaptive.spin(|| self.pending.load(Ordering::Acquire) != 0);
-        }
+        // When the adaptive spin missed, when it began: the wait's length tells it
+        // whether a longer spin would have paid.
+        let missed = self.adaptive.and_then(|adaptive| {
+            adaptive
+                .spin_timed(|| self.pending.load(Ordering::Acquire) != 0)
+                .err()
+                .map(|began| (adaptive, began))
+        });
         let nap_until = self.nap.map(|nap| (nap.period, Instant::now() + nap.window));
         loop {
             {
@@ -412,6 +417,9 @@ impl<T> Queue<T> {
                 flight.items.extend(g.items.drain(..n));
             }
             self.publish_pending(&g);
+            if let Some((adaptive, began)) = missed {
+                adaptive.arrived(began);
+            }
             flight.epoch += 1;
             flight.taken = 0;
             flight.taken_bytes = 0;

@@ -130,8 +130,12 @@ impl Waker {
 
 /// A spin before a blocking wait whose length adapts to whether spinning pays: it starts
 /// at `max`, halves after every spin that saw nothing (down to none), and is back at `max`
-/// after one that did. Once it is none, every [`AdaptiveSpin::PROBE_EVERY`]th wait spins
-/// for `max` again, to find out whether spinning pays again. The probe is as long as a
+/// after one that did. A waiter that times its wait ([`AdaptiveSpin::spin_timed`], then
+/// [`AdaptiveSpin::arrived`]) also learns from the events its spin missed: one that came
+/// within `max` of the spin's start raises the budget to twice that wait, so a burst after
+/// a long idle finds the spin again at its second wait. Once it is none, every
+/// [`AdaptiveSpin::PROBE_EVERY`]th wait spins for `max` again, to find out whether
+/// spinning pays again. The probe is as long as a
 /// full spin because the two sides of a `call` probe in turn: while one side sleeps, the
 /// other's event comes only after the sleeper's wake-up, so a short probe on either side
 /// would never see it and both would keep sleeping (every round trip paying two wake-ups)
@@ -176,13 +180,46 @@ impl AdaptiveSpin {
 
     /// Polls `ready` for up to the current budget; returns whether it became true, and
     /// adapts the budget to the outcome.
-    pub fn spin(&self, mut ready: impl FnMut() -> bool) -> bool {
+    pub fn spin(&self, ready: impl FnMut() -> bool) -> bool {
+        self.spin_timed(ready).is_ok()
+    }
+
+    /// Like [`AdaptiveSpin::spin`]; when the spin missed the event, the error is when the
+    /// spin began: hand it to [`AdaptiveSpin::arrived`] once the event came.
+    ///
+    /// # Errors
+    /// The spin's start, when `ready` did not become true within the budget.
+    pub fn spin_timed(&self, mut ready: impl FnMut() -> bool) -> Result<(), Instant> {
+        if ready() {
+            return Ok(());
+        }
+        let began = Instant::now();
+        if self.spin_budget(ready) {
+            Ok(())
+        } else {
+            Err(began)
+        }
+    }
+
+    /// The event that a spin begun at `began` missed has come (the waiter's blocking wait
+    /// ended with it). If it came within `max`, spinning would have paid: the budget
+    /// becomes twice that wait (at most `max`) when that is more than it is. Later events
+    /// say nothing: the budget is left as the missed spin set it.
+    pub fn arrived(&self, began: Instant) {
+        use std::sync::atomic::Ordering::Relaxed;
+        #[allow(clippy::cast_possible_truncation)] // at most `max_ns`, a u64
+        let waited = began.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+        if waited <= self.max_ns {
+            let want = waited.saturating_mul(2).clamp(Self::MIN_NS, self.max_ns);
+            self.budget_ns.fetch_max(want, Relaxed);
+        }
+    }
+
+    /// The spin of [`AdaptiveSpin::spin`] after its first look.
+    fn spin_budget(&self, mut ready: impl FnMut() -> bool) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
         if cfg!(loom) {
             return ready(); // one look, as `spin_until` under loom
-        }
-        if ready() {
-            return true;
         }
         let mut budget = self.budget_ns.load(Relaxed);
         let probe = budget == 0;
@@ -314,5 +351,36 @@ mod tests {
         // An event already there costs one look and keeps the budget.
         assert!(spin.spin(|| true));
         assert_eq!(spin.budget_ns(), 8_000);
+    }
+
+    #[test]
+    fn a_missed_event_that_came_soon_gives_the_spin_back_twice_its_wait() {
+        // A long `max`, so that a stall of this thread cannot push the wait past it.
+        let spin = AdaptiveSpin::new(Duration::from_millis(1));
+        while spin.budget_ns() > 0 {
+            assert!(!spin.spin(|| false));
+        }
+        // With no budget the spin misses at once (this is no probe); the event came at
+        // least 3 us after the spin began: a spin of twice that would have seen it.
+        let began = spin.spin_timed(|| false).expect_err("no budget, no event");
+        let three_us_before = began.checked_sub(Duration::from_micros(3)).expect("an instant");
+        spin.arrived(three_us_before);
+        let budget = spin.budget_ns();
+        assert!((6_000..=1_000_000).contains(&budget), "budget {budget} ns");
+        // An event later than the whole spin says nothing.
+        let spin = AdaptiveSpin::new(Duration::from_micros(8));
+        for _ in 0..3 {
+            assert!(!spin.spin(|| false));
+        }
+        assert_eq!(spin.budget_ns(), 1_000);
+        let long_ago = Instant::now().checked_sub(Duration::from_millis(5)).expect("an instant");
+        spin.arrived(long_ago);
+        assert_eq!(spin.budget_ns(), 1_000);
+        // Nor does one sooner than the budget already covers lower it.
+        spin.arrived(Instant::now());
+        assert_eq!(spin.budget_ns(), 1_000);
+        // A spin that sees its event is whole again, as before.
+        assert!(spin.spin_timed(|| true).is_ok());
+        assert_eq!(spin.budget_ns(), 1_000, "an event already there keeps the budget");
     }
 }
