@@ -363,13 +363,13 @@ impl<T> Queue<T> {
         if !self.spin.is_zero() {
             spin_until(self.spin, || self.pending.load(Ordering::Acquire) != 0);
         }
-        // When the adaptive spin missed, when it began: the wait's length tells it
-        // whether a longer spin would have paid.
+        // When the adaptive spin missed, the wait's length tells it whether a longer spin
+        // would have paid.
         let missed = self.adaptive.and_then(|adaptive| {
             adaptive
                 .spin_timed(|| self.pending.load(Ordering::Acquire) != 0)
                 .err()
-                .map(|began| (adaptive, began))
+                .map(|missed| (adaptive, missed))
         });
         let nap_until = self.nap.map(|nap| (nap.period, Instant::now() + nap.window));
         loop {
@@ -417,8 +417,8 @@ impl<T> Queue<T> {
                 flight.items.extend(g.items.drain(..n));
             }
             self.publish_pending(&g);
-            if let Some((adaptive, began)) = missed {
-                adaptive.arrived(began);
+            if let Some((adaptive, spin)) = missed {
+                adaptive.arrived(spin);
             }
             flight.epoch += 1;
             flight.taken = 0;

@@ -152,8 +152,8 @@ impl ReplySlot {
         let mut g = lock(&self.state);
         loop {
             if let Phase::Replied(outcome) = &g.phase {
-                if let Some(began) = missed {
-                    REPLY_ADAPTIVE_SPIN.arrived(began);
+                if let Some(spin) = missed {
+                    REPLY_ADAPTIVE_SPIN.arrived(spin);
                 }
                 let outcome = outcome.clone();
                 g.phase = Phase::Abandoned; // the outputs belong to XLA again
