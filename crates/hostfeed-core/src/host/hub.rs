@@ -250,13 +250,12 @@ impl Hub {
             }
             self.in_batch.store(false, Ordering::SeqCst);
             let ended = || self.inline.load(Ordering::SeqCst) != generation + 1;
-            if let Err(missed) = INLINE_WAIT_SPIN.spin_timed(ended) {
+            if !INLINE_WAIT_SPIN.spin(ended) {
                 let (m, waker) = &self.inline_ended;
                 let mut g = lock(m);
                 while !ended() {
                     g = waker.wait_timeout(g, Duration::from_millis(20));
                 }
-                INLINE_WAIT_SPIN.arrived(missed);
             }
         }
     }

@@ -363,14 +363,9 @@ impl<T> Queue<T> {
         if !self.spin.is_zero() {
             spin_until(self.spin, || self.pending.load(Ordering::Acquire) != 0);
         }
-        // When the adaptive spin missed, the wait's length tells it whether a longer spin
-        // would have paid.
-        let missed = self.adaptive.and_then(|adaptive| {
-            adaptive
-                .spin_timed(|| self.pending.load(Ordering::Acquire) != 0)
-                .err()
-                .map(|missed| (adaptive, missed))
-        });
+        if let Some(adaptive) = self.adaptive {
+            adaptive.spin(|| self.pending.load(Ordering::Acquire) != 0);
+        }
         let nap_until = self.nap.map(|nap| (nap.period, Instant::now() + nap.window));
         loop {
             {
@@ -417,9 +412,6 @@ impl<T> Queue<T> {
                 flight.items.extend(g.items.drain(..n));
             }
             self.publish_pending(&g);
-            if let Some((adaptive, spin)) = missed {
-                adaptive.arrived(spin);
-            }
             flight.epoch += 1;
             flight.taken = 0;
             flight.taken_bytes = 0;

@@ -144,17 +144,12 @@ impl ReplySlot {
         deadline: Option<Instant>,
         mut interrupted: impl FnMut() -> Option<String>,
     ) -> Result<Result<(), String>, NoReply> {
-        let missed = if spin_until(REPLY_SPIN, || self.answered.load(Ordering::Acquire)) {
-            None
-        } else {
-            REPLY_ADAPTIVE_SPIN.spin_timed(|| self.answered.load(Ordering::Acquire)).err()
-        };
+        if !spin_until(REPLY_SPIN, || self.answered.load(Ordering::Acquire)) {
+            REPLY_ADAPTIVE_SPIN.spin(|| self.answered.load(Ordering::Acquire));
+        }
         let mut g = lock(&self.state);
         loop {
             if let Phase::Replied(outcome) = &g.phase {
-                if let Some(spin) = missed {
-                    REPLY_ADAPTIVE_SPIN.arrived(spin);
-                }
                 let outcome = outcome.clone();
                 g.phase = Phase::Abandoned; // the outputs belong to XLA again
                 return Ok(outcome);

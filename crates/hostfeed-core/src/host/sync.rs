@@ -130,13 +130,8 @@ impl Waker {
 
 /// A spin before a blocking wait whose length adapts to whether spinning pays: it starts
 /// at `max`, halves after every spin that saw nothing (down to none), and is back at `max`
-/// after one that did. A waiter that times its wait ([`AdaptiveSpin::spin_timed`], then
-/// [`AdaptiveSpin::arrived`]) also learns from the events its spin missed: one that came
-/// within `max` of the spin's start, well after the spin gave up, raises the budget to
-/// twice that wait, so a burst after a long idle finds the spin again at its second wait
-/// (with the probe alone, taps came at half speed for 64 waits). Once it is none, every
-/// [`AdaptiveSpin::PROBE_EVERY`]th wait spins for `max` again, to find out whether
-/// spinning pays again. The probe is as long as a
+/// after one that did. Once it is none, every [`AdaptiveSpin::PROBE_EVERY`]th wait spins
+/// for `max` again, to find out whether spinning pays again. The probe is as long as a
 /// full spin because the two sides of a `call` probe in turn: while one side sleeps, the
 /// other's event comes only after the sleeper's wake-up, so a short probe on either side
 /// would never see it and both would keep sleeping (every round trip paying two wake-ups)
@@ -181,55 +176,19 @@ impl AdaptiveSpin {
 
     /// Polls `ready` for up to the current budget; returns whether it became true, and
     /// adapts the budget to the outcome.
-    pub fn spin(&self, ready: impl FnMut() -> bool) -> bool {
-        self.spin_timed(ready).is_ok()
-    }
-
-    /// Like [`AdaptiveSpin::spin`]; when the spin missed the event, the error says when
-    /// the waiter began to look and how long it spun: hand it to
-    /// [`AdaptiveSpin::arrived`] once the event came.
-    ///
-    /// # Errors
-    /// [`Missed`], when `ready` did not become true within the budget.
-    pub fn spin_timed(&self, mut ready: impl FnMut() -> bool) -> Result<(), Missed> {
-        if ready() {
-            return Ok(());
-        }
-        let began = Instant::now();
-        match self.spin_budget(ready) {
-            (true, _) => Ok(()),
-            (false, spun_ns) => Err(Missed { began, spun_ns }),
-        }
-    }
-
-    /// The event a spin missed has come (the waiter's blocking wait ended with it). When
-    /// it came within `max` of the spin's start, and after at least twice the spin's
-    /// length, a longer spin would have paid: the budget becomes twice that wait (at most
-    /// `max`), when that is more. An event that came right after the spin gave up says
-    /// nothing: a spinner can delay the very event it waits for (it takes the CPU of the
-    /// thread that makes it), so there the missed spin halves the budget, as always.
-    pub fn arrived(&self, missed: Missed) {
-        use std::sync::atomic::Ordering::Relaxed;
-        #[allow(clippy::cast_possible_truncation)] // at most u64::MAX
-        let waited = missed.began.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
-        if waited <= self.max_ns && waited >= missed.spun_ns.saturating_mul(2) {
-            let want = waited.saturating_mul(2).clamp(Self::MIN_NS, self.max_ns);
-            self.budget_ns.fetch_max(want, Relaxed);
-        }
-    }
-
-    /// The spin of [`AdaptiveSpin::spin`] after its first look: whether it saw the event,
-    /// and the budget it spun for (none: no budget, and not a probe).
-    fn spin_budget(&self, mut ready: impl FnMut() -> bool) -> (bool, u64) {
+    pub fn spin(&self, mut ready: impl FnMut() -> bool) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
         if cfg!(loom) {
-            return (ready(), 0); // one look, as `spin_until` under loom
+            return ready(); // one look, as `spin_until` under loom
+        }
+        if ready() {
+            return true;
         }
         let mut budget = self.budget_ns.load(Relaxed);
         let probe = budget == 0;
         if probe {
             if self.max_ns == 0 || (self.waits.fetch_add(1, Relaxed) + 1) % Self::PROBE_EVERY != 0 {
-                return (false, 0);
+                return false;
             }
             budget = self.max_ns;
         }
@@ -242,16 +201,8 @@ impl AdaptiveSpin {
             Some(budget / 2).filter(|&b| b >= Self::MIN_NS).unwrap_or(0)
         };
         self.budget_ns.store(next, Relaxed);
-        (seen, budget)
+        seen
     }
-}
-
-/// A spin of an [`AdaptiveSpin`] that missed its event: when the waiter began to look, and
-/// how long it spun (for [`AdaptiveSpin::arrived`]).
-#[derive(Clone, Copy, Debug)]
-pub struct Missed {
-    began: Instant,
-    spun_ns: u64,
 }
 
 /// Polls `ready` (never yielding) for up to `budget_ns`.
@@ -363,49 +314,5 @@ mod tests {
         // An event already there costs one look and keeps the budget.
         assert!(spin.spin(|| true));
         assert_eq!(spin.budget_ns(), 8_000);
-    }
-
-    #[test]
-    fn a_missed_event_that_came_soon_gives_the_spin_back_twice_its_wait() {
-        // A long `max`, so that a stall of this thread cannot push the wait past it.
-        let spin = AdaptiveSpin::new(Duration::from_millis(1));
-        while spin.budget_ns() > 0 {
-            assert!(!spin.spin(|| false));
-        }
-        // With no budget the spin misses at once (this is no probe) and spins for none.
-        let missed = spin.spin_timed(|| false).expect_err("no budget, no event");
-        assert_eq!(missed.spun_ns, 0);
-        // The event came at least 3 us after the waiter began: a spin of twice that would
-        // have seen it.
-        let three_us_before = missed.began.checked_sub(Duration::from_micros(3)).expect("an instant");
-        spin.arrived(Missed { began: three_us_before, ..missed });
-        let budget = spin.budget_ns();
-        assert!((6_000..=1_000_000).contains(&budget), "budget {budget} ns");
-
-        // The rest with a `max` of 1 s and budgets set by hand: the margins below are
-        // milliseconds, so that a stall of this thread does not change the outcome.
-        let spin = AdaptiveSpin::new(Duration::from_secs(1));
-        let set = |ns: u64| spin.budget_ns.store(ns, atomic::Ordering::Relaxed);
-        let ago = |d: Duration| Instant::now().checked_sub(d).expect("an instant");
-        set(10_000_000);
-        // An event later than the whole spin says nothing.
-        spin.arrived(Missed { began: ago(Duration::from_secs(2)), spun_ns: 0 });
-        assert_eq!(spin.budget_ns(), 10_000_000);
-        // Nor does one sooner than the budget already covers lower it.
-        spin.arrived(Missed { began: Instant::now(), spun_ns: 0 });
-        assert_eq!(spin.budget_ns(), 10_000_000);
-        // Nor one that came right after a spin gave up (the spinner may have delayed it):
-        // a spin of 40 ms whose event came 50 ms after it began.
-        set(1_000);
-        spin.arrived(Missed { began: ago(Duration::from_millis(50)), spun_ns: 40_000_000 });
-        assert_eq!(spin.budget_ns(), 1_000);
-        // One that came well after the spin gave up does: a spin of 1 us, an event 3 us
-        // (or more, on a loaded machine) after it began.
-        spin.arrived(Missed { began: ago(Duration::from_micros(3)), spun_ns: 1_000 });
-        assert!(spin.budget_ns() >= 6_000, "budget {} ns", spin.budget_ns());
-        // A spin that finds its event already there keeps the budget, as before.
-        let budget = spin.budget_ns();
-        assert!(spin.spin_timed(|| true).is_ok());
-        assert_eq!(spin.budget_ns(), budget);
     }
 }
