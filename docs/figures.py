@@ -109,8 +109,9 @@ def render(name: str, all_runs: list[dict], loaded: list[dict] | None = None,
         loaded = loaded_runs(folder) if loaded is None else loaded
         quiet = f", a quiet machine: load {_markdown.loads(all_runs)} when each run started"
         noise = (" A ratio is the median of its rounds' ratios where the run measured "
-                 "rounds; `~` after it: noisy in the cited run (its rounds say two runs may "
-                 "differ by more than 15%).")
+                 "rounds (the eager row's, whose rounds alternate their order, the geometric "
+                 "mean of the two orders' medians); `~` after it: noisy in the cited run (its "
+                 "rounds say two runs may differ by more than 15%).")
     else:
         loaded = []
     where = _where(folder)

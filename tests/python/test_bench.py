@@ -485,3 +485,42 @@ def test_the_readme_rows_mark_a_figure_outside_the_committed_range_and_name_the_
                                                                    abs=0.02)
     assert rows["compile a function with 200 taps"][0] == "-"
     assert not rows["`call` round trip p50, every core busy"][0].endswith("!")
+
+
+def test_the_eager_row_weighs_the_two_orders_of_its_rounds_alike():
+    """The eager section's rounds alternate their order; hostfeed's rounds right after the
+    other methods' cost more than those right after its own. The row's ratio weighs the two
+    orders alike, so which order holds the middle round does not decide it."""
+    import doctest
+
+    from hostfeed.bench import _markdown, _report, _timing
+    assert doctest.testmod(_timing).failed == 0
+
+    def run(fast_rounds):
+        # Even rounds (hostfeed first, after its own round): 10 us; odd rounds (last,
+        # after the others): 30 us, but for `fast_rounds` odd rounds that were fast too.
+        hf = [10.0 if i % 2 == 0 or i in fast_rounds else 30.0 for i in range(15)]
+        flat = [20.0] * 15
+        eager = {"taps": 100, "rss_growth_mb": 0.0, "registered_consumers_growth": 0}
+        for name, rounds in [("hostfeed", hf), ("debug.callback", flat),
+                             ("buffer_callback", [40.0] * 15),
+                             ("hostfeed, fresh function", flat),
+                             ("debug.callback, fresh function", flat)]:
+            eager[name] = {"per_tap_us": statistics.median(rounds), "rounds_us": rounds}
+        return {"header": {"processor": {"model": "test"}}, "eager": eager}
+
+    # The plain median of the round ratios flips between the two orders' figures (0.5x
+    # with 8 fast rounds of 15, 1.5x with 7); the row does not.
+    a, b = run(fast_rounds=()), run(fast_rounds=(13,))
+    ratios_a = _markdown.round_ratios(a["eager"]["hostfeed"]["rounds_us"], [20.0] * 15)
+    ratios_b = _markdown.round_ratios(b["eager"]["hostfeed"]["rounds_us"], [20.0] * 15)
+    assert statistics.median(ratios_a) == 0.5 and statistics.median(ratios_b) == 0.5
+    c = run(fast_rounds=())
+    c["eager"]["hostfeed"]["rounds_us"][0] = 30.0  # 7 fast rounds of 15: the median flips
+    assert statistics.median(_markdown.round_ratios(c["eager"]["hostfeed"]["rounds_us"],
+                                                    [20.0] * 15)) == 1.5
+    figures = [_markdown._eager(r).ratio for r in (a, b, c)]
+    assert figures == pytest.approx([math.sqrt(0.5 * 1.5)] * 3)
+    # The bench's own report prints the same figure.
+    line = next(ln for ln in _report._eager(c["eager"]) if ln.lstrip().startswith("hostfeed "))
+    assert f"{math.sqrt(0.5 * 1.5):.2f}x" in line

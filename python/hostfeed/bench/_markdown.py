@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from . import _processor
 from ._markdown_tpu import TPU_RECORD_TABLES, TPU_TABLES, tpu_machine  # noqa: F401 (figures.py)
-from ._timing import paired
+from ._timing import balanced, paired
 
 Run = dict[str, Any]
 
@@ -84,19 +84,20 @@ def round_ratios(mine: Sequence[float], base: Sequence[float]) -> tuple[float, .
 
 def _against_best(values: dict[str, float], mine: str,
                   rounds: dict[str, Sequence[float] | None] | None = None,
-                  show: Callable[[float], str] | None = None) -> Figure:
+                  show: Callable[[float], str] | None = None,
+                  center: Callable[[Sequence[float]], float] | None = None) -> Figure:
     """Method ``mine`` against the fastest JAX callback. With ``rounds`` (each method's
     figure in each interleaved round, for every method in ``values``), the fastest by its
-    median round, the ratio the median of the rounds' ratios; otherwise the single figures
-    of ``values``."""
+    median round, the ratio the median of the rounds' ratios (or ``center`` of them);
+    otherwise the single figures of ``values``."""
     show = show or _us
     if rounds and all(rounds.get(k) for k in values):
         given = {k: v for k, v in rounds.items() if k in values and v}
         medians = {k: _median(v) for k, v in given.items()}
         name, best = _best(medians)
         ratios = round_ratios(given[mine], given[name])
-        return Figure(show(medians[mine]), f"{show(best)} (`{name}`)", _median(ratios),
-                      rounds=ratios)
+        return Figure(show(medians[mine]), f"{show(best)} (`{name}`)",
+                      (center or _median)(ratios), rounds=ratios)
     name, best = _best(values)
     return Figure(show(values[mine]), f"{show(best)} (`{name}`)", values[mine] / best)
 
@@ -232,9 +233,11 @@ def _eager(run: Run) -> Figure | None:
     if not e:
         return None
     rows = {k: v for k, v in e.items() if isinstance(v, dict)}
+    # Its rounds alternate their order, and hostfeed's after the others' differ from
+    # those after its own: the two orders weigh alike.
     return _against_best({k: v["per_tap_us"] for k, v in rows.items()}, "hostfeed",
                          {k: v.get("rounds_us") for k, v in rows.items()}
-                         if paired_rounds(run) else None)
+                         if paired_rounds(run) else None, center=balanced)
 
 
 def _s(v: float) -> str:

@@ -5,16 +5,17 @@ device-side cost, call round trip, and whether a slow tap function holds up the 
 
 Rows (``portable`` in the JSON):
 
-* ``taps``: ``{name: {"device_side_per_tap_us", "end_to_end_per_tap_us"}}`` (medians
-  of alternating rounds; ``"rounds_device_us"``, each round's) for
+* ``taps``: ``{name: {"device_side_per_tap_us", "end_to_end_per_tap_us"}}`` (over
+  alternating rounds, the two orders' medians weighed alike:
+  :func:`~hostfeed.bench._timing.balanced`; ``"rounds_device_us"``, each round's) for
   ``hostfeed (native)``, ``hostfeed (portable)`` and ``io_callback(ordered)``, ``n`` taps
   of ``float32[4]`` in a loop;
 * ``calls``: ``{name: {"per_call_us"}}``, a ``float32[4] -> float32[4]`` call in a loop;
 * ``slow_taps``: the portable transport's device side (until the computation's results
   are ready) of 1000 taps whose function takes 0.2 ms, against 1000 no-op taps, in paired
   rounds: ``{"taps", "host_ms_per_tap", "slow_device_s", "noop_device_s"`` (medians),
-  ``"ratio"`` (the median of ``"rounds_ratio"``, each round's ratio)``}`` (before
-  2026-12-08, 10 ms functions and the best of 5 rounds each, with no ``rounds_ratio``).
+  ``"ratio"`` (the median of ``"rounds_ratio"``, each round's ratio)``}`` (until
+  2026-12-07, 10 ms functions and the best of 5 rounds each, with no ``rounds_ratio``).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from .. import host_callback as hcb
 from .._src import measuring
 from ._sections import run_taps
 from ._text import grid
-from ._timing import interleaved, paired
+from ._timing import balanced, interleaved, paired
 
 #: Rows of the section: (name, transport forced, or None for io_callback).
 ROWS = (("hostfeed (native)", "native"), ("hostfeed (portable)", "jax"),
@@ -94,9 +95,9 @@ def portable_section(cfg: Any) -> dict:
                            "calls": {}}
     cfg.progress("portable: taps")
     taps = {name: _lowered(t, _taps(n, t), x) for name, t in ROWS}
-    # Rounds of the three, their order alternating; each figure the median of its rounds
-    # (the best of two or five, as before 2026-12-08, put the same quick run's native taps
-    # 50% apart).
+    # Rounds of the three, their order alternating; each figure from all its rounds (the
+    # best of two or five, until 2026-12-07, put the same quick run's native taps 50%
+    # apart).
     # The first round warms up (its taps took 100 times longer) and is not counted.
     rounds: dict[str, list[tuple[float, float]]] = {name: [] for name in taps}
     for r in range(cfg.n(9, 9) + 1):
@@ -104,10 +105,12 @@ def portable_section(cfg: Any) -> dict:
             one = _device_side(taps[name], x)
             if r:
                 rounds[name].append(one)
+    # Each figure weighs the rounds of the two orders alike (`balanced`): a method's taps
+    # right after another's cost more than after its own round.
     for name, seen in rounds.items():
         out["taps"][name] = {
-            "device_side_per_tap_us": statistics.median(d for d, _ in seen) / n * 1e6,
-            "end_to_end_per_tap_us": statistics.median(e for _, e in seen) / n * 1e6,
+            "device_side_per_tap_us": balanced([d for d, _ in seen]) / n * 1e6,
+            "end_to_end_per_tap_us": balanced([e for _, e in seen]) / n * 1e6,
             "rounds_device_us": [d / n * 1e6 for d, _ in seen]}
     cfg.progress("portable: calls")
     m = cfg.n(300, 3000)

@@ -8,6 +8,7 @@ import statistics
 import os
 import platform
 import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -18,7 +19,7 @@ from .. import __version__ as hostfeed_version
 from . import _portable, _processor, _readme, _throughput, _tpu
 from ._plot import PLOTTED, nothing_to_plot, plot, plottable  # noqa: F401 (the command's)
 from ._markdown import call_p50, load, paired_rounds
-from ._timing import AGREEMENT, paired
+from ._timing import AGREEMENT, balanced, paired
 from ._text import fit, grid as _grid
 
 #: Environment variables that change what the benchmark measures.
@@ -227,22 +228,26 @@ def _median_of(m: dict, key: str, single: str) -> float:
     return statistics.median(rounds) if rounds and _PAIRED[0] else m[single]
 
 
-def _vs(a: dict, b: dict, key: str, fallback: float) -> tuple[str, str]:
+def _vs(a: dict, b: dict, key: str, fallback: float,
+        center: Callable[[Sequence[float]], float] | None = None) -> tuple[str, str]:
     """``a``'s time over ``b``'s: the median of the rounds' ratios (``key``: each round's
     figure) and the interval it lies in ('~' after it: noisy), or without rounds the ratio
     ``fallback`` and '-'; for a run from before the rounds were paired, ``fallback`` and
-    the ratio's range over the rounds."""
-    return _cells(round_ratios(a, b, key), fallback)
+    the ratio's range over the rounds. ``center``: the ratio of the rounds' ratios
+    instead of their median (:func:`~hostfeed.bench._timing.balanced` for rounds whose
+    order alternates)."""
+    return _cells(round_ratios(a, b, key), fallback, center)
 
 
-def _cells(ratios: list[float], fallback: float) -> tuple[str, str]:
+def _cells(ratios: list[float], fallback: float,
+           center: Callable[[Sequence[float]], float] | None = None) -> tuple[str, str]:
     """A ratio and its interval from each round's ratio (see :func:`_vs`)."""
     if not ratios:
         return _x(fallback), "-"
     if not _PAIRED[0]:
         return _x(fallback), f"{min(ratios):.2f}-{max(ratios):.2f}x"
     p = paired(ratios)
-    return _x(p.median), p.spread()
+    return _x(center(ratios) if center else p.median), p.spread()
 
 
 def _rounds_note() -> str:
@@ -305,11 +310,12 @@ def _eager(r: dict) -> list[str]:
             for k in rows_in}
     rounds = len(rows_in["hostfeed"].get("rounds_us") or [])
     return [f"eager tap until its host function ran, {r['taps']} a round (us per tap: the "
-            f"median of {rounds or 'the'} rounds; ratios: {_rounds_note()}; a fresh function's "
-            f"against debug.callback's with a fresh function)",
+            f"median of {rounds or 'the'} rounds; ratios: {_rounds_note()}, but the ratio "
+            f"the geometric mean of the medians of the two orders' rounds; a fresh "
+            f"function's against debug.callback's with a fresh function)",
             *_grid(["method", "per tap", "/ best JAX", "interval"],
                    [[k, _fmt(v), *_vs(rows_in[k], base[k], "rounds_us",
-                                      v / (best_v if "fresh" not in k else dbgf))]
+                                      v / (best_v if "fresh" not in k else dbgf), balanced)]
                     for k, v in per.items()]),
             f"  best JAX: {best}; fresh function each call: hostfeed / debug.callback "
             f"{_x(hff / dbgf)}; over those fresh functions the process's memory (RSS) grew "

@@ -143,6 +143,15 @@ impl Waker {
 /// late, the spins see nothing and stop within a few waits, so busy processes do not take
 /// the CPU from the spinner for scheduler time slices (the spin never yields: it only
 /// polls, with `spin_loop`, for at most its budget).
+///
+/// Only a spin that saw its event restores the budget. A waiter cannot learn from an event
+/// its spin missed: one that came soon after the waiter went to sleep may have come soon
+/// *because* it slept (on a machine with every core busy, sleeping gives the CPU to the
+/// thread that makes the event). Raising the budget from such waits (tried: twice the
+/// wait, when the event came within `max`) took an eager tap + barrier from 44-48 us to
+/// 1.4-2.0 ms with two busy processes on two cores. The cost of the probe alone: after a
+/// long idle, a burst runs without the spin until the next probe (eager taps after the
+/// bench's other methods, at about twice the time a tap takes right after its own).
 pub struct AdaptiveSpin {
     max_ns: u64,
     budget_ns: std::sync::atomic::AtomicU64,
