@@ -75,7 +75,7 @@ import jax
 import numpy as np
 
 from . import _receiver
-from ._src import compat, dtypes, keys, lifecycle, placement, settings
+from ._src import compat, dtypes, lifecycle, placement, settings
 from ._src.errors import CallbackException
 from ._src.eager import outside_call
 from ._src.primitives import (get_ad_taps, get_sync_taps, host_call_p, outside_call_params,
@@ -401,12 +401,12 @@ def _tap(tap_func: Any, arg: Any, result: Any, tap_with_device: bool, device_ind
     sync = _sync_arg(sync, api)
     arg_treedef: Any
     flat_args, arg_treedef = jax.tree_util.tree_flatten(arg)
-    flat_args, arg_keys = keys.unwrap_keys(flat_args, api, "arg")
+    flat_args, arg_keys = dtypes.unwrap_keys(flat_args, api, "arg")
     flat_args = _check_leaves(flat_args, api, "arg")
     result_treedef: Any
     if result is not None:
         flat_results, result_treedef = jax.tree_util.tree_flatten(result)
-        flat_results, result_keys = keys.unwrap_keys(flat_results, api, "result")
+        flat_results, result_keys = dtypes.unwrap_keys(flat_results, api, "result")
         flat_results = _check_leaves(flat_results, api, "result")
     else:
         flat_results, result_treedef = [], None
@@ -416,8 +416,8 @@ def _tap(tap_func: Any, arg: Any, result: Any, tap_with_device: bool, device_ind
                         outside_call_params(spec, len(flat_args), device_index=device_index,
                                             sync=sync))
     if result_treedef is None:
-        return arg_treedef.unflatten(keys.rewrap_keys(outs[:len(flat_args)], arg_keys))
-    return result_treedef.unflatten(keys.rewrap_keys(outs[len(flat_args):], result_keys))
+        return arg_treedef.unflatten(dtypes.rewrap_keys(outs[:len(flat_args)], arg_keys))
+    return result_treedef.unflatten(dtypes.rewrap_keys(outs[len(flat_args):], result_keys))
 
 
 @overload
@@ -469,11 +469,11 @@ def _result_avals(result_shape: Any) -> tuple[Any, tuple, tuple]:
     key_dtypes: list = []
     for i, r in enumerate(flat):
         key_dtypes.append(None)
-        if keys.is_extended(getattr(r, "dtype", None)):
-            if not keys.is_key(r.dtype):
-                raise keys.refuse_extended("hcb.call", f"leaf {i} of `result_shape`", r.dtype)
+        if dtypes.is_extended(getattr(r, "dtype", None)):
+            if not dtypes.is_key(r.dtype):
+                raise dtypes.refuse_extended("hcb.call", f"leaf {i} of `result_shape`", r.dtype)
             key_dtypes[-1] = r.dtype
-            shape, dtype = keys.key_data_shape(tuple(r.shape), r.dtype)
+            shape, dtype = dtypes.key_data_shape(tuple(r.shape), r.dtype)
             dtypes.check_size(shape, dtype, "hcb.call", f"leaf {i} of `result_shape`")
             avals.append(jax.core.ShapedArray(shape, dtype))
             continue
@@ -556,13 +556,13 @@ def call(callback_func: Callable, arg: Any, *, result_shape: Any = None,
     device_index = _device_index_arg(device_index, "call")
     result_treedef, result_avals, result_keys = _result_avals(result_shape)
     flat_args, arg_treedef = jax.tree_util.tree_flatten(arg)
-    flat_args, _ = keys.unwrap_keys(flat_args, "call", "arg")
+    flat_args, _ = dtypes.unwrap_keys(flat_args, "call", "arg")
     flat_args = _check_leaves(flat_args, "call", "arg")
     _check_eager_device_index(device_index, flat_args, "call")
     spec = CallbackSpec(callback_func, arg_treedef, call_with_device, _CALL)
     outs = host_call_p.bind(*flat_args, callback=spec, result_treedef=result_treedef,
                             result_avals=result_avals, device_index=device_index)
-    return result_treedef.unflatten(keys.rewrap_keys(outs, result_keys))
+    return result_treedef.unflatten(dtypes.rewrap_keys(outs, result_keys))
 
 
 def barrier_wait(logging_name: Optional[str] = None, *, timeout: Optional[float] = None) -> None:

@@ -78,3 +78,27 @@ def test_a_record_goes_down_from_the_recorder_and_never_back(tmp_path):
     # Lowering reads the spec's catalogue; the host function (the target) is never called.
     lowering = calls[calls.index("_src/lowering.py"):]
     assert "_src/record/catalogue.py" in lowering and "_src/record/target.py" not in lowering
+
+
+#: The Python files a plain tap's trace, lowering and dispatch pass through (a receiver
+#: already running), as ARCHITECTURE.md draws them: a file added to the road must be drawn
+#: there too.
+PLAIN_TAP_ROAD = {
+    "host_callback.py", "_src/settings.py", "_src/dtypes.py", "_src/spec.py",
+    "_src/primitives.py", "_src/eager.py", "_src/compat/__init__.py",
+    "_src/fast_dispatch.py", "_src/rules.py", "_src/lowering.py",
+    "_src/transports/__init__.py", "_src/transports/native.py", "_src/placement.py",
+    "_src/consumers.py", "_src/runtime.py", "_src/lifecycle.py",
+    "_src/compat/transfers.py"}
+
+
+def test_a_plain_taps_python_road_is_the_drawn_one():
+    # The receiver runs already: its start (the dispatcher's delivery) is not the road.
+    jax.jit(lambda x: hcb.id_tap(lambda a, t: None, x, sync=False))(jnp.ones(2))
+    hcb.barrier_wait()
+    f = jax.jit(lambda x: hcb.id_tap(lambda a, t: None, x * 3, sync=False))
+    road = set(_profiled(f, jnp.ones(5)))
+    hcb.barrier_wait()
+    assert road == PLAIN_TAP_ROAD, (sorted(road - PLAIN_TAP_ROAD),
+                                    sorted(PLAIN_TAP_ROAD - road))
+    assert "_src/transports/common.py" not in road  # the JAX-callback transports' own

@@ -192,7 +192,7 @@ impl ConsumerTable {
 /// Runs a plain `call` message (it has a reply slot) of `consumer`: with its
 /// [`DirectCall`] when it has one, else with its `invoke`. The results are sent to the
 /// reply, or the failure goes to `call_failed` (the `DispatcherState`'s). Used by
-/// `batch::run_plain` on the consumer thread and by a call run on its device's thread.
+/// `host::consumer::run_plain` on the consumer thread and by a call run on its device's thread.
 pub(crate) fn run_call(
     py: Python<'_>,
     dtypes: &Dtypes,

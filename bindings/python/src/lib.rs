@@ -9,12 +9,12 @@
 //! `hostfeed._receiver.host.start`, `hostfeed._receiver.record.Recorder`, ...; the top
 //! module holds only the submodules, each also in `sys.modules` so that
 //! `import hostfeed._receiver.host` works. The modules in layer order, ground floor first:
-//! `error`, `interrupts`, `messages`, `consumers`, `batch`, `host`, then `portable`,
+//! `error`, `interrupts`, `messages`, `consumers`, `host` (whose consumer also makes the
+//! `batch` submodule: the state the receiver shares with the dispatcher), then `portable`,
 //! `record`, `storage` and `gpu` (each imports only modules before it). `glibc` stands apart: a C
 //! library function the wheel's glibc floor lacks. The stubs are
 //! `python/hostfeed/_receiver/*.pyi`, one a submodule, checked by `mypy.stubtest`.
 
-mod batch;
 mod consumers;
 mod error;
 mod glibc;
@@ -36,8 +36,8 @@ fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     submodule(m, "error", error::register)?;
     submodule(m, "messages", messages::register)?;
     submodule(m, "consumers", consumers::register)?;
-    submodule(m, "batch", batch::register)?;
     submodule(m, "host", host::register)?;
+    submodule(m, "batch", host::register_state)?;
     submodule(m, "portable", portable::register)?;
     submodule(m, "record", record::register)?;
     submodule(m, "storage", storage::register)?;

@@ -1,8 +1,8 @@
-"""``hostfeed._receiver.batch``: what the receiver and the Python dispatcher share
-(``batch.rs``): ``Holds``, the devices the dispatcher holds and the messages an abandoned
-consumer left; ``DispatcherState``, what the receiver holds of the dispatcher. The
-receiver runs each batch's plain taps and calls itself while nothing is held, and hands
-every other message to ``DispatcherState.dispatch``.
+"""``hostfeed._receiver.batch``: what the receiver and the Python dispatcher share (the
+binding's ``host/consumer.rs``): ``Holds``, the devices the dispatcher holds and the
+messages an abandoned consumer left; ``DispatcherState``, what the receiver holds of the
+dispatcher. The receiver runs each batch's plain taps and calls itself while nothing is
+held, and hands every other message to ``DispatcherState.dispatch``.
 """
 from typing import Any, final
 from collections.abc import Callable, Iterator

@@ -13,9 +13,10 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple};
 
-use super::consumer::{report_notes, take_dispatch_error, PyConsumer, BARRIER_DETACHED, EAGER_PUSHED};
+use super::consumer::{
+    report_notes, take_dispatch_error, DispatcherState, PyConsumer, BARRIER_DETACHED, EAGER_PUSHED,
+};
 use super::passthrough::{duration, set_max_queue_bytes};
-use crate::batch::DispatcherState;
 use crate::error::{IntoPy, ReceiverError};
 use crate::messages::{Dtypes, EagerTap};
 use hostfeed_core::lock;

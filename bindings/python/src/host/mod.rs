@@ -1,8 +1,10 @@
 //! The Python binding of the receiver: the `#[pyfunction]`s of `hostfeed._receiver` and the
 //! consumer that runs the Python dispatcher, one concern a file:
 //!
-//! - `consumer`: the consumer thread's Python side ([`consumer::PyConsumer`]), what the
-//!   dispatcher raised, the core's notes;
+//! - `consumer`: the consumer thread's Python side ([`consumer::PyConsumer`]), a batch's
+//!   plain taps and calls run without the dispatcher (`run_plain`), the state the receiver
+//!   shares with the Python dispatcher (`DispatcherState`, `Holds`: the `batch`
+//!   submodule), what the dispatcher raised, the core's notes;
 //! - `lifecycle`: start, stop, finalize and the exit watchdog, barriers, eager and control
 //!   messages;
 //! - `passthrough`: settings and counters, thin calls into the core; shared conversions;
@@ -24,7 +26,7 @@ mod passthrough;
 
 use pyo3::prelude::*;
 
-pub(crate) use self::consumer::EAGER_PUSHED;
+pub(crate) use self::consumer::{register_state, EAGER_PUSHED};
 pub(crate) use self::ffi_targets::handler_capsules;
 pub(crate) use self::lifecycle::trace_me;
 pub(crate) use self::passthrough::{dict_of, duration};

@@ -15,6 +15,8 @@
 //! returns) is abandoned: the message it is stuck in is written off, the messages it had not
 //! reached go back to the queue, the `call`s waiting on it fail, and a fresh consumer takes
 //! over when needed. `finalize` (interpreter exit) drains, stops and closes for good.
+//! Stopping lives in `hub/stopping.rs`, off the road of a tap; the consumer thread's side
+//! (its [`Worker`], the [`Batch`] it processes) is here, beside the pushes.
 //!
 //! No Python here.
 
@@ -26,14 +28,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
+use crate::host::cpu_share;
 use crate::host::histogram::Timing;
 use crate::host::message::{Message, FLAG_SYNC_TAP};
 use crate::host::queue::{Nap, PushError, Queue, Reclaimed};
 use crate::host::reply::ReplySlot;
 use crate::host::sync::{lock, spin_until, AdaptiveSpin, Waker};
 
-mod batch;
-pub use batch::{Batch, Worker};
+mod stopping;
 
 /// Default byte bound: `256e6`, the default of JAX's former `host_callback` module, which
 /// hostfeed replaces.
@@ -603,121 +605,95 @@ impl Hub {
         }
         Ok(abandoned)
     }
+}
 
-    /// Abandons the running consumer: it is stuck (made no progress for `stalled_for`).
-    fn abandon(&self, control: &mut Control, stalled_for: Duration) -> Abandoned {
-        self.generation.fetch_add(1, Ordering::AcqRel);
-        control.thread = None; // detached: it exits if its callback ever returns
-        let reclaimed = self.queue.reclaim_batch();
-        self.queue.consumer_exited();
-        let name = self.busy_with().map_or_else(|| "?".to_string(), |(id, _)| self.name(id));
-        self.mark_idle();
-        let failed_calls = self.cancel_calls(&format!(
-            "hostfeed: the host callback {name} made no progress for {:.1} s \
-             (HOSTFEED_STOP_TIMEOUT) while the receiver was stopping; this call was failed \
-             instead of waiting forever",
-            stalled_for.as_secs_f64()
-        ));
-        let abandoned = Abandoned { stalled_for, failed_calls, reclaimed };
-        self.note(format!(
-            "the host callback {name} made no progress for {:.1} s; its receiver thread was \
-             abandoned ({} message(s) written off, {} handed to a new thread, {failed_calls} \
-             waiting call(s) failed)",
-            stalled_for.as_secs_f64(),
-            reclaimed.written_off,
-            reclaimed.requeued
-        ));
-        abandoned
+// ---- The consumer thread's side: its access to the hub, and the batch it processes ----
+
+/// The consumer thread's access to the hub.
+pub struct Worker {
+    hub: &'static Hub,
+    generation: u64,
+}
+
+impl Worker {
+    /// Waits for the next batch; `None` when the consumer must exit (stopped, closed, or
+    /// abandoned in favour of a newer consumer).
+    #[must_use]
+    pub(crate) fn next_batch(&self) -> Option<Batch> {
+        let r = self.hub;
+        if r.generation.load(Ordering::Acquire) != self.generation {
+            return None;
+        }
+        if r.inline.load(Ordering::Acquire) == 0 {
+            r.mark_idle();
+        }
+        let epoch = r.queue.begin_batch(MAX_BATCH)?;
+        r.enter_batch(self.generation);
+        cpu_share::note_consumer_cpu();
+        Some(Batch { hub: r, epoch, generation: self.generation })
+    }
+}
+
+/// A batch of messages being processed. Messages are taken one at a time so that a
+/// consumer stuck in one of them can be relieved of the rest ([`Queue::reclaim_batch`](crate::host::queue::Queue::reclaim_batch)).
+/// Ending (or dropping) the batch completes what was taken.
+pub struct Batch {
+    hub: &'static Hub,
+    epoch: u64,
+    /// The consumer generation that took it (an abandoned consumer's batch may end later).
+    generation: u64,
+}
+
+impl Batch {
+    /// The next message, or `None` when the batch is exhausted (or was reclaimed).
+    #[must_use]
+    pub fn take(&self) -> Option<Message> {
+        self.take_if(|_| true)
     }
 
-    /// Lets the consumer drain the queue, then stops and joins it. If it makes no progress
-    /// for `stall` (`None`: wait forever), it is abandoned (see the module documentation).
-    ///
-    /// # Errors
-    /// [`Error::InsideCallback`] when called from a host callback.
-    pub fn stop(&'static self, stall: Option<Duration>) -> Result<StopOutcome, Error> {
-        if in_consumer_thread() {
-            return Err(Error::InsideCallback("stop_outfeed_receiver"));
-        }
-        // Hold the control lock through the join so that a handler that needs a consumer
-        // waits for this stop to finish and then starts a fresh one.
-        let mut control = lock(&self.control);
-        let Some(handle) = control.thread.take() else { return Ok(StopOutcome::NotRunning) };
-        self.stopping.store(true, Ordering::SeqCst);
-        let outcome = self.join_stopping(&mut control, handle, stall);
-        self.stopping.store(false, Ordering::SeqCst);
-        // Messages pushed while `stopping` was set did not start a consumer (see `push`).
-        if control.thread.is_none() && self.queue.processed() < self.queue.enqueued() {
-            self.start_locked(&mut control)?;
-        }
-        Ok(outcome)
+    /// The next message if `accept` accepts it (it runs under the batch's lock: it must
+    /// only look at the message); `None` when the batch is exhausted or `accept` refused.
+    #[must_use]
+    pub fn take_if(&self, accept: impl FnOnce(&Message) -> bool) -> Option<Message> {
+        let m = self.hub.queue.take_if(self.epoch, accept)?;
+        let now = self.hub.timing.raw_now();
+        self.hub.timing.record_handover_at(m.queued_at, now);
+        self.hub.mark_busy(m.consumer_id, now);
+        Some(m)
     }
 
-    fn join_stopping(&'static self, control: &mut Control, handle: JoinHandle<()>, stall: Option<Duration>) -> StopOutcome {
-        self.queue.request_stop();
-        let mut seen = (self.queue.progress(), Instant::now());
-        while !handle.is_finished() {
-            let progress = self.queue.progress();
-            if progress != seen.0 {
-                seen = (progress, Instant::now());
-            } else if stall.is_some_and(|s| seen.1.elapsed() >= s) {
-                control.thread = Some(handle);
-                return StopOutcome::Abandoned(self.abandon(control, seen.1.elapsed()));
-            }
-            self.queue.wait_progress(progress, Duration::from_millis(20));
-        }
-        if handle.join().is_err() {
-            self.note("the consumer thread panicked".into());
-        }
-        StopOutcome::Joined
+    /// The next message if `accept` accepts it, with its bytes still charged after the
+    /// batch ends (see [`Queue::take_retained`](crate::host::queue::Queue::take_retained)): the caller owes `release` of the returned
+    /// byte count (the recorder keeps rows until they are written).
+    #[must_use]
+    pub(crate) fn take_retained(&self, accept: impl FnOnce(&Message) -> bool) -> Option<(Message, usize)> {
+        let (m, bytes) = self.hub.queue.take_retained(self.epoch, accept)?;
+        self.hub.mark_busy(m.consumer_id, self.hub.timing.raw_now());
+        Some((m, bytes))
     }
 
-    /// In a child process created by `fork`: the consumer thread (and every other thread)
-    /// exists only in the parent, so the child starts with a fresh, stopped receiver: the
-    /// parent's thread is forgotten (never joined: it is not there), queued messages and
-    /// waiting calls are written off. The next message starts a consumer as usual.
-    pub fn after_fork_in_child(&self) {
-        if let Some(mut control) = crate::host::sync::try_lock(&self.control) {
-            std::mem::forget(control.thread.take());
-        }
-        if let Some(mut calls) = crate::host::sync::try_lock(&self.calls) {
-            std::mem::forget(std::mem::take(&mut *calls));
-        }
-        self.queue.reset_after_fork();
-        self.mark_idle();
-        // (An inline run of the parent's: its thread is not here.)
-        self.inline.store(0, Ordering::SeqCst);
+    /// Messages not taken yet.
+    #[must_use]
+    pub fn remaining(&self) -> usize {
+        self.hub.queue.remaining(self.epoch)
     }
+}
 
-    /// Processes what is queued (restarting the consumer once after abandoning a stuck
-    /// one), then stops the receiver for good: later messages are refused, waiting calls
-    /// fail. Returns the messages that could not be processed (dropped).
-    ///
-    /// # Errors
-    /// As [`Hub::stop`].
-    pub fn finalize(&'static self, stall: Option<Duration>) -> Result<usize, Error> {
-        let mut abandons = 0;
-        loop {
-            let outcome = self.stop(stall)?;
-            let pending = self.queue.processed() < self.queue.enqueued();
-            if matches!(outcome, StopOutcome::Abandoned(_)) {
-                abandons += 1;
-            }
-            if !pending || abandons >= 2 {
-                break;
-            }
-            self.start()?;
+impl Drop for Batch {
+    fn drop(&mut self) {
+        // Before the batch counts as processed: whoever sees it processed (a barrier, a
+        // call that would run on its device's thread) sees the consumer busy with none of
+        // its messages and holding no batch. (Not the batch of an abandoned consumer whose
+        // callback returned at last: a newer consumer may be busy.)
+        if self.hub.generation.load(Ordering::Acquire) == self.generation {
+            self.hub.mark_idle();
+            self.hub.in_batch.store(false, Ordering::SeqCst);
         }
-        let mut control = lock(&self.control);
-        self.finalized.store(true, Ordering::Release);
-        self.cancel_calls("hostfeed: the receiver shut down (interpreter exit)");
-        let leftovers = self.queue.close();
-        control.consumer = None;
-        drop(control);
-        if !leftovers.is_empty() {
-            self.note(format!("{} message(s) were still queued at exit and were dropped", leftovers.len()));
+        // Messages not taken (the dispatcher failed) are dropped and counted.
+        let dropped = self.hub.queue.end_batch(self.epoch);
+        if dropped > 0 {
+            self.hub.note(format!("{dropped} message(s) were dropped after the dispatcher failed"));
         }
-        Ok(leftovers.len())
     }
 }
 

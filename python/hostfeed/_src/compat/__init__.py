@@ -234,7 +234,7 @@ batch_jaxpr = _batching.batch_jaxpr
 batch_jaxpr_axes = _batching.batch_jaxpr_axes
 
 
-# ---- Typed PRNG keys (keys.py) -----------------------------------------------------------
+# ---- Typed PRNG keys (dtypes.py) ---------------------------------------------------------
 _WRAP_KEY_DATA_TAKES_DTYPE = since("wrap_key_data_takes_dtype")
 _wrap_key_data: Any = jax.random.wrap_key_data  # typed for one signature only
 
@@ -321,6 +321,12 @@ def canonical_platform(platform: str) -> str:
         return _xla_bridge.canonicalize_platform(platform)
     except RuntimeError:
         return platform
+
+
+def lowering_platforms(ctx: Any) -> Sequence[str]:
+    """The platforms the rule context ``ctx`` lowers for (a branch of
+    ``mlir.lower_per_platform`` sees its own; else the module's)."""
+    return ctx.platforms or ctx.module_context.platforms
 
 
 # ---- The portable transport (portable.py): JAX's own host-callback lowering -------------

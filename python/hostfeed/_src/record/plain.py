@@ -15,7 +15,7 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from .. import compat, keys
+from .. import compat, dtypes
 from ..primitives import outside_call_p, outside_call_params
 from ..spec import RecordSpec
 from . import inputs, watch as _watch
@@ -57,7 +57,7 @@ class PlainRecord:
         if treedef.num_leaves != 1 or treedef.num_nodes != 1:
             raise TypeError(f"hostfeed: Recorder.record({name!r}) records one array, got "
                             f"{inputs.describe_pytree(value, treedef.num_leaves, name)}")
-        leaves, value_keys = keys.unwrap_keys(leaves, "Recorder.record", "value")
+        leaves, value_keys = dtypes.unwrap_keys(leaves, "Recorder.record", "value")
         operands = [inputs.as_value(leaves[0], name)]
         catalogue.check_name(name, np.ndim(operands[0]))
         if not compat.is_tracer(operands[0]):
@@ -77,7 +77,7 @@ class PlainRecord:
         result_treedef: Any = None
         if result is not None:
             flat_results, result_treedef = jax.tree_util.tree_flatten(result)
-            flat_results, result_keys = keys.unwrap_keys(flat_results, "Recorder.record",
+            flat_results, result_keys = dtypes.unwrap_keys(flat_results, "Recorder.record",
                                                          "result")
             flat_results = [r if compat.is_tracer(r) or isinstance(r, jax.Array)
                             else jax.numpy.asarray(r) for r in flat_results]
@@ -88,8 +88,8 @@ class PlainRecord:
             _watch.watched(watching, outs[0], None if step is None else outs[1])
         if result_treedef is not None:
             return result_treedef.unflatten(
-                keys.rewrap_keys(outs[len(operands):], result_keys))
-        return treedef.unflatten(keys.rewrap_keys(outs[:1], value_keys))
+                dtypes.rewrap_keys(outs[len(operands):], result_keys))
+        return treedef.unflatten(dtypes.rewrap_keys(outs[:1], value_keys))
 
     def _target(self, name: str, with_step: bool) -> Target:
         kind = KIND_WITH_STEP if with_step else KIND

@@ -43,7 +43,7 @@ import jax
 import numpy as np
 
 from .. import compat, settings
-from . import common, native, portable, tpu
+from . import native, portable, tpu
 from .base import Transport
 
 #: Platforms listed by :func:`transports` besides those of this process's backends.
@@ -134,7 +134,7 @@ def transports() -> dict[str, str]:
 
 def platforms(ctx: Any) -> Sequence[str]:
     """The platforms the rule context ``ctx`` lowers for."""
-    return common.platforms(ctx)
+    return compat.lowering_platforms(ctx)
 
 
 def row(platform: str) -> Transport:

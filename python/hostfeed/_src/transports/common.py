@@ -23,11 +23,6 @@ from ..primitives import host_callback_effect
 _U32 = jax.core.ShapedArray((), np.uint32)
 
 
-def platforms(ctx: Any) -> Sequence[str]:
-    """The platforms the rule context ``ctx`` lowers for."""
-    return ctx.platforms or ctx.module_context.platforms
-
-
 # ---- the executing device ---------------------------------------------------------------
 
 
@@ -63,7 +58,7 @@ def device_keys(ctx: Any) -> tuple[int, ...]:
     if not devices:
         devices = compat.mesh_devices(getattr(ac, "mesh", None))
     if not devices:
-        platform = platforms(ctx)[0]
+        platform = compat.lowering_platforms(ctx)[0]
         try:
             devices = tuple(jax.devices(platform))
         except RuntimeError:
@@ -146,7 +141,7 @@ def sharding(ctx: Any, avals_out: Sequence[Any]) -> Any:
 
 def check_platform(ctx: Any) -> None:
     """Refuses clearly where JAX has no host callbacks for a platform lowered for."""
-    bad = [p for p in platforms(ctx) if p not in compat.PYTHON_CALLBACK_PLATFORMS]
+    bad = [p for p in compat.lowering_platforms(ctx) if p not in compat.PYTHON_CALLBACK_PLATFORMS]
     if bad:
         raise ValueError(
             f"hostfeed: JAX has no host callbacks for platform {', '.join(bad)} (JAX's own "

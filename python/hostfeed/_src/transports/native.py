@@ -181,7 +181,7 @@ def prepare(ctx: Any, rule_platform: Optional[str]) -> None:
     """Before the rule registered for ``rule_platform`` (None: the rule of every platform
     without native handlers) lowers: refuses clearly where the handlers cannot serve."""
     if rule_platform is None:  # only a forced native transport gets here
-        platforms = ", ".join(ctx.platforms or ctx.module_context.platforms)
+        platforms = ", ".join(compat.lowering_platforms(ctx))
         raise NotImplementedError(
             f"hostfeed's native host callbacks run on {TITLES} only; this computation "
             f"targets {platforms} and HOSTFEED_TRANSPORT=native forbids the portable "

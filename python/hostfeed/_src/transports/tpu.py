@@ -43,7 +43,7 @@ from .. import compat
 from ..primitives import host_callback_effect
 from .base import Transport
 from .common import (call_host_function, check, check_platform, codes, device_keys, failure,
-                     key, note_devices, platforms)
+                     key, note_devices)
 from .common import sharding as _sharding
 
 #: Platforms whose computations this transport lowers for (the others take JAX's own
@@ -405,7 +405,7 @@ def prepare(ctx: Any, rule_platform: Optional[str]) -> None:
     transport's); refuses clearly where a platform lowered for is not a TPU (only a forced
     ``HOSTFEED_TRANSPORT=tpu`` gets there)."""
     del rule_platform
-    other = [p for p in platforms(ctx) if p not in PLATFORMS]
+    other = [p for p in compat.lowering_platforms(ctx) if p not in PLATFORMS]
     if other:
         raise NotImplementedError(
             f"hostfeed's TPU transport (its host transfers) runs on TPUs only; this "
