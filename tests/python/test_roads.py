@@ -10,6 +10,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 import hostfeed
 from hostfeed import host_callback as hcb
@@ -92,6 +93,7 @@ PLAIN_TAP_ROAD = {
     "_src/compat/transfers.py"}
 
 
+@pytest.mark.native_transport("the road drawn is the native transport's")
 def test_a_plain_taps_python_road_is_the_drawn_one():
     # The receiver runs already: its start (the dispatcher's delivery) is not the road.
     jax.jit(lambda x: hcb.id_tap(lambda a, t: None, x, sync=False))(jnp.ones(2))
