@@ -75,13 +75,12 @@ import jax
 import numpy as np
 
 from . import _receiver
-from ._src import compat, dtypes, lifecycle, placement, settings
+from ._src import compat, dtypes, eager, lifecycle, placement, settings
 from ._src.errors import CallbackException
-from ._src.eager import outside_call
-from ._src.primitives import (get_ad_taps, get_sync_taps, host_call_p, outside_call_params,
-                              set_ad_taps as _set_ad_taps, sync_taps_state, tap_sync_param)
+from ._src.primitives import (CallbackKind, CallbackSpec, get_ad_taps, get_sync_taps, host_call_p,
+                              outside_call_p, outside_call_params, set_ad_taps as _set_ad_taps,
+                              sync_taps_state, tap_sync_param)
 from ._src.printing import Printer
-from ._src.spec import CallbackKind, CallbackSpec
 
 __all__ = [
     "id_tap", "id_print", "call", "barrier_wait", "stop_outfeed_receiver",
@@ -385,6 +384,14 @@ def _sync_arg(sync: Any, api: str) -> bool | None:
     return bool(sync)
 
 
+def _outside_call(args: list, params: dict) -> list:
+    """Binds ``outside_call_p``; outside any trace its evaluation rule runs directly
+    (:func:`hostfeed._src.eager.outside_call`), and a traced tap never enters eager.py."""
+    if compat.eval_trace_active() and not any([compat.is_tracer(a) for a in args]):  # noqa: C419
+        return eager.outside_call(args, params)
+    return outside_call_p.bind(*args, **params)
+
+
 def _check_eager_device_index(device_index: int, leaves: list, api: str) -> None:
     """Eagerly (no leaf is traced), ``device_index`` names one of the devices that hold
     the operands, as under ``jit`` it names one of the computation's devices."""
@@ -412,7 +419,7 @@ def _tap(tap_func: Any, arg: Any, result: Any, tap_with_device: bool, device_ind
         flat_results, result_treedef = [], None
     _check_eager_device_index(device_index, [*flat_args, *flat_results], api)
     spec = CallbackSpec(tap_func, arg_treedef, tap_with_device, _TAP)
-    outs = outside_call([*flat_args, *flat_results],
+    outs = _outside_call([*flat_args, *flat_results],
                         outside_call_params(spec, len(flat_args), device_index=device_index,
                                             sync=sync))
     if result_treedef is None:

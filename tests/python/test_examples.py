@@ -24,7 +24,7 @@ MODULES = ["hostfeed", "hostfeed.host_callback", "hostfeed.lowering", "hostfeed.
            *(f"hostfeed._src.{m}" for m in (
                "compat", "compat.versions", "settings", "dtypes", "devices", "errors",
                "consumers", "dispatcher",
-               "lifecycle", "printing", "spec", "primitives", "eager", "runtime",
+               "lifecycle", "printing", "primitives", "eager", "runtime",
                "placement", "fast_dispatch", "measuring", "record.recorder", "record.lowering",
                "record.late",
                "record.cotangents", "record.inputs", "record.options",

@@ -14,7 +14,7 @@ from hostfeed._src import consumers, dispatcher, errors, lifecycle, stall_watch
 from hostfeed._src.placement import rounds_for
 from hostfeed._src.consumers import ConsumerKind
 from hostfeed._src.runtime import make_joined_call, make_joined_tap
-from hostfeed._src.spec import CallbackKind, CallbackSpec, ShardParts
+from hostfeed._src.primitives import CallbackKind, CallbackSpec, ShardParts
 
 
 def part(group, index, *shards):

@@ -9,7 +9,8 @@
 //! `hostfeed._receiver.host.start`, `hostfeed._receiver.record.Recorder`, ...; the top
 //! module holds only the submodules, each also in `sys.modules` so that
 //! `import hostfeed._receiver.host` works. The modules in layer order, ground floor first:
-//! `error`, `interrupts`, `messages`, `consumers`, `host` (whose consumer also makes the
+//! `error`, `interrupts`, `consumers` (which also makes the `messages` submodule: what a
+//! consumer is handed), `host` (whose consumer also makes the
 //! `batch` submodule: the state the receiver shares with the dispatcher), then `portable`,
 //! `record`, `storage` and `gpu` (each imports only modules before it). `glibc` stands apart: a C
 //! library function the wheel's glibc floor lacks. The stubs are
@@ -21,7 +22,6 @@ mod glibc;
 mod gpu;
 mod host;
 mod interrupts;
-mod messages;
 mod portable;
 mod record;
 mod storage;
@@ -34,7 +34,7 @@ const MODULE: &str = "hostfeed._receiver";
 #[pymodule]
 fn _receiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     submodule(m, "error", error::register)?;
-    submodule(m, "messages", messages::register)?;
+    submodule(m, "messages", consumers::register_messages)?;
     submodule(m, "consumers", consumers::register)?;
     submodule(m, "host", host::register)?;
     submodule(m, "batch", host::register_state)?;

@@ -58,7 +58,7 @@ cfg_not_loom! {
         DEFAULT_MAX_QUEUE_BYTES, DEFAULT_STOP_TIMEOUT,
     };
     pub use host::call::set_inline_calls;
-    pub use host::cpu_share::{
+    pub use host::buffer::{
         set_step_bytes as set_cpu_share_step_bytes, set_stream_bytes as set_cpu_share_stream_bytes,
         STEP_BYTES as CPU_SHARE_STEP_BYTES, STREAM_BYTES as CPU_SHARE_STREAM_BYTES,
     };

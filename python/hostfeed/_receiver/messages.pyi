@@ -1,6 +1,6 @@
-"""``hostfeed._receiver.messages``: a message as the dispatcher reads it, its arrays' owner and
-a call's ``Reply`` (``messages.rs``); the ``FLAG_*`` bits a message carries and the portable
-transport's device keys.
+"""``hostfeed._receiver.messages``: a message as the dispatcher reads it, its arrays' owner
+and a call's ``Reply`` (the binding's ``consumers.rs``); the ``FLAG_*`` bits a message
+carries and the portable transport's device keys.
 """
 from typing import Any, Final, final
 

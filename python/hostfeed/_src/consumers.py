@@ -1,6 +1,9 @@
 """The consumer registry: which Python callable a custom call's ``consumer_id`` names,
 kept alive by leases that the lowered modules hold, with ids that are the same in every
-process (so that compiled code can come from JAX's persistent compilation cache)."""
+process (so that compiled code can come from JAX's persistent compilation cache); and a
+plain tap's callable, its invoker (:func:`make_tap_invoker`, which the receiver calls with
+each message's arrays). A call's invokers and the joins of global-view callbacks are
+:mod:`hostfeed._src.runtime`'s."""
 from __future__ import annotations
 
 import collections
@@ -10,10 +13,14 @@ import re
 import threading
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from .. import _receiver
+from .devices import device_for_ordinal
+from .primitives import CallbackSpec, unpack_transforms
 
 
 #: A registered consumer (``_receiver.consumers.Consumer``): ``Consumer(invoke, name, kind,
@@ -25,6 +32,23 @@ from .. import _receiver
 #: by shard). The receiver reads these fields itself.
 Consumer = _receiver.consumers.Consumer
 ConsumerKind = _receiver.consumers.ConsumerKind
+
+
+def make_tap_invoker(spec: CallbackSpec, transforms: tuple) -> Callable[..., None]:
+    """``invoke(arrays, device_ordinal)``: calls the tap function with ``arg`` rebuilt
+    from ``arrays`` and the legacy ``transforms`` (and the device, if asked for)."""
+    func = spec.func
+    treedef = spec.arg_treedef
+    unpacked = unpack_transforms(transforms)
+    single = treedef.num_leaves == 1 and treedef.num_nodes == 1
+    if spec.with_device:
+        def invoke(arrays: Sequence[np.ndarray], ordinal: int) -> None:
+            arg = arrays[0] if single else treedef.unflatten(arrays)
+            func(arg, unpacked, device=device_for_ordinal(ordinal))
+    else:
+        def invoke(arrays: Sequence[np.ndarray], ordinal: int) -> None:
+            func(arrays[0] if single else treedef.unflatten(arrays), unpacked)
+    return invoke
 
 
 class Lease:

@@ -16,10 +16,9 @@ import numpy as np
 
 from .. import _receiver
 from . import compat, lifecycle, settings
-from .primitives import (HostCallbackEffect, host_call_p, host_callback_effect, legacy_sync,
-                         outside_call_p, tap_sync_param)
+from .primitives import (CallbackSpec, HostCallbackEffect, host_call_p, host_callback_effect,
+                         legacy_sync, outside_call_p, tap_sync_param, unpack_transforms)
 from .runtime import check_call_results
-from .spec import CallbackSpec, unpack_transforms
 
 __all__ = ["outside_call"]
 
@@ -134,25 +133,22 @@ def _tap_eager(callback: CallbackSpec, transforms: tuple, args: Sequence[Any],
 
 
 def outside_call(args: Sequence[Any], params: dict) -> list:
-    """``outside_call_p.bind(*args, **params)``, with a shortcut for eager use: outside
-    any trace the evaluation rule runs directly (what JAX's ``EvalTrace`` does, without
-    ``bind``'s per-call machinery, a third of an eager tap's cost).
+    """What ``outside_call_p.bind(*args, **params)`` does outside any trace, without
+    ``bind``'s per-call machinery (a third of an eager tap's cost): the evaluation rule, run
+    directly. The caller (``host_callback``) checks that no trace is active, so a traced
+    tap never comes here.
 
     Example:
         >>> import jax.numpy as jnp
         >>> from hostfeed import host_callback as hcb
-        >>> from hostfeed._src.primitives import outside_call_params
-        >>> from hostfeed._src.spec import CallbackKind
+        >>> from hostfeed._src.primitives import CallbackKind, outside_call_params
         >>> spec = CallbackSpec(lambda a, tr: None, jax.tree_util.tree_structure(0), False,
         ...                     CallbackKind.TAP)
         >>> [int(v) for v in outside_call([jnp.int32(3)], outside_call_params(spec, 1))]
         [3]
         >>> hcb.barrier_wait()
     """
-    # (A list, not a generator: faster for the few operands of a tap.)
-    if compat.eval_trace_active() and not any([compat.is_tracer(a) for a in args]):  # noqa: C419
-        return _outside_call_impl(*[compat.canonicalize_value(a) for a in args], **params)
-    return outside_call_p.bind(*args, **params)
+    return _outside_call_impl(*[compat.canonicalize_value(a) for a in args], **params)
 
 
 def _host_call_impl(*args: Any, callback: Any, result_treedef: Any, result_avals: Any,

@@ -21,12 +21,11 @@ from . import compat, consumers, lifecycle, settings, transports
 from .record import lowering as record_lowering
 from .placement import (Where, check_device_index, lower_global_call, lower_global_tap,
                         lower_per_device_call, where)
-from .primitives import (call_check_p, failure_message_p, host_call_p, host_callback_effect,
-                         legacy_sync, outside_call_p)
+from .primitives import (CallbackSpec, RecordSpec, ShardParts, call_check_p, failure_message_p,
+                         host_call_p, host_callback_effect, legacy_sync, outside_call_p)
 from .consumers import ConsumerKind
-from .runtime import (make_call_invoker, make_direct_call, make_joined_call, make_joined_tap,
-                      make_tap_invoker)
-from .spec import CallbackSpec, RecordSpec, ShardParts
+from .consumers import make_tap_invoker
+from .runtime import make_call_invoker, make_direct_call, make_joined_call, make_joined_tap
 
 def _runs_here(ac: Any, device_index: int) -> bool:
     """Whether device ``device_index`` of a global-view computation is this process's

@@ -63,9 +63,8 @@ from jax import lax
 from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
 
 from . import compat
-from .primitives import (FAILURE_MESSAGE_BYTES, call_check_p, failure_message_p,
+from .primitives import (FAILURE_MESSAGE_BYTES, ShardParts, call_check_p, failure_message_p,
                          host_call_p, outside_call_p)
-from .spec import ShardParts
 
 
 _AXIS = "_hostfeed_devices"

@@ -12,9 +12,8 @@ from jax.extend.core.primitives import cond_p, while_p
 from jax.interpreters import ad, batching, mlir
 
 from . import compat
-from .primitives import (HostCallbackEffect, get_ad_taps, host_call_p, outside_call_p,
-                         recorded_before_p)
-from .spec import CallbackKind, CallbackSpec, is_record
+from .primitives import (CallbackKind, CallbackSpec, HostCallbackEffect, get_ad_taps, host_call_p,
+                         is_record, outside_call_p, recorded_before_p)
 
 # ----------------------------------------------------------------------------------------
 # host_call_p (`hcb.call`)
@@ -217,21 +216,6 @@ ad.primitive_transposes[recorded_before_p] = lambda cts, *args: list(cts)
 batching.primitive_batchers[recorded_before_p] = (
     lambda args, dims: (recorded_before_p.bind(*args), list(dims)))
 mlir.register_lowering(recorded_before_p, lambda ctx, *operands: list(operands))
-
-
-def _outside_call_dce(used_outs: list[bool], eqn: Any) -> tuple[list[bool], Any]:
-    # Never drop a tap. Only the pass-through operands of `result=` whose outputs are unused
-    # can go; tapped operands are always kept.
-    n = eqn.params["nr_tapped_args"]
-    keep = [True] * n + list(used_outs[n:])
-    if all(keep):
-        return keep, eqn
-    new_eqn = eqn.replace(invars=[v for v, k in zip(eqn.invars, keep) if k],
-                          outvars=[v for v, k in zip(eqn.outvars, keep) if k])
-    return keep, new_eqn
-
-
-compat.register_dce_rule(outside_call_p, _outside_call_dce)
 
 
 def _outside_call_transpose(cts: Sequence[Any], *args: Any, **params: Any) -> list[Any]:

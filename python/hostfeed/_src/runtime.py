@@ -19,24 +19,7 @@ from .devices import device_for_ordinal
 from .dispatcher import run_sync_tap
 from .dtypes import SUPPORTED_DTYPES, byte_order_problem
 from .errors import record_exception, user_frame
-from .spec import CallbackSpec, ShardParts, unpack_transforms
-
-
-def make_tap_invoker(spec: CallbackSpec, transforms: tuple) -> Callable[..., None]:
-    """``invoke(arrays, device_ordinal)``: calls the tap function with ``arg`` rebuilt
-    from ``arrays`` and the legacy ``transforms`` (and the device, if asked for)."""
-    func = spec.func
-    treedef = spec.arg_treedef
-    unpacked = unpack_transforms(transforms)
-    single = treedef.num_leaves == 1 and treedef.num_nodes == 1
-    if spec.with_device:
-        def invoke(arrays: Sequence[np.ndarray], ordinal: int) -> None:
-            arg = arrays[0] if single else treedef.unflatten(arrays)
-            func(arg, unpacked, device=device_for_ordinal(ordinal))
-    else:
-        def invoke(arrays: Sequence[np.ndarray], ordinal: int) -> None:
-            func(arrays[0] if single else treedef.unflatten(arrays), unpacked)
-    return invoke
+from .primitives import CallbackSpec, ShardParts
 
 
 def check_call_results(name: str, res: Any, result_treedef: Any,

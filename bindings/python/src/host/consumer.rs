@@ -13,9 +13,10 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
-use crate::consumers::{run_call, run_sync_tap, Consumer, ConsumerKind, ConsumerTable};
+use crate::consumers::{
+    message_arrays, run_call, run_sync_tap, Consumer, ConsumerKind, ConsumerTable, Dtypes, PyMessage,
+};
 use crate::error::ReceiverError;
-use crate::messages::{message_arrays, Dtypes, PyMessage};
 use hostfeed_core::lock;
 use hostfeed_core::Message;
 use hostfeed_core::{hub, sinks, Consume, RoutedBatch, Worker};

@@ -17,8 +17,8 @@ use super::consumer::{
     report_notes, take_dispatch_error, DispatcherState, PyConsumer, BARRIER_DETACHED, EAGER_PUSHED,
 };
 use super::passthrough::{duration, set_max_queue_bytes};
+use crate::consumers::{Dtypes, EagerTap};
 use crate::error::{IntoPy, ReceiverError};
-use crate::messages::{Dtypes, EagerTap};
 use hostfeed_core::lock;
 use hostfeed_core::Error;
 use hostfeed_core::Message;

@@ -6,7 +6,7 @@
 
 use crate::error::Error;
 use crate::ffi::c_api::dtype;
-use crate::ffi::frame::{Buffer, Frame};
+use crate::ffi::handlers::{Buffer, Frame};
 use crate::ffi::handlers::define_handlers;
 use crate::ffi::summary;
 use crate::host::hub::Hub;

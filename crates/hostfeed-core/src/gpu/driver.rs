@@ -15,7 +15,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
-use crate::ffi::frame::Frame;
+use crate::ffi::handlers::Frame;
 use crate::gpu::pinned::{PinnedAlloc, PinnedPool};
 use crate::gpu::{self, Completion, Header, Stream};
 use crate::host::buffer::HostBuffer;
@@ -206,16 +206,16 @@ macro_rules! gpu_driver {
         pub(crate) struct $name;
 
         /// The shared handler bodies, for this driver.
-        fn tap_body(frame: &$crate::ffi::frame::Frame<'_>, hub: &'static $crate::host::hub::Hub, start: u64) -> Result<(), Error> {
+        fn tap_body(frame: &$crate::ffi::handlers::Frame<'_>, hub: &'static $crate::host::hub::Hub, start: u64) -> Result<(), Error> {
             $crate::gpu::driver::tap::<$name>(frame, hub, start)
         }
-        fn call_body(frame: &$crate::ffi::frame::Frame<'_>, hub: &'static $crate::host::hub::Hub, start: u64) -> Result<(), Error> {
+        fn call_body(frame: &$crate::ffi::handlers::Frame<'_>, hub: &'static $crate::host::hub::Hub, start: u64) -> Result<(), Error> {
             $crate::gpu::driver::call::<$name>(frame, hub, start)
         }
-        fn check_body(frame: &$crate::ffi::frame::Frame<'_>, hub: &'static $crate::host::hub::Hub, start: u64) -> Result<(), Error> {
+        fn check_body(frame: &$crate::ffi::handlers::Frame<'_>, hub: &'static $crate::host::hub::Hub, start: u64) -> Result<(), Error> {
             $crate::gpu::driver::check_call::<$name>(frame, hub, start)
         }
-        fn failure_body(frame: &$crate::ffi::frame::Frame<'_>, hub: &'static $crate::host::hub::Hub, start: u64) -> Result<(), Error> {
+        fn failure_body(frame: &$crate::ffi::handlers::Frame<'_>, hub: &'static $crate::host::hub::Hub, start: u64) -> Result<(), Error> {
             $crate::gpu::driver::failure::<$name>(frame, hub, start)
         }
 

@@ -3,7 +3,7 @@
 
 use crate::error::Error;
 use crate::ffi::c_api::dtype;
-use crate::ffi::frame::Attrs;
+use crate::ffi::handlers::Attrs;
 use crate::ffi::handlers;
 use crate::host::buffer::{HostBuffer, ALIGN};
 use crate::host::call::{await_reply, waiting_computation};

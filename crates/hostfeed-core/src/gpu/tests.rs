@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::ffi::c_api::dtype;
-use crate::ffi::frame::Attrs;
+use crate::ffi::handlers::Attrs;
 use crate::host::message::FLAG_STATUS_OUTPUT;
 use crate::host::buffer::HostBuffer;
 use crate::host::hub::Hub;

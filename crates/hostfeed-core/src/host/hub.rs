@@ -5,7 +5,7 @@
 //! `hostfeed._src.lifecycle` drives through the extension module `hostfeed._receiver`.)
 //!
 //! The consumer thread runs a [`Consume`] implementation. The Python binding provides the
-//! real one (the binding's `host/consumer.rs`, `batch.rs` and `messages.rs`: attach to Python, hand each batch
+//! real one (the binding's `host/consumer.rs` and `consumers.rs`: attach to Python, hand each batch
 //! to the dispatcher); tests provide plain Rust ones, so this whole module is covered by `cargo test`.
 //!
 //! Lifecycle: the binding configures the receiver with its consumer and starts it. A
@@ -28,7 +28,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
-use crate::host::cpu_share;
+use crate::host::buffer;
 use crate::host::histogram::Timing;
 use crate::host::message::{Message, FLAG_SYNC_TAP};
 use crate::host::queue::{Nap, PushError, Queue, Reclaimed};
@@ -629,7 +629,7 @@ impl Worker {
         }
         let epoch = r.queue.begin_batch(MAX_BATCH)?;
         r.enter_batch(self.generation);
-        cpu_share::note_consumer_cpu();
+        buffer::note_consumer_cpu();
         Some(Batch { hub: r, epoch, generation: self.generation })
     }
 }

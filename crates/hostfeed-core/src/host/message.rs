@@ -20,8 +20,7 @@ use smallvec::SmallVec;
 
 use crate::error::Error;
 use crate::ffi::c_api::dtype;
-use crate::host::buffer::{HostBuffer, ALIGN};
-use crate::host::cpu_share;
+use crate::host::buffer::{self, HostBuffer, ALIGN};
 use crate::host::reply::ReplySlot;
 
 /// `flags` bit: the call has an int32 status result (first after the token) and reports
@@ -327,7 +326,7 @@ pub(crate) unsafe fn stream_to_host(dst: *mut u8, src: *const u8, n: usize) {
 pub(crate) enum CopyKind {
     /// Through the caches (`memcpy`).
     Cached,
-    /// With non-temporal stores where `cpu_share::streams` says so (a large operand, the
+    /// With non-temporal stores where `buffer::streams` says so (a large operand, the
     /// consumer on another CPU), through the caches otherwise.
     ForConsumer,
 }
@@ -369,7 +368,7 @@ pub(crate) unsafe fn gather_as<'a>(
     let (mut data, trial) = HostBuffer::for_copy(lay.capacity, kind == CopyKind::ForConsumer)?;
     let base = data.as_mut_ptr();
     for (op, meta) in operands.zip(&lay.arrays) {
-        let streamed = kind == CopyKind::ForConsumer && cpu_share::streams(meta.nbytes);
+        let streamed = kind == CopyKind::ForConsumer && buffer::streams(meta.nbytes);
         // SAFETY: `meta.offset + meta.nbytes <= capacity`, the buffer's capacity, so the
         // destination is in bounds; the caller guarantees the source is readable for that
         // many bytes; a freshly allocated buffer cannot overlap device data.

@@ -1,10 +1,10 @@
-//! The host transport, the same for every platform: host memory ([`buffer`]), a message,
+//! The host transport, the same for every platform: host memory ([`buffer`]; where the copy
+//! into it runs: a device's thread keeping in step with the consumer on a shared CPU), a message,
 //! its flags and the copy that builds it ([`message`]), the byte-bounded queue ([`queue`]),
 //! a call's reply slot ([`reply`]), the [`hub`] that owns the queue and the consumer
 //! thread's lifecycle, the barrier and the calls waiting for replies, a call's round trip
 //! ([`call`]: push the request, wait for the reply), the portable transport's way in
-//! ([`portable`]), a device's thread keeping in step with the consumer on a shared CPU
-//! ([`cpu_share`]), the synchronisation helpers and the polls before a wait ([`sync`]), the
+//! ([`portable`]), the synchronisation helpers and the polls before a wait ([`sync`]), the
 //! counters and latency histograms ([`stats`], [`histogram`]) and Ctrl-C during a call
 //! ([`interrupt`]).
 //!
@@ -14,7 +14,6 @@
 cfg_not_loom! {
     pub(crate) mod buffer;
     pub(crate) mod call;
-    pub(crate) mod cpu_share;
     pub(crate) mod hub;
     pub(crate) mod interrupt;
     pub(crate) mod message;

@@ -150,7 +150,7 @@ pub struct Queue<T> {
     /// Mirror of `items.len()`, readable without the lock (for the consumer's spin).
     pending: CachePadded<AtomicUsize>,
     /// Mirror of `Inner::queued_bytes`, readable without the lock (for a producer that
-    /// lets the consumer catch up, `host/cpu_share.rs`).
+    /// lets the consumer catch up, `host/buffer.rs`).
     pending_bytes: AtomicUsize,
     /// How long an idle consumer polls `pending` before sleeping.
     spin: Duration,

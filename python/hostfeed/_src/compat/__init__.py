@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -138,6 +139,7 @@ partial_eval_jaxpr_custom_rules = _public_pe.partial_eval_jaxpr_custom_rules
 
 # ----------------------------------------------------------------------------------------
 # No public home in the whole range: jax._src.
+from jax._src import compiler as _compiler  # noqa: E402
 from jax._src import config as _config  # noqa: E402
 from jax._src import core as _core  # noqa: E402
 from jax._src import dispatch as _dispatch  # noqa: E402
@@ -246,16 +248,6 @@ def wrap_key_data(data: Any, dtype: Any) -> Any:
     return _wrap_key_data(data, impl=dtype._impl)
 
 
-# ---- Many processes (placement.py) ------------------------------------------------------
-# The global-view lowering must know which process owns each device of the computation
-# (`ShardingContext.device_assignment`), which JAX 0.10-0.12 fills in only for
-# computations containing a primitive of this registry (as io_callback's). Same name in
-# 0.10.2 through 0.12.
-def require_devices_during_lowering(*prims: Any) -> None:
-    """Makes JAX pass the physical devices to the lowering of computations using ``prims``."""
-    _dispatch.prim_requires_devices_during_lowering.update(prims)
-
-
 # ---- Eager taps without a computation (primitives.outside_call, _tap_eager) -------------
 # jax 0.10-0.12: `core.trace_ctx.trace` is the active trace; an `EvalTrace` means eager.
 def eval_trace_active() -> bool:
@@ -329,36 +321,14 @@ def lowering_platforms(ctx: Any) -> Sequence[str]:
     return ctx.platforms or ctx.module_context.platforms
 
 
-# ---- The portable transport (portable.py): JAX's own host-callback lowering -------------
-# jax 0.10-0.12: `callback.emit_python_callback(ctx, callback, token, operands,
-# operand_avals, result_avals, *, has_side_effect, returns_token, partitioned, sharding)`
-# (the lowering io_callback uses; send/recv to the host on TPUs, the xla_ffi_python_*
-# custom calls elsewhere) and `callback._callback_op_sharding(axis_context, sharding,
-# avals_out)`, with the same signatures in all three. What differs is the platforms it
-# accepts: jax 0.11 added "oneapi" (Intel GPUs).
-from jax._src import callback as _callback  # noqa: E402
-from jax._src.lib.mlir.dialects import hlo  # noqa: E402
-
-emit_python_callback = _callback.emit_python_callback
-callback_op_sharding = _callback._callback_op_sharding
-#: Platforms whose computations JAX's host callbacks (and so the portable transport) run on.
-PYTHON_CALLBACK_PLATFORMS = frozenset(
-    {"cpu", "cuda", "rocm", "tpu"} | ({"oneapi"} if since("python_callbacks_on_oneapi")
-                                      else set()))
-
-
-# The TPU's host transfers and the notes on compile failures (split off by concern).
+# The other transports' lowerings (a TPU's host transfers, JAX's own host callbacks) and
+# many processes' client (split off by concern).
 from .transfers import (  # noqa: E402,F401
-    COMPILE_FAILURES_NAMED, add_host_transfer_callback, after_all, compile_failure_note,
-    jax_ordered_io_effect, note_lowered, receive_from_host, send_to_host, xla_shape)
+    PYTHON_CALLBACK_PLATFORMS, add_host_transfer_callback, after_all, callback_op_sharding,
+    distributed_client, emit_python_callback, jax_ordered_io_effect, partition_id,
+    receive_from_host, require_devices_during_lowering, send_to_host, xla_shape)
 # Re-evaluating a traced jaxpr (the recorder's hoisting of records into outputs).
 from . import jaxprs  # noqa: E402,F401
-
-
-def partition_id() -> Any:
-    """The executing device's partition number (``stablehlo.partition_id``, ``ui32[]``):
-    its index in the computation's device assignment under SPMD partitioning."""
-    return hlo.partition_id()
 
 
 def mesh_devices(mesh: Any) -> tuple | None:
@@ -597,14 +567,52 @@ TraceMe = _profiler_lib.TraceMe
 host_tracing = _profiler_lib.TraceMe.is_enabled
 
 
-def distributed_client() -> Any:
-    """The ``jax.distributed`` coordination service client of this process (its key-value
-    store and barriers: ``key_value_set``, ``blocking_key_value_get``,
-    ``key_value_dir_get``, ``wait_at_barrier``), or None when ``jax.distributed`` is not
-    initialized. jax 0.10 to 0.12 keep it at ``jax._src.distributed.global_state.client``
-    with these methods (the key-value calls take and return ``str``)."""
-    try:
-        from jax._src.distributed import global_state
-    except ImportError:  # pragma: no cover - a layout of a jax we do not support
+# ---- Compile failures of computations that tap (compiler) --------------------------------
+# jax 0.10-0.12: `compiler.compile_or_get_cached(backend, computation, ...)` compiles every
+# jitted computation (pxla calls it through the module attribute) with the `ir.Module`
+# that the lowering rules built. A failure of one that holds hostfeed's operations gets a
+# note naming the platform and the operations, so that a platform or JAX release that no
+# longer accepts hostfeed's lowering says so at the first use.
+_lowered_here: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def note_lowered(ctx: Any, what: str) -> None:
+    """Notes that the module ``ctx`` lowers holds hostfeed's ``what`` (named in a note if
+    its compilation fails)."""
+    _lowered_here.setdefault(ctx.module_context.module, set()).add(what)
+
+
+def compile_failure_note(module: Any, platform: str) -> str | None:
+    """The note a compile failure of ``module`` on ``platform`` gets (None: it holds none
+    of hostfeed's operations)."""
+    ops = _lowered_here.get(module)
+    if not ops:
         return None
-    return getattr(global_state, "client", None)
+    return (f"hostfeed: the computation that failed to compile for {platform} holds "
+            f"hostfeed's {', '.join(sorted(ops))} (jax {jax.__version__}); if the error is "
+            f"about those operations, this platform or JAX release does not accept hostfeed's "
+            f"lowering of them: please report it with this message, and meanwhile run the "
+            f"computation on another platform, e.g. under jax.default_device(jax.devices("
+            f"'cpu')[0]).")
+
+
+def _wrap_compile() -> bool:
+    orig = getattr(_compiler, "compile_or_get_cached", None)
+    if orig is None or getattr(orig, "_hostfeed", False):
+        return orig is not None
+
+    def compile_or_get_cached(backend: Any, computation: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return orig(backend, computation, *args, **kwargs)
+        except Exception as exc:
+            note = compile_failure_note(computation, getattr(backend, "platform", "?"))
+            if note is not None:
+                exc.add_note(note)
+            raise
+
+    compile_or_get_cached._hostfeed = True  # type: ignore[attr-defined]
+    _compiler.compile_or_get_cached = compile_or_get_cached
+    return True
+
+
+COMPILE_FAILURES_NAMED = _wrap_compile()

@@ -1,17 +1,20 @@
-"""The JAX internals that a TPU's host transfers and compile failures need: the other half
-of :mod:`hostfeed._src.compat` (which re-exports every name here), split off by concern.
-Imported only by that package's ``__init__``."""
+"""The JAX internals of the transports that leave through JAX's own host transfers and
+callbacks (a TPU's send/recv, the portable transport's ``emit_python_callback``, the
+executing device's partition id) and of many processes (the coordination service's
+client): the other half of :mod:`hostfeed._src.compat` (which re-exports every name here),
+split off by concern, and off a native tap's road. Imported only by that package's
+``__init__``."""
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
-import jax
 from jax._src import callback as _callback
-from jax._src import compiler as _compiler
+from jax._src import dispatch as _dispatch
 from jax._src import pickle_util as _pickle_util
 from jax._src.lib.mlir.dialects import hlo
+
+from .versions import since
 
 
 # ---- Host transfers (transports/tpu.py): TPUs' send/recv to the host ----------
@@ -70,52 +73,45 @@ def add_host_transfer_callback(ctx: Any, fn: Any, operand_avals: Sequence[Any],
     mc.add_host_callback(callback)
 
 
-# ---- Compile failures of computations that tap (compiler) --------------------------------
-# jax 0.10-0.12: `compiler.compile_or_get_cached(backend, computation, ...)` compiles every
-# jitted computation (pxla calls it through the module attribute) with the `ir.Module`
-# that the lowering rules built. A failure of one that holds hostfeed's operations gets a
-# note naming the platform and the operations, so that a platform or JAX release that no
-# longer accepts hostfeed's lowering says so at the first use.
-_lowered_here: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# ---- The portable transport (portable.py): JAX's own host-callback lowering -------------
+# jax 0.10-0.12: `callback.emit_python_callback(ctx, callback, token, operands,
+# operand_avals, result_avals, *, has_side_effect, returns_token, partitioned, sharding)`
+# (the lowering io_callback uses; send/recv to the host on TPUs, the xla_ffi_python_*
+# custom calls elsewhere) and `callback._callback_op_sharding(axis_context, sharding,
+# avals_out)`, with the same signatures in all three. What differs is the platforms it
+# accepts: jax 0.11 added "oneapi" (Intel GPUs).
+emit_python_callback = _callback.emit_python_callback
+callback_op_sharding = _callback._callback_op_sharding
+#: Platforms whose computations JAX's host callbacks (and so the portable transport) run on.
+PYTHON_CALLBACK_PLATFORMS = frozenset(
+    {"cpu", "cuda", "rocm", "tpu"} | ({"oneapi"} if since("python_callbacks_on_oneapi")
+                                      else set()))
 
 
-def note_lowered(ctx: Any, what: str) -> None:
-    """Notes that the module ``ctx`` lowers holds hostfeed's ``what`` (named in a note if
-    its compilation fails)."""
-    _lowered_here.setdefault(ctx.module_context.module, set()).add(what)
+def partition_id() -> Any:
+    """The executing device's partition number (``stablehlo.partition_id``, ``ui32[]``):
+    its index in the computation's device assignment under SPMD partitioning."""
+    return hlo.partition_id()
 
 
-def compile_failure_note(module: Any, platform: str) -> str | None:
-    """The note a compile failure of ``module`` on ``platform`` gets (None: it holds none
-    of hostfeed's operations)."""
-    ops = _lowered_here.get(module)
-    if not ops:
+# ---- Many processes (placement.py, record/coordination.py) --------------------------------
+# The global-view lowering must know which process owns each device of the computation
+# (`ShardingContext.device_assignment`), which JAX 0.10-0.12 fills in only for
+# computations containing a primitive of this registry (as io_callback's). Same name in
+# 0.10.2 through 0.12.
+def require_devices_during_lowering(*prims: Any) -> None:
+    """Makes JAX pass the physical devices to the lowering of computations using ``prims``."""
+    _dispatch.prim_requires_devices_during_lowering.update(prims)
+
+
+def distributed_client() -> Any:
+    """The ``jax.distributed`` coordination service client of this process (its key-value
+    store and barriers: ``key_value_set``, ``blocking_key_value_get``,
+    ``key_value_dir_get``, ``wait_at_barrier``), or None when ``jax.distributed`` is not
+    initialized. jax 0.10 to 0.12 keep it at ``jax._src.distributed.global_state.client``
+    with these methods (the key-value calls take and return ``str``)."""
+    try:
+        from jax._src.distributed import global_state
+    except ImportError:  # pragma: no cover - a layout of a jax we do not support
         return None
-    return (f"hostfeed: the computation that failed to compile for {platform} holds "
-            f"hostfeed's {', '.join(sorted(ops))} (jax {jax.__version__}); if the error is "
-            f"about those operations, this platform or JAX release does not accept hostfeed's "
-            f"lowering of them: please report it with this message, and meanwhile run the "
-            f"computation on another platform, e.g. under jax.default_device(jax.devices("
-            f"'cpu')[0]).")
-
-
-def _wrap_compile() -> bool:
-    orig = getattr(_compiler, "compile_or_get_cached", None)
-    if orig is None or getattr(orig, "_hostfeed", False):
-        return orig is not None
-
-    def compile_or_get_cached(backend: Any, computation: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return orig(backend, computation, *args, **kwargs)
-        except Exception as exc:
-            note = compile_failure_note(computation, getattr(backend, "platform", "?"))
-            if note is not None:
-                exc.add_note(note)
-            raise
-
-    compile_or_get_cached._hostfeed = True  # type: ignore[attr-defined]
-    _compiler.compile_or_get_cached = compile_or_get_cached
-    return True
-
-
-COMPILE_FAILURES_NAMED = _wrap_compile()
+    return getattr(global_state, "client", None)

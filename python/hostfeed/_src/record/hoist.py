@@ -37,8 +37,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .. import compat
-from ..primitives import outside_call_p
-from ..spec import is_record
+from ..primitives import is_record, outside_call_p
 
 __all__ = ["Site", "Loop", "Collected", "evaluate", "holds_records", "order"]
 

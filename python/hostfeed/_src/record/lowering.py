@@ -1,5 +1,5 @@
 """The recorder's side of lowering (``hostfeed._src.lowering``'s rule for a
-:class:`~hostfeed._src.spec.RecordSpec`): where a record goes, the declarations that make
+:class:`~hostfeed._src.primitives.RecordSpec`): where a record goes, the declarations that make
 a name's dtype and shape fixed at the call site, and the consumer leases that route a
 record's messages to the Rust writer (whole values, or a device's part of a sharded
 value). Everything it needs of the recorder comes with the spec: its ``catalogue`` and
@@ -12,13 +12,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .. import consumers, settings
-from ..consumers import ConsumerKind
+from ..consumers import ConsumerKind, make_tap_invoker
 from ..placement import Where, check_device_index, lower_global_tap
 from .parted import lower_parted_record, lower_per_device_parted_record
 from .layout import declare
 from .roles import transforms_json
-from ..runtime import make_tap_invoker
-from ..spec import RecordSpec
+from ..primitives import RecordSpec
 
 __all__ = ["lower"]
 

@@ -15,8 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 from .. import compat
 from ..placement import Where, manual_region, part_meta, resharded, where
-from ..primitives import outside_call_p
-from ..spec import ShardParts
+from ..primitives import ShardParts, outside_call_p
 
 __all__ = ["lower_parted_record", "lower_per_device_parted_record"]
 

@@ -1,5 +1,5 @@
 """A recorder's plain record: :class:`PlainRecord`, one row of a value bound as a record
-(``outside_call_p`` with a :class:`~hostfeed._src.spec.RecordSpec` that carries the
+(``outside_call_p`` with a :class:`~hostfeed._src.primitives.RecordSpec` that carries the
 recorder's catalogue and the record's name), then its watch, if the name is watched.
 
 It is the end of a record's road on the Python side: ``Recorder.record`` checks what it
@@ -16,8 +16,7 @@ import jax
 import numpy as np
 
 from .. import compat, dtypes
-from ..primitives import outside_call_p, outside_call_params
-from ..spec import RecordSpec
+from ..primitives import RecordSpec, outside_call_p, outside_call_params
 from . import inputs, watch as _watch
 from .catalogue import Catalogue
 from .roles import KIND, KIND_WITH_STEP

@@ -8,7 +8,7 @@ time, record number, transforms) sits in sibling arrays (``h.step``, ...).
 
 How a record travels: ``record`` (:mod:`.recording`) checks what it is given, selection
 (:mod:`.selection`) picks the steps and the summary, and the plain record (:mod:`.plain`)
-binds ``outside_call_p`` with a :class:`~hostfeed._src.spec.RecordSpec` carrying the
+binds ``outside_call_p`` with a :class:`~hostfeed._src.primitives.RecordSpec` carrying the
 recorder's catalogue and the record's name (so every transformation rule, ordering and
 placement of taps applies); at lowering, the record's rule (:mod:`.lowering`) declares the
 arrays (a clash raises at the call site) and binds the consumer id to a Rust *sink*. Two

@@ -7,7 +7,7 @@ import json
 from typing import Optional
 from collections.abc import Sequence
 
-from ..spec import CallbackKind, unpack_transforms
+from ..primitives import CallbackKind, unpack_transforms
 
 #: Per-row metadata arrays stored next to each recorded array, by suffix.
 ROW_METADATA = ("seq", "step", "device", "time_ns", "transforms")

@@ -24,7 +24,7 @@ __all__ = ["Target"]
 
 
 class Target:
-    """The ``func`` of a record's :class:`~hostfeed._src.spec.RecordSpec`: one name of one
+    """The ``func`` of a record's :class:`~hostfeed._src.primitives.RecordSpec`: one name of one
     recorder's ``catalogue``, with or without a step (``kind``). Called only on the paths
     that go through Python (a global-view record joined on the host, the inline mode, a
     recorded step's rows), as a tap function with ``(arg, transforms, device=...)``."""

@@ -21,8 +21,7 @@ import jax
 import numpy as np
 
 from .. import compat
-from ..primitives import outside_call_p, outside_call_params
-from ..spec import CallbackKind, CallbackSpec
+from ..primitives import CallbackKind, CallbackSpec, outside_call_p, outside_call_params
 
 __all__ = ["Spike", "spike", "check_predicate", "watched", "WatchTap"]
 
